@@ -1,0 +1,355 @@
+//! The `idgen bench` load generator, and a bare gRPC server to measure it
+//! against.
+//!
+//! The load generator opens `connections` HTTP/2 connections and keeps
+//! `concurrency` calls in flight across them for `duration`, recording each
+//! call's latency in an HDR histogram. It also checks what it gets back:
+//! every call's IDs must be greater than the previous call's on the same
+//! task, so a duplicate or a counter going backwards shows up as an error.
+//!
+//! The baseline server answers the same `idgen.v1.IdGen` rpcs with a plain
+//! atomic counter: the cost of tonic itself, which idgen is compared with.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use crate::proto::id_gen_client::IdGenClient;
+use crate::proto::id_gen_server::{IdGen, IdGenServer};
+use crate::proto::{self};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Server URL, e.g. `http://127.0.0.1:50051`.
+    pub target: String,
+    /// HTTP/2 connections to open.
+    pub connections: usize,
+    /// Calls in flight at once, spread over the connections.
+    pub concurrency: usize,
+    /// How long to measure.
+    pub duration: Duration,
+    /// How long to run before measuring.
+    pub warmup: Duration,
+    /// 0 or 1: unary `GenId`; above 1: `GenIds` with this `count`.
+    pub batch: u32,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    /// Calls that succeeded during the measured window.
+    pub calls: u64,
+    /// IDs received during the measured window.
+    pub ids: u64,
+    /// Calls that failed (any status).
+    pub errors: u64,
+    /// IDs that were not greater than the previous ID on the same task.
+    pub order_violations: u64,
+    /// The measured window.
+    pub elapsed: Duration,
+    /// Median latency.
+    pub p50: Duration,
+    /// 99th percentile latency.
+    pub p99: Duration,
+    /// 99.9th percentile latency.
+    pub p999: Duration,
+    /// Largest latency.
+    pub max: Duration,
+}
+
+impl BenchReport {
+    /// Successful calls per second.
+    pub fn calls_per_sec(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// IDs per second.
+    pub fn ids_per_sec(&self) -> f64 {
+        self.ids as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// A one-paragraph human summary.
+    pub fn summary(&self, label: &str) -> String {
+        format!(
+            "{label}: {:.0} calls/s, {:.0} IDs/s over {:.1} s; latency p50 {:?} p99 {:?} p999 {:?} max {:?}; {} errors, {} order violations",
+            self.calls_per_sec(),
+            self.ids_per_sec(),
+            self.elapsed.as_secs_f64(),
+            self.p50,
+            self.p99,
+            self.p999,
+            self.max,
+            self.errors,
+            self.order_violations,
+        )
+    }
+
+    /// The same figures as JSON.
+    pub fn to_json(&self, label: &str) -> serde_json::Value {
+        serde_json::json!({
+            "label": label,
+            "calls": self.calls,
+            "ids": self.ids,
+            "errors": self.errors,
+            "order_violations": self.order_violations,
+            "seconds": self.elapsed.as_secs_f64(),
+            "calls_per_sec": self.calls_per_sec(),
+            "ids_per_sec": self.ids_per_sec(),
+            "p50_us": self.p50.as_micros() as u64,
+            "p99_us": self.p99.as_micros() as u64,
+            "p999_us": self.p999.as_micros() as u64,
+            "max_us": self.max.as_micros() as u64,
+        })
+    }
+}
+
+/// Why a run could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// Bad options.
+    #[error("{0}")]
+    Options(String),
+    /// Could not connect.
+    #[error("cannot connect to {target}: {error}")]
+    Connect {
+        /// The URL.
+        target: String,
+        /// What failed.
+        error: String,
+    },
+}
+
+/// A latency histogram in nanoseconds, 1 ns to 60 s, 3 significant digits.
+fn new_histogram() -> Histogram<u64> {
+    // Constant, valid bounds: this cannot fail.
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("constant histogram bounds are valid")
+}
+
+struct TaskResult {
+    hist: Histogram<u64>,
+    calls: u64,
+    ids: u64,
+    errors: u64,
+    order_violations: u64,
+}
+
+/// Runs the load and returns the measured figures.
+pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
+    if opts.connections == 0 || opts.concurrency == 0 {
+        return Err(BenchError::Options(
+            "connections and concurrency must be at least 1".into(),
+        ));
+    }
+    if opts.duration.is_zero() {
+        return Err(BenchError::Options("duration must be above zero".into()));
+    }
+    let mut channels = Vec::with_capacity(opts.connections);
+    for _ in 0..opts.connections {
+        let endpoint = Endpoint::from_shared(opts.target.clone())
+            .map_err(|e| BenchError::Options(format!("bad target {:?}: {e}", opts.target)))?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5));
+        let channel = endpoint.connect().await.map_err(|e| BenchError::Connect {
+            target: opts.target.clone(),
+            error: e.to_string(),
+        })?;
+        channels.push(channel);
+    }
+    let begin = Instant::now();
+    let measure_from = begin + opts.warmup;
+    let end = measure_from + opts.duration;
+    let tasks: Vec<_> = (0..opts.concurrency)
+        .map(|i| {
+            let client = IdGenClient::new(channels[i % channels.len()].clone());
+            tokio::spawn(drive(client, opts.batch, measure_from, end))
+        })
+        .collect();
+    let mut hist = new_histogram();
+    let (mut calls, mut ids, mut errors, mut order_violations) = (0, 0, 0, 0);
+    for t in tasks {
+        let r = t
+            .await
+            .map_err(|e| BenchError::Options(format!("load task failed: {e}")))?;
+        let _ = hist.add(&r.hist);
+        calls += r.calls;
+        ids += r.ids;
+        errors += r.errors;
+        order_violations += r.order_violations;
+    }
+    let q = |p: f64| Duration::from_nanos(hist.value_at_quantile(p));
+    Ok(BenchReport {
+        calls,
+        ids,
+        errors,
+        order_violations,
+        elapsed: opts.duration,
+        p50: q(0.5),
+        p99: q(0.99),
+        p999: q(0.999),
+        max: Duration::from_nanos(hist.max()),
+    })
+}
+
+async fn drive(
+    mut client: IdGenClient<Channel>,
+    batch: u32,
+    measure_from: Instant,
+    end: Instant,
+) -> TaskResult {
+    let mut r = TaskResult {
+        hist: new_histogram(),
+        calls: 0,
+        ids: 0,
+        errors: 0,
+        order_violations: 0,
+    };
+    let mut last = 0u64;
+    loop {
+        let started = Instant::now();
+        if started >= end {
+            return r;
+        }
+        let result = if batch <= 1 {
+            client
+                .gen_id(proto::GenIdRequest::default())
+                .await
+                .map(|resp| vec![resp.into_inner().id])
+        } else {
+            client
+                .gen_ids(proto::GenIdsRequest {
+                    count: batch,
+                    ..Default::default()
+                })
+                .await
+                .map(|resp| resp.into_inner().ids)
+        };
+        let finished = Instant::now();
+        let measured = started >= measure_from && finished <= end;
+        match result {
+            Ok(got) => {
+                for &id in &got {
+                    if id <= last {
+                        r.order_violations += 1;
+                    }
+                    last = id;
+                }
+                if measured {
+                    r.calls += 1;
+                    r.ids += got.len() as u64;
+                    let _ = r.hist.record((finished - started).as_nanos() as u64);
+                }
+            }
+            Err(_) if measured => r.errors += 1,
+            Err(_) => {}
+        }
+    }
+}
+
+/// The bare baseline: `idgen.v1.IdGen` over an atomic counter.
+#[derive(Debug, Default)]
+pub struct CounterService {
+    next: AtomicU64,
+}
+
+#[tonic::async_trait]
+impl IdGen for CounterService {
+    async fn gen_id(
+        &self,
+        _request: Request<proto::GenIdRequest>,
+    ) -> Result<Response<proto::GenIdResponse>, Status> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        Ok(Response::new(proto::GenIdResponse { id }))
+    }
+
+    async fn gen_ids(
+        &self,
+        request: Request<proto::GenIdsRequest>,
+    ) -> Result<Response<proto::GenIdsResponse>, Status> {
+        let count = u64::from(request.into_inner().count.max(1));
+        let first = self.next.fetch_add(count, Ordering::Relaxed) + 1;
+        Ok(Response::new(proto::GenIdsResponse {
+            ids: (first..first + count).collect(),
+        }))
+    }
+
+    async fn decode_id(
+        &self,
+        _request: Request<proto::DecodeIdRequest>,
+    ) -> Result<Response<proto::DecodeIdResponse>, Status> {
+        Err(Status::unimplemented("the baseline server only counts"))
+    }
+}
+
+/// Serves the baseline on `listener` until `shutdown` completes.
+pub async fn serve_baseline(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(IdGenServer::new(CounterService::default()))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
+        .await
+}
+
+/// A baseline server on its own runtime and thread (so it competes for the
+/// CPU the way a separate server process would). Dropping it stops it.
+pub struct BaselineServer {
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BaselineServer {
+    /// Starts the baseline on `127.0.0.1:0` with `workers` runtime threads.
+    pub fn start(workers: usize) -> std::io::Result<Self> {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers.max(1))
+            .thread_name("baseline")
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name("baseline-server".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = TcpListener::from_std(std_listener) else {
+                        return;
+                    };
+                    let _ = serve_baseline(listener, async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+                });
+            })?;
+        Ok(Self {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for BaselineServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -1,0 +1,552 @@
+//! Configuration in two layers: [`FileConfig`] is what a TOML file and
+//! `IDGEN_...` environment variables say, with defaults and human-readable
+//! durations; [`Config`] is the validated runtime form the server uses.
+//!
+//! Precedence, lowest first: built-in defaults, the TOML file, environment
+//! variables (`IDGEN_SECTION__KEY`, e.g. `IDGEN_NODE__WORKER_ID=3`), CLI flags.
+//! `config/idgen.example.toml` documents every key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::id::{Layout, LayoutSpec, Preset};
+
+/// A config problem, naming the key and what is wrong with it.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file, or the environment, could not be read or parsed.
+    #[error("cannot read config: {0}")]
+    Parse(String),
+    /// A key has a value that is not allowed.
+    #[error("config key {key}: {problem}")]
+    Invalid {
+        /// Dotted key, e.g. `server.grpc_listen`.
+        key: &'static str,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+}
+
+fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        problem: problem.into(),
+    }
+}
+
+/// The config file, section by section. Unknown keys are an error, so a typo
+/// never silently falls back to a default.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    /// This node's place in the ID layout.
+    pub node: NodeSection,
+    /// Listeners and request limits.
+    pub server: ServerSection,
+    /// Where durable state lives.
+    pub store: StoreSection,
+    /// The snowflake bit layout.
+    pub layout: LayoutSection,
+    /// Clock fault tolerance.
+    pub clock: ClockSection,
+    /// High-water mark reservation.
+    pub hwm: HwmSection,
+    /// Logging.
+    pub log: LogSection,
+}
+
+/// `[node]`
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSection {
+    /// Datacenter id (must fit `layout` datacenter bits).
+    pub datacenter_id: u64,
+    /// Worker id (must fit `layout` worker bits; unique per datacenter).
+    pub worker_id: u64,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// gRPC listen address.
+    pub grpc_listen: String,
+    /// HTTP listen address (metrics, health, JSON API).
+    pub http_listen: String,
+    /// Largest `count` a GenIds call may ask for.
+    pub max_batch: u32,
+    /// Longest a call may wait for a free sequence before UNAVAILABLE.
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+    /// How long shutdown waits for in-flight calls to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            grpc_listen: "127.0.0.1:50051".into(),
+            http_listen: "127.0.0.1:9464".into(),
+            max_batch: 10_000,
+            max_wait: Duration::from_secs(2),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[store]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// Backend: `embedded` (a local redb state file).
+    pub backend: String,
+    /// Path of the embedded state file.
+    pub path: PathBuf,
+    /// Create the state file when it is missing. For development only: in
+    /// production a missing file means lost state, which must stop start-up.
+    pub init_if_missing: bool,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        Self {
+            backend: "embedded".into(),
+            path: PathBuf::from("data/idgen.redb"),
+            init_if_missing: false,
+        }
+    }
+}
+
+/// `[layout]`: a preset, optionally with individual widths overridden.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LayoutSection {
+    /// `twitter` (41/5/5/12 of 1 ms), `sonyflake` (39 bits of 10 ms, 8/8
+    /// machine, 8 sequence) or `js53` (below 2^53).
+    pub preset: String,
+    /// RFC 3339 instant that time zero stands for.
+    pub epoch: String,
+    /// Length of one time unit (1 ms to 1 s); overrides the preset.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub time_unit: Option<Duration>,
+    /// Width of the time field; overrides the preset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_bits: Option<u8>,
+    /// Width of the datacenter field; overrides the preset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datacenter_bits: Option<u8>,
+    /// Width of the worker field; overrides the preset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_bits: Option<u8>,
+    /// Width of the sequence field; overrides the preset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence_bits: Option<u8>,
+}
+
+impl Default for LayoutSection {
+    fn default() -> Self {
+        Self {
+            preset: "twitter".into(),
+            epoch: "2024-01-01T00:00:00Z".into(),
+            time_unit: None,
+            time_bits: None,
+            datacenter_bits: None,
+            worker_bits: None,
+            sequence_bits: None,
+        }
+    }
+}
+
+/// `[clock]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClockSection {
+    /// Largest wall-clock step back that is ridden out on the logical clock.
+    #[serde(with = "humantime_serde")]
+    pub max_backward: Duration,
+    /// Largest amount the clock may be behind the stored high-water mark at
+    /// start-up.
+    #[serde(with = "humantime_serde")]
+    pub max_startup_skew: Duration,
+}
+
+impl Default for ClockSection {
+    fn default() -> Self {
+        Self {
+            max_backward: Duration::from_secs(1),
+            max_startup_skew: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[hwm]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HwmSection {
+    /// How far ahead of the wall clock the durable mark is kept.
+    #[serde(with = "humantime_serde")]
+    pub reserve: Duration,
+    /// How often the mark is extended.
+    #[serde(with = "humantime_serde")]
+    pub renew_interval: Duration,
+}
+
+impl Default for HwmSection {
+    fn default() -> Self {
+        Self {
+            reserve: Duration::from_secs(3),
+            renew_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// A tracing filter, e.g. `info` or `idgen=debug,info`. `RUST_LOG` wins.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: "text".into(),
+        }
+    }
+}
+
+/// Values given on the command line; they win over file and environment.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--grpc-listen`
+    pub grpc_listen: Option<String>,
+    /// `--http-listen`
+    pub http_listen: Option<String>,
+    /// `--state`
+    pub state_path: Option<PathBuf>,
+    /// `--datacenter-id`
+    pub datacenter_id: Option<u64>,
+    /// `--worker-id`
+    pub worker_id: Option<u64>,
+}
+
+impl FileConfig {
+    /// Reads defaults, then `path` (if given; it must exist), then the
+    /// `IDGEN_` environment.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(FileConfig::default()));
+        if let Some(path) = path {
+            if !path.exists() {
+                return Err(ConfigError::Parse(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(Toml::file_exact(path));
+        }
+        fig = fig.merge(Env::prefixed("IDGEN_").split("__"));
+        fig.extract().map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+
+    /// Applies command-line overrides.
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(v) = &o.grpc_listen {
+            self.server.grpc_listen = v.clone();
+        }
+        if let Some(v) = &o.http_listen {
+            self.server.http_listen = v.clone();
+        }
+        if let Some(v) = &o.state_path {
+            self.store.path = v.clone();
+        }
+        if let Some(v) = o.datacenter_id {
+            self.node.datacenter_id = v;
+        }
+        if let Some(v) = o.worker_id {
+            self.node.worker_id = v;
+        }
+    }
+
+    /// The layout this file describes, validated against `now_ms`.
+    pub fn layout(&self, now_ms: u64) -> Result<Layout, ConfigError> {
+        let l = &self.layout;
+        let preset =
+            Preset::parse(&l.preset).map_err(|e| invalid("layout.preset", e.to_string()))?;
+        let epoch = humantime::parse_rfc3339(&l.epoch).map_err(|e| {
+            invalid(
+                "layout.epoch",
+                format!(
+                    "{:?} is not an RFC 3339 UTC time like 2024-01-01T00:00:00Z: {e}",
+                    l.epoch
+                ),
+            )
+        })?;
+        let epoch_ms = epoch
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| invalid("layout.epoch", "must not be before 1970"))?
+            .as_millis() as u64;
+        let mut spec: LayoutSpec = preset.spec(epoch_ms);
+        if let Some(unit) = l.time_unit {
+            let ms = unit.as_millis() as u64;
+            if Duration::from_millis(ms) != unit {
+                return Err(invalid(
+                    "layout.time_unit",
+                    "must be a whole number of milliseconds",
+                ));
+            }
+            spec.time_unit_ms = ms;
+        }
+        spec.time_bits = l.time_bits.unwrap_or(spec.time_bits);
+        spec.datacenter_bits = l.datacenter_bits.unwrap_or(spec.datacenter_bits);
+        spec.worker_bits = l.worker_bits.unwrap_or(spec.worker_bits);
+        spec.sequence_bits = l.sequence_bits.unwrap_or(spec.sequence_bits);
+        spec.validate(now_ms)
+            .map_err(|e| invalid("layout", e.to_string()))
+    }
+
+    /// Validates everything and produces the runtime config.
+    pub fn validate(&self, now_ms: u64) -> Result<Config, ConfigError> {
+        let layout = self.layout(now_ms)?;
+        layout
+            .check_node(self.node.datacenter_id, 0)
+            .map_err(|e| invalid("node.datacenter_id", e.to_string()))?;
+        layout
+            .check_node(0, self.node.worker_id)
+            .map_err(|e| invalid("node.worker_id", e.to_string()))?;
+        let grpc_listen = parse_addr("server.grpc_listen", &self.server.grpc_listen)?;
+        let http_listen = parse_addr("server.http_listen", &self.server.http_listen)?;
+        if grpc_listen == http_listen && grpc_listen.port() != 0 {
+            return Err(invalid(
+                "server.http_listen",
+                "must differ from server.grpc_listen",
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.server.max_batch) {
+            return Err(invalid("server.max_batch", "must be between 1 and 1000000"));
+        }
+        if self.store.backend != "embedded" {
+            return Err(invalid(
+                "store.backend",
+                format!("unknown backend {:?}; use embedded", self.store.backend),
+            ));
+        }
+        if self.store.path.as_os_str().is_empty() {
+            return Err(invalid("store.path", "must not be empty"));
+        }
+        let unit = Duration::from_millis(layout.time_unit_ms());
+        let h = &self.hwm;
+        if h.renew_interval < Duration::from_millis(10) {
+            return Err(invalid("hwm.renew_interval", "must be at least 10ms"));
+        }
+        if h.reserve < 2 * h.renew_interval {
+            return Err(invalid(
+                "hwm.reserve",
+                format!(
+                    "must be at least twice hwm.renew_interval ({}), or one slow write stops issuing",
+                    humantime::format_duration(h.renew_interval)
+                ),
+            ));
+        }
+        let c = &self.clock;
+        if c.max_backward < unit {
+            return Err(invalid(
+                "clock.max_backward",
+                "must be at least one layout time unit",
+            ));
+        }
+        if c.max_startup_skew <= h.reserve {
+            return Err(invalid(
+                "clock.max_startup_skew",
+                format!(
+                    "must be larger than hwm.reserve ({}): after a crash the stored mark is up to that far ahead of a correct clock",
+                    humantime::format_duration(h.reserve)
+                ),
+            ));
+        }
+        if self.server.max_wait < 2 * unit {
+            return Err(invalid(
+                "server.max_wait",
+                "must be at least two layout time units",
+            ));
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return Err(invalid(
+                "log.format",
+                format!("{:?}: use text or json", self.log.format),
+            ));
+        }
+        Ok(Config {
+            datacenter_id: self.node.datacenter_id,
+            worker_id: self.node.worker_id,
+            grpc_listen,
+            http_listen,
+            max_batch: self.server.max_batch,
+            max_wait: self.server.max_wait,
+            shutdown_grace: self.server.shutdown_grace,
+            state_path: self.store.path.clone(),
+            init_if_missing: self.store.init_if_missing,
+            layout,
+            max_backward: c.max_backward,
+            max_startup_skew: c.max_startup_skew,
+            hwm_reserve: h.reserve,
+            hwm_renew_interval: h.renew_interval,
+            log_level: self.log.level.clone(),
+            log_json: self.log.format == "json",
+        })
+    }
+}
+
+fn parse_addr(key: &'static str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse().map_err(|e| {
+        invalid(
+            key,
+            format!("{value:?} is not an IP:port address like 127.0.0.1:50051 ({e})"),
+        )
+    })
+}
+
+/// The validated runtime configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Datacenter id.
+    pub datacenter_id: u64,
+    /// Worker id.
+    pub worker_id: u64,
+    /// gRPC listen address.
+    pub grpc_listen: SocketAddr,
+    /// HTTP listen address.
+    pub http_listen: SocketAddr,
+    /// Largest GenIds `count`.
+    pub max_batch: u32,
+    /// Longest wait for a free sequence within one call.
+    pub max_wait: Duration,
+    /// How long shutdown waits for in-flight calls.
+    pub shutdown_grace: Duration,
+    /// Embedded state file.
+    pub state_path: PathBuf,
+    /// Create the state file if missing (development only).
+    pub init_if_missing: bool,
+    /// The ID layout.
+    pub layout: Layout,
+    /// Largest tolerated clock step back.
+    pub max_backward: Duration,
+    /// Largest start-up lag behind the stored high-water mark.
+    pub max_startup_skew: Duration,
+    /// How far ahead the high-water mark is kept.
+    pub hwm_reserve: Duration,
+    /// How often it is extended.
+    pub hwm_renew_interval: Duration,
+    /// Log filter.
+    pub log_level: String,
+    /// JSON logs instead of text.
+    pub log_json: bool,
+}
+
+impl Config {
+    /// Loads, overrides and validates in one go.
+    pub fn load(
+        path: Option<&Path>,
+        overrides: &Overrides,
+        now_ms: u64,
+    ) -> Result<Self, ConfigError> {
+        let mut file = FileConfig::load(path)?;
+        file.apply(overrides);
+        file.validate(now_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_790_000_000_000;
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = FileConfig::default().validate(NOW).unwrap();
+        assert_eq!(c.max_batch, 10_000);
+        assert_eq!(c.layout.spec().sequence_bits, 12);
+        assert_eq!(c.hwm_reserve, Duration::from_secs(3));
+        assert_eq!(c.max_backward, Duration::from_secs(1));
+        assert_eq!(c.max_startup_skew, Duration::from_secs(10));
+    }
+
+    fn err_key(f: &FileConfig) -> String {
+        match f.validate(NOW) {
+            Err(ConfigError::Invalid { key, .. }) => key.to_owned(),
+            other => panic!("expected an invalid key, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let mut f = FileConfig::default();
+        f.server.grpc_listen = "localhost".into();
+        assert_eq!(err_key(&f), "server.grpc_listen");
+        let mut f = FileConfig::default();
+        f.node.worker_id = 32;
+        assert_eq!(err_key(&f), "node.worker_id");
+        let mut f = FileConfig::default();
+        f.layout.preset = "snowflake".into();
+        assert_eq!(err_key(&f), "layout.preset");
+        let mut f = FileConfig::default();
+        f.layout.time_bits = Some(45);
+        assert_eq!(err_key(&f), "layout");
+        let mut f = FileConfig::default();
+        f.layout.epoch = "yesterday".into();
+        assert_eq!(err_key(&f), "layout.epoch");
+        let mut f = FileConfig::default();
+        f.hwm.reserve = Duration::from_millis(1500);
+        assert_eq!(err_key(&f), "hwm.reserve");
+        let mut f = FileConfig::default();
+        f.clock.max_startup_skew = Duration::from_secs(2);
+        assert_eq!(err_key(&f), "clock.max_startup_skew");
+        let mut f = FileConfig::default();
+        f.server.max_batch = 0;
+        assert_eq!(err_key(&f), "server.max_batch");
+        let mut f = FileConfig::default();
+        f.store.backend = "etcd".into();
+        assert_eq!(err_key(&f), "store.backend");
+    }
+
+    #[test]
+    fn files_and_overrides_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[node]\nworker_id = 3\n[layout]\npreset = \"sonyflake\"\n[hwm]\nreserve = \"5s\"\n",
+        )
+        .unwrap();
+        let o = Overrides {
+            worker_id: Some(4),
+            ..Overrides::default()
+        };
+        let c = Config::load(Some(&path), &o, NOW).unwrap();
+        assert_eq!(c.worker_id, 4);
+        assert_eq!(c.layout.time_unit_ms(), 10);
+        assert_eq!(c.hwm_reserve, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn unknown_keys_and_missing_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[node]\nworkerid = 3\n").unwrap();
+        let msg = FileConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(msg.contains("workerid"), "{msg}");
+        let missing = dir.path().join("nope.toml");
+        assert!(FileConfig::load(Some(&missing)).is_err());
+    }
+}

@@ -1,0 +1,38 @@
+//! The crate-wide error: every way a request or a start can fail.
+//!
+//! Core errors stay typed all the way up; `server::status` is the one place
+//! they become gRPC codes and HTTP statuses.
+
+use thiserror::Error;
+
+use crate::id::{DecodeError, GenError, LayoutError, RequestError, StartError};
+use crate::store::StoreError;
+
+/// Anything that can go wrong serving a request or starting a node.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The request is malformed or asks for something not served.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The generator refused to issue.
+    #[error(transparent)]
+    Gen(#[from] GenError),
+    /// An ID does not decode under the configured layout.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// The layout or node id is invalid.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// The node may not start (clock behind the stored mark).
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The state store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A call waited too long for the sequence to free up.
+    #[error("waited {waited_ms} ms for a free sequence number without success; the node is overloaded or its high-water mark is stuck, retry on another node")]
+    WaitTimeout {
+        /// How long it waited.
+        waited_ms: u64,
+    },
+}

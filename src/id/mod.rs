@@ -1,0 +1,15 @@
+//! The pure core: ID layouts, the snowflake generator and the clock trait.
+//!
+//! Nothing here does I/O, spawns, sleeps or awaits; time comes in through
+//! [`clock::Clock`] and durability is the caller's job (see `store`). That
+//! keeps every rule about uniqueness testable with a manual clock.
+
+pub mod clock;
+pub mod layout;
+pub mod mode;
+pub mod snowflake;
+
+pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
+pub use layout::{DecodeError, IdParts, Layout, LayoutError, LayoutSpec, Preset, DEFAULT_EPOCH_MS};
+pub use mode::{check_count, Mode, RequestError};
+pub use snowflake::{GenError, Reservation, Snowflake, StartError, StartPlan, StepBackStats};

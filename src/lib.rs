@@ -1,0 +1,51 @@
+//! idgen: a distributed unique-ID service.
+//!
+//! Applications call idgen over gRPC (or a small JSON API) for 64-bit IDs
+//! that are never handed out twice: not after a crash, not after a restart,
+//! not when the machine's clock steps backwards. One node runs on an
+//! embedded state file; the design for clusters (Consul) is in
+//! `../shared/DESIGN.md`.
+//!
+//! # Layout
+//!
+//! Dependencies point one way: `main` -> [`server`] -> [`store`] -> [`id`].
+//!
+//! - [`id`]: the pure core. Bit layouts and their presets, the lock-free
+//!   snowflake generator with its logical clock, step-back and high-water
+//!   mark rules, and the [`id::Clock`] trait. No I/O, no tokio.
+//! - [`store`]: durable state behind the [`store::StateStore`] trait (the
+//!   embedded redb backend), and [`store::HwmKeeper`], which starts a
+//!   generator above the stored high-water mark and keeps the mark ahead.
+//! - [`server`]: the running node: gRPC (`idgen.v1.IdGen`, health,
+//!   reflection) and HTTP (`/metrics`, `/healthz`, `/readyz`, `/v1/...`)
+//!   front ends, the one error-to-status mapping, the health monitor and
+//!   ordered shutdown.
+//! - [`config`]: TOML + environment + CLI configuration, validated into
+//!   [`config::Config`].
+//! - [`metrics`]: every exported metric, declared in one place.
+//! - [`shutdown`]: SIGTERM/SIGINT handling (a second signal exits at once).
+//! - [`bench`]: the `idgen bench` gRPC load generator and a bare baseline
+//!   server to compare against.
+//! - [`proto`]: code generated from `proto/idgen/v1/idgen.proto`.
+//! - [`error`]: the crate-wide error enum.
+
+pub mod bench;
+pub mod config;
+pub mod error;
+pub mod id;
+pub mod metrics;
+pub mod server;
+pub mod shutdown;
+pub mod store;
+
+pub use error::Error;
+
+/// Generated protobuf and gRPC code for `idgen.v1`. Not hand-written: edit
+/// `proto/idgen/v1/idgen.proto` instead.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto {
+    tonic::include_proto!("idgen.v1");
+
+    /// The encoded descriptor set, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("idgen_descriptor");
+}

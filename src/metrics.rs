@@ -1,0 +1,104 @@
+//! Every metric idgen exports, declared in one place.
+//!
+//! Names carry the `idgen_` prefix, counters end in `_total`, durations are
+//! histograms in `_seconds`. [`install`] sets up the Prometheus recorder
+//! once per process and describes each metric.
+
+use std::sync::OnceLock;
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// IDs handed out, by `mode`.
+pub const IDS_ISSUED: &str = "idgen_ids_issued_total";
+/// Request latency, by `rpc` and `code`.
+pub const REQUEST_DURATION: &str = "idgen_request_duration_seconds";
+/// Clock step-back episodes, by `kind` (`tolerated` or `refused`).
+pub const CLOCK_STEP_BACK_EVENTS: &str = "idgen_clock_step_back_events_total";
+/// Size of each clock step-back episode.
+pub const CLOCK_STEP_BACK_SIZE: &str = "idgen_clock_step_back_size_seconds";
+/// How far the durable high-water mark is ahead of the wall clock.
+pub const HWM_LEAD: &str = "idgen_hwm_lead_seconds";
+/// Calls that had to wait for the next time unit's sequence.
+pub const SEQUENCE_EXHAUSTED_WAITS: &str = "idgen_sequence_exhausted_waits_total";
+/// Durable store write latency, by `backend` and `op`.
+pub const STORE_WRITE_DURATION: &str = "idgen_store_write_duration_seconds";
+/// Failed store operations, by `backend` and `op`.
+pub const STORE_ERRORS: &str = "idgen_store_errors_total";
+/// Years until the layout's time field runs out.
+pub const LAYOUT_YEARS_LEFT: &str = "idgen_layout_years_left";
+/// 1 while this node issues IDs, 0 while it refuses.
+pub const SERVING: &str = "idgen_serving";
+/// Constant 1, labelled with the version and the layout.
+pub const BUILD_INFO: &str = "idgen_build_info";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+
+static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once) and returns a handle
+/// that renders the text exposition format.
+pub fn install() -> Result<PrometheusHandle, String> {
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .map_err(|e| e.to_string())?
+                .install_recorder()
+                .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+            describe();
+            Ok(handle)
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(IDS_ISSUED, "IDs handed out to callers, by mode.");
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Time to answer a request, by rpc and status code."
+    );
+    describe_counter!(
+        CLOCK_STEP_BACK_EVENTS,
+        "Episodes of the wall clock stepping back, by kind: tolerated (kept issuing) or refused (stopped issuing)."
+    );
+    describe_histogram!(
+        CLOCK_STEP_BACK_SIZE,
+        Unit::Seconds,
+        "How far the wall clock stepped back in each episode."
+    );
+    describe_gauge!(
+        HWM_LEAD,
+        Unit::Seconds,
+        "How far the durably stored high-water mark is ahead of the wall clock; at zero the node stops issuing."
+    );
+    describe_counter!(
+        SEQUENCE_EXHAUSTED_WAITS,
+        "Calls that waited for the next time unit because the sequence was used up."
+    );
+    describe_histogram!(
+        STORE_WRITE_DURATION,
+        Unit::Seconds,
+        "Time for a durable write to the state store, by backend and operation."
+    );
+    describe_counter!(
+        STORE_ERRORS,
+        "Failed state store operations, by backend and operation."
+    );
+    describe_gauge!(
+        LAYOUT_YEARS_LEFT,
+        "Years until the layout's time bits run out at the configured epoch."
+    );
+    describe_gauge!(
+        SERVING,
+        "1 while this node issues IDs, 0 while it refuses them."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; labelled with the idgen version and the ID layout."
+    );
+}

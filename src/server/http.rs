@@ -1,0 +1,177 @@
+//! The HTTP port: Prometheus metrics, liveness and readiness, and a small
+//! JSON API for callers without gRPC. IDs are decimal strings in JSON.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::error::Error;
+use crate::id::{Mode, RequestError};
+
+use super::grpc::observe;
+use super::issuer::Issuer;
+use super::status::{code, code_name, http_status};
+
+/// What the HTTP handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    /// Issues IDs.
+    pub issuer: Arc<Issuer>,
+    /// Renders `/metrics`.
+    pub metrics: PrometheusHandle,
+    /// True while the node issues IDs (drives `/readyz`).
+    pub ready: Arc<AtomicBool>,
+}
+
+/// The HTTP routes.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/id", get(gen_id))
+        .route("/v1/ids", get(gen_ids))
+        .route("/v1/decode", get(decode))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// A JSON error body: `{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`.
+struct ApiError(Error);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let c = code(&self.0);
+        let body = json!({"error": {"code": code_name(c), "message": self.0.to_string()}});
+        (http_status(c), Json(body)).into_response()
+    }
+}
+
+/// Query parameters of the ID endpoints; unknown ones are refused so a typo
+/// (`cout=5`) is an error, not a silent default.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdQuery {
+    mode: Option<String>,
+    tag: Option<String>,
+    count: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecodeQuery {
+    id: String,
+    mode: Option<String>,
+}
+
+fn parse_query<T: serde::de::DeserializeOwned>(raw: Option<String>) -> Result<T, Error> {
+    serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
+        .map_err(|e| RequestError::BadQuery(format!("query string: {e}")).into())
+}
+
+fn parse_mode(mode: Option<&str>) -> Result<Mode, Error> {
+    Ok(mode
+        .map(Mode::parse)
+        .transpose()?
+        .unwrap_or(Mode::Snowflake))
+}
+
+async fn gen_id(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response {
+    let started = Instant::now();
+    let result = async {
+        let q: IdQuery = parse_query(raw)?;
+        if q.count.is_some() {
+            return Err(RequestError::BadQuery("count is for /v1/ids".into()).into());
+        }
+        let mode = parse_mode(q.mode.as_deref())?;
+        s.issuer.gen_id(mode, q.tag.as_deref().unwrap_or("")).await
+    }
+    .await;
+    observe("http_id", started, &result);
+    match result {
+        Ok(id) => Json(json!({"id": id.to_string()})).into_response(),
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+async fn gen_ids(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response {
+    let started = Instant::now();
+    let result = async {
+        let q: IdQuery = parse_query(raw)?;
+        let mode = parse_mode(q.mode.as_deref())?;
+        let count = q.count.ok_or_else(|| {
+            RequestError::BadQuery(format!(
+                "count is required, from 1 to {}",
+                s.issuer.max_batch()
+            ))
+        })?;
+        s.issuer
+            .gen_ids(mode, q.tag.as_deref().unwrap_or(""), count)
+            .await
+    }
+    .await;
+    observe("http_ids", started, &result);
+    match result {
+        Ok(ids) => {
+            let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+            Json(json!({ "ids": ids })).into_response()
+        }
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response {
+    let started = Instant::now();
+    let result = (|| {
+        let q: DecodeQuery = parse_query(raw)?;
+        let id: u64 = q.id.parse().map_err(|_| {
+            RequestError::BadQuery(format!(
+                "id {:?} is not a decimal 64-bit unsigned integer",
+                q.id
+            ))
+        })?;
+        s.issuer.decode(parse_mode(q.mode.as_deref())?, id)
+    })();
+    observe("http_decode", started, &result);
+    match result {
+        Ok(d) => Json(d).into_response(),
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+async fn metrics(State(s): State<HttpState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> Response {
+    (StatusCode::OK, "ok\n").into_response()
+}
+
+async fn readyz(State(s): State<HttpState>) -> Response {
+    if s.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not serving\n").into_response()
+    }
+}
+
+async fn not_found() -> Response {
+    let body = json!({"error": {"code": "NOT_FOUND", "message": "no such endpoint; see /v1/id, /v1/ids?count=N, /v1/decode?id=N, /metrics, /healthz, /readyz"}});
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
+}

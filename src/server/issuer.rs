@@ -1,0 +1,148 @@
+//! The async layer between requests and the generator: checks a request,
+//! waits (outside every lock) when a time unit's sequence is used up, and
+//! counts what it hands out. Shared by the gRPC and HTTP front ends.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::id::{check_count, Clock, DecodeError, GenError, Layout, Mode, RequestError, Snowflake};
+use crate::metrics as m;
+
+use super::ticker::UnitTicker;
+
+/// An ID split into its parts, for `DecodeId` and `/v1/decode`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Decoded {
+    /// The ID, as a decimal string in JSON.
+    #[serde(serialize_with = "as_decimal")]
+    pub id: u64,
+    /// The mode it was decoded as.
+    pub mode: &'static str,
+    /// RFC 3339 time with milliseconds, UTC.
+    pub time: String,
+    /// Unix milliseconds.
+    pub unix_millis: u64,
+    /// Datacenter field.
+    pub datacenter: u64,
+    /// Worker field.
+    pub worker: u64,
+    /// Sequence field.
+    pub sequence: u64,
+}
+
+fn as_decimal<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// Issues IDs for requests.
+pub struct Issuer {
+    generator: Arc<Snowflake>,
+    clock: Arc<dyn Clock>,
+    ticker: UnitTicker,
+    max_batch: u32,
+    max_wait: Duration,
+}
+
+impl Issuer {
+    /// An issuer over `generator`, reading `clock`.
+    pub fn new(
+        generator: Arc<Snowflake>,
+        clock: Arc<dyn Clock>,
+        max_batch: u32,
+        max_wait: Duration,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            ticker: UnitTicker::new(Arc::clone(&clock))?,
+            generator,
+            clock,
+            max_batch,
+            max_wait,
+        })
+    }
+
+    /// The generator behind this issuer.
+    pub fn generator(&self) -> &Arc<Snowflake> {
+        &self.generator
+    }
+
+    /// The largest batch a call may ask for.
+    pub fn max_batch(&self) -> u32 {
+        self.max_batch
+    }
+
+    /// Checks that `mode` is served here and `tag` fits it.
+    fn check_mode(mode: Mode, tag: &str) -> Result<(), RequestError> {
+        match mode {
+            Mode::Snowflake if tag.is_empty() => Ok(()),
+            Mode::Snowflake => Err(RequestError::UnexpectedTag(mode)),
+            other => Err(RequestError::ModeNotEnabled(other)),
+        }
+    }
+
+    /// One ID.
+    pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
+        Self::check_mode(mode, tag)?;
+        let mut out = Vec::with_capacity(1);
+        self.fill(&mut out, 1).await?;
+        metrics::counter!(m::IDS_ISSUED, "mode" => mode.as_str()).increment(1);
+        Ok(out[0])
+    }
+
+    /// `count` IDs, strictly increasing.
+    pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u64) -> Result<Vec<u64>, Error> {
+        let count = check_count(count, self.max_batch)?;
+        Self::check_mode(mode, tag)?;
+        let mut out = Vec::with_capacity(count as usize);
+        self.fill(&mut out, count as usize).await?;
+        metrics::counter!(m::IDS_ISSUED, "mode" => mode.as_str()).increment(u64::from(count));
+        Ok(out)
+    }
+
+    /// Reserves until `out` holds `count` IDs, waiting between time units.
+    /// IDs reserved before a failure are dropped, never reused.
+    async fn fill(&self, out: &mut Vec<u64>, count: usize) -> Result<(), Error> {
+        let mut wait_started: Option<Instant> = None;
+        while out.len() < count {
+            let now = self.clock.now_micros();
+            match self.generator.reserve(now, (count - out.len()) as u64) {
+                Ok(r) => self.generator.extend_ids(r, out),
+                Err(GenError::Exhausted { retry_after_micros }) => {
+                    metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS).increment(1);
+                    let started = *wait_started.get_or_insert_with(Instant::now);
+                    if started.elapsed() >= self.max_wait {
+                        return Err(Error::WaitTimeout {
+                            waited_ms: started.elapsed().as_millis() as u64,
+                        });
+                    }
+                    self.ticker.wait_until(now + retry_after_micros).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits `id` into its parts under the configured layout.
+    pub fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
+        if mode != Mode::Snowflake {
+            return Err(RequestError::ModeNotEnabled(mode).into());
+        }
+        Ok(decode_snowflake(self.generator.layout(), id)?)
+    }
+}
+
+/// Splits a snowflake `id` under `layout`; used online and by `idgen decode`.
+pub fn decode_snowflake(layout: &Layout, id: u64) -> Result<Decoded, DecodeError> {
+    let parts = layout.decompose(id)?;
+    let time = std::time::UNIX_EPOCH + Duration::from_millis(parts.unix_ms);
+    Ok(Decoded {
+        id,
+        mode: Mode::Snowflake.as_str(),
+        time: humantime::format_rfc3339_millis(time).to_string(),
+        unix_millis: parts.unix_ms,
+        datacenter: parts.datacenter,
+        worker: parts.worker,
+        sequence: parts.sequence,
+    })
+}

@@ -1,0 +1,242 @@
+//! The running node: gRPC and HTTP front ends over one generator, with
+//! start-up and shutdown in the order the safety rules need.
+//!
+//! [`Node::start`] opens the store and reserves the high-water mark before
+//! anything listens; [`Node::serve`] takes already-bound listeners and a
+//! shutdown future (tests bind `127.0.0.1:0`), and on shutdown reports
+//! NOT_SERVING, stops accepting, drains in-flight calls, then stores the
+//! final high-water mark.
+
+pub mod grpc;
+pub mod http;
+pub mod issuer;
+pub mod monitor;
+pub mod status;
+pub mod ticker;
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+use tonic::transport::server::TcpIncoming;
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::id::Clock;
+use crate::metrics as m;
+use crate::proto;
+use crate::store::hwm::{HwmSettings, KeeperHandle};
+use crate::store::{EmbeddedStore, HwmKeeper, StateStore, WorkerKey};
+
+pub use issuer::{decode_snowflake, Decoded, Issuer};
+
+/// Why serving stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A listener or the transport failed.
+    #[error("{0}")]
+    Transport(String),
+    /// The final high-water mark could not be stored.
+    #[error("could not store the final high-water mark: {0}")]
+    FinalHwm(#[from] crate::store::StoreError),
+}
+
+/// What a clean shutdown did.
+#[derive(Debug, Clone, Copy)]
+pub struct ShutdownReport {
+    /// The final high-water mark stored (Unix ms).
+    pub final_hwm_ms: u64,
+    /// Whether every in-flight call finished within the grace period.
+    pub drained: bool,
+}
+
+/// A node that has claimed its place and reserved its high-water mark.
+pub struct Node {
+    config: Config,
+    clock: Arc<dyn Clock>,
+    issuer: Arc<Issuer>,
+    keeper: KeeperHandle,
+    metrics: PrometheusHandle,
+}
+
+impl Node {
+    /// Opens the state store and starts the generator above the stored
+    /// high-water mark. Fails (and issues nothing) if the state file is
+    /// missing, made for another layout, or the clock is too far behind.
+    pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+        let metrics =
+            m::install().map_err(|e| crate::store::StoreError::Backend(format!("metrics: {e}")))?;
+        let layout_desc = config.layout.to_string();
+        let path = config.state_path.clone();
+        let init = config.init_if_missing;
+        let store =
+            tokio::task::spawn_blocking(move || EmbeddedStore::open(&path, &layout_desc, init))
+                .await
+                .map_err(|e| crate::store::StoreError::Backend(e.to_string()))??;
+        Self::start_with_store(config, clock, Arc::new(store), metrics).await
+    }
+
+    /// Like [`Node::start`] with a store supplied by the caller.
+    pub async fn start_with_store(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        store: Arc<dyn StateStore>,
+        metrics: PrometheusHandle,
+    ) -> Result<Self, Error> {
+        let key = WorkerKey {
+            datacenter: config.datacenter_id,
+            worker: config.worker_id,
+        };
+        let settings = HwmSettings {
+            reserve: config.hwm_reserve,
+            renew_interval: config.hwm_renew_interval,
+            max_startup_skew: config.max_startup_skew,
+            max_backward: config.max_backward,
+        };
+        let (generator, keeper) =
+            HwmKeeper::start(store, key, config.layout, Arc::clone(&clock), settings).await?;
+        let issuer = Issuer::new(
+            generator,
+            Arc::clone(&clock),
+            config.max_batch,
+            config.max_wait,
+        )
+        .map_err(|e| crate::store::StoreError::Backend(format!("ticker thread: {e}")))?;
+        metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
+            .set(1.0);
+        metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(config.layout.years_left(clock.now_millis()));
+        Ok(Self {
+            config,
+            clock,
+            issuer: Arc::new(issuer),
+            keeper,
+            metrics,
+        })
+    }
+
+    /// The issuer, for in-process callers.
+    pub fn issuer(&self) -> &Arc<Issuer> {
+        &self.issuer
+    }
+
+    /// Serves gRPC on `grpc` and HTTP on `http` until `shutdown` completes,
+    /// then shuts down in order and returns what it stored.
+    pub async fn serve(
+        self,
+        grpc: TcpListener,
+        http: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<ShutdownReport, ServeError> {
+        let Node {
+            config,
+            clock,
+            issuer,
+            keeper,
+            metrics,
+        } = self;
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let state = monitor::ServingState::new(reporter);
+        let monitor_stop = Arc::new(Notify::new());
+        let monitor_task = tokio::spawn(monitor::run(
+            Arc::clone(keeper.generator()),
+            Arc::clone(&clock),
+            state.clone(),
+            Arc::clone(&monitor_stop),
+        ));
+
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
+        let idgen =
+            proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(&issuer)));
+
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let wait_stop = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let grpc_addr = grpc.local_addr().ok();
+        let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
+        let grpc_task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(reflection)
+                .add_service(idgen)
+                .serve_with_incoming_shutdown(incoming, wait_stop(stop_rx.clone())),
+        );
+        let http_addr = http.local_addr().ok();
+        let router = http::router(http::HttpState {
+            issuer: Arc::clone(&issuer),
+            metrics: metrics.clone(),
+            ready: Arc::clone(&state.ready),
+        });
+        let http_task = tokio::spawn(
+            axum::serve(http, router)
+                .with_graceful_shutdown(wait_stop(stop_rx.clone()))
+                .into_future(),
+        );
+        let upkeep_task = {
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let mut t = tokio::time::interval(std::time::Duration::from_secs(5));
+                loop {
+                    t.tick().await;
+                    metrics.run_upkeep();
+                }
+            })
+        };
+        tracing::info!(
+            grpc = ?grpc_addr,
+            http = ?http_addr,
+            datacenter = config.datacenter_id,
+            worker = config.worker_id,
+            layout = %config.layout,
+            "idgen serving"
+        );
+
+        // Run until the shutdown signal, or until a front end dies.
+        let mut grpc_task = grpc_task;
+        let mut http_task = http_task;
+        let early = tokio::select! {
+            _ = shutdown => None,
+            r = &mut grpc_task => Some(format!("gRPC server stopped: {r:?}")),
+            r = &mut http_task => Some(format!("HTTP server stopped: {r:?}")),
+        };
+
+        tracing::info!("shutting down: NOT_SERVING, draining in-flight calls");
+        state.drain().await;
+        let _ = stop_tx.send(true);
+        let grace = config.shutdown_grace;
+        let drained = tokio::time::timeout(grace, async {
+            if !grpc_task.is_finished() {
+                let _ = (&mut grpc_task).await;
+            }
+            if !http_task.is_finished() {
+                let _ = (&mut http_task).await;
+            }
+        })
+        .await
+        .is_ok();
+        if !drained {
+            tracing::warn!(grace = ?grace, "calls still in flight after the grace period; closing anyway");
+            grpc_task.abort();
+            http_task.abort();
+        }
+        monitor_stop.notify_one();
+        let _ = monitor_task.await;
+        upkeep_task.abort();
+        // Closing the generator and storing the final mark happen together.
+        let final_hwm_ms = keeper.finish().await?;
+        tracing::info!(final_hwm_ms, drained, "idgen stopped");
+        match early {
+            Some(reason) => Err(ServeError::Transport(reason)),
+            None => Ok(ShutdownReport {
+                final_hwm_ms,
+                drained,
+            }),
+        }
+    }
+}

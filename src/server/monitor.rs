@@ -1,0 +1,126 @@
+//! Watches the generator and turns what it sees into health, readiness,
+//! metrics and one log line per event.
+//!
+//! The generator only keeps counters (it does no I/O); every
+//! [`TICK`] this task applies the clock rules with no request in flight,
+//! so a clock that steps back too far flips health to NOT_SERVING even on
+//! an idle node, and back to SERVING once the clock has caught up.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use crate::id::{Clock, Snowflake, StepBackStats};
+use crate::metrics as m;
+
+/// How often the monitor looks.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// The gRPC service names whose health the monitor reports.
+pub const HEALTH_SERVICES: [&str; 2] = ["", "idgen.v1.IdGen"];
+
+/// Shared serving state: ready flag and the switch that keeps the node
+/// NOT_SERVING once shutdown has begun.
+#[derive(Clone)]
+pub struct ServingState {
+    /// True while IDs can be issued.
+    pub ready: Arc<AtomicBool>,
+    /// Set at the start of shutdown; never cleared.
+    pub draining: Arc<AtomicBool>,
+    reporter: HealthReporter,
+}
+
+impl ServingState {
+    /// Starts NOT_SERVING until the first check.
+    pub fn new(reporter: HealthReporter) -> Self {
+        Self {
+            ready: Arc::new(AtomicBool::new(false)),
+            draining: Arc::new(AtomicBool::new(false)),
+            reporter,
+        }
+    }
+
+    /// Reports `serving` on gRPC health, `/readyz` and the metric.
+    pub async fn set(&self, serving: bool) {
+        let serving = serving && !self.draining.load(Ordering::Acquire);
+        self.ready.store(serving, Ordering::Release);
+        metrics::gauge!(m::SERVING).set(if serving { 1.0 } else { 0.0 });
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for name in HEALTH_SERVICES {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+
+    /// Enters drain: NOT_SERVING from now on.
+    pub async fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.set(false).await;
+    }
+}
+
+/// Runs until `stop` is notified.
+pub async fn run(
+    generator: Arc<Snowflake>,
+    clock: Arc<dyn Clock>,
+    state: ServingState,
+    stop: Arc<Notify>,
+) {
+    let mut seen = StepBackStats::default();
+    let mut serving: Option<bool> = None;
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.notified() => return,
+            _ = ticker.tick() => {}
+        }
+        let now_ms = clock.now_millis();
+        let check = generator.check(clock.now_micros());
+        report_step_backs(&generator, &mut seen);
+        metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(generator.layout().years_left(now_ms));
+        let lead = generator.hwm_ms() as f64 - now_ms as f64;
+        metrics::gauge!(m::HWM_LEAD).set(lead / 1000.0);
+        let ok = check.is_ok();
+        if serving != Some(ok) {
+            match &check {
+                Ok(()) if serving.is_some() => tracing::info!("issuing again: SERVING"),
+                Ok(()) => {}
+                Err(e) => tracing::error!(error = %e, "stopped issuing: NOT_SERVING"),
+            }
+            state.set(ok).await;
+            serving = Some(ok);
+        }
+    }
+}
+
+fn report_step_backs(generator: &Snowflake, seen: &mut StepBackStats) {
+    let now = generator.step_back_stats();
+    let size = now.last_back_ms as f64 / 1000.0;
+    let tolerated = now.tolerated - seen.tolerated;
+    let refused = now.refused - seen.refused;
+    if tolerated > 0 {
+        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => "tolerated").increment(tolerated);
+        metrics::histogram!(m::CLOCK_STEP_BACK_SIZE).record(size);
+        tracing::warn!(
+            back_ms = now.last_back_ms,
+            "wall clock stepped back within clock.max_backward; issuing continues on the logical clock"
+        );
+    }
+    if refused > 0 {
+        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => "refused").increment(refused);
+        metrics::histogram!(m::CLOCK_STEP_BACK_SIZE).record(size);
+        tracing::error!(
+            back_ms = now.last_back_ms,
+            "wall clock stepped back beyond clock.max_backward; refusing to issue until it catches up"
+        );
+    }
+    *seen = now;
+}

@@ -1,0 +1,140 @@
+//! Precise wake-ups at time-unit boundaries for calls that found the
+//! sequence used up.
+//!
+//! Tokio's timer has millisecond resolution, so a call told "retry in
+//! 300 us" would lose most of a millisecond's worth of IDs per wait. One
+//! dedicated thread instead sleeps until just before the earliest requested
+//! deadline, spins the last stretch (outside every lock), and then wakes all
+//! waiters at once. It idles on a condition variable when nobody waits.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::id::Clock;
+
+/// Below this much remaining time the ticker thread spins instead of sleeping.
+const SPIN_MICROS: u64 = 120;
+/// Longest a ticker thread works on one deadline, whatever the clock does.
+const MAX_TICK: Duration = Duration::from_millis(50);
+
+struct Shared {
+    next: Mutex<Option<u64>>,
+    wake_thread: Condvar,
+    wake_waiters: Notify,
+    clock: Arc<dyn Clock>,
+    stop: AtomicBool,
+}
+
+/// Wakes async callers at a given clock time with microsecond precision.
+pub struct UnitTicker {
+    shared: Arc<Shared>,
+}
+
+impl UnitTicker {
+    /// Starts the ticker thread.
+    pub fn new(clock: Arc<dyn Clock>) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            next: Mutex::new(None),
+            wake_thread: Condvar::new(),
+            wake_waiters: Notify::new(),
+            clock,
+            stop: AtomicBool::new(false),
+        });
+        let worker = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("idgen-ticker".into())
+            .spawn(move || tick_loop(&worker))?;
+        Ok(Self { shared })
+    }
+
+    /// Returns once the clock reads at least `deadline_micros`.
+    pub async fn wait_until(&self, deadline_micros: u64) {
+        let s = &self.shared;
+        loop {
+            let now = s.clock.now_micros();
+            if now >= deadline_micros {
+                return;
+            }
+            let notified = s.wake_waiters.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut next = s.next.lock().unwrap_or_else(PoisonError::into_inner);
+                *next = Some(next.map_or(deadline_micros, |d| d.min(deadline_micros)));
+            }
+            s.wake_thread.notify_one();
+            // A safety net in case the thread is starved: never oversleep by
+            // more than a few milliseconds.
+            let remaining = Duration::from_micros(deadline_micros.saturating_sub(now));
+            let _ = tokio::time::timeout(remaining + Duration::from_millis(5), notified).await;
+        }
+    }
+}
+
+impl Drop for UnitTicker {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _guard = self
+            .shared
+            .next
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.shared.wake_thread.notify_all();
+    }
+}
+
+fn tick_loop(s: &Shared) {
+    loop {
+        let deadline = {
+            let mut next = s.next.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                if s.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Some(d) = next.take() {
+                    break d;
+                }
+                next = s
+                    .wake_thread
+                    .wait(next)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        let started = Instant::now();
+        loop {
+            let now = s.clock.now_micros();
+            if now >= deadline || started.elapsed() > MAX_TICK {
+                break;
+            }
+            let remaining = deadline - now;
+            if remaining > SPIN_MICROS {
+                std::thread::sleep(Duration::from_micros(remaining - SPIN_MICROS));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        s.wake_waiters.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::SystemClock;
+
+    #[tokio::test]
+    async fn wakes_at_or_after_the_deadline() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let ticker = UnitTicker::new(Arc::clone(&clock)).unwrap();
+        for _ in 0..20 {
+            let deadline = clock.now_micros() + 700;
+            ticker.wait_until(deadline).await;
+            assert!(clock.now_micros() >= deadline);
+        }
+        // A deadline in the past returns at once.
+        ticker.wait_until(0).await;
+    }
+}

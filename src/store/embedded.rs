@@ -1,0 +1,225 @@
+//! The embedded backend: one redb file with fsync'd commits.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, TableDefinition};
+
+use super::{StateStore, StoreError, WorkerKey};
+
+/// File-wide facts recorded by `idgen init`.
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+/// High-water marks, keyed `"<datacenter>/<worker>"`, in Unix ms.
+const HWM: TableDefinition<&str, u64> = TableDefinition::new("hwm");
+
+const FORMAT_VERSION: &str = "1";
+
+fn backend_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+/// A single-node state file. Every write is a redb transaction committed
+/// with immediate durability (fsync) before it returns.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl EmbeddedStore {
+    /// Creates a new state file for `layout` (a description recorded so a
+    /// later start with another layout is refused). Fails if it exists.
+    pub fn create(path: &Path, layout: &str) -> Result<Self, StoreError> {
+        if path.exists() {
+            return Err(StoreError::AlreadyExists {
+                path: path.display().to_string(),
+            });
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Backend(format!("cannot create directory {}: {e}", dir.display()))
+            })?;
+        }
+        let db = Database::create(path).map_err(|e| {
+            StoreError::Backend(format!("cannot create state file {}: {e}", path.display()))
+        })?;
+        let txn = db.begin_write().map_err(backend_err)?;
+        {
+            let mut meta = txn.open_table(META).map_err(backend_err)?;
+            meta.insert("format_version", FORMAT_VERSION)
+                .map_err(backend_err)?;
+            meta.insert("layout", layout).map_err(backend_err)?;
+            txn.open_table(HWM).map_err(backend_err)?;
+        }
+        txn.commit().map_err(backend_err)?;
+        Ok(Self {
+            db: Arc::new(db),
+            path: path.to_owned(),
+        })
+    }
+
+    /// Opens an existing state file and checks it was made for `layout`.
+    /// With `init_if_missing` a missing file is created instead of refused.
+    pub fn open(path: &Path, layout: &str, init_if_missing: bool) -> Result<Self, StoreError> {
+        if !path.exists() {
+            if init_if_missing {
+                return Self::create(path, layout);
+            }
+            return Err(StoreError::Missing {
+                path: path.display().to_string(),
+            });
+        }
+        let db = Database::open(path).map_err(|e| {
+            StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
+        })?;
+        let stored = {
+            let txn = db.begin_read().map_err(backend_err)?;
+            let meta = txn.open_table(META).map_err(|e| {
+                StoreError::Backend(format!(
+                    "{} is not an idgen state file ({e}); was it created by `idgen init`?",
+                    path.display()
+                ))
+            })?;
+            let layout = meta.get("layout").map_err(backend_err)?;
+            layout.map(|v| v.value().to_owned()).unwrap_or_default()
+        };
+        if stored != layout {
+            return Err(StoreError::LayoutMismatch {
+                path: path.display().to_string(),
+                stored,
+                configured: layout.to_owned(),
+            });
+        }
+        Ok(Self {
+            db: Arc::new(db),
+            path: path.to_owned(),
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
+        let txn = self.db.begin_read().map_err(backend_err)?;
+        let table = txn.open_table(HWM).map_err(backend_err)?;
+        let value = table.get(key.to_string().as_str()).map_err(backend_err)?;
+        Ok(value.map(|v| v.value()))
+    }
+
+    fn write_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(backend_err)?;
+        {
+            let mut table = txn.open_table(HWM).map_err(backend_err)?;
+            table
+                .insert(key.to_string().as_str(), hwm_ms)
+                .map_err(backend_err)?;
+        }
+        // Default durability is Immediate: commit returns after fsync.
+        txn.commit().map_err(backend_err)
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
+}
+
+#[async_trait]
+impl StateStore for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
+        let this = self.clone();
+        blocking(move || this.read_hwm(key)).await
+    }
+
+    async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
+        let this = self.clone();
+        blocking(move || this.write_hwm(key, hwm_ms)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: WorkerKey = WorkerKey {
+        datacenter: 1,
+        worker: 7,
+    };
+
+    #[tokio::test]
+    async fn hwm_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let store = EmbeddedStore::create(&path, "L").unwrap();
+        assert_eq!(store.load_hwm(KEY).await.unwrap(), None);
+        store.store_hwm(KEY, 123).await.unwrap();
+        store.store_hwm(KEY, 456).await.unwrap();
+        drop(store);
+        let store = EmbeddedStore::open(&path, "L", false).unwrap();
+        assert_eq!(store.load_hwm(KEY).await.unwrap(), Some(456));
+        let other = WorkerKey {
+            datacenter: 1,
+            worker: 8,
+        };
+        assert_eq!(store.load_hwm(other).await.unwrap(), None);
+    }
+
+    #[test]
+    fn missing_file_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/state.redb");
+        let err = EmbeddedStore::open(&path, "L", false).unwrap_err();
+        assert!(matches!(err, StoreError::Missing { .. }));
+        assert!(err.to_string().contains("idgen init"));
+        assert!(!path.exists());
+        EmbeddedStore::open(&path, "L", true).unwrap();
+        assert!(path.exists());
+    }
+
+    #[test]
+    fn create_refuses_to_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        EmbeddedStore::create(&path, "L").unwrap();
+        assert!(matches!(
+            EmbeddedStore::create(&path, "L"),
+            Err(StoreError::AlreadyExists { .. })
+        ));
+    }
+
+    #[test]
+    fn layout_change_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        drop(EmbeddedStore::create(&path, "twitter").unwrap());
+        let err = EmbeddedStore::open(&path, "js53", false).unwrap_err();
+        assert!(matches!(err, StoreError::LayoutMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn garbage_file_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        std::fs::write(&path, b"not a database").unwrap();
+        let err = EmbeddedStore::open(&path, "L", false).unwrap_err();
+        assert!(matches!(err, StoreError::Backend(_)), "{err}");
+    }
+}

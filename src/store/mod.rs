@@ -1,0 +1,77 @@
+//! Durable coordination state behind one trait.
+//!
+//! The generator only trusts a high-water mark once a [`StateStore`] has
+//! said it is durable. Two backends implement the trait: [`embedded`] (a
+//! redb file, one node) and, in cluster mode, Consul KV.
+
+pub mod embedded;
+pub mod hwm;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+pub use embedded::EmbeddedStore;
+pub use hwm::HwmKeeper;
+
+/// Identifies one snowflake worker in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WorkerKey {
+    /// Datacenter id.
+    pub datacenter: u64,
+    /// Worker id within the datacenter.
+    pub worker: u64,
+}
+
+impl fmt::Display for WorkerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.datacenter, self.worker)
+    }
+}
+
+/// What went wrong in a store.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The state file does not exist and may not be created implicitly.
+    #[error("state file {path} does not exist; create it with `idgen init --config <file>` (a missing state file must never silently restart counters), or set store.init_if_missing = true for development")]
+    Missing {
+        /// The path that was looked for.
+        path: String,
+    },
+    /// `idgen init` found a state file already there.
+    #[error("state file {path} already exists; refusing to overwrite it (it holds the high-water marks that keep IDs unique)")]
+    AlreadyExists {
+        /// The path.
+        path: String,
+    },
+    /// The state file was created for another layout.
+    #[error("state file {path} was initialised for layout [{stored}] but the config says [{configured}]; changing the layout can repeat IDs: keep the old layout, or start a new cluster with a new state file and a later epoch")]
+    LayoutMismatch {
+        /// The path.
+        path: String,
+        /// Layout recorded at init.
+        stored: String,
+        /// Layout in the config.
+        configured: String,
+    },
+    /// The backend failed (disk, database, network).
+    #[error("state store error: {0}")]
+    Backend(String),
+}
+
+/// Durable state a node needs to issue IDs safely.
+#[async_trait]
+pub trait StateStore: Send + Sync + 'static {
+    /// A short name for logs and metrics (`embedded`, `consul`).
+    fn backend(&self) -> &'static str;
+
+    /// Reads the stored high-water mark (Unix ms) of `key` with the
+    /// strongest consistency the backend offers; `None` if never written.
+    async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError>;
+
+    /// Stores the high-water mark of `key`. Returns only once the value is
+    /// durable (fsync'd, or acknowledged by a quorum): the caller hands out
+    /// IDs up to it as soon as this returns.
+    async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError>;
+}
