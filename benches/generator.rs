@@ -1,1 +1,118 @@
-fn main() {}
+//! Criterion benchmarks of the snowflake generator, in process.
+//!
+//! * `capped/two_threads_one_worker`: the default twitter layout (12-bit
+//!   sequence, 4,096,000 IDs/s cap) shared by two threads; a thread that
+//!   finds the millisecond used up spins outside the generator until the
+//!   next one. Throughput near the cap means no time is lost to contention
+//!   or to late wake-ups.
+//! * `uncapped/*`: a 22-bit sequence so the cap never binds: the cost of
+//!   one ID (clock read + compare-and-set + compose), singly and in batches.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use idgen::id::{
+    Clock, GenError, Layout, LayoutSpec, Preset, Snowflake, StartPlan, SystemClock,
+    DEFAULT_EPOCH_MS,
+};
+
+fn generator(layout: Layout) -> Snowflake {
+    let now = SystemClock.now_millis();
+    let plan = StartPlan::new(&layout, now, None, 10_000).expect("plan");
+    // A mark far ahead: the benchmark measures issuing, not renewal.
+    Snowflake::new(layout, 0, 0, 1000, plan, now + 3_600_000).expect("generator")
+}
+
+fn twitter() -> Layout {
+    Preset::Twitter
+        .spec(DEFAULT_EPOCH_MS)
+        .validate(SystemClock.now_millis())
+        .expect("layout")
+}
+
+fn wide() -> Layout {
+    LayoutSpec {
+        epoch_ms: DEFAULT_EPOCH_MS,
+        time_unit_ms: 1,
+        time_bits: 41,
+        datacenter_bits: 0,
+        worker_bits: 0,
+        sequence_bits: 22,
+    }
+    .validate(SystemClock.now_millis())
+    .expect("layout")
+}
+
+/// Issues `n` IDs one at a time, spinning (outside the generator) when the
+/// sequence is used up. Returns a checksum so nothing is optimised away.
+fn issue(g: &Snowflake, clock: &SystemClock, n: u64) -> u64 {
+    let mut sum = 0u64;
+    let mut done = 0;
+    while done < n {
+        match g.next_id(clock.now_micros()) {
+            Ok(id) => {
+                sum = sum.wrapping_add(id);
+                done += 1;
+            }
+            Err(GenError::Exhausted { retry_after_micros }) => {
+                let until = clock.now_micros() + retry_after_micros;
+                while clock.now_micros() < until {
+                    std::hint::spin_loop();
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    sum
+}
+
+fn capped(c: &mut Criterion) {
+    let mut group = c.benchmark_group("capped");
+    group.throughput(Throughput::Elements(1));
+    group.measurement_time(Duration::from_secs(5));
+    group.bench_function("two_threads_one_worker", |b| {
+        let g = Arc::new(generator(twitter()));
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            let handles: Vec<_> = (0..2)
+                .map(|_| {
+                    let g = Arc::clone(&g);
+                    std::thread::spawn(move || issue(&g, &SystemClock, iters / 2))
+                })
+                .collect();
+            for h in handles {
+                black_box(h.join().expect("bench thread"));
+            }
+            start.elapsed()
+        });
+    });
+    group.finish();
+}
+
+fn uncapped(c: &mut Criterion) {
+    let mut group = c.benchmark_group("uncapped");
+    group.throughput(Throughput::Elements(1));
+    let g = generator(wide());
+    let clock = SystemClock;
+    group.bench_function("next_id", |b| {
+        b.iter(|| black_box(g.next_id(clock.now_micros())))
+    });
+    let mut out = Vec::with_capacity(1000);
+    group.throughput(Throughput::Elements(1000));
+    group.bench_function("reserve_1000", |b| {
+        b.iter(|| {
+            out.clear();
+            let r = g.reserve(clock.now_micros(), 1000).expect("reserve");
+            g.extend_ids(r, &mut out);
+            black_box(out.len())
+        })
+    });
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("clock_read_only", |b| b.iter(|| black_box(clock.now_micros())));
+    group.finish();
+}
+
+criterion_group!(benches, capped, uncapped);
+criterion_main!(benches);

@@ -1,1 +1,116 @@
-fn main() {}
+//! idgen over gRPC against a bare tonic server that returns a counter, in
+//! one run, with the same load generator (`idgen::bench`).
+//!
+//! Each server runs on its own 2-thread runtime and thread, as a separate
+//! process would; the load generator has its own runtime. Prints calls/s,
+//! IDs/s, latency percentiles and the idgen/bare ratio for unary GenId
+//! (1 connection x 64 calls in flight) and for GenIds batches of 1000.
+//!
+//! `IDGEN_BENCH_SECS` sets the measured seconds per case (default 5).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idgen::bench::{self, BaselineServer, BenchOptions, BenchReport};
+use idgen::config::FileConfig;
+use idgen::id::{Clock, SystemClock};
+use idgen::server::Node;
+
+struct IdgenServer {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl IdgenServer {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut f = FileConfig::default();
+        f.store.path = dir.path().join("bench.redb");
+        f.store.init_if_missing = true;
+        let config = f.validate(SystemClock.now_millis()).expect("config");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let http = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        http.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let node = Node::start(config, Arc::new(SystemClock)).await.expect("node");
+                let grpc = tokio::net::TcpListener::from_std(listener).expect("listener");
+                let http = tokio::net::TcpListener::from_std(http).expect("listener");
+                let _ = ready_tx.send(());
+                node.serve(grpc, http, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("serve");
+            });
+        });
+        ready_rx.recv().expect("idgen server started");
+        Self {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for IdgenServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn main() {
+    let secs: u64 = std::env::var("IDGEN_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let bare = BaselineServer::start(2).expect("baseline server");
+    let ours = IdgenServer::start();
+    let client = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let cases = [("unary GenId, 1 conn x 64", 1u32), ("GenIds x1000, 1 conn x 64", 1000)];
+    for (name, batch) in cases {
+        let run = |addr: std::net::SocketAddr| -> BenchReport {
+            let opts = BenchOptions {
+                target: format!("http://{addr}"),
+                connections: 1,
+                concurrency: 64,
+                duration: Duration::from_secs(secs),
+                warmup: Duration::from_secs(1),
+                batch,
+            };
+            client.block_on(bench::run(&opts)).expect("bench run")
+        };
+        let b = run(bare.addr);
+        let o = run(ours.addr);
+        println!("== {name}");
+        println!("{}", b.summary("bare tonic counter"));
+        println!("{}", o.summary("idgen"));
+        println!(
+            "idgen / bare: {:.1}% of calls/s, {:.1}% of IDs/s",
+            100.0 * o.calls_per_sec() / b.calls_per_sec(),
+            100.0 * o.ids_per_sec() / b.ids_per_sec()
+        );
+        assert_eq!(o.order_violations, 0, "idgen IDs went backwards");
+    }
+}

@@ -95,6 +95,13 @@ impl Node {
             max_startup_skew: config.max_startup_skew,
             max_backward: config.max_backward,
         };
+        // Counters start at zero so rate() works before the first event.
+        for kind in ["tolerated", "refused"] {
+            metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);
+        }
+        metrics::counter!(m::STORE_ERRORS, "backend" => store.backend(), "op" => "store_hwm")
+            .increment(0);
+        metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS).increment(0);
         let (generator, keeper) =
             HwmKeeper::start(store, key, config.layout, Arc::clone(&clock), settings).await?;
         let issuer = Issuer::new(

@@ -1,0 +1,146 @@
+//! Tests against the real `idgen` binary: crashes, restarts, start-up
+//! refusals, signals and CLI errors.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{run_idgen, write_child_config, ChildServer};
+use idgen::config::FileConfig;
+use idgen::id::{Clock, SystemClock};
+use idgen::proto::GenIdsRequest;
+use idgen::store::{EmbeddedStore, StateStore, WorkerKey};
+
+const KEY: WorkerKey = WorkerKey {
+    datacenter: 0,
+    worker: 0,
+};
+
+fn layout_desc() -> String {
+    FileConfig::default()
+        .layout(SystemClock.now_millis())
+        .unwrap()
+        .to_string()
+}
+
+async fn take(server: &ChildServer, n: u32) -> Vec<u64> {
+    let mut c = server.client().await;
+    c.gen_ids(GenIdsRequest {
+        count: n,
+        ..Default::default()
+    })
+    .await
+    .expect("GenIds")
+    .into_inner()
+    .ids
+}
+
+/// kill -9 without any shutdown, three times over, restarting on the same
+/// state file: every new ID is above every old one.
+#[tokio::test]
+async fn kill_9_and_restart_never_repeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    let mut highest = 0u64;
+    let mut seen = HashSet::new();
+    for round in 0..3 {
+        let server = ChildServer::start(&config);
+        let ids = take(&server, 10_000).await;
+        let more = take(&server, 10_000).await;
+        server.kill();
+        assert!(
+            *ids.iter().min().unwrap() > highest,
+            "round {round}: new IDs must be above every ID before the crash"
+        );
+        for id in ids.into_iter().chain(more) {
+            assert!(seen.insert(id), "duplicate {id}");
+            highest = highest.max(id);
+        }
+    }
+}
+
+#[tokio::test]
+async fn sigterm_exits_zero_with_the_final_mark_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    let server = ChildServer::start(&config);
+    let ids = take(&server, 5_000).await;
+    let status = server.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let store = EmbeddedStore::open(&dir.path().join("state.redb"), &layout_desc(), false).unwrap();
+    let stored = store.load_hwm(KEY).await.unwrap().expect("a mark is stored");
+    let layout = FileConfig::default().layout(SystemClock.now_millis()).unwrap();
+    let last = layout.decompose(*ids.iter().max().unwrap()).unwrap().unix_ms;
+    assert_eq!(stored, last, "final mark = time of the last ID, not the reservation");
+    // A clean restart starts right above it.
+    drop(store);
+    let server = ChildServer::start(&config);
+    let after = take(&server, 1).await;
+    assert!(after[0] > *ids.iter().max().unwrap());
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn refuses_to_start_with_a_mark_60s_ahead_of_the_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), false);
+    let store = EmbeddedStore::create(&dir.path().join("state.redb"), &layout_desc()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ahead = SystemClock.now_millis() + 60_000;
+    rt.block_on(store.store_hwm(KEY, ahead)).unwrap();
+    drop(store);
+    let (ok, out) = run_idgen(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!ok, "must refuse to start:\n{out}");
+    assert!(out.contains("behind the stored high-water mark"), "{out}");
+    assert!(out.contains("max_startup_skew"), "{out}");
+    // The mark is untouched: nothing was issued or written.
+    let store = EmbeddedStore::open(&dir.path().join("state.redb"), &layout_desc(), false).unwrap();
+    assert_eq!(rt.block_on(store.load_hwm(KEY)).unwrap(), Some(ahead));
+}
+
+#[test]
+fn missing_state_file_is_refused_without_init_if_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), false);
+    let (ok, out) = run_idgen(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("does not exist") && out.contains("idgen init"), "{out}");
+    assert!(!dir.path().join("state.redb").exists(), "nothing created");
+    // `idgen init` creates it once, then refuses to overwrite it.
+    let (ok, out) = run_idgen(&["init", "--config", config.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(dir.path().join("state.redb").exists());
+    let (ok, out) = run_idgen(&["init", "--config", config.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("already exists"), "{out}");
+}
+
+#[test]
+fn bad_config_and_arguments_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[server]\ngrpc_listen = \"localhost\"\n").unwrap();
+    let (ok, out) = run_idgen(&["serve", "--config", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("server.grpc_listen"), "{out}");
+    std::fs::write(&bad, "[node]\nworker_id = 40\n").unwrap();
+    let (ok, out) = run_idgen(&["serve", "--config", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("node.worker_id"), "{out}");
+    std::fs::write(&bad, "[nodes]\nworker_id = 1\n").unwrap();
+    let (ok, out) = run_idgen(&["serve", "--config", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("nodes"), "{out}");
+    let (ok, out) = run_idgen(&["decode", "12abc"]);
+    assert!(!ok);
+    assert!(out.contains("not a decimal"), "{out}");
+    let (ok, out) = run_idgen(&["decode", "18446744073709551615"]);
+    assert!(!ok);
+    assert!(out.contains("not produced under this layout"), "{out}");
+    let (ok, out) = run_idgen(&["decode", "382852853015773185", "--json"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("\"sequence\":1"), "{out}");
+    let (ok, out) = run_idgen(&["gen", "--addr", "http://127.0.0.1:1"]);
+    assert!(!ok);
+    assert!(out.contains("cannot connect"), "{out}");
+}

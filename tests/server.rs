@@ -1,0 +1,467 @@
+//! End-to-end tests against a real server on 127.0.0.1:0, in process.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{test_config, TestServer};
+use idgen::proto::{self, DecodeIdRequest, GenIdRequest, GenIdsRequest};
+use tonic::Code;
+
+/// 1,000,000 IDs from 16 concurrent clients, 12 over gRPC (one connection
+/// each) and 4 over the JSON API: all distinct, and strictly increasing
+/// within each client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_million_ids_from_16_clients_are_unique_and_increasing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(test_config(dir.path())).await;
+    const PER_CLIENT: usize = 62_500;
+    const BATCH: usize = 2_500;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        if i < 12 {
+            let mut client = server.client().await;
+            tasks.push(tokio::spawn(async move {
+                let mut ids = Vec::with_capacity(PER_CLIENT);
+                while ids.len() < PER_CLIENT {
+                    let resp = client
+                        .gen_ids(GenIdsRequest {
+                            count: BATCH as u32,
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("GenIds");
+                    ids.extend(resp.into_inner().ids);
+                }
+                ids
+            }));
+        } else {
+            let url = server.url(&format!("/v1/ids?count={BATCH}"));
+            tasks.push(tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                let mut ids = Vec::with_capacity(PER_CLIENT);
+                while ids.len() < PER_CLIENT {
+                    let body: serde_json::Value =
+                        http.get(&url).send().await.unwrap().json().await.unwrap();
+                    for id in body["ids"].as_array().expect("ids array") {
+                        ids.push(id.as_str().expect("decimal string").parse::<u64>().unwrap());
+                    }
+                }
+                ids
+            }));
+        }
+    }
+    let mut all = HashSet::with_capacity(16 * PER_CLIENT);
+    for task in tasks {
+        let ids = task.await.unwrap();
+        assert_eq!(ids.len(), PER_CLIENT);
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "IDs within one client must strictly increase"
+        );
+        for id in ids {
+            assert!(all.insert(id), "duplicate id {id}");
+        }
+    }
+    assert_eq!(all.len(), 1_000_000);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_bad_input_gets_the_right_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(test_config(dir.path())).await;
+    let mut c = server.client().await;
+    let count = |n| GenIdsRequest {
+        count: n,
+        ..Default::default()
+    };
+    let e = c.gen_ids(count(0)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("between 1 and 10000"), "{}", e.message());
+    let e = c.gen_ids(count(10_001)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(c.gen_ids(count(10_000)).await.unwrap().into_inner().ids.len(), 10_000);
+
+    let e = c
+        .gen_id(GenIdRequest {
+            mode: 99,
+            tag: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("unknown mode"), "{}", e.message());
+    for mode in [proto::Mode::Segment, proto::Mode::Lease, proto::Mode::Strict] {
+        let e = c
+            .gen_id(GenIdRequest {
+                mode: mode as i32,
+                tag: "orders".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{mode:?}");
+        assert!(e.message().contains("not enabled"), "{}", e.message());
+    }
+    let e = c
+        .gen_id(GenIdRequest {
+            mode: proto::Mode::Snowflake as i32,
+            tag: "orders".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    // Decoding: a real ID round-trips; one with the sign bit set does not.
+    let id = c.gen_id(GenIdRequest::default()).await.unwrap().into_inner().id;
+    let d = c
+        .decode_id(DecodeIdRequest { id, mode: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(d.id, id);
+    assert_eq!((d.datacenter, d.worker), (0, 0));
+    let age = idgen::id::Clock::now_millis(&idgen::id::SystemClock) - d.unix_millis;
+    assert!(age < 60_000, "decoded time is now-ish, off by {age} ms");
+    assert!(d.time.ends_with('Z'));
+    let e = c
+        .decode_id(DecodeIdRequest {
+            id: 1 << 63,
+            mode: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("not produced under this layout"), "{}", e.message());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn http_bad_input_gets_a_json_error_with_the_right_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    let cases = [
+        ("/v1/ids?count=0", 400, "INVALID_ARGUMENT"),
+        ("/v1/ids?count=10001", 400, "INVALID_ARGUMENT"),
+        ("/v1/ids?count=abc", 400, "INVALID_ARGUMENT"),
+        ("/v1/ids", 400, "INVALID_ARGUMENT"),
+        ("/v1/ids?count=5&cout=5", 400, "INVALID_ARGUMENT"),
+        ("/v1/id?mode=uuid", 400, "INVALID_ARGUMENT"),
+        ("/v1/id?mode=segment&tag=orders", 400, "FAILED_PRECONDITION"),
+        ("/v1/id?count=3", 400, "INVALID_ARGUMENT"),
+        ("/v1/id?%zz", 400, "INVALID_ARGUMENT"),
+        ("/v1/decode?id=-1", 400, "INVALID_ARGUMENT"),
+        ("/v1/decode?id=18446744073709551615", 400, "INVALID_ARGUMENT"),
+        ("/v1/decode", 400, "INVALID_ARGUMENT"),
+        ("/v2/nothing", 404, "NOT_FOUND"),
+    ];
+    for (path, status, code) in cases {
+        let resp = http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{path}");
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], code, "{path}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().len() > 10,
+            "{path}: message says what was wrong"
+        );
+    }
+    // And the good paths.
+    let body: serde_json::Value = http
+        .get(server.url("/v1/id"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: u64 = body["id"].as_str().unwrap().parse().unwrap();
+    let d: serde_json::Value = http
+        .get(server.url(&format!("/v1/decode?id={id}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(d["id"], id.to_string());
+    assert_eq!(d["worker"], 0);
+    for path in ["/healthz", "/readyz"] {
+        let resp = http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{path}");
+    }
+    server.stop().await;
+}
+
+/// Every sample line of a Prometheus text exposition: `name{labels} value`.
+fn parse_exposition(text: &str) -> Vec<(String, f64)> {
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("sample has a value");
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        samples.push((name.to_owned(), value));
+    }
+    samples
+}
+
+#[tokio::test]
+async fn metrics_parse_and_cover_the_documented_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(test_config(dir.path())).await;
+    let mut c = server.client().await;
+    // Enough IDs to run out of a millisecond's sequence at least once.
+    for _ in 0..4 {
+        c.gen_ids(GenIdsRequest {
+            count: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let _ = c
+        .gen_ids(GenIdsRequest {
+            count: 0,
+            ..Default::default()
+        })
+        .await;
+    // Let the monitor and the renewal task tick.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let text = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let samples = parse_exposition(&text);
+    let has = |name: &str| samples.iter().any(|(n, _)| n == name);
+    for name in [
+        "idgen_ids_issued_total",
+        "idgen_request_duration_seconds_bucket",
+        "idgen_request_duration_seconds_count",
+        "idgen_hwm_lead_seconds",
+        "idgen_sequence_exhausted_waits_total",
+        "idgen_store_write_duration_seconds_bucket",
+        "idgen_layout_years_left",
+        "idgen_serving",
+        "idgen_build_info",
+    ] {
+        assert!(has(name), "missing {name} in:\n{text}");
+    }
+    // Counters exported from the start (at zero until the first event), so
+    // rate() works. Values are process-wide: another test steps a clock.
+    for series in [
+        "idgen_clock_step_back_events_total{kind=\"tolerated\"} ",
+        "idgen_clock_step_back_events_total{kind=\"refused\"} ",
+        "idgen_store_errors_total{backend=\"embedded\",op=\"store_hwm\"} 0",
+    ] {
+        assert!(text.contains(series), "missing {series} in:\n{text}");
+    }
+    assert!(text.contains("code=\"INVALID_ARGUMENT\""), "error codes are labelled");
+    let issued: f64 = samples
+        .iter()
+        .filter(|(n, _)| n == "idgen_ids_issued_total")
+        .map(|(_, v)| v)
+        .sum();
+    assert!(issued >= 40_000.0, "issued {issued}");
+    let lead = samples
+        .iter()
+        .find(|(n, _)| n == "idgen_hwm_lead_seconds")
+        .unwrap()
+        .1;
+    assert!(lead > 0.5 && lead <= 3.5, "hwm lead {lead}");
+
+    // promtool, when installed (CI installs it and sets IDGEN_REQUIRE_PROMTOOL).
+    match std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(mut child) => {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool check metrics failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(e) => {
+            assert!(
+                std::env::var_os("IDGEN_REQUIRE_PROMTOOL").is_none(),
+                "promtool required but not runnable: {e}"
+            );
+            eprintln!("promtool not installed; checked with the built-in parser only");
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health_goes_not_serving_on_shutdown_and_restart_continues_above() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(test_config(dir.path())).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut status = ServingStatus::Unknown;
+    for _ in 0..50 {
+        let r = health
+            .check(HealthCheckRequest {
+                service: "idgen.v1.IdGen".into(),
+            })
+            .await;
+        if let Ok(r) = r {
+            status = r.into_inner().status();
+            if status == ServingStatus::Serving {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, ServingStatus::Serving);
+    let mut c = server.client().await;
+    let before = c
+        .gen_ids(GenIdsRequest {
+            count: 5000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    let report = server.stop().await;
+    assert!(report.drained);
+    let max_before = *before.iter().max().unwrap();
+    let layout = test_config(dir.path()).layout;
+    assert_eq!(
+        report.final_hwm_ms,
+        layout.decompose(max_before).unwrap().unix_ms,
+        "final mark is the time of the last ID issued"
+    );
+    let server = TestServer::start(test_config(dir.path())).await;
+    let mut c = server.client().await;
+    let after = c.gen_id(GenIdRequest::default()).await.unwrap().into_inner().id;
+    assert!(after > max_before);
+    server.stop().await;
+}
+
+/// A node on a hand-driven clock: a small step back keeps issuing; a large
+/// one answers UNAVAILABLE, turns health NOT_SERVING and is counted, and
+/// the node resumes by itself once the clock catches up. IDs never repeat
+/// or go backwards across all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_step_back_at_runtime() {
+    use idgen::id::{Clock, ManualClock, SystemClock};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::at_millis(SystemClock.now_millis()));
+    let node = idgen::server::Node::start(test_config(dir.path()), clock.clone())
+        .await
+        .unwrap();
+    let grpc_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = grpc_l.local_addr().unwrap();
+    let http = http_l.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(node.serve(grpc_l, http_l, async {
+        let _ = stopped.await;
+    }));
+    let mut c = idgen::proto::id_gen_client::IdGenClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let readyz = || async move {
+        reqwest::get(format!("http://{http}/readyz")).await.unwrap().status().as_u16()
+    };
+    let mut last = 0u64;
+    let mut take = |ids: Vec<u64>| {
+        for id in ids {
+            assert!(id > last, "{id} after {last}");
+            last = id;
+        }
+    };
+    let batch = |n| GenIdsRequest {
+        count: n,
+        ..Default::default()
+    };
+    take(c.gen_ids(batch(100)).await.unwrap().into_inner().ids);
+    clock.advance_millis(1500);
+    take(c.gen_ids(batch(100)).await.unwrap().into_inner().ids);
+
+    // 500 ms back: tolerated, the logical clock carries on.
+    clock.step_back_millis(500);
+    take(c.gen_ids(batch(9000)).await.unwrap().into_inner().ids);
+
+    // 2 s further back (2.5 s behind the highest reading): refused.
+    clock.step_back_millis(2000);
+    let e = c.gen_ids(batch(10)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(e.message().contains("stepped back"), "{}", e.message());
+    let mut not_ready = false;
+    for _ in 0..50 {
+        if readyz().await == 503 {
+            not_ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(not_ready, "readiness drops while refusing");
+
+    // The clock catches up: issuing resumes without a restart.
+    clock.advance_millis(2500);
+    let mut ready = false;
+    for _ in 0..50 {
+        if readyz().await == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ready, "readiness returns once the clock caught up");
+    take(c.gen_ids(batch(100)).await.unwrap().into_inner().ids);
+    let text = reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |kind: &str| -> f64 {
+        let prefix = format!("idgen_clock_step_back_events_total{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {kind} counter in:\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    // Metrics are process-wide and tests in this binary run in parallel,
+    // but only this test moves a clock backwards.
+    assert!(count("tolerated") >= 1.0);
+    assert!(count("refused") >= 1.0);
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
