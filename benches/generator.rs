@@ -110,7 +110,9 @@ fn uncapped(c: &mut Criterion) {
         })
     });
     group.throughput(Throughput::Elements(1));
-    group.bench_function("clock_read_only", |b| b.iter(|| black_box(clock.now_micros())));
+    group.bench_function("clock_read_only", |b| {
+        b.iter(|| black_box(clock.now_micros()))
+    });
     group.finish();
 }
 

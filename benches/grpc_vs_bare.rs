@@ -44,7 +44,9 @@ impl IdgenServer {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                let node = Node::start(config, Arc::new(SystemClock)).await.expect("node");
+                let node = Node::start(config, Arc::new(SystemClock))
+                    .await
+                    .expect("node");
                 let grpc = tokio::net::TcpListener::from_std(listener).expect("listener");
                 let http = tokio::net::TcpListener::from_std(http).expect("listener");
                 let _ = ready_tx.send(());
@@ -88,7 +90,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("client runtime");
-    let cases = [("unary GenId, 1 conn x 64", 1u32), ("GenIds x1000, 1 conn x 64", 1000)];
+    let cases = [
+        ("unary GenId, 1 conn x 64", 1u32),
+        ("GenIds x1000, 1 conn x 64", 1000),
+    ];
     for (name, batch) in cases {
         let run = |addr: std::net::SocketAddr| -> BenchReport {
             let opts = BenchOptions {

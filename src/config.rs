@@ -345,6 +345,46 @@ impl FileConfig {
             return Err(invalid("store.path", "must not be empty"));
         }
         let unit = Duration::from_millis(layout.time_unit_ms());
+        // Upper bounds keep every duration far from overflow and sane.
+        for (key, value, max) in [
+            ("hwm.reserve", self.hwm.reserve, Duration::from_secs(3600)),
+            (
+                "hwm.renew_interval",
+                self.hwm.renew_interval,
+                Duration::from_secs(600),
+            ),
+            (
+                "clock.max_backward",
+                self.clock.max_backward,
+                Duration::from_secs(3600),
+            ),
+            (
+                "clock.max_startup_skew",
+                self.clock.max_startup_skew,
+                Duration::from_secs(86_400),
+            ),
+            (
+                "server.max_wait",
+                self.server.max_wait,
+                Duration::from_secs(60),
+            ),
+            (
+                "server.shutdown_grace",
+                self.server.shutdown_grace,
+                Duration::from_secs(3600),
+            ),
+        ] {
+            if value > max {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} is too long; at most {}",
+                        humantime::format_duration(value),
+                        humantime::format_duration(max)
+                    ),
+                ));
+            }
+        }
         let h = &self.hwm;
         if h.renew_interval < Duration::from_millis(10) {
             return Err(invalid("hwm.renew_interval", "must be at least 10ms"));
@@ -359,10 +399,16 @@ impl FileConfig {
             ));
         }
         let c = &self.clock;
-        if c.max_backward < unit {
+        let min_backward =
+            Duration::from_millis(2 * crate::id::snowflake::RACE_SLACK_MS).max(2 * unit);
+        if c.max_backward < min_backward {
             return Err(invalid(
                 "clock.max_backward",
-                "must be at least one layout time unit",
+                format!(
+                    "must be at least {} (two time units, and above the {} ms by which racing threads' clock readings differ)",
+                    humantime::format_duration(min_backward),
+                    crate::id::snowflake::RACE_SLACK_MS
+                ),
             ));
         }
         if c.max_startup_skew <= h.reserve {
@@ -512,6 +558,12 @@ mod tests {
         let mut f = FileConfig::default();
         f.clock.max_startup_skew = Duration::from_secs(2);
         assert_eq!(err_key(&f), "clock.max_startup_skew");
+        let mut f = FileConfig::default();
+        f.clock.max_backward = Duration::from_millis(5);
+        assert_eq!(err_key(&f), "clock.max_backward");
+        let mut f = FileConfig::default();
+        f.hwm.reserve = Duration::from_secs(u64::MAX / 2);
+        assert_eq!(err_key(&f), "hwm.reserve");
         let mut f = FileConfig::default();
         f.server.max_batch = 0;
         assert_eq!(err_key(&f), "server.max_batch");

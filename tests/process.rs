@@ -68,10 +68,22 @@ async fn sigterm_exits_zero_with_the_final_mark_written() {
     let status = server.terminate();
     assert!(status.success(), "exit status {status:?}");
     let store = EmbeddedStore::open(&dir.path().join("state.redb"), &layout_desc(), false).unwrap();
-    let stored = store.load_hwm(KEY).await.unwrap().expect("a mark is stored");
-    let layout = FileConfig::default().layout(SystemClock.now_millis()).unwrap();
-    let last = layout.decompose(*ids.iter().max().unwrap()).unwrap().unix_ms;
-    assert_eq!(stored, last, "final mark = time of the last ID, not the reservation");
+    let stored = store
+        .load_hwm(KEY)
+        .await
+        .unwrap()
+        .expect("a mark is stored");
+    let layout = FileConfig::default()
+        .layout(SystemClock.now_millis())
+        .unwrap();
+    let last = layout
+        .decompose(*ids.iter().max().unwrap())
+        .unwrap()
+        .unix_ms;
+    assert_eq!(
+        stored, last,
+        "final mark = time of the last ID, not the reservation"
+    );
     // A clean restart starts right above it.
     drop(store);
     let server = ChildServer::start(&config);
@@ -85,7 +97,10 @@ fn refuses_to_start_with_a_mark_60s_ahead_of_the_clock() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_child_config(dir.path(), false);
     let store = EmbeddedStore::create(&dir.path().join("state.redb"), &layout_desc()).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let ahead = SystemClock.now_millis() + 60_000;
     rt.block_on(store.store_hwm(KEY, ahead)).unwrap();
     drop(store);
@@ -104,7 +119,10 @@ fn missing_state_file_is_refused_without_init_if_missing() {
     let config = write_child_config(dir.path(), false);
     let (ok, out) = run_idgen(&["serve", "--config", config.to_str().unwrap()]);
     assert!(!ok);
-    assert!(out.contains("does not exist") && out.contains("idgen init"), "{out}");
+    assert!(
+        out.contains("does not exist") && out.contains("idgen init"),
+        "{out}"
+    );
     assert!(!dir.path().join("state.redb").exists(), "nothing created");
     // `idgen init` creates it once, then refuses to overwrite it.
     let (ok, out) = run_idgen(&["init", "--config", config.to_str().unwrap()]);

@@ -79,10 +79,22 @@ async fn grpc_bad_input_gets_the_right_code() {
     };
     let e = c.gen_ids(count(0)).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("between 1 and 10000"), "{}", e.message());
+    assert!(
+        e.message().contains("between 1 and 10000"),
+        "{}",
+        e.message()
+    );
     let e = c.gen_ids(count(10_001)).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert_eq!(c.gen_ids(count(10_000)).await.unwrap().into_inner().ids.len(), 10_000);
+    assert_eq!(
+        c.gen_ids(count(10_000))
+            .await
+            .unwrap()
+            .into_inner()
+            .ids
+            .len(),
+        10_000
+    );
 
     let e = c
         .gen_id(GenIdRequest {
@@ -93,7 +105,11 @@ async fn grpc_bad_input_gets_the_right_code() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("unknown mode"), "{}", e.message());
-    for mode in [proto::Mode::Segment, proto::Mode::Lease, proto::Mode::Strict] {
+    for mode in [
+        proto::Mode::Segment,
+        proto::Mode::Lease,
+        proto::Mode::Strict,
+    ] {
         let e = c
             .gen_id(GenIdRequest {
                 mode: mode as i32,
@@ -114,7 +130,12 @@ async fn grpc_bad_input_gets_the_right_code() {
     assert_eq!(e.code(), Code::InvalidArgument);
 
     // Decoding: a real ID round-trips; one with the sign bit set does not.
-    let id = c.gen_id(GenIdRequest::default()).await.unwrap().into_inner().id;
+    let id = c
+        .gen_id(GenIdRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
     let d = c
         .decode_id(DecodeIdRequest { id, mode: 0 })
         .await
@@ -133,7 +154,11 @@ async fn grpc_bad_input_gets_the_right_code() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("not produced under this layout"), "{}", e.message());
+    assert!(
+        e.message().contains("not produced under this layout"),
+        "{}",
+        e.message()
+    );
     server.stop().await;
 }
 
@@ -153,7 +178,11 @@ async fn http_bad_input_gets_a_json_error_with_the_right_status() {
         ("/v1/id?count=3", 400, "INVALID_ARGUMENT"),
         ("/v1/id?%zz", 400, "INVALID_ARGUMENT"),
         ("/v1/decode?id=-1", 400, "INVALID_ARGUMENT"),
-        ("/v1/decode?id=18446744073709551615", 400, "INVALID_ARGUMENT"),
+        (
+            "/v1/decode?id=18446744073709551615",
+            400,
+            "INVALID_ARGUMENT",
+        ),
         ("/v1/decode", 400, "INVALID_ARGUMENT"),
         ("/v2/nothing", 404, "NOT_FOUND"),
     ];
@@ -205,11 +234,14 @@ fn parse_exposition(text: &str) -> Vec<(String, f64)> {
         let value: f64 = match value {
             "+Inf" => f64::INFINITY,
             "-Inf" => f64::NEG_INFINITY,
-            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line:?}")),
+            v => v
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
         };
         let name = series.split('{').next().unwrap();
         assert!(
-            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
             "bad metric name in {line:?}"
         );
         samples.push((name.to_owned(), value));
@@ -269,7 +301,10 @@ async fn metrics_parse_and_cover_the_documented_set() {
     ] {
         assert!(text.contains(series), "missing {series} in:\n{text}");
     }
-    assert!(text.contains("code=\"INVALID_ARGUMENT\""), "error codes are labelled");
+    assert!(
+        text.contains("code=\"INVALID_ARGUMENT\""),
+        "error codes are labelled"
+    );
     let issued: f64 = samples
         .iter()
         .filter(|(n, _)| n == "idgen_ids_issued_total")
@@ -293,7 +328,12 @@ async fn metrics_parse_and_cover_the_documented_set() {
     {
         Ok(mut child) => {
             use std::io::Write;
-            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
             let out = child.wait_with_output().unwrap();
             assert!(
                 out.status.success(),
@@ -362,7 +402,12 @@ async fn health_goes_not_serving_on_shutdown_and_restart_continues_above() {
     );
     let server = TestServer::start(test_config(dir.path())).await;
     let mut c = server.client().await;
-    let after = c.gen_id(GenIdRequest::default()).await.unwrap().into_inner().id;
+    let after = c
+        .gen_id(GenIdRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
     assert!(after > max_before);
     server.stop().await;
 }
@@ -392,7 +437,11 @@ async fn clock_step_back_at_runtime() {
         .await
         .unwrap();
     let readyz = || async move {
-        reqwest::get(format!("http://{http}/readyz")).await.unwrap().status().as_u16()
+        reqwest::get(format!("http://{http}/readyz"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
     };
     let mut last = 0u64;
     let mut take = |ids: Vec<u64>| {

@@ -111,6 +111,13 @@ impl StartPlan {
     ) -> Result<Self, StartError> {
         let now_units = layout.units_at(now_ms);
         let Some(hwm_ms) = stored_hwm_ms else {
+            if now_units > layout.max_time() {
+                return Err(LayoutError::TimeExhausted {
+                    bits: layout.spec().time_bits,
+                    end_ms: layout.end_ms(),
+                }
+                .into());
+            }
             return Ok(Self {
                 floor_units: now_units,
             });
@@ -163,6 +170,19 @@ pub struct StepBackStats {
     pub last_back_ms: u64,
 }
 
+/// How far behind the highest wall reading a reading may be and still count
+/// as a race between threads rather than a clock step back.
+pub const RACE_SLACK_MS: u64 = 10;
+
+/// The wall clock as one call sees it.
+#[derive(Debug, Clone, Copy)]
+struct Wall {
+    /// The highest wall unit seen (including this reading).
+    high: u64,
+    /// This reading is a real step back (beyond the race slack).
+    stepped_back: bool,
+}
+
 const STEP_NONE: u8 = 0;
 const STEP_TOLERATED: u8 = 1;
 const STEP_REFUSED: u8 = 2;
@@ -175,6 +195,9 @@ pub struct Snowflake {
     seq_bits: u32,
     seq_mask: u64,
     max_backward_units: u64,
+    race_slack_units: u64,
+    epoch_micros: u64,
+    unit_micros: u64,
     /// Last issued position `time << seq_bits | seq`, plus the CLOSED bit.
     last: AtomicU64,
     /// Highest time unit durably reserved (inclusive).
@@ -205,12 +228,18 @@ impl Snowflake {
         // The position just below the floor, so the first issue lands on
         // (floor, 0).
         let last = (plan.floor_units << seq_bits).saturating_sub(1);
+        let race_slack_units = (RACE_SLACK_MS / layout.time_unit_ms()).max(1);
         Ok(Self {
             layout,
             node_bits: layout.node_bits(datacenter, worker),
             seq_bits,
             seq_mask: layout.max_sequence(),
-            max_backward_units: max_backward_ms.div_ceil(layout.time_unit_ms()),
+            race_slack_units,
+            max_backward_units: max_backward_ms
+                .div_ceil(layout.time_unit_ms())
+                .max(race_slack_units + 1),
+            epoch_micros: layout.spec().epoch_ms * 1000,
+            unit_micros: layout.time_unit_ms() * 1000,
             last: AtomicU64::new(last),
             hwm: AtomicU64::new(layout.units_at(hwm_ms)),
             wall_high: AtomicU64::new(0),
@@ -270,7 +299,7 @@ impl Snowflake {
     /// issuing, so a monitor notices a step back or a stale mark even while
     /// no calls come in.
     pub fn check(&self, now_micros: u64) -> Result<(), GenError> {
-        let now = self.layout.units_at(now_micros / 1000);
+        let now = self.units_at_micros(now_micros);
         self.check_wall(now)?;
         if self.is_closed() {
             return Err(GenError::Closed);
@@ -310,9 +339,8 @@ impl Snowflake {
     /// out; the caller asks again for the rest.
     pub fn reserve(&self, now_micros: u64, want: u64) -> Result<Reservation, GenError> {
         let want = want.max(1);
-        let now_ms = now_micros / 1000;
-        let now = self.layout.units_at(now_ms);
-        self.check_wall(now)?;
+        let now = self.units_at_micros(now_micros);
+        let wall = self.check_wall(now)?;
         let max_time = self.layout.max_time();
         if now > max_time {
             return Err(GenError::TimeExhausted);
@@ -326,10 +354,17 @@ impl Snowflake {
             let last_t = last >> self.seq_bits;
             let start = (last + 1).max(now << self.seq_bits);
             let start_t = start >> self.seq_bits;
-            // Borrow future units only while the logical clock already leads.
-            let ceiling = if last_t > now { hwm } else { now.min(hwm) }.min(max_time);
+            // Borrow future units only while the logical clock leads every
+            // wall reading (after a restart above a stored mark) or during
+            // a real step back; otherwise at most the newest wall unit.
+            let ceiling = if last_t > wall.high || wall.stepped_back {
+                hwm
+            } else {
+                wall.high.min(hwm)
+            }
+            .min(max_time);
             if start_t > ceiling {
-                return Err(self.refusal(now, now_micros, hwm, start_t));
+                return Err(self.refusal(now, wall.high, now_micros, hwm, start_t));
             }
             let room = ((ceiling + 1) << self.seq_bits) - start;
             let count = want.min(room);
@@ -351,7 +386,7 @@ impl Snowflake {
     }
 
     /// Explains why nothing could be issued at wall unit `now`.
-    fn refusal(&self, now: u64, now_micros: u64, hwm: u64, start_t: u64) -> GenError {
+    fn refusal(&self, now: u64, high: u64, now_micros: u64, hwm: u64, start_t: u64) -> GenError {
         if start_t > self.layout.max_time() {
             return GenError::TimeExhausted;
         }
@@ -364,15 +399,20 @@ impl Snowflake {
         }
         // Wait for the next wall-clock unit; by then either the unit is new
         // or the high-water mark has moved.
-        let next_unit_micros = self.layout.unix_ms_of(now + 1) * 1000;
+        let next_unit_micros = self.layout.unix_ms_of(high.max(now) + 1) * 1000;
         GenError::Exhausted {
             retry_after_micros: next_unit_micros.saturating_sub(now_micros).max(1),
         }
     }
 
     /// Tracks the highest wall time seen and applies the step-back rule.
+    ///
+    /// A reading a little behind the highest one is usually not a step
+    /// back at all: another thread read the clock later and got in first.
+    /// Readings within [`RACE_SLACK_MS`] of the highest are treated as that
+    /// race: not counted, and no borrowing.
     #[inline]
-    fn check_wall(&self, now: u64) -> Result<(), GenError> {
+    fn check_wall(&self, now: u64) -> Result<Wall, GenError> {
         let high = self.wall_high.load(Ordering::Relaxed);
         if now >= high {
             if now > high {
@@ -381,9 +421,18 @@ impl Snowflake {
             if self.step_state.load(Ordering::Relaxed) != STEP_NONE {
                 self.step_state.store(STEP_NONE, Ordering::Relaxed);
             }
-            return Ok(());
+            return Ok(Wall {
+                high: now,
+                stepped_back: false,
+            });
         }
         let back = high - now;
+        if back <= self.race_slack_units {
+            return Ok(Wall {
+                high,
+                stepped_back: false,
+            });
+        }
         let back_ms = back * self.layout.time_unit_ms();
         if back > self.max_backward_units {
             self.enter_step(STEP_REFUSED, back_ms, &self.refused);
@@ -393,7 +442,16 @@ impl Snowflake {
             });
         }
         self.enter_step(STEP_TOLERATED, back_ms, &self.tolerated);
-        Ok(())
+        Ok(Wall {
+            high,
+            stepped_back: true,
+        })
+    }
+
+    /// Time units since the epoch at `micros` (one division).
+    #[inline]
+    fn units_at_micros(&self, micros: u64) -> u64 {
+        micros.saturating_sub(self.epoch_micros) / self.unit_micros
     }
 
     /// Counts a step-back episode once, when it starts or gets worse; an
@@ -514,6 +572,26 @@ mod tests {
         ));
         g.close();
         assert_eq!(g.check(us(T0 + 3000)), Err(GenError::Closed));
+    }
+
+    #[test]
+    fn stale_readings_from_racing_threads_neither_borrow_nor_count() {
+        let g = fresh(twitter());
+        // Another thread read T0+5 and used up that unit's sequence.
+        assert_eq!(g.reserve(us(T0 + 5), 10_000).unwrap().len(), 4096);
+        // This thread read the clock a little earlier: no borrowing of
+        // T0+6, so the 2^12-per-unit cap holds.
+        assert!(matches!(
+            g.reserve(us(T0 + 4), 1),
+            Err(GenError::Exhausted { .. })
+        ));
+        assert!(matches!(
+            g.reserve(us(T0 - 5), 1),
+            Err(GenError::Exhausted { .. })
+        ));
+        assert_eq!(g.step_back_stats(), StepBackStats::default());
+        // A fresh unit is served normally.
+        assert_eq!(g.reserve(us(T0 + 6), 10_000).unwrap().len(), 4096);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::error::Error;
 use crate::id::{Mode, RequestError};
 
-use super::grpc::observe;
+use super::grpc::RpcMetric;
 use super::issuer::Issuer;
 use super::status::{code, code_name, http_status};
 
@@ -30,6 +30,25 @@ pub struct HttpState {
     pub metrics: PrometheusHandle,
     /// True while the node issues IDs (drives `/readyz`).
     pub ready: Arc<AtomicBool>,
+    /// Latency metrics of the JSON endpoints.
+    pub rpc: Arc<HttpMetrics>,
+}
+
+/// Latency metrics of the JSON endpoints.
+pub struct HttpMetrics {
+    id: RpcMetric,
+    ids: RpcMetric,
+    decode: RpcMetric,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        Self {
+            id: RpcMetric::new("http_id"),
+            ids: RpcMetric::new("http_ids"),
+            decode: RpcMetric::new("http_decode"),
+        }
+    }
 }
 
 /// The HTTP routes.
@@ -96,7 +115,7 @@ async fn gen_id(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response
         s.issuer.gen_id(mode, q.tag.as_deref().unwrap_or("")).await
     }
     .await;
-    observe("http_id", started, &result);
+    s.rpc.id.observe(started, &result);
     match result {
         Ok(id) => Json(json!({"id": id.to_string()})).into_response(),
         Err(e) => ApiError(e).into_response(),
@@ -119,7 +138,7 @@ async fn gen_ids(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Respons
             .await
     }
     .await;
-    observe("http_ids", started, &result);
+    s.rpc.ids.observe(started, &result);
     match result {
         Ok(ids) => {
             let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
@@ -141,7 +160,7 @@ async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response
         })?;
         s.issuer.decode(parse_mode(q.mode.as_deref())?, id)
     })();
-    observe("http_decode", started, &result);
+    s.rpc.decode.observe(started, &result);
     match result {
         Ok(d) => Json(d).into_response(),
         Err(e) => ApiError(e).into_response(),

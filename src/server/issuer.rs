@@ -42,6 +42,8 @@ pub struct Issuer {
     ticker: UnitTicker,
     max_batch: u32,
     max_wait: Duration,
+    issued: metrics::Counter,
+    waits: metrics::Counter,
 }
 
 impl Issuer {
@@ -58,6 +60,8 @@ impl Issuer {
             clock,
             max_batch,
             max_wait,
+            issued: metrics::counter!(m::IDS_ISSUED, "mode" => Mode::Snowflake.as_str()),
+            waits: metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS),
         })
     }
 
@@ -83,10 +87,18 @@ impl Issuer {
     /// One ID.
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
         Self::check_mode(mode, tag)?;
-        let mut out = Vec::with_capacity(1);
-        self.fill(&mut out, 1).await?;
-        metrics::counter!(m::IDS_ISSUED, "mode" => mode.as_str()).increment(1);
-        Ok(out[0])
+        // The common case: no Vec, no wait.
+        let id = match self.generator.next_id(self.clock.now_micros()) {
+            Ok(id) => id,
+            Err(GenError::Exhausted { .. }) => {
+                let mut out = Vec::with_capacity(1);
+                self.fill(&mut out, 1).await?;
+                out[0]
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.issued.increment(1);
+        Ok(id)
     }
 
     /// `count` IDs, strictly increasing.
@@ -95,27 +107,35 @@ impl Issuer {
         Self::check_mode(mode, tag)?;
         let mut out = Vec::with_capacity(count as usize);
         self.fill(&mut out, count as usize).await?;
-        metrics::counter!(m::IDS_ISSUED, "mode" => mode.as_str()).increment(u64::from(count));
+        self.issued.increment(u64::from(count));
         Ok(out)
     }
 
     /// Reserves until `out` holds `count` IDs, waiting between time units.
     /// IDs reserved before a failure are dropped, never reused.
     async fn fill(&self, out: &mut Vec<u64>, count: usize) -> Result<(), Error> {
-        let mut wait_started: Option<Instant> = None;
+        // `max_wait` bounds each stretch without progress, not the whole
+        // batch: a large batch legitimately spans many time units.
+        let mut stalled_since: Option<Instant> = None;
         while out.len() < count {
             let now = self.clock.now_micros();
             match self.generator.reserve(now, (count - out.len()) as u64) {
-                Ok(r) => self.generator.extend_ids(r, out),
+                Ok(r) => {
+                    self.generator.extend_ids(r, out);
+                    stalled_since = None;
+                }
                 Err(GenError::Exhausted { retry_after_micros }) => {
-                    metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS).increment(1);
-                    let started = *wait_started.get_or_insert_with(Instant::now);
-                    if started.elapsed() >= self.max_wait {
+                    self.waits.increment(1);
+                    let since = *stalled_since.get_or_insert_with(Instant::now);
+                    let waited = since.elapsed();
+                    if waited >= self.max_wait {
                         return Err(Error::WaitTimeout {
-                            waited_ms: started.elapsed().as_millis() as u64,
+                            waited_ms: waited.as_millis() as u64,
                         });
                     }
-                    self.ticker.wait_until(now + retry_after_micros).await;
+                    self.ticker
+                        .wait_until(now + retry_after_micros, self.max_wait - waited)
+                        .await;
                 }
                 Err(e) => return Err(e.into()),
             }

@@ -179,6 +179,7 @@ impl Node {
             issuer: Arc::clone(&issuer),
             metrics: metrics.clone(),
             ready: Arc::clone(&state.ready),
+            rpc: Arc::new(http::HttpMetrics::default()),
         });
         let http_task = tokio::spawn(
             axum::serve(http, router)
@@ -214,6 +215,9 @@ impl Node {
         };
 
         tracing::info!("shutting down: NOT_SERVING, draining in-flight calls");
+        // Stop the monitor first so it cannot report SERVING after drain.
+        monitor_stop.notify_one();
+        let _ = monitor_task.await;
         state.drain().await;
         let _ = stop_tx.send(true);
         let grace = config.shutdown_grace;
@@ -232,8 +236,6 @@ impl Node {
             grpc_task.abort();
             http_task.abort();
         }
-        monitor_stop.notify_one();
-        let _ = monitor_task.await;
         upkeep_task.abort();
         // Closing the generator and storing the final mark happen together.
         let final_hwm_ms = keeper.finish().await?;

@@ -50,27 +50,27 @@ impl UnitTicker {
         Ok(Self { shared })
     }
 
-    /// Returns once the clock reads at least `deadline_micros`.
-    pub async fn wait_until(&self, deadline_micros: u64) {
+    /// Waits until the clock reads `deadline_micros`, or at most `limit`
+    /// (measured on the monotonic clock, so a wall-clock step back cannot
+    /// stretch it). The caller re-checks its condition afterwards.
+    pub async fn wait_until(&self, deadline_micros: u64, limit: Duration) {
         let s = &self.shared;
-        loop {
-            let now = s.clock.now_micros();
-            if now >= deadline_micros {
-                return;
-            }
-            let notified = s.wake_waiters.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut next = s.next.lock().unwrap_or_else(PoisonError::into_inner);
-                *next = Some(next.map_or(deadline_micros, |d| d.min(deadline_micros)));
-            }
-            s.wake_thread.notify_one();
-            // A safety net in case the thread is starved: never oversleep by
-            // more than a few milliseconds.
-            let remaining = Duration::from_micros(deadline_micros.saturating_sub(now));
-            let _ = tokio::time::timeout(remaining + Duration::from_millis(5), notified).await;
+        let now = s.clock.now_micros();
+        if now >= deadline_micros || limit.is_zero() {
+            return;
         }
+        let notified = s.wake_waiters.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let mut next = s.next.lock().unwrap_or_else(PoisonError::into_inner);
+            *next = Some(next.map_or(deadline_micros, |d| d.min(deadline_micros)));
+        }
+        s.wake_thread.notify_one();
+        // A safety net in case the thread is starved: never oversleep by
+        // more than a millisecond, and never past `limit`.
+        let remaining = Duration::from_micros(deadline_micros - now) + Duration::from_millis(1);
+        let _ = tokio::time::timeout(remaining.min(limit), notified).await;
     }
 }
 
@@ -111,7 +111,9 @@ fn tick_loop(s: &Shared) {
             }
             let remaining = deadline - now;
             if remaining > SPIN_MICROS {
-                std::thread::sleep(Duration::from_micros(remaining - SPIN_MICROS));
+                let nap = Duration::from_micros(remaining - SPIN_MICROS)
+                    .min(MAX_TICK.saturating_sub(started.elapsed()));
+                std::thread::sleep(nap);
             } else {
                 std::hint::spin_loop();
             }
@@ -129,12 +131,25 @@ mod tests {
     async fn wakes_at_or_after_the_deadline() {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ticker = UnitTicker::new(Arc::clone(&clock)).unwrap();
+        let limit = Duration::from_secs(1);
         for _ in 0..20 {
             let deadline = clock.now_micros() + 700;
-            ticker.wait_until(deadline).await;
+            ticker.wait_until(deadline, limit).await;
             assert!(clock.now_micros() >= deadline);
         }
         // A deadline in the past returns at once.
-        ticker.wait_until(0).await;
+        ticker.wait_until(0, limit).await;
+    }
+
+    #[tokio::test]
+    async fn a_clock_that_never_gets_there_is_bounded_by_the_limit() {
+        let clock = Arc::new(crate::id::ManualClock::at_millis(1_000));
+        let ticker = UnitTicker::new(clock.clone()).unwrap();
+        let started = std::time::Instant::now();
+        ticker
+            .wait_until(5_000_000, Duration::from_millis(30))
+            .await;
+        assert!(started.elapsed() >= Duration::from_millis(30));
+        assert!(clock.now_micros() < 5_000_000);
     }
 }

@@ -72,6 +72,10 @@ impl EmbeddedStore {
     pub fn open(path: &Path, layout: &str, init_if_missing: bool) -> Result<Self, StoreError> {
         if !path.exists() {
             if init_if_missing {
+                tracing::warn!(
+                    path = %path.display(),
+                    "state file missing: creating it because store.init_if_missing = true (development only; in production run `idgen init` once and leave this false)"
+                );
                 return Self::create(path, layout);
             }
             return Err(StoreError::Missing {

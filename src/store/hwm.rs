@@ -83,7 +83,9 @@ impl HwmKeeper {
             settings.max_startup_skew.as_millis() as u64,
         )?;
         let floor_ms = layout.unix_ms_of(plan.floor_units);
-        let first_hwm = floor_ms.max(now_ms) + settings.reserve.as_millis() as u64;
+        let first_hwm = floor_ms
+            .max(now_ms)
+            .saturating_add(settings.reserve.as_millis() as u64);
         store_timed(store.as_ref(), key, first_hwm).await?;
         let generator = Arc::new(Snowflake::new(
             layout,
@@ -140,7 +142,7 @@ async fn renew_loop(
             _ = ticker.tick() => {}
         }
         let now_ms = clock.now_millis();
-        let target = now_ms + reserve_ms;
+        let target = now_ms.saturating_add(reserve_ms);
         if target > generator.hwm_ms() {
             match store_timed(store.as_ref(), key, target).await {
                 Ok(()) => {

@@ -32,7 +32,8 @@ pub fn test_config(dir: &Path) -> Config {
     f.store.init_if_missing = true;
     f.server.grpc_listen = "127.0.0.1:0".into();
     f.server.http_listen = "127.0.0.1:0".into();
-    f.validate(SystemClock.now_millis()).expect("test config is valid")
+    f.validate(SystemClock.now_millis())
+        .expect("test config is valid")
 }
 
 impl TestServer {
@@ -141,7 +142,11 @@ impl ChildServer {
         };
         let v: serde_json::Value = serde_json::from_str(&ready).expect("JSON log line");
         let addr = |k: &str| -> SocketAddr {
-            v["fields"][k].as_str().expect("address field").parse().expect("address")
+            v["fields"][k]
+                .as_str()
+                .expect("address field")
+                .parse()
+                .expect("address")
         };
         Self {
             grpc: addr("grpc"),
