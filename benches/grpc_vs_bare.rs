@@ -6,7 +6,9 @@
 //! IDs/s, latency percentiles and the idgen/bare ratio for unary GenId
 //! (1 connection x 64 calls in flight) and for GenIds batches of 1000.
 //!
-//! `IDGEN_BENCH_SECS` sets the measured seconds per case (default 5).
+//! Each case alternates the two servers `IDGEN_BENCH_ROUNDS` times (default
+//! 3) and compares medians, since the machine's noise hits both alike.
+//! `IDGEN_BENCH_SECS` sets the measured seconds per run (default 5).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,16 +108,29 @@ fn main() {
             };
             client.block_on(bench::run(&opts)).expect("bench run")
         };
-        let b = run(bare.addr);
-        let o = run(ours.addr);
+        let rounds: usize = std::env::var("IDGEN_BENCH_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3);
+        let (mut b_calls, mut o_calls, mut b_ids, mut o_ids) = (vec![], vec![], vec![], vec![]);
         println!("== {name}");
-        println!("{}", b.summary("bare tonic counter"));
-        println!("{}", o.summary("idgen"));
+        for _ in 0..rounds.max(1) {
+            let b = run(bare.addr);
+            let o = run(ours.addr);
+            println!("{}", b.summary("bare tonic counter"));
+            println!("{}", o.summary("idgen"));
+            assert_eq!(o.order_violations, 0, "idgen IDs went backwards");
+            b_calls.push(b.calls_per_sec());
+            o_calls.push(o.calls_per_sec());
+            b_ids.push(b.ids_per_sec());
+            o_ids.push(o.ids_per_sec());
+        }
+        let (bc, oc) = (bench::median(b_calls), bench::median(o_calls));
+        let (bi, oi) = (bench::median(b_ids), bench::median(o_ids));
         println!(
-            "idgen / bare: {:.1}% of calls/s, {:.1}% of IDs/s",
-            100.0 * o.calls_per_sec() / b.calls_per_sec(),
-            100.0 * o.ids_per_sec() / b.ids_per_sec()
+            "medians: bare {bc:.0} calls/s {bi:.0} IDs/s; idgen {oc:.0} calls/s {oi:.0} IDs/s; idgen/bare {:.1}% of calls/s, {:.1}% of IDs/s",
+            100.0 * oc / bc,
+            100.0 * oi / bi
         );
-        assert_eq!(o.order_violations, 0, "idgen IDs went backwards");
     }
 }

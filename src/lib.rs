@@ -29,6 +29,8 @@
 //! - [`proto`]: code generated from `proto/idgen/v1/idgen.proto`.
 //! - [`error`]: the crate-wide error enum.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod config;
 pub mod error;

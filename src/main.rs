@@ -122,6 +122,10 @@ struct BenchArgs {
     /// counter (started in this process), and print the ratio.
     #[arg(long)]
     baseline: bool,
+    /// With --baseline: alternate bare and idgen runs this many times and
+    /// compare medians (the machine's noise hits both alike).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -291,16 +295,20 @@ async fn bench_cmd(a: BenchArgs) -> anyhow::Result<()> {
         warmup: a.warmup,
         batch: a.batch,
     };
-    let mut reports = Vec::new();
+    let mut reports: Vec<(&str, bench::BenchReport)> = Vec::new();
     if a.baseline {
         let base = BaselineServer::start(2)?;
         let base_opts = BenchOptions {
             target: format!("http://{}", base.addr),
             ..opts.clone()
         };
-        reports.push(("bare tonic counter", bench::run(&base_opts).await?));
+        for _ in 0..a.rounds.max(1) {
+            reports.push(("bare tonic counter", bench::run(&base_opts).await?));
+            reports.push(("idgen", bench::run(&opts).await?));
+        }
+    } else {
+        reports.push(("idgen", bench::run(&opts).await?));
     }
-    reports.push(("idgen", bench::run(&opts).await?));
     if a.json {
         let all: Vec<_> = reports.iter().map(|(l, r)| r.to_json(l)).collect();
         println!("{}", serde_json::Value::Array(all));
@@ -308,11 +316,28 @@ async fn bench_cmd(a: BenchArgs) -> anyhow::Result<()> {
         for (label, r) in &reports {
             println!("{}", r.summary(label));
         }
-        if let [(_, base), (_, ours)] = reports.as_slice() {
+        if a.baseline {
+            let median = |label: &str, f: fn(&bench::BenchReport) -> f64| {
+                let v: Vec<f64> = reports
+                    .iter()
+                    .filter(|(l, _)| *l == label)
+                    .map(|(_, r)| f(r))
+                    .collect();
+                bench::median(v)
+            };
+            let (b_calls, o_calls) = (
+                median("bare tonic counter", bench::BenchReport::calls_per_sec),
+                median("idgen", bench::BenchReport::calls_per_sec),
+            );
+            let (b_ids, o_ids) = (
+                median("bare tonic counter", bench::BenchReport::ids_per_sec),
+                median("idgen", bench::BenchReport::ids_per_sec),
+            );
             println!(
-                "idgen / bare: {:.1}% of calls/s, {:.1}% of IDs/s",
-                100.0 * ours.calls_per_sec() / base.calls_per_sec(),
-                100.0 * ours.ids_per_sec() / base.ids_per_sec()
+                "medians over {} rounds: bare {b_calls:.0} calls/s {b_ids:.0} IDs/s; idgen {o_calls:.0} calls/s {o_ids:.0} IDs/s; idgen/bare {:.1}% of calls/s, {:.1}% of IDs/s",
+                a.rounds.max(1),
+                100.0 * o_calls / b_calls,
+                100.0 * o_ids / b_ids
             );
         }
     }

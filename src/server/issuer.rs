@@ -117,6 +117,7 @@ impl Issuer {
         // `max_wait` bounds each stretch without progress, not the whole
         // batch: a large batch legitimately spans many time units.
         let mut stalled_since: Option<Instant> = None;
+        let mut waited = false;
         while out.len() < count {
             let now = self.clock.now_micros();
             match self.generator.reserve(now, (count - out.len()) as u64) {
@@ -127,18 +128,22 @@ impl Issuer {
                 Err(GenError::Exhausted { retry_after_micros }) => {
                     self.waits.increment(1);
                     let since = *stalled_since.get_or_insert_with(Instant::now);
-                    let waited = since.elapsed();
-                    if waited >= self.max_wait {
+                    let stalled = since.elapsed();
+                    if stalled >= self.max_wait {
                         return Err(Error::WaitTimeout {
-                            waited_ms: waited.as_millis() as u64,
+                            waited_ms: stalled.as_millis() as u64,
                         });
                     }
                     self.ticker
-                        .wait_until(now + retry_after_micros, self.max_wait - waited)
+                        .wait_until(now + retry_after_micros, self.max_wait - stalled)
                         .await;
+                    waited = true;
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+        if waited {
+            self.ticker.pass_on();
         }
         Ok(())
     }

@@ -4,8 +4,10 @@
 //! Tokio's timer has millisecond resolution, so a call told "retry in
 //! 300 us" would lose most of a millisecond's worth of IDs per wait. One
 //! dedicated thread instead sleeps until just before the earliest requested
-//! deadline, spins the last stretch (outside every lock), and then wakes all
-//! waiters at once. It idles on a condition variable when nobody waits.
+//! deadline, spins the last stretch (outside every lock), and then wakes the
+//! first waiter; each served waiter wakes the next, so callers are served in
+//! arrival order without a stampede. It idles on a condition variable when
+//! nobody waits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -74,6 +76,14 @@ impl UnitTicker {
     }
 }
 
+impl UnitTicker {
+    /// Wakes the next waiter, if any: called by a woken caller that was
+    /// served in full, since the unit may have room for the next one too.
+    pub fn pass_on(&self) {
+        self.shared.wake_waiters.notify_one();
+    }
+}
+
 impl Drop for UnitTicker {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -118,7 +128,10 @@ fn tick_loop(s: &Shared) {
                 std::hint::spin_loop();
             }
         }
-        s.wake_waiters.notify_waiters();
+        // Wake one waiter (FIFO); it passes the baton on if the new unit
+        // still has room (see `pass_on`). Waking every waiter at once would
+        // make dozens of calls race for a few thousand sequence numbers.
+        s.wake_waiters.notify_one();
     }
 }
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what idgen's build and tests need on a fresh Debian machine.
+# Safe to run more than once. Needs root (or sudo) for apt-get.
+#
+#   - promtool (Debian package `prometheus`): the metrics test runs
+#     `promtool check metrics` against /metrics.
+#   - gcc/make for crates with C parts (usually present already).
+# protoc is NOT needed: the proto is compiled by protox, in Rust.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+command -v cargo >/dev/null 2>&1 || {
+  echo "setup: cargo not found; install a Rust toolchain (rustup) first" >&2
+  exit 1
+}
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt || true
+echo "setup: ok ($(promtool --version 2>&1 | head -n1))"
