@@ -245,6 +245,10 @@ impl FileConfig {
     /// Reads defaults, then `path` (if given; it must exist), then the
     /// `IDGEN_` environment.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env_prefix(path, "IDGEN_")
+    }
+
+    fn load_with_env_prefix(path: Option<&Path>, prefix: &str) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(FileConfig::default()));
         if let Some(path) = path {
             if !path.exists() {
@@ -255,7 +259,13 @@ impl FileConfig {
             }
             fig = fig.merge(Toml::file_exact(path));
         }
-        fig = fig.merge(Env::prefixed("IDGEN_").split("__"));
+        // Only IDGEN_SECTION__KEY variables are config; other IDGEN_*
+        // variables (scripts, tests) are none of its business.
+        fig = fig.merge(
+            Env::prefixed(prefix)
+                .filter(|key| key.as_str().contains("__"))
+                .split("__"),
+        );
         fig.extract().map_err(|e| ConfigError::Parse(e.to_string()))
     }
 
@@ -589,6 +599,26 @@ mod tests {
         assert_eq!(c.worker_id, 4);
         assert_eq!(c.layout.time_unit_ms(), 10);
         assert_eq!(c.hwm_reserve, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn environment_overrides_the_file_and_ignores_other_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[node]\nworker_id = 3\n").unwrap();
+        // A prefix of its own, so no other test or shell variable interferes.
+        std::env::set_var("IDGENCFGTEST_NODE__WORKER_ID", "7");
+        std::env::set_var("IDGENCFGTEST_HWM__RESERVE", "4s");
+        std::env::set_var("IDGENCFGTEST_UNRELATED", "1");
+        let f = FileConfig::load_with_env_prefix(Some(&path), "IDGENCFGTEST_").unwrap();
+        assert_eq!(f.node.worker_id, 7);
+        assert_eq!(f.hwm.reserve, Duration::from_secs(4));
+        std::env::set_var("IDGENCFGTEST_NODE__WORKER_ID", "seven");
+        let err = FileConfig::load_with_env_prefix(Some(&path), "IDGENCFGTEST_").unwrap_err();
+        assert!(
+            err.to_string().to_lowercase().contains("worker_id"),
+            "{err}"
+        );
     }
 
     #[test]

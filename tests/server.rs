@@ -318,7 +318,7 @@ async fn metrics_parse_and_cover_the_documented_set() {
         .1;
     assert!(lead > 0.5 && lead <= 3.5, "hwm lead {lead}");
 
-    // promtool, when installed (CI installs it and sets IDGEN_REQUIRE_PROMTOOL).
+    // promtool, when installed (CI installs it and sets REQUIRE_PROMTOOL).
     match std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -344,7 +344,7 @@ async fn metrics_parse_and_cover_the_documented_set() {
         }
         Err(e) => {
             assert!(
-                std::env::var_os("IDGEN_REQUIRE_PROMTOOL").is_none(),
+                std::env::var_os("REQUIRE_PROMTOOL").is_none(),
                 "promtool required but not runnable: {e}"
             );
             eprintln!("promtool not installed; checked with the built-in parser only");
