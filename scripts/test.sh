@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests, integration tests against a real server
-# on 127.0.0.1:0, and tests of the real binary (kill -9, SIGTERM, start-up
-# refusals). Installs what it needs first.
+# The whole test suite: unit tests, doc examples, integration tests against
+# a real server on 127.0.0.1:0, and tests of the real binary (kill -9,
+# SIGTERM, start-up refusals). Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cargo test
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test 2>&1 | tee "$log" || status=$?
+# One closing line for the whole run, summed over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"

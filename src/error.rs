@@ -29,6 +29,9 @@ pub enum Error {
     /// The state store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The process could not set itself up (metrics recorder, threads).
+    #[error("setup failed: {0}")]
+    Setup(String),
     /// A call waited too long for the sequence to free up.
     #[error("waited {waited_ms} ms for a free sequence number without success; the node is overloaded or its high-water mark is stuck, retry on another node")]
     WaitTimeout {

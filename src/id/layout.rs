@@ -217,6 +217,18 @@ impl LayoutSpec {
 }
 
 /// A validated layout. Cheap to copy; all methods are shifts and masks.
+///
+/// ```
+/// use idgen::id::{Preset, DEFAULT_EPOCH_MS};
+///
+/// let now_ms = DEFAULT_EPOCH_MS + 86_400_000; // a day after the epoch
+/// let layout = Preset::Twitter.spec(DEFAULT_EPOCH_MS).validate(now_ms).unwrap();
+/// let id = layout.compose(layout.units_at(now_ms), layout.node_bits(3, 17), 42);
+/// let parts = layout.decompose(id).unwrap();
+/// assert_eq!((parts.unix_ms, parts.datacenter, parts.worker, parts.sequence), (now_ms, 3, 17, 42));
+/// // Bits above the layout's 63 are refused.
+/// assert!(layout.decompose(u64::MAX).is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     spec: LayoutSpec,

@@ -188,6 +188,23 @@ const STEP_TOLERATED: u8 = 1;
 const STEP_REFUSED: u8 = 2;
 
 /// The snowflake generator of one worker. Share it behind an `Arc`.
+///
+/// ```
+/// use idgen::id::{GenError, Preset, Snowflake, StartPlan, DEFAULT_EPOCH_MS};
+///
+/// let now_ms = DEFAULT_EPOCH_MS + 1_000;
+/// let layout = Preset::Twitter.spec(DEFAULT_EPOCH_MS).validate(now_ms).unwrap();
+/// // Fresh store: start now; the caller has durably stored a mark 3 s ahead.
+/// let plan = StartPlan::new(&layout, now_ms, None, 10_000).unwrap();
+/// let g = Snowflake::new(layout, 0, 1, 1_000, plan, now_ms + 3_000).unwrap();
+/// let a = g.next_id(now_ms * 1000).unwrap();
+/// let b = g.next_id(now_ms * 1000).unwrap();
+/// assert!(b > a);
+/// // 4,096 IDs per millisecond at most; then the caller waits outside.
+/// let r = g.reserve(now_ms * 1000, 10_000).unwrap();
+/// assert_eq!(r.len(), 4094);
+/// assert!(matches!(g.next_id(now_ms * 1000), Err(GenError::Exhausted { .. })));
+/// ```
 #[derive(Debug)]
 pub struct Snowflake {
     layout: Layout,

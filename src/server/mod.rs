@@ -66,15 +66,14 @@ impl Node {
     /// high-water mark. Fails (and issues nothing) if the state file is
     /// missing, made for another layout, or the clock is too far behind.
     pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
-        let metrics =
-            m::install().map_err(|e| crate::store::StoreError::Backend(format!("metrics: {e}")))?;
+        let metrics = m::install().map_err(Error::Setup)?;
         let layout_desc = config.layout.to_string();
         let path = config.state_path.clone();
         let init = config.init_if_missing;
         let store =
             tokio::task::spawn_blocking(move || EmbeddedStore::open(&path, &layout_desc, init))
                 .await
-                .map_err(|e| crate::store::StoreError::Backend(e.to_string()))??;
+                .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
         Self::start_with_store(config, clock, Arc::new(store), metrics).await
     }
 
@@ -110,7 +109,7 @@ impl Node {
             config.max_batch,
             config.max_wait,
         )
-        .map_err(|e| crate::store::StoreError::Backend(format!("ticker thread: {e}")))?;
+        .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
             .set(1.0);
         metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(config.layout.years_left(clock.now_millis()));

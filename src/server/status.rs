@@ -15,6 +15,7 @@ pub fn code(e: &Error) -> Code {
         Error::Gen(_) | Error::Store(_) | Error::WaitTimeout { .. } => Code::Unavailable,
         Error::Start(StartError::ClockBehindHwm { .. }) => Code::Unavailable,
         Error::Layout(_) | Error::Start(StartError::Layout(_)) => Code::FailedPrecondition,
+        Error::Setup(_) => Code::Internal,
     }
 }
 

@@ -165,8 +165,6 @@ async fn renew_loop(
                 }
             }
         }
-        let lead_ms = generator.hwm_ms() as f64 - clock.now_millis() as f64;
-        metrics::gauge!(m::HWM_LEAD).set(lead_ms / 1000.0);
     }
 }
 
