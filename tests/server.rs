@@ -436,13 +436,7 @@ async fn clock_step_back_at_runtime() {
     let mut c = idgen::proto::id_gen_client::IdGenClient::connect(format!("http://{grpc}"))
         .await
         .unwrap();
-    let readyz = || async move {
-        reqwest::get(format!("http://{http}/readyz"))
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
-    };
+    let readyz = format!("http://{http}/readyz");
     let mut last = 0u64;
     let mut take = |ids: Vec<u64>| {
         for id in ids {
@@ -467,27 +461,17 @@ async fn clock_step_back_at_runtime() {
     let e = c.gen_ids(batch(10)).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable);
     assert!(e.message().contains("stepped back"), "{}", e.message());
-    let mut not_ready = false;
-    for _ in 0..50 {
-        if readyz().await == 503 {
-            not_ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(not_ready, "readiness drops while refusing");
+    assert!(
+        common::wait_for_status(&readyz, 503).await,
+        "readiness drops while refusing"
+    );
 
     // The clock catches up: issuing resumes without a restart.
     clock.advance_millis(2500);
-    let mut ready = false;
-    for _ in 0..50 {
-        if readyz().await == 200 {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(ready, "readiness returns once the clock caught up");
+    assert!(
+        common::wait_for_status(&readyz, 200).await,
+        "readiness returns once the clock caught up"
+    );
     take(c.gen_ids(batch(100)).await.unwrap().into_inner().ids);
     let text = reqwest::get(format!("http://{http}/metrics"))
         .await

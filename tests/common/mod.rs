@@ -211,3 +211,17 @@ pub fn run_idgen(args: &[&str]) -> (bool, String) {
     let _ = child.kill();
     panic!("idgen {args:?} still running after 20 s");
 }
+
+/// Polls `url` until it answers HTTP `status` (at most 50 tries, 20 ms
+/// apart); true if it did.
+pub async fn wait_for_status(url: &str, status: u16) -> bool {
+    for _ in 0..50 {
+        if let Ok(resp) = reqwest::get(url).await {
+            if resp.status().as_u16() == status {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
