@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests, doc examples, integration tests against
-# a real server on 127.0.0.1:0, and tests of the real binary (kill -9,
-# SIGTERM, start-up refusals). Installs what it needs first.
+# a real server on 127.0.0.1:0, tests of the real binary (kill -9, SIGTERM,
+# start-up refusals), the Consul client and leases against the in-repo
+# Consul test server, and that server against a real third-party Consul
+# client (PyPI py-consul). Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/consul-interop.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test 2>&1 | tee "$log" || status=$?
-# One closing line for the whole run, summed over every test binary.
+cargo test --workspace 2>&1 | tee "$log" || status=$?
+# One closing line for the whole cargo run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
 exit "$status"

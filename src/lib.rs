@@ -20,6 +20,8 @@
 //!   reflection) and HTTP (`/metrics`, `/healthz`, `/readyz`, `/v1/...`)
 //!   front ends, the one error-to-status mapping, the health monitor and
 //!   ordered shutdown.
+//! - [`consul`]: a thin Consul HTTP client (KV, sessions, txn, agent,
+//!   health) with timeouts, safe retries and typed errors, for cluster mode.
 //! - [`config`]: TOML + environment + CLI configuration, validated into
 //!   [`config::Config`].
 //! - [`metrics`]: every exported metric, declared in one place.
@@ -33,6 +35,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod consul;
 pub mod error;
 pub mod id;
 pub mod metrics;

@@ -29,6 +29,10 @@ pub const STORE_ERRORS: &str = "idgen_store_errors_total";
 pub const LAYOUT_YEARS_LEFT: &str = "idgen_layout_years_left";
 /// 1 while this node issues IDs, 0 while it refuses.
 pub const SERVING: &str = "idgen_serving";
+/// Consul HTTP request latency, by `endpoint` and `code`.
+pub const CONSUL_REQUEST_DURATION: &str = "idgen_consul_request_duration_seconds";
+/// Failed Consul requests (each attempt), by `endpoint`.
+pub const CONSUL_ERRORS: &str = "idgen_consul_errors_total";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 

@@ -2,8 +2,10 @@
 //!
 //! The generator only trusts a high-water mark once a [`StateStore`] has
 //! said it is durable. Two backends implement the trait: [`embedded`] (a
-//! redb file, one node) and, in cluster mode, Consul KV.
+//! redb file, one node) and [`consul`] (Consul KV, written only while this
+//! node holds its worker-id lease).
 
+pub mod consul;
 pub mod embedded;
 pub mod hwm;
 

@@ -1,0 +1,231 @@
+//! An in-memory, Consul-compatible HTTP server for testing idgen's Consul
+//! client, with fault injection and request counters.
+//!
+//! It implements the part of Consul's HTTP API that `shared/CONSUL.md`
+//! describes (KV with cas/acquire/release, sessions with TTL, lock-delay
+//! and check binding, transactions, agent services with TTL and gRPC
+//! checks, health and catalog discovery, blocking queries, ACL tokens),
+//! with Consul's semantics, over one cluster state with one raft-like
+//! index. Several agents (HTTP listeners, one node each) can share that
+//! state, and faults can be switched on per agent.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use consul_testserver::{Config, TestConsul};
+//! let consul = TestConsul::start(Config::default()).await?;
+//! let base = format!("http://{}/v1", consul.addr());
+//! consul.faults().no_leader("agent-0", true); // every answer: 500 No cluster leader
+//! # let _ = base;
+//! consul.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! - `state`: the pure core. KV, sessions, catalog and transactions as
+//!   plain data with an injected `now`; no I/O, no tokio.
+//! - `cluster`: the one mutex around the state, the published index that
+//!   blocking queries watch, and the token table.
+//! - `http`: one agent's HTTP API: routing, common headers, tokens,
+//!   faults, blocking queries, and the JSON of each endpoint.
+//! - `listener`: the accept loop and connections of one agent, including
+//!   closing and reopening the socket for the `refuse` fault.
+//! - `timers`: the task that fires session and check deadlines.
+//! - `grpc_probe`: the tasks that run gRPC health checks.
+//! - `faults`, `counters`, `acl`, `config`, `duration`: fault switches,
+//!   request counters, token policies, settings, Go duration strings.
+//!
+//! # Deviations from Consul
+//!
+//! - Only KV operations in transactions; only TTL and plaintext gRPC checks.
+//! - `?token=` in the query string is ignored (idgen must send a header).
+//! - An agent's node always exists; nodes are not deregistered.
+//! - Session-create errors for an out-of-range TTL are 400 (Consul has
+//!   answered 400 or 500 depending on the version).
+
+#![warn(missing_docs)]
+
+mod acl;
+mod cluster;
+mod config;
+mod counters;
+mod duration;
+mod faults;
+mod grpc_probe;
+mod http;
+mod listener;
+mod state;
+mod timers;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use acl::Policy;
+pub use config::Config;
+pub use faults::Faults;
+pub use state::catalog::{CheckInfo, HealthStatus, ServiceInfo};
+pub use state::kv::KvEntry;
+pub use state::session::{Behavior, SessionInfo};
+
+use cluster::Cluster;
+use http::AgentContext;
+
+/// Name of the agent [`TestConsul::start`] creates.
+pub const FIRST_AGENT: &str = "agent-0";
+
+/// A running test cluster. Clones share it; it stops on
+/// [`shutdown`](Self::shutdown) or when the last clone is dropped.
+#[derive(Debug, Clone)]
+pub struct TestConsul {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cluster: Arc<Cluster>,
+    addr: SocketAddr,
+    /// Dropping it (with the last handle) stops every task.
+    shutdown: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl TestConsul {
+    /// Starts a cluster whose first agent, `agent-0`, listens on
+    /// `127.0.0.1:0`.
+    pub async fn start(config: Config) -> io::Result<TestConsul> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::serve(config, listener).await
+    }
+
+    /// Starts a cluster whose first agent, `agent-0`, serves on `listener`
+    /// (used by the binary for `--listen`).
+    pub async fn serve(config: Config, listener: TcpListener) -> io::Result<TestConsul> {
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let cluster = Arc::new(Cluster::new(config, shutdown_rx));
+        let timer = tokio::spawn(timers::run(Arc::clone(&cluster)));
+        let addr = listener.local_addr()?;
+        let consul = TestConsul {
+            inner: Arc::new(Inner {
+                cluster,
+                addr,
+                shutdown,
+                tasks: Mutex::new(vec![timer]),
+            }),
+        };
+        consul.start_agent(FIRST_AGENT, listener)?;
+        Ok(consul)
+    }
+
+    fn start_agent(&self, name: &str, listener: TcpListener) -> io::Result<SocketAddr> {
+        let cluster = &self.inner.cluster;
+        if !cluster.write(|st| st.add_node(name)) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("agent {name:?} already exists"),
+            ));
+        }
+        let addr = listener.local_addr()?;
+        let faults = cluster.faults.agent(name);
+        let listener = Arc::new(listener);
+        {
+            let mut slot = faults.slot();
+            slot.addr = Some(addr);
+            slot.active = Some(Arc::clone(&listener));
+        }
+        let agent = Arc::new(AgentContext {
+            name: name.to_owned(),
+            cluster: Arc::clone(cluster),
+            faults,
+        });
+        let task = tokio::spawn(listener::accept_loop(agent, listener));
+        self.inner
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(task);
+        Ok(addr)
+    }
+
+    /// Address of `agent-0`.
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// Starts another agent named `name` on `127.0.0.1:0`, sharing the
+    /// cluster state, as a node with its own local agent. Services it
+    /// registers belong to node `name`.
+    pub async fn add_agent(&self, name: &str) -> io::Result<SocketAddr> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        self.start_agent(name, listener)
+    }
+
+    /// The fault switches.
+    pub fn faults(&self) -> Faults {
+        Faults {
+            cluster: Arc::clone(&self.inner.cluster),
+        }
+    }
+
+    /// Requests received by `agent` (all agents with `None`) on `endpoint`
+    /// (`"*"` for all), including requests answered by a fault. Endpoint
+    /// names: `kv`, `txn`, `session/create`, `session/renew`,
+    /// `session/destroy`, `session/info`, `session/list`, `session/node`,
+    /// `agent/service/register`, `agent/service/deregister`,
+    /// `agent/check/pass`, `agent/check/warn`, `agent/check/fail`,
+    /// `agent/check/update`, `agent/services`, `agent/checks`,
+    /// `health/service`, `catalog/services`, `status/leader`, and `other`.
+    pub fn request_count(&self, agent: Option<&str>, endpoint: &str) -> u64 {
+        self.inner.cluster.counters.get(agent, endpoint)
+    }
+
+    /// Adds an ACL token with `policy`. Effective only when
+    /// [`Config::acl_master_token`] is set (ACLs enabled).
+    pub fn add_token(&self, secret: &str, policy: Policy) {
+        self.inner.cluster.add_token(secret, policy);
+    }
+
+    /// The current entry of `key`, bypassing HTTP and ACLs.
+    pub fn kv_get(&self, key: &str) -> Option<KvEntry> {
+        self.inner.cluster.read(|st| st.kv.get(key).cloned())
+    }
+
+    /// Every live session.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        self.inner
+            .cluster
+            .read(|st| st.session_list().map(|s| s.info.clone()).collect())
+    }
+
+    /// Every registered service, with its checks and aggregated status.
+    pub fn services(&self) -> Vec<ServiceInfo> {
+        self.inner.cluster.read(|st| st.service_infos())
+    }
+
+    /// The cluster's raft index (the index of the latest write).
+    pub fn index(&self) -> u64 {
+        self.inner.cluster.read(|st| st.index)
+    }
+
+    /// Stops every agent and background task, and waits for them. Other
+    /// clones of this handle stop working too.
+    pub async fn shutdown(self) {
+        self.inner.shutdown.send_replace(true);
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(
+            &mut *self
+                .inner
+                .tasks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for task in tasks {
+            if let Err(e) = task.await {
+                tracing::warn!(error = %e, "task failed during shutdown");
+            }
+        }
+    }
+}

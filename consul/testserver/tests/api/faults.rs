@@ -1,0 +1,161 @@
+//! Fault injection and request counters.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::{client, eventually, fast_config, start, start_with, Api};
+
+#[tokio::test]
+async fn refuse_closes_the_port_and_reopens_it() {
+    let (consul, api) = start().await;
+    assert_eq!(
+        api.get("kv/x").await.status,
+        404,
+        "pooled connection is open"
+    );
+    consul.faults().refuse("agent-0", true);
+    let started = Instant::now();
+    let err = api.try_send(reqwest::Method::GET, "kv/x", vec![]).await;
+    assert!(err.is_err(), "request must fail while refused");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let fresh = Api::new(consul.addr());
+    let err = fresh.try_send(reqwest::Method::GET, "kv/x", vec![]).await;
+    assert!(err.as_ref().is_err_and(|e| e.is_connect()), "{err:?}");
+
+    consul.faults().refuse("agent-0", false);
+    assert_eq!(
+        fresh.get("kv/x").await.status,
+        404,
+        "same address serves again"
+    );
+    assert_eq!(api.put("kv/x", "v").await.text, "true");
+}
+
+#[tokio::test]
+async fn delay_slows_answers_but_applies_writes() {
+    let (consul, api) = start().await;
+    consul
+        .faults()
+        .delay("agent-0", Some(Duration::from_millis(400)));
+    let started = Instant::now();
+    assert_eq!(api.put("kv/slow", "1").await.text, "true");
+    assert!(started.elapsed() >= Duration::from_millis(400));
+
+    let impatient = Api {
+        http: client(Duration::from_millis(100)),
+        ..api.clone()
+    };
+    let r = impatient
+        .try_send(reqwest::Method::PUT, "kv/slow", b"2".to_vec())
+        .await;
+    assert!(r.is_err_and(|e| e.is_timeout()));
+    assert_eq!(
+        consul.kv_get("slow").map(|e| e.value),
+        Some(b"2".to_vec()),
+        "applied anyway"
+    );
+
+    consul.faults().delay("agent-0", None);
+    let started = Instant::now();
+    api.get("kv/slow").await;
+    assert!(started.elapsed() < Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn no_leader_answers_500_without_applying() {
+    let (consul, api) = start().await;
+    let addr1 = consul
+        .add_agent("agent-1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    consul.faults().no_leader("agent-0", true);
+    let r = api.put("kv/n", "v").await;
+    assert_eq!((r.status, r.text.as_str()), (500, "No cluster leader"));
+    assert!(r.index > 0);
+    assert!(consul.kv_get("n").is_none());
+    assert_eq!(
+        Api::new(addr1).put("kv/n", "v").await.text,
+        "true",
+        "other agents unaffected"
+    );
+    consul.faults().no_leader("agent-0", false);
+    assert_eq!(api.get("kv/n?raw").await.text, "v");
+}
+
+#[tokio::test]
+async fn dropped_requests_hang_until_the_client_times_out() {
+    let (consul, api) = start().await;
+    consul.faults().drop_requests("agent-0", true);
+    let impatient = Api {
+        http: client(Duration::from_millis(300)),
+        ..api.clone()
+    };
+    let started = Instant::now();
+    let r = impatient
+        .try_send(reqwest::Method::PUT, "kv/d", b"v".to_vec())
+        .await;
+    assert!(r.is_err_and(|e| e.is_timeout()));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(
+        consul.kv_get("d").is_none(),
+        "a dropped request is not applied"
+    );
+    consul.faults().drop_requests("agent-0", false);
+    assert_eq!(api.put("kv/d", "v").await.text, "true");
+}
+
+#[tokio::test]
+async fn paused_expiry_keeps_sessions_until_resumed() {
+    let config = consul_testserver::Config {
+        ttl_expiry_factor: 1.0,
+        ..fast_config()
+    };
+    let (consul, api) = start_with(config).await;
+    consul.faults().pause_session_expiry(true);
+    let id = api.session(json!({"TTL": "200ms"})).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(consul.sessions().len(), 1, "no expiry while paused");
+    assert_eq!(
+        api.put(&format!("session/renew/{id}"), "").await.status,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(consul.sessions().len(), 1);
+    consul.faults().pause_session_expiry(false);
+    let c = consul.clone();
+    eventually(Duration::from_secs(1), "expiry after resume", || {
+        let c = c.clone();
+        async move { c.sessions().is_empty() }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn request_counters_by_agent_and_endpoint() {
+    let (consul, api) = start().await;
+    let addr1 = consul
+        .add_agent("agent-1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let api1 = Api::new(addr1);
+    let id = api.session(json!({"TTL": "10s"})).await;
+    for _ in 0..3 {
+        api.put(&format!("session/renew/{id}"), "").await;
+    }
+    api1.put(&format!("session/renew/{id}"), "").await;
+    api1.get("kv/a").await;
+    consul.faults().no_leader("agent-1", true);
+    api1.get("kv/a").await;
+    assert_eq!(consul.request_count(Some("agent-0"), "session/renew"), 3);
+    assert_eq!(consul.request_count(Some("agent-1"), "session/renew"), 1);
+    assert_eq!(consul.request_count(None, "session/renew"), 4);
+    assert_eq!(
+        consul.request_count(Some("agent-1"), "kv"),
+        2,
+        "fault answers count"
+    );
+    assert_eq!(consul.request_count(Some("agent-0"), "session/create"), 1);
+    assert_eq!(consul.request_count(Some("agent-0"), "*"), 4);
+    assert_eq!(consul.request_count(None, "txn"), 0);
+}

@@ -1,0 +1,759 @@
+//! A thin Consul HTTP client: exactly the calls `../shared/CONSUL.md`
+//! vouches for, typed, with timeouts on every call and retries only where
+//! they are safe.
+//!
+//! # Retries
+//! A read, a session renew or destroy, and an agent (de)registration can be
+//! repeated without changing the outcome, so they are retried on transport
+//! errors, 429 and 5xx with jittered exponential backoff. A write whose
+//! outcome matters (`cas`, `acquire`, `release`, a txn) is **never** retried
+//! here: a timeout or 5xx may or may not have been applied, and only the
+//! caller knows how to re-read and decide ([`ConsulError::outcome_unknown`]).
+//!
+//! # Secrets
+//! The ACL token travels in the `X-Consul-Token` header only; it never
+//! appears in a URL, a log line or a `Debug` print.
+
+pub mod types;
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use reqwest::{Method, StatusCode};
+use thiserror::Error;
+
+use crate::metrics as m;
+
+pub use types::{
+    Consistency, KvEntry, KvWrite, ServiceCheck, ServiceEntry, ServiceRegistration,
+    SessionBehavior, SessionInfo, SessionSpec, TxnError, TxnOp, TxnOutcome,
+};
+
+/// How to reach Consul.
+#[derive(Clone)]
+pub struct ConsulConfig {
+    /// Base URL of the agent, e.g. `http://127.0.0.1:8500`.
+    pub address: String,
+    /// ACL token, sent as `X-Consul-Token`.
+    pub token: Option<String>,
+    /// Timeout of one request (blocking queries add their wait on top).
+    pub timeout: Duration,
+    /// Extra attempts for a retryable failure of a safe call.
+    pub retries: u32,
+    /// First backoff; doubles per attempt, with full jitter.
+    pub backoff: Duration,
+}
+
+impl Default for ConsulConfig {
+    fn default() -> Self {
+        Self {
+            address: "http://127.0.0.1:8500".into(),
+            token: None,
+            timeout: Duration::from_secs(5),
+            retries: 3,
+            backoff: Duration::from_millis(50),
+        }
+    }
+}
+
+impl fmt::Debug for ConsulConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulConfig")
+            .field("address", &self.address)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .field("backoff", &self.backoff)
+            .finish()
+    }
+}
+
+/// What went wrong talking to Consul.
+#[derive(Debug, Clone, Error)]
+pub enum ConsulError {
+    /// The configured address is not a usable `http://host:port` URL.
+    #[error("bad Consul address {0:?}: use a URL like http://127.0.0.1:8500")]
+    BadAddress(String),
+    /// No answer: connection refused, reset, or timed out.
+    #[error("cannot reach Consul at {address} ({endpoint}): {detail}")]
+    Unreachable {
+        /// Agent address.
+        address: String,
+        /// Which call.
+        endpoint: &'static str,
+        /// What the transport said.
+        detail: String,
+        /// The request may have reached Consul (a timeout after sending).
+        maybe_sent: bool,
+    },
+    /// 403: the ACL token lacks a permission.
+    #[error("Consul denied {endpoint} (403 permission denied): check that the ACL token has the policy in consul/acl-policy.hcl")]
+    PermissionDenied {
+        /// Which call.
+        endpoint: &'static str,
+    },
+    /// The agent forgot a TTL check (it restarted): register again.
+    #[error("Consul agent does not know check {check_id:?}; the service must be registered again")]
+    UnknownCheck {
+        /// The check id.
+        check_id: String,
+    },
+    /// Any other non-success status.
+    #[error("Consul answered {status} to {endpoint}: {body}")]
+    Status {
+        /// Which call.
+        endpoint: &'static str,
+        /// HTTP status.
+        status: u16,
+        /// The response text (Consul's error message).
+        body: String,
+    },
+    /// The answer did not have the documented shape.
+    #[error("unexpected answer from Consul to {endpoint}: {detail}")]
+    Decode {
+        /// Which call.
+        endpoint: &'static str,
+        /// What did not parse.
+        detail: String,
+    },
+}
+
+impl ConsulError {
+    /// Whether repeating the same request may succeed (transport errors,
+    /// 429, 5xx).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Unreachable { .. } => true,
+            Self::Status { status, .. } => *status == 429 || *status >= 500,
+            _ => false,
+        }
+    }
+
+    /// Whether a write that failed this way may nevertheless have been
+    /// applied (CONSUL.md: "a write that timed out or returned 5xx may
+    /// still have been applied"). Such a write must be treated as not
+    /// having happened for reservations, and re-read before deciding.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Self::Unreachable { maybe_sent, .. } => *maybe_sent,
+            Self::Status { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
+}
+
+/// One HTTP answer: status, `X-Consul-Index`, body.
+struct Reply {
+    status: StatusCode,
+    index: u64,
+    body: bytes::Bytes,
+}
+
+/// One request, built up before it is sent.
+struct Call<'a> {
+    method: Method,
+    endpoint: &'static str,
+    path: String,
+    query: Vec<(&'a str, String)>,
+    body: Option<Vec<u8>>,
+    safety: Safety,
+    extra_timeout: Duration,
+}
+
+impl<'a> Call<'a> {
+    /// An idempotent request with no query and no body.
+    fn new(method: Method, endpoint: &'static str, path: String) -> Self {
+        Self {
+            method,
+            endpoint,
+            path,
+            query: Vec::new(),
+            body: None,
+            safety: Safety::Idempotent,
+            extra_timeout: Duration::ZERO,
+        }
+    }
+
+    fn query(mut self, query: Vec<(&'a str, String)>) -> Self {
+        self.query = query;
+        self
+    }
+
+    fn body(mut self, body: Vec<u8>) -> Self {
+        self.body = Some(body);
+        self
+    }
+
+    /// Never repeat: the outcome matters.
+    fn once(self) -> Self {
+        self.safety(Safety::Once)
+    }
+
+    fn safety(mut self, safety: Safety) -> Self {
+        self.safety = safety;
+        self
+    }
+
+    /// Extra client timeout (blocking queries).
+    fn extra_timeout(mut self, extra: Duration) -> Self {
+        self.extra_timeout = extra;
+        self
+    }
+}
+
+/// Whether a call may be repeated after a retryable failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Safety {
+    /// Repeating cannot change the outcome.
+    Idempotent,
+    /// Outcome matters; never repeat blindly.
+    Once,
+}
+
+/// A Consul agent client. Cheap to clone (one connection pool).
+#[derive(Clone)]
+pub struct ConsulClient {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+    config: ConsulConfig,
+}
+
+impl fmt::Debug for ConsulClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulClient")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+impl ConsulClient {
+    /// A client for `config.address`. Fails only on a malformed address.
+    pub fn new(config: ConsulConfig) -> Result<Self, ConsulError> {
+        let base = config.address.trim_end_matches('/').to_owned();
+        let url = reqwest::Url::parse(&base).map_err(|_| ConsulError::BadAddress(base.clone()))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(ConsulError::BadAddress(base));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| ConsulError::BadAddress(format!("{base}: {e}")))?;
+        Ok(Self {
+            http,
+            token: config.token.clone(),
+            base,
+            config,
+        })
+    }
+
+    /// The agent address this client talks to.
+    pub fn address(&self) -> &str {
+        &self.base
+    }
+
+    async fn call(&self, c: Call<'_>) -> Result<Reply, ConsulError> {
+        let Call {
+            method,
+            endpoint,
+            path,
+            query,
+            body,
+            safety,
+            extra_timeout,
+        } = c;
+        let query = query.as_slice();
+        let path = path.as_str();
+        let mut attempt = 0;
+        loop {
+            let started = Instant::now();
+            let result = self
+                .call_once(&method, endpoint, path, query, body.clone(), extra_timeout)
+                .await;
+            let code = match &result {
+                Ok(r) => r.status.as_u16().to_string(),
+                Err(ConsulError::Unreachable { .. }) => "unreachable".into(),
+                Err(ConsulError::PermissionDenied { .. }) => "403".into(),
+                Err(ConsulError::Status { status, .. }) => status.to_string(),
+                Err(_) => "error".into(),
+            };
+            metrics::histogram!(m::CONSUL_REQUEST_DURATION, "endpoint" => endpoint, "code" => code)
+                .record(started.elapsed().as_secs_f64());
+            match result {
+                Err(e)
+                    if e.is_retryable()
+                        && safety == Safety::Idempotent
+                        && attempt < self.config.retries =>
+                {
+                    metrics::counter!(m::CONSUL_ERRORS, "endpoint" => endpoint).increment(1);
+                    attempt += 1;
+                    let cap = self.config.backoff.saturating_mul(1 << attempt.min(10));
+                    let pause = cap.mul_f64(fastrand::f64());
+                    tracing::debug!(endpoint, attempt, error = %e, ?pause, "retrying Consul call");
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => {
+                    metrics::counter!(m::CONSUL_ERRORS, "endpoint" => endpoint).increment(1);
+                    return Err(e);
+                }
+                Ok(r) => return Ok(r),
+            }
+        }
+    }
+
+    async fn call_once(
+        &self,
+        method: &Method,
+        endpoint: &'static str,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        extra_timeout: Duration,
+    ) -> Result<Reply, ConsulError> {
+        let url = format!("{}/v1/{}", self.base, path);
+        let mut req = self
+            .http
+            .request(method.clone(), url)
+            .timeout(self.config.timeout + extra_timeout);
+        if !query.is_empty() {
+            req = req.query(query);
+        }
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        if let Some(body) = body {
+            req = req.body(body);
+        }
+        let resp = req.send().await.map_err(|e| ConsulError::Unreachable {
+            address: self.base.clone(),
+            endpoint,
+            detail: transport_detail(&e),
+            maybe_sent: e.is_timeout(),
+        })?;
+        let status = resp.status();
+        let index = resp
+            .headers()
+            .get("X-Consul-Index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let body = resp.bytes().await.map_err(|e| ConsulError::Unreachable {
+            address: self.base.clone(),
+            endpoint,
+            detail: transport_detail(&e),
+            maybe_sent: true,
+        })?;
+        match status.as_u16() {
+            200 | 404 | 409 => Ok(Reply {
+                status,
+                index,
+                body,
+            }),
+            403 => Err(ConsulError::PermissionDenied { endpoint }),
+            other => Err(ConsulError::Status {
+                endpoint,
+                status: other,
+                body: String::from_utf8_lossy(&body)
+                    .trim()
+                    .chars()
+                    .take(500)
+                    .collect(),
+            }),
+        }
+    }
+
+    fn unexpected(endpoint: &'static str, reply: &Reply) -> ConsulError {
+        ConsulError::Status {
+            endpoint,
+            status: reply.status.as_u16(),
+            body: String::from_utf8_lossy(&reply.body)
+                .trim()
+                .chars()
+                .take(500)
+                .collect(),
+        }
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(
+        endpoint: &'static str,
+        body: &[u8],
+    ) -> Result<T, ConsulError> {
+        serde_json::from_slice(body).map_err(|e| ConsulError::Decode {
+            endpoint,
+            detail: e.to_string(),
+        })
+    }
+
+    fn decode_bool(endpoint: &'static str, body: &[u8]) -> Result<bool, ConsulError> {
+        match std::str::from_utf8(body).map(str::trim) {
+            Ok("true") => Ok(true),
+            Ok("false") => Ok(false),
+            _ => Err(ConsulError::Decode {
+                endpoint,
+                detail: format!(
+                    "expected true or false, got {:?}",
+                    String::from_utf8_lossy(body)
+                ),
+            }),
+        }
+    }
+
+    // ---- KV ---------------------------------------------------------------
+
+    /// Reads one key; `None` if missing. Also returns `X-Consul-Index`.
+    pub async fn kv_get(
+        &self,
+        key: &str,
+        consistency: Consistency,
+    ) -> Result<(Option<KvEntry>, u64), ConsulError> {
+        self.kv_get_blocking(key, consistency, None).await
+    }
+
+    /// Reads one key, blocking until its index passes `wait.0` or `wait.1`
+    /// elapses (CONSUL.md, blocking queries). Index 0 never blocks.
+    pub async fn kv_get_blocking(
+        &self,
+        key: &str,
+        consistency: Consistency,
+        wait: Option<(u64, Duration)>,
+    ) -> Result<(Option<KvEntry>, u64), ConsulError> {
+        const EP: &str = "kv/get";
+        let mut query = consistency.query();
+        let mut extra = Duration::ZERO;
+        if let Some((index, wait)) = wait.filter(|(i, _)| *i > 0) {
+            let wait = wait.min(Duration::from_secs(600));
+            query.push(("index", index.to_string()));
+            query.push(("wait", format!("{}ms", wait.as_millis())));
+            // The server adds up to wait/16 of jitter.
+            extra = wait + wait / 16 + Duration::from_secs(1);
+        }
+        let r = self
+            .call(
+                Call::new(Method::GET, EP, format!("kv/{key}"))
+                    .query(query)
+                    .extra_timeout(extra),
+            )
+            .await?;
+        match r.status.as_u16() {
+            404 => Ok((None, r.index)),
+            200 => {
+                let mut pairs: Vec<types::RawKv> = Self::decode(EP, &r.body)?;
+                let entry = pairs.pop().map(|p| p.into_entry(EP)).transpose()?;
+                Ok((entry, r.index))
+            }
+            _ => Err(Self::unexpected(EP, &r)),
+        }
+    }
+
+    /// Lists every key under `prefix` (empty when none).
+    pub async fn kv_list(
+        &self,
+        prefix: &str,
+        consistency: Consistency,
+    ) -> Result<Vec<KvEntry>, ConsulError> {
+        const EP: &str = "kv/list";
+        let mut query = consistency.query();
+        query.push(("recurse", String::new()));
+        let r = self
+            .call(Call::new(Method::GET, EP, format!("kv/{prefix}")).query(query))
+            .await?;
+        match r.status.as_u16() {
+            404 => Ok(Vec::new()),
+            200 => {
+                let pairs: Vec<types::RawKv> = Self::decode(EP, &r.body)?;
+                pairs.into_iter().map(|p| p.into_entry(EP)).collect()
+            }
+            _ => Err(Self::unexpected(EP, &r)),
+        }
+    }
+
+    /// Writes `value` to `key` as `how` says; `true` if applied. An
+    /// unconditional set is retried on transport errors; cas, acquire and
+    /// release are sent once.
+    pub async fn kv_put(
+        &self,
+        key: &str,
+        value: &[u8],
+        how: KvWrite<'_>,
+    ) -> Result<bool, ConsulError> {
+        const EP: &str = "kv/put";
+        let (query, safety) = match how {
+            KvWrite::Set => (vec![], Safety::Idempotent),
+            KvWrite::Cas(index) => (vec![("cas", index.to_string())], Safety::Once),
+            KvWrite::Acquire(session) => (vec![("acquire", session.to_owned())], Safety::Once),
+            KvWrite::Release(session) => (vec![("release", session.to_owned())], Safety::Once),
+        };
+        let r = self
+            .call(
+                Call::new(Method::PUT, EP, format!("kv/{key}"))
+                    .query(query)
+                    .body(value.to_vec())
+                    .safety(safety),
+            )
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        Self::decode_bool(EP, &r.body)
+    }
+
+    /// Deletes `key` (only if its ModifyIndex is `cas`, when given).
+    pub async fn kv_delete(&self, key: &str, cas: Option<u64>) -> Result<bool, ConsulError> {
+        const EP: &str = "kv/delete";
+        let (query, safety) = match cas {
+            Some(i) => (vec![("cas", i.to_string())], Safety::Once),
+            None => (vec![], Safety::Idempotent),
+        };
+        let r = self
+            .call(
+                Call::new(Method::DELETE, EP, format!("kv/{key}"))
+                    .query(query)
+                    .safety(safety),
+            )
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        Self::decode_bool(EP, &r.body)
+    }
+
+    // ---- Sessions ---------------------------------------------------------
+
+    /// Creates a session and returns its id.
+    pub async fn session_create(&self, spec: &SessionSpec) -> Result<String, ConsulError> {
+        const EP: &str = "session/create";
+        let body = serde_json::to_vec(&spec.to_json()).map_err(|e| ConsulError::Decode {
+            endpoint: EP,
+            detail: e.to_string(),
+        })?;
+        // Not idempotent (each call makes a session), but an unknown outcome
+        // only leaks a session that expires by itself: sent once anyway.
+        let r = self
+            .call(
+                Call::new(Method::PUT, EP, "session/create".into())
+                    .body(body)
+                    .once(),
+            )
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        let v: types::CreatedId = Self::decode(EP, &r.body)?;
+        Ok(v.id)
+    }
+
+    /// Renews a session. `Ok(None)` means Consul no longer knows it: every
+    /// lock it held is lost. `Ok(Some(info))` carries the TTL Consul now
+    /// applies (it may be larger than asked; use it).
+    pub async fn session_renew(&self, id: &str) -> Result<Option<SessionInfo>, ConsulError> {
+        const EP: &str = "session/renew";
+        let r = self
+            .call(Call::new(Method::PUT, EP, format!("session/renew/{id}")))
+            .await?;
+        match r.status.as_u16() {
+            404 => Ok(None),
+            200 => {
+                let mut v: Vec<types::RawSession> = Self::decode(EP, &r.body)?;
+                Ok(v.pop().map(types::RawSession::into_info))
+            }
+            _ => Err(Self::unexpected(EP, &r)),
+        }
+    }
+
+    /// Destroys a session (idempotent). Release held keys first, or
+    /// lock-delay applies to them.
+    pub async fn session_destroy(&self, id: &str) -> Result<(), ConsulError> {
+        const EP: &str = "session/destroy";
+        let r = self
+            .call(Call::new(Method::PUT, EP, format!("session/destroy/{id}")))
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        Ok(())
+    }
+
+    /// A session's current state, or `None` if it does not exist.
+    pub async fn session_info(&self, id: &str) -> Result<Option<SessionInfo>, ConsulError> {
+        const EP: &str = "session/info";
+        let r = self
+            .call(
+                Call::new(Method::GET, EP, format!("session/info/{id}"))
+                    .query(Consistency::Consistent.query()),
+            )
+            .await?;
+        match r.status.as_u16() {
+            404 => Ok(None),
+            200 => {
+                let mut v: Vec<types::RawSession> = Self::decode(EP, &r.body)?;
+                Ok(v.pop().map(types::RawSession::into_info))
+            }
+            _ => Err(Self::unexpected(EP, &r)),
+        }
+    }
+
+    // ---- Transactions -----------------------------------------------------
+
+    /// Runs KV operations all-or-nothing. Sent once: a transport failure or
+    /// 5xx leaves the outcome unknown ([`ConsulError::outcome_unknown`]).
+    pub async fn txn(&self, ops: &[TxnOp]) -> Result<TxnOutcome, ConsulError> {
+        const EP: &str = "txn";
+        if ops.is_empty() || ops.len() > 64 {
+            return Err(ConsulError::Decode {
+                endpoint: EP,
+                detail: format!("a txn takes 1 to 64 operations, got {}", ops.len()),
+            });
+        }
+        let body: Vec<serde_json::Value> = ops.iter().map(TxnOp::to_json).collect();
+        let body = serde_json::to_vec(&body).map_err(|e| ConsulError::Decode {
+            endpoint: EP,
+            detail: e.to_string(),
+        })?;
+        let r = self
+            .call(Call::new(Method::PUT, EP, "txn".into()).body(body).once())
+            .await?;
+        let raw: types::RawTxnReply = match r.status.as_u16() {
+            200 | 409 => Self::decode(EP, &r.body)?,
+            _ => return Err(Self::unexpected(EP, &r)),
+        };
+        if r.status == StatusCode::OK {
+            let results = raw
+                .results
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|res| res.kv)
+                .map(|kv| kv.into_entry(EP))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(TxnOutcome::Committed(results))
+        } else {
+            let errors = raw
+                .errors
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| TxnError {
+                    op_index: e.op_index,
+                    what: e.what,
+                })
+                .collect();
+            Ok(TxnOutcome::RolledBack(errors))
+        }
+    }
+
+    // ---- Agent ------------------------------------------------------------
+
+    /// Registers (or re-registers) a service with the local agent.
+    pub async fn service_register(&self, reg: &ServiceRegistration) -> Result<(), ConsulError> {
+        const EP: &str = "agent/service/register";
+        let body = serde_json::to_vec(&reg.to_json()).map_err(|e| ConsulError::Decode {
+            endpoint: EP,
+            detail: e.to_string(),
+        })?;
+        let r = self
+            .call(Call::new(Method::PUT, EP, "agent/service/register".into()).body(body))
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        Ok(())
+    }
+
+    /// Deregisters a service from the local agent.
+    pub async fn service_deregister(&self, service_id: &str) -> Result<(), ConsulError> {
+        const EP: &str = "agent/service/deregister";
+        let r = self
+            .call(Call::new(
+                Method::PUT,
+                EP,
+                format!("agent/service/deregister/{service_id}"),
+            ))
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        Ok(())
+    }
+
+    /// Sets a TTL check to `status` (`passing`, `warning`, `critical`).
+    /// [`ConsulError::UnknownCheck`] means the agent lost it: register again.
+    pub async fn check_update(
+        &self,
+        check_id: &str,
+        status: &str,
+        output: &str,
+    ) -> Result<(), ConsulError> {
+        const EP: &str = "agent/check/update";
+        let body = serde_json::to_vec(&serde_json::json!({"Status": status, "Output": output}))
+            .map_err(|e| ConsulError::Decode {
+                endpoint: EP,
+                detail: e.to_string(),
+            })?;
+        let r = self
+            .call(Call::new(Method::PUT, EP, format!("agent/check/update/{check_id}")).body(body))
+            .await;
+        match r {
+            Ok(r) if r.status == StatusCode::OK => Ok(()),
+            Ok(r) if r.status == StatusCode::NOT_FOUND => Err(ConsulError::UnknownCheck {
+                check_id: check_id.to_owned(),
+            }),
+            Ok(r) => Err(Self::unexpected(EP, &r)),
+            Err(ConsulError::Status { body, .. })
+                if body.contains("does not have associated TTL") =>
+            {
+                Err(ConsulError::UnknownCheck {
+                    check_id: check_id.to_owned(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    // ---- Discovery --------------------------------------------------------
+
+    /// Instances of service `name`; only those whose checks all pass when
+    /// `passing_only`. An empty service address is replaced by the node's.
+    pub async fn health_service(
+        &self,
+        name: &str,
+        passing_only: bool,
+    ) -> Result<Vec<ServiceEntry>, ConsulError> {
+        const EP: &str = "health/service";
+        let mut query = vec![];
+        if passing_only {
+            // CONSUL.md: leave `passing` out rather than sending passing=false.
+            query.push(("passing", String::new()));
+        }
+        let r = self
+            .call(Call::new(Method::GET, EP, format!("health/service/{name}")).query(query))
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        let raw: Vec<types::RawHealthEntry> = Self::decode(EP, &r.body)?;
+        Ok(raw
+            .into_iter()
+            .map(types::RawHealthEntry::into_entry)
+            .collect())
+    }
+}
+
+fn transport_detail(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".into()
+    } else if e.is_connect() {
+        "connection refused or unreachable".into()
+    } else {
+        // reqwest errors carry the URL, which never holds the token here.
+        e.to_string()
+    }
+}
+
+/// Encodes bytes as Consul's base64 `Value`.
+pub(crate) fn encode_value(bytes: &[u8]) -> String {
+    b64(bytes)
+}

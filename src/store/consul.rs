@@ -1,0 +1,390 @@
+//! Cluster coordination in Consul: worker-id leases with fencing, and
+//! high-water marks in KV that only the lease holder can write.
+//!
+//! Key layout under `<prefix>/<cluster>/` (DESIGN.md):
+//! `workers/<dc>/<worker>` (the lock, holding [`OwnerInfo`]) and
+//! `hwm/<dc>/<worker>` (decimal Unix ms).
+//!
+//! # Fencing
+//! A [`WorkerLease`] keeps a local deadline: the send time of the last
+//! successful renew + TTL - margin. Consul keeps the lock for at least the
+//! TTL after that renew and then applies lock-delay, so once this node
+//! stops issuing at its deadline, a new holder can only start afterwards;
+//! and it starts above the stored high-water mark anyway, which this node
+//! could only extend while it still held the lock (every write is a txn
+//! that checks the session).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::{StateStore, StoreError, WorkerKey};
+use crate::consul::{
+    Consistency, ConsulClient, ConsulError, KvWrite, SessionBehavior, SessionSpec, TxnOp,
+    TxnOutcome,
+};
+
+/// Where a cluster's keys live: `<prefix>/<cluster>/...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterKeys {
+    root: String,
+}
+
+impl ClusterKeys {
+    /// Keys under `<prefix>/<cluster>/`. Both must be `[a-z0-9_-]+`
+    /// (prefix may contain `/`), checked by config.
+    pub fn new(prefix: &str, cluster: &str) -> Self {
+        Self {
+            root: format!("{}/{}", prefix.trim_matches('/'), cluster),
+        }
+    }
+
+    /// The folder of one datacenter's worker locks (with trailing `/`).
+    pub fn workers_dir(&self, datacenter: u64) -> String {
+        format!("{}/workers/{datacenter}/", self.root)
+    }
+
+    /// The lock key of one worker id.
+    pub fn worker(&self, key: WorkerKey) -> String {
+        format!("{}/workers/{}/{}", self.root, key.datacenter, key.worker)
+    }
+
+    /// The high-water mark key of one worker id.
+    pub fn hwm(&self, key: WorkerKey) -> String {
+        format!("{}/hwm/{}/{}", self.root, key.datacenter, key.worker)
+    }
+}
+
+/// What a worker lock's value says about its holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerInfo {
+    /// Stable instance id of the node (survives restarts).
+    pub instance: String,
+    /// The node's gRPC address.
+    pub address: String,
+    /// When the node claimed the id, Unix ms.
+    pub since_ms: u64,
+}
+
+/// Lease timing.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseSettings {
+    /// Session TTL (Consul: 10 s to 86400 s).
+    pub ttl: Duration,
+    /// Lock-delay applied to released keys after invalidation (at most 60 s).
+    pub lock_delay: Duration,
+    /// Safety margin subtracted from the deadline.
+    pub margin: Duration,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(15),
+            lock_delay: Duration::from_secs(15),
+            margin: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why a worker id could not be claimed or kept.
+#[derive(Debug, Error)]
+pub enum LeaseError {
+    /// Every worker id of the datacenter is held by a live session.
+    #[error("no free worker id in datacenter {datacenter}: all of 0..={max} are held; stop a node, or widen layout.worker_bits")]
+    NoFreeWorker {
+        /// Datacenter.
+        datacenter: u64,
+        /// Largest worker id of the layout.
+        max: u64,
+    },
+    /// Consul failed.
+    #[error(transparent)]
+    Consul(#[from] ConsulError),
+}
+
+/// A held worker id: the Consul session, the lock and the local deadline.
+#[derive(Debug)]
+pub struct WorkerLease {
+    client: ConsulClient,
+    keys: ClusterKeys,
+    key: WorkerKey,
+    session: String,
+    owner: Vec<u8>,
+    settings: LeaseSettings,
+    deadline: Mutex<Instant>,
+}
+
+impl WorkerLease {
+    /// Creates a session and takes a worker id in `datacenter`: the one
+    /// this `owner.instance` held before if it is free, else the lowest free
+    /// one in `0..=max_worker`.
+    pub async fn claim(
+        client: ConsulClient,
+        keys: ClusterKeys,
+        datacenter: u64,
+        max_worker: u64,
+        owner: &OwnerInfo,
+        settings: LeaseSettings,
+    ) -> Result<Self, LeaseError> {
+        let sent = Instant::now();
+        let session = client
+            .session_create(&SessionSpec {
+                name: format!("idgen {}", owner.instance),
+                ttl: settings.ttl,
+                behavior: SessionBehavior::Release,
+                lock_delay: settings.lock_delay,
+                node_checks: None,
+                service_checks: vec![],
+            })
+            .await?;
+        let value = serde_json::to_vec(owner).unwrap_or_default();
+        match Self::take_free_id(
+            &client, &keys, datacenter, max_worker, owner, &session, &value,
+        )
+        .await
+        {
+            Ok(worker) => Ok(Self {
+                key: WorkerKey { datacenter, worker },
+                deadline: Mutex::new(sent + settings.ttl.saturating_sub(settings.margin)),
+                client,
+                keys,
+                session,
+                owner: value,
+                settings,
+            }),
+            Err(e) => {
+                // Best effort: an orphaned session expires by itself.
+                let _ = client.session_destroy(&session).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn take_free_id(
+        client: &ConsulClient,
+        keys: &ClusterKeys,
+        datacenter: u64,
+        max_worker: u64,
+        owner: &OwnerInfo,
+        session: &str,
+        value: &[u8],
+    ) -> Result<u64, LeaseError> {
+        let dir = keys.workers_dir(datacenter);
+        let entries = client.kv_list(&dir, Consistency::Consistent).await?;
+        let mut held = std::collections::HashSet::new();
+        let mut previous = None;
+        for e in &entries {
+            let Some(id) = e.key.strip_prefix(&dir).and_then(|s| s.parse::<u64>().ok()) else {
+                continue;
+            };
+            if e.session.is_some() {
+                held.insert(id);
+            } else if serde_json::from_slice::<OwnerInfo>(&e.value)
+                .map(|o| o.instance == owner.instance)
+                .unwrap_or(false)
+            {
+                previous = Some(id);
+            }
+        }
+        let candidates = previous
+            .into_iter()
+            .chain((0..=max_worker).filter(|id| !held.contains(id) && Some(*id) != previous));
+        for worker in candidates.filter(|id| *id <= max_worker) {
+            let key = keys.worker(WorkerKey { datacenter, worker });
+            // `false`: held by another session or inside its lock-delay.
+            if client
+                .kv_put(&key, value, KvWrite::Acquire(session))
+                .await?
+            {
+                return Ok(worker);
+            }
+        }
+        Err(LeaseError::NoFreeWorker {
+            datacenter,
+            max: max_worker,
+        })
+    }
+
+    /// The claimed worker id.
+    pub fn key(&self) -> WorkerKey {
+        self.key
+    }
+
+    /// The Consul session id.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// Past this instant the node must not issue with this id.
+    pub fn deadline(&self) -> Instant {
+        *self
+            .deadline
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How often to renew: a third of the TTL.
+    pub fn renew_interval(&self) -> Duration {
+        self.settings.ttl / 3
+    }
+
+    /// Renews the session. `Ok(true)`: the deadline moved to send time +
+    /// TTL (as Consul now applies it) - margin. `Ok(false)`: the session is
+    /// gone and the lock with it; stop issuing at once.
+    pub async fn renew(&self) -> Result<bool, ConsulError> {
+        let sent = Instant::now();
+        match self.client.session_renew(&self.session).await? {
+            None => Ok(false),
+            Some(info) => {
+                let ttl = info.ttl.unwrap_or(self.settings.ttl).max(self.settings.ttl);
+                let mut d = self
+                    .deadline
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                *d = (*d).max(sent + ttl.saturating_sub(self.settings.margin));
+                Ok(true)
+            }
+        }
+    }
+
+    /// Renews every TTL/3 until the lease is lost or `stop` completes.
+    /// Returns `true` if stopped while still held, `false` once the deadline
+    /// passed or Consul dropped the session (the caller fences at once).
+    pub async fn keep_alive(&self, stop: impl std::future::Future<Output = ()>) -> bool {
+        tokio::pin!(stop);
+        let mut pause = self.renew_interval();
+        loop {
+            let next = (Instant::now() + pause).min(self.deadline());
+            tokio::select! {
+                _ = &mut stop => return true,
+                _ = tokio::time::sleep_until(next.into()) => {}
+            }
+            if Instant::now() >= self.deadline() {
+                tracing::error!(worker = %self.key, "worker lease deadline passed without a successful renew");
+                return false;
+            }
+            match self.renew().await {
+                Ok(true) => pause = self.renew_interval(),
+                Ok(false) => {
+                    tracing::error!(worker = %self.key, "Consul dropped the session: worker id lost");
+                    return false;
+                }
+                Err(e) => {
+                    // Try again soon, well before the deadline.
+                    pause = (self.renew_interval() / 5).max(Duration::from_millis(100));
+                    tracing::warn!(worker = %self.key, error = %e, "session renew failed; retrying before the deadline");
+                }
+            }
+            if Instant::now() >= self.deadline() {
+                return false;
+            }
+        }
+    }
+
+    /// Clean give-up: release the lock (keeping the owner info, so this
+    /// instance gets the same id back), then destroy the session, so a
+    /// restart can take the id at once without lock-delay.
+    pub async fn release(self) -> Result<(), ConsulError> {
+        let key = self.keys.worker(self.key);
+        let released = self
+            .client
+            .kv_put(&key, &self.owner, KvWrite::Release(&self.session))
+            .await;
+        let destroyed = self.client.session_destroy(&self.session).await;
+        released?;
+        destroyed
+    }
+}
+
+/// High-water marks in Consul KV, written only while the worker lock is
+/// held by `session` (a txn with `check-session`).
+pub struct ConsulHwmStore {
+    client: ConsulClient,
+    keys: ClusterKeys,
+    session: String,
+}
+
+impl ConsulHwmStore {
+    /// A store writing through `lease`'s session.
+    pub fn new(client: ConsulClient, keys: ClusterKeys, lease: &WorkerLease) -> Self {
+        Self {
+            client,
+            keys,
+            session: lease.session().to_owned(),
+        }
+    }
+}
+
+fn store_err(e: ConsulError) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+#[async_trait]
+impl StateStore for ConsulHwmStore {
+    fn backend(&self) -> &'static str {
+        "consul"
+    }
+
+    async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
+        let (entry, _) = self
+            .client
+            .kv_get(&self.keys.hwm(key), Consistency::Consistent)
+            .await
+            .map_err(store_err)?;
+        let Some(entry) = entry else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&entry.value);
+        text.trim().parse().map(Some).map_err(|_| {
+            StoreError::Backend(format!(
+                "{} holds {text:?}, not a decimal high-water mark; fix or delete it by hand",
+                entry.key
+            ))
+        })
+    }
+
+    async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
+        let ops = [
+            TxnOp::CheckSession {
+                key: self.keys.worker(key),
+                session: self.session.clone(),
+            },
+            TxnOp::Set {
+                key: self.keys.hwm(key),
+                value: hwm_ms.to_string().into_bytes(),
+            },
+        ];
+        match self.client.txn(&ops).await.map_err(store_err)? {
+            TxnOutcome::Committed(_) => Ok(()),
+            TxnOutcome::RolledBack(errors) => Err(StoreError::Backend(format!(
+                "high-water mark not written: this node no longer holds worker {key} ({})",
+                errors
+                    .iter()
+                    .map(|e| e.what.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_documented_layout() {
+        let k = ClusterKeys::new("idgen/", "prod");
+        let w = WorkerKey {
+            datacenter: 2,
+            worker: 7,
+        };
+        assert_eq!(k.worker(w), "idgen/prod/workers/2/7");
+        assert_eq!(k.hwm(w), "idgen/prod/hwm/2/7");
+        assert_eq!(k.workers_dir(2), "idgen/prod/workers/2/");
+    }
+}

@@ -1,0 +1,186 @@
+//! Worker-id leases and Consul-held high-water marks against the in-repo
+//! Consul-compatible test server (short TTLs so the tests stay quick).
+
+use std::time::{Duration, Instant};
+
+use consul_testserver::{Config, TestConsul};
+use idgen::consul::{ConsulClient, ConsulConfig};
+use idgen::store::consul::{
+    ClusterKeys, ConsulHwmStore, LeaseError, LeaseSettings, OwnerInfo, WorkerLease,
+};
+use idgen::store::{StateStore, WorkerKey};
+
+async fn server() -> TestConsul {
+    TestConsul::start(Config {
+        min_ttl: Duration::from_secs(1),
+        ..Config::default()
+    })
+    .await
+    .expect("test consul")
+}
+
+fn client(consul: &TestConsul) -> ConsulClient {
+    ConsulClient::new(ConsulConfig {
+        address: format!("http://{}", consul.addr()),
+        timeout: Duration::from_millis(500),
+        retries: 1,
+        backoff: Duration::from_millis(10),
+        ..ConsulConfig::default()
+    })
+    .unwrap()
+}
+
+fn owner(instance: &str) -> OwnerInfo {
+    OwnerInfo {
+        instance: instance.into(),
+        address: "127.0.0.1:50051".into(),
+        since_ms: 1,
+    }
+}
+
+/// TTL 1 s (expiry between 1 and 2 s), lock-delay 1 s, margin 200 ms.
+fn fast() -> LeaseSettings {
+    LeaseSettings {
+        ttl: Duration::from_secs(1),
+        lock_delay: Duration::from_secs(1),
+        margin: Duration::from_millis(200),
+    }
+}
+
+fn keys() -> ClusterKeys {
+    ClusterKeys::new("idgen", "test")
+}
+
+async fn claim(consul: &TestConsul, instance: &str, max: u64) -> Result<WorkerLease, LeaseError> {
+    WorkerLease::claim(client(consul), keys(), 0, max, &owner(instance), fast()).await
+}
+
+#[tokio::test]
+async fn nodes_get_distinct_ids_and_a_clean_restart_gets_its_id_back() {
+    let consul = server().await;
+    let a = claim(&consul, "a", 31).await.unwrap();
+    let b = claim(&consul, "b", 31).await.unwrap();
+    let c = claim(&consul, "c", 31).await.unwrap();
+    let ids: Vec<u64> = [&a, &b, &c].iter().map(|l| l.key().worker).collect();
+    assert_eq!(ids, [0, 1, 2], "lowest free ids, all distinct");
+    b.release().await.unwrap();
+    // Released cleanly: no lock-delay, and b prefers the id it held.
+    let b2 = claim(&consul, "b", 31).await.unwrap();
+    assert_eq!(b2.key().worker, 1);
+    let d = claim(&consul, "d", 31).await.unwrap();
+    assert_eq!(d.key().worker, 3);
+    let entry = consul.kv_get("idgen/test/workers/0/1").expect("lock key");
+    assert!(String::from_utf8_lossy(&entry.value).contains("\"instance\":\"b\""));
+    for l in [a, b2, c, d] {
+        l.release().await.unwrap();
+    }
+    consul.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_exhausted_id_space_is_a_clear_error() {
+    let consul = server().await;
+    let _a = claim(&consul, "a", 1).await.unwrap();
+    let _b = claim(&consul, "b", 1).await.unwrap();
+    let err = claim(&consul, "c", 1).await.unwrap_err();
+    assert!(
+        matches!(err, LeaseError::NoFreeWorker { max: 1, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("no free worker id"));
+    // The failed claimant left no session behind.
+    assert_eq!(consul.sessions().len(), 2);
+    consul.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_dead_nodes_id_waits_for_expiry_and_lock_delay() {
+    let consul = server().await;
+    let dead = claim(&consul, "dead", 0).await.unwrap();
+    let died_at = Instant::now();
+    // kill -9: no release, no destroy, no more renewals.
+    drop(dead);
+    let err = claim(&consul, "new", 0).await.unwrap_err();
+    assert!(matches!(err, LeaseError::NoFreeWorker { .. }));
+    let mut taken = None;
+    for _ in 0..100 {
+        match claim(&consul, "new", 0).await {
+            Ok(lease) => {
+                taken = Some(lease);
+                break;
+            }
+            Err(LeaseError::NoFreeWorker { .. }) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let lease = taken.expect("claimable once the session expired and lock-delay passed");
+    let waited = died_at.elapsed();
+    // Expiry lands at TTL..2xTTL after the last renew, then 1 s lock-delay.
+    assert!(
+        waited >= Duration::from_secs(2),
+        "claimed after only {waited:?}"
+    );
+    assert_eq!(lease.key().worker, 0);
+    lease.release().await.unwrap();
+    consul.shutdown().await;
+}
+
+#[tokio::test]
+async fn hwm_writes_need_the_lock_and_reads_are_consistent() {
+    let consul = server().await;
+    let lease = claim(&consul, "a", 31).await.unwrap();
+    let key = lease.key();
+    let store = ConsulHwmStore::new(client(&consul), keys(), &lease);
+    assert_eq!(store.load_hwm(key).await.unwrap(), None);
+    store.store_hwm(key, 1_234).await.unwrap();
+    assert_eq!(store.load_hwm(key).await.unwrap(), Some(1_234));
+    // A worker id this session does not hold: refused.
+    let other = WorkerKey {
+        datacenter: 0,
+        worker: key.worker + 1,
+    };
+    let err = store.store_hwm(other, 9_999).await.unwrap_err();
+    assert!(err.to_string().contains("no longer holds"), "{err}");
+    assert_eq!(
+        store.load_hwm(other).await.unwrap(),
+        None,
+        "nothing written"
+    );
+    // After the lease is given up, the old session cannot write any more.
+    lease.release().await.unwrap();
+    assert!(store.store_hwm(key, 5_000).await.is_err());
+    assert_eq!(store.load_hwm(key).await.unwrap(), Some(1_234));
+    consul.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_partitioned_node_fences_before_its_session_can_expire() {
+    let consul = server().await;
+    let lease = claim(&consul, "a", 31).await.unwrap();
+    // Renewals keep it alive well past the TTL.
+    let kept = tokio::time::timeout(
+        Duration::from_millis(2500),
+        lease.keep_alive(std::future::pending()),
+    )
+    .await;
+    assert!(kept.is_err(), "still held after 2.5 s of renewing");
+    let session = lease.session().to_owned();
+    consul.faults().refuse("agent-0", true);
+    let cut_at = Instant::now();
+    let held = lease.keep_alive(std::future::pending()).await;
+    assert!(!held, "the lease is given up");
+    let fenced_after = cut_at.elapsed();
+    // The deadline is at most TTL - margin after the last renew.
+    assert!(
+        fenced_after <= Duration::from_millis(900),
+        "fenced after {fenced_after:?}"
+    );
+    assert!(
+        consul.sessions().iter().any(|s| s.id == session),
+        "the server still holds the session when the node stops issuing"
+    );
+    consul.faults().refuse("agent-0", false);
+    consul.shutdown().await;
+}
