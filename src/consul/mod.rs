@@ -390,6 +390,16 @@ impl ConsulClient {
         })
     }
 
+    fn json_body(
+        endpoint: &'static str,
+        value: &impl serde::Serialize,
+    ) -> Result<Vec<u8>, ConsulError> {
+        serde_json::to_vec(value).map_err(|e| ConsulError::Decode {
+            endpoint,
+            detail: e.to_string(),
+        })
+    }
+
     fn decode_bool(endpoint: &'static str, body: &[u8]) -> Result<bool, ConsulError> {
         match std::str::from_utf8(body).map(str::trim) {
             Ok("true") => Ok(true),
@@ -528,10 +538,7 @@ impl ConsulClient {
     /// Creates a session and returns its id.
     pub async fn session_create(&self, spec: &SessionSpec) -> Result<String, ConsulError> {
         const EP: &str = "session/create";
-        let body = serde_json::to_vec(&spec.to_json()).map_err(|e| ConsulError::Decode {
-            endpoint: EP,
-            detail: e.to_string(),
-        })?;
+        let body = Self::json_body(EP, &spec.to_json())?;
         // Not idempotent (each call makes a session), but an unknown outcome
         // only leaks a session that expires by itself: sent once anyway.
         let r = self
@@ -611,10 +618,7 @@ impl ConsulClient {
             });
         }
         let body: Vec<serde_json::Value> = ops.iter().map(TxnOp::to_json).collect();
-        let body = serde_json::to_vec(&body).map_err(|e| ConsulError::Decode {
-            endpoint: EP,
-            detail: e.to_string(),
-        })?;
+        let body = Self::json_body(EP, &body)?;
         let r = self
             .call(Call::new(Method::PUT, EP, "txn".into()).body(body).once())
             .await?;
@@ -650,10 +654,7 @@ impl ConsulClient {
     /// Registers (or re-registers) a service with the local agent.
     pub async fn service_register(&self, reg: &ServiceRegistration) -> Result<(), ConsulError> {
         const EP: &str = "agent/service/register";
-        let body = serde_json::to_vec(&reg.to_json()).map_err(|e| ConsulError::Decode {
-            endpoint: EP,
-            detail: e.to_string(),
-        })?;
+        let body = Self::json_body(EP, &reg.to_json())?;
         let r = self
             .call(Call::new(Method::PUT, EP, "agent/service/register".into()).body(body))
             .await?;
@@ -688,11 +689,7 @@ impl ConsulClient {
         output: &str,
     ) -> Result<(), ConsulError> {
         const EP: &str = "agent/check/update";
-        let body = serde_json::to_vec(&serde_json::json!({"Status": status, "Output": output}))
-            .map_err(|e| ConsulError::Decode {
-                endpoint: EP,
-                detail: e.to_string(),
-            })?;
+        let body = Self::json_body(EP, &serde_json::json!({"Status": status, "Output": output}))?;
         let r = self
             .call(Call::new(Method::PUT, EP, format!("agent/check/update/{check_id}")).body(body))
             .await;
