@@ -11,6 +11,7 @@ pub mod grpc;
 pub mod http;
 pub mod issuer;
 pub mod monitor;
+pub mod registration;
 pub mod status;
 pub mod ticker;
 

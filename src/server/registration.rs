@@ -1,0 +1,140 @@
+//! Registering a node as Consul service `idgen`, with a gRPC health check
+//! the agent runs against `grpc.health.v1`, so clients discover only nodes
+//! that are issuing IDs.
+//!
+//! The agent can forget a service (it restarted with no state).
+//! [`Registration::keep_registered`] looks the instance up in the health
+//! catalog every interval and registers again when it is missing. It never
+//! re-registers blindly, because a fresh registration restarts the check
+//! from critical.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::consul::{ConsulClient, ConsulError, ServiceCheck, ServiceRegistration};
+use crate::store::WorkerKey;
+
+/// The Consul service name idgen registers under by default.
+pub const SERVICE_NAME: &str = "idgen";
+
+/// How the node appears in Consul.
+#[derive(Debug, Clone)]
+pub struct RegistrationSpec {
+    /// Stable instance id; the service id is `idgen-<instance>`.
+    pub instance: String,
+    /// Service name (default `idgen`).
+    pub service: String,
+    /// The gRPC address clients should dial.
+    pub grpc: SocketAddr,
+    /// The worker id this node holds.
+    pub worker: WorkerKey,
+    /// Modes this node serves (tags).
+    pub modes: Vec<String>,
+    /// How often the agent probes gRPC health.
+    pub check_interval: Duration,
+    /// Probe timeout.
+    pub check_timeout: Duration,
+    /// Remove the service after its check stayed critical this long.
+    pub deregister_after: Duration,
+}
+
+/// A node's registration with its local Consul agent.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    client: ConsulClient,
+    registration: ServiceRegistration,
+}
+
+impl Registration {
+    /// Builds the registration for `spec` (nothing is sent yet).
+    pub fn new(client: ConsulClient, spec: &RegistrationSpec) -> Self {
+        let id = format!("idgen-{}", spec.instance);
+        let meta: BTreeMap<String, String> = [
+            ("instance", spec.instance.clone()),
+            ("datacenter", spec.worker.datacenter.to_string()),
+            ("worker", spec.worker.worker.to_string()),
+            ("version", env!("CARGO_PKG_VERSION").to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let mut tags = vec![
+            format!("dc-{}", spec.worker.datacenter),
+            format!("worker-{}", spec.worker.worker),
+        ];
+        tags.extend(spec.modes.iter().cloned());
+        let registration = ServiceRegistration {
+            checks: vec![ServiceCheck::Grpc {
+                check_id: format!("{id}-grpc"),
+                target: format!("{}/idgen.v1.IdGen", spec.grpc),
+                interval: spec.check_interval,
+                timeout: spec.check_timeout,
+                deregister_after: Some(spec.deregister_after),
+            }],
+            id,
+            name: spec.service.clone(),
+            tags,
+            address: spec.grpc.ip().to_string(),
+            port: spec.grpc.port(),
+            meta,
+        };
+        Self {
+            client,
+            registration,
+        }
+    }
+
+    /// The service id (`idgen-<instance>`).
+    pub fn service_id(&self) -> &str {
+        &self.registration.id
+    }
+
+    /// Registers (or re-registers) the service.
+    pub async fn register(&self) -> Result<(), ConsulError> {
+        self.client.service_register(&self.registration).await
+    }
+
+    /// Whether the catalog still lists this instance (any health).
+    pub async fn is_registered(&self) -> Result<bool, ConsulError> {
+        let entries = self
+            .client
+            .health_service(&self.registration.name, false)
+            .await?;
+        Ok(entries.iter().any(|e| e.id == self.registration.id))
+    }
+
+    /// Every `interval` until `stop` completes, registers again if the
+    /// agent forgot the service. Errors are logged and retried next time.
+    pub async fn keep_registered(
+        &self,
+        interval: Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(stop);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await; // the first tick is immediate
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = ticker.tick() => {}
+            }
+            match self.is_registered().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(service = %self.registration.id, "Consul agent lost the service; registering again");
+                    if let Err(e) = self.register().await {
+                        tracing::warn!(error = %e, "re-registration failed; retrying next interval");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot check the service registration"),
+            }
+        }
+    }
+
+    /// Removes the service from the agent (shutdown).
+    pub async fn deregister(&self) -> Result<(), ConsulError> {
+        self.client.service_deregister(&self.registration.id).await
+    }
+}

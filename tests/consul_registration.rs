@@ -1,0 +1,117 @@
+//! A real idgen node registered with the Consul test server: the agent's
+//! gRPC health check sees it serving, sees it go away when it stops, and
+//! the registration comes back when the agent forgets it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{test_config, TestServer};
+use consul_testserver::{Config, TestConsul};
+use idgen::consul::{ConsulClient, ConsulConfig};
+use idgen::server::registration::{Registration, RegistrationSpec, SERVICE_NAME};
+use idgen::store::WorkerKey;
+
+/// Polls `health/service/idgen?passing` until `want` instances pass
+/// (bounded: 100 tries, 50 ms apart).
+async fn wait_passing(client: &ConsulClient, want: usize) -> bool {
+    for _ in 0..100 {
+        if client
+            .health_service(SERVICE_NAME, true)
+            .await
+            .map(|v| v.len() == want)
+            .unwrap_or(false)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_node_is_discoverable_only_while_serving() {
+    let consul = TestConsul::start(Config {
+        min_deregister_critical_after: Duration::from_secs(60),
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let client = ConsulClient::new(ConsulConfig {
+        address: format!("http://{}", consul.addr()),
+        ..ConsulConfig::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestServer::start(test_config(dir.path())).await;
+    let reg = Registration::new(
+        client.clone(),
+        &RegistrationSpec {
+            instance: "node-a".into(),
+            service: SERVICE_NAME.into(),
+            grpc: node.grpc,
+            worker: WorkerKey {
+                datacenter: 0,
+                worker: 5,
+            },
+            modes: vec!["snowflake".into()],
+            check_interval: Duration::from_millis(100),
+            check_timeout: Duration::from_millis(500),
+            deregister_after: Duration::from_secs(60),
+        },
+    );
+    reg.register().await.unwrap();
+    assert!(
+        wait_passing(&client, 1).await,
+        "the agent's gRPC probe sees SERVING"
+    );
+    let entry = &client.health_service(SERVICE_NAME, true).await.unwrap()[0];
+    assert_eq!(entry.id, "idgen-node-a");
+    assert_eq!(entry.port, node.grpc.port());
+    assert_eq!(entry.address, "127.0.0.1");
+    assert!(
+        entry.tags.contains(&"worker-5".to_owned()),
+        "{:?}",
+        entry.tags
+    );
+    assert_eq!(entry.meta.get("worker").map(String::as_str), Some("5"));
+
+    // The agent forgets the service; keep_registered puts it back.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let keeper = {
+        let reg = reg.clone();
+        tokio::spawn(async move {
+            reg.keep_registered(Duration::from_millis(100), async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    };
+    client.service_deregister("idgen-node-a").await.unwrap();
+    let mut back = false;
+    for _ in 0..100 {
+        if reg.is_registered().await.unwrap() {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(back, "re-registered after the agent lost it");
+    assert!(wait_passing(&client, 1).await);
+    let _ = stop.send(());
+    keeper.await.unwrap();
+
+    // A stopped node fails its check and drops out of discovery.
+    node.stop().await;
+    assert!(
+        wait_passing(&client, 0).await,
+        "a stopped node is not passing"
+    );
+    assert!(
+        reg.is_registered().await.unwrap(),
+        "still listed, as critical"
+    );
+    reg.deregister().await.unwrap();
+    assert!(!reg.is_registered().await.unwrap());
+    consul.shutdown().await;
+}
