@@ -184,3 +184,79 @@ async fn a_partitioned_node_fences_before_its_session_can_expire() {
     consul.faults().refuse("agent-0", false);
     consul.shutdown().await;
 }
+
+/// A partition where requests hang instead of failing: the renew in flight
+/// must not carry the node past its deadline.
+#[tokio::test]
+async fn a_hanging_renew_does_not_delay_fencing() {
+    let consul = server().await;
+    // Client timeout (500 ms) x 2 attempts is longer than the 800 ms lease.
+    let lease = claim(&consul, "a", 31).await.unwrap();
+    let session = lease.session().to_owned();
+    consul.faults().drop_requests("agent-0", true);
+    let cut_at = Instant::now();
+    assert!(!lease.keep_alive(std::future::pending()).await);
+    let fenced_after = cut_at.elapsed();
+    assert!(
+        fenced_after <= Duration::from_secs(1),
+        "fenced after {fenced_after:?}"
+    );
+    assert!(consul.sessions().iter().any(|s| s.id == session));
+    consul.faults().drop_requests("agent-0", false);
+    consul.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_destroyed_session_is_noticed_at_the_next_renew() {
+    let consul = server().await;
+    let lease = claim(&consul, "a", 31).await.unwrap();
+    client(&consul)
+        .session_destroy(lease.session())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    assert!(!lease.keep_alive(std::future::pending()).await);
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "well before the deadline"
+    );
+    consul.shutdown().await;
+}
+
+/// A mark write whose answer is lost may still be applied; the next write
+/// re-reads and compare-and-sets, so it lands, and an earlier value can
+/// never overwrite a later one.
+#[tokio::test]
+async fn hwm_writes_with_unknown_outcome_are_reread_before_the_next() {
+    let consul = server().await;
+    let lease = claim(&consul, "a", 31).await.unwrap();
+    let key = lease.key();
+    let store = ConsulHwmStore::new(client(&consul), keys(), &lease);
+    store.store_hwm(key, 1_000).await.unwrap();
+    // The server applies the write but answers too late for the client.
+    consul
+        .faults()
+        .delay("agent-0", Some(Duration::from_millis(800)));
+    assert!(store.store_hwm(key, 2_000).await.is_err());
+    consul.faults().delay("agent-0", None);
+    assert_eq!(
+        store.load_hwm(key).await.unwrap(),
+        Some(2_000),
+        "it was applied"
+    );
+    store.store_hwm(key, 3_000).await.unwrap();
+    // Someone else changes the mark between our writes: refused, not
+    // overwritten blindly; the following write re-reads and lands.
+    let hwm_key = format!("idgen/test/hwm/0/{}", key.worker);
+    client(&consul)
+        .kv_put(&hwm_key, b"9000", idgen::consul::KvWrite::Set)
+        .await
+        .unwrap();
+    let err = store.store_hwm(key, 4_000).await.unwrap_err();
+    assert!(err.to_string().contains("changed under it"), "{err}");
+    assert_eq!(store.load_hwm(key).await.unwrap(), Some(9_000));
+    store.store_hwm(key, 9_500).await.unwrap();
+    assert_eq!(store.load_hwm(key).await.unwrap(), Some(9_500));
+    lease.release().await.unwrap();
+    consul.shutdown().await;
+}

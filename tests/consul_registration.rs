@@ -59,7 +59,8 @@ async fn registered_node_is_discoverable_only_while_serving() {
             check_timeout: Duration::from_millis(500),
             deregister_after: Duration::from_secs(60),
         },
-    );
+    )
+    .unwrap();
     reg.register().await.unwrap();
     assert!(
         wait_passing(&client, 1).await,
@@ -114,4 +115,27 @@ async fn registered_node_is_discoverable_only_while_serving() {
     reg.deregister().await.unwrap();
     assert!(!reg.is_registered().await.unwrap());
     consul.shutdown().await;
+}
+
+#[test]
+fn an_unspecified_address_is_refused() {
+    let client = ConsulClient::new(ConsulConfig::default()).unwrap();
+    let err = Registration::new(
+        client,
+        &RegistrationSpec {
+            instance: "x".into(),
+            service: SERVICE_NAME.into(),
+            grpc: "0.0.0.0:50051".parse().unwrap(),
+            worker: WorkerKey {
+                datacenter: 0,
+                worker: 0,
+            },
+            modes: vec![],
+            check_interval: Duration::from_secs(5),
+            check_timeout: Duration::from_secs(1),
+            deregister_after: Duration::from_secs(60),
+        },
+    )
+    .unwrap_err();
+    assert!(err.contains("advertise"), "{err}");
 }

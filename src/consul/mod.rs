@@ -5,8 +5,8 @@
 //! # Retries
 //! A read, a session renew or destroy, and an agent (de)registration can be
 //! repeated without changing the outcome, so they are retried on transport
-//! errors, 429 and 5xx with jittered exponential backoff. A write whose
-//! outcome matters (`cas`, `acquire`, `release`, a txn) is **never** retried
+//! errors, 429 and 5xx with jittered exponential backoff. A KV write (even
+//! a plain set, which a late first attempt could undo) and a txn are **never** retried
 //! here: a timeout or 5xx may or may not have been applied, and only the
 //! caller knows how to re-read and decide ([`ConsulError::outcome_unknown`]).
 //!
@@ -294,6 +294,7 @@ impl ConsulClient {
                     metrics::counter!(m::CONSUL_ERRORS, "endpoint" => endpoint).increment(1);
                     attempt += 1;
                     let cap = self.config.backoff.saturating_mul(1 << attempt.min(10));
+                    // (saturating: absurd settings cannot overflow)
                     let pause = cap.mul_f64(fastrand::f64());
                     tracing::debug!(endpoint, attempt, error = %e, ?pause, "retrying Consul call");
                     tokio::time::sleep(pause).await;
@@ -316,14 +317,11 @@ impl ConsulClient {
         body: Option<Vec<u8>>,
         extra_timeout: Duration,
     ) -> Result<Reply, ConsulError> {
-        let url = format!("{}/v1/{}", self.base, path);
+        let url = format!("{}/v1/{}{}", self.base, path, query_string(query));
         let mut req = self
             .http
             .request(method.clone(), url)
-            .timeout(self.config.timeout + extra_timeout);
-        if !query.is_empty() {
-            req = req.query(query);
-        }
+            .timeout(self.config.timeout.saturating_add(extra_timeout));
         if let Some(token) = &self.token {
             req = req.header("X-Consul-Token", token);
         }
@@ -334,7 +332,8 @@ impl ConsulClient {
             address: self.base.clone(),
             endpoint,
             detail: transport_detail(&e),
-            maybe_sent: e.is_timeout(),
+            // Anything but a failed connect may have reached Consul.
+            maybe_sent: !e.is_connect(),
         })?;
         let status = resp.status();
         let index = resp
@@ -437,9 +436,10 @@ impl ConsulClient {
         let mut query = consistency.query();
         let mut extra = Duration::ZERO;
         if let Some((index, wait)) = wait.filter(|(i, _)| *i > 0) {
-            let wait = wait.min(Duration::from_secs(600));
+            // Whole seconds, 1 s to 10 min: the documented form.
+            let wait = Duration::from_secs(wait.as_secs().clamp(1, 600));
             query.push(("index", index.to_string()));
-            query.push(("wait", format!("{}ms", wait.as_millis())));
+            query.push(("wait", format!("{}s", wait.as_secs())));
             // The server adds up to wait/16 of jitter.
             extra = wait + wait / 16 + Duration::from_secs(1);
         }
@@ -483,9 +483,8 @@ impl ConsulClient {
         }
     }
 
-    /// Writes `value` to `key` as `how` says; `true` if applied. An
-    /// unconditional set is retried on transport errors; cas, acquire and
-    /// release are sent once.
+    /// Writes `value` to `key` as `how` says; `true` if applied. Sent once,
+    /// whatever `how` is (see [`ConsulError::outcome_unknown`]).
     pub async fn kv_put(
         &self,
         key: &str,
@@ -494,7 +493,9 @@ impl ConsulClient {
     ) -> Result<bool, ConsulError> {
         const EP: &str = "kv/put";
         let (query, safety) = match how {
-            KvWrite::Set => (vec![], Safety::Idempotent),
+            // Even a plain set is sent once: a retry after a late-applied
+            // first attempt could overwrite a newer value.
+            KvWrite::Set => (vec![], Safety::Once),
             KvWrite::Cas(index) => (vec![("cas", index.to_string())], Safety::Once),
             KvWrite::Acquire(session) => (vec![("acquire", session.to_owned())], Safety::Once),
             KvWrite::Release(session) => (vec![("release", session.to_owned())], Safety::Once),
@@ -518,7 +519,7 @@ impl ConsulClient {
         const EP: &str = "kv/delete";
         let (query, safety) = match cas {
             Some(i) => (vec![("cas", i.to_string())], Safety::Once),
-            None => (vec![], Safety::Idempotent),
+            None => (vec![], Safety::Once),
         };
         let r = self
             .call(
@@ -739,6 +740,21 @@ impl ConsulClient {
     }
 }
 
+/// `?a=1&flag`: an empty value is sent as a bare flag (`?consistent`,
+/// `?recurse`, `?passing`), the form CONSUL.md documents.
+fn query_string(query: &[(&str, String)]) -> String {
+    let mut out = String::new();
+    for (i, (key, value)) in query.iter().enumerate() {
+        out.push(if i == 0 { '?' } else { '&' });
+        out.push_str(key);
+        if !value.is_empty() {
+            out.push('=');
+            out.extend(url::form_urlencoded::byte_serialize(value.as_bytes()));
+        }
+    }
+    out
+}
+
 fn transport_detail(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         "timed out".into()
@@ -753,4 +769,20 @@ fn transport_detail(e: &reqwest::Error) -> String {
 /// Encodes bytes as Consul's base64 `Value`.
 pub(crate) fn encode_value(bytes: &[u8]) -> String {
     b64(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_bare_and_values_are_encoded() {
+        let q = [
+            ("consistent", String::new()),
+            ("index", "5".to_owned()),
+            ("acquire", "a b&c".to_owned()),
+        ];
+        assert_eq!(query_string(&q), "?consistent&index=5&acquire=a+b%26c");
+        assert_eq!(query_string(&[]), "");
+    }
 }

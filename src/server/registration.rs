@@ -47,8 +47,16 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Builds the registration for `spec` (nothing is sent yet).
-    pub fn new(client: ConsulClient, spec: &RegistrationSpec) -> Self {
+    /// Builds the registration for `spec` (nothing is sent yet). Refuses
+    /// an unspecified address (`0.0.0.0`, `::`): the agent's probe would
+    /// reach localhost and pass while clients could not dial it.
+    pub fn new(client: ConsulClient, spec: &RegistrationSpec) -> Result<Self, String> {
+        if spec.grpc.ip().is_unspecified() {
+            return Err(format!(
+                "cannot register {} in Consul: clients cannot dial an unspecified address; set an advertise address",
+                spec.grpc
+            ));
+        }
         let id = format!("idgen-{}", spec.instance);
         let meta: BTreeMap<String, String> = [
             ("instance", spec.instance.clone()),
@@ -79,10 +87,10 @@ impl Registration {
             port: spec.grpc.port(),
             meta,
         };
-        Self {
+        Ok(Self {
             client,
             registration,
-        }
+        })
     }
 
     /// The service id (`idgen-<instance>`).
@@ -112,7 +120,7 @@ impl Registration {
         stop: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(stop);
-        let mut ticker = tokio::time::interval(interval);
+        let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await; // the first tick is immediate
         loop {

@@ -7,13 +7,18 @@
 //!
 //! # Fencing
 //! A [`WorkerLease`] keeps a local deadline: the send time of the last
-//! successful renew + TTL - margin. Consul keeps the lock for at least the
-//! TTL after that renew and then applies lock-delay, so once this node
-//! stops issuing at its deadline, a new holder can only start afterwards;
-//! and it starts above the stored high-water mark anyway, which this node
-//! could only extend while it still held the lock (every write is a txn
-//! that checks the session).
+//! successful renew + min(TTL, lock-delay) - margin. Consul keeps the lock
+//! for at least the TTL after that renew and then applies lock-delay; if
+//! the session is destroyed early (by an operator), lock-delay alone holds
+//! new holders off, hence the min. So once this node stops issuing at its
+//! deadline, a new holder can only start afterwards; and it starts above
+//! the stored high-water mark anyway, which this node could only extend
+//! while it still held the lock (every write is a txn that checks the
+//! session and compare-and-sets the mark, so a delayed write can never
+//! land out of order). The session is bound to no node check, so only its
+//! TTL or an explicit destroy ends it.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -80,6 +85,48 @@ pub struct LeaseSettings {
     pub margin: Duration,
 }
 
+impl LeaseSettings {
+    /// Checks the settings: whole seconds (Consul's form), a TTL of at
+    /// least 1 s (real Consul wants 10 s to 86400 s), a lock-delay of at
+    /// most 60 s, and a margin well inside both.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, d) in [("ttl", self.ttl), ("lock_delay", self.lock_delay)] {
+            if d.subsec_nanos() != 0 {
+                return Err(format!("{name} must be whole seconds, got {d:?}"));
+            }
+        }
+        if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(86_400) {
+            return Err(format!(
+                "ttl must be 1s..86400s (10s or more for a real Consul), got {:?}",
+                self.ttl
+            ));
+        }
+        if self.lock_delay > Duration::from_secs(60) {
+            return Err(format!(
+                "lock_delay must be at most 60s, got {:?}",
+                self.lock_delay
+            ));
+        }
+        if self.margin * 2 >= self.lifetime_limit() {
+            return Err(format!(
+                "margin {:?} must be less than half of min(ttl, lock_delay) = {:?}",
+                self.margin,
+                self.lifetime_limit()
+            ));
+        }
+        Ok(())
+    }
+
+    fn lifetime_limit(&self) -> Duration {
+        self.ttl.min(self.lock_delay)
+    }
+
+    /// How long after a renew was sent the lease may be used.
+    fn lifetime(&self) -> Duration {
+        self.lifetime_limit().saturating_sub(self.margin)
+    }
+}
+
 impl Default for LeaseSettings {
     fn default() -> Self {
         Self {
@@ -93,6 +140,9 @@ impl Default for LeaseSettings {
 /// Why a worker id could not be claimed or kept.
 #[derive(Debug, Error)]
 pub enum LeaseError {
+    /// The lease settings are unusable.
+    #[error("bad worker lease settings: {0}")]
+    Settings(String),
     /// Every worker id of the datacenter is held by a live session.
     #[error("no free worker id in datacenter {datacenter}: all of 0..={max} are held; stop a node, or widen layout.worker_bits")]
     NoFreeWorker {
@@ -130,6 +180,7 @@ impl WorkerLease {
         owner: &OwnerInfo,
         settings: LeaseSettings,
     ) -> Result<Self, LeaseError> {
+        settings.check().map_err(LeaseError::Settings)?;
         let sent = Instant::now();
         let session = client
             .session_create(&SessionSpec {
@@ -137,7 +188,8 @@ impl WorkerLease {
                 ttl: settings.ttl,
                 behavior: SessionBehavior::Release,
                 lock_delay: settings.lock_delay,
-                node_checks: None,
+                // Bound to no node check: only the TTL or a destroy ends it.
+                node_checks: Some(vec![]),
                 service_checks: vec![],
             })
             .await?;
@@ -149,7 +201,7 @@ impl WorkerLease {
         {
             Ok(worker) => Ok(Self {
                 key: WorkerKey { datacenter, worker },
-                deadline: Mutex::new(sent + settings.ttl.saturating_sub(settings.margin)),
+                deadline: Mutex::new(sent + settings.lifetime()),
                 client,
                 keys,
                 session,
@@ -233,19 +285,18 @@ impl WorkerLease {
     }
 
     /// Renews the session. `Ok(true)`: the deadline moved to send time +
-    /// TTL (as Consul now applies it) - margin. `Ok(false)`: the session is
-    /// gone and the lock with it; stop issuing at once.
+    /// min(TTL, lock-delay) - margin. `Ok(false)`: the session is gone and
+    /// the lock with it; stop issuing at once.
     pub async fn renew(&self) -> Result<bool, ConsulError> {
         let sent = Instant::now();
         match self.client.session_renew(&self.session).await? {
             None => Ok(false),
-            Some(info) => {
-                let ttl = info.ttl.unwrap_or(self.settings.ttl).max(self.settings.ttl);
+            Some(_) => {
                 let mut d = self
                     .deadline
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                *d = (*d).max(sent + ttl.saturating_sub(self.settings.margin));
+                *d = (*d).max(sent + self.settings.lifetime());
                 Ok(true)
             }
         }
@@ -267,7 +318,17 @@ impl WorkerLease {
                 tracing::error!(worker = %self.key, "worker lease deadline passed without a successful renew");
                 return false;
             }
-            match self.renew().await {
+            // A renew that hangs (a partition) must not carry us past the
+            // deadline: race it, and the stop signal, against the deadline.
+            let renewed = tokio::select! {
+                _ = &mut stop => return true,
+                r = tokio::time::timeout_at(self.deadline().into(), self.renew()) => r,
+            };
+            let Ok(renewed) = renewed else {
+                tracing::error!(worker = %self.key, "worker lease deadline passed while renewing");
+                return false;
+            };
+            match renewed {
                 Ok(true) => pause = self.renew_interval(),
                 Ok(false) => {
                     tracing::error!(worker = %self.key, "Consul dropped the session: worker id lost");
@@ -278,9 +339,6 @@ impl WorkerLease {
                     pause = (self.renew_interval() / 5).max(Duration::from_millis(100));
                     tracing::warn!(worker = %self.key, error = %e, "session renew failed; retrying before the deadline");
                 }
-            }
-            if Instant::now() >= self.deadline() {
-                return false;
             }
         }
     }
@@ -306,6 +364,9 @@ pub struct ConsulHwmStore {
     client: ConsulClient,
     keys: ClusterKeys,
     session: String,
+    /// The ModifyIndex each mark had when last read or written (0: absent);
+    /// forgotten whenever an outcome is unknown, so the next write re-reads.
+    known: Mutex<HashMap<WorkerKey, u64>>,
 }
 
 impl ConsulHwmStore {
@@ -315,7 +376,35 @@ impl ConsulHwmStore {
             client,
             keys,
             session: lease.session().to_owned(),
+            known: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<WorkerKey, u64>> {
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn read(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
+        let (entry, _) = self
+            .client
+            .kv_get(&self.keys.hwm(key), Consistency::Consistent)
+            .await
+            .map_err(store_err)?;
+        let Some(entry) = entry else {
+            self.known().insert(key, 0);
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&entry.value);
+        let value = text.trim().parse().map_err(|_| {
+            StoreError::Backend(format!(
+                "{} holds {text:?}, not a decimal high-water mark; fix or delete it by hand",
+                entry.key
+            ))
+        })?;
+        self.known().insert(key, entry.modify_index);
+        Ok(Some(value))
     }
 }
 
@@ -330,44 +419,54 @@ impl StateStore for ConsulHwmStore {
     }
 
     async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
-        let (entry, _) = self
-            .client
-            .kv_get(&self.keys.hwm(key), Consistency::Consistent)
-            .await
-            .map_err(store_err)?;
-        let Some(entry) = entry else {
-            return Ok(None);
-        };
-        let text = String::from_utf8_lossy(&entry.value);
-        text.trim().parse().map(Some).map_err(|_| {
-            StoreError::Backend(format!(
-                "{} holds {text:?}, not a decimal high-water mark; fix or delete it by hand",
-                entry.key
-            ))
-        })
+        self.read(key).await
     }
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
+        let known = self.known().get(&key).copied();
+        let index = match known {
+            Some(i) => i,
+            None => {
+                self.read(key).await?;
+                self.known().get(&key).copied().unwrap_or(0)
+            }
+        };
+        let hwm_key = self.keys.hwm(key);
         let ops = [
             TxnOp::CheckSession {
                 key: self.keys.worker(key),
                 session: self.session.clone(),
             },
-            TxnOp::Set {
-                key: self.keys.hwm(key),
+            TxnOp::Cas {
+                key: hwm_key.clone(),
                 value: hwm_ms.to_string().into_bytes(),
+                index,
             },
         ];
-        match self.client.txn(&ops).await.map_err(store_err)? {
-            TxnOutcome::Committed(_) => Ok(()),
-            TxnOutcome::RolledBack(errors) => Err(StoreError::Backend(format!(
-                "high-water mark not written: this node no longer holds worker {key} ({})",
-                errors
-                    .iter()
-                    .map(|e| e.what.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ))),
+        let outcome = self.client.txn(&ops).await.map_err(|e| {
+            // Applied or not, we cannot tell: re-read before the next write.
+            self.known().remove(&key);
+            store_err(e)
+        })?;
+        match outcome {
+            TxnOutcome::Committed(results) => {
+                match results.iter().find(|e| e.key == hwm_key) {
+                    Some(e) => self.known().insert(key, e.modify_index),
+                    None => self.known().remove(&key),
+                };
+                Ok(())
+            }
+            TxnOutcome::RolledBack(errors) => {
+                self.known().remove(&key);
+                Err(StoreError::Backend(format!(
+                    "high-water mark not written: this node no longer holds worker {key}, or the mark changed under it ({})",
+                    errors
+                        .iter()
+                        .map(|e| e.what.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )))
+            }
         }
     }
 }
@@ -375,6 +474,40 @@ impl StateStore for ConsulHwmStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(LeaseSettings::default().check().is_ok());
+        let d = LeaseSettings::default();
+        let bad = [
+            LeaseSettings {
+                ttl: Duration::from_millis(10_500),
+                ..d
+            },
+            LeaseSettings {
+                lock_delay: Duration::from_secs(61),
+                ..d
+            },
+            LeaseSettings {
+                margin: Duration::from_secs(8),
+                ..d
+            },
+            LeaseSettings {
+                lock_delay: Duration::ZERO,
+                ..d
+            },
+        ];
+        for s in bad {
+            assert!(s.check().is_err(), "{s:?}");
+        }
+        // The lease is usable for min(ttl, lock_delay) - margin.
+        let s = LeaseSettings {
+            ttl: Duration::from_secs(30),
+            lock_delay: Duration::from_secs(10),
+            margin: Duration::from_secs(2),
+        };
+        assert_eq!(s.lifetime(), Duration::from_secs(8));
+    }
 
     #[test]
     fn keys_follow_the_documented_layout() {
