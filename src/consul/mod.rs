@@ -19,7 +19,6 @@ pub mod types;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use reqwest::{Method, StatusCode};
 use thiserror::Error;
 
@@ -226,10 +225,6 @@ impl fmt::Debug for ConsulClient {
             .field("config", &self.config)
             .finish()
     }
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 impl ConsulClient {
@@ -564,14 +559,7 @@ impl ConsulClient {
         let r = self
             .call(Call::new(Method::PUT, EP, format!("session/renew/{id}")))
             .await?;
-        match r.status.as_u16() {
-            404 => Ok(None),
-            200 => {
-                let mut v: Vec<types::RawSession> = Self::decode(EP, &r.body)?;
-                Ok(v.pop().map(types::RawSession::into_info))
-            }
-            _ => Err(Self::unexpected(EP, &r)),
-        }
+        Self::session_reply(EP, &r)
     }
 
     /// Destroys a session (idempotent). Release held keys first, or
@@ -596,13 +584,21 @@ impl ConsulClient {
                     .query(Consistency::Consistent.query()),
             )
             .await?;
+        Self::session_reply(EP, &r)
+    }
+
+    /// `[session]` on 200, `None` on 404 (the session does not exist).
+    fn session_reply(
+        endpoint: &'static str,
+        r: &Reply,
+    ) -> Result<Option<SessionInfo>, ConsulError> {
         match r.status.as_u16() {
             404 => Ok(None),
             200 => {
-                let mut v: Vec<types::RawSession> = Self::decode(EP, &r.body)?;
+                let mut v: Vec<types::RawSession> = Self::decode(endpoint, &r.body)?;
                 Ok(v.pop().map(types::RawSession::into_info))
             }
-            _ => Err(Self::unexpected(EP, &r)),
+            _ => Err(Self::unexpected(endpoint, r)),
         }
     }
 
@@ -764,11 +760,6 @@ fn transport_detail(e: &reqwest::Error) -> String {
         // reqwest errors carry the URL, which never holds the token here.
         e.to_string()
     }
-}
-
-/// Encodes bytes as Consul's base64 `Value`.
-pub(crate) fn encode_value(bytes: &[u8]) -> String {
-    b64(bytes)
 }
 
 #[cfg(test)]

@@ -8,7 +8,12 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{encode_value, ConsulError};
+use super::ConsulError;
+
+/// Encodes bytes as Consul's base64 `Value`.
+fn encode_value(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
 
 /// Read consistency (CONSUL.md, "Every request").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -386,7 +386,8 @@ impl ConsulHwmStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    async fn read(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
+    /// Reads the mark and remembers (and returns) its ModifyIndex.
+    async fn read(&self, key: WorkerKey) -> Result<(Option<u64>, u64), StoreError> {
         let (entry, _) = self
             .client
             .kv_get(&self.keys.hwm(key), Consistency::Consistent)
@@ -394,7 +395,7 @@ impl ConsulHwmStore {
             .map_err(store_err)?;
         let Some(entry) = entry else {
             self.known().insert(key, 0);
-            return Ok(None);
+            return Ok((None, 0));
         };
         let text = String::from_utf8_lossy(&entry.value);
         let value = text.trim().parse().map_err(|_| {
@@ -404,7 +405,7 @@ impl ConsulHwmStore {
             ))
         })?;
         self.known().insert(key, entry.modify_index);
-        Ok(Some(value))
+        Ok((Some(value), entry.modify_index))
     }
 }
 
@@ -419,17 +420,14 @@ impl StateStore for ConsulHwmStore {
     }
 
     async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
-        self.read(key).await
+        Ok(self.read(key).await?.0)
     }
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
         let known = self.known().get(&key).copied();
         let index = match known {
             Some(i) => i,
-            None => {
-                self.read(key).await?;
-                self.known().get(&key).copied().unwrap_or(0)
-            }
+            None => self.read(key).await?.1,
         };
         let hwm_key = self.keys.hwm(key);
         let ops = [
