@@ -15,7 +15,9 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::consul::ConsulConfig;
 use crate::id::{Layout, LayoutSpec, Preset};
+use crate::store::consul::{ClusterKeys, LeaseSettings};
 
 /// A config problem, naming the key and what is wrong with it.
 #[derive(Debug, Error)]
@@ -57,6 +59,8 @@ pub struct FileConfig {
     pub clock: ClockSection,
     /// High-water mark reservation.
     pub hwm: HwmSection,
+    /// Consul cluster mode (`store.backend = "consul"`).
+    pub consul: ConsulSection,
     /// Logging.
     pub log: LogSection,
 }
@@ -68,7 +72,14 @@ pub struct NodeSection {
     /// Datacenter id (must fit `layout` datacenter bits).
     pub datacenter_id: u64,
     /// Worker id (must fit `layout` worker bits; unique per datacenter).
+    /// With Consul it is used only when `consul.worker = "static"`.
     pub worker_id: u64,
+    /// Stable name of this node across restarts; with Consul it lets a
+    /// restarted node take back its worker id. Empty: `<hostname>-<port>`.
+    pub instance_id: String,
+    /// The gRPC address clients and the Consul agent dial. Empty: the bound
+    /// `server.grpc_listen` address (which must then not be 0.0.0.0).
+    pub advertise: String,
 }
 
 /// `[server]`
@@ -105,7 +116,7 @@ impl Default for ServerSection {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreSection {
-    /// Backend: `embedded` (a local redb state file).
+    /// Backend: `embedded` (a local redb state file) or `consul`.
     pub backend: String,
     /// Path of the embedded state file.
     pub path: PathBuf,
@@ -204,6 +215,94 @@ impl Default for HwmSection {
             reserve: Duration::from_secs(3),
             renew_interval: Duration::from_secs(1),
         }
+    }
+}
+
+/// `[consul]`: only read when `store.backend = "consul"`.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsulSection {
+    /// Base URL of the local Consul agent.
+    pub address: String,
+    /// ACL token. Prefer `token_file` or `IDGEN_CONSUL__TOKEN`; never logged.
+    pub token: String,
+    /// File holding the ACL token (whitespace trimmed).
+    pub token_file: PathBuf,
+    /// KV prefix; keys live under `<prefix>/<cluster>/`.
+    pub prefix: String,
+    /// Cluster name: nodes sharing it share worker ids and marks.
+    pub cluster: String,
+    /// Consul service name.
+    pub service: String,
+    /// `auto` (claim the lowest free id, or the one this instance held) or
+    /// `static` (claim exactly `node.worker_id`).
+    pub worker: String,
+    /// Session TTL of the worker lock.
+    #[serde(with = "humantime_serde")]
+    pub session_ttl: Duration,
+    /// Lock-delay of the worker lock after its session is invalidated.
+    #[serde(with = "humantime_serde")]
+    pub lock_delay: Duration,
+    /// Safety margin: the node stops issuing this long before its lease
+    /// could run out on the server.
+    #[serde(with = "humantime_serde")]
+    pub lease_margin: Duration,
+    /// Timeout of one Consul request.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Extra attempts for a failed idempotent request.
+    pub retries: u32,
+    /// How often the agent probes the gRPC health check.
+    #[serde(with = "humantime_serde")]
+    pub check_interval: Duration,
+    /// Timeout of one health probe.
+    #[serde(with = "humantime_serde")]
+    pub check_timeout: Duration,
+    /// The agent removes the service after its check stayed critical this long.
+    #[serde(with = "humantime_serde")]
+    pub deregister_critical_after: Duration,
+    /// Longest pause between attempts to claim a worker id again after the
+    /// lease was lost.
+    #[serde(with = "humantime_serde")]
+    pub reclaim_backoff_max: Duration,
+}
+
+impl Default for ConsulSection {
+    fn default() -> Self {
+        let lease = LeaseSettings::default();
+        Self {
+            address: "http://127.0.0.1:8500".into(),
+            token: String::new(),
+            token_file: PathBuf::new(),
+            prefix: "idgen".into(),
+            cluster: "default".into(),
+            service: "idgen".into(),
+            worker: "auto".into(),
+            session_ttl: lease.ttl,
+            lock_delay: lease.lock_delay,
+            lease_margin: lease.margin,
+            timeout: Duration::from_secs(2),
+            retries: 2,
+            check_interval: Duration::from_secs(5),
+            check_timeout: Duration::from_secs(2),
+            deregister_critical_after: Duration::from_secs(60),
+            reclaim_backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl std::fmt::Debug for ConsulSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsulSection")
+            .field("address", &self.address)
+            .field("token", &(!self.token.is_empty()).then_some("<redacted>"))
+            .field("token_file", &self.token_file)
+            .field("prefix", &self.prefix)
+            .field("cluster", &self.cluster)
+            .field("worker", &self.worker)
+            .field("session_ttl", &self.session_ttl)
+            .field("lock_delay", &self.lock_delay)
+            .finish_non_exhaustive()
     }
 }
 
@@ -345,15 +444,44 @@ impl FileConfig {
         if !(1..=1_000_000).contains(&self.server.max_batch) {
             return Err(invalid("server.max_batch", "must be between 1 and 1000000"));
         }
-        if self.store.backend != "embedded" {
-            return Err(invalid(
-                "store.backend",
-                format!("unknown backend {:?}; use embedded", self.store.backend),
-            ));
-        }
-        if self.store.path.as_os_str().is_empty() {
-            return Err(invalid("store.path", "must not be empty"));
-        }
+        let backend = match self.store.backend.as_str() {
+            "embedded" => {
+                if self.store.path.as_os_str().is_empty() {
+                    return Err(invalid("store.path", "must not be empty"));
+                }
+                Backend::Embedded
+            }
+            "consul" => Backend::Consul(Box::new(self.consul.validate()?)),
+            other => {
+                return Err(invalid(
+                    "store.backend",
+                    format!("unknown backend {other:?}; use embedded or consul"),
+                ))
+            }
+        };
+        let instance_id = match self.node.instance_id.as_str() {
+            "" => None,
+            id if is_name(id, 64, true) => Some(id.to_owned()),
+            id => {
+                return Err(invalid(
+                    "node.instance_id",
+                    format!("{id:?}: use 1 to 64 of a-z A-Z 0-9 . _ -"),
+                ))
+            }
+        };
+        let advertise = match self.node.advertise.as_str() {
+            "" => None,
+            text => {
+                let addr = parse_addr("node.advertise", text)?;
+                if addr.ip().is_unspecified() || addr.port() == 0 {
+                    return Err(invalid(
+                        "node.advertise",
+                        format!("{addr} cannot be dialled; give the IP and port clients reach this node on"),
+                    ));
+                }
+                Some(addr)
+            }
+        };
         let unit = Duration::from_millis(layout.time_unit_ms());
         // Upper bounds keep every duration far from overflow and sane.
         for (key, value, max) in [
@@ -443,6 +571,9 @@ impl FileConfig {
             ));
         }
         Ok(Config {
+            backend,
+            instance_id,
+            advertise,
             datacenter_id: self.node.datacenter_id,
             worker_id: self.node.worker_id,
             grpc_listen,
@@ -463,6 +594,183 @@ impl FileConfig {
     }
 }
 
+impl ConsulSection {
+    fn validate(&self) -> Result<ClusterConfig, ConfigError> {
+        let url = url::Url::parse(&self.address).map_err(|e| {
+            invalid(
+                "consul.address",
+                format!(
+                    "{:?} is not a URL like http://127.0.0.1:8500 ({e})",
+                    self.address
+                ),
+            )
+        })?;
+        if url.scheme() != "http" || url.host().is_none() || url.path() != "/" {
+            return Err(invalid(
+                "consul.address",
+                format!(
+                    "{:?}: give the agent's plain http://host:port (HTTPS is not built in; use a local agent)",
+                    self.address
+                ),
+            ));
+        }
+        let token = match (
+            self.token.is_empty(),
+            self.token_file.as_os_str().is_empty(),
+        ) {
+            (true, true) => None,
+            (false, true) => Some(self.token.clone()),
+            (true, false) => {
+                let text = std::fs::read_to_string(&self.token_file).map_err(|e| {
+                    invalid(
+                        "consul.token_file",
+                        format!("cannot read {}: {e}", self.token_file.display()),
+                    )
+                })?;
+                let token = text.trim();
+                if token.is_empty() {
+                    return Err(invalid(
+                        "consul.token_file",
+                        format!("{} is empty", self.token_file.display()),
+                    ));
+                }
+                Some(token.to_owned())
+            }
+            (false, false) => {
+                return Err(invalid(
+                    "consul.token",
+                    "set consul.token or consul.token_file, not both",
+                ))
+            }
+        };
+        let prefix = self.prefix.trim_matches('/');
+        if prefix.is_empty() || !prefix.split('/').all(|p| is_name(p, 64, false)) {
+            return Err(invalid(
+                "consul.prefix",
+                format!("{:?}: use a-z 0-9 _ - segments separated by /", self.prefix),
+            ));
+        }
+        if !is_name(&self.cluster, 64, false) {
+            return Err(invalid(
+                "consul.cluster",
+                format!("{:?}: use 1 to 64 of a-z 0-9 _ -", self.cluster),
+            ));
+        }
+        if !is_name(&self.service, 64, false) {
+            return Err(invalid(
+                "consul.service",
+                format!("{:?}: use 1 to 64 of a-z 0-9 _ -", self.service),
+            ));
+        }
+        let static_worker = match self.worker.as_str() {
+            "auto" => false,
+            "static" => true,
+            other => {
+                return Err(invalid(
+                    "consul.worker",
+                    format!("{other:?}: use auto (claim a free id) or static (node.worker_id)"),
+                ))
+            }
+        };
+        let lease = LeaseSettings {
+            ttl: self.session_ttl,
+            lock_delay: self.lock_delay,
+            margin: self.lease_margin,
+        };
+        lease
+            .check()
+            .map_err(|e| invalid("consul.session_ttl", e))?;
+        for (key, value, min, max) in [
+            (
+                "consul.timeout",
+                self.timeout,
+                Duration::from_millis(50),
+                Duration::from_secs(60),
+            ),
+            (
+                "consul.check_interval",
+                self.check_interval,
+                Duration::from_millis(100),
+                Duration::from_secs(600),
+            ),
+            (
+                "consul.check_timeout",
+                self.check_timeout,
+                Duration::from_millis(100),
+                Duration::from_secs(600),
+            ),
+            (
+                "consul.deregister_critical_after",
+                self.deregister_critical_after,
+                Duration::from_secs(1),
+                Duration::from_secs(86_400),
+            ),
+            (
+                "consul.reclaim_backoff_max",
+                self.reclaim_backoff_max,
+                Duration::from_millis(100),
+                Duration::from_secs(600),
+            ),
+        ] {
+            if value < min || value > max {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} is out of range {}..={}",
+                        humantime::format_duration(value),
+                        humantime::format_duration(min),
+                        humantime::format_duration(max)
+                    ),
+                ));
+            }
+        }
+        // A renew must be able to finish well inside the lease.
+        if self.timeout > lease.ttl / 3 {
+            return Err(invalid(
+                "consul.timeout",
+                format!(
+                    "{} is too long for session_ttl {}: at most a third of the TTL",
+                    humantime::format_duration(self.timeout),
+                    humantime::format_duration(lease.ttl)
+                ),
+            ));
+        }
+        if self.retries > 10 {
+            return Err(invalid("consul.retries", "at most 10"));
+        }
+        Ok(ClusterConfig {
+            client: ConsulConfig {
+                address: self.address.trim_end_matches('/').to_owned(),
+                token,
+                timeout: self.timeout,
+                retries: self.retries,
+                ..ConsulConfig::default()
+            },
+            keys: ClusterKeys::new(prefix, &self.cluster),
+            service: self.service.clone(),
+            static_worker,
+            lease,
+            check_interval: self.check_interval,
+            check_timeout: self.check_timeout,
+            deregister_after: self.deregister_critical_after,
+            reclaim_backoff_max: self.reclaim_backoff_max,
+        })
+    }
+}
+
+/// `s` is 1..=`max` characters of `a-z 0-9 _ -` (plus `A-Z .` if `loose`).
+fn is_name(s: &str, max: usize, loose: bool) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || b == b'_'
+                || b == b'-'
+                || (loose && (b.is_ascii_uppercase() || b == b'.'))
+        })
+}
+
 fn parse_addr(key: &'static str, value: &str) -> Result<SocketAddr, ConfigError> {
     value.parse().map_err(|e| {
         invalid(
@@ -472,9 +780,47 @@ fn parse_addr(key: &'static str, value: &str) -> Result<SocketAddr, ConfigError>
     })
 }
 
+/// Where durable state lives.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The local state file ([`Config::state_path`]); worker id from config.
+    Embedded,
+    /// Consul: claimed worker ids, marks in KV, service registration.
+    Consul(Box<ClusterConfig>),
+}
+
+/// The validated `[consul]` section.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// How to reach the agent (address, token, timeouts).
+    pub client: ConsulConfig,
+    /// `<prefix>/<cluster>/`.
+    pub keys: ClusterKeys,
+    /// Consul service name.
+    pub service: String,
+    /// Claim exactly `node.worker_id` instead of any free id.
+    pub static_worker: bool,
+    /// Worker lock timing.
+    pub lease: LeaseSettings,
+    /// gRPC health probe interval.
+    pub check_interval: Duration,
+    /// gRPC health probe timeout.
+    pub check_timeout: Duration,
+    /// `DeregisterCriticalServiceAfter`.
+    pub deregister_after: Duration,
+    /// Longest pause between claim attempts after the lease was lost.
+    pub reclaim_backoff_max: Duration,
+}
+
 /// The validated runtime configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Where durable state lives.
+    pub backend: Backend,
+    /// Stable instance name; `None`: derived from the host name and port.
+    pub instance_id: Option<String>,
+    /// The gRPC address to advertise; `None`: the bound listener's.
+    pub advertise: Option<SocketAddr>,
     /// Datacenter id.
     pub datacenter_id: u64,
     /// Worker id.

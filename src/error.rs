@@ -29,9 +29,18 @@ pub enum Error {
     /// The state store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A worker id could not be claimed in Consul.
+    #[error(transparent)]
+    Lease(#[from] crate::store::consul::LeaseError),
+    /// Consul failed.
+    #[error(transparent)]
+    Consul(#[from] crate::consul::ConsulError),
     /// The process could not set itself up (metrics recorder, threads).
     #[error("setup failed: {0}")]
     Setup(String),
+    /// The node lost its worker-id lease and has not claimed one again.
+    #[error("this node lost its worker id lease in Consul (Consul unreachable or session expired) and stopped issuing; it is claiming an id again; retry on another node")]
+    Fenced,
     /// A call waited too long for the sequence to free up.
     #[error("waited {waited_ms} ms for a free sequence number without success; the node is overloaded or its high-water mark is stuck, retry on another node")]
     WaitTimeout {

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 
 use idgen::bench::{self, BaselineServer, BenchOptions};
 use idgen::config::{Config, FileConfig, Overrides};
-use idgen::id::{Clock, SystemClock};
+use idgen::id::{Clock, OffsetClock, SystemClock};
 use idgen::proto::{self, id_gen_client::IdGenClient};
 use idgen::server::{decode_snowflake, Node};
 use idgen::store::EmbeddedStore;
@@ -65,6 +65,11 @@ struct ServeArgs {
     /// Worker id; overrides node.worker_id.
     #[arg(long)]
     worker_id: Option<u64>,
+    /// Testing only: run as if the wall clock were off by this many
+    /// milliseconds (negative = behind), to test clock rules without
+    /// touching the machine's clock.
+    #[arg(long, hide = true, allow_hyphen_values = true, default_value_t = 0)]
+    test_clock_offset_ms: i64,
 }
 
 #[derive(Args)]
@@ -186,25 +191,42 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         datacenter_id: a.datacenter_id,
         worker_id: a.worker_id,
     };
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let config = Config::load(a.config.config.as_deref(), &overrides, clock.now_millis())?;
+    let clock: Arc<dyn Clock> = match a.test_clock_offset_ms {
+        0 => Arc::new(SystemClock),
+        ms => Arc::new(OffsetClock::new(SystemClock, ms.saturating_mul(1000))),
+    };
+    let mut config = Config::load(a.config.config.as_deref(), &overrides, clock.now_millis())?;
     init_logging(&config);
-    let node = Node::start(config.clone(), clock)
-        .await
-        .context("cannot start")?;
+    // Before anything slow: a signal during start-up then means "stop once
+    // started", never an abrupt default-action exit.
+    let stop = idgen::shutdown::signal().context("cannot install signal handlers")?;
+    if a.test_clock_offset_ms != 0 {
+        tracing::warn!(
+            offset_ms = a.test_clock_offset_ms,
+            "testing only: the clock is shifted from the system clock"
+        );
+    }
+    // Bound first, so the advertised address is the real one (port 0 picks
+    // a free port); nothing is accepted until the node is ready.
     let grpc = TcpListener::bind(config.grpc_listen)
         .await
         .with_context(|| format!("cannot listen on server.grpc_listen {}", config.grpc_listen))?;
     let http = TcpListener::bind(config.http_listen)
         .await
         .with_context(|| format!("cannot listen on server.http_listen {}", config.http_listen))?;
+    if config.advertise.is_none() {
+        config.advertise = Some(grpc.local_addr()?);
+    }
+    let node = Node::start(config.clone(), clock)
+        .await
+        .context("cannot start")?;
     tracing::info!(
         startup_ms = started.elapsed().as_secs_f64() * 1000.0,
         grpc = %grpc.local_addr()?,
         http = %http.local_addr()?,
         "ready"
     );
-    let report = node.serve(grpc, http, idgen::shutdown::signal()).await?;
+    let report = node.serve(grpc, http, stop).await?;
     if !report.drained {
         tracing::warn!("some calls were cut off at shutdown");
     }
@@ -217,6 +239,9 @@ fn init(a: ConfigArgs) -> anyhow::Result<()> {
         ..Overrides::default()
     };
     let config = Config::load(a.config.as_deref(), &overrides, SystemClock.now_millis())?;
+    if !matches!(config.backend, idgen::config::Backend::Embedded) {
+        bail!("idgen init creates the embedded state file; with store.backend = \"consul\" there is nothing to create (nodes claim worker ids at start)");
+    }
     EmbeddedStore::create(&config.state_path, &config.layout.to_string())?;
     println!(
         "created state file {} for layout [{}]",

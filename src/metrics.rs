@@ -33,6 +33,14 @@ pub const SERVING: &str = "idgen_serving";
 pub const CONSUL_REQUEST_DURATION: &str = "idgen_consul_request_duration_seconds";
 /// Failed Consul requests (each attempt), by `endpoint`.
 pub const CONSUL_ERRORS: &str = "idgen_consul_errors_total";
+/// 1 while the node is fenced (lost its worker id lease), else 0.
+pub const FENCED: &str = "idgen_fenced";
+/// Times the node lost its worker id lease and fenced itself.
+pub const FENCINGS: &str = "idgen_fencings_total";
+/// The worker id held, labelled by `datacenter`.
+pub const WORKER_ID: &str = "idgen_worker_id";
+/// Seconds since the Consul session was last renewed successfully.
+pub const SESSION_RENEW_AGE: &str = "idgen_consul_session_renew_age_seconds";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 
@@ -100,6 +108,20 @@ fn describe() {
     describe_gauge!(
         SERVING,
         "1 while this node issues IDs, 0 while it refuses them."
+    );
+    describe_gauge!(
+        FENCED,
+        "1 while the node is fenced: its worker id lease ran out, so it issues nothing until it claims an id again."
+    );
+    describe_counter!(
+        FENCINGS,
+        "Times the node lost its worker id lease and stopped issuing."
+    );
+    describe_gauge!(WORKER_ID, "The worker id this node holds, by datacenter.");
+    describe_gauge!(
+        SESSION_RENEW_AGE,
+        Unit::Seconds,
+        "Time since the Consul session holding the worker id was last renewed."
     );
     describe_gauge!(
         BUILD_INFO,

@@ -2,8 +2,11 @@
 //! waits (outside every lock) when a time unit's sequence is used up, and
 //! counts what it hands out. Shared by the gRPC and HTTP front ends.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
 
 use crate::error::Error;
 use crate::id::{check_count, Clock, DecodeError, GenError, Layout, Mode, RequestError, Snowflake};
@@ -36,8 +39,15 @@ fn as_decimal<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
 }
 
 /// Issues IDs for requests.
+///
+/// In cluster mode the generator is replaced when the node loses its
+/// worker id and claims one again: [`Issuer::fence`] closes the current
+/// one (calls fail with UNAVAILABLE from then on) and [`Issuer::install`]
+/// puts the next one in place.
 pub struct Issuer {
-    generator: Arc<Snowflake>,
+    generator: ArcSwap<Snowflake>,
+    layout: Layout,
+    fenced: AtomicBool,
     clock: Arc<dyn Clock>,
     ticker: UnitTicker,
     max_batch: u32,
@@ -56,7 +66,9 @@ impl Issuer {
     ) -> std::io::Result<Self> {
         Ok(Self {
             ticker: UnitTicker::new(Arc::clone(&clock))?,
-            generator,
+            layout: *generator.layout(),
+            generator: ArcSwap::new(generator),
+            fenced: AtomicBool::new(false),
             clock,
             max_batch,
             max_wait,
@@ -65,9 +77,37 @@ impl Issuer {
         })
     }
 
-    /// The generator behind this issuer.
-    pub fn generator(&self) -> &Arc<Snowflake> {
-        &self.generator
+    /// The generator in use now.
+    pub fn generator(&self) -> Arc<Snowflake> {
+        self.generator.load_full()
+    }
+
+    /// Fencing: stops issuing at once (the current generator is closed) and
+    /// marks the node fenced, so calls say why they fail.
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+        self.generator.load().close();
+    }
+
+    /// Whether the node is fenced (lost its worker id, not yet re-claimed).
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Puts a new generator (above every earlier ID) in place of a closed
+    /// one and lifts the fence.
+    pub fn install(&self, generator: Arc<Snowflake>) {
+        self.generator.store(generator);
+        self.fenced.store(false, Ordering::SeqCst);
+    }
+
+    /// Maps a generator refusal, naming fencing when that is the cause.
+    fn refusal(&self, e: GenError) -> Error {
+        if e == GenError::Closed && self.is_fenced() {
+            Error::Fenced
+        } else {
+            e.into()
+        }
     }
 
     /// The largest batch a call may ask for.
@@ -88,14 +128,14 @@ impl Issuer {
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
         Self::check_mode(mode, tag)?;
         // The common case: no Vec, no wait.
-        let id = match self.generator.next_id(self.clock.now_micros()) {
+        let id = match self.generator.load().next_id(self.clock.now_micros()) {
             Ok(id) => id,
             Err(GenError::Exhausted { .. }) => {
                 let mut out = Vec::with_capacity(1);
                 self.fill(&mut out, 1).await?;
                 out[0]
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(self.refusal(e)),
         };
         self.issued.increment(1);
         Ok(id)
@@ -120,9 +160,10 @@ impl Issuer {
         let mut waited = false;
         while out.len() < count {
             let now = self.clock.now_micros();
-            match self.generator.reserve(now, (count - out.len()) as u64) {
+            let generator = self.generator.load();
+            match generator.reserve(now, (count - out.len()) as u64) {
                 Ok(r) => {
-                    self.generator.extend_ids(r, out);
+                    generator.extend_ids(r, out);
                     stalled_since = None;
                 }
                 Err(GenError::Exhausted { retry_after_micros }) => {
@@ -139,7 +180,7 @@ impl Issuer {
                         .await;
                     waited = true;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(self.refusal(e)),
             }
         }
         if waited {
@@ -153,7 +194,7 @@ impl Issuer {
         if mode != Mode::Snowflake {
             return Err(RequestError::ModeNotEnabled(mode).into());
         }
-        Ok(decode_snowflake(self.generator.layout(), id)?)
+        Ok(decode_snowflake(&self.layout, id)?)
     }
 }
 

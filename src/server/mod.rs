@@ -7,6 +7,7 @@
 //! NOT_SERVING, stops accepting, drains in-flight calls, then stores the
 //! final high-water mark.
 
+pub mod cluster;
 pub mod grpc;
 pub mod http;
 pub mod issuer;
@@ -16,6 +17,7 @@ pub mod status;
 pub mod ticker;
 
 use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -23,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tonic::transport::server::TcpIncoming;
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
@@ -32,6 +34,30 @@ use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::{EmbeddedStore, HwmKeeper, StateStore, WorkerKey};
 
 pub use issuer::{decode_snowflake, Decoded, Issuer};
+
+/// The backing while serving.
+enum Running {
+    Embedded(KeeperHandle),
+    Cluster(cluster::RunningCluster),
+}
+
+fn hwm_settings(config: &Config) -> HwmSettings {
+    HwmSettings {
+        reserve: config.hwm_reserve,
+        renew_interval: config.hwm_renew_interval,
+        max_startup_skew: config.max_startup_skew,
+        max_backward: config.max_backward,
+    }
+}
+
+/// Counters start at zero so `rate()` works before the first event.
+fn zero_counters(backend: &'static str) {
+    for kind in ["tolerated", "refused"] {
+        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);
+    }
+    metrics::counter!(m::STORE_ERRORS, "backend" => backend, "op" => "store_hwm").increment(0);
+    metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS).increment(0);
+}
 
 /// Why serving stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -47,10 +73,19 @@ pub enum ServeError {
 /// What a clean shutdown did.
 #[derive(Debug, Clone, Copy)]
 pub struct ShutdownReport {
-    /// The final high-water mark stored (Unix ms).
-    pub final_hwm_ms: u64,
+    /// The final high-water mark stored (Unix ms); `None` if the node was
+    /// fenced at shutdown and had no worker id to store it for.
+    pub final_hwm_ms: Option<u64>,
     /// Whether every in-flight call finished within the grace period.
     pub drained: bool,
+}
+
+/// What keeps the generator's worker id and high-water mark.
+enum Backing {
+    /// The embedded state file; the worker id comes from config.
+    Embedded(KeeperHandle),
+    /// Consul: a claimed worker id, supervised once serving.
+    Cluster(Box<cluster::Cluster>),
 }
 
 /// A node that has claimed its place and reserved its high-water mark.
@@ -58,16 +93,70 @@ pub struct Node {
     config: Config,
     clock: Arc<dyn Clock>,
     issuer: Arc<Issuer>,
-    keeper: KeeperHandle,
+    backing: Backing,
     metrics: PrometheusHandle,
 }
 
+/// The stable instance name: configured, or `<hostname>-<port>`.
+fn instance_id(config: &Config, advertise: SocketAddr) -> String {
+    if let Some(id) = &config.instance_id {
+        return id.clone();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| {
+            h.trim()
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(50)
+                .collect::<String>()
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "idgen".into());
+    format!("{host}-{}", advertise.port())
+}
+
 impl Node {
-    /// Opens the state store and starts the generator above the stored
-    /// high-water mark. Fails (and issues nothing) if the state file is
-    /// missing, made for another layout, or the clock is too far behind.
+    /// Opens the state store (or claims a worker id in Consul) and starts
+    /// the generator above the stored high-water mark. Fails, and issues
+    /// nothing, if the state file is missing or made for another layout,
+    /// Consul cannot be reached or refuses, no worker id is free, or the
+    /// clock is too far behind the stored mark.
     pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         let metrics = m::install().map_err(Error::Setup)?;
+        if let Backend::Consul(cluster_config) = &config.backend {
+            let advertise = config.advertise.unwrap_or(config.grpc_listen);
+            if advertise.ip().is_unspecified() || advertise.port() == 0 {
+                return Err(Error::Setup(format!(
+                    "cannot advertise {advertise} in Consul: clients cannot dial it; set node.advertise to this node's IP:port"
+                )));
+            }
+            let spec = cluster::ClusterSpec {
+                config: (**cluster_config).clone(),
+                datacenter: config.datacenter_id,
+                worker_id: config.worker_id,
+                layout: config.layout,
+                hwm: hwm_settings(&config),
+                instance: instance_id(&config, advertise),
+                advertise,
+            };
+            zero_counters("consul");
+            let cluster = cluster::Cluster::start(spec, Arc::clone(&clock)).await?;
+            let generator = Arc::clone(cluster.generator());
+            return Self::assemble(
+                config,
+                clock,
+                generator,
+                Backing::Cluster(Box::new(cluster)),
+                metrics,
+            );
+        }
         let layout_desc = config.layout.to_string();
         let path = config.state_path.clone();
         let init = config.init_if_missing;
@@ -89,21 +178,27 @@ impl Node {
             datacenter: config.datacenter_id,
             worker: config.worker_id,
         };
-        let settings = HwmSettings {
-            reserve: config.hwm_reserve,
-            renew_interval: config.hwm_renew_interval,
-            max_startup_skew: config.max_startup_skew,
-            max_backward: config.max_backward,
-        };
-        // Counters start at zero so rate() works before the first event.
-        for kind in ["tolerated", "refused"] {
-            metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);
-        }
-        metrics::counter!(m::STORE_ERRORS, "backend" => store.backend(), "op" => "store_hwm")
-            .increment(0);
-        metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS).increment(0);
-        let (generator, keeper) =
-            HwmKeeper::start(store, key, config.layout, Arc::clone(&clock), settings).await?;
+        zero_counters(store.backend());
+        let (generator, keeper) = HwmKeeper::start(
+            store,
+            key,
+            config.layout,
+            Arc::clone(&clock),
+            hwm_settings(&config),
+        )
+        .await?;
+        metrics::gauge!(m::WORKER_ID, "datacenter" => key.datacenter.to_string())
+            .set(key.worker as f64);
+        Self::assemble(config, clock, generator, Backing::Embedded(keeper), metrics)
+    }
+
+    fn assemble(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        generator: Arc<crate::id::Snowflake>,
+        backing: Backing,
+        metrics: PrometheusHandle,
+    ) -> Result<Self, Error> {
         let issuer = Issuer::new(
             generator,
             Arc::clone(&clock),
@@ -118,7 +213,7 @@ impl Node {
             config,
             clock,
             issuer: Arc::new(issuer),
-            keeper,
+            backing,
             metrics,
         })
     }
@@ -140,14 +235,14 @@ impl Node {
             config,
             clock,
             issuer,
-            keeper,
+            backing,
             metrics,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let state = monitor::ServingState::new(reporter);
         let monitor_stop = Arc::new(Notify::new());
         let monitor_task = tokio::spawn(monitor::run(
-            Arc::clone(keeper.generator()),
+            Arc::clone(&issuer),
             Arc::clone(&clock),
             state.clone(),
             Arc::clone(&monitor_stop),
@@ -196,11 +291,19 @@ impl Node {
                 }
             })
         };
+        let worker = match &backing {
+            Backing::Embedded(keeper) => keeper.key(),
+            Backing::Cluster(c) => c.key(),
+        };
+        let backing = match backing {
+            Backing::Embedded(keeper) => Running::Embedded(keeper),
+            Backing::Cluster(c) => Running::Cluster(c.run(Arc::clone(&issuer)).await),
+        };
         tracing::info!(
             grpc = ?grpc_addr,
             http = ?http_addr,
-            datacenter = config.datacenter_id,
-            worker = config.worker_id,
+            datacenter = worker.datacenter,
+            worker = worker.worker,
             layout = %config.layout,
             "idgen serving"
         );
@@ -237,8 +340,13 @@ impl Node {
             http_task.abort();
         }
         upkeep_task.abort();
-        // Closing the generator and storing the final mark happen together.
-        let final_hwm_ms = keeper.finish().await?;
+        // Closing the generator and storing the final mark happen together;
+        // in a cluster the lock is released and the service deregistered
+        // after that.
+        let final_hwm_ms = match backing {
+            Running::Embedded(keeper) => Some(keeper.finish().await?),
+            Running::Cluster(c) => c.finish().await?,
+        };
         tracing::info!(final_hwm_ms, drained, "idgen stopped");
         match early {
             Some(reason) => Err(ServeError::Transport(reason)),

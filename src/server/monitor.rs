@@ -17,6 +17,8 @@ use tonic_health::ServingStatus;
 use crate::id::{Clock, Snowflake, StepBackStats};
 use crate::metrics as m;
 
+use super::Issuer;
+
 /// How often the monitor looks.
 pub const TICK: Duration = Duration::from_millis(100);
 
@@ -66,13 +68,15 @@ impl ServingState {
     }
 }
 
-/// Runs until `stop` is notified.
+/// Runs until `stop` is notified. Follows the issuer's generator when it
+/// is replaced after fencing.
 pub async fn run(
-    generator: Arc<Snowflake>,
+    issuer: Arc<Issuer>,
     clock: Arc<dyn Clock>,
     state: ServingState,
     stop: Arc<Notify>,
 ) {
+    let mut generator = issuer.generator();
     let mut seen = StepBackStats::default();
     let mut serving: Option<bool> = None;
     let mut ticker = tokio::time::interval(TICK);
@@ -81,6 +85,12 @@ pub async fn run(
         tokio::select! {
             _ = stop.notified() => return,
             _ = ticker.tick() => {}
+        }
+        let current = issuer.generator();
+        if !Arc::ptr_eq(&current, &generator) {
+            // Step-back counts belong to each generator.
+            generator = current;
+            seen = StepBackStats::default();
         }
         let now_ms = clock.now_millis();
         let check = generator.check(clock.now_micros());
@@ -93,6 +103,10 @@ pub async fn run(
             match &check {
                 Ok(()) if serving.is_some() => tracing::info!("issuing again: SERVING"),
                 Ok(()) => {}
+                Err(_) if issuer.is_fenced() => tracing::error!(
+                    error = %crate::error::Error::Fenced,
+                    "stopped issuing: NOT_SERVING"
+                ),
                 Err(e) => tracing::error!(error = %e, "stopped issuing: NOT_SERVING"),
             }
             state.set(ok).await;

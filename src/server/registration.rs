@@ -44,6 +44,7 @@ pub struct RegistrationSpec {
 pub struct Registration {
     client: ConsulClient,
     registration: ServiceRegistration,
+    worker: WorkerKey,
 }
 
 impl Registration {
@@ -90,7 +91,13 @@ impl Registration {
         Ok(Self {
             client,
             registration,
+            worker: spec.worker,
         })
+    }
+
+    /// The worker id the registration advertises.
+    pub fn worker(&self) -> WorkerKey {
+        self.worker
     }
 
     /// The service id (`idgen-<instance>`).

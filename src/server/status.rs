@@ -12,7 +12,12 @@ pub fn code(e: &Error) -> Code {
         Error::Request(RequestError::ModeNotEnabled(_)) => Code::FailedPrecondition,
         Error::Request(_) | Error::Decode(_) => Code::InvalidArgument,
         Error::Gen(GenError::TimeExhausted) => Code::ResourceExhausted,
-        Error::Gen(_) | Error::Store(_) | Error::WaitTimeout { .. } => Code::Unavailable,
+        Error::Gen(_)
+        | Error::Store(_)
+        | Error::WaitTimeout { .. }
+        | Error::Fenced
+        | Error::Lease(_)
+        | Error::Consul(_) => Code::Unavailable,
         Error::Start(StartError::ClockBehindHwm { .. }) => Code::Unavailable,
         Error::Layout(_) | Error::Start(StartError::Layout(_)) => Code::FailedPrecondition,
         Error::Setup(_) => Code::Internal,

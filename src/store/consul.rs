@@ -143,6 +143,13 @@ pub enum LeaseError {
     /// The lease settings are unusable.
     #[error("bad worker lease settings: {0}")]
     Settings(String),
+    /// The configured static worker id is held by another session, or
+    /// inside its lock-delay.
+    #[error("worker id {key} is held by another node (or inside its lock-delay); choose another node.worker_id, or use consul.worker = \"auto\"")]
+    WorkerHeld {
+        /// The id asked for.
+        key: WorkerKey,
+    },
     /// Every worker id of the datacenter is held by a live session.
     #[error("no free worker id in datacenter {datacenter}: all of 0..={max} are held; stop a node, or widen layout.worker_bits")]
     NoFreeWorker {
@@ -156,6 +163,19 @@ pub enum LeaseError {
     Consul(#[from] ConsulError),
 }
 
+/// Which worker id to claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerChoice {
+    /// The id this instance held before if it is free, else the lowest free
+    /// one in `0..=max`.
+    Auto {
+        /// Largest worker id of the layout.
+        max: u64,
+    },
+    /// Exactly this id, or fail.
+    Static(u64),
+}
+
 /// A held worker id: the Consul session, the lock and the local deadline.
 #[derive(Debug)]
 pub struct WorkerLease {
@@ -165,7 +185,8 @@ pub struct WorkerLease {
     session: String,
     owner: Vec<u8>,
     settings: LeaseSettings,
-    deadline: Mutex<Instant>,
+    /// (send time of the last successful renew, local deadline).
+    renewed: Mutex<(Instant, Instant)>,
 }
 
 impl WorkerLease {
@@ -177,6 +198,19 @@ impl WorkerLease {
         keys: ClusterKeys,
         datacenter: u64,
         max_worker: u64,
+        owner: &OwnerInfo,
+        settings: LeaseSettings,
+    ) -> Result<Self, LeaseError> {
+        let choice = WorkerChoice::Auto { max: max_worker };
+        Self::claim_with(client, keys, datacenter, choice, owner, settings).await
+    }
+
+    /// Like [`WorkerLease::claim`], choosing the id by `choice`.
+    pub async fn claim_with(
+        client: ConsulClient,
+        keys: ClusterKeys,
+        datacenter: u64,
+        choice: WorkerChoice,
         owner: &OwnerInfo,
         settings: LeaseSettings,
     ) -> Result<Self, LeaseError> {
@@ -194,14 +228,26 @@ impl WorkerLease {
             })
             .await?;
         let value = serde_json::to_vec(owner).unwrap_or_default();
-        match Self::take_free_id(
-            &client, &keys, datacenter, max_worker, owner, &session, &value,
-        )
-        .await
-        {
+        let taken = match choice {
+            WorkerChoice::Auto { max } => {
+                Self::take_free_id(&client, &keys, datacenter, max, owner, &session, &value).await
+            }
+            WorkerChoice::Static(worker) => {
+                let key = WorkerKey { datacenter, worker };
+                match client
+                    .kv_put(&keys.worker(key), &value, KvWrite::Acquire(&session))
+                    .await
+                {
+                    Ok(true) => Ok(worker),
+                    Ok(false) => Err(LeaseError::WorkerHeld { key }),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        };
+        match taken {
             Ok(worker) => Ok(Self {
                 key: WorkerKey { datacenter, worker },
-                deadline: Mutex::new(sent + settings.lifetime()),
+                renewed: Mutex::new((sent, sent + settings.lifetime())),
                 client,
                 keys,
                 session,
@@ -271,12 +317,20 @@ impl WorkerLease {
         &self.session
     }
 
-    /// Past this instant the node must not issue with this id.
-    pub fn deadline(&self) -> Instant {
-        *self
-            .deadline
+    fn renewed(&self) -> std::sync::MutexGuard<'_, (Instant, Instant)> {
+        self.renewed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Past this instant the node must not issue with this id.
+    pub fn deadline(&self) -> Instant {
+        self.renewed().1
+    }
+
+    /// Send time of the last successful renew (or of the session create).
+    pub fn last_renewed(&self) -> Instant {
+        self.renewed().0
     }
 
     /// How often to renew: a third of the TTL.
@@ -292,11 +346,9 @@ impl WorkerLease {
         match self.client.session_renew(&self.session).await? {
             None => Ok(false),
             Some(_) => {
-                let mut d = self
-                    .deadline
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                *d = (*d).max(sent + self.settings.lifetime());
+                let mut r = self.renewed();
+                r.0 = r.0.max(sent);
+                r.1 = r.1.max(sent + self.settings.lifetime());
                 Ok(true)
             }
         }
@@ -346,7 +398,7 @@ impl WorkerLease {
     /// Clean give-up: release the lock (keeping the owner info, so this
     /// instance gets the same id back), then destroy the session, so a
     /// restart can take the id at once without lock-delay.
-    pub async fn release(self) -> Result<(), ConsulError> {
+    pub async fn release(&self) -> Result<(), ConsulError> {
         let key = self.keys.worker(self.key);
         let released = self
             .client

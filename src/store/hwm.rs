@@ -169,9 +169,23 @@ async fn renew_loop(
 }
 
 impl KeeperHandle {
+    /// The worker id whose mark this keeper keeps.
+    pub fn key(&self) -> WorkerKey {
+        self.key
+    }
+
     /// The generator this keeper bounds.
     pub fn generator(&self) -> &Arc<Snowflake> {
         &self.generator
+    }
+
+    /// Fencing: closes the generator at once and stops renewing, with no
+    /// final write (the lock that writes need is gone). Returns the
+    /// generator's final mark, for the log.
+    pub fn abort(self) -> u64 {
+        let last = self.generator.close();
+        self.task.abort();
+        last
     }
 
     /// Stops renewing, closes the generator and stores the highest time

@@ -110,9 +110,17 @@ impl ChildServer {
     /// Starts `idgen serve --config <config>` and waits (bounded) for its
     /// "ready" log line.
     pub fn start(config: &Path) -> Self {
+        Self::try_start(config, &[])
+            .unwrap_or_else(|log| panic!("idgen did not become ready: {log}"))
+    }
+
+    /// Starts `idgen serve --config <config> <extra>`; `Err` with its log
+    /// if it exits (or is not ready within 20 s) instead of becoming ready.
+    pub fn try_start(config: &Path, extra: &[&str]) -> Result<Self, String> {
         let mut child = Command::new(idgen_bin())
             .args(["serve", "--config"])
             .arg(config)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -127,17 +135,20 @@ impl ChildServer {
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                     if line.contains("\"ready\"") {
-                        let _ = tx.send(line.clone());
+                        let _ = tx.send(Some(line.clone()));
                     }
                     log.lock().unwrap().push(line);
                 }
+                // stderr closed: the process exited.
+                let _ = tx.send(None);
             });
         }
         let ready = match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(line) => line,
-            Err(_) => {
+            Ok(Some(line)) => line,
+            Ok(None) | Err(_) => {
                 let _ = child.kill();
-                panic!("idgen did not become ready: {:?}", log.lock().unwrap());
+                let _ = child.wait();
+                return Err(log.lock().unwrap().join("\n"));
             }
         };
         let v: serde_json::Value = serde_json::from_str(&ready).expect("JSON log line");
@@ -148,12 +159,17 @@ impl ChildServer {
                 .parse()
                 .expect("address")
         };
-        Self {
+        Ok(Self {
             grpc: addr("grpc"),
             http: addr("http"),
             child,
             log,
-        }
+        })
+    }
+
+    /// Everything the process logged so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
     }
 
     pub async fn client(&self) -> IdGenClient<Channel> {
@@ -183,6 +199,16 @@ impl ChildServer {
         }
         let _ = self.child.kill();
         panic!("idgen did not exit within 10 s of SIGTERM");
+    }
+}
+
+impl Drop for ChildServer {
+    /// A test that fails half-way must not leave the process running.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -224,4 +250,63 @@ pub async fn wait_for_status(url: &str, status: u16) -> bool {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// A cluster-mode config file for a child `idgen serve`: Consul backend at
+/// `consul`, instance `name`, short lease timings (TTL 2 s, lock-delay
+/// 2 s, margin 800 ms), JSON logs. `set` overrides or adds keys as
+/// `("section", "key", "toml value")`.
+pub fn write_cluster_config(
+    dir: &Path,
+    name: &str,
+    consul: SocketAddr,
+    set: &[(&str, &str, &str)],
+) -> PathBuf {
+    use std::collections::BTreeMap;
+    let consul_url = format!("\"http://{consul}\"");
+    let name_value = format!("\"{name}\"");
+    let mut sections: BTreeMap<&str, BTreeMap<&str, String>> = BTreeMap::new();
+    let defaults: &[(&str, &str, &str)] = &[
+        ("node", "instance_id", &name_value),
+        ("server", "grpc_listen", "\"127.0.0.1:0\""),
+        ("server", "http_listen", "\"127.0.0.1:0\""),
+        ("server", "shutdown_grace", "\"5s\""),
+        ("store", "backend", "\"consul\""),
+        ("consul", "address", &consul_url),
+        ("consul", "cluster", "\"test\""),
+        ("consul", "session_ttl", "\"2s\""),
+        ("consul", "lock_delay", "\"2s\""),
+        ("consul", "lease_margin", "\"800ms\""),
+        ("consul", "timeout", "\"500ms\""),
+        ("consul", "retries", "1"),
+        ("consul", "check_interval", "\"200ms\""),
+        ("consul", "check_timeout", "\"200ms\""),
+        ("consul", "deregister_critical_after", "\"1s\""),
+        ("consul", "reclaim_backoff_max", "\"500ms\""),
+        ("log", "format", "\"json\""),
+        ("log", "level", "\"info\""),
+    ];
+    for (section, key, value) in defaults.iter().chain(set) {
+        sections
+            .entry(section)
+            .or_default()
+            .insert(key, value.to_string());
+    }
+    let mut text = String::new();
+    for (section, keys) in sections {
+        text.push_str(&format!("[{section}]\n"));
+        for (k, v) in keys {
+            text.push_str(&format!("{k} = {v}\n"));
+        }
+    }
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The layout the test configs use (the default, twitter).
+pub fn default_layout() -> idgen::id::Layout {
+    FileConfig::default()
+        .layout(SystemClock.now_millis())
+        .expect("default layout")
 }

@@ -1,0 +1,405 @@
+//! Cluster mode: a worker id claimed in Consul, the high-water mark kept in
+//! Consul KV, the service registered with a gRPC health check, and the
+//! supervisor that fences the node the moment its lease runs out.
+//!
+//! # Life of a node
+//! 1. [`Cluster::start`] (before anything listens) claims a worker id with
+//!    a session lock, reads the stored mark consistently and starts the
+//!    generator above it. Any failure here stops start-up with the reason.
+//! 2. [`Cluster::run`] (once the gRPC server is up) registers the service
+//!    and spawns the supervisor: it renews the session every TTL/3, and
+//!    when the local deadline passes without a successful renew (or Consul
+//!    dropped the session) it closes the generator at once (calls get
+//!    UNAVAILABLE, health goes NOT_SERVING), gives the id back if Consul
+//!    still listens, and claims an id again with backoff. The new
+//!    generator starts above the stored mark of whatever id it got.
+//! 3. [`RunningCluster::finish`] (shutdown, after draining) stores the
+//!    final mark, releases the lock, destroys the session and deregisters.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::ClusterConfig;
+use crate::consul::ConsulClient;
+use crate::error::Error;
+use crate::id::{Clock, Layout};
+use crate::metrics as m;
+use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease};
+use crate::store::hwm::{HwmSettings, KeeperHandle};
+use crate::store::{HwmKeeper, WorkerKey};
+
+use super::registration::{Registration, RegistrationSpec};
+use super::Issuer;
+
+/// First pause between claim attempts after fencing; doubles up to
+/// `consul.reclaim_backoff_max`.
+const RECLAIM_BACKOFF_MIN: Duration = Duration::from_millis(200);
+
+/// How often the node checks that the agent still lists its service.
+const REGISTRATION_CHECK: Duration = Duration::from_secs(10);
+
+/// Everything needed to claim a worker id and start a generator on it.
+pub struct ClusterSpec {
+    /// The `[consul]` section.
+    pub config: ClusterConfig,
+    /// This node's datacenter id.
+    pub datacenter: u64,
+    /// The worker id for `consul.worker = "static"`.
+    pub worker_id: u64,
+    /// The ID layout.
+    pub layout: Layout,
+    /// High-water mark timing and the clock rules.
+    pub hwm: HwmSettings,
+    /// Stable instance name.
+    pub instance: String,
+    /// The gRPC address clients and the agent dial.
+    pub advertise: SocketAddr,
+}
+
+/// A worker id held, with its generator running.
+struct Held {
+    lease: Arc<WorkerLease>,
+    keeper: KeeperHandle,
+}
+
+/// A node's place in the cluster, claimed but not yet supervised.
+pub struct Cluster {
+    spec: Arc<ClusterSpec>,
+    client: ConsulClient,
+    clock: Arc<dyn Clock>,
+    held: Held,
+    registration: Registration,
+}
+
+impl Cluster {
+    /// Claims a worker id and starts the generator above its stored mark.
+    pub async fn start(spec: ClusterSpec, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+        let client = ConsulClient::new(spec.config.client.clone())?;
+        // Checked before claiming: an unusable address fails fast.
+        let probe = WorkerKey {
+            datacenter: spec.datacenter,
+            worker: 0,
+        };
+        registration_for(&spec, &client, probe).map_err(Error::Setup)?;
+        let spec = Arc::new(spec);
+        metrics::counter!(m::FENCINGS).increment(0);
+        let held = claim(&spec, &client, &clock).await?;
+        let registration =
+            registration_for(&spec, &client, held.lease.key()).map_err(Error::Setup)?;
+        record_claim(held.lease.key(), false);
+        Ok(Self {
+            spec,
+            client,
+            clock,
+            held,
+            registration,
+        })
+    }
+
+    /// The generator of the worker id held now.
+    pub fn generator(&self) -> &Arc<crate::id::Snowflake> {
+        self.held.keeper.generator()
+    }
+
+    /// The worker id held now.
+    pub fn key(&self) -> WorkerKey {
+        self.held.lease.key()
+    }
+
+    /// Registers the service and starts supervising the lease. Call once
+    /// the gRPC server answers health checks.
+    pub async fn run(self, issuer: Arc<Issuer>) -> RunningCluster {
+        let Cluster {
+            spec,
+            client,
+            clock,
+            held,
+            registration,
+        } = self;
+        match registration.register().await {
+            Ok(()) => tracing::info!(
+                service = registration.service_id(),
+                "registered in Consul with a gRPC health check"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot register the service in Consul yet; retrying every {}s",
+                REGISTRATION_CHECK.as_secs()
+            ),
+        }
+        let registration = Arc::new(ArcSwap::from_pointee(registration));
+        let (stop, stopped) = watch::channel(false);
+        let supervisor = tokio::spawn(supervise(
+            Arc::clone(&spec),
+            client.clone(),
+            clock,
+            held,
+            issuer,
+            Arc::clone(&registration),
+            stopped.clone(),
+        ));
+        let registrar = tokio::spawn(keep_registered(Arc::clone(&registration), stopped));
+        RunningCluster {
+            stop,
+            supervisor,
+            registrar,
+            registration,
+        }
+    }
+}
+
+/// The supervised cluster membership of a serving node.
+pub struct RunningCluster {
+    stop: watch::Sender<bool>,
+    supervisor: JoinHandle<Option<Held>>,
+    registrar: JoinHandle<()>,
+    registration: Arc<ArcSwap<Registration>>,
+}
+
+impl RunningCluster {
+    /// Shutdown, after the front ends drained: stores the final mark (if
+    /// the id is still held), releases the lock, destroys the session and
+    /// deregisters the service. Returns the final mark stored, if any.
+    pub async fn finish(self) -> Result<Option<u64>, crate::store::StoreError> {
+        let _ = self.stop.send(true);
+        let held = self.supervisor.await.ok().flatten();
+        let _ = self.registrar.await;
+        let mut result = Ok(None);
+        if let Some(Held { lease, keeper }) = held {
+            result = keeper.finish().await.map(Some);
+            match lease.release().await {
+                Ok(()) => {
+                    tracing::info!(worker = %lease.key(), "worker id released, session destroyed")
+                }
+                Err(e) => tracing::warn!(
+                    worker = %lease.key(),
+                    error = %e,
+                    "cannot release the worker id; it frees itself when the session expires"
+                ),
+            }
+        }
+        let registration = self.registration.load();
+        match registration.deregister().await {
+            Ok(()) => tracing::info!(
+                service = registration.service_id(),
+                "deregistered from Consul"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot deregister from Consul; the agent removes the service once its check stays critical")
+            }
+        }
+        metrics::gauge!(m::FENCED).set(1.0);
+        result
+    }
+}
+
+/// Claims an id and starts its generator; on a start-up refusal (clock
+/// behind the stored mark) the id is given back before failing.
+async fn claim(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    clock: &Arc<dyn Clock>,
+) -> Result<Held, Error> {
+    let owner = OwnerInfo {
+        instance: spec.instance.clone(),
+        address: spec.advertise.to_string(),
+        since_ms: clock.now_millis(),
+    };
+    let choice = if spec.config.static_worker {
+        WorkerChoice::Static(spec.worker_id)
+    } else {
+        WorkerChoice::Auto {
+            max: spec.layout.max_worker(),
+        }
+    };
+    let lease = WorkerLease::claim_with(
+        client.clone(),
+        spec.config.keys.clone(),
+        spec.datacenter,
+        choice,
+        &owner,
+        spec.config.lease,
+    )
+    .await?;
+    tracing::info!(
+        worker = %lease.key(),
+        session = lease.session(),
+        instance = %spec.instance,
+        "worker id claimed in Consul"
+    );
+    let store = Arc::new(ConsulHwmStore::new(
+        client.clone(),
+        spec.config.keys.clone(),
+        &lease,
+    ));
+    match HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await {
+        Ok((_, keeper)) => Ok(Held {
+            lease: Arc::new(lease),
+            keeper,
+        }),
+        Err(e) => {
+            if let Err(r) = lease.release().await {
+                tracing::warn!(error = %r, "cannot give the worker id back; it frees itself when the session expires");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn record_claim(key: WorkerKey, again: bool) {
+    metrics::gauge!(m::WORKER_ID, "datacenter" => key.datacenter.to_string())
+        .set(key.worker as f64);
+    metrics::gauge!(m::FENCED).set(0.0);
+    if again {
+        tracing::info!(worker = %key, "worker id claimed again: issuing resumes");
+    }
+}
+
+fn spec_for(spec: &ClusterSpec, key: WorkerKey) -> RegistrationSpec {
+    RegistrationSpec {
+        instance: spec.instance.clone(),
+        service: spec.config.service.clone(),
+        grpc: spec.advertise,
+        worker: key,
+        modes: vec!["snowflake".into()],
+        check_interval: spec.config.check_interval,
+        check_timeout: spec.config.check_timeout,
+        deregister_after: spec.config.deregister_after,
+    }
+}
+
+fn registration_for(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    key: WorkerKey,
+) -> Result<Registration, String> {
+    Registration::new(client.clone(), &spec_for(spec, key))
+}
+
+/// Renews the lease until stopped; on loss fences and claims again.
+/// Returns the id still held at shutdown, or `None` if it was lost.
+async fn supervise(
+    spec: Arc<ClusterSpec>,
+    client: ConsulClient,
+    clock: Arc<dyn Clock>,
+    mut held: Held,
+    issuer: Arc<Issuer>,
+    registration: Arc<ArcSwap<Registration>>,
+    mut stopped: watch::Receiver<bool>,
+) -> Option<Held> {
+    loop {
+        let lease = Arc::clone(&held.lease);
+        let kept = tokio::select! {
+            kept = lease.keep_alive(wait_stop(stopped.clone())) => kept,
+            never = report_renew_age(&lease) => match never {},
+        };
+        if kept {
+            return Some(held);
+        }
+        // Fence first, then everything else.
+        issuer.fence();
+        let last_ms = held.keeper.abort();
+        metrics::gauge!(m::FENCED).set(1.0);
+        metrics::counter!(m::FENCINGS).increment(1);
+        tracing::error!(
+            worker = %lease.key(),
+            last_time_ms = last_ms,
+            "worker lease lost: stopped issuing (fenced, NOT_SERVING); claiming a worker id again"
+        );
+        // If Consul still answers, hand the id back now instead of after
+        // TTL + lock-delay. Safe: nothing more is issued or written with it.
+        let give_back = spec.config.lease.ttl / 3;
+        if let Ok(Err(e)) = tokio::time::timeout(give_back, lease.release()).await {
+            tracing::debug!(error = %e, "could not give the lost worker id back");
+        }
+        drop(lease);
+        let mut pause = RECLAIM_BACKOFF_MIN;
+        held = loop {
+            if *stopped.borrow() {
+                return None;
+            }
+            match claim(&spec, &client, &clock).await {
+                Ok(new) if Instant::now() < new.lease.deadline() => break new,
+                Ok(late) => {
+                    // Too slow to be safe: the lease ran out while starting.
+                    late.keeper.abort();
+                    let _ = late.lease.release().await;
+                    tracing::warn!("claimed a worker id too slowly to use it; trying again");
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "cannot claim a worker id yet"
+                ),
+            }
+            tokio::select! {
+                _ = stopped.wait_for(|s| *s) => return None,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(spec.config.reclaim_backoff_max);
+        };
+        let key = held.lease.key();
+        if registration.load().worker() != key {
+            match registration_for(&spec, &client, key) {
+                Ok(r) => {
+                    if let Err(e) = r.register().await {
+                        tracing::warn!(error = %e, "cannot update the service registration; retrying later");
+                    }
+                    registration.store(Arc::new(r));
+                }
+                Err(e) => tracing::error!(error = %e, "cannot build the service registration"),
+            }
+        }
+        issuer.install(Arc::clone(held.keeper.generator()));
+        record_claim(key, true);
+    }
+}
+
+async fn wait_stop(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}
+
+/// Publishes the age of the last successful renew once a second; never
+/// returns.
+async fn report_renew_age(lease: &WorkerLease) -> std::convert::Infallible {
+    let mut t = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        t.tick().await;
+        metrics::gauge!(m::SESSION_RENEW_AGE).set(lease.last_renewed().elapsed().as_secs_f64());
+    }
+}
+
+/// Registers the service again whenever the agent forgot it.
+async fn keep_registered(
+    registration: Arc<ArcSwap<Registration>>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut t = tokio::time::interval(REGISTRATION_CHECK);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t.tick().await;
+    loop {
+        tokio::select! {
+            _ = stopped.wait_for(|s| *s) => return,
+            _ = t.tick() => {}
+        }
+        let r = registration.load_full();
+        match r.is_registered().await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    service = r.service_id(),
+                    "Consul agent lost the service; registering again"
+                );
+                if let Err(e) = r.register().await {
+                    tracing::warn!(error = %e, "re-registration failed; retrying later");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot check the service registration"),
+        }
+    }
+}

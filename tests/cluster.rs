@@ -1,0 +1,398 @@
+//! Cluster mode end to end: real `idgen serve` processes against the
+//! in-repo Consul-compatible test server (session TTL 2 s, expiry exactly
+//! one TTL after the last renew, lock-delay 2 s).
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{default_layout, run_idgen, wait_for_status, write_cluster_config, ChildServer};
+use consul_testserver::{Config, HealthStatus, TestConsul};
+use idgen::proto::{GenIdRequest, GenIdsRequest, Mode};
+
+const LOCK_DELAY: Duration = Duration::from_secs(2);
+
+async fn consul(acl: Option<&str>) -> TestConsul {
+    TestConsul::start(Config {
+        min_ttl: Duration::from_secs(1),
+        // Exact expiry: the earliest moment real Consul may expire.
+        ttl_expiry_factor: 1.0,
+        min_deregister_critical_after: Duration::from_secs(1),
+        acl_master_token: acl.map(str::to_owned),
+        ..Config::default()
+    })
+    .await
+    .expect("test consul")
+}
+
+async fn ids(node: &ChildServer, count: u32) -> Result<Vec<u64>, tonic::Status> {
+    let mut c = node.client().await;
+    c.gen_ids(GenIdsRequest {
+        mode: Mode::Snowflake as i32,
+        tag: String::new(),
+        count,
+    })
+    .await
+    .map(|r| r.into_inner().ids)
+}
+
+async fn one(node: &ChildServer) -> Result<u64, tonic::Status> {
+    let mut c = node.client().await;
+    c.gen_id(GenIdRequest {
+        mode: Mode::Snowflake as i32,
+        tag: String::new(),
+    })
+    .await
+    .map(|r| r.into_inner().id)
+}
+
+fn worker_of(id: u64) -> u64 {
+    default_layout().decompose(id).expect("decodes").worker
+}
+
+fn time_of(id: u64) -> u64 {
+    default_layout().decompose(id).expect("decodes").unix_ms
+}
+
+fn hwm_in_kv(consul: &TestConsul, worker: u64) -> u64 {
+    let e = consul
+        .kv_get(&format!("idgen/test/hwm/0/{worker}"))
+        .expect("a stored mark");
+    String::from_utf8(e.value).unwrap().parse().unwrap()
+}
+
+/// Polls `cond` every 50 ms for up to `limit`.
+async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}
+
+fn start(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
+    ChildServer::start(&write_cluster_config(dir, name, consul, &[]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_get_distinct_ids_register_healthy_and_clean_up_on_shutdown() {
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut agents = Vec::new();
+    for i in 1..=3 {
+        agents.push(consul.add_agent(&format!("agent-{i}")).await.unwrap());
+    }
+    let nodes: Vec<ChildServer> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| start(dir.path(), &format!("n{i}"), *a))
+        .collect();
+    let mut workers = HashSet::new();
+    let mut all = HashSet::new();
+    for n in &nodes {
+        let got = ids(n, 1000).await.expect("issues");
+        let w: HashSet<u64> = got.iter().map(|id| worker_of(*id)).collect();
+        assert_eq!(w.len(), 1, "one worker id per node");
+        workers.extend(w);
+        all.extend(got);
+    }
+    assert_eq!(workers.len(), 3, "three distinct worker ids: {workers:?}");
+    assert_eq!(all.len(), 3000, "no duplicates across nodes");
+    // Registered through each node's own agent, gRPC check passing.
+    let healthy = eventually(Duration::from_secs(10), || {
+        let s = consul.services();
+        s.len() == 3
+            && s.iter()
+                .all(|s| s.name == "idgen" && s.status == HealthStatus::Passing)
+    })
+    .await;
+    assert!(healthy, "three passing services: {:?}", consul.services());
+    let ids_registered: HashSet<String> = consul.services().into_iter().map(|s| s.id).collect();
+    assert_eq!(
+        ids_registered,
+        ["idgen-n0", "idgen-n1", "idgen-n2"]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    );
+    for s in consul.services() {
+        let worker = s.meta.get("worker").expect("worker in meta");
+        assert!(s.tags.contains(&format!("worker-{worker}")), "{:?}", s.tags);
+    }
+    assert_eq!(consul.sessions().len(), 3);
+
+    // SIGTERM: final mark, release, destroy, deregister.
+    let mut highest = HashSet::new();
+    for n in nodes {
+        let last = one(&n).await.unwrap();
+        highest.insert((worker_of(last), time_of(last)));
+        assert!(n.terminate().success());
+    }
+    assert!(consul.services().is_empty(), "{:?}", consul.services());
+    assert!(consul.sessions().is_empty(), "sessions destroyed");
+    for (worker, last_ms) in highest {
+        let lock = consul
+            .kv_get(&format!("idgen/test/workers/0/{worker}"))
+            .unwrap();
+        assert_eq!(lock.session, None, "worker {worker} released");
+        assert!(
+            hwm_in_kv(&consul, worker) >= last_ms,
+            "final mark covers the last ID"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_restart_gets_its_worker_id_back_at_once_and_continues_above() {
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = start(dir.path(), "a", consul.addr());
+    let b = start(dir.path(), "b", consul.addr());
+    let before = ids(&a, 2000).await.unwrap();
+    let worker = worker_of(before[0]);
+    assert_ne!(worker, worker_of(one(&b).await.unwrap()));
+    assert!(a.terminate().success());
+    // Right away, well inside the 2 s lock-delay a crash would leave.
+    let started = Instant::now();
+    let a = start(dir.path(), "a", consul.addr());
+    let after = ids(&a, 2000).await.unwrap();
+    assert!(started.elapsed() < LOCK_DELAY, "{:?}", started.elapsed());
+    assert_eq!(worker_of(after[0]), worker, "same worker id back");
+    assert!(after[0] > *before.iter().max().unwrap(), "continues above");
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_id_is_free_only_after_expiry_and_lock_delay_and_the_next_holder_starts_above_it(
+) {
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let dead = start(dir.path(), "dead", consul.addr());
+    let issued = ids(&dead, 4000).await.unwrap();
+    let worker = worker_of(issued[0]);
+    // Hold session expiry, so the test decides when the session dies.
+    consul.faults().pause_session_expiry(true);
+    dead.kill();
+    let hwm = hwm_in_kv(&consul, worker);
+    assert!(hwm >= time_of(*issued.iter().max().unwrap()));
+
+    let successor = write_cluster_config(
+        dir.path(),
+        "successor",
+        consul.addr(),
+        &[
+            ("consul", "worker", "\"static\""),
+            ("node", "worker_id", &worker.to_string()),
+        ],
+    );
+    // While the session lives, the id cannot be taken.
+    let attempt = ChildServer::try_start(&successor, &[]);
+    let log = attempt.err().expect("the id is still held");
+    assert!(log.contains("held by another node"), "{log}");
+
+    // Let it expire (its renewals stopped at the kill, long ago).
+    consul.faults().pause_session_expiry(false);
+    assert!(eventually(Duration::from_secs(5), || consul.sessions().is_empty()).await);
+    let gone = Instant::now();
+    // Inside lock-delay the id is still refused.
+    let mut attempt = ChildServer::try_start(&successor, &[]);
+    if gone.elapsed() < LOCK_DELAY - Duration::from_millis(300) {
+        match &attempt {
+            Ok(_) => panic!(
+                "claimed {:?} after expiry, inside lock-delay",
+                gone.elapsed()
+            ),
+            Err(log) => assert!(log.contains("held by another node"), "{log}"),
+        }
+    }
+    let node = loop {
+        match std::mem::replace(&mut attempt, Err(String::new()))
+            .or_else(|_| ChildServer::try_start(&successor, &[]))
+        {
+            Ok(node) => break node,
+            Err(log) => {
+                assert!(log.contains("held by another node"), "{log}");
+                assert!(gone.elapsed() < Duration::from_secs(10), "never freed");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    // 100 ms: the session list is polled every 50 ms.
+    assert!(
+        gone.elapsed() + Duration::from_millis(100) >= LOCK_DELAY,
+        "claimed {:?} after expiry",
+        gone.elapsed()
+    );
+    let next = ids(&node, 1000).await.unwrap();
+    assert_eq!(worker_of(next[0]), worker);
+    assert!(
+        time_of(next[0]) > hwm,
+        "starts above the dead node's mark {hwm}"
+    );
+    let issued: HashSet<u64> = issued.into_iter().collect();
+    assert!(next.iter().all(|id| !issued.contains(id)));
+    assert!(node.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_after() {
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = consul.add_agent("agent-p").await.unwrap();
+    let node = start(dir.path(), "p", agent);
+    let other = start(dir.path(), "q", consul.addr());
+    let mut seen: HashSet<u64> = ids(&node, 1000).await.unwrap().into_iter().collect();
+    seen.extend(ids(&other, 1000).await.unwrap());
+    let session = consul
+        .sessions()
+        .into_iter()
+        .find(|s| s.node == "agent-p")
+        .expect("session")
+        .id;
+
+    consul.faults().drop_requests("agent-p", true);
+    let cut = Instant::now();
+    let mut last_ok = cut;
+    let fenced = loop {
+        match one(&node).await {
+            Ok(id) => {
+                assert!(seen.insert(id), "duplicate {id}");
+                last_ok = Instant::now();
+            }
+            Err(status) => break status,
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(5),
+            "never stopped issuing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(fenced.code(), tonic::Code::Unavailable);
+    assert!(
+        fenced.message().contains("lost its worker id lease"),
+        "{fenced:?}"
+    );
+    // The server (expiring exactly one TTL after the last renew it got)
+    // still holds the session: the node stopped first.
+    assert!(
+        consul.sessions().iter().any(|s| s.id == session),
+        "session expired before the node stopped issuing (last ID {:?} after the cut)",
+        last_ok - cut
+    );
+    // Readiness follows within one monitor tick.
+    assert!(wait_for_status(&format!("http://{}/readyz", node.http), 503).await);
+    // The other node is unaffected.
+    seen.extend(ids(&other, 100).await.unwrap());
+
+    consul.faults().drop_requests("agent-p", false);
+    let healed = Instant::now();
+    let resumed = loop {
+        match ids(&node, 1000).await {
+            Ok(got) => break got,
+            Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+        }
+        assert!(healed.elapsed() < Duration::from_secs(15), "never resumed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for id in resumed {
+        assert!(seen.insert(id), "duplicate {id} after resuming");
+    }
+    assert!(node.log_text().contains("claimed again"));
+    assert!(node.terminate().success());
+    assert!(other.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_is_behind_the_stored_mark_refuses_to_start_and_frees_the_id() {
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_cluster_config(dir.path(), "c", consul.addr(), &[]);
+    let node = ChildServer::start(&config);
+    let worker = worker_of(one(&node).await.unwrap());
+    assert!(node.terminate().success());
+
+    let err = ChildServer::try_start(&config, &["--test-clock-offset-ms", "-60000"])
+        .err()
+        .expect("refuses to start");
+    assert!(err.contains("behind"), "{err}");
+    assert!(err.contains("max_startup_skew"), "{err}");
+    // It gave the id back: a correct clock starts at once with the same id.
+    let node = ChildServer::start(&config);
+    assert_eq!(worker_of(one(&node).await.unwrap()), worker);
+    assert!(node.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_cluster_config_fails_at_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |config: &Path| -> (bool, String) {
+        run_idgen(&["serve", "--config", config.to_str().unwrap()])
+    };
+    // Nothing listens on this port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_addr = closed.local_addr().unwrap();
+    drop(closed);
+    let (ok, out) = serve(&write_cluster_config(dir.path(), "u", closed_addr, &[]));
+    assert!(!ok);
+    assert!(out.contains("cannot reach Consul"), "{out}");
+
+    let consul = consul(Some("root-secret")).await;
+    let (ok, out) = serve(&write_cluster_config(
+        dir.path(),
+        "t",
+        consul.addr(),
+        &[("consul", "token", "\"wrong\"")],
+    ));
+    assert!(!ok);
+    assert!(out.contains("403 permission denied"), "{out}");
+    assert!(!out.contains("wrong"), "the token is never printed: {out}");
+
+    std::fs::write(dir.path().join("token"), "root-secret\n").unwrap();
+    let token_file = format!("\"{}\"", dir.path().join("token").display());
+    let good = write_cluster_config(
+        dir.path(),
+        "g",
+        consul.addr(),
+        &[("consul", "token_file", &token_file)],
+    );
+    let node = ChildServer::start(&good);
+    assert!(one(&node).await.is_ok(), "a right token from a file works");
+    let log = std::sync::Arc::clone(&node.log);
+    let status = node.terminate();
+    assert!(
+        status.success(),
+        "{status:?} {}",
+        log.lock().unwrap().join("\n")
+    );
+
+    for (key, value, expect) in [
+        ("address", "\"http//127.0.0.1:8500\"", "consul.address"),
+        ("address", "\"https://127.0.0.1:8500\"", "consul.address"),
+        ("token_file", "\"/nonexistent/token\"", "consul.token_file"),
+        ("worker", "\"any\"", "consul.worker"),
+        ("lease_margin", "\"1s\"", "consul.session_ttl"),
+    ] {
+        let (ok, out) = serve(&write_cluster_config(
+            dir.path(),
+            "m",
+            consul.addr(),
+            &[("consul", key, value)],
+        ));
+        assert!(!ok, "{key} = {value} accepted");
+        assert!(out.contains(expect), "{key} = {value}: {out}");
+    }
+    let (ok, out) = serve(&write_cluster_config(
+        dir.path(),
+        "z",
+        consul.addr(),
+        &[("node", "advertise", "\"0.0.0.0:50051\"")],
+    ));
+    assert!(!ok);
+    assert!(out.contains("node.advertise"), "{out}");
+}
