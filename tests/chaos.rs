@@ -1,0 +1,351 @@
+//! The chaos run: three `idgen serve` processes in cluster mode against the
+//! Consul test server, concurrent clients collecting every ID, while a
+//! driver kills -9 and restarts nodes (some with the clock set back),
+//! restarts nodes cleanly with the clock set back, stalls the server,
+//! answers "No cluster leader", and partitions a node. Every ID collected
+//! is checked: zero duplicates.
+//!
+//! `IDGEN_CHAOS_IDS` sets how many IDs to collect (default 5 million). The
+//! larger run, outside CI:
+//!
+//! ```text
+//! IDGEN_CHAOS_IDS=50000000 cargo test --release --test chaos -- --nocapture
+//! ```
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{write_cluster_config, ChildServer};
+use consul_testserver::{Config, TestConsul};
+use idgen::proto::id_gen_client::IdGenClient;
+use idgen::proto::{GenIdsRequest, Mode};
+use tonic::transport::Channel;
+
+const NODES: usize = 3;
+const CLIENTS_PER_NODE: usize = 3;
+const BATCH: u32 = 1000;
+/// The run fails if the target is not reached within this long.
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// One node's place: its config, agent, and the process running now.
+struct Slot {
+    name: String,
+    agent: String,
+    config: PathBuf,
+    node: Mutex<Option<ChildServer>>,
+    /// The gRPC address clients should use (changes on restart).
+    addr: Mutex<Option<SocketAddr>>,
+    /// Logs of the processes that held the slot before.
+    history: Mutex<String>,
+}
+
+impl Slot {
+    fn start(&self, clock_offset_ms: i64) {
+        let offset = clock_offset_ms.to_string();
+        let extra: Vec<&str> = if clock_offset_ms == 0 {
+            vec![]
+        } else {
+            vec!["--test-clock-offset-ms", &offset]
+        };
+        // A start can fail only for want of a free worker id or Consul;
+        // neither lasts in this run. Bounded retries.
+        for attempt in 0..40 {
+            match ChildServer::try_start(&self.config, &extra) {
+                Ok(node) => {
+                    *self.addr.lock().unwrap() = Some(node.grpc);
+                    *self.node.lock().unwrap() = Some(node);
+                    return;
+                }
+                Err(log) => {
+                    eprintln!(
+                        "chaos: {} start attempt {attempt} failed: {}",
+                        self.name,
+                        log.lines().last().unwrap_or("")
+                    );
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        }
+        panic!("{} never started again", self.name);
+    }
+
+    fn take(&self) -> ChildServer {
+        *self.addr.lock().unwrap() = None;
+        let node = self.node.lock().unwrap().take().expect("running");
+        self.keep_log(&node);
+        node
+    }
+
+    fn keep_log(&self, node: &ChildServer) {
+        let mut h = self.history.lock().unwrap();
+        h.push_str(&node.log_text());
+        h.push('\n');
+    }
+
+    fn kill(&self) {
+        self.take().kill();
+    }
+
+    fn terminate(&self) {
+        *self.addr.lock().unwrap() = None;
+        let node = self.node.lock().unwrap().take().expect("running");
+        let log = Arc::clone(&node.log);
+        let status = node.terminate();
+        self.history
+            .lock()
+            .unwrap()
+            .push_str(&log.lock().unwrap().join("\n"));
+        assert!(status.success(), "{} exited with {status:?}", self.name);
+    }
+}
+
+/// Calls GenIds on whichever process holds the slot, keeping every ID.
+async fn client(
+    slot: Arc<Slot>,
+    stop: Arc<AtomicBool>,
+    total: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
+) -> Vec<u64> {
+    let mut ids = Vec::new();
+    let mut conn: Option<(SocketAddr, IdGenClient<Channel>)> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(addr) = *slot.addr.lock().unwrap() else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        if conn.as_ref().map(|(a, _)| *a) != Some(addr) {
+            let endpoint = Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect_timeout(Duration::from_secs(1));
+            match endpoint.connect().await {
+                Ok(ch) => conn = Some((addr, IdGenClient::new(ch))),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            }
+        }
+        let Some((_, c)) = conn.as_mut() else {
+            continue;
+        };
+        let call = c.gen_ids(GenIdsRequest {
+            mode: Mode::Snowflake as i32,
+            tag: String::new(),
+            count: BATCH,
+        });
+        match tokio::time::timeout(Duration::from_secs(3), call).await {
+            Ok(Ok(r)) => {
+                let got = r.into_inner().ids;
+                total.fetch_add(got.len() as u64, Ordering::Relaxed);
+                ids.extend(got);
+            }
+            Ok(Err(status)) => {
+                // UNAVAILABLE (fenced, stopping) or a dead connection.
+                if status.message().contains("lost its worker id lease") {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                }
+                if status.code() != tonic::Code::Unavailable {
+                    conn = None;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {
+                conn = None;
+            }
+        }
+    }
+    ids
+}
+
+fn config(dir: &Path, name: &str, agent: SocketAddr) -> PathBuf {
+    write_cluster_config(dir, name, agent, &[("server", "max_wait", "\"2s\"")])
+}
+
+/// Sleeps `d` on a blocking thread (the driver runs off the runtime).
+fn pause(d: Duration) {
+    std::thread::sleep(d);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_run_issues_no_duplicate_ids() {
+    let target: u64 = std::env::var("IDGEN_CHAOS_IDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000_000);
+    let consul = TestConsul::start(Config {
+        min_ttl: Duration::from_secs(1),
+        ttl_expiry_factor: 1.0,
+        min_deregister_critical_after: Duration::from_secs(1),
+        ..Config::default()
+    })
+    .await
+    .expect("test consul");
+    let dir = tempfile::tempdir().unwrap();
+    let mut slots = Vec::new();
+    for i in 0..NODES {
+        let agent = format!("agent-{}", i + 1);
+        let addr = consul.add_agent(&agent).await.unwrap();
+        let slot = Arc::new(Slot {
+            name: format!("n{i}"),
+            config: config(dir.path(), &format!("n{i}"), addr),
+            agent,
+            node: Mutex::new(None),
+            addr: Mutex::new(None),
+            history: Mutex::new(String::new()),
+        });
+        slot.start(0);
+        slots.push(slot);
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for slot in &slots {
+        for _ in 0..CLIENTS_PER_NODE {
+            clients.push(tokio::spawn(client(
+                Arc::clone(slot),
+                Arc::clone(&stop),
+                Arc::clone(&total),
+                Arc::clone(&refused),
+            )));
+        }
+    }
+
+    // The driver: rounds of faults until enough IDs are collected.
+    let driver = {
+        let slots = slots.clone();
+        let consul = consul.clone();
+        let total = Arc::clone(&total);
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let mut rounds = 0u32;
+            let mut events = Vec::new();
+            let mut log = |what: String| {
+                eprintln!(
+                    "chaos {:>6.1}s {:>10} ids: {what}",
+                    started.elapsed().as_secs_f64(),
+                    total.load(Ordering::Relaxed)
+                );
+                events.push(what);
+            };
+            while rounds == 0 || total.load(Ordering::Relaxed) < target {
+                assert!(
+                    started.elapsed() < LIMIT,
+                    "only {} of {target} IDs in {LIMIT:?}",
+                    total.load(Ordering::Relaxed)
+                );
+                let s = &slots[rounds as usize % NODES];
+                let t = &slots[(rounds as usize + 1) % NODES];
+                let all_agents: Vec<String> = slots.iter().map(|s| s.agent.clone()).collect();
+
+                log(format!("kill -9 {} and restart it at once", s.name));
+                s.kill();
+                s.start(0);
+                pause(Duration::from_secs(2));
+
+                log(format!(
+                    "restart {} cleanly with its clock 2 s behind",
+                    t.name
+                ));
+                t.terminate();
+                t.start(-2000);
+                pause(Duration::from_secs(2));
+
+                log(format!(
+                    "kill -9 {} and restart it with its clock 1.5 s behind",
+                    t.name
+                ));
+                t.kill();
+                t.start(-1500);
+                pause(Duration::from_secs(2));
+
+                log("stall the server: every answer 2.5 s late, for 3 s".into());
+                for a in &all_agents {
+                    consul.faults().delay(a, Some(Duration::from_millis(2500)));
+                }
+                consul.faults().pause_session_expiry(true);
+                pause(Duration::from_secs(3));
+                consul.faults().pause_session_expiry(false);
+                for a in &all_agents {
+                    consul.faults().delay(a, None);
+                }
+                pause(Duration::from_secs(2));
+
+                log("no cluster leader for 2 s".into());
+                for a in &all_agents {
+                    consul.faults().no_leader(a, true);
+                }
+                pause(Duration::from_secs(2));
+                for a in &all_agents {
+                    consul.faults().no_leader(a, false);
+                }
+                pause(Duration::from_secs(2));
+
+                log(format!("partition {} from Consul for 4 s", s.name));
+                consul.faults().drop_requests(&s.agent, true);
+                pause(Duration::from_secs(4));
+                consul.faults().drop_requests(&s.agent, false);
+                pause(Duration::from_secs(2));
+
+                rounds += 1;
+                log(format!("round {rounds} done"));
+            }
+            (rounds, events)
+        })
+    };
+    let driven = driver.await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for c in clients {
+        all.extend(c.await.expect("client task"));
+    }
+    for slot in &slots {
+        if slot.node.lock().unwrap().is_some() {
+            slot.terminate();
+        }
+    }
+    let (rounds, events) = driven.expect("driver");
+    let collected = all.len();
+    all.sort_unstable();
+    let dups: Vec<u64> = all
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0])
+        .collect();
+    eprintln!(
+        "chaos: {collected} IDs, {rounds} rounds, {} fault events, {} duplicates",
+        events.len(),
+        dups.len()
+    );
+    assert!(collected as u64 >= target, "{collected} < {target}");
+    // The faults bit: nodes fenced themselves, said so to callers, and
+    // came back; restarts with the clock behind started above their marks.
+    let history: String = slots
+        .iter()
+        .map(|s| s.history.lock().unwrap().clone())
+        .collect();
+    let fencings = history.matches("worker lease lost").count();
+    let reclaims = history.matches("claimed again").count();
+    let behind = history.matches("the clock is shifted").count();
+    eprintln!(
+        "chaos: {fencings} fencings, {reclaims} re-claims, {} calls refused while fenced, {behind} starts with the clock behind",
+        refused.load(Ordering::Relaxed)
+    );
+    assert!(fencings >= 2 * rounds as usize, "{fencings} fencings");
+    assert!(reclaims >= 2 * rounds as usize, "{reclaims} re-claims");
+    assert!(refused.load(Ordering::Relaxed) > 0);
+    assert!(behind >= 2 * rounds as usize);
+    assert!(
+        dups.is_empty(),
+        "{} duplicate IDs, first {:?}",
+        dups.len(),
+        &dups[..dups.len().min(10)]
+    );
+    consul.shutdown().await;
+}
