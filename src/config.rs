@@ -929,6 +929,76 @@ mod tests {
     }
 
     #[test]
+    fn consul_section_is_checked_key_by_key() {
+        let consul = || {
+            let mut f = FileConfig::default();
+            f.store.backend = "consul".into();
+            f
+        };
+        let c = consul().validate(NOW).unwrap();
+        let Backend::Consul(cluster) = &c.backend else {
+            panic!("consul backend expected");
+        };
+        assert_eq!(cluster.lease.ttl, Duration::from_secs(15));
+        assert!(!cluster.static_worker);
+        assert_eq!(cluster.client.token, None);
+        type Edit = fn(&mut FileConfig);
+        let cases: [(Edit, &str); 10] = [
+            (|f| f.consul.address = "127.0.0.1:8500".into(), "consul.address"),
+            (|f| f.consul.address = "https://consul:8501".into(), "consul.address"),
+            (|f| f.consul.cluster = "Prod!".into(), "consul.cluster"),
+            (|f| f.consul.prefix = "/".into(), "consul.prefix"),
+            (|f| f.consul.worker = "dynamic".into(), "consul.worker"),
+            (|f| f.consul.session_ttl = Duration::from_millis(1500), "consul.session_ttl"),
+            (|f| f.consul.lease_margin = Duration::from_secs(8), "consul.session_ttl"),
+            (|f| f.consul.timeout = Duration::from_secs(6), "consul.timeout"),
+            (|f| f.node.instance_id = "a b".into(), "node.instance_id"),
+            (|f| f.node.advertise = "0.0.0.0:50051".into(), "node.advertise"),
+        ];
+        for (edit, key) in cases {
+            let mut f = consul();
+            edit(&mut f);
+            assert_eq!(err_key(&f), key);
+        }
+        let mut f = consul();
+        f.consul.token = "t".into();
+        f.consul.token_file = "/tmp/t".into();
+        assert_eq!(err_key(&f), "consul.token");
+        let mut f = consul();
+        f.consul.token_file = "/nonexistent/idgen-token".into();
+        assert_eq!(err_key(&f), "consul.token_file");
+        // The token is read from the file and never shown.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "  s3cret\n").unwrap();
+        let mut f = consul();
+        f.consul.token_file = path;
+        f.consul.worker = "static".into();
+        f.node.worker_id = 4;
+        let c = f.validate(NOW).unwrap();
+        let Backend::Consul(cluster) = &c.backend else {
+            panic!("consul backend expected");
+        };
+        assert_eq!(cluster.client.token.as_deref(), Some("s3cret"));
+        assert!(cluster.static_worker);
+        assert!(!format!("{c:?}").contains("s3cret"));
+        f.consul.token = "inline-secret".into();
+        f.consul.token_file = PathBuf::new();
+        assert!(!format!("{f:?}").contains("inline-secret"));
+    }
+
+    #[test]
+    fn the_example_config_lists_every_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/idgen.example.toml");
+        let f = FileConfig::load_with_env_prefix(Some(&path), "IDGEN_EXAMPLE_UNUSED_").unwrap();
+        f.validate(NOW).unwrap();
+        assert_eq!(
+            serde_json::to_value(&f).unwrap(),
+            serde_json::to_value(FileConfig::default()).unwrap()
+        );
+    }
+
+    #[test]
     fn files_and_overrides_layer() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");

@@ -396,3 +396,82 @@ async fn bad_cluster_config_fails_at_start_with_a_clear_error() {
     assert!(!ok);
     assert!(out.contains("node.advertise"), "{out}");
 }
+
+/// Requests one agent received, by endpoint.
+fn traffic(consul: &TestConsul, agent: &str) -> Vec<(&'static str, u64)> {
+    [
+        "txn",
+        "kv",
+        "session/renew",
+        "session/create",
+        "health/service",
+        "agent/service/register",
+    ]
+    .into_iter()
+    .map(|e| (e, consul.request_count(Some(agent), e)))
+    .collect()
+}
+
+fn delta(after: &[(&'static str, u64)], before: &[(&'static str, u64)]) -> Vec<(&'static str, u64)> {
+    after
+        .iter()
+        .zip(before)
+        .map(|((e, a), (_, b))| (*e, a - b))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = consul.add_agent("agent-t").await.unwrap();
+    // Production lease timings: TTL 15 s, lock-delay 15 s, margin 2 s.
+    let config = write_cluster_config(
+        dir.path(),
+        "t",
+        agent,
+        &[
+            ("consul", "session_ttl", "\"15s\""),
+            ("consul", "lock_delay", "\"15s\""),
+            ("consul", "lease_margin", "\"2s\""),
+            ("consul", "timeout", "\"2s\""),
+        ],
+    );
+    let node = ChildServer::start(&config);
+    ids(&node, 10).await.unwrap();
+    let window = Duration::from_secs(6);
+
+    let t0 = traffic(&consul, "agent-t");
+    tokio::time::sleep(window).await;
+    let t1 = traffic(&consul, "agent-t");
+    let idle = delta(&t1, &t0);
+
+    let until = Instant::now() + window;
+    let mut issued = 0usize;
+    while Instant::now() < until {
+        issued += ids(&node, 10_000).await.unwrap().len();
+    }
+    let t2 = traffic(&consul, "agent-t");
+    let busy = delta(&t2, &t1);
+    let sum = |v: &[(&str, u64)]| v.iter().map(|(_, n)| n).sum::<u64>();
+    let per_s = |v: &[(&str, u64)]| {
+        v.iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(e, n)| format!("{e} {:.2}/s", *n as f64 / window.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    eprintln!("Consul traffic of one node, idle: {}", per_s(&idle));
+    eprintln!("Consul traffic of one node, {issued} IDs issued: {}", per_s(&busy));
+    assert!(issued > 100_000, "the load ran ({issued} IDs)");
+    // Timers, not requests, drive the traffic: the same counts up to timer
+    // phase (a tick more or less per timer).
+    assert!(
+        sum(&busy) <= sum(&idle) + 3,
+        "idle {idle:?}, under load {busy:?}"
+    );
+    // One HWM txn per hwm.renew_interval (1 s): about 6 per window.
+    let txn = busy[0].1;
+    assert!((4..=8).contains(&txn), "{txn} HWM writes in 6 s");
+    assert!(node.terminate().success());
+}
