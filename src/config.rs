@@ -677,9 +677,16 @@ impl ConsulSection {
             lock_delay: self.lock_delay,
             margin: self.lease_margin,
         };
-        lease
-            .check()
-            .map_err(|e| invalid("consul.session_ttl", e))?;
+        lease.check().map_err(|e| {
+            let key = if e.starts_with("lock_delay") {
+                "consul.lock_delay"
+            } else if e.starts_with("margin") {
+                "consul.lease_margin"
+            } else {
+                "consul.session_ttl"
+            };
+            invalid(key, e)
+        })?;
         for (key, value, min, max) in [
             (
                 "consul.timeout",
@@ -943,17 +950,39 @@ mod tests {
         assert!(!cluster.static_worker);
         assert_eq!(cluster.client.token, None);
         type Edit = fn(&mut FileConfig);
-        let cases: [(Edit, &str); 10] = [
-            (|f| f.consul.address = "127.0.0.1:8500".into(), "consul.address"),
-            (|f| f.consul.address = "https://consul:8501".into(), "consul.address"),
+        let cases: [(Edit, &str); 11] = [
+            (
+                |f| f.consul.address = "127.0.0.1:8500".into(),
+                "consul.address",
+            ),
+            (
+                |f| f.consul.address = "https://consul:8501".into(),
+                "consul.address",
+            ),
             (|f| f.consul.cluster = "Prod!".into(), "consul.cluster"),
             (|f| f.consul.prefix = "/".into(), "consul.prefix"),
             (|f| f.consul.worker = "dynamic".into(), "consul.worker"),
-            (|f| f.consul.session_ttl = Duration::from_millis(1500), "consul.session_ttl"),
-            (|f| f.consul.lease_margin = Duration::from_secs(8), "consul.session_ttl"),
-            (|f| f.consul.timeout = Duration::from_secs(6), "consul.timeout"),
+            (
+                |f| f.consul.session_ttl = Duration::from_millis(1500),
+                "consul.session_ttl",
+            ),
+            (
+                |f| f.consul.lease_margin = Duration::from_secs(8),
+                "consul.lease_margin",
+            ),
+            (
+                |f| f.consul.lock_delay = Duration::from_secs(61),
+                "consul.lock_delay",
+            ),
+            (
+                |f| f.consul.timeout = Duration::from_secs(6),
+                "consul.timeout",
+            ),
             (|f| f.node.instance_id = "a b".into(), "node.instance_id"),
-            (|f| f.node.advertise = "0.0.0.0:50051".into(), "node.advertise"),
+            (
+                |f| f.node.advertise = "0.0.0.0:50051".into(),
+                "node.advertise",
+            ),
         ];
         for (edit, key) in cases {
             let mut f = consul();

@@ -37,7 +37,7 @@ pub const CONSUL_ERRORS: &str = "idgen_consul_errors_total";
 pub const FENCED: &str = "idgen_fenced";
 /// Times the node lost its worker id lease and fenced itself.
 pub const FENCINGS: &str = "idgen_fencings_total";
-/// The worker id held, labelled by `datacenter`.
+/// The worker id held, labelled by `datacenter`; -1 while fenced.
 pub const WORKER_ID: &str = "idgen_worker_id";
 /// Seconds since the Consul session was last renewed successfully.
 pub const SESSION_RENEW_AGE: &str = "idgen_consul_session_renew_age_seconds";
@@ -117,7 +117,10 @@ fn describe() {
         FENCINGS,
         "Times the node lost its worker id lease and stopped issuing."
     );
-    describe_gauge!(WORKER_ID, "The worker id this node holds, by datacenter.");
+    describe_gauge!(
+        WORKER_ID,
+        "The worker id this node holds, by datacenter; -1 while fenced."
+    );
     describe_gauge!(
         SESSION_RENEW_AGE,
         Unit::Seconds,

@@ -309,6 +309,43 @@ async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_afte
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_partition_shorter_than_its_session_a_node_hands_its_id_back_and_gets_it_again() {
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = consul.add_agent("agent-s").await.unwrap();
+    let node = start(dir.path(), "s", agent);
+    let before = ids(&node, 1000).await.unwrap();
+    let worker = worker_of(before[0]);
+    let session = consul.sessions()[0].id.clone();
+    // The session outlives the partition (as with a partition shorter than
+    // the TTL): the lock is still held when the node comes back.
+    consul.faults().pause_session_expiry(true);
+    consul.faults().drop_requests("agent-s", true);
+    let cut = Instant::now();
+    while one(&node).await.is_ok() {
+        assert!(cut.elapsed() < Duration::from_secs(5), "never fenced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    consul.faults().drop_requests("agent-s", false);
+    let healed = Instant::now();
+    let after = loop {
+        if let Ok(got) = ids(&node, 1000).await {
+            break got;
+        }
+        assert!(healed.elapsed() < Duration::from_secs(10), "never resumed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Handed back (session destroyed, lock released without lock-delay)
+    // and claimed again: the same id, above everything issued before.
+    assert_eq!(worker_of(after[0]), worker);
+    assert!(after[0] > *before.iter().max().unwrap());
+    assert!(consul.sessions().iter().all(|s| s.id != session));
+    assert!(node.log_text().contains("handed back"));
+    consul.faults().pause_session_expiry(false);
+    assert!(node.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_clock_is_behind_the_stored_mark_refuses_to_start_and_frees_the_id() {
     let consul = consul(None).await;
     let dir = tempfile::tempdir().unwrap();
@@ -376,7 +413,7 @@ async fn bad_cluster_config_fails_at_start_with_a_clear_error() {
         ("address", "\"https://127.0.0.1:8500\"", "consul.address"),
         ("token_file", "\"/nonexistent/token\"", "consul.token_file"),
         ("worker", "\"any\"", "consul.worker"),
-        ("lease_margin", "\"1s\"", "consul.session_ttl"),
+        ("lease_margin", "\"1s\"", "consul.lease_margin"),
     ] {
         let (ok, out) = serve(&write_cluster_config(
             dir.path(),
@@ -412,7 +449,10 @@ fn traffic(consul: &TestConsul, agent: &str) -> Vec<(&'static str, u64)> {
     .collect()
 }
 
-fn delta(after: &[(&'static str, u64)], before: &[(&'static str, u64)]) -> Vec<(&'static str, u64)> {
+fn delta(
+    after: &[(&'static str, u64)],
+    before: &[(&'static str, u64)],
+) -> Vec<(&'static str, u64)> {
     after
         .iter()
         .zip(before)
@@ -462,7 +502,10 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
             .join(", ")
     };
     eprintln!("Consul traffic of one node, idle: {}", per_s(&idle));
-    eprintln!("Consul traffic of one node, {issued} IDs issued: {}", per_s(&busy));
+    eprintln!(
+        "Consul traffic of one node, {issued} IDs issued: {}",
+        per_s(&busy)
+    );
     assert!(issued > 100_000, "the load ran ({issued} IDs)");
     // Timers, not requests, drive the traffic: the same counts up to timer
     // phase (a tick more or less per timer).

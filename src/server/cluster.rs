@@ -33,7 +33,7 @@ use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease}
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::{HwmKeeper, WorkerKey};
 
-use super::registration::{Registration, RegistrationSpec};
+use super::registration::{keep_current_registered, Registration, RegistrationSpec};
 use super::Issuer;
 
 /// First pause between claim attempts after fencing; doubles up to
@@ -143,7 +143,13 @@ impl Cluster {
             Arc::clone(&registration),
             stopped.clone(),
         ));
-        let registrar = tokio::spawn(keep_registered(Arc::clone(&registration), stopped));
+        let registrar = {
+            let registration = Arc::clone(&registration);
+            tokio::spawn(async move {
+                keep_current_registered(&registration, REGISTRATION_CHECK, wait_stop(stopped))
+                    .await;
+            })
+        };
         RunningCluster {
             stop,
             supervisor,
@@ -193,7 +199,6 @@ impl RunningCluster {
                 tracing::warn!(error = %e, "cannot deregister from Consul; the agent removes the service once its check stays critical")
             }
         }
-        metrics::gauge!(m::FENCED).set(1.0);
         result
     }
 }
@@ -311,31 +316,51 @@ async fn supervise(
             last_time_ms = last_ms,
             "worker lease lost: stopped issuing (fenced, NOT_SERVING); claiming a worker id again"
         );
-        // If Consul still answers, hand the id back now instead of after
-        // TTL + lock-delay. Safe: nothing more is issued or written with it.
-        let give_back = spec.config.lease.ttl / 3;
-        if let Ok(Err(e)) = tokio::time::timeout(give_back, lease.release()).await {
-            tracing::debug!(error = %e, "could not give the lost worker id back");
-        }
-        drop(lease);
+        metrics::gauge!(m::WORKER_ID, "datacenter" => spec.datacenter.to_string()).set(-1.0);
+        // Hand the id back (release the lock, destroy the session) as soon
+        // as Consul answers, instead of leaving it locked for up to 2 x TTL
+        // + lock-delay; otherwise every partition would use up another id.
+        // Safe: nothing more is issued or written with it.
+        // Claiming waits for the hand-back, so the node comes back on its
+        // own id; but never longer than the old session can live anyway.
+        let lease_ends =
+            lease.last_renewed() + 2 * spec.config.lease.ttl + spec.config.lease.lock_delay;
+        let mut lost = Some(lease);
         let mut pause = RECLAIM_BACKOFF_MIN;
         held = loop {
             if *stopped.borrow() {
                 return None;
             }
-            match claim(&spec, &client, &clock).await {
-                Ok(new) if Instant::now() < new.lease.deadline() => break new,
-                Ok(late) => {
-                    // Too slow to be safe: the lease ran out while starting.
-                    late.keeper.abort();
-                    let _ = late.lease.release().await;
-                    tracing::warn!("claimed a worker id too slowly to use it; trying again");
+            if let Some(old) = &lost {
+                metrics::gauge!(m::SESSION_RENEW_AGE)
+                    .set(old.last_renewed().elapsed().as_secs_f64());
+                let limit = spec.config.lease.ttl / 3;
+                match tokio::time::timeout(limit, old.hand_back()).await {
+                    Ok(Ok(())) => {
+                        tracing::info!(worker = %old.key(), "lost worker id handed back to Consul");
+                        lost = None;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "cannot hand the lost worker id back yet")
+                    }
+                    Err(_) => tracing::debug!("cannot hand the lost worker id back yet: timed out"),
                 }
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    retry_in_ms = pause.as_millis() as u64,
-                    "cannot claim a worker id yet"
-                ),
+            }
+            if lost.is_none() || Instant::now() >= lease_ends {
+                match claim(&spec, &client, &clock).await {
+                    Ok(new) if Instant::now() < new.lease.deadline() => break new,
+                    Ok(late) => {
+                        // Too slow to be safe: the lease ran out while starting.
+                        late.keeper.abort();
+                        let _ = late.lease.release().await;
+                        tracing::warn!("claimed a worker id too slowly to use it; trying again");
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        retry_in_ms = pause.as_millis() as u64,
+                        "cannot claim a worker id yet"
+                    ),
+                }
             }
             tokio::select! {
                 _ = stopped.wait_for(|s| *s) => return None,
@@ -371,35 +396,5 @@ async fn report_renew_age(lease: &WorkerLease) -> std::convert::Infallible {
     loop {
         t.tick().await;
         metrics::gauge!(m::SESSION_RENEW_AGE).set(lease.last_renewed().elapsed().as_secs_f64());
-    }
-}
-
-/// Registers the service again whenever the agent forgot it.
-async fn keep_registered(
-    registration: Arc<ArcSwap<Registration>>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let mut t = tokio::time::interval(REGISTRATION_CHECK);
-    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    t.tick().await;
-    loop {
-        tokio::select! {
-            _ = stopped.wait_for(|s| *s) => return,
-            _ = t.tick() => {}
-        }
-        let r = registration.load_full();
-        match r.is_registered().await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(
-                    service = r.service_id(),
-                    "Consul agent lost the service; registering again"
-                );
-                if let Err(e) = r.register().await {
-                    tracing::warn!(error = %e, "re-registration failed; retrying later");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot check the service registration"),
-        }
     }
 }

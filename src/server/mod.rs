@@ -66,7 +66,7 @@ pub enum ServeError {
     #[error("{0}")]
     Transport(String),
     /// The final high-water mark could not be stored.
-    #[error("could not store the final high-water mark: {0}")]
+    #[error("could not store the final high-water mark")]
     FinalHwm(#[from] crate::store::StoreError),
 }
 

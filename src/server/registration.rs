@@ -3,7 +3,7 @@
 //! that are issuing IDs.
 //!
 //! The agent can forget a service (it restarted with no state).
-//! [`Registration::keep_registered`] looks the instance up in the health
+//! [`Registration::keep_registered`] (and [`keep_current_registered`]) look the instance up in the health
 //! catalog every interval and registers again when it is missing. It never
 //! re-registers blindly, because a fresh registration restarts the check
 //! from critical.
@@ -11,6 +11,8 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use crate::consul::{ConsulClient, ConsulError, ServiceCheck, ServiceRegistration};
 use crate::store::WorkerKey;
@@ -126,30 +128,42 @@ impl Registration {
         interval: Duration,
         stop: impl std::future::Future<Output = ()>,
     ) {
-        tokio::pin!(stop);
-        let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticker.tick().await; // the first tick is immediate
-        loop {
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = ticker.tick() => {}
-            }
-            match self.is_registered().await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(service = %self.registration.id, "Consul agent lost the service; registering again");
-                    if let Err(e) = self.register().await {
-                        tracing::warn!(error = %e, "re-registration failed; retrying next interval");
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot check the service registration"),
-            }
-        }
+        let current = ArcSwap::from_pointee(self.clone());
+        keep_current_registered(&current, interval, stop).await;
     }
 
     /// Removes the service from the agent (shutdown).
     pub async fn deregister(&self) -> Result<(), ConsulError> {
         self.client.service_deregister(&self.registration.id).await
+    }
+}
+
+/// Like [`Registration::keep_registered`] for a registration that may be
+/// replaced while it runs (a node that claimed another worker id).
+pub async fn keep_current_registered(
+    current: &ArcSwap<Registration>,
+    interval: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await; // the first tick is immediate
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = ticker.tick() => {}
+        }
+        let r = current.load_full();
+        match r.is_registered().await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(service = %r.registration.id, "Consul agent lost the service; registering again");
+                if let Err(e) = r.register().await {
+                    tracing::warn!(error = %e, "re-registration failed; retrying next interval");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot check the service registration"),
+        }
     }
 }

@@ -395,6 +395,17 @@ impl WorkerLease {
         }
     }
 
+    /// Hands a lost lease back: release the lock, and only once that
+    /// worked, destroy the session (destroying first would put the id
+    /// under lock-delay). Returns whether the id is free of this session.
+    pub async fn hand_back(&self) -> Result<(), ConsulError> {
+        let key = self.keys.worker(self.key);
+        self.client
+            .kv_put(&key, &self.owner, KvWrite::Release(&self.session))
+            .await?;
+        self.client.session_destroy(&self.session).await
+    }
+
     /// Clean give-up: release the lock (keeping the owner info, so this
     /// instance gets the same id back), then destroy the session, so a
     /// restart can take the id at once without lock-delay.
