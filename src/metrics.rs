@@ -109,6 +109,15 @@ fn describe() {
         SERVING,
         "1 while this node issues IDs, 0 while it refuses them."
     );
+    describe_histogram!(
+        CONSUL_REQUEST_DURATION,
+        Unit::Seconds,
+        "Time for one Consul HTTP request, by endpoint and status code."
+    );
+    describe_counter!(
+        CONSUL_ERRORS,
+        "Failed Consul HTTP requests (each attempt), by endpoint."
+    );
     describe_gauge!(
         FENCED,
         "1 while the node is fenced: its worker id lease ran out, so it issues nothing until it claims an id again."

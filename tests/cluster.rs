@@ -8,7 +8,10 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{default_layout, run_idgen, wait_for_status, write_cluster_config, ChildServer};
+use common::{
+    check_with_promtool, default_layout, metric, run_idgen, wait_for_status, write_cluster_config,
+    ChildServer,
+};
 use consul_testserver::{Config, HealthStatus, TestConsul};
 use idgen::proto::{GenIdRequest, GenIdsRequest, Mode};
 
@@ -289,6 +292,14 @@ async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_afte
     assert!(wait_for_status(&format!("http://{}/readyz", node.http), 503).await);
     // The other node is unaffected.
     seen.extend(ids(&other, 100).await.unwrap());
+    let metrics = |n: &ChildServer| {
+        let url = format!("http://{}/metrics", n.http);
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let text = metrics(&node).await;
+    assert_eq!(metric(&text, "idgen_fenced"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "idgen_fencings_total"), Some(1.0));
+    assert_eq!(metric(&text, "idgen_worker_id"), Some(-1.0));
 
     consul.faults().drop_requests("agent-p", false);
     let healed = Instant::now();
@@ -304,6 +315,12 @@ async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_afte
         assert!(seen.insert(id), "duplicate {id} after resuming");
     }
     assert!(node.log_text().contains("claimed again"));
+    let text = metrics(&node).await;
+    assert_eq!(metric(&text, "idgen_fenced"), Some(0.0));
+    assert!(metric(&text, "idgen_worker_id").unwrap() >= 0.0);
+    assert!(metric(&text, "idgen_consul_session_renew_age_seconds").unwrap() < 2.0);
+    assert!(metric(&text, "idgen_consul_errors_total").unwrap() > 0.0);
+    check_with_promtool(&text);
     assert!(node.terminate().success());
     assert!(other.terminate().success());
 }

@@ -318,38 +318,7 @@ async fn metrics_parse_and_cover_the_documented_set() {
         .1;
     assert!(lead > 0.5 && lead <= 3.5, "hwm lead {lead}");
 
-    // promtool, when installed (CI installs it and sets REQUIRE_PROMTOOL).
-    match std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-    {
-        Ok(mut child) => {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "promtool check metrics failed:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Err(e) => {
-            assert!(
-                std::env::var_os("REQUIRE_PROMTOOL").is_none(),
-                "promtool required but not runnable: {e}"
-            );
-            eprintln!("promtool not installed; checked with the built-in parser only");
-        }
-    }
+    common::check_with_promtool(&text);
     server.stop().await;
 }
 

@@ -310,3 +310,52 @@ pub fn default_layout() -> idgen::id::Layout {
         .layout(SystemClock.now_millis())
         .expect("default layout")
 }
+
+/// Runs `promtool check metrics` on an exposition, when promtool is
+/// installed (CI installs it and sets `REQUIRE_PROMTOOL`, making it a must).
+pub fn check_with_promtool(text: &str) {
+    match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(mut child) => {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool check metrics failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(e) => {
+            assert!(
+                std::env::var_os("REQUIRE_PROMTOOL").is_none(),
+                "promtool required but not runnable: {e}"
+            );
+            eprintln!("promtool not installed; checked with the built-in parser only");
+        }
+    }
+}
+
+/// The value of the first sample of `name` (with any labels) in an
+/// exposition.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
