@@ -199,7 +199,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     init_logging(&config);
     // Before anything slow: a signal during start-up then means "stop once
     // started", never an abrupt default-action exit.
-    let stop = idgen::shutdown::signal().context("cannot install signal handlers")?;
+    let mut stop = Box::pin(idgen::shutdown::signal().context("cannot install signal handlers")?);
     if a.test_clock_offset_ms != 0 {
         tracing::warn!(
             offset_ms = a.test_clock_offset_ms,
@@ -217,9 +217,15 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if config.advertise.is_none() {
         config.advertise = Some(grpc.local_addr()?);
     }
-    let node = Node::start(config.clone(), clock)
-        .await
-        .context("cannot start")?;
+    let node = tokio::select! {
+        node = Node::start(config.clone(), clock) => node.context("cannot start")?,
+        () = &mut stop => {
+            // Nothing was issued; a claimed worker id frees itself when its
+            // session expires.
+            tracing::warn!("stopped by a signal while starting");
+            bail!("stopped by a signal while starting");
+        }
+    };
     tracing::info!(
         startup_ms = started.elapsed().as_secs_f64() * 1000.0,
         grpc = %grpc.local_addr()?,

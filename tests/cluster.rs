@@ -204,19 +204,22 @@ async fn a_killed_nodes_id_is_free_only_after_expiry_and_lock_delay_and_the_next
     assert!(eventually(Duration::from_secs(5), || consul.sessions().is_empty()).await);
     let gone = Instant::now();
     // Inside lock-delay the id is still refused.
-    let mut attempt = ChildServer::try_start(&successor, &[]);
-    if gone.elapsed() < LOCK_DELAY - Duration::from_millis(300) {
-        match &attempt {
-            Ok(_) => panic!(
-                "claimed {:?} after expiry, inside lock-delay",
-                gone.elapsed()
-            ),
-            Err(log) => assert!(log.contains("held by another node"), "{log}"),
-        }
+    // Started with the clock 5 s behind: only the dead node's stored mark
+    // can lift its IDs above the dead node's.
+    let behind = ["--test-clock-offset-ms", "-5000"];
+    let mut attempt = ChildServer::try_start(&successor, &behind);
+    match &attempt {
+        // Possible only if this attempt claimed after lock-delay.
+        Ok(_) => assert!(
+            gone.elapsed() + Duration::from_millis(100) >= LOCK_DELAY,
+            "claimed {:?} after expiry, inside lock-delay",
+            gone.elapsed()
+        ),
+        Err(log) => assert!(log.contains("held by another node"), "{log}"),
     }
     let node = loop {
         match std::mem::replace(&mut attempt, Err(String::new()))
-            .or_else(|_| ChildServer::try_start(&successor, &[]))
+            .or_else(|_| ChildServer::try_start(&successor, &behind))
         {
             Ok(node) => break node,
             Err(log) => {
@@ -533,5 +536,47 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
     // One HWM txn per hwm.renew_interval (1 s): about 6 per window.
     let txn = busy[0].1;
     assert!((4..=8).contains(&txn), "{txn} HWM writes in 6 s");
+    assert!(node.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_lock_is_taken_away_stops_at_its_next_mark_write_and_claims_again() {
+    use idgen::consul::{ConsulClient, ConsulConfig};
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), "l", consul.addr());
+    let before = ids(&node, 1000).await.unwrap();
+    let worker = worker_of(before[0]);
+    let session = consul.sessions()[0].id.clone();
+    // An operator deletes the lock key: the session lives on and renews
+    // keep succeeding, but the node no longer holds its worker id.
+    let admin = ConsulClient::new(ConsulConfig {
+        address: format!("http://{}", consul.addr()),
+        ..ConsulConfig::default()
+    })
+    .unwrap();
+    admin
+        .kv_delete(&format!("idgen/test/workers/0/{worker}"), None)
+        .await
+        .unwrap();
+    // The next mark write (every second) is refused: the node fences at
+    // once instead of issuing up to its mark.
+    let cut = Instant::now();
+    while one(&node).await.is_ok() {
+        assert!(cut.elapsed() < Duration::from_secs(3), "kept issuing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(node.log_text().contains("no longer holds its worker id"));
+    // ... and claims again with a new session, above every earlier ID.
+    let after = loop {
+        if let Ok(got) = ids(&node, 1000).await {
+            break got;
+        }
+        assert!(cut.elapsed() < Duration::from_secs(10), "never resumed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(consul.sessions().iter().all(|s| s.id != session));
+    let seen: HashSet<u64> = before.into_iter().collect();
+    assert!(after.iter().all(|id| !seen.contains(id)));
     assert!(node.terminate().success());
 }

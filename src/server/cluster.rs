@@ -6,8 +6,9 @@
 //! 1. [`Cluster::start`] (before anything listens) claims a worker id with
 //!    a session lock, reads the stored mark consistently and starts the
 //!    generator above it. Any failure here stops start-up with the reason.
-//! 2. [`Cluster::run`] (once the gRPC server is up) registers the service
-//!    and spawns the supervisor: it renews the session every TTL/3, and
+//! 2. [`Cluster::run`] (once the gRPC server is up) spawns the supervisor
+//!    and registers the service in the background. The supervisor renews
+//!    the session every min(TTL, lock-delay)/3, and
 //!    when the local deadline passes without a successful renew (or Consul
 //!    dropped the session) it closes the generator at once (calls get
 //!    UNAVAILABLE, health goes NOT_SERVING), gives the id back if Consul
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::config::ClusterConfig;
@@ -121,33 +122,41 @@ impl Cluster {
             held,
             registration,
         } = self;
-        match registration.register().await {
-            Ok(()) => tracing::info!(
-                service = registration.service_id(),
-                "registered in Consul with a gRPC health check"
-            ),
-            Err(e) => tracing::warn!(
-                error = %e,
-                "cannot register the service in Consul yet; retrying every {}s",
-                REGISTRATION_CHECK.as_secs()
-            ),
-        }
         let registration = Arc::new(ArcSwap::from_pointee(registration));
+        let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
+        // The lease is renewed from now on; registration never delays it.
         let supervisor = tokio::spawn(supervise(
             Arc::clone(&spec),
             client.clone(),
             clock,
             held,
             issuer,
-            Arc::clone(&registration),
+            (Arc::clone(&registration), Arc::clone(&changed)),
             stopped.clone(),
         ));
         let registrar = {
             let registration = Arc::clone(&registration);
             tokio::spawn(async move {
-                keep_current_registered(&registration, REGISTRATION_CHECK, wait_stop(stopped))
-                    .await;
+                let first = registration.load_full();
+                match first.register().await {
+                    Ok(()) => tracing::info!(
+                        service = first.service_id(),
+                        "registered in Consul with a gRPC health check"
+                    ),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot register the service in Consul yet; retrying every {}s",
+                        REGISTRATION_CHECK.as_secs()
+                    ),
+                }
+                keep_current_registered(
+                    &registration,
+                    REGISTRATION_CHECK,
+                    Some(&changed),
+                    wait_stop(stopped),
+                )
+                .await;
             })
         };
         RunningCluster {
@@ -294,13 +303,15 @@ async fn supervise(
     clock: Arc<dyn Clock>,
     mut held: Held,
     issuer: Arc<Issuer>,
-    registration: Arc<ArcSwap<Registration>>,
+    (registration, registration_changed): (Arc<ArcSwap<Registration>>, Arc<Notify>),
     mut stopped: watch::Receiver<bool>,
 ) -> Option<Held> {
     loop {
         let lease = Arc::clone(&held.lease);
         let kept = tokio::select! {
             kept = lease.keep_alive(wait_stop(stopped.clone())) => kept,
+            // The store refused a mark write: another session holds the id.
+            () = held.keeper.lock_lost() => false,
             never = report_renew_age(&lease) => match never {},
         };
         if kept {
@@ -329,6 +340,12 @@ async fn supervise(
         let mut pause = RECLAIM_BACKOFF_MIN;
         held = loop {
             if *stopped.borrow() {
+                if let Some(old) = &lost {
+                    // Shutting down while fenced: one last bounded try, so
+                    // a restart does not wait out the old session.
+                    let limit = spec.config.lease.ttl / 3;
+                    let _ = tokio::time::timeout(limit, old.hand_back()).await;
+                }
                 return None;
             }
             if let Some(old) = &lost {
@@ -363,25 +380,25 @@ async fn supervise(
                 }
             }
             tokio::select! {
-                _ = stopped.wait_for(|s| *s) => return None,
+                _ = stopped.changed() => {}
                 _ = tokio::time::sleep(pause) => {}
             }
             pause = (pause * 2).min(spec.config.reclaim_backoff_max);
         };
+        // Checked against the deadline just above, with no await since.
+        issuer.install(Arc::clone(held.keeper.generator()));
         let key = held.lease.key();
+        record_claim(key, true);
         if registration.load().worker() != key {
             match registration_for(&spec, &client, key) {
                 Ok(r) => {
-                    if let Err(e) = r.register().await {
-                        tracing::warn!(error = %e, "cannot update the service registration; retrying later");
-                    }
+                    // The registrar task sends it; nothing here waits on it.
                     registration.store(Arc::new(r));
+                    registration_changed.notify_one();
                 }
                 Err(e) => tracing::error!(error = %e, "cannot build the service registration"),
             }
         }
-        issuer.install(Arc::clone(held.keeper.generator()));
-        record_claim(key, true);
     }
 }
 

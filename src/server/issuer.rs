@@ -158,9 +158,11 @@ impl Issuer {
         // batch: a large batch legitimately spans many time units.
         let mut stalled_since: Option<Instant> = None;
         let mut waited = false;
+        // One generator per call, so a batch is strictly increasing even if
+        // the node is fenced and re-claims meanwhile (the call then fails).
+        let generator = self.generator.load_full();
         while out.len() < count {
             let now = self.clock.now_micros();
-            let generator = self.generator.load();
             match generator.reserve(now, (count - out.len()) as u64) {
                 Ok(r) => {
                     generator.extend_ids(r, out);

@@ -129,7 +129,7 @@ impl Registration {
         stop: impl std::future::Future<Output = ()>,
     ) {
         let current = ArcSwap::from_pointee(self.clone());
-        keep_current_registered(&current, interval, stop).await;
+        keep_current_registered(&current, interval, None, stop).await;
     }
 
     /// Removes the service from the agent (shutdown).
@@ -139,22 +139,45 @@ impl Registration {
 }
 
 /// Like [`Registration::keep_registered`] for a registration that may be
-/// replaced while it runs (a node that claimed another worker id).
+/// replaced while it runs (a node that claimed another worker id): when
+/// `changed` is notified, the current one is registered at once.
 pub async fn keep_current_registered(
     current: &ArcSwap<Registration>,
     interval: Duration,
+    changed: Option<&tokio::sync::Notify>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
     let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // the first tick is immediate
+                         // An update that failed is sent again at the next tick.
+    let mut pending = false;
     loop {
+        let now_changed = async {
+            match changed {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = &mut stop => return,
             _ = ticker.tick() => {}
+            () = now_changed => pending = true,
         }
         let r = current.load_full();
+        if pending {
+            match r.register().await {
+                Ok(()) => {
+                    tracing::info!(service = r.service_id(), worker = %r.worker, "registration updated");
+                    pending = false;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot update the registration; retrying next interval")
+                }
+            }
+            continue;
+        }
         match r.is_registered().await {
             Ok(true) => {}
             Ok(false) => {

@@ -333,9 +333,11 @@ impl WorkerLease {
         self.renewed().0
     }
 
-    /// How often to renew: a third of the TTL.
+    /// How often to renew: a third of min(TTL, lock-delay), which is a
+    /// third of the TTL with the defaults and always well inside the
+    /// lease's lifetime (the margin is less than half of that min).
     pub fn renew_interval(&self) -> Duration {
-        self.settings.ttl / 3
+        self.settings.lifetime_limit() / 3
     }
 
     /// Renews the session. `Ok(true)`: the deadline moved to send time +
@@ -354,14 +356,19 @@ impl WorkerLease {
         }
     }
 
-    /// Renews every TTL/3 until the lease is lost or `stop` completes.
+    /// Renews every [`renew_interval`](Self::renew_interval) until the lease
+    /// is lost or `stop` completes; a renew is always tried while at least
+    /// half of the remaining lifetime is left (also right after a slow
+    /// claim).
     /// Returns `true` if stopped while still held, `false` once the deadline
     /// passed or Consul dropped the session (the caller fences at once).
     pub async fn keep_alive(&self, stop: impl std::future::Future<Output = ()>) -> bool {
         tokio::pin!(stop);
         let mut pause = self.renew_interval();
         loop {
-            let next = (Instant::now() + pause).min(self.deadline());
+            let now = Instant::now();
+            let left = self.deadline().saturating_duration_since(now);
+            let next = now + pause.min(left / 2);
             tokio::select! {
                 _ = &mut stop => return true,
                 _ = tokio::time::sleep_until(next.into()) => {}
@@ -397,7 +404,7 @@ impl WorkerLease {
 
     /// Hands a lost lease back: release the lock, and only once that
     /// worked, destroy the session (destroying first would put the id
-    /// under lock-delay). Returns whether the id is free of this session.
+    /// under lock-delay).
     pub async fn hand_back(&self) -> Result<(), ConsulError> {
         let key = self.keys.worker(self.key);
         self.client
@@ -519,7 +526,7 @@ impl StateStore for ConsulHwmStore {
             }
             TxnOutcome::RolledBack(errors) => {
                 self.known().remove(&key);
-                Err(StoreError::Backend(format!(
+                Err(StoreError::LockLost(format!(
                     "high-water mark not written: this node no longer holds worker {key}, or the mark changed under it ({})",
                     errors
                         .iter()

@@ -40,6 +40,7 @@ pub struct HwmKeeper;
 /// The running renewal task; [`KeeperHandle::finish`] stops it in order.
 pub struct KeeperHandle {
     stop: Arc<Notify>,
+    lost: tokio::sync::watch::Receiver<bool>,
     task: JoinHandle<()>,
     store: Arc<dyn StateStore>,
     key: WorkerKey,
@@ -103,6 +104,7 @@ impl HwmKeeper {
             "high-water mark reserved; generator starts above every earlier ID"
         );
         let stop = Arc::new(Notify::new());
+        let (lost_tx, lost) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(renew_loop(
             Arc::clone(&store),
             key,
@@ -110,11 +112,13 @@ impl HwmKeeper {
             clock,
             settings,
             Arc::clone(&stop),
+            lost_tx,
         ));
         Ok((
             Arc::clone(&generator),
             KeeperHandle {
                 stop,
+                lost,
                 task,
                 store,
                 key,
@@ -131,6 +135,7 @@ async fn renew_loop(
     clock: Arc<dyn Clock>,
     settings: HwmSettings,
     stop: Arc<Notify>,
+    lost: tokio::sync::watch::Sender<bool>,
 ) {
     let reserve_ms = settings.reserve.as_millis() as u64;
     let mut ticker = tokio::time::interval(settings.renew_interval);
@@ -152,6 +157,18 @@ async fn renew_loop(
                         failing = false;
                     }
                 }
+                Err(StoreError::LockLost(why)) => {
+                    // Definite: someone else holds the id now. Stop at once.
+                    let last = generator.close();
+                    tracing::error!(
+                        worker = %key,
+                        reason = %why,
+                        last_time_ms = last,
+                        "the store says this node no longer holds its worker id: stopped issuing"
+                    );
+                    let _ = lost.send(true);
+                    return;
+                }
                 Err(e) => {
                     if !failing {
                         tracing::error!(
@@ -169,6 +186,13 @@ async fn renew_loop(
 }
 
 impl KeeperHandle {
+    /// Completes once the store refused a write because the node no longer
+    /// holds its worker id (the generator is closed by then).
+    pub async fn lock_lost(&self) {
+        let mut lost = self.lost.clone();
+        let _ = lost.wait_for(|l| *l).await;
+    }
+
     /// The worker id whose mark this keeper keeps.
     pub fn key(&self) -> WorkerKey {
         self.key

@@ -60,6 +60,10 @@ pub enum StoreError {
     /// The backend failed (disk, database, network).
     #[error("state store error: {0}")]
     Backend(String),
+    /// The store definitely refused the write because this node no longer
+    /// holds the worker id (or the mark changed under it): stop issuing.
+    #[error("state store refused the write: {0}")]
+    LockLost(String),
 }
 
 /// Durable state a node needs to issue IDs safely.
