@@ -1,4 +1,5 @@
-//! The pure core: ID layouts, the snowflake generator and the clock trait.
+//! The pure core: ID layouts, the snowflake generator, segment ranges and
+//! the clock trait.
 //!
 //! Nothing here does I/O, spawns, sleeps or awaits; time comes in through
 //! [`clock::Clock`] and durability is the caller's job (see `store`). That
@@ -7,6 +8,7 @@
 pub mod clock;
 pub mod layout;
 pub mod mode;
+pub mod segment;
 pub mod snowflake;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};

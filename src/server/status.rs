@@ -4,7 +4,9 @@ use axum::http::StatusCode;
 use tonic::{Code, Status};
 
 use crate::error::Error;
+use crate::id::segment::SegmentError;
 use crate::id::{GenError, RequestError, StartError};
+use crate::store::StoreError;
 
 /// The gRPC code for an error.
 pub fn code(e: &Error) -> Code {
@@ -12,6 +14,12 @@ pub fn code(e: &Error) -> Code {
         Error::Request(RequestError::ModeNotEnabled(_)) => Code::FailedPrecondition,
         Error::Request(_) | Error::Decode(_) => Code::InvalidArgument,
         Error::Gen(GenError::TimeExhausted) => Code::ResourceExhausted,
+        Error::Store(StoreError::TagNotFound(_)) => Code::NotFound,
+        Error::Store(StoreError::TagExists(_)) => Code::AlreadyExists,
+        Error::Store(StoreError::Segment(SegmentError::Exhausted { .. })) => {
+            Code::ResourceExhausted
+        }
+        Error::Store(StoreError::Segment(_)) => Code::InvalidArgument,
         Error::Gen(_)
         | Error::Store(_)
         | Error::WaitTimeout { .. }
@@ -92,6 +100,12 @@ mod tests {
             code(&Error::Gen(GenError::TimeExhausted)),
             Code::ResourceExhausted
         );
+        let unknown = Error::Store(StoreError::TagNotFound("t".into()));
+        assert_eq!(code(&unknown), Code::NotFound);
+        let bad = Error::Store(StoreError::Segment(SegmentError::BadTag("T".into())));
+        assert_eq!(code(&bad), Code::InvalidArgument);
+        let gone = Error::Store(StoreError::Contended("busy".into()));
+        assert_eq!(code(&gone), Code::Unavailable);
         assert_eq!(
             http_status(Code::Unavailable),
             StatusCode::SERVICE_UNAVAILABLE

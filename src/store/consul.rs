@@ -57,6 +57,11 @@ impl ClusterKeys {
         format!("{}/workers/{}/{}", self.root, key.datacenter, key.worker)
     }
 
+    /// The record of a segment tag.
+    pub fn segment(&self, tag: &str) -> String {
+        format!("{}/segments/{tag}", self.root)
+    }
+
     /// The high-water mark key of one worker id.
     pub fn hwm(&self, key: WorkerKey) -> String {
         format!("{}/hwm/{}/{}", self.root, key.datacenter, key.worker)

@@ -114,6 +114,11 @@ impl EmbeddedStore {
         &self.path
     }
 
+    /// The database, for the other record kinds kept in the same file.
+    pub(crate) fn db(&self) -> &Database {
+        &self.db
+    }
+
     fn read_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
         let txn = self.db.begin_read().map_err(backend_err)?;
         let table = txn.open_table(HWM).map_err(backend_err)?;

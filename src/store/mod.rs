@@ -8,6 +8,7 @@
 pub mod consul;
 pub mod embedded;
 pub mod hwm;
+pub mod segments;
 
 use std::fmt;
 
@@ -16,6 +17,7 @@ use thiserror::Error;
 
 pub use embedded::EmbeddedStore;
 pub use hwm::HwmKeeper;
+pub use segments::{ConsulSegmentStore, SegmentStore};
 
 /// Identifies one snowflake worker in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,6 +62,20 @@ pub enum StoreError {
     /// The backend failed (disk, database, network).
     #[error("state store error: {0}")]
     Backend(String),
+    /// No segment tag by that name.
+    #[error(
+        "unknown segment tag {0:?}: create it first (admin API), or enable auto-creation in config"
+    )]
+    TagNotFound(String),
+    /// A segment tag by that name exists already.
+    #[error("segment tag {0:?} exists already")]
+    TagExists(String),
+    /// A segment tag or range request is invalid, or the tag is used up.
+    #[error(transparent)]
+    Segment(#[from] crate::id::segment::SegmentError),
+    /// Too many nodes raced for the same record; nothing was taken.
+    #[error("{0}")]
+    Contended(String),
     /// The store definitely refused the write because this node no longer
     /// holds the worker id (or the mark changed under it): stop issuing.
     #[error("state store refused the write: {0}")]
