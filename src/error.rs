@@ -41,6 +41,14 @@ pub enum Error {
     /// The node lost its worker-id lease and has not claimed one again.
     #[error("this node lost its worker id lease in Consul (Consul unreachable or session expired) and stopped issuing; it is claiming an id again; retry on another node")]
     Fenced,
+    /// Segment mode has no IDs in memory for a tag and cannot get more.
+    #[error("segment tag {tag:?} has no IDs left in memory and no new range could be taken ({reason}); retry later or on another node")]
+    SegmentUnavailable {
+        /// The tag.
+        tag: String,
+        /// Why the store did not deliver.
+        reason: String,
+    },
     /// A call waited too long for the sequence to free up.
     #[error("waited {waited_ms} ms for a free sequence number without success; the node is overloaded or its high-water mark is stuck, retry on another node")]
     WaitTimeout {

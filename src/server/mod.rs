@@ -13,6 +13,7 @@ pub mod http;
 pub mod issuer;
 pub mod monitor;
 pub mod registration;
+pub mod segments;
 pub mod status;
 pub mod ticker;
 

@@ -24,6 +24,7 @@ pub fn code(e: &Error) -> Code {
         | Error::Store(_)
         | Error::WaitTimeout { .. }
         | Error::Fenced
+        | Error::SegmentUnavailable { .. }
         | Error::Lease(_)
         | Error::Consul(_) => Code::Unavailable,
         Error::Start(StartError::ClockBehindHwm { .. }) => Code::Unavailable,

@@ -1,0 +1,514 @@
+//! Segment mode serving: per tag, two ranges in memory (Leaf's double
+//! buffer), refilled in the background.
+//!
+//! Calls take IDs from the current range under a short lock and never wait
+//! on the store while a range has IDs. Once the current range is 10% used
+//! and no next range is held, one background fetch takes the next range
+//! from the store (never two at once for a tag). The step adapts: a range
+//! used up in under 15 minutes doubles the next step (up to `max_step`),
+//! one that lasted over 30 minutes halves it (never below the tag's own
+//! step). While the store is down the node serves from what it holds; only
+//! with both ranges empty does a call fail, naming the tag.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::error::Error;
+use crate::id::segment::{Range, Tag, TagRecord};
+use crate::id::Clock;
+use crate::metrics as m;
+use crate::store::{SegmentStore, StoreError};
+
+/// A range used up faster than this doubles the next step.
+pub const FAST_RANGE: Duration = Duration::from_secs(15 * 60);
+/// A range that lasted longer than this halves the next step.
+pub const SLOW_RANGE: Duration = Duration::from_secs(30 * 60);
+/// Prefetch once the current range is this used (per mille).
+const PREFETCH_AT_PER_MILLE: u64 = 100;
+/// After a failed fetch, the next background attempt waits this long.
+const FETCH_RETRY: Duration = Duration::from_millis(500);
+
+/// The next step after a range that lasted `lasted`.
+pub fn next_step(step: u64, floor: u64, cap: u64, lasted: Duration) -> u64 {
+    let floor = floor.max(1);
+    let cap = cap.max(floor);
+    if lasted < FAST_RANGE {
+        step.saturating_mul(2).min(cap)
+    } else if lasted > SLOW_RANGE {
+        (step / 2).max(floor)
+    } else {
+        step.clamp(floor, cap)
+    }
+}
+
+/// Segment mode settings.
+#[derive(Debug, Clone, Copy)]
+pub struct SegmentSettings {
+    /// Create unknown tags on first use (with `default_step`).
+    pub auto_create: bool,
+    /// Step of auto-created tags.
+    pub default_step: u64,
+    /// Cap of the dynamic step.
+    pub max_step: u64,
+    /// Longest a call waits for a range when both buffers are empty.
+    pub max_wait: Duration,
+}
+
+struct Cursor {
+    next: u64,
+    last: u64,
+    /// When it started serving (Unix ms), for the dynamic step.
+    since_ms: u64,
+    len: u64,
+}
+
+impl Cursor {
+    fn new(r: Range, now_ms: u64) -> Self {
+        Self {
+            next: r.first,
+            last: r.last,
+            since_ms: now_ms,
+            len: r.len(),
+        }
+    }
+
+    fn left(&self) -> u64 {
+        (self.last + 1).saturating_sub(self.next)
+    }
+}
+
+struct State {
+    current: Option<Cursor>,
+    next: Option<Range>,
+    fetching: bool,
+    /// No fetch before this, after a failure (monotonic: a wall-clock
+    /// step must not stretch the pause).
+    retry_after: Option<std::time::Instant>,
+    step: u64,
+    /// How long the last range that ran out lasted.
+    last_lasted: Option<Duration>,
+}
+
+/// One tag's double buffer.
+pub struct TagBuffer {
+    tag: Tag,
+    floor_step: u64,
+    state: Mutex<State>,
+    filled: Notify,
+}
+
+impl TagBuffer {
+    fn new(tag: Tag, record: &TagRecord) -> Self {
+        Self {
+            tag,
+            floor_step: record.step,
+            state: Mutex::new(State {
+                current: None,
+                next: None,
+                fetching: false,
+                retry_after: None,
+                step: record.step,
+                last_lasted: None,
+            }),
+            filled: Notify::new(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The step the next fetch will use.
+    pub fn step(&self) -> u64 {
+        self.state().step
+    }
+
+    /// Takes up to `want` IDs from memory into `out`. Returns whether a
+    /// background fetch should start (and marks it started).
+    fn take_local(&self, want: usize, out: &mut Vec<u64>, now_ms: u64) -> bool {
+        let mut st = self.state();
+        while out.len() < want {
+            let cur = match &mut st.current {
+                Some(c) if c.left() > 0 => c,
+                _ => {
+                    let Some(next) = st.next.take() else { break };
+                    if let Some(old) = &st.current {
+                        st.last_lasted =
+                            Some(Duration::from_millis(now_ms.saturating_sub(old.since_ms)));
+                    }
+                    st.current = Some(Cursor::new(next, now_ms));
+                    continue;
+                }
+            };
+            let n = cur.left().min((want - out.len()) as u64);
+            out.extend(cur.next..cur.next + n);
+            cur.next += n;
+        }
+        let used_enough = match &st.current {
+            Some(c) => (c.len - c.left()) * 1000 >= c.len * PREFETCH_AT_PER_MILLE || c.left() == 0,
+            None => true,
+        };
+        let paused = st
+            .retry_after
+            .is_some_and(|t| std::time::Instant::now() < t);
+        if used_enough && st.next.is_none() && !st.fetching && !paused {
+            st.fetching = true;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Fetches the next range into the buffer (the caller marked it
+    /// started). Wakes waiting calls either way.
+    async fn fetch(
+        &self,
+        store: &dyn SegmentStore,
+        settings: &SegmentSettings,
+        now_ms: u64,
+    ) -> Result<(), Error> {
+        let step = {
+            let mut st = self.state();
+            if let Some(lasted) = st.last_lasted.take() {
+                st.step = next_step(st.step, self.floor_step, settings.max_step, lasted);
+            }
+            st.step
+        };
+        let started = std::time::Instant::now();
+        let result = store.take_range(&self.tag, step, now_ms).await;
+        metrics::histogram!(m::STORE_WRITE_DURATION, "backend" => "segment", "op" => "take_range")
+            .record(started.elapsed().as_secs_f64());
+        let outcome = {
+            let mut st = self.state();
+            st.fetching = false;
+            match result {
+                Ok(range) => {
+                    st.next = Some(range);
+                    Ok(())
+                }
+                Err(e) => {
+                    st.retry_after = Some(std::time::Instant::now() + FETCH_RETRY);
+                    metrics::counter!(m::STORE_ERRORS, "backend" => "segment", "op" => "take_range").increment(1);
+                    Err(Error::from(e))
+                }
+            }
+        };
+        self.filled.notify_waiters();
+        outcome
+    }
+}
+
+/// Serves segment mode for every tag this node has seen.
+pub struct Segments {
+    store: Arc<dyn SegmentStore>,
+    clock: Arc<dyn Clock>,
+    settings: SegmentSettings,
+    tags: RwLock<HashMap<Tag, Arc<TagBuffer>>>,
+    issued: metrics::Counter,
+}
+
+impl Segments {
+    /// Segment mode over `store`.
+    pub fn new(
+        store: Arc<dyn SegmentStore>,
+        clock: Arc<dyn Clock>,
+        settings: SegmentSettings,
+    ) -> Self {
+        Self {
+            store,
+            clock,
+            settings,
+            tags: RwLock::new(HashMap::new()),
+            issued: metrics::counter!(m::IDS_ISSUED, "mode" => "segment"),
+        }
+    }
+
+    /// The buffer of `tag`, loading (or auto-creating) its record once.
+    pub async fn buffer(&self, tag: &Tag) -> Result<Arc<TagBuffer>, Error> {
+        if let Some(b) = self
+            .tags
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(tag)
+        {
+            return Ok(Arc::clone(b));
+        }
+        let record = match self.store.get_tag(tag).await? {
+            Some(r) => r,
+            None if self.settings.auto_create => {
+                let r = TagRecord::new(
+                    0,
+                    self.settings.default_step,
+                    "auto-created",
+                    self.clock.now_millis(),
+                )
+                .map_err(StoreError::from)?;
+                match self.store.create_tag(tag, &r).await {
+                    Ok(()) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),
+                    Err(StoreError::TagExists(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                self.store
+                    .get_tag(tag)
+                    .await?
+                    .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?
+            }
+            None => return Err(StoreError::TagNotFound(tag.to_string()).into()),
+        };
+        let mut tags = self
+            .tags
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(Arc::clone(tags.entry(tag.clone()).or_insert_with(|| {
+            Arc::new(TagBuffer::new(tag.clone(), &record))
+        })))
+    }
+
+    /// `count` IDs of `tag`, strictly increasing. Waits on the store only
+    /// when both ranges are empty, and then at most `max_wait`; IDs taken
+    /// before a failure are dropped, never reused.
+    pub async fn take(self: &Arc<Self>, tag: &Tag, count: usize) -> Result<Vec<u64>, Error> {
+        let buffer = self.buffer(tag).await?;
+        let mut out = Vec::with_capacity(count);
+        let deadline = tokio::time::Instant::now() + self.settings.max_wait;
+        loop {
+            let now_ms = self.clock.now_millis();
+            // Registered before looking, so a fill in between is not missed.
+            let filled = buffer.filled.notified();
+            tokio::pin!(filled);
+            filled.as_mut().enable();
+            let start_fetch = buffer.take_local(count, &mut out, now_ms);
+            if out.len() == count {
+                if start_fetch {
+                    let (this, buffer) = (Arc::clone(self), Arc::clone(&buffer));
+                    tokio::spawn(async move {
+                        if let Err(e) = buffer
+                            .fetch(this.store.as_ref(), &this.settings, now_ms)
+                            .await
+                        {
+                            tracing::warn!(tag = %buffer.tag, error = %e, "cannot fetch the next segment range; serving from memory");
+                        }
+                    });
+                }
+                self.issued.increment(count as u64);
+                return Ok(out);
+            }
+            if start_fetch {
+                // Both ranges are empty and this call is the fetcher.
+                if let Err(e) = buffer
+                    .fetch(self.store.as_ref(), &self.settings, now_ms)
+                    .await
+                {
+                    return Err(match e {
+                        Error::Store(StoreError::Segment(_) | StoreError::TagNotFound(_)) => e,
+                        other => Error::SegmentUnavailable {
+                            tag: tag.to_string(),
+                            reason: other.to_string(),
+                        },
+                    });
+                }
+                continue;
+            }
+            // Another call is fetching, or a failed fetch is pausing.
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(Error::SegmentUnavailable {
+                    tag: tag.to_string(),
+                    reason: format!(
+                        "no range arrived within server.max_wait ({} ms)",
+                        self.settings.max_wait.as_millis()
+                    ),
+                });
+            }
+            let _ = tokio::time::timeout_at(deadline.min(now + FETCH_RETRY), filled).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::id::ManualClock;
+
+    /// An in-memory segment store that records the steps asked for, can
+    /// fail, and can hold fetches until released.
+    #[derive(Default)]
+    struct MemStore {
+        records: Mutex<HashMap<Tag, TagRecord>>,
+        steps: Mutex<Vec<u64>>,
+        fail: AtomicBool,
+        hold: AtomicBool,
+        release: Notify,
+    }
+
+    #[async_trait]
+    impl SegmentStore for MemStore {
+        async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
+            let mut r = self.records.lock().unwrap();
+            if r.contains_key(tag) {
+                return Err(StoreError::TagExists(tag.to_string()));
+            }
+            r.insert(tag.clone(), record.clone());
+            Ok(())
+        }
+        async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {
+            Ok(self.records.lock().unwrap().get(tag).cloned())
+        }
+        async fn take_range(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
+            if self.hold.load(Ordering::SeqCst) {
+                self.release.notified().await;
+            }
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(StoreError::Backend("injected outage".into()));
+            }
+            self.steps.lock().unwrap().push(step);
+            let mut r = self.records.lock().unwrap();
+            let rec = r
+                .get_mut(tag)
+                .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?;
+            let (range, next) = rec.next_range(tag, step, now_ms)?;
+            *rec = next;
+            Ok(range)
+        }
+    }
+
+    const T0: u64 = 1_790_000_000_000;
+
+    fn setup(step: u64) -> (Arc<MemStore>, Arc<ManualClock>, Arc<Segments>, Tag) {
+        let store = Arc::new(MemStore::default());
+        let clock = Arc::new(ManualClock::at_millis(T0));
+        let tag = Tag::parse("orders").unwrap();
+        store
+            .records
+            .lock()
+            .unwrap()
+            .insert(tag.clone(), TagRecord::new(0, step, "", T0).unwrap());
+        let segments = Arc::new(Segments::new(
+            store.clone(),
+            clock.clone(),
+            SegmentSettings {
+                auto_create: false,
+                default_step: step,
+                max_step: 1_000_000,
+                max_wait: Duration::from_millis(300),
+            },
+        ));
+        (store, clock, segments, tag)
+    }
+
+    async fn until(cond: impl Fn() -> bool) {
+        for _ in 0..200 {
+            if cond() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("condition not reached in 1 s");
+    }
+
+    #[tokio::test]
+    async fn serves_from_memory_prefetches_at_ten_percent_and_stays_increasing() {
+        let (store, _clock, seg, tag) = setup(100);
+        let mut all = seg.take(&tag, 1).await.unwrap();
+        assert_eq!(store.steps.lock().unwrap().len(), 1);
+        all.extend(seg.take(&tag, 8).await.unwrap());
+        tokio::task::yield_now().await;
+        assert_eq!(
+            store.steps.lock().unwrap().len(),
+            1,
+            "no prefetch below 10%"
+        );
+        all.extend(seg.take(&tag, 1).await.unwrap());
+        until(|| store.steps.lock().unwrap().len() == 2).await;
+        // A batch across both ranges, then more: strictly increasing, no gaps.
+        all.extend(seg.take(&tag, 250).await.unwrap());
+        assert!(
+            all.windows(2).all(|w| w[1] == w[0] + 1),
+            "contiguous and increasing"
+        );
+        assert_eq!(all[0], 1);
+    }
+
+    #[tokio::test]
+    async fn a_call_never_waits_on_the_store_while_a_range_has_ids() {
+        let (store, _clock, seg, tag) = setup(100);
+        seg.take(&tag, 10).await.unwrap();
+        // Prefetch is now in flight and stuck in the store.
+        store.hold.store(true, Ordering::SeqCst);
+        seg.take(&tag, 1).await.unwrap();
+        let quick = tokio::time::timeout(Duration::from_millis(200), seg.take(&tag, 80)).await;
+        assert!(quick.is_ok(), "served from memory while the store hangs");
+        store.hold.store(false, Ordering::SeqCst);
+        store.release.notify_waiters();
+    }
+
+    #[tokio::test]
+    async fn during_an_outage_buffers_are_served_then_calls_fail_naming_the_tag() {
+        let (store, _clock, seg, tag) = setup(100);
+        let mut got = seg.take(&tag, 20).await.unwrap();
+        until(|| store.steps.lock().unwrap().len() == 2).await;
+        store.fail.store(true, Ordering::SeqCst);
+        // 180 IDs left in memory: all served.
+        got.extend(seg.take(&tag, 180).await.unwrap());
+        assert_eq!(got.len(), 200);
+        let err = seg.take(&tag, 1).await.unwrap_err();
+        assert_eq!(crate::server::status::code(&err), tonic::Code::Unavailable);
+        assert!(err.to_string().contains("\"orders\""), "{err}");
+        // Back: serving resumes above everything handed out.
+        store.fail.store(false, Ordering::SeqCst);
+        tokio::time::sleep(FETCH_RETRY).await;
+        let next = seg.take(&tag, 1).await.unwrap();
+        assert!(next[0] > 200);
+    }
+
+    #[tokio::test]
+    async fn the_step_doubles_after_a_fast_range_and_halves_after_a_slow_one() {
+        let (store, clock, seg, tag) = setup(100);
+        seg.take(&tag, 100).await.unwrap(); // range 1 used up at once
+        until(|| store.steps.lock().unwrap().len() == 2).await;
+        seg.take(&tag, 10).await.unwrap(); // switch to range 2, 10% used
+        until(|| store.steps.lock().unwrap().len() == 3).await;
+        assert_eq!(*store.steps.lock().unwrap(), vec![100, 100, 200]);
+        // Range 2 lasts 40 minutes: the next step halves back.
+        clock.advance_millis(40 * 60 * 1000);
+        seg.take(&tag, 90).await.unwrap(); // range 2 done
+        seg.take(&tag, 20).await.unwrap(); // switch to range 3 (200), 10% used
+        until(|| store.steps.lock().unwrap().len() == 4).await;
+        assert_eq!(store.steps.lock().unwrap()[3], 100);
+        assert_eq!(next_step(100, 100, 150, Duration::ZERO), 150, "capped");
+        assert_eq!(next_step(100, 100, 1000, SLOW_RANGE * 2), 100, "floored");
+        assert_eq!(
+            next_step(400, 100, 1000, FAST_RANGE + Duration::from_secs(1)),
+            400
+        );
+    }
+
+    #[tokio::test]
+    async fn unknown_tags_are_not_found_unless_auto_created() {
+        let (store, clock, seg, _tag) = setup(100);
+        let other = Tag::parse("other").unwrap();
+        let err = seg.take(&other, 1).await.unwrap_err();
+        assert_eq!(crate::server::status::code(&err), tonic::Code::NotFound);
+        let auto = Arc::new(Segments::new(
+            store.clone(),
+            clock,
+            SegmentSettings {
+                auto_create: true,
+                default_step: 50,
+                max_step: 1000,
+                max_wait: Duration::from_millis(300),
+            },
+        ));
+        assert_eq!(auto.take(&other, 3).await.unwrap(), vec![1, 2, 3]);
+        assert_eq!(store.records.lock().unwrap()[&other].step, 50);
+    }
+}
