@@ -61,6 +61,8 @@ pub struct FileConfig {
     pub hwm: HwmSection,
     /// Consul cluster mode (`store.backend = "consul"`).
     pub consul: ConsulSection,
+    /// Segment mode.
+    pub segment: SegmentSection,
     /// Logging.
     pub log: LogSection,
 }
@@ -303,6 +305,33 @@ impl std::fmt::Debug for ConsulSection {
             .field("session_ttl", &self.session_ttl)
             .field("lock_delay", &self.lock_delay)
             .finish_non_exhaustive()
+    }
+}
+
+/// `[segment]`: dense per-tag numbers from ranges (Leaf style).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SegmentSection {
+    /// Serve `mode = segment`.
+    pub enabled: bool,
+    /// Create an unknown tag on first use, starting at 1 with
+    /// `default_step`. Off: unknown tags are NOT_FOUND.
+    pub auto_create: bool,
+    /// Step of auto-created tags.
+    pub default_step: u64,
+    /// Cap of the dynamic step (a range used up in under 15 minutes
+    /// doubles the next one).
+    pub max_step: u64,
+}
+
+impl Default for SegmentSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            auto_create: false,
+            default_step: 1000,
+            max_step: 1_000_000,
+        }
     }
 }
 
@@ -570,8 +599,27 @@ impl FileConfig {
                 format!("{:?}: use text or json", self.log.format),
             ));
         }
+        let segment = if self.segment.enabled {
+            let s = &self.segment;
+            crate::id::segment::check_step(s.default_step)
+                .map_err(|e| invalid("segment.default_step", e.to_string()))?;
+            if s.max_step < s.default_step || s.max_step > crate::id::segment::MAX_STEP {
+                return Err(invalid(
+                    "segment.max_step",
+                    format!(
+                        "must be between segment.default_step ({}) and {}",
+                        s.default_step,
+                        crate::id::segment::MAX_STEP
+                    ),
+                ));
+            }
+            Some(self.segment.clone())
+        } else {
+            None
+        };
         Ok(Config {
             backend,
+            segment,
             instance_id,
             advertise,
             datacenter_id: self.node.datacenter_id,
@@ -824,6 +872,8 @@ pub struct ClusterConfig {
 pub struct Config {
     /// Where durable state lives.
     pub backend: Backend,
+    /// Segment mode settings, when enabled.
+    pub segment: Option<SegmentSection>,
     /// Stable instance name; `None`: derived from the host name and port.
     pub instance_id: Option<String>,
     /// The gRPC address to advertise; `None`: the bound listener's.

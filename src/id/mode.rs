@@ -64,8 +64,14 @@ pub enum RequestError {
     #[error("unknown mode {0:?}; use snowflake, segment, lease or strict")]
     UnknownMode(String),
     /// The mode exists but this server does not serve it.
-    #[error("mode {0} is not enabled on this server; use mode snowflake")]
+    #[error("mode {0} is not enabled on this server (see its config section, e.g. [segment] enabled = true); use mode snowflake")]
     ModeNotEnabled(Mode),
+    /// The mode needs a tag and none was given.
+    #[error("mode {0} needs a tag (the name of the sequence, a-z 0-9 _ -)")]
+    MissingTag(Mode),
+    /// IDs of this mode carry no fields.
+    #[error("mode {0} IDs are plain numbers with no fields to decode")]
+    NothingToDecode(Mode),
     /// A tag was given where the mode takes none.
     #[error("mode {0} takes no tag; leave tag empty")]
     UnexpectedTag(Mode),

@@ -12,7 +12,9 @@ use crate::error::Error;
 use crate::id::{check_count, Clock, DecodeError, GenError, Layout, Mode, RequestError, Snowflake};
 use crate::metrics as m;
 
+use super::segments::Segments;
 use super::ticker::UnitTicker;
+use crate::id::segment::Tag;
 
 /// An ID split into its parts, for `DecodeId` and `/v1/decode`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -46,6 +48,7 @@ fn as_decimal<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
 /// puts the next one in place.
 pub struct Issuer {
     generator: ArcSwap<Snowflake>,
+    segments: Option<Arc<Segments>>,
     layout: Layout,
     fenced: AtomicBool,
     clock: Arc<dyn Clock>,
@@ -68,6 +71,7 @@ impl Issuer {
             ticker: UnitTicker::new(Arc::clone(&clock))?,
             layout: *generator.layout(),
             generator: ArcSwap::new(generator),
+            segments: None,
             fenced: AtomicBool::new(false),
             clock,
             max_batch,
@@ -75,6 +79,25 @@ impl Issuer {
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => Mode::Snowflake.as_str()),
             waits: metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS),
         })
+    }
+
+    /// Serves segment mode through `segments`.
+    pub fn with_segments(mut self, segments: Arc<Segments>) -> Self {
+        self.segments = Some(segments);
+        self
+    }
+
+    /// The segment mode server, when enabled.
+    fn segments(&self, mode: Mode, tag: &str) -> Result<(&Arc<Segments>, Tag), Error> {
+        let segments = self
+            .segments
+            .as_ref()
+            .ok_or(RequestError::ModeNotEnabled(mode))?;
+        if tag.is_empty() {
+            return Err(RequestError::MissingTag(mode).into());
+        }
+        let tag = Tag::parse(tag).map_err(crate::store::StoreError::from)?;
+        Ok((segments, tag))
     }
 
     /// The generator in use now.
@@ -126,6 +149,10 @@ impl Issuer {
 
     /// One ID.
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
+        if mode == Mode::Segment {
+            let (segments, tag) = self.segments(mode, tag)?;
+            return Ok(segments.take(&tag, 1).await?[0]);
+        }
         Self::check_mode(mode, tag)?;
         // The common case: no Vec, no wait.
         let id = match self.generator.load().next_id(self.clock.now_micros()) {
@@ -144,6 +171,10 @@ impl Issuer {
     /// `count` IDs, strictly increasing.
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u64) -> Result<Vec<u64>, Error> {
         let count = check_count(count, self.max_batch)?;
+        if mode == Mode::Segment {
+            let (segments, tag) = self.segments(mode, tag)?;
+            return segments.take(&tag, count as usize).await;
+        }
         Self::check_mode(mode, tag)?;
         let mut out = Vec::with_capacity(count as usize);
         self.fill(&mut out, count as usize).await?;
@@ -193,6 +224,9 @@ impl Issuer {
 
     /// Splits `id` into its parts under the configured layout.
     pub fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
+        if mode == Mode::Segment && self.segments.is_some() {
+            return Err(RequestError::NothingToDecode(mode).into());
+        }
         if mode != Mode::Snowflake {
             return Err(RequestError::ModeNotEnabled(mode).into());
         }

@@ -32,7 +32,7 @@ use crate::id::Clock;
 use crate::metrics as m;
 use crate::proto;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
-use crate::store::{EmbeddedStore, HwmKeeper, StateStore, WorkerKey};
+use crate::store::{EmbeddedStore, HwmKeeper, SegmentStore, StateStore, WorkerKey};
 
 pub use issuer::{decode_snowflake, Decoded, Issuer};
 
@@ -150,11 +150,17 @@ impl Node {
             zero_counters("consul");
             let cluster = cluster::Cluster::start(spec, Arc::clone(&clock)).await?;
             let generator = Arc::clone(cluster.generator());
+            let segment_store: Arc<dyn SegmentStore> =
+                Arc::new(crate::store::ConsulSegmentStore::new(
+                    crate::consul::ConsulClient::new(cluster_config.client.clone())?,
+                    cluster_config.keys.clone(),
+                ));
             return Self::assemble(
                 config,
                 clock,
                 generator,
                 Backing::Cluster(Box::new(cluster)),
+                Some(segment_store),
                 metrics,
             );
         }
@@ -165,14 +171,18 @@ impl Node {
             tokio::task::spawn_blocking(move || EmbeddedStore::open(&path, &layout_desc, init))
                 .await
                 .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
-        Self::start_with_store(config, clock, Arc::new(store), metrics).await
+        let store = Arc::new(store);
+        let segments: Arc<dyn SegmentStore> = store.clone();
+        Self::start_with_store(config, clock, store, Some(segments), metrics).await
     }
 
-    /// Like [`Node::start`] with a store supplied by the caller.
+    /// Like [`Node::start`] with stores supplied by the caller (segment
+    /// mode needs `segment_store` when enabled in config).
     pub async fn start_with_store(
         config: Config,
         clock: Arc<dyn Clock>,
         store: Arc<dyn StateStore>,
+        segment_store: Option<Arc<dyn SegmentStore>>,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
         let key = WorkerKey {
@@ -190,7 +200,14 @@ impl Node {
         .await?;
         metrics::gauge!(m::WORKER_ID, "datacenter" => key.datacenter.to_string())
             .set(key.worker as f64);
-        Self::assemble(config, clock, generator, Backing::Embedded(keeper), metrics)
+        Self::assemble(
+            config,
+            clock,
+            generator,
+            Backing::Embedded(keeper),
+            segment_store,
+            metrics,
+        )
     }
 
     fn assemble(
@@ -198,15 +215,33 @@ impl Node {
         clock: Arc<dyn Clock>,
         generator: Arc<crate::id::Snowflake>,
         backing: Backing,
+        segment_store: Option<Arc<dyn SegmentStore>>,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
-        let issuer = Issuer::new(
+        let mut issuer = Issuer::new(
             generator,
             Arc::clone(&clock),
             config.max_batch,
             config.max_wait,
         )
         .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
+        if let Some(s) = &config.segment {
+            let store = segment_store.ok_or_else(|| {
+                Error::Setup("segment mode is enabled but no segment store was given".into())
+            })?;
+            let settings = segments::SegmentSettings {
+                auto_create: s.auto_create,
+                default_step: s.default_step,
+                max_step: s.max_step,
+                max_wait: config.max_wait,
+            };
+            issuer = issuer.with_segments(Arc::new(segments::Segments::new(
+                store,
+                Arc::clone(&clock),
+                settings,
+            )));
+            tracing::info!(auto_create = s.auto_create, "segment mode enabled");
+        }
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
             .set(1.0);
         metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(config.layout.years_left(clock.now_millis()));
