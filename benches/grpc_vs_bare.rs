@@ -105,6 +105,8 @@ fn main() {
                 duration: Duration::from_secs(secs),
                 warmup: Duration::from_secs(1),
                 batch,
+                mode: idgen::id::Mode::Snowflake,
+                tag: String::new(),
             };
             client.block_on(bench::run(&opts)).expect("bench run")
         };

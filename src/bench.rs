@@ -39,6 +39,10 @@ pub struct BenchOptions {
     pub warmup: Duration,
     /// 0 or 1: unary `GenId`; above 1: `GenIds` with this `count`.
     pub batch: u32,
+    /// The mode asked for.
+    pub mode: crate::id::Mode,
+    /// The tag (segment mode).
+    pub tag: String,
 }
 
 /// What a run measured.
@@ -183,7 +187,16 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     let tasks: Vec<_> = (0..opts.concurrency)
         .map(|i| {
             let client = IdGenClient::new(channels[i % channels.len()].clone());
-            tokio::spawn(drive(client, opts.batch, measure_from, end))
+            tokio::spawn(drive(
+                client,
+                (
+                    opts.batch,
+                    crate::server::grpc::mode_to_proto(opts.mode),
+                    opts.tag.clone(),
+                ),
+                measure_from,
+                end,
+            ))
         })
         .collect();
     let mut hist = new_histogram();
@@ -214,7 +227,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
 
 async fn drive(
     mut client: IdGenClient<Channel>,
-    batch: u32,
+    (batch, mode, tag): (u32, proto::Mode, String),
     measure_from: Instant,
     end: Instant,
 ) -> TaskResult {
@@ -233,14 +246,18 @@ async fn drive(
         }
         let result = if batch <= 1 {
             client
-                .gen_id(proto::GenIdRequest::default())
+                .gen_id(proto::GenIdRequest {
+                    mode: mode as i32,
+                    tag: tag.clone(),
+                })
                 .await
                 .map(|resp| vec![resp.into_inner().id])
         } else {
             client
                 .gen_ids(proto::GenIdsRequest {
                     count: batch,
-                    ..Default::default()
+                    mode: mode as i32,
+                    tag: tag.clone(),
                 })
                 .await
                 .map(|resp| resp.into_inner().ids)

@@ -123,6 +123,12 @@ struct BenchArgs {
     /// 1 = unary GenId; N > 1 = GenIds with count N.
     #[arg(long, default_value_t = 1)]
     batch: u32,
+    /// Mode to ask for: snowflake or segment.
+    #[arg(long, default_value = "snowflake")]
+    mode: String,
+    /// Tag (segment mode).
+    #[arg(long, default_value = "")]
+    tag: String,
     /// Also run the same load against a bare tonic server that returns a
     /// counter (started in this process), and print the ratio.
     #[arg(long)]
@@ -325,6 +331,8 @@ async fn bench_cmd(a: BenchArgs) -> anyhow::Result<()> {
         duration: a.duration,
         warmup: a.warmup,
         batch: a.batch,
+        mode: idgen::id::Mode::parse(&a.mode)?,
+        tag: a.tag.clone(),
     };
     let mut reports: Vec<(&str, bench::BenchReport)> = Vec::new();
     if a.baseline {

@@ -580,3 +580,64 @@ async fn a_node_whose_lock_is_taken_away_stops_at_its_next_mark_write_and_claims
     assert!(after.iter().all(|id| !seen.contains(id)));
     assert!(node.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_ids_from_three_cluster_nodes_are_distinct_and_increase_per_node() {
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let segment = [
+        ("segment", "enabled", "true"),
+        ("segment", "auto_create", "true"),
+        ("segment", "default_step", "200"),
+    ];
+    let nodes: Vec<ChildServer> = (0..3)
+        .map(|i| {
+            ChildServer::start(&write_cluster_config(
+                dir.path(),
+                &format!("s{i}"),
+                consul.addr(),
+                &segment,
+            ))
+        })
+        .collect();
+    let mut tasks = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for k in 0..3 {
+            let mut c = n.client().await;
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                for j in 0..40 {
+                    let count = 1 + ((i * 31 + k * 7 + j * 11) % 150) as u32;
+                    let ids = c
+                        .gen_ids(GenIdsRequest {
+                            mode: Mode::Segment as i32,
+                            tag: "invoices".into(),
+                            count,
+                        })
+                        .await
+                        .expect("segment ids")
+                        .into_inner()
+                        .ids;
+                    got.extend(ids);
+                }
+                got
+            }));
+        }
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        let got = t.await.unwrap();
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "increasing per caller");
+        all.extend(got);
+    }
+    let distinct: HashSet<u64> = all.iter().copied().collect();
+    assert_eq!(distinct.len(), all.len(), "duplicates across nodes");
+    let record = consul
+        .kv_get("idgen/test/segments/invoices")
+        .expect("tag record");
+    let record: serde_json::Value = serde_json::from_slice(&record.value).unwrap();
+    assert!(record["max_id"].as_u64().unwrap() >= *all.iter().max().unwrap());
+    for n in nodes {
+        assert!(n.terminate().success());
+    }
+}

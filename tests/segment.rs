@@ -68,6 +68,15 @@ async fn segment_ids_are_unique_and_increase_per_tag_and_survive_a_restart() {
         .into_inner()
         .id;
     assert_eq!(other, 1);
+    // The JSON API serves the same sequences.
+    let body: serde_json::Value =
+        reqwest::get(server.url("/v1/ids?mode=segment&tag=users&count=2"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(body["ids"], serde_json::json!(["2", "3"]));
     server.stop().await;
 
     // A restart continues above every ID handed out (ranges are durable).

@@ -151,7 +151,7 @@ impl Issuer {
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
         if mode == Mode::Segment {
             let (segments, tag) = self.segments(mode, tag)?;
-            return Ok(segments.take(&tag, 1).await?[0]);
+            return segments.take_one(&tag).await;
         }
         Self::check_mode(mode, tag)?;
         // The common case: no Vec, no wait.

@@ -130,13 +130,15 @@ impl TagBuffer {
 
     /// Takes up to `want` IDs from memory into `out`. Returns whether a
     /// background fetch should start (and marks it started).
-    fn take_local(&self, want: usize, out: &mut Vec<u64>, now_ms: u64) -> bool {
+    fn take_local(&self, want: usize, out: &mut Vec<u64>, clock: &dyn Clock) -> bool {
         let mut st = self.state();
         while out.len() < want {
             let cur = match &mut st.current {
                 Some(c) if c.left() > 0 => c,
                 _ => {
                     let Some(next) = st.next.take() else { break };
+                    // The clock is read only here, at a range switch.
+                    let now_ms = clock.now_millis();
                     if let Some(old) = &st.current {
                         st.last_lasted =
                             Some(Duration::from_millis(now_ms.saturating_sub(old.since_ms)));
@@ -153,15 +155,45 @@ impl TagBuffer {
             Some(c) => (c.len - c.left()) * 1000 >= c.len * PREFETCH_AT_PER_MILLE || c.left() == 0,
             None => true,
         };
-        let paused = st
-            .retry_after
-            .is_some_and(|t| std::time::Instant::now() < t);
-        if used_enough && st.next.is_none() && !st.fetching && !paused {
+        let paused = || {
+            st.retry_after
+                .is_some_and(|t| std::time::Instant::now() < t)
+        };
+        if used_enough && st.next.is_none() && !st.fetching && !paused() {
             st.fetching = true;
             true
         } else {
             false
         }
+    }
+
+    /// One ID from the current range when it has one (no switch, no
+    /// allocation, no clock read); otherwise `None` and the caller takes
+    /// the long way. Also says whether to start a background fetch.
+    fn take_one_local(&self) -> (Option<u64>, bool) {
+        let mut st = self.state();
+        let (id, used_enough) = match &mut st.current {
+            Some(c) if c.left() > 0 => {
+                let id = c.next;
+                c.next += 1;
+                let used = c.len - c.left();
+                (
+                    id,
+                    used * 1000 >= c.len * PREFETCH_AT_PER_MILLE || c.left() == 0,
+                )
+            }
+            _ => return (None, false),
+        };
+        let start_fetch = used_enough
+            && st.next.is_none()
+            && !st.fetching
+            && st
+                .retry_after
+                .is_none_or(|t| std::time::Instant::now() >= t);
+        if start_fetch {
+            st.fetching = true;
+        }
+        (Some(id), start_fetch)
     }
 
     /// Fetches the next range into the buffer (the caller marked it
@@ -170,8 +202,9 @@ impl TagBuffer {
         &self,
         store: &dyn SegmentStore,
         settings: &SegmentSettings,
-        now_ms: u64,
+        clock: &dyn Clock,
     ) -> Result<(), Error> {
+        let now_ms = clock.now_millis();
         let step = {
             let mut st = self.state();
             if let Some(lasted) = st.last_lasted.take() {
@@ -275,35 +308,35 @@ impl Segments {
     pub async fn take(self: &Arc<Self>, tag: &Tag, count: usize) -> Result<Vec<u64>, Error> {
         let buffer = self.buffer(tag).await?;
         let mut out = Vec::with_capacity(count);
+        // The common case: served from memory, no clock read, no waiting.
+        let start_fetch = buffer.take_local(count, &mut out, self.clock.as_ref());
+        if start_fetch {
+            self.fetch_in_background(&buffer);
+        }
+        if out.len() == count {
+            self.issued.increment(count as u64);
+            return Ok(out);
+        }
         let deadline = tokio::time::Instant::now() + self.settings.max_wait;
         loop {
-            let now_ms = self.clock.now_millis();
             // Registered before looking, so a fill in between is not missed.
             let filled = buffer.filled.notified();
             tokio::pin!(filled);
             filled.as_mut().enable();
-            let start_fetch = buffer.take_local(count, &mut out, now_ms);
+            let start_fetch = buffer.take_local(count, &mut out, self.clock.as_ref());
             if out.len() == count {
                 if start_fetch {
-                    let (this, buffer) = (Arc::clone(self), Arc::clone(&buffer));
-                    tokio::spawn(async move {
-                        if let Err(e) = buffer
-                            .fetch(this.store.as_ref(), &this.settings, now_ms)
-                            .await
-                        {
-                            tracing::warn!(tag = %buffer.tag, error = %e, "cannot fetch the next segment range; serving from memory");
-                        }
-                    });
+                    self.fetch_in_background(&buffer);
                 }
                 self.issued.increment(count as u64);
                 return Ok(out);
             }
             if start_fetch {
                 // Both ranges are empty and this call is the fetcher.
-                if let Err(e) = buffer
-                    .fetch(self.store.as_ref(), &self.settings, now_ms)
-                    .await
-                {
+                let fetched = buffer
+                    .fetch(self.store.as_ref(), &self.settings, self.clock.as_ref())
+                    .await;
+                if let Err(e) = fetched {
                     return Err(match e {
                         Error::Store(StoreError::Segment(_) | StoreError::TagNotFound(_)) => e,
                         other => Error::SegmentUnavailable {
@@ -327,6 +360,35 @@ impl Segments {
             }
             let _ = tokio::time::timeout_at(deadline.min(now + FETCH_RETRY), filled).await;
         }
+    }
+
+    /// One ID of `tag`: [`Segments::take`] without the Vec on the path
+    /// served from memory.
+    pub async fn take_one(self: &Arc<Self>, tag: &Tag) -> Result<u64, Error> {
+        let buffer = self.buffer(tag).await?;
+        let (id, start_fetch) = buffer.take_one_local();
+        if start_fetch {
+            self.fetch_in_background(&buffer);
+        }
+        match id {
+            Some(id) => {
+                self.issued.increment(1);
+                Ok(id)
+            }
+            None => Ok(self.take(tag, 1).await?[0]),
+        }
+    }
+
+    fn fetch_in_background(self: &Arc<Self>, buffer: &Arc<TagBuffer>) {
+        let (this, buffer) = (Arc::clone(self), Arc::clone(buffer));
+        tokio::spawn(async move {
+            let fetched = buffer
+                .fetch(this.store.as_ref(), &this.settings, this.clock.as_ref())
+                .await;
+            if let Err(e) = fetched {
+                tracing::warn!(tag = %buffer.tag, error = %e, "cannot fetch the next segment range; serving from memory");
+            }
+        });
     }
 }
 
