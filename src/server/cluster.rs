@@ -81,12 +81,6 @@ impl Cluster {
     /// Claims a worker id and starts the generator above its stored mark.
     pub async fn start(spec: ClusterSpec, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         let client = ConsulClient::new(spec.config.client.clone())?;
-        // Checked before claiming: an unusable address fails fast.
-        let probe = WorkerKey {
-            datacenter: spec.datacenter,
-            worker: 0,
-        };
-        registration_for(&spec, &client, probe).map_err(Error::Setup)?;
         let spec = Arc::new(spec);
         metrics::counter!(m::FENCINGS).increment(0);
         let held = claim(&spec, &client, &clock).await?;
@@ -105,6 +99,12 @@ impl Cluster {
     /// The generator of the worker id held now.
     pub fn generator(&self) -> &Arc<crate::id::Snowflake> {
         self.held.keeper.generator()
+    }
+
+    /// The Consul client (one connection pool for everything the node
+    /// keeps in Consul).
+    pub fn client(&self) -> &ConsulClient {
+        &self.client
     }
 
     /// The worker id held now.

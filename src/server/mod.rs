@@ -152,7 +152,7 @@ impl Node {
             let generator = Arc::clone(cluster.generator());
             let segment_store: Arc<dyn SegmentStore> =
                 Arc::new(crate::store::ConsulSegmentStore::new(
-                    crate::consul::ConsulClient::new(cluster_config.client.clone())?,
+                    cluster.client().clone(),
                     cluster_config.keys.clone(),
                 ));
             return Self::assemble(

@@ -78,6 +78,29 @@ impl Cursor {
     fn left(&self) -> u64 {
         (self.last + 1).saturating_sub(self.next)
     }
+
+    /// Used far enough (10%, or up) that the next range should be fetched.
+    fn prefetch_due(&self) -> bool {
+        (self.len - self.left()) * 1000 >= self.len * PREFETCH_AT_PER_MILLE || self.left() == 0
+    }
+}
+
+impl State {
+    /// Marks a fetch started and returns true if one is due: the current
+    /// range is used enough (or there is none), no next range is held,
+    /// none is in flight, and no failure pause is running.
+    fn claim_fetch(&mut self) -> bool {
+        let due = self.current.as_ref().is_none_or(Cursor::prefetch_due)
+            && self.next.is_none()
+            && !self.fetching
+            && self
+                .retry_after
+                .is_none_or(|t| std::time::Instant::now() >= t);
+        if due {
+            self.fetching = true;
+        }
+        due
+    }
 }
 
 struct State {
@@ -151,20 +174,7 @@ impl TagBuffer {
             out.extend(cur.next..cur.next + n);
             cur.next += n;
         }
-        let used_enough = match &st.current {
-            Some(c) => (c.len - c.left()) * 1000 >= c.len * PREFETCH_AT_PER_MILLE || c.left() == 0,
-            None => true,
-        };
-        let paused = || {
-            st.retry_after
-                .is_some_and(|t| std::time::Instant::now() < t)
-        };
-        if used_enough && st.next.is_none() && !st.fetching && !paused() {
-            st.fetching = true;
-            true
-        } else {
-            false
-        }
+        st.claim_fetch()
     }
 
     /// One ID from the current range when it has one (no switch, no
@@ -172,28 +182,14 @@ impl TagBuffer {
     /// the long way. Also says whether to start a background fetch.
     fn take_one_local(&self) -> (Option<u64>, bool) {
         let mut st = self.state();
-        let (id, used_enough) = match &mut st.current {
+        let id = match &mut st.current {
             Some(c) if c.left() > 0 => {
-                let id = c.next;
                 c.next += 1;
-                let used = c.len - c.left();
-                (
-                    id,
-                    used * 1000 >= c.len * PREFETCH_AT_PER_MILLE || c.left() == 0,
-                )
+                c.next - 1
             }
             _ => return (None, false),
         };
-        let start_fetch = used_enough
-            && st.next.is_none()
-            && !st.fetching
-            && st
-                .retry_after
-                .is_none_or(|t| std::time::Instant::now() >= t);
-        if start_fetch {
-            st.fetching = true;
-        }
-        (Some(id), start_fetch)
+        (Some(id), st.claim_fetch())
     }
 
     /// Fetches the next range into the buffer (the caller marked it
@@ -308,21 +304,17 @@ impl Segments {
     pub async fn take(self: &Arc<Self>, tag: &Tag, count: usize) -> Result<Vec<u64>, Error> {
         let buffer = self.buffer(tag).await?;
         let mut out = Vec::with_capacity(count);
-        // The common case: served from memory, no clock read, no waiting.
-        let start_fetch = buffer.take_local(count, &mut out, self.clock.as_ref());
-        if start_fetch {
-            self.fetch_in_background(&buffer);
-        }
-        if out.len() == count {
-            self.issued.increment(count as u64);
-            return Ok(out);
-        }
-        let deadline = tokio::time::Instant::now() + self.settings.max_wait;
+        // Set once the call has to wait. The first pass is the common case:
+        // served from memory, no clock read, no waiter registered.
+        let mut deadline = None;
         loop {
-            // Registered before looking, so a fill in between is not missed.
+            // Once waiting, registered before looking, so a fill in
+            // between is not missed.
             let filled = buffer.filled.notified();
             tokio::pin!(filled);
-            filled.as_mut().enable();
+            if deadline.is_some() {
+                filled.as_mut().enable();
+            }
             let start_fetch = buffer.take_local(count, &mut out, self.clock.as_ref());
             if out.len() == count {
                 if start_fetch {
@@ -349,6 +341,10 @@ impl Segments {
             }
             // Another call is fetching, or a failed fetch is pausing.
             let now = tokio::time::Instant::now();
+            let Some(deadline) = deadline else {
+                deadline = Some(now + self.settings.max_wait);
+                continue;
+            };
             if now >= deadline {
                 return Err(Error::SegmentUnavailable {
                     tag: tag.to_string(),

@@ -15,7 +15,7 @@ const HWM: TableDefinition<&str, u64> = TableDefinition::new("hwm");
 
 const FORMAT_VERSION: &str = "1";
 
-fn backend_err(e: impl std::fmt::Display) -> StoreError {
+pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
@@ -139,7 +139,8 @@ impl EmbeddedStore {
     }
 }
 
-async fn blocking<T: Send + 'static>(
+/// Runs a redb call on the blocking pool.
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     tokio::task::spawn_blocking(f)

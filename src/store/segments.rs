@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::consul::ClusterKeys;
-use super::embedded::EmbeddedStore;
+use super::embedded::{backend_err, blocking, EmbeddedStore};
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::id::segment::{Range, Tag, TagRecord};
@@ -42,10 +42,6 @@ pub trait SegmentStore: Send + Sync + 'static {
 }
 
 const SEGMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("segments");
-
-fn backend_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
-}
 
 fn decode(tag: &Tag, bytes: &[u8]) -> Result<TagRecord, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| {
@@ -105,14 +101,6 @@ impl EmbeddedStore {
         txn.commit().map_err(backend_err)?;
         Ok(range)
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
 }
 
 #[async_trait]
