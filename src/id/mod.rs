@@ -1,5 +1,5 @@
-//! The pure core: ID layouts, the snowflake generator, segment ranges and
-//! the clock trait.
+//! The pure core: ID layouts, the snowflake generator, segment ranges,
+//! lease blocks, strict counters and the clock trait.
 //!
 //! Nothing here does I/O, spawns, sleeps or awaits; time comes in through
 //! [`clock::Clock`] and durability is the caller's job (see `store`). That
@@ -7,9 +7,11 @@
 
 pub mod clock;
 pub mod layout;
+pub mod lease;
 pub mod mode;
 pub mod segment;
 pub mod snowflake;
+pub mod strict;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use layout::{DecodeError, IdParts, Layout, LayoutError, LayoutSpec, Preset, DEFAULT_EPOCH_MS};

@@ -62,6 +62,31 @@ impl ClusterKeys {
         format!("{}/segments/{tag}", self.root)
     }
 
+    /// The counter of a strict key (`<namespace>/<key>`).
+    pub fn strict(&self, key: &str) -> String {
+        format!("{}/strict/{key}", self.root)
+    }
+
+    /// The settings (step) of a strict namespace.
+    pub fn strict_namespace(&self, namespace: &str) -> String {
+        format!("{}/strict-namespaces/{namespace}", self.root)
+    }
+
+    /// The folder of strict namespace settings (with trailing `/`).
+    pub fn strict_namespaces_dir(&self) -> String {
+        format!("{}/strict-namespaces/", self.root)
+    }
+
+    /// The folder of one zone's lease tokens (with trailing `/`).
+    pub fn lease_dir(&self, zone: u64) -> String {
+        format!("{}/lease/{zone}/", self.root)
+    }
+
+    /// The lock and counter of one lease token.
+    pub fn lease(&self, zone: u64, token: u64) -> String {
+        format!("{}/lease/{zone}/{token}", self.root)
+    }
+
     /// The high-water mark key of one worker id.
     pub fn hwm(&self, key: WorkerKey) -> String {
         format!("{}/hwm/{}/{}", self.root, key.datacenter, key.worker)

@@ -8,7 +8,9 @@
 pub mod consul;
 pub mod embedded;
 pub mod hwm;
+pub mod lease;
 pub mod segments;
+pub mod strict;
 
 use std::fmt;
 
@@ -80,6 +82,12 @@ pub enum StoreError {
     /// holds the worker id (or the mark changed under it): stop issuing.
     #[error("state store refused the write: {0}")]
     LockLost(String),
+    /// A strict key, step or request is invalid, or the key is used up.
+    #[error(transparent)]
+    Strict(#[from] crate::id::strict::StrictError),
+    /// A lease token's sequence is used up, or no token is free.
+    #[error(transparent)]
+    Lease(#[from] crate::id::lease::LeaseError),
 }
 
 /// Durable state a node needs to issue IDs safely.

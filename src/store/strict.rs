@@ -1,0 +1,1 @@
+//! Durable strict counters (strict mode), on both backends.
