@@ -1,0 +1,251 @@
+//! Lease mode's pure core: the clock-free layout
+//! `0 | 7-bit zone | 16-bit token | 40-bit sequence` and the rule that
+//! turns a token's durable counter into the next block of sequences.
+//!
+//! A token's counter holds the largest sequence any holder may have handed
+//! out. A node reserves the block `(reserved, reserved + size]` by writing
+//! `reserved + size` (durably, and only while it holds the token) and uses
+//! it only once that write is acknowledged. Whoever holds the token next
+//! continues above the counter, so no sequence of a token is handed out
+//! twice, whatever the clocks do. Within one token and zone the IDs of a
+//! block are consecutive integers. Sequence 0 is never used, so no lease
+//! ID is 0.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::segment::Range;
+
+/// Bits of the zone field.
+pub const ZONE_BITS: u32 = 7;
+/// Bits of the token field.
+pub const TOKEN_BITS: u32 = 16;
+/// Bits of the sequence field.
+pub const SEQUENCE_BITS: u32 = 40;
+/// Largest zone.
+pub const MAX_ZONE: u64 = (1 << ZONE_BITS) - 1;
+/// Largest token.
+pub const MAX_TOKEN: u64 = (1 << TOKEN_BITS) - 1;
+/// Largest sequence of a token.
+pub const MAX_SEQUENCE: u64 = (1 << SEQUENCE_BITS) - 1;
+/// Largest block a node may reserve at once.
+pub const MAX_BLOCK: u64 = 100_000_000;
+
+/// What is wrong with a lease request or ID.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LeaseError {
+    /// Zone outside `0..=127`.
+    #[error("lease zone {0} is out of range: use 0 to 127")]
+    BadZone(u64),
+    /// Token outside `0..=65535`.
+    #[error("lease token {0} is out of range: use 0 to 65535")]
+    BadToken(u64),
+    /// Block size outside `1..=MAX_BLOCK`.
+    #[error("lease block {0} is out of range: use 1 to 100000000")]
+    BadBlock(u64),
+    /// The token's 40-bit sequence is used up.
+    #[error("lease token {token} of zone {zone} is used up (all 2^40 sequences handed out)")]
+    TokenExhausted {
+        /// Zone.
+        zone: u64,
+        /// Token.
+        token: u64,
+    },
+    /// Every token of the zone is held by another node or used up.
+    #[error("no free lease token in zone {zone}: every token is held by another node or used up; stop a node or use another lease.zone")]
+    NoFreeToken {
+        /// Zone.
+        zone: u64,
+    },
+    /// The number cannot be a lease ID.
+    #[error("{0} is not a lease ID: the top bit must be 0 and the sequence above 0")]
+    NotALeaseId(u64),
+}
+
+/// Checks a zone.
+pub fn check_zone(zone: u64) -> Result<u64, LeaseError> {
+    if zone <= MAX_ZONE {
+        Ok(zone)
+    } else {
+        Err(LeaseError::BadZone(zone))
+    }
+}
+
+/// Checks a token.
+pub fn check_token(token: u64) -> Result<u64, LeaseError> {
+    if token <= MAX_TOKEN {
+        Ok(token)
+    } else {
+        Err(LeaseError::BadToken(token))
+    }
+}
+
+/// Checks a block size.
+pub fn check_block(size: u64) -> Result<u64, LeaseError> {
+    if (1..=MAX_BLOCK).contains(&size) {
+        Ok(size)
+    } else {
+        Err(LeaseError::BadBlock(size))
+    }
+}
+
+/// The fields of a lease ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseParts {
+    /// Zone.
+    pub zone: u64,
+    /// Token.
+    pub token: u64,
+    /// Sequence within the token.
+    pub sequence: u64,
+}
+
+/// Builds an ID from checked fields.
+pub fn compose(zone: u64, token: u64, sequence: u64) -> u64 {
+    debug_assert!(zone <= MAX_ZONE && token <= MAX_TOKEN && sequence <= MAX_SEQUENCE);
+    (zone << (TOKEN_BITS + SEQUENCE_BITS)) | (token << SEQUENCE_BITS) | sequence
+}
+
+/// Splits a lease ID.
+pub fn decompose(id: u64) -> Result<LeaseParts, LeaseError> {
+    let sequence = id & MAX_SEQUENCE;
+    if id >> 63 != 0 || sequence == 0 {
+        return Err(LeaseError::NotALeaseId(id));
+    }
+    Ok(LeaseParts {
+        zone: (id >> (TOKEN_BITS + SEQUENCE_BITS)) & MAX_ZONE,
+        token: (id >> SEQUENCE_BITS) & MAX_TOKEN,
+        sequence,
+    })
+}
+
+/// A token's durable record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TokenCounter {
+    /// The largest sequence any holder may have handed out (0: none yet).
+    pub reserved: u64,
+}
+
+impl TokenCounter {
+    /// Whether every sequence of the token is reserved.
+    pub fn exhausted(&self) -> bool {
+        self.reserved >= MAX_SEQUENCE
+    }
+
+    /// The next block of at most `size` sequences and the counter to store
+    /// for it. The last block of a token may be shorter.
+    pub fn next_block(
+        &self,
+        zone: u64,
+        token: u64,
+        size: u64,
+    ) -> Result<(Block, TokenCounter), LeaseError> {
+        check_zone(zone)?;
+        check_token(token)?;
+        check_block(size)?;
+        if self.exhausted() {
+            return Err(LeaseError::TokenExhausted { zone, token });
+        }
+        let first = self.reserved + 1;
+        let last = self.reserved.saturating_add(size).min(MAX_SEQUENCE);
+        Ok((
+            Block {
+                zone,
+                token,
+                first,
+                last,
+            },
+            TokenCounter { reserved: last },
+        ))
+    }
+}
+
+/// Sequences `first..=last` of one token, reserved durably.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// Zone.
+    pub zone: u64,
+    /// Token.
+    pub token: u64,
+    /// First sequence.
+    pub first: u64,
+    /// Last sequence.
+    pub last: u64,
+}
+
+impl Block {
+    /// The block's IDs: consecutive integers, since zone and token are the
+    /// high bits.
+    pub fn ids(&self) -> Range {
+        Range {
+            first: compose(self.zone, self.token, self.first),
+            last: compose(self.zone, self.token, self.last),
+        }
+    }
+
+    /// How many sequences.
+    pub fn len(&self) -> u64 {
+        self.last - self.first + 1
+    }
+
+    /// Never true: a block holds at least one sequence.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_through_their_fields() {
+        for (z, t, s) in [(0, 0, 1), (127, 65535, MAX_SEQUENCE), (5, 300, 12345)] {
+            let id = compose(z, t, s);
+            assert!(id < 1 << 63);
+            assert_eq!(
+                decompose(id),
+                Ok(LeaseParts {
+                    zone: z,
+                    token: t,
+                    sequence: s
+                })
+            );
+        }
+        assert_eq!(decompose(0), Err(LeaseError::NotALeaseId(0)));
+        assert!(decompose(1 << 63 | 1).is_err());
+        assert!(decompose(compose(3, 4, 0)).is_err());
+    }
+
+    #[test]
+    fn blocks_follow_the_counter_and_stop_at_forty_bits() {
+        let c = TokenCounter::default();
+        let (b, c) = c.next_block(1, 2, 1000).unwrap();
+        assert_eq!((b.first, b.last, c.reserved), (1, 1000, 1000));
+        let (b2, c2) = c.next_block(1, 2, 1000).unwrap();
+        assert_eq!((b2.first, b2.last, c2.reserved), (1001, 2000, 2000));
+        let ids = b2.ids();
+        assert_eq!(ids.last - ids.first + 1, b2.len());
+        assert_eq!(decompose(ids.first).unwrap().sequence, 1001);
+
+        let near = TokenCounter {
+            reserved: MAX_SEQUENCE - 10,
+        };
+        let (b, c) = near.next_block(0, 0, 1000).unwrap();
+        assert_eq!((b.len(), c.reserved), (10, MAX_SEQUENCE));
+        assert!(c.exhausted());
+        assert_eq!(
+            c.next_block(0, 0, 1),
+            Err(LeaseError::TokenExhausted { zone: 0, token: 0 })
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_refused() {
+        let c = TokenCounter::default();
+        assert_eq!(c.next_block(128, 0, 1), Err(LeaseError::BadZone(128)));
+        assert_eq!(c.next_block(0, 65536, 1), Err(LeaseError::BadToken(65536)));
+        assert_eq!(c.next_block(0, 0, 0), Err(LeaseError::BadBlock(0)));
+        assert!(c.next_block(0, 0, MAX_BLOCK + 1).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Lease tokens and their durable counters (lease mode), on both backends.
