@@ -157,8 +157,8 @@ impl Values {
 
     /// Every value, in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = u64> {
-        let step = self.step;
-        (0..self.count()).map(move |i| self.first + i * step)
+        let (first, step) = (self.first, self.step);
+        (0..self.count()).map(move |i| first + i * step)
     }
 }
 
