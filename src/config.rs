@@ -63,6 +63,12 @@ pub struct FileConfig {
     pub consul: ConsulSection,
     /// Segment mode.
     pub segment: SegmentSection,
+    /// Lease mode.
+    pub lease: LeaseSection,
+    /// Strict mode.
+    pub strict: StrictSection,
+    /// The admin API.
+    pub admin: AdminSection,
     /// Logging.
     pub log: LogSection,
 }
@@ -332,6 +338,106 @@ impl Default for SegmentSection {
             default_step: 1000,
             max_step: 1_000_000,
         }
+    }
+}
+
+/// `[lease]`: clock-free IDs `zone | token | sequence`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseSection {
+    /// Serve `mode = lease`.
+    pub enabled: bool,
+    /// Zone (0 to 127), the top field of every lease ID.
+    pub zone: u64,
+    /// Embedded store: the token to start with (0 to 65535); the single
+    /// node moves to the next one when a token is used up. Consul: tokens
+    /// are claimed automatically and this is ignored.
+    pub token: u64,
+    /// Sequences reserved per block (1 to 100000000); the next block is
+    /// reserved when half of the current one is used.
+    pub block: u64,
+}
+
+impl Default for LeaseSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            zone: 0,
+            token: 0,
+            block: 1000,
+        }
+    }
+}
+
+/// `[strict]`: cluster-wide strictly increasing counters per key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StrictSection {
+    /// Serve `mode = strict`.
+    pub enabled: bool,
+    /// Step of namespaces without one set by the admin API (1 to 1000000).
+    pub default_step: u64,
+}
+
+impl Default for StrictSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            default_step: 1,
+        }
+    }
+}
+
+/// `[admin]`: the admin API (`idgen.v1.Admin`).
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSection {
+    /// The bearer token admin calls must send. Empty (and no `token_file`):
+    /// the admin API refuses every call. Prefer `token_file` or
+    /// `IDGEN_ADMIN__TOKEN`; never logged.
+    pub token: String,
+    /// A file holding the admin token.
+    pub token_file: PathBuf,
+}
+
+impl std::fmt::Debug for AdminSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminSection")
+            .field("token", &(!self.token.is_empty()).then_some("<redacted>"))
+            .field("token_file", &self.token_file)
+            .finish()
+    }
+}
+
+/// Reads a secret given inline or in a file (not both).
+fn secret(inline: &str, file: &Path, key: &'static str, file_key: &'static str) -> Result<Option<String>, ConfigError> {
+    match (inline.is_empty(), file.as_os_str().is_empty()) {
+        (true, true) => Ok(None),
+        (false, true) => Ok(Some(inline.to_owned())),
+        (true, false) => {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                invalid(file_key, format!("cannot read {}: {e}", file.display()))
+            })?;
+            let token = text.trim();
+            if token.is_empty() {
+                return Err(invalid(file_key, format!("{} is empty", file.display())));
+            }
+            Ok(Some(token.to_owned()))
+        }
+        (false, false) => Err(invalid(
+            key,
+            format!("set {key} or {file_key}, not both"),
+        )),
+    }
+}
+
+/// The admin token, redacted in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(pub String);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
     }
 }
 
@@ -617,9 +723,37 @@ impl FileConfig {
         } else {
             None
         };
+        let lease = if self.lease.enabled {
+            let l = &self.lease;
+            crate::id::lease::check_zone(l.zone).map_err(|e| invalid("lease.zone", e.to_string()))?;
+            crate::id::lease::check_token(l.token)
+                .map_err(|e| invalid("lease.token", e.to_string()))?;
+            crate::id::lease::check_block(l.block)
+                .map_err(|e| invalid("lease.block", e.to_string()))?;
+            Some(l.clone())
+        } else {
+            None
+        };
+        let strict = if self.strict.enabled {
+            crate::id::strict::check_step(self.strict.default_step)
+                .map_err(|e| invalid("strict.default_step", e.to_string()))?;
+            Some(self.strict.clone())
+        } else {
+            None
+        };
+        let admin_token = secret(
+            &self.admin.token,
+            &self.admin.token_file,
+            "admin.token",
+            "admin.token_file",
+        )?
+        .map(AdminToken);
         Ok(Config {
             backend,
             segment,
+            lease,
+            strict,
+            admin_token,
             instance_id,
             advertise,
             datacenter_id: self.node.datacenter_id,
@@ -662,35 +796,12 @@ impl ConsulSection {
                 ),
             ));
         }
-        let token = match (
-            self.token.is_empty(),
-            self.token_file.as_os_str().is_empty(),
-        ) {
-            (true, true) => None,
-            (false, true) => Some(self.token.clone()),
-            (true, false) => {
-                let text = std::fs::read_to_string(&self.token_file).map_err(|e| {
-                    invalid(
-                        "consul.token_file",
-                        format!("cannot read {}: {e}", self.token_file.display()),
-                    )
-                })?;
-                let token = text.trim();
-                if token.is_empty() {
-                    return Err(invalid(
-                        "consul.token_file",
-                        format!("{} is empty", self.token_file.display()),
-                    ));
-                }
-                Some(token.to_owned())
-            }
-            (false, false) => {
-                return Err(invalid(
-                    "consul.token",
-                    "set consul.token or consul.token_file, not both",
-                ))
-            }
-        };
+        let token = secret(
+            &self.token,
+            &self.token_file,
+            "consul.token",
+            "consul.token_file",
+        )?;
         let prefix = self.prefix.trim_matches('/');
         if prefix.is_empty() || !prefix.split('/').all(|p| is_name(p, 64, false)) {
             return Err(invalid(
@@ -874,6 +985,12 @@ pub struct Config {
     pub backend: Backend,
     /// Segment mode settings, when enabled.
     pub segment: Option<SegmentSection>,
+    /// Lease mode settings, when enabled.
+    pub lease: Option<LeaseSection>,
+    /// Strict mode settings, when enabled.
+    pub strict: Option<StrictSection>,
+    /// The admin API token; `None`: admin calls are refused.
+    pub admin_token: Option<AdminToken>,
     /// Stable instance name; `None`: derived from the host name and port.
     pub instance_id: Option<String>,
     /// The gRPC address to advertise; `None`: the bound listener's.
@@ -946,6 +1063,46 @@ mod tests {
             Err(ConfigError::Invalid { key, .. }) => key.to_owned(),
             other => panic!("expected an invalid key, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn mode_sections_are_checked_and_the_admin_token_is_never_printed() {
+        let mut f = FileConfig::default();
+        f.lease.enabled = true;
+        f.lease.zone = 128;
+        assert_eq!(err_key(&f), "lease.zone");
+        f.lease.zone = 127;
+        f.lease.token = 65_536;
+        assert_eq!(err_key(&f), "lease.token");
+        f.lease.token = 65_535;
+        f.lease.block = 0;
+        assert_eq!(err_key(&f), "lease.block");
+        f.lease.block = 1000;
+        let c = f.validate(NOW).unwrap();
+        assert_eq!(c.lease.map(|l| (l.zone, l.token)), Some((127, 65_535)));
+
+        let mut f = FileConfig::default();
+        f.strict.enabled = true;
+        f.strict.default_step = 0;
+        assert_eq!(err_key(&f), "strict.default_step");
+        f.strict.default_step = 1_000_001;
+        assert_eq!(err_key(&f), "strict.default_step");
+        // Disabled sections are not checked.
+        f.strict.enabled = false;
+        assert!(f.validate(NOW).unwrap().strict.is_none());
+
+        let mut f = FileConfig::default();
+        assert!(f.validate(NOW).unwrap().admin_token.is_none());
+        f.admin.token = "s3cret-admin".into();
+        f.admin.token_file = "/tmp/whatever".into();
+        assert_eq!(err_key(&f), "admin.token");
+        f.admin.token_file = PathBuf::new();
+        let c = f.validate(NOW).unwrap();
+        assert_eq!(c.admin_token, Some(AdminToken("s3cret-admin".into())));
+        assert!(!format!("{c:?} {f:?}").contains("s3cret-admin"));
+        f.admin.token = String::new();
+        f.admin.token_file = "/nonexistent/idgen-admin-token".into();
+        assert_eq!(err_key(&f), "admin.token_file");
     }
 
     #[test]

@@ -49,6 +49,20 @@ pub enum Error {
         /// Why the store did not deliver.
         reason: String,
     },
+    /// Lease mode has no block in memory and cannot reserve one.
+    #[error("lease mode has no reserved block left and cannot reserve one ({reason}); retry later or on another node")]
+    LeaseUnavailable {
+        /// Why the store did not deliver.
+        reason: String,
+    },
+    /// A strict call could not be made durable; nothing was handed out.
+    #[error("strict key {key:?}: no value was reserved ({reason}); nothing was handed out, retry (on another node if it persists)")]
+    StrictUnavailable {
+        /// The key.
+        key: String,
+        /// Why the store did not deliver.
+        reason: String,
+    },
     /// A call waited too long for the sequence to free up.
     #[error("waited {waited_ms} ms for a free sequence number without success; the node is overloaded or its high-water mark is stuck, retry on another node")]
     WaitTimeout {

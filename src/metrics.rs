@@ -41,6 +41,14 @@ pub const FENCINGS: &str = "idgen_fencings_total";
 pub const WORKER_ID: &str = "idgen_worker_id";
 /// Seconds since the Consul session was last renewed successfully.
 pub const SESSION_RENEW_AGE: &str = "idgen_consul_session_renew_age_seconds";
+/// The lease token whose blocks this node serves, by zone.
+pub const LEASE_TOKEN: &str = "idgen_lease_token";
+/// Requests per group commit of strict counters (embedded store).
+pub const STRICT_COMMIT_BATCH: &str = "idgen_strict_commit_batch";
+/// Compare-and-set conflicts retried by strict calls (Consul).
+pub const STRICT_CONFLICTS: &str = "idgen_strict_conflicts_total";
+/// Admin calls, by method and status code.
+pub const ADMIN_CALLS: &str = "idgen_admin_calls_total";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 
@@ -134,6 +142,22 @@ fn describe() {
         SESSION_RENEW_AGE,
         Unit::Seconds,
         "Time since the Consul session holding the worker id was last renewed."
+    );
+    describe_gauge!(
+        LEASE_TOKEN,
+        "The lease token whose sequence blocks this node serves, by zone."
+    );
+    describe_histogram!(
+        STRICT_COMMIT_BATCH,
+        "Strict calls made durable by one group commit of the embedded store."
+    );
+    describe_counter!(
+        STRICT_CONFLICTS,
+        "Strict calls' compare-and-set conflicts in Consul, retried with backoff."
+    );
+    describe_counter!(
+        ADMIN_CALLS,
+        "Admin API calls, by method and status code."
     );
     describe_gauge!(
         BUILD_INFO,

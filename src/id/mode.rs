@@ -69,6 +69,9 @@ pub enum RequestError {
     /// The mode needs a tag and none was given.
     #[error("mode {0} needs a tag (the name of the sequence, a-z 0-9 _ -)")]
     MissingTag(Mode),
+    /// Strict mode needs a key and none was given.
+    #[error("mode strict needs a key in `tag`: <namespace>/<key>, e.g. books/moby-dick")]
+    MissingKey,
     /// IDs of this mode carry no fields.
     #[error("mode {0} IDs are plain numbers with no fields to decode")]
     NothingToDecode(Mode),

@@ -31,6 +31,7 @@ use crate::error::Error;
 use crate::id::{Clock, Layout};
 use crate::metrics as m;
 use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease};
+use crate::store::lease::ConsulTokens;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::{HwmKeeper, WorkerKey};
 
@@ -60,12 +61,29 @@ pub struct ClusterSpec {
     pub instance: String,
     /// The gRPC address clients and the agent dial.
     pub advertise: SocketAddr,
+    /// Lease mode's zone, when lease mode is enabled: a lease token is
+    /// held under the worker id's session.
+    pub lease_zone: Option<u64>,
 }
 
 /// A worker id held, with its generator running.
 struct Held {
     lease: Arc<WorkerLease>,
     keeper: KeeperHandle,
+    owner: OwnerInfo,
+}
+
+impl Held {
+    /// Lease tokens held under this worker id's session.
+    fn tokens(&self, spec: &ClusterSpec, client: &ConsulClient, zone: u64) -> Result<ConsulTokens, crate::store::StoreError> {
+        ConsulTokens::new(
+            client.clone(),
+            spec.config.keys.clone(),
+            zone,
+            self.lease.session().to_owned(),
+            self.owner.clone(),
+        )
+    }
 }
 
 /// A node's place in the cluster, claimed but not yet supervised.
@@ -112,6 +130,11 @@ impl Cluster {
         self.held.lease.key()
     }
 
+    /// Lease tokens of `zone`, held under the worker id's session.
+    pub fn tokens(&self, zone: u64) -> Result<ConsulTokens, crate::store::StoreError> {
+        self.held.tokens(&self.spec, &self.client, zone)
+    }
+
     /// Registers the service and starts supervising the lease. Call once
     /// the gRPC server answers health checks.
     pub async fn run(self, issuer: Arc<Issuer>) -> RunningCluster {
@@ -131,7 +154,7 @@ impl Cluster {
             client.clone(),
             clock,
             held,
-            issuer,
+            Arc::clone(&issuer),
             (Arc::clone(&registration), Arc::clone(&changed)),
             stopped.clone(),
         ));
@@ -164,6 +187,7 @@ impl Cluster {
             supervisor,
             registrar,
             registration,
+            issuer,
         }
     }
 }
@@ -174,6 +198,7 @@ pub struct RunningCluster {
     supervisor: JoinHandle<Option<Held>>,
     registrar: JoinHandle<()>,
     registration: Arc<ArcSwap<Registration>>,
+    issuer: Arc<Issuer>,
 }
 
 impl RunningCluster {
@@ -185,8 +210,15 @@ impl RunningCluster {
         let held = self.supervisor.await.ok().flatten();
         let _ = self.registrar.await;
         let mut result = Ok(None);
-        if let Some(Held { lease, keeper }) = held {
+        if let Some(Held { lease, keeper, .. }) = held {
             result = keeper.finish().await.map(Some);
+            if let Some(leases) = self.issuer.leases() {
+                // Before the session goes: the token keeps its counter and
+                // this instance gets it back on restart.
+                if let Err(e) = leases.release().await {
+                    tracing::warn!(error = %e, "cannot release the lease token; it frees itself when the session ends");
+                }
+            }
             match lease.release().await {
                 Ok(()) => {
                     tracing::info!(worker = %lease.key(), "worker id released, session destroyed")
@@ -255,6 +287,7 @@ async fn claim(
         Ok((_, keeper)) => Ok(Held {
             lease: Arc::new(lease),
             keeper,
+            owner,
         }),
         Err(e) => {
             if let Err(r) = lease.release().await {
@@ -386,6 +419,12 @@ async fn supervise(
             pause = (pause * 2).min(spec.config.reclaim_backoff_max);
         };
         // Checked against the deadline just above, with no await since.
+        if let (Some(zone), Some(leases)) = (spec.lease_zone, issuer.leases()) {
+            match held.tokens(&spec, &client, zone) {
+                Ok(tokens) => leases.install(Arc::new(tokens)),
+                Err(e) => tracing::error!(error = %e, "cannot set up lease tokens"),
+            }
+        }
         issuer.install(Arc::clone(held.keeper.generator()));
         let key = held.lease.key();
         record_claim(key, true);

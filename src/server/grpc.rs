@@ -136,12 +136,14 @@ impl IdGen for IdGenService {
             .map(|d| {
                 Response::new(proto::DecodeIdResponse {
                     id: d.id,
-                    mode: mode_to_proto(Mode::Snowflake) as i32,
+                    mode: mode_to_proto(Mode::parse(d.mode).unwrap_or(Mode::Snowflake)) as i32,
                     time: d.time,
                     unix_millis: d.unix_millis,
                     datacenter: d.datacenter as u32,
                     worker: d.worker as u32,
                     sequence: d.sequence,
+                    zone: d.zone.unwrap_or(0) as u32,
+                    token: d.token.unwrap_or(0) as u32,
                 })
             })
             .map_err(|e| to_status(&e))

@@ -12,7 +12,9 @@ use crate::error::Error;
 use crate::id::{check_count, Clock, DecodeError, GenError, Layout, Mode, RequestError, Snowflake};
 use crate::metrics as m;
 
+use super::lease::Leases;
 use super::segments::Segments;
+use super::strict::Strict;
 use super::ticker::UnitTicker;
 use crate::id::segment::Tag;
 
@@ -34,6 +36,12 @@ pub struct Decoded {
     pub worker: u64,
     /// Sequence field.
     pub sequence: u64,
+    /// Zone field (lease IDs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<u64>,
+    /// Token field (lease IDs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
 }
 
 fn as_decimal<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -49,6 +57,8 @@ fn as_decimal<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
 pub struct Issuer {
     generator: ArcSwap<Snowflake>,
     segments: Option<Arc<Segments>>,
+    leases: Option<Arc<Leases>>,
+    strict: Option<Arc<Strict>>,
     layout: Layout,
     fenced: AtomicBool,
     clock: Arc<dyn Clock>,
@@ -72,6 +82,8 @@ impl Issuer {
             layout: *generator.layout(),
             generator: ArcSwap::new(generator),
             segments: None,
+            leases: None,
+            strict: None,
             fenced: AtomicBool::new(false),
             clock,
             max_batch,
@@ -85,6 +97,55 @@ impl Issuer {
     pub fn with_segments(mut self, segments: Arc<Segments>) -> Self {
         self.segments = Some(segments);
         self
+    }
+
+    /// Serves lease mode through `leases`.
+    pub fn with_leases(mut self, leases: Arc<Leases>) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
+    /// Serves strict mode through `strict`.
+    pub fn with_strict(mut self, strict: Arc<Strict>) -> Self {
+        self.strict = Some(strict);
+        self
+    }
+
+    /// The lease mode server, when enabled.
+    pub fn leases(&self) -> Option<&Arc<Leases>> {
+        self.leases.as_ref()
+    }
+
+    /// The strict mode server, when enabled.
+    pub fn strict(&self) -> Option<&Arc<Strict>> {
+        self.strict.as_ref()
+    }
+
+    /// The segment mode server, when enabled.
+    pub fn segment_server(&self) -> Option<&Arc<Segments>> {
+        self.segments.as_ref()
+    }
+
+    fn lease_mode(&self, tag: &str) -> Result<&Arc<Leases>, Error> {
+        let leases = self
+            .leases
+            .as_ref()
+            .ok_or(RequestError::ModeNotEnabled(Mode::Lease))?;
+        if !tag.is_empty() {
+            return Err(RequestError::UnexpectedTag(Mode::Lease).into());
+        }
+        Ok(leases)
+    }
+
+    fn strict_mode(&self, tag: &str) -> Result<&Arc<Strict>, Error> {
+        let strict = self
+            .strict
+            .as_ref()
+            .ok_or(RequestError::ModeNotEnabled(Mode::Strict))?;
+        if tag.is_empty() {
+            return Err(RequestError::MissingKey.into());
+        }
+        Ok(strict)
     }
 
     /// The segment mode server, when enabled.
@@ -110,6 +171,9 @@ impl Issuer {
     pub fn fence(&self) {
         self.fenced.store(true, Ordering::SeqCst);
         self.generator.load().close();
+        if let Some(leases) = &self.leases {
+            leases.fence();
+        }
     }
 
     /// Whether the node is fenced (lost its worker id, not yet re-claimed).
@@ -149,9 +213,14 @@ impl Issuer {
 
     /// One ID.
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
-        if mode == Mode::Segment {
-            let (segments, tag) = self.segments(mode, tag)?;
-            return segments.take_one(&tag).await;
+        match mode {
+            Mode::Segment => {
+                let (segments, tag) = self.segments(mode, tag)?;
+                return segments.take_one(&tag).await;
+            }
+            Mode::Lease => return self.lease_mode(tag)?.take_one().await,
+            Mode::Strict => return Ok(self.strict_mode(tag)?.take(tag, 1).await?.first),
+            Mode::Snowflake => {}
         }
         Self::check_mode(mode, tag)?;
         // The common case: no Vec, no wait.
@@ -171,9 +240,17 @@ impl Issuer {
     /// `count` IDs, strictly increasing.
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u64) -> Result<Vec<u64>, Error> {
         let count = check_count(count, self.max_batch)?;
-        if mode == Mode::Segment {
-            let (segments, tag) = self.segments(mode, tag)?;
-            return segments.take(&tag, count as usize).await;
+        match mode {
+            Mode::Segment => {
+                let (segments, tag) = self.segments(mode, tag)?;
+                return segments.take(&tag, count as usize).await;
+            }
+            Mode::Lease => return self.lease_mode(tag)?.take(count as usize).await,
+            Mode::Strict => {
+                let values = self.strict_mode(tag)?.take(tag, u64::from(count)).await?;
+                return Ok(values.iter().collect());
+            }
+            Mode::Snowflake => {}
         }
         Self::check_mode(mode, tag)?;
         let mut out = Vec::with_capacity(count as usize);
@@ -224,13 +301,12 @@ impl Issuer {
 
     /// Splits `id` into its parts under the configured layout.
     pub fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
-        if mode == Mode::Segment && self.segments.is_some() {
-            return Err(RequestError::NothingToDecode(mode).into());
+        match mode {
+            Mode::Snowflake => Ok(decode_snowflake(&self.layout, id)?),
+            // The layout is fixed: lease IDs decode on any node.
+            Mode::Lease => Ok(decode_lease(id).map_err(crate::store::StoreError::from)?),
+            Mode::Segment | Mode::Strict => Err(RequestError::NothingToDecode(mode).into()),
         }
-        if mode != Mode::Snowflake {
-            return Err(RequestError::ModeNotEnabled(mode).into());
-        }
-        Ok(decode_snowflake(&self.layout, id)?)
     }
 }
 
@@ -246,5 +322,23 @@ pub fn decode_snowflake(layout: &Layout, id: u64) -> Result<Decoded, DecodeError
         datacenter: parts.datacenter,
         worker: parts.worker,
         sequence: parts.sequence,
+        zone: None,
+        token: None,
+    })
+}
+
+/// Splits a lease `id` (`0 | zone | token | sequence`); needs no config.
+pub fn decode_lease(id: u64) -> Result<Decoded, crate::id::lease::LeaseError> {
+    let parts = crate::id::lease::decompose(id)?;
+    Ok(Decoded {
+        id,
+        mode: Mode::Lease.as_str(),
+        time: String::new(),
+        unix_millis: 0,
+        datacenter: 0,
+        worker: 0,
+        sequence: parts.sequence,
+        zone: Some(parts.zone),
+        token: Some(parts.token),
     })
 }

@@ -11,10 +11,12 @@ pub mod cluster;
 pub mod grpc;
 pub mod http;
 pub mod issuer;
+pub mod lease;
 pub mod monitor;
 pub mod registration;
 pub mod segments;
 pub mod status;
+pub mod strict;
 pub mod ticker;
 
 use std::future::{Future, IntoFuture};
@@ -32,6 +34,8 @@ use crate::id::Clock;
 use crate::metrics as m;
 use crate::proto;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
+use crate::store::lease::{EmbeddedTokens, TokenSource};
+use crate::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictStore};
 use crate::store::{EmbeddedStore, HwmKeeper, SegmentStore, StateStore, WorkerKey};
 
 pub use issuer::{decode_snowflake, Decoded, Issuer};
@@ -79,6 +83,18 @@ pub struct ShutdownReport {
     pub final_hwm_ms: Option<u64>,
     /// Whether every in-flight call finished within the grace period.
     pub drained: bool,
+}
+
+/// The stores of the modes besides snowflake; each enabled mode needs its
+/// own.
+#[derive(Default)]
+pub struct ModeStores {
+    /// Segment records.
+    pub segment: Option<Arc<dyn SegmentStore>>,
+    /// Lease tokens and their counters.
+    pub lease: Option<Arc<dyn TokenSource>>,
+    /// Strict counters.
+    pub strict: Option<Arc<dyn StrictStore>>,
 }
 
 /// What keeps the generator's worker id and high-water mark.
@@ -146,23 +162,33 @@ impl Node {
                 hwm: hwm_settings(&config),
                 instance: instance_id(&config, advertise),
                 advertise,
+                lease_zone: config.lease.as_ref().map(|l| l.zone),
             };
             zero_counters("consul");
             let cluster = cluster::Cluster::start(spec, Arc::clone(&clock)).await?;
             let generator = Arc::clone(cluster.generator());
-            let segment_store: Arc<dyn SegmentStore> =
-                Arc::new(crate::store::ConsulSegmentStore::new(
-                    cluster.client().clone(),
-                    cluster_config.keys.clone(),
-                ));
-            return Self::assemble(
+            let (client, keys) = (cluster.client().clone(), cluster_config.keys.clone());
+            let lease: Option<Arc<dyn TokenSource>> = match &config.lease {
+                Some(l) => Some(Arc::new(cluster.tokens(l.zone)?)),
+                None => None,
+            };
+            let stores = ModeStores {
+                segment: Some(Arc::new(crate::store::ConsulSegmentStore::new(
+                    client.clone(),
+                    keys.clone(),
+                ))),
+                lease,
+                strict: Some(Arc::new(ConsulStrictStore::new(client, keys))),
+            };
+            let node = Self::assemble(
                 config,
                 clock,
                 generator,
                 Backing::Cluster(Box::new(cluster)),
-                Some(segment_store),
+                stores,
                 metrics,
-            );
+            )?;
+            return node.prime().await;
         }
         let layout_desc = config.layout.to_string();
         let path = config.state_path.clone();
@@ -171,18 +197,36 @@ impl Node {
             tokio::task::spawn_blocking(move || EmbeddedStore::open(&path, &layout_desc, init))
                 .await
                 .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
-        let store = Arc::new(store);
-        let segments: Arc<dyn SegmentStore> = store.clone();
-        Self::start_with_store(config, clock, store, Some(segments), metrics).await
+        let lease: Option<Arc<dyn TokenSource>> = match &config.lease {
+            Some(l) => Some(Arc::new(EmbeddedTokens::new(store.clone(), l.zone, l.token)?)),
+            None => None,
+        };
+        let stores = ModeStores {
+            segment: Some(Arc::new(store.clone())),
+            lease,
+            strict: Some(Arc::new(EmbeddedStrictStore::new(store.clone()))),
+        };
+        let node = Self::start_with_store(config, clock, Arc::new(store), stores, metrics).await?;
+        node.prime().await
     }
 
-    /// Like [`Node::start`] with stores supplied by the caller (segment
-    /// mode needs `segment_store` when enabled in config).
+    /// Reserves what the enabled modes need before serving (the first
+    /// lease block), so a store that cannot deliver fails start-up loudly.
+    async fn prime(self) -> Result<Self, Error> {
+        if let Some(leases) = self.issuer.leases() {
+            leases.prime().await?;
+            tracing::info!(token = leases.token(), "lease mode enabled");
+        }
+        Ok(self)
+    }
+
+    /// Like [`Node::start`] with stores supplied by the caller (each
+    /// enabled mode needs its store in `stores`).
     pub async fn start_with_store(
         config: Config,
         clock: Arc<dyn Clock>,
         store: Arc<dyn StateStore>,
-        segment_store: Option<Arc<dyn SegmentStore>>,
+        stores: ModeStores,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
         let key = WorkerKey {
@@ -205,7 +249,7 @@ impl Node {
             clock,
             generator,
             Backing::Embedded(keeper),
-            segment_store,
+            stores,
             metrics,
         )
     }
@@ -215,7 +259,7 @@ impl Node {
         clock: Arc<dyn Clock>,
         generator: Arc<crate::id::Snowflake>,
         backing: Backing,
-        segment_store: Option<Arc<dyn SegmentStore>>,
+        stores: ModeStores,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
         let mut issuer = Issuer::new(
@@ -226,7 +270,7 @@ impl Node {
         )
         .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
         if let Some(s) = &config.segment {
-            let store = segment_store.ok_or_else(|| {
+            let store = stores.segment.ok_or_else(|| {
                 Error::Setup("segment mode is enabled but no segment store was given".into())
             })?;
             let settings = segments::SegmentSettings {
@@ -241,6 +285,23 @@ impl Node {
                 settings,
             )));
             tracing::info!(auto_create = s.auto_create, "segment mode enabled");
+        }
+        if let Some(l) = &config.lease {
+            let source = stores.lease.ok_or_else(|| {
+                Error::Setup("lease mode is enabled but no token source was given".into())
+            })?;
+            let settings = lease::LeaseSettings {
+                block: l.block,
+                max_wait: config.max_wait,
+            };
+            issuer = issuer.with_leases(Arc::new(lease::Leases::new(source, settings)));
+        }
+        if let Some(s) = &config.strict {
+            let store = stores.strict.ok_or_else(|| {
+                Error::Setup("strict mode is enabled but no strict store was given".into())
+            })?;
+            issuer = issuer.with_strict(Arc::new(strict::Strict::new(store, s.default_step)));
+            tracing::info!(default_step = s.default_step, "strict mode enabled");
         }
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
             .set(1.0);

@@ -4,7 +4,9 @@ use axum::http::StatusCode;
 use tonic::{Code, Status};
 
 use crate::error::Error;
+use crate::id::lease::LeaseError;
 use crate::id::segment::SegmentError;
+use crate::id::strict::StrictError;
 use crate::id::{GenError, RequestError, StartError};
 use crate::store::StoreError;
 
@@ -20,11 +22,21 @@ pub fn code(e: &Error) -> Code {
             Code::ResourceExhausted
         }
         Error::Store(StoreError::Segment(_)) => Code::InvalidArgument,
+        Error::Store(StoreError::Lease(
+            LeaseError::TokenExhausted { .. } | LeaseError::NoFreeToken { .. },
+        )) => Code::ResourceExhausted,
+        Error::Store(StoreError::Lease(_)) => Code::InvalidArgument,
+        Error::Store(StoreError::Strict(StrictError::Exhausted { .. })) => {
+            Code::ResourceExhausted
+        }
+        Error::Store(StoreError::Strict(_)) => Code::InvalidArgument,
         Error::Gen(_)
         | Error::Store(_)
         | Error::WaitTimeout { .. }
         | Error::Fenced
         | Error::SegmentUnavailable { .. }
+        | Error::LeaseUnavailable { .. }
+        | Error::StrictUnavailable { .. }
         | Error::Lease(_)
         | Error::Consul(_) => Code::Unavailable,
         Error::Start(StartError::ClockBehindHwm { .. }) => Code::Unavailable,

@@ -1,0 +1,513 @@
+//! Lease mode serving: IDs `zone | token | sequence` from blocks of the
+//! held token's sequence, reserved ahead in the store.
+//!
+//! Two blocks in memory, like segment mode: calls take from the current
+//! block under a short lock and never wait on the store while a block has
+//! IDs; once half of the current block is used and no next block is held,
+//! one background fetch reserves the next (never two at once). A block is
+//! used only once its reservation is acknowledged. No clock is read.
+//!
+//! In cluster mode the token is held under the worker id's Consul session:
+//! when the node is fenced, [`Leases::fence`] drops both blocks and calls
+//! fail with UNAVAILABLE until [`Leases::install`] puts a source under the
+//! new session in place. (The dropped blocks were already counted in the
+//! token's durable counter, so dropping them only leaves a gap.)
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::error::Error;
+use crate::id::lease::{Block, LeaseError};
+use crate::metrics as m;
+use crate::store::lease::TokenSource;
+use crate::store::StoreError;
+
+/// After a failed fetch, the next background attempt waits this long.
+const FETCH_RETRY: Duration = Duration::from_millis(500);
+
+/// Lease mode settings.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseSettings {
+    /// Sequences reserved per block.
+    pub block: u64,
+    /// Longest a call waits for a block when both are empty.
+    pub max_wait: Duration,
+}
+
+struct Cursor {
+    next: u64,
+    last: u64,
+    len: u64,
+}
+
+impl Cursor {
+    fn new(b: &Block) -> Self {
+        let ids = b.ids();
+        Self {
+            next: ids.first,
+            last: ids.last,
+            len: b.len(),
+        }
+    }
+
+    fn left(&self) -> u64 {
+        (self.last + 1).saturating_sub(self.next)
+    }
+
+    /// Half used (or more): time to fetch the next block.
+    fn prefetch_due(&self) -> bool {
+        self.left() * 2 <= self.len
+    }
+}
+
+struct State {
+    current: Option<Cursor>,
+    next: Option<Block>,
+    fetching: bool,
+    retry_after: Option<Instant>,
+    fenced: bool,
+    /// The token of the block in use, for metrics and logs.
+    token: Option<u64>,
+    /// Why the last fetch failed (cleared by a success); a lease error
+    /// (token space used up) is given to waiting calls as it is.
+    last_error: Option<(String, Option<LeaseError>)>,
+}
+
+impl State {
+    /// Marks a fetch started and returns true if one is due.
+    fn claim_fetch(&mut self) -> bool {
+        let due = !self.fenced
+            && self.current.as_ref().is_none_or(Cursor::prefetch_due)
+            && self.next.is_none()
+            && !self.fetching
+            && self.retry_after.is_none_or(|t| Instant::now() >= t);
+        if due {
+            self.fetching = true;
+        }
+        due
+    }
+}
+
+/// Serves lease mode.
+pub struct Leases {
+    source: Mutex<Arc<dyn TokenSource>>,
+    /// Bumped by every install: a fetch started under an older source is
+    /// thrown away when it lands.
+    generation: AtomicU64,
+    settings: LeaseSettings,
+    state: Mutex<State>,
+    filled: Notify,
+    issued: metrics::Counter,
+}
+
+impl Leases {
+    /// Lease mode over `source`.
+    pub fn new(source: Arc<dyn TokenSource>, settings: LeaseSettings) -> Self {
+        Self {
+            source: Mutex::new(source),
+            generation: AtomicU64::new(0),
+            settings,
+            state: Mutex::new(State {
+                current: None,
+                next: None,
+                fetching: false,
+                retry_after: None,
+                fenced: false,
+                token: None,
+                last_error: None,
+            }),
+            filled: Notify::new(),
+            issued: metrics::counter!(m::IDS_ISSUED, "mode" => "lease"),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn source(&self) -> Arc<dyn TokenSource> {
+        Arc::clone(
+            &self
+                .source
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// The token in use now, if any.
+    pub fn token(&self) -> Option<u64> {
+        self.state().token
+    }
+
+    /// Stops issuing at once and drops both blocks (the node lost the
+    /// session its token was held under).
+    pub fn fence(&self) {
+        let mut st = self.state();
+        st.fenced = true;
+        st.current = None;
+        st.next = None;
+        drop(st);
+        self.filled.notify_waiters();
+    }
+
+    /// Serves from `source` (a new session's) from now on.
+    pub fn install(&self, source: Arc<dyn TokenSource>) {
+        *self
+            .source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = source;
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        let mut st = self.state();
+        st.current = None;
+        st.next = None;
+        st.fetching = false;
+        st.retry_after = None;
+        st.fenced = false;
+        st.token = None;
+        st.last_error = None;
+        drop(st);
+        self.filled.notify_waiters();
+    }
+
+    /// Gives the held token back (shutdown).
+    pub async fn release(&self) -> Result<(), StoreError> {
+        self.fence();
+        self.source().release().await
+    }
+
+    /// Reserves the first block before serving, so start-up fails loudly
+    /// when the store cannot deliver.
+    pub async fn prime(&self) -> Result<(), Error> {
+        let claimed = self.state().claim_fetch();
+        if claimed {
+            self.fetch().await?;
+        }
+        Ok(())
+    }
+
+    /// Takes up to `want` IDs from memory into `out`; returns whether a
+    /// background fetch should start (and marks it started).
+    fn take_local(&self, want: usize, out: &mut Vec<u64>) -> Result<bool, Error> {
+        let mut st = self.state();
+        if st.fenced {
+            return Err(Error::Fenced);
+        }
+        while out.len() < want {
+            let cur = match &mut st.current {
+                Some(c) if c.left() > 0 => c,
+                _ => {
+                    let Some(next) = st.next.take() else { break };
+                    st.token = Some(next.token);
+                    st.current = Some(Cursor::new(&next));
+                    continue;
+                }
+            };
+            let n = cur.left().min((want - out.len()) as u64);
+            out.extend(cur.next..cur.next + n);
+            cur.next += n;
+        }
+        Ok(st.claim_fetch())
+    }
+
+    /// Reserves the next block (the caller marked the fetch started).
+    async fn fetch(&self) -> Result<(), Error> {
+        let generation = self.generation.load(Ordering::SeqCst);
+        let source = self.source();
+        let started = Instant::now();
+        let result = source.reserve(self.settings.block).await;
+        metrics::histogram!(m::STORE_WRITE_DURATION, "backend" => "lease", "op" => "reserve_block")
+            .record(started.elapsed().as_secs_f64());
+        let outcome = {
+            let mut st = self.state();
+            if self.generation.load(Ordering::SeqCst) != generation {
+                // Installed meanwhile: this fetch belongs to the old session.
+                return Ok(());
+            }
+            st.fetching = false;
+            match result {
+                Ok(block) => {
+                    st.last_error = None;
+                    if !st.fenced {
+                        if st.current.is_none() {
+                            st.token = Some(block.token);
+                            st.current = Some(Cursor::new(&block));
+                        } else {
+                            st.next = Some(block);
+                        }
+                        metrics::gauge!(m::LEASE_TOKEN, "zone" => source.zone().to_string())
+                            .set(block.token as f64);
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    st.retry_after = Some(Instant::now() + FETCH_RETRY);
+                    let lease = match &e {
+                        StoreError::Lease(l) => Some(l.clone()),
+                        _ => None,
+                    };
+                    st.last_error = Some((e.to_string(), lease));
+                    metrics::counter!(m::STORE_ERRORS, "backend" => "lease", "op" => "reserve_block")
+                        .increment(1);
+                    Err(Error::from(e))
+                }
+            }
+        };
+        self.filled.notify_waiters();
+        outcome
+    }
+
+    fn fetch_in_background(self: &Arc<Self>) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(e) = this.fetch().await {
+                tracing::warn!(error = %e, "cannot reserve the next lease block; serving from memory");
+            }
+        });
+    }
+
+    /// One ID, from memory when the current block has one.
+    pub async fn take_one(self: &Arc<Self>) -> Result<u64, Error> {
+        let (id, start_fetch) = {
+            let mut st = self.state();
+            if st.fenced {
+                return Err(Error::Fenced);
+            }
+            let id = match &mut st.current {
+                Some(c) if c.left() > 0 => {
+                    c.next += 1;
+                    Some(c.next - 1)
+                }
+                _ => None,
+            };
+            (id, st.claim_fetch())
+        };
+        if start_fetch {
+            self.fetch_in_background();
+        }
+        match id {
+            Some(id) => {
+                self.issued.increment(1);
+                Ok(id)
+            }
+            None => Ok(self.take(1).await?[0]),
+        }
+    }
+
+    /// `count` IDs. Waits on the store only when both blocks are empty,
+    /// and then at most `max_wait`; IDs taken before a failure are dropped,
+    /// never reused.
+    pub async fn take(self: &Arc<Self>, count: usize) -> Result<Vec<u64>, Error> {
+        let mut out = Vec::with_capacity(count);
+        let mut deadline = None;
+        loop {
+            let filled = self.filled.notified();
+            tokio::pin!(filled);
+            if deadline.is_some() {
+                filled.as_mut().enable();
+            }
+            let start_fetch = self.take_local(count, &mut out)?;
+            if out.len() == count {
+                if start_fetch {
+                    self.fetch_in_background();
+                }
+                self.issued.increment(count as u64);
+                return Ok(out);
+            }
+            if start_fetch {
+                // Both blocks are empty and this call is the fetcher.
+                if let Err(e) = self.fetch().await {
+                    return Err(unavailable(e));
+                }
+                continue;
+            }
+            let now = tokio::time::Instant::now();
+            let Some(deadline) = deadline else {
+                deadline = Some(now + self.settings.max_wait);
+                continue;
+            };
+            let last_error = self.state().last_error.clone();
+            if let Some((_, Some(lease))) = last_error {
+                return Err(StoreError::Lease(lease).into());
+            }
+            if now >= deadline {
+                return Err(Error::LeaseUnavailable {
+                    reason: match last_error {
+                        Some((reason, _)) => reason,
+                        None => format!(
+                            "no block arrived within server.max_wait ({} ms)",
+                            self.settings.max_wait.as_millis()
+                        ),
+                    },
+                });
+            }
+            let _ = tokio::time::timeout_at(deadline.min(now + FETCH_RETRY), filled).await;
+        }
+    }
+}
+
+/// A failed fetch as the caller sees it: running out of tokens stays
+/// RESOURCE_EXHAUSTED, the rest is UNAVAILABLE naming the cause.
+fn unavailable(e: Error) -> Error {
+    match e {
+        Error::Store(StoreError::Lease(_)) | Error::Fenced => e,
+        other => Error::LeaseUnavailable {
+            reason: other.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::atomic::AtomicBool;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::id::lease::{decompose, TokenCounter};
+
+    /// An in-memory token source that can fail and counts reservations.
+    struct MemSource {
+        counter: Mutex<TokenCounter>,
+        token: u64,
+        fail: AtomicBool,
+        reserves: AtomicU64,
+    }
+
+    impl MemSource {
+        fn new(token: u64) -> Arc<Self> {
+            Arc::new(Self {
+                counter: Mutex::new(TokenCounter::default()),
+                token,
+                fail: AtomicBool::new(false),
+                reserves: AtomicU64::new(0),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl TokenSource for MemSource {
+        fn backend(&self) -> &'static str {
+            "memory"
+        }
+        fn zone(&self) -> u64 {
+            9
+        }
+        fn token(&self) -> Option<u64> {
+            Some(self.token)
+        }
+        async fn reserve(&self, size: u64) -> Result<Block, StoreError> {
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(StoreError::Backend("injected outage".into()));
+            }
+            self.reserves.fetch_add(1, Ordering::SeqCst);
+            let mut c = self.counter.lock().unwrap();
+            let (block, next) = c.next_block(9, self.token, size)?;
+            *c = next;
+            Ok(block)
+        }
+        async fn release(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    fn leases(source: Arc<MemSource>, block: u64) -> Arc<Leases> {
+        Arc::new(Leases::new(
+            source,
+            LeaseSettings {
+                block,
+                max_wait: Duration::from_millis(300),
+            },
+        ))
+    }
+
+    #[tokio::test]
+    async fn ids_decode_to_the_token_and_never_repeat() {
+        let src = MemSource::new(42);
+        let l = leases(Arc::clone(&src), 100);
+        l.prime().await.unwrap();
+        let mut seen = HashSet::new();
+        for i in 0..2_000 {
+            let ids = if i % 2 == 0 {
+                vec![l.take_one().await.unwrap()]
+            } else {
+                l.take(7).await.unwrap()
+            };
+            for id in ids {
+                let p = decompose(id).unwrap();
+                assert_eq!((p.zone, p.token), (9, 42));
+                assert!(seen.insert(id), "duplicate {id}");
+            }
+        }
+        assert_eq!(seen.len(), 1000 * 8);
+        // Half-used prefetch: about one reservation per block used.
+        let reserves = src.reserves.load(Ordering::SeqCst);
+        assert!((80..=83).contains(&reserves), "{reserves} reservations");
+    }
+
+    #[tokio::test]
+    async fn an_outage_is_served_from_the_blocks_then_unavailable() {
+        let src = MemSource::new(1);
+        let l = leases(Arc::clone(&src), 100);
+        l.prime().await.unwrap();
+        // Let the prefetch land: 100 current + 100 next after 50 used.
+        for _ in 0..50 {
+            l.take_one().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        src.fail.store(true, Ordering::SeqCst);
+        let mut served = 50;
+        let err = loop {
+            match l.take_one().await {
+                Ok(_) => served += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(served, 200, "both blocks are served during the outage");
+        assert!(matches!(err, Error::LeaseUnavailable { .. }), "{err:?}");
+        assert!(err.to_string().contains("injected outage"), "{err}");
+        // Back up: serving resumes above everything handed out.
+        src.fail.store(false, Ordering::SeqCst);
+        tokio::time::sleep(FETCH_RETRY).await;
+        let id = l.take_one().await.unwrap();
+        assert_eq!(decompose(id).unwrap().sequence, 201);
+    }
+
+    #[tokio::test]
+    async fn fencing_stops_at_once_and_install_resumes_above() {
+        let src = MemSource::new(3);
+        let l = leases(Arc::clone(&src), 10);
+        l.prime().await.unwrap();
+        let before = l.take(5).await.unwrap();
+        l.fence();
+        assert!(matches!(l.take_one().await, Err(Error::Fenced)));
+        assert!(matches!(l.take(3).await, Err(Error::Fenced)));
+        // The same token, continued from its counter by the new session.
+        l.install(Arc::clone(&src) as Arc<dyn TokenSource>);
+        let after = l.take(5).await.unwrap();
+        assert!(after.iter().all(|a| before.iter().all(|b| a > b)));
+    }
+
+    #[tokio::test]
+    async fn running_out_of_tokens_is_resource_exhausted() {
+        let src = MemSource::new(5);
+        *src.counter.lock().unwrap() = TokenCounter {
+            reserved: crate::id::lease::MAX_SEQUENCE - 3,
+        };
+        let l = leases(Arc::clone(&src), 100);
+        assert_eq!(l.take(3).await.unwrap().len(), 3);
+        let e = l.take(1).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Store(StoreError::Lease(LeaseError::TokenExhausted { .. }))
+            ),
+            "{e:?}"
+        );
+    }
+}
