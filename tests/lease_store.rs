@@ -1,0 +1,169 @@
+//! Lease tokens in Consul (the test server): two sessions never share a
+//! token, blocks are disjoint, a used-up token is given back for another,
+//! a restarted instance gets its token back, a lost session stops the
+//! reservations, and a reservation whose outcome was unknown is never
+//! reused.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use consul_testserver::{Config, TestConsul};
+use idgen::consul::{ConsulClient, ConsulConfig, KvWrite, SessionBehavior, SessionSpec};
+use idgen::id::lease::{Block, MAX_SEQUENCE};
+use idgen::store::consul::{ClusterKeys, OwnerInfo};
+use idgen::store::lease::{ConsulTokens, TokenRecord, TokenSource};
+use idgen::store::StoreError;
+
+fn client(consul: &TestConsul, timeout: Duration) -> ConsulClient {
+    ConsulClient::new(ConsulConfig {
+        address: format!("http://{}", consul.addr()),
+        timeout,
+        retries: 0,
+        ..ConsulConfig::default()
+    })
+    .unwrap()
+}
+
+async fn session(c: &ConsulClient) -> String {
+    c.session_create(&SessionSpec {
+        name: "test".into(),
+        ttl: Duration::from_secs(30),
+        behavior: SessionBehavior::Release,
+        lock_delay: Duration::from_secs(1),
+        node_checks: Some(vec![]),
+        service_checks: vec![],
+    })
+    .await
+    .unwrap()
+}
+
+fn owner(instance: &str) -> OwnerInfo {
+    OwnerInfo {
+        instance: instance.into(),
+        address: "127.0.0.1:1".into(),
+        since_ms: 1,
+    }
+}
+
+async fn tokens(c: &ConsulClient, instance: &str) -> (ConsulTokens, String) {
+    let s = session(c).await;
+    let t = ConsulTokens::new(
+        c.clone(),
+        ClusterKeys::new("idgen", "test"),
+        2,
+        s.clone(),
+        owner(instance),
+    )
+    .unwrap();
+    (t, s)
+}
+
+fn ids(b: &Block) -> std::ops::RangeInclusive<u64> {
+    b.ids().first..=b.ids().last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_hold_different_tokens_and_blocks_never_overlap() {
+    let consul = TestConsul::start(Config::default()).await.unwrap();
+    let c = client(&consul, Duration::from_secs(2));
+    let (a, _) = tokens(&c, "a").await;
+    let (b, _) = tokens(&c, "b").await;
+    let mut seen = HashSet::new();
+    for _ in 0..20 {
+        for src in [&a, &b] {
+            let block = src.reserve(10).await.unwrap();
+            assert_eq!(block.zone, 2);
+            for id in ids(&block) {
+                assert!(seen.insert(id), "{id} twice");
+            }
+        }
+    }
+    let (ta, tb) = (a.token().unwrap(), b.token().unwrap());
+    assert_ne!(ta, tb);
+    let entry = consul.kv_get(&format!("idgen/test/lease/2/{ta}")).unwrap();
+    let record: TokenRecord = serde_json::from_slice(&entry.value).unwrap();
+    assert_eq!((record.owner.instance.as_str(), record.reserved), ("a", 200));
+
+    // A gives its token back; B cannot take it (it holds one), a new
+    // instance "c" takes the lowest free one, which is A's, and continues
+    // above its counter.
+    a.release().await.unwrap();
+    assert!(consul
+        .kv_get(&format!("idgen/test/lease/2/{ta}"))
+        .unwrap()
+        .session
+        .is_none());
+    let (c2, _) = tokens(&c, "c").await;
+    let block = c2.reserve(10).await.unwrap();
+    assert_eq!((block.token, block.first), (ta, 201));
+    // And "a", back, gets a new token: its old one is held by "c".
+    let (a2, _) = tokens(&c, "a").await;
+    let block = a2.reserve(10).await.unwrap();
+    assert!(block.token != ta && block.token != tb);
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_up_token_is_given_back_for_another_and_a_restarted_instance_gets_its_own() {
+    let consul = TestConsul::start(Config::default()).await.unwrap();
+    let c = client(&consul, Duration::from_secs(2));
+    // Token 0 nearly used up, token 1 free with a counter, both unheld.
+    for (token, reserved, inst) in [(0, MAX_SEQUENCE - 5, "x"), (1, 500, "a")] {
+        let record = TokenRecord {
+            owner: owner(inst),
+            reserved,
+        };
+        c.kv_put(
+            &format!("idgen/test/lease/2/{token}"),
+            &serde_json::to_vec(&record).unwrap(),
+            KvWrite::Set,
+        )
+        .await
+        .unwrap();
+    }
+    // "a" held token 1 before: it gets it back, above its counter.
+    let (a, _) = tokens(&c, "a").await;
+    let block = a.reserve(100).await.unwrap();
+    assert_eq!((block.token, block.first, block.last), (1, 501, 600));
+    // "b" gets token 0 (lowest free), serves its last 5, then moves on.
+    let (b, _) = tokens(&c, "b").await;
+    let block = b.reserve(100).await.unwrap();
+    assert_eq!((block.token, block.len()), (0, 5));
+    let block = b.reserve(100).await.unwrap();
+    assert_eq!((block.token, block.first), (2, 1), "a fresh token");
+    let entry = consul.kv_get("idgen/test/lease/2/0").unwrap();
+    assert!(entry.session.is_none(), "the used-up token was given back");
+    // Nobody takes a used-up token again.
+    let (d, _) = tokens(&c, "d").await;
+    assert_eq!(d.reserve(1).await.unwrap().token, 3);
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_stops_reservations_and_an_unknown_outcome_is_never_reused() {
+    let consul = TestConsul::start(Config::default()).await.unwrap();
+    let c = client(&consul, Duration::from_millis(300));
+    let (a, s) = tokens(&c, "a").await;
+    let first = a.reserve(10).await.unwrap();
+    assert_eq!(first.first, 1);
+    // Answers come too late: the write is applied, the client times out.
+    consul
+        .faults()
+        .delay("agent-0", Some(Duration::from_millis(800)));
+    assert!(matches!(
+        a.reserve(10).await,
+        Err(StoreError::Backend(_))
+    ));
+    consul.faults().delay("agent-0", None);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    // 11..=20 may have been handed to nobody, but it is gone for good.
+    let next = a.reserve(10).await.unwrap();
+    assert_eq!(next.first, 21);
+
+    // The session is destroyed (an operator's force-release): the next
+    // reservation is refused as a lost lock, not retried on a new token.
+    c.session_destroy(&s).await.unwrap();
+    let e = a.reserve(10).await.unwrap_err();
+    assert!(matches!(e, StoreError::LockLost(_)), "{e:?}");
+    consul.shutdown().await;
+}
