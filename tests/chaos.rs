@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{write_cluster_config, ChildServer};
+use common::{assert_linearizable, write_cluster_config, Call, ChildServer};
 use consul_testserver::{Config, TestConsul};
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{GenIdsRequest, Mode};
@@ -172,6 +172,84 @@ async fn client(
     ids
 }
 
+/// What the mixed-modes clients collected.
+#[derive(Default)]
+struct Mixed {
+    lease: Vec<u64>,
+    segment: Vec<u64>,
+    strict: Vec<Call>,
+}
+
+/// Calls lease, segment and strict in turn on whichever process holds the
+/// slot, keeping everything (strict calls with their times).
+async fn mixed_client(slot: Arc<Slot>, stop: Arc<AtomicBool>) -> Mixed {
+    let mut got = Mixed::default();
+    let mut conn: Option<(SocketAddr, IdGenClient<Channel>)> = None;
+    let mut turn = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(addr) = *slot.addr.lock().unwrap() else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        if conn.as_ref().map(|(a, _)| *a) != Some(addr) {
+            let endpoint = Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect_timeout(Duration::from_secs(1));
+            match endpoint.connect().await {
+                Ok(ch) => conn = Some((addr, IdGenClient::new(ch))),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            }
+        }
+        let Some((_, c)) = conn.as_mut() else {
+            continue;
+        };
+        turn += 1;
+        let (mode, tag, count) = match turn % 3 {
+            0 => (Mode::Lease, "", 100),
+            1 => (Mode::Segment, "chaos", 100),
+            _ => (Mode::Strict, "chaos/k", 1 + (turn % 4) as u32),
+        };
+        let start = Instant::now();
+        let call = c.gen_ids(GenIdsRequest {
+            mode: mode as i32,
+            tag: tag.into(),
+            count,
+        });
+        match tokio::time::timeout(Duration::from_secs(3), call).await {
+            Ok(Ok(r)) => {
+                let end = Instant::now();
+                let ids = r.into_inner().ids;
+                match mode {
+                    Mode::Lease => got.lease.extend(ids),
+                    Mode::Segment => got.segment.extend(ids),
+                    _ => got.strict.push(Call {
+                        start,
+                        end,
+                        first: ids[0],
+                        last: ids[ids.len() - 1],
+                    }),
+                }
+            }
+            Ok(Err(status)) => {
+                if status.code() != tonic::Code::Unavailable {
+                    conn = None;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => conn = None,
+        }
+    }
+    got
+}
+
+fn duplicates(mut ids: Vec<u64>) -> usize {
+    ids.sort_unstable();
+    ids.windows(2).filter(|w| w[0] == w[1]).count()
+}
+
 /// Whether the process's first generator started right above the stored
 /// mark (start = stored + 1 ms) rather than at its own clock.
 fn started_on_the_mark(log: &str) -> bool {
@@ -206,7 +284,20 @@ fn wait_out_session(consul: &TestConsul, agent: &str) {
 }
 
 fn config(dir: &Path, name: &str, agent: SocketAddr) -> PathBuf {
-    write_cluster_config(dir, name, agent, &[("server", "max_wait", "\"2s\"")])
+    write_cluster_config(
+        dir,
+        name,
+        agent,
+        &[
+            ("server", "max_wait", "\"2s\""),
+            ("lease", "enabled", "true"),
+            ("lease", "block", "500"),
+            ("segment", "enabled", "true"),
+            ("segment", "auto_create", "true"),
+            ("segment", "default_step", "500"),
+            ("strict", "enabled", "true"),
+        ],
+    )
 }
 
 /// Sleeps `d` on a blocking thread (the driver runs off the runtime).
@@ -261,6 +352,11 @@ async fn chaos_run_issues_no_duplicate_ids() {
             )));
         }
     }
+
+    let mixed: Vec<_> = slots
+        .iter()
+        .map(|slot| tokio::spawn(mixed_client(Arc::clone(slot), Arc::clone(&stop))))
+        .collect();
 
     // The driver: rounds of faults until enough IDs are collected.
     let driver = {
@@ -351,6 +447,13 @@ async fn chaos_run_issues_no_duplicate_ids() {
     for c in clients {
         all.extend(c.await.expect("client task"));
     }
+    let mut modes = Mixed::default();
+    for m in mixed {
+        let m = m.await.expect("mixed client");
+        modes.lease.extend(m.lease);
+        modes.segment.extend(m.segment);
+        modes.strict.extend(m.strict);
+    }
     for slot in &slots {
         if slot.node.lock().unwrap().is_some() {
             slot.terminate();
@@ -398,5 +501,15 @@ async fn chaos_run_issues_no_duplicate_ids() {
         dups.len(),
         &dups[..dups.len().min(10)]
     );
+    eprintln!(
+        "chaos: other modes: {} lease IDs, {} segment IDs, {} strict calls",
+        modes.lease.len(),
+        modes.segment.len(),
+        modes.strict.len()
+    );
+    assert!(!modes.lease.is_empty() && !modes.segment.is_empty() && !modes.strict.is_empty());
+    assert_eq!(duplicates(modes.lease), 0, "lease IDs twice");
+    assert_eq!(duplicates(modes.segment), 0, "segment IDs twice");
+    assert_linearizable(&modes.strict);
     consul.shutdown().await;
 }

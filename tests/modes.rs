@@ -11,7 +11,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{test_config, write_child_config, write_cluster_config, ChildServer, TestServer};
+use common::{
+    assert_linearizable, test_config, write_child_config, write_cluster_config, Call, ChildServer,
+    TestServer,
+};
 use consul_testserver::{Config, TestConsul};
 use idgen::config::{LeaseSection, StrictSection};
 use idgen::id::lease::decompose;
@@ -56,46 +59,6 @@ const MODES: &[(&str, &str, &str)] = &[
 
 fn cluster_node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
     ChildServer::start(&write_cluster_config(dir, name, consul, MODES))
-}
-
-/// One recorded strict call.
-#[derive(Debug, Clone, Copy)]
-struct Call {
-    start: Instant,
-    end: Instant,
-    first: u64,
-    last: u64,
-}
-
-/// Strict mode's promise, checked from recorded times: all values are
-/// distinct, and a call that finished before another started got smaller
-/// values.
-fn assert_linearizable(calls: &[Call]) {
-    let mut values = HashSet::new();
-    for c in calls {
-        for v in c.first..=c.last {
-            assert!(values.insert(v), "value {v} handed out twice");
-        }
-    }
-    let mut by_end: Vec<&Call> = calls.iter().collect();
-    by_end.sort_by_key(|c| c.end);
-    let mut by_start: Vec<&Call> = calls.iter().collect();
-    by_start.sort_by_key(|c| c.start);
-    // Sweep: for each call in start order, the largest value of every call
-    // that ended before it started must be below its first value.
-    let mut finished_max = 0u64;
-    let mut e = 0;
-    for b in by_start {
-        while e < by_end.len() && by_end[e].end < b.start {
-            finished_max = finished_max.max(by_end[e].last);
-            e += 1;
-        }
-        assert!(
-            b.first > finished_max,
-            "a call that started after another finished got a smaller value: {} <= {finished_max}",
-            b.first
-        );
-    }
 }
 
 /// `callers` concurrent callers spread over `clients`, each making

@@ -359,3 +359,43 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
+
+/// One recorded strict call.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    pub start: std::time::Instant,
+    pub end: std::time::Instant,
+    pub first: u64,
+    pub last: u64,
+}
+
+/// Strict mode's promise, checked from recorded times: all values are
+/// distinct, and a call that finished before another started got smaller
+/// values.
+pub fn assert_linearizable(calls: &[Call]) {
+    let mut values = std::collections::HashSet::new();
+    for c in calls {
+        for v in c.first..=c.last {
+            assert!(values.insert(v), "value {v} handed out twice");
+        }
+    }
+    let mut by_end: Vec<&Call> = calls.iter().collect();
+    by_end.sort_by_key(|c| c.end);
+    let mut by_start: Vec<&Call> = calls.iter().collect();
+    by_start.sort_by_key(|c| c.start);
+    // Sweep: for each call in start order, the largest value of every call
+    // that ended before it started must be below its first value.
+    let mut finished_max = 0u64;
+    let mut e = 0;
+    for b in by_start {
+        while e < by_end.len() && by_end[e].end < b.start {
+            finished_max = finished_max.max(by_end[e].last);
+            e += 1;
+        }
+        assert!(
+            b.first > finished_max,
+            "a call that started after another finished got a smaller value: {} <= {finished_max}",
+            b.first
+        );
+    }
+}
