@@ -410,24 +410,25 @@ impl std::fmt::Debug for AdminSection {
 }
 
 /// Reads a secret given inline or in a file (not both).
-fn secret(inline: &str, file: &Path, key: &'static str, file_key: &'static str) -> Result<Option<String>, ConfigError> {
+fn secret(
+    inline: &str,
+    file: &Path,
+    key: &'static str,
+    file_key: &'static str,
+) -> Result<Option<String>, ConfigError> {
     match (inline.is_empty(), file.as_os_str().is_empty()) {
         (true, true) => Ok(None),
         (false, true) => Ok(Some(inline.to_owned())),
         (true, false) => {
-            let text = std::fs::read_to_string(file).map_err(|e| {
-                invalid(file_key, format!("cannot read {}: {e}", file.display()))
-            })?;
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| invalid(file_key, format!("cannot read {}: {e}", file.display())))?;
             let token = text.trim();
             if token.is_empty() {
                 return Err(invalid(file_key, format!("{} is empty", file.display())));
             }
             Ok(Some(token.to_owned()))
         }
-        (false, false) => Err(invalid(
-            key,
-            format!("set {key} or {file_key}, not both"),
-        )),
+        (false, false) => Err(invalid(key, format!("set {key} or {file_key}, not both"))),
     }
 }
 
@@ -725,7 +726,8 @@ impl FileConfig {
         };
         let lease = if self.lease.enabled {
             let l = &self.lease;
-            crate::id::lease::check_zone(l.zone).map_err(|e| invalid("lease.zone", e.to_string()))?;
+            crate::id::lease::check_zone(l.zone)
+                .map_err(|e| invalid("lease.zone", e.to_string()))?;
             crate::id::lease::check_token(l.token)
                 .map_err(|e| invalid("lease.token", e.to_string()))?;
             crate::id::lease::check_block(l.block)

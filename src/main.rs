@@ -1,4 +1,4 @@
-//! The `idgen` command: serve, init, gen, decode, bench.
+//! The `idgen` command: serve, init, gen, decode, bench, admin.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 
 use idgen::bench::{self, BaselineServer, BenchOptions};
 use idgen::config::{Config, FileConfig, Overrides};
-use idgen::id::{Clock, OffsetClock, SystemClock};
+use idgen::id::{Clock, Mode, OffsetClock, SystemClock};
 use idgen::proto::{self, id_gen_client::IdGenClient};
 use idgen::server::{decode_snowflake, Node};
 use idgen::store::EmbeddedStore;
@@ -36,6 +36,9 @@ enum Command {
     Decode(DecodeArgs),
     /// Load-test a running server over gRPC.
     Bench(BenchArgs),
+    /// Administer a running server (idgen.v1.Admin): segment tags, worker
+    /// id and lease token holders, strict namespaces' steps.
+    Admin(AdminArgs),
 }
 
 #[derive(Args)]
@@ -101,6 +104,9 @@ struct DecodeArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// The mode the ID came from: snowflake or lease.
+    #[arg(long, default_value = "snowflake")]
+    mode: String,
 }
 
 #[derive(Args)]
@@ -142,6 +148,128 @@ struct BenchArgs {
     json: bool,
 }
 
+#[derive(Args)]
+struct AdminArgs {
+    /// Server URL.
+    #[arg(long, global = true, default_value = "http://127.0.0.1:50051")]
+    addr: String,
+    /// The server's admin token (its admin.token). Prefer --token-file or
+    /// the environment: a command line is visible to other users.
+    #[arg(
+        long,
+        global = true,
+        env = "IDGEN_ADMIN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
+    token: Option<String>,
+    /// A file holding the admin token.
+    #[arg(long, global = true)]
+    token_file: Option<PathBuf>,
+    /// Print JSON (IDs as decimal strings).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Segment tags: create, update, get, list, delete.
+    #[command(subcommand)]
+    Tags(TagsCommand),
+    /// Who holds each worker id and lease token.
+    Holders,
+    /// Free a worker id or lease token held in Consul. Refused while the
+    /// holder is alive unless --force, which destroys the holder's session
+    /// (freeing everything that node holds) and waits out its lock-delay.
+    Release(ReleaseArgs),
+    /// Strict namespaces' steps.
+    #[command(subcommand)]
+    Strict(StrictCommand),
+}
+
+#[derive(Subcommand)]
+enum TagsCommand {
+    /// Create a tag; its first ID is --initial + 1.
+    Create {
+        /// Tag name: 1 to 64 of a-z 0-9 _ -.
+        tag: String,
+        /// The first ID will be this + 1.
+        #[arg(long, default_value_t = 0)]
+        initial: u64,
+        /// IDs per range (1 to 1000000000).
+        #[arg(long, default_value_t = 1000)]
+        step: u64,
+        /// Free text for operators.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Change a tag's step or description, or move its max_id forward.
+    Update {
+        /// Tag name.
+        tag: String,
+        /// New step (1 to 1000000000).
+        #[arg(long)]
+        step: Option<u64>,
+        /// New description.
+        #[arg(long)]
+        description: Option<String>,
+        /// New max_id: only forward (IDs up to it are skipped).
+        #[arg(long)]
+        max_id: Option<u64>,
+    },
+    /// Show one tag.
+    Get {
+        /// Tag name.
+        tag: String,
+    },
+    /// List every tag.
+    List,
+    /// Delete a tag (a tombstone keeps its max_id: IDs never repeat).
+    Delete {
+        /// Tag name.
+        tag: String,
+    },
+}
+
+#[derive(Args)]
+struct ReleaseArgs {
+    /// What to free: worker or token.
+    #[arg(long)]
+    kind: String,
+    /// The worker id or token number.
+    #[arg(long)]
+    id: u64,
+    /// The datacenter of a worker id.
+    #[arg(long, conflicts_with = "zone")]
+    datacenter: Option<u64>,
+    /// The zone of a lease token.
+    #[arg(long)]
+    zone: Option<u64>,
+    /// Release even though the holder is alive.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Subcommand)]
+enum StrictCommand {
+    /// Set a namespace's step.
+    SetStep {
+        /// Namespace: 1 to 64 of a-z 0-9 _ -.
+        namespace: String,
+        /// Step (1 to 1000000).
+        step: u64,
+    },
+    /// Show a namespace's step.
+    GetStep {
+        /// Namespace.
+        namespace: String,
+    },
+    /// List namespaces with a stored step.
+    List,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -170,6 +298,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gen(a) => gen(a).await,
         Command::Decode(a) => decode(a),
         Command::Bench(a) => bench_cmd(a).await,
+        Command::Admin(a) => admin::run(a).await,
     }
 }
 
@@ -309,11 +438,22 @@ fn decode(a: DecodeArgs) -> anyhow::Result<()> {
     let Ok(id) = a.id.parse::<u64>() else {
         bail!("{:?} is not a decimal 64-bit unsigned integer", a.id);
     };
-    let file = FileConfig::load(a.config.as_deref())?;
-    let layout = file.layout(SystemClock.now_millis())?;
-    let d = decode_snowflake(&layout, id)?;
+    let d = match Mode::parse(&a.mode)? {
+        Mode::Snowflake => {
+            let file = FileConfig::load(a.config.as_deref())?;
+            let layout = file.layout(SystemClock.now_millis())?;
+            decode_snowflake(&layout, id)?
+        }
+        Mode::Lease => idgen::server::issuer::decode_lease(id)?,
+        other => bail!("mode {other} IDs are plain numbers with no fields to decode"),
+    };
     if a.json {
         println!("{}", serde_json::to_string(&d)?);
+    } else if let (Some(zone), Some(token)) = (d.zone, d.token) {
+        println!(
+            "id {}\nzone {zone}\ntoken {token}\nsequence {}",
+            d.id, d.sequence
+        );
     } else {
         println!(
             "id {}\ntime {} ({} ms)\ndatacenter {}\nworker {}\nsequence {}",
@@ -385,4 +525,356 @@ async fn bench_cmd(a: BenchArgs) -> anyhow::Result<()> {
         bail!("IDs went backwards or repeated within a task: see order violations");
     }
     Ok(())
+}
+
+/// `idgen admin`: a thin client of `idgen.v1.Admin`.
+mod admin {
+    use anyhow::{bail, Context};
+    use serde_json::{json, Value};
+    use tonic::metadata::{Ascii, MetadataValue};
+    use tonic::service::interceptor::{InterceptedService, Interceptor};
+    use tonic::transport::Channel;
+    use tonic::{Request, Status};
+
+    use idgen::proto::{self, admin_client::AdminClient, HolderKind};
+    use idgen::server::status::code_name;
+
+    use super::{AdminArgs, AdminCommand, StrictCommand, TagsCommand};
+
+    /// Adds `authorization: Bearer <token>` to every call (when a token
+    /// was given; without one the server answers UNAUTHENTICATED).
+    #[derive(Clone)]
+    struct Bearer(Option<MetadataValue<Ascii>>);
+
+    impl Interceptor for Bearer {
+        fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+            if let Some(h) = &self.0 {
+                req.metadata_mut().insert("authorization", h.clone());
+            }
+            Ok(req)
+        }
+    }
+
+    type Client = AdminClient<InterceptedService<Channel, Bearer>>;
+
+    /// The token from --token / IDGEN_ADMIN_TOKEN or --token-file.
+    fn token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
+        if let Some(t) = &a.token {
+            return Ok(Some(t.trim().to_owned()));
+        }
+        let Some(path) = &a.token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --token-file {}", path.display()))?;
+        let t = text.trim();
+        if t.is_empty() {
+            bail!("--token-file {} is empty", path.display());
+        }
+        Ok(Some(t.to_owned()))
+    }
+
+    async fn connect(a: &AdminArgs) -> anyhow::Result<Client> {
+        let header = match token(a)? {
+            Some(t) => {
+                let mut v = MetadataValue::try_from(format!("Bearer {t}")).map_err(|_| {
+                    anyhow::anyhow!(
+                        "the admin token has characters a header cannot carry (use printable ASCII)"
+                    )
+                })?;
+                // Kept out of HTTP/2 header compression tables.
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
+        let channel = Channel::from_shared(a.addr.clone())
+            .with_context(|| {
+                format!(
+                    "--addr {:?} is not a URL (e.g. http://127.0.0.1:50051)",
+                    a.addr
+                )
+            })?
+            .connect()
+            .await
+            .with_context(|| format!("cannot connect to {}", a.addr))?;
+        Ok(AdminClient::with_interceptor(channel, Bearer(header)))
+    }
+
+    /// The gRPC code and message, for the error line.
+    fn failed(s: Status) -> anyhow::Error {
+        anyhow::anyhow!("{}: {}", code_name(s.code()), s.message())
+    }
+
+    fn tag_json(t: &proto::SegmentTag) -> Value {
+        json!({
+            "tag": t.tag,
+            "max_id": t.max_id.to_string(),
+            "step": t.step,
+            "description": t.description,
+            "created": t.created,
+            "updated": t.updated,
+        })
+    }
+
+    fn tag_line(t: &proto::SegmentTag) -> String {
+        format!(
+            "{}\tmax_id {}\tstep {}\tcreated {}\tupdated {}\tdescription {:?}",
+            t.tag, t.max_id, t.step, t.created, t.updated, t.description
+        )
+    }
+
+    fn kind_name(kind: i32) -> &'static str {
+        match HolderKind::try_from(kind) {
+            Ok(HolderKind::Worker) => "worker",
+            Ok(HolderKind::LeaseToken) => "token",
+            _ => "unknown",
+        }
+    }
+
+    fn holder_json(h: &proto::Holder) -> Value {
+        json!({
+            "kind": kind_name(h.kind),
+            "datacenter": h.datacenter,
+            "zone": h.zone,
+            "id": h.id,
+            "instance": h.instance,
+            "address": h.address,
+            "since": h.since,
+            "session": h.session,
+            "state": h.state,
+            "reserved": h.reserved.to_string(),
+        })
+    }
+
+    fn holder_line(h: &proto::Holder) -> String {
+        let place = match HolderKind::try_from(h.kind) {
+            Ok(HolderKind::LeaseToken) => format!("token {}/{}", h.zone, h.id),
+            _ => format!("worker {}/{}", h.datacenter, h.id),
+        };
+        format!(
+            "{place}\t{}\tinstance {}\taddress {}\tsince {}\tsession {}",
+            h.state,
+            h.instance,
+            h.address,
+            h.since,
+            if h.session.is_empty() {
+                "-"
+            } else {
+                &h.session
+            }
+        )
+    }
+
+    fn tag_of(t: Option<proto::SegmentTag>) -> anyhow::Result<proto::SegmentTag> {
+        t.context("the server answered without the tag")
+    }
+
+    /// Runs one admin command and prints its answer.
+    pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
+        let mut c = connect(&a).await?;
+        let out: (Value, String) = match &a.command {
+            AdminCommand::Tags(TagsCommand::Create {
+                tag,
+                initial,
+                step,
+                description,
+            }) => {
+                let r = c
+                    .create_tag(proto::CreateTagRequest {
+                        tag: tag.clone(),
+                        initial: *initial,
+                        step: *step,
+                        description: description.clone(),
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let t = tag_of(r.tag)?;
+                let mut text = format!("created {}", tag_line(&t));
+                if !r.note.is_empty() {
+                    text.push_str(&format!("\nnote: {}", r.note));
+                }
+                (json!({"tag": tag_json(&t), "note": r.note}), text)
+            }
+            AdminCommand::Tags(TagsCommand::Update {
+                tag,
+                step,
+                description,
+                max_id,
+            }) => {
+                if step.is_none() && description.is_none() && max_id.is_none() {
+                    bail!("nothing to change: pass --step, --description or --max-id");
+                }
+                let r = c
+                    .update_tag(proto::UpdateTagRequest {
+                        tag: tag.clone(),
+                        step: *step,
+                        description: description.clone(),
+                        max_id: *max_id,
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let t = tag_of(r.tag)?;
+                (
+                    json!({"tag": tag_json(&t)}),
+                    format!("updated {}", tag_line(&t)),
+                )
+            }
+            AdminCommand::Tags(TagsCommand::Get { tag }) => {
+                let r = c
+                    .get_tag(proto::GetTagRequest { tag: tag.clone() })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let t = tag_of(r.tag)?;
+                (json!({"tag": tag_json(&t)}), tag_line(&t))
+            }
+            AdminCommand::Tags(TagsCommand::List) => {
+                let r = c
+                    .list_tags(proto::ListTagsRequest {})
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let lines: Vec<String> = r.tags.iter().map(tag_line).collect();
+                let text = if lines.is_empty() {
+                    "no tags".to_owned()
+                } else {
+                    lines.join("\n")
+                };
+                (
+                    json!({"tags": r.tags.iter().map(tag_json).collect::<Vec<_>>()}),
+                    text,
+                )
+            }
+            AdminCommand::Tags(TagsCommand::Delete { tag }) => {
+                let r = c
+                    .delete_tag(proto::DeleteTagRequest { tag: tag.clone() })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                (
+                    json!({"tag": r.tag, "max_id": r.max_id.to_string(), "note": r.note}),
+                    format!("deleted {} (max_id {})\nnote: {}", r.tag, r.max_id, r.note),
+                )
+            }
+            AdminCommand::Holders => {
+                let r = c
+                    .list_holders(proto::ListHoldersRequest {})
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let mut text = format!("backend {}", r.backend);
+                for h in &r.holders {
+                    text.push('\n');
+                    text.push_str(&holder_line(h));
+                }
+                (
+                    json!({
+                        "backend": r.backend,
+                        "holders": r.holders.iter().map(holder_json).collect::<Vec<_>>(),
+                    }),
+                    text,
+                )
+            }
+            AdminCommand::Release(r) => {
+                let (kind, datacenter, zone) = match r.kind.as_str() {
+                    "worker" => {
+                        if r.zone.is_some() {
+                            bail!("--zone is for --kind token; a worker id has --datacenter");
+                        }
+                        (HolderKind::Worker, r.datacenter.unwrap_or(0), 0)
+                    }
+                    "token" | "lease_token" | "lease-token" => {
+                        if r.datacenter.is_some() {
+                            bail!("--datacenter is for --kind worker; a lease token has --zone");
+                        }
+                        (HolderKind::LeaseToken, 0, r.zone.unwrap_or(0))
+                    }
+                    other => bail!("--kind {other:?}: use worker or token"),
+                };
+                if r.force && !a.json {
+                    eprintln!("releasing with --force: waiting out the holder's lock-delay (up to 60 s)...");
+                }
+                let resp = c
+                    .force_release(proto::ForceReleaseRequest {
+                        kind: kind as i32,
+                        datacenter,
+                        zone,
+                        id: r.id,
+                        force: r.force,
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                (
+                    json!({
+                        "released": resp.released,
+                        "waited_ms": resp.waited_ms,
+                        "message": resp.message,
+                        "holder": resp.holder.as_ref().map(holder_json),
+                    }),
+                    resp.message,
+                )
+            }
+            AdminCommand::Strict(StrictCommand::SetStep { namespace, step }) => {
+                let r = c
+                    .set_strict_step(proto::SetStrictStepRequest {
+                        namespace: namespace.clone(),
+                        step: *step,
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                (
+                    json!({"namespace": r.namespace, "step": r.step, "previous": r.previous}),
+                    format!(
+                        "namespace {}: step {} (was {}); other nodes use it within 10 s",
+                        r.namespace, r.step, r.previous
+                    ),
+                )
+            }
+            AdminCommand::Strict(StrictCommand::GetStep { namespace }) => {
+                let r = c
+                    .get_strict_step(proto::GetStrictStepRequest {
+                        namespace: namespace.clone(),
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let origin = if r.stored { "set" } else { "server default" };
+                (
+                    json!({"namespace": r.namespace, "step": r.step, "stored": r.stored}),
+                    format!("namespace {}: step {} ({origin})", r.namespace, r.step),
+                )
+            }
+            AdminCommand::Strict(StrictCommand::List) => {
+                let r = c
+                    .list_strict_namespaces(proto::ListStrictNamespacesRequest {})
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let mut text = format!("default step {}", r.default_step);
+                for n in &r.namespaces {
+                    text.push_str(&format!("\n{}\tstep {}", n.namespace, n.step));
+                }
+                let list: Vec<Value> = r
+                    .namespaces
+                    .iter()
+                    .map(|n| json!({"namespace": n.namespace, "step": n.step}))
+                    .collect();
+                (
+                    json!({"namespaces": list, "default_step": r.default_step}),
+                    text,
+                )
+            }
+        };
+        if a.json {
+            println!("{}", out.0);
+        } else {
+            println!("{}", out.1);
+        }
+        Ok(())
+    }
 }

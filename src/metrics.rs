@@ -155,10 +155,7 @@ fn describe() {
         STRICT_CONFLICTS,
         "Strict calls' compare-and-set conflicts in Consul, retried with backoff."
     );
-    describe_counter!(
-        ADMIN_CALLS,
-        "Admin API calls, by method and status code."
-    );
+    describe_counter!(ADMIN_CALLS, "Admin API calls, by method and status code.");
     describe_gauge!(
         BUILD_INFO,
         "Always 1; labelled with the idgen version and the ID layout."

@@ -82,7 +82,10 @@ async fn two_sessions_hold_different_tokens_and_blocks_never_overlap() {
     assert_ne!(ta, tb);
     let entry = consul.kv_get(&format!("idgen/test/lease/2/{ta}")).unwrap();
     let record: TokenRecord = serde_json::from_slice(&entry.value).unwrap();
-    assert_eq!((record.owner.instance.as_str(), record.reserved), ("a", 200));
+    assert_eq!(
+        (record.owner.instance.as_str(), record.reserved),
+        ("a", 200)
+    );
 
     // A gives its token back; B cannot take it (it holds one), a new
     // instance "c" takes the lowest free one, which is A's, and continues
@@ -150,10 +153,7 @@ async fn a_lost_session_stops_reservations_and_an_unknown_outcome_is_never_reuse
     consul
         .faults()
         .delay("agent-0", Some(Duration::from_millis(800)));
-    assert!(matches!(
-        a.reserve(10).await,
-        Err(StoreError::Backend(_))
-    ));
+    assert!(matches!(a.reserve(10).await, Err(StoreError::Backend(_))));
     consul.faults().delay("agent-0", None);
     tokio::time::sleep(Duration::from_millis(900)).await;
     // 11..=20 may have been handed to nobody, but it is gone for good.

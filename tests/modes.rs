@@ -128,7 +128,10 @@ async fn strict_values_from_three_cluster_nodes_are_linearizable() {
     let stored = consul
         .kv_get("idgen/test/strict/books/moby-dick")
         .expect("counter");
-    assert_eq!(String::from_utf8_lossy(&stored.value).trim(), max.to_string());
+    assert_eq!(
+        String::from_utf8_lossy(&stored.value).trim(),
+        max.to_string()
+    );
     // Another key is its own sequence.
     let mut c = nodes[1].client().await;
     let v = c
@@ -256,7 +259,13 @@ async fn during_a_consul_outage_lease_serves_its_blocks_until_fenced_segment_its
     let mut seen = HashSet::new();
     // Warm up every mode: both buffers full.
     for _ in 0..3 {
-        for id in c.gen_ids(gen(Mode::Lease, "", 10)).await.unwrap().into_inner().ids {
+        for id in c
+            .gen_ids(gen(Mode::Lease, "", 10))
+            .await
+            .unwrap()
+            .into_inner()
+            .ids
+        {
             assert!(seen.insert(id));
         }
         let _ = c.gen_ids(gen(Mode::Segment, "outage", 10)).await.unwrap();
@@ -385,7 +394,13 @@ async fn embedded_strict_is_linearizable_and_lease_decodes_to_the_configured_tok
     let mut c = server.client().await;
     let mut seen = HashSet::new();
     for n in [1u32, 7, 49, 50, 51, 300] {
-        for id in c.gen_ids(gen(Mode::Lease, "", n)).await.unwrap().into_inner().ids {
+        for id in c
+            .gen_ids(gen(Mode::Lease, "", n))
+            .await
+            .unwrap()
+            .into_inner()
+            .ids
+        {
             let p = decompose(id).unwrap();
             assert_eq!((p.zone, p.token), (3, 7));
             assert!(seen.insert(id));
@@ -411,7 +426,13 @@ async fn embedded_strict_is_linearizable_and_lease_decodes_to_the_configured_tok
         .into_inner()
         .id;
     assert_eq!(v, max + 2, "strict values are durable and gap-free here");
-    for id in c.gen_ids(gen(Mode::Lease, "", 100)).await.unwrap().into_inner().ids {
+    for id in c
+        .gen_ids(gen(Mode::Lease, "", 100))
+        .await
+        .unwrap()
+        .into_inner()
+        .ids
+    {
         assert!(seen.insert(id), "{id} reused after a restart");
     }
     server.stop().await;
@@ -423,11 +444,31 @@ async fn bad_lease_and_strict_requests_get_clear_errors() {
     let server = TestServer::start(embedded_modes(dir.path())).await;
     let mut c = server.client().await;
     let cases = [
-        (gen(Mode::Strict, "", 1), tonic::Code::InvalidArgument, "needs a key"),
-        (gen(Mode::Strict, "nokey", 1), tonic::Code::InvalidArgument, "<namespace>/<key>"),
-        (gen(Mode::Strict, "Books/x", 1), tonic::Code::InvalidArgument, "malformed"),
-        (gen(Mode::Strict, "books/x", 0), tonic::Code::InvalidArgument, "count"),
-        (gen(Mode::Lease, "tag", 1), tonic::Code::InvalidArgument, "takes no tag"),
+        (
+            gen(Mode::Strict, "", 1),
+            tonic::Code::InvalidArgument,
+            "needs a key",
+        ),
+        (
+            gen(Mode::Strict, "nokey", 1),
+            tonic::Code::InvalidArgument,
+            "<namespace>/<key>",
+        ),
+        (
+            gen(Mode::Strict, "Books/x", 1),
+            tonic::Code::InvalidArgument,
+            "malformed",
+        ),
+        (
+            gen(Mode::Strict, "books/x", 0),
+            tonic::Code::InvalidArgument,
+            "count",
+        ),
+        (
+            gen(Mode::Lease, "tag", 1),
+            tonic::Code::InvalidArgument,
+            "takes no tag",
+        ),
     ];
     for (req, code, text) in cases {
         let e = c.gen_ids(req.clone()).await.unwrap_err();
@@ -496,7 +537,13 @@ async fn kill_during_lease_blocks_and_strict_calls_never_leads_to_reuse() {
         }
         let mut c = node.client().await;
         for _ in 0..30 {
-            for id in c.gen_ids(gen(Mode::Lease, "", 13)).await.unwrap().into_inner().ids {
+            for id in c
+                .gen_ids(gen(Mode::Lease, "", 13))
+                .await
+                .unwrap()
+                .into_inner()
+                .ids
+            {
                 assert!(seen_lease.insert(id), "round {round}: lease {id} twice");
             }
         }

@@ -38,6 +38,21 @@ pub enum SegmentError {
         /// The largest allowed ID.
         max: u64,
     },
+    /// An admin update tried to move `max_id` back.
+    #[error("tag {tag:?}: max_id can only move forward (it is {current}, asked for {asked}): moving it back would hand out IDs again; pass a value of at least {current}")]
+    MaxIdBackwards {
+        /// The tag.
+        tag: String,
+        /// Its current `max_id`.
+        current: u64,
+        /// The value asked for.
+        asked: u64,
+    },
+    /// An initial value or `max_id` above the largest segment ID.
+    #[error(
+        "max_id {0} is out of range: use 0 to 9223372036854775807 (segment IDs stay below 2^63)"
+    )]
+    BadMaxId(u64),
 }
 
 /// Largest step of one range.
@@ -83,6 +98,37 @@ pub fn check_step(step: u64) -> Result<u64, SegmentError> {
     }
 }
 
+/// Checks an initial value or a new `max_id`.
+pub fn check_max_id(max_id: u64) -> Result<u64, SegmentError> {
+    if max_id <= MAX_SEGMENT_ID {
+        Ok(max_id)
+    } else {
+        Err(SegmentError::BadMaxId(max_id))
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// What an admin update changes; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TagUpdate {
+    /// A new configured step.
+    pub step: Option<u64>,
+    /// A new description.
+    pub description: Option<String>,
+    /// A new `max_id`; only forward (IDs up to it are never handed out).
+    pub max_id: Option<u64>,
+}
+
+impl TagUpdate {
+    /// Whether the update changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.step.is_none() && self.description.is_none() && self.max_id.is_none()
+    }
+}
+
 /// A tag's durable record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TagRecord {
@@ -98,6 +144,11 @@ pub struct TagRecord {
     pub created_ms: u64,
     /// When the record last changed, Unix ms.
     pub updated_ms: u64,
+    /// A deleted tag's tombstone. The record stays, with its `max_id`, so
+    /// that a tag created again by the same name continues above every ID
+    /// the old one may have handed out. A deleted tag reads as unknown.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub deleted: bool,
 }
 
 impl TagRecord {
@@ -114,7 +165,58 @@ impl TagRecord {
             description: description.to_owned(),
             created_ms: now_ms,
             updated_ms: now_ms,
+            deleted: false,
         })
+    }
+
+    /// The record after `update`; `max_id` may only move forward.
+    pub fn updated(
+        &self,
+        tag: &Tag,
+        update: &TagUpdate,
+        now_ms: u64,
+    ) -> Result<TagRecord, SegmentError> {
+        let mut next = self.clone();
+        if let Some(step) = update.step {
+            next.step = check_step(step)?;
+        }
+        if let Some(max_id) = update.max_id {
+            check_max_id(max_id)?;
+            if max_id < self.max_id {
+                return Err(SegmentError::MaxIdBackwards {
+                    tag: tag.to_string(),
+                    current: self.max_id,
+                    asked: max_id,
+                });
+            }
+            next.max_id = max_id;
+        }
+        if let Some(d) = &update.description {
+            next.description.clone_from(d);
+        }
+        next.updated_ms = now_ms.max(self.updated_ms);
+        Ok(next)
+    }
+
+    /// The tombstone left by deleting the tag: same `max_id`, marked
+    /// deleted.
+    pub fn tombstone(&self, now_ms: u64) -> TagRecord {
+        TagRecord {
+            deleted: true,
+            updated_ms: now_ms.max(self.updated_ms),
+            ..self.clone()
+        }
+    }
+
+    /// The record that re-creates a deleted tag (`self` is its tombstone)
+    /// as `fresh` asks, except that it continues above the old `max_id`
+    /// when `fresh` would start below it.
+    pub fn revived(&self, fresh: &TagRecord) -> TagRecord {
+        TagRecord {
+            max_id: fresh.max_id.max(self.max_id),
+            deleted: false,
+            ..fresh.clone()
+        }
     }
 
     /// The range `(max_id, max_id + step]` and the record to write for it.
@@ -224,5 +326,61 @@ mod tests {
         assert!(TagRecord::new(0, MAX_STEP + 1, "", 1).is_err());
         let huge = TagRecord::new(u64::MAX, 1, "", 1).unwrap();
         assert_eq!(huge.max_id, MAX_SEGMENT_ID);
+    }
+
+    #[test]
+    fn updates_only_move_max_id_forward_and_check_the_step() {
+        let tag = Tag::parse("t").unwrap();
+        let r = TagRecord::new(100, 10, "old", 1).unwrap();
+        let up = |step, description: Option<&str>, max_id| TagUpdate {
+            step,
+            description: description.map(str::to_owned),
+            max_id,
+        };
+        let n = r
+            .updated(&tag, &up(Some(20), Some("new"), Some(500)), 5)
+            .unwrap();
+        assert_eq!((n.step, n.description.as_str(), n.max_id), (20, "new", 500));
+        assert_eq!((n.created_ms, n.updated_ms), (1, 5));
+        // Unchanged fields stay; the same max_id is allowed.
+        let same = r.updated(&tag, &up(None, None, Some(100)), 0).unwrap();
+        assert_eq!((same.step, same.max_id, same.updated_ms), (10, 100, 1));
+        assert!(matches!(
+            r.updated(&tag, &up(None, None, Some(99)), 5),
+            Err(SegmentError::MaxIdBackwards {
+                current: 100,
+                asked: 99,
+                ..
+            })
+        ));
+        assert_eq!(
+            r.updated(&tag, &up(Some(0), None, None), 5),
+            Err(SegmentError::BadStep(0))
+        );
+        assert_eq!(
+            r.updated(&tag, &up(None, None, Some(u64::MAX)), 5),
+            Err(SegmentError::BadMaxId(u64::MAX))
+        );
+        assert!(up(None, None, None).is_empty());
+    }
+
+    #[test]
+    fn a_revived_tag_continues_above_its_tombstone() {
+        let old = TagRecord::new(0, 10, "", 1).unwrap();
+        let (_, old) = old.next_range(&Tag::parse("t").unwrap(), 10, 2).unwrap();
+        let tomb = old.tombstone(3);
+        assert!(tomb.deleted);
+        assert_eq!(tomb.max_id, 10);
+        let fresh = TagRecord::new(0, 5, "again", 4).unwrap();
+        let back = tomb.revived(&fresh);
+        assert!(!back.deleted);
+        assert_eq!((back.max_id, back.step, back.created_ms), (10, 5, 4));
+        let higher = TagRecord::new(50, 5, "", 4).unwrap();
+        assert_eq!(tomb.revived(&higher).max_id, 50);
+        // Live records serialise as before (no `deleted` key).
+        let json = String::from_utf8(serde_json::to_vec(&fresh).unwrap()).unwrap();
+        assert!(!json.contains("deleted"), "{json}");
+        let parsed: TagRecord = serde_json::from_str(&json).unwrap();
+        assert!(!parsed.deleted);
     }
 }

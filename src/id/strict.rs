@@ -203,7 +203,14 @@ mod tests {
         assert_eq!(k.key(), "moby-dick_2");
         assert_eq!(k.namespace(), Namespace::parse("books").unwrap());
         for bad in [
-            "", "books", "/k", "books/", "Books/k", "books/k/x", "bo ok/k", "books/ä",
+            "",
+            "books",
+            "/k",
+            "books/",
+            "Books/k",
+            "books/k/x",
+            "bo ok/k",
+            "books/ä",
         ] {
             assert!(StrictKey::parse(bad).is_err(), "{bad:?} accepted");
         }

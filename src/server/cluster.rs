@@ -31,8 +31,8 @@ use crate::error::Error;
 use crate::id::{Clock, Layout};
 use crate::metrics as m;
 use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease};
-use crate::store::lease::ConsulTokens;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
+use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
@@ -75,7 +75,12 @@ struct Held {
 
 impl Held {
     /// Lease tokens held under this worker id's session.
-    fn tokens(&self, spec: &ClusterSpec, client: &ConsulClient, zone: u64) -> Result<ConsulTokens, crate::store::StoreError> {
+    fn tokens(
+        &self,
+        spec: &ClusterSpec,
+        client: &ConsulClient,
+        zone: u64,
+    ) -> Result<ConsulTokens, crate::store::StoreError> {
         ConsulTokens::new(
             client.clone(),
             spec.config.keys.clone(),

@@ -7,6 +7,7 @@
 //! NOT_SERVING, stops accepting, drains in-flight calls, then stores the
 //! final high-water mark.
 
+pub mod admin;
 pub mod cluster;
 pub mod grpc;
 pub mod http;
@@ -112,6 +113,7 @@ pub struct Node {
     issuer: Arc<Issuer>,
     backing: Backing,
     metrics: PrometheusHandle,
+    admin_segments: Option<Arc<dyn SegmentStore>>,
 }
 
 /// The stable instance name: configured, or `<hostname>-<port>`.
@@ -198,7 +200,11 @@ impl Node {
                 .await
                 .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
         let lease: Option<Arc<dyn TokenSource>> = match &config.lease {
-            Some(l) => Some(Arc::new(EmbeddedTokens::new(store.clone(), l.zone, l.token)?)),
+            Some(l) => Some(Arc::new(EmbeddedTokens::new(
+                store.clone(),
+                l.zone,
+                l.token,
+            )?)),
             None => None,
         };
         let stores = ModeStores {
@@ -262,6 +268,11 @@ impl Node {
         stores: ModeStores,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
+        let admin_segments = if config.segment.is_some() {
+            stores.segment.clone()
+        } else {
+            None
+        };
         let mut issuer = Issuer::new(
             generator,
             Arc::clone(&clock),
@@ -312,6 +323,7 @@ impl Node {
             issuer: Arc::new(issuer),
             backing,
             metrics,
+            admin_segments,
         })
     }
 
@@ -334,6 +346,7 @@ impl Node {
             issuer,
             backing,
             metrics,
+            admin_segments,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let state = monitor::ServingState::new(reporter);
@@ -353,6 +366,31 @@ impl Node {
         let idgen =
             proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(&issuer)));
 
+        let admin_cluster = match (&backing, &config.backend) {
+            (Backing::Cluster(c), Backend::Consul(cc)) => {
+                Some((c.client().clone(), cc.keys.clone()))
+            }
+            _ => None,
+        };
+        let admin_worker = match &backing {
+            Backing::Embedded(keeper) => keeper.key(),
+            Backing::Cluster(c) => c.key(),
+        };
+        let advertise = config.advertise.unwrap_or(config.grpc_listen);
+        let admin = admin::service(admin::AdminDeps {
+            token: config.admin_token.clone(),
+            segments: admin_segments,
+            strict: issuer.strict().cloned(),
+            cluster: admin_cluster,
+            node: admin::NodeFacts {
+                instance: instance_id(&config, advertise),
+                address: advertise.to_string(),
+                worker: admin_worker,
+                lease: issuer.leases().cloned(),
+                lease_zone: config.lease.as_ref().map(|l| l.zone),
+            },
+            clock: Arc::clone(&clock),
+        });
         let (stop_tx, stop_rx) = watch::channel(false);
         let wait_stop = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
@@ -364,6 +402,7 @@ impl Node {
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(idgen)
+                .add_service(admin)
                 .serve_with_incoming_shutdown(incoming, wait_stop(stop_rx.clone())),
         );
         let http_addr = http.local_addr().ok();

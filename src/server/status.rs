@@ -26,9 +26,7 @@ pub fn code(e: &Error) -> Code {
             LeaseError::TokenExhausted { .. } | LeaseError::NoFreeToken { .. },
         )) => Code::ResourceExhausted,
         Error::Store(StoreError::Lease(_)) => Code::InvalidArgument,
-        Error::Store(StoreError::Strict(StrictError::Exhausted { .. })) => {
-            Code::ResourceExhausted
-        }
+        Error::Store(StoreError::Strict(StrictError::Exhausted { .. })) => Code::ResourceExhausted,
         Error::Store(StoreError::Strict(_)) => Code::InvalidArgument,
         Error::Gen(_)
         | Error::Store(_)

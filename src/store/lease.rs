@@ -145,7 +145,11 @@ impl EmbeddedTokens {
                         break (block, token);
                     }
                     Err(LeaseError::TokenExhausted { .. }) if token < MAX_TOKEN => {
-                        tracing::warn!(zone = self.zone, token, "lease token used up; moving to the next one");
+                        tracing::warn!(
+                            zone = self.zone,
+                            token,
+                            "lease token used up; moving to the next one"
+                        );
                         token += 1;
                     }
                     Err(LeaseError::TokenExhausted { .. }) => {
@@ -394,7 +398,12 @@ impl ConsulTokens {
     }
 
     /// Writes `record` for the held token if its index is still `index`.
-    async fn write(&self, held: &Held, record: TokenRecord, unlock: bool) -> Result<u64, StoreError> {
+    async fn write(
+        &self,
+        held: &Held,
+        record: TokenRecord,
+        unlock: bool,
+    ) -> Result<u64, StoreError> {
         let key = self.keys.lease(self.zone, held.token);
         let write = if unlock {
             TxnOp::Unlock {
@@ -467,7 +476,11 @@ impl TokenSource for ConsulTokens {
             let (block, next) = match counter.next_block(self.zone, held.token, size) {
                 Ok(b) => b,
                 Err(LeaseError::TokenExhausted { .. }) => {
-                    tracing::warn!(zone = self.zone, token = held.token, "lease token used up; giving it back and taking another");
+                    tracing::warn!(
+                        zone = self.zone,
+                        token = held.token,
+                        "lease token used up; giving it back and taking another"
+                    );
                     let record = held.record.clone();
                     self.write(&held, record, true).await?;
                     *self.held() = None;
@@ -498,7 +511,10 @@ impl TokenSource for ConsulTokens {
                 Err(e) => {
                     // Maybe applied: never use the block, and re-read the
                     // token before the next write.
-                    *self.held() = Some(Held { stale: true, ..held });
+                    *self.held() = Some(Held {
+                        stale: true,
+                        ..held
+                    });
                     Err(e)
                 }
             };

@@ -13,6 +13,18 @@
 //!   carries the new index, so a node that keeps taking never re-reads.
 //!   Lost races are retried with jittered backoff, a bounded number of
 //!   times.
+//!
+//! # Admin changes
+//! Tags are created, updated, listed and deleted by the admin API. An
+//! update may move `max_id` only forward. Deleting a tag leaves a
+//! tombstone ([`TagRecord::deleted`]) that keeps its `max_id`: the tag
+//! then reads as unknown, and creating it again continues above every ID
+//! the old tag may have handed out (the new record's `max_id` is raised to
+//! the tombstone's when it would start below). In Consul every admin write
+//! is a txn `cas` on the ModifyIndex of a consistent read, so it never
+//! crosses a concurrent take; and it drops this node's cached record, so
+//! the next take re-reads (other nodes' caches fail their next `cas` and
+//! re-read too).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,21 +37,71 @@ use super::consul::ClusterKeys;
 use super::embedded::{backend_err, blocking, EmbeddedStore};
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
-use crate::id::segment::{Range, Tag, TagRecord};
+use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 
 /// Segment tag records and range reservations.
 #[async_trait]
 pub trait SegmentStore: Send + Sync + 'static {
     /// Creates `tag` with `record`; [`StoreError::TagExists`] if it exists.
+    /// A deleted tag is created again above its old `max_id`.
     async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError>;
 
-    /// Reads a tag's record (strongest consistency the backend offers).
+    /// Reads a tag's record (strongest consistency the backend offers);
+    /// `None` for an unknown or deleted tag.
     async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError>;
 
     /// Takes the next `step` IDs of `tag`: `(max_id, max_id + step]`,
     /// durably reserved for the caller before it returns.
+    /// [`StoreError::TagNotFound`] for an unknown or deleted tag.
     async fn take_range(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError>;
+
+    /// Like [`create_tag`](Self::create_tag), returning the record
+    /// written: its `max_id` is above `record`'s when a deleted tag by that
+    /// name had handed out more. Backends without admin support create
+    /// and echo `record`.
+    async fn create_tag_record(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+    ) -> Result<TagRecord, StoreError> {
+        self.create_tag(tag, record).await?;
+        Ok(record.clone())
+    }
+
+    /// Every live tag, sorted by name (strongest consistency the backend
+    /// offers).
+    async fn list_tags(&self) -> Result<Vec<(Tag, TagRecord)>, StoreError> {
+        Err(no_admin("list tags"))
+    }
+
+    /// Applies `update` to a live tag and returns the record written;
+    /// [`StoreError::TagNotFound`] for an unknown or deleted tag.
+    async fn update_tag(
+        &self,
+        tag: &Tag,
+        update: &TagUpdate,
+        now_ms: u64,
+    ) -> Result<TagRecord, StoreError> {
+        let _ = (tag, update, now_ms);
+        Err(no_admin("update a tag"))
+    }
+
+    /// Deletes a live tag, leaving a tombstone that keeps its `max_id`
+    /// (returned); [`StoreError::TagNotFound`] for an unknown or deleted
+    /// tag.
+    async fn delete_tag(&self, tag: &Tag, now_ms: u64) -> Result<TagRecord, StoreError> {
+        let _ = (tag, now_ms);
+        Err(no_admin("delete a tag"))
+    }
 }
+
+fn no_admin(what: &str) -> StoreError {
+    StoreError::Backend(format!("this segment store cannot {what}"))
+}
+
+/// How often an admin write that lost a compare-and-set race to takes on
+/// other nodes is tried in all.
+const ADMIN_CAS_ATTEMPTS: u32 = 16;
 
 const SEGMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("segments");
 
@@ -66,21 +128,79 @@ impl EmbeddedStore {
             Err(e) => return Err(backend_err(e)),
         };
         let value = table.get(tag.as_str()).map_err(backend_err)?;
-        value.map(|v| decode(tag, v.value())).transpose()
+        let record = value.map(|v| decode(tag, v.value())).transpose()?;
+        Ok(record.filter(|r| !r.deleted))
     }
 
-    fn insert_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
-        let txn = self.db().begin_write().map_err(backend_err)?;
-        {
-            let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
-            if table.get(tag.as_str()).map_err(backend_err)?.is_some() {
-                return Err(StoreError::TagExists(tag.to_string()));
+    fn list_tags_blocking(&self) -> Result<Vec<(Tag, TagRecord)>, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let table = match txn.open_table(SEGMENTS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(backend_err(e)),
+        };
+        let mut tags = Vec::new();
+        for item in table.iter().map_err(backend_err)? {
+            let (k, v) = item.map_err(backend_err)?;
+            // Only valid names are ever written.
+            let Ok(tag) = Tag::parse(k.value()) else {
+                continue;
+            };
+            let record = decode(&tag, v.value())?;
+            if !record.deleted {
+                tags.push((tag, record));
             }
-            table
-                .insert(tag.as_str(), encode(record).as_slice())
-                .map_err(backend_err)?;
         }
-        txn.commit().map_err(backend_err)
+        // redb iterates in key order, which is the names' order.
+        Ok(tags)
+    }
+
+    fn insert_tag(&self, tag: &Tag, record: &TagRecord) -> Result<TagRecord, StoreError> {
+        let txn = self.db().begin_write().map_err(backend_err)?;
+        let written = {
+            let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
+            let old = match table.get(tag.as_str()).map_err(backend_err)? {
+                Some(v) => Some(decode(tag, v.value())?),
+                None => None,
+            };
+            let written = match old {
+                Some(old) if !old.deleted => return Err(StoreError::TagExists(tag.to_string())),
+                Some(tombstone) => tombstone.revived(record),
+                None => record.clone(),
+            };
+            table
+                .insert(tag.as_str(), encode(&written).as_slice())
+                .map_err(backend_err)?;
+            written
+        };
+        txn.commit().map_err(backend_err)?;
+        Ok(written)
+    }
+
+    /// Rewrites a live tag's record as `change` says, in one transaction.
+    fn change_tag(
+        &self,
+        tag: &Tag,
+        change: impl FnOnce(&TagRecord) -> Result<TagRecord, StoreError>,
+    ) -> Result<TagRecord, StoreError> {
+        let txn = self.db().begin_write().map_err(backend_err)?;
+        let written = {
+            let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
+            let record = match table.get(tag.as_str()).map_err(backend_err)? {
+                Some(v) => decode(tag, v.value())?,
+                None => return Err(StoreError::TagNotFound(tag.to_string())),
+            };
+            if record.deleted {
+                return Err(StoreError::TagNotFound(tag.to_string()));
+            }
+            let written = change(&record)?;
+            table
+                .insert(tag.as_str(), encode(&written).as_slice())
+                .map_err(backend_err)?;
+            written
+        };
+        txn.commit().map_err(backend_err)?;
+        Ok(written)
     }
 
     fn advance_tag(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
@@ -91,6 +211,9 @@ impl EmbeddedStore {
                 Some(v) => decode(tag, v.value())?,
                 None => return Err(StoreError::TagNotFound(tag.to_string())),
             };
+            if record.deleted {
+                return Err(StoreError::TagNotFound(tag.to_string()));
+            }
             let (range, next) = record.next_range(tag, step, now_ms)?;
             table
                 .insert(tag.as_str(), encode(&next).as_slice())
@@ -106,8 +229,36 @@ impl EmbeddedStore {
 #[async_trait]
 impl SegmentStore for EmbeddedStore {
     async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
+        self.create_tag_record(tag, record).await.map(|_| ())
+    }
+
+    async fn create_tag_record(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+    ) -> Result<TagRecord, StoreError> {
         let (this, tag, record) = (self.clone(), tag.clone(), record.clone());
         blocking(move || this.insert_tag(&tag, &record)).await
+    }
+
+    async fn list_tags(&self) -> Result<Vec<(Tag, TagRecord)>, StoreError> {
+        let this = self.clone();
+        blocking(move || this.list_tags_blocking()).await
+    }
+
+    async fn update_tag(
+        &self,
+        tag: &Tag,
+        update: &TagUpdate,
+        now_ms: u64,
+    ) -> Result<TagRecord, StoreError> {
+        let (this, tag, update) = (self.clone(), tag.clone(), update.clone());
+        blocking(move || this.change_tag(&tag, |r| Ok(r.updated(&tag, &update, now_ms)?))).await
+    }
+
+    async fn delete_tag(&self, tag: &Tag, now_ms: u64) -> Result<TagRecord, StoreError> {
+        let (this, tag) = (self.clone(), tag.clone());
+        blocking(move || this.change_tag(&tag, |r| Ok(r.tombstone(now_ms)))).await
     }
 
     async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {
@@ -164,6 +315,45 @@ impl ConsulSegmentStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn forget(&self, tag: &Tag) {
+        self.known().remove(tag);
+    }
+
+    /// Rewrites a live tag's record as `change` says: a txn `cas` on the
+    /// ModifyIndex of a consistent read, retried when a take on another
+    /// node got in between. Drops this node's cached record either way.
+    async fn change_tag(
+        &self,
+        tag: &Tag,
+        change: impl Fn(&TagRecord) -> Result<TagRecord, StoreError> + Send + Sync,
+    ) -> Result<TagRecord, StoreError> {
+        let key = self.keys.segment(tag.as_str());
+        let result = async {
+            for attempt in 0..ADMIN_CAS_ATTEMPTS {
+                let (record, index) = match self.read(tag).await? {
+                    Some((r, _)) if r.deleted => None,
+                    other => other,
+                }
+                .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?;
+                let written = change(&record)?;
+                let ops = [TxnOp::Cas {
+                    key: key.clone(),
+                    value: encode(&written),
+                    index,
+                }];
+                match self.client.txn(&ops).await {
+                    Ok(TxnOutcome::Committed(_)) => return Ok(written),
+                    Ok(TxnOutcome::RolledBack(_)) => backoff(attempt).await,
+                    Err(e) => return Err(unknown_outcome(tag, &e)),
+                }
+            }
+            Err(contended(tag))
+        }
+        .await;
+        self.forget(tag);
+        result
+    }
+
     async fn read(&self, tag: &Tag) -> Result<Option<(TagRecord, u64)>, StoreError> {
         let (entry, _) = self
             .client
@@ -185,21 +375,93 @@ impl ConsulSegmentStore {
 #[async_trait]
 impl SegmentStore for ConsulSegmentStore {
     async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
+        self.create_tag_record(tag, record).await.map(|_| ())
+    }
+
+    async fn create_tag_record(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+    ) -> Result<TagRecord, StoreError> {
         let key = self.keys.segment(tag.as_str());
-        let ops = [TxnOp::Cas {
-            key: key.clone(),
-            value: encode(record),
-            index: 0,
-        }];
-        match self.client.txn(&ops).await {
-            Ok(TxnOutcome::Committed(_)) => Ok(()),
-            Ok(TxnOutcome::RolledBack(_)) => Err(StoreError::TagExists(tag.to_string())),
-            Err(e) => Err(StoreError::Backend(e.to_string())),
+        let result = async {
+            // Index 0: create only if absent. Over a tombstone: its index.
+            let mut index = 0;
+            let mut written = record.clone();
+            for attempt in 0..ADMIN_CAS_ATTEMPTS {
+                let ops = [TxnOp::Cas {
+                    key: key.clone(),
+                    value: encode(&written),
+                    index,
+                }];
+                match self.client.txn(&ops).await {
+                    Ok(TxnOutcome::Committed(_)) => return Ok(written),
+                    Ok(TxnOutcome::RolledBack(_)) => {}
+                    Err(e) => return Err(unknown_outcome(tag, &e)),
+                }
+                match self.read(tag).await? {
+                    Some((old, _)) if !old.deleted => {
+                        return Err(StoreError::TagExists(tag.to_string()))
+                    }
+                    Some((tombstone, i)) => {
+                        written = tombstone.revived(record);
+                        index = i;
+                    }
+                    None => {
+                        written = record.clone();
+                        index = 0;
+                    }
+                }
+                if attempt > 0 {
+                    backoff(attempt).await;
+                }
+            }
+            Err(contended(tag))
         }
+        .await;
+        self.forget(tag);
+        result
     }
 
     async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {
-        Ok(self.read(tag).await?.map(|(r, _)| r))
+        Ok(self.read(tag).await?.map(|(r, _)| r).filter(|r| !r.deleted))
+    }
+
+    async fn list_tags(&self) -> Result<Vec<(Tag, TagRecord)>, StoreError> {
+        // `segment("")` is the folder, with its trailing `/`.
+        let dir = self.keys.segment("");
+        let entries = self
+            .client
+            .kv_list(&dir, Consistency::Consistent)
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let mut tags = Vec::new();
+        for e in entries {
+            // Only valid names are ever written; skip anything else.
+            let Some(Ok(tag)) = e.key.strip_prefix(&dir).map(Tag::parse) else {
+                continue;
+            };
+            let record = decode(&tag, &e.value)?;
+            if !record.deleted {
+                tags.push((tag, record));
+            }
+        }
+        tags.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(tags)
+    }
+
+    async fn update_tag(
+        &self,
+        tag: &Tag,
+        update: &TagUpdate,
+        now_ms: u64,
+    ) -> Result<TagRecord, StoreError> {
+        self.change_tag(tag, |r| Ok(r.updated(tag, update, now_ms)?))
+            .await
+    }
+
+    async fn delete_tag(&self, tag: &Tag, now_ms: u64) -> Result<TagRecord, StoreError> {
+        self.change_tag(tag, |r| Ok(r.tombstone(now_ms))).await
     }
 
     async fn take_range(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
@@ -215,6 +477,10 @@ impl SegmentStore for ConsulSegmentStore {
                     .await?
                     .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?,
             };
+            if record.deleted {
+                self.forget(tag);
+                return Err(StoreError::TagNotFound(tag.to_string()));
+            }
             let (range, next) = record.next_range(tag, step, now_ms)?;
             let ops = [TxnOp::Cas {
                 key: key.clone(),
@@ -232,8 +498,7 @@ impl SegmentStore for ConsulSegmentStore {
                 Ok(TxnOutcome::RolledBack(_)) => {
                     // Another node moved the record: re-read and retry.
                     self.known().remove(tag);
-                    let cap = 5u64 << attempt.min(5);
-                    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=cap))).await;
+                    backoff(attempt).await;
                 }
                 Err(e) => {
                     // Maybe applied: never use this range, re-read next time.
@@ -245,5 +510,212 @@ impl SegmentStore for ConsulSegmentStore {
         Err(StoreError::Contended(format!(
             "segment tag {tag}: lost the compare-and-set race {MAX_CAS_ATTEMPTS} times in a row; too many nodes refill it at once (raise its step)"
         )))
+    }
+}
+
+/// Pauses before another compare-and-set attempt (jittered, growing to
+/// 160 ms).
+async fn backoff(attempt: u32) {
+    let cap = 5u64 << attempt.min(5);
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=cap))).await;
+}
+
+fn unknown_outcome(tag: &Tag, e: &crate::consul::ConsulError) -> StoreError {
+    StoreError::Backend(format!(
+        "segment tag {tag}: the change may or may not have been applied ({e}); read the tag back before retrying"
+    ))
+}
+
+fn contended(tag: &Tag) -> StoreError {
+    StoreError::Contended(format!(
+        "segment tag {tag}: lost the compare-and-set race {ADMIN_CAS_ATTEMPTS} times in a row to nodes taking ranges; retry"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::ConsulConfig;
+    use crate::id::segment::SegmentError;
+
+    fn tag(name: &str) -> Tag {
+        Tag::parse(name).unwrap()
+    }
+
+    fn update(step: Option<u64>, description: Option<&str>, max_id: Option<u64>) -> TagUpdate {
+        TagUpdate {
+            step,
+            description: description.map(str::to_owned),
+            max_id,
+        }
+    }
+
+    /// The admin operations' contract, the same on every backend.
+    async fn admin_contract(store: &dyn SegmentStore) {
+        let (a, b) = (tag("b-orders"), tag("a-users"));
+        store
+            .create_tag(&a, &TagRecord::new(100, 10, "orders", 1).unwrap())
+            .await
+            .unwrap();
+        store
+            .create_tag(&b, &TagRecord::new(0, 5, "", 1).unwrap())
+            .await
+            .unwrap();
+        let names: Vec<String> = store
+            .list_tags()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(t, _)| t.to_string())
+            .collect();
+        assert_eq!(names, ["a-users", "b-orders"], "sorted by name");
+        assert_eq!(store.take_range(&a, 10, 2).await.unwrap().first, 101);
+
+        // Update: step and description; max_id only forward.
+        let r = store
+            .update_tag(&a, &update(Some(20), Some("new"), Some(500)), 3)
+            .await
+            .unwrap();
+        assert_eq!((r.step, r.description.as_str(), r.max_id), (20, "new", 500));
+        assert_eq!(store.get_tag(&a).await.unwrap(), Some(r));
+        // The next take starts above the moved max_id (no stale cache).
+        assert_eq!(store.take_range(&a, 10, 4).await.unwrap().first, 501);
+        let err = store
+            .update_tag(&a, &update(None, None, Some(499)), 5)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::Segment(SegmentError::MaxIdBackwards {
+                    current: 510,
+                    asked: 499,
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        assert!(matches!(
+            store
+                .update_tag(&tag("nope"), &update(Some(1), None, None), 5)
+                .await,
+            Err(StoreError::TagNotFound(_))
+        ));
+
+        // Delete: a tombstone that reads as unknown and keeps max_id.
+        let tomb = store.delete_tag(&a, 6).await.unwrap();
+        assert_eq!(tomb.max_id, 510);
+        assert_eq!(store.get_tag(&a).await.unwrap(), None);
+        assert!(matches!(
+            store.take_range(&a, 10, 7).await,
+            Err(StoreError::TagNotFound(_))
+        ));
+        assert!(matches!(
+            store.delete_tag(&a, 7).await,
+            Err(StoreError::TagNotFound(_))
+        ));
+        assert!(matches!(
+            store.update_tag(&a, &update(Some(1), None, None), 7).await,
+            Err(StoreError::TagNotFound(_))
+        ));
+        let names: Vec<String> = store
+            .list_tags()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(t, _)| t.to_string())
+            .collect();
+        assert_eq!(names, ["a-users"]);
+
+        // Created again: continues above the tombstone, whatever it asks.
+        let again = store
+            .create_tag_record(&a, &TagRecord::new(0, 7, "again", 8).unwrap())
+            .await
+            .unwrap();
+        assert_eq!((again.max_id, again.step, again.deleted), (510, 7, false));
+        assert_eq!(store.take_range(&a, 7, 9).await.unwrap().first, 511);
+        assert!(matches!(
+            store
+                .create_tag(&a, &TagRecord::new(0, 7, "", 9).unwrap())
+                .await,
+            Err(StoreError::TagExists(_))
+        ));
+        // Asking for more than the tombstone's max_id is honoured.
+        store.delete_tag(&b, 10).await.unwrap();
+        let higher = store
+            .create_tag_record(&b, &TagRecord::new(1000, 5, "", 11).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(higher.max_id, 1000);
+    }
+
+    #[tokio::test]
+    async fn embedded_admin_changes_never_move_ids_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::create(&path, "L").unwrap();
+        assert!(store.list_tags().await.unwrap().is_empty());
+        admin_contract(&store).await;
+        // Tombstones are durable.
+        store.delete_tag(&tag("a-users"), 20).await.unwrap();
+        drop(store);
+        let store = EmbeddedStore::open(&path, "L", false).unwrap();
+        assert_eq!(store.get_tag(&tag("a-users")).await.unwrap(), None);
+        let back = store
+            .create_tag_record(&tag("a-users"), &TagRecord::new(0, 5, "", 21).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(back.max_id, 1000);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn consul_admin_changes_never_move_ids_back() {
+        let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
+            .await
+            .unwrap();
+        let client = || {
+            ConsulClient::new(ConsulConfig {
+                address: format!("http://{}", consul.addr()),
+                retries: 0,
+                ..ConsulConfig::default()
+            })
+            .unwrap()
+        };
+        let keys = ClusterKeys::new("idgen", "test");
+        let store = ConsulSegmentStore::new(client(), keys.clone());
+        assert!(store.list_tags().await.unwrap().is_empty());
+        admin_contract(&store).await;
+        // Another node's cached record cannot take below an admin change:
+        // its compare-and-set fails and it re-reads.
+        let other = ConsulSegmentStore::new(client(), keys.clone());
+        let t = tag("shared");
+        store
+            .create_tag(&t, &TagRecord::new(0, 10, "", 1).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(other.take_range(&t, 10, 1).await.unwrap().first, 1);
+        store
+            .update_tag(&t, &update(None, None, Some(1000)), 2)
+            .await
+            .unwrap();
+        assert_eq!(other.take_range(&t, 10, 3).await.unwrap().first, 1001);
+        store.delete_tag(&t, 4).await.unwrap();
+        assert!(matches!(
+            other.take_range(&t, 10, 5).await,
+            Err(StoreError::TagNotFound(_))
+        ));
+        // A key outside the tag alphabet in the folder is skipped.
+        client()
+            .kv_put(
+                "idgen/test/segments/Not A Tag",
+                b"{}",
+                crate::consul::KvWrite::Set,
+            )
+            .await
+            .unwrap();
+        let listed = store.list_tags().await.unwrap();
+        assert!(listed.iter().all(|(t, _)| t.as_str() != "shared"));
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        consul.shutdown().await;
     }
 }

@@ -1,0 +1,883 @@
+//! The `idgen.v1.Admin` gRPC service: segment tags, the holders of worker
+//! ids and lease tokens, and strict namespaces' steps.
+//!
+//! Every call is authorized first: the metadata `authorization: Bearer
+//! <token>` must carry the server's `admin.token`, compared in constant
+//! time. A server without a token refuses every admin call, so the API is
+//! off unless an operator turns it on. The token is never logged.
+//!
+//! Nothing here can make an ID repeat: a tag's `max_id` only moves
+//! forward, a deleted tag leaves a tombstone that a re-created tag
+//! continues above (see `store::segments`), and a forced release returns
+//! only after the released session's lock-delay, which holds any new
+//! holder off until the old one has stopped issuing (its local deadline
+//! is at most min(TTL, lock-delay) after its last renew; `store::consul`).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Request, Response, Status};
+
+use super::lease::Leases;
+use super::status::{code_name, to_status};
+use super::strict::Strict;
+use crate::config::AdminToken;
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
+use crate::error::Error;
+use crate::id::segment::{check_max_id, check_step, SegmentError, Tag, TagRecord, TagUpdate};
+use crate::id::strict::Namespace;
+use crate::id::Clock;
+use crate::metrics as m;
+use crate::proto::admin_server::{Admin, AdminServer};
+use crate::proto::{self, HolderKind};
+use crate::store::consul::{ClusterKeys, OwnerInfo};
+use crate::store::lease::TokenRecord;
+use crate::store::{SegmentStore, StoreError, WorkerKey};
+
+/// The step of a tag created without one.
+pub const DEFAULT_TAG_STEP: u64 = 1000;
+
+/// Longest tag description, in bytes.
+pub const MAX_DESCRIPTION_LEN: usize = 1024;
+
+/// The longest lock-delay Consul applies; a forced release never waits
+/// longer.
+const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
+
+/// Consul's lock-delay when a session does not report one.
+const DEFAULT_LOCK_DELAY: Duration = Duration::from_secs(15);
+
+/// The holder state reported for the embedded backend.
+pub const EMBEDDED_STATE: &str = "embedded (this node)";
+
+const DISABLED: &str = "the admin API is disabled on this server: set admin.token or admin.token_file in its config (or IDGEN_ADMIN__TOKEN) and restart it";
+const NO_HEADER: &str = "admin calls need the metadata `authorization: Bearer <token>` carrying the server's admin token (idgen admin: --token, --token-file or IDGEN_ADMIN_TOKEN)";
+const WRONG_TOKEN: &str =
+    "the admin token is wrong: use the token in the server's admin.token or admin.token_file";
+
+/// What the admin service works on. Each `None` turns off the calls that
+/// need it (FAILED_PRECONDITION naming what to enable).
+pub struct AdminDeps {
+    /// The token callers must present; `None` refuses every call.
+    pub token: Option<AdminToken>,
+    /// Segment records, when segment mode is enabled.
+    pub segments: Option<Arc<dyn SegmentStore>>,
+    /// Strict mode, when enabled.
+    pub strict: Option<Arc<Strict>>,
+    /// The Consul client and key layout, on the Consul backend.
+    pub cluster: Option<(ConsulClient, ClusterKeys)>,
+    /// This node, for holders on the embedded backend.
+    pub node: NodeFacts,
+    /// Timestamps of admin writes, and this node's start time.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// What this node holds, reported by `ListHolders` on the embedded
+/// backend (in Consul the holders are read from KV).
+pub struct NodeFacts {
+    /// The node's stable instance name.
+    pub instance: String,
+    /// The node's advertised gRPC address.
+    pub address: String,
+    /// The worker id from config.
+    pub worker: WorkerKey,
+    /// Lease mode, when enabled (its token in use).
+    pub lease: Option<Arc<Leases>>,
+    /// Lease mode's zone, when enabled.
+    pub lease_zone: Option<u64>,
+}
+
+/// The admin service.
+pub struct AdminService {
+    deps: AdminDeps,
+    /// When the service was made (about when the node started), Unix ms.
+    started_ms: u64,
+}
+
+/// The admin service, ready to add to a tonic server.
+pub fn service(deps: AdminDeps) -> AdminServer<AdminService> {
+    if deps.token.is_none() {
+        tracing::info!("admin API disabled: no admin.token or admin.token_file configured");
+    }
+    let started_ms = deps.clock.now_millis();
+    AdminServer::new(AdminService { deps, started_ms })
+}
+
+/// Compares two tokens in time that depends only on their lengths, never
+/// on where they first differ.
+fn same_token(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != expected.len());
+    for (i, e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(!e);
+        diff |= std::hint::black_box(g ^ e);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// The token of `Bearer <token>` (the scheme in any case).
+fn bearer(header: &str) -> Option<&str> {
+    let (scheme, token) = header.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Checks a call's credentials against `expected`.
+fn authorize(expected: Option<&AdminToken>, metadata: &MetadataMap) -> Result<(), Status> {
+    let Some(expected) = expected else {
+        return Err(Status::permission_denied(DISABLED));
+    };
+    let given = metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer)
+        .ok_or_else(|| Status::unauthenticated(NO_HEADER))?;
+    if same_token(given.as_bytes(), expected.0.as_bytes()) {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(WRONG_TOKEN))
+    }
+}
+
+fn rfc3339(ms: u64) -> String {
+    let t = SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// The status of a store error: the one mapping, except that a change
+/// that could repeat IDs is a precondition, not a malformed argument.
+fn store_status(e: StoreError) -> Status {
+    match e {
+        StoreError::Segment(SegmentError::MaxIdBackwards { .. }) => {
+            Status::failed_precondition(e.to_string())
+        }
+        e => to_status(&Error::Store(e)),
+    }
+}
+
+fn consul_status(e: ConsulError) -> Status {
+    to_status(&Error::Consul(e))
+}
+
+fn parse_tag(name: &str) -> Result<Tag, Status> {
+    Tag::parse(name).map_err(|e| store_status(e.into()))
+}
+
+fn parse_namespace(name: &str) -> Result<Namespace, Status> {
+    Namespace::parse(name).map_err(|e| store_status(e.into()))
+}
+
+fn check_description(d: &str) -> Result<(), Status> {
+    if d.len() > MAX_DESCRIPTION_LEN {
+        return Err(Status::invalid_argument(format!(
+            "description is {} bytes long: use at most {MAX_DESCRIPTION_LEN}",
+            d.len()
+        )));
+    }
+    Ok(())
+}
+
+fn tag_message(tag: &Tag, r: &TagRecord) -> proto::SegmentTag {
+    proto::SegmentTag {
+        tag: tag.to_string(),
+        max_id: r.max_id,
+        step: r.step,
+        description: r.description.clone(),
+        created: rfc3339(r.created_ms),
+        updated: rfc3339(r.updated_ms),
+    }
+}
+
+/// A worker id or lease token named by a request or a KV key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Held {
+    /// Datacenter, worker.
+    Worker(u64, u64),
+    /// Zone, token.
+    Token(u64, u64),
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Worker(dc, w) => write!(f, "worker id {dc}/{w}"),
+            Self::Token(zone, t) => write!(f, "lease token {zone}/{t}"),
+        }
+    }
+}
+
+impl Held {
+    fn key(self, keys: &ClusterKeys) -> String {
+        match self {
+            Self::Worker(datacenter, worker) => keys.worker(WorkerKey { datacenter, worker }),
+            Self::Token(zone, token) => keys.lease(zone, token),
+        }
+    }
+}
+
+/// A folder of every datacenter's (or zone's) keys, from the folder of
+/// group 0: `<root>/workers/0/` -> `<root>/workers/`.
+fn all_groups(group_zero: &str) -> String {
+    group_zero
+        .strip_suffix("0/")
+        .unwrap_or(group_zero)
+        .to_owned()
+}
+
+/// `<group>/<id>` under `dir`.
+fn group_and_id(dir: &str, key: &str) -> Option<(u64, u64)> {
+    let (group, id) = key.strip_prefix(dir)?.split_once('/')?;
+    Some((group.parse().ok()?, id.parse().ok()?))
+}
+
+/// What a held key's value says, and the session holding it.
+fn holder_from(held: Held, entry: &KvEntry, state: &str) -> proto::Holder {
+    let (kind, datacenter, zone, id) = match held {
+        Held::Worker(dc, w) => (HolderKind::Worker, dc, 0, w),
+        Held::Token(zone, t) => (HolderKind::LeaseToken, 0, zone, t),
+    };
+    let (owner, reserved) = match held {
+        Held::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
+        Held::Token(..) => match serde_json::from_slice::<TokenRecord>(&entry.value) {
+            Ok(r) => (Some(r.owner), r.reserved),
+            Err(_) => (None, 0),
+        },
+    };
+    let (instance, address, since) = match owner {
+        Some(o) => (o.instance, o.address, rfc3339(o.since_ms)),
+        None => (
+            "<unreadable value>".to_owned(),
+            String::new(),
+            String::new(),
+        ),
+    };
+    proto::Holder {
+        kind: kind as i32,
+        datacenter,
+        zone,
+        id,
+        instance,
+        address,
+        since,
+        session: entry.session.clone().unwrap_or_default(),
+        state: state.to_owned(),
+        reserved,
+    }
+}
+
+impl AdminService {
+    /// Authorizes, runs `f`, counts the call by method and code, and logs
+    /// it (never the token).
+    async fn call<Req, T, Fut>(
+        &self,
+        method: &'static str,
+        request: Request<Req>,
+        f: impl FnOnce(Req) -> Fut,
+    ) -> Result<Response<T>, Status>
+    where
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let peer = request.remote_addr();
+        let result = match authorize(self.deps.token.as_ref(), request.metadata()) {
+            Ok(()) => f(request.into_inner()).await,
+            Err(s) => Err(s),
+        };
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        metrics::counter!(m::ADMIN_CALLS, "method" => method, "code" => code_name(code))
+            .increment(1);
+        match &result {
+            Ok(_) => tracing::info!(method, ?peer, "admin call"),
+            Err(s) => tracing::info!(
+                method,
+                ?peer,
+                code = code_name(code),
+                error = s.message(),
+                "admin call failed"
+            ),
+        }
+        result.map(Response::new)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.deps.clock.now_millis()
+    }
+
+    fn segments(&self) -> Result<&Arc<dyn SegmentStore>, Status> {
+        self.deps.segments.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "segment mode is not enabled on this server: set [segment] enabled = true in its config",
+            )
+        })
+    }
+
+    fn strict(&self) -> Result<&Arc<Strict>, Status> {
+        self.deps.strict.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "strict mode is not enabled on this server: set [strict] enabled = true in its config",
+            )
+        })
+    }
+
+    async fn create_tag(
+        &self,
+        r: proto::CreateTagRequest,
+    ) -> Result<proto::CreateTagResponse, Status> {
+        let store = self.segments()?;
+        let tag = parse_tag(&r.tag)?;
+        let step = if r.step == 0 {
+            DEFAULT_TAG_STEP
+        } else {
+            r.step
+        };
+        let step = check_step(step).map_err(|e| store_status(e.into()))?;
+        let initial = check_max_id(r.initial).map_err(|e| store_status(e.into()))?;
+        check_description(&r.description)?;
+        let record = TagRecord::new(initial, step, &r.description, self.now_ms())
+            .map_err(|e| store_status(e.into()))?;
+        let written = store
+            .create_tag_record(&tag, &record)
+            .await
+            .map_err(store_status)?;
+        let note = if written.max_id > record.max_id {
+            format!(
+                "a deleted tag {tag} had handed out IDs up to {}: the tag continues above it (first ID {}), not at {}",
+                written.max_id,
+                written.max_id + 1,
+                initial + 1
+            )
+        } else {
+            String::new()
+        };
+        tracing::info!(%tag, max_id = written.max_id, step, "segment tag created");
+        Ok(proto::CreateTagResponse {
+            tag: Some(tag_message(&tag, &written)),
+            note,
+        })
+    }
+
+    async fn update_tag(
+        &self,
+        r: proto::UpdateTagRequest,
+    ) -> Result<proto::UpdateTagResponse, Status> {
+        let store = self.segments()?;
+        let tag = parse_tag(&r.tag)?;
+        if let Some(step) = r.step {
+            check_step(step).map_err(|e| store_status(e.into()))?;
+        }
+        if let Some(max_id) = r.max_id {
+            check_max_id(max_id).map_err(|e| store_status(e.into()))?;
+        }
+        if let Some(d) = &r.description {
+            check_description(d)?;
+        }
+        let update = TagUpdate {
+            step: r.step,
+            description: r.description,
+            max_id: r.max_id,
+        };
+        if update.is_empty() {
+            return Err(Status::invalid_argument(
+                "nothing to change: set step, description or max_id",
+            ));
+        }
+        let written = store
+            .update_tag(&tag, &update, self.now_ms())
+            .await
+            .map_err(store_status)?;
+        tracing::info!(%tag, max_id = written.max_id, step = written.step, "segment tag updated");
+        Ok(proto::UpdateTagResponse {
+            tag: Some(tag_message(&tag, &written)),
+        })
+    }
+
+    async fn get_tag(&self, r: proto::GetTagRequest) -> Result<proto::GetTagResponse, Status> {
+        let store = self.segments()?;
+        let tag = parse_tag(&r.tag)?;
+        let record = store
+            .get_tag(&tag)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| store_status(StoreError::TagNotFound(tag.to_string())))?;
+        Ok(proto::GetTagResponse {
+            tag: Some(tag_message(&tag, &record)),
+        })
+    }
+
+    async fn list_tags(&self) -> Result<proto::ListTagsResponse, Status> {
+        let store = self.segments()?;
+        let tags = store.list_tags().await.map_err(store_status)?;
+        Ok(proto::ListTagsResponse {
+            tags: tags.iter().map(|(t, r)| tag_message(t, r)).collect(),
+        })
+    }
+
+    async fn delete_tag(
+        &self,
+        r: proto::DeleteTagRequest,
+    ) -> Result<proto::DeleteTagResponse, Status> {
+        let store = self.segments()?;
+        let tag = parse_tag(&r.tag)?;
+        let tombstone = store
+            .delete_tag(&tag, self.now_ms())
+            .await
+            .map_err(store_status)?;
+        tracing::warn!(%tag, max_id = tombstone.max_id, "segment tag deleted");
+        Ok(proto::DeleteTagResponse {
+            tag: tag.to_string(),
+            max_id: tombstone.max_id,
+            note: format!(
+                "tag {tag} is deleted: new ranges are refused (NOT_FOUND). Its record stays as a tombstone with max_id {}, so creating {tag} again continues above it. Nodes that already hold a range of it may serve the rest of that range (IDs never handed out before) until it runs out.",
+                tombstone.max_id
+            ),
+        })
+    }
+
+    async fn list_holders(&self) -> Result<proto::ListHoldersResponse, Status> {
+        let Some((client, keys)) = &self.deps.cluster else {
+            return Ok(self.embedded_holders());
+        };
+        let workers_dir = all_groups(&keys.workers_dir(0));
+        let lease_dir = all_groups(&keys.lease_dir(0));
+        let workers = client
+            .kv_list(&workers_dir, Consistency::Consistent)
+            .await
+            .map_err(consul_status)?;
+        let tokens = client
+            .kv_list(&lease_dir, Consistency::Consistent)
+            .await
+            .map_err(consul_status)?;
+        let mut entries: Vec<(Held, KvEntry)> = Vec::new();
+        for e in workers {
+            if let Some((dc, w)) = group_and_id(&workers_dir, &e.key) {
+                entries.push((Held::Worker(dc, w), e));
+            }
+        }
+        for e in tokens {
+            if let Some((zone, t)) = group_and_id(&lease_dir, &e.key) {
+                entries.push((Held::Token(zone, t), e));
+            }
+        }
+        entries.sort_by_key(|(h, _)| *h);
+        // One node's worker id and token share a session: ask once.
+        let mut sessions: HashMap<String, Option<SessionInfo>> = HashMap::new();
+        let mut holders = Vec::with_capacity(entries.len());
+        for (held, e) in &entries {
+            let state = match &e.session {
+                None => "released",
+                Some(s) => {
+                    if !sessions.contains_key(s) {
+                        let info = client.session_info(s).await.map_err(consul_status)?;
+                        sessions.insert(s.clone(), info);
+                    }
+                    match sessions.get(s) {
+                        Some(Some(_)) => "alive",
+                        _ => "gone",
+                    }
+                }
+            };
+            holders.push(holder_from(*held, e, state));
+        }
+        Ok(proto::ListHoldersResponse {
+            backend: "consul".into(),
+            holders,
+        })
+    }
+
+    fn embedded_holders(&self) -> proto::ListHoldersResponse {
+        let node = &self.deps.node;
+        let since = rfc3339(self.started_ms);
+        let mut holders = vec![proto::Holder {
+            kind: HolderKind::Worker as i32,
+            datacenter: node.worker.datacenter,
+            zone: 0,
+            id: node.worker.worker,
+            instance: node.instance.clone(),
+            address: node.address.clone(),
+            since: since.clone(),
+            session: String::new(),
+            state: EMBEDDED_STATE.into(),
+            reserved: 0,
+        }];
+        if let Some(token) = node.lease.as_ref().and_then(|l| l.token()) {
+            holders.push(proto::Holder {
+                kind: HolderKind::LeaseToken as i32,
+                datacenter: 0,
+                zone: node.lease_zone.unwrap_or(0),
+                id: token,
+                instance: node.instance.clone(),
+                address: node.address.clone(),
+                since,
+                session: String::new(),
+                state: EMBEDDED_STATE.into(),
+                reserved: 0,
+            });
+        }
+        proto::ListHoldersResponse {
+            backend: "embedded".into(),
+            holders,
+        }
+    }
+
+    fn held(r: &proto::ForceReleaseRequest) -> Result<Held, Status> {
+        match HolderKind::try_from(r.kind) {
+            Ok(HolderKind::Worker) if r.zone != 0 => Err(Status::invalid_argument(
+                "a worker id has a datacenter, not a zone: leave zone at 0 and set datacenter",
+            )),
+            Ok(HolderKind::Worker) => Ok(Held::Worker(r.datacenter, r.id)),
+            Ok(HolderKind::LeaseToken) if r.datacenter != 0 => Err(Status::invalid_argument(
+                "a lease token has a zone, not a datacenter: leave datacenter at 0 and set zone",
+            )),
+            Ok(HolderKind::LeaseToken) => {
+                crate::id::lease::check_zone(r.zone)
+                    .and_then(|_| crate::id::lease::check_token(r.id))
+                    .map_err(|e| store_status(e.into()))?;
+                Ok(Held::Token(r.zone, r.id))
+            }
+            _ => Err(Status::invalid_argument(format!(
+                "kind {} is not one to release: use HOLDER_KIND_WORKER or HOLDER_KIND_LEASE_TOKEN (idgen admin release --kind worker|token)",
+                r.kind
+            ))),
+        }
+    }
+
+    async fn force_release(
+        &self,
+        r: proto::ForceReleaseRequest,
+    ) -> Result<proto::ForceReleaseResponse, Status> {
+        let held = Self::held(&r)?;
+        let Some((client, keys)) = &self.deps.cluster else {
+            return Err(Status::failed_precondition(
+                "this server runs on the embedded store: its worker id and lease token come from its config and nothing is leased, so there is nothing to release",
+            ));
+        };
+        let key = held.key(keys);
+        let (entry, _) = client
+            .kv_get(&key, Consistency::Consistent)
+            .await
+            .map_err(consul_status)?;
+        let Some(entry) = entry else {
+            return Err(Status::not_found(format!(
+                "{held} has never been claimed in this cluster (no key {key}); see `idgen admin holders`"
+            )));
+        };
+        let Some(session) = entry.session.clone() else {
+            let holder = holder_from(held, &entry, "released");
+            return Ok(proto::ForceReleaseResponse {
+                released: false,
+                message: format!(
+                    "{held} is not held (last holder {} at {}): nothing to do",
+                    holder.instance, holder.address
+                ),
+                holder: Some(holder),
+                waited_ms: 0,
+            });
+        };
+        let Some(info) = client.session_info(&session).await.map_err(consul_status)? else {
+            return Ok(proto::ForceReleaseResponse {
+                released: false,
+                message: format!(
+                    "{held}: its session {session} has just ended, so it is not held: nothing to do (it can be claimed once its lock-delay has passed)"
+                ),
+                holder: Some(holder_from(held, &entry, "gone")),
+                waited_ms: 0,
+            });
+        };
+        let holder = holder_from(held, &entry, "alive");
+        if !r.force {
+            return Err(Status::failed_precondition(format!(
+                "{held} is held by instance {} at {} and its session {session} is alive; releasing it destroys that session, which frees everything that node holds: pass --force (force = true) to do it anyway (the holder stops issuing when it notices)",
+                holder.instance, holder.address
+            )));
+        }
+        let lock_delay = info
+            .lock_delay
+            .unwrap_or(DEFAULT_LOCK_DELAY)
+            .min(MAX_LOCK_DELAY);
+        client.session_destroy(&session).await.map_err(|e| {
+            Status::unavailable(format!(
+                "could not destroy session {session} ({e}); it may or may not be gone: check with `idgen admin holders` and retry"
+            ))
+        })?;
+        tracing::warn!(
+            %held,
+            session,
+            instance = holder.instance,
+            address = holder.address,
+            "admin force-released: session destroyed; waiting out its lock-delay"
+        );
+        let waiting = Instant::now();
+        tokio::time::sleep(lock_delay).await;
+        let waited = waiting.elapsed();
+        Ok(proto::ForceReleaseResponse {
+            released: true,
+            message: format!(
+                "destroyed session {session} of instance {} at {}: this freed everything that node held (its worker id and its lease token, if any). It stops issuing by its lease deadline and claims again. Waited out the lock-delay ({lock_delay:?}): {held} is free now, for whoever claims it first",
+                holder.instance, holder.address
+            ),
+            holder: Some(holder),
+            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    async fn set_strict_step(
+        &self,
+        r: proto::SetStrictStepRequest,
+    ) -> Result<proto::SetStrictStepResponse, Status> {
+        let strict = self.strict()?;
+        let ns = parse_namespace(&r.namespace)?;
+        let step = crate::id::strict::check_step(r.step).map_err(|e| store_status(e.into()))?;
+        let previous = strict
+            .store()
+            .namespace_step(&ns)
+            .await
+            .map_err(store_status)?
+            .unwrap_or(strict.default_step());
+        strict
+            .store()
+            .set_namespace_step(&ns, step)
+            .await
+            .map_err(store_status)?;
+        strict.forget_step(&ns);
+        tracing::info!(namespace = %ns, step, previous, "strict namespace step set");
+        Ok(proto::SetStrictStepResponse {
+            namespace: ns.to_string(),
+            step,
+            previous,
+        })
+    }
+
+    async fn get_strict_step(
+        &self,
+        r: proto::GetStrictStepRequest,
+    ) -> Result<proto::GetStrictStepResponse, Status> {
+        let strict = self.strict()?;
+        let ns = parse_namespace(&r.namespace)?;
+        let stored = strict
+            .store()
+            .namespace_step(&ns)
+            .await
+            .map_err(store_status)?;
+        Ok(proto::GetStrictStepResponse {
+            namespace: ns.to_string(),
+            step: stored.unwrap_or(strict.default_step()),
+            stored: stored.is_some(),
+        })
+    }
+
+    async fn list_strict_namespaces(&self) -> Result<proto::ListStrictNamespacesResponse, Status> {
+        let strict = self.strict()?;
+        let mut namespaces = strict.store().namespaces().await.map_err(store_status)?;
+        namespaces.sort();
+        Ok(proto::ListStrictNamespacesResponse {
+            namespaces: namespaces
+                .into_iter()
+                .map(|(ns, step)| proto::StrictNamespace {
+                    namespace: ns.to_string(),
+                    step,
+                })
+                .collect(),
+            default_step: strict.default_step(),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn create_tag(
+        &self,
+        request: Request<proto::CreateTagRequest>,
+    ) -> Result<Response<proto::CreateTagResponse>, Status> {
+        self.call("CreateTag", request, |r| AdminService::create_tag(self, r))
+            .await
+    }
+
+    async fn update_tag(
+        &self,
+        request: Request<proto::UpdateTagRequest>,
+    ) -> Result<Response<proto::UpdateTagResponse>, Status> {
+        self.call("UpdateTag", request, |r| AdminService::update_tag(self, r))
+            .await
+    }
+
+    async fn get_tag(
+        &self,
+        request: Request<proto::GetTagRequest>,
+    ) -> Result<Response<proto::GetTagResponse>, Status> {
+        self.call("GetTag", request, |r| AdminService::get_tag(self, r))
+            .await
+    }
+
+    async fn list_tags(
+        &self,
+        request: Request<proto::ListTagsRequest>,
+    ) -> Result<Response<proto::ListTagsResponse>, Status> {
+        self.call("ListTags", request, |_| AdminService::list_tags(self))
+            .await
+    }
+
+    async fn delete_tag(
+        &self,
+        request: Request<proto::DeleteTagRequest>,
+    ) -> Result<Response<proto::DeleteTagResponse>, Status> {
+        self.call("DeleteTag", request, |r| AdminService::delete_tag(self, r))
+            .await
+    }
+
+    async fn list_holders(
+        &self,
+        request: Request<proto::ListHoldersRequest>,
+    ) -> Result<Response<proto::ListHoldersResponse>, Status> {
+        self.call("ListHolders", request, |_| AdminService::list_holders(self))
+            .await
+    }
+
+    async fn force_release(
+        &self,
+        request: Request<proto::ForceReleaseRequest>,
+    ) -> Result<Response<proto::ForceReleaseResponse>, Status> {
+        self.call("ForceRelease", request, |r| {
+            AdminService::force_release(self, r)
+        })
+        .await
+    }
+
+    async fn set_strict_step(
+        &self,
+        request: Request<proto::SetStrictStepRequest>,
+    ) -> Result<Response<proto::SetStrictStepResponse>, Status> {
+        self.call("SetStrictStep", request, |r| {
+            AdminService::set_strict_step(self, r)
+        })
+        .await
+    }
+
+    async fn get_strict_step(
+        &self,
+        request: Request<proto::GetStrictStepRequest>,
+    ) -> Result<Response<proto::GetStrictStepResponse>, Status> {
+        self.call("GetStrictStep", request, |r| {
+            AdminService::get_strict_step(self, r)
+        })
+        .await
+    }
+
+    async fn list_strict_namespaces(
+        &self,
+        request: Request<proto::ListStrictNamespacesRequest>,
+    ) -> Result<Response<proto::ListStrictNamespacesResponse>, Status> {
+        self.call("ListStrictNamespaces", request, |_| {
+            AdminService::list_strict_namespaces(self)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::metadata::MetadataValue;
+
+    fn md(value: Option<&str>) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        if let Some(v) = value {
+            m.insert("authorization", MetadataValue::try_from(v).unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same_token(b"s3cret", b"s3cret"));
+        for other in [
+            &b""[..],
+            b"s3cre",
+            b"s3crett",
+            b"S3cret",
+            b"x3cret",
+            b"s3crex",
+        ] {
+            assert!(!same_token(other, b"s3cret"), "{other:?}");
+        }
+        assert!(!same_token(b"", b"\xff"), "a missing byte never matches");
+    }
+
+    #[test]
+    fn credentials_get_the_documented_codes() {
+        let token = AdminToken("s3cret".into());
+        let code = |t: Option<&AdminToken>, h: Option<&str>| {
+            authorize(t, &md(h)).map_err(|s| s.code()).err()
+        };
+        assert_eq!(code(Some(&token), Some("Bearer s3cret")), None);
+        assert_eq!(code(Some(&token), Some("bearer  s3cret ")), None);
+        assert_eq!(code(Some(&token), None), Some(Code::Unauthenticated));
+        assert_eq!(
+            code(Some(&token), Some("s3cret")),
+            Some(Code::Unauthenticated)
+        );
+        assert_eq!(
+            code(Some(&token), Some("Basic s3cret")),
+            Some(Code::Unauthenticated)
+        );
+        assert_eq!(
+            code(Some(&token), Some("Bearer ")),
+            Some(Code::Unauthenticated)
+        );
+        assert_eq!(
+            code(Some(&token), Some("Bearer wrong")),
+            Some(Code::PermissionDenied)
+        );
+        // No token on the server: off, whatever the caller sends.
+        assert_eq!(
+            code(None, Some("Bearer s3cret")),
+            Some(Code::PermissionDenied)
+        );
+        assert_eq!(code(None, None), Some(Code::PermissionDenied));
+        let s = authorize(None, &md(None)).unwrap_err();
+        assert!(s.message().contains("admin.token"), "{s:?}");
+        let s = authorize(Some(&token), &md(Some("Bearer wrong"))).unwrap_err();
+        assert!(!s.message().contains("s3cret"));
+    }
+
+    #[test]
+    fn holder_keys_parse() {
+        let keys = ClusterKeys::new("idgen", "prod");
+        let dir = all_groups(&keys.workers_dir(0));
+        assert_eq!(dir, "idgen/prod/workers/");
+        assert_eq!(all_groups(&keys.lease_dir(0)), "idgen/prod/lease/");
+        assert_eq!(group_and_id(&dir, "idgen/prod/workers/2/17"), Some((2, 17)));
+        assert_eq!(group_and_id(&dir, "idgen/prod/workers/2/"), None);
+        assert_eq!(group_and_id(&dir, "idgen/prod/workers/x/1"), None);
+        assert_eq!(
+            Held::Token(1, 5).key(&keys),
+            "idgen/prod/lease/1/5",
+            "the key the lease store locks"
+        );
+    }
+
+    #[test]
+    fn release_requests_are_checked() {
+        let req = |kind: HolderKind, datacenter, zone| proto::ForceReleaseRequest {
+            kind: kind as i32,
+            datacenter,
+            zone,
+            id: 3,
+            force: false,
+        };
+        let held = |r| AdminService::held(&r).map_err(|s| s.code());
+        assert_eq!(held(req(HolderKind::Worker, 1, 0)), Ok(Held::Worker(1, 3)));
+        assert_eq!(
+            held(req(HolderKind::LeaseToken, 0, 2)),
+            Ok(Held::Token(2, 3))
+        );
+        for bad in [
+            req(HolderKind::Unspecified, 0, 0),
+            req(HolderKind::Worker, 0, 1),
+            req(HolderKind::LeaseToken, 1, 0),
+            req(HolderKind::LeaseToken, 0, 1000),
+        ] {
+            assert_eq!(held(bad), Err(Code::InvalidArgument));
+        }
+    }
+}
