@@ -61,6 +61,7 @@ use super::embedded::{backend_err, blocking, EmbeddedStore};
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, KvWrite, TxnOp, TxnOutcome};
 use crate::id::strict::{advance, check_step, Namespace, StrictKey, Values};
+use crate::metrics as m;
 
 /// Strict counters and namespace steps.
 #[async_trait]
@@ -82,10 +83,10 @@ pub trait StrictStore: Send + Sync + 'static {
     async fn namespaces(&self) -> Result<Vec<(Namespace, u64)>, StoreError>;
 }
 
-/// The histogram of requests per group commit (declared in `crate::metrics`).
-const COMMIT_BATCH_METRIC: &str = "idgen_strict_commit_batch";
-/// The counter of lost compare-and-sets in Consul (declared in `crate::metrics`).
-const CONFLICTS_METRIC: &str = "idgen_strict_conflicts_total";
+/// The histogram of requests per group commit.
+const COMMIT_BATCH_METRIC: &str = m::STRICT_COMMIT_BATCH;
+/// The counter of lost compare-and-sets in Consul.
+const CONFLICTS_METRIC: &str = m::STRICT_CONFLICTS;
 
 // ---- Embedded ---------------------------------------------------------------
 
