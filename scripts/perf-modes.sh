@@ -7,7 +7,8 @@
 #     with strict enabled;
 #   - `idgen bench`: segment and lease GenIds x1000 (1 connection x 64 in
 #     flight); strict unary GenId with 16 callers (1 connection x 16) on the
-#     embedded node, alternating with PostgreSQL nextval via pgbench -c 16
+#     embedded node (alternating with a bare tonic counter server under the
+#     same load, the gRPC ceiling) and with PostgreSQL nextval via pgbench -c 16
 #     (scripts/pg-nextval-bench.sh, which installs PostgreSQL from Debian
 #     if needed); strict with 16 callers on the Consul test server.
 # Prints medians over the rounds. Usage:
@@ -87,7 +88,16 @@ run() { # label port mode tag batch concurrency
 for r in $(seq 1 "$rounds"); do
   run segment-x1000 50851 segment perf 1000 64
   run lease-x1000 50851 lease "" 1000 64
-  run strict-embedded-c16 50851 strict perf/k 1 16
+  # Strict on the embedded node, alternating in one bench process with a
+  # bare tonic counter server under the same load (the gRPC ceiling here).
+  "$bin" bench --addr "http://127.0.0.1:50851" --connections 1 --concurrency 16 \
+    --mode strict --tag perf/k --batch 1 --duration "${secs}s" --warmup 2s \
+    --baseline --rounds 1 --json \
+    | python3 -c "
+import json, sys
+for r in json.load(sys.stdin):
+    label = 'bare-tonic-c16' if r['label'].startswith('bare') else 'strict-embedded-c16'
+    print(label, r['calls_per_sec'], r['ids_per_sec'], r['p99_us'], r['errors'], r['order_violations'])"
   tps=$(bash scripts/pg-nextval-bench.sh 16 "$secs" 2>/dev/null | sed -n 's/^pg_nextval_tps=//p')
   echo "postgres-nextval-c16 ${tps:-0} ${tps:-0} 0 0 0"
   run strict-consul-c16 50861 strict perf/k 1 16
@@ -111,4 +121,6 @@ for label in labels:
     print(f"{label:22} {calls:12.0f} calls/s {ids:14.0f} IDs/s  p99 {p99:7.0f} us  errors {errors}  order violations {viol}  ({len(v)} runs, medians)")
 if med.get("postgres-nextval-c16"):
     print(f"strict embedded / postgres nextval: {med['strict-embedded-c16'] / med['postgres-nextval-c16']:.2f}x")
+if med.get("bare-tonic-c16"):
+    print(f"strict embedded / bare tonic counter (same load): {med['strict-embedded-c16'] / med['bare-tonic-c16']:.2f}x")
 PY

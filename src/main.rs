@@ -129,10 +129,10 @@ struct BenchArgs {
     /// 1 = unary GenId; N > 1 = GenIds with count N.
     #[arg(long, default_value_t = 1)]
     batch: u32,
-    /// Mode to ask for: snowflake or segment.
+    /// Mode to ask for: snowflake, segment, lease or strict.
     #[arg(long, default_value = "snowflake")]
     mode: String,
-    /// Tag (segment mode).
+    /// Tag (segment mode) or `namespace/key` (strict mode).
     #[arg(long, default_value = "")]
     tag: String,
     /// Also run the same load against a bare tonic server that returns a
