@@ -516,6 +516,7 @@ async fn kill_during_lease_blocks_and_strict_calls_never_leads_to_reuse() {
     std::fs::write(&config, text).unwrap();
     let mut seen_lease = HashSet::new();
     let mut strict_max = 0u64;
+    let mut lease_total = 0;
     for round in 0..3 {
         let node = ChildServer::start(&config);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -528,6 +529,23 @@ async fn kill_during_lease_blocks_and_strict_calls_never_leads_to_reuse() {
                 let mut got = Vec::new();
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     match c.gen_ids(gen(Mode::Strict, "ns/k", 3)).await {
+                        Ok(r) => got.extend(r.into_inner().ids),
+                        Err(_) => break,
+                    }
+                }
+                got
+            }));
+        }
+        // Lease callers in flight too: blocks of 40 in batches of 13 mean a
+        // block reservation is running most of the time.
+        let mut lease_tasks = Vec::new();
+        for _ in 0..2 {
+            let mut c = node.client().await;
+            let stop = Arc::clone(&stop);
+            lease_tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    match c.gen_ids(gen(Mode::Lease, "", 13)).await {
                         Ok(r) => got.extend(r.into_inner().ids),
                         Err(_) => break,
                     }
@@ -549,6 +567,15 @@ async fn kill_during_lease_blocks_and_strict_calls_never_leads_to_reuse() {
         }
         node.kill();
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in lease_tasks {
+            let got = t.await.unwrap();
+            assert!(!got.is_empty(), "round {round}: concurrent lease calls ran");
+            lease_total += got.len();
+            for id in got {
+                assert!(seen_lease.insert(id), "round {round}: lease {id} twice");
+            }
+        }
+        lease_total += 30 * 13;
         let mut round_values = Vec::new();
         for t in strict_tasks {
             round_values.extend(t.await.unwrap());
@@ -562,5 +589,5 @@ async fn kill_during_lease_blocks_and_strict_calls_never_leads_to_reuse() {
         );
         strict_max = *round_values.iter().max().unwrap();
     }
-    assert_eq!(seen_lease.len(), 3 * 30 * 13);
+    assert_eq!(seen_lease.len(), lease_total);
 }

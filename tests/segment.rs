@@ -5,6 +5,8 @@
 mod common;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use common::{test_config, ChildServer, TestServer};
 use idgen::config::SegmentSection;
@@ -135,14 +137,43 @@ async fn a_kill_during_load_never_leads_to_reuse() {
     let mut seen = HashSet::new();
     for round in 0..3 {
         let node = ChildServer::start(&config);
+        // Callers still in flight when the kill lands; small batches on
+        // ranges of 100 mean a refill is running most of the time.
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let mut c = node.client().await;
+            let stop = Arc::clone(&stop);
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    match c.gen_ids(req("orders", 37)).await {
+                        Ok(r) => got.extend(r.into_inner().ids),
+                        Err(_) => break,
+                    }
+                }
+                got
+            }));
+        }
         let mut c = node.client().await;
+        let mut mine = 0;
         for _ in 0..50 {
-            // Small batches: many refills, so the kill lands near one.
-            for id in c.gen_ids(req("orders", 37)).await.unwrap().into_inner().ids {
+            let ids = c.gen_ids(req("orders", 37)).await.unwrap().into_inner().ids;
+            mine += ids.len();
+            for id in ids {
                 assert!(seen.insert(id), "round {round}: {id} handed out twice");
             }
         }
         node.kill();
+        stop.store(true, Ordering::SeqCst);
+        let mut theirs = 0;
+        for t in tasks {
+            for id in t.await.unwrap() {
+                theirs += 1;
+                assert!(seen.insert(id), "round {round}: {id} handed out twice");
+            }
+        }
+        assert_eq!(mine, 50 * 37);
+        assert!(theirs > 0, "round {round}: the concurrent callers got IDs");
     }
-    assert_eq!(seen.len(), 3 * 50 * 37);
 }
