@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_linearizable, test_config, write_child_config, write_cluster_config, Call, ChildServer,
-    TestServer,
+    assert_linearizable, call_until_stopped, test_config, write_child_config, write_cluster_config,
+    Call, ChildServer, TestServer,
 };
 use consul_testserver::{Config, TestConsul};
 use idgen::config::{LeaseSection, StrictSection};
@@ -523,35 +523,23 @@ async fn kill_during_lease_blocks_and_strict_calls_never_leads_to_reuse() {
         // Strict callers in flight while the kill lands.
         let mut strict_tasks = Vec::new();
         for _ in 0..4 {
-            let mut c = node.client().await;
-            let stop = Arc::clone(&stop);
-            strict_tasks.push(tokio::spawn(async move {
-                let mut got = Vec::new();
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    match c.gen_ids(gen(Mode::Strict, "ns/k", 3)).await {
-                        Ok(r) => got.extend(r.into_inner().ids),
-                        Err(_) => break,
-                    }
-                }
-                got
-            }));
+            let c = node.client().await;
+            strict_tasks.push(call_until_stopped(
+                c,
+                gen(Mode::Strict, "ns/k", 3),
+                Arc::clone(&stop),
+            ));
         }
         // Lease callers in flight too: blocks of 40 in batches of 13 mean a
         // block reservation is running most of the time.
         let mut lease_tasks = Vec::new();
         for _ in 0..2 {
-            let mut c = node.client().await;
-            let stop = Arc::clone(&stop);
-            lease_tasks.push(tokio::spawn(async move {
-                let mut got = Vec::new();
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    match c.gen_ids(gen(Mode::Lease, "", 13)).await {
-                        Ok(r) => got.extend(r.into_inner().ids),
-                        Err(_) => break,
-                    }
-                }
-                got
-            }));
+            let c = node.client().await;
+            lease_tasks.push(call_until_stopped(
+                c,
+                gen(Mode::Lease, "", 13),
+                Arc::clone(&stop),
+            ));
         }
         let mut c = node.client().await;
         for _ in 0..30 {

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{test_config, ChildServer, TestServer};
+use common::{call_until_stopped, test_config, ChildServer, TestServer};
 use idgen::config::SegmentSection;
 use idgen::proto::{DecodeIdRequest, GenIdRequest, GenIdsRequest, Mode};
 
@@ -142,18 +142,8 @@ async fn a_kill_during_load_never_leads_to_reuse() {
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
         for _ in 0..3 {
-            let mut c = node.client().await;
-            let stop = Arc::clone(&stop);
-            tasks.push(tokio::spawn(async move {
-                let mut got = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    match c.gen_ids(req("orders", 37)).await {
-                        Ok(r) => got.extend(r.into_inner().ids),
-                        Err(_) => break,
-                    }
-                }
-                got
-            }));
+            let c = node.client().await;
+            tasks.push(call_until_stopped(c, req("orders", 37), Arc::clone(&stop)));
         }
         let mut c = node.client().await;
         let mut mine = 0;

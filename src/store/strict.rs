@@ -83,11 +83,6 @@ pub trait StrictStore: Send + Sync + 'static {
     async fn namespaces(&self) -> Result<Vec<(Namespace, u64)>, StoreError>;
 }
 
-/// The histogram of requests per group commit.
-const COMMIT_BATCH_METRIC: &str = m::STRICT_COMMIT_BATCH;
-/// The counter of lost compare-and-sets in Consul.
-const CONFLICTS_METRIC: &str = m::STRICT_CONFLICTS;
-
 // ---- Embedded ---------------------------------------------------------------
 
 /// Strict counters: `"<namespace>/<key>"` -> the last value handed out.
@@ -195,7 +190,7 @@ impl Drop for EmbeddedStrictStore {
 /// The committer thread: one write transaction per batch of waiting
 /// requests, answered only after the commit.
 fn run_committer(store: &EmbeddedStore, requests: &mpsc::Receiver<Request>, commits: &AtomicU64) {
-    let batch_size = metrics::histogram!(COMMIT_BATCH_METRIC);
+    let batch_size = metrics::histogram!(m::STRICT_COMMIT_BATCH);
     while let Ok(first) = requests.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -431,7 +426,7 @@ impl ConsulStrictStore {
             client,
             keys,
             turns: Mutex::new(HashMap::new()),
-            conflicts: metrics::counter!(CONFLICTS_METRIC),
+            conflicts: metrics::counter!(m::STRICT_CONFLICTS),
         }
     }
 

@@ -360,6 +360,26 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// Calls `GenIds` with `request` over and over until `stop` is set or a
+/// call fails (the server was killed), returning every ID it got: a caller
+/// still in flight when a test kills or faults the server.
+pub fn call_until_stopped(
+    mut client: IdGenClient<Channel>,
+    request: idgen::proto::GenIdsRequest,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<u64>> {
+    tokio::spawn(async move {
+        let mut got = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            match client.gen_ids(request.clone()).await {
+                Ok(r) => got.extend(r.into_inner().ids),
+                Err(_) => break,
+            }
+        }
+        got
+    })
+}
+
 /// One recorded strict call.
 #[derive(Debug, Clone, Copy)]
 pub struct Call {
