@@ -25,6 +25,14 @@ pub enum ConfigError {
     /// The file, or the environment, could not be read or parsed.
     #[error("cannot read config: {0}")]
     Parse(String),
+    /// An `IDGEN_*` environment variable names no config key.
+    #[error("environment variable {name} {problem}")]
+    Environment {
+        /// The variable as set.
+        name: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
     /// A key has a value that is not allowed.
     #[error("config key {key}: {problem}")]
     Invalid {
@@ -494,8 +502,10 @@ impl FileConfig {
             }
             fig = fig.merge(Toml::file_exact(path));
         }
-        // Only IDGEN_SECTION__KEY variables are config; other IDGEN_*
-        // variables (scripts, tests) are none of its business.
+        // Every IDGEN_* variable must name a key (or be one of the few
+        // read by the CLI and scripts): a typo must never silently leave a
+        // setting, such as the worker id, at its default.
+        check_environment(prefix, std::env::vars_os())?;
         fig = fig.merge(
             Env::prefixed(prefix)
                 .filter(|key| key.as_str().contains("__"))
@@ -504,6 +514,150 @@ impl FileConfig {
         fig.extract().map_err(|e| ConfigError::Parse(e.to_string()))
     }
 
+    /// Every settable key as `(section, key)`, optional ones included.
+    pub fn keys() -> Vec<(String, String)> {
+        let mut full = FileConfig::default();
+        // Optional keys are left out of a serialized default; give them a
+        // value so they are listed too.
+        full.layout.time_unit = Some(Duration::from_millis(1));
+        full.layout.time_bits = Some(0);
+        full.layout.datacenter_bits = Some(0);
+        full.layout.worker_bits = Some(0);
+        full.layout.sequence_bits = Some(0);
+        let mut keys = Vec::new();
+        if let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(&full) {
+            for (section, fields) in sections {
+                if let serde_json::Value::Object(fields) = fields {
+                    keys.extend(fields.keys().map(|k| (section.clone(), k.clone())));
+                }
+            }
+        }
+        keys
+    }
+
+    /// The settings as a TOML document, secrets replaced by `<redacted>`:
+    /// what `idgen check-config` prints.
+    pub fn redacted_toml(&self) -> Result<String, ConfigError> {
+        let mut shown = self.clone();
+        for secret in [&mut shown.consul.token, &mut shown.admin.token] {
+            if !secret.is_empty() {
+                *secret = "<redacted>".into();
+            }
+        }
+        toml::to_string(&shown).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+}
+
+/// `IDGEN_*` variables that are not config keys: read by the CLI (the
+/// admin token of `idgen admin`) and by the test and bench scripts. Every
+/// other `IDGEN_*` variable must name a key.
+pub const NON_CONFIG_VARIABLES: &[&str] = &[
+    "IDGEN_ADMIN_TOKEN",
+    "IDGEN_CHAOS_IDS",
+    "IDGEN_BENCH_SECS",
+    "IDGEN_BENCH_ROUNDS",
+];
+
+/// Refuses an environment variable under `prefix` that maps to no key,
+/// naming the nearest valid one.
+fn check_environment(
+    prefix: &str,
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<(), ConfigError> {
+    let keys = FileConfig::keys();
+    for (name, _) in vars {
+        let Some(name) = name.to_str() else {
+            let lossy = name.to_string_lossy().into_owned();
+            if lossy.starts_with(prefix) {
+                return Err(ConfigError::Environment {
+                    name: lossy,
+                    problem: "is not valid UTF-8; unset it".into(),
+                });
+            }
+            continue;
+        };
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        if NON_CONFIG_VARIABLES.contains(&name) && prefix == "IDGEN_" {
+            continue;
+        }
+        let wanted = rest.to_ascii_lowercase();
+        let known = keys
+            .iter()
+            .any(|(section, key)| wanted == format!("{section}__{key}"));
+        if known {
+            continue;
+        }
+        let nearest = keys
+            .iter()
+            .min_by_key(|(section, key)| edit_distance(&wanted, &format!("{section}__{key}")));
+        let problem = match nearest {
+            Some((section, key)) => format!(
+                "maps to no config key; did you mean {prefix}{}__{} ({section}.{key})? \
+                 Variables are {prefix}<SECTION>__<KEY>, with two underscores between section and key",
+                section.to_ascii_uppercase(),
+                key.to_ascii_uppercase()
+            ),
+            None => "maps to no config key".into(),
+        };
+        return Err(ConfigError::Environment {
+            name: name.to_owned(),
+            problem,
+        });
+    }
+    Ok(())
+}
+
+/// Levenshtein distance, for "did you mean" suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// Checks a tracing filter the way an operator means it: every directive is
+/// a level (`info`) or `target=level` (`idgen=debug`). A bare word that is
+/// not a level would parse as a target name and silence every log line,
+/// errors included.
+pub fn check_log_filter(filter: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    let is_level = |s: &str| LEVELS.contains(&s.trim().to_ascii_lowercase().as_str());
+    let mut directives = 0;
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        directives += 1;
+        let level = match directive.rsplit_once('=') {
+            Some((target, level)) if !target.trim().is_empty() => level,
+            Some(_) => return Err(format!("{directive:?} has no target before '='")),
+            None => directive,
+        };
+        if !is_level(level) {
+            return Err(format!(
+                "{level:?} is not a log level; use trace, debug, info, warn, error or off, \
+                 optionally per target (e.g. \"idgen=debug,info\")"
+            ));
+        }
+    }
+    if directives == 0 {
+        return Err("is empty; use info (the default), or another level".into());
+    }
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(|_| ())
+        .map_err(|e| format!("{filter:?} is not a valid filter: {e}"))
+}
+
+impl FileConfig {
     /// Applies command-line overrides.
     pub fn apply(&mut self, o: &Overrides) {
         if let Some(v) = &o.grpc_listen {
@@ -700,6 +854,7 @@ impl FileConfig {
                 "must be at least two layout time units",
             ));
         }
+        check_log_filter(&self.log.level).map_err(|problem| invalid("log.level", problem))?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(invalid(
                 "log.format",
@@ -1256,14 +1411,13 @@ mod tests {
     }
 
     #[test]
-    fn environment_overrides_the_file_and_ignores_other_variables() {
+    fn environment_overrides_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
         std::fs::write(&path, "[node]\nworker_id = 3\n").unwrap();
         // A prefix of its own, so no other test or shell variable interferes.
         std::env::set_var("IDGENCFGTEST_NODE__WORKER_ID", "7");
         std::env::set_var("IDGENCFGTEST_HWM__RESERVE", "4s");
-        std::env::set_var("IDGENCFGTEST_UNRELATED", "1");
         let f = FileConfig::load_with_env_prefix(Some(&path), "IDGENCFGTEST_").unwrap();
         assert_eq!(f.node.worker_id, 7);
         assert_eq!(f.hwm.reserve, Duration::from_secs(4));
@@ -1284,5 +1438,87 @@ mod tests {
         assert!(msg.contains("workerid"), "{msg}");
         let missing = dir.path().join("nope.toml");
         assert!(FileConfig::load(Some(&missing)).is_err());
+    }
+
+    fn vars(names: &[&str]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+        names.iter().map(|n| (n.into(), "1".into())).collect()
+    }
+
+    #[test]
+    fn an_environment_variable_that_names_no_key_is_refused_with_the_nearest_key() {
+        // One underscore instead of two: the old build ran as worker 0.
+        let err = check_environment("IDGEN_", vars(&["IDGEN_NODE_WORKER_ID"])).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("IDGEN_NODE_WORKER_ID maps to no config key"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("IDGEN_NODE__WORKER_ID (node.worker_id)"),
+            "{msg}"
+        );
+        let msg = check_environment("IDGEN_", vars(&["IDGEN_HWM__RESERV"]))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("IDGEN_HWM__RESERVE (hwm.reserve)"), "{msg}");
+        let msg = check_environment("IDGEN_", vars(&["IDGEN_NOPE__WORKER_ID"]))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("node.worker_id"), "{msg}");
+    }
+
+    #[test]
+    fn every_key_and_the_cli_variables_are_accepted_and_other_prefixes_ignored() {
+        let mut names: Vec<String> = FileConfig::keys()
+            .iter()
+            .map(|(s, k)| format!("IDGEN_{}__{}", s.to_uppercase(), k.to_uppercase()))
+            .collect();
+        assert!(names.contains(&"IDGEN_LAYOUT__SEQUENCE_BITS".to_string()));
+        assert!(names.contains(&"IDGEN_CONSUL__TOKEN".to_string()));
+        names.extend(NON_CONFIG_VARIABLES.iter().map(|s| s.to_string()));
+        names.extend([
+            "IDGENX".into(),
+            "PATH".into(),
+            "XIDGEN_NODE_WORKER_ID".into(),
+        ]);
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        check_environment("IDGEN_", vars(&refs)).unwrap();
+    }
+
+    #[test]
+    fn log_levels_must_be_levels_or_target_directives() {
+        for ok in [
+            "info",
+            "WARN",
+            "idgen=debug,info",
+            "off",
+            "idgen::server=trace",
+        ] {
+            check_log_filter(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in ["verbose", "warning", "", " , ", "idgen=loud", "=debug"] {
+            assert!(check_log_filter(bad).is_err(), "{bad:?} was accepted");
+        }
+        let mut f = FileConfig::default();
+        f.log.level = "verbose".into();
+        let msg = f.validate(NOW).unwrap_err().to_string();
+        assert!(
+            msg.contains("log.level") && msg.contains("verbose"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn check_config_output_redacts_secrets_and_reads_back() {
+        let mut f = FileConfig::default();
+        f.admin.token = "inline-admin-secret".into();
+        f.consul.token = "inline-consul-secret".into();
+        f.node.worker_id = 9;
+        let text = f.redacted_toml().unwrap();
+        assert!(!text.contains("inline-admin-secret"), "{text}");
+        assert!(!text.contains("inline-consul-secret"), "{text}");
+        assert!(text.contains("<redacted>"), "{text}");
+        let back: FileConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back.node.worker_id, 9);
     }
 }

@@ -39,6 +39,9 @@ enum Command {
     /// Administer a running server (idgen.v1.Admin): segment tags, worker
     /// id and lease token holders, strict namespaces' steps.
     Admin(AdminArgs),
+    /// Validate a config (file, IDGEN_* environment, flags) and print the
+    /// effective settings, secrets redacted, without starting anything.
+    CheckConfig(ServeArgs),
 }
 
 #[derive(Args)]
@@ -299,14 +302,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Decode(a) => decode(a),
         Command::Bench(a) => bench_cmd(a).await,
         Command::Admin(a) => admin::run(a).await,
+        Command::CheckConfig(a) => check_config(a),
     }
 }
 
-fn init_logging(config: &Config) {
+/// `RUST_LOG`, when set, wins over `log.level`; it is held to the same
+/// rule, so a typo there cannot silence the node either.
+fn log_filter(config: &Config) -> anyhow::Result<String> {
+    match std::env::var("RUST_LOG") {
+        Ok(filter) => {
+            idgen::config::check_log_filter(&filter)
+                .map_err(|problem| anyhow::anyhow!("environment variable RUST_LOG: {problem}"))?;
+            Ok(filter)
+        }
+        Err(std::env::VarError::NotPresent) => Ok(config.log_level.clone()),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            bail!("environment variable RUST_LOG is not valid UTF-8")
+        }
+    }
+}
+
+fn init_logging(config: &Config) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.log_level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(log_filter(config)?)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -315,23 +333,18 @@ fn init_logging(config: &Config) {
     } else {
         builder.init();
     }
+    Ok(())
 }
 
 async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let overrides = Overrides {
-        grpc_listen: a.grpc_listen,
-        http_listen: a.http_listen,
-        state_path: a.config.state,
-        datacenter_id: a.datacenter_id,
-        worker_id: a.worker_id,
-    };
+    let overrides = serve_overrides(&a);
     let clock: Arc<dyn Clock> = match a.test_clock_offset_ms {
         0 => Arc::new(SystemClock),
         ms => Arc::new(OffsetClock::new(SystemClock, ms.saturating_mul(1000))),
     };
     let mut config = Config::load(a.config.config.as_deref(), &overrides, clock.now_millis())?;
-    init_logging(&config);
+    init_logging(&config)?;
     // Before anything slow: a signal during start-up then means "stop once
     // started", never an abrupt default-action exit.
     let mut stop = Box::pin(idgen::shutdown::signal().context("cannot install signal handlers")?);
@@ -371,6 +384,35 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if !report.drained {
         tracing::warn!("some calls were cut off at shutdown");
     }
+    Ok(())
+}
+
+fn serve_overrides(a: &ServeArgs) -> Overrides {
+    Overrides {
+        grpc_listen: a.grpc_listen.clone(),
+        http_listen: a.http_listen.clone(),
+        state_path: a.config.state.clone(),
+        datacenter_id: a.datacenter_id,
+        worker_id: a.worker_id,
+    }
+}
+
+fn check_config(a: ServeArgs) -> anyhow::Result<()> {
+    let mut file = FileConfig::load(a.config.config.as_deref())?;
+    file.apply(&serve_overrides(&a));
+    let config = file.validate(SystemClock.now_millis())?;
+    log_filter(&config)?;
+    print!("{}", file.redacted_toml()?);
+    let backend = match &config.backend {
+        idgen::config::Backend::Embedded => {
+            format!("embedded, state file {}", config.state_path.display())
+        }
+        idgen::config::Backend::Consul(c) => format!("consul at {}", c.client.address),
+    };
+    eprintln!(
+        "config is valid: layout [{}], datacenter {}, worker {}, {backend}",
+        config.layout, config.datacenter_id, config.worker_id
+    );
     Ok(())
 }
 

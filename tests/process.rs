@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{run_idgen, write_child_config, ChildServer};
+use common::{run_idgen, run_idgen_with_env, write_child_config, ChildServer};
 use idgen::config::FileConfig;
 use idgen::id::{Clock, SystemClock};
 use idgen::proto::GenIdsRequest;
@@ -161,4 +161,72 @@ fn bad_config_and_arguments_are_clear_errors() {
     let (ok, out) = run_idgen(&["gen", "--addr", "http://127.0.0.1:1"]);
     assert!(!ok);
     assert!(out.contains("cannot connect"), "{out}");
+}
+
+/// A one-underscore typo used to leave the node running as worker 0, and a
+/// level such as "verbose" silenced every log line, errors included.
+#[test]
+fn configuration_typos_in_the_environment_and_log_level_stop_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    let config = config.to_str().unwrap();
+    let (ok, out) = run_idgen_with_env(
+        &["serve", "--config", config],
+        &[("IDGEN_NODE_WORKER_ID", "3")],
+    );
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("IDGEN_NODE_WORKER_ID maps to no config key")
+            && out.contains("IDGEN_NODE__WORKER_ID (node.worker_id)"),
+        "{out}"
+    );
+    assert!(!dir.path().join("state.redb").exists(), "nothing started");
+    let (ok, out) = run_idgen_with_env(
+        &["serve", "--config", config],
+        &[("IDGEN_LOG__LEVEL", "warning")],
+    );
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("log.level") && out.contains("\"warning\""),
+        "{out}"
+    );
+    let (ok, out) = run_idgen_with_env(&["serve", "--config", config], &[("RUST_LOG", "verbose")]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("RUST_LOG"), "{out}");
+    assert!(!dir.path().join("state.redb").exists(), "nothing started");
+}
+
+#[test]
+fn check_config_prints_the_effective_settings_with_secrets_redacted_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    let config = config.to_str().unwrap();
+    let (ok, out) = run_idgen_with_env(
+        &["check-config", "--config", config, "--datacenter-id", "2"],
+        &[
+            ("IDGEN_NODE__WORKER_ID", "7"),
+            ("IDGEN_ADMIN__TOKEN", "do-not-print-me"),
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("worker_id = 7") && out.contains("datacenter_id = 2"),
+        "{out}"
+    );
+    assert!(
+        out.contains("shutdown_grace = \"5s\""),
+        "the file's value: {out}"
+    );
+    assert!(out.contains("config is valid"), "{out}");
+    assert!(!out.contains("do-not-print-me"), "{out}");
+    assert!(
+        !dir.path().join("state.redb").exists(),
+        "nothing started or created"
+    );
+    let (ok, out) = run_idgen_with_env(
+        &["check-config", "--config", config],
+        &[("IDGEN_NODE__WORKER_ID", "40")],
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("node.worker_id"), "{out}");
 }

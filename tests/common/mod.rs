@@ -215,9 +215,15 @@ impl Drop for ChildServer {
 /// Runs `idgen <args>` to completion and returns (success, stderr +
 /// stdout). A command still running after 20 s is killed and fails the test.
 pub fn run_idgen(args: &[&str]) -> (bool, String) {
+    run_idgen_with_env(args, &[])
+}
+
+/// [`run_idgen`] with extra environment variables.
+pub fn run_idgen_with_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let mut child = Command::new(idgen_bin())
         .args(args)
         .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
