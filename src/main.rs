@@ -16,6 +16,10 @@ use idgen::proto::{self, id_gen_client::IdGenClient};
 use idgen::server::{decode_snowflake, Node};
 use idgen::store::EmbeddedStore;
 
+mod cli;
+
+use cli::output::outln;
+
 /// idgen: unique 64-bit IDs over gRPC that never repeat.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
@@ -80,12 +84,19 @@ struct ServeArgs {
 
 #[derive(Args)]
 struct GenArgs {
-    /// Server URL.
-    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    /// The node's gRPC address: host:port or http://host:port.
+    #[arg(long, default_value = "127.0.0.1:50051")]
     addr: String,
-    /// How many IDs.
-    #[arg(long, short = 'n', default_value_t = 1)]
+    /// Longest wait for the connection and for each call.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// How many IDs. More than --batch are fetched in several calls.
+    #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     count: u32,
+    /// Most IDs asked for in one call (the server's server.max_batch,
+    /// 10,000 by default).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
     /// Mode: snowflake, segment, lease or strict.
     #[arg(long, default_value = "snowflake")]
     mode: String,
@@ -153,15 +164,20 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct AdminArgs {
-    /// Server URL.
-    #[arg(long, global = true, default_value = "http://127.0.0.1:50051")]
+    /// The node's gRPC address: host:port or http://host:port.
+    #[arg(long, global = true, default_value = "127.0.0.1:50051")]
     addr: String,
+    /// Longest wait for the connection and for each call.
+    #[arg(long, global = true, default_value = "5s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
     /// The server's admin token (its admin.token). Prefer --token-file or
-    /// the environment: a command line is visible to other users.
+    /// the environment (IDGEN_ADMIN__TOKEN, the same variable the server
+    /// reads; the older IDGEN_ADMIN_TOKEN still works, with a warning): a
+    /// command line is visible to other users.
     #[arg(
         long,
         global = true,
-        env = "IDGEN_ADMIN_TOKEN",
+        env = "IDGEN_ADMIN__TOKEN",
         hide_env_values = true,
         conflicts_with = "token_file"
     )]
@@ -287,6 +303,8 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`idgen decode ID | head -1`): done.
+        Err(e) if cli::output::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -402,7 +420,7 @@ fn check_config(a: ServeArgs) -> anyhow::Result<()> {
     file.apply(&serve_overrides(&a));
     let config = file.validate(SystemClock.now_millis())?;
     log_filter(&config)?;
-    print!("{}", file.redacted_toml()?);
+    cli::output::write(&file.redacted_toml()?)?;
     let backend = match &config.backend {
         idgen::config::Backend::Embedded => {
             format!("embedded, state file {}", config.state_path.display())
@@ -426,54 +444,71 @@ fn init(a: ConfigArgs) -> anyhow::Result<()> {
         bail!("idgen init creates the embedded state file; with store.backend = \"consul\" there is nothing to create (nodes claim worker ids at start)");
     }
     EmbeddedStore::create(&config.state_path, &config.layout.to_string())?;
-    println!(
+    outln!(
         "created state file {} for layout [{}]",
         config.state_path.display(),
         config.layout
-    );
+    )?;
     Ok(())
 }
 
 async fn gen(a: GenArgs) -> anyhow::Result<()> {
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
-    let mut client = IdGenClient::connect(a.addr.clone())
-        .await
-        .with_context(|| format!("cannot connect to {}", a.addr))?;
+    let mut client = IdGenClient::new(cli::client::channel(&a.addr, a.timeout).await?);
     let ids = if a.count == 1 {
-        let resp = client
-            .gen_id(proto::GenIdRequest { mode, tag: a.tag })
-            .await
-            .map_err(status_error)?;
-        vec![resp.into_inner().id]
+        let request = proto::GenIdRequest { mode, tag: a.tag };
+        vec![
+            cli::client::call(a.timeout, client.gen_id(request))
+                .await?
+                .id,
+        ]
     } else {
-        client
-            .gen_ids(proto::GenIdsRequest {
+        let mut ids = Vec::with_capacity(a.count as usize);
+        let mut batch = a.batch;
+        while ids.len() < a.count as usize {
+            let count = (a.count - ids.len() as u32).min(batch);
+            let request = proto::GenIdsRequest {
                 mode,
-                tag: a.tag,
-                count: a.count,
-            })
-            .await
-            .map_err(status_error)?
-            .into_inner()
-            .ids
+                tag: a.tag.clone(),
+                count,
+            };
+            match client.gen_ids(request).await {
+                Ok(r) => ids.extend(r.into_inner().ids),
+                // The server's server.max_batch is below --batch: it says
+                // its maximum (and reserved nothing), so ask again in
+                // calls of that size.
+                Err(s) if server_max_batch(&s).is_some_and(|max| max < count) => {
+                    batch = server_max_batch(&s).unwrap_or(1);
+                }
+                Err(s) => return Err(cli::client::status_error(s)),
+            }
+        }
+        ids
     };
     if a.json {
         let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
-        println!("{}", serde_json::json!({ "ids": ids }));
+        outln!("{}", serde_json::json!({ "ids": ids }))?;
     } else {
         let mut out = String::with_capacity(ids.len() * 20);
         for id in ids {
             out.push_str(&id.to_string());
             out.push('\n');
         }
-        print!("{out}");
+        cli::output::write(&out)?;
     }
     Ok(())
 }
 
-fn status_error(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+/// The largest batch a server accepts, from its INVALID_ARGUMENT answer
+/// "count must be between 1 and N, ...".
+fn server_max_batch(s: &tonic::Status) -> Option<u32> {
+    if s.code() != tonic::Code::InvalidArgument {
+        return None;
+    }
+    let rest = s.message().strip_prefix("count must be between 1 and ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|max| *max > 0)
 }
 
 fn decode(a: DecodeArgs) -> anyhow::Result<()> {
@@ -490,17 +525,23 @@ fn decode(a: DecodeArgs) -> anyhow::Result<()> {
         other => bail!("mode {other} IDs are plain numbers with no fields to decode"),
     };
     if a.json {
-        println!("{}", serde_json::to_string(&d)?);
+        outln!("{}", serde_json::to_string(&d)?)?;
     } else if let (Some(zone), Some(token)) = (d.zone, d.token) {
-        println!(
+        outln!(
             "id {}\nzone {zone}\ntoken {token}\nsequence {}",
-            d.id, d.sequence
-        );
+            d.id,
+            d.sequence
+        )?;
     } else {
-        println!(
+        outln!(
             "id {}\ntime {} ({} ms)\ndatacenter {}\nworker {}\nsequence {}",
-            d.id, d.time, d.unix_millis, d.datacenter, d.worker, d.sequence
-        );
+            d.id,
+            d.time,
+            d.unix_millis,
+            d.datacenter,
+            d.worker,
+            d.sequence
+        )?;
     }
     Ok(())
 }
@@ -532,10 +573,10 @@ async fn bench_cmd(a: BenchArgs) -> anyhow::Result<()> {
     }
     if a.json {
         let all: Vec<_> = reports.iter().map(|(l, r)| r.to_json(l)).collect();
-        println!("{}", serde_json::Value::Array(all));
+        outln!("{}", serde_json::Value::Array(all))?;
     } else {
         for (label, r) in &reports {
-            println!("{}", r.summary(label));
+            outln!("{}", r.summary(label))?;
         }
         if a.baseline {
             let median = |label: &str, f: fn(&bench::BenchReport) -> f64| {
@@ -554,12 +595,12 @@ async fn bench_cmd(a: BenchArgs) -> anyhow::Result<()> {
                 median("bare tonic counter", bench::BenchReport::ids_per_sec),
                 median("idgen", bench::BenchReport::ids_per_sec),
             );
-            println!(
+            outln!(
                 "medians over {} rounds: bare {b_calls:.0} calls/s {b_ids:.0} IDs/s; idgen {o_calls:.0} calls/s {o_ids:.0} IDs/s; idgen/bare {:.1}% of calls/s, {:.1}% of IDs/s",
                 a.rounds.max(1),
                 100.0 * o_calls / b_calls,
                 100.0 * o_ids / b_ids
-            );
+            )?;
         }
     }
     let bad = reports.iter().any(|(_, r)| r.order_violations > 0);
@@ -578,8 +619,8 @@ mod admin {
     use tonic::transport::Channel;
     use tonic::{Request, Status};
 
+    use crate::cli::output::outln;
     use idgen::proto::{self, admin_client::AdminClient, HolderKind};
-    use idgen::server::status::code_name;
 
     use super::{AdminArgs, AdminCommand, StrictCommand, TagsCommand};
 
@@ -599,13 +640,20 @@ mod admin {
 
     type Client = AdminClient<InterceptedService<Channel, Bearer>>;
 
-    /// The token from --token / IDGEN_ADMIN_TOKEN or --token-file.
+    /// The token from --token / IDGEN_ADMIN__TOKEN or --token-file (or the
+    /// deprecated IDGEN_ADMIN_TOKEN).
     fn token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
         if let Some(t) = &a.token {
             return Ok(Some(t.trim().to_owned()));
         }
         let Some(path) = &a.token_file else {
-            return Ok(None);
+            return Ok(match std::env::var("IDGEN_ADMIN_TOKEN") {
+                Ok(t) if !t.trim().is_empty() => {
+                    eprintln!("warning: IDGEN_ADMIN_TOKEN is deprecated; set IDGEN_ADMIN__TOKEN, the name the server reads too");
+                    Some(t.trim().to_owned())
+                }
+                _ => None,
+            });
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read --token-file {}", path.display()))?;
@@ -630,22 +678,13 @@ mod admin {
             }
             None => None,
         };
-        let channel = Channel::from_shared(a.addr.clone())
-            .with_context(|| {
-                format!(
-                    "--addr {:?} is not a URL (e.g. http://127.0.0.1:50051)",
-                    a.addr
-                )
-            })?
-            .connect()
-            .await
-            .with_context(|| format!("cannot connect to {}", a.addr))?;
+        let channel = crate::cli::client::channel(&a.addr, a.timeout).await?;
         Ok(AdminClient::with_interceptor(channel, Bearer(header)))
     }
 
     /// The gRPC code and message, for the error line.
     fn failed(s: Status) -> anyhow::Error {
-        anyhow::anyhow!("{}: {}", code_name(s.code()), s.message())
+        crate::cli::client::status_error(s)
     }
 
     fn tag_json(t: &proto::SegmentTag) -> Value {
@@ -913,9 +952,9 @@ mod admin {
             }
         };
         if a.json {
-            println!("{}", out.0);
+            outln!("{}", out.0)?;
         } else {
-            println!("{}", out.1);
+            outln!("{}", out.1)?;
         }
         Ok(())
     }

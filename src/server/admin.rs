@@ -54,7 +54,7 @@ const DEFAULT_LOCK_DELAY: Duration = Duration::from_secs(15);
 pub const EMBEDDED_STATE: &str = "embedded (this node)";
 
 const DISABLED: &str = "the admin API is disabled on this server: set admin.token or admin.token_file in its config (or IDGEN_ADMIN__TOKEN) and restart it";
-const NO_HEADER: &str = "admin calls need the metadata `authorization: Bearer <token>` carrying the server's admin token (idgen admin: --token, --token-file or IDGEN_ADMIN_TOKEN)";
+const NO_HEADER: &str = "admin calls need the metadata `authorization: Bearer <token>` carrying the server's admin token (idgen admin: --token, --token-file or IDGEN_ADMIN__TOKEN)";
 const WRONG_TOKEN: &str =
     "the admin token is wrong: use the token in the server's admin.token or admin.token_file";
 

@@ -1,0 +1,129 @@
+//! Connecting to a node: `--addr` as `host:port` or a URL, a bound on every
+//! wait (`--timeout`), and errors that say which address was tried and
+//! what to do.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::bail;
+use tonic::transport::{Channel, Endpoint};
+
+use idgen::server::status::code_name;
+
+/// The URL for `--addr`: `host:port` gets `http://` in front; a URL is
+/// taken as it is.
+pub fn url(addr: &str) -> anyhow::Result<String> {
+    let addr = addr.trim();
+    if addr.is_empty() {
+        bail!("--addr is empty: give host:port, e.g. 127.0.0.1:50051");
+    }
+    let url = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let parsed = url::Url::parse(&url).map_err(|e| {
+        anyhow::anyhow!(
+            "--addr {addr:?} is not host:port or a URL like http://127.0.0.1:50051 ({e})"
+        )
+    })?;
+    match parsed.scheme() {
+        "http" => {}
+        "https" => bail!(
+            "--addr {addr:?}: TLS is not supported by this build; idgen serves plaintext gRPC, use http:// or host:port"
+        ),
+        other => bail!("--addr {addr:?}: unknown scheme {other:?}; use host:port or http://host:port"),
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        bail!("--addr {addr:?} has no host; give host:port, e.g. 127.0.0.1:50051");
+    }
+    if parsed.port().is_none() {
+        bail!("--addr {addr:?} has no port; give host:port, e.g. 127.0.0.1:50051");
+    }
+    Ok(url)
+}
+
+/// The innermost cause of an error, which is the only part that says what
+/// happened ("Connection refused"); the outer layers repeat each other.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}
+
+/// Connects to `addr`, waiting at most `timeout`; every call made on the
+/// channel is bounded by `timeout` as well.
+pub async fn channel(addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
+    let url = url(addr)?;
+    let endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|e| anyhow::anyhow!("--addr {addr:?}: {}", root_cause(&e)))?
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    let hint =
+        "is `idgen serve` running there? Start it, or pass --addr with the node's gRPC address";
+    match tokio::time::timeout(timeout, endpoint.connect()).await {
+        Ok(Ok(channel)) => Ok(channel),
+        Ok(Err(e)) => bail!("cannot connect to {url} ({}); {hint}", root_cause(&e)),
+        Err(_) => bail!(
+            "cannot connect to {url}: no answer within {} (--timeout); {hint}",
+            humantime::format_duration(timeout)
+        ),
+    }
+}
+
+/// A gRPC status as every command prints it: `CODE: message`.
+pub fn status_error(s: tonic::Status) -> anyhow::Error {
+    // What tonic answers when the channel's own timeout fires.
+    if s.code() == tonic::Code::Cancelled && s.message().contains("Timeout expired") {
+        return anyhow::anyhow!("DEADLINE_EXCEEDED: no answer within the --timeout");
+    }
+    anyhow::anyhow!("{}: {}", code_name(s.code()), s.message())
+}
+
+/// Runs one call, bounded by `timeout`, with the status printed the same
+/// way everywhere.
+pub async fn call<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(status_error(status)),
+        Err(_) => bail!(
+            "DEADLINE_EXCEEDED: no answer within {} (--timeout)",
+            humantime::format_duration(timeout)
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_and_urls_are_accepted() {
+        assert_eq!(url("127.0.0.1:50051").unwrap(), "http://127.0.0.1:50051");
+        assert_eq!(url("localhost:1").unwrap(), "http://localhost:1");
+        assert_eq!(url("[::1]:50051").unwrap(), "http://[::1]:50051");
+        assert_eq!(
+            url("http://127.0.0.1:50051").unwrap(),
+            "http://127.0.0.1:50051"
+        );
+    }
+
+    #[test]
+    fn unusable_addresses_are_refused_with_the_form_to_use() {
+        for (addr, says) in [
+            ("", "empty"),
+            ("127.0.0.1", "no port"),
+            ("https://127.0.0.1:50051", "TLS"),
+            ("ftp://x:1", "unknown scheme"),
+            ("http://:5", "host:port"),
+        ] {
+            let msg = url(addr).unwrap_err().to_string();
+            assert!(msg.contains(says), "{addr:?}: {msg}");
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The `idgen` client commands as a user meets them: closed pipes, servers
+//! that are gone or silent, `host:port` addresses, batches above the
+//! server's maximum, and one name for the admin token.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{idgen_bin, run_idgen, run_idgen_with_env, ChildServer};
+
+/// A child config with a small `server.max_batch` and an admin token.
+fn config(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("idgen.toml");
+    let text = format!(
+        "[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nmax_batch = 100\n\
+         [store]\npath = \"{}\"\ninit_if_missing = true\n\
+         [admin]\ntoken = \"cli-test-token\"\n\
+         [log]\nformat = \"json\"\n",
+        dir.join("state.redb").display()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly_with_status_zero() {
+    // The reader (`true`) has exited before idgen writes: every write
+    // meets a closed pipe, as with `idgen decode ID | head -1`.
+    let script = format!(
+        "{{ sleep 0.3; '{}' decode 382852853015773185; echo \"status=$?\" >&2; }} | true",
+        idgen_bin().display()
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("status=0"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gen_takes_host_port_and_splits_counts_above_the_servers_maximum() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&config(dir.path()));
+    let addr = node.grpc.to_string();
+    // --batch defaults to 10,000; the server allows 100 and says so, and
+    // the command continues in calls of 100.
+    let (ok, out) = run_idgen(&["gen", "--addr", &addr, "-n", "250"]);
+    assert!(ok, "{out}");
+    let ids: Vec<u64> = out.lines().map(|l| l.parse().expect(l)).collect();
+    assert_eq!(ids.len(), 250);
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 250, "distinct");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "increasing");
+    let (ok, out) = run_idgen(&["gen", "--addr", &addr, "-n", "30", "--batch", "7", "--json"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert_eq!(v["ids"].as_array().map(Vec::len), Some(30));
+    let (ok, out) = run_idgen(&["gen", "--addr", &addr, "-n", "0"]);
+    assert!(!ok, "{out}");
+}
+
+#[test]
+fn a_stopped_or_silent_server_fails_within_the_timeout_naming_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&config(dir.path()));
+    let addr = node.grpc.to_string();
+    assert!(node.terminate().success());
+    let (ok, out) = run_idgen(&["gen", "--addr", &addr]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&format!("cannot connect to http://{addr}"))
+            && out.contains("idgen serve")
+            && !out.contains("tcp connect error: tcp connect error"),
+        "{out}"
+    );
+    // Accepts connections and never answers: bounded by --timeout (and
+    // run_idgen fails the test if the command runs for 20 s).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    let holder = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        silent.set_nonblocking(true).unwrap();
+        for _ in 0..100 {
+            if let Ok((conn, _)) = silent.accept() {
+                held.push(conn);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    });
+    for args in [
+        vec!["gen", "--addr", &silent_addr, "--timeout", "1s"],
+        vec![
+            "admin",
+            "--addr",
+            &silent_addr,
+            "--timeout",
+            "1s",
+            "--token",
+            "x",
+            "holders",
+        ],
+    ] {
+        let (ok, out) = run_idgen(&args);
+        assert!(!ok, "{out}");
+        assert!(out.contains("DEADLINE_EXCEEDED"), "{args:?}: {out}");
+    }
+    let (ok, out) = run_idgen(&["gen", "--addr", "127.0.0.1"]);
+    assert!(!ok && out.contains("no port"), "{out}");
+    holder.join().unwrap();
+}
+
+#[test]
+fn the_admin_token_has_one_variable_name_on_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&config(dir.path()));
+    let addr = node.grpc.to_string();
+    let args = ["admin", "--addr", &addr, "holders"];
+    let (ok, out) = run_idgen_with_env(&args, &[("IDGEN_ADMIN__TOKEN", "cli-test-token")]);
+    assert!(ok, "{out}");
+    assert!(!out.contains("deprecated"), "{out}");
+    let (ok, out) = run_idgen_with_env(&args, &[("IDGEN_ADMIN_TOKEN", "cli-test-token")]);
+    assert!(ok, "{out}");
+    assert!(out.contains("IDGEN_ADMIN_TOKEN is deprecated"), "{out}");
+    let (ok, out) = run_idgen(&args);
+    assert!(!ok && out.contains("UNAUTHENTICATED"), "{out}");
+}
