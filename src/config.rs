@@ -458,6 +458,33 @@ pub struct LogSection {
     pub level: String,
     /// `text` or `json`.
     pub format: String,
+    /// Colour codes in text logs: `auto` (only when stderr is a terminal
+    /// and `NO_COLOR` is unset), `always` or `never`.
+    pub color: LogColor,
+}
+
+/// When text logs carry ANSI colour codes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogColor {
+    /// Only when stderr is a terminal and `NO_COLOR` is not set.
+    #[default]
+    Auto,
+    /// Always (e.g. a terminal multiplexer that is not detected).
+    Always,
+    /// Never.
+    Never,
+}
+
+impl LogColor {
+    /// Whether to colour, given whether stderr is a terminal.
+    pub fn enabled(self, stderr_is_terminal: bool) -> bool {
+        match self {
+            LogColor::Always => true,
+            LogColor::Never => false,
+            LogColor::Auto => stderr_is_terminal && std::env::var_os("NO_COLOR").is_none(),
+        }
+    }
 }
 
 impl Default for LogSection {
@@ -465,6 +492,7 @@ impl Default for LogSection {
         Self {
             level: "info".into(),
             format: "text".into(),
+            color: LogColor::Auto,
         }
     }
 }
@@ -929,6 +957,7 @@ impl FileConfig {
             hwm_renew_interval: h.renew_interval,
             log_level: self.log.level.clone(),
             log_json: self.log.format == "json",
+            log_color: self.log.color,
         })
     }
 }
@@ -1184,6 +1213,8 @@ pub struct Config {
     pub log_level: String,
     /// JSON logs instead of text.
     pub log_json: bool,
+    /// Colour codes in text logs.
+    pub log_color: LogColor,
 }
 
 impl Config {

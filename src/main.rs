@@ -343,8 +343,10 @@ fn log_filter(config: &Config) -> anyhow::Result<String> {
 fn init_logging(config: &Config) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_new(log_filter(config)?)?;
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(!config.log_json && config.log_color.enabled(std::io::stderr().is_terminal()))
         .with_writer(std::io::stderr);
     if config.log_json {
         builder.json().init();
@@ -393,7 +395,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
     };
     tracing::info!(
-        startup_ms = started.elapsed().as_secs_f64() * 1000.0,
+        // Rounded to 0.1 ms: a log field, not a measurement.
+        startup_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0,
         grpc = %grpc.local_addr()?,
         http = %http.local_addr()?,
         "ready"

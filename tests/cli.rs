@@ -131,3 +131,92 @@ fn the_admin_token_has_one_variable_name_on_both_sides() {
     let (ok, out) = run_idgen(&args);
     assert!(!ok && out.contains("UNAUTHENTICATED"), "{out}");
 }
+
+/// Logs piped to a file or a collector carry no colour codes and no Rust
+/// debug forms (`Some(..)`, `None`, long float tails), in text and JSON.
+#[test]
+fn piped_logs_are_plain_text_with_plain_field_values() {
+    use std::io::{BufRead, BufReader};
+    for format in ["text", "json"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idgen.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+                 [store]\npath = \"{}\"\ninit_if_missing = true\n[log]\nformat = \"{format}\"\n",
+                dir.path().join("state.redb").display()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(idgen_bin())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env_remove("RUST_LOG")
+            .env_remove("NO_COLOR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn idgen");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut lines = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !lines.iter().any(|l: &String| l.contains("idgen serving")) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(_) => break,
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = lines.join("\n");
+        assert!(text.contains("idgen serving"), "{format}: {text}");
+        assert!(
+            !text.contains('\u{1b}'),
+            "{format}: ANSI codes in a pipe: {text}"
+        );
+        for debug_form in ["Some(", "None"] {
+            assert!(
+                !text.contains(debug_form),
+                "{format}: {debug_form} in {text}"
+            );
+        }
+        assert!(
+            !has_long_fraction(&text),
+            "{format}: unrounded float in {text}"
+        );
+        let serving = lines.iter().find(|l| l.contains("idgen serving")).unwrap();
+        assert!(serving.contains("127.0.0.1:"), "{format}: {serving}");
+    }
+}
+
+/// Whether a field value in `text` (`key=1.5` in text logs, `"key":1.5`
+/// in JSON) is a number with more than four digits after its decimal
+/// point, like an unrounded 30.397136000000003. Timestamps are not field
+/// values and are left alone.
+fn has_long_fraction(text: &str) -> bool {
+    let b = text.as_bytes();
+    (1..b.len()).any(|start| {
+        let after_key = b[start - 1] == b'=' || (start >= 2 && &b[start - 2..start] == b"\":");
+        if !after_key {
+            return false;
+        }
+        let int = b[start..].iter().take_while(|c| c.is_ascii_digit()).count();
+        let dot = start + int;
+        int > 0
+            && b.get(dot) == Some(&b'.')
+            && b[dot + 1..]
+                .iter()
+                .take_while(|c| c.is_ascii_digit())
+                .count()
+                > 4
+    })
+}

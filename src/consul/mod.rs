@@ -291,7 +291,7 @@ impl ConsulClient {
                     let cap = self.config.backoff.saturating_mul(1 << attempt.min(10));
                     // (saturating: absurd settings cannot overflow)
                     let pause = cap.mul_f64(fastrand::f64());
-                    tracing::debug!(endpoint, attempt, error = %e, ?pause, "retrying Consul call");
+                    tracing::debug!(endpoint, attempt, error = %e, pause_ms = pause.as_millis() as u64, "retrying Consul call");
                     tokio::time::sleep(pause).await;
                 }
                 Err(e) => {

@@ -288,10 +288,14 @@ impl AdminService {
         metrics::counter!(m::ADMIN_CALLS, "method" => method, "code" => code_name(code))
             .increment(1);
         match &result {
-            Ok(_) => tracing::info!(method, ?peer, "admin call"),
+            Ok(_) => tracing::info!(
+                method,
+                peer = peer.map(tracing::field::display),
+                "admin call"
+            ),
             Err(s) => tracing::info!(
                 method,
-                ?peer,
+                peer = peer.map(tracing::field::display),
                 code = code_name(code),
                 error = s.message(),
                 "admin call failed"

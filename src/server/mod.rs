@@ -436,8 +436,8 @@ impl Node {
             Backing::Cluster(c) => Running::Cluster(c.run(Arc::clone(&issuer)).await),
         };
         tracing::info!(
-            grpc = ?grpc_addr,
-            http = ?http_addr,
+            grpc = grpc_addr.map(tracing::field::display),
+            http = http_addr.map(tracing::field::display),
             datacenter = worker.datacenter,
             worker = worker.worker,
             layout = %config.layout,
@@ -471,7 +471,7 @@ impl Node {
         .await
         .is_ok();
         if !drained {
-            tracing::warn!(grace = ?grace, "calls still in flight after the grace period; closing anyway");
+            tracing::warn!(grace = %humantime::format_duration(grace), "calls still in flight after the grace period; closing anyway");
             grpc_task.abort();
             http_task.abort();
         }

@@ -98,7 +98,7 @@ impl HwmKeeper {
         )?);
         tracing::info!(
             worker = %key,
-            stored_hwm_ms = ?stored,
+            stored_hwm_ms = stored,
             start_ms = floor_ms,
             hwm_ms = first_hwm,
             "high-water mark reserved; generator starts above every earlier ID"
