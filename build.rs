@@ -12,6 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(env::var("OUT_DIR")?);
     // The encoded descriptors serve gRPC reflection.
     std::fs::write(out.join("idgen_descriptor.bin"), fds.encode_to_vec())?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    tonic_prost_build::configure()
+        // Undecodable requests are the caller's fault: INVALID_ARGUMENT.
+        .codec_path("crate::codec::ProtoCodec")
+        .compile_fds(fds)?;
     Ok(())
 }

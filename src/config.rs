@@ -108,6 +108,9 @@ pub struct ServerSection {
     pub http_listen: String,
     /// Largest `count` a GenIds call may ask for.
     pub max_batch: u32,
+    /// Largest gRPC request message, in bytes; larger ones are refused
+    /// with RESOURCE_EXHAUSTED before they are read.
+    pub max_request_size: u32,
     /// Longest a call may wait for a free sequence before UNAVAILABLE.
     #[serde(with = "humantime_serde")]
     pub max_wait: Duration,
@@ -122,6 +125,7 @@ impl Default for ServerSection {
             grpc_listen: "127.0.0.1:50051".into(),
             http_listen: "127.0.0.1:9464".into(),
             max_batch: 10_000,
+            max_request_size: 65_536,
             max_wait: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(10),
         }
@@ -762,6 +766,12 @@ impl FileConfig {
         if !(1..=1_000_000).contains(&self.server.max_batch) {
             return Err(invalid("server.max_batch", "must be between 1 and 1000000"));
         }
+        if !(1024..=16 << 20).contains(&self.server.max_request_size) {
+            return Err(invalid(
+                "server.max_request_size",
+                "must be between 1024 and 16777216 bytes",
+            ));
+        }
         let backend = match self.store.backend.as_str() {
             "embedded" => {
                 if self.store.path.as_os_str().is_empty() {
@@ -946,6 +956,7 @@ impl FileConfig {
             grpc_listen,
             http_listen,
             max_batch: self.server.max_batch,
+            max_request_size: self.server.max_request_size as usize,
             max_wait: self.server.max_wait,
             shutdown_grace: self.server.shutdown_grace,
             state_path: self.store.path.clone(),
@@ -1191,6 +1202,8 @@ pub struct Config {
     pub http_listen: SocketAddr,
     /// Largest GenIds `count`.
     pub max_batch: u32,
+    /// Largest gRPC request message, in bytes.
+    pub max_request_size: usize,
     /// Longest wait for a free sequence within one call.
     pub max_wait: Duration,
     /// How long shutdown waits for in-flight calls.

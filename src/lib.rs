@@ -28,12 +28,14 @@
 //! - [`shutdown`]: SIGTERM/SIGINT handling (a second signal exits at once).
 //! - [`bench`]: the `idgen bench` gRPC load generator and a bare baseline
 //!   server to compare against.
-//! - [`proto`]: code generated from `proto/idgen/v1/idgen.proto`.
+//! - [`proto`]: code generated from `proto/idgen/v1/idgen.proto`, and
+//!   [`codec`], how requests that cannot be read are answered.
 //! - [`error`]: the crate-wide error enum.
 
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod codec;
 pub mod config;
 pub mod consul;
 pub mod error;

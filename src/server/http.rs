@@ -61,7 +61,18 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/ids", get(gen_ids))
         .route("/v1/decode", get(decode))
         .fallback(not_found)
+        .layer(axum::middleware::map_response(no_store))
         .with_state(state)
+}
+
+/// Every answer is fresh: a caching proxy between a client and the node
+/// must never hand one ID (or one health verdict) to several clients.
+async fn no_store(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
 }
 
 /// A JSON error body: `{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`.

@@ -363,8 +363,10 @@ impl Node {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
+        let max_request = config.max_request_size;
         let idgen =
-            proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(&issuer)));
+            proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(&issuer)))
+                .max_decoding_message_size(max_request);
 
         let admin_cluster = match (&backing, &config.backend) {
             (Backing::Cluster(c), Backend::Consul(cc)) => {
@@ -390,7 +392,8 @@ impl Node {
                 lease_zone: config.lease.as_ref().map(|l| l.zone),
             },
             clock: Arc::clone(&clock),
-        });
+        })
+        .max_decoding_message_size(max_request);
         let (stop_tx, stop_rx) = watch::channel(false);
         let wait_stop = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
@@ -399,6 +402,7 @@ impl Node {
         let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
         let grpc_task = tokio::spawn(
             tonic::transport::Server::builder()
+                .layer(crate::codec::RequestSizeLayer::new(max_request))
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(idgen)
