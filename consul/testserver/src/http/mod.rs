@@ -57,7 +57,12 @@ const ENDPOINTS: &[&str] = &[
     "health/service",
     "catalog/services",
     "status/leader",
+    "agent/self",
 ];
+
+/// The one datacenter of the test cluster; `?dc=` naming any other answers
+/// 500 `No path to datacenter`, as Consul does for an unknown one.
+pub(crate) const DATACENTER: &str = "dc1";
 
 /// What a handler needs to know about the agent it runs on.
 #[derive(Debug)]
@@ -87,6 +92,9 @@ pub(crate) enum ApiError {
     MethodNotAllowed(Method),
     #[error("{0}")]
     TooLarge(String),
+    /// An RPC error Consul answers with 500 and plain text.
+    #[error("{0}")]
+    Internal(String),
     #[error(transparent)]
     State(#[from] StateError),
 }
@@ -102,7 +110,7 @@ impl ApiError {
             }
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::State(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::State(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -527,6 +535,13 @@ async fn handle(
             "Cannot specify ?stale with ?consistent, conflicting semantics.".to_owned(),
         ));
     }
+    if let Some(dc) = query
+        .get("dc")
+        .filter(|dc| !dc.is_empty() && *dc != DATACENTER)
+    {
+        tracing::debug!(dc, "request for an unknown datacenter");
+        return Err(ApiError::Internal("No path to datacenter".to_owned()));
+    }
     let access = agent
         .cluster
         .resolve_token(token_of(request.headers()).as_deref())
@@ -561,6 +576,7 @@ async fn handle(
             agent::update_check(agent, endpoint, req)
         }
         "agent/services" => agent::services(agent, req),
+        "agent/self" => agent::agent_self(agent, req),
         "agent/checks" => agent::checks(agent, req),
         "health/service" => health::service(agent, req).await,
         "catalog/services" => health::catalog_services(agent, req).await,

@@ -180,6 +180,40 @@ mod tests {
     }
 
     #[test]
+    fn an_election_restarts_every_timer_at_twice_the_ttl_and_forgets_lock_delays() {
+        let mut st = ClusterState::new(1.0);
+        st.add_node("agent-0");
+        let t0 = Instant::now();
+        for id in ["s1", "s2"] {
+            st.session_create(spec(id, Some(10), Behavior::Release, vec![]), t0)
+                .map(|_| ())
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        st.session_create(spec("forever", None, Behavior::Release, vec![]), t0)
+            .map(|_| ())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            st.kv_put("l", b"v".to_vec(), 0, &PutMode::Acquire("s2".into()), t0),
+            Ok(true)
+        );
+        assert!(st.session_invalidate("s2", t0));
+        assert!(st.kv.in_lock_delay("l", t0));
+        let index = st.index;
+        let t1 = t0 + Duration::from_secs(9);
+        assert_eq!(st.leader_elected(t1), 1, "only live TTL sessions have timers");
+        assert_eq!(st.index, index, "not a write");
+        assert!(!st.kv.in_lock_delay("l", t1), "lock-delay forgotten");
+        // Factor 1.0 would expire s1 at t0 + 10 s; the new leader gives it
+        // until t1 + 20 s.
+        st.run_timers(t1 + Duration::from_secs(19), false);
+        assert!(st.session_get("s1").is_some());
+        assert_eq!(st.next_deadline(false), Some(t1 + Duration::from_secs(20)));
+        st.run_timers(t1 + Duration::from_secs(20), false);
+        assert!(st.session_get("s1").is_none());
+        assert!(st.session_get("forever").is_some());
+    }
+
+    #[test]
     fn renew_moves_the_deadline_without_a_write() {
         let mut st = cluster();
         let t0 = Instant::now();

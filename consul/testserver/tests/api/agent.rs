@@ -265,3 +265,50 @@ async fn agents_are_nodes_sharing_one_cluster() {
         "agent-1"
     );
 }
+
+#[tokio::test]
+async fn agent_self_describes_the_agent() {
+    let (consul, api0) = start().await;
+    let r = api0.get("agent/self").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let me = r.json();
+    assert_eq!(me["Config"]["Datacenter"], "dc1");
+    assert_eq!(me["Config"]["NodeName"], "agent-0");
+    assert!(me["Config"]["Version"]
+        .as_str()
+        .is_some_and(|v| !v.is_empty()));
+    assert_eq!(me["Member"]["Name"], "agent-0");
+    assert_eq!(me["Member"]["Tags"]["dc"], "dc1");
+    let addr1 = consul
+        .add_agent("agent-1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let other = Api::new(addr1).get("agent/self").await.json();
+    assert_eq!(other["Config"]["NodeName"], "agent-1");
+    assert_ne!(other["Config"]["NodeID"], me["Config"]["NodeID"]);
+}
+
+/// `?dc=` naming another datacenter: 500 `No path to datacenter`, on every
+/// endpoint, nothing applied; the test cluster's own (`dc1`) works.
+#[tokio::test]
+async fn an_unknown_datacenter_has_no_path() {
+    let (consul, api) = start().await;
+    for (method, path) in [
+        (reqwest::Method::GET, "kv/x?dc=dc2"),
+        (reqwest::Method::PUT, "kv/x?dc=elsewhere"),
+        (reqwest::Method::PUT, "session/create?dc=dc2"),
+        (reqwest::Method::GET, "health/service/idgen?dc=dc2"),
+        (reqwest::Method::PUT, "txn?dc=dc2"),
+    ] {
+        let r = api.send(method, path, b"[]".to_vec()).await;
+        assert_eq!(
+            (r.status, r.text.as_str()),
+            (500, "No path to datacenter"),
+            "{path}"
+        );
+    }
+    assert!(consul.kv_get("x").is_none());
+    assert!(consul.sessions().is_empty());
+    assert_eq!(api.put("kv/x?dc=dc1", "v").await.text, "true");
+    assert_eq!(api.get("kv/x?dc=dc1&raw").await.text, "v");
+}

@@ -131,6 +131,69 @@ async fn paused_expiry_keeps_sessions_until_resumed() {
     .await;
 }
 
+/// A leader election restarts every session timer at 2 x TTL from the
+/// election (even with `ttl_expiry_factor` 1.0) and forgets lock-delays.
+#[tokio::test]
+async fn an_election_restarts_session_timers_at_twice_the_ttl() {
+    let config = consul_testserver::Config {
+        ttl_expiry_factor: 1.0,
+        ..fast_config()
+    };
+    let (consul, api) = start_with(config).await;
+    let id = api
+        .session(json!({"TTL": "300ms", "LockDelay": "0s"}))
+        .await;
+    let held = api.session(json!({"LockDelay": "60s"})).await;
+    let other = api.session(json!({})).await;
+    assert_eq!(
+        api.put(&format!("kv/e?acquire={id}"), "v").await.text,
+        "true"
+    );
+    assert_eq!(
+        api.put(&format!("kv/d?acquire={held}"), "v").await.text,
+        "true"
+    );
+    api.put(&format!("session/destroy/{held}"), "").await;
+    assert_eq!(
+        api.put(&format!("kv/d?acquire={other}"), "x").await.text,
+        "false",
+        "inside its 60 s lock-delay"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let index = consul.index();
+    assert_eq!(
+        consul.faults().leader_election(),
+        1,
+        "one session has a TTL"
+    );
+    let elected = Instant::now();
+    assert_eq!(consul.index(), index, "an election is not a write");
+    assert_eq!(
+        api.put(&format!("kv/d?acquire={other}"), "x").await.text,
+        "true",
+        "the new leader has no lock-delays"
+    );
+    // Without the election, the session would be gone 300 ms after its
+    // creation (factor 1.0); now it lives until 600 ms after the election.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    if elected.elapsed() < Duration::from_millis(550) {
+        assert!(
+            consul.sessions().iter().any(|s| s.id == id),
+            "still alive {:?} after the election",
+            elected.elapsed()
+        );
+    }
+    let c = consul.clone();
+    eventually(Duration::from_secs(2), "expiry at 2 x TTL", || {
+        let c = c.clone();
+        let id = id.clone();
+        async move { !c.sessions().iter().any(|s| s.id == id) }
+    })
+    .await;
+    assert!(elected.elapsed() >= Duration::from_millis(600));
+    assert_eq!(consul.kv_get("e").and_then(|e| e.session), None);
+}
+
 #[tokio::test]
 async fn request_counters_by_agent_and_endpoint() {
     let (consul, api) = start().await;
