@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use super::{
     json_body, require_method, AgentContext, ApiError, ApiRequest, ApiResult, Fields, Reply,
 };
+use crate::config::MIN_CHECK_INTERVAL;
 use crate::grpc_probe;
 use crate::state::catalog::{
     Check, CheckDef, CheckDefKind, CheckKind, HealthStatus, Service, ServiceDef,
@@ -61,7 +62,9 @@ fn parse_check(
                     bad(format!(
                         "Check {id:?}: Interval is required for GRPC checks"
                     ))
-                })?;
+                })?
+                // Consul raises it to `checks.MinInterval` (with a warning).
+                .max(MIN_CHECK_INTERVAL);
             let timeout = fields
                 .duration("Timeout")?
                 .filter(|d| !d.is_zero())

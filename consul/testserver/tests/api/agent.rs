@@ -191,6 +191,9 @@ async fn grpc_checks_probe_the_health_service() {
         api.put_json("agent/service/register", body).await.status,
         200
     );
+    // An Interval under 1 s is raised to 1 s, as Consul does.
+    let checks = api.get("agent/checks").await.json();
+    assert_eq!(checks["g"]["Interval"], "1s", "{checks}");
     let status_of = |consul: TestConsul, id: &'static str| async move {
         consul
             .services()
