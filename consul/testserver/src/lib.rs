@@ -1,13 +1,33 @@
 //! An in-memory, Consul-compatible HTTP server for testing idgen's Consul
 //! client, with fault injection and request counters.
 //!
-//! It implements the part of Consul's HTTP API that `shared/CONSUL.md`
-//! describes (KV with cas/acquire/release, sessions with TTL, lock-delay
-//! and check binding, transactions, agent services with TTL and gRPC
-//! checks, health and catalog discovery, blocking queries, ACL tokens),
-//! with Consul's semantics, over one cluster state with one raft-like
-//! index. Several agents (HTTP listeners, one node each) can share that
-//! state, and faults can be switched on per agent.
+//! It implements the part of Consul's HTTP API that idgen uses (KV with
+//! cas/acquire/release, sessions with TTL, lock-delay and check binding,
+//! transactions, agent services with TTL and gRPC checks, health and
+//! catalog discovery, blocking queries, ACL tokens, `/v1/agent/self`),
+//! with Consul's semantics as found in Consul's own source, over one
+//! cluster state with one raft-like index. Several agents (HTTP listeners,
+//! one node each) can share that state, and faults can be switched on per
+//! agent, or cluster-wide (paused session expiry, leader elections).
+//!
+//! Where Consul is strict, so is this server, because a test that passes
+//! against a kinder server proves less than it claims:
+//!
+//! - a txn `lock` inside a key's lock-delay is refused (409, `failed to
+//!   lock key "<k>" due to lock delay`), like `?acquire`;
+//! - a session TTL outside [`Config::min_ttl`] (Consul's `session_ttl_min`,
+//!   10 s) to 24 h answers 500 `Invalid Session TTL '<ns>'`;
+//! - a session expires 2 x TTL after its last renew (by default), and a
+//!   leader election ([`Faults::leader_election`]) restarts every timer at
+//!   2 x TTL and forgets lock-delays, as a new Consul leader does;
+//! - a plain set or `cas` on a locked key writes LockIndex 0 and keeps the
+//!   holder;
+//! - a gRPC check `Interval` under 1 s is raised to 1 s, the first probe
+//!   comes after a random pause of up to one interval, and critical
+//!   services are reaped by a loop every [`Config::check_reap_interval`]
+//!   (30 s), not at the moment they are due;
+//! - `?dc=` naming any datacenter but `dc1` answers 500 `No path to
+//!   datacenter`.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -40,8 +60,15 @@
 //! - Only KV operations in transactions; only TTL and plaintext gRPC checks.
 //! - `?token=` in the query string is ignored (idgen must send a header).
 //! - An agent's node always exists; nodes are not deregistered.
-//! - Session-create errors for an out-of-range TTL are 400 (Consul has
-//!   answered 400 or 500 depending on the version).
+//! - One datacenter, `dc1`; one server that is always the leader, except
+//!   for the faults. An election is instant: no leaderless window unless a
+//!   test adds one with [`Faults::no_leader`].
+//! - ACLs are all-or-nothing per token policy (no default policy
+//!   `allow`): with ACLs on, a request without a known token is refused,
+//!   `/v1/status/leader` and `/v1/agent/self` included.
+//! - `X-Consul-Index` is sent on every answer, writes included.
+//! - Besides Consul's API it serves a control API for out-of-process
+//!   tests, outside `/v1`: `PUT /_testserver/leader-election`.
 
 #![warn(missing_docs)]
 

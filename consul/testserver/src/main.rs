@@ -6,7 +6,10 @@
 //! ```
 //!
 //! Prints `listening on <addr>` as its first line, then serves until
-//! SIGINT or SIGTERM.
+//! SIGINT or SIGTERM. Consul's defaults apply (session TTL at least 10 s,
+//! reaper every 30 s). `PUT /_testserver/leader-election` (with the master
+//! token when ACLs are on) makes the cluster elect a new leader: every
+//! session timer restarts at 2 x TTL and lock-delays are forgotten.
 
 use std::io::Write as _;
 use std::net::SocketAddr;

@@ -474,6 +474,9 @@ fn token_of(headers: &HeaderMap) -> Option<String> {
 /// The fallback handler that serves every path of an agent.
 async fn dispatch(State(agent): State<Arc<AgentContext>>, request: Request) -> Response {
     let path = percent_decode(request.uri().path(), false);
+    if let Some(rest) = path.strip_prefix(CONTROL_PREFIX) {
+        return control(&agent, rest, &request);
+    }
     let route = path.strip_prefix("/v1/").and_then(endpoint_of);
     agent
         .cluster
@@ -521,6 +524,57 @@ async fn dispatch(State(agent): State<Arc<AgentContext>>, request: Request) -> R
         tokio::time::sleep(delay).await;
     }
     response
+}
+
+/// The test server's own control API. It lives outside Consul's `/v1`
+/// space, so it can never shadow a Consul endpoint, and it ignores the
+/// agent's faults (a test can still steer a server it cut off).
+const CONTROL_PREFIX: &str = "/_testserver/";
+
+/// `PUT /_testserver/leader-election`: runs
+/// [`Faults::leader_election`](crate::Faults::leader_election) and answers
+/// `{"SessionsRestarted": n}`. With ACLs on it needs the master token.
+/// For tests that drive the `consul-testserver` binary from outside Rust.
+fn control(agent: &AgentContext, rest: &str, request: &Request) -> Response {
+    let index = agent.cluster.read(|st| st.index);
+    let answer = |status: StatusCode, text: &str| {
+        finish(
+            status,
+            ReplyBody::Raw(text.as_bytes().to_vec()),
+            index,
+            true,
+        )
+    };
+    if !matches!(
+        agent
+            .cluster
+            .resolve_token(token_of(request.headers()).as_deref()),
+        Some(Access::All)
+    ) {
+        return answer(StatusCode::FORBIDDEN, "Permission denied");
+    }
+    match (request.method(), rest) {
+        (&Method::PUT, "leader-election") => {
+            let faults = crate::Faults {
+                cluster: Arc::clone(&agent.cluster),
+            };
+            let restarted = faults.leader_election();
+            finish(
+                StatusCode::OK,
+                ReplyBody::Json(serde_json::json!({ "SessionsRestarted": restarted })),
+                index,
+                true,
+            )
+        }
+        (_, "leader-election") => answer(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("method {} not allowed", request.method()),
+        ),
+        _ => answer(
+            StatusCode::NOT_FOUND,
+            &format!("unknown control endpoint {CONTROL_PREFIX}{rest}"),
+        ),
+    }
 }
 
 async fn handle(

@@ -222,3 +222,41 @@ async fn request_counters_by_agent_and_endpoint() {
     assert_eq!(consul.request_count(Some("agent-0"), "*"), 4);
     assert_eq!(consul.request_count(None, "txn"), 0);
 }
+
+/// The binary's control API triggers the same election, outside `/v1`.
+#[tokio::test]
+async fn the_control_api_runs_an_election() {
+    let config = consul_testserver::Config {
+        acl_master_token: Some("root".to_owned()),
+        ..fast_config()
+    };
+    let (consul, api) = start_with(config).await;
+    let root = api.with_token("root");
+    root.session(json!({"TTL": "10s"})).await;
+    let url = format!("http://{}/_testserver/leader-election", consul.addr());
+    let http = client(Duration::from_secs(5));
+    let send = |method: reqwest::Method, token: Option<&str>| {
+        let mut req = http.request(method, &url);
+        if let Some(token) = token {
+            req = req.header("X-Consul-Token", token);
+        }
+        async move {
+            let resp = req.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap_or_default())
+        }
+    };
+    assert_eq!(send(reqwest::Method::PUT, None).await.0, 403);
+    let (status, text) = send(reqwest::Method::PUT, Some("root")).await;
+    assert_eq!((status, text.as_str()), (200, r#"{"SessionsRestarted":1}"#));
+    assert_eq!(send(reqwest::Method::GET, Some("root")).await.0, 405);
+    let other = http
+        .put(format!("http://{}/_testserver/nope", consul.addr()))
+        .header("X-Consul-Token", "root")
+        .send()
+        .await
+        .map(|r| r.status().as_u16());
+    assert_eq!(other.ok(), Some(404));
+    // Control calls are not Consul requests: only the session create counts.
+    assert_eq!(consul.request_count(None, "*"), 1);
+}
