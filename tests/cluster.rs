@@ -468,6 +468,14 @@ async fn bad_cluster_config_fails_at_start_with_a_clear_error() {
     assert!(!ok);
     assert!(out.contains("consul.session_ttl"), "{out}");
     assert!(out.contains("Consul's minimum session TTL"), "{out}");
+    // A Consul whose session_ttl_min is above the TTL idgen asks for
+    // (here the test server's default, 10 s, against the tests' 2 s)
+    // answers 500 Invalid Session TTL: start-up fails and says so.
+    let strict = TestConsul::start(Config::default()).await.unwrap();
+    let (ok, out) = serve(&write_cluster_config(dir.path(), "x", strict.addr(), &[]));
+    assert!(!ok);
+    assert!(out.contains("Invalid Session TTL"), "{out}");
+    strict.shutdown().await;
 }
 
 /// Requests one agent received, by endpoint.
