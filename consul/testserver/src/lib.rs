@@ -27,7 +27,10 @@
 //!   services are reaped by a loop every [`Config::check_reap_interval`]
 //!   (30 s), not at the moment they are due;
 //! - `?dc=` naming any datacenter but `dc1` answers 500 `No path to
-//!   datacenter`.
+//!   datacenter`;
+//! - `X-Consul-Index`, `X-Consul-KnownLeader` and `X-Consul-LastContact`
+//!   come with served reads only (a 404 of a missing key included), never
+//!   with a write or an error.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -66,7 +69,6 @@
 //! - ACLs are all-or-nothing per token policy (no default policy
 //!   `allow`): with ACLs on, a request without a known token is refused,
 //!   `/v1/status/leader` and `/v1/agent/self` included.
-//! - `X-Consul-Index` is sent on every answer, writes included.
 //! - Besides Consul's API it serves a control API for out-of-process
 //!   tests, outside `/v1`: `PUT /_testserver/leader-election`.
 

@@ -490,35 +490,34 @@ async fn dispatch(State(agent): State<Arc<AgentContext>>, request: Request) -> R
         std::future::pending::<()>().await;
     }
     if faults.no_leader {
-        let index = agent.cluster.read(|st| st.index);
         return finish(
             StatusCode::INTERNAL_SERVER_ERROR,
             ReplyBody::Raw(b"No cluster leader".to_vec()),
-            index,
-            false,
+            None,
         );
     }
 
+    let is_read = request.method() == Method::GET;
     let result = match route {
         Some((endpoint, rest)) => handle(&agent, endpoint, rest.to_owned(), request).await,
         None => Err(ApiError::NotFound(format!("404 page not found: {path}"))),
     };
+    // Consul sets the query meta headers on reads that were served (a
+    // value, or a 404 for a missing key), never on writes or errors.
     let response = match result {
         Ok(reply) => {
-            let index = reply
-                .index
-                .unwrap_or_else(|| agent.cluster.read(|st| st.index));
-            finish(reply.status, reply.body, index, true)
+            let meta = is_read.then(|| {
+                reply
+                    .index
+                    .unwrap_or_else(|| agent.cluster.read(|st| st.index))
+            });
+            finish(reply.status, reply.body, meta)
         }
-        Err(error) => {
-            let index = agent.cluster.read(|st| st.index);
-            finish(
-                error.status(),
-                ReplyBody::Raw(error.to_string().into_bytes()),
-                index,
-                true,
-            )
-        }
+        Err(error) => finish(
+            error.status(),
+            ReplyBody::Raw(error.to_string().into_bytes()),
+            None,
+        ),
     };
     if let Some(delay) = agent.faults.current().delay.or(faults.delay) {
         tokio::time::sleep(delay).await;
@@ -536,14 +535,8 @@ const CONTROL_PREFIX: &str = "/_testserver/";
 /// `{"SessionsRestarted": n}`. With ACLs on it needs the master token.
 /// For tests that drive the `consul-testserver` binary from outside Rust.
 fn control(agent: &AgentContext, rest: &str, request: &Request) -> Response {
-    let index = agent.cluster.read(|st| st.index);
     let answer = |status: StatusCode, text: &str| {
-        finish(
-            status,
-            ReplyBody::Raw(text.as_bytes().to_vec()),
-            index,
-            true,
-        )
+        finish(status, ReplyBody::Raw(text.as_bytes().to_vec()), None)
     };
     if !matches!(
         agent
@@ -562,8 +555,7 @@ fn control(agent: &AgentContext, rest: &str, request: &Request) -> Response {
             finish(
                 StatusCode::OK,
                 ReplyBody::Json(serde_json::json!({ "SessionsRestarted": restarted })),
-                index,
-                true,
+                None,
             )
         }
         (_, "leader-election") => answer(
@@ -652,8 +644,10 @@ pub(crate) fn require_method(req: &ApiRequest, allowed: &[Method]) -> Result<(),
     }
 }
 
-/// Adds the headers every Consul answer carries.
-fn finish(status: StatusCode, body: ReplyBody, index: u64, known_leader: bool) -> Response {
+/// Builds an answer; with `read_index`, a served read, it carries Consul's
+/// query meta: `X-Consul-Index`, `X-Consul-KnownLeader`,
+/// `X-Consul-LastContact`.
+fn finish(status: StatusCode, body: ReplyBody, read_index: Option<u64>) -> Response {
     let (content_type, bytes) = match body {
         ReplyBody::Json(v) => ("application/json", v.to_string().into_bytes()),
         ReplyBody::Raw(b) if status.is_success() => ("application/octet-stream", b),
@@ -663,12 +657,11 @@ fn finish(status: StatusCode, body: ReplyBody, index: u64, known_leader: bool) -
     let mut response = (status, Body::from(bytes)).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert("x-consul-index", HeaderValue::from(index.max(1)));
-    headers.insert(
-        "x-consul-knownleader",
-        HeaderValue::from_static(if known_leader { "true" } else { "false" }),
-    );
-    headers.insert("x-consul-lastcontact", HeaderValue::from_static("0"));
+    if let Some(index) = read_index {
+        headers.insert("x-consul-index", HeaderValue::from(index.max(1)));
+        headers.insert("x-consul-knownleader", HeaderValue::from_static("true"));
+        headers.insert("x-consul-lastcontact", HeaderValue::from_static("0"));
+    }
     response
 }
 
