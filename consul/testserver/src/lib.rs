@@ -207,7 +207,8 @@ impl TestConsul {
     /// `agent/service/register`, `agent/service/deregister`,
     /// `agent/check/pass`, `agent/check/warn`, `agent/check/fail`,
     /// `agent/check/update`, `agent/services`, `agent/checks`,
-    /// `health/service`, `catalog/services`, `status/leader`, and `other`.
+    /// `health/service`, `catalog/services`, `status/leader`, `agent/self`,
+    /// and `other`. Control API calls (`/_testserver/...`) are not counted.
     pub fn request_count(&self, agent: Option<&str>, endpoint: &str) -> u64 {
         self.inner.cluster.counters.get(agent, endpoint)
     }
