@@ -104,6 +104,12 @@ pub use state::session::{Behavior, SessionInfo};
 use cluster::Cluster;
 use http::AgentContext;
 
+/// Parses a Go duration string (`"10s"`, `"1m30s"`, `"250ms"`), the form
+/// Consul's settings take; for the binary's flags.
+pub fn parse_go_duration(text: &str) -> Option<std::time::Duration> {
+    duration::parse(text)
+}
+
 /// Name of the agent [`TestConsul::start`] creates.
 pub const FIRST_AGENT: &str = "agent-0";
 
