@@ -17,8 +17,8 @@
 //!   `reserved`). The node takes the token with a txn `check-index` (or
 //!   `check-not-exists`) + `lock` under its worker session, so taking it
 //!   and reading its counter are one atomic step (a token inside its
-//!   lock-delay is refused by Consul and passed over for another), and it moves the counter
-//!   with the same pair on the ModifyIndex it last saw. Sharing the worker
+//!   lock-delay is refused by Consul and passed over for another), and it
+//!   moves the counter with the same pair on the ModifyIndex it last saw. Sharing the worker
 //!   id's session gives the token the same fencing: when the session is
 //!   lost, the node stops issuing both kinds of IDs. A new holder continues
 //!   above the stored counter, which already covers every block any
