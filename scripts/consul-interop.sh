@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Wire-compatibility check of the in-repo Consul test server against a real
-# Consul client: PyPI's py-consul (see shared/CONSUL.md, "Real clients").
+# Consul client: PyPI's py-consul.
 #
 # Builds the consul-testserver binary, installs py-consul into a virtualenv
 # under ${TMPDIR:-/tmp}/idgen-consul-venv, starts the server on 127.0.0.1:0,
-# runs scripts/consul_interop.py against it, and stops the server.
+# runs scripts/consul_interop.py against it, then runs
+# py-consul's own upstream tests for the APIs idgen uses, each on a fresh
+# server (scripts/py-consul-upstream.sh).
 # Prints one line per check and "N passed, 0 failed"; exits non-zero on any
 # failure. Honours CARGO_TARGET_DIR and CARGO_BUILD_JOBS.
 set -euo pipefail
@@ -61,3 +63,7 @@ fi
 echo "== consul-testserver listening on $addr"
 
 "$venv/bin/python" scripts/consul_interop.py "$addr"
+
+# py-consul's own tests for the APIs idgen uses, fetched from PyPI at run
+# time (they start their own servers).
+bash scripts/py-consul-upstream.sh "$server_bin" "$venv"

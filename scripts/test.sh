@@ -3,7 +3,8 @@
 # a real server on 127.0.0.1:0, tests of the real binary (kill -9, SIGTERM,
 # start-up refusals), the Consul client and leases against the in-repo
 # Consul test server, and that server against a real third-party Consul
-# client (PyPI py-consul). Installs what it needs first.
+# client (PyPI py-consul, and py-consul's own upstream tests for the APIs
+# idgen uses, fetched from PyPI). Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -79,6 +79,37 @@ pub struct FileConfig {
     pub admin: AdminSection,
     /// Logging.
     pub log: LogSection,
+    /// For idgen's own test suite only; unsupported, and deliberately not
+    /// in `config/idgen.example.toml`.
+    pub testing: TestingSection,
+}
+
+/// Consul's default `session_ttl_min`: a Consul server refuses to create a
+/// session with a shorter TTL (HTTP 500 `Invalid Session TTL`).
+pub const CONSUL_SESSION_TTL_MIN: Duration = Duration::from_secs(10);
+
+/// `[testing]`: settings that exist only so idgen's own tests can run with
+/// timings no production Consul accepts. Unsupported: never set them in a
+/// deployment. They are left out of `config/idgen.example.toml` on purpose
+/// (its test checks that this is the only section missing).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TestingSection {
+    /// The shortest `consul.session_ttl` accepted. Consul's own minimum is
+    /// its server option `session_ttl_min`, 10 s by default, and that is
+    /// the default here; the test suite lowers both (consul-testserver's
+    /// `Config::min_ttl` mirrors `session_ttl_min`) to run with 1 s to 2 s
+    /// TTLs. 1 s to 10 s.
+    #[serde(with = "humantime_serde")]
+    pub consul_session_ttl_min: Duration,
+}
+
+impl Default for TestingSection {
+    fn default() -> Self {
+        Self {
+            consul_session_ttl_min: CONSUL_SESSION_TTL_MIN,
+        }
+    }
 }
 
 /// `[node]`
@@ -779,7 +810,19 @@ impl FileConfig {
                 }
                 Backend::Embedded
             }
-            "consul" => Backend::Consul(Box::new(self.consul.validate()?)),
+            "consul" => {
+                let ttl_min = self.testing.consul_session_ttl_min;
+                if ttl_min < Duration::from_secs(1) || ttl_min > CONSUL_SESSION_TTL_MIN {
+                    return Err(invalid(
+                        "testing.consul_session_ttl_min",
+                        format!(
+                            "{} is out of range 1s..=10s (a test-only setting; leave it out)",
+                            humantime::format_duration(ttl_min)
+                        ),
+                    ));
+                }
+                Backend::Consul(Box::new(self.consul.validate(ttl_min)?))
+            }
             other => {
                 return Err(invalid(
                     "store.backend",
@@ -974,7 +1017,9 @@ impl FileConfig {
 }
 
 impl ConsulSection {
-    fn validate(&self) -> Result<ClusterConfig, ConfigError> {
+    /// `session_ttl_min` is Consul's minimum session TTL (10 s unless a
+    /// test lowers it through `[testing]`).
+    fn validate(&self, session_ttl_min: Duration) -> Result<ClusterConfig, ConfigError> {
         let url = url::Url::parse(&self.address).map_err(|e| {
             invalid(
                 "consul.address",
@@ -1028,6 +1073,24 @@ impl ConsulSection {
                 ))
             }
         };
+        if self.session_ttl < session_ttl_min {
+            let whose = if session_ttl_min == CONSUL_SESSION_TTL_MIN {
+                "Consul's minimum session TTL (its session_ttl_min, 10s by default)".to_owned()
+            } else {
+                format!(
+                    "the minimum {} set by testing.consul_session_ttl_min",
+                    humantime::format_duration(session_ttl_min)
+                )
+            };
+            return Err(invalid(
+                "consul.session_ttl",
+                format!(
+                    "{} is below {whose}: Consul refuses to create such a session; use at least {}",
+                    humantime::format_duration(self.session_ttl),
+                    humantime::format_duration(session_ttl_min)
+                ),
+            ));
+        }
         let lease = LeaseSettings {
             ttl: self.session_ttl,
             lock_delay: self.lock_delay,
@@ -1397,6 +1460,32 @@ mod tests {
             edit(&mut f);
             assert_eq!(err_key(&f), key);
         }
+        // Consul's 10 s minimum, named in the message; the test-only
+        // setting lowers it, within 1 s..=10 s.
+        let mut f = consul();
+        f.consul.session_ttl = Duration::from_secs(9);
+        let msg = f.validate(NOW).unwrap_err().to_string();
+        assert!(msg.contains("consul.session_ttl"), "{msg}");
+        assert!(msg.contains("Consul's minimum session TTL"), "{msg}");
+        assert!(msg.contains("10s"), "{msg}");
+        f.consul.session_ttl = Duration::from_secs(10);
+        f.consul.lease_margin = Duration::from_secs(2);
+        f.validate(NOW).unwrap();
+        f.consul.session_ttl = Duration::from_secs(2);
+        f.consul.lock_delay = Duration::from_secs(2);
+        f.consul.lease_margin = Duration::from_millis(800);
+        f.consul.timeout = Duration::from_millis(500);
+        assert_eq!(err_key(&f), "consul.session_ttl");
+        f.testing.consul_session_ttl_min = Duration::from_secs(1);
+        f.validate(NOW).unwrap();
+        f.consul.session_ttl = Duration::from_secs(1);
+        f.testing.consul_session_ttl_min = Duration::from_secs(2);
+        let msg = f.validate(NOW).unwrap_err().to_string();
+        assert!(msg.contains("testing.consul_session_ttl_min"), "{msg}");
+        for bad in [Duration::from_millis(500), Duration::from_secs(11)] {
+            f.testing.consul_session_ttl_min = bad;
+            assert_eq!(err_key(&f), "testing.consul_session_ttl_min");
+        }
         let mut f = consul();
         f.consul.token = "t".into();
         f.consul.token_file = "/tmp/t".into();
@@ -1433,6 +1522,26 @@ mod tests {
             serde_json::to_value(&f).unwrap(),
             serde_json::to_value(FileConfig::default()).unwrap()
         );
+        // Every key is written out, except the test-only [testing] section,
+        // which must stay out of the example.
+        let written: serde_json::Value =
+            figment::Figment::from(figment::providers::Toml::file(&path))
+                .extract()
+                .unwrap();
+        let keys = |v: &serde_json::Value| -> Vec<String> {
+            let mut out = Vec::new();
+            for (section, table) in v.as_object().into_iter().flatten() {
+                for key in table.as_object().into_iter().flatten().map(|(k, _)| k) {
+                    out.push(format!("{section}.{key}"));
+                }
+            }
+            out.sort();
+            out
+        };
+        let mut defaults = serde_json::to_value(FileConfig::default()).unwrap();
+        defaults.as_object_mut().unwrap().remove("testing");
+        assert_eq!(keys(&written), keys(&defaults));
+        assert!(written.get("testing").is_none());
     }
 
     #[test]

@@ -6,7 +6,9 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{
     check_with_promtool, default_layout, metric, run_idgen, wait_for_status, write_cluster_config,
@@ -452,6 +454,28 @@ async fn bad_cluster_config_fails_at_start_with_a_clear_error() {
     ));
     assert!(!ok);
     assert!(out.contains("node.advertise"), "{out}");
+    // Without the test-only override, Consul's 10 s minimum applies: a
+    // shorter TTL is refused before anything reaches Consul.
+    let (ok, out) = serve(&write_cluster_config(
+        dir.path(),
+        "y",
+        consul.addr(),
+        &[
+            ("testing", "consul_session_ttl_min", "\"10s\""),
+            ("consul", "session_ttl", "\"5s\""),
+        ],
+    ));
+    assert!(!ok);
+    assert!(out.contains("consul.session_ttl"), "{out}");
+    assert!(out.contains("Consul's minimum session TTL"), "{out}");
+    // A Consul whose session_ttl_min is above the TTL idgen asks for
+    // (here the test server's default, 10 s, against the tests' 2 s)
+    // answers 500 Invalid Session TTL: start-up fails and says so.
+    let strict = TestConsul::start(Config::default()).await.unwrap();
+    let (ok, out) = serve(&write_cluster_config(dir.path(), "x", strict.addr(), &[]));
+    assert!(!ok);
+    assert!(out.contains("Invalid Session TTL"), "{out}");
+    strict.shutdown().await;
 }
 
 /// Requests one agent received, by endpoint.
@@ -646,6 +670,165 @@ async fn segment_ids_from_three_cluster_nodes_are_distinct_and_increase_per_node
     let record: serde_json::Value = serde_json::from_slice(&record.value).unwrap();
     assert!(record["max_id"].as_u64().unwrap() >= *all.iter().max().unwrap());
     for n in nodes {
+        assert!(n.terminate().success());
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Calls `node` for batches of 50 snowflake IDs until `stop`, collecting
+/// what it got; errors (a fenced node) are retried after 20 ms.
+async fn load(node: &ChildServer, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<u64>> {
+    let mut c = node.client().await;
+    tokio::spawn(async move {
+        let mut got = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let req = GenIdsRequest {
+                mode: Mode::Snowflake as i32,
+                tag: String::new(),
+                count: 50,
+            };
+            match c.gen_ids(req).await {
+                Ok(r) => got.extend(r.into_inner().ids),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        got
+    })
+}
+
+/// Leader elections (every session timer restarted at 2 x TTL, lock-delays
+/// forgotten) under load: no ID twice; and a node cut off from Consul
+/// stops at its own local deadline although the election keeps its
+/// session alive at Consul for 2 x TTL more, while its id is taken by a
+/// successor only after that restarted expiry plus lock-delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_elections_under_load_never_repeat_an_id_and_a_cut_off_node_still_stops_at_its_own_deadline(
+) {
+    const TTL: Duration = Duration::from_secs(2);
+    // The node's lease lifetime: min(TTL, lock-delay) - margin (800 ms).
+    const LIFETIME_MS: u64 = 1200;
+    let consul = consul(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = consul.add_agent("agent-p").await.unwrap();
+    let p = start(dir.path(), "p", agent);
+    let q = start(dir.path(), "q", consul.addr());
+    let r = start(dir.path(), "r", consul.addr());
+    let p_worker = worker_of(one(&p).await.unwrap());
+    let p_session = consul
+        .sessions()
+        .into_iter()
+        .find(|s| s.node == "agent-p")
+        .expect("p's session")
+        .id;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = [
+        load(&q, Arc::clone(&stop)).await,
+        load(&r, Arc::clone(&stop)).await,
+        load(&q, Arc::clone(&stop)).await,
+    ];
+    // Elections while every node is healthy and busy.
+    let mut p_ids = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(consul.faults().leader_election(), 3, "three sessions");
+        p_ids.extend(ids(&p, 100).await.expect("p issues across elections"));
+    }
+    assert_eq!(consul.sessions().len(), 3, "an election ends no session");
+
+    // Cut p off, then elect: Consul now keeps p's session until 2 x TTL
+    // after this election, far beyond p's own deadline.
+    consul.faults().drop_requests("agent-p", true);
+    let cut_ms = unix_ms();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consul.faults().leader_election();
+    let elected = Instant::now();
+    let fenced = loop {
+        match one(&p).await {
+            Ok(id) => p_ids.push(id),
+            Err(status) => break status,
+        }
+        assert!(
+            elected.elapsed() < Duration::from_secs(5),
+            "p never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(fenced.code(), tonic::Code::Unavailable, "{fenced:?}");
+    assert!(
+        fenced.message().contains("lost its worker id lease"),
+        "{fenced:?}"
+    );
+    assert!(
+        consul.sessions().iter().any(|s| s.id == p_session),
+        "p's session lives on at Consul after the election"
+    );
+    // Every renew p got answered was sent before the cut, so its deadline
+    // is at most cut + lifetime. An ID's time is never behind the wall
+    // clock it was issued at; 300 ms covers scheduling of the fencing task.
+    let last_p = p_ids.iter().map(|id| time_of(*id)).max().unwrap();
+    assert!(
+        last_p <= cut_ms + LIFETIME_MS + 300,
+        "p issued an ID {} ms after the cut, past its deadline ({LIFETIME_MS} ms)",
+        last_p.saturating_sub(cut_ms)
+    );
+
+    // A successor asking for exactly p's id gets it only once the restarted
+    // timer (2 x TTL after the election) and the lock-delay are over.
+    let successor = write_cluster_config(
+        dir.path(),
+        "successor",
+        consul.addr(),
+        &[
+            ("consul", "worker", "\"static\""),
+            ("node", "worker_id", &p_worker.to_string()),
+        ],
+    );
+    let next = loop {
+        match ChildServer::try_start(&successor, &[]) {
+            Ok(node) => break node,
+            Err(log) => {
+                assert!(log.contains("held by another node"), "{log}");
+                assert!(elected.elapsed() < Duration::from_secs(15), "never freed");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let claimed_after = elected.elapsed();
+    assert!(
+        claimed_after >= 2 * TTL + LOCK_DELAY,
+        "p's id was taken {claimed_after:?} after the election, before 2 x TTL + lock-delay"
+    );
+    let successor_ids = ids(&next, 1000).await.unwrap();
+    assert_eq!(worker_of(successor_ids[0]), p_worker);
+
+    stop.store(true, Ordering::SeqCst);
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for (what, batch) in [("p", p_ids), ("successor", successor_ids)] {
+        total += batch.len();
+        for id in batch {
+            assert!(seen.insert(id), "{what}: {id} twice");
+        }
+    }
+    for task in loads {
+        let got = task.await.unwrap();
+        assert!(!got.is_empty(), "the load ran");
+        total += got.len();
+        for id in got {
+            assert!(seen.insert(id), "{id} twice");
+        }
+    }
+    assert_eq!(seen.len(), total);
+    assert!(next.terminate().success());
+    consul.faults().drop_requests("agent-p", false);
+    for n in [p, q, r] {
         assert!(n.terminate().success());
     }
 }

@@ -1,6 +1,7 @@
 //! Lease tokens in Consul (the test server): two sessions never share a
 //! token, blocks are disjoint, a used-up token is given back for another,
-//! a restarted instance gets its token back, a lost session stops the
+//! a restarted instance gets its token back (unless the token is inside
+//! its lock-delay: then it takes another), a lost session stops the
 //! reservations, and a reservation whose outcome was unknown is never
 //! reused.
 
@@ -25,11 +26,15 @@ fn client(consul: &TestConsul, timeout: Duration) -> ConsulClient {
 }
 
 async fn session(c: &ConsulClient) -> String {
+    session_with_lock_delay(c, Duration::from_secs(1)).await
+}
+
+async fn session_with_lock_delay(c: &ConsulClient, lock_delay: Duration) -> String {
     c.session_create(&SessionSpec {
         name: "test".into(),
         ttl: Duration::from_secs(30),
         behavior: SessionBehavior::Release,
-        lock_delay: Duration::from_secs(1),
+        lock_delay,
         node_checks: Some(vec![]),
         service_checks: vec![],
     })
@@ -47,15 +52,18 @@ fn owner(instance: &str) -> OwnerInfo {
 
 async fn tokens(c: &ConsulClient, instance: &str) -> (ConsulTokens, String) {
     let s = session(c).await;
-    let t = ConsulTokens::new(
+    (tokens_in(c, instance, s.clone()), s)
+}
+
+fn tokens_in(c: &ConsulClient, instance: &str, s: String) -> ConsulTokens {
+    ConsulTokens::new(
         c.clone(),
         ClusterKeys::new("idgen", "test"),
         2,
-        s.clone(),
+        s,
         owner(instance),
     )
-    .unwrap();
-    (t, s)
+    .unwrap()
 }
 
 fn ids(b: &Block) -> std::ops::RangeInclusive<u64> {
@@ -165,5 +173,55 @@ async fn a_lost_session_stops_reservations_and_an_unknown_outcome_is_never_reuse
     c.session_destroy(&s).await.unwrap();
     let e = a.reserve(10).await.unwrap_err();
     assert!(matches!(e, StoreError::LockLost(_)), "{e:?}");
+    consul.shutdown().await;
+}
+
+/// Real Consul refuses a txn `lock` on a key inside its lock-delay (409,
+/// `failed to lock key ... due to lock delay`). A token whose holder's
+/// session was invalidated while holding it is in that state: the instance
+/// coming back does not wait for it but takes another free token at once,
+/// and the old token is taken again (above its counter) once the delay is
+/// over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_inside_its_lock_delay_is_passed_over_for_another() {
+    let consul = TestConsul::start(Config::default()).await.unwrap();
+    let c = client(&consul, Duration::from_secs(2));
+    let lock_delay = Duration::from_secs(3);
+    let s = session_with_lock_delay(&c, lock_delay).await;
+    let a = tokens_in(&c, "a", s.clone());
+    let first = a.reserve(10).await.unwrap();
+    let token = first.token;
+    // The session ends while it still holds the token (a crash, an
+    // operator's destroy): the key enters its 3 s lock-delay.
+    c.session_destroy(&s).await.unwrap();
+    let destroyed = std::time::Instant::now();
+    let key = format!("idgen/test/lease/2/{token}");
+    assert!(consul.kv_get(&key).unwrap().session.is_none());
+
+    // The same instance, back at once: its own token is refused by the
+    // lock-delay, so it takes the next free one.
+    let (again, _) = tokens(&c, "a").await;
+    let block = again.reserve(10).await.unwrap();
+    assert!(
+        destroyed.elapsed() < lock_delay,
+        "the machine was too slow to test inside the lock-delay"
+    );
+    assert_ne!(
+        block.token, token,
+        "a token inside its lock-delay was taken"
+    );
+    assert_eq!(block.first, 1);
+    let record: TokenRecord = serde_json::from_slice(&consul.kv_get(&key).unwrap().value).unwrap();
+    assert_eq!(
+        record.reserved, 10,
+        "the passed-over token kept its counter"
+    );
+
+    // After the delay the old token is free for whoever comes, above its
+    // counter.
+    tokio::time::sleep(lock_delay.saturating_sub(destroyed.elapsed())).await;
+    let (b, _) = tokens(&c, "b").await;
+    let block = b.reserve(10).await.unwrap();
+    assert_eq!((block.token, block.first), (token, 11));
     consul.shutdown().await;
 }

@@ -58,7 +58,10 @@ pub struct KvEntry {
     pub create_index: u64,
     /// Index of the last change.
     pub modify_index: u64,
-    /// How many times the lock was acquired.
+    /// How many times a new session acquired the lock. Never use it as a
+    /// fencing token: a plain set or `cas` on a locked key writes it back
+    /// to 0 while the holder stays (Consul's `kvsSetTxn`). idgen fences on
+    /// `Session` and ModifyIndex instead.
     pub lock_index: u64,
     /// Opaque flags.
     pub flags: u64,

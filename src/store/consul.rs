@@ -117,8 +117,12 @@ pub struct LeaseSettings {
 
 impl LeaseSettings {
     /// Checks the settings: whole seconds (Consul's form), a TTL of at
-    /// least 1 s (real Consul wants 10 s to 86400 s), a lock-delay of at
-    /// most 60 s, and a margin well inside both.
+    /// least 1 s, a lock-delay of at most 60 s, and a margin well inside
+    /// both. Real Consul refuses TTLs under its `session_ttl_min` (10 s by
+    /// default): config validation (`consul.session_ttl`) enforces that
+    /// floor, lowered only by the test-only `[testing]` section. The 1 s
+    /// here lets store tests run against a test server with a lowered
+    /// `session_ttl_min`.
     pub fn check(&self) -> Result<(), String> {
         for (name, d) in [("ttl", self.ttl), ("lock_delay", self.lock_delay)] {
             if d.subsec_nanos() != 0 {

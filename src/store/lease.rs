@@ -16,8 +16,9 @@
 //!   the counter: its value is a [`TokenRecord`] (the holder and
 //!   `reserved`). The node takes the token with a txn `check-index` (or
 //!   `check-not-exists`) + `lock` under its worker session, so taking it
-//!   and reading its counter are one atomic step, and it moves the counter
-//!   with the same pair on the ModifyIndex it last saw. Sharing the worker
+//!   and reading its counter are one atomic step (a token inside its
+//!   lock-delay is refused by Consul and passed over for another), and it
+//!   moves the counter with the same pair on the ModifyIndex it last saw. Sharing the worker
 //!   id's session gives the token the same fencing: when the session is
 //!   lost, the node stops issuing both kinds of IDs. A new holder continues
 //!   above the stored counter, which already covers every block any
@@ -281,6 +282,16 @@ impl ConsulTokens {
     /// Takes a free token that is not used up: the one this instance held
     /// before, else the lowest free existing one, else the lowest unused
     /// number.
+    ///
+    /// A token whose holder's session was invalidated while holding it (a
+    /// crash, an expired TTL, an operator's destroy) is inside its
+    /// lock-delay, and Consul refuses the txn `lock` (409, `failed to lock
+    /// key ... due to lock delay`), as it does for any token another node
+    /// took meanwhile. Either way the next candidate is tried at once: the
+    /// node does not wait for its old token, since Consul does not say how
+    /// long the delay has left and any free token is as good (each carries
+    /// its own counter). The passed-over token keeps its counter and is
+    /// taken again later by whoever finds it free.
     async fn take_token(&self) -> Result<Held, StoreError> {
         let dir = self.keys.lease_dir(self.zone);
         let entries = self

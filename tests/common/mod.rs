@@ -262,6 +262,11 @@ pub async fn wait_for_status(url: &str, status: u16) -> bool {
 /// `consul`, instance `name`, short lease timings (TTL 2 s, lock-delay
 /// 2 s, margin 800 ms), JSON logs. `set` overrides or adds keys as
 /// `("section", "key", "toml value")`.
+///
+/// A 2 s TTL is below real Consul's 10 s minimum, so the file also sets the
+/// test-only `testing.consul_session_ttl_min = "1s"`; start the test server
+/// with `Config { min_ttl: 1s, .. }` (its mirror of Consul's
+/// `session_ttl_min`) to match.
 pub fn write_cluster_config(
     dir: &Path,
     name: &str,
@@ -281,6 +286,7 @@ pub fn write_cluster_config(
         ("consul", "address", &consul_url),
         ("consul", "cluster", "\"test\""),
         ("consul", "session_ttl", "\"2s\""),
+        ("testing", "consul_session_ttl_min", "\"1s\""),
         ("consul", "lock_delay", "\"2s\""),
         ("consul", "lease_margin", "\"800ms\""),
         ("consul", "timeout", "\"500ms\""),

@@ -33,7 +33,8 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) fn new(config: Config, shutdown: watch::Receiver<bool>) -> Self {
-        let state = ClusterState::new(config.ttl_expiry_factor);
+        let mut state = ClusterState::new(config.ttl_expiry_factor);
+        state.set_check_reap_interval(config.check_reap_interval, std::time::Instant::now());
         let (index, _) = watch::channel(state.index);
         Cluster {
             acl: Mutex::new(AclTable::new(config.acl_master_token.clone())),

@@ -1,11 +1,14 @@
 //! Server settings. Defaults are Consul's; tests shrink the time limits so
-//! that expiry and reaping happen within a second instead of minutes.
+//! that expiry and reaping happen within a second instead of minutes. Each
+//! such limit mirrors a setting real Consul has too (named in its doc), so
+//! a test that lowers one describes a Consul that could exist.
 
 use std::time::Duration;
 
 /// How the test server behaves. `Config::default()` matches Consul's
-/// defaults; tests typically lower `min_ttl` and
-/// `min_deregister_critical_after` to keep runs short.
+/// defaults; tests typically lower `min_ttl`,
+/// `min_deregister_critical_after` and `check_reap_interval` to keep runs
+/// short.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// With a token here, ACLs are enforced: this token may do anything,
@@ -20,12 +23,21 @@ pub struct Config {
     /// Longest accepted session `LockDelay`; longer values are clamped to it,
     /// as Consul does (60 s there).
     pub max_lock_delay: Duration,
-    /// Shortest accepted session TTL (Consul: 10 s). Lower it in tests to
-    /// use TTLs like `"1s"`.
+    /// Shortest accepted session TTL: Consul's server option
+    /// `session_ttl_min` (default 10 s). A TTL below it (or above 24 h) is
+    /// refused with 500 `Invalid Session TTL '<ns>'`. Lower it in tests to
+    /// use TTLs like `"1s"`; a production Consul has 10 s.
     pub min_ttl: Duration,
-    /// Shortest `DeregisterCriticalServiceAfter` (Consul: 1 min; shorter
-    /// values are raised to it). Lower it in tests.
+    /// Shortest `DeregisterCriticalServiceAfter`: Consul's
+    /// `check_deregister_interval_min` (1 min; shorter values are raised to
+    /// it). Lower it in tests.
     pub min_deregister_critical_after: Duration,
+    /// How often the agent's reaper looks for services whose check has been
+    /// critical for longer than their `DeregisterCriticalServiceAfter`:
+    /// Consul's `check_reap_interval` (30 s). A service is removed at the
+    /// first reaper run after that time, not at it. `Duration::ZERO` reaps
+    /// exactly on time (no real Consul does that).
+    pub check_reap_interval: Duration,
 }
 
 impl Default for Config {
@@ -36,6 +48,7 @@ impl Default for Config {
             max_lock_delay: Duration::from_secs(60),
             min_ttl: Duration::from_secs(10),
             min_deregister_critical_after: Duration::from_secs(60),
+            check_reap_interval: Duration::from_secs(30),
         }
     }
 }
@@ -45,3 +58,7 @@ pub(crate) const MAX_SESSION_TTL: Duration = Duration::from_secs(86_400);
 
 /// Consul's default session lock-delay.
 pub(crate) const DEFAULT_LOCK_DELAY: Duration = Duration::from_secs(15);
+
+/// Consul's `checks.MinInterval`: a check `Interval` below it is raised to
+/// it.
+pub(crate) const MIN_CHECK_INTERVAL: Duration = Duration::from_secs(1);

@@ -1,5 +1,6 @@
 //! Fault injection, per agent: refused connections, slow answers, a lost
-//! leader, black-holed requests; and, cluster-wide, paused session expiry.
+//! leader, black-holed requests; and, cluster-wide, paused session expiry
+//! and leader elections.
 
 use std::collections::HashMap;
 use std::net::{Shutdown, SocketAddr};
@@ -167,5 +168,20 @@ impl Faults {
             .sessions_paused
             .store(on, Ordering::SeqCst);
         self.cluster.wake_timers();
+    }
+
+    /// A leader election, as Consul's new leader sees the cluster: every
+    /// session's TTL timer restarts at 2 x TTL from now
+    /// (`agent/consul/session_ttl.go`, `initializeSessionTimers`, whatever
+    /// [`Config::ttl_expiry_factor`](crate::Config::ttl_expiry_factor)
+    /// says), so a session whose holder stopped renewing lives on well past
+    /// its last renew + 2 x TTL; and the lock-delays the old leader kept in
+    /// memory (`state/delay.go`) are forgotten. Returns the number of
+    /// sessions whose timer restarted.
+    pub fn leader_election(&self) -> usize {
+        let now = std::time::Instant::now();
+        let restarted = self.cluster.write(|st| st.leader_elected(now));
+        self.cluster.wake_timers();
+        restarted
     }
 }

@@ -1,6 +1,8 @@
 //! gRPC health checks: each check gets a task that calls
 //! `grpc.health.v1.Health/Check` every `Interval` and records passing when
-//! the answer is SERVING, critical otherwise.
+//! the answer is SERVING, critical otherwise. As in Consul's `CheckGRPC`,
+//! the first call comes after a random pause of up to one interval
+//! (`lib.RandomStagger`), so a new check stays critical for that long.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +20,11 @@ use crate::state::catalog::{HealthStatus, ProbeSpec};
 pub(crate) fn spawn(cluster: Arc<Cluster>, probe: ProbeSpec) {
     tokio::spawn(async move {
         let mut shutdown = cluster.shutdown.clone();
+        let stagger = probe.interval.mul_f64(rand::random::<f64>());
+        tokio::select! {
+            _ = tokio::time::sleep(stagger) => {}
+            _ = shutdown.changed() => return,
+        }
         loop {
             let current =
                 cluster.read(|st| st.probe_is_current(&probe.node, &probe.check_id, probe.serial));

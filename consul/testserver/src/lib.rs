@@ -1,13 +1,36 @@
 //! An in-memory, Consul-compatible HTTP server for testing idgen's Consul
 //! client, with fault injection and request counters.
 //!
-//! It implements the part of Consul's HTTP API that `shared/CONSUL.md`
-//! describes (KV with cas/acquire/release, sessions with TTL, lock-delay
-//! and check binding, transactions, agent services with TTL and gRPC
-//! checks, health and catalog discovery, blocking queries, ACL tokens),
-//! with Consul's semantics, over one cluster state with one raft-like
-//! index. Several agents (HTTP listeners, one node each) can share that
-//! state, and faults can be switched on per agent.
+//! It implements the part of Consul's HTTP API that idgen uses (KV with
+//! cas/acquire/release, sessions with TTL, lock-delay and check binding,
+//! transactions, agent services with TTL and gRPC checks, health and
+//! catalog discovery, blocking queries, ACL tokens, `/v1/agent/self`),
+//! with Consul's semantics as found in Consul's own source, over one
+//! cluster state with one raft-like index. Several agents (HTTP listeners,
+//! one node each) can share that state, and faults can be switched on per
+//! agent, or cluster-wide (paused session expiry, leader elections).
+//!
+//! Where Consul is strict, so is this server, because a test that passes
+//! against a kinder server proves less than it claims:
+//!
+//! - a txn `lock` inside a key's lock-delay is refused (409, `failed to
+//!   lock key "<k>" due to lock delay`), like `?acquire`;
+//! - a session TTL outside [`Config::min_ttl`] (Consul's `session_ttl_min`,
+//!   10 s) to 24 h answers 500 `Invalid Session TTL '<ns>'`;
+//! - a session expires 2 x TTL after its last renew (by default), and a
+//!   leader election ([`Faults::leader_election`]) restarts every timer at
+//!   2 x TTL and forgets lock-delays, as a new Consul leader does;
+//! - a plain set or `cas` on a locked key writes LockIndex 0 and keeps the
+//!   holder;
+//! - a gRPC check `Interval` under 1 s is raised to 1 s, the first probe
+//!   comes after a random pause of up to one interval, and critical
+//!   services are reaped by a loop every [`Config::check_reap_interval`]
+//!   (30 s), not at the moment they are due;
+//! - `?dc=` naming any datacenter but `dc1` answers 500 `No path to
+//!   datacenter`;
+//! - `X-Consul-Index`, `X-Consul-KnownLeader` and `X-Consul-LastContact`
+//!   come with served reads only (a 404 of a missing key included), never
+//!   with a write or an error.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -40,8 +63,14 @@
 //! - Only KV operations in transactions; only TTL and plaintext gRPC checks.
 //! - `?token=` in the query string is ignored (idgen must send a header).
 //! - An agent's node always exists; nodes are not deregistered.
-//! - Session-create errors for an out-of-range TTL are 400 (Consul has
-//!   answered 400 or 500 depending on the version).
+//! - One datacenter, `dc1`; one server that is always the leader, except
+//!   for the faults. An election is instant: no leaderless window unless a
+//!   test adds one with [`Faults::no_leader`].
+//! - ACLs are all-or-nothing per token policy (no default policy
+//!   `allow`): with ACLs on, a request without a known token is refused,
+//!   `/v1/status/leader` and `/v1/agent/self` included.
+//! - Besides Consul's API it serves a control API for out-of-process
+//!   tests, outside `/v1`: `PUT /_testserver/leader-election`.
 
 #![warn(missing_docs)]
 
@@ -74,6 +103,12 @@ pub use state::session::{Behavior, SessionInfo};
 
 use cluster::Cluster;
 use http::AgentContext;
+
+/// Parses a Go duration string (`"10s"`, `"1m30s"`, `"250ms"`), the form
+/// Consul's settings take; for the binary's flags.
+pub fn parse_go_duration(text: &str) -> Option<std::time::Duration> {
+    duration::parse(text)
+}
 
 /// Name of the agent [`TestConsul::start`] creates.
 pub const FIRST_AGENT: &str = "agent-0";
@@ -178,7 +213,8 @@ impl TestConsul {
     /// `agent/service/register`, `agent/service/deregister`,
     /// `agent/check/pass`, `agent/check/warn`, `agent/check/fail`,
     /// `agent/check/update`, `agent/services`, `agent/checks`,
-    /// `health/service`, `catalog/services`, `status/leader`, and `other`.
+    /// `health/service`, `catalog/services`, `status/leader`, `agent/self`,
+    /// and `other`. Control API calls (`/_testserver/...`) are not counted.
     pub fn request_count(&self, agent: Option<&str>, endpoint: &str) -> u64 {
         self.inner.cluster.counters.get(agent, endpoint)
     }

@@ -3,30 +3,47 @@
 //!
 //! ```text
 //! consul-testserver [--listen 127.0.0.1:8500] [--acl-token <master token>]
+//!                   [--session-ttl-min 10s] [--check-reap-interval 30s]
 //! ```
 //!
 //! Prints `listening on <addr>` as its first line, then serves until
-//! SIGINT or SIGTERM.
+//! SIGINT or SIGTERM. Consul's defaults apply (session TTL at least 10 s,
+//! reaper every 30 s). `PUT /_testserver/leader-election` (with the master
+//! token when ACLs are on) makes the cluster elect a new leader: every
+//! session timer restarts at 2 x TTL and lock-delays are forgotten.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use consul_testserver::{Config, TestConsul};
 
-const USAGE: &str = "usage: consul-testserver [--listen ADDR] [--acl-token TOKEN]\n\
-  --listen ADDR       address to serve on (default 127.0.0.1:8500; port 0 picks one)\n\
-  --acl-token TOKEN   enable ACLs with TOKEN as the master token";
+const USAGE: &str = concat!(
+    "usage: consul-testserver [--listen ADDR] [--acl-token TOKEN]\n",
+    "                         [--session-ttl-min DURATION] [--check-reap-interval DURATION]\n",
+    "  --listen ADDR                   address to serve on (default 127.0.0.1:8500; port 0 picks one)\n",
+    "  --acl-token TOKEN               enable ACLs with TOKEN as the master token\n",
+    "  --session-ttl-min DURATION      shortest session TTL: Consul's session_ttl_min (default 10s)\n",
+    "  --check-reap-interval DURATION  how often critical services are reaped: Consul's\n",
+    "                                  check_reap_interval (default 30s)",
+);
 
+#[derive(Debug)]
 struct Args {
     listen: SocketAddr,
-    acl_token: Option<String>,
+    config: Config,
 }
 
-fn parse_args() -> Result<Args, String> {
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut listen = SocketAddr::from(([127, 0, 0, 1], 8500));
-    let mut acl_token = None;
-    let mut args = std::env::args().skip(1);
+    let mut config = Config::default();
+    let duration = |flag: &str, value: Option<String>| -> Result<Duration, String> {
+        let value = value.ok_or_else(|| format!("{flag} needs a duration such as 10s"))?;
+        consul_testserver::parse_go_duration(&value)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("{flag} {value:?}: not a positive duration such as 10s"))
+    };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => {
@@ -36,13 +53,17 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|e| format!("--listen {value:?}: {e}"))?;
             }
             "--acl-token" => {
-                acl_token = Some(args.next().ok_or("--acl-token needs a token")?);
+                config.acl_master_token = Some(args.next().ok_or("--acl-token needs a token")?);
+            }
+            "--session-ttl-min" => config.min_ttl = duration(&arg, args.next())?,
+            "--check-reap-interval" => {
+                config.check_reap_interval = duration(&arg, args.next())?;
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok(Args { listen, acl_token })
+    Ok(Args { listen, config })
 }
 
 async fn wait_for_signal() -> std::io::Result<()> {
@@ -55,7 +76,7 @@ async fn wait_for_signal() -> std::io::Result<()> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args() {
+    let args = match parse_args(std::env::args().skip(1)) {
         Ok(args) => args,
         Err(message) => {
             if message.is_empty() {
@@ -73,11 +94,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let config = Config {
-        acl_master_token: args.acl_token,
-        ..Config::default()
-    };
-    let consul = match TestConsul::serve(config, listener).await {
+    let consul = match TestConsul::serve(args.config, listener).await {
         Ok(consul) => consul,
         Err(e) => {
             eprintln!("consul-testserver: {e}");
@@ -97,6 +114,43 @@ async fn main() -> ExitCode {
         Err(e) => {
             eprintln!("consul-testserver: signal handling failed: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        parse_args(args.iter().map(|a| a.to_string()))
+    }
+
+    #[test]
+    fn defaults_are_consuls_and_flags_lower_them() {
+        let args = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(args.config.min_ttl, Duration::from_secs(10));
+        assert_eq!(args.config.check_reap_interval, Duration::from_secs(30));
+        assert_eq!(args.config.acl_master_token, None);
+        let args = parse(&[
+            "--session-ttl-min",
+            "1s",
+            "--check-reap-interval",
+            "500ms",
+            "--acl-token",
+            "t",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(args.config.min_ttl, Duration::from_secs(1));
+        assert_eq!(args.config.check_reap_interval, Duration::from_millis(500));
+        assert_eq!(args.config.acl_master_token.as_deref(), Some("t"));
+        for bad in [
+            &["--session-ttl-min"][..],
+            &["--session-ttl-min", "soon"],
+            &["--check-reap-interval", "0s"],
+            &["--nope"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
         }
     }
 }

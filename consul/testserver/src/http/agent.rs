@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use super::{
     json_body, require_method, AgentContext, ApiError, ApiRequest, ApiResult, Fields, Reply,
 };
+use crate::config::MIN_CHECK_INTERVAL;
 use crate::grpc_probe;
 use crate::state::catalog::{
     Check, CheckDef, CheckDefKind, CheckKind, HealthStatus, Service, ServiceDef,
@@ -61,7 +62,9 @@ fn parse_check(
                     bad(format!(
                         "Check {id:?}: Interval is required for GRPC checks"
                     ))
-                })?;
+                })?
+                // Consul raises it to `checks.MinInterval` (with a warning).
+                .max(MIN_CHECK_INTERVAL);
             let timeout = fields
                 .duration("Timeout")?
                 .filter(|d| !d.is_zero())
@@ -309,4 +312,72 @@ pub(super) fn checks(agent: &AgentContext, req: ApiRequest) -> ApiResult {
         out
     });
     Ok(Reply::json(Value::Object(out)))
+}
+
+/// The Consul version the test server reports in `/v1/agent/self`: the
+/// API it imitates was checked against this release's source.
+pub(crate) const CONSUL_VERSION: &str = "1.21.5";
+
+/// `GET /v1/agent/self`: the agent's configuration and its serf member, in
+/// the shape Consul answers (clients read `Config.Datacenter`,
+/// `Config.NodeName` and `Config.Version` from it). A server agent in dev
+/// mode, one per node name.
+pub(super) fn agent_self(agent: &AgentContext, req: ApiRequest) -> ApiResult {
+    require_method(&req, &[Method::GET])?;
+    let node_id = node_id(&agent.name);
+    Ok(Reply::json(json!({
+        "Config": {
+            "Datacenter": super::DATACENTER,
+            "PrimaryDatacenter": super::DATACENTER,
+            "NodeName": agent.name,
+            "NodeID": node_id,
+            "Revision": "consul-testserver",
+            "Server": true,
+            "Version": CONSUL_VERSION,
+            "BuildDate": "2025-01-01T00:00:00Z",
+        },
+        "DebugConfig": {},
+        "Coord": null,
+        "Member": {
+            "Name": agent.name,
+            "Addr": "127.0.0.1",
+            "Port": 8301,
+            "Tags": {
+                "dc": super::DATACENTER,
+                "role": "consul",
+                "id": node_id,
+                "build": format!("{CONSUL_VERSION}:consul-testserver"),
+            },
+            "Status": 1,
+            "ProtocolMin": 1,
+            "ProtocolMax": 5,
+            "ProtocolCur": 2,
+            "DelegateMin": 2,
+            "DelegateMax": 5,
+            "DelegateCur": 4,
+        },
+        "Stats": {"agent": {"checks": "0", "services": "0"}},
+        "Meta": {"consul-network-segment": ""},
+        "xDS": null,
+    })))
+}
+
+/// A stable, UUID-shaped node id derived from the node name.
+fn node_id(name: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut halves = [0u64; 2];
+    for (salt, half) in halves.iter_mut().enumerate() {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (salt, name).hash(&mut h);
+        *half = h.finish();
+    }
+    let hex = format!("{:016x}{:016x}", halves[0], halves[1]);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }

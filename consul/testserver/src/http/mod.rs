@@ -57,7 +57,12 @@ const ENDPOINTS: &[&str] = &[
     "health/service",
     "catalog/services",
     "status/leader",
+    "agent/self",
 ];
+
+/// The one datacenter of the test cluster; `?dc=` naming any other answers
+/// 500 `No path to datacenter`, as Consul does for an unknown one.
+pub(crate) const DATACENTER: &str = "dc1";
 
 /// What a handler needs to know about the agent it runs on.
 #[derive(Debug)]
@@ -87,6 +92,9 @@ pub(crate) enum ApiError {
     MethodNotAllowed(Method),
     #[error("{0}")]
     TooLarge(String),
+    /// An RPC error Consul answers with 500 and plain text.
+    #[error("{0}")]
+    Internal(String),
     #[error(transparent)]
     State(#[from] StateError),
 }
@@ -102,7 +110,7 @@ impl ApiError {
             }
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::State(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::State(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -466,6 +474,9 @@ fn token_of(headers: &HeaderMap) -> Option<String> {
 /// The fallback handler that serves every path of an agent.
 async fn dispatch(State(agent): State<Arc<AgentContext>>, request: Request) -> Response {
     let path = percent_decode(request.uri().path(), false);
+    if let Some(rest) = path.strip_prefix(CONTROL_PREFIX) {
+        return control(&agent, rest, &request);
+    }
     let route = path.strip_prefix("/v1/").and_then(endpoint_of);
     agent
         .cluster
@@ -479,40 +490,83 @@ async fn dispatch(State(agent): State<Arc<AgentContext>>, request: Request) -> R
         std::future::pending::<()>().await;
     }
     if faults.no_leader {
-        let index = agent.cluster.read(|st| st.index);
         return finish(
             StatusCode::INTERNAL_SERVER_ERROR,
             ReplyBody::Raw(b"No cluster leader".to_vec()),
-            index,
-            false,
+            None,
         );
     }
 
+    let is_read = request.method() == Method::GET;
     let result = match route {
         Some((endpoint, rest)) => handle(&agent, endpoint, rest.to_owned(), request).await,
         None => Err(ApiError::NotFound(format!("404 page not found: {path}"))),
     };
+    // Consul sets the query meta headers on reads that were served (a
+    // value, or a 404 for a missing key), never on writes or errors.
     let response = match result {
         Ok(reply) => {
-            let index = reply
-                .index
-                .unwrap_or_else(|| agent.cluster.read(|st| st.index));
-            finish(reply.status, reply.body, index, true)
+            let meta = is_read.then(|| {
+                reply
+                    .index
+                    .unwrap_or_else(|| agent.cluster.read(|st| st.index))
+            });
+            finish(reply.status, reply.body, meta)
         }
-        Err(error) => {
-            let index = agent.cluster.read(|st| st.index);
-            finish(
-                error.status(),
-                ReplyBody::Raw(error.to_string().into_bytes()),
-                index,
-                true,
-            )
-        }
+        Err(error) => finish(
+            error.status(),
+            ReplyBody::Raw(error.to_string().into_bytes()),
+            None,
+        ),
     };
     if let Some(delay) = agent.faults.current().delay.or(faults.delay) {
         tokio::time::sleep(delay).await;
     }
     response
+}
+
+/// The test server's own control API. It lives outside Consul's `/v1`
+/// space, so it can never shadow a Consul endpoint, and it ignores the
+/// agent's faults (a test can still steer a server it cut off).
+const CONTROL_PREFIX: &str = "/_testserver/";
+
+/// `PUT /_testserver/leader-election`: runs
+/// [`Faults::leader_election`](crate::Faults::leader_election) and answers
+/// `{"SessionsRestarted": n}`. With ACLs on it needs the master token.
+/// For tests that drive the `consul-testserver` binary from outside Rust.
+fn control(agent: &AgentContext, rest: &str, request: &Request) -> Response {
+    let answer = |status: StatusCode, text: &str| {
+        finish(status, ReplyBody::Raw(text.as_bytes().to_vec()), None)
+    };
+    if !matches!(
+        agent
+            .cluster
+            .resolve_token(token_of(request.headers()).as_deref()),
+        Some(Access::All)
+    ) {
+        return answer(StatusCode::FORBIDDEN, "Permission denied");
+    }
+    match (request.method(), rest) {
+        (&Method::PUT, "leader-election") => {
+            let faults = crate::Faults {
+                cluster: Arc::clone(&agent.cluster),
+            };
+            let restarted = faults.leader_election();
+            finish(
+                StatusCode::OK,
+                ReplyBody::Json(serde_json::json!({ "SessionsRestarted": restarted })),
+                None,
+            )
+        }
+        (_, "leader-election") => answer(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("method {} not allowed", request.method()),
+        ),
+        _ => answer(
+            StatusCode::NOT_FOUND,
+            &format!("unknown control endpoint {CONTROL_PREFIX}{rest}"),
+        ),
+    }
 }
 
 async fn handle(
@@ -526,6 +580,13 @@ async fn handle(
         return Err(ApiError::BadRequest(
             "Cannot specify ?stale with ?consistent, conflicting semantics.".to_owned(),
         ));
+    }
+    if let Some(dc) = query
+        .get("dc")
+        .filter(|dc| !dc.is_empty() && *dc != DATACENTER)
+    {
+        tracing::debug!(dc, "request for an unknown datacenter");
+        return Err(ApiError::Internal("No path to datacenter".to_owned()));
     }
     let access = agent
         .cluster
@@ -561,6 +622,7 @@ async fn handle(
             agent::update_check(agent, endpoint, req)
         }
         "agent/services" => agent::services(agent, req),
+        "agent/self" => agent::agent_self(agent, req),
         "agent/checks" => agent::checks(agent, req),
         "health/service" => health::service(agent, req).await,
         "catalog/services" => health::catalog_services(agent, req).await,
@@ -582,8 +644,10 @@ pub(crate) fn require_method(req: &ApiRequest, allowed: &[Method]) -> Result<(),
     }
 }
 
-/// Adds the headers every Consul answer carries.
-fn finish(status: StatusCode, body: ReplyBody, index: u64, known_leader: bool) -> Response {
+/// Builds an answer; with `read_index`, a served read, it carries Consul's
+/// query meta: `X-Consul-Index`, `X-Consul-KnownLeader`,
+/// `X-Consul-LastContact`.
+fn finish(status: StatusCode, body: ReplyBody, read_index: Option<u64>) -> Response {
     let (content_type, bytes) = match body {
         ReplyBody::Json(v) => ("application/json", v.to_string().into_bytes()),
         ReplyBody::Raw(b) if status.is_success() => ("application/octet-stream", b),
@@ -593,12 +657,11 @@ fn finish(status: StatusCode, body: ReplyBody, index: u64, known_leader: bool) -
     let mut response = (status, Body::from(bytes)).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert("x-consul-index", HeaderValue::from(index.max(1)));
-    headers.insert(
-        "x-consul-knownleader",
-        HeaderValue::from_static(if known_leader { "true" } else { "false" }),
-    );
-    headers.insert("x-consul-lastcontact", HeaderValue::from_static("0"));
+    if let Some(index) = read_index {
+        headers.insert("x-consul-index", HeaderValue::from(index.max(1)));
+        headers.insert("x-consul-knownleader", HeaderValue::from_static("true"));
+        headers.insert("x-consul-lastcontact", HeaderValue::from_static("0"));
+    }
     response
 }
 

@@ -91,8 +91,11 @@ pub(super) fn create(agent: &AgentContext, req: ApiRequest) -> ApiResult {
             if ttl.is_zero() {
                 None
             } else if ttl < config.min_ttl || ttl > MAX_SESSION_TTL {
-                return Err(ApiError::BadRequest(format!(
-                    "Invalid Session TTL '{text}', must be between [{}={}]",
+                // Consul's session endpoint (an RPC error, so 500) prints
+                // the TTL as nanoseconds.
+                return Err(ApiError::Internal(format!(
+                    "Invalid Session TTL '{}', must be between [{}={}]",
+                    ttl.as_nanos(),
                     duration::format(config.min_ttl),
                     duration::format(MAX_SESSION_TTL)
                 )));

@@ -92,7 +92,8 @@ pub(super) fn handle(agent: &AgentContext, req: ApiRequest) -> ApiResult {
         return Ok(conflict(denied));
     }
 
-    match agent.cluster.write(|st| st.txn(&ops)) {
+    let now = std::time::Instant::now();
+    match agent.cluster.write(|st| st.txn(&ops, now)) {
         Ok(results) => {
             let results: Value = if results.is_empty() {
                 // Go encodes the empty result list as null.

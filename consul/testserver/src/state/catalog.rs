@@ -474,7 +474,18 @@ impl ClusterState {
         Some(check.critical_since? + check.deregister_after?)
     }
 
+    /// The reaper: removes every service with a check critical for longer
+    /// than its `DeregisterCriticalServiceAfter`. With a reaper period it
+    /// only runs at its ticks, like Consul's agent loop.
     pub(super) fn reap_critical_services(&mut self, now: Instant) {
+        if let Some((interval, next)) = &mut self.check_reap {
+            if now < *next {
+                return;
+            }
+            while *next <= now {
+                *next += *interval;
+            }
+        }
         let mut due = Vec::new();
         for (node, state) in &self.catalog.nodes {
             for check in state.checks.values() {
@@ -492,6 +503,7 @@ impl ClusterState {
     }
 
     pub(super) fn next_catalog_deadline(&self) -> Option<Instant> {
+        let reaper_tick = self.check_reap.map(|(_, next)| next);
         self.catalog
             .nodes
             .values()
@@ -501,7 +513,10 @@ impl ClusterState {
                     CheckKind::Ttl { expires_at, .. } => expires_at,
                     CheckKind::Grpc { .. } => None,
                 };
-                ttl.into_iter().chain(Self::critical_reap_due(c)).min()
+                // A reapable check wakes the reaper at its next tick (at
+                // the due time itself without a reaper period).
+                let reap = Self::critical_reap_due(c).map(|due| reaper_tick.unwrap_or(due));
+                ttl.into_iter().chain(reap).min()
             })
             .min()
     }

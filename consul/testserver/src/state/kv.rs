@@ -89,6 +89,11 @@ impl KvStore {
         self.lock_delays.get(key).is_some_and(|until| now < *until)
     }
 
+    /// Drops every lock-delay (a new leader starts without them).
+    pub(crate) fn forget_lock_delays(&mut self) {
+        self.lock_delays.clear();
+    }
+
     /// Writes an entry unless it would be byte-identical to what is there
     /// (Consul then keeps the old ModifyIndex).
     fn write(
@@ -130,13 +135,12 @@ impl KvStore {
         true
     }
 
-    /// Unconditional set; keeps the lock holder and LockIndex as Consul does.
+    /// Unconditional set. Like Consul's `kvsSetTxn` it keeps the lock
+    /// holder but writes LockIndex 0 (the entry's LockIndex comes from the
+    /// request, which has none), so LockIndex is no fencing token.
     pub(crate) fn set(&mut self, idx: u64, key: &str, value: Vec<u8>, flags: u64) -> bool {
-        let (session, lock_index) = self
-            .entries
-            .get(key)
-            .map_or((None, 0), |e| (e.session.clone(), e.lock_index));
-        self.write(idx, key, value, flags, session, lock_index)
+        let session = self.entries.get(key).and_then(|e| e.session.clone());
+        self.write(idx, key, value, flags, session, 0)
     }
 
     /// Check-and-set: `expect == 0` creates only; otherwise ModifyIndex must
@@ -390,6 +394,23 @@ mod tests {
         let e = kv.get("l").cloned();
         assert_eq!(e.as_ref().map(|e| e.lock_index), Some(2));
         assert_eq!(e.and_then(|e| e.session), Some("s2".to_owned()));
+    }
+
+    #[test]
+    fn set_and_cas_on_a_locked_key_keep_the_holder_and_reset_lock_index() {
+        let mut kv = KvStore::default();
+        assert_eq!(kv.lock(1, "l", b"v".to_vec(), 0, "s1"), Some(true));
+        assert!(kv.set(2, "l", b"w".to_vec(), 0));
+        let e = kv.get("l").cloned();
+        assert_eq!(e.as_ref().map(|e| e.lock_index), Some(0));
+        assert_eq!(e.and_then(|e| e.session), Some("s1".to_owned()));
+        // The holder locking again keeps LockIndex 0: nothing changes.
+        assert_eq!(kv.lock(3, "l", b"w".to_vec(), 0, "s1"), Some(false));
+        assert_eq!(kv.cas(4, "l", b"x".to_vec(), 0, 1), None, "stale index");
+        assert_eq!(kv.cas(4, "l", b"x".to_vec(), 0, 2), Some(true));
+        let e = kv.get("l").cloned();
+        assert_eq!(e.as_ref().map(|e| e.lock_index), Some(0));
+        assert_eq!(e.and_then(|e| e.session), Some("s1".to_owned()));
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub(crate) mod session;
 pub(crate) mod txn;
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use catalog::Catalog;
 use kv::KvStore;
@@ -56,6 +56,8 @@ pub(crate) struct ClusterState {
     pub(crate) catalog: Catalog,
     /// Sessions expire this many TTLs after their last renew.
     pub(crate) ttl_expiry_factor: f64,
+    /// The reaper's period and its next run; `None`: reap exactly when due.
+    pub(crate) check_reap: Option<(Duration, Instant)>,
 }
 
 impl ClusterState {
@@ -69,7 +71,14 @@ impl ClusterState {
             sessions_index: 1,
             catalog: Catalog::default(),
             ttl_expiry_factor,
+            check_reap: None,
         }
+    }
+
+    /// Runs the critical-service reaper every `interval` from `now` on, as
+    /// Consul's agent does (`check_reap_interval`); zero reaps when due.
+    pub(crate) fn set_check_reap_interval(&mut self, interval: Duration, now: Instant) {
+        self.check_reap = (!interval.is_zero()).then(|| (interval, now + interval));
     }
 
     /// The next moment [`run_timers`](Self::run_timers) has work to do.
@@ -103,7 +112,6 @@ mod tests {
     use super::kv::PutMode;
     use super::session::{Behavior, SessionSpec};
     use super::*;
-    use std::time::Duration;
 
     fn spec(id: &str, ttl: Option<u64>, behavior: Behavior, checks: Vec<String>) -> SessionSpec {
         SessionSpec {
@@ -180,6 +188,44 @@ mod tests {
     }
 
     #[test]
+    fn an_election_restarts_every_timer_at_twice_the_ttl_and_forgets_lock_delays() {
+        let mut st = ClusterState::new(1.0);
+        st.add_node("agent-0");
+        let t0 = Instant::now();
+        for id in ["s1", "s2"] {
+            st.session_create(spec(id, Some(10), Behavior::Release, vec![]), t0)
+                .map(|_| ())
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        st.session_create(spec("forever", None, Behavior::Release, vec![]), t0)
+            .map(|_| ())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            st.kv_put("l", b"v".to_vec(), 0, &PutMode::Acquire("s2".into()), t0),
+            Ok(true)
+        );
+        assert!(st.session_invalidate("s2", t0));
+        assert!(st.kv.in_lock_delay("l", t0));
+        let index = st.index;
+        let t1 = t0 + Duration::from_secs(9);
+        assert_eq!(
+            st.leader_elected(t1),
+            1,
+            "only live TTL sessions have timers"
+        );
+        assert_eq!(st.index, index, "not a write");
+        assert!(!st.kv.in_lock_delay("l", t1), "lock-delay forgotten");
+        // Factor 1.0 would expire s1 at t0 + 10 s; the new leader gives it
+        // until t1 + 20 s.
+        st.run_timers(t1 + Duration::from_secs(19), false);
+        assert!(st.session_get("s1").is_some());
+        assert_eq!(st.next_deadline(false), Some(t1 + Duration::from_secs(20)));
+        st.run_timers(t1 + Duration::from_secs(20), false);
+        assert!(st.session_get("s1").is_none());
+        assert!(st.session_get("forever").is_some());
+    }
+
+    #[test]
     fn renew_moves_the_deadline_without_a_write() {
         let mut st = cluster();
         let t0 = Instant::now();
@@ -236,6 +282,35 @@ mod tests {
         // Critical for DeregisterCriticalServiceAfter: reaped.
         st.run_timers(t0 + Duration::from_secs(70), false);
         assert!(st.service_infos().is_empty());
+    }
+
+    #[test]
+    fn the_reaper_runs_every_check_reap_interval_not_when_a_service_is_due() {
+        let mut st = cluster();
+        let t0 = Instant::now();
+        st.set_check_reap_interval(Duration::from_secs(30), t0);
+        let mut def = ttl_service(Some(HealthStatus::Critical));
+        def.checks[0].deregister_after = Some(Duration::from_secs(65));
+        st.register_service("agent-0", def, false, t0)
+            .map(|_| ())
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The TTL check's own expiry first, then the reaper's first run.
+        assert_eq!(st.next_deadline(false), Some(t0 + Duration::from_secs(10)));
+        st.run_timers(t0 + Duration::from_secs(10), false);
+        assert_eq!(st.next_deadline(false), Some(t0 + Duration::from_secs(30)));
+        st.run_timers(t0 + Duration::from_secs(30), false);
+        st.run_timers(t0 + Duration::from_secs(60), false);
+        assert_eq!(st.service_infos().len(), 1, "not due yet");
+        assert_eq!(st.next_deadline(false), Some(t0 + Duration::from_secs(90)));
+        st.run_timers(t0 + Duration::from_secs(89), false);
+        assert_eq!(
+            st.service_infos().len(),
+            1,
+            "due at 65 s, reaped at the 90 s run"
+        );
+        st.run_timers(t0 + Duration::from_secs(90), false);
+        assert!(st.service_infos().is_empty());
+        assert_eq!(st.next_deadline(false), None, "nothing left to reap");
     }
 
     #[test]

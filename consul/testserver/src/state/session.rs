@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 use super::{ClusterState, StateError};
 use crate::state::catalog::HealthStatus;
 
+/// Consul's `SessionTTLMultiplier`: the leader's timer for a session runs
+/// this many TTLs; after an election it always does.
+pub(crate) const SESSION_TTL_MULTIPLIER: u32 = 2;
+
 /// Node-level check every agent has and that always passes.
 pub(crate) const SERF_HEALTH: &str = "serfHealth";
 
@@ -198,6 +202,22 @@ impl ClusterState {
         for id in expired {
             self.session_invalidate(&id, now);
         }
+    }
+
+    /// What a newly elected leader does to session timers: restart each
+    /// at [`SESSION_TTL_MULTIPLIER`] x TTL from `now`, and forget the
+    /// lock-delays (they live in the old leader's memory only). Not a write:
+    /// no index moves. Returns how many timers restarted.
+    pub(crate) fn leader_elected(&mut self, now: Instant) -> usize {
+        let mut restarted = 0;
+        for session in self.sessions.values_mut() {
+            if let Some(ttl) = session.info.ttl {
+                session.expires_at = Some(now + ttl * SESSION_TTL_MULTIPLIER);
+                restarted += 1;
+            }
+        }
+        self.kv.forget_lock_delays();
+        restarted
     }
 
     pub(super) fn next_session_expiry(&self) -> Option<Instant> {

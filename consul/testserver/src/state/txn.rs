@@ -1,5 +1,7 @@
 //! `PUT /v1/txn`: KV operations applied all-or-nothing under one index.
 
+use std::time::Instant;
+
 use super::kv::{validate_key, KvEntry};
 use super::ClusterState;
 
@@ -92,10 +94,15 @@ impl ClusterState {
     /// them succeed. Every write gets the same new index, like one raft
     /// entry. Errors are collected for every failing operation.
     ///
-    /// `lock` does not honour lock-delay here: Consul checks lock-delay only
-    /// in the KV endpoint's `acquire`, so a client cannot rely on it in a
-    /// transaction.
-    pub(crate) fn txn(&mut self, ops: &[TxnOp]) -> Result<Vec<KvEntry>, Vec<TxnError>> {
+    /// `lock` honours lock-delay as `?acquire` does: Consul's txn endpoint
+    /// checks it before the transaction goes to raft (`txn_endpoint.go`,
+    /// `preCheck` -> `kvsPreApply`) and answers `failed to lock key "<k>"
+    /// due to lock delay`. Lock-delays are taken at `now`.
+    pub(crate) fn txn(
+        &mut self,
+        ops: &[TxnOp],
+        now: Instant,
+    ) -> Result<Vec<KvEntry>, Vec<TxnError>> {
         let idx = self.index + 1;
         let mut kv = self.kv.clone();
         let mut changed = false;
@@ -129,6 +136,8 @@ impl ClusterState {
                 TxnVerb::Lock => {
                     if !self.sessions.contains_key(&op.session) {
                         Err(format!("invalid session {:?}", op.session))
+                    } else if kv.in_lock_delay(key, now) {
+                        Err(format!("failed to lock key {key:?} due to lock delay"))
                     } else {
                         match kv.lock(idx, key, op.value.clone(), op.flags, &op.session) {
                             Some(c) => {
@@ -252,10 +261,13 @@ mod tests {
         let mut st = ClusterState::new(2.0);
         let before = st.index;
         let err = st
-            .txn(&[
-                op(TxnVerb::Set, "a", b"1", 0),
-                op(TxnVerb::Cas, "b", b"2", 99),
-            ])
+            .txn(
+                &[
+                    op(TxnVerb::Set, "a", b"1", 0),
+                    op(TxnVerb::Cas, "b", b"2", 99),
+                ],
+                Instant::now(),
+            )
             .err()
             .unwrap_or_default();
         assert_eq!(err.len(), 1);
@@ -268,17 +280,22 @@ mod tests {
     fn writes_share_one_new_index_and_deletes_add_no_result() {
         let mut st = ClusterState::new(2.0);
         let results = st
-            .txn(&[
-                op(TxnVerb::Set, "a", b"1", 0),
-                op(TxnVerb::Cas, "b", b"2", 0),
-                op(TxnVerb::Delete, "c", b"", 0),
-                op(TxnVerb::CheckNotExists, "c", b"", 0),
-            ])
+            .txn(
+                &[
+                    op(TxnVerb::Set, "a", b"1", 0),
+                    op(TxnVerb::Cas, "b", b"2", 0),
+                    op(TxnVerb::Delete, "c", b"", 0),
+                    op(TxnVerb::CheckNotExists, "c", b"", 0),
+                ],
+                Instant::now(),
+            )
             .unwrap_or_default();
         assert_eq!(results.len(), 2);
         assert!(results.iter().all(|r| r.modify_index == st.index));
         assert!(results.iter().all(|r| r.value.is_empty()));
-        let got = st.txn(&[op(TxnVerb::Get, "b", b"", 0)]).unwrap_or_default();
+        let got = st
+            .txn(&[op(TxnVerb::Get, "b", b"", 0)], Instant::now())
+            .unwrap_or_default();
         assert_eq!(got.first().map(|e| e.value.clone()), Some(b"2".to_vec()));
     }
 }

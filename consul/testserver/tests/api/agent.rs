@@ -191,6 +191,9 @@ async fn grpc_checks_probe_the_health_service() {
         api.put_json("agent/service/register", body).await.status,
         200
     );
+    // An Interval under 1 s is raised to 1 s, as Consul does.
+    let checks = api.get("agent/checks").await.json();
+    assert_eq!(checks["g"]["Interval"], "1s", "{checks}");
     let status_of = |consul: TestConsul, id: &'static str| async move {
         consul
             .services()
@@ -264,4 +267,113 @@ async fn agents_are_nodes_sharing_one_cluster() {
         api0.get(&format!("session/info/{id}")).await.json()[0]["Node"],
         "agent-1"
     );
+}
+
+#[tokio::test]
+async fn agent_self_describes_the_agent() {
+    let (consul, api0) = start().await;
+    let r = api0.get("agent/self").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let me = r.json();
+    assert_eq!(me["Config"]["Datacenter"], "dc1");
+    assert_eq!(me["Config"]["NodeName"], "agent-0");
+    assert!(me["Config"]["Version"]
+        .as_str()
+        .is_some_and(|v| !v.is_empty()));
+    assert_eq!(me["Member"]["Name"], "agent-0");
+    assert_eq!(me["Member"]["Tags"]["dc"], "dc1");
+    let addr1 = consul
+        .add_agent("agent-1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let other = Api::new(addr1).get("agent/self").await.json();
+    assert_eq!(other["Config"]["NodeName"], "agent-1");
+    assert_ne!(other["Config"]["NodeID"], me["Config"]["NodeID"]);
+}
+
+/// `?dc=` naming another datacenter: 500 `No path to datacenter`, on every
+/// endpoint, nothing applied; the test cluster's own (`dc1`) works.
+#[tokio::test]
+async fn an_unknown_datacenter_has_no_path() {
+    let (consul, api) = start().await;
+    for (method, path) in [
+        (reqwest::Method::GET, "kv/x?dc=dc2"),
+        (reqwest::Method::PUT, "kv/x?dc=elsewhere"),
+        (reqwest::Method::PUT, "session/create?dc=dc2"),
+        (reqwest::Method::GET, "health/service/idgen?dc=dc2"),
+        (reqwest::Method::PUT, "txn?dc=dc2"),
+    ] {
+        let r = api.send(method, path, b"[]".to_vec()).await;
+        assert_eq!(
+            (r.status, r.text.as_str()),
+            (500, "No path to datacenter"),
+            "{path}"
+        );
+    }
+    assert!(consul.kv_get("x").is_none());
+    assert!(consul.sessions().is_empty());
+    assert_eq!(api.put("kv/x?dc=dc1", "v").await.text, "true");
+    assert_eq!(api.get("kv/x?dc=dc1&raw").await.text, "v");
+}
+
+/// Consul staggers a new gRPC check's first probe by a random pause of up
+/// to one interval: sixteen checks registered at once do not all pass
+/// within 150 ms of a 1 s interval (all would, probing at once; the odds
+/// of a false failure are 0.4^16 at worst), yet all pass soon after.
+#[tokio::test]
+async fn first_grpc_probes_are_staggered_over_one_interval() {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("idgen.v1.IdGen", ServingStatus::Serving)
+        .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let grpc_addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                async {
+                    let _ = stopped.await;
+                },
+            ),
+    );
+    let (consul, api) = start().await;
+    let checks: Vec<Value> = (0..16)
+        .map(|i| {
+            json!({"CheckID": format!("g{i}"), "GRPC": format!("{grpc_addr}/idgen.v1.IdGen"),
+                   "Interval": "1s"})
+        })
+        .collect();
+    let registered = std::time::Instant::now();
+    let r = api
+        .put_json(
+            "agent/service/register",
+            json!({"Name": "idgen", "ID": "idgen-s", "Checks": checks}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let passing_now = |consul: &TestConsul| {
+        consul.services()[0]
+            .checks
+            .iter()
+            .filter(|c| c.status == HealthStatus::Passing)
+            .count()
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let early = passing_now(&consul);
+    if registered.elapsed() < Duration::from_millis(400) {
+        assert!(early < 16, "all 16 first probes came within 150 ms");
+    }
+    let c = consul.clone();
+    eventually(Duration::from_secs(5), "every check passing", || {
+        let c = c.clone();
+        async move { passing_now(&c) == 16 }
+    })
+    .await;
+    let _ = stop.send(());
+    let _ = server.await;
 }

@@ -131,3 +131,24 @@ async fn deletes() {
     assert_eq!(api.delete("kv/e").await.text, "true");
     assert!(consul.kv_get("e").is_none());
 }
+
+/// Consul's query meta (`X-Consul-Index`, `-KnownLeader`, `-LastContact`)
+/// comes with served reads only, a 404 of a missing key included; a write
+/// or an error carries none, so a client cannot lean on it there.
+#[tokio::test]
+async fn index_headers_come_with_reads_only() {
+    let (_consul, api) = start().await;
+    let put = api.put("kv/m", "v").await;
+    assert_eq!(put.status, 200);
+    assert_eq!((put.index, put.known_leader.as_deref()), (0, None));
+    let txn = api.put("txn", "[]").await;
+    assert_eq!((txn.status, txn.index), (200, 0));
+    let read = api.get("kv/m").await;
+    assert!(read.index > 0);
+    assert_eq!(read.known_leader.as_deref(), Some("true"));
+    let missing = api.get("kv/none").await;
+    assert_eq!(missing.status, 404);
+    assert!(missing.index > 0);
+    let bad = api.get("kv/m?index=x").await;
+    assert_eq!((bad.status, bad.index), (400, 0));
+}

@@ -182,14 +182,42 @@ async fn behavior_delete_removes_held_keys() {
 #[tokio::test]
 async fn create_validation_info_and_list() {
     let (consul, api) = start_with(Config::default()).await;
+    // Out of [10s, 24h]: an RPC error in Consul, so 500, with the TTL in
+    // nanoseconds.
     let r = api.put_json("session/create", json!({"TTL": "5s"})).await;
-    assert_eq!(r.status, 400, "{}", r.text);
-    assert!(r.text.contains("Invalid Session TTL"), "{}", r.text);
+    assert_eq!(r.status, 500, "{}", r.text);
     assert_eq!(
-        api.put_json("session/create", json!({"TTL": "86401s"}))
+        r.text,
+        "Invalid Session TTL '5000000000', must be between [10s=24h0m0s]"
+    );
+    let r = api
+        .put_json("session/create", json!({"TTL": "86401s"}))
+        .await;
+    assert_eq!(r.status, 500, "{}", r.text);
+    assert!(
+        r.text.starts_with("Invalid Session TTL '86401000000000'"),
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        api.put_json("session/create", json!({"TTL": "10s"}))
             .await
             .status,
-        400
+        200,
+        "10 s is the default minimum"
+    );
+    assert_eq!(
+        api.put_json("session/create", json!({"TTL": "24h"}))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        api.put_json("session/create", json!({"TTL": "ten"}))
+            .await
+            .status,
+        400,
+        "an unparsable TTL is a decode error"
     );
     assert_eq!(
         api.put_json("session/create", json!({"Behavior": "keep"}))
@@ -215,8 +243,8 @@ async fn create_validation_info_and_list() {
     assert_eq!(info[0]["LockDelay"], json!(60_000_000_000u64));
     let empty = api.session(json!({})).await;
     let list = api.get("session/list").await.json();
-    assert_eq!(list.as_array().map(Vec::len), Some(2));
-    assert_eq!(consul.sessions().len(), 2);
+    assert_eq!(list.as_array().map(Vec::len), Some(4));
+    assert_eq!(consul.sessions().len(), 4);
     let info = api.get(&format!("session/info/{empty}")).await.json();
     assert_eq!(
         info[0]["LockDelay"],
@@ -252,4 +280,29 @@ async fn bound_check_critical_refuses_then_invalidates() {
     api.put("agent/check/fail/idgen-1:ttl?note=down", "").await;
     assert!(consul.sessions().is_empty(), "critical check invalidates");
     assert_eq!(consul.kv_get("w").and_then(|e| e.session), None);
+}
+
+/// A lower minimum, as Consul's `session_ttl_min` server option allows.
+#[tokio::test]
+async fn a_lower_session_ttl_min_is_a_server_setting() {
+    let (_consul, api) = start_with(Config {
+        min_ttl: Duration::from_secs(1),
+        ..Config::default()
+    })
+    .await;
+    assert_eq!(
+        api.put_json("session/create", json!({"TTL": "1s"}))
+            .await
+            .status,
+        200
+    );
+    let r = api
+        .put_json("session/create", json!({"TTL": "999ms"}))
+        .await;
+    assert_eq!(r.status, 500, "{}", r.text);
+    assert!(
+        r.text.ends_with("must be between [1s=24h0m0s]"),
+        "{}",
+        r.text
+    );
 }

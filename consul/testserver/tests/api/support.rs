@@ -10,6 +10,7 @@ pub fn fast_config() -> Config {
     Config {
         min_ttl: Duration::from_millis(100),
         min_deregister_critical_after: Duration::from_millis(100),
+        check_reap_interval: Duration::from_millis(100),
         ..Config::default()
     }
 }

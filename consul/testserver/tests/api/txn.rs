@@ -148,3 +148,84 @@ async fn at_most_64_operations() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(consul.kv_get("n/63").is_some());
 }
+
+fn lock(key: &str, session: &str) -> Value {
+    json!({"KV": {"Verb": "lock", "Key": key, "Value": b64("mine"), "Session": session}})
+}
+
+/// Consul's `TestTxn_Apply_LockDelay`: a txn `lock` on a key inside its
+/// lock-delay is refused (409) like `?acquire`, and works once it is over.
+#[tokio::test]
+async fn lock_inside_lock_delay_is_refused() {
+    let (consul, api) = start().await;
+    let s1 = api.session(json!({"LockDelay": "600ms"})).await;
+    let s2 = api.session(json!({})).await;
+    let r = api.put_json("txn", json!([lock("ld/k", &s1)])).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    api.put(&format!("session/destroy/{s1}"), "").await;
+    let destroyed = std::time::Instant::now();
+
+    let r = api.put_json("txn", json!([lock("ld/k", &s2)])).await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert_eq!(
+        r.json()["Errors"][0]["What"],
+        "failed to lock key \"ld/k\" due to lock delay"
+    );
+    assert_eq!(consul.kv_get("ld/k").and_then(|e| e.session), None);
+    // Another key is not affected.
+    let r = api.put_json("txn", json!([lock("ld/other", &s2)])).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let wait = std::time::Duration::from_millis(650).saturating_sub(destroyed.elapsed());
+    tokio::time::sleep(wait).await;
+    let r = api.put_json("txn", json!([lock("ld/k", &s2)])).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(consul.kv_get("ld/k").and_then(|e| e.session), Some(s2));
+}
+
+/// Consul's `kvsSetTxn`: a plain set or cas on a locked key keeps the
+/// holder and writes LockIndex 0, over HTTP and in a txn.
+#[tokio::test]
+async fn set_and_cas_on_a_locked_key_reset_lock_index() {
+    let (_consul, api) = start().await;
+    let s = api.session(json!({})).await;
+    let locked = |key: &'static str| {
+        let (api, s) = (api.clone(), s.clone());
+        async move {
+            let r = api.put(&format!("kv/{key}?acquire={s}"), "v").await;
+            assert_eq!(r.text, "true");
+            assert_eq!(api.entry(key).await["LockIndex"], 1);
+        }
+    };
+    locked("li/put").await;
+    assert_eq!(api.put("kv/li/put", "plain").await.text, "true");
+    locked("li/cas").await;
+    let index = api.entry("li/cas").await["ModifyIndex"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(
+        api.put(&format!("kv/li/cas?cas={index}"), "c").await.text,
+        "true"
+    );
+    locked("li/tset").await;
+    locked("li/tcas").await;
+    let index = api.entry("li/tcas").await["ModifyIndex"]
+        .as_u64()
+        .unwrap_or(0);
+    let r = api
+        .put_json(
+            "txn",
+            json!([
+                kv("set", "li/tset", Some("t"), None),
+                kv("cas", "li/tcas", Some("t"), Some(index)),
+            ]),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json()["Results"][0]["KV"]["LockIndex"], 0);
+    for key in ["li/put", "li/cas", "li/tset", "li/tcas"] {
+        let entry = api.entry(key).await;
+        assert_eq!(entry["LockIndex"], 0, "{key}");
+        assert_eq!(entry["Session"], json!(s), "{key} keeps its holder");
+    }
+}
