@@ -54,7 +54,8 @@ selected=(
     tests/api/test_agent.py::TestAgent::test_agent_self
 )
 
-"$venv/bin/pip" install --quiet --disable-pip-version-check pytest packaging
+# Pinned, so a new pytest release cannot change what CI runs.
+"$venv/bin/pip" install --quiet --disable-pip-version-check "pytest==9.2.0" "packaging==26.3"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/py-consul-upstream.XXXXXX")
 trap 'rm -rf "$work"' EXIT
