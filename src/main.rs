@@ -827,8 +827,19 @@ mod admin {
                 } else {
                     lines.join("\n")
                 };
+                for u in &r.unreadable {
+                    eprintln!(
+                        "warning: unreadable segment record {:?}: {}",
+                        u.key, u.error
+                    );
+                }
+                let unreadable: Vec<Value> = r
+                    .unreadable
+                    .iter()
+                    .map(|u| json!({"key": u.key, "error": u.error}))
+                    .collect();
                 (
-                    json!({"tags": r.tags.iter().map(tag_json).collect::<Vec<_>>()}),
+                    json!({"tags": r.tags.iter().map(tag_json).collect::<Vec<_>>(), "unreadable": unreadable}),
                     text,
                 )
             }

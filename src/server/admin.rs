@@ -411,9 +411,25 @@ impl AdminService {
 
     async fn list_tags(&self) -> Result<proto::ListTagsResponse, Status> {
         let store = self.segments()?;
-        let tags = store.list_tags().await.map_err(store_status)?;
+        let listing = store.list_tags().await.map_err(store_status)?;
+        for (key, error) in &listing.unreadable {
+            tracing::error!(
+                key,
+                error,
+                "segment record unreadable: left out of the tag list"
+            );
+        }
         Ok(proto::ListTagsResponse {
-            tags: tags.iter().map(|(t, r)| tag_message(t, r)).collect(),
+            tags: listing
+                .tags
+                .iter()
+                .map(|(t, r)| tag_message(t, r))
+                .collect(),
+            unreadable: listing
+                .unreadable
+                .into_iter()
+                .map(|(key, error)| proto::UnreadableRecord { key, error })
+                .collect(),
         })
     }
 

@@ -69,8 +69,9 @@ pub trait SegmentStore: Send + Sync + 'static {
     }
 
     /// Every live tag, sorted by name (strongest consistency the backend
-    /// offers).
-    async fn list_tags(&self) -> Result<Vec<(Tag, TagRecord)>, StoreError> {
+    /// offers), and every record that could not be read, so one damaged
+    /// record does not hide all the others.
+    async fn list_tags(&self) -> Result<TagListing, StoreError> {
         Err(no_admin("list tags"))
     }
 
@@ -105,6 +106,31 @@ const ADMIN_CAS_ATTEMPTS: u32 = 16;
 
 const SEGMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("segments");
 
+/// What listing the tags found.
+#[derive(Debug, Default)]
+pub struct TagListing {
+    /// Live tags, sorted by name.
+    pub tags: Vec<(Tag, TagRecord)>,
+    /// Records that could not be read: the stored key and why.
+    pub unreadable: Vec<(String, String)>,
+}
+
+impl TagListing {
+    /// Files one stored record under live tags, or under unreadable.
+    fn add(&mut self, key: &str, name: Option<&str>, bytes: &[u8]) {
+        let Some(tag) = name.and_then(|n| Tag::parse(n).ok()) else {
+            self.unreadable
+                .push((key.to_owned(), "not a valid tag name".to_owned()));
+            return;
+        };
+        match decode(&tag, bytes) {
+            Ok(record) if record.deleted => {}
+            Ok(record) => self.tags.push((tag, record)),
+            Err(e) => self.unreadable.push((key.to_owned(), e.to_string())),
+        }
+    }
+}
+
 fn decode(tag: &Tag, bytes: &[u8]) -> Result<TagRecord, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| {
         StoreError::Backend(format!(
@@ -132,27 +158,20 @@ impl EmbeddedStore {
         Ok(record.filter(|r| !r.deleted))
     }
 
-    fn list_tags_blocking(&self) -> Result<Vec<(Tag, TagRecord)>, StoreError> {
+    fn list_tags_blocking(&self) -> Result<TagListing, StoreError> {
         let txn = self.db().begin_read().map_err(backend_err)?;
         let table = match txn.open_table(SEGMENTS) {
             Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(TagListing::default()),
             Err(e) => return Err(backend_err(e)),
         };
-        let mut tags = Vec::new();
+        let mut listing = TagListing::default();
         for item in table.iter().map_err(backend_err)? {
             let (k, v) = item.map_err(backend_err)?;
-            // Only valid names are ever written.
-            let Ok(tag) = Tag::parse(k.value()) else {
-                continue;
-            };
-            let record = decode(&tag, v.value())?;
-            if !record.deleted {
-                tags.push((tag, record));
-            }
+            listing.add(k.value(), Some(k.value()), v.value());
         }
         // redb iterates in key order, which is the names' order.
-        Ok(tags)
+        Ok(listing)
     }
 
     fn insert_tag(&self, tag: &Tag, record: &TagRecord) -> Result<TagRecord, StoreError> {
@@ -241,7 +260,7 @@ impl SegmentStore for EmbeddedStore {
         blocking(move || this.insert_tag(&tag, &record)).await
     }
 
-    async fn list_tags(&self) -> Result<Vec<(Tag, TagRecord)>, StoreError> {
+    async fn list_tags(&self) -> Result<TagListing, StoreError> {
         let this = self.clone();
         blocking(move || this.list_tags_blocking()).await
     }
@@ -427,7 +446,7 @@ impl SegmentStore for ConsulSegmentStore {
         Ok(self.read(tag).await?.map(|(r, _)| r).filter(|r| !r.deleted))
     }
 
-    async fn list_tags(&self) -> Result<Vec<(Tag, TagRecord)>, StoreError> {
+    async fn list_tags(&self) -> Result<TagListing, StoreError> {
         // `segment("")` is the folder, with its trailing `/`.
         let dir = self.keys.segment("");
         let entries = self
@@ -435,19 +454,12 @@ impl SegmentStore for ConsulSegmentStore {
             .kv_list(&dir, Consistency::Consistent)
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?;
-        let mut tags = Vec::new();
+        let mut listing = TagListing::default();
         for e in entries {
-            // Only valid names are ever written; skip anything else.
-            let Some(Ok(tag)) = e.key.strip_prefix(&dir).map(Tag::parse) else {
-                continue;
-            };
-            let record = decode(&tag, &e.value)?;
-            if !record.deleted {
-                tags.push((tag, record));
-            }
+            listing.add(&e.key, e.key.strip_prefix(&dir), &e.value);
         }
-        tags.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(tags)
+        listing.tags.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(listing)
     }
 
     async fn update_tag(
@@ -565,6 +577,7 @@ mod tests {
             .list_tags()
             .await
             .unwrap()
+            .tags
             .into_iter()
             .map(|(t, _)| t.to_string())
             .collect();
@@ -622,6 +635,7 @@ mod tests {
             .list_tags()
             .await
             .unwrap()
+            .tags
             .into_iter()
             .map(|(t, _)| t.to_string())
             .collect();
@@ -654,7 +668,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.redb");
         let store = EmbeddedStore::create(&path, "L").unwrap();
-        assert!(store.list_tags().await.unwrap().is_empty());
+        assert!(store.list_tags().await.unwrap().tags.is_empty());
         admin_contract(&store).await;
         // Tombstones are durable.
         store.delete_tag(&tag("a-users"), 20).await.unwrap();
@@ -666,6 +680,31 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(back.max_id, 1000);
+    }
+
+    #[tokio::test]
+    async fn one_unreadable_record_is_reported_and_the_other_tags_still_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
+        store
+            .create_tag(&tag("orders"), &TagRecord::new(0, 5, "", 1).unwrap())
+            .await
+            .unwrap();
+        let txn = store.db().begin_write().unwrap();
+        txn.open_table(SEGMENTS)
+            .unwrap()
+            .insert("broken", b"{not json".as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+        let listed = store.list_tags().await.unwrap();
+        assert_eq!(listed.tags.len(), 1, "{listed:?}");
+        assert_eq!(listed.tags[0].0.as_str(), "orders");
+        assert_eq!(listed.unreadable.len(), 1, "{listed:?}");
+        assert_eq!(listed.unreadable[0].0, "broken");
+        assert!(
+            listed.unreadable[0].1.contains("restore it from a backup"),
+            "{listed:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -683,7 +722,7 @@ mod tests {
         };
         let keys = ClusterKeys::new("idgen", "test");
         let store = ConsulSegmentStore::new(client(), keys.clone());
-        assert!(store.list_tags().await.unwrap().is_empty());
+        assert!(store.list_tags().await.unwrap().tags.is_empty());
         admin_contract(&store).await;
         // Another node's cached record cannot take below an admin change:
         // its compare-and-set fails and it re-reads.
@@ -704,7 +743,8 @@ mod tests {
             other.take_range(&t, 10, 5).await,
             Err(StoreError::TagNotFound(_))
         ));
-        // A key outside the tag alphabet in the folder is skipped.
+        // A key outside the tag alphabet, and a record that is not JSON,
+        // are reported beside the readable tags, not instead of them.
         client()
             .kv_put(
                 "idgen/test/segments/Not A Tag",
@@ -713,9 +753,27 @@ mod tests {
             )
             .await
             .unwrap();
+        client()
+            .kv_put(
+                "idgen/test/segments/garbled",
+                b"{not json",
+                crate::consul::KvWrite::Set,
+            )
+            .await
+            .unwrap();
         let listed = store.list_tags().await.unwrap();
-        assert!(listed.iter().all(|(t, _)| t.as_str() != "shared"));
-        assert_eq!(listed.len(), 2, "{listed:?}");
+        assert!(listed.tags.iter().all(|(t, _)| t.as_str() != "shared"));
+        assert_eq!(listed.tags.len(), 2, "{listed:?}");
+        let unreadable: Vec<&str> = listed.unreadable.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            unreadable,
+            [
+                "idgen/test/segments/Not A Tag",
+                "idgen/test/segments/garbled"
+            ],
+            "{listed:?}"
+        );
+        assert!(listed.unreadable[1].1.contains("unreadable"), "{listed:?}");
         consul.shutdown().await;
     }
 }
