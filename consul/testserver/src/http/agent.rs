@@ -371,13 +371,8 @@ fn node_id(name: &str) -> String {
         (salt, name).hash(&mut h);
         *half = h.finish();
     }
-    let hex = format!("{:016x}{:016x}", halves[0], halves[1]);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&halves[0].to_be_bytes());
+    bytes[8..].copy_from_slice(&halves[1].to_be_bytes());
+    super::uuid_text(bytes)
 }

@@ -235,6 +235,19 @@ impl Query {
     }
 }
 
+/// 16 bytes in the 8-4-4-4-12 hex form of a UUID.
+pub(crate) fn uuid_text(bytes: [u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
 fn percent_decode(text: &str, plus_is_space: bool) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());

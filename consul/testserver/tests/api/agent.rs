@@ -157,8 +157,14 @@ async fn ttl_check_goes_critical_without_updates_and_service_is_reaped() {
     .await;
 }
 
-#[tokio::test]
-async fn grpc_checks_probe_the_health_service() {
+/// A gRPC health server on loopback reporting `idgen.v1.IdGen` SERVING:
+/// its reporter, address, stop sender and task.
+async fn health_server() -> (
+    tonic_health::server::HealthReporter,
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("idgen.v1.IdGen", ServingStatus::Serving)
@@ -178,6 +184,12 @@ async fn grpc_checks_probe_the_health_service() {
                 },
             ),
     );
+    (reporter, grpc_addr, stop, server)
+}
+
+#[tokio::test]
+async fn grpc_checks_probe_the_health_service() {
+    let (reporter, grpc_addr, stop, server) = health_server().await;
 
     let (consul, api) = start().await;
     let body = json!({
@@ -322,25 +334,7 @@ async fn an_unknown_datacenter_has_no_path() {
 /// of a false failure are 0.4^16 at worst), yet all pass soon after.
 #[tokio::test]
 async fn first_grpc_probes_are_staggered_over_one_interval() {
-    let (reporter, health_service) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("idgen.v1.IdGen", ServingStatus::Serving)
-        .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let grpc_addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health_service)
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener),
-                async {
-                    let _ = stopped.await;
-                },
-            ),
-    );
+    let (_reporter, grpc_addr, stop, server) = health_server().await;
     let (consul, api) = start().await;
     let checks: Vec<Value> = (0..16)
         .map(|i| {
