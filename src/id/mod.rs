@@ -14,6 +14,9 @@ pub mod snowflake;
 pub mod strict;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
-pub use layout::{DecodeError, IdParts, Layout, LayoutError, LayoutSpec, Preset, DEFAULT_EPOCH_MS};
+pub use layout::{
+    epoch_text, DecodeError, IdParts, Layout, LayoutDifference, LayoutError, LayoutSpec, Preset,
+    DEFAULT_EPOCH_MS,
+};
 pub use mode::{check_count, Mode, RequestError};
 pub use snowflake::{GenError, Reservation, Snowflake, StartError, StartPlan, StepBackStats};

@@ -30,6 +30,7 @@ use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout};
 use crate::metrics as m;
+use crate::store::cluster_layout::ensure_layout;
 use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
@@ -55,6 +56,8 @@ pub struct ClusterSpec {
     pub worker_id: u64,
     /// The ID layout.
     pub layout: Layout,
+    /// The layout's preset name, recorded with it in Consul.
+    pub layout_preset: String,
     /// High-water mark timing and the clock rules.
     pub hwm: HwmSettings,
     /// Stable instance name.
@@ -261,6 +264,15 @@ async fn claim(
         address: spec.advertise.to_string(),
         since_ms: clock.now_millis(),
     };
+    // The cluster's layout first: a node on another layout must not even
+    // take a worker id.
+    let guard = ensure_layout(
+        client,
+        &spec.config.keys,
+        &spec.layout,
+        &spec.layout_preset,
+    )
+    .await?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -287,7 +299,8 @@ async fn claim(
         client.clone(),
         spec.config.keys.clone(),
         &lease,
-    ));
+    )
+    .with_layout(guard));
     match HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await {
         Ok((_, keeper)) => Ok(Held {
             lease: Arc::new(lease),

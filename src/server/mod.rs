@@ -161,6 +161,7 @@ impl Node {
                 datacenter: config.datacenter_id,
                 worker_id: config.worker_id,
                 layout: config.layout,
+                layout_preset: config.layout_preset.clone(),
                 hwm: hwm_settings(&config),
                 instance: instance_id(&config, advertise),
                 advertise,

@@ -26,6 +26,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::cluster_layout::LayoutGuard;
 use super::{StateStore, StoreError, WorkerKey};
 use crate::consul::{
     Consistency, ConsulClient, ConsulError, KvWrite, SessionBehavior, SessionSpec, TxnOp,
@@ -85,6 +86,16 @@ impl ClusterKeys {
     /// The lock and counter of one lease token.
     pub fn lease(&self, zone: u64, token: u64) -> String {
         format!("{}/lease/{zone}/{token}", self.root)
+    }
+
+    /// The cluster's layout record.
+    pub fn layout(&self) -> String {
+        format!("{}/layout", self.root)
+    }
+
+    /// The folder of every high-water mark (with trailing `/`).
+    pub fn hwm_dir(&self) -> String {
+        format!("{}/hwm/", self.root)
     }
 
     /// The high-water mark key of one worker id.
@@ -467,6 +478,9 @@ pub struct ConsulHwmStore {
     /// The ModifyIndex each mark had when last read or written (0: absent);
     /// forgotten whenever an outcome is unknown, so the next write re-reads.
     known: Mutex<HashMap<WorkerKey, u64>>,
+    /// The cluster layout this node checked at start: every write checks
+    /// the record is unchanged, and no mark is read below its floor.
+    layout: Option<LayoutGuard>,
 }
 
 impl ConsulHwmStore {
@@ -477,7 +491,18 @@ impl ConsulHwmStore {
             keys,
             session: lease.session().to_owned(),
             known: Mutex::new(HashMap::new()),
+            layout: None,
         }
+    }
+
+    /// Ties every mark write to the layout record as `guard` saw it: once
+    /// the record changes (an operator changed the cluster's layout) the
+    /// next write fails and the node fences itself. Marks read below the
+    /// layout's floor are raised to it, so a node on a new layout starts
+    /// above every ID of the old one.
+    pub fn with_layout(mut self, guard: LayoutGuard) -> Self {
+        self.layout = Some(guard);
+        self
     }
 
     fn known(&self) -> std::sync::MutexGuard<'_, HashMap<WorkerKey, u64>> {
@@ -520,7 +545,13 @@ impl StateStore for ConsulHwmStore {
     }
 
     async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
-        Ok(self.read(key).await?.0)
+        let stored = self.read(key).await?.0;
+        let floor = self
+            .layout
+            .as_ref()
+            .filter(|g| g.floor_ms > 0)
+            .map(|g| g.floor_ms - 1);
+        Ok(stored.max(floor))
     }
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
@@ -530,7 +561,14 @@ impl StateStore for ConsulHwmStore {
             None => self.read(key).await?.1,
         };
         let hwm_key = self.keys.hwm(key);
-        let ops = [
+        let mut ops = Vec::with_capacity(3);
+        if let Some(g) = &self.layout {
+            ops.push(TxnOp::CheckIndex {
+                key: g.key.clone(),
+                index: g.index,
+            });
+        }
+        ops.extend([
             TxnOp::CheckSession {
                 key: self.keys.worker(key),
                 session: self.session.clone(),
@@ -540,7 +578,7 @@ impl StateStore for ConsulHwmStore {
                 value: hwm_ms.to_string().into_bytes(),
                 index,
             },
-        ];
+        ]);
         let outcome = self.client.txn(&ops).await.map_err(|e| {
             // Applied or not, we cannot tell: re-read before the next write.
             self.known().remove(&key);
@@ -556,6 +594,14 @@ impl StateStore for ConsulHwmStore {
             }
             TxnOutcome::RolledBack(errors) => {
                 self.known().remove(&key);
+                if let Some(g) = self.layout.as_ref().filter(|_| {
+                    errors.iter().any(|e| e.op_index == 0)
+                }) {
+                    return Err(StoreError::LockLost(format!(
+                        "high-water mark not written: the cluster layout record {} changed since this node checked it (generation {}); an operator changed the layout, so this node stops issuing for good: restart it with the cluster's new [layout] (see `idgen admin layout get`)",
+                        g.key, g.generation
+                    )));
+                }
                 Err(StoreError::LockLost(format!(
                     "high-water mark not written: this node no longer holds worker {key}, or the mark changed under it ({})",
                     errors

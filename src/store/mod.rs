@@ -5,6 +5,7 @@
 //! redb file, one node) and [`consul`] (Consul KV, written only while this
 //! node holds its worker-id lease).
 
+pub mod cluster_layout;
 pub mod consul;
 pub mod embedded;
 pub mod hwm;
