@@ -547,7 +547,10 @@ mod tests {
 
     #[test]
     fn max_and_first_ids_bound_every_node() {
-        let l = Preset::Twitter.spec(DEFAULT_EPOCH_MS).validate(NOW).unwrap();
+        let l = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
         let at = l.units_at(NOW);
         let top = l.compose(at, l.node_bits(31, 31), 4095);
         assert_eq!(l.max_id_at(NOW), top);

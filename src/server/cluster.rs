@@ -30,7 +30,7 @@ use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout};
 use crate::metrics as m;
-use crate::store::cluster_layout::ensure_layout;
+use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
 use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
@@ -266,13 +266,7 @@ async fn claim(
     };
     // The cluster's layout first: a node on another layout must not even
     // take a worker id.
-    let guard = ensure_layout(
-        client,
-        &spec.config.keys,
-        &spec.layout,
-        &spec.layout_preset,
-    )
-    .await?;
+    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, &spec.layout_preset).await?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -295,12 +289,9 @@ async fn claim(
         instance = %spec.instance,
         "worker id claimed in Consul"
     );
-    let store = Arc::new(ConsulHwmStore::new(
-        client.clone(),
-        spec.config.keys.clone(),
-        &lease,
-    )
-    .with_layout(guard));
+    let store = Arc::new(
+        ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), &lease).with_layout(guard),
+    );
     match HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await {
         Ok((_, keeper)) => Ok(Held {
             lease: Arc::new(lease),
@@ -422,6 +413,12 @@ async fn supervise(
                         late.keeper.abort();
                         let _ = late.lease.release().await;
                         tracing::warn!("claimed a worker id too slowly to use it; trying again");
+                    }
+                    Err(Error::ClusterLayout(e @ ClusterLayoutError::Mismatch { .. })) => {
+                        tracing::error!(
+                            error = %e,
+                            "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
+                        )
                     }
                     Err(e) => tracing::warn!(
                         error = %e,

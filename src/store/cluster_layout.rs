@@ -389,7 +389,11 @@ fn check(
 /// The largest ID any node may have issued under `record`: its layout at
 /// every stored mark (any node, any sequence), and every earlier layout's.
 /// Returns (bound, mark, which worker).
-fn issued_bound(record: &LayoutRecord, layout: &Layout, marks: &[(String, u64)]) -> (u64, u64, String) {
+fn issued_bound(
+    record: &LayoutRecord,
+    layout: &Layout,
+    marks: &[(String, u64)],
+) -> (u64, u64, String) {
     let mut best = (record.floor_id, 0, "earlier layouts".to_owned());
     for (worker, mark) in marks {
         let id = layout.max_id_at(*mark);
@@ -446,14 +450,15 @@ fn verify(
     at_ms: u64,
     key: &str,
 ) -> Result<(u64, u64), ClusterLayoutError> {
-    let current = record
-        .layout
-        .spec()
-        .validate(at_ms)
-        .map_err(|e| ClusterLayoutError::Invalid {
-            key: key.to_owned(),
-            detail: e.to_string(),
-        })?;
+    let current =
+        record
+            .layout
+            .spec()
+            .validate(at_ms)
+            .map_err(|e| ClusterLayoutError::Invalid {
+                key: key.to_owned(),
+                detail: e.to_string(),
+            })?;
     let (max_id, mark_ms, worker) = issued_bound(record, &current, marks);
     let first_id = new.first_id_at(at_ms);
     if first_id > max_id {
@@ -515,11 +520,12 @@ pub async fn change_layout(
     changing.generation += 1;
     changing.changing_to = Some(target.clone());
     changing.recorded_ms = now_ms();
-    let changing_index = cas_record(client, &key, &changing, index)
-        .await?
-        .ok_or(ClusterLayoutError::Conflict {
-            seen: record.generation,
-        })?;
+    let changing_index =
+        cas_record(client, &key, &changing, index)
+            .await?
+            .ok_or(ClusterLayoutError::Conflict {
+                seen: record.generation,
+            })?;
     tracing::warn!(key = %key, to = %target.describe(), "layout change: record marked changing; nodes on the old layout fence at their next mark write");
 
     // Step 2: the marks are final now; check again and write the result.
@@ -610,7 +616,10 @@ mod tests {
 
     #[test]
     fn a_later_epoch_is_unsafe_and_an_earlier_one_safe() {
-        let old = Preset::Twitter.spec(DEFAULT_EPOCH_MS).validate(NOW).unwrap();
+        let old = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
         let r = record(&old);
         let marks = vec![("0/3".to_owned(), NOW + 3000)];
         // Epoch moved forward by a day: its IDs at NOW are far lower.
@@ -646,16 +655,30 @@ mod tests {
 
     #[test]
     fn mismatch_names_every_field_and_both_values() {
-        let old = Preset::Twitter.spec(DEFAULT_EPOCH_MS).validate(NOW).unwrap();
+        let old = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
         let new = Preset::Twitter
             .spec(DEFAULT_EPOCH_MS + 1000)
             .validate(NOW)
             .unwrap();
-        let err = check("idgen/c/layout", &record(&old), 7, &RecordedLayout::of(&new, "twitter"))
-            .unwrap_err();
+        let err = check(
+            "idgen/c/layout",
+            &record(&old),
+            7,
+            &RecordedLayout::of(&new, "twitter"),
+        )
+        .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("layout.epoch: cluster has 2024-01-01T00:00:00Z"), "{text}");
-        assert!(text.contains("this node has 2024-01-01T00:00:01Z"), "{text}");
+        assert!(
+            text.contains("layout.epoch: cluster has 2024-01-01T00:00:00Z"),
+            "{text}"
+        );
+        assert!(
+            text.contains("this node has 2024-01-01T00:00:01Z"),
+            "{text}"
+        );
         assert!(text.contains("idgen admin layout set"), "{text}");
         let ok = check("k", &record(&old), 7, &RecordedLayout::of(&old, "twitter")).unwrap();
         assert_eq!((ok.index, ok.generation), (7, 1));

@@ -594,9 +594,11 @@ impl StateStore for ConsulHwmStore {
             }
             TxnOutcome::RolledBack(errors) => {
                 self.known().remove(&key);
-                if let Some(g) = self.layout.as_ref().filter(|_| {
-                    errors.iter().any(|e| e.op_index == 0)
-                }) {
+                if let Some(g) = self
+                    .layout
+                    .as_ref()
+                    .filter(|_| errors.iter().any(|e| e.op_index == 0))
+                {
                     return Err(StoreError::LockLost(format!(
                         "high-water mark not written: the cluster layout record {} changed since this node checked it (generation {}); an operator changed the layout, so this node stops issuing for good: restart it with the cluster's new [layout] (see `idgen admin layout get`)",
                         g.key, g.generation
