@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
 use crate::error::Error;
-use crate::id::{Clock, Layout};
+use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
 use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease};
@@ -274,35 +274,64 @@ async fn claim(
             max: spec.layout.max_worker(),
         }
     };
-    let lease = WorkerLease::claim_with(
-        client.clone(),
-        spec.config.keys.clone(),
-        spec.datacenter,
-        choice,
-        &owner,
-        spec.config.lease,
-    )
-    .await?;
-    tracing::info!(
-        worker = %lease.key(),
-        session = lease.session(),
-        instance = %spec.instance,
-        "worker id claimed in Consul"
-    );
-    let store = Arc::new(
-        ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), &lease).with_layout(guard),
-    );
-    match HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await {
-        Ok((_, keeper)) => Ok(Held {
-            lease: Arc::new(lease),
-            keeper,
-            owner,
-        }),
-        Err(e) => {
-            if let Err(r) = lease.release().await {
-                tracing::warn!(error = %r, "cannot give the worker id back; it frees itself when the session expires");
+    // Auto claims pass over ids whose stored mark is too far ahead of this
+    // clock (a node with a fast clock ran there): another free id works.
+    let mut poisoned = Vec::new();
+    loop {
+        let lease = WorkerLease::claim_skipping(
+            client.clone(),
+            spec.config.keys.clone(),
+            spec.datacenter,
+            choice,
+            &owner,
+            spec.config.lease,
+            &poisoned,
+        )
+        .await?;
+        tracing::info!(
+            worker = %lease.key(),
+            session = lease.session(),
+            instance = %spec.instance,
+            "worker id claimed in Consul"
+        );
+        let store = Arc::new(
+            ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), &lease)
+                .with_layout(guard.clone()),
+        );
+        let started =
+            HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await;
+        let e = match started {
+            Ok((_, keeper)) => {
+                return Ok(Held {
+                    lease: Arc::new(lease),
+                    keeper,
+                    owner,
+                })
             }
-            Err(e)
+            Err(e) => e,
+        };
+        if let Err(r) = lease.release().await {
+            tracing::warn!(error = %r, "cannot give the worker id back; it frees itself when the session expires");
+        }
+        match (&e, choice) {
+            (
+                Error::Start(StartError::ClockBehindHwm {
+                    behind_ms,
+                    limit_ms,
+                }),
+                WorkerChoice::Auto { .. },
+            ) => {
+                let key = lease.key();
+                tracing::warn!(
+                    worker = %key,
+                    skew_ms = behind_ms,
+                    max_startup_skew_ms = limit_ms,
+                    "the stored high-water mark of this worker id is {behind_ms} ms ahead of this node's clock (limit clock.max_startup_skew = {limit_ms} ms): gave it back, trying the next free id"
+                );
+                metrics::counter!(m::WORKER_IDS_SKIPPED).increment(1);
+                poisoned.push(key.worker);
+            }
+            _ => return Err(e),
         }
     }
 }

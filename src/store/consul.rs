@@ -199,6 +199,15 @@ pub enum LeaseError {
         /// Largest worker id of the layout.
         max: u64,
     },
+    /// Every free worker id has a stored high-water mark too far ahead of
+    /// this node's clock to start on.
+    #[error("no usable worker id in datacenter {datacenter}: every free id ({poisoned:?}) has a stored high-water mark more than clock.max_startup_skew ahead of this node's clock; fix this node's clock (NTP), or wait until it passes the marks")]
+    AllFreePoisoned {
+        /// Datacenter.
+        datacenter: u64,
+        /// The free ids that were tried and given back.
+        poisoned: Vec<u64>,
+    },
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] ConsulError),
@@ -215,6 +224,15 @@ pub enum WorkerChoice {
     },
     /// Exactly this id, or fail.
     Static(u64),
+}
+
+/// Where an auto claim looks for a free worker id.
+#[derive(Clone, Copy)]
+struct FreeIds<'a> {
+    datacenter: u64,
+    max_worker: u64,
+    /// Ids found unusable in this claim (mark ahead of the clock).
+    skip: &'a [u64],
 }
 
 /// A held worker id: the Consul session, the lock and the local deadline.
@@ -255,6 +273,22 @@ impl WorkerLease {
         owner: &OwnerInfo,
         settings: LeaseSettings,
     ) -> Result<Self, LeaseError> {
+        Self::claim_skipping(client, keys, datacenter, choice, owner, settings, &[]).await
+    }
+
+    /// Like [`WorkerLease::claim_with`]; with [`WorkerChoice::Auto`] the ids
+    /// in `skip` are passed over (ids already found unusable: their stored
+    /// mark is too far ahead of this clock), and when they were the only
+    /// free ones the answer is [`LeaseError::AllFreePoisoned`].
+    pub async fn claim_skipping(
+        client: ConsulClient,
+        keys: ClusterKeys,
+        datacenter: u64,
+        choice: WorkerChoice,
+        owner: &OwnerInfo,
+        settings: LeaseSettings,
+        skip: &[u64],
+    ) -> Result<Self, LeaseError> {
         settings.check().map_err(LeaseError::Settings)?;
         let sent = Instant::now();
         let session = client
@@ -271,7 +305,12 @@ impl WorkerLease {
         let value = serde_json::to_vec(owner).unwrap_or_default();
         let taken = match choice {
             WorkerChoice::Auto { max } => {
-                Self::take_free_id(&client, &keys, datacenter, max, owner, &session, &value).await
+                let free = FreeIds {
+                    datacenter,
+                    max_worker: max,
+                    skip,
+                };
+                Self::take_free_id(&client, &keys, &free, owner, &session, &value).await
             }
             WorkerChoice::Static(worker) => {
                 let key = WorkerKey { datacenter, worker };
@@ -306,12 +345,16 @@ impl WorkerLease {
     async fn take_free_id(
         client: &ConsulClient,
         keys: &ClusterKeys,
-        datacenter: u64,
-        max_worker: u64,
+        free: &FreeIds<'_>,
         owner: &OwnerInfo,
         session: &str,
         value: &[u8],
     ) -> Result<u64, LeaseError> {
+        let FreeIds {
+            datacenter,
+            max_worker,
+            skip,
+        } = *free;
         let dir = keys.workers_dir(datacenter);
         let entries = client.kv_list(&dir, Consistency::Consistent).await?;
         let mut held = std::collections::HashSet::new();
@@ -332,7 +375,7 @@ impl WorkerLease {
         let candidates = previous
             .into_iter()
             .chain((0..=max_worker).filter(|id| !held.contains(id) && Some(*id) != previous));
-        for worker in candidates.filter(|id| *id <= max_worker) {
+        for worker in candidates.filter(|id| *id <= max_worker && !skip.contains(id)) {
             let key = keys.worker(WorkerKey { datacenter, worker });
             // `false`: held by another session or inside its lock-delay.
             if client
@@ -341,6 +384,12 @@ impl WorkerLease {
             {
                 return Ok(worker);
             }
+        }
+        if !skip.is_empty() {
+            return Err(LeaseError::AllFreePoisoned {
+                datacenter,
+                poisoned: skip.to_vec(),
+            });
         }
         Err(LeaseError::NoFreeWorker {
             datacenter,
