@@ -6,6 +6,7 @@
 //! keeps every rule about uniqueness testable with a manual clock.
 
 pub mod clock;
+pub mod deadline;
 pub mod layout;
 pub mod lease;
 pub mod mode;
@@ -14,6 +15,7 @@ pub mod snowflake;
 pub mod strict;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
+pub use deadline::Deadline;
 pub use layout::{
     epoch_text, DecodeError, IdParts, Layout, LayoutDifference, LayoutError, LayoutSpec, Preset,
     DEFAULT_EPOCH_MS,

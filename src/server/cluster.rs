@@ -31,12 +31,13 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
-use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease};
+use crate::store::consul::{ConsulHwmStore, DeadlineHook, OwnerInfo, WorkerChoice, WorkerLease};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
+use super::renewal::RenewalThread;
 use super::Issuer;
 
 /// First pause between claim attempts after fencing; doubles up to
@@ -98,28 +99,50 @@ impl Held {
 pub struct Cluster {
     spec: Arc<ClusterSpec>,
     client: ConsulClient,
+    /// The client of the renewal thread: worker claims, session renewals
+    /// and mark writes (its connections live on that thread).
+    coord: ConsulClient,
+    renewal: tokio::runtime::Handle,
     clock: Arc<dyn Clock>,
     held: Held,
     registration: Registration,
 }
 
 impl Cluster {
-    /// Claims a worker id and starts the generator above its stored mark.
-    pub async fn start(spec: ClusterSpec, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+    /// Claims a worker id and starts the generator above its stored mark,
+    /// on `renewal`'s thread (where the mark renewal then runs).
+    pub async fn start(
+        spec: ClusterSpec,
+        clock: Arc<dyn Clock>,
+        renewal: &RenewalThread,
+    ) -> Result<Self, Error> {
         let client = ConsulClient::new(spec.config.client.clone())?;
+        let coord = ConsulClient::new(spec.config.client.clone())?;
         let spec = Arc::new(spec);
         metrics::counter!(m::FENCINGS).increment(0);
-        let held = claim(&spec, &client, &clock).await?;
+        let held = {
+            let (spec, coord, clock) = (Arc::clone(&spec), coord.clone(), Arc::clone(&clock));
+            renewal
+                .run(async move { claim(&spec, &coord, &clock).await })
+                .await??
+        };
         let registration =
             registration_for(&spec, &client, held.lease.key()).map_err(Error::Setup)?;
         record_claim(held.lease.key(), false);
         Ok(Self {
             spec,
             client,
+            coord,
+            renewal: renewal.handle().clone(),
             clock,
             held,
             registration,
         })
+    }
+
+    /// The held lease's local deadline now.
+    pub fn lease_deadline(&self) -> Instant {
+        self.held.lease.deadline()
     }
 
     /// The generator of the worker id held now.
@@ -149,17 +172,21 @@ impl Cluster {
         let Cluster {
             spec,
             client,
+            coord,
+            renewal,
             clock,
             held,
             registration,
         } = self;
+        // From here every renew moves the issue path's deadline on.
+        held.lease.on_renew(deadline_hook(&issuer));
         let registration = Arc::new(ArcSwap::from_pointee(registration));
         let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
         // The lease is renewed from now on; registration never delays it.
-        let supervisor = tokio::spawn(supervise(
+        let supervisor = renewal.spawn(supervise(
             Arc::clone(&spec),
-            client.clone(),
+            (coord, client.clone()),
             clock,
             held,
             Arc::clone(&issuer),
@@ -370,7 +397,7 @@ fn registration_for(
 /// Returns the id still held at shutdown, or `None` if it was lost.
 async fn supervise(
     spec: Arc<ClusterSpec>,
-    client: ConsulClient,
+    (coord, client): (ConsulClient, ConsulClient),
     clock: Arc<dyn Clock>,
     mut held: Held,
     issuer: Arc<Issuer>,
@@ -435,7 +462,7 @@ async fn supervise(
                 }
             }
             if lost.is_none() || Instant::now() >= lease_ends {
-                match claim(&spec, &client, &clock).await {
+                match claim(&spec, &coord, &clock).await {
                     Ok(new) if Instant::now() < new.lease.deadline() => break new,
                     Ok(late) => {
                         // Too slow to be safe: the lease ran out while starting.
@@ -463,6 +490,7 @@ async fn supervise(
             pause = (pause * 2).min(spec.config.reclaim_backoff_max);
         };
         // Checked against the deadline just above, with no await since.
+        held.lease.on_renew(deadline_hook(&issuer));
         if let (Some(zone), Some(leases)) = (spec.lease_zone, issuer.leases()) {
             match held.tokens(&spec, &client, zone) {
                 Ok(tokens) => leases.install(Arc::new(tokens)),
@@ -483,6 +511,12 @@ async fn supervise(
             }
         }
     }
+}
+
+/// Copies each new lease deadline to the issue path's cheap check.
+fn deadline_hook(issuer: &Arc<Issuer>) -> DeadlineHook {
+    let issuer = Arc::clone(issuer);
+    Arc::new(move |at| issuer.set_lease_deadline(at))
 }
 
 async fn wait_stop(mut stopped: watch::Receiver<bool>) {

@@ -19,7 +19,7 @@
 //! TTL or an explicit destroy ends it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -235,8 +235,11 @@ struct FreeIds<'a> {
     skip: &'a [u64],
 }
 
+/// Told the new local deadline after every successful renew (the issue
+/// path keeps its own copy to check cheaply).
+pub type DeadlineHook = Arc<dyn Fn(Instant) + Send + Sync>;
+
 /// A held worker id: the Consul session, the lock and the local deadline.
-#[derive(Debug)]
 pub struct WorkerLease {
     client: ConsulClient,
     keys: ClusterKeys,
@@ -246,6 +249,17 @@ pub struct WorkerLease {
     settings: LeaseSettings,
     /// (send time of the last successful renew, local deadline).
     renewed: Mutex<(Instant, Instant)>,
+    hook: Mutex<Option<DeadlineHook>>,
+}
+
+impl std::fmt::Debug for WorkerLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerLease")
+            .field("key", &self.key)
+            .field("session", &self.session)
+            .field("deadline", &self.deadline())
+            .finish()
+    }
 }
 
 impl WorkerLease {
@@ -328,6 +342,7 @@ impl WorkerLease {
             Ok(worker) => Ok(Self {
                 key: WorkerKey { datacenter, worker },
                 renewed: Mutex::new((sent, sent + settings.lifetime())),
+                hook: Mutex::new(None),
                 client,
                 keys,
                 session,
@@ -413,6 +428,22 @@ impl WorkerLease {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn hook(&self) -> Option<DeadlineHook> {
+        self.hook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Tells `hook` the deadline now and after every successful renew.
+    pub fn on_renew(&self, hook: DeadlineHook) {
+        hook(self.deadline());
+        *self
+            .hook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
+    }
+
     /// Past this instant the node must not issue with this id.
     pub fn deadline(&self) -> Instant {
         self.renewed().1
@@ -438,9 +469,15 @@ impl WorkerLease {
         match self.client.session_renew(&self.session).await? {
             None => Ok(false),
             Some(_) => {
-                let mut r = self.renewed();
-                r.0 = r.0.max(sent);
-                r.1 = r.1.max(sent + self.settings.lifetime());
+                let deadline = {
+                    let mut r = self.renewed();
+                    r.0 = r.0.max(sent);
+                    r.1 = r.1.max(sent + self.settings.lifetime());
+                    r.1
+                };
+                if let Some(hook) = self.hook() {
+                    hook(deadline);
+                }
                 Ok(true)
             }
         }
