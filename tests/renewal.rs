@@ -87,7 +87,11 @@ async fn saturate() -> Vec<tokio::task::JoinHandle<()>> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(started.load(Ordering::SeqCst), WORKERS, "every worker blocked");
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        WORKERS,
+        "every worker blocked"
+    );
     std::thread::sleep(BLOCK);
     blockers
 }
@@ -141,9 +145,16 @@ fn a_saturated_request_runtime_keeps_its_mark_and_its_consul_session() {
         let generator = issuer.generator();
         assert!(!generator.is_closed());
         assert!(generator.hwm_ms() >= now, "the generator's mark kept up");
-        let next = issuer.gen_id(Mode::Snowflake, "").await.expect("still issuing");
+        let next = issuer
+            .gen_id(Mode::Snowflake, "")
+            .await
+            .expect("still issuing");
         assert!(next > first);
-        assert_eq!(layout.decompose(next).unwrap().worker, worker, "same worker id");
+        assert_eq!(
+            layout.decompose(next).unwrap().worker,
+            worker,
+            "same worker id"
+        );
         let _ = stop.send(());
         let report = task.await.unwrap().expect("clean shutdown");
         assert!(report.final_hwm_ms.is_some(), "still held at shutdown");
@@ -167,7 +178,10 @@ fn a_saturated_request_runtime_keeps_its_embedded_mark_ahead() {
         for b in blockers {
             b.await.unwrap();
         }
-        let next = issuer.gen_id(Mode::Snowflake, "").await.expect("still issuing");
+        let next = issuer
+            .gen_id(Mode::Snowflake, "")
+            .await
+            .expect("still issuing");
         assert!(next > first);
         let _ = stop.send(());
         task.await.unwrap().expect("clean shutdown");
