@@ -246,3 +246,41 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     assert!(a.terminate().success());
     assert!(b.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_first_nodes_with_different_layouts_leave_one_record_and_one_refusal() {
+    let consul = consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let twitter = write_cluster_config(dir.path(), "t", consul.addr(), &[]);
+    let sony = write_cluster_config(
+        dir.path(),
+        "s",
+        consul.addr(),
+        &[("layout", "preset", "\"sonyflake\"")],
+    );
+    // Started together: whichever records first, the other must compare
+    // against that record and refuse.
+    let (a, b) = tokio::join!(
+        tokio::task::spawn_blocking(move || ChildServer::try_start(&twitter, &[])),
+        tokio::task::spawn_blocking(move || ChildServer::try_start(&sony, &[])),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(
+        a.is_ok() != b.is_ok(),
+        "exactly one of two layouts may start: twitter {:?}, sonyflake {:?}",
+        a.as_ref().err(),
+        b.as_ref().err()
+    );
+    let record = String::from_utf8(consul.kv_get("idgen/test/layout").unwrap().value).unwrap();
+    let (winner, refusal) = match (a, b) {
+        (Ok(node), Err(log)) => (("twitter", node), log),
+        (Err(log), Ok(node)) => (("sonyflake", node), log),
+        _ => unreachable!(),
+    };
+    assert!(
+        record.contains(&format!("\"preset\":\"{}\"", winner.0)),
+        "{record}"
+    );
+    assert!(refusal.contains("layout.preset: cluster has"), "{refusal}");
+    assert!(winner.1.terminate().success());
+}

@@ -724,9 +724,16 @@ impl AdminService {
             .layout(self.now_ms())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let expect = (r.expect_generation != 0).then_some(r.expect_generation);
-        let report = change_layout(client, keys, &layout, &section.preset_name(), expect)
-            .await
-            .map_err(|e| to_status(&Error::ClusterLayout(e)))?;
+        let report = change_layout(
+            client,
+            keys,
+            &layout,
+            &section.preset_name(),
+            expect,
+            self.deps.clock.as_ref(),
+        )
+        .await
+        .map_err(|e| to_status(&Error::ClusterLayout(e)))?;
         Ok(proto::SetLayoutResponse {
             record: Some(layout_response(&report.record)),
             old_max_id: report.old_max_id,

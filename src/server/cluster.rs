@@ -6,6 +6,11 @@
 //! 1. [`Cluster::start`] (before anything listens) claims a worker id with
 //!    a session lock, reads the stored mark consistently and starts the
 //!    generator above it. Any failure here stops start-up with the reason.
+//!    Before the claim it compares its layout with the cluster's record
+//!    (`store::cluster_layout`); claims, mark renewals, session renewals
+//!    and the supervisor run on the node's renewal thread
+//!    ([`super::renewal`]) with a Consul client of their own, so a busy
+//!    request runtime cannot starve them.
 //! 2. [`Cluster::run`] (once the gRPC server is up) spawns the supervisor
 //!    and registers the service in the background. The supervisor renews
 //!    the session every min(TTL, lock-delay)/3, and

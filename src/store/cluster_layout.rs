@@ -31,7 +31,7 @@ use thiserror::Error;
 
 use super::consul::ClusterKeys;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
-use crate::id::{epoch_text, Layout, LayoutDifference, LayoutSpec};
+use crate::id::{epoch_text, Clock, Layout, LayoutDifference, LayoutSpec};
 
 /// A layout as recorded: the preset name it came from plus every value
 /// that decides the bits.
@@ -485,13 +485,16 @@ fn verify(
 /// Changes the cluster's layout to `new` (from `preset`), if no ID can
 /// repeat; see the module doc for the steps. `expect_generation`, when
 /// given, must be the current generation (an operator's read-then-write).
+/// `clock` dates the check (and so the new layout's floor).
 pub async fn change_layout(
     client: &ConsulClient,
     keys: &ClusterKeys,
     new: &Layout,
     preset: &str,
     expect_generation: Option<u64>,
+    clock: &dyn Clock,
 ) -> Result<ChangeReport, ClusterLayoutError> {
+    let now_ms = || clock.now_millis();
     let key = keys.layout();
     let target = RecordedLayout::of(new, preset);
     let Some((record, index)) = read_layout(client, keys).await? else {
