@@ -284,3 +284,64 @@ async fn two_first_nodes_with_different_layouts_leave_one_record_and_one_refusal
     assert!(refusal.contains("layout.preset: cluster has"), "{refusal}");
     assert!(winner.1.terminate().success());
 }
+
+/// Rewrites the layout record through the HTTP KV API as an interrupted
+/// `admin layout set` would have left it: marked changing at `marked_ms`.
+async fn mark_changing(consul: &TestConsul, marked_ms: u64) -> u64 {
+    let entry = consul.kv_get("idgen/test/layout").expect("a record");
+    let mut record: serde_json::Value = serde_json::from_slice(&entry.value).unwrap();
+    let generation = record["generation"].as_u64().unwrap() + 1;
+    let mut to = record["layout"].clone();
+    to["epoch_ms"] = serde_json::json!(1_672_531_200_000u64);
+    record["changing_to"] = to;
+    record["generation"] = serde_json::json!(generation);
+    record["recorded_ms"] = serde_json::json!(marked_ms);
+    let url = format!("http://{}/v1/kv/idgen/test/layout", consul.addr());
+    let resp = reqwest::Client::new()
+        .put(url)
+        .body(record.to_string())
+        .send()
+        .await
+        .expect("kv put");
+    assert!(resp.status().is_success());
+    generation
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_change_holds_nodes_off_then_is_rolled_back() {
+    let consul = consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "a", consul.addr());
+    let a = ChildServer::start(&cfg);
+    let mut seen = HashSet::new();
+    let before = collect(&a, 2, &mut seen).await;
+    assert!(a.terminate().success());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+
+    // Just marked: nobody starts while the change is being checked.
+    mark_changing(&consul, now).await;
+    let log = ChildServer::try_start(&cfg, &[])
+        .err()
+        .expect("no node starts during a change");
+    assert!(log.contains("is being changed"), "{log}");
+
+    // Marked two minutes ago and never finished: the next node puts the
+    // layout in force back and starts on it.
+    let marked = mark_changing(&consul, now - 120_000).await;
+    let a = ChildServer::start(&cfg);
+    assert!(a.log_text().contains("never finished"), "{}", a.log_text());
+    let after = collect(&a, 2, &mut seen).await;
+    assert!(after > before);
+    let record: serde_json::Value =
+        serde_json::from_slice(&consul.kv_get("idgen/test/layout").unwrap().value).unwrap();
+    assert_eq!(record["generation"].as_u64(), Some(marked + 1));
+    assert!(record.get("changing_to").is_none(), "{record}");
+    assert_eq!(
+        record["layout"]["epoch_ms"].as_u64(),
+        Some(1_704_067_200_000)
+    );
+    assert!(a.terminate().success());
+}

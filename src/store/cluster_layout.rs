@@ -175,7 +175,7 @@ pub enum ClusterLayoutError {
         differences: Vec<LayoutDifference>,
     },
     /// A change is being checked right now.
-    #[error("the cluster layout at {key} is being changed (to {to}); no node starts until `idgen admin layout set` finishes; if it was interrupted, run it again")]
+    #[error("the cluster layout at {key} is being changed (to {to}); no node starts until `idgen admin layout set` finishes (if it was interrupted, the first node to start a minute after it began puts the old layout back); retry shortly")]
     Changing {
         /// The layout key.
         key: String,
@@ -304,8 +304,9 @@ pub async fn ensure_layout(
 ) -> Result<LayoutGuard, ClusterLayoutError> {
     let key = keys.layout();
     let mine = RecordedLayout::of(layout, preset);
-    // Two rounds at most: absent -> create, or lose the race -> read.
-    for _ in 0..2 {
+    // Three rounds at most: absent -> create, or lose the race -> read;
+    // a stale change rolled back -> read.
+    for _ in 0..3 {
         let Some((record, index)) = read_layout(client, keys).await? else {
             let record = LayoutRecord {
                 generation: 1,
@@ -344,6 +345,12 @@ pub async fn ensure_layout(
                 TxnOutcome::RolledBack(_) => continue,
             }
         };
+        if record.changing_to.is_some()
+            && now_ms().saturating_sub(record.recorded_ms) > STALE_CHANGE.as_millis() as u64
+        {
+            roll_back(client, &key, &record, index).await?;
+            continue;
+        }
         return check(&key, &record, index, &mine);
     }
     let (record, index) =
@@ -354,6 +361,36 @@ pub async fn ensure_layout(
                 detail: "nothing (it was deleted while this node recorded it)".into(),
             })?;
     check(&key, &record, index, &mine)
+}
+
+/// A change still marked in progress this long after it was marked was
+/// interrupted (the admin call takes milliseconds between its steps).
+pub const STALE_CHANGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Puts the layout in force back after an interrupted change: always safe,
+/// since no mark moved and no node started while the change was marked. A
+/// `cas`, so an admin call that does finish meanwhile wins (and this node
+/// then compares against its result).
+async fn roll_back(
+    client: &ConsulClient,
+    key: &str,
+    record: &LayoutRecord,
+    index: u64,
+) -> Result<(), ClusterLayoutError> {
+    let mut restored = record.clone();
+    restored.generation += 1;
+    restored.changing_to = None;
+    restored.recorded_ms = now_ms();
+    if cas_record(client, key, &restored, index).await?.is_some() {
+        tracing::warn!(
+            key = %key,
+            generation = restored.generation,
+            marked_ms = record.recorded_ms,
+            "a layout change was marked more than {}s ago and never finished: put the layout in force back (run `idgen admin layout set` again to change it)",
+            STALE_CHANGE.as_secs()
+        );
+    }
+    Ok(())
 }
 
 fn check(
