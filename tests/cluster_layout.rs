@@ -169,6 +169,23 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     old_max = old_max.max(collect(&a, 1, &mut seen).await);
     old_max = old_max.max(collect(&b, 1, &mut seen).await);
 
+    // A read-then-write against a generation that is not current loses.
+    let (ok, out) = admin(
+        &a,
+        &[
+            "layout",
+            "set",
+            "--preset",
+            "twitter",
+            "--epoch",
+            "2023-01-01T00:00:00Z",
+            "--expect-generation",
+            "7",
+        ],
+    )
+    .await;
+    assert!(!ok && out.contains("ABORTED"), "{out}");
+
     // An epoch a year earlier: every new ID lies above every old one.
     let (ok, out) = admin(
         &a,
@@ -344,4 +361,31 @@ async fn an_interrupted_change_holds_nodes_off_then_is_rolled_back() {
         Some(1_704_067_200_000)
     );
     assert!(a.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_admin_calls_on_the_embedded_store_say_where_the_layout_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[admin]\ntoken = \"{TOKEN}\"\n"));
+    std::fs::write(&path, text).unwrap();
+    let node = ChildServer::start(&path);
+    for args in [
+        &["layout", "get"][..],
+        &[
+            "layout",
+            "set",
+            "--preset",
+            "twitter",
+            "--epoch",
+            "2023-01-01T00:00:00Z",
+        ][..],
+    ] {
+        let (ok, out) = admin(&node, args).await;
+        assert!(!ok, "{out}");
+        assert!(out.contains("FAILED_PRECONDITION"), "{out}");
+        assert!(out.contains("embedded store"), "{out}");
+    }
+    assert!(node.terminate().success());
 }
