@@ -9,6 +9,10 @@
 //!   one ID with the clock read (`next_id`), without it
 //!   (`next_id_time_given`), per ID in batches of 1000 (`reserve_1000`),
 //!   and of the clock read alone.
+//! * `uncapped/next_id_deadline_checked`: `next_id` plus the lease-deadline
+//!   check the issuer makes before every snowflake issue (one atomic load
+//!   of the ticker thread's coarse clock, one of the deadline, a compare):
+//!   its difference to `next_id` is what the check costs.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -16,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use idgen::id::{
-    Clock, GenError, Layout, LayoutSpec, Preset, Snowflake, StartPlan, SystemClock,
+    Clock, Deadline, GenError, Layout, LayoutSpec, Preset, Snowflake, StartPlan, SystemClock,
     DEFAULT_EPOCH_MS,
 };
+use idgen::server::ticker::UnitTicker;
 
 fn generator(layout: Layout) -> Snowflake {
     let now = SystemClock.now_millis();
@@ -112,6 +117,22 @@ fn uncapped(c: &mut Criterion) {
                 black_box(g2.next_id(base + (i >> 20) * 1000).ok());
             }
             start.elapsed()
+        })
+    });
+    let ticker = UnitTicker::new(Arc::new(SystemClock)).expect("ticker thread");
+    let deadline = Deadline::unbounded();
+    deadline.set(
+        ticker
+            .coarse()
+            .deadline_at(Instant::now() + Duration::from_secs(3600)),
+    );
+    let g3 = generator(wide());
+    group.bench_function("next_id_deadline_checked", |b| {
+        b.iter(|| {
+            if deadline.passed(ticker.coarse().now_ms()) {
+                panic!("deadline passed");
+            }
+            black_box(g3.next_id(clock.now_micros()))
         })
     });
     let mut out = Vec::with_capacity(1000);

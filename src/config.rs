@@ -212,6 +212,24 @@ pub struct LayoutSection {
     pub sequence_bits: Option<u8>,
 }
 
+impl LayoutSection {
+    /// The preset name, with `+overrides` when individual widths or the
+    /// time unit override it.
+    pub fn preset_name(&self) -> String {
+        let l = self;
+        let overridden = l.time_unit.is_some()
+            || l.time_bits.is_some()
+            || l.datacenter_bits.is_some()
+            || l.worker_bits.is_some()
+            || l.sequence_bits.is_some();
+        if overridden {
+            format!("{}+overrides", l.preset)
+        } else {
+            l.preset.clone()
+        }
+    }
+}
+
 impl Default for LayoutSection {
     fn default() -> Self {
         Self {
@@ -777,6 +795,11 @@ impl FileConfig {
             .map_err(|e| invalid("layout", e.to_string()))
     }
 
+    /// The preset name, marked when individual widths override it.
+    fn layout_preset_name(&self) -> String {
+        self.layout.preset_name()
+    }
+
     /// Validates everything and produces the runtime config.
     pub fn validate(&self, now_ms: u64) -> Result<Config, ConfigError> {
         let layout = self.layout(now_ms)?;
@@ -1005,6 +1028,7 @@ impl FileConfig {
             state_path: self.store.path.clone(),
             init_if_missing: self.store.init_if_missing,
             layout,
+            layout_preset: self.layout_preset_name(),
             max_backward: c.max_backward,
             max_startup_skew: c.max_startup_skew,
             hwm_reserve: h.reserve,
@@ -1277,6 +1301,10 @@ pub struct Config {
     pub init_if_missing: bool,
     /// The ID layout.
     pub layout: Layout,
+    /// The layout's preset name as configured (`twitter`, ...), with
+    /// `+overrides` when widths or the time unit were set by hand; recorded
+    /// with the layout in Consul for operators.
+    pub layout_preset: String,
     /// Largest tolerated clock step back.
     pub max_backward: Duration,
     /// Largest start-up lag behind the stored high-water mark.

@@ -35,6 +35,9 @@ pub enum Error {
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] crate::consul::ConsulError),
+    /// The cluster's recorded layout refused this node's, or a change.
+    #[error(transparent)]
+    ClusterLayout(#[from] crate::store::cluster_layout::ClusterLayoutError),
     /// The process could not set itself up (metrics recorder, threads).
     #[error("setup failed: {0}")]
     Setup(String),

@@ -3,8 +3,8 @@
 //! Applications call idgen over gRPC (or a small JSON API) for 64-bit IDs
 //! that are never handed out twice: not after a crash, not after a restart,
 //! not when the machine's clock steps backwards. One node runs on an
-//! embedded state file; the design for clusters (Consul) is in
-//! `../shared/DESIGN.md`.
+//! embedded state file; several coordinate through Consul (README,
+//! "Cluster mode"; `consul/README.md`).
 //!
 //! # Layout
 //!
@@ -14,12 +14,15 @@
 //!   snowflake generator with its logical clock, step-back and high-water
 //!   mark rules, and the [`id::Clock`] trait. No I/O, no tokio.
 //! - [`store`]: durable state behind the [`store::StateStore`] trait (the
-//!   embedded redb backend), and [`store::HwmKeeper`], which starts a
-//!   generator above the stored high-water mark and keeps the mark ahead.
+//!   embedded redb backend, Consul), [`store::HwmKeeper`], which starts a
+//!   generator above the stored high-water mark and keeps the mark ahead,
+//!   and [`store::cluster_layout`], the layout a Consul cluster records
+//!   once and guards.
 //! - [`server`]: the running node: gRPC (`idgen.v1.IdGen`, health,
 //!   reflection) and HTTP (`/metrics`, `/healthz`, `/readyz`, `/v1/...`)
-//!   front ends, the one error-to-status mapping, the health monitor and
-//!   ordered shutdown.
+//!   front ends, the one error-to-status mapping, the health monitor,
+//!   the renewal thread that keeps marks and leases alive whatever the
+//!   request load, and ordered shutdown.
 //! - [`consul`]: a thin Consul HTTP client (KV, sessions, txn, agent,
 //!   health) with timeouts, safe retries and typed errors, for cluster mode.
 //! - [`config`]: TOML + environment + CLI configuration, validated into

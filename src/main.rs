@@ -206,6 +206,47 @@ enum AdminCommand {
     /// Strict namespaces' steps.
     #[command(subcommand)]
     Strict(StrictCommand),
+    /// The cluster's ID layout recorded in Consul: show it, or change it
+    /// (accepted only when no ID can repeat).
+    #[command(subcommand)]
+    Layout(LayoutCommand),
+}
+
+#[derive(Subcommand)]
+enum LayoutCommand {
+    /// Show the recorded layout, its generation and earlier layouts.
+    Get,
+    /// Change the cluster's layout. Accepted only when the new layout's
+    /// first ID is above every ID issued so far (every stored high-water
+    /// mark is checked); nodes on the old layout then fence themselves and
+    /// must be restarted with the new [layout].
+    Set {
+        /// Preset: twitter, sonyflake or js53.
+        #[arg(long)]
+        preset: String,
+        /// Epoch, RFC 3339 UTC (e.g. 2023-01-01T00:00:00Z).
+        #[arg(long)]
+        epoch: String,
+        /// Time unit override, whole milliseconds (e.g. 10ms).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        time_unit: Option<std::time::Duration>,
+        /// Time field width override.
+        #[arg(long)]
+        time_bits: Option<u32>,
+        /// Datacenter field width override.
+        #[arg(long)]
+        datacenter_bits: Option<u32>,
+        /// Worker field width override.
+        #[arg(long)]
+        worker_bits: Option<u32>,
+        /// Sequence field width override.
+        #[arg(long)]
+        sequence_bits: Option<u32>,
+        /// Change only if the record is still at this generation (from
+        /// `layout get`).
+        #[arg(long)]
+        expect_generation: Option<u64>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -625,7 +666,7 @@ mod admin {
     use crate::cli::output::outln;
     use idgen::proto::{self, admin_client::AdminClient, HolderKind};
 
-    use super::{AdminArgs, AdminCommand, StrictCommand, TagsCommand};
+    use super::{AdminArgs, AdminCommand, LayoutCommand, StrictCommand, TagsCommand};
 
     /// Adds `authorization: Bearer <token>` to every call (when a token
     /// was given; without one the server answers UNAUTHENTICATED).
@@ -748,6 +789,80 @@ mod admin {
                 &h.session
             }
         )
+    }
+
+    fn layout_json(l: &proto::IdLayout) -> Value {
+        json!({
+            "preset": l.preset,
+            "epoch": l.epoch,
+            "epoch_ms": l.epoch_ms,
+            "time_unit_ms": l.time_unit_ms,
+            "time_bits": l.time_bits,
+            "datacenter_bits": l.datacenter_bits,
+            "worker_bits": l.worker_bits,
+            "sequence_bits": l.sequence_bits,
+        })
+    }
+
+    fn layout_line(l: &proto::IdLayout) -> String {
+        format!(
+            "preset {} / time {}x{}ms / datacenter {} / worker {} / sequence {} / epoch {}",
+            l.preset,
+            l.time_bits,
+            l.time_unit_ms,
+            l.datacenter_bits,
+            l.worker_bits,
+            l.sequence_bits,
+            l.epoch
+        )
+    }
+
+    fn record_out(r: &proto::GetLayoutResponse) -> anyhow::Result<(Value, String)> {
+        let l = r
+            .layout
+            .as_ref()
+            .context("the server answered without the layout")?;
+        let mut text = format!(
+            "generation {}{}: {}",
+            r.generation,
+            if r.changing {
+                " (a change is being checked)"
+            } else {
+                ""
+            },
+            layout_line(l)
+        );
+        if r.floor_ms > 0 {
+            text.push_str(&format!("\nstarts no lower than {} ms", r.floor_ms));
+        }
+        let mut history = Vec::new();
+        for h in &r.history {
+            if let Some(hl) = &h.layout {
+                text.push_str(&format!(
+                    "\nearlier: generation {}: {} (replaced at {} ms, IDs up to {})",
+                    h.generation,
+                    layout_line(hl),
+                    h.replaced_ms,
+                    h.max_id
+                ));
+                history.push(json!({
+                    "generation": h.generation,
+                    "layout": layout_json(hl),
+                    "replaced_ms": h.replaced_ms,
+                    "max_id": h.max_id.to_string(),
+                }));
+            }
+        }
+        Ok((
+            json!({
+                "generation": r.generation,
+                "layout": layout_json(l),
+                "floor_ms": r.floor_ms,
+                "changing": r.changing,
+                "history": history,
+            }),
+            text,
+        ))
     }
 
     fn tag_of(t: Option<proto::SegmentTag>) -> anyhow::Result<proto::SegmentTag> {
@@ -942,6 +1057,60 @@ mod admin {
                 (
                     json!({"namespace": r.namespace, "step": r.step, "stored": r.stored}),
                     format!("namespace {}: step {} ({origin})", r.namespace, r.step),
+                )
+            }
+            AdminCommand::Layout(LayoutCommand::Get) => {
+                let r = c
+                    .get_layout(proto::GetLayoutRequest {})
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                record_out(&r)?
+            }
+            AdminCommand::Layout(LayoutCommand::Set {
+                preset,
+                epoch,
+                time_unit,
+                time_bits,
+                datacenter_bits,
+                worker_bits,
+                sequence_bits,
+                expect_generation,
+            }) => {
+                let time_unit_ms = match time_unit {
+                    Some(d) if d.subsec_nanos() % 1_000_000 != 0 => {
+                        bail!("--time-unit must be a whole number of milliseconds")
+                    }
+                    Some(d) => Some(d.as_millis() as u64),
+                    None => None,
+                };
+                let r = c
+                    .set_layout(proto::SetLayoutRequest {
+                        preset: preset.clone(),
+                        epoch: epoch.clone(),
+                        time_unit_ms,
+                        time_bits: *time_bits,
+                        datacenter_bits: *datacenter_bits,
+                        worker_bits: *worker_bits,
+                        sequence_bits: *sequence_bits,
+                        expect_generation: expect_generation.unwrap_or(0),
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let record = r
+                    .record
+                    .as_ref()
+                    .context("the server answered without the record")?;
+                let (mut v, text) = record_out(record)?;
+                v["old_max_id"] = json!(r.old_max_id.to_string());
+                v["new_first_id"] = json!(r.new_first_id.to_string());
+                (
+                    v,
+                    format!(
+                        "layout changed: {text}\nevery earlier ID is at most {}; the new layout starts at {} or above\nnodes still on the old layout have stopped issuing: restart every node with the new [layout]",
+                        r.old_max_id, r.new_first_id
+                    ),
                 )
             }
             AdminCommand::Strict(StrictCommand::List) => {

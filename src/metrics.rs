@@ -37,6 +37,9 @@ pub const CONSUL_ERRORS: &str = "idgen_consul_errors_total";
 pub const FENCED: &str = "idgen_fenced";
 /// Times the node lost its worker id lease and fenced itself.
 pub const FENCINGS: &str = "idgen_fencings_total";
+/// Free worker ids passed over by an auto claim because their stored mark
+/// was too far ahead of this node's clock.
+pub const WORKER_IDS_SKIPPED: &str = "idgen_worker_ids_skipped_total";
 /// The worker id held, labelled by `datacenter`; -1 while fenced.
 pub const WORKER_ID: &str = "idgen_worker_id";
 /// Seconds since the Consul session was last renewed successfully.
@@ -133,6 +136,10 @@ fn describe() {
     describe_counter!(
         FENCINGS,
         "Times the node lost its worker id lease and stopped issuing."
+    );
+    describe_counter!(
+        WORKER_IDS_SKIPPED,
+        "Free worker ids an auto claim passed over because their stored high-water mark was more than clock.max_startup_skew ahead of this node's clock."
     );
     describe_gauge!(
         WORKER_ID,

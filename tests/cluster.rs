@@ -376,12 +376,26 @@ async fn a_node_whose_clock_is_behind_the_stored_mark_refuses_to_start_and_frees
     let worker = worker_of(one(&node).await.unwrap());
     assert!(node.terminate().success());
 
-    let err = ChildServer::try_start(&config, &["--test-clock-offset-ms", "-60000"])
+    // `static`: exactly this id or nothing (an `auto` node would move on to
+    // the next free id instead; tests/cluster_claim.rs).
+    let worker_id = worker.to_string();
+    let fixed = write_cluster_config(
+        dir.path(),
+        "c",
+        consul.addr(),
+        &[
+            ("consul", "worker", "\"static\""),
+            ("node", "worker_id", &worker_id),
+        ],
+    );
+    let err = ChildServer::try_start(&fixed, &["--test-clock-offset-ms", "-60000"])
         .err()
         .expect("refuses to start");
     assert!(err.contains("behind"), "{err}");
     assert!(err.contains("max_startup_skew"), "{err}");
-    // It gave the id back: a correct clock starts at once with the same id.
+    // It gave the id back: a correct clock starts at once with the same id
+    // (the auto config again, same instance).
+    let config = write_cluster_config(dir.path(), "c", consul.addr(), &[]);
     let node = ChildServer::start(&config);
     assert_eq!(worker_of(one(&node).await.unwrap()), worker);
     assert!(node.terminate().success());

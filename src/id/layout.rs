@@ -386,6 +386,112 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// The largest ID this layout can have produced for a time at or before
+    /// `unix_ms`, on any node: that time unit with the largest datacenter,
+    /// worker and sequence. What a layout change must stay above.
+    pub fn max_id_at(&self, unix_ms: u64) -> u64 {
+        let units = self.units_at(unix_ms).min(self.max_time());
+        let node = self.node_bits(self.max_datacenter(), self.max_worker());
+        self.compose(units, node, self.max_sequence())
+    }
+
+    /// The smallest ID this layout can produce at or after `unix_ms`, on any
+    /// node: that time unit, datacenter 0, worker 0, sequence 0.
+    pub fn first_id_at(&self, unix_ms: u64) -> u64 {
+        self.compose(self.units_at(unix_ms).min(self.max_time()), 0, 0)
+    }
+}
+
+/// One field in which two layouts differ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutDifference {
+    /// The config key (`layout.epoch`, `layout.time_bits`, ...).
+    pub field: &'static str,
+    /// The value on one side (for example the recorded layout), as text.
+    pub left: String,
+    /// The value on the other side (for example the configured layout).
+    pub right: String,
+}
+
+impl LayoutSpec {
+    /// Every field in which `self` and `other` differ, named by config key;
+    /// empty when they describe the same IDs.
+    pub fn differences(&self, other: &LayoutSpec) -> Vec<LayoutDifference> {
+        let mut out = Vec::new();
+        let mut cmp = |field: &'static str, a: String, b: String| {
+            if a != b {
+                out.push(LayoutDifference {
+                    field,
+                    left: a,
+                    right: b,
+                });
+            }
+        };
+        cmp(
+            "layout.epoch",
+            epoch_text(self.epoch_ms),
+            epoch_text(other.epoch_ms),
+        );
+        cmp(
+            "layout.time_unit",
+            format!("{}ms", self.time_unit_ms),
+            format!("{}ms", other.time_unit_ms),
+        );
+        cmp(
+            "layout.time_bits",
+            self.time_bits.to_string(),
+            other.time_bits.to_string(),
+        );
+        cmp(
+            "layout.datacenter_bits",
+            self.datacenter_bits.to_string(),
+            other.datacenter_bits.to_string(),
+        );
+        cmp(
+            "layout.worker_bits",
+            self.worker_bits.to_string(),
+            other.worker_bits.to_string(),
+        );
+        cmp(
+            "layout.sequence_bits",
+            self.sequence_bits.to_string(),
+            other.sequence_bits.to_string(),
+        );
+        out
+    }
+}
+
+/// An epoch as RFC 3339 text plus Unix ms, as an operator compares them.
+/// Pure arithmetic (civil-from-days), no clock.
+pub fn epoch_text(epoch_ms: u64) -> String {
+    let secs = epoch_ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let ms = epoch_ms % 1000;
+    let frac = if ms == 0 {
+        String::new()
+    } else {
+        format!(".{ms:03}")
+    };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{frac}Z ({epoch_ms} ms)",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 impl fmt::Display for Layout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.spec;
@@ -407,6 +513,53 @@ mod tests {
     use super::*;
 
     const NOW: u64 = 1_790_000_000_000; // 2026-09
+
+    #[test]
+    fn epoch_text_reads_as_rfc3339() {
+        assert_eq!(
+            epoch_text(DEFAULT_EPOCH_MS),
+            "2024-01-01T00:00:00Z (1704067200000 ms)"
+        );
+        assert_eq!(
+            epoch_text(1_790_000_000_123),
+            "2026-09-21T14:13:20.123Z (1790000000123 ms)"
+        );
+    }
+
+    #[test]
+    fn differences_name_each_field() {
+        let a = Preset::Twitter.spec(DEFAULT_EPOCH_MS);
+        assert!(a.differences(&a).is_empty());
+        let b = Preset::Sonyflake.spec(DEFAULT_EPOCH_MS + 1000);
+        let fields: Vec<_> = a.differences(&b).iter().map(|d| d.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "layout.epoch",
+                "layout.time_unit",
+                "layout.time_bits",
+                "layout.datacenter_bits",
+                "layout.worker_bits",
+                "layout.sequence_bits"
+            ]
+        );
+    }
+
+    #[test]
+    fn max_and_first_ids_bound_every_node() {
+        let l = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
+        let at = l.units_at(NOW);
+        let top = l.compose(at, l.node_bits(31, 31), 4095);
+        assert_eq!(l.max_id_at(NOW), top);
+        assert_eq!(l.first_id_at(NOW), l.compose(at, 0, 0));
+        // Every ID of that unit lies between the two.
+        let some = l.compose(at, l.node_bits(3, 9), 17);
+        assert!(l.first_id_at(NOW) <= some && some <= l.max_id_at(NOW));
+        assert!(l.max_id_at(NOW) < l.first_id_at(NOW + 1));
+    }
 
     fn all_presets() -> [Preset; 3] {
         [Preset::Twitter, Preset::Sonyflake, Preset::Js53]

@@ -6,6 +6,7 @@
 //! keeps every rule about uniqueness testable with a manual clock.
 
 pub mod clock;
+pub mod deadline;
 pub mod layout;
 pub mod lease;
 pub mod mode;
@@ -14,6 +15,10 @@ pub mod snowflake;
 pub mod strict;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
-pub use layout::{DecodeError, IdParts, Layout, LayoutError, LayoutSpec, Preset, DEFAULT_EPOCH_MS};
+pub use deadline::Deadline;
+pub use layout::{
+    epoch_text, DecodeError, IdParts, Layout, LayoutDifference, LayoutError, LayoutSpec, Preset,
+    DEFAULT_EPOCH_MS,
+};
 pub use mode::{check_count, Mode, RequestError};
 pub use snowflake::{GenError, Reservation, Snowflake, StartError, StartPlan, StepBackStats};

@@ -6,6 +6,11 @@
 //! 1. [`Cluster::start`] (before anything listens) claims a worker id with
 //!    a session lock, reads the stored mark consistently and starts the
 //!    generator above it. Any failure here stops start-up with the reason.
+//!    Before the claim it compares its layout with the cluster's record
+//!    (`store::cluster_layout`); claims, mark renewals, session renewals
+//!    and the supervisor run on the node's renewal thread
+//!    ([`super::renewal`]) with a Consul client of their own, so a busy
+//!    request runtime cannot starve them.
 //! 2. [`Cluster::run`] (once the gRPC server is up) spawns the supervisor
 //!    and registers the service in the background. The supervisor renews
 //!    the session every min(TTL, lock-delay)/3, and
@@ -28,14 +33,16 @@ use tokio::task::JoinHandle;
 use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
 use crate::error::Error;
-use crate::id::{Clock, Layout};
+use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
-use crate::store::consul::{ConsulHwmStore, OwnerInfo, WorkerChoice, WorkerLease};
+use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
+use crate::store::consul::{ConsulHwmStore, DeadlineHook, OwnerInfo, WorkerChoice, WorkerLease};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
+use super::renewal::RenewalThread;
 use super::Issuer;
 
 /// First pause between claim attempts after fencing; doubles up to
@@ -55,6 +62,8 @@ pub struct ClusterSpec {
     pub worker_id: u64,
     /// The ID layout.
     pub layout: Layout,
+    /// The layout's preset name, recorded with it in Consul.
+    pub layout_preset: String,
     /// High-water mark timing and the clock rules.
     pub hwm: HwmSettings,
     /// Stable instance name.
@@ -95,28 +104,50 @@ impl Held {
 pub struct Cluster {
     spec: Arc<ClusterSpec>,
     client: ConsulClient,
+    /// The client of the renewal thread: worker claims, session renewals
+    /// and mark writes (its connections live on that thread).
+    coord: ConsulClient,
+    renewal: tokio::runtime::Handle,
     clock: Arc<dyn Clock>,
     held: Held,
     registration: Registration,
 }
 
 impl Cluster {
-    /// Claims a worker id and starts the generator above its stored mark.
-    pub async fn start(spec: ClusterSpec, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+    /// Claims a worker id and starts the generator above its stored mark,
+    /// on `renewal`'s thread (where the mark renewal then runs).
+    pub async fn start(
+        spec: ClusterSpec,
+        clock: Arc<dyn Clock>,
+        renewal: &RenewalThread,
+    ) -> Result<Self, Error> {
         let client = ConsulClient::new(spec.config.client.clone())?;
+        let coord = ConsulClient::new(spec.config.client.clone())?;
         let spec = Arc::new(spec);
         metrics::counter!(m::FENCINGS).increment(0);
-        let held = claim(&spec, &client, &clock).await?;
+        let held = {
+            let (spec, coord, clock) = (Arc::clone(&spec), coord.clone(), Arc::clone(&clock));
+            renewal
+                .run(async move { claim(&spec, &coord, &clock).await })
+                .await??
+        };
         let registration =
             registration_for(&spec, &client, held.lease.key()).map_err(Error::Setup)?;
         record_claim(held.lease.key(), false);
         Ok(Self {
             spec,
             client,
+            coord,
+            renewal: renewal.handle().clone(),
             clock,
             held,
             registration,
         })
+    }
+
+    /// The held lease's local deadline now.
+    pub fn lease_deadline(&self) -> Instant {
+        self.held.lease.deadline()
     }
 
     /// The generator of the worker id held now.
@@ -146,17 +177,21 @@ impl Cluster {
         let Cluster {
             spec,
             client,
+            coord,
+            renewal,
             clock,
             held,
             registration,
         } = self;
+        // From here every renew moves the issue path's deadline on.
+        held.lease.on_renew(deadline_hook(&issuer));
         let registration = Arc::new(ArcSwap::from_pointee(registration));
         let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
         // The lease is renewed from now on; registration never delays it.
-        let supervisor = tokio::spawn(supervise(
+        let supervisor = renewal.spawn(supervise(
             Arc::clone(&spec),
-            client.clone(),
+            (coord, client.clone()),
             clock,
             held,
             Arc::clone(&issuer),
@@ -261,6 +296,9 @@ async fn claim(
         address: spec.advertise.to_string(),
         since_ms: clock.now_millis(),
     };
+    // The cluster's layout first: a node on another layout must not even
+    // take a worker id.
+    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, &spec.layout_preset).await?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -268,37 +306,64 @@ async fn claim(
             max: spec.layout.max_worker(),
         }
     };
-    let lease = WorkerLease::claim_with(
-        client.clone(),
-        spec.config.keys.clone(),
-        spec.datacenter,
-        choice,
-        &owner,
-        spec.config.lease,
-    )
-    .await?;
-    tracing::info!(
-        worker = %lease.key(),
-        session = lease.session(),
-        instance = %spec.instance,
-        "worker id claimed in Consul"
-    );
-    let store = Arc::new(ConsulHwmStore::new(
-        client.clone(),
-        spec.config.keys.clone(),
-        &lease,
-    ));
-    match HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await {
-        Ok((_, keeper)) => Ok(Held {
-            lease: Arc::new(lease),
-            keeper,
-            owner,
-        }),
-        Err(e) => {
-            if let Err(r) = lease.release().await {
-                tracing::warn!(error = %r, "cannot give the worker id back; it frees itself when the session expires");
+    // Auto claims pass over ids whose stored mark is too far ahead of this
+    // clock (a node with a fast clock ran there): another free id works.
+    let mut poisoned = Vec::new();
+    loop {
+        let lease = WorkerLease::claim_skipping(
+            client.clone(),
+            spec.config.keys.clone(),
+            spec.datacenter,
+            choice,
+            &owner,
+            spec.config.lease,
+            &poisoned,
+        )
+        .await?;
+        tracing::info!(
+            worker = %lease.key(),
+            session = lease.session(),
+            instance = %spec.instance,
+            "worker id claimed in Consul"
+        );
+        let store = Arc::new(
+            ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), &lease)
+                .with_layout(guard.clone()),
+        );
+        let started =
+            HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await;
+        let e = match started {
+            Ok((_, keeper)) => {
+                return Ok(Held {
+                    lease: Arc::new(lease),
+                    keeper,
+                    owner,
+                })
             }
-            Err(e)
+            Err(e) => e,
+        };
+        if let Err(r) = lease.release().await {
+            tracing::warn!(error = %r, "cannot give the worker id back; it frees itself when the session expires");
+        }
+        match (&e, choice) {
+            (
+                Error::Start(StartError::ClockBehindHwm {
+                    behind_ms,
+                    limit_ms,
+                }),
+                WorkerChoice::Auto { .. },
+            ) => {
+                let key = lease.key();
+                tracing::warn!(
+                    worker = %key,
+                    skew_ms = behind_ms,
+                    max_startup_skew_ms = limit_ms,
+                    "the stored high-water mark of this worker id is {behind_ms} ms ahead of this node's clock (limit clock.max_startup_skew = {limit_ms} ms): gave it back, trying the next free id"
+                );
+                metrics::counter!(m::WORKER_IDS_SKIPPED).increment(1);
+                poisoned.push(key.worker);
+            }
+            _ => return Err(e),
         }
     }
 }
@@ -337,7 +402,7 @@ fn registration_for(
 /// Returns the id still held at shutdown, or `None` if it was lost.
 async fn supervise(
     spec: Arc<ClusterSpec>,
-    client: ConsulClient,
+    (coord, client): (ConsulClient, ConsulClient),
     clock: Arc<dyn Clock>,
     mut held: Held,
     issuer: Arc<Issuer>,
@@ -402,13 +467,19 @@ async fn supervise(
                 }
             }
             if lost.is_none() || Instant::now() >= lease_ends {
-                match claim(&spec, &client, &clock).await {
+                match claim(&spec, &coord, &clock).await {
                     Ok(new) if Instant::now() < new.lease.deadline() => break new,
                     Ok(late) => {
                         // Too slow to be safe: the lease ran out while starting.
                         late.keeper.abort();
                         let _ = late.lease.release().await;
                         tracing::warn!("claimed a worker id too slowly to use it; trying again");
+                    }
+                    Err(Error::ClusterLayout(e @ ClusterLayoutError::Mismatch { .. })) => {
+                        tracing::error!(
+                            error = %e,
+                            "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
+                        )
                     }
                     Err(e) => tracing::warn!(
                         error = %e,
@@ -424,6 +495,7 @@ async fn supervise(
             pause = (pause * 2).min(spec.config.reclaim_backoff_max);
         };
         // Checked against the deadline just above, with no await since.
+        held.lease.on_renew(deadline_hook(&issuer));
         if let (Some(zone), Some(leases)) = (spec.lease_zone, issuer.leases()) {
             match held.tokens(&spec, &client, zone) {
                 Ok(tokens) => leases.install(Arc::new(tokens)),
@@ -444,6 +516,12 @@ async fn supervise(
             }
         }
     }
+}
+
+/// Copies each new lease deadline to the issue path's cheap check.
+fn deadline_hook(issuer: &Arc<Issuer>) -> DeadlineHook {
+    let issuer = Arc::clone(issuer);
+    Arc::new(move |at| issuer.set_lease_deadline(at))
 }
 
 async fn wait_stop(mut stopped: watch::Receiver<bool>) {

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 
 use crate::error::Error;
-use crate::id::{check_count, Clock, DecodeError, GenError, Layout, Mode, RequestError, Snowflake};
+use crate::id::{
+    check_count, Clock, Deadline, DecodeError, GenError, Layout, Mode, RequestError, Snowflake,
+};
 use crate::metrics as m;
 
 use super::lease::Leases;
@@ -61,6 +63,11 @@ pub struct Issuer {
     strict: Option<Arc<Strict>>,
     layout: Layout,
     fenced: AtomicBool,
+    /// The worker lease's deadline on the ticker's coarse clock (cluster
+    /// mode; unbounded on the embedded store). Checked on every snowflake
+    /// and lease issue, so a node stops at its deadline even if the
+    /// supervisor that would fence it runs late.
+    lease_deadline: Deadline,
     clock: Arc<dyn Clock>,
     ticker: UnitTicker,
     max_batch: u32,
@@ -85,6 +92,7 @@ impl Issuer {
             leases: None,
             strict: None,
             fenced: AtomicBool::new(false),
+            lease_deadline: Deadline::unbounded(),
             clock,
             max_batch,
             max_wait,
@@ -176,6 +184,24 @@ impl Issuer {
         }
     }
 
+    /// Sets the worker lease's deadline: past `at`, snowflake and lease
+    /// calls are refused as fenced until a later deadline is set. Called
+    /// after every successful renew and on every claim.
+    pub fn set_lease_deadline(&self, at: Instant) {
+        self.lease_deadline
+            .set(self.ticker.coarse().deadline_at(at));
+    }
+
+    /// Refuses once the lease deadline has passed: one atomic load and a
+    /// compare against the ticker's coarse clock.
+    #[inline]
+    fn check_lease_deadline(&self) -> Result<(), Error> {
+        if self.lease_deadline.passed(self.ticker.coarse().now_ms()) {
+            return Err(Error::Fenced);
+        }
+        Ok(())
+    }
+
     /// Whether the node is fenced (lost its worker id, not yet re-claimed).
     pub fn is_fenced(&self) -> bool {
         self.fenced.load(Ordering::SeqCst)
@@ -218,11 +244,16 @@ impl Issuer {
                 let (segments, tag) = self.segments(mode, tag)?;
                 return segments.take_one(&tag).await;
             }
-            Mode::Lease => return self.lease_mode(tag)?.take_one().await,
+            Mode::Lease => {
+                let leases = self.lease_mode(tag)?;
+                self.check_lease_deadline()?;
+                return leases.take_one().await;
+            }
             Mode::Strict => return Ok(self.strict_mode(tag)?.take(tag, 1).await?.first),
             Mode::Snowflake => {}
         }
         Self::check_mode(mode, tag)?;
+        self.check_lease_deadline()?;
         // The common case: no Vec, no wait.
         let id = match self.generator.load().next_id(self.clock.now_micros()) {
             Ok(id) => id,
@@ -245,7 +276,11 @@ impl Issuer {
                 let (segments, tag) = self.segments(mode, tag)?;
                 return segments.take(&tag, count as usize).await;
             }
-            Mode::Lease => return self.lease_mode(tag)?.take(count as usize).await,
+            Mode::Lease => {
+                let leases = self.lease_mode(tag)?;
+                self.check_lease_deadline()?;
+                return leases.take(count as usize).await;
+            }
             Mode::Strict => {
                 let values = self.strict_mode(tag)?.take(tag, u64::from(count)).await?;
                 return Ok(values.iter().collect());
@@ -270,6 +305,8 @@ impl Issuer {
         // the node is fenced and re-claims meanwhile (the call then fails).
         let generator = self.generator.load_full();
         while out.len() < count {
+            // Again after every wait: a batch may span a deadline.
+            self.check_lease_deadline()?;
             let now = self.clock.now_micros();
             match generator.reserve(now, (count - out.len()) as u64) {
                 Ok(r) => {
@@ -341,4 +378,56 @@ pub fn decode_lease(id: u64) -> Result<Decoded, crate::id::lease::LeaseError> {
         zone: Some(parts.zone),
         token: Some(parts.token),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::{Preset, StartPlan, SystemClock, DEFAULT_EPOCH_MS};
+
+    fn issuer() -> (Issuer, Arc<Snowflake>) {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let now_ms = clock.now_millis();
+        let layout = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(now_ms)
+            .unwrap();
+        let plan = StartPlan::new(&layout, now_ms, None, 0).unwrap();
+        let g = Arc::new(Snowflake::new(layout, 0, 1, 1000, plan, now_ms + 600_000).unwrap());
+        let issuer = Issuer::new(Arc::clone(&g), clock, 100, Duration::from_secs(1)).unwrap();
+        (issuer, g)
+    }
+
+    #[tokio::test]
+    async fn the_issue_path_refuses_past_the_lease_deadline_with_no_supervisor() {
+        let (issuer, g) = issuer();
+        assert!(
+            issuer.gen_id(Mode::Snowflake, "").await.is_ok(),
+            "no deadline: issues"
+        );
+        let at = Instant::now() + Duration::from_millis(50);
+        issuer.set_lease_deadline(at);
+        // Nothing fences this node (no supervisor runs): only the deadline
+        // check on the issue path can stop it. Bounded wait.
+        let mut refused = None;
+        for _ in 0..400 {
+            match issuer.gen_id(Mode::Snowflake, "").await {
+                Ok(_) => {}
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(matches!(refused, Some(Error::Fenced)), "{refused:?}");
+        assert!(matches!(
+            issuer.gen_ids(Mode::Snowflake, "", 10).await,
+            Err(Error::Fenced)
+        ));
+        assert!(!g.is_closed(), "refused by the deadline alone");
+        // A renew moves the deadline on and issuing resumes.
+        issuer.set_lease_deadline(Instant::now() + Duration::from_secs(60));
+        assert!(issuer.gen_ids(Mode::Snowflake, "", 10).await.is_ok());
+    }
 }

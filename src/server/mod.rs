@@ -15,6 +15,7 @@ pub mod issuer;
 pub mod lease;
 pub mod monitor;
 pub mod registration;
+pub mod renewal;
 pub mod segments;
 pub mod status;
 pub mod strict;
@@ -40,6 +41,7 @@ use crate::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictStore};
 use crate::store::{EmbeddedStore, HwmKeeper, SegmentStore, StateStore, WorkerKey};
 
 pub use issuer::{decode_snowflake, Decoded, Issuer};
+use renewal::RenewalThread;
 
 /// The backing while serving.
 enum Running {
@@ -114,6 +116,13 @@ pub struct Node {
     backing: Backing,
     metrics: PrometheusHandle,
     admin_segments: Option<Arc<dyn SegmentStore>>,
+    /// Where mark and lease renewals run; dropped last.
+    renewal: RenewalThread,
+}
+
+fn start_renewal() -> Result<RenewalThread, Error> {
+    RenewalThread::start()
+        .map_err(|e| Error::Setup(format!("cannot start the renewal thread: {e}")))
 }
 
 /// The stable instance name: configured, or `<hostname>-<port>`.
@@ -161,13 +170,15 @@ impl Node {
                 datacenter: config.datacenter_id,
                 worker_id: config.worker_id,
                 layout: config.layout,
+                layout_preset: config.layout_preset.clone(),
                 hwm: hwm_settings(&config),
                 instance: instance_id(&config, advertise),
                 advertise,
                 lease_zone: config.lease.as_ref().map(|l| l.zone),
             };
             zero_counters("consul");
-            let cluster = cluster::Cluster::start(spec, Arc::clone(&clock)).await?;
+            let renewal = start_renewal()?;
+            let cluster = cluster::Cluster::start(spec, Arc::clone(&clock), &renewal).await?;
             let generator = Arc::clone(cluster.generator());
             let (client, keys) = (cluster.client().clone(), cluster_config.keys.clone());
             let lease: Option<Arc<dyn TokenSource>> = match &config.lease {
@@ -182,14 +193,17 @@ impl Node {
                 lease,
                 strict: Some(Arc::new(ConsulStrictStore::new(client, keys))),
             };
+            let deadline = cluster.lease_deadline();
             let node = Self::assemble(
                 config,
                 clock,
                 generator,
                 Backing::Cluster(Box::new(cluster)),
                 stores,
-                metrics,
+                (metrics, renewal),
             )?;
+            // Until the supervisor takes over, the claim's own deadline.
+            node.issuer.set_lease_deadline(deadline);
             return node.prime().await;
         }
         let layout_desc = config.layout.to_string();
@@ -240,14 +254,13 @@ impl Node {
             worker: config.worker_id,
         };
         zero_counters(store.backend());
-        let (generator, keeper) = HwmKeeper::start(
-            store,
-            key,
-            config.layout,
-            Arc::clone(&clock),
-            hwm_settings(&config),
-        )
-        .await?;
+        // Started on the renewal thread, so its renewal task lives there.
+        let renewal = start_renewal()?;
+        let (layout, start_clock, settings) =
+            (config.layout, Arc::clone(&clock), hwm_settings(&config));
+        let (generator, keeper) = renewal
+            .run(async move { HwmKeeper::start(store, key, layout, start_clock, settings).await })
+            .await??;
         metrics::gauge!(m::WORKER_ID, "datacenter" => key.datacenter.to_string())
             .set(key.worker as f64);
         Self::assemble(
@@ -256,7 +269,7 @@ impl Node {
             generator,
             Backing::Embedded(keeper),
             stores,
-            metrics,
+            (metrics, renewal),
         )
     }
 
@@ -266,7 +279,7 @@ impl Node {
         generator: Arc<crate::id::Snowflake>,
         backing: Backing,
         stores: ModeStores,
-        metrics: PrometheusHandle,
+        (metrics, renewal): (PrometheusHandle, RenewalThread),
     ) -> Result<Self, Error> {
         let admin_segments = if config.segment.is_some() {
             stores.segment.clone()
@@ -324,6 +337,7 @@ impl Node {
             backing,
             metrics,
             admin_segments,
+            renewal,
         })
     }
 
@@ -347,6 +361,7 @@ impl Node {
             backing,
             metrics,
             admin_segments,
+            renewal,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let state = monitor::ServingState::new(reporter);
@@ -487,6 +502,8 @@ impl Node {
             Running::Embedded(keeper) => Some(keeper.finish().await?),
             Running::Cluster(c) => c.finish().await?,
         };
+        // Last: nothing renews once the mark is final and the lock gone.
+        drop(renewal);
         tracing::info!(final_hwm_ms, drained, "idgen stopped");
         match early {
             Some(reason) => Err(ServeError::Transport(reason)),

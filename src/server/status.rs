@@ -40,6 +40,17 @@ pub fn code(e: &Error) -> Code {
         Error::Start(StartError::ClockBehindHwm { .. }) => Code::Unavailable,
         Error::Layout(_) | Error::Start(StartError::Layout(_)) => Code::FailedPrecondition,
         Error::Setup(_) => Code::Internal,
+        Error::ClusterLayout(e) => {
+            use crate::store::cluster_layout::ClusterLayoutError as L;
+            match e {
+                L::Mismatch { .. } | L::Unsafe { .. } | L::Invalid { .. } | L::Corrupt { .. } => {
+                    Code::FailedPrecondition
+                }
+                L::BadRequest(_) => Code::InvalidArgument,
+                L::Conflict { .. } => Code::Aborted,
+                L::Changing { .. } | L::Consul(_) => Code::Unavailable,
+            }
+        }
     }
 }
 

@@ -8,8 +8,12 @@
 //! first waiter; each served waiter wakes the next, so callers are served in
 //! arrival order without a stampede. It idles on a condition variable when
 //! nobody waits.
+//!
+//! The same thread keeps a [`CoarseClock`]: monotonic milliseconds updated
+//! at least every [`COARSE_TICK`], so the issue path can compare the
+//! fencing deadline with one atomic load instead of reading a clock.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -22,7 +26,48 @@ const SPIN_MICROS: u64 = 120;
 /// Longest a ticker thread works on one deadline, whatever the clock does.
 const MAX_TICK: Duration = Duration::from_millis(50);
 
+/// How often the ticker thread advances the [`CoarseClock`] at least.
+pub const COARSE_TICK: Duration = Duration::from_millis(5);
+
+/// Monotonic milliseconds since the node started, advanced by the ticker
+/// thread; may lag the real monotonic clock by up to [`COARSE_TICK`].
+#[derive(Debug)]
+pub struct CoarseClock {
+    base: Instant,
+    now_ms: AtomicU64,
+}
+
+impl CoarseClock {
+    fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            now_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The coarse time now (never ahead of the real one).
+    #[inline]
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms.load(Ordering::Acquire)
+    }
+
+    /// `at` in this clock's milliseconds, rounded down, minus one
+    /// [`COARSE_TICK`] and a millisecond so that a lagging reading can
+    /// never let a deadline slip: a deadline converted here passes no later
+    /// than `at` itself.
+    pub fn deadline_at(&self, at: Instant) -> u64 {
+        let ms = at.saturating_duration_since(self.base).as_millis() as u64;
+        ms.saturating_sub(COARSE_TICK.as_millis() as u64 + 1)
+    }
+
+    fn advance(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.now_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+}
+
 struct Shared {
+    coarse: CoarseClock,
     next: Mutex<Option<u64>>,
     wake_thread: Condvar,
     wake_waiters: Notify,
@@ -39,6 +84,7 @@ impl UnitTicker {
     /// Starts the ticker thread.
     pub fn new(clock: Arc<dyn Clock>) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
+            coarse: CoarseClock::new(),
             next: Mutex::new(None),
             wake_thread: Condvar::new(),
             wake_waiters: Notify::new(),
@@ -50,6 +96,11 @@ impl UnitTicker {
             .name("idgen-ticker".into())
             .spawn(move || tick_loop(&worker))?;
         Ok(Self { shared })
+    }
+
+    /// The coarse monotonic clock this thread keeps.
+    pub fn coarse(&self) -> &CoarseClock {
+        &self.shared.coarse
     }
 
     /// Waits until the clock reads `deadline_micros`, or at most `limit`
@@ -103,6 +154,7 @@ fn tick_loop(s: &Shared) {
         let deadline = {
             let mut next = s.next.lock().unwrap_or_else(PoisonError::into_inner);
             loop {
+                s.coarse.advance();
                 if s.stop.load(Ordering::SeqCst) {
                     return;
                 }
@@ -111,12 +163,14 @@ fn tick_loop(s: &Shared) {
                 }
                 next = s
                     .wake_thread
-                    .wait(next)
-                    .unwrap_or_else(PoisonError::into_inner);
+                    .wait_timeout(next, COARSE_TICK)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
             }
         };
         let started = Instant::now();
         loop {
+            s.coarse.advance();
             let now = s.clock.now_micros();
             if now >= deadline || started.elapsed() > MAX_TICK {
                 break;
@@ -124,7 +178,8 @@ fn tick_loop(s: &Shared) {
             let remaining = deadline - now;
             if remaining > SPIN_MICROS {
                 let nap = Duration::from_micros(remaining - SPIN_MICROS)
-                    .min(MAX_TICK.saturating_sub(started.elapsed()));
+                    .min(MAX_TICK.saturating_sub(started.elapsed()))
+                    .min(COARSE_TICK);
                 std::thread::sleep(nap);
             } else {
                 std::hint::spin_loop();
@@ -162,6 +217,32 @@ mod tests {
         let started = std::time::Instant::now();
         ticker.wait_until(0, limit).await;
         assert!(started.elapsed() < Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_coarse_clock_keeps_up_and_deadlines_never_slip() {
+        let ticker = UnitTicker::new(Arc::new(SystemClock)).unwrap();
+        let c = ticker.coarse();
+        // Never ahead of the real monotonic clock.
+        for _ in 0..20 {
+            assert!(c.now_ms() <= c.base.elapsed().as_millis() as u64);
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        // A converted deadline lies before the instant itself, and the
+        // coarse clock reaches it (bounded wait: the thread may be
+        // descheduled on a busy machine, but it keeps advancing).
+        let at = Instant::now() + Duration::from_millis(30);
+        let d = c.deadline_at(at);
+        assert!(d < at.duration_since(c.base).as_millis() as u64);
+        let mut reached = false;
+        for _ in 0..400 {
+            if c.now_ms() >= d {
+                reached = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(reached, "coarse clock stuck at {}", c.now_ms());
     }
 
     #[tokio::test]

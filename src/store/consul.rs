@@ -19,13 +19,14 @@
 //! TTL or an explicit destroy ends it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::cluster_layout::LayoutGuard;
 use super::{StateStore, StoreError, WorkerKey};
 use crate::consul::{
     Consistency, ConsulClient, ConsulError, KvWrite, SessionBehavior, SessionSpec, TxnOp,
@@ -85,6 +86,16 @@ impl ClusterKeys {
     /// The lock and counter of one lease token.
     pub fn lease(&self, zone: u64, token: u64) -> String {
         format!("{}/lease/{zone}/{token}", self.root)
+    }
+
+    /// The cluster's layout record.
+    pub fn layout(&self) -> String {
+        format!("{}/layout", self.root)
+    }
+
+    /// The folder of every high-water mark (with trailing `/`).
+    pub fn hwm_dir(&self) -> String {
+        format!("{}/hwm/", self.root)
     }
 
     /// The high-water mark key of one worker id.
@@ -192,6 +203,15 @@ pub enum LeaseError {
         /// Largest worker id of the layout.
         max: u64,
     },
+    /// Every free worker id has a stored high-water mark too far ahead of
+    /// this node's clock to start on.
+    #[error("no usable worker id in datacenter {datacenter}: every free id ({poisoned:?}) has a stored high-water mark more than clock.max_startup_skew ahead of this node's clock; fix this node's clock (NTP), or wait until it passes the marks")]
+    AllFreePoisoned {
+        /// Datacenter.
+        datacenter: u64,
+        /// The free ids that were tried and given back.
+        poisoned: Vec<u64>,
+    },
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] ConsulError),
@@ -210,8 +230,20 @@ pub enum WorkerChoice {
     Static(u64),
 }
 
+/// Where an auto claim looks for a free worker id.
+#[derive(Clone, Copy)]
+struct FreeIds<'a> {
+    datacenter: u64,
+    max_worker: u64,
+    /// Ids found unusable in this claim (mark ahead of the clock).
+    skip: &'a [u64],
+}
+
+/// Told the new local deadline after every successful renew (the issue
+/// path keeps its own copy to check cheaply).
+pub type DeadlineHook = Arc<dyn Fn(Instant) + Send + Sync>;
+
 /// A held worker id: the Consul session, the lock and the local deadline.
-#[derive(Debug)]
 pub struct WorkerLease {
     client: ConsulClient,
     keys: ClusterKeys,
@@ -221,6 +253,17 @@ pub struct WorkerLease {
     settings: LeaseSettings,
     /// (send time of the last successful renew, local deadline).
     renewed: Mutex<(Instant, Instant)>,
+    hook: Mutex<Option<DeadlineHook>>,
+}
+
+impl std::fmt::Debug for WorkerLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerLease")
+            .field("key", &self.key)
+            .field("session", &self.session)
+            .field("deadline", &self.deadline())
+            .finish()
+    }
 }
 
 impl WorkerLease {
@@ -248,6 +291,22 @@ impl WorkerLease {
         owner: &OwnerInfo,
         settings: LeaseSettings,
     ) -> Result<Self, LeaseError> {
+        Self::claim_skipping(client, keys, datacenter, choice, owner, settings, &[]).await
+    }
+
+    /// Like [`WorkerLease::claim_with`]; with [`WorkerChoice::Auto`] the ids
+    /// in `skip` are passed over (ids already found unusable: their stored
+    /// mark is too far ahead of this clock), and when they were the only
+    /// free ones the answer is [`LeaseError::AllFreePoisoned`].
+    pub async fn claim_skipping(
+        client: ConsulClient,
+        keys: ClusterKeys,
+        datacenter: u64,
+        choice: WorkerChoice,
+        owner: &OwnerInfo,
+        settings: LeaseSettings,
+        skip: &[u64],
+    ) -> Result<Self, LeaseError> {
         settings.check().map_err(LeaseError::Settings)?;
         let sent = Instant::now();
         let session = client
@@ -264,7 +323,12 @@ impl WorkerLease {
         let value = serde_json::to_vec(owner).unwrap_or_default();
         let taken = match choice {
             WorkerChoice::Auto { max } => {
-                Self::take_free_id(&client, &keys, datacenter, max, owner, &session, &value).await
+                let free = FreeIds {
+                    datacenter,
+                    max_worker: max,
+                    skip,
+                };
+                Self::take_free_id(&client, &keys, &free, owner, &session, &value).await
             }
             WorkerChoice::Static(worker) => {
                 let key = WorkerKey { datacenter, worker };
@@ -282,6 +346,7 @@ impl WorkerLease {
             Ok(worker) => Ok(Self {
                 key: WorkerKey { datacenter, worker },
                 renewed: Mutex::new((sent, sent + settings.lifetime())),
+                hook: Mutex::new(None),
                 client,
                 keys,
                 session,
@@ -299,12 +364,16 @@ impl WorkerLease {
     async fn take_free_id(
         client: &ConsulClient,
         keys: &ClusterKeys,
-        datacenter: u64,
-        max_worker: u64,
+        free: &FreeIds<'_>,
         owner: &OwnerInfo,
         session: &str,
         value: &[u8],
     ) -> Result<u64, LeaseError> {
+        let FreeIds {
+            datacenter,
+            max_worker,
+            skip,
+        } = *free;
         let dir = keys.workers_dir(datacenter);
         let entries = client.kv_list(&dir, Consistency::Consistent).await?;
         let mut held = std::collections::HashSet::new();
@@ -325,7 +394,7 @@ impl WorkerLease {
         let candidates = previous
             .into_iter()
             .chain((0..=max_worker).filter(|id| !held.contains(id) && Some(*id) != previous));
-        for worker in candidates.filter(|id| *id <= max_worker) {
+        for worker in candidates.filter(|id| *id <= max_worker && !skip.contains(id)) {
             let key = keys.worker(WorkerKey { datacenter, worker });
             // `false`: held by another session or inside its lock-delay.
             if client
@@ -334,6 +403,12 @@ impl WorkerLease {
             {
                 return Ok(worker);
             }
+        }
+        if !skip.is_empty() {
+            return Err(LeaseError::AllFreePoisoned {
+                datacenter,
+                poisoned: skip.to_vec(),
+            });
         }
         Err(LeaseError::NoFreeWorker {
             datacenter,
@@ -355,6 +430,22 @@ impl WorkerLease {
         self.renewed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn hook(&self) -> Option<DeadlineHook> {
+        self.hook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Tells `hook` the deadline now and after every successful renew.
+    pub fn on_renew(&self, hook: DeadlineHook) {
+        hook(self.deadline());
+        *self
+            .hook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
     }
 
     /// Past this instant the node must not issue with this id.
@@ -382,9 +473,15 @@ impl WorkerLease {
         match self.client.session_renew(&self.session).await? {
             None => Ok(false),
             Some(_) => {
-                let mut r = self.renewed();
-                r.0 = r.0.max(sent);
-                r.1 = r.1.max(sent + self.settings.lifetime());
+                let deadline = {
+                    let mut r = self.renewed();
+                    r.0 = r.0.max(sent);
+                    r.1 = r.1.max(sent + self.settings.lifetime());
+                    r.1
+                };
+                if let Some(hook) = self.hook() {
+                    hook(deadline);
+                }
                 Ok(true)
             }
         }
@@ -471,6 +568,9 @@ pub struct ConsulHwmStore {
     /// The ModifyIndex each mark had when last read or written (0: absent);
     /// forgotten whenever an outcome is unknown, so the next write re-reads.
     known: Mutex<HashMap<WorkerKey, u64>>,
+    /// The cluster layout this node checked at start: every write checks
+    /// the record is unchanged, and no mark is read below its floor.
+    layout: Option<LayoutGuard>,
 }
 
 impl ConsulHwmStore {
@@ -481,7 +581,18 @@ impl ConsulHwmStore {
             keys,
             session: lease.session().to_owned(),
             known: Mutex::new(HashMap::new()),
+            layout: None,
         }
+    }
+
+    /// Ties every mark write to the layout record as `guard` saw it: once
+    /// the record changes (an operator changed the cluster's layout) the
+    /// next write fails and the node fences itself. Marks read below the
+    /// layout's floor are raised to it, so a node on a new layout starts
+    /// above every ID of the old one.
+    pub fn with_layout(mut self, guard: LayoutGuard) -> Self {
+        self.layout = Some(guard);
+        self
     }
 
     fn known(&self) -> std::sync::MutexGuard<'_, HashMap<WorkerKey, u64>> {
@@ -524,7 +635,13 @@ impl StateStore for ConsulHwmStore {
     }
 
     async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
-        Ok(self.read(key).await?.0)
+        let stored = self.read(key).await?.0;
+        let floor = self
+            .layout
+            .as_ref()
+            .filter(|g| g.floor_ms > 0)
+            .map(|g| g.floor_ms - 1);
+        Ok(stored.max(floor))
     }
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
@@ -534,7 +651,14 @@ impl StateStore for ConsulHwmStore {
             None => self.read(key).await?.1,
         };
         let hwm_key = self.keys.hwm(key);
-        let ops = [
+        let mut ops = Vec::with_capacity(3);
+        if let Some(g) = &self.layout {
+            ops.push(TxnOp::CheckIndex {
+                key: g.key.clone(),
+                index: g.index,
+            });
+        }
+        ops.extend([
             TxnOp::CheckSession {
                 key: self.keys.worker(key),
                 session: self.session.clone(),
@@ -544,7 +668,7 @@ impl StateStore for ConsulHwmStore {
                 value: hwm_ms.to_string().into_bytes(),
                 index,
             },
-        ];
+        ]);
         let outcome = self.client.txn(&ops).await.map_err(|e| {
             // Applied or not, we cannot tell: re-read before the next write.
             self.known().remove(&key);
@@ -560,6 +684,16 @@ impl StateStore for ConsulHwmStore {
             }
             TxnOutcome::RolledBack(errors) => {
                 self.known().remove(&key);
+                if let Some(g) = self
+                    .layout
+                    .as_ref()
+                    .filter(|_| errors.iter().any(|e| e.op_index == 0))
+                {
+                    return Err(StoreError::LockLost(format!(
+                        "high-water mark not written: the cluster layout record {} changed since this node checked it (generation {}); an operator changed the layout, so this node stops issuing for good: restart it with the cluster's new [layout] (see `idgen admin layout get`)",
+                        g.key, g.generation
+                    )));
+                }
                 Err(StoreError::LockLost(format!(
                     "high-water mark not written: this node no longer holds worker {key}, or the mark changed under it ({})",
                     errors

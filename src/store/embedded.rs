@@ -222,6 +222,17 @@ mod tests {
         drop(EmbeddedStore::create(&path, "twitter").unwrap());
         let err = EmbeddedStore::open(&path, "js53", false).unwrap_err();
         assert!(matches!(err, StoreError::LayoutMismatch { .. }), "{err}");
+        let epoch =
+            |ms: u64| format!("time 41x1ms / datacenter 5 / worker 5 / sequence 12 / epoch {ms}ms");
+        let path2 = dir.path().join("state2.redb");
+        drop(EmbeddedStore::create(&path2, &epoch(1000)).unwrap());
+        let err = EmbeddedStore::open(&path2, &epoch(2000), false).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("the file has epoch 1000ms, this node has epoch 2000ms"),
+            "{text}"
+        );
+        assert!(!text.contains("datacenter 5, this node"), "{text}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! redb file, one node) and [`consul`] (Consul KV, written only while this
 //! node holds its worker-id lease).
 
+pub mod cluster_layout;
 pub mod consul;
 pub mod embedded;
 pub mod hwm;
@@ -52,7 +53,7 @@ pub enum StoreError {
         path: String,
     },
     /// The state file was created for another layout.
-    #[error("state file {path} was initialised for layout [{stored}] but the config says [{configured}]; changing the layout can repeat IDs: keep the old layout, or start a new cluster with a new state file and a later epoch")]
+    #[error("this node's layout differs from the layout its state file {path} was initialised for: {}. Two layouts over one state can repeat IDs, so the node refuses to start. Set [layout] back to the recorded one ({stored}); the embedded store has no in-place layout change", layout_fields(.stored, .configured))]
     LayoutMismatch {
         /// The path.
         path: String,
@@ -88,6 +89,23 @@ pub enum StoreError {
     /// A lease token's sequence is used up, or no token is free.
     #[error(transparent)]
     Lease(#[from] crate::id::lease::LeaseError),
+}
+
+/// The parts of two layout descriptions (`Layout`'s display form, `time
+/// 41x1ms / datacenter 5 / ...`) that differ, as "file has X, this node has
+/// Y"; the whole descriptions if they do not line up.
+fn layout_fields(stored: &str, configured: &str) -> String {
+    let a: Vec<&str> = stored.split(" / ").collect();
+    let b: Vec<&str> = configured.split(" / ").collect();
+    if a.len() != b.len() {
+        return format!("the file has [{stored}], this node has [{configured}]");
+    }
+    a.iter()
+        .zip(&b)
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("the file has {x}, this node has {y}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Durable state a node needs to issue IDs safely.

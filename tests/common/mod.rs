@@ -117,10 +117,21 @@ impl ChildServer {
     /// Starts `idgen serve --config <config> <extra>`; `Err` with its log
     /// if it exits (or is not ready within 20 s) instead of becoming ready.
     pub fn try_start(config: &Path, extra: &[&str]) -> Result<Self, String> {
+        Self::try_start_env(config, extra, &[])
+    }
+
+    /// Like [`ChildServer::try_start`] with extra environment variables
+    /// (`IDGEN_...` overrides) for the child.
+    pub fn try_start_env(
+        config: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
         let mut child = Command::new(idgen_bin())
             .args(["serve", "--config"])
             .arg(config)
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -1,0 +1,391 @@
+//! The cluster's layout guard end to end: real `idgen serve` processes
+//! against the in-repo Consul-compatible test server. A node with another
+//! layout than the one recorded in Consul refuses to start; a layout
+//! change through `idgen admin layout set` is refused when it could repeat
+//! an ID, and once accepted fences the nodes still on the old layout.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{run_idgen, write_cluster_config, ChildServer};
+use consul_testserver::{Config, TestConsul};
+use idgen::proto::{GenIdsRequest, Mode};
+
+const TOKEN: &str = "layout-admin-secret";
+
+async fn consul() -> TestConsul {
+    TestConsul::start(Config {
+        min_ttl: Duration::from_secs(1),
+        ttl_expiry_factor: 1.0,
+        min_deregister_critical_after: Duration::from_secs(1),
+        ..Config::default()
+    })
+    .await
+    .expect("test consul")
+}
+
+async fn ids(node: &ChildServer, count: u32) -> Result<Vec<u64>, tonic::Status> {
+    let mut c = node.client().await;
+    c.gen_ids(GenIdsRequest {
+        mode: Mode::Snowflake as i32,
+        tag: String::new(),
+        count,
+    })
+    .await
+    .map(|r| r.into_inner().ids)
+}
+
+fn config(dir: &Path, name: &str, consul: std::net::SocketAddr) -> std::path::PathBuf {
+    let token = format!("\"{TOKEN}\"");
+    write_cluster_config(dir, name, consul, &[("admin", "token", &token)])
+}
+
+/// `idgen admin --addr <node> --token .. <args>`, off the async runtime.
+async fn admin(node: &ChildServer, args: &[&str]) -> (bool, String) {
+    let addr = format!("http://{}", node.grpc);
+    let mut all: Vec<String> = ["admin", "--addr", &addr, "--token", TOKEN]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    all.extend(args.iter().map(|s| s.to_string()));
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        run_idgen(&refs)
+    })
+    .await
+    .expect("admin command")
+}
+
+/// Collects IDs from `node` in batches, asserting none repeats in `seen`.
+async fn collect(node: &ChildServer, batches: u32, seen: &mut HashSet<u64>) -> u64 {
+    let mut max = 0;
+    for _ in 0..batches {
+        for id in ids(node, 1000).await.expect("issues") {
+            assert!(seen.insert(id), "ID {id} handed out twice");
+            max = max.max(id);
+        }
+    }
+    max
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_a_later_epoch_or_another_preset_is_refused_naming_the_field() {
+    let consul = consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "a", consul.addr());
+    let a = ChildServer::start(&cfg);
+    let mut seen = HashSet::new();
+    let before = collect(&a, 3, &mut seen).await;
+    let record = consul
+        .kv_get("idgen/test/layout")
+        .expect("the first node records the layout");
+    let text = String::from_utf8(record.value).unwrap();
+    assert!(text.contains("\"preset\":\"twitter\""), "{text}");
+    assert!(text.contains("\"epoch_ms\":1704067200000"), "{text}");
+    assert!(a.terminate().success());
+
+    // The epoch moved forward by an hour: this node's IDs would start far
+    // below the ones just issued.
+    let log = ChildServer::try_start_env(
+        &cfg,
+        &[],
+        &[("IDGEN_LAYOUT__EPOCH", "2024-01-01T01:00:00Z")],
+    )
+    .err()
+    .expect("a restart with another epoch must be refused");
+    assert!(
+        log.contains("layout.epoch: cluster has 2024-01-01T00:00:00Z"),
+        "{log}"
+    );
+    assert!(log.contains("this node has 2024-01-01T01:00:00Z"), "{log}");
+    assert!(log.contains("idgen admin layout set"), "{log}");
+
+    // Another preset, on a second node of the same cluster.
+    let other = write_cluster_config(
+        dir.path(),
+        "b",
+        consul.addr(),
+        &[("layout", "preset", "\"sonyflake\"")],
+    );
+    let log = ChildServer::try_start(&other, &[])
+        .err()
+        .expect("a node with another preset must be refused");
+    assert!(
+        log.contains("layout.preset: cluster has twitter, this node has sonyflake"),
+        "{log}"
+    );
+    assert!(log.contains("layout.time_bits: cluster has 41"), "{log}");
+    assert!(
+        consul.sessions().is_empty(),
+        "a refused node takes no worker id"
+    );
+
+    // The recorded layout still starts, above everything before.
+    let a = ChildServer::start(&cfg);
+    let after = collect(&a, 2, &mut seen).await;
+    assert!(after > before);
+    assert!(a.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences_old_nodes() {
+    let consul = consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_a = config(dir.path(), "a", consul.addr());
+    let cfg_b = config(dir.path(), "b", consul.addr());
+    let a = ChildServer::start(&cfg_a);
+    let b = ChildServer::start(&cfg_b);
+    let mut seen = HashSet::new();
+    let mut old_max = collect(&a, 3, &mut seen).await;
+    old_max = old_max.max(collect(&b, 3, &mut seen).await);
+
+    let (ok, out) = admin(&a, &["layout", "get"]).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("generation 1") && out.contains("preset twitter"),
+        "{out}"
+    );
+
+    // An epoch an hour later: its IDs would lie far below the ones issued.
+    let (ok, out) = admin(
+        &a,
+        &[
+            "layout",
+            "set",
+            "--preset",
+            "twitter",
+            "--epoch",
+            "2024-01-01T01:00:00Z",
+        ],
+    )
+    .await;
+    assert!(!ok, "an unsafe change must be refused: {out}");
+    assert!(out.contains("FAILED_PRECONDITION"), "{out}");
+    assert!(out.contains("layout change refused"), "{out}");
+    // Refused before anything was touched: both nodes keep issuing.
+    old_max = old_max.max(collect(&a, 1, &mut seen).await);
+    old_max = old_max.max(collect(&b, 1, &mut seen).await);
+
+    // A read-then-write against a generation that is not current loses.
+    let (ok, out) = admin(
+        &a,
+        &[
+            "layout",
+            "set",
+            "--preset",
+            "twitter",
+            "--epoch",
+            "2023-01-01T00:00:00Z",
+            "--expect-generation",
+            "7",
+        ],
+    )
+    .await;
+    assert!(!ok && out.contains("ABORTED"), "{out}");
+
+    // An epoch a year earlier: every new ID lies above every old one.
+    let (ok, out) = admin(
+        &a,
+        &[
+            "layout",
+            "set",
+            "--preset",
+            "twitter",
+            "--epoch",
+            "2023-01-01T00:00:00Z",
+        ],
+    )
+    .await;
+    assert!(ok, "a safe change must be accepted: {out}");
+    assert!(out.contains("layout changed"), "{out}");
+
+    // Both nodes still run the old layout: they stop issuing within a
+    // mark renewal or two, and stay stopped.
+    for node in [&a, &b] {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            match ids(node, 100).await {
+                Ok(got) => {
+                    for id in got {
+                        assert!(seen.insert(id), "ID {id} handed out twice");
+                        old_max = old_max.max(id);
+                    }
+                }
+                Err(s) => {
+                    assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                    break;
+                }
+            }
+            assert!(Instant::now() < end, "an old-layout node kept issuing");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for node in [&a, &b] {
+        assert!(ids(node, 1).await.is_err(), "stays fenced");
+        assert!(
+            node.log_text().contains("the cluster layout record"),
+            "{}",
+            node.log_text()
+        );
+    }
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+
+    // A restart on the old layout is refused, naming the epoch.
+    let log = ChildServer::try_start(&cfg_a, &[])
+        .err()
+        .expect("the old layout must be refused after the change");
+    assert!(
+        log.contains("layout.epoch: cluster has 2023-01-01T00:00:00Z"),
+        "{log}"
+    );
+
+    // On the new layout both start, and every new ID is above every old one.
+    let new_epoch = [("IDGEN_LAYOUT__EPOCH", "2023-01-01T00:00:00Z")];
+    let a = ChildServer::try_start_env(&cfg_a, &[], &new_epoch).expect("new layout starts");
+    let b = ChildServer::try_start_env(&cfg_b, &[], &new_epoch).expect("new layout starts");
+    for node in [&a, &b] {
+        for _ in 0..3 {
+            for id in ids(node, 1000).await.expect("issues") {
+                assert!(id > old_max, "new ID {id} not above old {old_max}");
+                assert!(seen.insert(id), "ID {id} handed out twice");
+            }
+        }
+    }
+    let (ok, out) = admin(&a, &["layout", "get"]).await;
+    assert!(ok, "{out}");
+    assert!(out.contains("generation 3"), "{out}");
+    assert!(out.contains("earlier: generation 1"), "{out}");
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_first_nodes_with_different_layouts_leave_one_record_and_one_refusal() {
+    let consul = consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let twitter = write_cluster_config(dir.path(), "t", consul.addr(), &[]);
+    let sony = write_cluster_config(
+        dir.path(),
+        "s",
+        consul.addr(),
+        &[("layout", "preset", "\"sonyflake\"")],
+    );
+    // Started together: whichever records first, the other must compare
+    // against that record and refuse.
+    let (a, b) = tokio::join!(
+        tokio::task::spawn_blocking(move || ChildServer::try_start(&twitter, &[])),
+        tokio::task::spawn_blocking(move || ChildServer::try_start(&sony, &[])),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(
+        a.is_ok() != b.is_ok(),
+        "exactly one of two layouts may start: twitter {:?}, sonyflake {:?}",
+        a.as_ref().err(),
+        b.as_ref().err()
+    );
+    let record = String::from_utf8(consul.kv_get("idgen/test/layout").unwrap().value).unwrap();
+    let (winner, refusal) = match (a, b) {
+        (Ok(node), Err(log)) => (("twitter", node), log),
+        (Err(log), Ok(node)) => (("sonyflake", node), log),
+        _ => unreachable!(),
+    };
+    assert!(
+        record.contains(&format!("\"preset\":\"{}\"", winner.0)),
+        "{record}"
+    );
+    assert!(refusal.contains("layout.preset: cluster has"), "{refusal}");
+    assert!(winner.1.terminate().success());
+}
+
+/// Rewrites the layout record through the HTTP KV API as an interrupted
+/// `admin layout set` would have left it: marked changing at `marked_ms`.
+async fn mark_changing(consul: &TestConsul, marked_ms: u64) -> u64 {
+    let entry = consul.kv_get("idgen/test/layout").expect("a record");
+    let mut record: serde_json::Value = serde_json::from_slice(&entry.value).unwrap();
+    let generation = record["generation"].as_u64().unwrap() + 1;
+    let mut to = record["layout"].clone();
+    to["epoch_ms"] = serde_json::json!(1_672_531_200_000u64);
+    record["changing_to"] = to;
+    record["generation"] = serde_json::json!(generation);
+    record["recorded_ms"] = serde_json::json!(marked_ms);
+    let url = format!("http://{}/v1/kv/idgen/test/layout", consul.addr());
+    let resp = reqwest::Client::new()
+        .put(url)
+        .body(record.to_string())
+        .send()
+        .await
+        .expect("kv put");
+    assert!(resp.status().is_success());
+    generation
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_change_holds_nodes_off_then_is_rolled_back() {
+    let consul = consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "a", consul.addr());
+    let a = ChildServer::start(&cfg);
+    let mut seen = HashSet::new();
+    let before = collect(&a, 2, &mut seen).await;
+    assert!(a.terminate().success());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+
+    // Just marked: nobody starts while the change is being checked.
+    mark_changing(&consul, now).await;
+    let log = ChildServer::try_start(&cfg, &[])
+        .err()
+        .expect("no node starts during a change");
+    assert!(log.contains("is being changed"), "{log}");
+
+    // Marked two minutes ago and never finished: the next node puts the
+    // layout in force back and starts on it.
+    let marked = mark_changing(&consul, now - 120_000).await;
+    let a = ChildServer::start(&cfg);
+    assert!(a.log_text().contains("never finished"), "{}", a.log_text());
+    let after = collect(&a, 2, &mut seen).await;
+    assert!(after > before);
+    let record: serde_json::Value =
+        serde_json::from_slice(&consul.kv_get("idgen/test/layout").unwrap().value).unwrap();
+    assert_eq!(record["generation"].as_u64(), Some(marked + 1));
+    assert!(record.get("changing_to").is_none(), "{record}");
+    assert_eq!(
+        record["layout"]["epoch_ms"].as_u64(),
+        Some(1_704_067_200_000)
+    );
+    assert!(a.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_admin_calls_on_the_embedded_store_say_where_the_layout_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[admin]\ntoken = \"{TOKEN}\"\n"));
+    std::fs::write(&path, text).unwrap();
+    let node = ChildServer::start(&path);
+    for args in [
+        &["layout", "get"][..],
+        &[
+            "layout",
+            "set",
+            "--preset",
+            "twitter",
+            "--epoch",
+            "2023-01-01T00:00:00Z",
+        ][..],
+    ] {
+        let (ok, out) = admin(&node, args).await;
+        assert!(!ok, "{out}");
+        assert!(out.contains("FAILED_PRECONDITION"), "{out}");
+        assert!(out.contains("embedded store"), "{out}");
+    }
+    assert!(node.terminate().success());
+}
