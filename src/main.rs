@@ -28,7 +28,10 @@ struct Cli {
 enum Command {
     /// Run the ID service.
     Serve(ServeArgs),
-    /// Create the state file (refuses to overwrite an existing one).
+    /// Create an empty state file for a new node (refuses to overwrite an
+    /// existing one). Never the fix for a lost state file: it restarts
+    /// segment, lease and strict counters; restore a backup instead
+    /// (`idgen state restore`).
     Init(ConfigArgs),
     /// Ask a running server for IDs.
     Gen(GenArgs),
@@ -374,6 +377,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Printed by every `idgen init`: an empty state file is right for a new
+/// node only.
+const INIT_WARNING: &str = "warning: `idgen init` creates an EMPTY state file: segment, lease and strict counters start again from their initial values. Use it only for a node that has never issued IDs. If this node's state file was lost, do not init: restore the latest backup with `idgen state restore <backup-file> --config <file> --skip-ahead <margin>` (see README, Backup and recovery), or the node hands out IDs it handed out before.";
+
 fn init(a: ConfigArgs) -> anyhow::Result<()> {
     let overrides = Overrides {
         state_path: a.state,
@@ -383,6 +390,7 @@ fn init(a: ConfigArgs) -> anyhow::Result<()> {
     if !matches!(config.backend, idgen::config::Backend::Embedded) {
         bail!("idgen init creates the embedded state file; with store.backend = \"consul\" there is nothing to create (nodes claim worker ids at start)");
     }
+    eprintln!("{INIT_WARNING}");
     EmbeddedStore::create(&config.state_path, &config.layout.to_string())?;
     println!(
         "created state file {} for layout [{}]",

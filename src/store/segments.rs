@@ -156,7 +156,7 @@ impl EmbeddedStore {
     }
 
     fn insert_tag(&self, tag: &Tag, record: &TagRecord) -> Result<TagRecord, StoreError> {
-        let txn = self.db().begin_write().map_err(backend_err)?;
+        let txn = self.begin_write()?;
         let written = {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let old = match table.get(tag.as_str()).map_err(backend_err)? {
@@ -166,14 +166,21 @@ impl EmbeddedStore {
             let written = match old {
                 Some(old) if !old.deleted => return Err(StoreError::TagExists(tag.to_string())),
                 Some(tombstone) => tombstone.revived(record),
-                None => record.clone(),
+                // A tag the restored backup did not know may have handed
+                // out IDs after the backup: start above the restore floor.
+                None => TagRecord {
+                    max_id: record
+                        .max_id
+                        .max(self.floor().min(crate::id::segment::MAX_SEGMENT_ID)),
+                    ..record.clone()
+                },
             };
             table
                 .insert(tag.as_str(), encode(&written).as_slice())
                 .map_err(backend_err)?;
             written
         };
-        txn.commit().map_err(backend_err)?;
+        self.commit(txn)?;
         Ok(written)
     }
 
@@ -183,7 +190,7 @@ impl EmbeddedStore {
         tag: &Tag,
         change: impl FnOnce(&TagRecord) -> Result<TagRecord, StoreError>,
     ) -> Result<TagRecord, StoreError> {
-        let txn = self.db().begin_write().map_err(backend_err)?;
+        let txn = self.begin_write()?;
         let written = {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let record = match table.get(tag.as_str()).map_err(backend_err)? {
@@ -199,12 +206,12 @@ impl EmbeddedStore {
                 .map_err(backend_err)?;
             written
         };
-        txn.commit().map_err(backend_err)?;
+        self.commit(txn)?;
         Ok(written)
     }
 
     fn advance_tag(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
-        let txn = self.db().begin_write().map_err(backend_err)?;
+        let txn = self.begin_write()?;
         let range = {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let record = match table.get(tag.as_str()).map_err(backend_err)? {
@@ -221,7 +228,7 @@ impl EmbeddedStore {
             range
         };
         // Durable before the range is handed to anyone.
-        txn.commit().map_err(backend_err)?;
+        self.commit(txn)?;
         Ok(range)
     }
 }
