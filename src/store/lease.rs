@@ -58,7 +58,7 @@ pub trait TokenSource: Send + Sync + 'static {
     async fn release(&self) -> Result<(), StoreError>;
 }
 
-const LEASE: TableDefinition<&str, u64> = TableDefinition::new("lease");
+pub(crate) const LEASE: TableDefinition<&str, u64> = TableDefinition::new("lease");
 
 fn counter_key(zone: u64, token: u64) -> String {
     format!("{zone}/{token}")

@@ -10,7 +10,7 @@ pub mod embedded;
 pub mod hwm;
 pub mod lease;
 pub mod segments;
-
+pub mod snapshot;
 pub mod state_file;
 pub mod strict;
 

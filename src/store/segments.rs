@@ -103,7 +103,7 @@ fn no_admin(what: &str) -> StoreError {
 /// other nodes is tried in all.
 const ADMIN_CAS_ATTEMPTS: u32 = 16;
 
-const SEGMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("segments");
+pub(crate) const SEGMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("segments");
 
 fn decode(tag: &Tag, bytes: &[u8]) -> Result<TagRecord, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| {

@@ -86,9 +86,9 @@ pub trait StrictStore: Send + Sync + 'static {
 // ---- Embedded ---------------------------------------------------------------
 
 /// Strict counters: `"<namespace>/<key>"` -> the last value handed out.
-const STRICT: TableDefinition<&str, u64> = TableDefinition::new("strict");
+pub(crate) const STRICT: TableDefinition<&str, u64> = TableDefinition::new("strict");
 /// Namespace steps: `"<namespace>"` -> step.
-const STRICT_NAMESPACES: TableDefinition<&str, u64> = TableDefinition::new("strict_namespaces");
+pub(crate) const STRICT_NAMESPACES: TableDefinition<&str, u64> = TableDefinition::new("strict_namespaces");
 
 /// Most requests applied in one write transaction; more wait for the next.
 /// Bounds the transaction's size and the latency of the first callers.
