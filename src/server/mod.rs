@@ -36,6 +36,7 @@ use crate::metrics as m;
 use crate::proto;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::{EmbeddedTokens, TokenSource};
+use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::{StateFileGuard, StateFileWatch};
 use crate::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictStore};
 use crate::store::{EmbeddedStore, HwmKeeper, SegmentStore, StateStore, WorkerKey};
@@ -120,6 +121,8 @@ pub struct Node {
     admin_segments: Option<Arc<dyn SegmentStore>>,
     /// Checks the embedded state file on its own thread while serving.
     state_watch: Option<StateFileWatch>,
+    /// Snapshots of the embedded state file, for the admin `Backup`.
+    snapshots: Option<SnapshotSource>,
 }
 
 /// The stable instance name: configured, or `<hostname>-<port>`.
@@ -249,14 +252,30 @@ impl Node {
             state_file: Some(Arc::clone(&guard)),
         };
         let interval = (config.hwm_renew_interval / 2).min(std::time::Duration::from_millis(100));
+        let snapshots = SnapshotSource::new(
+            store.clone(),
+            config.lease.as_ref().map_or(0, |l| l.block),
+            config.segment.as_ref().map_or(0, |s| s.max_step),
+        );
         let mut node =
             Self::start_with_store(config, clock, Arc::new(store), stores, metrics).await?;
         let issuer = Arc::clone(&node.issuer);
+        let (sampler, sample_clock) = (snapshots.clone(), Arc::clone(&node.clock));
         node.state_watch = Some(
-            StateFileWatch::start(guard, interval, move || issuer.halt_state_file_lost()).map_err(
-                |e| Error::Setup(format!("cannot start the state file watch thread: {e}")),
-            )?,
+            StateFileWatch::start(
+                guard,
+                interval,
+                move || issuer.halt_state_file_lost(),
+                crate::store::snapshot::SAMPLE_EVERY,
+                move || {
+                    if let Err(e) = sampler.sample(sample_clock.now_millis()) {
+                        tracing::warn!(error = %e, "cannot sample counters for backup rates");
+                    }
+                },
+            )
+            .map_err(|e| Error::Setup(format!("cannot start the state file watch thread: {e}")))?,
         );
+        node.snapshots = Some(snapshots);
         node.prime().await
     }
 
@@ -372,6 +391,7 @@ impl Node {
             metrics,
             admin_segments,
             state_watch: None,
+            snapshots: None,
         })
     }
 
@@ -396,6 +416,7 @@ impl Node {
             metrics,
             admin_segments,
             state_watch,
+            snapshots,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let state = monitor::ServingState::new(reporter);
@@ -439,6 +460,7 @@ impl Node {
                 lease_zone: config.lease.as_ref().map(|l| l.zone),
             },
             clock: Arc::clone(&clock),
+            snapshots,
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let wait_stop = |mut rx: watch::Receiver<bool>| async move {

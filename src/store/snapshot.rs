@@ -24,9 +24,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use redb::{
-    ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, TableHandle,
-};
+use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
 use super::lease::LEASE;
@@ -662,8 +660,11 @@ fn fill(
         let mut meta = out.open_table(META).map_err(backend_err)?;
         meta.insert(RESTORE_FLOOR, floor.to_string().as_str())
             .map_err(backend_err)?;
-        meta.insert("restored_from_taken_at_ms", info.taken_at_ms.to_string().as_str())
-            .map_err(backend_err)?;
+        meta.insert(
+            "restored_from_taken_at_ms",
+            info.taken_at_ms.to_string().as_str(),
+        )
+        .map_err(backend_err)?;
         meta.insert("restored_skip_ahead", skip.to_string().as_str())
             .map_err(backend_err)?;
     }
@@ -684,7 +685,8 @@ fn fill(
             // Tombstones too: a tag created again continues above them.
             record.max_id = bump(record.max_id, crate::id::segment::MAX_SEGMENT_ID);
             let bytes = serde_json::to_vec(&record).map_err(backend_err)?;
-            to.insert(k.value(), bytes.as_slice()).map_err(backend_err)?;
+            to.insert(k.value(), bytes.as_slice())
+                .map_err(backend_err)?;
             report.segments += 1;
         }
     }
@@ -775,7 +777,10 @@ mod tests {
         let bytes = source.take(11_000).unwrap();
         let backup = dir.path().join("b.snap");
         write_snapshot_file(&backup, &bytes).unwrap();
-        assert!(write_snapshot_file(&backup, &bytes).is_err(), "no overwrite");
+        assert!(
+            write_snapshot_file(&backup, &bytes).is_err(),
+            "no overwrite"
+        );
 
         let info = inspect(&backup).unwrap();
         assert_eq!(info.taken_at_ms, 11_000);

@@ -127,11 +127,15 @@ pub struct StateFileWatch {
 
 impl StateFileWatch {
     /// Starts checking `guard` every `interval`; `on_lost` runs once, on
-    /// the watch thread, when the file is first seen lost.
+    /// the watch thread, when the file is first seen lost. `tick` runs on
+    /// the same thread about every `tick_every` while the file is there
+    /// (the node samples its counters for backups with it).
     pub fn start(
         guard: Arc<StateFileGuard>,
         interval: Duration,
         on_lost: impl FnOnce() + Send + 'static,
+        tick_every: Duration,
+        mut tick: impl FnMut() + Send + 'static,
     ) -> std::io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread = {
@@ -141,12 +145,16 @@ impl StateFileWatch {
                 .spawn(move || {
                     let mut on_lost = Some(on_lost);
                     let (lock, cvar) = &*stop;
+                    let mut last_tick: Option<std::time::Instant> = None;
                     let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
                     while !*stopped {
                         if guard.check().is_err() && guard.is_lost() {
                             if let Some(f) = on_lost.take() {
                                 f();
                             }
+                        } else if last_tick.is_none_or(|t| t.elapsed() >= tick_every) {
+                            last_tick = Some(std::time::Instant::now());
+                            tick();
                         }
                         stopped = cvar
                             .wait_timeout(stopped, interval)
@@ -223,5 +231,9 @@ mod tests {
             .expect("the watch thread saw the deletion");
         drop(watch);
         assert!(guard.is_lost());
+        assert!(
+            ticks.load(Ordering::Relaxed) >= 1,
+            "ticks while the file is there"
+        );
     }
 }

@@ -88,7 +88,8 @@ pub trait StrictStore: Send + Sync + 'static {
 /// Strict counters: `"<namespace>/<key>"` -> the last value handed out.
 pub(crate) const STRICT: TableDefinition<&str, u64> = TableDefinition::new("strict");
 /// Namespace steps: `"<namespace>"` -> step.
-pub(crate) const STRICT_NAMESPACES: TableDefinition<&str, u64> = TableDefinition::new("strict_namespaces");
+pub(crate) const STRICT_NAMESPACES: TableDefinition<&str, u64> =
+    TableDefinition::new("strict_namespaces");
 
 /// Most requests applied in one write transaction; more wait for the next.
 /// Bounds the transaction's size and the latency of the first callers.
