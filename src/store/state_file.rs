@@ -221,19 +221,34 @@ mod tests {
         let file = std::fs::File::open(&path).unwrap();
         let guard = Arc::new(StateFileGuard::new(&path, &file.metadata().unwrap()));
         let (tx, rx) = std::sync::mpsc::channel();
-        let watch =
-            StateFileWatch::start(Arc::clone(&guard), Duration::from_millis(10), move || {
+        let ticks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = Arc::clone(&ticks);
+        let watch = StateFileWatch::start(
+            Arc::clone(&guard),
+            Duration::from_millis(10),
+            move || {
                 let _ = tx.send(());
-            })
-            .unwrap();
+            },
+            Duration::ZERO,
+            move || {
+                counted.fetch_add(1, Ordering::Relaxed);
+            },
+        )
+        .unwrap();
+        for _ in 0..1000 {
+            if ticks.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            ticks.load(Ordering::Relaxed) >= 1,
+            "ticks while the file is there"
+        );
         std::fs::remove_file(&path).unwrap();
         rx.recv_timeout(Duration::from_secs(10))
             .expect("the watch thread saw the deletion");
         drop(watch);
         assert!(guard.is_lost());
-        assert!(
-            ticks.load(Ordering::Relaxed) >= 1,
-            "ticks while the file is there"
-        );
     }
 }
