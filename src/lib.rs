@@ -15,7 +15,10 @@
 //!   mark rules, and the [`id::Clock`] trait. No I/O, no tokio.
 //! - [`store`]: durable state behind the [`store::StateStore`] trait (the
 //!   embedded redb backend), and [`store::HwmKeeper`], which starts a
-//!   generator above the stored high-water mark and keeps the mark ahead.
+//!   generator above the stored high-water mark and keeps the mark ahead;
+//!   [`store::state_file`] notices a state file deleted or replaced under
+//!   the node, [`store::snapshot`] backs it up and restores it with a
+//!   skip-ahead.
 //! - [`server`]: the running node: gRPC (`idgen.v1.IdGen`, health,
 //!   reflection) and HTTP (`/metrics`, `/healthz`, `/readyz`, `/v1/...`)
 //!   front ends, the one error-to-status mapping, the health monitor and
