@@ -111,6 +111,13 @@ impl EmbeddedStore {
             .map_err(|e| {
                 StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
             })?;
+        // An empty file would be initialised by redb: refuse it untouched.
+        if file.metadata().map(|m| m.len()).unwrap_or(0) == 0 {
+            return Err(StoreError::Backend(format!(
+                "{} is empty, not an idgen state file; restore it from a backup (`idgen state restore`)",
+                path.display()
+            )));
+        }
         let (db, guard) = open_db(path, file)?;
         let (stored, floor) = {
             let txn = db.begin_read().map_err(backend_err)?;
@@ -325,6 +332,16 @@ mod tests {
         drop(EmbeddedStore::create(&path, "twitter").unwrap());
         let err = EmbeddedStore::open(&path, "js53", false).unwrap_err();
         assert!(matches!(err, StoreError::LayoutMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn empty_file_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        std::fs::write(&path, b"").unwrap();
+        let err = EmbeddedStore::open(&path, "L", false).unwrap_err();
+        assert!(err.to_string().contains("is empty"), "{err}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
     }
 
     #[test]
