@@ -116,24 +116,26 @@ impl RateSampler {
         }
     }
 
-    /// Per counter, how fast it moved from the oldest kept sample to
-    /// `current` (per second). Counters first seen after that sample count
-    /// from zero. Empty when there is no sample at least 1 s old.
+    /// Per counter, how fast it moved up to `current` (per second): the
+    /// highest average over the spans from each kept sample at least 1 s
+    /// old to now, so a recent burst counts as much as a steady rate.
+    /// Counters first seen after a sample count from zero there. Empty
+    /// when no sample is at least 1 s old.
     pub fn rates(&self, now_ms: u64, current: &Counters) -> BTreeMap<String, f64> {
-        let Some((t0, old)) = self.samples.front() else {
-            return BTreeMap::new();
-        };
-        let secs = now_ms.saturating_sub(*t0) as f64 / 1000.0;
-        if secs < 1.0 {
-            return BTreeMap::new();
-        }
-        current
-            .iter()
-            .map(|(k, v)| {
+        let mut out: BTreeMap<String, f64> = BTreeMap::new();
+        for (t, old) in &self.samples {
+            let secs = now_ms.saturating_sub(*t) as f64 / 1000.0;
+            if secs < 1.0 {
+                continue;
+            }
+            for (k, v) in current {
                 let before = old.get(k).copied().unwrap_or(0);
-                (k.clone(), v.saturating_sub(before) as f64 / secs)
-            })
-            .collect()
+                let rate = v.saturating_sub(before) as f64 / secs;
+                let best = out.entry(k.clone()).or_insert(0.0);
+                *best = best.max(rate);
+            }
+        }
+        out
     }
 }
 
@@ -757,6 +759,22 @@ mod tests {
         datacenter: 0,
         worker: 0,
     };
+
+    #[test]
+    fn rates_take_the_fastest_recent_span() {
+        let mut s = RateSampler::default();
+        let c = |v: u64| Counters::from([("lease/0/0".to_owned(), v)]);
+        assert!(s.rates(0, &c(0)).is_empty());
+        s.record(0, c(0));
+        s.record(100_000, c(100));
+        // 100 in the first 100 s, then 1000 in the last 10 s.
+        let r = s.rates(110_000, &c(1100));
+        assert_eq!(r.get("lease/0/0").copied(), Some(100.0));
+        // Samples older than the window go, keeping one inside it.
+        s.record(400_000, c(2000));
+        s.record(500_000, c(3000));
+        assert_eq!(s.samples.front().map(|x| x.0), Some(100_000));
+    }
 
     #[tokio::test]
     async fn restore_moves_every_counter_forward_and_sets_the_floor() {
