@@ -28,10 +28,11 @@ struct Cli {
 enum Command {
     /// Run the ID service.
     Serve(ServeArgs),
-    /// Create an empty state file for a new node (refuses to overwrite an
-    /// existing one). Never the fix for a lost state file: it restarts
-    /// segment, lease and strict counters; restore a backup instead
-    /// (`idgen state restore`).
+    /// Create an empty state file for a new node.
+    ///
+    /// Refuses to overwrite an existing one. Never the fix for a lost
+    /// state file: it restarts segment, lease and strict counters; restore
+    /// a backup instead (`idgen state restore`).
     Init(ConfigArgs),
     /// Ask a running server for IDs.
     Gen(GenArgs),
@@ -49,16 +50,19 @@ enum Command {
 
 #[derive(Subcommand)]
 enum StateCommand {
-    /// Write a consistent snapshot of the state file to FILE, with when it
-    /// was taken and how fast each counter moved. By default the running
-    /// node takes it (admin rpc Backup; it keeps issuing meanwhile);
-    /// --offline reads the state file of a stopped node directly.
+    /// Write a consistent snapshot of the state file to FILE.
+    ///
+    /// The snapshot records when it was taken and how fast each counter
+    /// moved. By default the running node takes it (admin rpc Backup; it
+    /// keeps issuing meanwhile); --offline reads the state file of a
+    /// stopped node directly.
     Backup(BackupArgs),
-    /// Recreate a lost state file from a snapshot, moving every segment,
-    /// lease and strict counter forward by --skip-ahead so nothing handed
-    /// out after the snapshot is handed out again. Refuses to overwrite an
-    /// existing state file; without --skip-ahead prints a suggested margin
-    /// and refuses.
+    /// Recreate a lost state file from a snapshot, skipping ahead.
+    ///
+    /// Every segment, lease and strict counter moves forward by
+    /// --skip-ahead, so nothing handed out after the snapshot is handed
+    /// out again. Refuses to overwrite an existing state file; without
+    /// --skip-ahead prints a suggested margin and refuses.
     Restore(RestoreArgs),
 }
 
