@@ -156,6 +156,20 @@ async fn backup_under_load_then_restore_with_skip_ahead_never_repeats_an_id() {
         );
     }
 
+    // An offline backup of the file the crash left behind works too (it
+    // is repaired first, as a starting node would).
+    let crashed = dir.path().join("backups/after-crash.snapshot");
+    let (ok, out) = idgen(args(&[
+        "state",
+        "backup",
+        "--offline",
+        "--config",
+        &cfg,
+        crashed.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(ok && out.contains("not recorded (offline backup)"), "{out}");
+
     // The file is lost. The node refuses to start, pointing at restore.
     std::fs::remove_file(&state).unwrap();
     let err = ChildServer::try_start(&config, &[]).err().expect("refuses");

@@ -211,7 +211,11 @@ pub fn take_offline(path: &Path, now_ms: u64) -> Result<Vec<u8>, StoreError> {
             path.display()
         )));
     }
-    let db = redb::ReadOnlyDatabase::open(path).map_err(|e| match e {
+    // Opened for writing, like a starting node would: the exclusive lock
+    // keeps a node from starting on it meanwhile, and a file left by a
+    // crash (kill -9, power loss) is repaired first, which a read-only
+    // open cannot do.
+    let db = redb::Database::open(path).map_err(|e| match e {
         redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
             "state file {} is held by a running node: back it up through the node instead (`idgen state backup <file> --addr http://<node>:<grpc port>` with its admin token)",
             path.display()
