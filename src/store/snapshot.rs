@@ -229,10 +229,16 @@ impl SnapshotSource {
     }
 
     /// A consistent snapshot of the whole file, as the bytes of a redb
-    /// file. Refused once the state file is lost: its contents may then be
-    /// behind what was handed out.
+    /// file.
+    ///
+    /// Also after the state file was deleted or replaced: the node still
+    /// holds the file it wrote, and every block, range or value it handed
+    /// out was committed to it first (and nothing was handed out after the
+    /// loss was seen), so this rescue snapshot covers everything the node
+    /// issued. It is marked as such and restore suggests a margin without
+    /// rates for it.
     pub fn take(&self, now_ms: u64) -> Result<Vec<u8>, StoreError> {
-        self.store.guard().check()?;
+        let lost = self.store.guard().lost_error();
         let txn = self.store.db().begin_read().map_err(backend_err)?;
         let counters = read_counters(&txn, MAX_TRACKED_COUNTERS)?;
         let rates = self
@@ -242,6 +248,9 @@ impl SnapshotSource {
             .rates(now_ms, &counters);
         let mut info = self.extra.clone();
         info.insert("rates".into(), "measured".into());
+        if let Some(e) = lost {
+            info.insert("taken_after_loss".into(), e.to_string());
+        }
         info.insert("source".into(), self.store.path().display().to_string());
         snapshot_bytes(&txn, now_ms, info, &rates)
     }
@@ -442,6 +451,9 @@ pub struct SnapshotInfo {
     pub lease_block: u64,
     /// The floor of an earlier restore, carried along.
     pub floor: u64,
+    /// A rescue snapshot: taken by the node after its state file was
+    /// deleted or replaced, when it had stopped issuing for good.
+    pub taken_after_loss: bool,
 }
 
 fn not_a_snapshot(path: &Path, why: impl std::fmt::Display) -> StoreError {
@@ -546,6 +558,7 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
         largest_step,
         lease_block: num("lease_block"),
         floor,
+        taken_after_loss: info.contains_key("taken_after_loss"),
     })
 }
 
@@ -598,7 +611,24 @@ pub fn suggest(info: &SnapshotInfo, now_ms: u64) -> Suggestion {
     let raw = moved.saturating_add(lump);
     let margin = raw.div_ceil(1000).saturating_mul(1000).max(1000);
     let age = humantime::format_duration(std::time::Duration::from_secs(age_s as u64));
-    let mut explanation = if info.rates_known {
+    // A rescue snapshot holds everything the node issued: nothing moved
+    // after it, whatever its age.
+    let (rate, moved, raw, margin) = if info.taken_after_loss {
+        (
+            0.0,
+            0,
+            lump,
+            lump.div_ceil(1000).saturating_mul(1000).max(1000),
+        )
+    } else {
+        (rate, moved, raw, margin)
+    };
+    let mut explanation = if info.taken_after_loss {
+        format!(
+            "a rescue snapshot, taken by the node after its state file was lost, when it had stopped issuing: it holds every reservation the node made; two of the largest reservations (2 x {}) = {margin} for good measure. If another node ran on a new file at that path meanwhile, stop it and add what it handed out",
+            lump / 2
+        )
+    } else if info.rates_known {
         if rate > 0.0 {
             format!(
                 "the snapshot is {age} old; its fastest counter ({fastest}) moved {rate:.1}/s when it was taken: 2 x {rate:.1}/s x {age_s:.0} s = {moved}, plus two of the largest reservations (2 x {}) = {raw}, rounded up to {margin}",
@@ -856,6 +886,7 @@ mod tests {
             largest_step: 0,
             lease_block: 0,
             floor: 0,
+            taken_after_loss: false,
         };
         // 2 x 30/s x 100 s + 2 = 6002 -> 7000.
         assert_eq!(suggest(&info, 100_000).margin, 7000);
