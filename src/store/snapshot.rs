@@ -247,7 +247,12 @@ impl SnapshotSource {
             .unwrap_or_else(|p| p.into_inner())
             .rates(now_ms, &counters);
         let mut info = self.extra.clone();
-        info.insert("rates".into(), "measured".into());
+        let measured = if rates.is_empty() {
+            "unknown (taken within a second of the node's start)"
+        } else {
+            "measured"
+        };
+        info.insert("rates".into(), measured.into());
         if let Some(e) = lost {
             info.insert("taken_after_loss".into(), e.to_string());
         }
@@ -642,7 +647,7 @@ pub fn suggest(info: &SnapshotInfo, now_ms: u64) -> Suggestion {
         }
     } else {
         format!(
-            "the snapshot was taken offline, so it records no issue rates; {margin} covers only two of the largest reservations (2 x {}). Add what the node handed out after the snapshot (IDs per second x seconds it ran since, per segment tag, lease token or strict key)",
+            "the snapshot records no issue rates (taken offline, or within a second of the node's start); {margin} covers only two of the largest reservations (2 x {}). Add what the node handed out after the snapshot (IDs per second x seconds it ran since, per segment tag, lease token or strict key)",
             lump / 2
         )
     };
