@@ -25,7 +25,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let store = EmbeddedStore::create(&dir.path().join("s.redb"), "bench").expect("store");
-    let tokens = EmbeddedTokens::new(store, 0, 0).expect("tokens");
+    let tokens = EmbeddedTokens::new(store, 0, 0, (0, 63)).expect("tokens");
     let leases = Arc::new(Leases::new(
         Arc::new(tokens),
         LeaseSettings {

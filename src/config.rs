@@ -410,10 +410,15 @@ pub struct LeaseSection {
     pub enabled: bool,
     /// Zone (0 to 127), the top field of every lease ID.
     pub zone: u64,
-    /// Embedded store: the token to start with (0 to 65535); the single
-    /// node moves to the next one when a token is used up. Consul: tokens
-    /// are claimed automatically and this is ignored.
-    pub token: u64,
+    /// Embedded store: the token to start with. Unset (the default): the
+    /// first token of this node's own range, derived from its datacenter
+    /// and worker id (see [`crate::id::lease::node_token_range`]); a
+    /// token outside that range is refused, since another embedded node
+    /// owns it. The node moves to the next token of its range when one is
+    /// used up. Consul: tokens are claimed automatically and this is
+    /// ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
     /// Sequences reserved per block (1 to 100000000); the next block is
     /// reserved when half of the current one is used.
     pub block: u64,
@@ -424,7 +429,7 @@ impl Default for LeaseSection {
         Self {
             enabled: false,
             zone: 0,
-            token: 0,
+            token: None,
             block: 1000,
         }
     }
@@ -987,11 +992,17 @@ impl FileConfig {
             let l = &self.lease;
             crate::id::lease::check_zone(l.zone)
                 .map_err(|e| invalid("lease.zone", e.to_string()))?;
-            crate::id::lease::check_token(l.token)
-                .map_err(|e| invalid("lease.token", e.to_string()))?;
+            if let Some(token) = l.token {
+                crate::id::lease::check_token(token)
+                    .map_err(|e| invalid("lease.token", e.to_string()))?;
+            }
             crate::id::lease::check_block(l.block)
                 .map_err(|e| invalid("lease.block", e.to_string()))?;
-            Some(l.clone())
+            let mut l = l.clone();
+            if matches!(backend, Backend::Embedded) {
+                l.token = Some(self.embedded_lease_token(&layout, l.token)?);
+            }
+            Some(l)
         } else {
             None
         };
@@ -1037,6 +1048,48 @@ impl FileConfig {
             log_json: self.log.format == "json",
             log_color: self.log.color,
         })
+    }
+}
+
+impl FileConfig {
+    /// The token an embedded node starts lease mode at: the first of its
+    /// own range, or `explicit` if that lies inside the range. Anything
+    /// else would let two embedded nodes share a token space and hand out
+    /// the same lease IDs, so it is refused.
+    fn embedded_lease_token(
+        &self,
+        layout: &Layout,
+        explicit: Option<u64>,
+    ) -> Result<u64, ConfigError> {
+        let spec = layout.spec();
+        let (dc, worker) = (self.node.datacenter_id, self.node.worker_id);
+        let Some((first, last)) =
+            crate::id::lease::node_token_range(dc, worker, spec.datacenter_bits, spec.worker_bits)
+        else {
+            return Err(invalid(
+                "lease.enabled",
+                format!(
+                    "lease mode on the embedded store gives every (datacenter, worker) its own range of the 65536 tokens, which needs layout datacenter_bits + worker_bits <= 16 (this layout has {} + {}); use store.backend = \"consul\" or a layout with fewer node bits",
+                    spec.datacenter_bits, spec.worker_bits
+                ),
+            ));
+        };
+        match explicit {
+            None => Ok(first),
+            Some(t) if (first..=last).contains(&t) => Ok(t),
+            Some(t) => {
+                let owner =
+                    crate::id::lease::token_owner(t, spec.datacenter_bits, spec.worker_bits)
+                        .map(|(d, w)| format!(" (it belongs to datacenter {d}, worker {w})"))
+                        .unwrap_or_default();
+                Err(invalid(
+                    "lease.token",
+                    format!(
+                        "token {t} is outside this node's own range {first} to {last} (derived from datacenter {dc}, worker {worker}){owner}: two embedded nodes using the same token hand out the same lease IDs. Remove lease.token to start at {first}, or pick a token from {first} to {last}"
+                    ),
+                ))
+            }
+        }
     }
 }
 
@@ -1364,14 +1417,35 @@ mod tests {
         f.lease.zone = 128;
         assert_eq!(err_key(&f), "lease.zone");
         f.lease.zone = 127;
-        f.lease.token = 65_536;
+        f.lease.token = Some(65_536);
         assert_eq!(err_key(&f), "lease.token");
-        f.lease.token = 65_535;
+        f.lease.token = Some(63);
         f.lease.block = 0;
         assert_eq!(err_key(&f), "lease.block");
         f.lease.block = 1000;
         let c = f.validate(NOW).unwrap();
-        assert_eq!(c.lease.map(|l| (l.zone, l.token)), Some((127, 65_535)));
+        assert_eq!(c.lease.map(|l| (l.zone, l.token)), Some((127, Some(63))));
+
+        // Embedded nodes derive their token range from (datacenter,
+        // worker) and refuse a token of another node's range.
+        let mut f = FileConfig::default();
+        f.lease.enabled = true;
+        f.node.datacenter_id = 1;
+        f.node.worker_id = 2;
+        let c = f.validate(NOW).unwrap();
+        assert_eq!(c.lease.as_ref().and_then(|l| l.token), Some(2048 + 128));
+        f.lease.token = Some(0);
+        let err = f.validate(NOW).unwrap_err().to_string();
+        assert!(
+            err.contains("lease.token") && err.contains("2176 to 2239"),
+            "{err}"
+        );
+        assert!(err.contains("belongs to datacenter 0, worker 0"), "{err}");
+        f.lease.token = Some(2239);
+        assert_eq!(
+            f.validate(NOW).unwrap().lease.and_then(|l| l.token),
+            Some(2239)
+        );
 
         let mut f = FileConfig::default();
         f.strict.enabled = true;

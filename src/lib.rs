@@ -17,7 +17,9 @@
 //!   embedded redb backend, Consul), [`store::HwmKeeper`], which starts a
 //!   generator above the stored high-water mark and keeps the mark ahead,
 //!   and [`store::cluster_layout`], the layout a Consul cluster records
-//!   once and guards.
+//!   once and guards; [`store::state_file`] notices a state file deleted or
+//!   replaced under the node, [`store::snapshot`] backs it up and restores
+//!   it with a skip-ahead.
 //! - [`server`]: the running node: gRPC (`idgen.v1.IdGen`, health,
 //!   reflection) and HTTP (`/metrics`, `/healthz`, `/readyz`, `/v1/...`)
 //!   front ends, the one error-to-status mapping, the health monitor,

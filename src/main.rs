@@ -32,7 +32,11 @@ struct Cli {
 enum Command {
     /// Run the ID service.
     Serve(ServeArgs),
-    /// Create the state file (refuses to overwrite an existing one).
+    /// Create an empty state file for a new node.
+    ///
+    /// Refuses to overwrite an existing one. Never the fix for a lost
+    /// state file: it restarts segment, lease and strict counters; restore
+    /// a backup instead (`idgen state restore`).
     Init(ConfigArgs),
     /// Ask a running server for IDs.
     Gen(GenArgs),
@@ -46,6 +50,71 @@ enum Command {
     /// Validate a config (file, IDGEN_* environment, flags) and print the
     /// effective settings, secrets redacted, without starting anything.
     CheckConfig(ServeArgs),
+    /// Back up and restore the embedded state file.
+    #[command(subcommand)]
+    State(StateCommand),
+}
+
+#[derive(Subcommand)]
+enum StateCommand {
+    /// Write a consistent snapshot of the state file to FILE.
+    ///
+    /// The snapshot records when it was taken and how fast each counter
+    /// moved. By default the running node takes it (admin rpc Backup; it
+    /// keeps issuing meanwhile); --offline reads the state file of a
+    /// stopped node directly.
+    Backup(BackupArgs),
+    /// Recreate a lost state file from a snapshot, skipping ahead.
+    ///
+    /// Every segment, lease and strict counter moves forward by
+    /// --skip-ahead, so nothing handed out after the snapshot is handed
+    /// out again. Refuses to overwrite an existing state file; without
+    /// --skip-ahead prints a suggested margin and refuses.
+    Restore(RestoreArgs),
+}
+
+#[derive(Args)]
+struct BackupArgs {
+    /// Where to write the snapshot (refuses to overwrite a file).
+    file: PathBuf,
+    /// The running node's gRPC address: host:port or http://host:port.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    addr: String,
+    /// Longest wait for the connection and for the node to take the
+    /// snapshot.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// The node's admin token (its admin.token). Prefer --token-file or
+    /// the environment (IDGEN_ADMIN__TOKEN).
+    #[arg(
+        long,
+        env = "IDGEN_ADMIN__TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
+    token: Option<String>,
+    /// A file holding the admin token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Read the state file named by --config/--state directly; only while
+    /// no node runs on it.
+    #[arg(long)]
+    offline: bool,
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+#[derive(Args)]
+struct RestoreArgs {
+    /// The snapshot written by `idgen state backup`.
+    backup: PathBuf,
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Move every segment max_id, lease token counter and strict counter
+    /// forward by this many IDs/values. Must exceed what the node handed
+    /// out after the snapshot; run without it for a suggestion.
+    #[arg(long)]
+    skip_ahead: Option<u64>,
 }
 
 #[derive(Args)]
@@ -362,6 +431,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(a) => bench_cmd(a).await,
         Command::Admin(a) => admin::run(a).await,
         Command::CheckConfig(a) => check_config(a),
+        Command::State(StateCommand::Backup(a)) => state_backup(a).await,
+        Command::State(StateCommand::Restore(a)) => state_restore(a),
     }
 }
 
@@ -477,6 +548,9 @@ fn check_config(a: ServeArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
+/// Printed by every `idgen init`: an empty state file is right for a new
+/// node only.
+const INIT_WARNING: &str = "warning: `idgen init` creates an EMPTY state file: segment, lease and strict counters start again from their initial values. Use it only for a node that has never issued IDs. If this node's state file was lost, do not init: restore the latest backup with `idgen state restore <backup-file> --config <file> --skip-ahead <margin>` (see README, Backup and recovery), or the node hands out IDs it handed out before.";
 
 fn init(a: ConfigArgs) -> anyhow::Result<()> {
     let overrides = Overrides {
@@ -487,12 +561,150 @@ fn init(a: ConfigArgs) -> anyhow::Result<()> {
     if !matches!(config.backend, idgen::config::Backend::Embedded) {
         bail!("idgen init creates the embedded state file; with store.backend = \"consul\" there is nothing to create (nodes claim worker ids at start)");
     }
+    eprintln!("{INIT_WARNING}");
     EmbeddedStore::create(&config.state_path, &config.layout.to_string())?;
     outln!(
         "created state file {} for layout [{}]",
         config.state_path.display(),
         config.layout
     )?;
+    Ok(())
+}
+
+/// Loads the config of `idgen state ...` and checks it is embedded.
+fn embedded_config(a: &ConfigArgs, what: &str) -> anyhow::Result<Config> {
+    let overrides = Overrides {
+        state_path: a.state.clone(),
+        ..Overrides::default()
+    };
+    let config = Config::load(a.config.as_deref(), &overrides, SystemClock.now_millis())?;
+    if !matches!(config.backend, idgen::config::Backend::Embedded) {
+        bail!("idgen state {what} is for the embedded state file; with store.backend = \"consul\" the state lives in Consul: back up Consul (`consul snapshot save`)");
+    }
+    Ok(config)
+}
+
+async fn state_backup(a: BackupArgs) -> anyhow::Result<()> {
+    use idgen::store::snapshot;
+    if a.file.exists() {
+        bail!(
+            "{} exists already; refusing to overwrite it (give a new file name)",
+            a.file.display()
+        );
+    }
+    let bytes = if a.offline {
+        let config = embedded_config(&a.config, "backup --offline")?;
+        let path = config.state_path.clone();
+        tokio::task::spawn_blocking(move || snapshot::take_offline(&path, SystemClock.now_millis()))
+            .await??
+    } else {
+        if a.config.config.is_some() || a.config.state.is_some() {
+            bail!("--config/--state are for --offline; a running node is reached with --addr");
+        }
+        let token = admin::token_from(a.token.as_deref(), a.token_file.as_deref())?;
+        let mut client = admin::connect_to(&a.addr, token, a.timeout).await?;
+        let mut stream = client
+            .backup(proto::BackupRequest {})
+            .await
+            .map_err(cli::client::status_error)?
+            .into_inner();
+        let mut bytes = Vec::new();
+        let mut total = None;
+        while let Some(chunk) = stream.message().await.map_err(cli::client::status_error)? {
+            total = Some(chunk.total_bytes);
+            bytes.extend_from_slice(&chunk.data);
+        }
+        if total != Some(bytes.len() as u64) {
+            bail!(
+                "the snapshot stream ended early ({} of {:?} bytes); nothing was written, try again",
+                bytes.len(),
+                total
+            );
+        }
+        bytes
+    };
+    let file = a.file.clone();
+    let size = bytes.len();
+    tokio::task::spawn_blocking(move || snapshot::write_snapshot_file(&file, &bytes)).await??;
+    let info = snapshot::inspect(&a.file)?;
+    let taken = std::time::UNIX_EPOCH + Duration::from_millis(info.taken_at_ms);
+    println!(
+        "wrote snapshot {} ({size} bytes), taken {}, layout [{}]",
+        a.file.display(),
+        humantime::format_rfc3339_millis(taken),
+        info.layout
+    );
+    let mut fastest: Vec<(&String, &f64)> = info
+        .rates
+        .iter()
+        .filter(|(k, r)| !k.starts_with("hwm/") && **r > 0.0)
+        .collect();
+    fastest.sort_by(|x, y| y.1.total_cmp(x.1));
+    if info.taken_after_loss {
+        println!("rescue snapshot: the node's state file was lost and it had stopped issuing; this covers everything it handed out (stop the node, then `idgen state restore`)");
+    } else if !info.rates_known {
+        println!("issue rates: not recorded (offline backup)");
+    } else if fastest.is_empty() {
+        println!("issue rates: no counter was moving");
+    } else {
+        for (k, r) in fastest.iter().take(5) {
+            println!("issue rate {k}: {r:.1}/s");
+        }
+    }
+    Ok(())
+}
+
+fn state_restore(a: RestoreArgs) -> anyhow::Result<()> {
+    use idgen::store::snapshot;
+    let config = embedded_config(&a.config, "restore")?;
+    let now_ms = SystemClock.now_millis();
+    if config.state_path.exists() {
+        bail!(
+            "state file {} exists; refusing to overwrite it (restore is for a lost state file: move this one away first if you really mean to replace it)",
+            config.state_path.display()
+        );
+    }
+    let info = snapshot::inspect(&a.backup)?;
+    let layout = config.layout.to_string();
+    if info.layout != layout {
+        bail!(
+            "backup {} was taken for layout [{}] but the config says [{layout}]; restore it with the config the node ran with",
+            a.backup.display(),
+            info.layout
+        );
+    }
+    let suggestion = snapshot::suggest(&info, now_ms);
+    let Some(skip) = a.skip_ahead else {
+        bail!(
+            "--skip-ahead is required: every segment, lease and strict counter must move past what the node handed out after this snapshot.\nsuggested: --skip-ahead {} ({})",
+            suggestion.margin,
+            suggestion.explanation
+        );
+    };
+    if skip < suggestion.margin {
+        eprintln!(
+            "warning: --skip-ahead {skip} is below the suggested {} ({})",
+            suggestion.margin, suggestion.explanation
+        );
+    }
+    // Every worker's mark moves to at least now + reserve: a restart right
+    // after a crash still starts above every ID the lost file covered.
+    let hwm_floor_ms = now_ms.saturating_add(config.hwm_reserve.as_millis() as u64);
+    let r = snapshot::restore(&a.backup, &config.state_path, &layout, skip, hwm_floor_ms)?;
+    println!(
+        "restored {} from {} (taken {} ago): {} segment tags, {} lease token counters and {} strict counters moved forward by {skip}; counters the snapshot did not hold start above {}; {} high-water marks raised to at least {} ms",
+        config.state_path.display(),
+        a.backup.display(),
+        humantime::format_duration(Duration::from_secs(
+            now_ms.saturating_sub(info.taken_at_ms) / 1000
+        )),
+        r.segments,
+        r.lease_tokens,
+        r.strict_keys,
+        r.floor,
+        r.hwm_marks,
+        r.hwm_floor_ms
+    );
     Ok(())
 }
 
@@ -671,7 +883,7 @@ mod admin {
     /// Adds `authorization: Bearer <token>` to every call (when a token
     /// was given; without one the server answers UNAUTHENTICATED).
     #[derive(Clone)]
-    struct Bearer(Option<MetadataValue<Ascii>>);
+    pub(super) struct Bearer(Option<MetadataValue<Ascii>>);
 
     impl Interceptor for Bearer {
         fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
@@ -682,15 +894,23 @@ mod admin {
         }
     }
 
-    type Client = AdminClient<InterceptedService<Channel, Bearer>>;
+    pub(super) type Client = AdminClient<InterceptedService<Channel, Bearer>>;
 
     /// The token from --token / IDGEN_ADMIN__TOKEN or --token-file (or the
     /// deprecated IDGEN_ADMIN_TOKEN).
     fn token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
-        if let Some(t) = &a.token {
+        token_from(a.token.as_deref(), a.token_file.as_deref())
+    }
+
+    /// The token given inline, or read from a file.
+    pub(super) fn token_from(
+        token: Option<&str>,
+        token_file: Option<&std::path::Path>,
+    ) -> anyhow::Result<Option<String>> {
+        if let Some(t) = token {
             return Ok(Some(t.trim().to_owned()));
         }
-        let Some(path) = &a.token_file else {
+        let Some(path) = token_file else {
             return Ok(match std::env::var("IDGEN_ADMIN_TOKEN") {
                 Ok(t) if !t.trim().is_empty() => {
                     eprintln!("warning: IDGEN_ADMIN_TOKEN is deprecated; set IDGEN_ADMIN__TOKEN, the name the server reads too");
@@ -709,7 +929,17 @@ mod admin {
     }
 
     async fn connect(a: &AdminArgs) -> anyhow::Result<Client> {
-        let header = match token(a)? {
+        connect_to(&a.addr, token(a)?, a.timeout).await
+    }
+
+    /// An admin client of `addr`, sending `token` as a bearer token; the
+    /// connection and every call are bounded by `timeout`.
+    pub(super) async fn connect_to(
+        addr: &str,
+        token: Option<String>,
+        timeout: std::time::Duration,
+    ) -> anyhow::Result<Client> {
+        let header = match token {
             Some(t) => {
                 let mut v = MetadataValue::try_from(format!("Bearer {t}")).map_err(|_| {
                     anyhow::anyhow!(
@@ -722,7 +952,7 @@ mod admin {
             }
             None => None,
         };
-        let channel = crate::cli::client::channel(&a.addr, a.timeout).await?;
+        let channel = crate::cli::client::channel(addr, timeout).await?;
         Ok(AdminClient::with_interceptor(channel, Bearer(header)))
     }
 

@@ -52,6 +52,9 @@ pub const STRICT_COMMIT_BATCH: &str = "idgen_strict_commit_batch";
 pub const STRICT_CONFLICTS: &str = "idgen_strict_conflicts_total";
 /// Admin calls, by method and status code.
 pub const ADMIN_CALLS: &str = "idgen_admin_calls_total";
+/// 1 once the embedded state file was deleted or replaced under the
+/// running node (it stopped issuing for good), else 0.
+pub const STATE_FILE_LOST: &str = "idgen_state_file_lost";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 
@@ -79,6 +82,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
 }
 
 fn describe() {
+    describe_gauge!(
+        STATE_FILE_LOST,
+        "1 once the embedded state file was deleted or replaced under the running node, which then stopped issuing in every mode until it is restarted on a restored file; else 0."
+    );
     describe_counter!(IDS_ISSUED, "IDs handed out to callers, by mode.");
     describe_histogram!(
         REQUEST_DURATION,

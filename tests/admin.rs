@@ -53,7 +53,7 @@ fn embedded_config(dir: &Path, extra: &str) -> PathBuf {
 fn all_modes(token: bool) -> String {
     let mut s = String::from(
         "[segment]\nenabled = true\n[strict]\nenabled = true\ndefault_step = 1\n\
-         [lease]\nenabled = true\nzone = 3\ntoken = 40\n\
+         [lease]\nenabled = true\nzone = 3\ntoken = 2500\n\
          [node]\ndatacenter_id = 1\nworker_id = 7\ninstance_id = \"solo\"\n",
     );
     if token {
@@ -594,7 +594,7 @@ async fn embedded_holders_show_this_node_and_nothing_can_be_released() {
     assert!(w.since.ends_with('Z'), "{w:?}");
     let t = &h.holders[1];
     assert_eq!(t.kind, HolderKind::LeaseToken as i32);
-    assert_eq!((t.zone, t.id), (3, 40));
+    assert_eq!((t.zone, t.id), (3, 2500));
 
     let e = code(
         c.force_release(ok(release(HolderKind::Worker, 1, 7, true)))

@@ -372,7 +372,7 @@ fn embedded_modes(dir: &Path) -> idgen::config::Config {
     c.lease = Some(LeaseSection {
         enabled: true,
         zone: 3,
-        token: 7,
+        token: Some(7),
         block: 50,
     });
     c.strict = Some(StrictSection {

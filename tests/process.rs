@@ -119,14 +119,32 @@ fn missing_state_file_is_refused_without_init_if_missing() {
     let config = write_child_config(dir.path(), false);
     let (ok, out) = run_idgen(&["serve", "--config", config.to_str().unwrap()]);
     assert!(!ok);
+    // It says what the file holds and how to recover, and warns against
+    // `idgen init` rather than suggesting it.
+    assert!(out.contains("does not exist"), "{out}");
     assert!(
-        out.contains("does not exist") && out.contains("idgen init"),
-        "{out}"
+        out.contains("high-water mark") && out.contains("segment, lease and strict counters"),
+        "says what the file holds: {out}"
+    );
+    assert!(
+        out.contains("idgen state restore") && out.contains("--skip-ahead"),
+        "suggests restore: {out}"
+    );
+    assert!(
+        out.contains("Do not run `idgen init`") && !out.contains("create it with `idgen init`"),
+        "does not suggest init: {out}"
     );
     assert!(!dir.path().join("state.redb").exists(), "nothing created");
-    // `idgen init` creates it once, then refuses to overwrite it.
+    // `idgen init` creates it once (warning that it restarts counters),
+    // then refuses to overwrite it.
     let (ok, out) = run_idgen(&["init", "--config", config.to_str().unwrap()]);
     assert!(ok, "{out}");
+    assert!(
+        out.contains("restarts segment, lease and strict counters")
+            || out.contains("segment, lease and strict counters start again"),
+        "init warns: {out}"
+    );
+    assert!(out.contains("idgen state restore"), "{out}");
     assert!(dir.path().join("state.redb").exists());
     let (ok, out) = run_idgen(&["init", "--config", config.to_str().unwrap()]);
     assert!(!ok);

@@ -60,6 +60,51 @@ pub enum LeaseError {
     /// The number cannot be a lease ID.
     #[error("{0} is not a lease ID: the top bit must be 0 and the sequence above 0")]
     NotALeaseId(u64),
+    /// Every token of an embedded node's own range is used up.
+    #[error("lease tokens {first} to {last} of zone {zone}, this node's own range, are all used up; set another lease.zone (a zone no other node uses with this worker id)")]
+    RangeExhausted {
+        /// Zone.
+        zone: u64,
+        /// First token of the range.
+        first: u64,
+        /// Last token of the range.
+        last: u64,
+    },
+}
+
+/// The lease tokens an embedded node may use: a range of its own, derived
+/// from its (datacenter, worker), so embedded nodes with distinct ids
+/// never share a token and never hand out the same lease ID.
+///
+/// The node's index `datacenter << worker_bits | worker` picks one of
+/// `2^(datacenter_bits + worker_bits)` equal slices of the 65,536 tokens
+/// (64 tokens each under the default 5 + 5 bits). `None` when the layout
+/// has more node bits than there are token bits (16).
+pub fn node_token_range(
+    datacenter: u64,
+    worker: u64,
+    datacenter_bits: u8,
+    worker_bits: u8,
+) -> Option<(u64, u64)> {
+    let node_bits = u32::from(datacenter_bits) + u32::from(worker_bits);
+    if node_bits > TOKEN_BITS || datacenter >> datacenter_bits != 0 || worker >> worker_bits != 0 {
+        return None;
+    }
+    let per_node = 1u64 << (TOKEN_BITS - node_bits);
+    let index = (datacenter << worker_bits) | worker;
+    let first = index * per_node;
+    Some((first, first + per_node - 1))
+}
+
+/// The (datacenter, worker) whose range [`node_token_range`] puts `token`
+/// in, under the same widths.
+pub fn token_owner(token: u64, datacenter_bits: u8, worker_bits: u8) -> Option<(u64, u64)> {
+    let node_bits = u32::from(datacenter_bits) + u32::from(worker_bits);
+    if node_bits > TOKEN_BITS || token > MAX_TOKEN {
+        return None;
+    }
+    let index = token >> (TOKEN_BITS - node_bits);
+    Some((index >> worker_bits, index & ((1u64 << worker_bits) - 1)))
 }
 
 /// Checks a zone.
@@ -238,6 +283,32 @@ mod tests {
             c.next_block(0, 0, 1),
             Err(LeaseError::TokenExhausted { zone: 0, token: 0 })
         );
+    }
+
+    #[test]
+    fn node_token_ranges_are_disjoint_and_cover_the_tokens() {
+        // Default twitter widths: 5 + 5 node bits, 64 tokens per node.
+        assert_eq!(node_token_range(0, 0, 5, 5), Some((0, 63)));
+        assert_eq!(node_token_range(0, 1, 5, 5), Some((64, 127)));
+        assert_eq!(node_token_range(1, 0, 5, 5), Some((2048, 2111)));
+        assert_eq!(node_token_range(31, 31, 5, 5), Some((65472, 65535)));
+        assert_eq!(token_owner(2100, 5, 5), Some((1, 0)));
+        // Every node of a small layout: disjoint, in order, covering all.
+        let mut next = 0;
+        for dc in 0..4 {
+            for w in 0..8 {
+                let (a, b) = node_token_range(dc, w, 2, 3).unwrap();
+                assert_eq!(a, next);
+                assert_eq!(token_owner(a, 2, 3), Some((dc, w)));
+                assert_eq!(token_owner(b, 2, 3), Some((dc, w)));
+                next = b + 1;
+            }
+        }
+        assert_eq!(next, MAX_TOKEN + 1);
+        // Sixteen node bits: one token each; more do not fit.
+        assert_eq!(node_token_range(255, 255, 8, 8), Some((65535, 65535)));
+        assert_eq!(node_token_range(0, 0, 9, 8), None);
+        assert_eq!(node_token_range(0, 32, 5, 5), None);
     }
 
     #[test]

@@ -38,6 +38,7 @@ use crate::proto::{self, HolderKind};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
 use crate::store::consul::{ClusterKeys, OwnerInfo};
 use crate::store::lease::TokenRecord;
+use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
 
 /// The step of a tag created without one.
@@ -76,6 +77,8 @@ pub struct AdminDeps {
     pub node: NodeFacts,
     /// Timestamps of admin writes, and this node's start time.
     pub clock: Arc<dyn Clock>,
+    /// Snapshots of the embedded state file (`Backup`); `None` on Consul.
+    pub snapshots: Option<SnapshotSource>,
 }
 
 /// What this node holds, reported by `ListHolders` on the embedded
@@ -810,6 +813,28 @@ fn layout_response(r: &LayoutRecord) -> proto::GetLayoutResponse {
     }
 }
 
+/// Largest piece of a snapshot per message.
+const BACKUP_CHUNK: usize = 1 << 20;
+
+/// The stream `Backup` answers with.
+pub type BackupStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<proto::BackupChunk, Status>> + Send + 'static>,
+>;
+
+impl AdminService {
+    async fn backup(&self, now_ms: u64) -> Result<Vec<u8>, Status> {
+        let Some(source) = self.deps.snapshots.clone() else {
+            return Err(Status::failed_precondition(
+                "Backup copies the embedded state file; this node keeps its state in Consul: back up Consul instead (`consul snapshot save`)",
+            ));
+        };
+        let taken = tokio::task::spawn_blocking(move || source.take(now_ms))
+            .await
+            .map_err(|e| Status::internal(format!("backup task failed: {e}")))?;
+        taken.map_err(|e| to_status(&Error::Store(e)))
+    }
+}
+
 #[tonic::async_trait]
 impl Admin for AdminService {
     async fn get_layout(
@@ -826,6 +851,36 @@ impl Admin for AdminService {
     ) -> Result<Response<proto::SetLayoutResponse>, Status> {
         self.call("SetLayout", request, |r| AdminService::set_layout(self, r))
             .await
+    }
+
+    type BackupStream = BackupStream;
+
+    async fn backup(
+        &self,
+        request: Request<proto::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        let taken_at_ms = self.deps.clock.now_millis();
+        let bytes = self
+            .call("Backup", request, |_| {
+                AdminService::backup(self, taken_at_ms)
+            })
+            .await?
+            .into_inner();
+        let total_bytes = bytes.len() as u64;
+        tracing::info!(total_bytes, "state file snapshot taken for a backup");
+        // (After a lost state file this is the rescue snapshot: see
+        // `SnapshotSource::take`.)
+        let chunks: Vec<Result<proto::BackupChunk, Status>> = bytes
+            .chunks(BACKUP_CHUNK)
+            .map(|c| {
+                Ok(proto::BackupChunk {
+                    data: c.to_vec(),
+                    taken_at_ms,
+                    total_bytes,
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
 
     async fn create_tag(

@@ -13,6 +13,8 @@ use crate::id::{
     check_count, Clock, Deadline, DecodeError, GenError, Layout, Mode, RequestError, Snowflake,
 };
 use crate::metrics as m;
+use crate::store::state_file::StateFileGuard;
+use crate::store::StoreError;
 
 use super::lease::Leases;
 use super::segments::Segments;
@@ -61,6 +63,7 @@ pub struct Issuer {
     segments: Option<Arc<Segments>>,
     leases: Option<Arc<Leases>>,
     strict: Option<Arc<Strict>>,
+    state_file: Option<Arc<StateFileGuard>>,
     layout: Layout,
     fenced: AtomicBool,
     /// The worker lease's deadline on the ticker's coarse clock (cluster
@@ -91,6 +94,7 @@ impl Issuer {
             segments: None,
             leases: None,
             strict: None,
+            state_file: None,
             fenced: AtomicBool::new(false),
             lease_deadline: Deadline::unbounded(),
             clock,
@@ -117,6 +121,39 @@ impl Issuer {
     pub fn with_strict(mut self, strict: Arc<Strict>) -> Self {
         self.strict = Some(strict);
         self
+    }
+
+    /// Refuses every call in every mode once `guard` sees the embedded
+    /// state file deleted or replaced.
+    pub fn with_state_file(mut self, guard: Arc<StateFileGuard>) -> Self {
+        self.state_file = Some(guard);
+        self
+    }
+
+    /// Why the node may not issue because its state file is gone, if so.
+    pub fn state_file_lost(&self) -> Option<StoreError> {
+        self.state_file.as_ref().and_then(|g| g.lost_error())
+    }
+
+    /// Stops issuing at once in every mode (the state file is gone): the
+    /// snowflake generator is closed and lease blocks dropped; calls fail
+    /// with the guard's error from then on.
+    pub fn halt_state_file_lost(&self) {
+        self.generator.load().close();
+        if let Some(leases) = &self.leases {
+            leases.fence();
+        }
+    }
+
+    /// One atomic load on the issue path.
+    fn check_state_file(&self) -> Result<(), Error> {
+        match &self.state_file {
+            Some(g) if g.is_lost() => Err(g
+                .lost_error()
+                .unwrap_or_else(|| StoreError::Backend("state file lost".into()))
+                .into()),
+            _ => Ok(()),
+        }
     }
 
     /// The lease mode server, when enabled.
@@ -239,6 +276,7 @@ impl Issuer {
 
     /// One ID.
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
+        self.check_state_file()?;
         match mode {
             Mode::Segment => {
                 let (segments, tag) = self.segments(mode, tag)?;
@@ -271,6 +309,7 @@ impl Issuer {
     /// `count` IDs, strictly increasing.
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u64) -> Result<Vec<u64>, Error> {
         let count = check_count(count, self.max_batch)?;
+        self.check_state_file()?;
         match mode {
             Mode::Segment => {
                 let (segments, tag) = self.segments(mode, tag)?;

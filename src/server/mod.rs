@@ -37,6 +37,8 @@ use crate::metrics as m;
 use crate::proto;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::{EmbeddedTokens, TokenSource};
+use crate::store::snapshot::SnapshotSource;
+use crate::store::state_file::{PeriodicThread, StateFileGuard, StateFileWatch};
 use crate::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictStore};
 use crate::store::{EmbeddedStore, HwmKeeper, SegmentStore, StateStore, WorkerKey};
 
@@ -98,6 +100,9 @@ pub struct ModeStores {
     pub lease: Option<Arc<dyn TokenSource>>,
     /// Strict counters.
     pub strict: Option<Arc<dyn StrictStore>>,
+    /// The embedded state file's guard: once it sees the file deleted or
+    /// replaced, every mode refuses to issue.
+    pub state_file: Option<Arc<StateFileGuard>>,
 }
 
 /// What keeps the generator's worker id and high-water mark.
@@ -118,6 +123,12 @@ pub struct Node {
     admin_segments: Option<Arc<dyn SegmentStore>>,
     /// Where mark and lease renewals run; dropped last.
     renewal: RenewalThread,
+    /// Checks the embedded state file on its own thread while serving.
+    state_watch: Option<StateFileWatch>,
+    /// Snapshots of the embedded state file, for the admin `Backup`.
+    snapshots: Option<SnapshotSource>,
+    /// Samples the counters for the rates a backup records.
+    rate_sampling: Option<PeriodicThread>,
 }
 
 fn start_renewal() -> Result<RenewalThread, Error> {
@@ -192,6 +203,7 @@ impl Node {
                 ))),
                 lease,
                 strict: Some(Arc::new(ConsulStrictStore::new(client, keys))),
+                state_file: None,
             };
             let deadline = cluster.lease_deadline();
             let node = Self::assemble(
@@ -214,19 +226,67 @@ impl Node {
                 .await
                 .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
         let lease: Option<Arc<dyn TokenSource>> = match &config.lease {
-            Some(l) => Some(Arc::new(EmbeddedTokens::new(
-                store.clone(),
-                l.zone,
-                l.token,
-            )?)),
+            Some(l) => {
+                // Validated config: the range exists and holds the token.
+                let spec = config.layout.spec();
+                let range = crate::id::lease::node_token_range(
+                    config.datacenter_id,
+                    config.worker_id,
+                    spec.datacenter_bits,
+                    spec.worker_bits,
+                )
+                .ok_or_else(|| {
+                    Error::Setup("lease mode: this layout leaves no token range per node".into())
+                })?;
+                let first = l.token.unwrap_or(range.0);
+                tracing::info!(
+                    zone = l.zone,
+                    first_token = range.0,
+                    last_token = range.1,
+                    "lease mode (embedded): this node uses only its own token range, derived from its datacenter and worker id"
+                );
+                Some(Arc::new(EmbeddedTokens::new(
+                    store.clone(),
+                    l.zone,
+                    first,
+                    range,
+                )?))
+            }
             None => None,
         };
+        if config.segment.is_some() || config.strict.is_some() {
+            tracing::warn!(
+                path = %config.state_path.display(),
+                "segment and strict modes on the embedded store serve this one node only: another node with its own state file would hand out the same segment IDs and strict values; for several nodes use store.backend = \"consul\""
+            );
+        }
+        let guard = Arc::clone(store.guard());
         let stores = ModeStores {
             segment: Some(Arc::new(store.clone())),
             lease,
             strict: Some(Arc::new(EmbeddedStrictStore::new(store.clone()))),
+            state_file: Some(Arc::clone(&guard)),
         };
-        let node = Self::start_with_store(config, clock, Arc::new(store), stores, metrics).await?;
+        let interval = (config.hwm_renew_interval / 2).min(std::time::Duration::from_millis(100));
+        let snapshots = SnapshotSource::new(
+            store.clone(),
+            config.lease.as_ref().map_or(0, |l| l.block),
+            config.segment.as_ref().map_or(0, |s| s.max_step),
+        );
+        let mut node =
+            Self::start_with_store(config, clock, Arc::new(store), stores, metrics).await?;
+        let issuer = Arc::clone(&node.issuer);
+        node.state_watch = Some(
+            StateFileWatch::start(guard, interval, move || issuer.halt_state_file_lost()).map_err(
+                |e| Error::Setup(format!("cannot start the state file watch thread: {e}")),
+            )?,
+        );
+        node.rate_sampling = Some(
+            snapshots
+                .start_sampling(Arc::clone(&node.clock))
+                .map_err(|e| Error::Setup(format!("cannot start the rate sampling thread: {e}")))?,
+        );
+        node.snapshots = Some(snapshots);
         node.prime().await
     }
 
@@ -320,6 +380,9 @@ impl Node {
             };
             issuer = issuer.with_leases(Arc::new(lease::Leases::new(source, settings)));
         }
+        if let Some(guard) = stores.state_file {
+            issuer = issuer.with_state_file(guard);
+        }
         if let Some(s) = &config.strict {
             let store = stores.strict.ok_or_else(|| {
                 Error::Setup("strict mode is enabled but no strict store was given".into())
@@ -338,6 +401,9 @@ impl Node {
             metrics,
             admin_segments,
             renewal,
+            state_watch: None,
+            snapshots: None,
+            rate_sampling: None,
         })
     }
 
@@ -362,6 +428,9 @@ impl Node {
             metrics,
             admin_segments,
             renewal,
+            state_watch,
+            snapshots,
+            rate_sampling,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let state = monitor::ServingState::new(reporter);
@@ -407,6 +476,7 @@ impl Node {
                 lease_zone: config.lease.as_ref().map(|l| l.zone),
             },
             clock: Arc::clone(&clock),
+            snapshots,
         })
         .max_decoding_message_size(max_request);
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -502,6 +572,8 @@ impl Node {
             Running::Embedded(keeper) => Some(keeper.finish().await?),
             Running::Cluster(c) => c.finish().await?,
         };
+        drop(rate_sampling);
+        drop(state_watch);
         // Last: nothing renews once the mark is final and the lock gone.
         drop(renewal);
         tracing::info!(final_hwm_ms, drained, "idgen stopped");

@@ -98,9 +98,15 @@ pub async fn run(
         metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(generator.layout().years_left(now_ms));
         let lead = generator.hwm_ms() as f64 - now_ms as f64;
         metrics::gauge!(m::HWM_LEAD).set(lead / 1000.0);
-        let ok = check.is_ok();
+        let lost = issuer.state_file_lost();
+        let ok = check.is_ok() && lost.is_none();
         if serving != Some(ok) {
             match &check {
+                _ if lost.is_some() => {
+                    if let Some(e) = &lost {
+                        tracing::error!(error = %e, "stopped issuing: NOT_SERVING");
+                    }
+                }
                 Ok(()) if serving.is_some() => tracing::info!("issuing again: SERVING"),
                 Ok(()) => {}
                 Err(_) if issuer.is_fenced() => tracing::error!(

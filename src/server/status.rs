@@ -23,7 +23,9 @@ pub fn code(e: &Error) -> Code {
         }
         Error::Store(StoreError::Segment(_)) => Code::InvalidArgument,
         Error::Store(StoreError::Lease(
-            LeaseError::TokenExhausted { .. } | LeaseError::NoFreeToken { .. },
+            LeaseError::TokenExhausted { .. }
+            | LeaseError::NoFreeToken { .. }
+            | LeaseError::RangeExhausted { .. },
         )) => Code::ResourceExhausted,
         Error::Store(StoreError::Lease(_)) => Code::InvalidArgument,
         Error::Store(StoreError::Strict(StrictError::Exhausted { .. })) => Code::ResourceExhausted,

@@ -4,16 +4,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, TableDefinition};
+use redb::{Database, ReadableDatabase, TableDefinition, WriteTransaction};
 
+use super::state_file::StateFileGuard;
 use super::{StateStore, StoreError, WorkerKey};
 
 /// File-wide facts recorded by `idgen init`.
-const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+pub(crate) const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 /// High-water marks, keyed `"<datacenter>/<worker>"`, in Unix ms.
-const HWM: TableDefinition<&str, u64> = TableDefinition::new("hwm");
+pub(crate) const HWM: TableDefinition<&str, u64> = TableDefinition::new("hwm");
 
-const FORMAT_VERSION: &str = "1";
+pub(crate) const FORMAT_VERSION: &str = "1";
+
+/// The `meta` key of the floor set by `idgen state restore`: counters the
+/// backup did not hold (a lease token, strict key or segment tag first
+/// used after it) start above it instead of at zero.
+pub(crate) const RESTORE_FLOOR: &str = "restore_floor";
 
 pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
@@ -25,6 +31,8 @@ pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
 pub struct EmbeddedStore {
     db: Arc<Database>,
     path: PathBuf,
+    guard: Arc<StateFileGuard>,
+    floor: u64,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -49,9 +57,21 @@ impl EmbeddedStore {
                 StoreError::Backend(format!("cannot create directory {}: {e}", dir.display()))
             })?;
         }
-        let db = Database::create(path).map_err(|e| {
-            StoreError::Backend(format!("cannot create state file {}: {e}", path.display()))
-        })?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    StoreError::AlreadyExists {
+                        path: path.display().to_string(),
+                    }
+                } else {
+                    StoreError::Backend(format!("cannot create state file {}: {e}", path.display()))
+                }
+            })?;
+        let (db, guard) = open_db(path, file)?;
         let txn = db.begin_write().map_err(backend_err)?;
         {
             let mut meta = txn.open_table(META).map_err(backend_err)?;
@@ -64,6 +84,8 @@ impl EmbeddedStore {
         Ok(Self {
             db: Arc::new(db),
             path: path.to_owned(),
+            guard: Arc::new(guard),
+            floor: 0,
         })
     }
 
@@ -82,10 +104,22 @@ impl EmbeddedStore {
                 path: path.display().to_string(),
             });
         }
-        let db = Database::open(path).map_err(|e| {
-            StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
-        })?;
-        let stored = {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| {
+                StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
+            })?;
+        // An empty file would be initialised by redb: refuse it untouched.
+        if file.metadata().map(|m| m.len()).unwrap_or(0) == 0 {
+            return Err(StoreError::Backend(format!(
+                "{} is empty, not an idgen state file; restore it from a backup (`idgen state restore`)",
+                path.display()
+            )));
+        }
+        let (db, guard) = open_db(path, file)?;
+        let (stored, floor) = {
             let txn = db.begin_read().map_err(backend_err)?;
             let meta = txn.open_table(META).map_err(|e| {
                 StoreError::Backend(format!(
@@ -94,7 +128,19 @@ impl EmbeddedStore {
                 ))
             })?;
             let layout = meta.get("layout").map_err(backend_err)?;
-            layout.map(|v| v.value().to_owned()).unwrap_or_default()
+            let floor = match meta.get(RESTORE_FLOOR).map_err(backend_err)? {
+                Some(v) => v.value().parse::<u64>().map_err(|e| {
+                    StoreError::Backend(format!(
+                        "state file {}: unreadable {RESTORE_FLOOR} ({e}); restore it from a backup",
+                        path.display()
+                    ))
+                })?,
+                None => 0,
+            };
+            (
+                layout.map(|v| v.value().to_owned()).unwrap_or_default(),
+                floor,
+            )
         };
         if stored != layout {
             return Err(StoreError::LayoutMismatch {
@@ -106,6 +152,8 @@ impl EmbeddedStore {
         Ok(Self {
             db: Arc::new(db),
             path: path.to_owned(),
+            guard: Arc::new(guard),
+            floor,
         })
     }
 
@@ -119,6 +167,32 @@ impl EmbeddedStore {
         &self.db
     }
 
+    /// What notices the file being deleted or replaced under this node.
+    pub fn guard(&self) -> &Arc<StateFileGuard> {
+        &self.guard
+    }
+
+    /// Where counters missing from the file start (0, or the floor a
+    /// restore set; see [`RESTORE_FLOOR`]).
+    pub(crate) fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// Begins a write, after checking that the path still names the file
+    /// this node opened (a deleted or replaced file refuses every write).
+    pub(crate) fn begin_write(&self) -> Result<WriteTransaction, StoreError> {
+        self.guard.check()?;
+        self.db.begin_write().map_err(backend_err)
+    }
+
+    /// Commits durably, then checks the file again: a commit that landed
+    /// in a file deleted meanwhile reports an error, so what it reserved
+    /// is never handed out.
+    pub(crate) fn commit(&self, txn: WriteTransaction) -> Result<(), StoreError> {
+        txn.commit().map_err(backend_err)?;
+        self.guard.check()
+    }
+
     fn read_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
         let txn = self.db.begin_read().map_err(backend_err)?;
         let table = txn.open_table(HWM).map_err(backend_err)?;
@@ -127,7 +201,7 @@ impl EmbeddedStore {
     }
 
     fn write_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(backend_err)?;
+        let txn = self.begin_write()?;
         {
             let mut table = txn.open_table(HWM).map_err(backend_err)?;
             table
@@ -135,8 +209,31 @@ impl EmbeddedStore {
                 .map_err(backend_err)?;
         }
         // Default durability is Immediate: commit returns after fsync.
-        txn.commit().map_err(backend_err)
+        self.commit(txn)
     }
+}
+
+/// Opens the redb database in `file` (already opened at `path`) and
+/// records the file's identity, so a later deletion or replacement of the
+/// path is noticed.
+fn open_db(path: &Path, file: std::fs::File) -> Result<(Database, StateFileGuard), StoreError> {
+    let meta = file.metadata().map_err(|e| {
+        StoreError::Backend(format!("cannot examine state file {}: {e}", path.display()))
+    })?;
+    let guard = StateFileGuard::new(path, &meta);
+    let backend = redb::backends::FileBackend::new(file).map_err(|e| {
+        StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
+    })?;
+    let db = redb::Builder::new()
+        .create_with_backend(backend)
+        .map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
+                "state file {} is open in another idgen process (one node per state file; to back it up while it runs use `idgen state backup`)",
+                path.display()
+            )),
+            e => StoreError::Backend(format!("cannot open state file {}: {e}", path.display())),
+        })?;
+    Ok((db, guard))
 }
 
 /// Runs a redb call on the blocking pool.
@@ -198,7 +295,20 @@ mod tests {
         let path = dir.path().join("nested/state.redb");
         let err = EmbeddedStore::open(&path, "L", false).unwrap_err();
         assert!(matches!(err, StoreError::Missing { .. }));
-        assert!(err.to_string().contains("idgen init"));
+        let text = err.to_string();
+        // It says what the file holds and how to recover, and warns
+        // against `idgen init` instead of suggesting it.
+        for needle in [
+            "high-water mark",
+            "segment, lease and strict counters",
+            "idgen state restore",
+            "--skip-ahead",
+            "Do not run `idgen init`",
+            "restarts segment, lease and strict counters",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?}: {text}");
+        }
+        assert!(!text.contains("create it with `idgen init`"), "{text}");
         assert!(!path.exists());
         EmbeddedStore::open(&path, "L", true).unwrap();
         assert!(path.exists());
@@ -233,6 +343,16 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("datacenter 5, this node"), "{text}");
+    }
+
+    #[test]
+    fn empty_file_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        std::fs::write(&path, b"").unwrap();
+        let err = EmbeddedStore::open(&path, "L", false).unwrap_err();
+        assert!(err.to_string().contains("is empty"), "{err}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
     }
 
     #[test]

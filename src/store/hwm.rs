@@ -157,6 +157,13 @@ async fn renew_loop(
                         failing = false;
                     }
                 }
+                Err(e @ StoreError::StateFileLost { .. }) => {
+                    // Final: the file this node wrote to is gone. Every mode
+                    // has stopped (the issuer checks the same guard).
+                    let last = generator.close();
+                    tracing::error!(worker = %key, error = %e, last_time_ms = last, "stopped renewing the high-water mark");
+                    return;
+                }
                 Err(StoreError::LockLost(why)) => {
                     // Definite: someone else holds the id now. Stop at once.
                     let last = generator.close();

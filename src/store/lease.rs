@@ -34,7 +34,9 @@ use super::consul::{ClusterKeys, OwnerInfo};
 use super::embedded::{backend_err, blocking, EmbeddedStore};
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
-use crate::id::lease::{check_token, check_zone, Block, LeaseError, TokenCounter, MAX_TOKEN};
+use crate::id::lease::{
+    check_token, check_zone, Block, LeaseError, TokenCounter, MAX_SEQUENCE, MAX_TOKEN,
+};
 
 /// Where a node's lease blocks come from.
 #[async_trait]
@@ -57,29 +59,47 @@ pub trait TokenSource: Send + Sync + 'static {
     async fn release(&self) -> Result<(), StoreError>;
 }
 
-const LEASE: TableDefinition<&str, u64> = TableDefinition::new("lease");
+pub(crate) const LEASE: TableDefinition<&str, u64> = TableDefinition::new("lease");
 
 fn counter_key(zone: u64, token: u64) -> String {
     format!("{zone}/{token}")
 }
 
-/// Lease tokens of a single node, in the state file.
+/// Lease tokens of a single node, in the state file. The node uses only
+/// its own range of tokens (see [`crate::id::lease::node_token_range`]),
+/// so embedded nodes with distinct worker ids never share one.
 #[derive(Clone)]
 pub struct EmbeddedTokens {
     store: EmbeddedStore,
     zone: u64,
+    /// The node's own tokens, `first..=last`.
+    range: (u64, u64),
     /// The token blocks come from now (starts at the configured one).
     current: std::sync::Arc<Mutex<u64>>,
 }
 
 impl EmbeddedTokens {
-    /// Tokens of `zone`, starting at `first_token`.
-    pub fn new(store: EmbeddedStore, zone: u64, first_token: u64) -> Result<Self, StoreError> {
+    /// Tokens `range.0..=range.1` of `zone`, starting at `first_token`
+    /// (inside the range).
+    pub fn new(
+        store: EmbeddedStore,
+        zone: u64,
+        first_token: u64,
+        range: (u64, u64),
+    ) -> Result<Self, StoreError> {
         check_zone(zone)?;
         check_token(first_token)?;
+        check_token(range.1)?;
+        if !(range.0..=range.1).contains(&first_token) {
+            return Err(StoreError::Backend(format!(
+                "lease token {first_token} is outside this node's range {} to {}",
+                range.0, range.1
+            )));
+        }
         Ok(Self {
             store,
             zone,
+            range,
             current: std::sync::Arc::new(Mutex::new(first_token)),
         })
     }
@@ -109,7 +129,7 @@ impl EmbeddedTokens {
     /// Sets a token's counter; only ever moves it forward. For tests that
     /// need a token near the end of its sequence.
     pub fn advance_counter(&self, token: u64, reserved: u64) -> Result<(), StoreError> {
-        let txn = self.store.db().begin_write().map_err(backend_err)?;
+        let txn = self.store.begin_write()?;
         {
             let mut table = txn.open_table(LEASE).map_err(backend_err)?;
             let key = counter_key(self.zone, token);
@@ -122,12 +142,14 @@ impl EmbeddedTokens {
                 .insert(key.as_str(), old.max(reserved))
                 .map_err(backend_err)?;
         }
-        txn.commit().map_err(backend_err)
+        self.store.commit(txn)
     }
 
     fn reserve_blocking(&self, size: u64) -> Result<Block, StoreError> {
         let start = *self.current();
-        let txn = self.store.db().begin_write().map_err(backend_err)?;
+        // A token the restored backup did not hold starts above the floor.
+        let floor = self.store.floor().min(MAX_SEQUENCE);
+        let txn = self.store.begin_write()?;
         let (block, token) = {
             let mut table = txn.open_table(LEASE).map_err(backend_err)?;
             let mut token = start;
@@ -137,7 +159,7 @@ impl EmbeddedTokens {
                     .get(key.as_str())
                     .map_err(backend_err)?
                     .map(|v| v.value())
-                    .unwrap_or(0);
+                    .unwrap_or(floor);
                 match (TokenCounter { reserved }).next_block(self.zone, token, size) {
                     Ok((block, next)) => {
                         table
@@ -145,23 +167,28 @@ impl EmbeddedTokens {
                             .map_err(backend_err)?;
                         break (block, token);
                     }
-                    Err(LeaseError::TokenExhausted { .. }) if token < MAX_TOKEN => {
+                    Err(LeaseError::TokenExhausted { .. }) if token < self.range.1 => {
                         tracing::warn!(
                             zone = self.zone,
                             token,
-                            "lease token used up; moving to the next one"
+                            "lease token used up; moving to the next one of this node's range"
                         );
                         token += 1;
                     }
                     Err(LeaseError::TokenExhausted { .. }) => {
-                        return Err(LeaseError::NoFreeToken { zone: self.zone }.into())
+                        return Err(LeaseError::RangeExhausted {
+                            zone: self.zone,
+                            first: self.range.0,
+                            last: self.range.1,
+                        }
+                        .into())
                     }
                     Err(e) => return Err(e.into()),
                 }
             }
         };
         // Durable before the block is handed to anyone.
-        txn.commit().map_err(backend_err)?;
+        self.store.commit(txn)?;
         *self.current() = token;
         Ok(block)
     }
@@ -566,7 +593,7 @@ mod tests {
     #[tokio::test]
     async fn embedded_blocks_are_disjoint_and_durable() {
         let (dir, s) = store();
-        let tokens = EmbeddedTokens::new(s, 3, 7).unwrap();
+        let tokens = EmbeddedTokens::new(s, 3, 7, (0, 63)).unwrap();
         let mut seen = HashSet::new();
         for _ in 0..20 {
             let b = tokens.reserve(100).await.unwrap();
@@ -578,7 +605,7 @@ mod tests {
         assert_eq!(tokens.counter(7).unwrap().reserved, 2000);
         drop(tokens);
         let s = EmbeddedStore::open(&dir.path().join("s.redb"), "layout", false).unwrap();
-        let tokens = EmbeddedTokens::new(s, 3, 7).unwrap();
+        let tokens = EmbeddedTokens::new(s, 3, 7, (0, 63)).unwrap();
         let b = tokens.reserve(100).await.unwrap();
         assert_eq!(b.first, 2001, "a reopened store continues above");
     }
@@ -586,7 +613,7 @@ mod tests {
     #[tokio::test]
     async fn embedded_moves_to_the_next_token_when_one_is_used_up() {
         let (_dir, s) = store();
-        let tokens = EmbeddedTokens::new(s, 0, MAX_TOKEN - 1).unwrap();
+        let tokens = EmbeddedTokens::new(s, 0, MAX_TOKEN - 1, (MAX_TOKEN - 63, MAX_TOKEN)).unwrap();
         tokens
             .advance_counter(MAX_TOKEN - 1, crate::id::lease::MAX_SEQUENCE - 5)
             .unwrap();
@@ -600,11 +627,42 @@ mod tests {
             .unwrap();
         let e = tokens.reserve(100).await.unwrap_err();
         assert!(
-            matches!(e, StoreError::Lease(LeaseError::NoFreeToken { zone: 0 })),
+            matches!(
+                e,
+                StoreError::Lease(LeaseError::RangeExhausted {
+                    zone: 0,
+                    last: MAX_TOKEN,
+                    ..
+                })
+            ),
             "{e:?}"
         );
         // Counters never move back.
         tokens.advance_counter(MAX_TOKEN, 1).unwrap();
         assert!(tokens.counter(MAX_TOKEN).unwrap().exhausted());
+    }
+
+    #[tokio::test]
+    async fn embedded_never_leaves_its_own_range() {
+        let (_dir, s) = store();
+        // The range of datacenter 0, worker 0 under 5 + 5 bits: 0 to 63.
+        let tokens = EmbeddedTokens::new(s, 0, 63, (0, 63)).unwrap();
+        tokens
+            .advance_counter(63, crate::id::lease::MAX_SEQUENCE)
+            .unwrap();
+        let e = tokens.reserve(10).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Lease(LeaseError::RangeExhausted {
+                    first: 0,
+                    last: 63,
+                    ..
+                })
+            ),
+            "token 64 belongs to the next worker: {e:?}"
+        );
+        assert_eq!(tokens.token(), Some(63));
+        assert_eq!(tokens.counter(64).unwrap().reserved, 0, "never touched");
     }
 }

@@ -11,6 +11,8 @@ pub mod embedded;
 pub mod hwm;
 pub mod lease;
 pub mod segments;
+pub mod snapshot;
+pub mod state_file;
 pub mod strict;
 
 use std::fmt;
@@ -41,7 +43,7 @@ impl fmt::Display for WorkerKey {
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// The state file does not exist and may not be created implicitly.
-    #[error("state file {path} does not exist; create it with `idgen init --config <file>` (a missing state file must never silently restart counters), or set store.init_if_missing = true for development")]
+    #[error("state file {path} does not exist. It holds this node's snowflake high-water mark and its segment, lease and strict counters; without it the node could hand out IDs it handed out before, so it will not start. To recover, restore the latest backup: `idgen state restore <backup-file> --config <file> --skip-ahead <margin>` (run it without --skip-ahead first: it prints a margin suggested from the backup's age and recorded issue rates). Do not run `idgen init` to get past this error: it creates an empty file, which restarts segment, lease and strict counters and repeats their IDs; it is only for a node that has never issued any")]
     Missing {
         /// The path that was looked for.
         path: String,
@@ -61,6 +63,15 @@ pub enum StoreError {
         stored: String,
         /// Layout in the config.
         configured: String,
+    },
+    /// The state file was deleted or replaced while the node was running:
+    /// the node stopped issuing for good and never recreates it.
+    #[error("state file {path} was {what} while this node was running; it stopped issuing IDs in every mode and will not recreate the file. First save what this node still holds with `idgen state backup <file> --addr <this node's gRPC address>` (a rescue snapshot), stop it, then restore with `idgen state restore <file> --config <file> --skip-ahead <margin>` and start it again; do not run `idgen init` (it restarts segment, lease and strict counters). Meanwhile call another node")]
+    StateFileLost {
+        /// The path.
+        path: String,
+        /// What happened to it (`deleted`, `replaced by ...`).
+        what: String,
     },
     /// The backend failed (disk, database, network).
     #[error("state store error: {0}")]

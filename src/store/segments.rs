@@ -104,7 +104,7 @@ fn no_admin(what: &str) -> StoreError {
 /// other nodes is tried in all.
 const ADMIN_CAS_ATTEMPTS: u32 = 16;
 
-const SEGMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("segments");
+pub(crate) const SEGMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("segments");
 
 /// What listing the tags found.
 #[derive(Debug, Default)]
@@ -175,7 +175,7 @@ impl EmbeddedStore {
     }
 
     fn insert_tag(&self, tag: &Tag, record: &TagRecord) -> Result<TagRecord, StoreError> {
-        let txn = self.db().begin_write().map_err(backend_err)?;
+        let txn = self.begin_write()?;
         let written = {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let old = match table.get(tag.as_str()).map_err(backend_err)? {
@@ -185,14 +185,21 @@ impl EmbeddedStore {
             let written = match old {
                 Some(old) if !old.deleted => return Err(StoreError::TagExists(tag.to_string())),
                 Some(tombstone) => tombstone.revived(record),
-                None => record.clone(),
+                // A tag the restored backup did not know may have handed
+                // out IDs after the backup: start above the restore floor.
+                None => TagRecord {
+                    max_id: record
+                        .max_id
+                        .max(self.floor().min(crate::id::segment::MAX_SEGMENT_ID)),
+                    ..record.clone()
+                },
             };
             table
                 .insert(tag.as_str(), encode(&written).as_slice())
                 .map_err(backend_err)?;
             written
         };
-        txn.commit().map_err(backend_err)?;
+        self.commit(txn)?;
         Ok(written)
     }
 
@@ -202,7 +209,7 @@ impl EmbeddedStore {
         tag: &Tag,
         change: impl FnOnce(&TagRecord) -> Result<TagRecord, StoreError>,
     ) -> Result<TagRecord, StoreError> {
-        let txn = self.db().begin_write().map_err(backend_err)?;
+        let txn = self.begin_write()?;
         let written = {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let record = match table.get(tag.as_str()).map_err(backend_err)? {
@@ -218,12 +225,12 @@ impl EmbeddedStore {
                 .map_err(backend_err)?;
             written
         };
-        txn.commit().map_err(backend_err)?;
+        self.commit(txn)?;
         Ok(written)
     }
 
     fn advance_tag(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
-        let txn = self.db().begin_write().map_err(backend_err)?;
+        let txn = self.begin_write()?;
         let range = {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let record = match table.get(tag.as_str()).map_err(backend_err)? {
@@ -240,7 +247,7 @@ impl EmbeddedStore {
             range
         };
         // Durable before the range is handed to anyone.
-        txn.commit().map_err(backend_err)?;
+        self.commit(txn)?;
         Ok(range)
     }
 }

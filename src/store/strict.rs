@@ -53,7 +53,7 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::consul::ClusterKeys;
@@ -86,9 +86,10 @@ pub trait StrictStore: Send + Sync + 'static {
 // ---- Embedded ---------------------------------------------------------------
 
 /// Strict counters: `"<namespace>/<key>"` -> the last value handed out.
-const STRICT: TableDefinition<&str, u64> = TableDefinition::new("strict");
+pub(crate) const STRICT: TableDefinition<&str, u64> = TableDefinition::new("strict");
 /// Namespace steps: `"<namespace>"` -> step.
-const STRICT_NAMESPACES: TableDefinition<&str, u64> = TableDefinition::new("strict_namespaces");
+pub(crate) const STRICT_NAMESPACES: TableDefinition<&str, u64> =
+    TableDefinition::new("strict_namespaces");
 
 /// Most requests applied in one write transaction; more wait for the next.
 /// Bounds the transaction's size and the latency of the first callers.
@@ -205,7 +206,7 @@ fn run_committer(store: &EmbeddedStore, requests: &mpsc::Receiver<Request>, comm
             continue;
         }
         batch_size.record(batch.len() as f64);
-        match apply_batch(store.db(), batch.iter().map(|r| &r.ask)) {
+        match apply_batch(store, batch.iter().map(|r| &r.ask)) {
             Ok(outcomes) => {
                 commits.fetch_add(1, Ordering::Relaxed);
                 for (request, outcome) in batch.into_iter().zip(outcomes) {
@@ -232,17 +233,19 @@ fn run_committer(store: &EmbeddedStore, requests: &mpsc::Receiver<Request>, comm
 /// outer error fails the whole batch (nothing was committed); an inner
 /// error fails only its request (exhausted key, bad step or count).
 fn apply_batch<'a>(
-    db: &Database,
+    store: &EmbeddedStore,
     asks: impl IntoIterator<Item = &'a Ask>,
 ) -> Result<Vec<Result<Values, StoreError>>, StoreError> {
-    let txn = db.begin_write().map_err(backend_err)?;
+    // A key the restored backup did not hold starts above the restore floor.
+    let floor = store.floor().min(crate::id::strict::MAX_VALUE);
+    let txn = store.begin_write()?;
     let mut outcomes = Vec::new();
     {
         let mut table = txn.open_table(STRICT).map_err(backend_err)?;
         for ask in asks {
             let key = ask.key.as_str();
             let value = table.get(key).map_err(backend_err)?.map(|v| v.value());
-            match advance(&ask.key, value.unwrap_or(0), ask.step, ask.count) {
+            match advance(&ask.key, value.unwrap_or(floor), ask.step, ask.count) {
                 Ok(values) => {
                     table.insert(key, values.last).map_err(backend_err)?;
                     outcomes.push(Ok(values));
@@ -252,7 +255,7 @@ fn apply_batch<'a>(
         }
     }
     // Default durability: returns after fsync. Until then, nobody sees a value.
-    txn.commit().map_err(backend_err)?;
+    store.commit(txn)?;
     Ok(outcomes)
 }
 
@@ -275,12 +278,12 @@ impl EmbeddedStore {
     }
 
     fn write_namespace_step(&self, ns: &Namespace, step: u64) -> Result<(), StoreError> {
-        let txn = self.db().begin_write().map_err(backend_err)?;
+        let txn = self.begin_write()?;
         {
             let mut table = txn.open_table(STRICT_NAMESPACES).map_err(backend_err)?;
             table.insert(ns.as_str(), step).map_err(backend_err)?;
         }
-        txn.commit().map_err(backend_err)
+        self.commit(txn)
     }
 
     fn list_namespaces(&self) -> Result<Vec<(Namespace, u64)>, StoreError> {
@@ -777,7 +780,7 @@ mod tests {
             ask("n/b", 3, 2),
             ask("n/full", 1, 1),
         ];
-        let out = apply_batch(store.db(), &batch).unwrap();
+        let out = apply_batch(&store, &batch).unwrap();
         assert_eq!(out.len(), batch.len());
         // Same key, one batch: each request sees the one before it.
         assert_eq!(out[0].as_ref().unwrap().first, 1);

@@ -1,0 +1,215 @@
+//! The embedded state file's lifecycle: a file deleted (or replaced by a
+//! new `idgen init`) under a running node stops it in every mode within
+//! one high-water-mark renewal interval, and a second node started on the
+//! new file cannot make the first one issue again.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{metric, run_idgen, test_config, ChildServer, TestServer};
+use idgen::config::{Config, LeaseSection, SegmentSection, StrictSection};
+use idgen::proto::id_gen_client::IdGenClient;
+use idgen::proto::{GenIdsRequest, Mode};
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+
+/// One renewal interval: the default `hwm.renew_interval`.
+const RENEW_INTERVAL: Duration = Duration::from_secs(1);
+
+const MODES: [(Mode, &str); 4] = [
+    (Mode::Snowflake, ""),
+    (Mode::Segment, "orders"),
+    (Mode::Lease, ""),
+    (Mode::Strict, "chat/room1"),
+];
+
+fn all_modes(dir: &Path) -> Config {
+    let mut c = test_config(dir);
+    assert_eq!(c.hwm_renew_interval, RENEW_INTERVAL);
+    c.segment = Some(SegmentSection {
+        enabled: true,
+        auto_create: true,
+        default_step: 100,
+        max_step: 10_000,
+    });
+    c.lease = Some(LeaseSection {
+        enabled: true,
+        zone: 0,
+        token: Some(0),
+        block: 100,
+    });
+    c.strict = Some(StrictSection {
+        enabled: true,
+        default_step: 1,
+    });
+    c
+}
+
+fn request(mode: Mode, tag: &str) -> GenIdsRequest {
+    GenIdsRequest {
+        mode: mode as i32,
+        tag: tag.into(),
+        count: 10,
+    }
+}
+
+/// Every mode issues.
+async fn all_issue(c: &mut IdGenClient<Channel>) {
+    for (mode, tag) in MODES {
+        let ids = c
+            .gen_ids(request(mode, tag))
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?} issues: {e}"))
+            .into_inner()
+            .ids;
+        assert_eq!(ids.len(), 10);
+    }
+}
+
+/// Every mode refuses with UNAVAILABLE naming the path and what happened.
+async fn all_refuse(c: &mut IdGenClient<Channel>, path: &Path, what: &str) {
+    for (mode, tag) in MODES {
+        let e = c
+            .gen_ids(request(mode, tag))
+            .await
+            .expect_err("must refuse once the state file is gone");
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{mode:?}: {e:?}");
+        let msg = e.message();
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains(what),
+            "{mode:?}: names the path and what happened: {msg}"
+        );
+        assert!(
+            msg.contains("idgen state restore") && msg.contains("do not run `idgen init`"),
+            "{mode:?}: says what to do: {msg}"
+        );
+    }
+}
+
+async fn health(grpc: std::net::SocketAddr) -> ServingStatus {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "idgen.v1.IdGen".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status()
+}
+
+async fn readyz(http: std::net::SocketAddr) -> u16 {
+    reqwest::get(format!("http://{http}/readyz"))
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_state_file_stops_every_mode_within_one_renewal_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let server = TestServer::start(all_modes(dir.path())).await;
+    let mut c = server.client().await;
+    all_issue(&mut c).await;
+    assert!(common::wait_for_status(&server.url("/readyz"), 200).await);
+
+    std::fs::remove_file(&path).unwrap();
+    tokio::time::sleep(RENEW_INTERVAL).await;
+
+    all_refuse(&mut c, &path, "deleted").await;
+    assert_eq!(readyz(server.http).await, 503);
+    assert_eq!(health(server.grpc).await, ServingStatus::NotServing);
+    // The JSON API refuses too.
+    let r = reqwest::get(server.url("/v1/id?mode=snowflake"))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    // Never recreated, by the node's writes or its checks.
+    tokio::time::sleep(RENEW_INTERVAL).await;
+    assert!(!path.exists(), "the node must not recreate its state file");
+    all_refuse(&mut c, &path, "deleted").await;
+    // The node is left running (its final mark cannot be stored).
+    drop(server);
+}
+
+fn child_config(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("idgen.toml");
+    let text = format!(
+        "[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\
+         [store]\npath = \"{}\"\n\
+         [segment]\nenabled = true\nauto_create = true\ndefault_step = 100\n\
+         [lease]\nenabled = true\nblock = 100\n\
+         [strict]\nenabled = true\n\
+         [log]\nformat = \"json\"\nlevel = \"info\"\n",
+        dir.join("state.redb").display()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_state_file_stops_the_node_and_a_second_node_cannot_revive_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let config = child_config(dir.path());
+    let cfg = config.to_str().unwrap();
+    let (ok, out) = run_idgen(&["init", "--config", cfg]);
+    assert!(ok, "{out}");
+    let first = ChildServer::start(&config);
+    let mut c1 = first.client().await;
+    all_issue(&mut c1).await;
+
+    // The operator's mistake: delete the file and init it again, at the
+    // same path, while the node runs.
+    std::fs::remove_file(&path).unwrap();
+    let (ok, out) = run_idgen(&["init", "--config", cfg]);
+    assert!(ok, "{out}");
+    tokio::time::sleep(RENEW_INTERVAL).await;
+
+    all_refuse(&mut c1, &path, "replaced").await;
+    assert_eq!(readyz(first.http).await, 503);
+    assert_eq!(health(first.grpc).await, ServingStatus::NotServing);
+    let text = reqwest::get(format!("http://{}/metrics", first.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(metric(&text, "idgen_state_file_lost"), Some(1.0), "{text}");
+    assert!(
+        first.log_text().contains("state file lost"),
+        "an error is logged: {}",
+        first.log_text()
+    );
+
+    // A second node on the new file, beside the first: it serves, and the
+    // first one stays stopped whatever the second writes.
+    let second = ChildServer::start(&config);
+    let mut c2 = second.client().await;
+    all_issue(&mut c2).await;
+    tokio::time::sleep(RENEW_INTERVAL).await;
+    all_refuse(&mut c1, &path, "replaced").await;
+    assert_eq!(readyz(first.http).await, 503);
+    assert_eq!(readyz(second.http).await, 200);
+    let text = reqwest::get(format!("http://{}/metrics", second.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(metric(&text, "idgen_state_file_lost"), Some(0.0));
+    // The first node's SIGTERM cannot store its final mark: it says so
+    // and exits non-zero; the new file is untouched by it.
+    let status = first.terminate();
+    assert!(!status.success());
+    assert!(second.terminate().success());
+}
