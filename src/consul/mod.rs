@@ -1,6 +1,6 @@
-//! A thin Consul HTTP client: exactly the calls `../shared/CONSUL.md`
-//! vouches for, typed, with timeouts on every call and retries only where
-//! they are safe.
+//! A thin Consul HTTP client: exactly the calls whose behaviour
+//! `consul/README.md` documents (checked against Consul's own source),
+//! typed, with timeouts on every call and retries only where they are safe.
 //!
 //! # Retries
 //! A read, a session renew or destroy, and an agent (de)registration can be
