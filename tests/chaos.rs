@@ -260,12 +260,8 @@ fn started_on_the_mark(log: &str) -> bool {
                 == Some("high-water mark reserved; generator starts above every earlier ID")
         })
         .and_then(|v| {
-            let stored: u64 = v["fields"]["stored_hwm_ms"]
-                .as_str()?
-                .strip_prefix("Some(")?
-                .strip_suffix(')')?
-                .parse()
-                .ok()?;
+            // A plain number (absent when nothing was stored).
+            let stored = v["fields"]["stored_hwm_ms"].as_u64()?;
             Some(v["fields"]["start_ms"].as_u64()? == stored + 1)
         })
         .unwrap_or(false)
