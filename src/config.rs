@@ -131,6 +131,11 @@ pub struct StoreSection {
     /// Create the state file when it is missing. For development only: in
     /// production a missing file means lost state, which must stop start-up.
     pub init_if_missing: bool,
+    /// How long the node may be unable to issue (its store cannot write,
+    /// or it is fenced) before `/healthz` fails too, so an orchestrator
+    /// restarts it. Readiness fails at once either way.
+    #[serde(with = "humantime_serde")]
+    pub max_unhealthy: Duration,
 }
 
 impl Default for StoreSection {
@@ -139,6 +144,7 @@ impl Default for StoreSection {
             backend: "embedded".into(),
             path: PathBuf::from("data/idgen.redb"),
             init_if_missing: false,
+            max_unhealthy: Duration::from_secs(180),
         }
     }
 }
@@ -648,6 +654,11 @@ impl FileConfig {
                 Duration::from_secs(60),
             ),
             (
+                "store.max_unhealthy",
+                self.store.max_unhealthy,
+                Duration::from_secs(86_400),
+            ),
+            (
                 "server.shutdown_grace",
                 self.server.shutdown_grace,
                 Duration::from_secs(3600),
@@ -698,6 +709,9 @@ impl FileConfig {
                     humantime::format_duration(h.reserve)
                 ),
             ));
+        }
+        if self.store.max_unhealthy < Duration::from_secs(1) {
+            return Err(invalid("store.max_unhealthy", "must be at least 1s"));
         }
         if self.server.max_wait < 2 * unit {
             return Err(invalid(
@@ -778,6 +792,7 @@ impl FileConfig {
             shutdown_grace: self.server.shutdown_grace,
             state_path: self.store.path.clone(),
             init_if_missing: self.store.init_if_missing,
+            max_unhealthy: self.store.max_unhealthy,
             layout,
             max_backward: c.max_backward,
             max_startup_skew: c.max_startup_skew,
@@ -1068,6 +1083,9 @@ pub struct Config {
     pub state_path: PathBuf,
     /// Create the state file if missing (development only).
     pub init_if_missing: bool,
+    /// How long the node may be unable to issue (store cannot write, or
+    /// fenced) before `/healthz` fails.
+    pub max_unhealthy: Duration,
     /// The ID layout.
     pub layout: Layout,
     /// Largest tolerated clock step back.

@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 use crate::error::Error;
 use crate::id::{check_count, Clock, DecodeError, GenError, Layout, Mode, RequestError, Snowflake};
 use crate::metrics as m;
+use crate::store::reopen::StoreHealth;
 use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
@@ -62,6 +63,7 @@ pub struct Issuer {
     leases: Option<Arc<Leases>>,
     strict: Option<Arc<Strict>>,
     state_file: Option<Arc<StateFileGuard>>,
+    store_health: Option<Arc<StoreHealth>>,
     layout: Layout,
     fenced: AtomicBool,
     clock: Arc<dyn Clock>,
@@ -88,6 +90,7 @@ impl Issuer {
             leases: None,
             strict: None,
             state_file: None,
+            store_health: None,
             fenced: AtomicBool::new(false),
             clock,
             max_batch,
@@ -120,6 +123,21 @@ impl Issuer {
     pub fn with_state_file(mut self, guard: Arc<StateFileGuard>) -> Self {
         self.state_file = Some(guard);
         self
+    }
+
+    /// Reports the embedded store's write faults in health (readiness and,
+    /// past `store.max_unhealthy`, liveness).
+    pub fn with_store_health(mut self, health: Arc<StoreHealth>) -> Self {
+        self.store_health = Some(health);
+        self
+    }
+
+    /// How long the store has been unable to write, and its last error,
+    /// while it is (the node reopens it and resumes by itself).
+    pub fn store_fault(&self) -> Option<(Duration, String)> {
+        let health = self.store_health.as_ref()?;
+        let since = health.unwritable_for()?;
+        Some((since, health.last_error().unwrap_or_default()))
     }
 
     /// Why the node may not issue because its state file is gone, if so.

@@ -9,6 +9,7 @@ pub mod consul;
 pub mod embedded;
 pub mod hwm;
 pub mod lease;
+pub mod reopen;
 pub mod segments;
 pub mod snapshot;
 pub mod state_file;
