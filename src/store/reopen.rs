@@ -402,7 +402,10 @@ fn reopen_loop(weak: &Weak<ReopeningDatabase>) {
             }
             Err(e) => {
                 metrics::counter!(m::STORE_REOPENS, "result" => "failed").increment(1);
-                let e = e.to_string();
+                let e = match e {
+                    StoreError::Backend(msg) => msg,
+                    e => e.to_string(),
+                };
                 if attempts == 1 || attempts.is_power_of_two() {
                     tracing::warn!(
                         path = %this.path.display(),
