@@ -203,6 +203,12 @@ impl EmbeddedStore {
         self.guard.check()
     }
 
+    /// Test hook: fails the database in service as a write error would.
+    #[cfg(test)]
+    pub(crate) fn inject_write_fault(&self, why: &str) {
+        self.db.inject_fault(why);
+    }
+
     fn read_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
         let txn = self.db().begin_read().map_err(backend_err)?;
         let table = txn.open_table(HWM).map_err(backend_err)?;

@@ -281,6 +281,15 @@ impl ReopeningDatabase {
         ))
     }
 
+    /// Test hook: takes the database in service out as a write error
+    /// would.
+    #[cfg(test)]
+    pub(crate) fn inject_fault(self: &Arc<Self>, why: &str) {
+        if let Ok(db) = self.current() {
+            let _ = self.fault(&db, why);
+        }
+    }
+
     fn start_reopen(self: &Arc<Self>) {
         if self.reopening.swap(true, Ordering::AcqRel) {
             return;
@@ -427,5 +436,102 @@ impl StoreHealth {
         if let Some((_, last)) = self.lock().as_mut() {
             *last = error.to_owned();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{EmbeddedStore, StateStore, WorkerKey};
+
+    const KEY: WorkerKey = WorkerKey {
+        datacenter: 1,
+        worker: 7,
+    };
+
+    /// Polls `cond` every 20 ms for at most 10 s.
+    fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+        for _ in 0..500 {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_fault_reopens_the_same_file_once_the_old_database_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let store = EmbeddedStore::create(&path, "L").unwrap();
+        store.store_hwm(KEY, 100).await.unwrap();
+        // A transaction still open on the old database keeps it (and its
+        // file lock) alive: the reopen must wait for it.
+        let held = store.db();
+        let reader = held.begin_read().unwrap();
+        store.inject_write_fault("injected: No space left on device");
+        let health = Arc::clone(store.health());
+        assert!(!health.is_writable());
+        let err = store.store_hwm(KEY, 200).await.unwrap_err().to_string();
+        assert!(err.contains("cannot be written"), "{err}");
+        assert!(err.contains("injected: No space left"), "{err}");
+        assert!(err.contains("resumes issuing by itself"), "{err}");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !health.is_writable(),
+            "never two databases on one file: the reopen waits for the old one"
+        );
+        drop(reader);
+        drop(held);
+        assert!(eventually(|| health.is_writable()), "reopened");
+        assert_eq!(health.reopens(), 1);
+        assert!(health.unwritable_for().is_none());
+        // Re-read from the file: what was confirmed is there, the failed
+        // write is not, and writes work again.
+        assert_eq!(store.load_hwm(KEY).await.unwrap(), Some(100));
+        store.store_hwm(KEY, 300).await.unwrap();
+        assert_eq!(store.load_hwm(KEY).await.unwrap(), Some(300));
+        drop(store);
+        // The probe left nothing behind.
+        let store = EmbeddedStore::open(&path, "L", false).unwrap();
+        let txn = store.db().begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        assert!(meta.get(PROBE_KEY).unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_file_deleted_during_a_fault_is_lost_and_never_recreated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let store = EmbeddedStore::create(&path, "L").unwrap();
+        let held = store.db();
+        store.inject_write_fault("injected");
+        std::fs::remove_file(&path).unwrap();
+        drop(held);
+        assert!(eventually(|| store.guard().is_lost()), "the reopen saw it");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!path.exists(), "a reopen never creates the file");
+        assert!(!store.health().is_writable());
+        assert!(matches!(
+            store.store_hwm(KEY, 1).await,
+            Err(StoreError::StateFileLost { .. })
+        ));
+    }
+
+    #[test]
+    fn a_file_replaced_during_a_fault_is_lost_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let store = EmbeddedStore::create(&path, "L").unwrap();
+        let held = store.db();
+        store.inject_write_fault("injected");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"someone else's file").unwrap();
+        drop(held);
+        assert!(eventually(|| store.guard().is_lost()), "the reopen saw it");
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(std::fs::read(&path).unwrap(), b"someone else's file");
+        assert!(!store.health().is_writable());
     }
 }
