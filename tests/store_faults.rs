@@ -3,9 +3,12 @@
 //! `store.max_unhealthy`, and when space is freed the node reopens the file
 //! and issues again by itself, without repeating an ID in any mode.
 //!
-//! The state file lives on a small tmpfs mounted by the test, so the fault
-//! is a real ENOSPC from the kernel. Mounting needs root (CAP_SYS_ADMIN);
-//! without it the test fails and says so, rather than passing untested.
+//! The state file lives on a small tmpfs mounted by the test and a filler
+//! file fills it, so the fault is a real ENOSPC from the kernel. Mounting
+//! needs root (CAP_SYS_ADMIN); where it fails, the test uses the test-only
+//! hook `idgen::store::fault_hook::DISK_FULL` instead (every state-file
+//! write fails with ENOSPC while it is set) and prints which it used.
+//! `IDGEN_TEST_FAULT=hook` forces the hook.
 
 mod common;
 
@@ -13,12 +16,14 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{metric, test_config, TestServer};
 use idgen::config::{Config, LeaseSection, SegmentSection, StrictSection};
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{GenIdsRequest, Mode};
+use idgen::store::fault_hook::DISK_FULL;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
@@ -61,6 +66,70 @@ impl Drop for Tmpfs {
             .arg("-l")
             .arg(self.dir.path())
             .status();
+    }
+}
+
+/// How the disk is made full: a real tmpfs and a filler file, or the
+/// test-only hook.
+enum FullDisk {
+    Tmpfs { fs: Tmpfs, filler: Option<PathBuf> },
+    Hook { dir: tempfile::TempDir },
+}
+
+impl FullDisk {
+    fn new() -> Self {
+        let forced = std::env::var("IDGEN_TEST_FAULT").is_ok_and(|v| v == "hook");
+        let mounted = if forced {
+            Err("IDGEN_TEST_FAULT=hook".to_owned())
+        } else {
+            Tmpfs::mount(TMPFS_SIZE)
+        };
+        match mounted {
+            Ok(fs) => {
+                eprintln!("fault: real ENOSPC, a {TMPFS_SIZE} tmpfs filled by a filler file");
+                Self::Tmpfs { fs, filler: None }
+            }
+            Err(e) => {
+                eprintln!(
+                    "fault: no tmpfs ({}); using the test-only hook idgen::store::fault_hook::DISK_FULL",
+                    e.trim()
+                );
+                Self::Hook {
+                    dir: tempfile::tempdir().unwrap(),
+                }
+            }
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        match self {
+            Self::Tmpfs { fs, .. } => fs.path(),
+            Self::Hook { dir } => dir.path(),
+        }
+    }
+
+    fn fill(&mut self) {
+        match self {
+            Self::Tmpfs { fs, filler } => *filler = Some(fill(fs.path())),
+            Self::Hook { .. } => DISK_FULL.store(true, Ordering::SeqCst),
+        }
+    }
+
+    fn free(&mut self) {
+        match self {
+            Self::Tmpfs { filler, .. } => {
+                if let Some(path) = filler.take() {
+                    std::fs::remove_file(path).unwrap();
+                }
+            }
+            Self::Hook { .. } => DISK_FULL.store(false, Ordering::SeqCst),
+        }
+    }
+}
+
+impl Drop for FullDisk {
+    fn drop(&mut self) {
+        DISK_FULL.store(false, Ordering::SeqCst);
     }
 }
 
@@ -251,10 +320,8 @@ fn assert_distinct(name: &str, ids: &[u64]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_stops_issuing_and_freeing_space_resumes_without_repeats() {
-    let fs = Tmpfs::mount(TMPFS_SIZE).unwrap_or_else(|e| {
-        panic!("this test mounts a small tmpfs (needs root / CAP_SYS_ADMIN) and could not: {e}")
-    });
-    let server = TestServer::start(config(fs.path())).await;
+    let mut disk = FullDisk::new();
+    let server = TestServer::start(config(disk.dir())).await;
     let mut c = server.client().await;
     let mut issued = Issued::default();
     issue_all(&mut c, &mut issued).await;
@@ -263,7 +330,7 @@ async fn a_full_disk_stops_issuing_and_freeing_space_resumes_without_repeats() {
 
     // Disk full: strict calls on new keys need fresh pages in the state
     // file until one commit fails with ENOSPC.
-    let filler = fill(fs.path());
+    disk.fill();
     let long = "k".repeat(120);
     // Values given to the fill keys; the last one that got values and the
     // one whose commit failed are used again after the fault.
@@ -316,7 +383,7 @@ async fn a_full_disk_stops_issuing_and_freeing_space_resumes_without_repeats() {
     );
 
     // Free the space: the node reopens the file and serves by itself.
-    std::fs::remove_file(&filler).unwrap();
+    disk.free();
     assert!(
         wait_status(&server.url("/readyz"), 200).await,
         "the node must resume by itself once space is free"

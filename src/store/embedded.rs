@@ -246,7 +246,7 @@ pub(super) fn database_in(path: &Path, file: std::fs::File) -> Result<Database, 
         StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
     })?;
     let db = redb::Builder::new()
-        .create_with_backend(backend)
+        .create_with_backend(super::fault_hook::HookedFile(backend))
         .map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
                 "state file {} is open in another idgen process (one node per state file; to back it up while it runs use `idgen state backup`)",

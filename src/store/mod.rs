@@ -7,6 +7,7 @@
 
 pub mod consul;
 pub mod embedded;
+pub mod fault_hook;
 pub mod hwm;
 pub mod lease;
 pub mod reopen;
