@@ -428,3 +428,69 @@ async fn a_full_disk_stops_issuing_and_freeing_space_resumes_without_repeats() {
     );
     server.stop().await;
 }
+
+/// Cluster mode: a node cut off from Consul fences itself (NOT_SERVING at
+/// once); fenced for longer than `store.max_unhealthy` its `/healthz`
+/// fails too, and it recovers by itself once Consul answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_fenced_longer_than_max_unhealthy_fails_healthz_and_recovers() {
+    use common::{write_cluster_config, ChildServer};
+    let consul = consul_testserver::TestConsul::start(consul_testserver::Config {
+        min_ttl: Duration::from_secs(1),
+        ttl_expiry_factor: 1.0,
+        min_deregister_critical_after: Duration::from_secs(1),
+        ..consul_testserver::Config::default()
+    })
+    .await
+    .expect("test consul");
+    let agent = consul.add_agent("agent-h").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_cluster_config(
+        dir.path(),
+        "h",
+        agent,
+        &[("store", "max_unhealthy", "\"1s\"")],
+    );
+    let node = ChildServer::start(&config);
+    let url = |path: &str| format!("http://{}{path}", node.http);
+    let mut c = node.client().await;
+    let mut seen = HashSet::new();
+    let first = c
+        .gen_ids(request(Mode::Snowflake, "", 100))
+        .await
+        .expect("issues")
+        .into_inner()
+        .ids;
+    seen.extend(first);
+    assert_eq!(status(&url("/healthz")).await, 200);
+
+    consul.faults().drop_requests("agent-h", true);
+    assert!(wait_status(&url("/readyz"), 503).await, "fenced: not ready");
+    assert!(
+        wait_status(&url("/healthz"), 503).await,
+        "/healthz must fail once fenced for longer than store.max_unhealthy"
+    );
+    let text = reqwest::get(url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metric(&text, "idgen_unable_to_issue_seconds").unwrap_or(0.0) >= 1.0);
+    assert_eq!(metric(&text, "idgen_fenced"), Some(1.0), "{text}");
+
+    consul.faults().drop_requests("agent-h", false);
+    assert!(wait_status(&url("/readyz"), 200).await, "claims again");
+    assert_eq!(status(&url("/healthz")).await, 200);
+    let after = c
+        .gen_ids(request(Mode::Snowflake, "", 100))
+        .await
+        .expect("issues again")
+        .into_inner()
+        .ids;
+    for id in after {
+        assert!(seen.insert(id), "ID {id} handed out twice");
+    }
+    assert!(node.log_text().contains("store.max_unhealthy"));
+    assert!(node.terminate().success());
+}
