@@ -1131,6 +1131,22 @@ mod tests {
         assert_eq!(c.max_startup_skew, Duration::from_secs(10));
     }
 
+    #[test]
+    fn store_max_unhealthy_defaults_to_three_minutes_and_is_bounded() {
+        let c = FileConfig::default().validate(NOW).unwrap();
+        assert_eq!(c.max_unhealthy, Duration::from_secs(180));
+        let mut f = FileConfig::default();
+        f.store.max_unhealthy = Duration::from_millis(500);
+        assert_eq!(err_key(&f), "store.max_unhealthy");
+        f.store.max_unhealthy = Duration::from_secs(2 * 86_400);
+        assert_eq!(err_key(&f), "store.max_unhealthy");
+        f.store.max_unhealthy = Duration::from_secs(1);
+        assert_eq!(
+            f.validate(NOW).unwrap().max_unhealthy,
+            Duration::from_secs(1)
+        );
+    }
+
     fn err_key(f: &FileConfig) -> String {
         match f.validate(NOW) {
             Err(ConfigError::Invalid { key, .. }) => key.to_owned(),
