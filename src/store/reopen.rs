@@ -238,7 +238,11 @@ impl ReopeningDatabase {
     /// Begins a write transaction; a failure takes the database out of
     /// service and starts the reopen.
     pub fn begin_write(self: &Arc<Self>) -> Result<WriteTxn, StoreError> {
-        let db = self.current()?;
+        let db = self.current().inspect_err(|_| {
+            // Out of service: a reopen runs (this starts one only if the
+            // last could not be spawned).
+            self.start_reopen();
+        })?;
         match db.begin_write() {
             Ok(txn) => Ok(WriteTxn { txn, db }),
             Err(e) => Err(self.fault(&db, &e.to_string())),
@@ -259,20 +263,23 @@ impl ReopeningDatabase {
     /// reopen thread runs. Returns the error for the caller.
     fn fault(self: &Arc<Self>, failed: &Arc<Database>, error: &str) -> StoreError {
         {
+            // Under the slot lock, as the reopen's install is: a fault of a
+            // database put in service a moment ago always finds a reopen
+            // to start (never a finished one about to report healed).
             let mut slot = self.db.write().unwrap_or_else(|p| p.into_inner());
             if slot.as_ref().is_some_and(|db| Arc::ptr_eq(db, failed)) {
                 // Dropped once the last transaction on it ends; redb keeps
                 // the file locked until then, and the reopen waits for it.
                 *slot = None;
+                metrics::counter!(m::STORE_WRITE_FAULTS).increment(1);
+                if self.health.failed(error) {
+                    tracing::error!(
+                        path = %self.path.display(),
+                        error,
+                        "state file write failed: refusing writes (readiness fails) and reopening it with backoff"
+                    );
+                }
             }
-        }
-        metrics::counter!(m::STORE_WRITE_FAULTS).increment(1);
-        if self.health.failed(error) {
-            tracing::error!(
-                path = %self.path.display(),
-                error,
-                "state file write failed: refusing writes (readiness fails) and reopening it with backoff"
-            );
         }
         self.start_reopen();
         StoreError::Backend(format!(
@@ -306,16 +313,18 @@ impl ReopeningDatabase {
 
     /// One attempt: open the same file again, probe a write, and put the
     /// new database in service.
-    fn try_reopen(&self) -> Result<(), StoreError> {
-        if self.db.read().unwrap_or_else(|p| p.into_inner()).is_some() {
-            return Ok(());
-        }
+    /// Returns how long the store was out of service.
+    fn try_reopen(&self) -> Result<Duration, StoreError> {
         let db = self.open_same_file()?;
         probe(&db).map_err(|e| StoreError::Backend(format!("probe write failed: {e}")))?;
         // The probe landed in this file, not in one put at the path since.
         self.guard.check()?;
-        *self.db.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(db));
-        Ok(())
+        let mut slot = self.db.write().unwrap_or_else(|p| p.into_inner());
+        *slot = Some(Arc::new(db));
+        // Healed and done under the slot lock (see `fault`).
+        let down = self.health.healed();
+        self.reopening.store(false, Ordering::Release);
+        Ok(down)
     }
 
     /// Opens the file at the path if it is still the one this node opened
@@ -391,8 +400,7 @@ fn reopen_loop(weak: &Weak<ReopeningDatabase>) {
         let Some(this) = weak.upgrade() else { return };
         attempts += 1;
         match this.try_reopen() {
-            Ok(()) => {
-                let down = this.health.healed();
+            Ok(down) => {
                 metrics::counter!(m::STORE_REOPENS, "result" => "ok").increment(1);
                 tracing::info!(
                     path = %this.path.display(),
@@ -400,7 +408,6 @@ fn reopen_loop(weak: &Weak<ReopeningDatabase>) {
                     down_ms = down.as_millis() as u64,
                     "state file reopened and writable again: issuing resumes"
                 );
-                this.reopening.store(false, Ordering::Release);
                 return;
             }
             Err(e @ StoreError::StateFileLost { .. }) => {
