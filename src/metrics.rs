@@ -61,7 +61,7 @@ pub const STORE_REOPENS: &str = "idgen_store_reopens_total";
 /// Write errors that took the embedded state file out of service.
 pub const STORE_WRITE_FAULTS: &str = "idgen_store_write_faults_total";
 /// How long the node has been unable to issue because it is fenced or its
-/// store cannot write; 0 while it can.
+/// store cannot write or confirm high-water marks; 0 while it can.
 pub const UNABLE_TO_ISSUE: &str = "idgen_unable_to_issue_seconds";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
@@ -105,7 +105,7 @@ fn describe() {
     describe_gauge!(
         UNABLE_TO_ISSUE,
         Unit::Seconds,
-        "How long the node has been unable to issue because it is fenced or its store cannot write; 0 while it can. Past store.max_unhealthy /healthz fails."
+        "How long the node has been unable to issue because it is fenced or its store cannot write or confirm high-water marks; 0 while it can. Past store.max_unhealthy /healthz fails."
     );
     describe_gauge!(
         STATE_FILE_LOST,

@@ -494,3 +494,34 @@ async fn a_node_fenced_longer_than_max_unhealthy_fails_healthz_and_recovers() {
     assert!(node.log_text().contains("store.max_unhealthy"));
     assert!(node.terminate().success());
 }
+
+/// A deleted state file stops the node for good, but never fails
+/// `/healthz`: a restart behind the operator's back could start on a file
+/// someone put at the path since. The operator restores and restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_state_file_does_not_fail_healthz() {
+    // A child process: its metrics are its own, not this test binary's.
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text = text.replace("[store]\n", "[store]\nmax_unhealthy = \"1s\"\n");
+    std::fs::write(&config, text).unwrap();
+    let node = common::ChildServer::start(&config);
+    let url = |p: &str| format!("http://{}{p}", node.http);
+    assert!(wait_status(&url("/readyz"), 200).await);
+    let path = dir.path().join("state.redb");
+    std::fs::remove_file(&path).unwrap();
+    assert!(wait_status(&url("/readyz"), 503).await);
+    tokio::time::sleep(3 * Duration::from_secs(1)).await;
+    assert_eq!(status(&url("/healthz")).await, 200);
+    let text = reqwest::get(url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(metric(&text, "idgen_state_file_lost"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "idgen_unable_to_issue_seconds"), Some(0.0));
+    assert!(!path.exists());
+    node.kill();
+}

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::id::{Clock, Snowflake, StepBackStats};
+use crate::id::{Clock, GenError, Snowflake, StepBackStats};
 use crate::metrics as m;
 
 use super::Issuer;
@@ -75,8 +75,10 @@ impl ServingState {
 
 /// Runs until `stop` is notified. Follows the issuer's generator when it
 /// is replaced after fencing. Liveness fails once the node has been
-/// fenced, or its store unable to write, for longer than `max_unhealthy`
-/// (a clock that stepped back does not count: a restart would not help).
+/// fenced, or its store unable to write or to confirm high-water marks,
+/// for longer than `max_unhealthy` (a clock that stepped back does not
+/// count: a restart would not help; nor does a lost state file, where a
+/// restart must not happen behind the operator's back).
 pub async fn run(
     issuer: Arc<Issuer>,
     clock: Arc<dyn Clock>,
@@ -85,6 +87,7 @@ pub async fn run(
     max_unhealthy: Duration,
 ) {
     let mut fenced_since: Option<std::time::Instant> = None;
+    let mut unconfirmed_since: Option<std::time::Instant> = None;
     let mut generator = issuer.generator();
     let mut seen = StepBackStats::default();
     let mut serving: Option<bool> = None;
@@ -136,15 +139,22 @@ pub async fn run(
             state.set(ok).await;
             serving = Some(ok);
         }
-        let fenced = issuer.is_fenced();
-        if !fenced {
-            fenced_since = None;
-        } else if fenced_since.is_none() {
-            fenced_since = Some(std::time::Instant::now());
-        }
-        let unable = fenced_since
-            .map(|s| s.elapsed())
-            .max(store_fault.as_ref().map(|(d, _)| *d));
+        // The store not confirming marks (a Consul KV that refuses writes
+        // while the session lives, say) counts like a store that cannot
+        // write.
+        let unconfirmed = matches!(check, Err(GenError::HwmReached { .. }));
+        let since = |cond: bool, at: &mut Option<std::time::Instant>| {
+            if !cond {
+                *at = None;
+            } else if at.is_none() {
+                *at = Some(std::time::Instant::now());
+            }
+            at.map(|s| s.elapsed())
+        };
+        let unable = since(issuer.is_fenced(), &mut fenced_since)
+            .max(since(unconfirmed, &mut unconfirmed_since))
+            .max(store_fault.as_ref().map(|(d, _)| *d))
+            .filter(|_| lost.is_none());
         update_liveness(&state, unable, max_unhealthy);
     }
 }
@@ -160,7 +170,7 @@ fn update_liveness(state: &ServingState, unable: Option<Duration>, max_unhealthy
         } else {
             tracing::error!(
                 max_unhealthy_s = max_unhealthy.as_secs_f64(),
-                "unable to issue (fenced, or the state store cannot write) for longer than store.max_unhealthy: /healthz fails so the node is restarted"
+                "unable to issue (fenced, or the state store cannot write or confirm marks) for longer than store.max_unhealthy: /healthz fails so the node is restarted"
             );
         }
     }
