@@ -533,7 +533,9 @@ async fn state_backup(a: BackupArgs) -> anyhow::Result<()> {
         .filter(|(k, r)| !k.starts_with("hwm/") && **r > 0.0)
         .collect();
     fastest.sort_by(|x, y| y.1.total_cmp(x.1));
-    if !info.rates_known {
+    if info.taken_after_loss {
+        println!("rescue snapshot: the node's state file was lost and it had stopped issuing; this covers everything it handed out (stop the node, then `idgen state restore`)");
+    } else if !info.rates_known {
         println!("issue rates: not recorded (offline backup)");
     } else if fastest.is_empty() {
         println!("issue rates: no counter was moving");

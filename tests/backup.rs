@@ -355,3 +355,76 @@ async fn restore_refuses_what_could_repeat_ids() {
         .collect();
     assert!(leftovers.is_empty(), "no temporary files left behind");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescue_backup_after_the_file_was_deleted_restores_without_repeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "twitter");
+    let cfg = config.to_str().unwrap().to_owned();
+    let state = dir.path().join("state.redb");
+    let rescue = dir.path().join("rescue.snapshot");
+    let (ok, out) = idgen(args(&["init", "--config", &cfg])).await;
+    assert!(ok, "{out}");
+    let node = ChildServer::start(&config);
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = load(&node, &stop).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Deleted under load: the callers stop at their first refusal.
+    std::fs::remove_file(&state).unwrap();
+    let before = collect(tasks).await;
+    // The node still holds the file it wrote: a rescue snapshot of it.
+    let addr = format!("http://{}", node.grpc);
+    let (ok, out) = idgen(args(&[
+        "state",
+        "backup",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        rescue.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(ok && out.contains("rescue snapshot"), "{out}");
+    assert!(!node.terminate().success(), "no final mark without a file");
+    assert!(!state.exists());
+
+    let (ok, out) = idgen(args(&[
+        "state",
+        "restore",
+        rescue.to_str().unwrap(),
+        "--config",
+        &cfg,
+    ]))
+    .await;
+    assert!(!ok && out.contains("rescue snapshot"), "{out}");
+    let margin = suggested(&out);
+    // Rates do not matter for a rescue snapshot: two segment ranges at
+    // max_step (2 x 5000), rounded up.
+    assert_eq!(margin, 10_000, "{out}");
+    let (ok, out) = idgen(args(&[
+        "state",
+        "restore",
+        rescue.to_str().unwrap(),
+        "--config",
+        &cfg,
+        "--skip-ahead",
+        &margin.to_string(),
+    ]))
+    .await;
+    assert!(ok, "{out}");
+
+    let node = ChildServer::start(&config);
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = load(&node, &stop).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let after = collect(tasks).await;
+    assert!(node.terminate().success());
+    for (((mode, _), old), new) in MODES.iter().zip(&before).zip(&after) {
+        assert!(!old.is_empty() && !new.is_empty(), "{mode:?} issued");
+        let mut seen = HashSet::new();
+        for id in old.iter().chain(new) {
+            assert!(seen.insert(*id), "{mode:?}: {id} handed out twice");
+        }
+    }
+}

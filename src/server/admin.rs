@@ -725,6 +725,8 @@ impl Admin for AdminService {
             .into_inner();
         let total_bytes = bytes.len() as u64;
         tracing::info!(total_bytes, "state file snapshot taken for a backup");
+        // (After a lost state file this is the rescue snapshot: see
+        // `SnapshotSource::take`.)
         let chunks: Vec<Result<proto::BackupChunk, Status>> = bytes
             .chunks(BACKUP_CHUNK)
             .map(|c| {

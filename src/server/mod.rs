@@ -38,7 +38,7 @@ use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::{EmbeddedTokens, TokenSource};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
-use crate::store::state_file::{StateFileGuard, StateFileWatch};
+use crate::store::state_file::{PeriodicThread, StateFileGuard, StateFileWatch};
 use crate::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictStore};
 use crate::store::{EmbeddedStore, HwmKeeper, SegmentStore, StateStore, WorkerKey};
 
@@ -127,6 +127,8 @@ pub struct Node {
     state_watch: Option<StateFileWatch>,
     /// Snapshots of the embedded state file, for the admin `Backup`.
     snapshots: Option<SnapshotSource>,
+    /// Samples the counters for the rates a backup records.
+    rate_sampling: Option<PeriodicThread>,
 }
 
 /// The stable instance name: configured, or `<hostname>-<port>`.
@@ -266,20 +268,15 @@ impl Node {
         let mut node =
             Self::start_with_store(config, clock, Arc::new(store), stores, metrics).await?;
         let issuer = Arc::clone(&node.issuer);
-        let (sampler, sample_clock) = (snapshots.clone(), Arc::clone(&node.clock));
         node.state_watch = Some(
-            StateFileWatch::start(
-                guard,
-                interval,
-                move || issuer.halt_state_file_lost(),
-                crate::store::snapshot::SAMPLE_EVERY,
-                move || {
-                    if let Err(e) = sampler.sample(sample_clock.now_millis()) {
-                        tracing::warn!(error = %e, "cannot sample counters for backup rates");
-                    }
-                },
-            )
-            .map_err(|e| Error::Setup(format!("cannot start the state file watch thread: {e}")))?,
+            StateFileWatch::start(guard, interval, move || issuer.halt_state_file_lost()).map_err(
+                |e| Error::Setup(format!("cannot start the state file watch thread: {e}")),
+            )?,
+        );
+        node.rate_sampling = Some(
+            snapshots
+                .start_sampling(Arc::clone(&node.clock))
+                .map_err(|e| Error::Setup(format!("cannot start the rate sampling thread: {e}")))?,
         );
         node.snapshots = Some(snapshots);
         node.prime().await
@@ -401,6 +398,7 @@ impl Node {
             admin_segments,
             state_watch: None,
             snapshots: None,
+            rate_sampling: None,
         })
     }
 
@@ -426,6 +424,7 @@ impl Node {
             admin_segments,
             state_watch,
             snapshots,
+            rate_sampling,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let state = monitor::ServingState::new(reporter);
@@ -565,6 +564,7 @@ impl Node {
             Running::Embedded(keeper) => Some(keeper.finish().await?),
             Running::Cluster(c) => c.finish().await?,
         };
+        drop(rate_sampling);
         drop(state_watch);
         tracing::info!(final_hwm_ms, drained, "idgen stopped");
         match early {

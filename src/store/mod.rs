@@ -67,7 +67,7 @@ pub enum StoreError {
     },
     /// The state file was deleted or replaced while the node was running:
     /// the node stopped issuing for good and never recreates it.
-    #[error("state file {path} was {what} while this node was running; it stopped issuing IDs in every mode and will not recreate the file. Stop this node, then restore the file from a backup with `idgen state restore <backup-file> --config <file> --skip-ahead <margin>` and start it again; do not run `idgen init` (it restarts segment, lease and strict counters). Meanwhile call another node")]
+    #[error("state file {path} was {what} while this node was running; it stopped issuing IDs in every mode and will not recreate the file. First save what this node still holds with `idgen state backup <file> --addr <this node's gRPC address>` (a rescue snapshot), stop it, then restore with `idgen state restore <file> --config <file> --skip-ahead <margin>` and start it again; do not run `idgen init` (it restarts segment, lease and strict counters). Meanwhile call another node")]
     StateFileLost {
         /// The path.
         path: String,

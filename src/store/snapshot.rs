@@ -61,11 +61,27 @@ pub const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(10)
 
 /// Every counter's current value, keyed by kind and name:
 /// `hwm/<dc>/<worker>`, `segment/<tag>`, `lease/<zone>/<token>`,
-/// `strict/<namespace>/<key>`.
+/// `strict/<namespace>/<key>`; plus each kind's total as `<kind>/*` (a
+/// wrapping sum: counters only grow, so differences of totals are exact).
 pub type Counters = BTreeMap<String, u64>;
 
-fn read_counters(txn: &ReadTransaction) -> Result<Counters, StoreError> {
-    let mut out = Counters::new();
+/// Most counters a running node samples one by one; beyond that only the
+/// kinds' totals are kept (their rates bound every counter's from above,
+/// so the suggested margin stays safe, only larger).
+pub const MAX_TRACKED_COUNTERS: usize = 10_000;
+
+fn read_counters(txn: &ReadTransaction, limit: usize) -> Result<Counters, StoreError> {
+    let mut each: Vec<(String, u64)> = Vec::new();
+    let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut seen = 0usize;
+    let mut add = |kind: &'static str, name: &str, v: u64, each: &mut Vec<(String, u64)>| {
+        let t = totals.entry(kind).or_insert(0);
+        *t = t.wrapping_add(v);
+        seen += 1;
+        if seen <= limit {
+            each.push((format!("{kind}/{name}"), v));
+        }
+    };
     let u64_tables = [(HWM, "hwm"), (LEASE, "lease"), (STRICT, "strict")];
     for (def, kind) in u64_tables {
         let table = match txn.open_table(def) {
@@ -75,7 +91,7 @@ fn read_counters(txn: &ReadTransaction) -> Result<Counters, StoreError> {
         };
         for item in table.iter().map_err(backend_err)? {
             let (k, v) = item.map_err(backend_err)?;
-            out.insert(format!("{kind}/{}", k.value()), v.value());
+            add(kind, k.value(), v.value(), &mut each);
         }
     }
     match txn.open_table(SEGMENTS) {
@@ -85,11 +101,19 @@ fn read_counters(txn: &ReadTransaction) -> Result<Counters, StoreError> {
                 let record: TagRecord = serde_json::from_slice(v.value()).map_err(|e| {
                     StoreError::Backend(format!("segment record {} unreadable: {e}", k.value()))
                 })?;
-                out.insert(format!("segment/{}", k.value()), record.max_id);
+                add("segment", k.value(), record.max_id, &mut each);
             }
         }
         Err(redb::TableError::TableDoesNotExist(_)) => {}
         Err(e) => return Err(backend_err(e)),
+    }
+    let mut out: Counters = if seen <= limit {
+        each.into_iter().collect()
+    } else {
+        Counters::new()
+    };
+    for (kind, total) in totals {
+        out.insert(format!("{kind}/*"), total);
     }
     Ok(out)
 }
@@ -130,7 +154,8 @@ impl RateSampler {
             }
             for (k, v) in current {
                 let before = old.get(k).copied().unwrap_or(0);
-                let rate = v.saturating_sub(before) as f64 / secs;
+                // Counters only grow; totals wrap (see [`Counters`]).
+                let rate = v.wrapping_sub(before) as f64 / secs;
                 let best = out.entry(k.clone()).or_insert(0.0);
                 *best = best.max(rate);
             }
@@ -175,7 +200,7 @@ impl SnapshotSource {
     /// [`SAMPLE_EVERY`] while serving.
     pub fn sample(&self, now_ms: u64) -> Result<(), StoreError> {
         let txn = self.store.db().begin_read().map_err(backend_err)?;
-        let counters = read_counters(&txn)?;
+        let counters = read_counters(&txn, MAX_TRACKED_COUNTERS)?;
         self.sampler
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -183,20 +208,54 @@ impl SnapshotSource {
         Ok(())
     }
 
+    /// Samples every [`SAMPLE_EVERY`] on its own thread
+    /// (`idgen-rate-sample`) until the handle is dropped or the state file
+    /// is lost, so reading many counters never delays the state file
+    /// checks or the requests.
+    pub fn start_sampling(
+        &self,
+        clock: Arc<dyn crate::id::Clock>,
+    ) -> std::io::Result<super::state_file::PeriodicThread> {
+        let this = self.clone();
+        super::state_file::PeriodicThread::start("idgen-rate-sample", SAMPLE_EVERY, move || {
+            if this.store.guard().is_lost() {
+                return false;
+            }
+            if let Err(e) = this.sample(clock.now_millis()) {
+                tracing::warn!(error = %e, "cannot sample counters for backup rates");
+            }
+            true
+        })
+    }
+
     /// A consistent snapshot of the whole file, as the bytes of a redb
-    /// file. Refused once the state file is lost: its contents may then be
-    /// behind what was handed out.
+    /// file.
+    ///
+    /// Also after the state file was deleted or replaced: the node still
+    /// holds the file it wrote, and every block, range or value it handed
+    /// out was committed to it first (and nothing was handed out after the
+    /// loss was seen), so this rescue snapshot covers everything the node
+    /// issued. It is marked as such and restore suggests a margin without
+    /// rates for it.
     pub fn take(&self, now_ms: u64) -> Result<Vec<u8>, StoreError> {
-        self.store.guard().check()?;
+        let lost = self.store.guard().lost_error();
         let txn = self.store.db().begin_read().map_err(backend_err)?;
-        let counters = read_counters(&txn)?;
+        let counters = read_counters(&txn, MAX_TRACKED_COUNTERS)?;
         let rates = self
             .sampler
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .rates(now_ms, &counters);
         let mut info = self.extra.clone();
-        info.insert("rates".into(), "measured".into());
+        let measured = if rates.is_empty() {
+            "unknown (taken within a second of the node's start)"
+        } else {
+            "measured"
+        };
+        info.insert("rates".into(), measured.into());
+        if let Some(e) = lost {
+            info.insert("taken_after_loss".into(), e.to_string());
+        }
         info.insert("source".into(), self.store.path().display().to_string());
         snapshot_bytes(&txn, now_ms, info, &rates)
     }
@@ -397,6 +456,9 @@ pub struct SnapshotInfo {
     pub lease_block: u64,
     /// The floor of an earlier restore, carried along.
     pub floor: u64,
+    /// A rescue snapshot: taken by the node after its state file was
+    /// deleted or replaced, when it had stopped issuing for good.
+    pub taken_after_loss: bool,
 }
 
 fn not_a_snapshot(path: &Path, why: impl std::fmt::Display) -> StoreError {
@@ -482,7 +544,7 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
         Err(redb::TableError::TableDoesNotExist(_)) => BTreeMap::new(),
         Err(e) => return Err(backend_err(e)),
     };
-    let counters = read_counters(&txn)?;
+    let counters = read_counters(&txn, usize::MAX)?;
     let mut largest_step = num("segment_max_step");
     if let Ok(t) = txn.open_table(SEGMENTS) {
         for item in t.iter().map_err(backend_err)? {
@@ -501,6 +563,7 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
         largest_step,
         lease_block: num("lease_block"),
         floor,
+        taken_after_loss: info.contains_key("taken_after_loss"),
     })
 }
 
@@ -519,17 +582,30 @@ pub struct Suggestion {
 /// at the largest step, a lease block), rounded up to a thousand.
 pub fn suggest(info: &SnapshotInfo, now_ms: u64) -> Suggestion {
     let age_s = now_ms.saturating_sub(info.taken_at_ms) as f64 / 1000.0;
-    let (fastest, rate) = info
-        .rates
-        .iter()
-        .filter(|(k, _)| !k.starts_with("hwm/"))
-        .fold((String::new(), 0.0f64), |(bk, br), (k, r)| {
-            if *r > br {
-                (k.clone(), *r)
-            } else {
-                (bk, br)
+    // Per kind: the fastest single counter when counters were sampled one
+    // by one, else the kind's total (an upper bound for each of them).
+    let mut fastest = String::new();
+    let mut rate = 0.0f64;
+    for kind in ["segment", "lease", "strict"] {
+        let prefix = format!("{kind}/");
+        let total_key = format!("{kind}/*");
+        let each: Vec<(&String, &f64)> = info
+            .rates
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix) && **k != total_key)
+            .collect();
+        let candidates: Vec<(&String, &f64)> = if each.is_empty() {
+            info.rates.get_key_value(&total_key).into_iter().collect()
+        } else {
+            each
+        };
+        for (k, r) in candidates {
+            if *r > rate {
+                fastest = k.clone();
+                rate = *r;
             }
-        });
+        }
+    }
     let moved = (2.0 * rate * age_s).ceil();
     let moved = if moved.is_finite() && moved < 1e18 {
         moved as u64
@@ -540,7 +616,24 @@ pub fn suggest(info: &SnapshotInfo, now_ms: u64) -> Suggestion {
     let raw = moved.saturating_add(lump);
     let margin = raw.div_ceil(1000).saturating_mul(1000).max(1000);
     let age = humantime::format_duration(std::time::Duration::from_secs(age_s as u64));
-    let mut explanation = if info.rates_known {
+    // A rescue snapshot holds everything the node issued: nothing moved
+    // after it, whatever its age.
+    let (rate, moved, raw, margin) = if info.taken_after_loss {
+        (
+            0.0,
+            0,
+            lump,
+            lump.div_ceil(1000).saturating_mul(1000).max(1000),
+        )
+    } else {
+        (rate, moved, raw, margin)
+    };
+    let mut explanation = if info.taken_after_loss {
+        format!(
+            "a rescue snapshot, taken by the node after its state file was lost, when it had stopped issuing: it holds every reservation the node made; two of the largest reservations (2 x {}) = {margin} for good measure. If another node ran on a new file at that path meanwhile, stop it and add what it handed out",
+            lump / 2
+        )
+    } else if info.rates_known {
         if rate > 0.0 {
             format!(
                 "the snapshot is {age} old; its fastest counter ({fastest}) moved {rate:.1}/s when it was taken: 2 x {rate:.1}/s x {age_s:.0} s = {moved}, plus two of the largest reservations (2 x {}) = {raw}, rounded up to {margin}",
@@ -554,7 +647,7 @@ pub fn suggest(info: &SnapshotInfo, now_ms: u64) -> Suggestion {
         }
     } else {
         format!(
-            "the snapshot was taken offline, so it records no issue rates; {margin} covers only two of the largest reservations (2 x {}). Add what the node handed out after the snapshot (IDs per second x seconds it ran since, per segment tag, lease token or strict key)",
+            "the snapshot records no issue rates (taken offline, or within a second of the node's start); {margin} covers only two of the largest reservations (2 x {}). Add what the node handed out after the snapshot (IDs per second x seconds it ran since, per segment tag, lease token or strict key)",
             lump / 2
         )
     };
@@ -763,6 +856,49 @@ mod tests {
         datacenter: 0,
         worker: 0,
     };
+
+    #[test]
+    fn past_the_cap_only_totals_are_sampled_and_suggest_uses_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
+        let txn = store.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(STRICT).unwrap();
+            for (k, v) in [("a/1", 10u64), ("a/2", 20), ("a/3", 30)] {
+                t.insert(k, v).unwrap();
+            }
+        }
+        store.commit(txn).unwrap();
+        let read = store.db().begin_read().unwrap();
+        let all = read_counters(&read, 10).unwrap();
+        assert_eq!(all.get("strict/a/2"), Some(&20));
+        assert_eq!(all.get("strict/*"), Some(&60));
+        let capped = read_counters(&read, 2).unwrap();
+        assert_eq!(capped.get("strict/a/2"), None);
+        assert_eq!(capped.get("strict/*"), Some(&60));
+        // Suggest: the fastest single counter when there are some, else the
+        // kind's total.
+        let mut info = SnapshotInfo {
+            taken_at_ms: 0,
+            layout: "L".into(),
+            rates_known: true,
+            rates: BTreeMap::from([
+                ("strict/a/1".to_owned(), 10.0),
+                ("strict/a/2".to_owned(), 30.0),
+                ("strict/*".to_owned(), 40.0),
+            ]),
+            counters: Counters::new(),
+            largest_step: 0,
+            lease_block: 0,
+            floor: 0,
+            taken_after_loss: false,
+        };
+        // 2 x 30/s x 100 s + 2 = 6002 -> 7000.
+        assert_eq!(suggest(&info, 100_000).margin, 7000);
+        info.rates.retain(|k, _| k == "strict/*");
+        // 2 x 40/s x 100 s + 2 = 8002 -> 9000.
+        assert_eq!(suggest(&info, 100_000).margin, 9000);
+    }
 
     #[test]
     fn rates_take_the_fastest_recent_span() {

@@ -123,44 +123,38 @@ impl StateFileGuard {
     }
 }
 
-/// A thread that checks a [`StateFileGuard`] every `interval` until it is
-/// dropped, independent of the async runtime (a saturated runtime cannot
-/// delay it).
-pub struct StateFileWatch {
+/// A named thread that runs a job every `interval` until the job says to
+/// stop or the handle is dropped (which wakes and joins it). Independent of
+/// the async runtime: a saturated runtime cannot delay it.
+pub struct PeriodicThread {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl StateFileWatch {
-    /// Starts checking `guard` every `interval`; `on_lost` runs once, on
-    /// the watch thread, when the file is first seen lost. `tick` runs on
-    /// the same thread about every `tick_every` while the file is there
-    /// (the node samples its counters for backups with it).
+impl PeriodicThread {
+    /// Runs `job` now and then every `interval` on a thread named `name`,
+    /// until `job` returns false or the handle is dropped.
     pub fn start(
-        guard: Arc<StateFileGuard>,
+        name: &str,
         interval: Duration,
-        on_lost: impl FnOnce() + Send + 'static,
-        tick_every: Duration,
-        mut tick: impl FnMut() + Send + 'static,
+        mut job: impl FnMut() -> bool + Send + 'static,
     ) -> std::io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread = {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new()
-                .name("idgen-state-watch".into())
+                .name(name.to_owned())
                 .spawn(move || {
-                    let mut on_lost = Some(on_lost);
                     let (lock, cvar) = &*stop;
-                    let mut last_tick: Option<std::time::Instant> = None;
                     let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
                     while !*stopped {
-                        if guard.check().is_err() && guard.is_lost() {
-                            if let Some(f) = on_lost.take() {
-                                f();
-                            }
-                        } else if last_tick.is_none_or(|t| t.elapsed() >= tick_every) {
-                            last_tick = Some(std::time::Instant::now());
-                            tick();
+                        drop(stopped);
+                        if !job() {
+                            return;
+                        }
+                        stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+                        if *stopped {
+                            return;
                         }
                         stopped = cvar
                             .wait_timeout(stopped, interval)
@@ -176,7 +170,7 @@ impl StateFileWatch {
     }
 }
 
-impl Drop for StateFileWatch {
+impl Drop for PeriodicThread {
     fn drop(&mut self) {
         let (lock, cvar) = &*self.stop;
         *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -184,6 +178,35 @@ impl Drop for StateFileWatch {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Checks a [`StateFileGuard`] every `interval` on its own thread
+/// (`idgen-state-watch`) until the file is lost or this is dropped.
+pub struct StateFileWatch {
+    /// Stopped and joined when the watch is dropped.
+    _thread: PeriodicThread,
+}
+
+impl StateFileWatch {
+    /// Starts checking `guard` every `interval`; `on_lost` runs once, on
+    /// the watch thread, when the file is first seen lost.
+    pub fn start(
+        guard: Arc<StateFileGuard>,
+        interval: Duration,
+        on_lost: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let mut on_lost = Some(on_lost);
+        PeriodicThread::start("idgen-state-watch", interval, move || {
+            if guard.check().is_err() && guard.is_lost() {
+                if let Some(f) = on_lost.take() {
+                    f();
+                }
+                return false;
+            }
+            true
+        })
+        .map(|thread| Self { _thread: thread })
     }
 }
 
@@ -227,34 +250,36 @@ mod tests {
         let file = std::fs::File::open(&path).unwrap();
         let guard = Arc::new(StateFileGuard::new(&path, &file.metadata().unwrap()));
         let (tx, rx) = std::sync::mpsc::channel();
-        let ticks = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counted = Arc::clone(&ticks);
-        let watch = StateFileWatch::start(
-            Arc::clone(&guard),
-            Duration::from_millis(10),
-            move || {
+        let watch =
+            StateFileWatch::start(Arc::clone(&guard), Duration::from_millis(10), move || {
                 let _ = tx.send(());
-            },
-            Duration::ZERO,
-            move || {
-                counted.fetch_add(1, Ordering::Relaxed);
-            },
-        )
-        .unwrap();
-        for _ in 0..1000 {
-            if ticks.load(Ordering::Relaxed) > 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(
-            ticks.load(Ordering::Relaxed) >= 1,
-            "ticks while the file is there"
-        );
+            })
+            .unwrap();
         std::fs::remove_file(&path).unwrap();
         rx.recv_timeout(Duration::from_secs(10))
             .expect("the watch thread saw the deletion");
         drop(watch);
         assert!(guard.is_lost());
+    }
+
+    #[test]
+    fn a_periodic_thread_runs_until_its_job_or_its_handle_stops_it() {
+        let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = Arc::clone(&runs);
+        let t = PeriodicThread::start("test-periodic", Duration::from_millis(1), move || {
+            counted.fetch_add(1, Ordering::SeqCst) < 2
+        })
+        .unwrap();
+        for _ in 0..1000 {
+            if runs.load(Ordering::SeqCst) >= 3 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(t);
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "stops when the job says so");
+        // Dropping the handle stops a long interval at once.
+        let t = PeriodicThread::start("test-periodic", Duration::from_secs(3600), || true).unwrap();
+        drop(t);
     }
 }
