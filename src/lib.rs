@@ -18,7 +18,8 @@
 //!   generator above the stored high-water mark and keeps the mark ahead;
 //!   [`store::state_file`] notices a state file deleted or replaced under
 //!   the node, [`store::snapshot`] backs it up and restores it with a
-//!   skip-ahead.
+//!   skip-ahead, [`store::reopen`] reopens it after a write error (disk
+//!   full, EIO) and reports whether it can write.
 //! - [`server`]: the running node: gRPC (`idgen.v1.IdGen`, health,
 //!   reflection) and HTTP (`/metrics`, `/healthz`, `/readyz`, `/v1/...`)
 //!   front ends, the one error-to-status mapping, the health monitor and
