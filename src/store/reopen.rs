@@ -150,7 +150,7 @@ impl DbRef {
     }
 
     /// Begins a write transaction directly, without the fault tracking of
-    /// [`super::EmbeddedStore::begin_write`] (tests hold the writer lock
+    /// `EmbeddedStore::begin_write` (tests hold the writer lock
     /// with it).
     pub fn begin_write(&self) -> Result<WriteTransaction, BeginError> {
         match &self.db {
