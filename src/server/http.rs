@@ -188,7 +188,7 @@ async fn healthz(State(s): State<HttpState>) -> Response {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "unable to issue for longer than store.max_unhealthy (fenced, or the state store cannot write); restart this node\n",
+            "unable to issue for longer than store.max_unhealthy (fenced, or the state store cannot write or confirm marks); restart this node\n",
         )
             .into_response()
     }
