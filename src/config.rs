@@ -174,6 +174,11 @@ pub struct StoreSection {
     /// Create the state file when it is missing. For development only: in
     /// production a missing file means lost state, which must stop start-up.
     pub init_if_missing: bool,
+    /// How long the node may be unable to issue (its store cannot write,
+    /// or it is fenced) before `/healthz` fails too, so an orchestrator
+    /// restarts it. Readiness fails at once either way.
+    #[serde(with = "humantime_serde")]
+    pub max_unhealthy: Duration,
 }
 
 impl Default for StoreSection {
@@ -182,6 +187,7 @@ impl Default for StoreSection {
             backend: "embedded".into(),
             path: PathBuf::from("data/idgen.redb"),
             init_if_missing: false,
+            max_unhealthy: Duration::from_secs(180),
         }
     }
 }
@@ -642,6 +648,7 @@ pub const NON_CONFIG_VARIABLES: &[&str] = &[
     "IDGEN_CHAOS_IDS",
     "IDGEN_BENCH_SECS",
     "IDGEN_BENCH_ROUNDS",
+    "IDGEN_TEST_FAULT",
 ];
 
 /// Refuses an environment variable under `prefix` that maps to no key,
@@ -906,6 +913,11 @@ impl FileConfig {
                 Duration::from_secs(60),
             ),
             (
+                "store.max_unhealthy",
+                self.store.max_unhealthy,
+                Duration::from_secs(86_400),
+            ),
+            (
                 "server.shutdown_grace",
                 self.server.shutdown_grace,
                 Duration::from_secs(3600),
@@ -956,6 +968,9 @@ impl FileConfig {
                     humantime::format_duration(h.reserve)
                 ),
             ));
+        }
+        if self.store.max_unhealthy < Duration::from_secs(1) {
+            return Err(invalid("store.max_unhealthy", "must be at least 1s"));
         }
         if self.server.max_wait < 2 * unit {
             return Err(invalid(
@@ -1038,6 +1053,7 @@ impl FileConfig {
             shutdown_grace: self.server.shutdown_grace,
             state_path: self.store.path.clone(),
             init_if_missing: self.store.init_if_missing,
+            max_unhealthy: self.store.max_unhealthy,
             layout,
             layout_preset: self.layout_preset_name(),
             max_backward: c.max_backward,
@@ -1352,6 +1368,9 @@ pub struct Config {
     pub state_path: PathBuf,
     /// Create the state file if missing (development only).
     pub init_if_missing: bool,
+    /// How long the node may be unable to issue (store cannot write, or
+    /// fenced) before `/healthz` fails.
+    pub max_unhealthy: Duration,
     /// The ID layout.
     pub layout: Layout,
     /// The layout's preset name as configured (`twitter`, ...), with
@@ -1401,6 +1420,22 @@ mod tests {
         assert_eq!(c.hwm_reserve, Duration::from_secs(3));
         assert_eq!(c.max_backward, Duration::from_secs(1));
         assert_eq!(c.max_startup_skew, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn store_max_unhealthy_defaults_to_three_minutes_and_is_bounded() {
+        let c = FileConfig::default().validate(NOW).unwrap();
+        assert_eq!(c.max_unhealthy, Duration::from_secs(180));
+        let mut f = FileConfig::default();
+        f.store.max_unhealthy = Duration::from_millis(500);
+        assert_eq!(err_key(&f), "store.max_unhealthy");
+        f.store.max_unhealthy = Duration::from_secs(2 * 86_400);
+        assert_eq!(err_key(&f), "store.max_unhealthy");
+        f.store.max_unhealthy = Duration::from_secs(1);
+        assert_eq!(
+            f.validate(NOW).unwrap().max_unhealthy,
+            Duration::from_secs(1)
+        );
     }
 
     fn err_key(f: &FileConfig) -> String {

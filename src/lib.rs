@@ -19,7 +19,8 @@
 //!   and [`store::cluster_layout`], the layout a Consul cluster records
 //!   once and guards; [`store::state_file`] notices a state file deleted or
 //!   replaced under the node, [`store::snapshot`] backs it up and restores
-//!   it with a skip-ahead.
+//!   it with a skip-ahead, [`store::reopen`] reopens it after a write error
+//!   (disk full, EIO) and reports whether it can write.
 //! - [`server`]: the running node: gRPC (`idgen.v1.IdGen`, health,
 //!   reflection) and HTTP (`/metrics`, `/healthz`, `/readyz`, `/v1/...`)
 //!   front ends, the one error-to-status mapping, the health monitor,

@@ -55,6 +55,17 @@ pub const ADMIN_CALLS: &str = "idgen_admin_calls_total";
 /// 1 once the embedded state file was deleted or replaced under the
 /// running node (it stopped issuing for good), else 0.
 pub const STATE_FILE_LOST: &str = "idgen_state_file_lost";
+/// 1 while the embedded state file accepts writes, 0 from a write error
+/// until a reopen succeeded.
+pub const STORE_HEALTHY: &str = "idgen_store_healthy";
+/// Reopens of the embedded state file after a write error, by `result`
+/// (`ok`, `failed`).
+pub const STORE_REOPENS: &str = "idgen_store_reopens_total";
+/// Write errors that took the embedded state file out of service.
+pub const STORE_WRITE_FAULTS: &str = "idgen_store_write_faults_total";
+/// How long the node has been unable to issue because it is fenced or its
+/// store cannot write or confirm high-water marks; 0 while it can.
+pub const UNABLE_TO_ISSUE: &str = "idgen_unable_to_issue_seconds";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 
@@ -82,6 +93,23 @@ pub fn install() -> Result<PrometheusHandle, String> {
 }
 
 fn describe() {
+    describe_gauge!(
+        STORE_HEALTHY,
+        "1 while the embedded state file accepts writes; 0 from a write error (disk full, I/O error) until the node has reopened the file and a probe write succeeded."
+    );
+    describe_counter!(
+        STORE_REOPENS,
+        "Attempts to reopen the embedded state file after a write error, by result (ok or failed)."
+    );
+    describe_counter!(
+        STORE_WRITE_FAULTS,
+        "Write errors that took the embedded state file out of service until it was reopened."
+    );
+    describe_gauge!(
+        UNABLE_TO_ISSUE,
+        Unit::Seconds,
+        "How long the node has been unable to issue because it is fenced or its store cannot write or confirm high-water marks; 0 while it can. Past store.max_unhealthy /healthz fails."
+    );
     describe_gauge!(
         STATE_FILE_LOST,
         "1 once the embedded state file was deleted or replaced under the running node, which then stopped issuing in every mode until it is restarted on a restored file; else 0."

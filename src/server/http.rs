@@ -30,6 +30,10 @@ pub struct HttpState {
     pub metrics: PrometheusHandle,
     /// True while the node issues IDs (drives `/readyz`).
     pub ready: Arc<AtomicBool>,
+    /// False once the node has been unable to issue (fenced, or its store
+    /// cannot write) for longer than `store.max_unhealthy` (drives
+    /// `/healthz`, so an orchestrator restarts it).
+    pub live: Arc<AtomicBool>,
     /// Latency metrics of the JSON endpoints.
     pub rpc: Arc<HttpMetrics>,
 }
@@ -189,8 +193,16 @@ async fn metrics(State(s): State<HttpState>) -> Response {
         .into_response()
 }
 
-async fn healthz() -> Response {
-    (StatusCode::OK, "ok\n").into_response()
+async fn healthz(State(s): State<HttpState>) -> Response {
+    if s.live.load(Ordering::Acquire) {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unable to issue for longer than store.max_unhealthy (fenced, or the state store cannot write or confirm marks); restart this node\n",
+        )
+            .into_response()
+    }
 }
 
 async fn readyz(State(s): State<HttpState>) -> Response {

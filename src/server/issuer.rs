@@ -13,6 +13,7 @@ use crate::id::{
     check_count, Clock, Deadline, DecodeError, GenError, Layout, Mode, RequestError, Snowflake,
 };
 use crate::metrics as m;
+use crate::store::reopen::StoreHealth;
 use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
@@ -64,6 +65,7 @@ pub struct Issuer {
     leases: Option<Arc<Leases>>,
     strict: Option<Arc<Strict>>,
     state_file: Option<Arc<StateFileGuard>>,
+    store_health: Option<Arc<StoreHealth>>,
     layout: Layout,
     fenced: AtomicBool,
     /// The worker lease's deadline on the ticker's coarse clock (cluster
@@ -95,6 +97,7 @@ impl Issuer {
             leases: None,
             strict: None,
             state_file: None,
+            store_health: None,
             fenced: AtomicBool::new(false),
             lease_deadline: Deadline::unbounded(),
             clock,
@@ -128,6 +131,21 @@ impl Issuer {
     pub fn with_state_file(mut self, guard: Arc<StateFileGuard>) -> Self {
         self.state_file = Some(guard);
         self
+    }
+
+    /// Reports the embedded store's write faults in health (readiness and,
+    /// past `store.max_unhealthy`, liveness).
+    pub fn with_store_health(mut self, health: Arc<StoreHealth>) -> Self {
+        self.store_health = Some(health);
+        self
+    }
+
+    /// How long the store has been unable to write, and its last error,
+    /// while it is (the node reopens it and resumes by itself).
+    pub fn store_fault(&self) -> Option<(Duration, String)> {
+        let health = self.store_health.as_ref()?;
+        let since = health.unwritable_for()?;
+        Some((since, health.last_error().unwrap_or_default()))
     }
 
     /// Why the node may not issue because its state file is gone, if so.

@@ -37,6 +37,7 @@ use crate::metrics as m;
 use crate::proto;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::{EmbeddedTokens, TokenSource};
+use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::{PeriodicThread, StateFileGuard, StateFileWatch};
 use crate::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictStore};
@@ -103,6 +104,9 @@ pub struct ModeStores {
     /// The embedded state file's guard: once it sees the file deleted or
     /// replaced, every mode refuses to issue.
     pub state_file: Option<Arc<StateFileGuard>>,
+    /// The embedded store's write health: a write error fails readiness
+    /// until the file is reopened, and liveness past `store.max_unhealthy`.
+    pub store_health: Option<Arc<StoreHealth>>,
 }
 
 /// What keeps the generator's worker id and high-water mark.
@@ -204,6 +208,7 @@ impl Node {
                 lease,
                 strict: Some(Arc::new(ConsulStrictStore::new(client, keys))),
                 state_file: None,
+                store_health: None,
             };
             let deadline = cluster.lease_deadline();
             let node = Self::assemble(
@@ -266,6 +271,7 @@ impl Node {
             lease,
             strict: Some(Arc::new(EmbeddedStrictStore::new(store.clone()))),
             state_file: Some(Arc::clone(&guard)),
+            store_health: Some(Arc::clone(store.health())),
         };
         let interval = (config.hwm_renew_interval / 2).min(std::time::Duration::from_millis(100));
         let snapshots = SnapshotSource::new(
@@ -383,6 +389,9 @@ impl Node {
         if let Some(guard) = stores.state_file {
             issuer = issuer.with_state_file(guard);
         }
+        if let Some(health) = stores.store_health {
+            issuer = issuer.with_store_health(health);
+        }
         if let Some(s) = &config.strict {
             let store = stores.strict.ok_or_else(|| {
                 Error::Setup("strict mode is enabled but no strict store was given".into())
@@ -440,6 +449,7 @@ impl Node {
             Arc::clone(&clock),
             state.clone(),
             Arc::clone(&monitor_stop),
+            config.max_unhealthy,
         ));
 
         let reflection = tonic_reflection::server::Builder::configure()
@@ -499,6 +509,7 @@ impl Node {
             issuer: Arc::clone(&issuer),
             metrics: metrics.clone(),
             ready: Arc::clone(&state.ready),
+            live: Arc::clone(&state.live),
             rpc: Arc::new(http::HttpMetrics::default()),
         });
         let http_task = tokio::spawn(

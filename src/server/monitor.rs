@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::id::{Clock, Snowflake, StepBackStats};
+use crate::id::{Clock, GenError, Snowflake, StepBackStats};
 use crate::metrics as m;
 
 use super::Issuer;
@@ -33,6 +33,10 @@ pub struct ServingState {
     pub ready: Arc<AtomicBool>,
     /// Set at the start of shutdown; never cleared.
     pub draining: Arc<AtomicBool>,
+    /// False once the node has been unable to issue (fenced, or its store
+    /// cannot write) for longer than `store.max_unhealthy`: `/healthz`
+    /// fails so an orchestrator restarts it.
+    pub live: Arc<AtomicBool>,
     reporter: HealthReporter,
 }
 
@@ -42,6 +46,7 @@ impl ServingState {
         Self {
             ready: Arc::new(AtomicBool::new(false)),
             draining: Arc::new(AtomicBool::new(false)),
+            live: Arc::new(AtomicBool::new(true)),
             reporter,
         }
     }
@@ -69,13 +74,20 @@ impl ServingState {
 }
 
 /// Runs until `stop` is notified. Follows the issuer's generator when it
-/// is replaced after fencing.
+/// is replaced after fencing. Liveness fails once the node has been
+/// fenced, or its store unable to write or to confirm high-water marks,
+/// for longer than `max_unhealthy` (a clock that stepped back does not
+/// count: a restart would not help; nor does a lost state file, where a
+/// restart must not happen behind the operator's back).
 pub async fn run(
     issuer: Arc<Issuer>,
     clock: Arc<dyn Clock>,
     state: ServingState,
     stop: Arc<Notify>,
+    max_unhealthy: Duration,
 ) {
+    let mut fenced_since: Option<std::time::Instant> = None;
+    let mut unconfirmed_since: Option<std::time::Instant> = None;
     let mut generator = issuer.generator();
     let mut seen = StepBackStats::default();
     let mut serving: Option<bool> = None;
@@ -99,12 +111,21 @@ pub async fn run(
         let lead = generator.hwm_ms() as f64 - now_ms as f64;
         metrics::gauge!(m::HWM_LEAD).set(lead / 1000.0);
         let lost = issuer.state_file_lost();
-        let ok = check.is_ok() && lost.is_none();
+        let store_fault = issuer.store_fault();
+        let ok = check.is_ok() && lost.is_none() && store_fault.is_none();
         if serving != Some(ok) {
             match &check {
                 _ if lost.is_some() => {
                     if let Some(e) = &lost {
                         tracing::error!(error = %e, "stopped issuing: NOT_SERVING");
+                    }
+                }
+                _ if store_fault.is_some() => {
+                    if let Some((_, e)) = &store_fault {
+                        tracing::error!(
+                            error = %e,
+                            "state store cannot write: NOT_SERVING until the file is reopened and writable"
+                        );
                     }
                 }
                 Ok(()) if serving.is_some() => tracing::info!("issuing again: SERVING"),
@@ -117,6 +138,40 @@ pub async fn run(
             }
             state.set(ok).await;
             serving = Some(ok);
+        }
+        // The store not confirming marks (a Consul KV that refuses writes
+        // while the session lives, say) counts like a store that cannot
+        // write.
+        let unconfirmed = matches!(check, Err(GenError::HwmReached { .. }));
+        let since = |cond: bool, at: &mut Option<std::time::Instant>| {
+            if !cond {
+                *at = None;
+            } else if at.is_none() {
+                *at = Some(std::time::Instant::now());
+            }
+            at.map(|s| s.elapsed())
+        };
+        let unable = since(issuer.is_fenced(), &mut fenced_since)
+            .max(since(unconfirmed, &mut unconfirmed_since))
+            .max(store_fault.as_ref().map(|(d, _)| *d))
+            .filter(|_| lost.is_none());
+        update_liveness(&state, unable, max_unhealthy);
+    }
+}
+
+/// Fails liveness once `unable` (how long the node has been unable to
+/// issue for a reason a restart can cure) exceeds `max_unhealthy`.
+fn update_liveness(state: &ServingState, unable: Option<Duration>, max_unhealthy: Duration) {
+    metrics::gauge!(m::UNABLE_TO_ISSUE).set(unable.map_or(0.0, |d| d.as_secs_f64()));
+    let live = unable.is_none_or(|d| d <= max_unhealthy);
+    if state.live.swap(live, Ordering::AcqRel) != live {
+        if live {
+            tracing::info!("able to issue again: /healthz answers 200");
+        } else {
+            tracing::error!(
+                max_unhealthy_s = max_unhealthy.as_secs_f64(),
+                "unable to issue (fenced, or the state store cannot write or confirm marks) for longer than store.max_unhealthy: /healthz fails so the node is restarted"
+            );
         }
     }
 }

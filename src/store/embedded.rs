@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, TableDefinition, WriteTransaction};
+use redb::{Database, ReadableDatabase, TableDefinition};
 
+use super::reopen::{DbRef, ReopeningDatabase, StoreHealth, WriteTxn};
 use super::state_file::StateFileGuard;
 use super::{StateStore, StoreError, WorkerKey};
 
@@ -26,10 +27,11 @@ pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
 }
 
 /// A single-node state file. Every write is a redb transaction committed
-/// with immediate durability (fsync) before it returns.
+/// with immediate durability (fsync) before it returns. After a write
+/// error the file is reopened in the background (see [`super::reopen`]).
 #[derive(Clone)]
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    db: Arc<ReopeningDatabase>,
     path: PathBuf,
     guard: Arc<StateFileGuard>,
     floor: u64,
@@ -81,12 +83,7 @@ impl EmbeddedStore {
             txn.open_table(HWM).map_err(backend_err)?;
         }
         txn.commit().map_err(backend_err)?;
-        Ok(Self {
-            db: Arc::new(db),
-            path: path.to_owned(),
-            guard: Arc::new(guard),
-            floor: 0,
-        })
+        Ok(Self::serving(db, path, guard, 0))
     }
 
     /// Opens an existing state file and checks it was made for `layout`.
@@ -149,12 +146,17 @@ impl EmbeddedStore {
                 configured: layout.to_owned(),
             });
         }
-        Ok(Self {
-            db: Arc::new(db),
+        Ok(Self::serving(db, path, guard, floor))
+    }
+
+    fn serving(db: Database, path: &Path, guard: StateFileGuard, floor: u64) -> Self {
+        let guard = Arc::new(guard);
+        Self {
+            db: Arc::new(ReopeningDatabase::new(db, Arc::clone(&guard))),
             path: path.to_owned(),
-            guard: Arc::new(guard),
+            guard,
             floor,
-        })
+        }
     }
 
     /// The file's path.
@@ -162,9 +164,16 @@ impl EmbeddedStore {
         &self.path
     }
 
-    /// The database, for the other record kinds kept in the same file.
-    pub(crate) fn db(&self) -> &Database {
-        &self.db
+    /// The database in service, for the other record kinds kept in the
+    /// same file (its transactions fail while a write error is healed).
+    pub(crate) fn db(&self) -> DbRef {
+        self.db.get()
+    }
+
+    /// Whether the file accepts writes; false from a write error until a
+    /// reopen succeeded.
+    pub fn health(&self) -> &Arc<StoreHealth> {
+        self.db.health()
     }
 
     /// What notices the file being deleted or replaced under this node.
@@ -180,21 +189,28 @@ impl EmbeddedStore {
 
     /// Begins a write, after checking that the path still names the file
     /// this node opened (a deleted or replaced file refuses every write).
-    pub(crate) fn begin_write(&self) -> Result<WriteTransaction, StoreError> {
+    /// Fails at once while a write error is being healed.
+    pub(crate) fn begin_write(&self) -> Result<WriteTxn, StoreError> {
         self.guard.check()?;
-        self.db.begin_write().map_err(backend_err)
+        self.db.begin_write()
     }
 
     /// Commits durably, then checks the file again: a commit that landed
     /// in a file deleted meanwhile reports an error, so what it reserved
-    /// is never handed out.
-    pub(crate) fn commit(&self, txn: WriteTransaction) -> Result<(), StoreError> {
-        txn.commit().map_err(backend_err)?;
+    /// is never handed out. A failed commit starts the reopen.
+    pub(crate) fn commit(&self, txn: WriteTxn) -> Result<(), StoreError> {
+        self.db.commit(txn)?;
         self.guard.check()
     }
 
+    /// Test hook: fails the database in service as a write error would.
+    #[cfg(test)]
+    pub(crate) fn inject_write_fault(&self, why: &str) {
+        self.db.inject_fault(why);
+    }
+
     fn read_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
-        let txn = self.db.begin_read().map_err(backend_err)?;
+        let txn = self.db().begin_read().map_err(backend_err)?;
         let table = txn.open_table(HWM).map_err(backend_err)?;
         let value = table.get(key.to_string().as_str()).map_err(backend_err)?;
         Ok(value.map(|v| v.value()))
@@ -221,11 +237,16 @@ fn open_db(path: &Path, file: std::fs::File) -> Result<(Database, StateFileGuard
         StoreError::Backend(format!("cannot examine state file {}: {e}", path.display()))
     })?;
     let guard = StateFileGuard::new(path, &meta);
+    Ok((database_in(path, file)?, guard))
+}
+
+/// Opens the redb database in `file` (already opened at `path`).
+pub(super) fn database_in(path: &Path, file: std::fs::File) -> Result<Database, StoreError> {
     let backend = redb::backends::FileBackend::new(file).map_err(|e| {
         StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
     })?;
     let db = redb::Builder::new()
-        .create_with_backend(backend)
+        .create_with_backend(super::fault_hook::HookedFile(backend))
         .map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
                 "state file {} is open in another idgen process (one node per state file; to back it up while it runs use `idgen state backup`)",
@@ -233,7 +254,7 @@ fn open_db(path: &Path, file: std::fs::File) -> Result<(Database, StateFileGuard
             )),
             e => StoreError::Backend(format!("cannot open state file {}: {e}", path.display())),
         })?;
-    Ok((db, guard))
+    Ok(db)
 }
 
 /// Runs a redb call on the blocking pool.

@@ -27,7 +27,7 @@
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::consul::{ClusterKeys, OwnerInfo};

@@ -8,8 +8,10 @@
 pub mod cluster_layout;
 pub mod consul;
 pub mod embedded;
+pub mod fault_hook;
 pub mod hwm;
 pub mod lease;
+pub mod reopen;
 pub mod segments;
 pub mod snapshot;
 pub mod state_file;

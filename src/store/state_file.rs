@@ -64,6 +64,12 @@ impl StateFileGuard {
         &self.path
     }
 
+    /// Whether an open file with this (device, inode) is the one this
+    /// node opened (a reopen after a write error checks it).
+    pub(crate) fn is_same(&self, id: (u64, u64)) -> bool {
+        id == (self.dev, self.ino)
+    }
+
     /// Whether the file was seen deleted or replaced (one atomic load).
     pub fn is_lost(&self) -> bool {
         self.lost_flag.load(Ordering::Acquire)
