@@ -1,0 +1,112 @@
+//! Live-entry counts of the embedded state file, kept so limits are
+//! checked without a scan.
+//!
+//! The `live_counts` table holds how many live segment tags, strict keys
+//! per namespace and strict namespaces the file has. Every write that
+//! creates or deletes one of them updates its count in the same write
+//! transaction, so a count can never disagree with the data it counts.
+//! A file that has no counts yet (made before limits existed, or restored
+//! without this table) is counted by one scan, in the first write
+//! transaction that needs a count, and never again.
+
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+
+use super::embedded::backend_err;
+use super::StoreError;
+
+/// `"<what>"` -> live entries.
+pub(crate) const COUNTS: TableDefinition<&str, u64> = TableDefinition::new("live_counts");
+/// Present once the counts below were computed.
+const COUNTED: &str = "counted";
+/// Live (not deleted) segment tags.
+pub(crate) const SEGMENT_TAGS: &str = "segment_tags";
+/// Namespaces with at least one live strict key.
+pub(crate) const STRICT_NAMESPACES: &str = "strict_namespaces";
+/// Live strict keys over all namespaces.
+pub(crate) const STRICT_KEYS_TOTAL: &str = "strict_keys";
+
+/// The count record of one namespace's live strict keys.
+pub(crate) fn strict_keys(namespace: &str) -> String {
+    format!("strict_keys/{namespace}")
+}
+
+/// Opens the counts table of `txn`, counting the file first if it was
+/// never counted.
+pub(crate) fn open<'t>(
+    txn: &'t WriteTransaction,
+) -> Result<Table<'t, &'static str, u64>, StoreError> {
+    let mut counts = txn.open_table(COUNTS).map_err(backend_err)?;
+    if counts.get(COUNTED).map_err(backend_err)?.is_none() {
+        count_everything(txn, &mut counts)?;
+        counts.insert(COUNTED, 1).map_err(backend_err)?;
+    }
+    Ok(counts)
+}
+
+/// The count under `key` (0 if absent).
+pub(crate) fn get(counts: &Table<'_, &'static str, u64>, key: &str) -> Result<u64, StoreError> {
+    Ok(counts
+        .get(key)
+        .map_err(backend_err)?
+        .map_or(0, |v| v.value()))
+}
+
+/// Adds `delta` to the count under `key` (never below 0; a zero count is
+/// removed, so deleted namespaces leave no record).
+pub(crate) fn add(
+    counts: &mut Table<'_, &'static str, u64>,
+    key: &str,
+    delta: i64,
+) -> Result<u64, StoreError> {
+    let now = get(counts, key)?.saturating_add_signed(delta);
+    if now == 0 {
+        counts.remove(key).map_err(backend_err)?;
+    } else {
+        counts.insert(key, now).map_err(backend_err)?;
+    }
+    Ok(now)
+}
+
+/// One scan of the segment and strict tables.
+fn count_everything(
+    txn: &WriteTransaction,
+    counts: &mut Table<'_, &'static str, u64>,
+) -> Result<(), StoreError> {
+    let mut tags = 0u64;
+    {
+        let segments = txn
+            .open_table(super::segments::SEGMENTS)
+            .map_err(backend_err)?;
+        for item in segments.iter().map_err(backend_err)? {
+            let (_, v) = item.map_err(backend_err)?;
+            // An unreadable record counts as live: it still takes space.
+            let deleted = serde_json::from_slice::<crate::id::segment::TagRecord>(v.value())
+                .map(|r| r.deleted)
+                .unwrap_or(false);
+            tags += u64::from(!deleted);
+        }
+    }
+    counts.insert(SEGMENT_TAGS, tags).map_err(backend_err)?;
+    let mut per_namespace = std::collections::BTreeMap::<String, u64>::new();
+    {
+        let strict = txn.open_table(super::strict::STRICT).map_err(backend_err)?;
+        for item in strict.iter().map_err(backend_err)? {
+            let (k, _) = item.map_err(backend_err)?;
+            let ns = k.value().split('/').next().unwrap_or_default().to_owned();
+            *per_namespace.entry(ns).or_default() += 1;
+        }
+    }
+    let total: u64 = per_namespace.values().sum();
+    counts
+        .insert(STRICT_NAMESPACES, per_namespace.len() as u64)
+        .map_err(backend_err)?;
+    counts
+        .insert(STRICT_KEYS_TOTAL, total)
+        .map_err(backend_err)?;
+    for (ns, n) in per_namespace {
+        counts
+            .insert(strict_keys(&ns).as_str(), n)
+            .map_err(backend_err)?;
+    }
+    Ok(())
+}
