@@ -67,6 +67,9 @@ pub struct AdminDeps {
     pub segments: Option<Arc<dyn SegmentStore>>,
     /// Strict mode, when enabled.
     pub strict: Option<Arc<Strict>>,
+    /// Segment mode's buffers, when enabled: a deleted tag's are dropped
+    /// at once, and creations count against its `segment.max_tags`.
+    pub segment_server: Option<Arc<super::segments::Segments>>,
     /// The Consul client and key layout, on the Consul backend.
     pub cluster: Option<(ConsulClient, ClusterKeys)>,
     /// This node, for holders on the embedded backend.
@@ -340,8 +343,13 @@ impl AdminService {
         check_description(&r.description)?;
         let record = TagRecord::new(initial, step, &r.description, self.now_ms())
             .map_err(|e| store_status(e.into()))?;
+        let max_tags = self
+            .deps
+            .segment_server
+            .as_ref()
+            .map_or(u64::MAX, |s| s.max_tags());
         let written = store
-            .create_tag_record(&tag, &record)
+            .create_tag_limited(&tag, &record, max_tags)
             .await
             .map_err(store_status)?;
         let note = if written.max_id > record.max_id {
@@ -443,6 +451,9 @@ impl AdminService {
             .delete_tag(&tag, self.now_ms())
             .await
             .map_err(store_status)?;
+        if let Some(segments) = &self.deps.segment_server {
+            segments.release(&tag, "deleted");
+        }
         tracing::warn!(%tag, max_id = tombstone.max_id, "segment tag deleted");
         Ok(proto::DeleteTagResponse {
             tag: tag.to_string(),

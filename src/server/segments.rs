@@ -11,7 +11,8 @@
 //! with both ranges empty does a call fail, naming the tag.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -55,6 +56,11 @@ pub struct SegmentSettings {
     pub max_step: u64,
     /// Longest a call waits for a range when both buffers are empty.
     pub max_wait: Duration,
+    /// Most live tags (`segment.max_tags`), checked when one is created.
+    pub max_tags: u64,
+    /// A tag unused on this node for this long has its buffers dropped
+    /// (`segment.idle_release`).
+    pub idle_release: Duration,
 }
 
 struct Cursor {
@@ -121,6 +127,11 @@ pub struct TagBuffer {
     floor_step: u64,
     state: Mutex<State>,
     filled: Notify,
+    /// Set by every call, cleared by the idle sweep: one relaxed store on
+    /// the hot path, no clock read.
+    used: AtomicBool,
+    /// When the idle sweep last saw it used (Unix ms).
+    seen_ms: AtomicU64,
 }
 
 impl TagBuffer {
@@ -137,6 +148,8 @@ impl TagBuffer {
                 last_lasted: None,
             }),
             filled: Notify::new(),
+            used: AtomicBool::new(true),
+            seen_ms: AtomicU64::new(0),
         }
     }
 
@@ -265,6 +278,7 @@ impl Segments {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(tag)
         {
+            b.used.store(true, Ordering::Relaxed);
             return Ok(Arc::clone(b));
         }
         let record = match self.store.get_tag(tag).await? {
@@ -277,8 +291,12 @@ impl Segments {
                     self.clock.now_millis(),
                 )
                 .map_err(StoreError::from)?;
-                match self.store.create_tag(tag, &r).await {
-                    Ok(()) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),
+                match self
+                    .store
+                    .create_tag_limited(tag, &r, self.settings.max_tags)
+                    .await
+                {
+                    Ok(_) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),
                     Err(StoreError::TagExists(_)) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -293,9 +311,114 @@ impl Segments {
             .tags
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(Arc::clone(tags.entry(tag.clone()).or_insert_with(|| {
-            Arc::new(TagBuffer::new(tag.clone(), &record))
-        })))
+        let buffer = Arc::clone(
+            tags.entry(tag.clone())
+                .or_insert_with(|| Arc::new(TagBuffer::new(tag.clone(), &record))),
+        );
+        buffer
+            .seen_ms
+            .store(self.clock.now_millis(), Ordering::Relaxed);
+        metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
+        Ok(buffer)
+    }
+
+    /// Drops the buffers of `tag` from memory (the tag was deleted, here
+    /// or on another node): their unused IDs become a gap, never reused,
+    /// and a tag created again starts from the store's record. Returns
+    /// whether this node held any.
+    pub fn release(&self, tag: &Tag, reason: &'static str) -> bool {
+        let removed = {
+            let mut tags = self
+                .tags
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let removed = tags.remove(tag).is_some();
+            metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
+            removed
+        };
+        self.store.release(tag);
+        if removed {
+            metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => reason).increment(1);
+            tracing::debug!(%tag, reason, "segment tag buffers released");
+        }
+        removed
+    }
+
+    /// Drops the buffers of tags not used since the previous sweep for
+    /// `segment.idle_release`; returns how many. The next call on such a
+    /// tag takes a fresh range above everything this node held.
+    pub fn sweep_idle(&self) -> usize {
+        let now_ms = self.clock.now_millis();
+        let idle_ms = u64::try_from(self.settings.idle_release.as_millis()).unwrap_or(u64::MAX);
+        let idle: Vec<Tag> = {
+            let tags = self
+                .tags
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            tags.values()
+                .filter(|b| {
+                    if b.used.swap(false, Ordering::Relaxed) {
+                        b.seen_ms.store(now_ms, Ordering::Relaxed);
+                        return false;
+                    }
+                    now_ms.saturating_sub(b.seen_ms.load(Ordering::Relaxed)) >= idle_ms
+                })
+                .map(|b| b.tag.clone())
+                .collect()
+        };
+        let mut released = 0;
+        for tag in idle {
+            let mut tags = self
+                .tags
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Used again since it was looked at: keep it.
+            if tags
+                .get(&tag)
+                .is_some_and(|b| !b.used.load(Ordering::Relaxed))
+            {
+                tags.remove(&tag);
+                released += 1;
+                metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
+                drop(tags);
+                self.store.release(&tag);
+                metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => "idle").increment(1);
+            }
+        }
+        released
+    }
+
+    /// The live-tag limit creations are checked against (`segment.max_tags`).
+    pub fn max_tags(&self) -> u64 {
+        self.settings.max_tags
+    }
+
+    /// Tags whose buffers this node holds.
+    pub fn buffered_tags(&self) -> usize {
+        self.tags
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Runs [`sweep_idle`](Self::sweep_idle) in the background, a few
+    /// times per `idle_release`, until `self` is dropped.
+    pub fn spawn_idle_sweeper(self: &Arc<Self>) {
+        let period = (self.settings.idle_release / 4).clamp(
+            Duration::from_millis(250),
+            Duration::from_secs(60),
+        );
+        let this: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(segments) = this.upgrade() else { return };
+                segments.sweep_idle();
+            }
+        });
     }
 
     /// `count` IDs of `tag`, strictly increasing. Waits on the store only
@@ -329,6 +452,10 @@ impl Segments {
                     .fetch(self.store.as_ref(), &self.settings, self.clock.as_ref())
                     .await;
                 if let Err(e) = fetched {
+                    if matches!(e, Error::Store(StoreError::TagNotFound(_))) {
+                        // Deleted (maybe on another node): free its memory.
+                        self.release(tag, "deleted");
+                    }
                     return Err(match e {
                         Error::Store(StoreError::Segment(_) | StoreError::TagNotFound(_)) => e,
                         other => Error::SegmentUnavailable {
@@ -381,8 +508,16 @@ impl Segments {
             let fetched = buffer
                 .fetch(this.store.as_ref(), &this.settings, this.clock.as_ref())
                 .await;
-            if let Err(e) = fetched {
-                tracing::warn!(tag = %buffer.tag, error = %e, "cannot fetch the next segment range; serving from memory");
+            match fetched {
+                Err(Error::Store(StoreError::TagNotFound(_))) => {
+                    // Deleted (maybe on another node): what is in memory
+                    // was reserved and stays unique; the buffers go.
+                    this.release(&buffer.tag, "deleted");
+                }
+                Err(e) => {
+                    tracing::warn!(tag = %buffer.tag, error = %e, "cannot fetch the next segment range; serving from memory");
+                }
+                Ok(()) => {}
             }
         });
     }

@@ -22,6 +22,9 @@ use crate::store::StoreError;
 /// How long a namespace's step is cached.
 pub const STEP_CACHE: Duration = Duration::from_secs(10);
 
+/// Cached steps beyond which an insert first drops the expired ones.
+const STEP_CACHE_SWEEP_AT: usize = 64;
+
 /// Serves strict mode.
 pub struct Strict {
     store: Arc<dyn StrictStore>,
@@ -76,10 +79,16 @@ impl Strict {
             .namespace_step(&ns)
             .await?
             .unwrap_or(self.default_step);
-        self.steps
+        let mut steps = self
+            .steps
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(ns, (step, Instant::now()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Expired entries go when new ones come, so the cache holds only
+        // the namespaces used in the last STEP_CACHE, never every one seen.
+        if steps.len() >= STEP_CACHE_SWEEP_AT {
+            steps.retain(|_, (_, at)| at.elapsed() < STEP_CACHE);
+        }
+        steps.insert(ns, (step, Instant::now()));
         Ok(step)
     }
 
