@@ -697,6 +697,48 @@ impl AdminService {
         })
     }
 
+    async fn list_strict_keys(
+        &self,
+        r: proto::ListStrictKeysRequest,
+    ) -> Result<proto::ListStrictKeysResponse, Status> {
+        let strict = self.strict()?;
+        let ns = parse_namespace(&r.namespace)?;
+        let keys = strict.store().list_keys(&ns).await.map_err(store_status)?;
+        Ok(proto::ListStrictKeysResponse {
+            namespace: ns.to_string(),
+            keys: keys
+                .into_iter()
+                .map(|(key, value)| proto::StrictKeyValue {
+                    key: key.to_string(),
+                    value,
+                })
+                .collect(),
+            max_keys: strict.limits().max_keys_per_namespace,
+        })
+    }
+
+    async fn delete_strict_key(
+        &self,
+        r: proto::DeleteStrictKeyRequest,
+    ) -> Result<proto::DeleteStrictKeyResponse, Status> {
+        let strict = self.strict()?;
+        let key = crate::id::strict::StrictKey::parse(&r.key)
+            .map_err(|e| store_status(StoreError::from(e)))?;
+        let last = strict
+            .store()
+            .delete_key(&key)
+            .await
+            .map_err(store_status)?;
+        tracing::warn!(%key, last_value = last, "strict key deleted");
+        Ok(proto::DeleteStrictKeyResponse {
+            key: key.to_string(),
+            last_value: last,
+            note: format!(
+                "strict key {key} is deleted and no longer counts against strict.max_keys_per_namespace. A tombstone with its last value ({last}) stays in the store, so the key used again continues above {last}: values never repeat"
+            ),
+        })
+    }
+
     async fn list_strict_namespaces(&self) -> Result<proto::ListStrictNamespacesResponse, Status> {
         let strict = self.strict()?;
         let mut namespaces = strict.store().namespaces().await.map_err(store_status)?;
@@ -800,6 +842,26 @@ impl Admin for AdminService {
     ) -> Result<Response<proto::ListStrictNamespacesResponse>, Status> {
         self.call("ListStrictNamespaces", request, |_| {
             AdminService::list_strict_namespaces(self)
+        })
+        .await
+    }
+
+    async fn list_strict_keys(
+        &self,
+        request: Request<proto::ListStrictKeysRequest>,
+    ) -> Result<Response<proto::ListStrictKeysResponse>, Status> {
+        self.call("ListStrictKeys", request, |r| {
+            AdminService::list_strict_keys(self, r)
+        })
+        .await
+    }
+
+    async fn delete_strict_key(
+        &self,
+        request: Request<proto::DeleteStrictKeyRequest>,
+    ) -> Result<Response<proto::DeleteStrictKeyResponse>, Status> {
+        self.call("DeleteStrictKey", request, |r| {
+            AdminService::delete_strict_key(self, r)
         })
         .await
     }

@@ -332,7 +332,11 @@ impl Node {
             let store = stores.strict.ok_or_else(|| {
                 Error::Setup("strict mode is enabled but no strict store was given".into())
             })?;
-            issuer = issuer.with_strict(Arc::new(strict::Strict::new(store, s.default_step)));
+            issuer = issuer.with_strict(Arc::new(strict::Strict::with_limits(
+                store,
+                s.default_step,
+                strict_limits(&config),
+            )));
             tracing::info!(default_step = s.default_step, "strict mode enabled");
         }
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())

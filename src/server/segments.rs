@@ -404,10 +404,8 @@ impl Segments {
     /// Runs [`sweep_idle`](Self::sweep_idle) in the background, a few
     /// times per `idle_release`, until `self` is dropped.
     pub fn spawn_idle_sweeper(self: &Arc<Self>) {
-        let period = (self.settings.idle_release / 4).clamp(
-            Duration::from_millis(250),
-            Duration::from_secs(60),
-        );
+        let period = (self.settings.idle_release / 4)
+            .clamp(Duration::from_millis(250), Duration::from_secs(60));
         let this: Weak<Self> = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
@@ -415,7 +413,9 @@ impl Segments {
             tick.tick().await;
             loop {
                 tick.tick().await;
-                let Some(segments) = this.upgrade() else { return };
+                let Some(segments) = this.upgrade() else {
+                    return;
+                };
                 segments.sweep_idle();
             }
         });

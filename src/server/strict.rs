@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::id::strict::{Namespace, StrictKey, Values};
 use crate::metrics as m;
-use crate::store::strict::StrictStore;
+use crate::store::strict::{StrictLimits, StrictStore};
 use crate::store::StoreError;
 
 /// How long a namespace's step is cached.
@@ -29,6 +29,7 @@ const STEP_CACHE_SWEEP_AT: usize = 64;
 pub struct Strict {
     store: Arc<dyn StrictStore>,
     default_step: u64,
+    limits: StrictLimits,
     steps: RwLock<HashMap<Namespace, (u64, Instant)>>,
     issued: metrics::Counter,
 }
@@ -37,7 +38,18 @@ impl Strict {
     /// Strict mode over `store`; namespaces without a stored step use
     /// `default_step`.
     pub fn new(store: Arc<dyn StrictStore>, default_step: u64) -> Self {
+        Self::with_limits(store, default_step, StrictLimits::NONE)
+    }
+
+    /// Like [`new`](Self::new); `limits` are the ones `store` enforces,
+    /// reported by the admin API.
+    pub fn with_limits(
+        store: Arc<dyn StrictStore>,
+        default_step: u64,
+        limits: StrictLimits,
+    ) -> Self {
         Self {
+            limits,
             store,
             default_step,
             steps: RwLock::new(HashMap::new()),
@@ -48,6 +60,11 @@ impl Strict {
     /// The store (for the admin API).
     pub fn store(&self) -> &Arc<dyn StrictStore> {
         &self.store
+    }
+
+    /// The limits on creating keys.
+    pub fn limits(&self) -> StrictLimits {
+        self.limits
     }
 
     /// The step used for `ns` by default.
