@@ -313,8 +313,11 @@ fn apply_batch<'a>(
     let mut created = false;
     let mut gauges = None;
     {
+        // Opened before the strict table: a file never counted is counted
+        // here, by a scan that reads the strict table. Once per group
+        // commit, next to an fsync: no cost a call would notice.
+        let mut counts = counts::open(&txn)?;
         let mut table = txn.open_table(STRICT).map_err(backend_err)?;
-        let mut counts = None;
         let mut tombstones = None;
         for ask in asks {
             let key = ask.key.as_str();
@@ -322,18 +325,14 @@ fn apply_batch<'a>(
             let start = match value {
                 Some(v) => v,
                 None => {
-                    let counts = match &mut counts {
-                        Some(c) => c,
-                        None => counts.insert(counts::open(&txn)?),
-                    };
                     let tombstones = match &mut tombstones {
                         Some(t) => t,
                         None => tombstones
                             .insert(txn.open_table(STRICT_TOMBSTONES).map_err(backend_err)?),
                     };
                     let ns_key = counts::strict_keys(ask.key.namespace_str());
-                    let in_ns = counts::get(counts, &ns_key)?;
-                    let namespaces = counts::get(counts, counts::STRICT_NAMESPACES)?;
+                    let in_ns = counts::get(&counts, &ns_key)?;
+                    let namespaces = counts::get(&counts, counts::STRICT_NAMESPACES)?;
                     if let Err(e) = limits.check(&ask.key, in_ns, namespaces) {
                         outcomes.push(Err(e));
                         continue;
@@ -348,10 +347,10 @@ fn apply_batch<'a>(
                         continue;
                     }
                     if in_ns == 0 {
-                        counts::add(counts, counts::STRICT_NAMESPACES, 1)?;
+                        counts::add(&mut counts, counts::STRICT_NAMESPACES, 1)?;
                     }
-                    counts::add(counts, &ns_key, 1)?;
-                    counts::add(counts, counts::STRICT_KEYS_TOTAL, 1)?;
+                    counts::add(&mut counts, &ns_key, 1)?;
+                    counts::add(&mut counts, counts::STRICT_KEYS_TOTAL, 1)?;
                     created = true;
                     start
                 }
@@ -365,9 +364,7 @@ fn apply_batch<'a>(
             }
         }
         if created {
-            if let Some(counts) = &counts {
-                gauges = Some(strict_gauges(counts)?);
-            }
+            gauges = Some(strict_gauges(&counts)?);
         }
     }
     // Default durability: returns after fsync. Until then, nobody sees a value.
@@ -439,6 +436,8 @@ impl EmbeddedStore {
     fn delete_strict_key(&self, key: &StrictKey) -> Result<u64, StoreError> {
         let txn = self.db().begin_write().map_err(backend_err)?;
         let (last, gauges) = {
+            // Before the strict table: counting a new file scans it.
+            let mut counts = counts::open(&txn)?;
             let mut table = txn.open_table(STRICT).map_err(backend_err)?;
             let Some(last) = table.remove(key.as_str()).map_err(backend_err)? else {
                 return Err(StoreError::StrictKeyNotFound(key.to_string()));
@@ -452,7 +451,6 @@ impl EmbeddedStore {
             tombstones
                 .insert(key.as_str(), last.max(old))
                 .map_err(backend_err)?;
-            let mut counts = counts::open(&txn)?;
             let left = counts::add(&mut counts, &counts::strict_keys(key.namespace_str()), -1)?;
             if left == 0 {
                 counts::add(&mut counts, counts::STRICT_NAMESPACES, -1)?;
