@@ -132,6 +132,9 @@ pub struct TagBuffer {
     used: AtomicBool,
     /// When the idle sweep last saw it used (Unix ms).
     seen_ms: AtomicU64,
+    /// Set when the tag was found deleted: calls waiting on this buffer
+    /// answer NOT_FOUND instead of waiting for a range that cannot come.
+    deleted: AtomicBool,
 }
 
 impl TagBuffer {
@@ -150,6 +153,7 @@ impl TagBuffer {
             filled: Notify::new(),
             used: AtomicBool::new(true),
             seen_ms: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
         }
     }
 
@@ -332,10 +336,15 @@ impl Segments {
                 .tags
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let removed = tags.remove(tag).is_some();
+            let removed = tags.remove(tag);
             metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
             removed
         };
+        let removed = removed.is_some_and(|buffer| {
+            buffer.deleted.store(true, Ordering::Relaxed);
+            buffer.filled.notify_waiters();
+            true
+        });
         self.store.release(tag);
         if removed {
             metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => reason).increment(1);
@@ -466,6 +475,9 @@ impl Segments {
                 }
                 continue;
             }
+            if buffer.deleted.load(Ordering::Relaxed) {
+                return Err(StoreError::TagNotFound(tag.to_string()).into());
+            }
             // Another call is fetching, or a failed fetch is pausing.
             let now = tokio::time::Instant::now();
             let Some(deadline) = deadline else {
@@ -575,6 +587,7 @@ mod tests {
     }
 
     const T0: u64 = 1_790_000_000_000;
+    const IDLE: Duration = Duration::from_secs(600);
 
     fn setup(step: u64) -> (Arc<MemStore>, Arc<ManualClock>, Arc<Segments>, Tag) {
         let store = Arc::new(MemStore::default());
@@ -593,6 +606,8 @@ mod tests {
                 default_step: step,
                 max_step: 1_000_000,
                 max_wait: Duration::from_millis(300),
+                max_tags: u64::MAX,
+                idle_release: IDLE,
             },
         ));
         (store, clock, segments, tag)
@@ -699,9 +714,94 @@ mod tests {
                 default_step: 50,
                 max_step: 1000,
                 max_wait: Duration::from_millis(300),
+                max_tags: u64::MAX,
+                idle_release: IDLE,
             },
         ));
         assert_eq!(auto.take(&other, 3).await.unwrap(), vec![1, 2, 3]);
         assert_eq!(store.records.lock().unwrap()[&other].step, 50);
+    }
+
+    #[tokio::test]
+    async fn idle_tags_are_released_and_continue_above_their_old_range() {
+        let (store, clock, seg, tag) = setup(100);
+        let other = Tag::parse("other").unwrap();
+        store
+            .records
+            .lock()
+            .unwrap()
+            .insert(other.clone(), TagRecord::new(0, 100, "", T0).unwrap());
+        let mut seen = seg.take(&tag, 10).await.unwrap();
+        until(|| store.steps.lock().unwrap().len() == 2).await;
+        seg.take(&other, 1).await.unwrap();
+        assert_eq!(seg.buffered_tags(), 2);
+
+        // Used since the last sweep: kept, however much time passed.
+        clock.advance_millis(IDLE.as_millis() as u64 * 2);
+        assert_eq!(seg.sweep_idle(), 0);
+        assert_eq!(seg.buffered_tags(), 2);
+        // `tag` stays in use; `other` is not touched again.
+        clock.advance_millis(IDLE.as_millis() as u64 - 1);
+        seen.extend(seg.take(&tag, 1).await.unwrap());
+        assert_eq!(seg.sweep_idle(), 0, "idle for less than idle_release");
+        clock.advance_millis(1);
+        assert_eq!(seg.sweep_idle(), 1, "other: idle for idle_release");
+        assert_eq!(seg.buffered_tags(), 1);
+        // Now `tag` goes idle too, with 189 IDs of its two ranges unused.
+        clock.advance_millis(IDLE.as_millis() as u64);
+        assert_eq!(seg.sweep_idle(), 1);
+        assert_eq!(seg.buffered_tags(), 0);
+
+        // Used again: a fresh range, above everything the old buffers
+        // held (their unused IDs are a gap, never handed out).
+        let again = seg.take(&tag, 3).await.unwrap();
+        assert_eq!(seg.buffered_tags(), 1);
+        assert!(again[0] > 200, "{again:?} after {seen:?}");
+        assert!(again.windows(2).all(|w| w[1] > w[0]));
+        let again_other = seg.take(&other, 1).await.unwrap();
+        assert!(again_other[0] > 100, "{again_other:?}");
+    }
+
+    #[tokio::test]
+    async fn a_tag_deleted_in_the_store_is_released_when_a_fetch_finds_it_gone() {
+        let (store, _clock, seg, tag) = setup(10);
+        let got = seg.take(&tag, 10).await.unwrap();
+        until(|| store.steps.lock().unwrap().len() == 2).await;
+        assert_eq!(seg.buffered_tags(), 1);
+        // Deleted on another node: this one still serves what it reserved,
+        store.records.lock().unwrap().remove(&tag);
+        let rest = seg.take(&tag, 10).await.unwrap();
+        assert!(rest[0] > got[9]);
+        // then the next fetch answers TagNotFound and the buffers go.
+        let err = seg.take(&tag, 1).await.unwrap_err();
+        assert_eq!(crate::server::status::code(&err), tonic::Code::NotFound);
+        assert_eq!(seg.buffered_tags(), 0);
+        // Released here directly (an admin delete on this node).
+        store
+            .records
+            .lock()
+            .unwrap()
+            .insert(tag.clone(), TagRecord::new(500, 10, "", T0).unwrap());
+        assert_eq!(seg.take(&tag, 1).await.unwrap(), vec![501]);
+        assert!(seg.release(&tag, "deleted"));
+        assert!(!seg.release(&tag, "deleted"));
+        assert_eq!(seg.buffered_tags(), 0);
+    }
+
+    #[tokio::test]
+    async fn auto_created_tags_past_the_limit_are_resource_exhausted() {
+        // The in-memory store does not count: the limit is the store's
+        // job (see tests/limits.rs); here the error's code and text.
+        let err: Error = StoreError::LimitReached {
+            what: "segment tag \"x\" cannot be created (3 live tags)".into(),
+            limit: 3,
+            setting: "segment.max_tags",
+        }
+        .into();
+        assert_eq!(
+            crate::server::status::code(&err),
+            tonic::Code::ResourceExhausted
+        );
+        assert!(err.to_string().contains("raise segment.max_tags"), "{err}");
     }
 }

@@ -1145,7 +1145,7 @@ mod tests {
             ask("n/b", 3, 2),
             ask("n/full", 1, 1),
         ];
-        let out = apply_batch(store.db(), &batch).unwrap();
+        let out = apply_batch(store.db(), &batch, StrictLimits::NONE).unwrap();
         assert_eq!(out.len(), batch.len());
         // Same key, one batch: each request sees the one before it.
         assert_eq!(out[0].as_ref().unwrap().first, 1);
