@@ -1077,4 +1077,23 @@ async fn limits_refuse_the_next_tag_or_key_and_deleting_frees_a_slot() {
     ids.gen_ids(gen(Mode::Strict, "books/c", 1)).await.unwrap();
     let (ok_, out) = cli(&["delete", "books/b"]);
     assert!(!ok_ && out.contains("NOT_FOUND"), "{out}");
+
+    // Counted, with the limit's config key as the only label.
+    let metrics = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "idgen_limit_refusals_total{limit=\"segment.max_tags\"} 2",
+        "idgen_limit_refusals_total{limit=\"strict.max_keys_per_namespace\"} 1",
+        "idgen_segment_tags 2",
+        "idgen_segment_tag_buffers 2",
+        "idgen_segment_buffers_released_total{reason=\"deleted\"} 1",
+        "idgen_strict_keys 2",
+        "idgen_strict_namespaces 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
 }

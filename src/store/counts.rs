@@ -110,3 +110,88 @@ fn count_everything(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::segment::{Tag, TagRecord};
+    use crate::id::strict::StrictKey;
+    use crate::store::segments::SegmentStore;
+    use crate::store::strict::{EmbeddedStrictStore, StrictLimits, StrictStore};
+    use crate::store::{EmbeddedStore, StoreError};
+
+    /// A file written before limits existed (no counts table) is counted
+    /// by one scan on first use: live tags and keys count, tombstones do
+    /// not, and the limits hold from the first creation on.
+    #[tokio::test]
+    async fn a_file_without_counts_is_counted_on_first_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
+        for name in ["a", "b", "c"] {
+            let t = Tag::parse(name).unwrap();
+            store
+                .create_tag(&t, &TagRecord::new(0, 5, "", 1).unwrap())
+                .await
+                .unwrap();
+        }
+        store
+            .delete_tag(&Tag::parse("c").unwrap(), 2)
+            .await
+            .unwrap();
+        let strict = EmbeddedStrictStore::new(store.clone());
+        for k in ["n1/a", "n1/b", "n2/a"] {
+            strict
+                .advance(&StrictKey::parse(k).unwrap(), 1, 1)
+                .await
+                .unwrap();
+        }
+        drop(strict);
+        // Forget the counts, as in a file from before limits.
+        let txn = store.db().begin_write().unwrap();
+        txn.delete_table(COUNTS).unwrap();
+        txn.commit().unwrap();
+
+        let txn = store.db().begin_write().unwrap();
+        {
+            let counts = open(&txn).unwrap();
+            assert_eq!(get(&counts, SEGMENT_TAGS).unwrap(), 2, "c is a tombstone");
+            assert_eq!(get(&counts, STRICT_NAMESPACES).unwrap(), 2);
+            assert_eq!(get(&counts, STRICT_KEYS_TOTAL).unwrap(), 3);
+            assert_eq!(get(&counts, &strict_keys("n1")).unwrap(), 2);
+            assert_eq!(get(&counts, &strict_keys("n2")).unwrap(), 1);
+        }
+        txn.abort().unwrap();
+
+        // And the limits hold against those counts.
+        let err = store
+            .create_tag_limited(
+                &Tag::parse("d").unwrap(),
+                &TagRecord::new(0, 5, "", 3).unwrap(),
+                2,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::LimitReached { .. }), "{err:?}");
+        let strict = EmbeddedStrictStore::with_limits(
+            store.clone(),
+            StrictLimits {
+                max_keys_per_namespace: 2,
+                max_namespaces: 2,
+            },
+        );
+        let err = strict
+            .advance(&StrictKey::parse("n1/c").unwrap(), 1, 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::LimitReached { .. }), "{err:?}");
+        let err = strict
+            .advance(&StrictKey::parse("n3/a").unwrap(), 1, 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::LimitReached { .. }), "{err:?}");
+        strict
+            .advance(&StrictKey::parse("n2/b").unwrap(), 1, 1)
+            .await
+            .unwrap();
+    }
+}
