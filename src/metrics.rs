@@ -169,7 +169,7 @@ fn describe() {
     );
     describe_gauge!(
         SEGMENT_TAGS,
-        "Live segment tags in the store, as counted by this node at its last creation or deletion of one."
+        "Live segment tags in the store, as counted by this node when it last created or deleted one (Consul: when it last created one)."
     );
     describe_gauge!(
         SEGMENT_TAG_BUFFERS,
@@ -181,11 +181,11 @@ fn describe() {
     );
     describe_gauge!(
         STRICT_KEYS,
-        "Live strict keys in the store, as counted by this node at its last creation or deletion of one (embedded: all namespaces; Consul: the namespace last touched)."
+        "Live strict keys in the store, as counted by this node (embedded: at every creation or deletion; Consul: when a key starts a new namespace)."
     );
     describe_gauge!(
         STRICT_NAMESPACES,
-        "Strict namespaces holding live keys, as counted by this node at its last check."
+        "Strict namespaces holding live keys, as counted by this node (embedded: at every creation or deletion; Consul: when a key starts a new namespace)."
     );
     describe_counter!(
         LIMIT_REFUSALS,

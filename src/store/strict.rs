@@ -43,9 +43,21 @@
 //! nodes are retried with jittered backoff, [`MAX_STRICT_ATTEMPTS`] times
 //! in all, and then reported as [`StoreError::Contended`].
 //!
-//! Deleting or lowering a stored counter (by hand, or by restoring an old
-//! backup) makes values repeat; an unreadable one is an error naming the
-//! key, never a reset to 0.
+//! # Limits and deletes
+//!
+//! A call on a key that is not live creates it; only then are
+//! `strict.max_keys_per_namespace` and `strict.max_namespaces` checked
+//! (embedded: against live counts kept in the same transaction, see
+//! `store::counts`; Consul: by listing, so concurrent creators on several
+//! nodes may overshoot by a few). The admin API deletes a key by moving
+//! its last value to a tombstone (`strict_tombstones` table,
+//! `strict-deleted/<namespace>/<key>` in Consul) in the same atomic step;
+//! a key created again starts from its tombstone, so its values never
+//! repeat. Tombstones stay and do not count against the limits.
+//!
+//! Deleting or lowering a stored counter or tombstone by hand (or by
+//! restoring an old backup) makes values repeat; an unreadable one is an
+//! error naming the key, never a reset to 0.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
