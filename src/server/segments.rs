@@ -9,6 +9,13 @@
 //! one that lasted over 30 minutes halves it (never below the tag's own
 //! step). While the store is down the node serves from what it holds; only
 //! with both ranges empty does a call fail, naming the tag.
+//!
+//! Buffers do not live forever: a tag deleted here (admin API), or found
+//! deleted by a fetch (deleted on another node), has its buffers dropped,
+//! and so has a tag unused for `segment.idle_release` (a sweep every
+//! quarter of it; calls only set a flag, they never read the clock for
+//! this). The unused rest of a dropped range is a gap, never reused: the
+//! next call takes a fresh range from the store, above it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

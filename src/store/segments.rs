@@ -14,6 +14,14 @@
 //!   Lost races are retried with jittered backoff, a bounded number of
 //!   times.
 //!
+//! # Limits
+//! [`SegmentStore::create_tag_limited`] refuses a new (or revived) tag
+//! once `segment.max_tags` tags are live. The embedded store keeps the
+//! live count in the same write transaction as the records
+//! (`store::counts`); Consul counts by listing before the creating write,
+//! so nodes creating tags at the same moment may overshoot by a few.
+//! Tombstones do not count.
+//!
 //! # Admin changes
 //! Tags are created, updated, listed and deleted by the admin API. An
 //! update may move `max_id` only forward. Deleting a tag leaves a
@@ -511,6 +519,10 @@ impl SegmentStore for ConsulSegmentStore {
             let listing = self.list_tags().await?;
             let live = (listing.tags.len() + listing.unreadable.len()) as u64;
             metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
+            if listing.tags.iter().any(|(t, _)| t == tag) {
+                // As on the embedded store: an existing tag is that, not a limit.
+                return Err(StoreError::TagExists(tag.to_string()));
+            }
             if live >= max_tags {
                 return Err(StoreError::limit_reached(
                     format!("segment tag {tag:?} cannot be created ({live} live tags)"),
