@@ -287,3 +287,55 @@ async fn consul_deletes_racing_calls_never_repeat_a_value() {
     assert!(n > 0 && deleted > 0, "{n} values, {deleted} deletes");
     consul.shutdown().await;
 }
+
+/// A key created on one node while another node deletes it in between the
+/// creator's reads and its write: the creator's txn checks that the
+/// tombstone did not move, fails, reads again and continues above the
+/// tombstone. The creator talks to an agent that answers 1 s late (after
+/// applying each request), so the delete on the other node lands between
+/// its tombstone read and its write without any tight timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_a_delete_between_a_creators_read_and_write_never_repeats_a_value() {
+    let consul = consul().await;
+    let slow = consul.add_agent("slow").await.unwrap();
+    let creator = Arc::new(ConsulStrictStore::new(
+        ConsulClient::new(ConsulConfig {
+            address: format!("http://{slow}"),
+            timeout: Duration::from_secs(10),
+            retries: 0,
+            ..ConsulConfig::default()
+        })
+        .unwrap(),
+        keys(),
+    ));
+    let other = ConsulStrictStore::new(consul_client(&consul), keys());
+    let k = key("race/k");
+    consul.faults().delay("slow", Some(Duration::from_secs(1)));
+    let call = {
+        let (creator, k) = (Arc::clone(&creator), k.clone());
+        tokio::spawn(async move { creator.advance(&k, 1, 1).await })
+    };
+    // Both of the creator's reads (counter: absent; tombstone: absent)
+    // have been applied; its answers and its write are a second away.
+    let mut reads = 0;
+    for _ in 0..200 {
+        reads = consul.request_count(Some("slow"), "kv");
+        if reads >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(reads, 2, "the creator's two reads");
+    let first = other.advance(&k, 1, 1).await.unwrap();
+    assert_eq!(first.first, 1);
+    assert_eq!(other.delete_key(&k).await.unwrap(), 1);
+    assert_eq!(
+        consul.request_count(Some("slow"), "txn"),
+        0,
+        "the creator wrote before the delete: the test proves nothing"
+    );
+    let got = call.await.unwrap().unwrap();
+    assert_eq!(got.first, 2, "value 1 was handed out by the other node");
+    consul.faults().delay("slow", None);
+    consul.shutdown().await;
+}
