@@ -444,7 +444,7 @@ impl Default for StrictSection {
             enabled: false,
             default_step: 1,
             max_keys_per_namespace: 100_000,
-            max_namespaces: 1_000,
+            max_namespaces: 100,
         }
     }
 }
