@@ -980,6 +980,11 @@ async fn limits_refuse_the_next_tag_or_key_and_deleting_frees_a_slot() {
     let e = code(ids.gen_ids(gen(Mode::Segment, "t3", 1)).await);
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("segment.max_tags"), "{e:?}");
+    assert!(
+        e.message()
+            .starts_with("segment tag \"t3\" cannot be created"),
+        "{e:?}"
+    );
     let e = code(c.create_tag(ok(create("t4", 0, 10))).await);
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     // Nothing was created by the refusals.
@@ -1013,7 +1018,9 @@ async fn limits_refuse_the_next_tag_or_key_and_deleting_frees_a_slot() {
     let e = code(ids.gen_ids(gen(Mode::Strict, "books/c", 1)).await);
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(
-        e.message().contains("strict.max_keys_per_namespace"),
+        e.message().contains("strict.max_keys_per_namespace")
+            && e.message()
+                .starts_with("strict key \"books/c\" cannot be created"),
         "{e:?}"
     );
     let keys = c

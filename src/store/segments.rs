@@ -227,7 +227,10 @@ impl EmbeddedStore {
             if live >= max_tags {
                 metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
                 return Err(StoreError::limit_reached(
-                    format!("segment tag {tag:?} cannot be created ({live} live tags)"),
+                    format!(
+                        "segment tag {:?} cannot be created ({live} live tags)",
+                        tag.as_str()
+                    ),
                     max_tags,
                     "segment.max_tags",
                 ));
@@ -525,7 +528,10 @@ impl SegmentStore for ConsulSegmentStore {
             }
             if live >= max_tags {
                 return Err(StoreError::limit_reached(
-                    format!("segment tag {tag:?} cannot be created ({live} live tags)"),
+                    format!(
+                        "segment tag {:?} cannot be created ({live} live tags)",
+                        tag.as_str()
+                    ),
                     max_tags,
                     "segment.max_tags",
                 ));

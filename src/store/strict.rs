@@ -127,7 +127,8 @@ impl StrictLimits {
         if keys_in_ns >= self.max_keys_per_namespace {
             return Err(StoreError::limit_reached(
                 format!(
-                    "strict key {key:?} cannot be created (namespace {:?} has {keys_in_ns} live keys)",
+                    "strict key {:?} cannot be created (namespace {:?} has {keys_in_ns} live keys)",
+                    key.as_str(),
                     key.namespace_str()
                 ),
                 self.max_keys_per_namespace,
@@ -137,7 +138,8 @@ impl StrictLimits {
         if keys_in_ns == 0 && namespaces >= self.max_namespaces {
             return Err(StoreError::limit_reached(
                 format!(
-                    "strict key {key:?} cannot be created (it would start namespace {:?}; {namespaces} namespaces have live keys)",
+                    "strict key {:?} cannot be created (it would start namespace {:?}; {namespaces} namespaces have live keys)",
+                    key.as_str(),
                     key.namespace_str()
                 ),
                 self.max_namespaces,
