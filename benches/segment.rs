@@ -33,6 +33,8 @@ fn bench(c: &mut Criterion) {
             default_step: 1_000_000,
             max_step: 100_000_000,
             max_wait: Duration::from_secs(2),
+            max_tags: 10_000,
+            idle_release: Duration::from_secs(3600),
         },
     ));
     let mut g = c.benchmark_group("segment");

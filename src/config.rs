@@ -395,6 +395,15 @@ pub struct SegmentSection {
     /// Cap of the dynamic step (a range used up in under 15 minutes
     /// doubles the next one).
     pub max_step: u64,
+    /// Most live tags (admin-created and auto-created together); creating
+    /// one more is RESOURCE_EXHAUSTED. Deleted tags (tombstones) do not
+    /// count. Bounds the state a client can make the store keep.
+    pub max_tags: u64,
+    /// A tag not used on this node for this long has its buffers dropped
+    /// from memory (their unused IDs become a gap, never reused); the next
+    /// call takes a fresh range.
+    #[serde(with = "humantime_serde")]
+    pub idle_release: Duration,
 }
 
 impl Default for SegmentSection {
@@ -404,6 +413,8 @@ impl Default for SegmentSection {
             auto_create: false,
             default_step: 1000,
             max_step: 1_000_000,
+            max_tags: 10_000,
+            idle_release: Duration::from_secs(3600),
         }
     }
 }
@@ -449,6 +460,11 @@ pub struct StrictSection {
     pub enabled: bool,
     /// Step of namespaces without one set by the admin API (1 to 1000000).
     pub default_step: u64,
+    /// Most live keys in one namespace; the call that would create one
+    /// more is RESOURCE_EXHAUSTED. Deleted keys (tombstones) do not count.
+    pub max_keys_per_namespace: u64,
+    /// Most namespaces with live keys, so the total is bounded too.
+    pub max_namespaces: u64,
 }
 
 impl Default for StrictSection {
@@ -456,6 +472,8 @@ impl Default for StrictSection {
         Self {
             enabled: false,
             default_step: 1,
+            max_keys_per_namespace: 100_000,
+            max_namespaces: 100,
         }
     }
 }
@@ -999,6 +1017,18 @@ impl FileConfig {
                     ),
                 ));
             }
+            if s.max_tags == 0 {
+                return Err(invalid(
+                    "segment.max_tags",
+                    "must be at least 1 (it bounds the live tags)".to_owned(),
+                ));
+            }
+            if s.idle_release < Duration::from_secs(1) {
+                return Err(invalid(
+                    "segment.idle_release",
+                    "must be at least 1s".to_owned(),
+                ));
+            }
             Some(self.segment.clone())
         } else {
             None
@@ -1024,6 +1054,17 @@ impl FileConfig {
         let strict = if self.strict.enabled {
             crate::id::strict::check_step(self.strict.default_step)
                 .map_err(|e| invalid("strict.default_step", e.to_string()))?;
+            for (key, value) in [
+                (
+                    "strict.max_keys_per_namespace",
+                    self.strict.max_keys_per_namespace,
+                ),
+                ("strict.max_namespaces", self.strict.max_namespaces),
+            ] {
+                if value == 0 {
+                    return Err(invalid(key, "must be at least 1".to_owned()));
+                }
+            }
             Some(self.strict.clone())
         } else {
             None

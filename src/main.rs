@@ -397,6 +397,17 @@ enum StrictCommand {
     },
     /// List namespaces with a stored step.
     List,
+    /// List the live keys of a namespace and their last values.
+    Keys {
+        /// Namespace.
+        namespace: String,
+    },
+    /// Delete a key (`namespace/key`); a tombstone keeps its last value,
+    /// so the key used again continues above it.
+    Delete {
+        /// The key, `namespace/key`.
+        key: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -1361,6 +1372,44 @@ mod admin {
                 (
                     json!({"namespaces": list, "default_step": r.default_step}),
                     text,
+                )
+            }
+            AdminCommand::Strict(StrictCommand::Keys { namespace }) => {
+                let r = c
+                    .list_strict_keys(proto::ListStrictKeysRequest {
+                        namespace: namespace.clone(),
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                let mut text = format!(
+                    "namespace {}: {} live keys (limit {})",
+                    r.namespace,
+                    r.keys.len(),
+                    r.max_keys
+                );
+                for k in &r.keys {
+                    text.push_str(&format!("\n{}\t{}", k.key, k.value));
+                }
+                let list: Vec<Value> = r
+                    .keys
+                    .iter()
+                    .map(|k| json!({"key": k.key, "value": k.value.to_string()}))
+                    .collect();
+                (
+                    json!({"namespace": r.namespace, "keys": list, "max_keys": r.max_keys}),
+                    text,
+                )
+            }
+            AdminCommand::Strict(StrictCommand::Delete { key }) => {
+                let r = c
+                    .delete_strict_key(proto::DeleteStrictKeyRequest { key: key.clone() })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                (
+                    json!({"key": r.key, "last_value": r.last_value.to_string(), "note": r.note}),
+                    r.note,
                 )
             }
         };

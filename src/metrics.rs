@@ -66,6 +66,18 @@ pub const STORE_WRITE_FAULTS: &str = "idgen_store_write_faults_total";
 /// How long the node has been unable to issue because it is fenced or its
 /// store cannot write or confirm high-water marks; 0 while it can.
 pub const UNABLE_TO_ISSUE: &str = "idgen_unable_to_issue_seconds";
+/// Live segment tags in the store, as last counted by this node.
+pub const SEGMENT_TAGS: &str = "idgen_segment_tags";
+/// Segment tags whose buffers this node holds in memory.
+pub const SEGMENT_TAG_BUFFERS: &str = "idgen_segment_tag_buffers";
+/// Tag buffers dropped from memory, by `reason` (`idle`, `deleted`).
+pub const SEGMENT_BUFFERS_RELEASED: &str = "idgen_segment_buffers_released_total";
+/// Live strict keys in the store, as last counted by this node.
+pub const STRICT_KEYS: &str = "idgen_strict_keys";
+/// Strict namespaces with live keys, as last counted by this node.
+pub const STRICT_NAMESPACES: &str = "idgen_strict_namespaces";
+/// Creations refused by a configured limit, by `limit` (its config key).
+pub const LIMIT_REFUSALS: &str = "idgen_limit_refusals_total";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 
@@ -196,6 +208,30 @@ fn describe() {
     describe_counter!(
         STRICT_CONFLICTS,
         "Strict calls' compare-and-set conflicts in Consul, retried with backoff."
+    );
+    describe_gauge!(
+        SEGMENT_TAGS,
+        "Live segment tags in the store, as counted by this node when it last created or deleted one (Consul: when it last created one)."
+    );
+    describe_gauge!(
+        SEGMENT_TAG_BUFFERS,
+        "Segment tags whose ID buffers this node holds in memory."
+    );
+    describe_counter!(
+        SEGMENT_BUFFERS_RELEASED,
+        "Segment tag buffers dropped from memory, by reason: idle or deleted."
+    );
+    describe_gauge!(
+        STRICT_KEYS,
+        "Live strict keys in the store, as counted by this node (embedded: at every creation or deletion; Consul: when a key starts a new namespace)."
+    );
+    describe_gauge!(
+        STRICT_NAMESPACES,
+        "Strict namespaces holding live keys, as counted by this node (embedded: at every creation or deletion; Consul: when a key starts a new namespace)."
+    );
+    describe_counter!(
+        LIMIT_REFUSALS,
+        "Creations of a tag, strict key or strict namespace refused by a configured limit, by limit (its config key)."
     );
     describe_counter!(ADMIN_CALLS, "Admin API calls, by method and status code.");
     describe_gauge!(

@@ -949,3 +949,158 @@ async fn the_cli_manages_tags_and_steps_and_fails_on_a_wrong_token() {
     let (ok_, out) = cli(&["--token", TOKEN, "release", "--kind", "disk", "--id", "1"]);
     assert!(!ok_ && out.contains("worker or token"), "{out}");
 }
+
+/// The limits end to end on a real node: auto-created and admin-created
+/// tags past `segment.max_tags`, and strict keys past
+/// `strict.max_keys_per_namespace`, answer RESOURCE_EXHAUSTED naming the
+/// setting; existing ones keep working; deleting one (admin API and CLI)
+/// frees a slot; a deleted strict key used again continues above its
+/// last value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_refuse_the_next_tag_or_key_and_deleting_frees_a_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[segment]\nenabled = true\nauto_create = true\ndefault_step = 10\nmax_tags = 2\n\
+         [strict]\nenabled = true\nmax_keys_per_namespace = 2\nmax_namespaces = 5\n\
+         [node]\ndatacenter_id = 1\nworker_id = 7\ninstance_id = \"solo\"\n\
+         [admin]\ntoken = \"{TOKEN}\"\n"
+    );
+    let node = ChildServer::start(&embedded_config(dir.path(), &extra));
+    let mut c = admin(&node).await;
+    let mut ids = node.client().await;
+
+    // Tags: two auto-created, the third refused (auto or admin).
+    let t1 = ids
+        .gen_ids(gen(Mode::Segment, "t1", 3))
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    ids.gen_ids(gen(Mode::Segment, "t2", 1)).await.unwrap();
+    let e = code(ids.gen_ids(gen(Mode::Segment, "t3", 1)).await);
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("segment.max_tags"), "{e:?}");
+    assert!(
+        e.message()
+            .starts_with("segment tag \"t3\" cannot be created"),
+        "{e:?}"
+    );
+    let e = code(c.create_tag(ok(create("t4", 0, 10))).await);
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    // Nothing was created by the refusals.
+    let listed = c
+        .list_tags(ok(proto::ListTagsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.tags.len(), 2, "{listed:?}");
+    let more = ids
+        .gen_ids(gen(Mode::Segment, "t1", 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    assert!(more[0] > t1[2]);
+    // Deleting t2 frees a slot for t3.
+    c.delete_tag(ok(proto::DeleteTagRequest { tag: "t2".into() }))
+        .await
+        .unwrap();
+    ids.gen_ids(gen(Mode::Segment, "t3", 1)).await.unwrap();
+
+    // Strict keys: two per namespace.
+    let a = ids
+        .gen_ids(gen(Mode::Strict, "books/a", 3))
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    ids.gen_ids(gen(Mode::Strict, "books/b", 1)).await.unwrap();
+    let e = code(ids.gen_ids(gen(Mode::Strict, "books/c", 1)).await);
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("strict.max_keys_per_namespace")
+            && e.message()
+                .starts_with("strict key \"books/c\" cannot be created"),
+        "{e:?}"
+    );
+    let keys = c
+        .list_strict_keys(ok(proto::ListStrictKeysRequest {
+            namespace: "books".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed: Vec<(String, u64)> = keys.keys.into_iter().map(|k| (k.key, k.value)).collect();
+    assert_eq!(
+        listed,
+        [("books/a".to_owned(), a[2]), ("books/b".to_owned(), 1)]
+    );
+    assert_eq!(keys.max_keys, 2);
+    let d = c
+        .delete_strict_key(ok(proto::DeleteStrictKeyRequest {
+            key: "books/a".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(d.last_value, a[2]);
+    let e = code(
+        c.delete_strict_key(ok(proto::DeleteStrictKeyRequest {
+            key: "books/a".into(),
+        }))
+        .await,
+    );
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let e = code(
+        c.delete_strict_key(ok(proto::DeleteStrictKeyRequest {
+            key: "no-slash".into(),
+        }))
+        .await,
+    );
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // Used again: above its last value, never a repeat.
+    let again = ids
+        .gen_ids(gen(Mode::Strict, "books/a", 1))
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    assert_eq!(again, [a[2] + 1]);
+
+    // The CLI lists and deletes too.
+    let addr = format!("http://{}", node.grpc);
+    let cli = |args: &[&str]| {
+        let mut all = vec!["admin", "--addr", &addr, "--token", TOKEN, "strict"];
+        all.extend_from_slice(args);
+        run_idgen(&all)
+    };
+    let (ok_, out) = cli(&["keys", "books", "--json"]);
+    assert!(ok_, "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert_eq!(v["keys"][0]["key"], "books/a");
+    assert_eq!(v["keys"][0]["value"], (a[2] + 1).to_string());
+    let (ok_, out) = cli(&["delete", "books/b"]);
+    assert!(ok_ && out.contains("tombstone"), "{out}");
+    ids.gen_ids(gen(Mode::Strict, "books/c", 1)).await.unwrap();
+    let (ok_, out) = cli(&["delete", "books/b"]);
+    assert!(!ok_ && out.contains("NOT_FOUND"), "{out}");
+
+    // Counted, with the limit's config key as the only label.
+    let metrics = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "idgen_limit_refusals_total{limit=\"segment.max_tags\"} 2",
+        "idgen_limit_refusals_total{limit=\"strict.max_keys_per_namespace\"} 1",
+        "idgen_segment_tags 2",
+        "idgen_segment_tag_buffers 2",
+        "idgen_segment_buffers_released_total{reason=\"deleted\"} 1",
+        "idgen_strict_keys 2",
+        "idgen_strict_namespaces 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+}

@@ -378,6 +378,7 @@ fn embedded_modes(dir: &Path) -> idgen::config::Config {
     c.strict = Some(StrictSection {
         enabled: true,
         default_step: 1,
+        ..StrictSection::default()
     });
     c
 }

@@ -19,6 +19,7 @@ fn segment_config(dir: &std::path::Path, auto_create: bool) -> idgen::config::Co
         auto_create,
         default_step: 500,
         max_step: 100_000,
+        ..SegmentSection::default()
     });
     c
 }

@@ -34,6 +34,7 @@ fn all_modes(dir: &Path) -> Config {
         auto_create: true,
         default_step: 100,
         max_step: 10_000,
+        ..SegmentSection::default()
     });
     c.lease = Some(LeaseSection {
         enabled: true,
@@ -44,6 +45,7 @@ fn all_modes(dir: &Path) -> Config {
     c.strict = Some(StrictSection {
         enabled: true,
         default_step: 1,
+        ..StrictSection::default()
     });
     c
 }

@@ -165,6 +165,7 @@ fn config(dir: &Path) -> Config {
         auto_create: true,
         default_step: 100,
         max_step: 10_000,
+        ..SegmentSection::default()
     });
     c.lease = Some(LeaseSection {
         enabled: true,
@@ -175,6 +176,7 @@ fn config(dir: &Path) -> Config {
     c.strict = Some(StrictSection {
         enabled: true,
         default_step: 1,
+        ..StrictSection::default()
     });
     // Short high-water-mark window, so snowflake runs out soon after the
     // store stops confirming marks.

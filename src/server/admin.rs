@@ -71,6 +71,9 @@ pub struct AdminDeps {
     pub segments: Option<Arc<dyn SegmentStore>>,
     /// Strict mode, when enabled.
     pub strict: Option<Arc<Strict>>,
+    /// Segment mode's buffers, when enabled: a deleted tag's are dropped
+    /// at once, and creations count against its `segment.max_tags`.
+    pub segment_server: Option<Arc<super::segments::Segments>>,
     /// The Consul client and key layout, on the Consul backend.
     pub cluster: Option<(ConsulClient, ClusterKeys)>,
     /// This node, for holders on the embedded backend.
@@ -346,8 +349,13 @@ impl AdminService {
         check_description(&r.description)?;
         let record = TagRecord::new(initial, step, &r.description, self.now_ms())
             .map_err(|e| store_status(e.into()))?;
+        let max_tags = self
+            .deps
+            .segment_server
+            .as_ref()
+            .map_or(u64::MAX, |s| s.max_tags());
         let written = store
-            .create_tag_record(&tag, &record)
+            .create_tag_limited(&tag, &record, max_tags)
             .await
             .map_err(store_status)?;
         let note = if written.max_id > record.max_id {
@@ -449,6 +457,9 @@ impl AdminService {
             .delete_tag(&tag, self.now_ms())
             .await
             .map_err(store_status)?;
+        if let Some(segments) = &self.deps.segment_server {
+            segments.release(&tag, "deleted");
+        }
         tracing::warn!(%tag, max_id = tombstone.max_id, "segment tag deleted");
         Ok(proto::DeleteTagResponse {
             tag: tag.to_string(),
@@ -764,6 +775,48 @@ impl AdminService {
         })
     }
 
+    async fn list_strict_keys(
+        &self,
+        r: proto::ListStrictKeysRequest,
+    ) -> Result<proto::ListStrictKeysResponse, Status> {
+        let strict = self.strict()?;
+        let ns = parse_namespace(&r.namespace)?;
+        let keys = strict.store().list_keys(&ns).await.map_err(store_status)?;
+        Ok(proto::ListStrictKeysResponse {
+            namespace: ns.to_string(),
+            keys: keys
+                .into_iter()
+                .map(|(key, value)| proto::StrictKeyValue {
+                    key: key.to_string(),
+                    value,
+                })
+                .collect(),
+            max_keys: strict.limits().max_keys_per_namespace,
+        })
+    }
+
+    async fn delete_strict_key(
+        &self,
+        r: proto::DeleteStrictKeyRequest,
+    ) -> Result<proto::DeleteStrictKeyResponse, Status> {
+        let strict = self.strict()?;
+        let key = crate::id::strict::StrictKey::parse(&r.key)
+            .map_err(|e| store_status(StoreError::from(e)))?;
+        let last = strict
+            .store()
+            .delete_key(&key)
+            .await
+            .map_err(store_status)?;
+        tracing::warn!(%key, last_value = last, "strict key deleted");
+        Ok(proto::DeleteStrictKeyResponse {
+            key: key.to_string(),
+            last_value: last,
+            note: format!(
+                "strict key {key} is deleted and no longer counts against strict.max_keys_per_namespace. A tombstone with its last value ({last}) stays in the store, so the key used again continues above {last}: values never repeat"
+            ),
+        })
+    }
+
     async fn list_strict_namespaces(&self) -> Result<proto::ListStrictNamespacesResponse, Status> {
         let strict = self.strict()?;
         let mut namespaces = strict.store().namespaces().await.map_err(store_status)?;
@@ -967,6 +1020,26 @@ impl Admin for AdminService {
     ) -> Result<Response<proto::ListStrictNamespacesResponse>, Status> {
         self.call("ListStrictNamespaces", request, |_| {
             AdminService::list_strict_namespaces(self)
+        })
+        .await
+    }
+
+    async fn list_strict_keys(
+        &self,
+        request: Request<proto::ListStrictKeysRequest>,
+    ) -> Result<Response<proto::ListStrictKeysResponse>, Status> {
+        self.call("ListStrictKeys", request, |r| {
+            AdminService::list_strict_keys(self, r)
+        })
+        .await
+    }
+
+    async fn delete_strict_key(
+        &self,
+        request: Request<proto::DeleteStrictKeyRequest>,
+    ) -> Result<Response<proto::DeleteStrictKeyResponse>, Status> {
+        self.call("DeleteStrictKey", request, |r| {
+            AdminService::delete_strict_key(self, r)
         })
         .await
     }

@@ -52,6 +52,20 @@ enum Running {
     Cluster(cluster::RunningCluster),
 }
 
+/// The strict-mode limits of `config` (none when strict mode is off: the
+/// store is then only reached by tools).
+fn strict_limits(config: &Config) -> crate::store::strict::StrictLimits {
+    config
+        .strict
+        .as_ref()
+        .map_or(crate::store::strict::StrictLimits::NONE, |s| {
+            crate::store::strict::StrictLimits {
+                max_keys_per_namespace: s.max_keys_per_namespace,
+                max_namespaces: s.max_namespaces,
+            }
+        })
+}
+
 fn hwm_settings(config: &Config) -> HwmSettings {
     HwmSettings {
         reserve: config.hwm_reserve,
@@ -206,7 +220,11 @@ impl Node {
                     keys.clone(),
                 ))),
                 lease,
-                strict: Some(Arc::new(ConsulStrictStore::new(client, keys))),
+                strict: Some(Arc::new(ConsulStrictStore::with_limits(
+                    client,
+                    keys,
+                    strict_limits(&config),
+                ))),
                 state_file: None,
                 store_health: None,
             };
@@ -269,7 +287,10 @@ impl Node {
         let stores = ModeStores {
             segment: Some(Arc::new(store.clone())),
             lease,
-            strict: Some(Arc::new(EmbeddedStrictStore::new(store.clone()))),
+            strict: Some(Arc::new(EmbeddedStrictStore::with_limits(
+                store.clone(),
+                strict_limits(&config),
+            ))),
             state_file: Some(Arc::clone(&guard)),
             store_health: Some(Arc::clone(store.health())),
         };
@@ -368,12 +389,12 @@ impl Node {
                 default_step: s.default_step,
                 max_step: s.max_step,
                 max_wait: config.max_wait,
+                max_tags: s.max_tags,
+                idle_release: s.idle_release,
             };
-            issuer = issuer.with_segments(Arc::new(segments::Segments::new(
-                store,
-                Arc::clone(&clock),
-                settings,
-            )));
+            let segments = Arc::new(segments::Segments::new(store, Arc::clone(&clock), settings));
+            segments.spawn_idle_sweeper();
+            issuer = issuer.with_segments(segments);
             tracing::info!(auto_create = s.auto_create, "segment mode enabled");
         }
         if let Some(l) = &config.lease {
@@ -396,7 +417,11 @@ impl Node {
             let store = stores.strict.ok_or_else(|| {
                 Error::Setup("strict mode is enabled but no strict store was given".into())
             })?;
-            issuer = issuer.with_strict(Arc::new(strict::Strict::new(store, s.default_step)));
+            issuer = issuer.with_strict(Arc::new(strict::Strict::with_limits(
+                store,
+                s.default_step,
+                strict_limits(&config),
+            )));
             tracing::info!(default_step = s.default_step, "strict mode enabled");
         }
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
@@ -477,6 +502,7 @@ impl Node {
             token: config.admin_token.clone(),
             segments: admin_segments,
             strict: issuer.strict().cloned(),
+            segment_server: issuer.segment_server().cloned(),
             cluster: admin_cluster,
             node: admin::NodeFacts {
                 instance: instance_id(&config, advertise),

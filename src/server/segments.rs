@@ -9,9 +9,17 @@
 //! one that lasted over 30 minutes halves it (never below the tag's own
 //! step). While the store is down the node serves from what it holds; only
 //! with both ranges empty does a call fail, naming the tag.
+//!
+//! Buffers do not live forever: a tag deleted here (admin API), or found
+//! deleted by a fetch (deleted on another node), has its buffers dropped,
+//! and so has a tag unused for `segment.idle_release` (a sweep every
+//! quarter of it; calls only set a flag, they never read the clock for
+//! this). The unused rest of a dropped range is a gap, never reused: the
+//! next call takes a fresh range from the store, above it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -55,6 +63,11 @@ pub struct SegmentSettings {
     pub max_step: u64,
     /// Longest a call waits for a range when both buffers are empty.
     pub max_wait: Duration,
+    /// Most live tags (`segment.max_tags`), checked when one is created.
+    pub max_tags: u64,
+    /// A tag unused on this node for this long has its buffers dropped
+    /// (`segment.idle_release`).
+    pub idle_release: Duration,
 }
 
 struct Cursor {
@@ -121,6 +134,14 @@ pub struct TagBuffer {
     floor_step: u64,
     state: Mutex<State>,
     filled: Notify,
+    /// Set by every call, cleared by the idle sweep: one relaxed store on
+    /// the hot path, no clock read.
+    used: AtomicBool,
+    /// When the idle sweep last saw it used (Unix ms).
+    seen_ms: AtomicU64,
+    /// Set when the tag was found deleted: calls waiting on this buffer
+    /// answer NOT_FOUND instead of waiting for a range that cannot come.
+    deleted: AtomicBool,
 }
 
 impl TagBuffer {
@@ -137,6 +158,9 @@ impl TagBuffer {
                 last_lasted: None,
             }),
             filled: Notify::new(),
+            used: AtomicBool::new(true),
+            seen_ms: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
         }
     }
 
@@ -265,6 +289,7 @@ impl Segments {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(tag)
         {
+            b.used.store(true, Ordering::Relaxed);
             return Ok(Arc::clone(b));
         }
         let record = match self.store.get_tag(tag).await? {
@@ -277,8 +302,12 @@ impl Segments {
                     self.clock.now_millis(),
                 )
                 .map_err(StoreError::from)?;
-                match self.store.create_tag(tag, &r).await {
-                    Ok(()) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),
+                match self
+                    .store
+                    .create_tag_limited(tag, &r, self.settings.max_tags)
+                    .await
+                {
+                    Ok(_) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),
                     Err(StoreError::TagExists(_)) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -293,9 +322,119 @@ impl Segments {
             .tags
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(Arc::clone(tags.entry(tag.clone()).or_insert_with(|| {
-            Arc::new(TagBuffer::new(tag.clone(), &record))
-        })))
+        let buffer = Arc::clone(
+            tags.entry(tag.clone())
+                .or_insert_with(|| Arc::new(TagBuffer::new(tag.clone(), &record))),
+        );
+        buffer
+            .seen_ms
+            .store(self.clock.now_millis(), Ordering::Relaxed);
+        metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
+        Ok(buffer)
+    }
+
+    /// Drops the buffers of `tag` from memory (the tag was deleted, here
+    /// or on another node): their unused IDs become a gap, never reused,
+    /// and a tag created again starts from the store's record. Returns
+    /// whether this node held any.
+    pub fn release(&self, tag: &Tag, reason: &'static str) -> bool {
+        let removed = {
+            let mut tags = self
+                .tags
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let removed = tags.remove(tag);
+            metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
+            removed
+        };
+        let removed = removed.is_some_and(|buffer| {
+            buffer.deleted.store(true, Ordering::Relaxed);
+            buffer.filled.notify_waiters();
+            true
+        });
+        self.store.release(tag);
+        if removed {
+            metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => reason).increment(1);
+            tracing::debug!(%tag, reason, "segment tag buffers released");
+        }
+        removed
+    }
+
+    /// Drops the buffers of tags not used since the previous sweep for
+    /// `segment.idle_release`; returns how many. The next call on such a
+    /// tag takes a fresh range above everything this node held.
+    pub fn sweep_idle(&self) -> usize {
+        let now_ms = self.clock.now_millis();
+        let idle_ms = u64::try_from(self.settings.idle_release.as_millis()).unwrap_or(u64::MAX);
+        let idle: Vec<Tag> = {
+            let tags = self
+                .tags
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            tags.values()
+                .filter(|b| {
+                    if b.used.swap(false, Ordering::Relaxed) {
+                        b.seen_ms.store(now_ms, Ordering::Relaxed);
+                        return false;
+                    }
+                    now_ms.saturating_sub(b.seen_ms.load(Ordering::Relaxed)) >= idle_ms
+                })
+                .map(|b| b.tag.clone())
+                .collect()
+        };
+        let mut released = 0;
+        for tag in idle {
+            let mut tags = self
+                .tags
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Used again since it was looked at: keep it.
+            if tags
+                .get(&tag)
+                .is_some_and(|b| !b.used.load(Ordering::Relaxed))
+            {
+                tags.remove(&tag);
+                released += 1;
+                metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
+                drop(tags);
+                self.store.release(&tag);
+                metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => "idle").increment(1);
+            }
+        }
+        released
+    }
+
+    /// The live-tag limit creations are checked against (`segment.max_tags`).
+    pub fn max_tags(&self) -> u64 {
+        self.settings.max_tags
+    }
+
+    /// Tags whose buffers this node holds.
+    pub fn buffered_tags(&self) -> usize {
+        self.tags
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Runs [`sweep_idle`](Self::sweep_idle) in the background, a few
+    /// times per `idle_release`, until `self` is dropped.
+    pub fn spawn_idle_sweeper(self: &Arc<Self>) {
+        let period = (self.settings.idle_release / 4)
+            .clamp(Duration::from_millis(250), Duration::from_secs(60));
+        let this: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(segments) = this.upgrade() else {
+                    return;
+                };
+                segments.sweep_idle();
+            }
+        });
     }
 
     /// `count` IDs of `tag`, strictly increasing. Waits on the store only
@@ -329,6 +468,10 @@ impl Segments {
                     .fetch(self.store.as_ref(), &self.settings, self.clock.as_ref())
                     .await;
                 if let Err(e) = fetched {
+                    if matches!(e, Error::Store(StoreError::TagNotFound(_))) {
+                        // Deleted (maybe on another node): free its memory.
+                        self.release(tag, "deleted");
+                    }
                     return Err(match e {
                         Error::Store(StoreError::Segment(_) | StoreError::TagNotFound(_)) => e,
                         other => Error::SegmentUnavailable {
@@ -338,6 +481,9 @@ impl Segments {
                     });
                 }
                 continue;
+            }
+            if buffer.deleted.load(Ordering::Relaxed) {
+                return Err(StoreError::TagNotFound(tag.to_string()).into());
             }
             // Another call is fetching, or a failed fetch is pausing.
             let now = tokio::time::Instant::now();
@@ -381,8 +527,16 @@ impl Segments {
             let fetched = buffer
                 .fetch(this.store.as_ref(), &this.settings, this.clock.as_ref())
                 .await;
-            if let Err(e) = fetched {
-                tracing::warn!(tag = %buffer.tag, error = %e, "cannot fetch the next segment range; serving from memory");
+            match fetched {
+                Err(Error::Store(StoreError::TagNotFound(_))) => {
+                    // Deleted (maybe on another node): what is in memory
+                    // was reserved and stays unique; the buffers go.
+                    this.release(&buffer.tag, "deleted");
+                }
+                Err(e) => {
+                    tracing::warn!(tag = %buffer.tag, error = %e, "cannot fetch the next segment range; serving from memory");
+                }
+                Ok(()) => {}
             }
         });
     }
@@ -440,6 +594,7 @@ mod tests {
     }
 
     const T0: u64 = 1_790_000_000_000;
+    const IDLE: Duration = Duration::from_secs(600);
 
     fn setup(step: u64) -> (Arc<MemStore>, Arc<ManualClock>, Arc<Segments>, Tag) {
         let store = Arc::new(MemStore::default());
@@ -458,6 +613,8 @@ mod tests {
                 default_step: step,
                 max_step: 1_000_000,
                 max_wait: Duration::from_millis(300),
+                max_tags: u64::MAX,
+                idle_release: IDLE,
             },
         ));
         (store, clock, segments, tag)
@@ -564,9 +721,94 @@ mod tests {
                 default_step: 50,
                 max_step: 1000,
                 max_wait: Duration::from_millis(300),
+                max_tags: u64::MAX,
+                idle_release: IDLE,
             },
         ));
         assert_eq!(auto.take(&other, 3).await.unwrap(), vec![1, 2, 3]);
         assert_eq!(store.records.lock().unwrap()[&other].step, 50);
+    }
+
+    #[tokio::test]
+    async fn idle_tags_are_released_and_continue_above_their_old_range() {
+        let (store, clock, seg, tag) = setup(100);
+        let other = Tag::parse("other").unwrap();
+        store
+            .records
+            .lock()
+            .unwrap()
+            .insert(other.clone(), TagRecord::new(0, 100, "", T0).unwrap());
+        let mut seen = seg.take(&tag, 10).await.unwrap();
+        until(|| store.steps.lock().unwrap().len() == 2).await;
+        seg.take(&other, 1).await.unwrap();
+        assert_eq!(seg.buffered_tags(), 2);
+
+        // Used since the last sweep: kept, however much time passed.
+        clock.advance_millis(IDLE.as_millis() as u64 * 2);
+        assert_eq!(seg.sweep_idle(), 0);
+        assert_eq!(seg.buffered_tags(), 2);
+        // `tag` stays in use; `other` is not touched again.
+        clock.advance_millis(IDLE.as_millis() as u64 - 1);
+        seen.extend(seg.take(&tag, 1).await.unwrap());
+        assert_eq!(seg.sweep_idle(), 0, "idle for less than idle_release");
+        clock.advance_millis(1);
+        assert_eq!(seg.sweep_idle(), 1, "other: idle for idle_release");
+        assert_eq!(seg.buffered_tags(), 1);
+        // Now `tag` goes idle too, with 189 IDs of its two ranges unused.
+        clock.advance_millis(IDLE.as_millis() as u64);
+        assert_eq!(seg.sweep_idle(), 1);
+        assert_eq!(seg.buffered_tags(), 0);
+
+        // Used again: a fresh range, above everything the old buffers
+        // held (their unused IDs are a gap, never handed out).
+        let again = seg.take(&tag, 3).await.unwrap();
+        assert_eq!(seg.buffered_tags(), 1);
+        assert!(again[0] > 200, "{again:?} after {seen:?}");
+        assert!(again.windows(2).all(|w| w[1] > w[0]));
+        let again_other = seg.take(&other, 1).await.unwrap();
+        assert!(again_other[0] > 100, "{again_other:?}");
+    }
+
+    #[tokio::test]
+    async fn a_tag_deleted_in_the_store_is_released_when_a_fetch_finds_it_gone() {
+        let (store, _clock, seg, tag) = setup(10);
+        let got = seg.take(&tag, 10).await.unwrap();
+        until(|| store.steps.lock().unwrap().len() == 2).await;
+        assert_eq!(seg.buffered_tags(), 1);
+        // Deleted on another node: this one still serves what it reserved,
+        store.records.lock().unwrap().remove(&tag);
+        let rest = seg.take(&tag, 10).await.unwrap();
+        assert!(rest[0] > got[9]);
+        // then the next fetch answers TagNotFound and the buffers go.
+        let err = seg.take(&tag, 1).await.unwrap_err();
+        assert_eq!(crate::server::status::code(&err), tonic::Code::NotFound);
+        assert_eq!(seg.buffered_tags(), 0);
+        // Released here directly (an admin delete on this node).
+        store
+            .records
+            .lock()
+            .unwrap()
+            .insert(tag.clone(), TagRecord::new(500, 10, "", T0).unwrap());
+        assert_eq!(seg.take(&tag, 1).await.unwrap(), vec![501]);
+        assert!(seg.release(&tag, "deleted"));
+        assert!(!seg.release(&tag, "deleted"));
+        assert_eq!(seg.buffered_tags(), 0);
+    }
+
+    #[tokio::test]
+    async fn auto_created_tags_past_the_limit_are_resource_exhausted() {
+        // The in-memory store does not count: the limit is the store's
+        // job (see tests/limits.rs); here the error's code and text.
+        let err: Error = StoreError::LimitReached {
+            what: "segment tag \"x\" cannot be created (3 live tags)".into(),
+            limit: 3,
+            setting: "segment.max_tags",
+        }
+        .into();
+        assert_eq!(
+            crate::server::status::code(&err),
+            tonic::Code::ResourceExhausted
+        );
+        assert!(err.to_string().contains("raise segment.max_tags"), "{err}");
     }
 }

@@ -18,6 +18,8 @@ pub fn code(e: &Error) -> Code {
         Error::Gen(GenError::TimeExhausted) => Code::ResourceExhausted,
         Error::Store(StoreError::TagNotFound(_)) => Code::NotFound,
         Error::Store(StoreError::TagExists(_)) => Code::AlreadyExists,
+        Error::Store(StoreError::StrictKeyNotFound(_)) => Code::NotFound,
+        Error::Store(StoreError::LimitReached { .. }) => Code::ResourceExhausted,
         Error::Store(StoreError::Segment(SegmentError::Exhausted { .. })) => {
             Code::ResourceExhausted
         }

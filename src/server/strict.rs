@@ -16,16 +16,20 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::id::strict::{Namespace, StrictKey, Values};
 use crate::metrics as m;
-use crate::store::strict::StrictStore;
+use crate::store::strict::{StrictLimits, StrictStore};
 use crate::store::StoreError;
 
 /// How long a namespace's step is cached.
 pub const STEP_CACHE: Duration = Duration::from_secs(10);
 
+/// Cached steps beyond which an insert first drops the expired ones.
+const STEP_CACHE_SWEEP_AT: usize = 64;
+
 /// Serves strict mode.
 pub struct Strict {
     store: Arc<dyn StrictStore>,
     default_step: u64,
+    limits: StrictLimits,
     steps: RwLock<HashMap<Namespace, (u64, Instant)>>,
     issued: metrics::Counter,
 }
@@ -34,7 +38,18 @@ impl Strict {
     /// Strict mode over `store`; namespaces without a stored step use
     /// `default_step`.
     pub fn new(store: Arc<dyn StrictStore>, default_step: u64) -> Self {
+        Self::with_limits(store, default_step, StrictLimits::NONE)
+    }
+
+    /// Like [`new`](Self::new); `limits` are the ones `store` enforces,
+    /// reported by the admin API.
+    pub fn with_limits(
+        store: Arc<dyn StrictStore>,
+        default_step: u64,
+        limits: StrictLimits,
+    ) -> Self {
         Self {
+            limits,
             store,
             default_step,
             steps: RwLock::new(HashMap::new()),
@@ -45,6 +60,11 @@ impl Strict {
     /// The store (for the admin API).
     pub fn store(&self) -> &Arc<dyn StrictStore> {
         &self.store
+    }
+
+    /// The limits on creating keys.
+    pub fn limits(&self) -> StrictLimits {
+        self.limits
     }
 
     /// The step used for `ns` by default.
@@ -76,10 +96,16 @@ impl Strict {
             .namespace_step(&ns)
             .await?
             .unwrap_or(self.default_step);
-        self.steps
+        let mut steps = self
+            .steps
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(ns, (step, Instant::now()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Expired entries go when new ones come, so the cache holds only
+        // the namespaces used in the last STEP_CACHE, never every one seen.
+        if steps.len() >= STEP_CACHE_SWEEP_AT {
+            steps.retain(|_, (_, at)| at.elapsed() < STEP_CACHE);
+        }
+        steps.insert(ns, (step, Instant::now()));
         Ok(step)
     }
 

@@ -68,6 +68,11 @@ impl ClusterKeys {
         format!("{}/strict/{key}", self.root)
     }
 
+    /// The tombstone of a deleted strict key (its last value).
+    pub fn strict_tombstone(&self, key: &str) -> String {
+        format!("{}/strict-deleted/{key}", self.root)
+    }
+
     /// The settings (step) of a strict namespace.
     pub fn strict_namespace(&self, namespace: &str) -> String {
         format!("{}/strict-namespaces/{namespace}", self.root)

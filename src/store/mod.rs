@@ -7,6 +7,7 @@
 
 pub mod cluster_layout;
 pub mod consul;
+pub(crate) mod counts;
 pub mod embedded;
 pub mod fault_hook;
 pub mod hwm;
@@ -102,6 +103,33 @@ pub enum StoreError {
     /// A lease token's sequence is used up, or no token is free.
     #[error(transparent)]
     Lease(#[from] crate::id::lease::LeaseError),
+    /// Creating one more tag, key or namespace would pass a configured
+    /// limit; nothing was created or reserved.
+    #[error("{what}: the limit of {limit} set by {setting} is reached, so nothing was created; delete unused ones with the admin API (`idgen admin`), or raise {setting}")]
+    LimitReached {
+        /// What could not be created (`segment tag "x"`, ...).
+        what: String,
+        /// The limit.
+        limit: u64,
+        /// The config key that sets it, also the metric label.
+        setting: &'static str,
+    },
+    /// No live strict key by that name.
+    #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
+    StrictKeyNotFound(String),
+}
+
+impl StoreError {
+    /// The refusal for `what` past `limit`, counted in
+    /// `idgen_limit_refusals_total{limit=setting}`.
+    pub(crate) fn limit_reached(what: String, limit: u64, setting: &'static str) -> Self {
+        metrics::counter!(crate::metrics::LIMIT_REFUSALS, "limit" => setting).increment(1);
+        Self::LimitReached {
+            what,
+            limit,
+            setting,
+        }
+    }
 }
 
 /// The parts of two layout descriptions (`Layout`'s display form, `time

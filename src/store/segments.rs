@@ -14,6 +14,14 @@
 //!   Lost races are retried with jittered backoff, a bounded number of
 //!   times.
 //!
+//! # Limits
+//! [`SegmentStore::create_tag_limited`] refuses a new (or revived) tag
+//! once `segment.max_tags` tags are live. The embedded store keeps the
+//! live count in the same write transaction as the records
+//! (`store::counts`); Consul counts by listing before the creating write,
+//! so nodes creating tags at the same moment may overshoot by a few.
+//! Tombstones do not count.
+//!
 //! # Admin changes
 //! Tags are created, updated, listed and deleted by the admin API. An
 //! update may move `max_id` only forward. Deleting a tag leaves a
@@ -34,10 +42,12 @@ use async_trait::async_trait;
 use redb::{ReadableTable, TableDefinition};
 
 use super::consul::ClusterKeys;
+use super::counts;
 use super::embedded::{backend_err, blocking, EmbeddedStore};
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
+use crate::metrics as m;
 
 /// Segment tag records and range reservations.
 #[async_trait]
@@ -66,6 +76,26 @@ pub trait SegmentStore: Send + Sync + 'static {
     ) -> Result<TagRecord, StoreError> {
         self.create_tag(tag, record).await?;
         Ok(record.clone())
+    }
+
+    /// Like [`create_tag_record`](Self::create_tag_record), refused with
+    /// [`StoreError::LimitReached`] when `max_tags` live tags exist
+    /// already (`segment.max_tags`). Backends without limit support create
+    /// without counting (the in-memory test stores).
+    async fn create_tag_limited(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
+        let _ = max_tags;
+        self.create_tag_record(tag, record).await
+    }
+
+    /// Drops what this store caches about `tag` (its buffers were
+    /// released); the next take reads the record again.
+    fn release(&self, tag: &Tag) {
+        let _ = tag;
     }
 
     /// Every live tag, sorted by name (strongest consistency the backend
@@ -174,9 +204,15 @@ impl EmbeddedStore {
         Ok(listing)
     }
 
-    fn insert_tag(&self, tag: &Tag, record: &TagRecord) -> Result<TagRecord, StoreError> {
+    fn insert_tag(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
         let txn = self.begin_write()?;
-        let written = {
+        let (written, live) = {
+            let mut counts = counts::open(&txn)?;
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let old = match table.get(tag.as_str()).map_err(backend_err)? {
                 Some(v) => Some(decode(tag, v.value())?),
@@ -194,23 +230,41 @@ impl EmbeddedStore {
                     ..record.clone()
                 },
             };
+            let live = counts::get(&counts, counts::SEGMENT_TAGS)?;
+            if live >= max_tags {
+                metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
+                return Err(StoreError::limit_reached(
+                    format!(
+                        "segment tag {:?} cannot be created ({live} live tags)",
+                        tag.as_str()
+                    ),
+                    max_tags,
+                    "segment.max_tags",
+                ));
+            }
             table
                 .insert(tag.as_str(), encode(&written).as_slice())
                 .map_err(backend_err)?;
-            written
+            let live = counts::add(&mut counts, counts::SEGMENT_TAGS, 1)?;
+            (written, live)
         };
         self.commit(txn)?;
+        metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
         Ok(written)
     }
 
     /// Rewrites a live tag's record as `change` says, in one transaction.
+    /// `live_delta` is how the change moves the live-tag count (-1 for a
+    /// delete), applied in the same transaction.
     fn change_tag(
         &self,
         tag: &Tag,
+        live_delta: i64,
         change: impl FnOnce(&TagRecord) -> Result<TagRecord, StoreError>,
     ) -> Result<TagRecord, StoreError> {
         let txn = self.begin_write()?;
         let written = {
+            let mut counts = counts::open(&txn)?;
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let record = match table.get(tag.as_str()).map_err(backend_err)? {
                 Some(v) => decode(tag, v.value())?,
@@ -223,6 +277,10 @@ impl EmbeddedStore {
             table
                 .insert(tag.as_str(), encode(&written).as_slice())
                 .map_err(backend_err)?;
+            if live_delta != 0 {
+                let live = counts::add(&mut counts, counts::SEGMENT_TAGS, live_delta)?;
+                metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
+            }
             written
         };
         self.commit(txn)?;
@@ -263,8 +321,17 @@ impl SegmentStore for EmbeddedStore {
         tag: &Tag,
         record: &TagRecord,
     ) -> Result<TagRecord, StoreError> {
+        self.create_tag_limited(tag, record, u64::MAX).await
+    }
+
+    async fn create_tag_limited(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
         let (this, tag, record) = (self.clone(), tag.clone(), record.clone());
-        blocking(move || this.insert_tag(&tag, &record)).await
+        blocking(move || this.insert_tag(&tag, &record, max_tags)).await
     }
 
     async fn list_tags(&self) -> Result<TagListing, StoreError> {
@@ -279,12 +346,12 @@ impl SegmentStore for EmbeddedStore {
         now_ms: u64,
     ) -> Result<TagRecord, StoreError> {
         let (this, tag, update) = (self.clone(), tag.clone(), update.clone());
-        blocking(move || this.change_tag(&tag, |r| Ok(r.updated(&tag, &update, now_ms)?))).await
+        blocking(move || this.change_tag(&tag, 0, |r| Ok(r.updated(&tag, &update, now_ms)?))).await
     }
 
     async fn delete_tag(&self, tag: &Tag, now_ms: u64) -> Result<TagRecord, StoreError> {
         let (this, tag) = (self.clone(), tag.clone());
-        blocking(move || this.change_tag(&tag, |r| Ok(r.tombstone(now_ms)))).await
+        blocking(move || this.change_tag(&tag, -1, |r| Ok(r.tombstone(now_ms)))).await
     }
 
     async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {
@@ -447,6 +514,49 @@ impl SegmentStore for ConsulSegmentStore {
         .await;
         self.forget(tag);
         result
+    }
+
+    async fn create_tag_limited(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
+        if max_tags < u64::MAX {
+            // Counted by one listing before the write: Consul has no count
+            // that a txn could check, so nodes creating tags at the same
+            // moment may overshoot the limit by a few (documented).
+            let listing = self.list_tags().await?;
+            let live = (listing.tags.len() + listing.unreadable.len()) as u64;
+            metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
+            if listing.tags.iter().any(|(t, _)| t == tag) {
+                // As on the embedded store: an existing tag is that, not a limit.
+                return Err(StoreError::TagExists(tag.to_string()));
+            }
+            if live >= max_tags {
+                return Err(StoreError::limit_reached(
+                    format!(
+                        "segment tag {:?} cannot be created ({live} live tags)",
+                        tag.as_str()
+                    ),
+                    max_tags,
+                    "segment.max_tags",
+                ));
+            }
+        }
+        self.create_tag_record(tag, record).await
+    }
+
+    fn release(&self, tag: &Tag) {
+        self.forget(tag);
+        let mut takes = self
+            .takes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Only the map holds it: no take is running or waiting.
+        if takes.get(tag).is_some_and(|l| Arc::strong_count(l) == 1) {
+            takes.remove(tag);
+        }
     }
 
     async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {

@@ -26,10 +26,11 @@ use std::sync::{Arc, Mutex};
 
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
+use super::counts::COUNTS;
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
 use super::lease::LEASE;
 use super::segments::SEGMENTS;
-use super::strict::{STRICT, STRICT_NAMESPACES};
+use super::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
 use super::StoreError;
 use crate::id::segment::TagRecord;
 
@@ -43,13 +44,15 @@ pub const SNAPSHOT_KIND: &str = "idgen-snapshot";
 
 /// Tables a state file may hold; a snapshot copies each. A table not in
 /// this list makes the backup fail rather than silently leave it out.
-const KNOWN_TABLES: [&str; 6] = [
+const KNOWN_TABLES: [&str; 8] = [
     "meta",
     "hwm",
     "segments",
     "lease",
     "strict",
     "strict_namespaces",
+    "strict_tombstones",
+    "live_counts",
 ];
 
 /// How long rate samples are kept: rates are measured over about this
@@ -418,6 +421,8 @@ fn snapshot_bytes(
     copy_u64(txn, &out, LEASE)?;
     copy_u64(txn, &out, STRICT)?;
     copy_u64(txn, &out, STRICT_NAMESPACES)?;
+    copy_u64(txn, &out, STRICT_TOMBSTONES)?;
+    copy_u64(txn, &out, COUNTS)?;
     {
         info.insert("kind".into(), SNAPSHOT_KIND.into());
         info.insert("format_version".into(), FORMAT_VERSION.into());
@@ -773,7 +778,15 @@ fn fill(
         bump(v, crate::id::lease::MAX_SEQUENCE)
     })?;
     report.strict_keys = move_u64(txn, &out, STRICT, |v| bump(v, crate::id::strict::MAX_VALUE))?;
+    // Deleted keys' last values move too: a key used again continues
+    // above its tombstone, which must be above anything handed out after
+    // the snapshot.
+    move_u64(txn, &out, STRICT_TOMBSTONES, |v| {
+        bump(v, crate::id::strict::MAX_VALUE)
+    })?;
     copy_u64(txn, &out, STRICT_NAMESPACES)?;
+    // The live counts match the restored keys and tags one for one.
+    copy_u64(txn, &out, COUNTS)?;
     if let Ok(from) = txn.open_table(SEGMENTS) {
         let mut to = out.open_table(SEGMENTS).map_err(backend_err)?;
         for item in from.iter().map_err(backend_err)? {

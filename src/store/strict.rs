@@ -43,9 +43,21 @@
 //! nodes are retried with jittered backoff, [`MAX_STRICT_ATTEMPTS`] times
 //! in all, and then reported as [`StoreError::Contended`].
 //!
-//! Deleting or lowering a stored counter (by hand, or by restoring an old
-//! backup) makes values repeat; an unreadable one is an error naming the
-//! key, never a reset to 0.
+//! # Limits and deletes
+//!
+//! A call on a key that is not live creates it; only then are
+//! `strict.max_keys_per_namespace` and `strict.max_namespaces` checked
+//! (embedded: against live counts kept in the same transaction, see
+//! `store::counts`; Consul: by listing, so concurrent creators on several
+//! nodes may overshoot by a few). The admin API deletes a key by moving
+//! its last value to a tombstone (`strict_tombstones` table,
+//! `strict-deleted/<namespace>/<key>` in Consul) in the same atomic step;
+//! a key created again starts from its tombstone, so its values never
+//! repeat. Tombstones stay and do not count against the limits.
+//!
+//! Deleting or lowering a stored counter or tombstone by hand (or by
+//! restoring an old backup) makes values repeat; an unreadable one is an
+//! error naming the key, never a reset to 0.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +69,7 @@ use redb::{ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::consul::ClusterKeys;
+use super::counts;
 use super::embedded::{backend_err, blocking, EmbeddedStore};
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, KvWrite, TxnOp, TxnOutcome};
@@ -81,12 +94,71 @@ pub trait StrictStore: Send + Sync + 'static {
 
     /// Every namespace with a configured step, sorted by name.
     async fn namespaces(&self) -> Result<Vec<(Namespace, u64)>, StoreError>;
+
+    /// The live keys of `ns` and their last values, sorted by key.
+    async fn list_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError>;
+
+    /// Deletes a live key, leaving a tombstone with its last value
+    /// (returned), so the key used again continues above it and frees a
+    /// slot of `strict.max_keys_per_namespace`.
+    /// [`StoreError::StrictKeyNotFound`] if it is not live.
+    async fn delete_key(&self, key: &StrictKey) -> Result<u64, StoreError>;
+}
+
+/// Limits on what strict calls may create (config `[strict]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrictLimits {
+    /// Most live keys in one namespace (`strict.max_keys_per_namespace`).
+    pub max_keys_per_namespace: u64,
+    /// Most namespaces with live keys (`strict.max_namespaces`).
+    pub max_namespaces: u64,
+}
+
+impl StrictLimits {
+    /// No limits (tests, tools).
+    pub const NONE: Self = Self {
+        max_keys_per_namespace: u64::MAX,
+        max_namespaces: u64::MAX,
+    };
+
+    /// The refusal to create `key`, if `keys_in_ns` live keys of its
+    /// namespace and `namespaces` live namespaces exist already.
+    fn check(&self, key: &StrictKey, keys_in_ns: u64, namespaces: u64) -> Result<(), StoreError> {
+        if keys_in_ns >= self.max_keys_per_namespace {
+            return Err(StoreError::limit_reached(
+                format!(
+                    "strict key {:?} cannot be created (namespace {:?} has {keys_in_ns} live keys)",
+                    key.as_str(),
+                    key.namespace_str()
+                ),
+                self.max_keys_per_namespace,
+                "strict.max_keys_per_namespace",
+            ));
+        }
+        if keys_in_ns == 0 && namespaces >= self.max_namespaces {
+            return Err(StoreError::limit_reached(
+                format!(
+                    "strict key {:?} cannot be created (it would start namespace {:?}; {namespaces} namespaces have live keys)",
+                    key.as_str(),
+                    key.namespace_str()
+                ),
+                self.max_namespaces,
+                "strict.max_namespaces",
+            ));
+        }
+        Ok(())
+    }
 }
 
 // ---- Embedded ---------------------------------------------------------------
 
 /// Strict counters: `"<namespace>/<key>"` -> the last value handed out.
+/// Only live keys: a deleted key moves to [`STRICT_TOMBSTONES`].
 pub(crate) const STRICT: TableDefinition<&str, u64> = TableDefinition::new("strict");
+/// Deleted strict keys: `"<namespace>/<key>"` -> the last value handed
+/// out before the delete. A key used again continues above it.
+pub(crate) const STRICT_TOMBSTONES: TableDefinition<&str, u64> =
+    TableDefinition::new("strict_tombstones");
 /// Namespace steps: `"<namespace>"` -> step.
 pub(crate) const STRICT_NAMESPACES: TableDefinition<&str, u64> =
     TableDefinition::new("strict_namespaces");
@@ -136,13 +208,18 @@ impl EmbeddedStrictStore {
     /// Strict counters in `store`'s file; starts the committer thread
     /// (`idgen-strict-commit`).
     pub fn new(store: EmbeddedStore) -> Self {
+        Self::with_limits(store, StrictLimits::NONE)
+    }
+
+    /// Like [`new`](Self::new), refusing to create keys past `limits`.
+    pub fn with_limits(store: EmbeddedStore, limits: StrictLimits) -> Self {
         let (tx, rx) = mpsc::channel();
         let commits = Arc::new(AtomicU64::new(0));
         let spawned = {
             let (store, commits) = (store.clone(), Arc::clone(&commits));
             std::thread::Builder::new()
                 .name("idgen-strict-commit".into())
-                .spawn(move || run_committer(&store, &rx, &commits))
+                .spawn(move || run_committer(&store, &rx, &commits, limits))
         };
         let (committer, start_error) = match spawned {
             Ok(handle) => (Some(handle), None),
@@ -190,7 +267,12 @@ impl Drop for EmbeddedStrictStore {
 
 /// The committer thread: one write transaction per batch of waiting
 /// requests, answered only after the commit.
-fn run_committer(store: &EmbeddedStore, requests: &mpsc::Receiver<Request>, commits: &AtomicU64) {
+fn run_committer(
+    store: &EmbeddedStore,
+    requests: &mpsc::Receiver<Request>,
+    commits: &AtomicU64,
+    limits: StrictLimits,
+) {
     let batch_size = metrics::histogram!(m::STRICT_COMMIT_BATCH);
     while let Ok(first) = requests.recv() {
         let mut batch = vec![first];
@@ -206,7 +288,7 @@ fn run_committer(store: &EmbeddedStore, requests: &mpsc::Receiver<Request>, comm
             continue;
         }
         batch_size.record(batch.len() as f64);
-        match apply_batch(store, batch.iter().map(|r| &r.ask)) {
+        match apply_batch(store, batch.iter().map(|r| &r.ask), limits) {
             Ok(outcomes) => {
                 commits.fetch_add(1, Ordering::Relaxed);
                 for (request, outcome) in batch.into_iter().zip(outcomes) {
@@ -232,20 +314,65 @@ fn run_committer(store: &EmbeddedStore, requests: &mpsc::Receiver<Request>, comm
 /// Applies `asks` in order in one write transaction and commits it. The
 /// outer error fails the whole batch (nothing was committed); an inner
 /// error fails only its request (exhausted key, bad step or count).
+///
+/// A key not live yet is created here: only then are the limits checked
+/// (against the live counts kept in the same transaction) and the
+/// tombstone read, so calls on existing keys cost what they always did.
 fn apply_batch<'a>(
     store: &EmbeddedStore,
     asks: impl IntoIterator<Item = &'a Ask>,
+    limits: StrictLimits,
 ) -> Result<Vec<Result<Values, StoreError>>, StoreError> {
     // A key the restored backup did not hold starts above the restore floor.
     let floor = store.floor().min(crate::id::strict::MAX_VALUE);
     let txn = store.begin_write()?;
     let mut outcomes = Vec::new();
+    let mut created = false;
+    let mut gauges = None;
     {
+        // Opened before the strict table: a file never counted is counted
+        // here, by a scan that reads the strict table. Once per group
+        // commit, next to an fsync: no cost a call would notice.
+        let mut counts = counts::open(&txn)?;
         let mut table = txn.open_table(STRICT).map_err(backend_err)?;
+        let mut tombstones = None;
         for ask in asks {
             let key = ask.key.as_str();
             let value = table.get(key).map_err(backend_err)?.map(|v| v.value());
-            match advance(&ask.key, value.unwrap_or(floor), ask.step, ask.count) {
+            let start = match value {
+                Some(v) => v,
+                None => {
+                    let tombstones = match &mut tombstones {
+                        Some(t) => t,
+                        None => tombstones
+                            .insert(txn.open_table(STRICT_TOMBSTONES).map_err(backend_err)?),
+                    };
+                    let ns_key = counts::strict_keys(ask.key.namespace_str());
+                    let in_ns = counts::get(&counts, &ns_key)?;
+                    let namespaces = counts::get(&counts, counts::STRICT_NAMESPACES)?;
+                    if let Err(e) = limits.check(&ask.key, in_ns, namespaces) {
+                        outcomes.push(Err(e));
+                        continue;
+                    }
+                    // Check first: a key that cannot advance is not created.
+                    let start = tombstones
+                        .get(key)
+                        .map_err(backend_err)?
+                        .map_or(floor, |v| v.value().max(floor));
+                    if let Err(e) = advance(&ask.key, start, ask.step, ask.count) {
+                        outcomes.push(Err(e.into()));
+                        continue;
+                    }
+                    if in_ns == 0 {
+                        counts::add(&mut counts, counts::STRICT_NAMESPACES, 1)?;
+                    }
+                    counts::add(&mut counts, &ns_key, 1)?;
+                    counts::add(&mut counts, counts::STRICT_KEYS_TOTAL, 1)?;
+                    created = true;
+                    start
+                }
+            };
+            match advance(&ask.key, start, ask.step, ask.count) {
                 Ok(values) => {
                     table.insert(key, values.last).map_err(backend_err)?;
                     outcomes.push(Ok(values));
@@ -253,10 +380,29 @@ fn apply_batch<'a>(
                 Err(e) => outcomes.push(Err(e.into())),
             }
         }
+        if created {
+            gauges = Some(strict_gauges(&counts)?);
+        }
     }
     // Default durability: returns after fsync. Until then, nobody sees a value.
     store.commit(txn)?;
+    if let Some(gauges) = gauges {
+        set_strict_gauges(gauges);
+    }
     Ok(outcomes)
+}
+
+/// The live strict keys and namespaces in `counts`.
+fn strict_gauges(counts: &redb::Table<'_, &'static str, u64>) -> Result<(u64, u64), StoreError> {
+    Ok((
+        counts::get(counts, counts::STRICT_KEYS_TOTAL)?,
+        counts::get(counts, counts::STRICT_NAMESPACES)?,
+    ))
+}
+
+fn set_strict_gauges((keys, namespaces): (u64, u64)) {
+    metrics::gauge!(m::STRICT_KEYS).set(keys as f64);
+    metrics::gauge!(m::STRICT_NAMESPACES).set(namespaces as f64);
 }
 
 impl EmbeddedStore {
@@ -275,6 +421,63 @@ impl EmbeddedStore {
         };
         let value = table.get(key).map_err(backend_err)?;
         Ok(value.map(|v| v.value()))
+    }
+
+    /// The live keys of `ns` (`"<ns>/"` up to `"<ns>0"`: `'0'` follows `'/'`).
+    fn list_strict_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let table = match txn.open_table(STRICT) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(backend_err(e)),
+        };
+        let (from, to) = (format!("{ns}/"), format!("{ns}0"));
+        let mut out = Vec::new();
+        for entry in table
+            .range(from.as_str()..to.as_str())
+            .map_err(backend_err)?
+        {
+            let (name, value) = entry.map_err(backend_err)?;
+            let key = StrictKey::parse(name.value()).map_err(|e| {
+                StoreError::Backend(format!(
+                    "the state file holds a bad strict key ({e}); restore it from a backup"
+                ))
+            })?;
+            out.push((key, value.value()));
+        }
+        Ok(out)
+    }
+
+    /// Moves a live key to the tombstones (keeping the larger value if
+    /// it had one already) and updates the live counts, in one transaction.
+    fn delete_strict_key(&self, key: &StrictKey) -> Result<u64, StoreError> {
+        let txn = self.begin_write()?;
+        let (last, gauges) = {
+            // Before the strict table: counting a new file scans it.
+            let mut counts = counts::open(&txn)?;
+            let mut table = txn.open_table(STRICT).map_err(backend_err)?;
+            let Some(last) = table.remove(key.as_str()).map_err(backend_err)? else {
+                return Err(StoreError::StrictKeyNotFound(key.to_string()));
+            };
+            let last = last.value();
+            let mut tombstones = txn.open_table(STRICT_TOMBSTONES).map_err(backend_err)?;
+            let old = tombstones
+                .get(key.as_str())
+                .map_err(backend_err)?
+                .map_or(0, |v| v.value());
+            tombstones
+                .insert(key.as_str(), last.max(old))
+                .map_err(backend_err)?;
+            let left = counts::add(&mut counts, &counts::strict_keys(key.namespace_str()), -1)?;
+            if left == 0 {
+                counts::add(&mut counts, counts::STRICT_NAMESPACES, -1)?;
+            }
+            counts::add(&mut counts, counts::STRICT_KEYS_TOTAL, -1)?;
+            (last, strict_gauges(&counts)?)
+        };
+        self.commit(txn)?;
+        set_strict_gauges(gauges);
+        Ok(last)
     }
 
     fn write_namespace_step(&self, ns: &Namespace, step: u64) -> Result<(), StoreError> {
@@ -328,7 +531,24 @@ impl StrictStore for EmbeddedStrictStore {
 
     async fn current(&self, key: &StrictKey) -> Result<u64, StoreError> {
         let (this, key) = (self.store.clone(), key.clone());
-        blocking(move || Ok(this.read_u64(STRICT, key.as_str())?.unwrap_or(0))).await
+        blocking(move || {
+            // A deleted key reads as its tombstone: the value it continues above.
+            match this.read_u64(STRICT, key.as_str())? {
+                Some(v) => Ok(v),
+                None => Ok(this.read_u64(STRICT_TOMBSTONES, key.as_str())?.unwrap_or(0)),
+            }
+        })
+        .await
+    }
+
+    async fn list_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError> {
+        let (this, ns) = (self.store.clone(), ns.clone());
+        blocking(move || this.list_strict_keys(&ns)).await
+    }
+
+    async fn delete_key(&self, key: &StrictKey) -> Result<u64, StoreError> {
+        let (this, key) = (self.store.clone(), key.clone());
+        blocking(move || this.delete_strict_key(&key)).await
     }
 
     async fn namespace_step(&self, ns: &Namespace) -> Result<Option<u64>, StoreError> {
@@ -386,6 +606,7 @@ pub struct ConsulStrictStore {
     /// a call on its key runs or waits.
     turns: Mutex<HashMap<StrictKey, Arc<tokio::sync::Mutex<()>>>>,
     conflicts: metrics::Counter,
+    limits: StrictLimits,
 }
 
 impl std::fmt::Debug for ConsulStrictStore {
@@ -425,11 +646,90 @@ impl ConsulStrictStore {
     /// Counters under `keys`' `strict/` folder, steps under
     /// `strict-namespaces/`.
     pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
+        Self::with_limits(client, keys, StrictLimits::NONE)
+    }
+
+    /// Like [`new`](Self::new), refusing to create keys past `limits`.
+    /// The limits are checked by listing before the creating write (Consul
+    /// has no count a txn could check), so nodes creating keys at the same
+    /// moment may overshoot them by a few.
+    pub fn with_limits(client: ConsulClient, keys: ClusterKeys, limits: StrictLimits) -> Self {
         Self {
             client,
             keys,
             turns: Mutex::new(HashMap::new()),
             conflicts: metrics::counter!(m::STRICT_CONFLICTS),
+            limits,
+        }
+    }
+
+    /// Refuses to create `key` past the limits: counts the live keys of
+    /// its namespace, and when it has none, the namespaces with live keys.
+    async fn check_limits(&self, key: &StrictKey) -> Result<(), StoreError> {
+        if self.limits == StrictLimits::NONE {
+            return Ok(());
+        }
+        let list = |dir: String| async move {
+            self.client
+                .kv_list(&dir, Consistency::Consistent)
+                .await
+                .map_err(|e| {
+                    StoreError::Backend(format!(
+                        "strict key {key}: cannot count the live keys under {dir} ({e}); retry"
+                    ))
+                })
+        };
+        let in_ns = list(self.keys.strict(&format!("{}/", key.namespace_str())))
+            .await?
+            .len() as u64;
+        let namespaces = if in_ns == 0 {
+            let dir = self.keys.strict("");
+            let all = list(dir.clone()).await?;
+            let names: std::collections::BTreeSet<&str> = all
+                .iter()
+                .filter_map(|e| e.key.strip_prefix(dir.as_str()))
+                .filter_map(|k| k.split('/').next())
+                .collect();
+            metrics::gauge!(m::STRICT_KEYS).set(all.len() as f64);
+            metrics::gauge!(m::STRICT_NAMESPACES).set(names.len() as f64);
+            names.len() as u64
+        } else {
+            0
+        };
+        self.limits.check(key, in_ns, namespaces)
+    }
+
+    /// A deleted key's last value and the tombstone's ModifyIndex; `(0, 0)`
+    /// if the key was never deleted.
+    async fn read_tombstone(&self, key: &StrictKey) -> Result<(u64, u64), StoreError> {
+        let kv_key = self.keys.strict_tombstone(key.as_str());
+        let (entry, _) = self
+            .client
+            .kv_get(&kv_key, Consistency::Consistent)
+            .await
+            .map_err(|e| {
+                StoreError::Backend(format!("strict key {key}: cannot read its tombstone: {e}"))
+            })?;
+        let Some(entry) = entry else {
+            return Ok((0, 0));
+        };
+        let value = parse_decimal(&entry.value).ok_or_else(|| {
+            StoreError::Backend(format!(
+                "strict key {key}: the tombstone in Consul key {kv_key} is not a decimal number ({:?}); restore it from a backup (never lower it: values would repeat)",
+                preview(&entry.value)
+            ))
+        })?;
+        Ok((value, entry.modify_index))
+    }
+
+    /// The txn op that fails the write if the tombstone moved since it
+    /// was read at `index` (0: it did not exist).
+    fn tombstone_unchanged(&self, key: &StrictKey, index: u64) -> TxnOp {
+        let key = self.keys.strict_tombstone(key.as_str());
+        if index == 0 {
+            TxnOp::CheckNotExists { key }
+        } else {
+            TxnOp::CheckIndex { key, index }
         }
     }
 
@@ -484,13 +784,22 @@ impl StrictStore for ConsulStrictStore {
             }
             // Always a fresh read: after a lost race or an unknown outcome
             // the counter may have moved (even by our own late write).
-            let (value, index) = self.read_counter(key).await?;
+            let (mut value, index) = self.read_counter(key).await?;
+            let mut ops = Vec::with_capacity(2);
+            if index == 0 {
+                // Not live: this call creates the key, above its tombstone,
+                // and only if no delete moved the tombstone meanwhile.
+                self.check_limits(key).await?;
+                let (last, tomb_index) = self.read_tombstone(key).await?;
+                value = last;
+                ops.push(self.tombstone_unchanged(key, tomb_index));
+            }
             let values = advance(key, value, step, count)?;
-            let ops = [TxnOp::Cas {
+            ops.push(TxnOp::Cas {
                 key: kv_key.clone(),
                 value: values.last.to_string().into_bytes(),
                 index,
-            }];
+            });
             match self.client.txn(&ops).await {
                 Ok(TxnOutcome::Committed(_)) => return Ok(values),
                 Ok(TxnOutcome::RolledBack(errors)) => {
@@ -523,7 +832,80 @@ impl StrictStore for ConsulStrictStore {
     }
 
     async fn current(&self, key: &StrictKey) -> Result<u64, StoreError> {
-        Ok(self.read_counter(key).await?.0)
+        match self.read_counter(key).await? {
+            (_, 0) => Ok(self.read_tombstone(key).await?.0),
+            (value, _) => Ok(value),
+        }
+    }
+
+    async fn list_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError> {
+        let root = self.keys.strict("");
+        let dir = self.keys.strict(&format!("{ns}/"));
+        let entries = self
+            .client
+            .kv_list(&dir, Consistency::Consistent)
+            .await
+            .map_err(|e| StoreError::Backend(format!("cannot list strict namespace {ns}: {e}")))?;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let name = entry.key.strip_prefix(root.as_str()).unwrap_or(&entry.key);
+            let key = StrictKey::parse(name).map_err(|e| {
+                StoreError::Backend(format!(
+                    "Consul key {} is not a strict key ({e}); delete it or restore the folder from a backup",
+                    entry.key
+                ))
+            })?;
+            let value = parse_decimal(&entry.value).ok_or_else(|| {
+                StoreError::Backend(format!(
+                    "strict key {key}: the counter in Consul key {} is not a decimal number ({:?}); restore it from a backup",
+                    entry.key,
+                    preview(&entry.value)
+                ))
+            })?;
+            out.push((key, value));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    async fn delete_key(&self, key: &StrictKey) -> Result<u64, StoreError> {
+        let kv_key = self.keys.strict(key.as_str());
+        let _turn = self.turn(key).await;
+        for attempt in 0..MAX_STRICT_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(backoff(attempt - 1)).await;
+            }
+            let (value, index) = self.read_counter(key).await?;
+            if index == 0 {
+                return Err(StoreError::StrictKeyNotFound(key.to_string()));
+            }
+            let (old, tomb_index) = self.read_tombstone(key).await?;
+            // Both or neither: the counter goes only if the tombstone
+            // (never lowered) takes its value.
+            let ops = [
+                TxnOp::DeleteCas {
+                    key: kv_key.clone(),
+                    index,
+                },
+                TxnOp::Cas {
+                    key: self.keys.strict_tombstone(key.as_str()),
+                    value: value.max(old).to_string().into_bytes(),
+                    index: tomb_index,
+                },
+            ];
+            match self.client.txn(&ops).await {
+                Ok(TxnOutcome::Committed(_)) => return Ok(value),
+                Ok(TxnOutcome::RolledBack(_)) => self.conflicts.increment(1),
+                Err(e) => {
+                    return Err(StoreError::Backend(format!(
+                        "strict key {key}: the delete may or may not have been applied ({e}); list the keys before retrying"
+                    )))
+                }
+            }
+        }
+        Err(StoreError::Contended(format!(
+            "strict key {key}: lost the compare-and-set race {MAX_STRICT_ATTEMPTS} times in a row while deleting it; retry"
+        )))
     }
 
     async fn namespace_step(&self, ns: &Namespace) -> Result<Option<u64>, StoreError> {
@@ -780,7 +1162,7 @@ mod tests {
             ask("n/b", 3, 2),
             ask("n/full", 1, 1),
         ];
-        let out = apply_batch(&store, &batch).unwrap();
+        let out = apply_batch(&store, &batch, StrictLimits::NONE).unwrap();
         assert_eq!(out.len(), batch.len());
         // Same key, one batch: each request sees the one before it.
         assert_eq!(out[0].as_ref().unwrap().first, 1);
