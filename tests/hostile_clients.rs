@@ -329,6 +329,47 @@ async fn a_busy_grpc_connection_is_kept_and_an_idle_one_replaced_cleanly() {
 }
 
 #[tokio::test]
+async fn an_open_streaming_call_keeps_its_connection_past_the_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.grpc_idle_timeout = Duration::from_secs(1);
+    }))
+    .await;
+    let dials = Arc::new(AtomicUsize::new(0));
+    let channel = tonic::transport::Endpoint::from_static("http://idgen.test")
+        .connect_with_connector(CountingConnector {
+            addr: server.grpc,
+            dials: Arc::clone(&dials),
+        })
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let mut watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
+    let first = watch.message().await.expect("first status");
+    assert!(first.is_some());
+    // No unary call for well past the idle timeout; the stream is open.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut client = idgen::proto::id_gen_client::IdGenClient::new(channel);
+    client
+        .gen_id(idgen::proto::GenIdRequest::default())
+        .await
+        .expect("GenId beside an open Watch");
+    assert_eq!(
+        dials.load(Ordering::SeqCst),
+        1,
+        "a connection with an open stream was closed as idle"
+    );
+    drop(watch);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn stalled_and_kept_alive_http_connections_are_cut_on_the_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(config_with(dir.path(), |f| {

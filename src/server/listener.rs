@@ -99,7 +99,7 @@ pub async fn serve<S, B>(
         + Sync
         + 'static,
     S::Future: Send + 'static,
-    B: hyper::body::Body<Data = bytes::Bytes> + Default + Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Default + Unpin + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let protocol = Protocol::new(port, &settings);
@@ -306,7 +306,7 @@ async fn serve_connection<S, B>(
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: hyper::body::Body<Data = bytes::Bytes> + Default + Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Default + Unpin + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     match protocol {
@@ -548,9 +548,10 @@ impl Drop for CallGuard {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// The gRPC service of one connection: counts calls in progress, gives
-/// handlers the peer address (as tonic's own server does) and honours the
-/// caller's `grpc-timeout`.
+/// The gRPC service of one connection: counts calls in progress (until
+/// their response body is sent, so a streaming call keeps the connection
+/// busy), gives handlers the peer address (as tonic's own server does) and
+/// honours the caller's `grpc-timeout`.
 #[derive(Clone)]
 struct Tracked<S> {
     inner: S,
@@ -564,33 +565,63 @@ where
     S::Future: Send + 'static,
     B: Default + Send + 'static,
 {
-    type Response = Response<B>;
+    type Response = Response<TrackedBody<B>>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response<B>, Infallible>>;
+    type Future = BoxFuture<Result<Response<TrackedBody<B>>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut request: Request<Incoming>) -> Self::Future {
-        let guard = CallGuard::new(&self.activity);
+        let call = CallGuard::new(&self.activity);
         let deadline = grpc_timeout(request.headers());
         request.extensions_mut().insert(self.info.clone());
-        let call = self.inner.call(request);
+        let response = self.inner.call(request);
         Box::pin(async move {
-            let _guard = guard;
-            match deadline {
-                None => call.await,
-                Some(d) => match tokio::time::timeout(d, call).await {
-                    Ok(response) => response,
-                    Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
+            let response = match deadline {
+                None => response.await?,
+                Some(d) => match tokio::time::timeout(d, response).await {
+                    Ok(response) => response?,
+                    Err(_) => tonic::Status::deadline_exceeded(format!(
                         "the call did not finish within its deadline (grpc-timeout {})",
                         humantime::format_duration(d)
                     ))
-                    .into_http()),
+                    .into_http(),
                 },
-            }
+            };
+            Ok(response.map(|inner| TrackedBody { inner, _call: call }))
         })
+    }
+}
+
+/// A response body that keeps its call counted until it is sent (or
+/// dropped).
+struct TrackedBody<B> {
+    inner: B,
+    _call: CallGuard,
+}
+
+impl<B> hyper::body::Body for TrackedBody<B>
+where
+    B: hyper::body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
