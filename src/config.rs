@@ -1678,6 +1678,36 @@ mod tests {
     }
 
     #[test]
+    fn connection_bounds_are_checked_and_name_their_key() {
+        let c = FileConfig::default().validate(NOW).unwrap().connections;
+        assert_eq!(c.grpc_max_connections, 768);
+        assert_eq!(c.header_timeout, Duration::from_secs(10));
+        let cases: [(&str, fn(&mut ServerSection)); 6] = [
+            ("server.grpc_max_connections", |s| {
+                s.grpc_max_connections = 0
+            }),
+            ("server.http_max_connections", |s| {
+                s.http_max_connections = 2_000_000
+            }),
+            ("server.header_timeout", |s| {
+                s.header_timeout = Duration::from_millis(10)
+            }),
+            ("server.grpc_keepalive_timeout", |s| {
+                s.grpc_keepalive_timeout = Duration::from_secs(3600)
+            }),
+            ("server.grpc_max_concurrent_streams", |s| {
+                s.grpc_max_concurrent_streams = 0
+            }),
+            ("server.max_header_size", |s| s.max_header_size = 100),
+        ];
+        for (key, break_it) in cases {
+            let mut f = FileConfig::default();
+            break_it(&mut f.server);
+            assert_eq!(err_key(&f), key);
+        }
+    }
+
+    #[test]
     fn files_and_overrides_layer() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");

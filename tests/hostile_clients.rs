@@ -193,6 +193,7 @@ fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
 }
 
 const GOAWAY: u8 = 7;
+const PING: u8 = 6;
 
 #[tokio::test]
 async fn grpc_connections_without_the_preface_are_closed_on_the_deadline() {
@@ -252,6 +253,35 @@ async fn an_idle_grpc_connection_gets_goaway_and_is_closed() {
     assert!(
         types.contains(&GOAWAY),
         "no GOAWAY before closing: frames {types:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_peer_that_does_not_answer_pings_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.grpc_keepalive_interval = Duration::from_millis(500);
+        f.server.grpc_keepalive_timeout = Duration::from_millis(500);
+        f.server.grpc_idle_timeout = Duration::from_secs(60);
+    }))
+    .await;
+    let started = Instant::now();
+    let mut mute = TcpStream::connect(server.grpc).await.unwrap();
+    mute.write_all(PREFACE).await.unwrap();
+    mute.write_all(EMPTY_SETTINGS).await.unwrap();
+    // Reads everything, answers nothing (not even the PING).
+    let (sent, closed) =
+        read_until_closed(&mut mute, Duration::from_secs(1) + Duration::from_secs(5)).await;
+    let after = closed - started;
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed after {after:?}, before a ping could go unanswered"
+    );
+    let types = frame_types(&sent);
+    assert!(
+        types.contains(&PING),
+        "no PING before closing: frames {types:?}"
     );
     server.stop().await;
 }
