@@ -1682,7 +1682,8 @@ mod tests {
         let c = FileConfig::default().validate(NOW).unwrap().connections;
         assert_eq!(c.grpc_max_connections, 768);
         assert_eq!(c.header_timeout, Duration::from_secs(10));
-        let cases: [(&str, fn(&mut ServerSection)); 6] = [
+        type Break = fn(&mut ServerSection);
+        let cases: [(&str, Break); 6] = [
             ("server.grpc_max_connections", |s| {
                 s.grpc_max_connections = 0
             }),
