@@ -5,6 +5,8 @@
 #   - promtool (Debian package `prometheus`): the metrics test runs
 #     `promtool check metrics` against /metrics.
 #   - gcc/make for crates with C parts (usually present already).
+#   - prlimit (util-linux, usually present): a test runs the node under a
+#     low open-descriptor limit.
 #   - python3 with venv, for the py-consul interop check (py-consul itself
 #     comes from PyPI into a throwaway virtualenv; see consul-interop.sh).
 # protoc is NOT needed: the proto is compiled by protox, in Rust.
@@ -17,6 +19,7 @@ need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
 # The Consul interop check runs py-consul in a virtualenv.
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3 python3-venv)
 

@@ -148,6 +148,31 @@ pub struct ServerSection {
     /// How long shutdown waits for in-flight calls to finish.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Most open connections on the gRPC port; past it a new connection is
+    /// closed at once (the client can go to another node).
+    pub grpc_max_connections: u32,
+    /// Most open connections on the HTTP port, likewise.
+    pub http_max_connections: u32,
+    /// Deadline for a new gRPC connection's HTTP/2 preface, and for each
+    /// HTTP/1 request's headers (also the wait for the next request on a
+    /// kept-alive HTTP connection).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// A gRPC connection with no call in progress for this long is closed
+    /// (GOAWAY first, so clients reconnect cleanly).
+    #[serde(with = "humantime_serde")]
+    pub grpc_idle_timeout: Duration,
+    /// How often an HTTP/2 ping checks a quiet gRPC connection's peer.
+    #[serde(with = "humantime_serde")]
+    pub grpc_keepalive_interval: Duration,
+    /// A ping not answered within this closes the connection.
+    #[serde(with = "humantime_serde")]
+    pub grpc_keepalive_timeout: Duration,
+    /// Most calls in flight on one gRPC connection (HTTP/2
+    /// MAX_CONCURRENT_STREAMS); clients queue the rest.
+    pub grpc_max_concurrent_streams: u32,
+    /// Largest request header block in bytes, on both ports.
+    pub max_header_size: u32,
 }
 
 impl Default for ServerSection {
@@ -159,7 +184,111 @@ impl Default for ServerSection {
             max_request_size: 65_536,
             max_wait: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(10),
+            grpc_max_connections: 768,
+            http_max_connections: 128,
+            header_timeout: Duration::from_secs(10),
+            grpc_idle_timeout: Duration::from_secs(300),
+            grpc_keepalive_interval: Duration::from_secs(30),
+            grpc_keepalive_timeout: Duration::from_secs(10),
+            grpc_max_concurrent_streams: 200,
+            max_header_size: 16_384,
         }
+    }
+}
+
+/// Bounds on client connections (validated from `[server]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    /// Most open gRPC connections.
+    pub grpc_max_connections: usize,
+    /// Most open HTTP connections.
+    pub http_max_connections: usize,
+    /// HTTP/2 preface and HTTP/1 request header deadline.
+    pub header_timeout: Duration,
+    /// gRPC connection idle deadline.
+    pub grpc_idle_timeout: Duration,
+    /// HTTP/2 ping interval on gRPC connections.
+    pub grpc_keepalive_interval: Duration,
+    /// HTTP/2 ping answer deadline.
+    pub grpc_keepalive_timeout: Duration,
+    /// Calls in flight per gRPC connection.
+    pub grpc_max_concurrent_streams: u32,
+    /// Largest request header block, bytes.
+    pub max_header_size: usize,
+}
+
+impl ServerSection {
+    /// The connection bounds, each checked against a sane range.
+    fn connections(&self) -> Result<ConnectionSettings, ConfigError> {
+        for (key, value) in [
+            ("server.grpc_max_connections", self.grpc_max_connections),
+            ("server.http_max_connections", self.http_max_connections),
+        ] {
+            if !(1..=1_000_000).contains(&value) {
+                return Err(invalid(key, "must be between 1 and 1000000"));
+            }
+        }
+        let ms = Duration::from_millis;
+        for (key, value, min, max) in [
+            (
+                "server.header_timeout",
+                self.header_timeout,
+                ms(100),
+                ms(600_000),
+            ),
+            (
+                "server.grpc_idle_timeout",
+                self.grpc_idle_timeout,
+                ms(100),
+                ms(86_400_000),
+            ),
+            (
+                "server.grpc_keepalive_interval",
+                self.grpc_keepalive_interval,
+                ms(100),
+                ms(86_400_000),
+            ),
+            (
+                "server.grpc_keepalive_timeout",
+                self.grpc_keepalive_timeout,
+                ms(100),
+                ms(600_000),
+            ),
+        ] {
+            if value < min || value > max {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} is out of range {}..={}",
+                        humantime::format_duration(value),
+                        humantime::format_duration(min),
+                        humantime::format_duration(max)
+                    ),
+                ));
+            }
+        }
+        if !(1..=100_000).contains(&self.grpc_max_concurrent_streams) {
+            return Err(invalid(
+                "server.grpc_max_concurrent_streams",
+                "must be between 1 and 100000",
+            ));
+        }
+        if !(1024..=1 << 20).contains(&self.max_header_size) {
+            return Err(invalid(
+                "server.max_header_size",
+                "must be between 1024 and 1048576 bytes",
+            ));
+        }
+        Ok(ConnectionSettings {
+            grpc_max_connections: self.grpc_max_connections as usize,
+            http_max_connections: self.http_max_connections as usize,
+            header_timeout: self.header_timeout,
+            grpc_idle_timeout: self.grpc_idle_timeout,
+            grpc_keepalive_interval: self.grpc_keepalive_interval,
+            grpc_keepalive_timeout: self.grpc_keepalive_timeout,
+            grpc_max_concurrent_streams: self.grpc_max_concurrent_streams,
+            max_header_size: self.max_header_size as usize,
+        })
     }
 }
 
@@ -856,6 +985,7 @@ impl FileConfig {
                 "must be between 1024 and 16777216 bytes",
             ));
         }
+        let connections = self.server.connections()?;
         let backend = match self.store.backend.as_str() {
             "embedded" => {
                 if self.store.path.as_os_str().is_empty() {
@@ -1092,6 +1222,7 @@ impl FileConfig {
             max_request_size: self.server.max_request_size as usize,
             max_wait: self.server.max_wait,
             shutdown_grace: self.server.shutdown_grace,
+            connections,
             state_path: self.store.path.clone(),
             init_if_missing: self.store.init_if_missing,
             max_unhealthy: self.store.max_unhealthy,
@@ -1405,6 +1536,8 @@ pub struct Config {
     pub max_wait: Duration,
     /// How long shutdown waits for in-flight calls.
     pub shutdown_grace: Duration,
+    /// Bounds on client connections, both ports.
+    pub connections: ConnectionSettings,
     /// Embedded state file.
     pub state_path: PathBuf,
     /// Create the state file if missing (development only).
@@ -1720,6 +1853,37 @@ mod tests {
         defaults.as_object_mut().unwrap().remove("testing");
         assert_eq!(keys(&written), keys(&defaults));
         assert!(written.get("testing").is_none());
+    }
+
+    #[test]
+    fn connection_bounds_are_checked_and_name_their_key() {
+        let c = FileConfig::default().validate(NOW).unwrap().connections;
+        assert_eq!(c.grpc_max_connections, 768);
+        assert_eq!(c.header_timeout, Duration::from_secs(10));
+        type Break = fn(&mut ServerSection);
+        let cases: [(&str, Break); 6] = [
+            ("server.grpc_max_connections", |s| {
+                s.grpc_max_connections = 0
+            }),
+            ("server.http_max_connections", |s| {
+                s.http_max_connections = 2_000_000
+            }),
+            ("server.header_timeout", |s| {
+                s.header_timeout = Duration::from_millis(10)
+            }),
+            ("server.grpc_keepalive_timeout", |s| {
+                s.grpc_keepalive_timeout = Duration::from_secs(3600)
+            }),
+            ("server.grpc_max_concurrent_streams", |s| {
+                s.grpc_max_concurrent_streams = 0
+            }),
+            ("server.max_header_size", |s| s.max_header_size = 100),
+        ];
+        for (key, break_it) in cases {
+            let mut f = FileConfig::default();
+            break_it(&mut f.server);
+            assert_eq!(err_key(&f), key);
+        }
     }
 
     #[test]

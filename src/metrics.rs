@@ -78,6 +78,14 @@ pub const STRICT_KEYS: &str = "idgen_strict_keys";
 pub const STRICT_NAMESPACES: &str = "idgen_strict_namespaces";
 /// Creations refused by a configured limit, by `limit` (its config key).
 pub const LIMIT_REFUSALS: &str = "idgen_limit_refusals_total";
+/// Failed accepts on a listening port, by `port`.
+pub const ACCEPT_ERRORS: &str = "idgen_accept_errors_total";
+/// Connections closed at once because the port was at its limit, by `port`.
+pub const CONNECTIONS_REFUSED: &str = "idgen_connections_refused_total";
+/// Open client connections, by `port`.
+pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
+/// Connections the node closed on a deadline, by `port` and `reason`.
+pub const CONNECTIONS_TIMED_OUT: &str = "idgen_connections_timed_out_total";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 
@@ -234,6 +242,19 @@ fn describe() {
         "Creations of a tag, strict key or strict namespace refused by a configured limit, by limit (its config key)."
     );
     describe_counter!(ADMIN_CALLS, "Admin API calls, by method and status code.");
+    describe_counter!(
+        ACCEPT_ERRORS,
+        "Failed accepts on a listening port (out of descriptors or memory), by port; the node backs off from 10 ms to 1 s between tries."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "New connections closed at once because the port had its maximum open, by port."
+    );
+    describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by port.");
+    describe_counter!(
+        CONNECTIONS_TIMED_OUT,
+        "Connections the node closed on a deadline, by port and reason: preface (no HTTP/2 preface in time), header (HTTP request headers not complete in time, or no next request on a kept-alive connection), idle (no gRPC call in progress for too long)."
+    );
     describe_gauge!(
         BUILD_INFO,
         "Always 1; labelled with the idgen version and the ID layout."

@@ -129,3 +129,526 @@ async fn http_answers_are_never_cached() {
     }
     server.stop().await;
 }
+
+// ---------------------------------------------------------------------------
+// Connections: clients that hold descriptors, stall or never speak.
+// ---------------------------------------------------------------------------
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::ChildServer;
+use idgen::config::{Config, FileConfig};
+use idgen::id::{Clock, SystemClock};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// An empty HTTP/2 SETTINGS frame: what a client sends right after the
+/// preface.
+const EMPTY_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+
+/// A test config with `set` applied to the file form.
+fn config_with(dir: &std::path::Path, set: impl FnOnce(&mut FileConfig)) -> Config {
+    let mut f = FileConfig::default();
+    f.store.path = dir.join("state.redb");
+    f.store.init_if_missing = true;
+    f.server.grpc_listen = "127.0.0.1:0".into();
+    f.server.http_listen = "127.0.0.1:0".into();
+    set(&mut f);
+    f.validate(SystemClock.now_millis())
+        .expect("test config is valid")
+}
+
+/// Reads until the peer closes (EOF or reset); returns what it sent and
+/// when it closed. Panics if it is still open after `limit`.
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Instant) {
+    let mut got = Vec::new();
+    let result = tokio::time::timeout(limit, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(result.is_ok(), "connection still open after {limit:?}");
+    (got, Instant::now())
+}
+
+/// The HTTP/2 frame types in a byte stream the server sent.
+fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while bytes.len() >= 9 {
+        let len =
+            (usize::from(bytes[0]) << 16) | (usize::from(bytes[1]) << 8) | usize::from(bytes[2]);
+        types.push(bytes[3]);
+        bytes = &bytes[(9 + len).min(bytes.len())..];
+    }
+    types
+}
+
+const GOAWAY: u8 = 7;
+const PING: u8 = 6;
+
+#[tokio::test]
+async fn grpc_connections_without_the_preface_are_closed_on_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.header_timeout = Duration::from_secs(1);
+    }))
+    .await;
+    let started = Instant::now();
+    // One sends nothing, one a third of the preface.
+    let mut silent = TcpStream::connect(server.grpc).await.unwrap();
+    let mut partial = TcpStream::connect(server.grpc).await.unwrap();
+    partial.write_all(&PREFACE[..8]).await.unwrap();
+    // Meanwhile a real client is served.
+    let mut client = server.client().await;
+    client
+        .gen_id(idgen::proto::GenIdRequest::default())
+        .await
+        .expect("GenId while stalled connections are open");
+    let slack = Duration::from_secs(5);
+    let (_, silent_closed) = read_until_closed(&mut silent, Duration::from_secs(1) + slack).await;
+    let (_, partial_closed) = read_until_closed(&mut partial, Duration::from_secs(1) + slack).await;
+    for closed in [silent_closed, partial_closed] {
+        let after = closed - started;
+        assert!(
+            after >= Duration::from_millis(900),
+            "closed after {after:?}, before the 1s deadline"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_grpc_connection_gets_goaway_and_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.header_timeout = Duration::from_millis(500);
+        f.server.grpc_idle_timeout = Duration::from_millis(1500);
+    }))
+    .await;
+    let started = Instant::now();
+    let mut idle = TcpStream::connect(server.grpc).await.unwrap();
+    idle.write_all(PREFACE).await.unwrap();
+    idle.write_all(EMPTY_SETTINGS).await.unwrap();
+    let (sent, closed) = read_until_closed(
+        &mut idle,
+        Duration::from_millis(1500) + Duration::from_secs(5),
+    )
+    .await;
+    let after = closed - started;
+    // Not the 500 ms preface deadline: the preface came; the idle one.
+    assert!(
+        after >= Duration::from_millis(1350),
+        "closed after {after:?}, before the 1.5s idle deadline"
+    );
+    let types = frame_types(&sent);
+    assert!(
+        types.contains(&GOAWAY),
+        "no GOAWAY before closing: frames {types:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_peer_that_does_not_answer_pings_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.grpc_keepalive_interval = Duration::from_millis(500);
+        f.server.grpc_keepalive_timeout = Duration::from_millis(500);
+        f.server.grpc_idle_timeout = Duration::from_secs(60);
+    }))
+    .await;
+    let started = Instant::now();
+    let mut mute = TcpStream::connect(server.grpc).await.unwrap();
+    mute.write_all(PREFACE).await.unwrap();
+    mute.write_all(EMPTY_SETTINGS).await.unwrap();
+    // Reads everything, answers nothing (not even the PING).
+    let (sent, closed) =
+        read_until_closed(&mut mute, Duration::from_secs(1) + Duration::from_secs(5)).await;
+    let after = closed - started;
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed after {after:?}, before a ping could go unanswered"
+    );
+    let types = frame_types(&sent);
+    assert!(
+        types.contains(&PING),
+        "no PING before closing: frames {types:?}"
+    );
+    server.stop().await;
+}
+
+/// Dials the server counting new TCP connections.
+#[derive(Clone)]
+struct CountingConnector {
+    addr: SocketAddr,
+    dials: Arc<AtomicUsize>,
+}
+
+impl tower::Service<tonic::transport::Uri> for CountingConnector {
+    type Response = hyper_util::rt::TokioIo<TcpStream>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, std::io::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), std::io::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::transport::Uri) -> Self::Future {
+        self.dials.fetch_add(1, Ordering::SeqCst);
+        let addr = self.addr;
+        Box::pin(async move {
+            Ok(hyper_util::rt::TokioIo::new(
+                TcpStream::connect(addr).await?,
+            ))
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_busy_grpc_connection_is_kept_and_an_idle_one_replaced_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.grpc_idle_timeout = Duration::from_secs(1);
+    }))
+    .await;
+    let dials = Arc::new(AtomicUsize::new(0));
+    let channel = tonic::transport::Endpoint::from_static("http://idgen.test")
+        .connect_with_connector(CountingConnector {
+            addr: server.grpc,
+            dials: Arc::clone(&dials),
+        })
+        .await
+        .unwrap();
+    let mut client = idgen::proto::id_gen_client::IdGenClient::new(channel);
+    // Calls every 250 ms for three idle timeouts: one connection throughout.
+    for _ in 0..12 {
+        client
+            .gen_id(idgen::proto::GenIdRequest::default())
+            .await
+            .expect("GenId on a busy connection");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(dials.load(Ordering::SeqCst), 1, "a busy connection was cut");
+    // Idle past the timeout: the server says GOAWAY; the next call dials
+    // again and succeeds.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    client
+        .gen_id(idgen::proto::GenIdRequest::default())
+        .await
+        .expect("GenId after the idle connection was closed");
+    assert_eq!(
+        dials.load(Ordering::SeqCst),
+        2,
+        "the idle connection was not closed"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_open_streaming_call_keeps_its_connection_past_the_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.grpc_idle_timeout = Duration::from_secs(1);
+    }))
+    .await;
+    let dials = Arc::new(AtomicUsize::new(0));
+    let channel = tonic::transport::Endpoint::from_static("http://idgen.test")
+        .connect_with_connector(CountingConnector {
+            addr: server.grpc,
+            dials: Arc::clone(&dials),
+        })
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let mut watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
+    let first = watch.message().await.expect("first status");
+    assert!(first.is_some());
+    // No unary call for well past the idle timeout; the stream is open.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut client = idgen::proto::id_gen_client::IdGenClient::new(channel);
+    client
+        .gen_id(idgen::proto::GenIdRequest::default())
+        .await
+        .expect("GenId beside an open Watch");
+    assert_eq!(
+        dials.load(Ordering::SeqCst),
+        1,
+        "a connection with an open stream was closed as idle"
+    );
+    drop(watch);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stalled_and_kept_alive_http_connections_are_cut_on_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.header_timeout = Duration::from_secs(1);
+        f.server.max_header_size = 4096;
+    }))
+    .await;
+    let started = Instant::now();
+    // Half the headers, then nothing.
+    let mut half = TcpStream::connect(server.http).await.unwrap();
+    half.write_all(b"GET /v1/id HTTP/1.1\r\nHost: idgen\r\n")
+        .await
+        .unwrap();
+    // A whole request, answered, then nothing on the kept-alive connection.
+    let mut kept = TcpStream::connect(server.http).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: idgen\r\n\r\n")
+        .await
+        .unwrap();
+    let slack = Duration::from_secs(5);
+    let (half_got, half_closed) =
+        read_until_closed(&mut half, Duration::from_secs(1) + slack).await;
+    let (kept_got, kept_closed) =
+        read_until_closed(&mut kept, Duration::from_secs(1) + slack).await;
+    assert!(
+        !String::from_utf8_lossy(&half_got).contains(" 200 "),
+        "a half request was answered"
+    );
+    assert!(
+        String::from_utf8_lossy(&kept_got).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&kept_got)
+    );
+    for closed in [half_closed, kept_closed] {
+        let after = closed - started;
+        assert!(
+            after >= Duration::from_millis(900),
+            "closed after {after:?}, before the 1s deadline"
+        );
+    }
+    // Headers above server.max_header_size: 431, not read into memory.
+    let mut big = TcpStream::connect(server.http).await.unwrap();
+    let request = format!(
+        "GET /healthz HTTP/1.1\r\nHost: idgen\r\nX-Padding: {}\r\n\r\n",
+        "a".repeat(8192)
+    );
+    big.write_all(request.as_bytes()).await.unwrap();
+    let (big_got, _) = read_until_closed(&mut big, slack).await;
+    assert!(
+        String::from_utf8_lossy(&big_got).starts_with("HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&big_got)
+    );
+    server.stop().await;
+}
+
+/// `idgen_<name>{port="<port>"}` in an exposition.
+fn port_metric(text: &str, name: &str, port: &str) -> Option<f64> {
+    let prefix = format!("{name}{{port=\"{port}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn past_the_connection_limit_new_connections_are_closed_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.server.grpc_max_connections = 3;
+        f.server.http_max_connections = 2;
+        f.server.header_timeout = Duration::from_secs(60);
+    }))
+    .await;
+    // gRPC: one working client and two idle holders fill the port.
+    let mut client = server.client().await;
+    client
+        .gen_id(idgen::proto::GenIdRequest::default())
+        .await
+        .expect("GenId");
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        holders.push(TcpStream::connect(server.grpc).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let mut extra = TcpStream::connect(server.grpc).await.unwrap();
+    let (_, closed) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
+    assert!(closed - started < Duration::from_secs(5));
+    // The clients inside the limit keep working.
+    for _ in 0..3 {
+        client
+            .gen_id(idgen::proto::GenIdRequest::default())
+            .await
+            .expect("GenId at the connection limit");
+    }
+    // HTTP: two holders fill it; a third is closed at once.
+    let mut http_holders = Vec::new();
+    for _ in 0..2 {
+        http_holders.push(TcpStream::connect(server.http).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut extra = TcpStream::connect(server.http).await.unwrap();
+    extra
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: idgen\r\n\r\n")
+        .await
+        .ok();
+    let (got, _) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
+    assert!(
+        got.is_empty(),
+        "answered past the limit: {}",
+        String::from_utf8_lossy(&got)
+    );
+    // Once one holder goes, a new connection is served again.
+    drop(holders.pop());
+    drop(http_holders.pop());
+    let mut served = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Ok(resp) = reqwest::get(server.url("/metrics")).await {
+            let text = resp.text().await.unwrap();
+            let refused = |port| port_metric(&text, "idgen_connections_refused_total", port);
+            assert!(refused("grpc").unwrap_or(0.0) >= 1.0, "{text}");
+            assert!(refused("http").unwrap_or(0.0) >= 1.0, "{text}");
+            served = true;
+            break;
+        }
+    }
+    assert!(
+        served,
+        "the HTTP port did not serve again after a holder left"
+    );
+    let mut fresh = server.client().await;
+    fresh
+        .gen_id(idgen::proto::GenIdRequest::default())
+        .await
+        .expect("GenId on a new connection after a holder left");
+    server.stop().await;
+}
+
+/// CPU time (user + system) the process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc stat");
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the whole line.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let hz: u64 = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100);
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_node_backs_off_instead_of_spinning_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("idgen.toml");
+    // Long deadlines: the idle connections stay until the test closes them.
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+             shutdown_grace = \"5s\"\nheader_timeout = \"60s\"\ngrpc_idle_timeout = \"60s\"\n\
+             [store]\npath = \"{}\"\ninit_if_missing = true\n\
+             [log]\nformat = \"json\"\nlevel = \"info\"\n",
+            dir.path().join("state.redb").display()
+        ),
+    )
+    .unwrap();
+    let server = ChildServer::start_with_nofile(&config, 64);
+    let pid = server.child.id();
+    // More idle connections than the node has descriptors left.
+    let mut idle = Vec::new();
+    for _ in 0..80 {
+        idle.push(
+            TcpStream::connect(server.grpc)
+                .await
+                .expect("connect (backlog)"),
+        );
+    }
+    let mut failing = false;
+    for _ in 0..100 {
+        if server.log_text().contains("cannot accept connections") {
+            failing = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(failing, "accept never failed; log:\n{}", server.log_text());
+    // Out of descriptors with connections waiting: the node must idle.
+    let window = Duration::from_secs(3);
+    let (cpu0, t0) = (cpu_time(pid), Instant::now());
+    tokio::time::sleep(window).await;
+    let (cpu1, t1) = (cpu_time(pid), Instant::now());
+    let share = (cpu1 - cpu0).as_secs_f64() / (t1 - t0).as_secs_f64();
+    assert!(
+        share < 0.3,
+        "the node used {:.0}% of a core while out of descriptors",
+        share * 100.0
+    );
+    // The connections go; the node answers again by itself.
+    drop(idle);
+    let mut answered = false;
+    for _ in 0..20 {
+        let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+            let channel =
+                tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+                    .unwrap()
+                    .connect()
+                    .await
+                    .ok()?;
+            idgen::proto::id_gen_client::IdGenClient::new(channel)
+                .gen_id(idgen::proto::GenIdRequest::default())
+                .await
+                .ok()
+        })
+        .await;
+        if matches!(attempt, Ok(Some(_))) {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        answered,
+        "no answer after the connections closed; log:\n{}",
+        server.log_text()
+    );
+    // One line when the episode started, one when it ended, with its count.
+    let log = server.log_text();
+    assert_eq!(log.matches("cannot accept connections").count(), 1, "{log}");
+    let ended = log
+        .lines()
+        .find(|l| l.contains("accepting connections again"))
+        .unwrap_or_else(|| panic!("no end-of-episode line:\n{log}"));
+    let ended: serde_json::Value = serde_json::from_str(ended).unwrap();
+    assert_eq!(ended["fields"]["port"], "grpc", "{ended}");
+    let errors = ended["fields"]["errors"].as_u64().expect("errors count");
+    assert!(errors >= 1, "{ended}");
+    let text = reqwest::get(format!("http://{}/metrics", server.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let counted = port_metric(&text, "idgen_accept_errors_total", "grpc").expect("metric");
+    assert!(counted >= errors as f64, "{counted} < {errors}");
+    assert!(server.terminate().success());
+}

@@ -13,6 +13,7 @@ pub mod grpc;
 pub mod http;
 pub mod issuer;
 pub mod lease;
+pub mod listener;
 pub mod monitor;
 pub mod registration;
 pub mod renewal;
@@ -21,14 +22,13 @@ pub mod status;
 pub mod strict;
 pub mod ticker;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
-use tonic::transport::server::TcpIncoming;
 
 use crate::config::{Backend, Config};
 use crate::error::Error;
@@ -520,16 +520,21 @@ impl Node {
             let _ = rx.wait_for(|stop| *stop).await;
         };
         let grpc_addr = grpc.local_addr().ok();
-        let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
-        let grpc_task = tokio::spawn(
-            tonic::transport::Server::builder()
-                .layer(crate::codec::RequestSizeLayer::new(max_request))
-                .add_service(health_service)
-                .add_service(reflection)
-                .add_service(idgen)
-                .add_service(admin)
-                .serve_with_incoming_shutdown(incoming, wait_stop(stop_rx.clone())),
-        );
+        let grpc_routes = tonic::service::Routes::new(health_service)
+            .add_service(reflection)
+            .add_service(idgen)
+            .add_service(admin)
+            .prepare();
+        let grpc_task = tokio::spawn(listener::serve(
+            grpc,
+            listener::Port::Grpc,
+            config.connections,
+            tower::Layer::layer(
+                &crate::codec::RequestSizeLayer::new(max_request),
+                grpc_routes,
+            ),
+            wait_stop(stop_rx.clone()),
+        ));
         let http_addr = http.local_addr().ok();
         let router = http::router(http::HttpState {
             issuer: Arc::clone(&issuer),
@@ -538,11 +543,13 @@ impl Node {
             live: Arc::clone(&state.live),
             rpc: Arc::new(http::HttpMetrics::default()),
         });
-        let http_task = tokio::spawn(
-            axum::serve(http, router)
-                .with_graceful_shutdown(wait_stop(stop_rx.clone()))
-                .into_future(),
-        );
+        let http_task = tokio::spawn(listener::serve(
+            http,
+            listener::Port::Http,
+            config.connections,
+            router,
+            wait_stop(stop_rx.clone()),
+        ));
         let upkeep_task = {
             let metrics = metrics.clone();
             tokio::spawn(async move {

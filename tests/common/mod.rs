@@ -127,7 +127,29 @@ impl ChildServer {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self, String> {
-        let mut child = Command::new(idgen_bin())
+        Self::spawn(Command::new(idgen_bin()), config, extra, env)
+    }
+
+    /// Starts `idgen serve --config <config>` with at most `nofile` open
+    /// descriptors (through util-linux `prlimit`, which execs it: the pid
+    /// is idgen's).
+    pub fn start_with_nofile(config: &Path, nofile: u32) -> Self {
+        let mut command = Command::new("prlimit");
+        command
+            .arg(format!("--nofile={nofile}:{nofile}"))
+            .arg("--")
+            .arg(idgen_bin());
+        Self::spawn(command, config, &[], &[])
+            .unwrap_or_else(|log| panic!("idgen did not become ready: {log}"))
+    }
+
+    fn spawn(
+        mut command: Command,
+        config: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self, String> {
+        let mut child = command
             .args(["serve", "--config"])
             .arg(config)
             .args(extra)

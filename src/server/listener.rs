@@ -1,0 +1,711 @@
+//! Accepting and holding client connections, within bounds.
+//!
+//! Both ports run through [`serve`]: an accept loop that backs off when
+//! accepting fails (out of descriptors or memory) instead of spinning, a cap
+//! on open connections, and deadlines on every connection, so slow, idle or
+//! hostile clients are cut off on time and cannot starve everyone else.
+//!
+//! - **Accept errors** (EMFILE, ENFILE, ENOBUFS, ENOMEM, ...) pause the
+//!   loop for 10 ms, doubling to 1 s, reset by the next success. Each
+//!   episode is logged once when it starts and once when it ends (with how
+//!   many errors it had); every error counts in `idgen_accept_errors_total`.
+//!   Errors about one connection that died in the backlog (reset, aborted)
+//!   are skipped at once, as hyper does.
+//! - **At the connection limit** a new connection is accepted and closed at
+//!   once rather than left in the kernel backlog: a client learns within a
+//!   round trip that this node is full and can try another, instead of
+//!   hanging until its connect timeout. Counted in
+//!   `idgen_connections_refused_total`, logged once per episode.
+//! - **gRPC (HTTP/2)**: the client preface must arrive within
+//!   `header_timeout`; a connection with no call in progress for
+//!   `grpc_idle_timeout` gets a GOAWAY and is closed; HTTP/2 pings check
+//!   quiet peers; streams per connection and header size are capped.
+//! - **HTTP/1**: each request's headers (and the wait for the next request
+//!   on a kept-alive connection) must arrive within `header_timeout`;
+//!   header size is capped (431 past it).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tonic::transport::server::TcpConnectInfo;
+
+use crate::config::ConnectionSettings;
+use crate::metrics as m;
+
+/// First pause after a failed accept.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest pause between accept attempts while they keep failing.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Length of the HTTP/2 client connection preface (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+
+/// Which port a loop serves: the `port` label of the metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    /// gRPC over HTTP/2 only.
+    Grpc,
+    /// The HTTP/1 port (metrics, health, JSON API).
+    Http,
+}
+
+impl Port {
+    fn label(self) -> &'static str {
+        match self {
+            Port::Grpc => "grpc",
+            Port::Http => "http",
+        }
+    }
+
+    fn limit_key(self) -> &'static str {
+        match self {
+            Port::Grpc => "server.grpc_max_connections",
+            Port::Http => "server.http_max_connections",
+        }
+    }
+}
+
+/// Serves `service` on every connection `listener` accepts, within
+/// `settings`, until `shutdown` completes; then stops accepting (closing the
+/// listening socket), asks every connection to finish (GOAWAY on HTTP/2,
+/// close after the current response on HTTP/1) and returns once all have.
+/// Dropping the returned future closes every connection at once.
+pub async fn serve<S, B>(
+    listener: TcpListener,
+    port: Port,
+    settings: ConnectionSettings,
+    service: S,
+    shutdown: impl Future<Output = ()>,
+) where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Default + Unpin + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let protocol = Protocol::new(port, &settings);
+    let max = match port {
+        Port::Grpc => settings.grpc_max_connections,
+        Port::Http => settings.http_max_connections,
+    };
+    let label = port.label();
+    let open = metrics::gauge!(m::CONNECTIONS_OPEN, "port" => label);
+    let refused = metrics::counter!(m::CONNECTIONS_REFUSED, "port" => label);
+    let accept_errors = metrics::counter!(m::ACCEPT_ERRORS, "port" => label);
+    open.set(0.0);
+    refused.increment(0);
+    accept_errors.increment(0);
+    for reason in ["preface", "header", "idle", "keepalive"] {
+        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => label, "reason" => reason)
+            .increment(0);
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    let mut failing = AcceptEpisode::default();
+    let mut full = LimitEpisode::default();
+    let mut retry_at: Option<Instant> = None;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            () = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
+                retry_at = None;
+            }
+            accepted = listener.accept(), if retry_at.is_none() => match accepted {
+                Ok((stream, peer)) => {
+                    failing.succeeded(label);
+                    if conns.len() >= max {
+                        refused.increment(1);
+                        full.refused(label, max, port.limit_key());
+                        drop(stream);
+                        continue;
+                    }
+                    full.accepted(label);
+                    // Latency matters more than packet count for small calls.
+                    let _ = stream.set_nodelay(true);
+                    let info = TcpConnectInfo {
+                        local_addr: stream.local_addr().ok(),
+                        remote_addr: Some(peer),
+                    };
+                    conns.spawn(serve_connection(
+                        stream,
+                        info,
+                        protocol.clone(),
+                        service.clone(),
+                        settings,
+                        label,
+                        stop_rx.clone(),
+                    ));
+                }
+                Err(e) if is_connection_error(&e) => {}
+                Err(e) => {
+                    accept_errors.increment(1);
+                    retry_at = Some(Instant::now() + failing.failed(label, &e));
+                }
+            },
+        }
+        open.set(conns.len() as f64);
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    while conns.join_next().await.is_some() {
+        open.set(conns.len() as f64);
+    }
+    open.set(0.0);
+}
+
+/// An error about one connection (it died while waiting in the backlog),
+/// not about the listener: skip it and accept the next.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// A run of failed accepts: logged when it starts and when it ends.
+#[derive(Debug, Default)]
+struct AcceptEpisode {
+    errors: u64,
+    started: Option<Instant>,
+    delay: Duration,
+}
+
+impl AcceptEpisode {
+    /// Records a failure; returns how long to wait before the next try.
+    fn failed(&mut self, port: &'static str, error: &io::Error) -> Duration {
+        self.errors += 1;
+        if self.started.is_none() {
+            self.started = Some(Instant::now());
+            self.delay = BACKOFF_MIN;
+            tracing::warn!(
+                port,
+                error = %error,
+                "cannot accept connections; retrying with backoff up to 1s until it works again (is the descriptor limit too low? see ulimit -n)"
+            );
+        } else {
+            self.delay = (self.delay * 2).min(BACKOFF_MAX);
+        }
+        self.delay
+    }
+
+    fn succeeded(&mut self, port: &'static str) {
+        if let Some(started) = self.started.take() {
+            tracing::warn!(
+                port,
+                errors = self.errors,
+                lasted = %humantime::format_duration(round_ms(started.elapsed())),
+                "accepting connections again"
+            );
+            self.errors = 0;
+        }
+    }
+}
+
+/// A run of connections refused at the limit.
+#[derive(Debug, Default)]
+struct LimitEpisode {
+    refused: u64,
+}
+
+impl LimitEpisode {
+    fn refused(&mut self, port: &'static str, max: usize, key: &'static str) {
+        if self.refused == 0 {
+            tracing::warn!(
+                port,
+                limit = max,
+                setting = key,
+                "connection limit reached; closing new connections at once until some close"
+            );
+        }
+        self.refused += 1;
+    }
+
+    fn accepted(&mut self, port: &'static str) {
+        if self.refused > 0 {
+            tracing::info!(
+                port,
+                refused = self.refused,
+                "below the connection limit again"
+            );
+            self.refused = 0;
+        }
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}
+
+/// The HTTP server of one port, configured once and cloned per connection.
+#[derive(Clone)]
+enum Protocol {
+    Http2(http2::Builder<TokioExecutor>),
+    Http1(http1::Builder),
+}
+
+impl Protocol {
+    fn new(port: Port, s: &ConnectionSettings) -> Self {
+        match port {
+            Port::Grpc => {
+                let mut b = http2::Builder::new(TokioExecutor::new());
+                b.timer(TokioTimer::new())
+                    .keep_alive_interval(s.grpc_keepalive_interval)
+                    .keep_alive_timeout(s.grpc_keepalive_timeout)
+                    .max_concurrent_streams(s.grpc_max_concurrent_streams)
+                    .max_header_list_size(u32::try_from(s.max_header_size).unwrap_or(u32::MAX));
+                Protocol::Http2(b)
+            }
+            Port::Http => {
+                let mut b = http1::Builder::new();
+                b.timer(TokioTimer::new())
+                    .header_read_timeout(s.header_timeout)
+                    .max_header_size(s.max_header_size)
+                    .keep_alive(true);
+                Protocol::Http1(b)
+            }
+        }
+    }
+}
+
+async fn serve_connection<S, B>(
+    stream: TcpStream,
+    info: TcpConnectInfo,
+    protocol: Protocol,
+    service: S,
+    settings: ConnectionSettings,
+    port: &'static str,
+    stop: watch::Receiver<bool>,
+) where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Default + Unpin + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match protocol {
+        Protocol::Http2(builder) => {
+            let activity = Arc::new(Activity::new());
+            let io = TokioIo::new(PrefaceWatch {
+                inner: stream,
+                activity: Arc::clone(&activity),
+                seen: 0,
+            });
+            let service = TowerToHyperService::new(Tracked {
+                inner: service,
+                activity: Arc::clone(&activity),
+                info,
+            });
+            let conn = builder.serve_connection(io, service);
+            let deadlines = Deadlines {
+                activity,
+                header: settings.header_timeout,
+                idle: settings.grpc_idle_timeout,
+            };
+            drive(conn, Some(deadlines), port, stop).await;
+        }
+        Protocol::Http1(builder) => {
+            let service = TowerToHyperService::new(WithConnectInfo {
+                inner: service,
+                info,
+            });
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            drive(conn, None, port, stop).await;
+        }
+    }
+}
+
+/// The deadlines the node keeps itself on an HTTP/2 connection (hyper has
+/// none for the preface or for idleness).
+struct Deadlines {
+    activity: Arc<Activity>,
+    header: Duration,
+    idle: Duration,
+}
+
+impl Deadlines {
+    /// What is due next, and when.
+    fn next(&self, now: Instant) -> (Instant, Due) {
+        let a = &self.activity;
+        if !a.preface.load(Ordering::Acquire) {
+            return (a.accepted + self.header, Due::Preface);
+        }
+        if a.open.load(Ordering::Acquire) == 0 {
+            return (a.idle_since() + self.idle, Due::Idle);
+        }
+        // Calls in progress: look again later.
+        (now + self.idle, Due::Idle)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    Preface,
+    Idle,
+}
+
+/// Runs one connection to its end, closing it on its deadlines or when the
+/// server stops.
+async fn drive<C>(
+    conn: C,
+    deadlines: Option<Deadlines>,
+    port: &'static str,
+    mut stop: watch::Receiver<bool>,
+) where
+    C: GracefulConnection<Error = hyper::Error>,
+{
+    tokio::pin!(conn);
+    let mut closing = false;
+    // After a GOAWAY for idleness, a peer that keeps the connection open
+    // anyway is dropped at this instant.
+    let mut hard_close: Option<Instant> = None;
+    let far = || Instant::now() + Duration::from_secs(86_400);
+    loop {
+        let (wake, due) = match (&deadlines, hard_close) {
+            (_, Some(at)) => (at, None),
+            (Some(d), None) if !closing => {
+                let (at, due) = d.next(Instant::now());
+                // The preface may come before its deadline; look again by
+                // the time an idle connection would be due.
+                let at = match due {
+                    Due::Preface => at.min(d.activity.accepted + d.idle),
+                    Due::Idle => at,
+                };
+                (at, Some(due))
+            }
+            _ => (far(), None),
+        };
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    if e.is_timeout() {
+                        // hyper's own deadlines: HTTP/1 headers, HTTP/2 pings.
+                        let reason = if deadlines.is_some() { "keepalive" } else { "header" };
+                        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => port, "reason" => reason).increment(1);
+                    }
+                    tracing::debug!(port, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.wait_for(|s| *s), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = tokio::time::sleep_until(wake) => {
+                let now = Instant::now();
+                if hard_close.is_some_and(|at| now >= at) {
+                    return;
+                }
+                let Some(d) = &deadlines else { continue };
+                // Re-check: the connection may have moved on since `wake`
+                // was computed.
+                let (at, now_due) = d.next(now);
+                if at > now || Some(now_due) != due {
+                    continue;
+                }
+                match now_due {
+                    Due::Preface => {
+                        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => port, "reason" => "preface").increment(1);
+                        tracing::debug!(port, "closing a connection that sent no HTTP/2 preface in time");
+                        return;
+                    }
+                    Due::Idle => {
+                        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => port, "reason" => "idle").increment(1);
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                        hard_close = Some(now + d.header);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the deadlines of one HTTP/2 connection watch: whether the preface
+/// has arrived, and the calls in progress.
+struct Activity {
+    accepted: Instant,
+    preface: AtomicBool,
+    open: AtomicUsize,
+    /// Milliseconds after `accepted` when the last call ended.
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            accepted: Instant::now(),
+            preface: AtomicBool::new(false),
+            open: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn idle_since(&self) -> Instant {
+        self.accepted + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire))
+    }
+}
+
+/// Counts the first bytes a connection reads, to notice the preface.
+struct PrefaceWatch {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+    seen: usize,
+}
+
+impl AsyncRead for PrefaceWatch {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if self.seen < PREFACE_LEN {
+            self.seen += buf.filled().len() - before;
+            if self.seen >= PREFACE_LEN {
+                self.activity.preface.store(true, Ordering::Release);
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for PrefaceWatch {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Ends a call's presence in [`Activity`] however the call ends.
+struct CallGuard(Arc<Activity>);
+
+impl CallGuard {
+    fn new(activity: &Arc<Activity>) -> Self {
+        activity.open.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(activity))
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let a = &self.0;
+        let ms = a.accepted.elapsed().as_millis() as u64;
+        a.idle_since_ms.fetch_max(ms, Ordering::AcqRel);
+        a.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The gRPC service of one connection: counts calls in progress (until
+/// their response body is sent, so a streaming call keeps the connection
+/// busy), gives handlers the peer address (as tonic's own server does) and
+/// honours the caller's `grpc-timeout`.
+#[derive(Clone)]
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    info: TcpConnectInfo,
+}
+
+impl<S, B> tower::Service<Request<Incoming>> for Tracked<S>
+where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    S::Future: Send + 'static,
+    B: Default + Send + 'static,
+{
+    type Response = Response<TrackedBody<B>>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response<TrackedBody<B>>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<Incoming>) -> Self::Future {
+        let call = CallGuard::new(&self.activity);
+        let deadline = grpc_timeout(request.headers());
+        request.extensions_mut().insert(self.info.clone());
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = match deadline {
+                None => response.await?,
+                Some(d) => match tokio::time::timeout(d, response).await {
+                    Ok(response) => response?,
+                    Err(_) => tonic::Status::deadline_exceeded(format!(
+                        "the call did not finish within its deadline (grpc-timeout {})",
+                        humantime::format_duration(d)
+                    ))
+                    .into_http(),
+                },
+            };
+            Ok(response.map(|inner| TrackedBody { inner, _call: call }))
+        })
+    }
+}
+
+/// A response body that keeps its call counted until it is sent (or
+/// dropped).
+struct TrackedBody<B> {
+    inner: B,
+    _call: CallGuard,
+}
+
+impl<B> hyper::body::Body for TrackedBody<B>
+where
+    B: hyper::body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The caller's deadline from a `grpc-timeout` header (gRPC over HTTP/2
+/// spec: 1 to 8 digits and a unit); malformed values are ignored, as
+/// tonic's own server does.
+fn grpc_timeout(headers: &hyper::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The HTTP service of one connection: handlers may read the peer address.
+#[derive(Clone)]
+struct WithConnectInfo<S> {
+    inner: S,
+    info: TcpConnectInfo,
+}
+
+impl<S> tower::Service<Request<Incoming>> for WithConnectInfo<S>
+where
+    S: tower::Service<Request<Incoming>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<Incoming>) -> S::Future {
+        request.extensions_mut().insert(self.info.clone());
+        self.inner.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_follows_the_spec() {
+        let h = |v: &str| {
+            let mut m = hyper::HeaderMap::new();
+            m.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&m)
+        };
+        assert_eq!(h("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(h("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(h("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(h("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(h("123456789S"), None, "more than 8 digits");
+        assert_eq!(h("5x"), None);
+        assert_eq!(h("S"), None);
+        assert_eq!(grpc_timeout(&hyper::HeaderMap::new()), None);
+    }
+
+    #[tokio::test]
+    async fn accept_backoff_doubles_to_a_second_and_resets() {
+        let mut e = AcceptEpisode::default();
+        let err = io::Error::from_raw_os_error(24); // EMFILE
+        let delays: Vec<Duration> = (0..10).map(|_| e.failed("grpc", &err)).collect();
+        assert_eq!(delays[0], Duration::from_millis(10));
+        assert_eq!(delays[1], Duration::from_millis(20));
+        assert_eq!(delays[6], Duration::from_millis(640));
+        assert_eq!(delays[7], BACKOFF_MAX);
+        assert_eq!(delays[9], BACKOFF_MAX);
+        assert_eq!(e.errors, 10);
+        e.succeeded("grpc");
+        assert_eq!(e.errors, 0);
+        assert!(e.started.is_none());
+        assert_eq!(e.failed("grpc", &err), BACKOFF_MIN);
+    }
+}
