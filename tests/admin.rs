@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{run_idgen, write_child_config, write_cluster_config, ChildServer};
-use consul_testserver::{Config, TestConsul};
+
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, GenIdRequest, GenIdsRequest, HolderKind, Mode};
 use tonic::transport::Channel;
@@ -610,17 +610,6 @@ async fn embedded_holders_show_this_node_and_nothing_can_be_released() {
     assert!(e.message().contains("worker"), "{e:?}");
 }
 
-async fn consul() -> TestConsul {
-    TestConsul::start(Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
-        ..Config::default()
-    })
-    .await
-    .expect("test consul")
-}
-
 fn cluster_node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
     let token = format!("\"{TOKEN}\"");
     let set: &[(&str, &str, &str)] = &[
@@ -656,7 +645,7 @@ async fn issue(node: &ChildServer, seen: &mut HashSet<u64>) -> Result<(), tonic:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_holders_force_release_tags_and_steps() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let n0 = cluster_node(dir.path(), "n0", consul.addr());
     let n1 = cluster_node(dir.path(), "n1", consul.addr());

@@ -32,17 +32,6 @@ async fn consul(acl: Option<&str>) -> TestConsul {
     .expect("test consul")
 }
 
-async fn ids(node: &ChildServer, count: u32) -> Result<Vec<u64>, tonic::Status> {
-    let mut c = node.client().await;
-    c.gen_ids(GenIdsRequest {
-        mode: Mode::Snowflake as i32,
-        tag: String::new(),
-        count,
-    })
-    .await
-    .map(|r| r.into_inner().ids)
-}
-
 async fn one(node: &ChildServer) -> Result<u64, tonic::Status> {
     let mut c = node.client().await;
     c.gen_id(GenIdRequest {
@@ -100,7 +89,7 @@ async fn three_nodes_get_distinct_ids_register_healthy_and_clean_up_on_shutdown(
     let mut workers = HashSet::new();
     let mut all = HashSet::new();
     for n in &nodes {
-        let got = ids(n, 1000).await.expect("issues");
+        let got = common::snowflake_ids(n, 1000).await.expect("issues");
         let w: HashSet<u64> = got.iter().map(|id| worker_of(*id)).collect();
         assert_eq!(w.len(), 1, "one worker id per node");
         workers.extend(w);
@@ -158,14 +147,14 @@ async fn a_clean_restart_gets_its_worker_id_back_at_once_and_continues_above() {
     let dir = tempfile::tempdir().unwrap();
     let a = start(dir.path(), "a", consul.addr());
     let b = start(dir.path(), "b", consul.addr());
-    let before = ids(&a, 2000).await.unwrap();
+    let before = common::snowflake_ids(&a, 2000).await.unwrap();
     let worker = worker_of(before[0]);
     assert_ne!(worker, worker_of(one(&b).await.unwrap()));
     assert!(a.terminate().success());
     // Right away, well inside the 2 s lock-delay a crash would leave.
     let started = Instant::now();
     let a = start(dir.path(), "a", consul.addr());
-    let after = ids(&a, 2000).await.unwrap();
+    let after = common::snowflake_ids(&a, 2000).await.unwrap();
     assert!(started.elapsed() < LOCK_DELAY, "{:?}", started.elapsed());
     assert_eq!(worker_of(after[0]), worker, "same worker id back");
     assert!(after[0] > *before.iter().max().unwrap(), "continues above");
@@ -179,7 +168,7 @@ async fn a_killed_nodes_id_is_free_only_after_expiry_and_lock_delay_and_the_next
     let consul = consul(None).await;
     let dir = tempfile::tempdir().unwrap();
     let dead = start(dir.path(), "dead", consul.addr());
-    let issued = ids(&dead, 4000).await.unwrap();
+    let issued = common::snowflake_ids(&dead, 4000).await.unwrap();
     let worker = worker_of(issued[0]);
     // Hold session expiry, so the test decides when the session dies.
     consul.faults().pause_session_expiry(true);
@@ -237,7 +226,7 @@ async fn a_killed_nodes_id_is_free_only_after_expiry_and_lock_delay_and_the_next
         "claimed {:?} after expiry",
         gone.elapsed()
     );
-    let next = ids(&node, 1000).await.unwrap();
+    let next = common::snowflake_ids(&node, 1000).await.unwrap();
     assert_eq!(worker_of(next[0]), worker);
     assert!(
         time_of(next[0]) > hwm,
@@ -255,8 +244,12 @@ async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_afte
     let agent = consul.add_agent("agent-p").await.unwrap();
     let node = start(dir.path(), "p", agent);
     let other = start(dir.path(), "q", consul.addr());
-    let mut seen: HashSet<u64> = ids(&node, 1000).await.unwrap().into_iter().collect();
-    seen.extend(ids(&other, 1000).await.unwrap());
+    let mut seen: HashSet<u64> = common::snowflake_ids(&node, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    seen.extend(common::snowflake_ids(&other, 1000).await.unwrap());
     let session = consul
         .sessions()
         .into_iter()
@@ -296,7 +289,7 @@ async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_afte
     // Readiness follows within one monitor tick.
     assert!(wait_for_status(&format!("http://{}/readyz", node.http), 503).await);
     // The other node is unaffected.
-    seen.extend(ids(&other, 100).await.unwrap());
+    seen.extend(common::snowflake_ids(&other, 100).await.unwrap());
     let metrics = |n: &ChildServer| {
         let url = format!("http://{}/metrics", n.http);
         async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
@@ -309,7 +302,7 @@ async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_afte
     consul.faults().drop_requests("agent-p", false);
     let healed = Instant::now();
     let resumed = loop {
-        match ids(&node, 1000).await {
+        match common::snowflake_ids(&node, 1000).await {
             Ok(got) => break got,
             Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
         }
@@ -336,7 +329,7 @@ async fn after_a_partition_shorter_than_its_session_a_node_hands_its_id_back_and
     let dir = tempfile::tempdir().unwrap();
     let agent = consul.add_agent("agent-s").await.unwrap();
     let node = start(dir.path(), "s", agent);
-    let before = ids(&node, 1000).await.unwrap();
+    let before = common::snowflake_ids(&node, 1000).await.unwrap();
     let worker = worker_of(before[0]);
     let session = consul.sessions()[0].id.clone();
     // The session outlives the partition (as with a partition shorter than
@@ -351,7 +344,7 @@ async fn after_a_partition_shorter_than_its_session_a_node_hands_its_id_back_and
     consul.faults().drop_requests("agent-s", false);
     let healed = Instant::now();
     let after = loop {
-        if let Ok(got) = ids(&node, 1000).await {
+        if let Ok(got) = common::snowflake_ids(&node, 1000).await {
             break got;
         }
         assert!(healed.elapsed() < Duration::from_secs(10), "never resumed");
@@ -536,7 +529,7 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
         ],
     );
     let node = ChildServer::start(&config);
-    ids(&node, 10).await.unwrap();
+    common::snowflake_ids(&node, 10).await.unwrap();
     let window = Duration::from_secs(6);
 
     let t0 = traffic(&consul, "agent-t");
@@ -547,7 +540,7 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
     let until = Instant::now() + window;
     let mut issued = 0usize;
     while Instant::now() < until {
-        issued += ids(&node, 10_000).await.unwrap().len();
+        issued += common::snowflake_ids(&node, 10_000).await.unwrap().len();
     }
     let t2 = traffic(&consul, "agent-t");
     let busy = delta(&t2, &t1);
@@ -583,7 +576,7 @@ async fn a_node_whose_lock_is_taken_away_stops_at_its_next_mark_write_and_claims
     let consul = consul(None).await;
     let dir = tempfile::tempdir().unwrap();
     let node = start(dir.path(), "l", consul.addr());
-    let before = ids(&node, 1000).await.unwrap();
+    let before = common::snowflake_ids(&node, 1000).await.unwrap();
     let worker = worker_of(before[0]);
     let session = consul.sessions()[0].id.clone();
     // An operator deletes the lock key: the session lives on and renews
@@ -613,7 +606,7 @@ async fn a_node_whose_lock_is_taken_away_stops_at_its_next_mark_write_and_claims
     assert!(!node.log_text().contains("high-water mark not extended"));
     // ... and claims again with a new session, above every earlier ID.
     let after = loop {
-        if let Ok(got) = ids(&node, 1000).await {
+        if let Ok(got) = common::snowflake_ids(&node, 1000).await {
             if node.log_text().contains("claimed again") {
                 break got;
             }
@@ -752,7 +745,11 @@ async fn leader_elections_under_load_never_repeat_an_id_and_a_cut_off_node_still
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(consul.faults().leader_election(), 3, "three sessions");
-        p_ids.extend(ids(&p, 100).await.expect("p issues across elections"));
+        p_ids.extend(
+            common::snowflake_ids(&p, 100)
+                .await
+                .expect("p issues across elections"),
+        );
     }
     assert_eq!(consul.sessions().len(), 3, "an election ends no session");
 
@@ -819,7 +816,7 @@ async fn leader_elections_under_load_never_repeat_an_id_and_a_cut_off_node_still
         claimed_after >= 2 * TTL + LOCK_DELAY,
         "p's id was taken {claimed_after:?} after the election, before 2 x TTL + lock-delay"
     );
-    let successor_ids = ids(&next, 1000).await.unwrap();
+    let successor_ids = common::snowflake_ids(&next, 1000).await.unwrap();
     assert_eq!(worker_of(successor_ids[0]), p_worker);
 
     stop.store(true, Ordering::SeqCst);

@@ -5,22 +5,11 @@
 mod common;
 
 use std::collections::HashSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{default_layout, metric, write_cluster_config, ChildServer};
-use consul_testserver::{Config, TestConsul};
+use consul_testserver::TestConsul;
 use idgen::proto::{GenIdsRequest, Mode};
-
-async fn consul() -> TestConsul {
-    TestConsul::start(Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
-        ..Config::default()
-    })
-    .await
-    .expect("test consul")
-}
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -59,7 +48,7 @@ async fn ids(node: &ChildServer, count: u32) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_claim_skips_a_poisoned_id_and_a_static_node_on_it_is_refused() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let mark = poison(&consul, 0).await;
 
@@ -114,7 +103,7 @@ async fn auto_claim_skips_a_poisoned_id_and_a_static_node_on_it_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_claim_fails_naming_the_ids_when_every_free_id_is_poisoned() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     // One worker bit: ids 0 and 1 only.
     for worker in [0, 1] {

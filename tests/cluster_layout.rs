@@ -11,32 +11,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{run_idgen, write_cluster_config, ChildServer};
-use consul_testserver::{Config, TestConsul};
-use idgen::proto::{GenIdsRequest, Mode};
+use consul_testserver::TestConsul;
 
 const TOKEN: &str = "layout-admin-secret";
-
-async fn consul() -> TestConsul {
-    TestConsul::start(Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
-        ..Config::default()
-    })
-    .await
-    .expect("test consul")
-}
-
-async fn ids(node: &ChildServer, count: u32) -> Result<Vec<u64>, tonic::Status> {
-    let mut c = node.client().await;
-    c.gen_ids(GenIdsRequest {
-        mode: Mode::Snowflake as i32,
-        tag: String::new(),
-        count,
-    })
-    .await
-    .map(|r| r.into_inner().ids)
-}
 
 fn config(dir: &Path, name: &str, consul: std::net::SocketAddr) -> std::path::PathBuf {
     let token = format!("\"{TOKEN}\"");
@@ -63,7 +40,7 @@ async fn admin(node: &ChildServer, args: &[&str]) -> (bool, String) {
 async fn collect(node: &ChildServer, batches: u32, seen: &mut HashSet<u64>) -> u64 {
     let mut max = 0;
     for _ in 0..batches {
-        for id in ids(node, 1000).await.expect("issues") {
+        for id in common::snowflake_ids(node, 1000).await.expect("issues") {
             assert!(seen.insert(id), "ID {id} handed out twice");
             max = max.max(id);
         }
@@ -73,7 +50,7 @@ async fn collect(node: &ChildServer, batches: u32, seen: &mut HashSet<u64>) -> u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_a_later_epoch_or_another_preset_is_refused_naming_the_field() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "a", consul.addr());
     let a = ChildServer::start(&cfg);
@@ -132,7 +109,7 @@ async fn a_restart_with_a_later_epoch_or_another_preset_is_refused_naming_the_fi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences_old_nodes() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg_a = config(dir.path(), "a", consul.addr());
     let cfg_b = config(dir.path(), "b", consul.addr());
@@ -207,7 +184,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     for node in [&a, &b] {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
-            match ids(node, 100).await {
+            match common::snowflake_ids(node, 100).await {
                 Ok(got) => {
                     for id in got {
                         assert!(seen.insert(id), "ID {id} handed out twice");
@@ -225,7 +202,10 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     for node in [&a, &b] {
-        assert!(ids(node, 1).await.is_err(), "stays fenced");
+        assert!(
+            common::snowflake_ids(node, 1).await.is_err(),
+            "stays fenced"
+        );
         assert!(
             node.log_text().contains("the cluster layout record"),
             "{}",
@@ -250,7 +230,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     let b = ChildServer::try_start_env(&cfg_b, &[], &new_epoch).expect("new layout starts");
     for node in [&a, &b] {
         for _ in 0..3 {
-            for id in ids(node, 1000).await.expect("issues") {
+            for id in common::snowflake_ids(node, 1000).await.expect("issues") {
                 assert!(id > old_max, "new ID {id} not above old {old_max}");
                 assert!(seen.insert(id), "ID {id} handed out twice");
             }
@@ -266,7 +246,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_first_nodes_with_different_layouts_leave_one_record_and_one_refusal() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let twitter = write_cluster_config(dir.path(), "t", consul.addr(), &[]);
     let sony = write_cluster_config(
@@ -326,7 +306,7 @@ async fn mark_changing(consul: &TestConsul, marked_ms: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_change_holds_nodes_off_then_is_rolled_back() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "a", consul.addr());
     let a = ChildServer::start(&cfg);

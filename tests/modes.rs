@@ -15,23 +15,12 @@ use common::{
     assert_linearizable, call_until_stopped, test_config, write_child_config, write_cluster_config,
     Call, ChildServer, TestServer,
 };
-use consul_testserver::{Config, TestConsul};
+
 use idgen::config::{LeaseSection, StrictSection};
 use idgen::id::lease::decompose;
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{DecodeIdRequest, GenIdRequest, GenIdsRequest, Mode};
 use tonic::transport::Channel;
-
-async fn consul() -> TestConsul {
-    TestConsul::start(Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
-        ..Config::default()
-    })
-    .await
-    .expect("test consul")
-}
 
 fn gen(mode: Mode, tag: &str, count: u32) -> GenIdsRequest {
     GenIdsRequest {
@@ -109,7 +98,7 @@ async fn strict_load(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_values_from_three_cluster_nodes_are_linearizable() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let nodes: Vec<ChildServer> = (0..3)
         .map(|i| cluster_node(dir.path(), &format!("k{i}"), consul.addr()))
@@ -148,7 +137,7 @@ async fn strict_values_from_three_cluster_nodes_are_linearizable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_ids_from_three_cluster_nodes_are_distinct_and_decode_to_their_holders_token() {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let nodes: Vec<ChildServer> = (0..3)
         .map(|i| cluster_node(dir.path(), &format!("l{i}"), consul.addr()))
@@ -251,7 +240,7 @@ async fn lease_ids_from_three_cluster_nodes_are_distinct_and_decode_to_their_hol
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn during_a_consul_outage_lease_serves_its_blocks_until_fenced_segment_its_buffers_and_strict_fails_fast(
 ) {
-    let consul = consul().await;
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let agent = consul.add_agent("agent-o").await.unwrap();
     let node = cluster_node(dir.path(), "o", agent);

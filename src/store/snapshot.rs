@@ -292,46 +292,12 @@ pub fn take_offline(path: &Path, now_ms: u64) -> Result<Vec<u8>, StoreError> {
     snapshot_bytes(&txn, now_ms, info, &BTreeMap::new())
 }
 
-fn copy_u64(
+/// Copies table `def` from `txn` to `out` as it is (nothing if the source
+/// has no such table).
+fn copy_table<V: redb::Value + 'static>(
     txn: &ReadTransaction,
     out: &redb::WriteTransaction,
-    def: TableDefinition<&str, u64>,
-) -> Result<(), StoreError> {
-    let from = match txn.open_table(def) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
-        Err(e) => return Err(backend_err(e)),
-    };
-    let mut to = out.open_table(def).map_err(backend_err)?;
-    for item in from.iter().map_err(backend_err)? {
-        let (k, v) = item.map_err(backend_err)?;
-        to.insert(k.value(), v.value()).map_err(backend_err)?;
-    }
-    Ok(())
-}
-
-fn copy_str(
-    txn: &ReadTransaction,
-    out: &redb::WriteTransaction,
-    def: TableDefinition<&str, &str>,
-) -> Result<(), StoreError> {
-    let from = match txn.open_table(def) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
-        Err(e) => return Err(backend_err(e)),
-    };
-    let mut to = out.open_table(def).map_err(backend_err)?;
-    for item in from.iter().map_err(backend_err)? {
-        let (k, v) = item.map_err(backend_err)?;
-        to.insert(k.value(), v.value()).map_err(backend_err)?;
-    }
-    Ok(())
-}
-
-fn copy_bytes(
-    txn: &ReadTransaction,
-    out: &redb::WriteTransaction,
-    def: TableDefinition<&str, &[u8]>,
+    def: TableDefinition<&str, V>,
 ) -> Result<(), StoreError> {
     let from = match txn.open_table(def) {
         Ok(t) => t,
@@ -415,14 +381,14 @@ fn snapshot_bytes(
         .create_with_backend(backend.clone())
         .map_err(backend_err)?;
     let out = db.begin_write().map_err(backend_err)?;
-    copy_str(txn, &out, META)?;
-    copy_u64(txn, &out, HWM)?;
-    copy_bytes(txn, &out, SEGMENTS)?;
-    copy_u64(txn, &out, LEASE)?;
-    copy_u64(txn, &out, STRICT)?;
-    copy_u64(txn, &out, STRICT_NAMESPACES)?;
-    copy_u64(txn, &out, STRICT_TOMBSTONES)?;
-    copy_u64(txn, &out, COUNTS)?;
+    copy_table(txn, &out, META)?;
+    copy_table(txn, &out, HWM)?;
+    copy_table(txn, &out, SEGMENTS)?;
+    copy_table(txn, &out, LEASE)?;
+    copy_table(txn, &out, STRICT)?;
+    copy_table(txn, &out, STRICT_NAMESPACES)?;
+    copy_table(txn, &out, STRICT_TOMBSTONES)?;
+    copy_table(txn, &out, COUNTS)?;
     {
         info.insert("kind".into(), SNAPSHOT_KIND.into());
         info.insert("format_version".into(), FORMAT_VERSION.into());
@@ -784,9 +750,9 @@ fn fill(
     move_u64(txn, &out, STRICT_TOMBSTONES, |v| {
         bump(v, crate::id::strict::MAX_VALUE)
     })?;
-    copy_u64(txn, &out, STRICT_NAMESPACES)?;
+    copy_table(txn, &out, STRICT_NAMESPACES)?;
     // The live counts match the restored keys and tags one for one.
-    copy_u64(txn, &out, COUNTS)?;
+    copy_table(txn, &out, COUNTS)?;
     if let Ok(from) = txn.open_table(SEGMENTS) {
         let mut to = out.open_table(SEGMENTS).map_err(backend_err)?;
         for item in from.iter().map_err(backend_err)? {

@@ -464,3 +464,31 @@ pub fn assert_linearizable(calls: &[Call]) {
         );
     }
 }
+
+/// The Consul test server as the cluster tests use it: session TTLs down
+/// to 1 s (idgen opts in with `[testing] consul_session_ttl_min`, which
+/// `write_cluster_config` writes), sessions expiring exactly one TTL after
+/// their last renew (the earliest real Consul may), and critical services
+/// reaped after 1 s.
+pub async fn test_consul() -> consul_testserver::TestConsul {
+    consul_testserver::TestConsul::start(consul_testserver::Config {
+        min_ttl: Duration::from_secs(1),
+        ttl_expiry_factor: 1.0,
+        min_deregister_critical_after: Duration::from_secs(1),
+        ..consul_testserver::Config::default()
+    })
+    .await
+    .expect("test consul")
+}
+
+/// `count` snowflake IDs from `node` in one GenIds call.
+pub async fn snowflake_ids(node: &ChildServer, count: u32) -> Result<Vec<u64>, tonic::Status> {
+    let mut c = node.client().await;
+    c.gen_ids(idgen::proto::GenIdsRequest {
+        mode: idgen::proto::Mode::Snowflake as i32,
+        tag: String::new(),
+        count,
+    })
+    .await
+    .map(|r| r.into_inner().ids)
+}
