@@ -255,17 +255,7 @@ impl ServerSection {
                 ms(600_000),
             ),
         ] {
-            if value < min || value > max {
-                return Err(invalid(
-                    key,
-                    format!(
-                        "{} is out of range {}..={}",
-                        humantime::format_duration(value),
-                        humantime::format_duration(min),
-                        humantime::format_duration(max)
-                    ),
-                ));
-            }
+            check_duration(key, value, min, max)?;
         }
         if !(1..=100_000).contains(&self.grpc_max_concurrent_streams) {
             return Err(invalid(
@@ -849,6 +839,27 @@ fn check_environment(
     Ok(())
 }
 
+/// Refuses a duration outside `min..=max`, naming the key and the range.
+fn check_duration(
+    key: &'static str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(invalid(
+            key,
+            format!(
+                "{} is out of range {}..={}",
+                humantime::format_duration(value),
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Levenshtein distance, for "did you mean" suggestions.
 fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
@@ -1403,17 +1414,7 @@ impl ConsulSection {
                 Duration::from_secs(600),
             ),
         ] {
-            if value < min || value > max {
-                return Err(invalid(
-                    key,
-                    format!(
-                        "{} is out of range {}..={}",
-                        humantime::format_duration(value),
-                        humantime::format_duration(min),
-                        humantime::format_duration(max)
-                    ),
-                ));
-            }
+            check_duration(key, value, min, max)?;
         }
         // A renew must be able to finish well inside the lease.
         if self.timeout > lease.ttl / 3 {
