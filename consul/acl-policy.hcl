@@ -1,4 +1,4 @@
-# The minimal ACL policy an idgen node's Consul token needs (CONSUL.md).
+# The minimal ACL policy an idgen node's Consul token needs (see consul/README.md for what each rule is for).
 # Create it with:
 #   consul acl policy create -name idgen -rules @consul/acl-policy.hcl
 #   consul acl token create -description "idgen node" -policy-name idgen

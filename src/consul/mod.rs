@@ -130,7 +130,7 @@ impl ConsulError {
     }
 
     /// Whether a write that failed this way may nevertheless have been
-    /// applied (CONSUL.md: "a write that timed out or returned 5xx may
+    /// applied (Consul's documented behaviour: "a write that timed out or returned 5xx may
     /// still have been applied"). Such a write must be treated as not
     /// having happened for reservations, and re-read before deciding.
     pub fn outcome_unknown(&self) -> bool {
@@ -420,7 +420,7 @@ impl ConsulClient {
     }
 
     /// Reads one key, blocking until its index passes `wait.0` or `wait.1`
-    /// elapses (CONSUL.md, blocking queries). Index 0 never blocks.
+    /// elapses (Consul API, blocking queries). Index 0 never blocks.
     pub async fn kv_get_blocking(
         &self,
         key: &str,
@@ -719,7 +719,7 @@ impl ConsulClient {
         const EP: &str = "health/service";
         let mut query = vec![];
         if passing_only {
-            // CONSUL.md: leave `passing` out rather than sending passing=false.
+            // Consul: leave `passing` out rather than sending passing=false.
             query.push(("passing", String::new()));
         }
         let r = self
@@ -737,7 +737,7 @@ impl ConsulClient {
 }
 
 /// `?a=1&flag`: an empty value is sent as a bare flag (`?consistent`,
-/// `?recurse`, `?passing`), the form CONSUL.md documents.
+/// `?recurse`, `?passing`), the form Consul documents.
 fn query_string(query: &[(&str, String)]) -> String {
     let mut out = String::new();
     for (i, (key, value)) in query.iter().enumerate() {

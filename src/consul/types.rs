@@ -1,5 +1,5 @@
 //! Request and answer shapes of the Consul calls idgen makes. Unknown
-//! fields in answers are ignored (CONSUL.md: "ignore unknown fields").
+//! fields in answers are ignored (Consul's documented behaviour: "ignore unknown fields").
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,7 +15,7 @@ fn encode_value(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// Read consistency (CONSUL.md, "Every request").
+/// Read consistency (Consul API, "Every request").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Consistency {
     /// The leader's view; may be stale during a leader change.

@@ -5,7 +5,7 @@ use std::fmt;
 
 use thiserror::Error;
 
-/// How an ID is produced (see DESIGN.md, "ID modes").
+/// How an ID is produced (README: the modes and what each guarantees).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// Time-ordered IDs: time | datacenter | worker | sequence.

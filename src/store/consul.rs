@@ -1,7 +1,7 @@
 //! Cluster coordination in Consul: worker-id leases with fencing, and
 //! high-water marks in KV that only the lease holder can write.
 //!
-//! Key layout under `<prefix>/<cluster>/` (DESIGN.md):
+//! Key layout under `<prefix>/<cluster>/` (consul/README.md has the full table):
 //! `workers/<dc>/<worker>` (the lock, holding [`OwnerInfo`]) and
 //! `hwm/<dc>/<worker>` (decimal Unix ms).
 //!

@@ -1,5 +1,5 @@
 //! ACL tokens and what they allow. A small subset of Consul's rule
-//! language: enough to express idgen's minimal policy (see CONSUL.md) and to
+//! language: enough to express idgen's minimal policy (see consul/acl-policy.hcl) and to
 //! check that a client handles 403s and txn ACL errors.
 
 use std::collections::HashMap;
