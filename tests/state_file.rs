@@ -8,8 +8,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{metric, run_idgen, test_config, ChildServer, TestServer};
-use idgen::config::{Config, LeaseSection, SegmentSection, StrictSection};
+use common::{metric, run_idgen, ChildServer, TestServer};
+use idgen::config::Config;
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{GenIdsRequest, Mode};
 use tonic::transport::Channel;
@@ -27,26 +27,8 @@ const MODES: [(Mode, &str); 4] = [
 ];
 
 fn all_modes(dir: &Path) -> Config {
-    let mut c = test_config(dir);
+    let c = common::all_modes_config(dir);
     assert_eq!(c.hwm_renew_interval, RENEW_INTERVAL);
-    c.segment = Some(SegmentSection {
-        enabled: true,
-        auto_create: true,
-        default_step: 100,
-        max_step: 10_000,
-        ..SegmentSection::default()
-    });
-    c.lease = Some(LeaseSection {
-        enabled: true,
-        zone: 0,
-        token: Some(0),
-        block: 100,
-    });
-    c.strict = Some(StrictSection {
-        enabled: true,
-        default_step: 1,
-        ..StrictSection::default()
-    });
     c
 }
 

@@ -19,8 +19,8 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{metric, test_config, TestServer};
-use idgen::config::{Config, LeaseSection, SegmentSection, StrictSection};
+use common::{metric, TestServer};
+use idgen::config::Config;
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{GenIdsRequest, Mode};
 use idgen::store::fault_hook::DISK_FULL;
@@ -159,25 +159,7 @@ fn libc_enospc() -> i32 {
 }
 
 fn config(dir: &Path) -> Config {
-    let mut c = test_config(dir);
-    c.segment = Some(SegmentSection {
-        enabled: true,
-        auto_create: true,
-        default_step: 100,
-        max_step: 10_000,
-        ..SegmentSection::default()
-    });
-    c.lease = Some(LeaseSection {
-        enabled: true,
-        zone: 0,
-        token: Some(0),
-        block: 100,
-    });
-    c.strict = Some(StrictSection {
-        enabled: true,
-        default_step: 1,
-        ..StrictSection::default()
-    });
+    let mut c = common::all_modes_config(dir);
     // Short high-water-mark window, so snowflake runs out soon after the
     // store stops confirming marks.
     c.hwm_renew_interval = Duration::from_millis(100);

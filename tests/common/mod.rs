@@ -25,6 +25,31 @@ pub struct TestServer {
     task: tokio::task::JoinHandle<Result<ShutdownReport, idgen::server::ServeError>>,
 }
 
+/// [`test_config`] with segment (auto-create, ranges of 100), lease
+/// (blocks of 100) and strict mode enabled.
+pub fn all_modes_config(dir: &Path) -> Config {
+    let mut c = test_config(dir);
+    c.segment = Some(idgen::config::SegmentSection {
+        enabled: true,
+        auto_create: true,
+        default_step: 100,
+        max_step: 10_000,
+        ..Default::default()
+    });
+    c.lease = Some(idgen::config::LeaseSection {
+        enabled: true,
+        zone: 0,
+        token: Some(0),
+        block: 100,
+    });
+    c.strict = Some(idgen::config::StrictSection {
+        enabled: true,
+        default_step: 1,
+        ..Default::default()
+    });
+    c
+}
+
 /// A config for tests: state file in `dir`, created if missing.
 pub fn test_config(dir: &Path) -> Config {
     let mut f = FileConfig::default();
