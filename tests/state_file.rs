@@ -14,7 +14,6 @@ use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{GenIdsRequest, Mode};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
 /// One renewal interval: the default `hwm.renew_interval`.
 const RENEW_INTERVAL: Duration = Duration::from_secs(1);
@@ -73,22 +72,6 @@ async fn all_refuse(c: &mut IdGenClient<Channel>, path: &Path, what: &str) {
     }
 }
 
-async fn health(grpc: std::net::SocketAddr) -> ServingStatus {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: "idgen.v1.IdGen".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status()
-}
-
 async fn readyz(http: std::net::SocketAddr) -> u16 {
     reqwest::get(format!("http://{http}/readyz"))
         .await
@@ -111,7 +94,10 @@ async fn a_deleted_state_file_stops_every_mode_within_one_renewal_interval() {
 
     all_refuse(&mut c, &path, "deleted").await;
     assert_eq!(readyz(server.http).await, 503);
-    assert_eq!(health(server.grpc).await, ServingStatus::NotServing);
+    assert_eq!(
+        common::grpc_health(server.grpc).await,
+        ServingStatus::NotServing
+    );
     // The JSON API refuses too.
     let r = reqwest::get(server.url("/v1/id?mode=snowflake"))
         .await
@@ -161,7 +147,10 @@ async fn a_replaced_state_file_stops_the_node_and_a_second_node_cannot_revive_it
 
     all_refuse(&mut c1, &path, "replaced").await;
     assert_eq!(readyz(first.http).await, 503);
-    assert_eq!(health(first.grpc).await, ServingStatus::NotServing);
+    assert_eq!(
+        common::grpc_health(first.grpc).await,
+        ServingStatus::NotServing
+    );
     let text = reqwest::get(format!("http://{}/metrics", first.http))
         .await
         .unwrap()

@@ -26,7 +26,6 @@ use idgen::proto::{GenIdsRequest, Mode};
 use idgen::store::fault_hook::DISK_FULL;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
 /// Size of the tmpfs the state file lives on.
 const TMPFS_SIZE: &str = "8m";
@@ -270,22 +269,6 @@ async fn wait_status(url: &str, want: u16) -> bool {
     false
 }
 
-async fn grpc_health(grpc: std::net::SocketAddr) -> ServingStatus {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: "idgen.v1.IdGen".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status()
-}
-
 async fn metrics_text(server: &TestServer) -> String {
     reqwest::get(server.url("/metrics"))
         .await
@@ -349,7 +332,10 @@ async fn a_full_disk_stops_issuing_and_freeing_space_resumes_without_repeats() {
         call_until_refused(&mut c, mode, tag, count, &mut issued).await;
     }
     assert_eq!(status(&server.url("/readyz")).await, 503);
-    assert_eq!(grpc_health(server.grpc).await, ServingStatus::NotServing);
+    assert_eq!(
+        common::grpc_health(server.grpc).await,
+        ServingStatus::NotServing
+    );
     let text = metrics_text(&server).await;
     assert_eq!(metric(&text, "idgen_store_healthy"), Some(0.0), "{text}");
     assert!(metric(&text, "idgen_store_write_faults_total").unwrap_or(0.0) >= 1.0);
@@ -373,7 +359,10 @@ async fn a_full_disk_stops_issuing_and_freeing_space_resumes_without_repeats() {
         "the node must resume by itself once space is free"
     );
     assert_eq!(status(&server.url("/healthz")).await, 200);
-    assert_eq!(grpc_health(server.grpc).await, ServingStatus::Serving);
+    assert_eq!(
+        common::grpc_health(server.grpc).await,
+        ServingStatus::Serving
+    );
     let text = metrics_text(&server).await;
     assert_eq!(metric(&text, "idgen_store_healthy"), Some(1.0), "{text}");
     assert!(

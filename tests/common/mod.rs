@@ -517,3 +517,22 @@ pub async fn snowflake_ids(node: &ChildServer, count: u32) -> Result<Vec<u64>, t
     .await
     .map(|r| r.into_inner().ids)
 }
+
+/// The gRPC health status a node reports for `idgen.v1.IdGen`.
+pub async fn grpc_health(
+    grpc: SocketAddr,
+) -> tonic_health::pb::health_check_response::ServingStatus {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+        .expect("health endpoint")
+        .connect()
+        .await
+        .expect("connects for a health check");
+    tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "idgen.v1.IdGen".into(),
+        })
+        .await
+        .expect("health check answers")
+        .into_inner()
+        .status()
+}
