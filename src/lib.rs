@@ -34,14 +34,13 @@
 //! - [`shutdown`]: SIGTERM/SIGINT handling (a second signal exits at once).
 //! - [`bench`]: the `idgen bench` gRPC load generator and a bare baseline
 //!   server to compare against.
-//! - [`proto`]: code generated from `proto/idgen/v1/idgen.proto`, and
-//!   [`codec`], how requests that cannot be read are answered.
+//! - [`proto`]: the `idgen-proto` crate, code generated from
+//!   `proto/idgen/v1/idgen.proto`, shared with clients.
 //! - [`error`]: the crate-wide error enum.
 
 #![warn(missing_docs)]
 
 pub mod bench;
-pub mod codec;
 pub mod config;
 pub mod consul;
 pub mod error;
@@ -53,12 +52,6 @@ pub mod store;
 
 pub use error::Error;
 
-/// Generated protobuf and gRPC code for `idgen.v1`. Not hand-written: edit
-/// `proto/idgen/v1/idgen.proto` instead.
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod proto {
-    tonic::include_proto!("idgen.v1");
-
-    /// The encoded descriptor set, for gRPC server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("idgen_descriptor");
-}
+/// The `idgen.v1` protobuf messages and gRPC stubs (the `idgen-proto`
+/// crate, generated from `proto/idgen/v1/idgen.proto`).
+pub use idgen_proto as proto;

@@ -17,6 +17,7 @@ pub mod listener;
 pub mod monitor;
 pub mod registration;
 pub mod renewal;
+pub mod request_size;
 pub mod segments;
 pub mod status;
 pub mod strict;
@@ -530,7 +531,7 @@ impl Node {
             listener::Port::Grpc,
             config.connections,
             tower::Layer::layer(
-                &crate::codec::RequestSizeLayer::new(max_request),
+                &request_size::RequestSizeLayer::new(max_request),
                 grpc_routes,
             ),
             wait_stop(stop_rx.clone()),

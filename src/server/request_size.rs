@@ -1,74 +1,16 @@
-//! How gRPC requests that cannot be read are answered.
+//! Requests above the size limit are answered RESOURCE_EXHAUSTED.
 //!
-//! tonic's own protobuf codec answers INTERNAL to a request that does not
-//! decode, and OUT_OF_RANGE to one above the size limit; both are the
-//! caller's fault, so idgen answers INVALID_ARGUMENT and RESOURCE_EXHAUSTED,
-//! with a message that says what to fix. [`ProtoCodec`] is the codec the
-//! generated code uses (see `build.rs`); [`RequestSizeLayer`] rewrites the
-//! size refusal, which tonic makes before any codec sees the bytes.
+//! tonic refuses a request above `max_decoding_message_size` with
+//! OUT_OF_RANGE before any codec sees the bytes; the size is the caller's
+//! to fix, so [`RequestSizeLayer`] rewrites that refusal to
+//! RESOURCE_EXHAUSTED naming the limit and its setting.
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use prost::Message;
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::codegen::http;
 use tonic::Status;
-use tonic_prost::ProstEncoder;
-
-/// The protobuf codec of `idgen.v1`: prost encoding, and a decoder that
-/// answers INVALID_ARGUMENT to bytes that are not the expected message.
-#[derive(Debug, Clone, Copy)]
-pub struct ProtoCodec<T, U>(PhantomData<(T, U)>);
-
-impl<T, U> Default for ProtoCodec<T, U> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
-
-impl<T, U> Codec for ProtoCodec<T, U>
-where
-    T: Message + Send + 'static,
-    U: Message + Default + Send + 'static,
-{
-    type Encode = T;
-    type Decode = U;
-    type Encoder = ProstEncoder<T>;
-    type Decoder = RequestDecoder<U>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::new(BufferSettings::default())
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RequestDecoder(PhantomData)
-    }
-}
-
-/// Decodes one protobuf message; undecodable bytes are INVALID_ARGUMENT.
-#[derive(Debug, Clone, Copy)]
-pub struct RequestDecoder<U>(PhantomData<U>);
-
-impl<U: Message + Default> Decoder for RequestDecoder<U> {
-    type Item = U;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        U::decode(buf).map(Some).map_err(|e| {
-            let name = std::any::type_name::<U>().rsplit("::").next().unwrap_or("message");
-            Status::invalid_argument(format!(
-                "the request is not a valid idgen.v1.{name} protobuf message ({e}); check that the client was generated from idgen.proto"
-            ))
-        })
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::default()
-    }
-}
 
 /// Answers requests above the size limit with RESOURCE_EXHAUSTED naming the
 /// limit and its setting, instead of tonic's OUT_OF_RANGE.
