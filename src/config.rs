@@ -15,9 +15,10 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
 use crate::id::{Layout, LayoutSpec, Preset};
-use crate::store::consul::{ClusterKeys, LeaseSettings};
+use crate::store::consul::ClusterKeys;
 
 /// A config problem, naming the key and what is wrong with it.
 #[derive(Debug, Error)]
@@ -463,7 +464,7 @@ pub struct ConsulSection {
 
 impl Default for ConsulSection {
     fn default() -> Self {
-        let lease = LeaseSettings::default();
+        let lease = WorkerLockSettings::default();
         Self {
             address: "http://127.0.0.1:8500".into(),
             token: String::new(),
@@ -1367,7 +1368,7 @@ impl ConsulSection {
                 ),
             ));
         }
-        let lease = LeaseSettings {
+        let lease = WorkerLockSettings {
             ttl: self.session_ttl,
             lock_delay: self.lock_delay,
             margin: self.lease_margin,
@@ -1493,7 +1494,7 @@ pub struct ClusterConfig {
     /// Claim exactly `node.worker_id` instead of any free id.
     pub static_worker: bool,
     /// Worker lock timing.
-    pub lease: LeaseSettings,
+    pub lease: WorkerLockSettings,
     /// gRPC health probe interval.
     pub check_interval: Duration,
     /// gRPC health probe timeout.

@@ -31,7 +31,7 @@ pub enum Error {
     Store(#[from] StoreError),
     /// A worker id could not be claimed in Consul.
     #[error(transparent)]
-    Lease(#[from] crate::store::consul::LeaseError),
+    WorkerLock(#[from] crate::cluster::worker_lock::WorkerLockError),
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] crate::consul::ConsulError),

@@ -13,7 +13,7 @@
 //! - [`id`]: the pure core. Bit layouts and their presets, the lock-free
 //!   snowflake generator with its logical clock, step-back and high-water
 //!   mark rules, and the [`id::Clock`] trait. No I/O, no tokio.
-//! - [`store`]: durable state behind the [`store::StateStore`] trait (the
+//! - [`store`]: durable state behind the [`store::HwmStore`] trait (the
 //!   embedded redb backend, Consul), [`store::HwmKeeper`], which starts a
 //!   generator above the stored high-water mark and keeps the mark ahead,
 //!   and [`store::cluster_layout`], the layout a Consul cluster records
@@ -41,11 +41,14 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod cluster;
 pub mod config;
 pub mod consul;
 pub mod error;
 pub mod id;
 pub mod metrics;
+pub mod modes;
+pub mod renewal;
 pub mod server;
 pub mod shutdown;
 pub mod store;

@@ -788,7 +788,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<()> {
             let layout = file.layout(SystemClock.now_millis())?;
             decode_snowflake(&layout, id)?
         }
-        Mode::Lease => idgen::server::issuer::decode_lease(id)?,
+        Mode::Lease => idgen::modes::decode_lease(id)?,
         other => bail!("mode {other} IDs are plain numbers with no fields to decode"),
     };
     if a.json {

@@ -10,7 +10,7 @@
 //!
 //! Nothing here can make an ID repeat: a tag's `max_id` only moves
 //! forward, a deleted tag leaves a tombstone that a re-created tag
-//! continues above (see `store::segments`), and a forced release returns
+//! continues above (see `store::segment`), and a forced release returns
 //! only after the released session's lock-delay, which holds any new
 //! holder off until the old one has stopped issuing (its local deadline
 //! is at most min(TTL, lock-delay) after its last renew; `store::consul`).
@@ -23,9 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
-use super::lease::Leases;
 use super::status::{code_name, to_status};
-use super::strict::Strict;
 use crate::config::AdminToken;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
 use crate::error::Error;
@@ -33,6 +31,8 @@ use crate::id::segment::{check_max_id, check_step, SegmentError, Tag, TagRecord,
 use crate::id::strict::Namespace;
 use crate::id::Clock;
 use crate::metrics as m;
+use crate::modes::lease::Leases;
+use crate::modes::strict::Strict;
 use crate::proto::admin_server::{Admin, AdminServer};
 use crate::proto::{self, HolderKind};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
@@ -73,7 +73,7 @@ pub struct AdminDeps {
     pub strict: Option<Arc<Strict>>,
     /// Segment mode's buffers, when enabled: a deleted tag's are dropped
     /// at once, and creations count against its `segment.max_tags`.
-    pub segment_server: Option<Arc<super::segments::Segments>>,
+    pub segment_server: Option<Arc<crate::modes::segment::Segments>>,
     /// The Consul client and key layout, on the Consul backend.
     pub cluster: Option<(ConsulClient, ClusterKeys)>,
     /// This node, for holders on the embedded backend.
@@ -201,14 +201,14 @@ fn tag_message(tag: &Tag, r: &TagRecord) -> proto::SegmentTag {
 
 /// A worker id or lease token named by a request or a KV key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Held {
+enum LockKey {
     /// Datacenter, worker.
     Worker(u64, u64),
     /// Zone, token.
     Token(u64, u64),
 }
 
-impl std::fmt::Display for Held {
+impl std::fmt::Display for LockKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Worker(dc, w) => write!(f, "worker id {dc}/{w}"),
@@ -217,7 +217,7 @@ impl std::fmt::Display for Held {
     }
 }
 
-impl Held {
+impl LockKey {
     fn key(self, keys: &ClusterKeys) -> String {
         match self {
             Self::Worker(datacenter, worker) => keys.worker(WorkerKey { datacenter, worker }),
@@ -242,14 +242,14 @@ fn group_and_id(dir: &str, key: &str) -> Option<(u64, u64)> {
 }
 
 /// What a held key's value says, and the session holding it.
-fn holder_from(held: Held, entry: &KvEntry, state: &str) -> proto::Holder {
+fn holder_from(held: LockKey, entry: &KvEntry, state: &str) -> proto::Holder {
     let (kind, datacenter, zone, id) = match held {
-        Held::Worker(dc, w) => (HolderKind::Worker, dc, 0, w),
-        Held::Token(zone, t) => (HolderKind::LeaseToken, 0, zone, t),
+        LockKey::Worker(dc, w) => (HolderKind::Worker, dc, 0, w),
+        LockKey::Token(zone, t) => (HolderKind::LeaseToken, 0, zone, t),
     };
     let (owner, reserved) = match held {
-        Held::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
-        Held::Token(..) => match serde_json::from_slice::<TokenRecord>(&entry.value) {
+        LockKey::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
+        LockKey::Token(..) => match serde_json::from_slice::<TokenRecord>(&entry.value) {
             Ok(r) => (Some(r.owner), r.reserved),
             Err(_) => (None, 0),
         },
@@ -485,15 +485,15 @@ impl AdminService {
             .kv_list(&lease_dir, Consistency::Consistent)
             .await
             .map_err(consul_status)?;
-        let mut entries: Vec<(Held, KvEntry)> = Vec::new();
+        let mut entries: Vec<(LockKey, KvEntry)> = Vec::new();
         for e in workers {
             if let Some((dc, w)) = group_and_id(&workers_dir, &e.key) {
-                entries.push((Held::Worker(dc, w), e));
+                entries.push((LockKey::Worker(dc, w), e));
             }
         }
         for e in tokens {
             if let Some((zone, t)) = group_and_id(&lease_dir, &e.key) {
-                entries.push((Held::Token(zone, t), e));
+                entries.push((LockKey::Token(zone, t), e));
             }
         }
         entries.sort_by_key(|(h, _)| *h);
@@ -557,12 +557,12 @@ impl AdminService {
         }
     }
 
-    fn held(r: &proto::ForceReleaseRequest) -> Result<Held, Status> {
+    fn held(r: &proto::ForceReleaseRequest) -> Result<LockKey, Status> {
         match HolderKind::try_from(r.kind) {
             Ok(HolderKind::Worker) if r.zone != 0 => Err(Status::invalid_argument(
                 "a worker id has a datacenter, not a zone: leave zone at 0 and set datacenter",
             )),
-            Ok(HolderKind::Worker) => Ok(Held::Worker(r.datacenter, r.id)),
+            Ok(HolderKind::Worker) => Ok(LockKey::Worker(r.datacenter, r.id)),
             Ok(HolderKind::LeaseToken) if r.datacenter != 0 => Err(Status::invalid_argument(
                 "a lease token has a zone, not a datacenter: leave datacenter at 0 and set zone",
             )),
@@ -570,7 +570,7 @@ impl AdminService {
                 crate::id::lease::check_zone(r.zone)
                     .and_then(|_| crate::id::lease::check_token(r.id))
                     .map_err(|e| store_status(e.into()))?;
-                Ok(Held::Token(r.zone, r.id))
+                Ok(LockKey::Token(r.zone, r.id))
             }
             _ => Err(Status::invalid_argument(format!(
                 "kind {} is not one to release: use HOLDER_KIND_WORKER or HOLDER_KIND_LEASE_TOKEN (idgen admin release --kind worker|token)",
@@ -1121,7 +1121,7 @@ mod tests {
         assert_eq!(group_and_id(&dir, "idgen/prod/workers/2/"), None);
         assert_eq!(group_and_id(&dir, "idgen/prod/workers/x/1"), None);
         assert_eq!(
-            Held::Token(1, 5).key(&keys),
+            LockKey::Token(1, 5).key(&keys),
             "idgen/prod/lease/1/5",
             "the key the lease store locks"
         );
@@ -1137,10 +1137,10 @@ mod tests {
             force: false,
         };
         let held = |r| AdminService::held(&r).map_err(|s| s.code());
-        assert_eq!(held(req(HolderKind::Worker, 1, 0)), Ok(Held::Worker(1, 3)));
+        assert_eq!(held(req(HolderKind::Worker, 1, 0)), Ok(LockKey::Worker(1, 3)));
         assert_eq!(
             held(req(HolderKind::LeaseToken, 0, 2)),
-            Ok(Held::Token(2, 3))
+            Ok(LockKey::Token(2, 3))
         );
         for bad in [
             req(HolderKind::Unspecified, 0, 0),

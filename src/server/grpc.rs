@@ -10,8 +10,8 @@ use crate::id::{Mode, RequestError};
 use crate::metrics as m;
 use crate::proto::{self, id_gen_server::IdGen};
 
-use super::issuer::Issuer;
 use super::status::{code_name, to_status};
+use crate::modes::Issuer;
 
 /// Converts the proto enum (an open `i32`) to a mode.
 pub fn mode_from_proto(raw: i32) -> Result<Mode, RequestError> {

@@ -18,8 +18,8 @@ use crate::error::Error;
 use crate::id::{Mode, RequestError};
 
 use super::grpc::RpcMetric;
-use super::issuer::Issuer;
 use super::status::{code, code_name, http_status};
+use crate::modes::Issuer;
 
 /// What the HTTP handlers share.
 #[derive(Clone)]

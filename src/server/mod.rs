@@ -8,20 +8,12 @@
 //! final high-water mark.
 
 pub mod admin;
-pub mod cluster;
 pub mod grpc;
+pub mod health;
 pub mod http;
-pub mod issuer;
-pub mod lease;
 pub mod listener;
-pub mod monitor;
-pub mod registration;
-pub mod renewal;
 pub mod request_size;
-pub mod segments;
 pub mod status;
-pub mod strict;
-pub mod ticker;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -42,10 +34,13 @@ use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::{PeriodicThread, StateFileGuard, StateFileWatch};
 use crate::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictStore};
-use crate::store::{EmbeddedStore, HwmKeeper, SegmentStore, StateStore, WorkerKey};
+use crate::store::{EmbeddedStore, HwmKeeper, HwmStore, SegmentStore, WorkerKey};
 
-pub use issuer::{decode_snowflake, Decoded, Issuer};
-use renewal::RenewalThread;
+use crate::cluster::supervisor as cluster;
+pub use crate::modes::{decode_snowflake, Decoded, Issuer};
+use crate::modes::{lease, segment as segments, strict};
+use crate::renewal::RenewalThread;
+use health as monitor;
 
 /// The backing while serving.
 enum Running {
@@ -333,7 +328,7 @@ impl Node {
     pub async fn start_with_store(
         config: Config,
         clock: Arc<dyn Clock>,
-        store: Arc<dyn StateStore>,
+        store: Arc<dyn HwmStore>,
         stores: ModeStores,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
@@ -393,7 +388,11 @@ impl Node {
                 max_tags: s.max_tags,
                 idle_release: s.idle_release,
             };
-            let segments = Arc::new(segments::Segments::new(store, Arc::clone(&clock), settings));
+            let segments = Arc::new(crate::modes::segment::Segments::new(
+                store,
+                Arc::clone(&clock),
+                settings,
+            ));
             segments.spawn_idle_sweeper();
             issuer = issuer.with_segments(segments);
             tracing::info!(auto_create = s.auto_create, "segment mode enabled");

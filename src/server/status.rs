@@ -39,7 +39,7 @@ pub fn code(e: &Error) -> Code {
         | Error::SegmentUnavailable { .. }
         | Error::LeaseUnavailable { .. }
         | Error::StrictUnavailable { .. }
-        | Error::Lease(_)
+        | Error::WorkerLock(_)
         | Error::Consul(_) => Code::Unavailable,
         Error::Start(StartError::ClockBehindHwm { .. }) => Code::Unavailable,
         Error::Layout(_) | Error::Start(StartError::Layout(_)) => Code::FailedPrecondition,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::{StateStore, StoreError, WorkerKey};
+use super::{HwmStore, StoreError, WorkerKey};
 use crate::id::{Clock, Layout, Snowflake, StartPlan};
 use crate::metrics as m;
 
@@ -42,17 +42,13 @@ pub struct KeeperHandle {
     stop: Arc<Notify>,
     lost: tokio::sync::watch::Receiver<bool>,
     task: JoinHandle<()>,
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn HwmStore>,
     key: WorkerKey,
     generator: Arc<Snowflake>,
 }
 
 /// Writes a mark and records its latency and failures.
-async fn store_timed(
-    store: &dyn StateStore,
-    key: WorkerKey,
-    hwm_ms: u64,
-) -> Result<(), StoreError> {
+async fn store_timed(store: &dyn HwmStore, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
     let started = Instant::now();
     let result = store.store_hwm(key, hwm_ms).await;
     let backend = store.backend();
@@ -69,7 +65,7 @@ impl HwmKeeper {
     /// stores a mark `reserve` ahead and returns a generator bounded by it,
     /// plus the renewal task.
     pub async fn start(
-        store: Arc<dyn StateStore>,
+        store: Arc<dyn HwmStore>,
         key: WorkerKey,
         layout: Layout,
         clock: Arc<dyn Clock>,
@@ -129,7 +125,7 @@ impl HwmKeeper {
 }
 
 async fn renew_loop(
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn HwmStore>,
     key: WorkerKey,
     generator: Arc<Snowflake>,
     clock: Arc<dyn Clock>,
@@ -253,7 +249,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl StateStore for MemStore {
+    impl HwmStore for MemStore {
         fn backend(&self) -> &'static str {
             "memory"
         }

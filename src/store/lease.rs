@@ -247,7 +247,7 @@ impl TokenRecord {
 
 /// The token this node holds, as last written.
 #[derive(Debug, Clone)]
-struct Held {
+struct HeldToken {
     token: u64,
     record: TokenRecord,
     index: u64,
@@ -262,7 +262,7 @@ pub struct ConsulTokens {
     zone: u64,
     session: String,
     owner: OwnerInfo,
-    held: Mutex<Option<Held>>,
+    held: Mutex<Option<HeldToken>>,
     /// One reserve (or release) at a time.
     busy: tokio::sync::Mutex<()>,
 }
@@ -300,7 +300,7 @@ impl ConsulTokens {
         })
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<HeldToken>> {
         self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -319,7 +319,7 @@ impl ConsulTokens {
     /// long the delay has left and any free token is as good (each carries
     /// its own counter). The passed-over token keeps its counter and is
     /// taken again later by whoever finds it free.
-    async fn take_token(&self) -> Result<Held, StoreError> {
+    async fn take_token(&self) -> Result<HeldToken, StoreError> {
         let dir = self.keys.lease_dir(self.zone);
         let entries = self
             .client
@@ -391,7 +391,7 @@ impl ConsulTokens {
                         .map(|e| e.modify_index)
                         .unwrap_or(0);
                     tracing::info!(zone = self.zone, token, reserved, "lease token taken");
-                    return Ok(Held {
+                    return Ok(HeldToken {
                         token,
                         record,
                         index,
@@ -407,7 +407,7 @@ impl ConsulTokens {
 
     /// Re-reads the held token; [`StoreError::LockLost`] (and forgets it)
     /// if this session no longer holds it.
-    async fn refresh(&self, token: u64) -> Result<Held, StoreError> {
+    async fn refresh(&self, token: u64) -> Result<HeldToken, StoreError> {
         let key = self.keys.lease(self.zone, token);
         let (entry, _) = self
             .client
@@ -416,7 +416,7 @@ impl ConsulTokens {
             .map_err(consul_err)?;
         match entry {
             Some(entry) if entry.session.as_deref() == Some(self.session.as_str()) => {
-                let held = Held {
+                let held = HeldToken {
                     token,
                     record: TokenRecord::decode(&entry)?,
                     index: entry.modify_index,
@@ -438,7 +438,7 @@ impl ConsulTokens {
     /// Writes `record` for the held token if its index is still `index`.
     async fn write(
         &self,
-        held: &Held,
+        held: &HeldToken,
         record: TokenRecord,
         unlock: bool,
     ) -> Result<u64, StoreError> {
@@ -532,7 +532,7 @@ impl TokenSource for ConsulTokens {
             };
             return match self.write(&held, record.clone(), false).await {
                 Ok(index) => {
-                    *self.held() = Some(Held {
+                    *self.held() = Some(HeldToken {
                         token: held.token,
                         record,
                         index,
@@ -549,7 +549,7 @@ impl TokenSource for ConsulTokens {
                 Err(e) => {
                     // Maybe applied: never use the block, and re-read the
                     // token before the next write.
-                    *self.held() = Some(Held {
+                    *self.held() = Some(HeldToken {
                         stale: true,
                         ..held
                     });

@@ -1,6 +1,6 @@
 //! Durable coordination state behind one trait.
 //!
-//! The generator only trusts a high-water mark once a [`StateStore`] has
+//! The generator only trusts a high-water mark once a [`HwmStore`] has
 //! said it is durable. Two backends implement the trait: [`embedded`] (a
 //! redb file, one node) and [`consul`] (Consul KV, written only while this
 //! node holds its worker-id lease).
@@ -13,7 +13,7 @@ pub mod fault_hook;
 pub mod hwm;
 pub mod lease;
 pub mod reopen;
-pub mod segments;
+pub mod segment;
 pub mod snapshot;
 pub mod state_file;
 pub mod strict;
@@ -25,7 +25,7 @@ use thiserror::Error;
 
 pub use embedded::EmbeddedStore;
 pub use hwm::HwmKeeper;
-pub use segments::{ConsulSegmentStore, SegmentStore};
+pub use segment::{ConsulSegmentStore, SegmentStore};
 
 /// Identifies one snowflake worker in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -151,7 +151,7 @@ fn layout_fields(stored: &str, configured: &str) -> String {
 
 /// Durable state a node needs to issue IDs safely.
 #[async_trait]
-pub trait StateStore: Send + Sync + 'static {
+pub trait HwmStore: Send + Sync + 'static {
     /// A short name for logs and metrics (`embedded`, `consul`).
     fn backend(&self) -> &'static str;
 

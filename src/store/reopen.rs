@@ -449,7 +449,7 @@ impl StoreHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{EmbeddedStore, StateStore, WorkerKey};
+    use crate::store::{EmbeddedStore, HwmStore, WorkerKey};
 
     const KEY: WorkerKey = WorkerKey {
         datacenter: 1,

@@ -29,7 +29,7 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Ta
 use super::counts::COUNTS;
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
 use super::lease::LEASE;
-use super::segments::SEGMENTS;
+use super::segment::SEGMENTS;
 use super::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
 use super::StoreError;
 use crate::id::segment::TagRecord;
@@ -829,7 +829,7 @@ mod tests {
     use crate::store::lease::EmbeddedTokens;
     use crate::store::lease::TokenSource;
     use crate::store::SegmentStore;
-    use crate::store::{StateStore, WorkerKey};
+    use crate::store::{HwmStore, WorkerKey};
 
     const KEY: WorkerKey = WorkerKey {
         datacenter: 0,

@@ -17,10 +17,15 @@ use crate::store::reopen::StoreHealth;
 use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
-use super::lease::Leases;
-use super::segments::Segments;
-use super::strict::Strict;
-use super::ticker::UnitTicker;
+pub mod lease;
+pub mod segment;
+pub mod strict;
+pub mod ticker;
+
+use self::lease::Leases;
+use self::segment::Segments;
+use self::strict::Strict;
+use self::ticker::UnitTicker;
 use crate::id::segment::Tag;
 
 /// An ID split into its parts, for `DecodeId` and `/v1/decode`.

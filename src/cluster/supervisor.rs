@@ -9,7 +9,7 @@
 //!    Before the claim it compares its layout with the cluster's record
 //!    (`store::cluster_layout`); claims, mark renewals, session renewals
 //!    and the supervisor run on the node's renewal thread
-//!    ([`super::renewal`]) with a Consul client of their own, so a busy
+//!    ([`crate::renewal`]) with a Consul client of their own, so a busy
 //!    request runtime cannot starve them.
 //! 2. [`Cluster::run`] (once the gRPC server is up) spawns the supervisor
 //!    and registers the service in the background. The supervisor renews
@@ -30,20 +30,21 @@ use arc_swap::ArcSwap;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use super::worker_lock::{DeadlineHook, WorkerChoice, WorkerLock};
 use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
-use crate::store::consul::{ConsulHwmStore, DeadlineHook, OwnerInfo, WorkerChoice, WorkerLease};
+use crate::store::consul::{ConsulHwmStore, OwnerInfo};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
-use super::renewal::RenewalThread;
-use super::Issuer;
+use crate::modes::Issuer;
+use crate::renewal::RenewalThread;
 
 /// First pause between claim attempts after fencing; doubles up to
 /// `consul.reclaim_backoff_max`.
@@ -76,13 +77,13 @@ pub struct ClusterSpec {
 }
 
 /// A worker id held, with its generator running.
-struct Held {
-    lease: Arc<WorkerLease>,
+struct Claim {
+    lease: Arc<WorkerLock>,
     keeper: KeeperHandle,
     owner: OwnerInfo,
 }
 
-impl Held {
+impl Claim {
     /// Lease tokens held under this worker id's session.
     fn tokens(
         &self,
@@ -109,7 +110,7 @@ pub struct Cluster {
     coord: ConsulClient,
     renewal: tokio::runtime::Handle,
     clock: Arc<dyn Clock>,
-    held: Held,
+    held: Claim,
     registration: Registration,
 }
 
@@ -235,7 +236,7 @@ impl Cluster {
 /// The supervised cluster membership of a serving node.
 pub struct RunningCluster {
     stop: watch::Sender<bool>,
-    supervisor: JoinHandle<Option<Held>>,
+    supervisor: JoinHandle<Option<Claim>>,
     registrar: JoinHandle<()>,
     registration: Arc<ArcSwap<Registration>>,
     issuer: Arc<Issuer>,
@@ -250,7 +251,7 @@ impl RunningCluster {
         let held = self.supervisor.await.ok().flatten();
         let _ = self.registrar.await;
         let mut result = Ok(None);
-        if let Some(Held { lease, keeper, .. }) = held {
+        if let Some(Claim { lease, keeper, .. }) = held {
             result = keeper.finish().await.map(Some);
             if let Some(leases) = self.issuer.leases() {
                 // Before the session goes: the token keeps its counter and
@@ -290,7 +291,7 @@ async fn claim(
     spec: &ClusterSpec,
     client: &ConsulClient,
     clock: &Arc<dyn Clock>,
-) -> Result<Held, Error> {
+) -> Result<Claim, Error> {
     let owner = OwnerInfo {
         instance: spec.instance.clone(),
         address: spec.advertise.to_string(),
@@ -310,7 +311,7 @@ async fn claim(
     // clock (a node with a fast clock ran there): another free id works.
     let mut poisoned = Vec::new();
     loop {
-        let lease = WorkerLease::claim_skipping(
+        let lease = WorkerLock::claim_skipping(
             client.clone(),
             spec.config.keys.clone(),
             spec.datacenter,
@@ -327,14 +328,14 @@ async fn claim(
             "worker id claimed in Consul"
         );
         let store = Arc::new(
-            ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), &lease)
+            ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lease.session())
                 .with_layout(guard.clone()),
         );
         let started =
             HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await;
         let e = match started {
             Ok((_, keeper)) => {
-                return Ok(Held {
+                return Ok(Claim {
                     lease: Arc::new(lease),
                     keeper,
                     owner,
@@ -404,11 +405,11 @@ async fn supervise(
     spec: Arc<ClusterSpec>,
     (coord, client): (ConsulClient, ConsulClient),
     clock: Arc<dyn Clock>,
-    mut held: Held,
+    mut held: Claim,
     issuer: Arc<Issuer>,
     (registration, registration_changed): (Arc<ArcSwap<Registration>>, Arc<Notify>),
     mut stopped: watch::Receiver<bool>,
-) -> Option<Held> {
+) -> Option<Claim> {
     loop {
         let lease = Arc::clone(&held.lease);
         let kept = tokio::select! {
@@ -530,7 +531,7 @@ async fn wait_stop(mut stopped: watch::Receiver<bool>) {
 
 /// Publishes the age of the last successful renew once a second; never
 /// returns.
-async fn report_renew_age(lease: &WorkerLease) -> std::convert::Infallible {
+async fn report_renew_age(lease: &WorkerLock) -> std::convert::Infallible {
     let mut t = tokio::time::interval(Duration::from_secs(1));
     loop {
         t.tick().await;

@@ -17,7 +17,7 @@ use tonic_health::ServingStatus;
 use crate::id::{Clock, GenError, Snowflake, StepBackStats};
 use crate::metrics as m;
 
-use super::Issuer;
+use crate::modes::Issuer;
 
 /// How often the monitor looks.
 pub const TICK: Duration = Duration::from_millis(100);
