@@ -239,6 +239,12 @@ impl Block {
     }
 }
 
+impl super::buffer::Span for Block {
+    fn ids(&self) -> Range {
+        Block::ids(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,12 @@
 //! The pure core: ID layouts, the snowflake generator, segment ranges,
-//! lease blocks, strict counters and the clock trait.
+//! lease blocks, the double buffer both serve from, strict counters and
+//! the clock trait.
 //!
 //! Nothing here does I/O, spawns, sleeps or awaits; time comes in through
 //! [`clock::Clock`] and durability is the caller's job (see `store`). That
 //! keeps every rule about uniqueness testable with a manual clock.
 
+pub mod buffer;
 pub mod clock;
 pub mod deadline;
 pub mod layout;

@@ -18,6 +18,7 @@ use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
 pub mod lease;
+pub mod refill;
 pub mod segment;
 pub mod strict;
 pub mod ticker;

@@ -1137,7 +1137,10 @@ mod tests {
             force: false,
         };
         let held = |r| AdminService::held(&r).map_err(|s| s.code());
-        assert_eq!(held(req(HolderKind::Worker, 1, 0)), Ok(LockKey::Worker(1, 3)));
+        assert_eq!(
+            held(req(HolderKind::Worker, 1, 0)),
+            Ok(LockKey::Worker(1, 3))
+        );
         assert_eq!(
             held(req(HolderKind::LeaseToken, 0, 2)),
             Ok(LockKey::Token(2, 3))
