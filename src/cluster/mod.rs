@@ -8,6 +8,7 @@
 //! [`registration`] registers the node as a Consul service with a gRPC
 //! health check so clients find only nodes that are issuing IDs.
 
+pub mod membership;
 pub mod registration;
 pub mod supervisor;
 pub mod worker_lock;

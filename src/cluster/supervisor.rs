@@ -42,8 +42,8 @@ use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
+use super::membership::{IssuePath, SessionBound};
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
-use crate::modes::Issuer;
 use crate::renewal::RenewalThread;
 
 /// First pause between claim attempts after fencing; doubles up to
@@ -172,9 +172,21 @@ impl Cluster {
         self.held.tokens(&self.spec, &self.client, zone)
     }
 
+    /// The worker lock's session and what its value says about this node.
+    pub fn session(&self) -> (&str, &OwnerInfo) {
+        (self.held.lease.session(), &self.held.owner)
+    }
+
     /// Registers the service and starts supervising the lease. Call once
     /// the gRPC server answers health checks.
-    pub async fn run(self, issuer: Arc<Issuer>) -> RunningCluster {
+    /// `node` is the issue path the supervisor fences and re-arms;
+    /// `bound` is what lives under the session (lease mode's token), moved
+    /// to the new session after every re-claim and released at shutdown.
+    pub async fn run(
+        self,
+        node: Arc<dyn IssuePath>,
+        bound: Option<Arc<dyn SessionBound>>,
+    ) -> RunningCluster {
         let Cluster {
             spec,
             client,
@@ -185,7 +197,7 @@ impl Cluster {
             registration,
         } = self;
         // From here every renew moves the issue path's deadline on.
-        held.lease.on_renew(deadline_hook(&issuer));
+        held.lease.on_renew(deadline_hook(&node));
         let registration = Arc::new(ArcSwap::from_pointee(registration));
         let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
@@ -195,7 +207,7 @@ impl Cluster {
             (coord, client.clone()),
             clock,
             held,
-            Arc::clone(&issuer),
+            (Arc::clone(&node), bound.clone()),
             (Arc::clone(&registration), Arc::clone(&changed)),
             stopped.clone(),
         ));
@@ -228,7 +240,7 @@ impl Cluster {
             supervisor,
             registrar,
             registration,
-            issuer,
+            bound,
         }
     }
 }
@@ -239,7 +251,7 @@ pub struct RunningCluster {
     supervisor: JoinHandle<Option<Claim>>,
     registrar: JoinHandle<()>,
     registration: Arc<ArcSwap<Registration>>,
-    issuer: Arc<Issuer>,
+    bound: Option<Arc<dyn SessionBound>>,
 }
 
 impl RunningCluster {
@@ -253,12 +265,10 @@ impl RunningCluster {
         let mut result = Ok(None);
         if let Some(Claim { lease, keeper, .. }) = held {
             result = keeper.finish().await.map(Some);
-            if let Some(leases) = self.issuer.leases() {
+            if let Some(bound) = &self.bound {
                 // Before the session goes: the token keeps its counter and
                 // this instance gets it back on restart.
-                if let Err(e) = leases.release().await {
-                    tracing::warn!(error = %e, "cannot release the lease token; it frees itself when the session ends");
-                }
+                bound.release().await;
             }
             match lease.release().await {
                 Ok(()) => {
@@ -406,7 +416,7 @@ async fn supervise(
     (coord, client): (ConsulClient, ConsulClient),
     clock: Arc<dyn Clock>,
     mut held: Claim,
-    issuer: Arc<Issuer>,
+    (node, bound): (Arc<dyn IssuePath>, Option<Arc<dyn SessionBound>>),
     (registration, registration_changed): (Arc<ArcSwap<Registration>>, Arc<Notify>),
     mut stopped: watch::Receiver<bool>,
 ) -> Option<Claim> {
@@ -422,7 +432,7 @@ async fn supervise(
             return Some(held);
         }
         // Fence first, then everything else.
-        issuer.fence();
+        node.fence();
         let last_ms = held.keeper.abort();
         metrics::gauge!(m::FENCED).set(1.0);
         metrics::counter!(m::FENCINGS).increment(1);
@@ -496,14 +506,13 @@ async fn supervise(
             pause = (pause * 2).min(spec.config.reclaim_backoff_max);
         };
         // Checked against the deadline just above, with no await since.
-        held.lease.on_renew(deadline_hook(&issuer));
-        if let (Some(zone), Some(leases)) = (spec.lease_zone, issuer.leases()) {
-            match held.tokens(&spec, &client, zone) {
-                Ok(tokens) => leases.install(Arc::new(tokens)),
-                Err(e) => tracing::error!(error = %e, "cannot set up lease tokens"),
+        held.lease.on_renew(deadline_hook(&node));
+        if let Some(bound) = &bound {
+            if let Err(e) = bound.moved(held.lease.session(), &held.owner) {
+                tracing::error!(error = %e, "cannot move what the session holds (lease tokens) to the new session");
             }
         }
-        issuer.install(Arc::clone(held.keeper.generator()));
+        node.install(Arc::clone(held.keeper.generator()));
         let key = held.lease.key();
         record_claim(key, true);
         if registration.load().worker() != key {
@@ -520,9 +529,9 @@ async fn supervise(
 }
 
 /// Copies each new lease deadline to the issue path's cheap check.
-fn deadline_hook(issuer: &Arc<Issuer>) -> DeadlineHook {
-    let issuer = Arc::clone(issuer);
-    Arc::new(move |at| issuer.set_lease_deadline(at))
+fn deadline_hook(node: &Arc<dyn IssuePath>) -> DeadlineHook {
+    let node = Arc::clone(node);
+    Arc::new(move |at| node.set_deadline(at))
 }
 
 async fn wait_stop(mut stopped: watch::Receiver<bool>) {
