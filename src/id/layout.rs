@@ -5,6 +5,7 @@
 //! order. The widths, the time unit and the epoch are configurable and
 //! validated once; everything after that is shifts and masks.
 
+use super::kind::ErrorKind;
 use std::fmt;
 
 use thiserror::Error;
@@ -83,6 +84,13 @@ pub enum LayoutError {
     /// An unknown preset name.
     #[error("unknown layout preset {0:?}; use twitter, sonyflake or js53")]
     UnknownPreset(String),
+}
+
+impl LayoutError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::Precondition
+    }
 }
 
 /// Why an ID could not be decoded under a layout.

@@ -9,6 +9,7 @@
 pub mod buffer;
 pub mod clock;
 pub mod deadline;
+pub mod kind;
 pub mod layout;
 pub mod lease;
 pub mod mode;
@@ -18,6 +19,7 @@ pub mod strict;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use deadline::Deadline;
+pub use kind::ErrorKind;
 pub use layout::{
     epoch_text, DecodeError, IdParts, Layout, LayoutDifference, LayoutError, LayoutSpec, Preset,
     DEFAULT_EPOCH_MS,

@@ -7,6 +7,7 @@
 //! alone once that write is acknowledged. Storage lives in `store`; this
 //! module does no I/O.
 
+use super::kind::ErrorKind;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -55,6 +56,16 @@ pub enum SegmentError {
         "max_id {0} is out of range: use 0 to 9223372036854775807 (segment IDs stay below 2^63)"
     )]
     BadMaxId(u64),
+}
+
+impl SegmentError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Exhausted { .. } => ErrorKind::Exhausted,
+            _ => ErrorKind::BadRequest,
+        }
+    }
 }
 
 /// Largest step of one range.

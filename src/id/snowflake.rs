@@ -28,6 +28,7 @@
 //!   operation, so no issue can slip in between closing and reading the
 //!   final position.
 
+use super::kind::ErrorKind;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use thiserror::Error;
@@ -72,6 +73,16 @@ pub enum GenError {
     Closed,
 }
 
+impl GenError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::TimeExhausted => ErrorKind::Exhausted,
+            _ => ErrorKind::Unavailable,
+        }
+    }
+}
+
 /// Why a node may not start issuing.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum StartError {
@@ -87,6 +98,16 @@ pub enum StartError {
     /// The datacenter or worker id does not fit the layout, or time ran out.
     #[error(transparent)]
     Layout(#[from] LayoutError),
+}
+
+impl StartError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::ClockBehindHwm { .. } => ErrorKind::Unavailable,
+            Self::Layout(e) => e.kind(),
+        }
+    }
 }
 
 /// Where a generator starts, worked out from the stored high-water mark.

@@ -593,7 +593,7 @@ mod tests {
         got.extend(seg.take(&tag, 180).await.unwrap());
         assert_eq!(got.len(), 200);
         let err = seg.take(&tag, 1).await.unwrap_err();
-        assert_eq!(crate::server::status::code(&err), tonic::Code::Unavailable);
+        assert_eq!(err.kind(), crate::error::ErrorKind::Unavailable);
         assert!(err.to_string().contains("\"orders\""), "{err}");
         // Back: serving resumes above everything handed out.
         store.fail.store(false, Ordering::SeqCst);
@@ -623,7 +623,7 @@ mod tests {
         let (store, clock, seg, _tag) = setup(100);
         let other = Tag::parse("other").unwrap();
         let err = seg.take(&other, 1).await.unwrap_err();
-        assert_eq!(crate::server::status::code(&err), tonic::Code::NotFound);
+        assert_eq!(err.kind(), crate::error::ErrorKind::NotFound);
         let auto = Arc::new(Segments::new(
             store.clone(),
             clock,
@@ -692,7 +692,7 @@ mod tests {
         assert!(rest[0] > got[9]);
         // then the next fetch answers TagNotFound and the buffers go.
         let err = seg.take(&tag, 1).await.unwrap_err();
-        assert_eq!(crate::server::status::code(&err), tonic::Code::NotFound);
+        assert_eq!(err.kind(), crate::error::ErrorKind::NotFound);
         assert_eq!(seg.buffered_tags(), 0);
         // Released here directly (an admin delete on this node).
         store
@@ -716,10 +716,7 @@ mod tests {
             setting: "segment.max_tags",
         }
         .into();
-        assert_eq!(
-            crate::server::status::code(&err),
-            tonic::Code::ResourceExhausted
-        );
+        assert_eq!(err.kind(), crate::error::ErrorKind::Exhausted);
         assert!(err.to_string().contains("raise segment.max_tags"), "{err}");
     }
 }

@@ -18,6 +18,7 @@ pub mod snapshot;
 pub mod state_file;
 pub mod strict;
 
+use crate::id::ErrorKind;
 use std::fmt;
 
 use async_trait::async_trait;
@@ -117,6 +118,28 @@ pub enum StoreError {
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
+}
+
+impl StoreError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::TagNotFound(_) | Self::StrictKeyNotFound(_) => ErrorKind::NotFound,
+            Self::TagExists(_) => ErrorKind::AlreadyExists,
+            Self::LimitReached { .. } => ErrorKind::Exhausted,
+            Self::Segment(e) => e.kind(),
+            Self::Lease(e) => e.kind(),
+            Self::Strict(e) => e.kind(),
+            // Start-up and backend failures: another node can serve.
+            Self::Missing { .. }
+            | Self::AlreadyExists { .. }
+            | Self::LayoutMismatch { .. }
+            | Self::StateFileLost { .. }
+            | Self::Backend(_)
+            | Self::Contended(_)
+            | Self::LockLost(_) => ErrorKind::Unavailable,
+        }
+    }
 }
 
 impl StoreError {
