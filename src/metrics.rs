@@ -260,3 +260,74 @@ fn describe() {
         "Always 1; labelled with the idgen version and the ID layout."
     );
 }
+
+/// Label values used at more than one call site, so they cannot drift.
+/// The `mode` label of [`IDS_ISSUED`] is [`crate::id::Mode::as_str`].
+pub mod label {
+    /// `backend` of the store metrics for segment records (the embedded
+    /// and Consul backends of high-water marks name themselves).
+    pub const BACKEND_SEGMENT: &str = "segment";
+    /// `backend` of the store metrics for lease-token counters.
+    pub const BACKEND_LEASE: &str = "lease";
+    /// `op`: a high-water mark write.
+    pub const OP_STORE_HWM: &str = "store_hwm";
+    /// `op`: a segment range taken.
+    pub const OP_TAKE_RANGE: &str = "take_range";
+    /// `op`: a lease block reserved.
+    pub const OP_RESERVE_BLOCK: &str = "reserve_block";
+    /// `kind` of [`super::CLOCK_STEP_BACK_EVENTS`]: absorbed by the logical clock.
+    pub const STEP_BACK_TOLERATED: &str = "tolerated";
+    /// `kind` of [`super::CLOCK_STEP_BACK_EVENTS`]: past `clock.max_backward`.
+    pub const STEP_BACK_REFUSED: &str = "refused";
+    /// `reason` of [`super::SEGMENT_BUFFERS_RELEASED`] and
+    /// [`super::CONNECTIONS_TIMED_OUT`]: unused for too long.
+    pub const REASON_IDLE: &str = "idle";
+    /// `reason` of [`super::CONNECTIONS_TIMED_OUT`]: no HTTP/2 preface in time.
+    pub const REASON_PREFACE: &str = "preface";
+    /// `result` of [`super::STORE_REOPENS`].
+    pub const RESULT_OK: &str = "ok";
+    /// `result` of [`super::STORE_REOPENS`].
+    pub const RESULT_FAILED: &str = "failed";
+}
+
+/// The duration histogram and error counter of one store operation,
+/// built once by the component that makes it.
+#[derive(Clone)]
+pub struct StoreOp {
+    duration: metrics::Histogram,
+    errors: metrics::Counter,
+}
+
+impl StoreOp {
+    /// The handles of `op` on `backend` (see [`label`]).
+    pub fn new(backend: &'static str, op: &'static str) -> Self {
+        Self {
+            duration: metrics::histogram!(STORE_WRITE_DURATION, "backend" => backend, "op" => op),
+            errors: metrics::counter!(STORE_ERRORS, "backend" => backend, "op" => op),
+        }
+    }
+
+    /// Records one call that started at `started`; counts it as an error
+    /// unless `ok`.
+    pub fn record(&self, started: std::time::Instant, ok: bool) {
+        self.took(started);
+        if !ok {
+            self.failed();
+        }
+    }
+
+    /// Records the duration of one call that started at `started`.
+    pub fn took(&self, started: std::time::Instant) {
+        self.duration.record(started.elapsed().as_secs_f64());
+    }
+
+    /// Counts one failed call.
+    pub fn failed(&self) {
+        self.errors.increment(1);
+    }
+
+    /// Exports the error counter at zero before the first error.
+    pub fn zero(&self) {
+        self.errors.increment(0);
+    }
+}

@@ -448,63 +448,7 @@ async fn supervise(
         // Safe: nothing more is issued or written with it.
         // Claiming waits for the hand-back, so the node comes back on its
         // own id; but never longer than the old session can live anyway.
-        let lease_ends =
-            lease.last_renewed() + 2 * spec.config.lease.ttl + spec.config.lease.lock_delay;
-        let mut lost = Some(lease);
-        let mut pause = RECLAIM_BACKOFF_MIN;
-        held = loop {
-            if *stopped.borrow() {
-                if let Some(old) = &lost {
-                    // Shutting down while fenced: one last bounded try, so
-                    // a restart does not wait out the old session.
-                    let limit = spec.config.lease.ttl / 3;
-                    let _ = tokio::time::timeout(limit, old.hand_back()).await;
-                }
-                return None;
-            }
-            if let Some(old) = &lost {
-                metrics::gauge!(m::SESSION_RENEW_AGE)
-                    .set(old.last_renewed().elapsed().as_secs_f64());
-                let limit = spec.config.lease.ttl / 3;
-                match tokio::time::timeout(limit, old.hand_back()).await {
-                    Ok(Ok(())) => {
-                        tracing::info!(worker = %old.key(), "lost worker id handed back to Consul");
-                        lost = None;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "cannot hand the lost worker id back yet")
-                    }
-                    Err(_) => tracing::debug!("cannot hand the lost worker id back yet: timed out"),
-                }
-            }
-            if lost.is_none() || Instant::now() >= lease_ends {
-                match claim(&spec, &coord, &clock).await {
-                    Ok(new) if Instant::now() < new.lease.deadline() => break new,
-                    Ok(late) => {
-                        // Too slow to be safe: the lease ran out while starting.
-                        late.keeper.abort();
-                        let _ = late.lease.release().await;
-                        tracing::warn!("claimed a worker id too slowly to use it; trying again");
-                    }
-                    Err(Error::ClusterLayout(e @ ClusterLayoutError::Mismatch { .. })) => {
-                        tracing::error!(
-                            error = %e,
-                            "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
-                        )
-                    }
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        retry_in_ms = pause.as_millis() as u64,
-                        "cannot claim a worker id yet"
-                    ),
-                }
-            }
-            tokio::select! {
-                _ = stopped.changed() => {}
-                _ = tokio::time::sleep(pause) => {}
-            }
-            pause = (pause * 2).min(spec.config.reclaim_backoff_max);
-        };
+        held = reclaim(&spec, &coord, &clock, lease, &mut stopped).await?;
         // Checked against the deadline just above, with no await since.
         held.lease.on_renew(deadline_hook(&node));
         if let Some(bound) = &bound {
@@ -525,6 +469,74 @@ async fn supervise(
                 Err(e) => tracing::error!(error = %e, "cannot build the service registration"),
             }
         }
+    }
+}
+
+/// After a loss: hands the lost id back as soon as Consul answers, then
+/// claims again with backoff (every claim waits for the hand-back, but
+/// never longer than the old session can live). `None`: stopped first.
+async fn reclaim(
+    spec: &ClusterSpec,
+    coord: &ConsulClient,
+    clock: &Arc<dyn Clock>,
+    lease: Arc<WorkerLock>,
+    stopped: &mut watch::Receiver<bool>,
+) -> Option<Claim> {
+    let lease_ends =
+        lease.last_renewed() + 2 * spec.config.lease.ttl + spec.config.lease.lock_delay;
+    let mut lost = Some(lease);
+    let mut pause = RECLAIM_BACKOFF_MIN;
+    loop {
+        if *stopped.borrow() {
+            if let Some(old) = &lost {
+                // Shutting down while fenced: one last bounded try, so
+                // a restart does not wait out the old session.
+                let limit = spec.config.lease.ttl / 3;
+                let _ = tokio::time::timeout(limit, old.hand_back()).await;
+            }
+            return None;
+        }
+        if let Some(old) = &lost {
+            metrics::gauge!(m::SESSION_RENEW_AGE).set(old.last_renewed().elapsed().as_secs_f64());
+            let limit = spec.config.lease.ttl / 3;
+            match tokio::time::timeout(limit, old.hand_back()).await {
+                Ok(Ok(())) => {
+                    tracing::info!(worker = %old.key(), "lost worker id handed back to Consul");
+                    lost = None;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "cannot hand the lost worker id back yet")
+                }
+                Err(_) => tracing::debug!("cannot hand the lost worker id back yet: timed out"),
+            }
+        }
+        if lost.is_none() || Instant::now() >= lease_ends {
+            match claim(spec, coord, clock).await {
+                Ok(new) if Instant::now() < new.lease.deadline() => return Some(new),
+                Ok(late) => {
+                    // Too slow to be safe: the lease ran out while starting.
+                    late.keeper.abort();
+                    let _ = late.lease.release().await;
+                    tracing::warn!("claimed a worker id too slowly to use it; trying again");
+                }
+                Err(Error::ClusterLayout(e @ ClusterLayoutError::Mismatch { .. })) => {
+                    tracing::error!(
+                        error = %e,
+                        "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
+                    )
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "cannot claim a worker id yet"
+                ),
+            }
+        }
+        tokio::select! {
+            _ = stopped.changed() => {}
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(spec.config.reclaim_backoff_max);
     }
 }
 

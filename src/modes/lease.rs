@@ -79,6 +79,7 @@ pub struct Leases {
     state: Mutex<State>,
     filled: Notify,
     issued: metrics::Counter,
+    store_op: m::StoreOp,
 }
 
 impl Leases {
@@ -95,7 +96,8 @@ impl Leases {
                 last_error: None,
             }),
             filled: Notify::new(),
-            issued: metrics::counter!(m::IDS_ISSUED, "mode" => "lease"),
+            issued: metrics::counter!(m::IDS_ISSUED, "mode" => crate::id::Mode::Lease.as_str()),
+            store_op: m::StoreOp::new(m::label::BACKEND_LEASE, m::label::OP_RESERVE_BLOCK),
         }
     }
 
@@ -180,8 +182,7 @@ impl Leases {
         let source = self.source();
         let started = Instant::now();
         let result = source.reserve(self.settings.block).await;
-        metrics::histogram!(m::STORE_WRITE_DURATION, "backend" => "lease", "op" => "reserve_block")
-            .record(started.elapsed().as_secs_f64());
+        self.store_op.took(started);
         let outcome = {
             let mut st = self.state();
             if self.generation.load(Ordering::SeqCst) != generation {
@@ -210,8 +211,7 @@ impl Leases {
                         _ => None,
                     };
                     st.last_error = Some((e.to_string(), lease));
-                    metrics::counter!(m::STORE_ERRORS, "backend" => "lease", "op" => "reserve_block")
-                        .increment(1);
+                    self.store_op.failed();
                     Err(Error::from(e))
                 }
             }

@@ -77,10 +77,12 @@ pub struct TagBuffer {
     /// Set when the tag was found deleted: calls waiting on this buffer
     /// answer NOT_FOUND instead of waiting for a range that cannot come.
     deleted: AtomicBool,
+    /// The store metrics of range fetches (shared by every tag).
+    store_op: m::StoreOp,
 }
 
 impl TagBuffer {
-    fn new(tag: Tag, record: &TagRecord) -> Self {
+    fn new(tag: Tag, record: &TagRecord, store_op: &m::StoreOp) -> Self {
         Self {
             tag,
             floor_step: record.step,
@@ -92,6 +94,7 @@ impl TagBuffer {
             used: AtomicBool::new(true),
             seen_ms: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
+            store_op: store_op.clone(),
         }
     }
 
@@ -145,8 +148,7 @@ impl TagBuffer {
         };
         let started = std::time::Instant::now();
         let result = store.take_range(&self.tag, step, now_ms).await;
-        metrics::histogram!(m::STORE_WRITE_DURATION, "backend" => "segment", "op" => "take_range")
-            .record(started.elapsed().as_secs_f64());
+        self.store_op.took(started);
         let outcome = {
             let mut st = self.state();
             match result {
@@ -156,7 +158,7 @@ impl TagBuffer {
                 }
                 Err(e) => {
                     st.buffer.fetch_failed(std::time::Instant::now());
-                    metrics::counter!(m::STORE_ERRORS, "backend" => "segment", "op" => "take_range").increment(1);
+                    self.store_op.failed();
                     Err(Error::from(e))
                 }
             }
@@ -173,6 +175,7 @@ pub struct Segments {
     settings: SegmentSettings,
     tags: RwLock<HashMap<Tag, Arc<TagBuffer>>>,
     issued: metrics::Counter,
+    store_op: m::StoreOp,
 }
 
 impl Segments {
@@ -187,7 +190,8 @@ impl Segments {
             clock,
             settings,
             tags: RwLock::new(HashMap::new()),
-            issued: metrics::counter!(m::IDS_ISSUED, "mode" => "segment"),
+            issued: metrics::counter!(m::IDS_ISSUED, "mode" => crate::id::Mode::Segment.as_str()),
+            store_op: m::StoreOp::new(m::label::BACKEND_SEGMENT, m::label::OP_TAKE_RANGE),
         }
     }
 
@@ -234,7 +238,7 @@ impl Segments {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let buffer = Arc::clone(
             tags.entry(tag.clone())
-                .or_insert_with(|| Arc::new(TagBuffer::new(tag.clone(), &record))),
+                .or_insert_with(|| Arc::new(TagBuffer::new(tag.clone(), &record, &self.store_op))),
         );
         buffer
             .seen_ms
@@ -308,7 +312,8 @@ impl Segments {
                 metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
                 drop(tags);
                 self.store.release(&tag);
-                metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => "idle").increment(1);
+                metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => m::label::REASON_IDLE)
+                    .increment(1);
             }
         }
         released

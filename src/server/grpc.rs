@@ -46,7 +46,7 @@ impl RpcMetric {
     pub fn new(rpc: &'static str) -> Self {
         Self {
             rpc,
-            ok: metrics::histogram!(m::REQUEST_DURATION, "rpc" => rpc, "code" => "OK"),
+            ok: metrics::histogram!(m::REQUEST_DURATION, "rpc" => rpc, "code" => code_name(tonic::Code::Ok)),
         }
     }
 

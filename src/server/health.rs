@@ -182,7 +182,8 @@ fn report_step_backs(generator: &Snowflake, seen: &mut StepBackStats) {
     let tolerated = now.tolerated - seen.tolerated;
     let refused = now.refused - seen.refused;
     if tolerated > 0 {
-        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => "tolerated").increment(tolerated);
+        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => m::label::STEP_BACK_TOLERATED)
+            .increment(tolerated);
         metrics::histogram!(m::CLOCK_STEP_BACK_SIZE).record(size);
         tracing::warn!(
             back_ms = now.last_back_ms,
@@ -190,7 +191,8 @@ fn report_step_backs(generator: &Snowflake, seen: &mut StepBackStats) {
         );
     }
     if refused > 0 {
-        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => "refused").increment(refused);
+        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => m::label::STEP_BACK_REFUSED)
+            .increment(refused);
         metrics::histogram!(m::CLOCK_STEP_BACK_SIZE).record(size);
         tracing::error!(
             back_ms = now.last_back_ms,

@@ -71,10 +71,10 @@ fn hwm_settings(config: &Config) -> HwmSettings {
 
 /// Counters start at zero so `rate()` works before the first event.
 fn zero_counters(backend: &'static str) {
-    for kind in ["tolerated", "refused"] {
+    for kind in [m::label::STEP_BACK_TOLERATED, m::label::STEP_BACK_REFUSED] {
         metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);
     }
-    metrics::counter!(m::STORE_ERRORS, "backend" => backend, "op" => "store_hwm").increment(0);
+    m::StoreOp::new(backend, m::label::OP_STORE_HWM).zero();
     metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS).increment(0);
 }
 

@@ -51,12 +51,7 @@ pub struct KeeperHandle {
 async fn store_timed(store: &dyn HwmStore, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
     let started = Instant::now();
     let result = store.store_hwm(key, hwm_ms).await;
-    let backend = store.backend();
-    metrics::histogram!(m::STORE_WRITE_DURATION, "backend" => backend, "op" => "store_hwm")
-        .record(started.elapsed().as_secs_f64());
-    if result.is_err() {
-        metrics::counter!(m::STORE_ERRORS, "backend" => backend, "op" => "store_hwm").increment(1);
-    }
+    m::StoreOp::new(store.backend(), m::label::OP_STORE_HWM).record(started, result.is_ok());
     result
 }
 
