@@ -9,6 +9,7 @@
 pub mod buffer;
 pub mod clock;
 pub mod deadline;
+pub mod decode;
 pub mod kind;
 pub mod layout;
 pub mod lease;
