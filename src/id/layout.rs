@@ -54,7 +54,7 @@ pub enum LayoutError {
         now_ms: u64,
     },
     /// The time field is already exhausted at the current time.
-    #[error("layout's {bits} time bits ran out at {end_ms} ms since 1970; move the epoch forward or widen layout.time_bits")]
+    #[error("layout's {bits} time bits ran out at {end_ms} ms since 1970: no more snowflake IDs can be issued under it. Do not move the epoch forward (new IDs would repeat old ones); change to a layout whose IDs all lie above every ID issued so far (`idgen admin layout set` in a cluster refuses any other), or use segment or lease mode")]
     TimeExhausted {
         /// Time bits.
         bits: u8,

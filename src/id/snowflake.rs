@@ -65,7 +65,7 @@ pub enum GenError {
     },
     /// The layout's time field has run out.
     #[error(
-        "the layout's time bits are exhausted; move layout.epoch forward or widen layout.time_bits"
+        "the layout's time bits are exhausted: no more snowflake IDs can be issued under it. Do not move layout.epoch forward (new IDs would repeat old ones); change to a layout whose IDs all lie above every ID issued so far (`idgen admin layout set` in a cluster refuses any other), or use segment or lease mode"
     )]
     TimeExhausted,
     /// The generator was closed (shutdown or fencing).

@@ -24,7 +24,7 @@ use crate::error::Error;
 use crate::id::buffer::{DoubleBuffer, Prefetch};
 use crate::id::lease::{Block, LeaseError};
 use crate::metrics as m;
-use crate::store::lease::TokenSource;
+use crate::store::lease::TokenStore;
 use crate::store::StoreError;
 
 /// After a failed fetch, the next background attempt waits this long.
@@ -71,7 +71,7 @@ impl State {
 
 /// Serves lease mode.
 pub struct Leases {
-    source: Mutex<Arc<dyn TokenSource>>,
+    source: Mutex<Arc<dyn TokenStore>>,
     /// Bumped by every install: a fetch started under an older source is
     /// thrown away when it lands.
     generation: AtomicU64,
@@ -84,7 +84,7 @@ pub struct Leases {
 
 impl Leases {
     /// Lease mode over `source`.
-    pub fn new(source: Arc<dyn TokenSource>, settings: LeaseSettings) -> Self {
+    pub fn new(source: Arc<dyn TokenStore>, settings: LeaseSettings) -> Self {
         Self {
             source: Mutex::new(source),
             generation: AtomicU64::new(0),
@@ -107,7 +107,7 @@ impl Leases {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn source(&self) -> Arc<dyn TokenSource> {
+    fn source(&self) -> Arc<dyn TokenStore> {
         Arc::clone(
             &self
                 .source
@@ -132,7 +132,7 @@ impl Leases {
     }
 
     /// Serves from `source` (a new session's) from now on.
-    pub fn install(&self, source: Arc<dyn TokenSource>) {
+    pub fn install(&self, source: Arc<dyn TokenStore>) {
         *self
             .source
             .lock()
@@ -346,7 +346,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl TokenSource for MemSource {
+    impl TokenStore for MemSource {
         fn backend(&self) -> &'static str {
             "memory"
         }
@@ -443,7 +443,7 @@ mod tests {
         assert!(matches!(l.take_one().await, Err(Error::Fenced)));
         assert!(matches!(l.take(3).await, Err(Error::Fenced)));
         // The same token, continued from its counter by the new session.
-        l.install(Arc::clone(&src) as Arc<dyn TokenSource>);
+        l.install(Arc::clone(&src) as Arc<dyn TokenStore>);
         let after = l.take(5).await.unwrap();
         assert!(after.iter().all(|a| before.iter().all(|b| a > b)));
     }

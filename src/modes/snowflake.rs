@@ -4,7 +4,7 @@
 //! every issue.
 //!
 //! In cluster mode the generator is replaced when the node loses its
-//! worker id and claims one again: [`Snowflakes::fence`] closes the
+//! worker id and claims one again: [`Snowflakes::close`] closes the
 //! current one (calls fail with UNAVAILABLE from then on) and
 //! [`Snowflakes::install`] puts the next one in place.
 

@@ -26,7 +26,7 @@ use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
 use crate::store::hwm::HwmSettings;
-use crate::store::lease::{EmbeddedTokens, TokenSource};
+use crate::store::lease::{EmbeddedTokens, TokenStore};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::{PeriodicThread, StateFileGuard, StateFileWatch};
@@ -106,7 +106,7 @@ pub struct ModeStores {
     /// Segment records.
     pub segment: Option<Arc<dyn SegmentStore>>,
     /// Lease tokens and their counters.
-    pub lease: Option<Arc<dyn TokenSource>>,
+    pub lease: Option<Arc<dyn TokenStore>>,
     /// Strict counters.
     pub strict: Option<Arc<dyn StrictStore>>,
     /// The embedded state file's guard: once it sees the file deleted or
@@ -228,7 +228,7 @@ async fn open_embedded(config: &Config) -> Result<Embedded, Error> {
     let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&path, &layout_desc, init))
         .await
         .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
-    let lease: Option<Arc<dyn TokenSource>> = match &config.lease {
+    let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
         Some(l) => Some(Arc::new(embedded_tokens(config, l.zone, l.token, &store)?)),
         None => None,
     };
@@ -406,7 +406,7 @@ impl Node {
             return Err(Error::Setup("a Consul member without a claim".into()));
         };
         let client = claimed.client().clone();
-        let lease: Option<Arc<dyn TokenSource>> = match &config.lease {
+        let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
             Some(l) => Some(Arc::new(claimed.tokens(l.zone)?)),
             None => None,
         };

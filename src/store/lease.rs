@@ -1,7 +1,7 @@
 //! Lease tokens and their durable counters (lease mode), on both backends.
 //!
 //! A node serves lease IDs from blocks of one token's sequence. A
-//! [`TokenSource`] hands out those blocks: it holds a token (taking one
+//! [`TokenStore`] hands out those blocks: it holds a token (taking one
 //! first if it has none, and another when the held one is used up) and
 //! moves the token's counter forward by the block before it returns the
 //! block. A write whose outcome is unknown returns an error and its block
@@ -40,7 +40,7 @@ use crate::id::lease::{
 
 /// Where a node's lease blocks come from.
 #[async_trait]
-pub trait TokenSource: Send + Sync + 'static {
+pub trait TokenStore: Send + Sync + 'static {
     /// A short name for logs (`embedded`, `consul`).
     fn backend(&self) -> &'static str;
 
@@ -195,7 +195,7 @@ impl EmbeddedTokens {
 }
 
 #[async_trait]
-impl TokenSource for EmbeddedTokens {
+impl TokenStore for EmbeddedTokens {
     fn backend(&self) -> &'static str {
         "embedded"
     }
@@ -482,7 +482,7 @@ impl ConsulTokens {
 }
 
 #[async_trait]
-impl TokenSource for ConsulTokens {
+impl TokenStore for ConsulTokens {
     fn backend(&self) -> &'static str {
         "consul"
     }

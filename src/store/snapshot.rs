@@ -827,7 +827,7 @@ mod tests {
     use super::*;
     use crate::id::segment::Tag;
     use crate::store::lease::EmbeddedTokens;
-    use crate::store::lease::TokenSource;
+    use crate::store::lease::TokenStore;
     use crate::store::SegmentStore;
     use crate::store::{HwmStore, WorkerKey};
 
