@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 
 use idgen::bench::{self, BaselineServer, BenchOptions};
-use idgen::config::{Config, FileConfig, Overrides};
+use idgen::config::{Backend, Config, FileConfig, LogFormat, Overrides};
 use idgen::id::{Clock, Mode, OffsetClock, SystemClock};
 use idgen::proto::{self, id_gen_client::IdGenClient};
 use idgen::server::{decode_snowflake, Node};
@@ -456,7 +456,7 @@ fn log_filter(config: &Config) -> anyhow::Result<String> {
                 .map_err(|problem| anyhow::anyhow!("environment variable RUST_LOG: {problem}"))?;
             Ok(filter)
         }
-        Err(std::env::VarError::NotPresent) => Ok(config.log_level.clone()),
+        Err(std::env::VarError::NotPresent) => Ok(config.log.level.clone()),
         Err(std::env::VarError::NotUnicode(_)) => {
             bail!("environment variable RUST_LOG is not valid UTF-8")
         }
@@ -467,11 +467,12 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_new(log_filter(config)?)?;
     use std::io::IsTerminal;
+    let json = config.log.format == LogFormat::Json;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(!config.log_json && config.log_color.enabled(std::io::stderr().is_terminal()))
+        .with_ansi(!json && config.log.color.enabled(std::io::stderr().is_terminal()))
         .with_writer(std::io::stderr);
-    if config.log_json {
+    if json {
         builder.json().init();
     } else {
         builder.init();
@@ -499,14 +500,24 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     // Bound first, so the advertised address is the real one (port 0 picks
     // a free port); nothing is accepted until the node is ready.
-    let grpc = TcpListener::bind(config.grpc_listen)
+    let grpc = TcpListener::bind(config.server.grpc_listen)
         .await
-        .with_context(|| format!("cannot listen on server.grpc_listen {}", config.grpc_listen))?;
-    let http = TcpListener::bind(config.http_listen)
+        .with_context(|| {
+            format!(
+                "cannot listen on server.grpc_listen {}",
+                config.server.grpc_listen
+            )
+        })?;
+    let http = TcpListener::bind(config.server.http_listen)
         .await
-        .with_context(|| format!("cannot listen on server.http_listen {}", config.http_listen))?;
-    if config.advertise.is_none() {
-        config.advertise = Some(grpc.local_addr()?);
+        .with_context(|| {
+            format!(
+                "cannot listen on server.http_listen {}",
+                config.server.http_listen
+            )
+        })?;
+    if config.node.advertise.is_none() {
+        config.node.advertise = Some(grpc.local_addr()?);
     }
     let node = tokio::select! {
         node = Node::start(config.clone(), clock) => node.context("cannot start")?,
@@ -547,15 +558,13 @@ fn check_config(a: ServeArgs) -> anyhow::Result<()> {
     let config = file.validate(SystemClock.now_millis())?;
     log_filter(&config)?;
     cli::output::write(&file.redacted_toml()?)?;
-    let backend = match &config.backend {
-        idgen::config::Backend::Embedded => {
-            format!("embedded, state file {}", config.state_path.display())
-        }
-        idgen::config::Backend::Consul(c) => format!("consul at {}", c.client.address),
+    let backend = match &config.store.backend {
+        Backend::Embedded { path, .. } => format!("embedded, state file {}", path.display()),
+        Backend::Consul(c) => format!("consul at {}", c.client.address),
     };
     eprintln!(
         "config is valid: layout [{}], datacenter {}, worker {}, {backend}",
-        config.layout, config.datacenter_id, config.worker_id
+        config.layout, config.node.datacenter_id, config.node.worker_id
     );
     Ok(())
 }
@@ -569,30 +578,31 @@ fn init(a: ConfigArgs) -> anyhow::Result<()> {
         ..Overrides::default()
     };
     let config = Config::load(a.config.as_deref(), &overrides, SystemClock.now_millis())?;
-    if !matches!(config.backend, idgen::config::Backend::Embedded) {
+    let Some(state_path) = config.store.state_path() else {
         bail!("idgen init creates the embedded state file; with store.backend = \"consul\" there is nothing to create (nodes claim worker ids at start)");
-    }
+    };
     eprintln!("{INIT_WARNING}");
-    EmbeddedStore::create(&config.state_path, &config.layout.to_string())?;
+    EmbeddedStore::create(state_path, &config.layout.to_string())?;
     outln!(
         "created state file {} for layout [{}]",
-        config.state_path.display(),
+        state_path.display(),
         config.layout
     )?;
     Ok(())
 }
 
-/// Loads the config of `idgen state ...` and checks it is embedded.
-fn embedded_config(a: &ConfigArgs, what: &str) -> anyhow::Result<Config> {
+/// Loads the config of `idgen state ...` and checks it is embedded;
+/// returns it with its state file.
+fn embedded_config(a: &ConfigArgs, what: &str) -> anyhow::Result<(Config, PathBuf)> {
     let overrides = Overrides {
         state_path: a.state.clone(),
         ..Overrides::default()
     };
     let config = Config::load(a.config.as_deref(), &overrides, SystemClock.now_millis())?;
-    if !matches!(config.backend, idgen::config::Backend::Embedded) {
+    let Some(path) = config.store.state_path().map(PathBuf::from) else {
         bail!("idgen state {what} is for the embedded state file; with store.backend = \"consul\" the state lives in Consul: back up Consul (`consul snapshot save`)");
-    }
-    Ok(config)
+    };
+    Ok((config, path))
 }
 
 async fn state_backup(a: BackupArgs) -> anyhow::Result<()> {
@@ -604,8 +614,7 @@ async fn state_backup(a: BackupArgs) -> anyhow::Result<()> {
         );
     }
     let bytes = if a.offline {
-        let config = embedded_config(&a.config, "backup --offline")?;
-        let path = config.state_path.clone();
+        let (_, path) = embedded_config(&a.config, "backup --offline")?;
         tokio::task::spawn_blocking(move || snapshot::take_offline(&path, SystemClock.now_millis()))
             .await??
     } else {
@@ -667,12 +676,12 @@ async fn state_backup(a: BackupArgs) -> anyhow::Result<()> {
 
 fn state_restore(a: RestoreArgs) -> anyhow::Result<()> {
     use idgen::store::snapshot;
-    let config = embedded_config(&a.config, "restore")?;
+    let (config, state_path) = embedded_config(&a.config, "restore")?;
     let now_ms = SystemClock.now_millis();
-    if config.state_path.exists() {
+    if state_path.exists() {
         bail!(
             "state file {} exists; refusing to overwrite it (restore is for a lost state file: move this one away first if you really mean to replace it)",
-            config.state_path.display()
+            state_path.display()
         );
     }
     let info = snapshot::inspect(&a.backup)?;
@@ -700,11 +709,11 @@ fn state_restore(a: RestoreArgs) -> anyhow::Result<()> {
     }
     // Every worker's mark moves to at least now + reserve: a restart right
     // after a crash still starts above every ID the lost file covered.
-    let hwm_floor_ms = now_ms.saturating_add(config.hwm_reserve.as_millis() as u64);
-    let r = snapshot::restore(&a.backup, &config.state_path, &layout, skip, hwm_floor_ms)?;
+    let hwm_floor_ms = now_ms.saturating_add(config.hwm.reserve.as_millis() as u64);
+    let r = snapshot::restore(&a.backup, &state_path, &layout, skip, hwm_floor_ms)?;
     println!(
         "restored {} from {} (taken {} ago): {} segment tags, {} lease token counters and {} strict counters moved forward by {skip}; counters the snapshot did not hold start above {}; {} high-water marks raised to at least {} ms",
-        config.state_path.display(),
+        state_path.display(),
         a.backup.display(),
         humantime::format_duration(Duration::from_secs(
             now_ms.saturating_sub(info.taken_at_ms) / 1000

@@ -36,7 +36,7 @@ use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
 use crate::proto;
-use crate::store::hwm::{HwmSettings, KeeperHandle};
+use crate::store::hwm::KeeperHandle;
 use crate::store::lease::{EmbeddedTokens, TokenSource};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
@@ -65,15 +65,6 @@ fn strict_limits(config: &Config) -> crate::store::strict::StrictLimits {
                 max_namespaces: s.max_namespaces,
             }
         })
-}
-
-fn hwm_settings(config: &Config) -> HwmSettings {
-    HwmSettings {
-        reserve: config.hwm_reserve,
-        renew_interval: config.hwm_renew_interval,
-        max_startup_skew: config.max_startup_skew,
-        max_backward: config.max_backward,
-    }
 }
 
 /// Counters start at zero so `rate()` works before the first event.
@@ -157,7 +148,7 @@ fn start_renewal() -> Result<RenewalThread, Error> {
 
 /// The stable instance name: configured, or `<hostname>-<port>`.
 fn instance_id(config: &Config, advertise: SocketAddr) -> String {
-    if let Some(id) = &config.instance_id {
+    if let Some(id) = &config.node.instance_id {
         return id.clone();
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -188,8 +179,8 @@ impl Node {
     /// clock is too far behind the stored mark.
     pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         let metrics = m::install().map_err(Error::Setup)?;
-        if let Backend::Consul(cluster_config) = &config.backend {
-            let advertise = config.advertise.unwrap_or(config.grpc_listen);
+        if let Backend::Consul(cluster_config) = &config.store.backend {
+            let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
             if advertise.ip().is_unspecified() || advertise.port() == 0 {
                 return Err(Error::Setup(format!(
                     "cannot advertise {advertise} in Consul: clients cannot dial it; set node.advertise to this node's IP:port"
@@ -197,11 +188,11 @@ impl Node {
             }
             let spec = cluster::ClusterSpec {
                 config: (**cluster_config).clone(),
-                datacenter: config.datacenter_id,
-                worker_id: config.worker_id,
+                datacenter: config.node.datacenter_id,
+                worker_id: config.node.worker_id,
                 layout: config.layout,
                 layout_preset: config.layout_preset.clone(),
-                hwm: hwm_settings(&config),
+                hwm: config.hwm,
                 instance: instance_id(&config, advertise),
                 advertise,
                 lease_zone: config.lease.as_ref().map(|l| l.zone),
@@ -243,8 +234,14 @@ impl Node {
             return node.prime().await;
         }
         let layout_desc = config.layout.to_string();
-        let path = config.state_path.clone();
-        let init = config.init_if_missing;
+        let Backend::Embedded {
+            path: state_path,
+            init_if_missing: init,
+        } = config.store.backend.clone()
+        else {
+            return Err(Error::Setup("no embedded state file configured".into()));
+        };
+        let path = state_path.clone();
         let store =
             tokio::task::spawn_blocking(move || EmbeddedStore::open(&path, &layout_desc, init))
                 .await
@@ -254,8 +251,8 @@ impl Node {
                 // Validated config: the range exists and holds the token.
                 let spec = config.layout.spec();
                 let range = crate::id::lease::node_token_range(
-                    config.datacenter_id,
-                    config.worker_id,
+                    config.node.datacenter_id,
+                    config.node.worker_id,
                     spec.datacenter_bits,
                     spec.worker_bits,
                 )
@@ -280,7 +277,7 @@ impl Node {
         };
         if config.segment.is_some() || config.strict.is_some() {
             tracing::warn!(
-                path = %config.state_path.display(),
+                path = %state_path.display(),
                 "segment and strict modes on the embedded store serve this one node only: another node with its own state file would hand out the same segment IDs and strict values; for several nodes use store.backend = \"consul\""
             );
         }
@@ -295,7 +292,7 @@ impl Node {
             state_file: Some(Arc::clone(&guard)),
             store_health: Some(Arc::clone(store.health())),
         };
-        let interval = (config.hwm_renew_interval / 2).min(std::time::Duration::from_millis(100));
+        let interval = (config.hwm.renew_interval / 2).min(std::time::Duration::from_millis(100));
         let snapshots = SnapshotSource::new(
             store.clone(),
             config.lease.as_ref().map_or(0, |l| l.block),
@@ -338,14 +335,13 @@ impl Node {
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
         let key = WorkerKey {
-            datacenter: config.datacenter_id,
-            worker: config.worker_id,
+            datacenter: config.node.datacenter_id,
+            worker: config.node.worker_id,
         };
         zero_counters(store.backend());
         // Started on the renewal thread, so its renewal task lives there.
         let renewal = start_renewal()?;
-        let (layout, start_clock, settings) =
-            (config.layout, Arc::clone(&clock), hwm_settings(&config));
+        let (layout, start_clock, settings) = (config.layout, Arc::clone(&clock), config.hwm);
         let (generator, keeper) = renewal
             .run(async move { HwmKeeper::start(store, key, layout, start_clock, settings).await })
             .await??;
@@ -377,8 +373,8 @@ impl Node {
         let mut issuer = Issuer::new(
             generator,
             Arc::clone(&clock),
-            config.max_batch,
-            config.max_wait,
+            config.server.max_batch,
+            config.server.max_wait,
         )
         .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
         if let Some(s) = &config.segment {
@@ -389,7 +385,7 @@ impl Node {
                 auto_create: s.auto_create,
                 default_step: s.default_step,
                 max_step: s.max_step,
-                max_wait: config.max_wait,
+                max_wait: config.server.max_wait,
                 max_tags: s.max_tags,
                 idle_release: s.idle_release,
             };
@@ -404,7 +400,7 @@ impl Node {
             })?;
             let settings = lease::LeaseSettings {
                 block: l.block,
-                max_wait: config.max_wait,
+                max_wait: config.server.max_wait,
             };
             issuer = issuer.with_leases(Arc::new(lease::Leases::new(source, settings)));
         }
@@ -475,7 +471,7 @@ impl Node {
             Arc::clone(&clock),
             state.clone(),
             Arc::clone(&monitor_stop),
-            config.max_unhealthy,
+            config.store.max_unhealthy,
         ));
 
         let reflection = tonic_reflection::server::Builder::configure()
@@ -483,12 +479,12 @@ impl Node {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
-        let max_request = config.max_request_size;
+        let max_request = config.server.max_request_size;
         let idgen =
             proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(&issuer)))
                 .max_decoding_message_size(max_request);
 
-        let admin_cluster = match (&backing, &config.backend) {
+        let admin_cluster = match (&backing, &config.store.backend) {
             (Backing::Cluster(c), Backend::Consul(cc)) => {
                 Some((c.client().clone(), cc.keys.clone()))
             }
@@ -498,9 +494,9 @@ impl Node {
             Backing::Embedded(keeper) => keeper.key(),
             Backing::Cluster(c) => c.key(),
         };
-        let advertise = config.advertise.unwrap_or(config.grpc_listen);
+        let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
         let admin = admin::service(admin::AdminDeps {
-            token: config.admin_token.clone(),
+            token: config.admin.token.clone(),
             segments: admin_segments,
             strict: issuer.strict().cloned(),
             segment_server: issuer.segment_server().cloned(),
@@ -529,7 +525,7 @@ impl Node {
         let grpc_task = tokio::spawn(listener::serve(
             grpc,
             listener::Port::Grpc,
-            config.connections,
+            config.server.connections,
             tower::Layer::layer(
                 &request_size::RequestSizeLayer::new(max_request),
                 grpc_routes,
@@ -547,7 +543,7 @@ impl Node {
         let http_task = tokio::spawn(listener::serve(
             http,
             listener::Port::Http,
-            config.connections,
+            config.server.connections,
             router,
             wait_stop(stop_rx.clone()),
         ));
@@ -593,7 +589,7 @@ impl Node {
         let _ = monitor_task.await;
         state.drain().await;
         let _ = stop_tx.send(true);
-        let grace = config.shutdown_grace;
+        let grace = config.server.shutdown_grace;
         let drained = tokio::time::timeout(grace, async {
             if !grpc_task.is_finished() {
                 let _ = (&mut grpc_task).await;
