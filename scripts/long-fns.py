@@ -20,6 +20,7 @@ is all brace matching needs; it does not parse Rust.
 import argparse
 import os
 import re
+import signal
 import sys
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -87,10 +88,9 @@ def functions(text):
     stack = []  # one entry per open brace: ("fn", name, line) / ("impl", type) / None
     pending = None  # ("fn", name) or ("impl", words) awaiting its brace
     parens = 0
-    prev = None
     for kind, value, line in tokens(text):
         if kind == "id":
-            if value == "fn" and prev != "(":
+            if value == "fn":
                 pending = ("fn", None)
             elif pending and pending[0] == "fn" and pending[1] is None:
                 pending = ("fn", value)
@@ -98,9 +98,9 @@ def functions(text):
                 pending = ("impl", [])
             elif pending and pending[0] == "impl":
                 pending[1].append(value)
-            prev = value
             continue
-        prev = value
+        if pending == ("fn", None):
+            pending = None  # `fn(..)`: a function pointer type, not an item
         if value == "(":
             parens += 1
         elif value == ")":
@@ -140,6 +140,7 @@ def rust_files(paths):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max", type=int, default=80, help="longest allowed body (lines)")
     ap.add_argument("--top", type=int, default=0, help="also list the K longest")
