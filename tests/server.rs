@@ -22,8 +22,8 @@ async fn a_million_ids_from_16_clients_are_unique_and_increasing() {
     // so it gives the mark more room; the renewal itself is tested in
     // store::hwm.
     let mut config = test_config(dir.path());
-    config.hwm_reserve = std::time::Duration::from_secs(10);
-    config.max_startup_skew = std::time::Duration::from_secs(20);
+    config.hwm.reserve = std::time::Duration::from_secs(10);
+    config.hwm.max_startup_skew = std::time::Duration::from_secs(20);
     let server = TestServer::start(config).await;
     const PER_CLIENT: usize = 62_500;
     const BATCH: usize = 2_500;

@@ -25,7 +25,6 @@ use crate::config::{Backend, Config};
 use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
-use crate::store::hwm::HwmSettings;
 use crate::store::lease::{EmbeddedTokens, TokenStore};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
@@ -58,15 +57,6 @@ fn strict_limits(config: &Config) -> crate::store::strict::StrictLimits {
                 max_namespaces: s.max_namespaces,
             }
         })
-}
-
-fn hwm_settings(config: &Config) -> HwmSettings {
-    HwmSettings {
-        reserve: config.hwm_reserve,
-        renew_interval: config.hwm_renew_interval,
-        max_startup_skew: config.max_startup_skew,
-        max_backward: config.max_backward,
-    }
 }
 
 /// Counters start at zero so `rate()` works before the first event.
@@ -144,7 +134,7 @@ fn start_renewal() -> Result<RenewalThread, Error> {
 
 /// The stable instance name: configured, or `<hostname>-<port>`.
 fn instance_id(config: &Config, advertise: SocketAddr) -> String {
-    if let Some(id) = &config.instance_id {
+    if let Some(id) = &config.node.instance_id {
         return id.clone();
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -221,11 +211,14 @@ struct Embedded {
 }
 
 /// Opens the state file and the stores of the enabled modes on it.
-async fn open_embedded(config: &Config) -> Result<Embedded, Error> {
+async fn open_embedded(
+    config: &Config,
+    path: &std::path::Path,
+    init: bool,
+) -> Result<Embedded, Error> {
     let layout_desc = config.layout.to_string();
-    let path = config.state_path.clone();
-    let init = config.init_if_missing;
-    let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&path, &layout_desc, init))
+    let file = path.to_path_buf();
+    let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&file, &layout_desc, init))
         .await
         .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
     let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
@@ -234,7 +227,7 @@ async fn open_embedded(config: &Config) -> Result<Embedded, Error> {
     };
     if config.segment.is_some() || config.strict.is_some() {
         tracing::warn!(
-            path = %config.state_path.display(),
+            path = %path.display(),
             "segment and strict modes on the embedded store serve this one node only: another node with its own state file would hand out the same segment IDs and strict values; for several nodes use store.backend = \"consul\""
         );
     }
@@ -273,8 +266,8 @@ fn embedded_tokens(
     // Validated config: the range exists and holds the token.
     let spec = config.layout.spec();
     let range = crate::id::lease::node_token_range(
-        config.datacenter_id,
-        config.worker_id,
+        config.node.datacenter_id,
+        config.node.worker_id,
         spec.datacenter_bits,
         spec.worker_bits,
     )
@@ -303,8 +296,8 @@ fn build_issuer(
     let mut issuer = Issuer::new(
         generator,
         Arc::clone(clock),
-        config.max_batch,
-        config.max_wait,
+        config.server.max_batch,
+        config.server.max_wait,
     )
     .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
     if let Some(s) = &config.segment {
@@ -315,7 +308,7 @@ fn build_issuer(
             auto_create: s.auto_create,
             default_step: s.default_step,
             max_step: s.max_step,
-            max_wait: config.max_wait,
+            max_wait: config.server.max_wait,
             max_tags: s.max_tags,
             idle_release: s.idle_release,
         };
@@ -330,7 +323,7 @@ fn build_issuer(
             .ok_or_else(|| missing("lease mode", "token source"))?;
         let settings = LeaseSettings {
             block: l.block,
-            max_wait: config.max_wait,
+            max_wait: config.server.max_wait,
         };
         issuer = issuer.with_leases(Arc::new(Leases::new(source, settings)));
     }
@@ -366,12 +359,18 @@ impl Node {
     /// clock is too far behind the stored mark.
     pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         let metrics = m::install().map_err(Error::Setup)?;
-        match &config.backend {
+        match &config.store.backend {
             Backend::Consul(cluster) => {
                 let cluster = (**cluster).clone();
                 Self::start_consul(config, cluster, clock, metrics).await
             }
-            Backend::Embedded => Self::start_embedded(config, clock, metrics).await,
+            Backend::Embedded {
+                path,
+                init_if_missing,
+            } => {
+                let file = (path.clone(), *init_if_missing);
+                Self::start_embedded(config, file, clock, metrics).await
+            }
         }
     }
 
@@ -381,7 +380,7 @@ impl Node {
         clock: Arc<dyn Clock>,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
-        let advertise = config.advertise.unwrap_or(config.grpc_listen);
+        let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
         if advertise.ip().is_unspecified() || advertise.port() == 0 {
             return Err(Error::Setup(format!(
                 "cannot advertise {advertise} in Consul: clients cannot dial it; set node.advertise to this node's IP:port"
@@ -390,11 +389,11 @@ impl Node {
         let keys = cluster.keys.clone();
         let spec = ClusterSpec {
             config: cluster,
-            datacenter: config.datacenter_id,
-            worker_id: config.worker_id,
+            datacenter: config.node.datacenter_id,
+            worker_id: config.node.worker_id,
             layout: config.layout,
             layout_preset: config.layout_preset.clone(),
-            hwm: hwm_settings(&config),
+            hwm: config.hwm,
             instance: instance_id(&config, advertise),
             advertise,
             lease_zone: config.lease.as_ref().map(|l| l.zone),
@@ -444,6 +443,7 @@ impl Node {
 
     async fn start_embedded(
         config: Config,
+        (path, init): (std::path::PathBuf, bool),
         clock: Arc<dyn Clock>,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
@@ -452,17 +452,17 @@ impl Node {
             stores,
             guard,
             snapshots,
-        } = open_embedded(&config).await?;
-        let interval = (config.hwm_renew_interval / 2).min(std::time::Duration::from_millis(100));
+        } = open_embedded(&config, &path, init).await?;
+        let interval = (config.hwm.renew_interval / 2).min(std::time::Duration::from_millis(100));
         let key = WorkerKey {
-            datacenter: config.datacenter_id,
-            worker: config.worker_id,
+            datacenter: config.node.datacenter_id,
+            worker: config.node.worker_id,
         };
         let store: Arc<dyn HwmStore> = Arc::new(store);
         zero_counters(store.backend());
         // Started on the renewal thread, so its renewal task lives there.
         let renewal = start_renewal()?;
-        let (layout, hwm) = (config.layout, hwm_settings(&config));
+        let (layout, hwm) = (config.layout, config.hwm);
         let membership =
             Membership::join_static(store, key, layout, Arc::clone(&clock), hwm, &renewal).await?;
         let mut node = Self::assemble(config, clock, membership, stores, (metrics, renewal))?;

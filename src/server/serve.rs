@@ -47,7 +47,7 @@ impl Node {
             Arc::clone(&self.clock),
             state.clone(),
             Arc::clone(&monitor_stop),
-            self.config.max_unhealthy,
+            self.config.store.max_unhealthy,
         ));
         let addrs = (grpc.local_addr().ok(), http.local_addr().ok());
         let mut fronts = self.start_front_ends(grpc, http, health_service, &state)?;
@@ -117,7 +117,7 @@ impl Node {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
-        let max_request = config.max_request_size;
+        let max_request = config.server.max_request_size;
         let idgen = proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(
             &self.issuer,
         )))
@@ -132,7 +132,7 @@ impl Node {
         let grpc = tokio::spawn(listener::serve(
             grpc,
             listener::Port::Grpc,
-            config.connections,
+            config.server.connections,
             tower::Layer::layer(
                 &request_size::RequestSizeLayer::new(max_request),
                 grpc_routes,
@@ -149,7 +149,7 @@ impl Node {
         let http = tokio::spawn(listener::serve(
             http,
             listener::Port::Http,
-            config.connections,
+            config.server.connections,
             router,
             wait_stop(stop_rx),
         ));
@@ -172,15 +172,15 @@ impl Node {
     fn admin_deps(&self) -> admin::AdminDeps {
         let config = &self.config;
         let issuer: &Arc<Issuer> = &self.issuer;
-        let cluster = match (self.membership.consul(), &config.backend) {
+        let cluster = match (self.membership.consul(), &config.store.backend) {
             (Some(client), crate::config::Backend::Consul(cc)) => {
                 Some((client.clone(), cc.keys.clone()))
             }
             _ => None,
         };
-        let advertise = config.advertise.unwrap_or(config.grpc_listen);
+        let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
         admin::AdminDeps {
-            token: config.admin_token.clone(),
+            token: config.admin.token.clone(),
             segments: self.admin_segments.clone(),
             strict: issuer.strict().cloned(),
             segment_server: issuer.segment_server().cloned(),
@@ -203,7 +203,7 @@ impl FrontEnds {
     /// `server.shutdown_grace`; returns whether every call finished.
     async fn drain(mut self, config: &Config) -> bool {
         let _ = self.stop.send(true);
-        let grace = config.shutdown_grace;
+        let grace = config.server.shutdown_grace;
         let drained = tokio::time::timeout(grace, async {
             if !self.grpc.is_finished() {
                 let _ = (&mut self.grpc).await;
