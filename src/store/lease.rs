@@ -255,6 +255,10 @@ struct HeldToken {
     stale: bool,
 }
 
+/// A zone's token records by token: the free ones with their record and
+/// ModifyIndex, `None` for tokens held, used up or unreadable.
+type TokenRecords = std::collections::BTreeMap<u64, Option<(TokenRecord, u64)>>;
+
 /// Lease tokens in Consul KV, held under one session.
 pub struct ConsulTokens {
     client: ConsulClient,
@@ -319,7 +323,9 @@ impl ConsulTokens {
     /// long the delay has left and any free token is as good (each carries
     /// its own counter). The passed-over token keeps its counter and is
     /// taken again later by whoever finds it free.
-    async fn take_token(&self) -> Result<HeldToken, StoreError> {
+    /// Every token record of the zone (see [`TokenRecords`]), and the free
+    /// token this instance held before, if any.
+    async fn token_records(&self) -> Result<(TokenRecords, Option<u64>), StoreError> {
         let dir = self.keys.lease_dir(self.zone);
         let entries = self
             .client
@@ -353,6 +359,11 @@ impl ConsulTokens {
             }
             existing.insert(token, free.then_some((record, e.modify_index)));
         }
+        Ok((existing, previous))
+    }
+
+    async fn take_token(&self) -> Result<HeldToken, StoreError> {
+        let (existing, previous) = self.token_records().await?;
         let free_existing = existing
             .iter()
             .filter_map(|(t, r)| r.as_ref().map(|_| *t))
