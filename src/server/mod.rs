@@ -76,13 +76,15 @@ fn hwm_settings(config: &Config) -> HwmSettings {
     }
 }
 
-/// Counters start at zero so `rate()` works before the first event.
-fn zero_counters(backend: &'static str) {
-    for kind in ["tolerated", "refused"] {
-        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);
-    }
-    metrics::counter!(m::STORE_ERRORS, "backend" => backend, "op" => "store_hwm").increment(0);
-    metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS).increment(0);
+/// Every series starts at zero so alerts and `rate()` work before the
+/// first event.
+fn register_series(config: &Config, backend: &'static str) {
+    m::register(m::Series {
+        backend,
+        segment: config.segment.is_some(),
+        lease: config.lease.is_some(),
+        strict: config.strict.is_some(),
+    });
 }
 
 /// Why serving stopped abnormally.
@@ -206,7 +208,7 @@ impl Node {
                 advertise,
                 lease_zone: config.lease.as_ref().map(|l| l.zone),
             };
-            zero_counters("consul");
+            register_series(&config, "consul");
             let renewal = start_renewal()?;
             let cluster = cluster::Cluster::start(spec, Arc::clone(&clock), &renewal).await?;
             let generator = Arc::clone(cluster.generator());
@@ -341,7 +343,7 @@ impl Node {
             datacenter: config.datacenter_id,
             worker: config.worker_id,
         };
-        zero_counters(store.backend());
+        register_series(&config, store.backend());
         // Started on the renewal thread, so its renewal task lives there.
         let renewal = start_renewal()?;
         let (layout, start_clock, settings) =
@@ -427,7 +429,10 @@ impl Node {
         }
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
             .set(1.0);
-        metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(config.layout.years_left(clock.now_millis()));
+        metrics::gauge!(m::LAYOUT_TIME_LEFT).set(m::layout_time_left_seconds(
+            &config.layout,
+            clock.now_millis(),
+        ));
         Ok(Self {
             config,
             clock,
