@@ -32,6 +32,7 @@
 //!   [`config::Config`].
 //! - [`metrics`]: every exported metric, declared in one place.
 //! - [`shutdown`]: SIGTERM/SIGINT handling (a second signal exits at once).
+//! - [`notify`]: systemd readiness, stopping and watchdog notifications.
 //! - [`bench`]: the `idgen bench` gRPC load generator and a bare baseline
 //!   server to compare against.
 //! - [`proto`]: the `idgen-proto` crate, code generated from
@@ -46,6 +47,7 @@ pub mod consul;
 pub mod error;
 pub mod id;
 pub mod metrics;
+pub mod notify;
 pub mod server;
 pub mod shutdown;
 pub mod store;
