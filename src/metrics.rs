@@ -30,6 +30,8 @@ pub const STORE_WRITE_DURATION: &str = "idgen_store_write_duration_seconds";
 pub const STORE_ERRORS: &str = "idgen_store_errors_total";
 /// Seconds until the layout's time field runs out.
 pub const LAYOUT_TIME_LEFT: &str = "idgen_layout_time_left_seconds";
+/// Worker ids per datacenter the layout allows (2^worker_bits).
+pub const LAYOUT_WORKER_IDS: &str = "idgen_layout_worker_ids";
 /// 1 while this node issues IDs, 0 while it refuses.
 pub const SERVING: &str = "idgen_serving";
 /// Consul HTTP request latency, by `endpoint` and `code`.
@@ -189,6 +191,10 @@ fn describe() {
         LAYOUT_TIME_LEFT,
         Unit::Seconds,
         "Time until the layout's time bits run out at the configured epoch; negative once they have."
+    );
+    describe_gauge!(
+        LAYOUT_WORKER_IDS,
+        "Worker ids per datacenter the layout allows (2 to the power of its worker bits); alerts compare the ids in use with it."
     );
     describe_gauge!(
         SERVING,

@@ -429,6 +429,8 @@ impl Node {
         }
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
             .set(1.0);
+        metrics::gauge!(m::LAYOUT_WORKER_IDS)
+            .set(2f64.powi(i32::from(config.layout.spec().worker_bits)));
         metrics::gauge!(m::LAYOUT_TIME_LEFT).set(m::layout_time_left_seconds(
             &config.layout,
             clock.now_millis(),
