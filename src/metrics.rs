@@ -316,6 +316,25 @@ pub const CONSUL_ENDPOINTS: &[&str] = &[
     "txn",
 ];
 
+/// Every admin rpc (the `method` label of [`ADMIN_CALLS`]).
+pub const ADMIN_METHODS: &[&str] = &[
+    "GetLayout",
+    "SetLayout",
+    "Backup",
+    "CreateTag",
+    "UpdateTag",
+    "GetTag",
+    "ListTags",
+    "DeleteTag",
+    "ListHolders",
+    "ForceRelease",
+    "SetStrictStep",
+    "GetStrictStep",
+    "ListStrictNamespaces",
+    "ListStrictKeys",
+    "DeleteStrictKey",
+];
+
 /// Creates, at zero, every counter, gauge and histogram series whose label
 /// values are known at start-up, so rules such as
 /// `increase(idgen_store_errors_total[5m]) > 0` or `idgen_fenced == 1`
@@ -343,6 +362,9 @@ pub fn register(s: Series) {
     let _ = histogram!(CLOCK_STEP_BACK_SIZE);
     counter!(SEQUENCE_EXHAUSTED_WAITS).increment(0);
     gauge!(UNABLE_TO_ISSUE).set(0.0);
+    for method in ADMIN_METHODS {
+        counter!(ADMIN_CALLS, "method" => *method, "code" => "OK").increment(0);
+    }
     let mut store_ops = vec![(s.backend, "store_hwm")];
     if s.segment {
         store_ops.push(("segment", "take_range"));

@@ -371,6 +371,11 @@ impl Node {
         stores: ModeStores,
         (metrics, renewal): (PrometheusHandle, RenewalThread),
     ) -> Result<Self, Error> {
+        // Until the monitor's first tick: not yet serving, and the lead
+        // the generator starts with.
+        metrics::gauge!(m::SERVING).set(0.0);
+        metrics::gauge!(m::HWM_LEAD)
+            .set((generator.hwm_ms() as f64 - clock.now_millis() as f64) / 1000.0);
         let admin_segments = if config.segment.is_some() {
             stores.segment.clone()
         } else {
