@@ -4,11 +4,15 @@
 # start-up refusals), the Consul client and leases against the in-repo
 # Consul test server, and that server against a real third-party Consul
 # client (PyPI py-consul, and py-consul's own upstream tests for the APIs
-# idgen uses, fetched from PyPI). Installs what it needs first.
+# idgen uses, fetched from PyPI), and the deployment files (promtool check
+# and unit tests of the alert rules, systemd-analyze verify, Kubernetes
+# manifests validated offline; scripts/check-deploy.sh). Installs what it
+# needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/consul-interop.sh
+bash scripts/check-deploy.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

@@ -47,6 +47,7 @@
 //!   typed settings per section.
 //! - [`error`]: the crate-wide error; [`metrics`]: every exported metric
 //!   and its label values; [`shutdown`]: SIGTERM/SIGINT handling;
+//!   [`notify`]: systemd readiness, stopping and watchdog notices;
 //!   [`bench`](mod@bench): the `idgen bench` load generator.
 //! - [`proto`]: the `idgen-proto` crate (`proto/`), generated from
 //!   `proto/idgen/v1/idgen.proto` and shared with clients.
@@ -63,6 +64,7 @@ pub mod error;
 pub mod id;
 pub mod metrics;
 pub mod modes;
+pub mod notify;
 pub mod renewal;
 pub mod server;
 pub mod shutdown;

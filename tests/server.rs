@@ -295,7 +295,7 @@ async fn metrics_parse_and_cover_the_documented_set() {
         "idgen_hwm_lead_seconds",
         "idgen_sequence_exhausted_waits_total",
         "idgen_store_write_duration_seconds_bucket",
-        "idgen_layout_years_left",
+        "idgen_layout_time_left_seconds",
         "idgen_serving",
         "idgen_build_info",
     ] {

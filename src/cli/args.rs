@@ -107,9 +107,10 @@ pub struct RestoreArgs {
 
 #[derive(Args)]
 pub struct ConfigArgs {
-    /// TOML config file (see config/idgen.example.toml). Without it:
-    /// defaults plus IDGEN_* environment variables.
-    #[arg(long, short)]
+    /// TOML config file (see config/idgen.example.toml); the IDGEN_CONFIG
+    /// environment variable names one too. Without either: defaults plus
+    /// IDGEN_* environment variables.
+    #[arg(long, short, env = "IDGEN_CONFIG")]
     pub config: Option<PathBuf>,
     /// Embedded state file; overrides store.path.
     #[arg(long)]
@@ -169,8 +170,9 @@ pub struct GenArgs {
 pub struct DecodeArgs {
     /// The ID, in decimal.
     pub id: String,
-    /// Config file whose layout to decode with (defaults otherwise).
-    #[arg(long, short)]
+    /// Config file whose layout to decode with (defaults otherwise);
+    /// IDGEN_CONFIG names one too.
+    #[arg(long, short, env = "IDGEN_CONFIG")]
     pub config: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]

@@ -104,7 +104,23 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
         http = %http.local_addr()?,
         "ready"
     );
+    // systemd (Type=notify): ready now, stopping at the signal, watchdog
+    // pings meanwhile; all no-ops without NOTIFY_SOCKET.
+    let notifier = idgen::notify::Notifier::from_env();
+    notifier.ready(&format!(
+        "serving gRPC on {}, HTTP on {}",
+        grpc.local_addr()?,
+        http.local_addr()?
+    ));
+    let watchdog = notifier.spawn_watchdog();
+    let stop = async move {
+        stop.await;
+        notifier.stopping();
+    };
     let report = node.serve(grpc, http, stop).await?;
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     if !report.drained {
         tracing::warn!("some calls were cut off at shutdown");
     }

@@ -383,6 +383,8 @@ fn record_claim(key: WorkerKey, again: bool) {
     metrics::gauge!(m::WORKER_ID, "datacenter" => key.datacenter.to_string())
         .set(key.worker as f64);
     metrics::gauge!(m::FENCED).set(0.0);
+    // The claim just created or renewed the session.
+    metrics::gauge!(m::SESSION_RENEW_AGE).set(0.0);
     if again {
         tracing::info!(worker = %key, "worker id claimed again: issuing resumes");
     }

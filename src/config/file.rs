@@ -183,7 +183,7 @@ impl Default for StoreSection {
     fn default() -> Self {
         Self {
             backend: BackendKind::Embedded,
-            path: PathBuf::from("data/idgen.redb"),
+            path: PathBuf::from(DEFAULT_STATE_PATH),
             init_if_missing: false,
             max_unhealthy: Duration::from_secs(180),
         }
@@ -571,6 +571,11 @@ impl FileConfig {
         prefix: &str,
     ) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(FileConfig::default()));
+        // systemd's StateDirectory= moves the default state file; the file,
+        // the environment and --state still win over it.
+        if let Some(dir) = state_directory(std::env::var_os("STATE_DIRECTORY"))? {
+            fig = fig.merge(Serialized::default("store.path", dir.join(STATE_FILE_NAME)));
+        }
         if let Some(path) = path {
             if !path.exists() {
                 return Err(ConfigError::Parse(format!(
@@ -626,10 +631,44 @@ impl FileConfig {
     }
 }
 
+/// The state file's default path, absolute so that it does not depend on
+/// the directory the service happens to start in.
+pub const DEFAULT_STATE_PATH: &str = "/var/lib/idgen/idgen.redb";
+
+/// The state file's name inside `$STATE_DIRECTORY`.
+pub const STATE_FILE_NAME: &str = "idgen.redb";
+
+/// The directory systemd created for the unit's `StateDirectory=`, from
+/// the value of `STATE_DIRECTORY` (a colon-separated list when the unit
+/// names several; the first is used). `None` when unset or empty. systemd
+/// always passes absolute paths, so a relative one is an error rather than
+/// a state file in whatever directory the node starts in.
+pub fn state_directory(value: Option<std::ffi::OsString>) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let Some(value) = value.to_str() else {
+        return Err(ConfigError::Parse(
+            "environment variable STATE_DIRECTORY is not valid UTF-8".into(),
+        ));
+    };
+    let Some(first) = value.split(':').next().filter(|d| !d.is_empty()) else {
+        return Ok(None);
+    };
+    let dir = PathBuf::from(first);
+    if !dir.is_absolute() {
+        return Err(ConfigError::Parse(format!(
+            "environment variable STATE_DIRECTORY: {first:?} is not an absolute path (systemd's StateDirectory= sets it; set store.path instead)"
+        )));
+    }
+    Ok(Some(dir))
+}
+
 /// `IDGEN_*` variables that are not config keys: read by the CLI (the
 /// admin token of `idgen admin`) and by the test and bench scripts. Every
 /// other `IDGEN_*` variable must name a key.
 pub const NON_CONFIG_VARIABLES: &[&str] = &[
+    "IDGEN_CONFIG",
     "IDGEN_ADMIN_TOKEN",
     "IDGEN_CHAOS_IDS",
     "IDGEN_BENCH_SECS",

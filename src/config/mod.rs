@@ -27,10 +27,10 @@ use crate::store::consul::ClusterKeys;
 use crate::store::hwm::HwmSettings;
 
 pub use file::{
-    AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig, HwmSection, LayoutSection,
-    LeaseSection, LogColor, LogFormat, LogSection, NodeSection, Overrides, SegmentSection,
-    ServerSection, StoreSection, StrictSection, TestingSection, WorkerClaim,
-    CONSUL_SESSION_TTL_MIN, NON_CONFIG_VARIABLES,
+    state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
+    HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection, NodeSection,
+    Overrides, SegmentSection, ServerSection, StoreSection, StrictSection, TestingSection,
+    WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH, NON_CONFIG_VARIABLES, STATE_FILE_NAME,
 };
 pub use validate::check_log_filter;
 

@@ -307,6 +307,28 @@ fn the_consul_token_comes_inline_or_from_a_file_and_is_never_shown() {
 }
 
 #[test]
+fn state_directory_takes_the_first_absolute_entry_and_refuses_a_relative_one() {
+    use std::ffi::OsString;
+    let dir = |v: &str| state_directory(Some(OsString::from(v)));
+    assert_eq!(state_directory(None).unwrap(), None);
+    assert_eq!(dir("").unwrap(), None);
+    assert_eq!(
+        dir("/var/lib/idgen").unwrap(),
+        Some(PathBuf::from("/var/lib/idgen"))
+    );
+    assert_eq!(
+        dir("/var/lib/idgen:/var/lib/other").unwrap(),
+        Some(PathBuf::from("/var/lib/idgen"))
+    );
+    let e = dir("idgen").unwrap_err().to_string();
+    assert!(
+        e.contains("STATE_DIRECTORY") && e.contains("absolute"),
+        "{e}"
+    );
+    assert!(Path::new(DEFAULT_STATE_PATH).is_absolute());
+}
+
+#[test]
 fn the_example_config_lists_every_default() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/idgen.example.toml");
     let f = FileConfig::load_with_env_prefix(Some(&path), "IDGEN_EXAMPLE_UNUSED_").unwrap();

@@ -107,7 +107,8 @@ pub async fn run(
         let now_ms = clock.now_millis();
         let check = generator.check(clock.now_micros());
         report_step_backs(&generator, &mut seen);
-        metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(generator.layout().years_left(now_ms));
+        metrics::gauge!(m::LAYOUT_TIME_LEFT)
+            .set(m::layout_time_left_seconds(generator.layout(), now_ms));
         let lead = generator.hwm_ms() as f64 - now_ms as f64;
         metrics::gauge!(m::HWM_LEAD).set(lead / 1000.0);
         let lost = issuer.state_file_lost();

@@ -188,7 +188,7 @@ async fn metrics(State(s): State<HttpState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(),
+        s.metrics.render() + &crate::metrics::process::render(),
     )
         .into_response()
 }

@@ -59,13 +59,15 @@ fn strict_limits(config: &Config) -> crate::store::strict::StrictLimits {
         })
 }
 
-/// Counters start at zero so `rate()` works before the first event.
-fn zero_counters(backend: &'static str) {
-    for kind in [m::label::STEP_BACK_TOLERATED, m::label::STEP_BACK_REFUSED] {
-        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);
-    }
-    m::StoreOp::new(backend, m::label::OP_STORE_HWM).zero();
-    metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS).increment(0);
+/// Every series starts at zero so alerts and `rate()` work before the
+/// first event.
+fn register_series(config: &Config, backend: &'static str) {
+    m::register(m::Series {
+        backend,
+        segment: config.segment.is_some(),
+        lease: config.lease.is_some(),
+        strict: config.strict.is_some(),
+    });
 }
 
 /// Why serving stopped abnormally.
@@ -398,7 +400,7 @@ impl Node {
             advertise,
             lease_zone: config.lease.as_ref().map(|l| l.zone),
         };
-        zero_counters("consul");
+        register_series(&config, "consul");
         let renewal = start_renewal()?;
         let membership = Membership::join_consul(spec, Arc::clone(&clock), &renewal).await?;
         let Membership::Consul(claimed) = &membership else {
@@ -459,7 +461,7 @@ impl Node {
             worker: config.node.worker_id,
         };
         let store: Arc<dyn HwmStore> = Arc::new(store);
-        zero_counters(store.backend());
+        register_series(&config, store.backend());
         // Started on the renewal thread, so its renewal task lives there.
         let renewal = start_renewal()?;
         let (layout, hwm) = (config.layout, config.hwm);
@@ -498,15 +500,26 @@ impl Node {
         stores: ModeStores,
         (metrics, renewal): (PrometheusHandle, RenewalThread),
     ) -> Result<Self, Error> {
+        // Until the monitor's first tick: not yet serving, and the lead
+        // the generator starts with.
+        let generator = membership.generator();
+        metrics::gauge!(m::SERVING).set(0.0);
+        metrics::gauge!(m::HWM_LEAD)
+            .set((generator.hwm_ms() as f64 - clock.now_millis() as f64) / 1000.0);
         let admin_segments = if config.segment.is_some() {
             stores.segment.clone()
         } else {
             None
         };
-        let issuer = build_issuer(&config, &clock, membership.generator(), stores)?;
+        let issuer = build_issuer(&config, &clock, generator, stores)?;
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
             .set(1.0);
-        metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(config.layout.years_left(clock.now_millis()));
+        metrics::gauge!(m::LAYOUT_WORKER_IDS)
+            .set(2f64.powi(i32::from(config.layout.spec().worker_bits)));
+        metrics::gauge!(m::LAYOUT_TIME_LEFT).set(m::layout_time_left_seconds(
+            &config.layout,
+            clock.now_millis(),
+        ));
         Ok(Self {
             config,
             clock,
