@@ -7,6 +7,7 @@
 
 pub mod clock;
 pub mod deadline;
+pub mod format;
 pub mod layout;
 pub mod lease;
 pub mod mode;
