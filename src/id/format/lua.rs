@@ -48,8 +48,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use mlua::{
-    chunk::ChunkMode, Function, HookTriggers, Lua, LuaOptions, StdLib, UserData, UserDataMethods, Value,
-    VmState,
+    chunk::ChunkMode, Function, HookTriggers, Lua, LuaOptions, StdLib, UserData, UserDataMethods,
+    Value, VmState,
 };
 use thiserror::Error;
 
@@ -274,7 +274,9 @@ pub struct LuaRule {
     spent: Arc<AtomicU64>,
     tripped: Arc<AtomicBool>,
     trip_line: Arc<AtomicU64>,
-    call: Mutex<()>,
+    /// Held for a call; caches `now` for the last Unix second rendered
+    /// (IDs come in bursts at one instant; `now` is immutable).
+    call: Mutex<Option<(i64, mlua::AnyUserData)>>,
 }
 
 impl std::fmt::Debug for LuaRule {
@@ -355,8 +357,8 @@ impl LuaRule {
             lua.set_hook(
                 HookTriggers::new().every_nth_instruction(stride),
                 move |_, debug| {
-                    let used = spent.fetch_add(u64::from(stride), Ordering::Relaxed)
-                        + u64::from(stride);
+                    let used =
+                        spent.fetch_add(u64::from(stride), Ordering::Relaxed) + u64::from(stride);
                     if used > budget {
                         if !tripped.swap(true, Ordering::Relaxed) {
                             let line = debug.current_line().unwrap_or(0) as u64;
@@ -383,7 +385,7 @@ impl LuaRule {
             spent,
             tripped,
             trip_line,
-            call: Mutex::new(()),
+            call: Mutex::new(None),
         };
         rule.start_call();
         let chunk = rule
@@ -428,7 +430,10 @@ impl LuaRule {
             why,
         };
         if min < 0 {
-            return Err(bad("min_counter", format!("returned {min}; it must be 0 or more")));
+            return Err(bad(
+                "min_counter",
+                format!("returned {min}; it must be 0 or more"),
+            ));
         }
         if max < min {
             return Err(bad(
@@ -594,27 +599,25 @@ impl LuaRule {
         at_ms: i64,
         salt: Option<&str>,
     ) -> Result<String, LuaError> {
-        let dt = self.zone.civil(at_ms).map_err(|e| LuaError::Period {
-            rule: self.name.clone(),
-            source: e,
-        })?;
-        let now = LuaNow {
-            year: dt.year().into(),
-            month: dt.month().into(),
-            day: dt.day().into(),
-            hour: dt.hour().into(),
-            min: dt.minute().into(),
-            sec: dt.second().into(),
-            yday: dt.day_of_year().into(),
-            wday: dt.weekday().to_sunday_one_offset().into(),
-            unix: at_ms.div_euclid(1000),
-        };
         let counter_arg = i64::try_from(counter).map_err(|_| LuaError::BadValue {
             rule: self.name.clone(),
             function: "create_id",
             why: format!("cannot take counter {counter}: above 2^63"),
         })?;
-        let _one_at_a_time = self.call.lock().unwrap_or_else(PoisonError::into_inner);
+        let second = at_ms.div_euclid(1000);
+        let mut cache = self.call.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = match cache.as_ref() {
+            Some((s, now)) if *s == second => now.clone(),
+            _ => {
+                let now = self.now_at(at_ms)?;
+                let now = self
+                    .lua
+                    .create_userdata(now)
+                    .map_err(|e| self.lua_error(e))?;
+                *cache = Some((second, now.clone()));
+                now
+            }
+        };
         self.start_call();
         let out: Value = self
             .create_id
@@ -625,7 +628,7 @@ impl LuaRule {
             Value::Integer(i) => Ok(i.to_string()),
             ref other => Err(other.type_name()),
         };
-        drop(_one_at_a_time);
+        drop(cache);
         let id = id.map_err(|what| LuaError::BadOutput {
             rule: self.name.clone(),
             id: String::new(),
@@ -634,11 +637,32 @@ impl LuaRule {
         self.check_output(id)
     }
 
+    fn now_at(&self, at_ms: i64) -> Result<LuaNow, LuaError> {
+        let dt = self.zone.civil(at_ms).map_err(|e| LuaError::Period {
+            rule: self.name.clone(),
+            source: e,
+        })?;
+        Ok(LuaNow {
+            year: dt.year().into(),
+            month: dt.month().into(),
+            day: dt.day().into(),
+            hour: dt.hour().into(),
+            min: dt.minute().into(),
+            sec: dt.second().into(),
+            yday: dt.day_of_year().into(),
+            wday: dt.weekday().to_sunday_one_offset().into(),
+            unix: at_ms.div_euclid(1000),
+        })
+    }
+
     fn check_output(&self, id: String) -> Result<String, LuaError> {
         let why = if id.is_empty() {
             Some("empty".to_owned())
         } else if id.len() > MAX_ID_LEN {
-            Some(format!("{} characters long; at most {MAX_ID_LEN}", id.len()))
+            Some(format!(
+                "{} characters long; at most {MAX_ID_LEN}",
+                id.len()
+            ))
         } else if !id.bytes().all(|b| b.is_ascii_graphic()) {
             Some("with characters other than printable ASCII".to_owned())
         } else {
@@ -717,7 +741,8 @@ end
         );
         // 2026-11-24 00:00:01 in Shanghai is still the 23rd in UTC.
         assert_eq!(
-            rule.create_id(42, ms("2026-11-23T16:00:01Z"), Some("x")).unwrap(),
+            rule.create_id(42, ms("2026-11-23T16:00:01Z"), Some("x"))
+                .unwrap(),
             "611240042"
         );
         let now_fields = rule_with(
@@ -725,7 +750,8 @@ end
         );
         let rule = load("fields", &now_fields).unwrap();
         assert_eq!(
-            rule.create_id(7, ms("2026-11-23T03:04:05Z"), Some("ab")).unwrap(),
+            rule.create_id(7, ms("2026-11-23T03:04:05Z"), Some("ab"))
+                .unwrap(),
             "2026-11-23-11-4-5-327-2-1795403045-ab-7"
         );
     }
@@ -741,10 +767,15 @@ end
         assert!(err.to_string().contains("rule spin line 5"), "{err}");
         // Loading itself is under the budget too.
         let err = load("top", "while true do end").unwrap_err();
-        assert!(matches!(err, LuaError::Budget { line: Some(1), .. }), "{err:?}");
+        assert!(
+            matches!(err, LuaError::Budget { line: Some(1), .. }),
+            "{err:?}"
+        );
         // And the budget is per call: a rule that needs about 100,000
         // instructions per call runs again and again.
-        let busy = rule_with("local x = 0 for i = 1, 40000 do x = x + i end return string.format('%04d', counter)");
+        let busy = rule_with(
+            "local x = 0 for i = 1, 40000 do x = x + i end return string.format('%04d', counter)",
+        );
         let rule = load("busy", &busy).unwrap();
         for c in 0..5 {
             assert_eq!(rule.create_id(c, 0, None).unwrap(), format!("{c:04}"));
@@ -776,9 +807,15 @@ end
         }
         // Bytecode is refused outright.
         let err = load("bin", "\x1bLua\x54\x00").unwrap_err();
-        assert!(matches!(err, LuaError::Syntax { .. } | LuaError::Runtime { .. }), "{err:?}");
+        assert!(
+            matches!(err, LuaError::Syntax { .. } | LuaError::Runtime { .. }),
+            "{err:?}"
+        );
         let err = load("syntax", "function create_id(\nend end").unwrap_err();
-        assert!(matches!(err, LuaError::Syntax { line: Some(2), .. }), "{err:?}");
+        assert!(
+            matches!(err, LuaError::Syntax { line: Some(2), .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -786,7 +823,10 @@ end
         // A few hundred instructions and 200 MB: the memory limit stops it.
         let bomb = rule_with("local s = string.rep('x', 1000000) .. string.rep('y', 1000000) local t = {} for i = 1, 100 do t[i] = s .. i end return tostring(counter)");
         let err = load("bomb", &bomb).unwrap_err();
-        assert!(matches!(err, LuaError::Memory { ref rule, limit } if rule == "bomb" && limit == 8 << 20), "{err:?}");
+        assert!(
+            matches!(err, LuaError::Memory { ref rule, limit } if rule == "bomb" && limit == 8 << 20),
+            "{err:?}"
+        );
         let rep = rule_with("return string.rep('', 1e15) .. counter");
         assert!(matches!(load("rep", &rep), Err(LuaError::Runtime { .. })));
     }
@@ -794,13 +834,25 @@ end
     #[test]
     fn rules_that_ignore_the_counter_or_the_period_are_refused() {
         let err = load("const", &rule_with("return 'A1'")).unwrap_err();
-        assert!(matches!(err, LuaError::CounterUnused { a: 0, b: 1, .. }), "{err:?}");
+        assert!(
+            matches!(err, LuaError::CounterUnused { a: 0, b: 1, .. }),
+            "{err:?}"
+        );
         assert!(err.to_string().contains("must contain the counter"));
         let no_day = SEED_003.replace("now:day(), seq", "1, seq");
         let err = load("noday", &no_day).unwrap_err();
-        assert!(matches!(err, LuaError::TimeUnused { counter: 0, .. }), "{err:?}");
-        let stateful = format!("n = 0\n{}", rule_with("n = n + 1 return tostring(counter) .. '-' .. n"));
-        assert!(matches!(load("state", &stateful), Err(LuaError::NotDeterministic { .. })));
+        assert!(
+            matches!(err, LuaError::TimeUnused { counter: 0, .. }),
+            "{err:?}"
+        );
+        let stateful = format!(
+            "n = 0\n{}",
+            rule_with("n = n + 1 return tostring(counter) .. '-' .. n")
+        );
+        assert!(matches!(
+            load("state", &stateful),
+            Err(LuaError::NotDeterministic { .. })
+        ));
     }
 
     #[test]
@@ -814,9 +866,21 @@ end
             }
         );
         let neg = SEED_003.replace("return 0\n", "return -1\n");
-        assert!(matches!(load("neg", &neg), Err(LuaError::BadValue { function: "min_counter", .. })));
+        assert!(matches!(
+            load("neg", &neg),
+            Err(LuaError::BadValue {
+                function: "min_counter",
+                ..
+            })
+        ));
         let reset = SEED_003.replace("return 86400", "return 'daily'");
-        assert!(matches!(load("r", &reset), Err(LuaError::BadValue { function: "reset_seconds", .. })));
+        assert!(matches!(
+            load("r", &reset),
+            Err(LuaError::BadValue {
+                function: "reset_seconds",
+                ..
+            })
+        ));
         let table = rule_with("return {}");
         assert!(matches!(load("t", &table), Err(LuaError::BadOutput { .. })));
         let space = rule_with("return 'A ' .. counter");
@@ -831,11 +895,17 @@ end
             LuaLimits::default(),
             0,
         );
-        assert!(matches!(rule, Err(LuaError::BadOutput { .. })), "9999 has 4 characters");
-        let err = load("boom", &rule_with("if counter == 7 then error('no sevens') end return tostring(counter)"))
-            .unwrap()
-            .create_id(7, 0, None)
-            .unwrap_err();
+        assert!(
+            matches!(rule, Err(LuaError::BadOutput { .. })),
+            "9999 has 4 characters"
+        );
+        let err = load(
+            "boom",
+            &rule_with("if counter == 7 then error('no sevens') end return tostring(counter)"),
+        )
+        .unwrap()
+        .create_id(7, 0, None)
+        .unwrap_err();
         assert_eq!(
             err,
             LuaError::Runtime {

@@ -161,7 +161,10 @@ impl FormatDef {
         changed("name", self.name != new.name)?;
         changed("template", self.template != new.template)?;
         changed("preset", self.preset != new.preset)?;
-        changed("kind (template, lua or preset)", self.lua.is_some() != new.lua.is_some())?;
+        changed(
+            "kind (template, lua or preset)",
+            self.lua.is_some() != new.lua.is_some(),
+        )?;
         changed("zone", self.zone != new.zone)?;
         changed("reset", self.reset != new.reset)?;
         changed("scope_params", self.scope_params != new.scope_params)?;
@@ -250,17 +253,18 @@ impl CounterRecord {
         next_start_ms: Option<i64>,
     ) -> Result<(CounterBlock, CounterRecord), FormatError> {
         let want = want.max(1);
-        let first = match stored {
-            Some(r) if !decision.starts_fresh() => {
-                if r.period != decision.key {
-                    // decide() returns the stored key unless it starts fresh.
-                    return Err(FormatError::PeriodMismatch {
-                        format: format.to_owned(),
-                    });
-                }
-                r.last.checked_add(counter.step).filter(|v| *v <= counter.max)
-            }
-            _ => Some(counter.min),
+        let mismatch = || FormatError::PeriodMismatch {
+            format: format.to_owned(),
+        };
+        // The decision must have been made on this very record.
+        let first = match (stored, decision.step) {
+            (None, PeriodStep::First) => Some(counter.min),
+            (Some(r), PeriodStep::Later) if decision.key > r.period => Some(counter.min),
+            (Some(r), PeriodStep::Same | PeriodStep::Held { .. }) if r.period == decision.key => r
+                .last
+                .checked_add(counter.step)
+                .filter(|v| *v <= counter.max),
+            _ => return Err(mismatch()),
         };
         let first = first.ok_or_else(|| FormatError::Exhausted {
             format: format.to_owned(),
@@ -352,7 +356,7 @@ pub enum FormatError {
         /// When the next period starts, Unix ms (`None`: never resets).
         next_start_ms: Option<i64>,
     },
-    /// A record whose period is not the decision's (a caller bug).
+    /// A decision not made on the record given (a caller bug).
     #[error("format {format:?}: the stored period and the decision disagree; decide on the stored record")]
     PeriodMismatch {
         /// The format.
@@ -506,7 +510,8 @@ impl Format {
         for p in &def.scope_params {
             let ok = !p.is_empty()
                 && p.len() <= 32
-                && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
                 && p != "salt";
             if !ok {
                 return Err(FormatError::BadScopeParam {
@@ -516,12 +521,20 @@ impl Format {
                 });
             }
         }
-        let sources = [def.template.is_some(), def.lua.is_some(), def.preset.is_some()];
+        let sources = [
+            def.template.is_some(),
+            def.lua.is_some(),
+            def.preset.is_some(),
+        ];
         if sources.iter().filter(|s| **s).count() != 1 {
             return Err(FormatError::NoSource(name));
         }
         if def.length.is_some() && def.lua.is_none() {
-            return na("length", "template and preset", "their length follows from the layout");
+            return na(
+                "length",
+                "template and preset",
+                "their length follows from the layout",
+            );
         }
         let template_of = |src: &str, reset: Reset, max: u64| {
             let origin = def.origin_year.unwrap_or(2000);
@@ -550,7 +563,11 @@ impl Format {
                     return na("reset", "Lua", "the rule's reset_seconds() sets it");
                 }
                 if def.min.is_some() || def.max.is_some() {
-                    return na("min and max", "Lua", "the rule's min_counter() and max_counter() set them");
+                    return na(
+                        "min and max",
+                        "Lua",
+                        "the rule's min_counter() and max_counter() set them",
+                    );
                 }
                 let rule = LuaRule::load(
                     &def.name,
@@ -568,9 +585,19 @@ impl Format {
                 if def.reset.is_some() {
                     return na("reset", "idc", "its counter resets every second");
                 }
+                if def.zone != "UTC" {
+                    // Unix seconds have no zone; a DST zone would cut
+                    // seconds on a wall clock that repeats an hour.
+                    return na("zone", "idc", "it counts Unix seconds; use zone UTC");
+                }
                 let max = def.max.unwrap_or(9999);
                 let t = template_of(IDC_TEMPLATE, Reset::Seconds(1), max)?;
-                (Kind::Template(t), Reset::Seconds(1), def.min.unwrap_or(0), max)
+                (
+                    Kind::Template(t),
+                    Reset::Seconds(1),
+                    def.min.unwrap_or(0),
+                    max,
+                )
             }
             (None, None, Some(PresetName::Uniq64)) => {
                 if def.reset.is_some() {
@@ -694,7 +721,7 @@ impl Format {
         match &self.kind {
             Kind::Template(t) => {
                 let mut out = String::new();
-                let params = BoundParams::default();
+                let params = t.placeholder_params();
                 // Render with placeholder params: only node errors matter.
                 match t.render_into(&mut out, &fields, probe, ids.node, ids.token, &params) {
                     Err(e @ (RenderError::NoNode { .. } | RenderError::NodeTooWide { .. })) => {
@@ -705,7 +732,9 @@ impl Format {
             }
             Kind::Uniq64 => match ids.token {
                 Some(t) if t <= preset::UNIQ64_MAX_TOKEN => Ok(()),
-                Some(t) => Err(bad(format!("token {t} does not fit uniq64's 12 bits (0-4095)"))),
+                Some(t) => Err(bad(format!(
+                    "token {t} does not fit uniq64's 12 bits (0-4095)"
+                ))),
                 None => Err(bad("uniq64 needs a leased token".into())),
             },
             Kind::Lua(_) => Ok(()),
@@ -765,7 +794,11 @@ impl Format {
 
     /// Where the counter stands at `now_ms` against the stored period
     /// ([`period::decide`]).
-    pub fn decide(&self, stored: Option<PeriodKey>, now_ms: i64) -> Result<PeriodDecision, FormatError> {
+    pub fn decide(
+        &self,
+        stored: Option<PeriodKey>,
+        now_ms: i64,
+    ) -> Result<PeriodDecision, FormatError> {
         Ok(decide(stored, now_ms, &self.zone, self.reset)?)
     }
 
@@ -805,7 +838,10 @@ impl Format {
                 let year = i32::from(dt.year()) - 2000;
                 let u = Uniq64 {
                     year: u8::try_from(year).map_err(|_| {
-                        RenderError::TimeOutOfRange(format!("year {} (uniq64 holds 2000-2127)", dt.year()))
+                        RenderError::TimeOutOfRange(format!(
+                            "year {} (uniq64 holds 2000-2127)",
+                            dt.year()
+                        ))
                     })?,
                     month: dt.month() as u8,
                     day: dt.day() as u8,
@@ -871,7 +907,9 @@ impl Format {
 fn check_free_param(name: &str, value: &str) -> Result<(), RenderError> {
     let ok = !value.is_empty()
         && value.len() <= MAX_FREE_PARAM_LEN
-        && value.bytes().all(|b| b.is_ascii_graphic() && b != b'/' && b != b'=');
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'=');
     if ok {
         Ok(())
     } else {

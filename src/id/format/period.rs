@@ -111,7 +111,9 @@ impl<'de> Deserialize<'de> for Reset {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PeriodError {
     /// Not an IANA zone name known to the bundled tz database.
-    #[error("unknown time zone {0:?}; use an IANA name such as Asia/Shanghai, America/New_York or UTC")]
+    #[error(
+        "unknown time zone {0:?}; use an IANA name such as Asia/Shanghai, America/New_York or UTC"
+    )]
     UnknownZone(String),
     /// Not a reset period.
     #[error("reset {0:?} is not a period; use never, hour, day, month, year, or N seconds as \"<N>s\" with N from 1 to 31622400")]
@@ -156,7 +158,8 @@ impl Zone {
 
     /// The local wall-clock time at `ms` (Unix milliseconds).
     pub fn civil(&self, ms: i64) -> Result<DateTime, PeriodError> {
-        let ts = Timestamp::from_millisecond(ms).map_err(|_| PeriodError::TimeOutOfRange(ms.into()))?;
+        let ts =
+            Timestamp::from_millisecond(ms).map_err(|_| PeriodError::TimeOutOfRange(ms.into()))?;
         Ok(self.tz.to_datetime(ts))
     }
 
@@ -396,7 +399,9 @@ mod tests {
 
     #[test]
     fn reset_periods_parse_and_print_back() {
-        for s in ["never", "hour", "day", "month", "year", "1s", "900s", "86400s"] {
+        for s in [
+            "never", "hour", "day", "month", "year", "1s", "900s", "86400s",
+        ] {
             let r: Reset = s.parse().unwrap();
             assert_eq!(r.to_string(), s);
             let json = serde_json::to_string(&r).unwrap();
@@ -443,7 +448,7 @@ mod tests {
         let z = zone("America/New_York");
         // 2026-03-08: 02:00 EST jumps to 03:00 EDT; the day is 23 hours.
         let d = key("2026-03-08T05:00:00Z", &z, Reset::Day); // 00:00 EST
-        assert_eq!(key("2026-03-08T04:59:59.999Z", &z, Reset::Day) < d, true);
+        assert!(key("2026-03-08T04:59:59.999Z", &z, Reset::Day) < d);
         assert_eq!(
             next_period_start(d, &z, Reset::Day).unwrap(),
             Some(ms("2026-03-09T04:00:00Z")) // midnight EDT

@@ -314,7 +314,13 @@ mod tests {
         for (bad, field) in [
             (Uniq64 { year: 128, ..ok }, "year"),
             (Uniq64 { token: 4096, ..ok }, "token"),
-            (Uniq64 { serial: 1 << 31, ..ok }, "serial"),
+            (
+                Uniq64 {
+                    serial: 1 << 31,
+                    ..ok
+                },
+                "serial",
+            ),
         ] {
             assert!(
                 matches!(bad.encode(), Err(PresetError::FieldOutOfRange { field: f, .. }) if f == field),
@@ -323,7 +329,10 @@ mod tests {
         }
         assert!(Uniq64 { month: 0, ..ok }.encode().is_err());
         assert!(Uniq64 { hour: 24, ..ok }.encode().is_err());
-        assert!(matches!(Uniq64::decode(0), Err(PresetError::NotAnId { .. })));
+        assert!(matches!(
+            Uniq64::decode(0),
+            Err(PresetError::NotAnId { .. })
+        ));
     }
 
     #[test]
@@ -357,6 +366,11 @@ mod tests {
         assert_eq!(under.encode().unwrap(), i64::MAX as u64);
         assert!(Idc::decode(12345).is_err());
         assert!(Idc { machine: 100, ..i }.encode().is_err());
-        assert!(Idc { seconds: 999_999_999, ..i }.encode().is_err());
+        assert!(Idc {
+            seconds: 999_999_999,
+            ..i
+        }
+        .encode()
+        .is_err());
     }
 }

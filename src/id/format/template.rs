@@ -412,7 +412,9 @@ pub enum ParseError {
         value: u64,
     },
     /// The check digit does not match.
-    #[error("the check digits {found:?} do not match (expected {expected:?}); the ID was mistyped")]
+    #[error(
+        "the check digits {found:?} do not match (expected {expected:?}); the ID was mistyped"
+    )]
     CheckMismatch {
         /// The ID's check digits.
         found: String,
@@ -571,7 +573,13 @@ fn parse_field(column: usize, body: &str) -> Result<Field, TemplateError> {
     let mut it = body.split(':');
     let head = it.next().unwrap_or("");
     let args: Vec<&str> = it.collect();
-    let simple = |f: Field| if args.is_empty() { Ok(f) } else { Err(unknown()) };
+    let simple = |f: Field| {
+        if args.is_empty() {
+            Ok(f)
+        } else {
+            Err(unknown())
+        }
+    };
     match head {
         "yyyy" => simple(Field::Year4),
         "yy" => simple(Field::Year2),
@@ -719,10 +727,14 @@ impl TimeFields {
                 return Some("{dd} (or {ddd})");
             }
         }
-        [(3, self.hour, "{HH}"), (4, self.minute, "{mm}"), (5, self.second, "{ss}")]
-            .into_iter()
-            .find(|(u, present, _)| unit >= *u && !present)
-            .map(|(_, _, name)| name)
+        [
+            (3, self.hour, "{HH}"),
+            (4, self.minute, "{mm}"),
+            (5, self.second, "{ss}"),
+        ]
+        .into_iter()
+        .find(|(u, present, _)| unit >= *u && !present)
+        .map(|(_, _, name)| name)
     }
 }
 
@@ -830,10 +842,9 @@ impl Template {
             Reset::Day => Some(2),
             Reset::Hour => Some(3),
             Reset::Seconds(n) => {
-                if !t.unix_s && !(t.doy || t.day) && !t.hour && !t.minute && !t.second {
-                    if t.month || t.has_year() {
-                        return Err(TemplateError::PeriodNotNameable { reset });
-                    }
+                let finer_than_month = t.unix_s || t.doy || t.day || t.hour || t.minute || t.second;
+                if !finer_than_month && (t.month || t.has_year()) {
+                    return Err(TemplateError::PeriodNotNameable { reset });
                 }
                 Some(if n % 86_400 == 0 {
                     2
@@ -969,14 +980,14 @@ impl Template {
                     expected: self.expected_params(),
                 })?;
             if value.len() != usize::from(width) || !value.bytes().all(|b| charset.allows(b)) {
-                let hint = if charset == Charset::Alnum && value.bytes().any(|b| b.is_ascii_lowercase())
-                {
-                    " (letters in upper case)"
-                } else if charset == Charset::Digits && value.len() < usize::from(width) {
-                    " (pad with leading zeros)"
-                } else {
-                    ""
-                };
+                let hint =
+                    if charset == Charset::Alnum && value.bytes().any(|b| b.is_ascii_lowercase()) {
+                        " (letters in upper case)"
+                    } else if charset == Charset::Digits && value.len() < usize::from(width) {
+                        " (pad with leading zeros)"
+                    } else {
+                        ""
+                    };
                 return Err(RenderError::BadParam {
                     name: name.to_owned(),
                     value: value.chars().take(40).collect(),
@@ -988,6 +999,16 @@ impl Template {
             values.push(value.to_owned());
         }
         Ok(BoundParams(values))
+    }
+
+    /// Parameters of the right shape (all `0`), for checks that render
+    /// without a caller, such as [`super::Format::check_node`].
+    pub fn placeholder_params(&self) -> BoundParams {
+        BoundParams(
+            self.params()
+                .map(|(_, w, _)| "0".repeat(usize::from(w)))
+                .collect(),
+        )
     }
 
     /// Renders one ID into `out` (cleared first).
@@ -1059,11 +1080,16 @@ impl Template {
                     }
                     push_num(out, counter, usize::from(*w));
                 }
-                Field::Param(..) => {
+                Field::Param(name, ..) => {
                     // bind() produced one value per param field, in order.
-                    if let Some(v) = params.0.get(param_index) {
-                        out.push_str(v);
-                    }
+                    let v = params
+                        .0
+                        .get(param_index)
+                        .ok_or_else(|| RenderError::MissingParam {
+                            name: name.clone(),
+                            expected: self.expected_params(),
+                        })?;
+                    out.push_str(v);
                     param_index += 1;
                 }
                 Field::Check(kind) => {
@@ -1322,11 +1348,10 @@ mod tests {
         .unwrap();
         // 2026-03-01 00:00:05 in Shanghai is 2026-02-28T16:00:05Z.
         let at = civil("2026-02-28T16:00:05Z", "Asia/Shanghai");
-        let id = tpl.render(&at, 42, Some(7), Some(36 + 35), &none()).unwrap();
-        assert_eq!(
-            id,
-            "ORD-20260301000005-060-266-1772294405-007-1Z-000042"
-        );
+        let id = tpl
+            .render(&at, 42, Some(7), Some(36 + 35), &none())
+            .unwrap();
+        assert_eq!(id, "ORD-20260301000005-060-266-1772294405-007-1Z-000042");
         assert_eq!(id.len(), tpl.len());
         assert!(tpl.per_node());
         assert!(!tpl.numeric());
@@ -1336,13 +1361,24 @@ mod tests {
     fn braces_escape_and_columns_point_at_the_fault() {
         let tpl = t("{{{yyyy}{MM}{dd}}}{seq:2}", Reset::Day).unwrap();
         let at = civil("2026-11-23T01:00:00Z", "UTC");
-        assert_eq!(tpl.render(&at, 5, None, None, &none()).unwrap(), "{20261123}05");
+        assert_eq!(
+            tpl.render(&at, 5, None, None, &none()).unwrap(),
+            "{20261123}05"
+        );
         let cases: &[(&str, TemplateError)] = &[
             ("", TemplateError::Empty),
             ("AB{seq:2", TemplateError::Unclosed { column: 3 }),
             ("AB}{seq:2}", TemplateError::StrayClose { column: 3 }),
-            ("A B{seq:2}", TemplateError::BadLiteral { column: 2, ch: ' ' }),
-            ("{seq:2}é", TemplateError::BadLiteral { column: 8, ch: 'é' }),
+            (
+                "A B{seq:2}",
+                TemplateError::BadLiteral { column: 2, ch: ' ' },
+            ),
+            (
+                "{seq:2}é",
+                TemplateError::BadLiteral {
+                    column: 8, ch: 'é'
+                },
+            ),
             (
                 "x{week}{seq:2}",
                 TemplateError::UnknownField {
@@ -1489,12 +1525,18 @@ mod tests {
 
     #[test]
     fn parameters_are_checked_and_errors_name_them() {
-        let tpl = t("{param:biz:2:digits}{param:tag:3:alnum}{seq:3}", Reset::Never).unwrap();
+        let tpl = t(
+            "{param:biz:2:digits}{param:tag:3:alnum}{seq:3}",
+            Reset::Never,
+        )
+        .unwrap();
         let at = civil("2026-01-01T00:00:00Z", "UTC");
         let p = tpl.bind([("biz", "07"), ("tag", "AB1")]).unwrap();
         assert_eq!(tpl.render(&at, 9, None, None, &p).unwrap(), "07AB1009");
         let err = |params: &[(&str, &str)]| tpl.bind(params.iter().copied()).unwrap_err();
-        assert!(matches!(err(&[("tag", "AB1")]), RenderError::MissingParam { name, .. } if name == "biz"));
+        assert!(
+            matches!(err(&[("tag", "AB1")]), RenderError::MissingParam { name, .. } if name == "biz")
+        );
         assert!(matches!(
             err(&[("biz", "07"), ("tag", "AB1"), ("x", "1")]),
             RenderError::UnknownParam { name, .. } if name == "x"
@@ -1503,9 +1545,18 @@ mod tests {
         assert!(e.to_string().contains("\"biz\""), "{e}");
         assert!(e.to_string().contains("leading zeros"), "{e}");
         let e = err(&[("biz", "07"), ("tag", "ab1")]);
-        assert!(e.to_string().contains("\"tag\"") && e.to_string().contains("upper"), "{e}");
-        assert!(matches!(err(&[("biz", "0A"), ("tag", "AB1")]), RenderError::BadParam { .. }));
-        assert!(matches!(err(&[("biz", "07"), ("tag", "AB-")]), RenderError::BadParam { .. }));
+        assert!(
+            e.to_string().contains("\"tag\"") && e.to_string().contains("upper"),
+            "{e}"
+        );
+        assert!(matches!(
+            err(&[("biz", "0A"), ("tag", "AB1")]),
+            RenderError::BadParam { .. }
+        ));
+        assert!(matches!(
+            err(&[("biz", "07"), ("tag", "AB-")]),
+            RenderError::BadParam { .. }
+        ));
     }
 
     #[test]
@@ -1525,7 +1576,8 @@ mod tests {
             Err(RenderError::NodeTooWide { field: "token", .. })
         ));
         assert_eq!(
-            tpl.render(&at, 1, Some(99), Some(36 * 36 - 1), &none()).unwrap(),
+            tpl.render(&at, 1, Some(99), Some(36 * 36 - 1), &none())
+                .unwrap(),
             "99ZZ01"
         );
     }
@@ -1546,8 +1598,16 @@ mod tests {
         let early = civil("2025-12-31T00:00:00Z", "UTC");
         assert!(tpl.render(&early, 1, None, None, &none()).is_err());
         // With {yyyy} or {unix_s}, or no reset, there is no window.
-        assert_eq!(t("{yyyy}{yy}{MM}{dd}{seq:4}", Reset::Day).unwrap().year_window(), None);
-        assert_eq!(t("{y}{unix_s}{seq:4}", Reset::Day).unwrap().year_window(), None);
+        assert_eq!(
+            t("{yyyy}{yy}{MM}{dd}{seq:4}", Reset::Day)
+                .unwrap()
+                .year_window(),
+            None
+        );
+        assert_eq!(
+            t("{y}{unix_s}{seq:4}", Reset::Day).unwrap().year_window(),
+            None
+        );
         assert_eq!(t("{y}{seq:4}", Reset::Never).unwrap().year_window(), None);
     }
 
@@ -1557,18 +1617,30 @@ mod tests {
         // rearranged is WEST12345698765432GB00 -> 82.
         assert_eq!(check_digits(CheckKind::Luhn, b"7992739871"), "3");
         assert_eq!(check_digits(CheckKind::Luhn, b"7992-739871"), "3");
-        assert_eq!(check_digits(CheckKind::Mod97, b"WEST12345698765432GB"), "82");
+        assert_eq!(
+            check_digits(CheckKind::Mod97, b"WEST12345698765432GB"),
+            "82"
+        );
         let tpl = t("{yyyy}{MM}{dd}{seq:4}{check:luhn}", Reset::Day).unwrap();
         let at = civil("2026-11-23T10:00:00Z", "UTC");
         let id = tpl.render(&at, 17, None, None, &none()).unwrap();
-        assert_eq!(id, format!("202611230017{}", check_digits(CheckKind::Luhn, b"202611230017")));
+        assert_eq!(
+            id,
+            format!(
+                "202611230017{}",
+                check_digits(CheckKind::Luhn, b"202611230017")
+            )
+        );
         // Every single-digit typo is caught.
         for i in 0..id.len() - 1 {
             let mut typo = id.clone().into_bytes();
             typo[i] = if typo[i] == b'9' { b'0' } else { typo[i] + 1 };
             let typo = String::from_utf8(typo).unwrap();
             assert!(
-                matches!(tpl.parse_id(&typo), Err(ParseError::CheckMismatch { .. }) | Err(ParseError::BadTime { .. })),
+                matches!(
+                    tpl.parse_id(&typo),
+                    Err(ParseError::CheckMismatch { .. }) | Err(ParseError::BadTime { .. })
+                ),
                 "{typo}"
             );
         }
@@ -1589,10 +1661,16 @@ mod tests {
             (parsed.year, parsed.month, parsed.day, parsed.hour),
             (Some(2026), Some(11), Some(1), Some(1))
         );
-        assert_eq!((parsed.node, parsed.token, parsed.seq), (Some(3), Some(46655), 12345));
+        assert_eq!(
+            (parsed.node, parsed.token, parsed.seq),
+            (Some(3), Some(46655), 12345)
+        );
         assert_eq!(parsed.params, vec![("biz".to_owned(), "42".to_owned())]);
         assert!(parsed.check.is_some());
-        assert!(matches!(tpl.parse_id("PO"), Err(ParseError::WrongLength { .. })));
+        assert!(matches!(
+            tpl.parse_id("PO"),
+            Err(ParseError::WrongLength { .. })
+        ));
         let bad = id.replacen("PO", "P0", 1);
         assert_eq!(
             tpl.parse_id(&bad),
@@ -1603,7 +1681,10 @@ mod tests {
             })
         );
         let month13 = format!("PO202613{}", &id[8..]);
-        assert!(matches!(tpl.parse_id(&month13), Err(ParseError::BadTime { .. })));
+        assert!(matches!(
+            tpl.parse_id(&month13),
+            Err(ParseError::BadTime { .. })
+        ));
     }
 
     #[test]
@@ -1620,7 +1701,10 @@ mod tests {
         let p = tpl.bind([("b", "09")]).unwrap();
         let mut seen = HashSet::new();
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let start = "2026-03-01T00:00:00Z".parse::<jiff::Timestamp>().unwrap().as_millisecond();
+        let start = "2026-03-01T00:00:00Z"
+            .parse::<jiff::Timestamp>()
+            .unwrap()
+            .as_millisecond();
         for i in 0..20_000u64 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -1632,7 +1716,10 @@ mod tests {
             let id = tpl.render(&at, counter, Some(node), None, &p).unwrap();
             assert_eq!(id.len(), tpl.len());
             let back = tpl.parse_id(&id).unwrap();
-            assert_eq!((back.seq, back.node, back.hour), (counter, Some(node), Some(at.hour as u8)));
+            assert_eq!(
+                (back.seq, back.node, back.hour),
+                (counter, Some(node), Some(at.hour as u8))
+            );
             assert_eq!(back.day_of_year, Some(at.day_of_year as u16));
             assert_eq!(back.year, Some(i32::from(at.year)));
             // Every counter is used once, so every ID is new.
@@ -1643,7 +1730,11 @@ mod tests {
 
     #[test]
     fn numeric_templates_give_numbers_below_two_to_the_63() {
-        let tpl = t("{unix_s}{seq:4}{node:2}{param:k:1}{param:r:2}", Reset::Seconds(1)).unwrap();
+        let tpl = t(
+            "{unix_s}{seq:4}{node:2}{param:k:1}{param:r:2}",
+            Reset::Seconds(1),
+        )
+        .unwrap();
         assert!(tpl.numeric());
         assert_eq!(tpl.len(), 19);
         let at = civil("2026-11-23T00:00:00Z", "UTC");

@@ -66,7 +66,10 @@ impl<'a> SimNode<'a> {
             }
         };
         self.block = Some((block, value + block.step));
-        Ok(self.format.render(d.render_at_ms, value, self.ids, bound)?.text)
+        Ok(self
+            .format
+            .render(d.render_at_ms, value, self.ids, bound)?
+            .text)
     }
 }
 
@@ -89,11 +92,14 @@ fn definitions_round_trip_through_json_and_toml() {
     assert_eq!(serde_json::from_str::<FormatDef>(&json).unwrap(), def);
     let toml_text = toml::to_string(&def).unwrap();
     assert_eq!(toml::from_str::<FormatDef>(&toml_text).unwrap(), def);
-    let minimal: FormatDef =
-        toml::from_str("name = \"x\"\ntemplate = \"{seq:4}\"\n").unwrap();
-    assert_eq!((minimal.version, minimal.zone.as_str(), minimal.step), (1, "UTC", 1));
+    let minimal: FormatDef = toml::from_str("name = \"x\"\ntemplate = \"{seq:4}\"\n").unwrap();
+    assert_eq!(
+        (minimal.version, minimal.zone.as_str(), minimal.step),
+        (1, "UTC", 1)
+    );
     assert!(toml::from_str::<FormatDef>("name = \"x\"\ntemplat = \"{seq:4}\"\n").is_err());
-    let lua: FormatDef = toml::from_str("name = \"o2o\"\nlua = \"...\"\nreset = \"900s\"\n").unwrap();
+    let lua: FormatDef =
+        toml::from_str("name = \"o2o\"\nlua = \"...\"\nreset = \"900s\"\n").unwrap();
     assert_eq!(lua.reset, Some(Reset::Seconds(900)));
 }
 
@@ -101,37 +107,86 @@ fn definitions_round_trip_through_json_and_toml() {
 fn definitions_are_checked_with_errors_naming_the_format_and_field() {
     let base = FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
     let err = |def: FormatDef| compile(def).unwrap_err();
-    assert!(matches!(err(FormatDef { name: "Orders".into(), ..base.clone() }), FormatError::BadName(_)));
     assert!(matches!(
-        err(FormatDef { version: 2, ..base.clone() }),
+        err(FormatDef {
+            name: "Orders".into(),
+            ..base.clone()
+        }),
+        FormatError::BadName(_)
+    ));
+    assert!(matches!(
+        err(FormatDef {
+            version: 2,
+            ..base.clone()
+        }),
         FormatError::FutureVersion { version: 2, .. }
     ));
     assert!(matches!(
-        err(FormatDef { zone: "Europe/Nowhere".into(), ..base.clone() }),
+        err(FormatDef {
+            zone: "Europe/Nowhere".into(),
+            ..base.clone()
+        }),
         FormatError::Period(PeriodError::UnknownZone(_))
     ));
     assert!(matches!(
-        err(FormatDef { preset: Some(PresetName::Idc), ..base.clone() }),
+        err(FormatDef {
+            preset: Some(PresetName::Idc),
+            ..base.clone()
+        }),
         FormatError::NoSource(_)
     ));
     assert!(matches!(
-        err(FormatDef { template: None, ..base.clone() }),
+        err(FormatDef {
+            template: None,
+            ..base.clone()
+        }),
         FormatError::NoSource(_)
     ));
-    assert!(matches!(err(FormatDef { step: 0, ..base.clone() }), FormatError::BadCounter { .. }));
     assert!(matches!(
-        err(FormatDef { min: Some(10), max: Some(5), ..base.clone() }),
+        err(FormatDef {
+            step: 0,
+            ..base.clone()
+        }),
         FormatError::BadCounter { .. }
     ));
-    let e = err(FormatDef { max: Some(10_000), ..base.clone() });
-    assert!(e.to_string().contains("orders") && e.to_string().contains("{seq:4}"), "{e}");
-    let e = err(FormatDef { reset: Some(Reset::Hour), ..base.clone() });
-    assert!(e.to_string().contains("missing {HH}"), "{e}");
-    let e = err(FormatDef { scope_params: vec!["app".into()], ..base.clone() });
-    assert!(matches!(e, FormatError::BadScopeParam { ref param, .. } if param == "app"), "{e}");
     assert!(matches!(
-        err(FormatDef { length: Some(12), ..base.clone() }),
-        FormatError::NotApplicable { field: "length", .. }
+        err(FormatDef {
+            min: Some(10),
+            max: Some(5),
+            ..base.clone()
+        }),
+        FormatError::BadCounter { .. }
+    ));
+    let e = err(FormatDef {
+        max: Some(10_000),
+        ..base.clone()
+    });
+    assert!(
+        e.to_string().contains("orders") && e.to_string().contains("{seq:4}"),
+        "{e}"
+    );
+    let e = err(FormatDef {
+        reset: Some(Reset::Hour),
+        ..base.clone()
+    });
+    assert!(e.to_string().contains("missing {HH}"), "{e}");
+    let e = err(FormatDef {
+        scope_params: vec!["app".into()],
+        ..base.clone()
+    });
+    assert!(
+        matches!(e, FormatError::BadScopeParam { ref param, .. } if param == "app"),
+        "{e}"
+    );
+    assert!(matches!(
+        err(FormatDef {
+            length: Some(12),
+            ..base.clone()
+        }),
+        FormatError::NotApplicable {
+            field: "length",
+            ..
+        }
     ));
     // {yy} without a stamped origin year is refused; stamped it compiles.
     let yy = FormatDef::template("yy", "{yy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
@@ -140,19 +195,49 @@ fn definitions_are_checked_with_errors_naming_the_format_and_field() {
     assert_eq!(f.template().unwrap().year_window(), Some((2026, 2125)));
     // Defaults: max from the field, min 0, cluster scope.
     let f = compile(base).unwrap();
-    assert_eq!(f.counter(), CounterRange { min: 0, max: 9999, step: 1 });
+    assert_eq!(
+        f.counter(),
+        CounterRange {
+            min: 0,
+            max: 9999,
+            step: 1
+        }
+    );
     assert_eq!(f.scope(), Scope::Cluster);
 }
 
 #[test]
 fn updates_that_change_rendering_or_periods_are_refused() {
     let old = FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
-    let ok = FormatDef { max: Some(500), step: 2, description: "x".into(), ..old.clone() };
+    let ok = FormatDef {
+        max: Some(500),
+        step: 2,
+        description: "x".into(),
+        ..old.clone()
+    };
     assert!(old.check_update(&ok).is_ok());
     for (new, what) in [
-        (FormatDef { zone: "Asia/Shanghai".into(), ..old.clone() }, "zone"),
-        (FormatDef { reset: Some(Reset::Hour), ..old.clone() }, "reset"),
-        (FormatDef { template: Some("X{yyyy}{MM}{dd}{seq:4}".into()), ..old.clone() }, "template"),
+        (
+            FormatDef {
+                zone: "Asia/Shanghai".into(),
+                ..old.clone()
+            },
+            "zone",
+        ),
+        (
+            FormatDef {
+                reset: Some(Reset::Hour),
+                ..old.clone()
+            },
+            "reset",
+        ),
+        (
+            FormatDef {
+                template: Some("X{yyyy}{MM}{dd}{seq:4}".into()),
+                ..old.clone()
+            },
+            "template",
+        ),
     ] {
         assert!(
             matches!(old.check_update(&new), Err(FormatError::Immutable { what: w, .. }) if w == what),
@@ -207,18 +292,54 @@ fn a_clock_stepped_back_across_midnight_stays_in_the_new_day() {
     // Why the held period renders at its own first instant: the first
     // held counter (10) rendered at the raw wall clock is an ID the 23rd
     // already issued.
-    let raw = f.render(before + 1000, 10, NodeIds::default(), &b).unwrap().text;
-    assert!(seen.contains(&raw), "rendering at the wall clock would repeat {raw}");
+    let raw = f
+        .render(before + 1000, 10, NodeIds::default(), &b)
+        .unwrap()
+        .text;
+    assert!(
+        seen.contains(&raw),
+        "rendering at the wall clock would repeat {raw}"
+    );
 }
 
 #[test]
 fn dst_days_in_new_york_and_midnights_in_shanghai_never_repeat_an_id() {
     for (zone, template, reset, from, to) in [
-        ("America/New_York", "{yyyy}{MM}{dd}{HH}{seq:3}", Reset::Hour, "2026-11-01T03:00:00Z", "2026-11-01T09:00:00Z"),
-        ("America/New_York", "{yyyy}{MM}{dd}{HH}{seq:3}", Reset::Hour, "2026-03-08T05:00:00Z", "2026-03-08T09:00:00Z"),
-        ("America/New_York", "{yyyy}{MM}{dd}{HH}{mm}{seq:3}", Reset::Seconds(1800), "2026-11-01T04:30:00Z", "2026-11-01T07:30:00Z"),
-        ("America/New_York", "{yy}{ddd}{seq:4}", Reset::Day, "2026-10-31T20:00:00Z", "2026-11-02T08:00:00Z"),
-        ("Asia/Shanghai", "{yyyy}{MM}{dd}{seq:4}", Reset::Day, "2026-11-23T14:00:00Z", "2026-11-24T18:00:00Z"),
+        (
+            "America/New_York",
+            "{yyyy}{MM}{dd}{HH}{seq:3}",
+            Reset::Hour,
+            "2026-11-01T03:00:00Z",
+            "2026-11-01T09:00:00Z",
+        ),
+        (
+            "America/New_York",
+            "{yyyy}{MM}{dd}{HH}{seq:3}",
+            Reset::Hour,
+            "2026-03-08T05:00:00Z",
+            "2026-03-08T09:00:00Z",
+        ),
+        (
+            "America/New_York",
+            "{yyyy}{MM}{dd}{HH}{mm}{seq:3}",
+            Reset::Seconds(1800),
+            "2026-11-01T04:30:00Z",
+            "2026-11-01T07:30:00Z",
+        ),
+        (
+            "America/New_York",
+            "{yy}{ddd}{seq:4}",
+            Reset::Day,
+            "2026-10-31T20:00:00Z",
+            "2026-11-02T08:00:00Z",
+        ),
+        (
+            "Asia/Shanghai",
+            "{yyyy}{MM}{dd}{seq:4}",
+            Reset::Day,
+            "2026-11-23T14:00:00Z",
+            "2026-11-24T18:00:00Z",
+        ),
     ] {
         let def = FormatDef::template("t", template, zone, reset)
             .stamped(ms("2026-01-01T12:00:00Z"))
@@ -250,7 +371,16 @@ fn three_nodes_never_share_an_id_per_node_or_cluster_wide() {
     let b = f.bind([]).unwrap();
     let mut seen = HashSet::new();
     let mut nodes: Vec<SimNode> = (1..=3)
-        .map(|n| SimNode::new(&f, NodeIds { node: Some(n), token: None }, 50))
+        .map(|n| {
+            SimNode::new(
+                &f,
+                NodeIds {
+                    node: Some(n),
+                    token: None,
+                },
+                50,
+            )
+        })
         .collect();
     let t = ms("2026-11-23T10:00:00Z");
     for i in 0..600 {
@@ -270,7 +400,10 @@ fn three_nodes_never_share_an_id_per_node_or_cluster_wide() {
             shared = Some(rec);
             let mut v = block.first;
             while v <= block.last {
-                let id = f.render(d.render_at_ms, v, NodeIds::default(), &b).unwrap().text;
+                let id = f
+                    .render(d.render_at_ms, v, NodeIds::default(), &b)
+                    .unwrap()
+                    .text;
                 assert!(seen.insert(id));
                 v += block.step;
             }
@@ -294,32 +427,82 @@ fn an_exhausted_counter_names_the_format_and_the_next_period() {
         node.issue(t + i, &b).unwrap();
     }
     let err = node.issue(t + 5, &b).unwrap_err();
-    assert!(matches!(err, FormatError::Exhausted { ref format, next_start_ms: Some(n), .. }
-        if format == "tiny" && n == ms("2026-11-23T16:00:00Z")), "{err:?}");
+    assert!(
+        matches!(err, FormatError::Exhausted { ref format, next_start_ms: Some(n), .. }
+        if format == "tiny" && n == ms("2026-11-23T16:00:00Z")),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("2026-11-23T16:00:00Z"), "{err}");
     // Next day it works again.
-    assert_eq!(node.issue(ms("2026-11-23T16:00:00Z"), &b).unwrap(), "2026112400");
+    assert_eq!(
+        node.issue(ms("2026-11-23T16:00:00Z"), &b).unwrap(),
+        "2026112400"
+    );
     // Steps: values min, min+step, ... never above max.
     let d = f.decide(None, t).unwrap();
-    let range = CounterRange { min: 1, max: 10, step: 4 };
+    let range = CounterRange {
+        min: 1,
+        max: 10,
+        step: 4,
+    };
     let (blk, rec) = CounterRecord::next_block(None, &d, &range, 100, "x", None).unwrap();
     assert_eq!((blk.first, blk.last, blk.len(), rec.last), (1, 9, 3, 9));
-    assert!(CounterRecord::next_block(Some(&rec), &f.decide(Some(rec.period), t).unwrap(), &range, 1, "x", None).is_err());
+    assert!(CounterRecord::next_block(
+        Some(&rec),
+        &f.decide(Some(rec.period), t).unwrap(),
+        &range,
+        1,
+        "x",
+        None
+    )
+    .is_err());
     assert_eq!(range.capacity(), 3);
+    // A decision not made on the record is refused, not guessed at: a
+    // "first" decision with a record stored would restart the counter.
+    let first = f.decide(None, t).unwrap();
+    assert!(matches!(
+        CounterRecord::next_block(Some(&rec), &first, &range, 1, "x", None),
+        Err(FormatError::PeriodMismatch { .. })
+    ));
+    let later = f
+        .decide(Some(rec.period), ms("2026-11-24T16:00:00Z"))
+        .unwrap();
+    assert!(CounterRecord::next_block(None, &later, &range, 1, "x", None).is_err());
 }
 
 #[test]
 fn scope_parameters_must_be_rendered_and_are_validated() {
     let def = FormatDef {
         scope_params: vec!["biz".into()],
-        ..FormatDef::template("po", "{param:biz:3:alnum}{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day)
+        ..FormatDef::template(
+            "po",
+            "{param:biz:3:alnum}{yyyy}{MM}{dd}{seq:4}",
+            "UTC",
+            Reset::Day,
+        )
     };
     let f = compile(def).unwrap();
     let b = f.bind([("biz", "A01")]).unwrap();
     assert_eq!(b.scope_key(), "biz=A01");
     let e = f.bind([("biz", "a01")]).unwrap_err();
     assert!(e.to_string().contains("\"biz\""), "{e}");
-    assert!(matches!(f.bind([]), Err(FormatError::Render(RenderError::MissingParam { .. }))));
+    assert!(matches!(
+        f.bind([]),
+        Err(FormatError::Render(RenderError::MissingParam { .. }))
+    ));
+    // The node check renders past the parameters to the node field.
+    let def = FormatDef::template("pn", "{param:b:2}{node:2}{seq:2}", "UTC", Reset::Never);
+    let f = compile(def).unwrap();
+    assert!(matches!(
+        f.check_node(NodeIds::default()),
+        Err(FormatError::BadNode { .. })
+    ));
+    assert!(f
+        .check_node(NodeIds {
+            node: Some(42),
+            token: None
+        })
+        .is_ok());
 }
 
 #[test]
@@ -331,17 +514,56 @@ fn idc_preset_renders_parses_and_decodes() {
         ..FormatDef::template("idc", "", "UTC", Reset::Never)
     };
     let f = compile(def).unwrap();
-    assert_eq!((f.reset(), f.scope(), f.counter().max), (Reset::Seconds(1), Scope::Node, 9999));
+    assert_eq!(
+        (f.reset(), f.scope(), f.counter().max),
+        (Reset::Seconds(1), Scope::Node, 9999)
+    );
     let b = f.bind([("type", "1"), ("route", "00")]).unwrap();
-    let r = f.render(ms("2026-11-23T00:00:00Z"), 9998, NodeIds { node: Some(1), token: None }, &b).unwrap();
+    let r = f
+        .render(
+            ms("2026-11-23T00:00:00Z"),
+            9998,
+            NodeIds {
+                node: Some(1),
+                token: None,
+            },
+            &b,
+        )
+        .unwrap();
     assert_eq!(r.text, "1795392000999801100");
     let n = r.number.unwrap();
-    assert_eq!(Idc::decode(n).unwrap().to_string(), "1795392000-9998-01-1-00");
+    assert_eq!(
+        Idc::decode(n).unwrap().to_string(),
+        "1795392000-9998-01-1-00"
+    );
     let p = f.parse(&r.text).unwrap();
-    assert_eq!((p.unix_s, p.seq, p.node), (Some(1_795_392_000), 9998, Some(1)));
-    assert!(f.check_node(NodeIds { node: Some(100), token: None }).is_err());
+    assert_eq!(
+        (p.unix_s, p.seq, p.node),
+        (Some(1_795_392_000), 9998, Some(1))
+    );
+    assert!(f
+        .check_node(NodeIds {
+            node: Some(100),
+            token: None
+        })
+        .is_err());
     assert!(f.check_node(NodeIds::default()).is_err());
-    assert!(f.check_node(NodeIds { node: Some(99), token: None }).is_ok());
+    assert!(f
+        .check_node(NodeIds {
+            node: Some(99),
+            token: None
+        })
+        .is_ok());
+    let ny = FormatDef {
+        preset: Some(PresetName::Idc),
+        template: None,
+        reset: None,
+        ..FormatDef::template("idc", "", "America/New_York", Reset::Never)
+    };
+    assert!(matches!(
+        compile(ny),
+        Err(FormatError::NotApplicable { field: "zone", .. })
+    ));
 }
 
 #[test]
@@ -354,15 +576,31 @@ fn uniq64_preset_renders_and_parses_back() {
     };
     let f = compile(def).unwrap();
     assert_eq!((f.reset(), f.scope()), (Reset::Day, Scope::Node));
-    let ids = NodeIds { node: None, token: Some(77) };
+    let ids = NodeIds {
+        node: None,
+        token: Some(77),
+    };
     f.check_node(ids).unwrap();
-    assert!(f.check_node(NodeIds { node: None, token: Some(4096) }).is_err());
+    assert!(f
+        .check_node(NodeIds {
+            node: None,
+            token: Some(4096)
+        })
+        .is_err());
     let b = f.bind([]).unwrap();
-    let r = f.render(ms("2026-11-23T16:30:00Z"), 123_456, ids, &b).unwrap();
+    let r = f
+        .render(ms("2026-11-23T16:30:00Z"), 123_456, ids, &b)
+        .unwrap();
     let u = Uniq64::decode(r.number.unwrap()).unwrap();
-    assert_eq!((u.full_year(), u.month, u.day, u.hour, u.token, u.serial), (2026, 11, 24, 0, 77, 123_456));
+    assert_eq!(
+        (u.full_year(), u.month, u.day, u.hour, u.token, u.serial),
+        (2026, 11, 24, 0, 77, 123_456)
+    );
     let p = f.parse(&r.text).unwrap();
-    assert_eq!((p.year, p.day, p.token, p.seq), (Some(2026), Some(24), Some(77), 123_456));
+    assert_eq!(
+        (p.year, p.day, p.token, p.seq),
+        (Some(2026), Some(24), Some(77), 123_456)
+    );
     assert!(f.parse("12x").is_err());
 }
 
@@ -377,15 +615,30 @@ fn lua_formats_take_their_bounds_from_the_rule_and_a_salt() {
         ..FormatDef::template("o2o", "", "Asia/Shanghai", Reset::Never)
     };
     let f = compile(def.clone()).unwrap();
-    assert_eq!((f.reset(), f.counter().min, f.counter().max), (Reset::Seconds(86_400), 1, 999));
+    assert_eq!(
+        (f.reset(), f.counter().min, f.counter().max),
+        (Reset::Seconds(86_400), 1, 999)
+    );
     assert_eq!(f.scope(), Scope::Cluster);
     let b = f.bind([("app_name", "shop"), ("salt", "A")]).unwrap();
     assert_eq!(b.scope_key(), "app_name=shop");
-    let r = f.render(ms("2026-11-23T03:00:00Z"), 5, NodeIds::default(), &b).unwrap();
+    let r = f
+        .render(ms("2026-11-23T03:00:00Z"), 5, NodeIds::default(), &b)
+        .unwrap();
     assert_eq!((r.text.as_str(), r.number), ("A1123005", None));
-    assert!(matches!(f.parse("A1123005"), Err(FormatError::Parse(ParseError::NotParseable(_)))));
+    assert!(matches!(
+        f.parse("A1123005"),
+        Err(FormatError::Parse(ParseError::NotParseable(_)))
+    ));
     assert!(f.bind([("salt", "A")]).is_err(), "app_name missing");
     assert!(f.bind([("app_name", "shop"), ("x", "1")]).is_err());
-    let e = compile(FormatDef { reset: Some(Reset::Day), ..def }).unwrap_err();
-    assert!(matches!(e, FormatError::NotApplicable { field: "reset", .. }));
+    let e = compile(FormatDef {
+        reset: Some(Reset::Day),
+        ..def
+    })
+    .unwrap_err();
+    assert!(matches!(
+        e,
+        FormatError::NotApplicable { field: "reset", .. }
+    ));
 }
