@@ -47,10 +47,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use mlua::{
-    chunk::ChunkMode, Function, HookTriggers, Lua, LuaOptions, StdLib, UserData, UserDataMethods,
-    Value, VmState,
-};
+use mlua::{chunk::ChunkMode, Function, HookTriggers, Lua, LuaOptions, StdLib, Value, VmState};
 use thiserror::Error;
 
 use super::period::{next_period_start, period_key, PeriodError, Reset, Zone, MAX_RESET_SECONDS};
@@ -216,9 +213,26 @@ setmetatable = function(t, mt)
     end
     return setmt(t, mt)
 end
+-- `now` for one second: a read-only proxy whose methods are closures
+-- over the fields (plain Lua calls, no trip into Rust per method).
+local function make_now(y, mo, d, h, mi, s, yd, wd, u)
+    local m = {
+        year = function() return y end, month = function() return mo end,
+        day = function() return d end, hour = function() return h end,
+        min = function() return mi end, sec = function() return s end,
+        yday = function() return yd end, wday = function() return wd end,
+        unix = function() return u end,
+    }
+    return setmt({}, {
+        __index = m,
+        __newindex = function() error("now is read-only", 2) end,
+        __metatable = false,
+    })
+end
+return make_now
 "#;
 
-const REMOVED_GLOBALS: [&str; 10] = [
+const REMOVED_GLOBALS: [&str; 11] = [
     "load",
     "loadfile",
     "dofile",
@@ -229,35 +243,9 @@ const REMOVED_GLOBALS: [&str; 10] = [
     "xpcall",
     "module",
     "loadstring",
+    // `now` is a read-only proxy; rawset would write through it.
+    "rawset",
 ];
-
-/// `now` inside a rule.
-#[derive(Clone, Copy)]
-struct LuaNow {
-    year: i64,
-    month: i64,
-    day: i64,
-    hour: i64,
-    min: i64,
-    sec: i64,
-    yday: i64,
-    wday: i64,
-    unix: i64,
-}
-
-impl UserData for LuaNow {
-    fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
-        methods.add_method("year", |_, n, ()| Ok(n.year));
-        methods.add_method("month", |_, n, ()| Ok(n.month));
-        methods.add_method("day", |_, n, ()| Ok(n.day));
-        methods.add_method("hour", |_, n, ()| Ok(n.hour));
-        methods.add_method("min", |_, n, ()| Ok(n.min));
-        methods.add_method("sec", |_, n, ()| Ok(n.sec));
-        methods.add_method("yday", |_, n, ()| Ok(n.yday));
-        methods.add_method("wday", |_, n, ()| Ok(n.wday));
-        methods.add_method("unix", |_, n, ()| Ok(n.unix));
-    }
-}
 
 /// A loaded, validated rule. Calls are serialised (one Lua state per
 /// rule); the state is `Send + Sync`.
@@ -276,7 +264,8 @@ pub struct LuaRule {
     trip_line: Arc<AtomicU64>,
     /// Held for a call; caches `now` for the last Unix second rendered
     /// (IDs come in bursts at one instant; `now` is immutable).
-    call: Mutex<Option<(i64, mlua::AnyUserData)>>,
+    call: Mutex<Option<(i64, mlua::Table)>>,
+    make_now: Function,
 }
 
 impl std::fmt::Debug for LuaRule {
@@ -330,9 +319,10 @@ impl LuaRule {
         remove("string", &["dump", "find", "match", "gmatch", "gsub"]).map_err(setup)?;
         remove("math", &["random", "randomseed"]).map_err(setup)?;
         remove("table", &["move"]).map_err(setup)?;
-        lua.load(PRELUDE)
+        let make_now: Function = lua
+            .load(PRELUDE)
             .set_name("=sandbox")
-            .exec()
+            .eval()
             .map_err(setup)?;
         // `counter:generate_counter()` (seed 003) on a plain integer.
         let number_mt = lua.create_table().map_err(setup)?;
@@ -386,6 +376,7 @@ impl LuaRule {
             tripped,
             trip_line,
             call: Mutex::new(None),
+            make_now,
         };
         rule.start_call();
         let chunk = rule
@@ -606,13 +597,13 @@ impl LuaRule {
         })?;
         let second = at_ms.div_euclid(1000);
         let mut cache = self.call.lock().unwrap_or_else(PoisonError::into_inner);
+        self.start_call();
         let now = match cache.as_ref() {
             Some((s, now)) if *s == second => now.clone(),
             _ => {
-                let now = self.now_at(at_ms)?;
-                let now = self
-                    .lua
-                    .create_userdata(now)
+                let now: mlua::Table = self
+                    .make_now
+                    .call(self.now_at(at_ms)?)
                     .map_err(|e| self.lua_error(e))?;
                 *cache = Some((second, now.clone()));
                 now
@@ -637,22 +628,25 @@ impl LuaRule {
         self.check_output(id)
     }
 
-    fn now_at(&self, at_ms: i64) -> Result<LuaNow, LuaError> {
+    /// `now`'s fields at `at_ms`: year, month, day, hour, min, sec, yday,
+    /// wday (Sunday = 1, as Lua's os.date), Unix seconds.
+    #[allow(clippy::type_complexity)]
+    fn now_at(&self, at_ms: i64) -> Result<(i16, i8, i8, i8, i8, i8, i16, i8, i64), LuaError> {
         let dt = self.zone.civil(at_ms).map_err(|e| LuaError::Period {
             rule: self.name.clone(),
             source: e,
         })?;
-        Ok(LuaNow {
-            year: dt.year().into(),
-            month: dt.month().into(),
-            day: dt.day().into(),
-            hour: dt.hour().into(),
-            min: dt.minute().into(),
-            sec: dt.second().into(),
-            yday: dt.day_of_year().into(),
-            wday: dt.weekday().to_sunday_one_offset().into(),
-            unix: at_ms.div_euclid(1000),
-        })
+        Ok((
+            dt.year(),
+            dt.month(),
+            dt.day(),
+            dt.hour(),
+            dt.minute(),
+            dt.second(),
+            dt.day_of_year(),
+            dt.weekday().to_sunday_one_offset(),
+            at_ms.div_euclid(1000),
+        ))
     }
 
     fn check_output(&self, id: String) -> Result<String, LuaError> {
@@ -797,6 +791,9 @@ end
             ("coroutine", "coroutine.create(print) return tostring(counter)"),
             ("math.random", "return tostring(math.random(1, 1000000))"),
             ("string.find", "string.find(string.rep('a', 30), '.-.-.-.-.-.-.-.-b') return tostring(counter)"),
+            ("now is read-only", "now.year = function() return 1 end return tostring(counter)"),
+            ("rawset", "rawset(now, 'year', 1) return tostring(counter)"),
+            ("now's metatable", "getmetatable(now).__index = {} return tostring(counter)"),
             ("__gc", "setmetatable({}, {__gc = function() while true do end end}) return tostring(counter)"),
         ] {
             let err = load("evil", &rule_with(body)).unwrap_err();
