@@ -1093,8 +1093,9 @@ impl Template {
                     param_index += 1;
                 }
                 Field::Check(kind) => {
-                    let digits = check_digits(*kind, out.as_bytes());
-                    out.push_str(&digits);
+                    // The payload is everything rendered so far.
+                    let (value, width) = check_value(*kind, out.as_bytes());
+                    push_num(out, value, width);
                 }
             }
         }
@@ -1291,12 +1292,20 @@ fn read_radix(span: &[u8], charset: Charset, column: usize) -> Result<u64, Parse
 /// reads its digits; MOD 97-10 its digits and upper-case letters; other
 /// literal characters are skipped.
 pub fn check_digits(kind: CheckKind, payload: &[u8]) -> String {
+    let (value, width) = check_value(kind, payload);
+    let mut out = String::with_capacity(2);
+    push_num(&mut out, value, width);
+    out
+}
+
+/// The check digits of `payload` as a number, and how many digits.
+fn check_value(kind: CheckKind, payload: &[u8]) -> (u64, usize) {
     match kind {
         CheckKind::Luhn => {
-            let mut sum = 0u32;
+            let mut sum = 0u64;
             let digits = payload.iter().rev().filter(|b| b.is_ascii_digit());
             for (i, b) in digits.enumerate() {
-                let mut d = u32::from(b - b'0');
+                let mut d = u64::from(b - b'0');
                 if i % 2 == 0 {
                     d *= 2;
                     if d > 9 {
@@ -1305,7 +1314,7 @@ pub fn check_digits(kind: CheckKind, payload: &[u8]) -> String {
                 }
                 sum += d;
             }
-            char::from(b'0' + ((10 - sum % 10) % 10) as u8).to_string()
+            ((10 - sum % 10) % 10, 1)
         }
         CheckKind::Mod97 => {
             let mut r: u64 = 0;
@@ -1316,7 +1325,7 @@ pub fn check_digits(kind: CheckKind, payload: &[u8]) -> String {
                     r = (r * 100 + u64::from(b - b'A' + 10)) % 97;
                 }
             }
-            format!("{:02}", 98 - (r * 100) % 97)
+            (98 - (r * 100) % 97, 2)
         }
     }
 }
