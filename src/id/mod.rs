@@ -1,6 +1,7 @@
 //! The pure core: ID layouts, the snowflake generator, segment ranges,
-//! lease blocks, the double buffer both serve from, strict counters and
-//! the clock trait.
+//! lease blocks, the double buffer both serve from, strict counters, the
+//! formatted-ID rules (templates, periods, presets, sandboxed Lua) and the
+//! clock trait.
 //!
 //! Nothing here does I/O, spawns, sleeps or awaits; time comes in through
 //! [`clock::Clock`] and durability is the caller's job (see `store`). That
@@ -10,6 +11,7 @@ pub mod buffer;
 pub mod clock;
 pub mod deadline;
 pub mod decode;
+pub mod format;
 pub mod kind;
 pub mod layout;
 pub mod lease;

@@ -1,0 +1,938 @@
+//! Lua rules (seed 003): a format whose IDs come from
+//! `create_id(counter, now, salt)` in a sandboxed Lua 5.4 state.
+//!
+//! A rule defines four functions:
+//!
+//! ```lua
+//! function min_counter() return 0 end
+//! function max_counter() return 9999 end
+//! function reset_seconds() return 86400 end      -- 0: never
+//! function create_id(counter, now, salt)
+//!     local seq = counter:generate_counter()     -- or use `counter` itself
+//!     return string.format("%01d%02d%02d%04d", now:year() % 10, now:month(), now:day(), seq)
+//! end
+//! ```
+//!
+//! `counter` is a Lua integer (`counter:generate_counter()` returns it,
+//! as in the seed); `now` has `year() month() day() hour() min() sec()
+//! yday() wday() unix()` in the format's zone; `salt` is the caller's
+//! string or nil. `reset_seconds()` periods are cut on the zone's wall
+//! clock (see [`super::period`]), so 86,400 resets at local midnight.
+//!
+//! # Sandbox
+//!
+//! Only `string`, `math`, `table` and `utf8` are loaded; no `io`, `os`,
+//! `package`/`require`, `debug` or `coroutine`. Removed as well: `load`,
+//! `loadfile`, `dofile`, `print`, `collectgarbage`, `string.dump`,
+//! `pcall`/`xpcall` (a rule could otherwise catch the budget error and go
+//! on), `math.random` (rules must be deterministic), and the C functions
+//! that can run for minutes inside one instruction, out of the budget's
+//! reach: `string.find/match/gmatch/gsub` (backtracking patterns) and
+//! `table.move`; `string.rep` is capped at 1,000,000 repetitions;
+//! `setmetatable` refuses `__gc` (finalisers run with hooks off). The rule
+//! is loaded as text only (bytecode is refused). Each call runs under an
+//! instruction budget (a count hook that errors once it is spent) and the
+//! state under a memory limit.
+//!
+//! # What is checked at load
+//!
+//! The four functions exist; the counter bounds and period are sane
+//! integers; `create_id` is deterministic, gives different IDs for
+//! different counters (min, min + step, max) and different IDs in the next
+//! period for the same counter; every ID is printable ASCII, at most 128
+//! characters, and exactly `length` long if the format declares one. That
+//! is as far as uniqueness can be checked from outside; the rule's author
+//! answers for the rest.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use mlua::{chunk::ChunkMode, Function, HookTriggers, Lua, LuaOptions, StdLib, Value, VmState};
+use thiserror::Error;
+
+use super::period::{next_period_start, period_key, PeriodError, Reset, Zone, MAX_RESET_SECONDS};
+use super::template::MAX_ID_LEN;
+
+/// Per-rule limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LuaLimits {
+    /// Lua VM instructions one call may run (loading the rule included).
+    pub instructions: u64,
+    /// Bytes the rule's state may allocate.
+    pub memory_bytes: usize,
+}
+
+impl Default for LuaLimits {
+    /// 200,000 instructions (a seed-003 rule needs about 20) and 8 MiB.
+    fn default() -> Self {
+        LuaLimits {
+            instructions: 200_000,
+            memory_bytes: 8 << 20,
+        }
+    }
+}
+
+/// Why a rule was refused or a call failed. Every message names the rule,
+/// and the line where Lua knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LuaError {
+    /// The source does not compile.
+    #[error("rule {rule}{}: syntax error: {message}", line_suffix(*.line))]
+    Syntax {
+        /// The rule.
+        rule: String,
+        /// The line.
+        line: Option<u32>,
+        /// Lua's message.
+        message: String,
+    },
+    /// The rule raised an error or did something the sandbox refuses.
+    #[error("rule {rule}{}: {message}", line_suffix(*.line))]
+    Runtime {
+        /// The rule.
+        rule: String,
+        /// The line.
+        line: Option<u32>,
+        /// Lua's message.
+        message: String,
+    },
+    /// The rule ran past its instruction budget.
+    #[error("rule {rule}{}: stopped after {budget} instructions (an endless loop?); simplify the rule or raise the budget", line_suffix(*.line))]
+    Budget {
+        /// The rule.
+        rule: String,
+        /// The line it was running.
+        line: Option<u32>,
+        /// The budget.
+        budget: u64,
+    },
+    /// The rule ran out of its memory.
+    #[error("rule {rule}: ran out of its {limit} bytes of memory")]
+    Memory {
+        /// The rule.
+        rule: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// A required function is missing.
+    #[error("rule {rule}: function {function}() is not defined; a rule defines min_counter, max_counter, reset_seconds and create_id")]
+    Missing {
+        /// The rule.
+        rule: String,
+        /// The function.
+        function: &'static str,
+    },
+    /// A function returned something unusable.
+    #[error("rule {rule}: {function}() {why}")]
+    BadValue {
+        /// The rule.
+        rule: String,
+        /// The function.
+        function: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// `create_id` gave the same ID for two counters.
+    #[error("rule {rule}: create_id gives {id:?} for counters {a} and {b}; the ID must contain the counter")]
+    CounterUnused {
+        /// The rule.
+        rule: String,
+        /// First counter.
+        a: u64,
+        /// Second counter.
+        b: u64,
+        /// The ID both gave.
+        id: String,
+    },
+    /// `create_id` gave the same ID in two periods for one counter.
+    #[error("rule {rule}: create_id gives {id:?} for counter {counter} in this period and the next; with reset_seconds() = {reset} the ID must contain the period's time")]
+    TimeUnused {
+        /// The rule.
+        rule: String,
+        /// The counter.
+        counter: u64,
+        /// The period.
+        reset: Reset,
+        /// The ID.
+        id: String,
+    },
+    /// `create_id` gave different IDs for the same inputs.
+    #[error("rule {rule}: create_id is not deterministic ({first:?} then {second:?} for the same counter and time); do not keep state between calls")]
+    NotDeterministic {
+        /// The rule.
+        rule: String,
+        /// First result.
+        first: String,
+        /// Second result.
+        second: String,
+    },
+    /// An ID of the wrong shape.
+    #[error("rule {rule}: create_id returned {id:?}, {why}")]
+    BadOutput {
+        /// The rule.
+        rule: String,
+        /// The ID (cut to 40 characters).
+        id: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The zone or calendar refused a time.
+    #[error("rule {rule}: {source}")]
+    Period {
+        /// The rule.
+        rule: String,
+        /// The cause.
+        source: PeriodError,
+    },
+    /// The Lua state could not be set up (out of memory at start).
+    #[error("rule {rule}: cannot set up the Lua state: {message}")]
+    Setup {
+        /// The rule.
+        rule: String,
+        /// mlua's message.
+        message: String,
+    },
+}
+
+fn line_suffix(line: Option<u32>) -> String {
+    line.map(|l| format!(" line {l}")).unwrap_or_default()
+}
+
+/// Lua code run once per state, before the rule: the sandbox's wrappers.
+const PRELUDE: &str = r#"
+local rep, setmt, rawget, type, error = string.rep, setmetatable, rawget, type, error
+string.rep = function(s, n, sep)
+    if type(n) == "number" and n > 1000000 then
+        error("string.rep: at most 1000000 repetitions", 2)
+    end
+    return rep(s, n, sep)
+end
+setmetatable = function(t, mt)
+    if type(mt) == "table" and rawget(mt, "__gc") ~= nil then
+        error("__gc metamethods are not allowed in rules", 2)
+    end
+    return setmt(t, mt)
+end
+-- `now` for one second: a read-only proxy whose methods are closures
+-- over the fields (plain Lua calls, no trip into Rust per method).
+local function make_now(y, mo, d, h, mi, s, yd, wd, u)
+    local m = {
+        year = function() return y end, month = function() return mo end,
+        day = function() return d end, hour = function() return h end,
+        min = function() return mi end, sec = function() return s end,
+        yday = function() return yd end, wday = function() return wd end,
+        unix = function() return u end,
+    }
+    return setmt({}, {
+        __index = m,
+        __newindex = function() error("now is read-only", 2) end,
+        __metatable = false,
+    })
+end
+return make_now
+"#;
+
+const REMOVED_GLOBALS: [&str; 11] = [
+    "load",
+    "loadfile",
+    "dofile",
+    "print",
+    "collectgarbage",
+    "require",
+    "pcall",
+    "xpcall",
+    "module",
+    "loadstring",
+    // `now` is a read-only proxy; rawset would write through it.
+    "rawset",
+];
+
+/// A loaded, validated rule. Calls are serialised (one Lua state per
+/// rule); the state is `Send + Sync`.
+pub struct LuaRule {
+    name: String,
+    lua: Lua,
+    create_id: Function,
+    zone: Zone,
+    min: u64,
+    max: u64,
+    reset: Reset,
+    length: Option<usize>,
+    limits: LuaLimits,
+    spent: Arc<AtomicU64>,
+    tripped: Arc<AtomicBool>,
+    trip_line: Arc<AtomicU64>,
+    /// Held for a call; caches `now` for the last Unix second rendered
+    /// (IDs come in bursts at one instant; `now` is immutable).
+    call: Mutex<Option<(i64, mlua::Table)>>,
+    make_now: Function,
+}
+
+impl std::fmt::Debug for LuaRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LuaRule")
+            .field("name", &self.name)
+            .field("min", &self.min)
+            .field("max", &self.max)
+            .field("reset", &self.reset)
+            .finish_non_exhaustive()
+    }
+}
+
+const STRIDE: u32 = 1000;
+
+impl LuaRule {
+    /// Compiles `source` as rule `name` in a fresh sandbox, reads its
+    /// counter bounds and period, and validates `create_id` at `sample_ms`
+    /// (Unix ms, normally now) and in the following period. `length`, if
+    /// given, is the exact length of every ID. `step` is the format's
+    /// counter step (the sampled counters are min, min + step and max).
+    pub fn load(
+        name: &str,
+        source: &str,
+        zone: Zone,
+        length: Option<usize>,
+        step: u64,
+        limits: LuaLimits,
+        sample_ms: i64,
+    ) -> Result<LuaRule, LuaError> {
+        let setup = |e: mlua::Error| LuaError::Setup {
+            rule: name.to_owned(),
+            message: e.to_string(),
+        };
+        let lua = Lua::new_with(
+            StdLib::STRING | StdLib::MATH | StdLib::TABLE | StdLib::UTF8,
+            LuaOptions::new(),
+        )
+        .map_err(setup)?;
+        let g = lua.globals();
+        for f in REMOVED_GLOBALS {
+            g.raw_set(f, Value::Nil).map_err(setup)?;
+        }
+        let remove = |lib: &str, fs: &[&str]| -> mlua::Result<()> {
+            let t: mlua::Table = g.raw_get(lib)?;
+            for f in fs {
+                t.raw_set(*f, Value::Nil)?;
+            }
+            Ok(())
+        };
+        remove("string", &["dump", "find", "match", "gmatch", "gsub"]).map_err(setup)?;
+        remove("math", &["random", "randomseed"]).map_err(setup)?;
+        remove("table", &["move"]).map_err(setup)?;
+        let make_now: Function = lua
+            .load(PRELUDE)
+            .set_name("=sandbox")
+            .eval()
+            .map_err(setup)?;
+        // `counter:generate_counter()` (seed 003) on a plain integer.
+        let number_mt = lua.create_table().map_err(setup)?;
+        let methods = lua.create_table().map_err(setup)?;
+        methods
+            .raw_set(
+                "generate_counter",
+                lua.create_function(|_, n: Value| Ok(n)).map_err(setup)?,
+            )
+            .map_err(setup)?;
+        number_mt.raw_set("__index", methods).map_err(setup)?;
+        lua.set_type_metatable::<mlua::Number>(Some(number_mt));
+        lua.set_memory_limit(limits.memory_bytes).map_err(setup)?;
+
+        let spent = Arc::new(AtomicU64::new(0));
+        let tripped = Arc::new(AtomicBool::new(false));
+        let trip_line = Arc::new(AtomicU64::new(0));
+        let stride = STRIDE.min(u32::try_from(limits.instructions.max(1)).unwrap_or(STRIDE));
+        {
+            let (spent, tripped, trip_line) = (spent.clone(), tripped.clone(), trip_line.clone());
+            let budget = limits.instructions;
+            lua.set_hook(
+                HookTriggers::new().every_nth_instruction(stride),
+                move |_, debug| {
+                    let used =
+                        spent.fetch_add(u64::from(stride), Ordering::Relaxed) + u64::from(stride);
+                    if used > budget {
+                        if !tripped.swap(true, Ordering::Relaxed) {
+                            let line = debug.current_line().unwrap_or(0) as u64;
+                            trip_line.store(line, Ordering::Relaxed);
+                        }
+                        return Err(mlua::Error::runtime("instruction budget spent"));
+                    }
+                    Ok(VmState::Continue)
+                },
+            )
+            .map_err(setup)?;
+        }
+
+        let mut rule = LuaRule {
+            name: name.to_owned(),
+            create_id: lua.create_function(|_, ()| Ok(())).map_err(setup)?,
+            lua,
+            zone,
+            min: 0,
+            max: 0,
+            reset: Reset::Never,
+            length,
+            limits,
+            spent,
+            tripped,
+            trip_line,
+            call: Mutex::new(None),
+            make_now,
+        };
+        rule.start_call();
+        let chunk = rule
+            .lua
+            .load(source)
+            .set_name(format!("={name}"))
+            .set_mode(ChunkMode::Text);
+        chunk.exec().map_err(|e| rule.lua_error(e))?;
+        let get = |function: &'static str| -> Result<Function, LuaError> {
+            match rule.lua.globals().raw_get::<Value>(function) {
+                Ok(Value::Function(f)) => Ok(f),
+                _ => Err(LuaError::Missing {
+                    rule: name.to_owned(),
+                    function,
+                }),
+            }
+        };
+        let min_f = get("min_counter")?;
+        let max_f = get("max_counter")?;
+        let reset_f = get("reset_seconds")?;
+        rule.create_id = get("create_id")?;
+        let int = |rule: &LuaRule, f: &Function, function: &'static str| -> Result<i64, LuaError> {
+            rule.start_call();
+            let v: Value = f.call(()).map_err(|e| rule.lua_error(e))?;
+            let n = match v {
+                Value::Integer(i) => Some(i),
+                Value::Number(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => Some(x as i64),
+                _ => None,
+            };
+            n.ok_or_else(|| LuaError::BadValue {
+                rule: rule.name.clone(),
+                function,
+                why: format!("returned {}, not an integer", v.type_name()),
+            })
+        };
+        let min = int(&rule, &min_f, "min_counter")?;
+        let max = int(&rule, &max_f, "max_counter")?;
+        let reset_s = int(&rule, &reset_f, "reset_seconds")?;
+        let bad = |function: &'static str, why: String| LuaError::BadValue {
+            rule: name.to_owned(),
+            function,
+            why,
+        };
+        if min < 0 {
+            return Err(bad(
+                "min_counter",
+                format!("returned {min}; it must be 0 or more"),
+            ));
+        }
+        if max < min {
+            return Err(bad(
+                "max_counter",
+                format!("returned {max}, below min_counter() = {min}"),
+            ));
+        }
+        rule.min = min as u64;
+        rule.max = max as u64;
+        rule.reset = match reset_s {
+            0 => Reset::Never,
+            n if n > 0 && (n as u64) <= MAX_RESET_SECONDS => Reset::Seconds(n as u64),
+            n => {
+                return Err(bad(
+                    "reset_seconds",
+                    format!("returned {n}; use 0 (never) or 1 to {MAX_RESET_SECONDS}"),
+                ))
+            }
+        };
+        rule.validate(step.max(1), sample_ms)?;
+        Ok(rule)
+    }
+
+    fn validate(&self, step: u64, at_ms: i64) -> Result<(), LuaError> {
+        let mut counters = vec![self.min];
+        if let Some(next) = self.min.checked_add(step).filter(|n| *n <= self.max) {
+            counters.push(next);
+        }
+        if !counters.contains(&self.max) {
+            counters.push(self.max);
+        }
+        let ids = counters
+            .iter()
+            .map(|c| self.create_id(*c, at_ms, None))
+            .collect::<Result<Vec<_>, _>>()?;
+        let again = self.create_id(self.min, at_ms, None)?;
+        if again != ids[0] {
+            return Err(LuaError::NotDeterministic {
+                rule: self.name.clone(),
+                first: ids[0].clone(),
+                second: again,
+            });
+        }
+        for i in 0..ids.len() {
+            for j in i + 1..ids.len() {
+                if ids[i] == ids[j] {
+                    return Err(LuaError::CounterUnused {
+                        rule: self.name.clone(),
+                        a: counters[i],
+                        b: counters[j],
+                        id: ids[i].clone(),
+                    });
+                }
+            }
+        }
+        if self.reset != Reset::Never {
+            let period = |e| LuaError::Period {
+                rule: self.name.clone(),
+                source: e,
+            };
+            let key = period_key(at_ms, &self.zone, self.reset).map_err(period)?;
+            if let Some(next) = next_period_start(key, &self.zone, self.reset).map_err(period)? {
+                let later = self.create_id(self.min, next, None)?;
+                if later == ids[0] {
+                    return Err(LuaError::TimeUnused {
+                        rule: self.name.clone(),
+                        counter: self.min,
+                        reset: self.reset,
+                        id: later,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start_call(&self) {
+        self.spent.store(0, Ordering::Relaxed);
+        self.tripped.store(false, Ordering::Relaxed);
+    }
+
+    fn lua_error(&self, e: mlua::Error) -> LuaError {
+        if self.tripped.load(Ordering::Relaxed) {
+            let line = self.trip_line.load(Ordering::Relaxed);
+            return LuaError::Budget {
+                rule: self.name.clone(),
+                line: u32::try_from(line).ok().filter(|l| *l > 0),
+                budget: self.limits.instructions,
+            };
+        }
+        let mut e = e;
+        while let mlua::Error::CallbackError { cause, .. } = e {
+            e = Arc::unwrap_or_clone(cause);
+        }
+        match e {
+            mlua::Error::MemoryError(_) => LuaError::Memory {
+                rule: self.name.clone(),
+                limit: self.limits.memory_bytes,
+            },
+            mlua::Error::SyntaxError { message, .. } => {
+                let (line, message) = self.split_position(&message);
+                LuaError::Syntax {
+                    rule: self.name.clone(),
+                    line,
+                    message,
+                }
+            }
+            mlua::Error::RuntimeError(message) => {
+                let (line, message) = self.split_position(&message);
+                LuaError::Runtime {
+                    rule: self.name.clone(),
+                    line,
+                    message,
+                }
+            }
+            other => LuaError::Runtime {
+                rule: self.name.clone(),
+                line: None,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// `name:12: message\nstack traceback...` -> (12, message).
+    fn split_position(&self, message: &str) -> (Option<u32>, String) {
+        let first = message.lines().next().unwrap_or("");
+        let prefix = format!("{}:", self.name);
+        if let Some(rest) = first.strip_prefix(&prefix) {
+            if let Some((line, msg)) = rest.split_once(':') {
+                if let Ok(line) = line.parse::<u32>() {
+                    return (Some(line), msg.trim().to_owned());
+                }
+            }
+        }
+        (None, first.to_owned())
+    }
+
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `min_counter()`.
+    pub fn min_counter(&self) -> u64 {
+        self.min
+    }
+
+    /// `max_counter()`.
+    pub fn max_counter(&self) -> u64 {
+        self.max
+    }
+
+    /// `reset_seconds()` as a period (0 is [`Reset::Never`]).
+    pub fn reset(&self) -> Reset {
+        self.reset
+    }
+
+    /// The ID for `counter` at instant `at_ms` (Unix ms; render it at the
+    /// instant [`super::period::decide`] gives) with the caller's `salt`.
+    pub fn create_id(
+        &self,
+        counter: u64,
+        at_ms: i64,
+        salt: Option<&str>,
+    ) -> Result<String, LuaError> {
+        let counter_arg = i64::try_from(counter).map_err(|_| LuaError::BadValue {
+            rule: self.name.clone(),
+            function: "create_id",
+            why: format!("cannot take counter {counter}: above 2^63"),
+        })?;
+        let second = at_ms.div_euclid(1000);
+        let mut cache = self.call.lock().unwrap_or_else(PoisonError::into_inner);
+        self.start_call();
+        let now = match cache.as_ref() {
+            Some((s, now)) if *s == second => now.clone(),
+            _ => {
+                let now: mlua::Table = self
+                    .make_now
+                    .call(self.now_at(at_ms)?)
+                    .map_err(|e| self.lua_error(e))?;
+                *cache = Some((second, now.clone()));
+                now
+            }
+        };
+        self.start_call();
+        let out: Value = self
+            .create_id
+            .call((counter_arg, now, salt))
+            .map_err(|e| self.lua_error(e))?;
+        let id = match out {
+            Value::String(s) => s.to_str().map(|s| s.to_owned()).map_err(|_| "not UTF-8"),
+            Value::Integer(i) => Ok(i.to_string()),
+            ref other => Err(other.type_name()),
+        };
+        drop(cache);
+        let id = id.map_err(|what| LuaError::BadOutput {
+            rule: self.name.clone(),
+            id: String::new(),
+            why: format!("a {what}; return a string (or an integer)"),
+        })?;
+        self.check_output(id)
+    }
+
+    /// `now`'s fields at `at_ms`: year, month, day, hour, min, sec, yday,
+    /// wday (Sunday = 1, as Lua's os.date), Unix seconds.
+    #[allow(clippy::type_complexity)]
+    fn now_at(&self, at_ms: i64) -> Result<(i16, i8, i8, i8, i8, i8, i16, i8, i64), LuaError> {
+        let dt = self.zone.civil(at_ms).map_err(|e| LuaError::Period {
+            rule: self.name.clone(),
+            source: e,
+        })?;
+        Ok((
+            dt.year(),
+            dt.month(),
+            dt.day(),
+            dt.hour(),
+            dt.minute(),
+            dt.second(),
+            dt.day_of_year(),
+            dt.weekday().to_sunday_one_offset(),
+            at_ms.div_euclid(1000),
+        ))
+    }
+
+    fn check_output(&self, id: String) -> Result<String, LuaError> {
+        let why = if id.is_empty() {
+            Some("empty".to_owned())
+        } else if id.len() > MAX_ID_LEN {
+            Some(format!(
+                "{} characters long; at most {MAX_ID_LEN}",
+                id.len()
+            ))
+        } else if !id.bytes().all(|b| b.is_ascii_graphic()) {
+            Some("with characters other than printable ASCII".to_owned())
+        } else {
+            match self.length {
+                Some(n) if id.len() != n => Some(format!(
+                    "{} characters long; this format's IDs have {n}",
+                    id.len()
+                )),
+                _ => None,
+            }
+        };
+        match why {
+            None => Ok(id),
+            Some(why) => Err(LuaError::BadOutput {
+                rule: self.name.clone(),
+                id: id.chars().take(40).collect(),
+                why,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEED_003: &str = r#"
+function min_counter()
+    return 0
+end
+function max_counter()
+    return 9999
+end
+function reset_seconds()
+    return 86400
+end
+function create_id(counter, now, salt)
+    local seq = counter:generate_counter()
+    local new_id = string.format("%01d%02d%02d%04d", now:year() % 10, now:month(), now:day(), seq)
+    return new_id
+end
+"#;
+
+    fn ms(s: &str) -> i64 {
+        s.parse::<jiff::Timestamp>().unwrap().as_millisecond()
+    }
+
+    fn load(name: &str, src: &str) -> Result<LuaRule, LuaError> {
+        LuaRule::load(
+            name,
+            src,
+            Zone::get("Asia/Shanghai").unwrap(),
+            None,
+            1,
+            LuaLimits::default(),
+            ms("2026-11-23T03:00:00Z"),
+        )
+    }
+
+    /// A rule around `body` (the body of create_id) with sane bounds.
+    fn rule_with(body: &str) -> String {
+        format!(
+            "function min_counter() return 0 end\nfunction max_counter() return 9999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt)\n{body}\nend\n"
+        )
+    }
+
+    #[test]
+    fn a_seed_003_rule_makes_its_ids_in_the_formats_zone() {
+        let rule = load("o2o", SEED_003).unwrap();
+        assert_eq!((rule.min_counter(), rule.max_counter()), (0, 9999));
+        assert_eq!(rule.reset(), Reset::Seconds(86_400));
+        // 2026-11-23 11:00 in Shanghai.
+        assert_eq!(
+            rule.create_id(1, ms("2026-11-23T03:00:00Z"), None).unwrap(),
+            "611230001"
+        );
+        // 2026-11-24 00:00:01 in Shanghai is still the 23rd in UTC.
+        assert_eq!(
+            rule.create_id(42, ms("2026-11-23T16:00:01Z"), Some("x"))
+                .unwrap(),
+            "611240042"
+        );
+        let now_fields = rule_with(
+            "return string.format('%d-%d-%d-%d-%d-%d-%d-%d-%d-%s-%d', now:year(), now:month(), now:day(), now:hour(), now:min(), now:sec(), now:yday(), now:wday(), now:unix(), salt or 'nil', counter)",
+        );
+        let rule = load("fields", &now_fields).unwrap();
+        assert_eq!(
+            rule.create_id(7, ms("2026-11-23T03:04:05Z"), Some("ab"))
+                .unwrap(),
+            "2026-11-23-11-4-5-327-2-1795403045-ab-7"
+        );
+    }
+
+    #[test]
+    fn a_rule_that_loops_forever_is_stopped_by_the_budget() {
+        let src = rule_with("while true do end");
+        let err = load("spin", &src).unwrap_err();
+        assert!(
+            matches!(err, LuaError::Budget { ref rule, line: Some(5), budget: 200_000 } if rule == "spin"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("rule spin line 5"), "{err}");
+        // Loading itself is under the budget too.
+        let err = load("top", "while true do end").unwrap_err();
+        assert!(
+            matches!(err, LuaError::Budget { line: Some(1), .. }),
+            "{err:?}"
+        );
+        // And the budget is per call: a rule that needs about 100,000
+        // instructions per call runs again and again.
+        let busy = rule_with(
+            "local x = 0 for i = 1, 40000 do x = x + i end return string.format('%04d', counter)",
+        );
+        let rule = load("busy", &busy).unwrap();
+        for c in 0..5 {
+            assert_eq!(rule.create_id(c, 0, None).unwrap(), format!("{c:04}"));
+        }
+    }
+
+    #[test]
+    fn the_sandbox_refuses_os_io_require_load_and_friends() {
+        for (what, body) in [
+            ("os.execute", "os.execute('touch /tmp/pwned') return tostring(counter)"),
+            ("io.open", "io.open('/etc/passwd') return tostring(counter)"),
+            ("require", "require('os') return tostring(counter)"),
+            ("load", "load('return 1')() return tostring(counter)"),
+            ("loadstring", "loadstring('return 1')() return tostring(counter)"),
+            ("dofile", "dofile('/etc/passwd') return tostring(counter)"),
+            ("debug", "debug.getinfo(1) return tostring(counter)"),
+            ("string.dump", "string.dump(create_id) return tostring(counter)"),
+            ("pcall", "pcall(print) return tostring(counter)"),
+            ("coroutine", "coroutine.create(print) return tostring(counter)"),
+            ("math.random", "return tostring(math.random(1, 1000000))"),
+            ("string.find", "string.find(string.rep('a', 30), '.-.-.-.-.-.-.-.-b') return tostring(counter)"),
+            ("now is read-only", "now.year = function() return 1 end return tostring(counter)"),
+            ("rawset", "rawset(now, 'year', 1) return tostring(counter)"),
+            ("now's metatable", "getmetatable(now).__index = {} return tostring(counter)"),
+            ("__gc", "setmetatable({}, {__gc = function() while true do end end}) return tostring(counter)"),
+        ] {
+            let err = load("evil", &rule_with(body)).unwrap_err();
+            assert!(
+                matches!(err, LuaError::Runtime { ref rule, line: Some(5), .. } if rule == "evil"),
+                "{what}: {err:?}"
+            );
+        }
+        // Bytecode is refused outright.
+        let err = load("bin", "\x1bLua\x54\x00").unwrap_err();
+        assert!(
+            matches!(err, LuaError::Syntax { .. } | LuaError::Runtime { .. }),
+            "{err:?}"
+        );
+        let err = load("syntax", "function create_id(\nend end").unwrap_err();
+        assert!(
+            matches!(err, LuaError::Syntax { line: Some(2), .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_memory_bomb_is_refused_by_the_memory_limit() {
+        // A few hundred instructions and 200 MB: the memory limit stops it.
+        let bomb = rule_with("local s = string.rep('x', 1000000) .. string.rep('y', 1000000) local t = {} for i = 1, 100 do t[i] = s .. i end return tostring(counter)");
+        let err = load("bomb", &bomb).unwrap_err();
+        assert!(
+            matches!(err, LuaError::Memory { ref rule, limit } if rule == "bomb" && limit == 8 << 20),
+            "{err:?}"
+        );
+        let rep = rule_with("return string.rep('', 1e15) .. counter");
+        assert!(matches!(load("rep", &rep), Err(LuaError::Runtime { .. })));
+    }
+
+    #[test]
+    fn rules_that_ignore_the_counter_or_the_period_are_refused() {
+        let err = load("const", &rule_with("return 'A1'")).unwrap_err();
+        assert!(
+            matches!(err, LuaError::CounterUnused { a: 0, b: 1, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("must contain the counter"));
+        let no_day = SEED_003.replace("now:day(), seq", "1, seq");
+        let err = load("noday", &no_day).unwrap_err();
+        assert!(
+            matches!(err, LuaError::TimeUnused { counter: 0, .. }),
+            "{err:?}"
+        );
+        let stateful = format!(
+            "n = 0\n{}",
+            rule_with("n = n + 1 return tostring(counter) .. '-' .. n")
+        );
+        assert!(matches!(
+            load("state", &stateful),
+            Err(LuaError::NotDeterministic { .. })
+        ));
+    }
+
+    #[test]
+    fn functions_and_results_are_validated() {
+        let err = load("nofn", "function min_counter() return 0 end").unwrap_err();
+        assert_eq!(
+            err,
+            LuaError::Missing {
+                rule: "nofn".into(),
+                function: "max_counter"
+            }
+        );
+        let neg = SEED_003.replace("return 0\n", "return -1\n");
+        assert!(matches!(
+            load("neg", &neg),
+            Err(LuaError::BadValue {
+                function: "min_counter",
+                ..
+            })
+        ));
+        let reset = SEED_003.replace("return 86400", "return 'daily'");
+        assert!(matches!(
+            load("r", &reset),
+            Err(LuaError::BadValue {
+                function: "reset_seconds",
+                ..
+            })
+        ));
+        let table = rule_with("return {}");
+        assert!(matches!(load("t", &table), Err(LuaError::BadOutput { .. })));
+        let space = rule_with("return 'A ' .. counter");
+        assert!(matches!(load("s", &space), Err(LuaError::BadOutput { .. })));
+        // A declared length is enforced at load and on every call.
+        let rule = LuaRule::load(
+            "len",
+            &rule_with("return tostring(counter)"),
+            Zone::utc(),
+            Some(1),
+            1,
+            LuaLimits::default(),
+            0,
+        );
+        assert!(
+            matches!(rule, Err(LuaError::BadOutput { .. })),
+            "9999 has 4 characters"
+        );
+        let err = load(
+            "boom",
+            &rule_with("if counter == 7 then error('no sevens') end return tostring(counter)"),
+        )
+        .unwrap()
+        .create_id(7, 0, None)
+        .unwrap_err();
+        assert_eq!(
+            err,
+            LuaError::Runtime {
+                rule: "boom".into(),
+                line: Some(5),
+                message: "no sevens".into()
+            }
+        );
+        assert_eq!(err.to_string(), "rule boom line 5: no sevens");
+    }
+
+    #[test]
+    fn a_rule_is_shared_across_threads() {
+        let rule = Arc::new(load("o2o", SEED_003).unwrap());
+        let handles: Vec<_> = (0..2u64)
+            .map(|t| {
+                let rule = Arc::clone(&rule);
+                std::thread::spawn(move || {
+                    (0..200u64)
+                        .map(|i| rule.create_id(t * 1000 + i, 0, None))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+            })
+            .collect();
+        let mut all = std::collections::HashSet::new();
+        for h in handles {
+            for id in h.join().unwrap().unwrap() {
+                assert!(all.insert(id));
+            }
+        }
+        assert_eq!(all.len(), 400);
+    }
+}
