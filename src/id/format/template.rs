@@ -1480,14 +1480,29 @@ mod tests {
     }
 
     #[test]
-    fn braces_escape_and_columns_point_at_the_fault() {
+    fn doubled_braces_render_as_literal_braces() {
         let tpl = t("{{{yyyy}{MM}{dd}}}{seq:2}", Reset::Day).unwrap();
         let at = civil("2026-11-23T01:00:00Z", "UTC");
         assert_eq!(
             tpl.render(&at, 5, None, None, &none()).unwrap(),
             "{20261123}05"
         );
-        let cases: &[(&str, TemplateError)] = &[
+    }
+
+    /// Asserts that each source is refused (never resetting) with exactly
+    /// its error, and that every message says where or what.
+    fn assert_refused(cases: &[(&str, TemplateError)]) {
+        for (src, want) in cases {
+            assert_eq!(t(src, Reset::Never).as_ref(), Err(want), "{src}");
+            // Every message says where or what.
+            let msg = want.to_string();
+            assert!(!msg.is_empty());
+        }
+    }
+
+    #[test]
+    fn malformed_syntax_is_refused_with_the_column_of_the_fault() {
+        assert_refused(&[
             ("", TemplateError::Empty),
             ("AB{seq:2", TemplateError::Unclosed { column: 3 }),
             ("AB}{seq:2}", TemplateError::StrayClose { column: 3 }),
@@ -1508,6 +1523,12 @@ mod tests {
                     field: "week".into(),
                 },
             ),
+        ]);
+    }
+
+    #[test]
+    fn bad_field_arguments_are_refused_with_the_column_of_the_field() {
+        assert_refused(&[
             (
                 "{seq:0}",
                 TemplateError::BadWidth {
@@ -1542,6 +1563,12 @@ mod tests {
                     name: "Biz".into(),
                 },
             ),
+        ]);
+    }
+
+    #[test]
+    fn repeated_misplaced_or_missing_fields_are_refused_with_their_column() {
+        assert_refused(&[
             (
                 "{seq:2}-{seq:3}",
                 TemplateError::Repeated {
@@ -1564,13 +1591,11 @@ mod tests {
                 },
             ),
             ("{yyyy}{MM}", TemplateError::MissingSeq),
-        ];
-        for (src, want) in cases {
-            assert_eq!(t(src, Reset::Never).as_ref(), Err(want), "{src}");
-            // Every message says where or what.
-            let msg = want.to_string();
-            assert!(!msg.is_empty());
-        }
+        ]);
+    }
+
+    #[test]
+    fn a_template_longer_than_the_maximum_id_is_refused() {
         assert!(matches!(
             t(&format!("{}{{seq:2}}", "A".repeat(127)), Reset::Never),
             Err(TemplateError::TooLong { len: 129, .. })
