@@ -885,6 +885,30 @@ end
     }
 
     #[test]
+    fn a_max_below_min_or_a_reset_out_of_range_is_refused_naming_the_function() {
+        let below = SEED_003.replace("return 0\n", "return 10000\n");
+        assert_eq!(
+            load("below", &below).unwrap_err(),
+            LuaError::BadValue {
+                rule: "below".into(),
+                function: "max_counter",
+                why: "returned 9999, below min_counter() = 10000".into(),
+            }
+        );
+        for n in ["-1", &(MAX_RESET_SECONDS + 1).to_string()] {
+            let reset = SEED_003.replace("return 86400", &format!("return {n}"));
+            assert_eq!(
+                load("reset", &reset).unwrap_err(),
+                LuaError::BadValue {
+                    rule: "reset".into(),
+                    function: "reset_seconds",
+                    why: format!("returned {n}; use 0 (never) or 1 to {MAX_RESET_SECONDS}"),
+                }
+            );
+        }
+    }
+
+    #[test]
     fn functions_and_results_are_validated() {
         let err = load("nofn", "function min_counter() return 0 end").unwrap_err();
         assert_eq!(
