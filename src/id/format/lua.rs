@@ -281,62 +281,54 @@ impl std::fmt::Debug for LuaRule {
 
 const STRIDE: u32 = 1000;
 
-impl LuaRule {
-    /// Compiles `source` as rule `name` in a fresh sandbox, reads its
-    /// counter bounds and period, and validates `create_id` at `sample_ms`
-    /// (Unix ms, normally now) and in the following period. `length`, if
-    /// given, is the exact length of every ID. `step` is the format's
-    /// counter step (the sampled counters are min, min + step and max).
-    pub fn load(
-        name: &str,
-        source: &str,
-        zone: Zone,
-        length: Option<usize>,
-        step: u64,
-        limits: LuaLimits,
-        sample_ms: i64,
-    ) -> Result<LuaRule, LuaError> {
-        let setup = |e: mlua::Error| LuaError::Setup {
-            rule: name.to_owned(),
-            message: e.to_string(),
-        };
-        let lua = Lua::new_with(
-            StdLib::STRING | StdLib::MATH | StdLib::TABLE | StdLib::UTF8,
-            LuaOptions::new(),
-        )
-        .map_err(setup)?;
-        let g = lua.globals();
-        for f in REMOVED_GLOBALS {
-            g.raw_set(f, Value::Nil).map_err(setup)?;
+/// A fresh Lua state with only the safe libraries, the removed globals and
+/// library functions gone, `generate_counter` on numbers and the memory
+/// limit set; with the prelude's `now` maker.
+fn sandbox(limits: LuaLimits) -> mlua::Result<(Lua, Function)> {
+    let lua = Lua::new_with(
+        StdLib::STRING | StdLib::MATH | StdLib::TABLE | StdLib::UTF8,
+        LuaOptions::new(),
+    )?;
+    let g = lua.globals();
+    for f in REMOVED_GLOBALS {
+        g.raw_set(f, Value::Nil)?;
+    }
+    let remove = |lib: &str, fs: &[&str]| -> mlua::Result<()> {
+        let t: mlua::Table = g.raw_get(lib)?;
+        for f in fs {
+            t.raw_set(*f, Value::Nil)?;
         }
-        let remove = |lib: &str, fs: &[&str]| -> mlua::Result<()> {
-            let t: mlua::Table = g.raw_get(lib)?;
-            for f in fs {
-                t.raw_set(*f, Value::Nil)?;
-            }
-            Ok(())
-        };
-        remove("string", &["dump", "find", "match", "gmatch", "gsub"]).map_err(setup)?;
-        remove("math", &["random", "randomseed"]).map_err(setup)?;
-        remove("table", &["move"]).map_err(setup)?;
-        let make_now: Function = lua
-            .load(PRELUDE)
-            .set_name("=sandbox")
-            .eval()
-            .map_err(setup)?;
-        // `counter:generate_counter()` (seed 003) on a plain integer.
-        let number_mt = lua.create_table().map_err(setup)?;
-        let methods = lua.create_table().map_err(setup)?;
-        methods
-            .raw_set(
-                "generate_counter",
-                lua.create_function(|_, n: Value| Ok(n)).map_err(setup)?,
-            )
-            .map_err(setup)?;
-        number_mt.raw_set("__index", methods).map_err(setup)?;
-        lua.set_type_metatable::<mlua::Number>(Some(number_mt));
-        lua.set_memory_limit(limits.memory_bytes).map_err(setup)?;
+        Ok(())
+    };
+    remove("string", &["dump", "find", "match", "gmatch", "gsub"])?;
+    remove("math", &["random", "randomseed"])?;
+    remove("table", &["move"])?;
+    let make_now: Function = lua.load(PRELUDE).set_name("=sandbox").eval()?;
+    // `counter:generate_counter()` (seed 003) on a plain integer.
+    let number_mt = lua.create_table()?;
+    let methods = lua.create_table()?;
+    methods.raw_set(
+        "generate_counter",
+        lua.create_function(|_, n: Value| Ok(n))?,
+    )?;
+    number_mt.raw_set("__index", methods)?;
+    lua.set_type_metatable::<mlua::Number>(Some(number_mt));
+    lua.set_memory_limit(limits.memory_bytes)?;
+    Ok((lua, make_now))
+}
 
+/// The instruction budget's shared state: instructions spent in this call,
+/// whether the budget tripped, and the line it tripped on.
+struct Budget {
+    spent: Arc<AtomicU64>,
+    tripped: Arc<AtomicBool>,
+    trip_line: Arc<AtomicU64>,
+}
+
+impl Budget {
+    /// Installs a hook on `lua` that counts instructions every stride and
+    /// fails the call once `limits.instructions` are spent, noting the line.
+    fn install(lua: &Lua, limits: LuaLimits) -> mlua::Result<Budget> {
         let spent = Arc::new(AtomicU64::new(0));
         let tripped = Arc::new(AtomicBool::new(false));
         let trip_line = Arc::new(AtomicU64::new(0));
@@ -358,10 +350,37 @@ impl LuaRule {
                     }
                     Ok(VmState::Continue)
                 },
-            )
-            .map_err(setup)?;
+            )?;
         }
+        Ok(Budget {
+            spent,
+            tripped,
+            trip_line,
+        })
+    }
+}
 
+impl LuaRule {
+    /// Compiles `source` as rule `name` in a fresh sandbox, reads its
+    /// counter bounds and period, and validates `create_id` at `sample_ms`
+    /// (Unix ms, normally now) and in the following period. `length`, if
+    /// given, is the exact length of every ID. `step` is the format's
+    /// counter step (the sampled counters are min, min + step and max).
+    pub fn load(
+        name: &str,
+        source: &str,
+        zone: Zone,
+        length: Option<usize>,
+        step: u64,
+        limits: LuaLimits,
+        sample_ms: i64,
+    ) -> Result<LuaRule, LuaError> {
+        let setup = |e: mlua::Error| LuaError::Setup {
+            rule: name.to_owned(),
+            message: e.to_string(),
+        };
+        let (lua, make_now) = sandbox(limits).map_err(setup)?;
+        let budget = Budget::install(&lua, limits).map_err(setup)?;
         let mut rule = LuaRule {
             name: name.to_owned(),
             create_id: lua.create_function(|_, ()| Ok(())).map_err(setup)?,
@@ -372,9 +391,9 @@ impl LuaRule {
             reset: Reset::Never,
             length,
             limits,
-            spent,
-            tripped,
-            trip_line,
+            spent: budget.spent,
+            tripped: budget.tripped,
+            trip_line: budget.trip_line,
             call: Mutex::new(None),
             make_now,
         };
@@ -385,38 +404,51 @@ impl LuaRule {
             .set_name(format!("={name}"))
             .set_mode(ChunkMode::Text);
         chunk.exec().map_err(|e| rule.lua_error(e))?;
-        let get = |function: &'static str| -> Result<Function, LuaError> {
-            match rule.lua.globals().raw_get::<Value>(function) {
-                Ok(Value::Function(f)) => Ok(f),
-                _ => Err(LuaError::Missing {
-                    rule: name.to_owned(),
-                    function,
-                }),
-            }
-        };
-        let min_f = get("min_counter")?;
-        let max_f = get("max_counter")?;
-        let reset_f = get("reset_seconds")?;
-        rule.create_id = get("create_id")?;
-        let int = |rule: &LuaRule, f: &Function, function: &'static str| -> Result<i64, LuaError> {
-            rule.start_call();
-            let v: Value = f.call(()).map_err(|e| rule.lua_error(e))?;
-            let n = match v {
-                Value::Integer(i) => Some(i),
-                Value::Number(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => Some(x as i64),
-                _ => None,
-            };
-            n.ok_or_else(|| LuaError::BadValue {
-                rule: rule.name.clone(),
+        let min_f = rule.global_function("min_counter")?;
+        let max_f = rule.global_function("max_counter")?;
+        let reset_f = rule.global_function("reset_seconds")?;
+        rule.create_id = rule.global_function("create_id")?;
+        let min = rule.call_int(&min_f, "min_counter")?;
+        let max = rule.call_int(&max_f, "max_counter")?;
+        let reset_s = rule.call_int(&reset_f, "reset_seconds")?;
+        rule.set_bounds(min, max, reset_s)?;
+        rule.validate(step.max(1), sample_ms)?;
+        Ok(rule)
+    }
+
+    /// The rule's global function `function`, or [`LuaError::Missing`].
+    fn global_function(&self, function: &'static str) -> Result<Function, LuaError> {
+        match self.lua.globals().raw_get::<Value>(function) {
+            Ok(Value::Function(f)) => Ok(f),
+            _ => Err(LuaError::Missing {
+                rule: self.name.clone(),
                 function,
-                why: format!("returned {}, not an integer", v.type_name()),
-            })
+            }),
+        }
+    }
+
+    /// Calls `f` (the rule's `function`) with no arguments on a fresh
+    /// budget; it must return an integer (a whole float below 9e15 counts).
+    fn call_int(&self, f: &Function, function: &'static str) -> Result<i64, LuaError> {
+        self.start_call();
+        let v: Value = f.call(()).map_err(|e| self.lua_error(e))?;
+        let n = match v {
+            Value::Integer(i) => Some(i),
+            Value::Number(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => Some(x as i64),
+            _ => None,
         };
-        let min = int(&rule, &min_f, "min_counter")?;
-        let max = int(&rule, &max_f, "max_counter")?;
-        let reset_s = int(&rule, &reset_f, "reset_seconds")?;
+        n.ok_or_else(|| LuaError::BadValue {
+            rule: self.name.clone(),
+            function,
+            why: format!("returned {}, not an integer", v.type_name()),
+        })
+    }
+
+    /// Checks and keeps what `min_counter()`, `max_counter()` and
+    /// `reset_seconds()` returned.
+    fn set_bounds(&mut self, min: i64, max: i64, reset_s: i64) -> Result<(), LuaError> {
         let bad = |function: &'static str, why: String| LuaError::BadValue {
-            rule: name.to_owned(),
+            rule: self.name.clone(),
             function,
             why,
         };
@@ -432,9 +464,7 @@ impl LuaRule {
                 format!("returned {max}, below min_counter() = {min}"),
             ));
         }
-        rule.min = min as u64;
-        rule.max = max as u64;
-        rule.reset = match reset_s {
+        let reset = match reset_s {
             0 => Reset::Never,
             n if n > 0 && (n as u64) <= MAX_RESET_SECONDS => Reset::Seconds(n as u64),
             n => {
@@ -444,8 +474,10 @@ impl LuaRule {
                 ))
             }
         };
-        rule.validate(step.max(1), sample_ms)?;
-        Ok(rule)
+        self.min = min as u64;
+        self.max = max as u64;
+        self.reset = reset;
+        Ok(())
     }
 
     fn validate(&self, step: u64, at_ms: i64) -> Result<(), LuaError> {
@@ -850,6 +882,30 @@ end
             load("state", &stateful),
             Err(LuaError::NotDeterministic { .. })
         ));
+    }
+
+    #[test]
+    fn a_max_below_min_or_a_reset_out_of_range_is_refused_naming_the_function() {
+        let below = SEED_003.replace("return 0\n", "return 10000\n");
+        assert_eq!(
+            load("below", &below).unwrap_err(),
+            LuaError::BadValue {
+                rule: "below".into(),
+                function: "max_counter",
+                why: "returned 9999, below min_counter() = 10000".into(),
+            }
+        );
+        for n in ["-1", &(MAX_RESET_SECONDS + 1).to_string()] {
+            let reset = SEED_003.replace("return 86400", &format!("return {n}"));
+            assert_eq!(
+                load("reset", &reset).unwrap_err(),
+                LuaError::BadValue {
+                    rule: "reset".into(),
+                    function: "reset_seconds",
+                    why: format!("returned {n}; use 0 (never) or 1 to {MAX_RESET_SECONDS}"),
+                }
+            );
+        }
     }
 
     #[test]

@@ -687,6 +687,182 @@ fn tokenize(source: &str) -> Result<Vec<(usize, Part)>, TemplateError> {
     Ok(parts)
 }
 
+/// What one pass over a template's parts finds: its time fields, counter
+/// width, whether every character is a digit, and its length.
+#[derive(Default)]
+struct Layout {
+    time: TimeFields,
+    seq_width: Option<u8>,
+    digits_only: bool,
+    len: usize,
+}
+
+impl Layout {
+    /// Walks the parts in order, checking that no field follows the check
+    /// digits, that no field repeats and that Luhn check digits follow only
+    /// digit fields.
+    fn scan(parts: &[(usize, Part)]) -> Result<Layout, TemplateError> {
+        let mut l = Layout {
+            digits_only: true,
+            ..Layout::default()
+        };
+        let mut seen: Vec<(String, usize)> = Vec::new();
+        let mut check_at: Option<usize> = None;
+        let mut lettered: Option<(usize, String)> = None;
+        for (column, part) in parts {
+            let field = match part {
+                Part::Lit(s) => {
+                    l.len += s.len();
+                    l.digits_only &= s.bytes().all(|b| b.is_ascii_digit());
+                    continue;
+                }
+                Part::Field(f) => f,
+            };
+            l.len += field.width();
+            if check_at.is_some() {
+                return Err(TemplateError::CheckNotLast {
+                    column: *column,
+                    field: field.to_string(),
+                });
+            }
+            let key = field_key(field);
+            if seen.iter().any(|(k, _)| *k == key) {
+                return Err(TemplateError::Repeated {
+                    column: *column,
+                    field: key,
+                });
+            }
+            seen.push((key, *column));
+            if field.may_hold_letters() {
+                l.digits_only = false;
+                lettered.get_or_insert((*column, field.to_string()));
+            }
+            if let Field::Check(kind) = field {
+                if let (CheckKind::Luhn, Some((column, field))) = (kind, &lettered) {
+                    return Err(TemplateError::LuhnNeedsDigits {
+                        column: *column,
+                        field: field.clone(),
+                    });
+                }
+                check_at = Some(*column);
+            }
+            l.note(field);
+        }
+        Ok(l)
+    }
+
+    /// Records a time field or the counter's width (other fields: nothing).
+    fn note(&mut self, field: &Field) {
+        let t = &mut self.time;
+        match field {
+            Field::Year4 => t.year4 = true,
+            Field::Year2 => t.year2 = true,
+            Field::Year1 => t.year1 = true,
+            Field::Month => t.month = true,
+            Field::Day => t.day = true,
+            Field::DayOfYear => t.doy = true,
+            Field::Hour => t.hour = true,
+            Field::Minute => t.minute = true,
+            Field::Second => t.second = true,
+            Field::UnixS => t.unix_s = true,
+            Field::Seq(w) => self.seq_width = Some(*w),
+            Field::Check(_) | Field::Node(_) | Field::Token(..) | Field::Param(..) => {}
+        }
+    }
+}
+
+/// The key a field may appear under only once: `{param:NAME}` per
+/// parameter, the bare kind for node, token, seq and check, the field
+/// itself otherwise.
+fn field_key(field: &Field) -> String {
+    match field {
+        Field::Param(name, ..) => format!("{{param:{name}}}"),
+        Field::Node(_) | Field::Token(..) | Field::Seq(_) | Field::Check(_) => {
+            let s = field.to_string();
+            s.split(':').next().unwrap_or("").to_owned() + "}"
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Checks that a counter of `seq_width` digits holds `counter_max`.
+fn check_counter_width(counter_max: u64, seq_width: u8) -> Result<(), TemplateError> {
+    let limit = 10u64.pow(u32::from(seq_width)) - 1;
+    if counter_max > limit {
+        return Err(TemplateError::CounterTooWide {
+            max: counter_max,
+            width: seq_width,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// Which civil unit the fields must name for `reset` (0 year, 1 month,
+/// 2 day, 3 hour, 4 minute, 5 second; `None`: never resets). A reset in
+/// seconds cannot be named by year and month alone.
+fn reset_unit(reset: Reset, t: &TimeFields) -> Result<Option<u8>, TemplateError> {
+    Ok(match reset {
+        Reset::Never => None,
+        Reset::Year => Some(0),
+        Reset::Month => Some(1),
+        Reset::Day => Some(2),
+        Reset::Hour => Some(3),
+        Reset::Seconds(n) => {
+            let finer_than_month = t.unix_s || t.doy || t.day || t.hour || t.minute || t.second;
+            if !finer_than_month && (t.month || t.has_year()) {
+                return Err(TemplateError::PeriodNotNameable { reset });
+            }
+            Some(if n % 86_400 == 0 {
+                2
+            } else if n % 3600 == 0 {
+                3
+            } else if n % 60 == 0 {
+                4
+            } else {
+                5
+            })
+        }
+    })
+}
+
+/// Checks that the fields name every period of `unit`.
+fn check_period_fields(
+    reset: Reset,
+    unit: Option<u8>,
+    t: &TimeFields,
+) -> Result<(), TemplateError> {
+    if let Some(unit) = unit {
+        if let Some(missing) = t.missing(unit) {
+            let also = if matches!(reset, Reset::Seconds(_)) {
+                ", or {unix_s}"
+            } else {
+                ""
+            };
+            return Err(TemplateError::MissingTimeField {
+                reset,
+                missing,
+                also,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The years a resetting template with only `{yy}` or `{y}` can tell
+/// apart, starting at `origin_year`, and the field that limits them.
+fn year_window(
+    unit: Option<u8>,
+    t: &TimeFields,
+    origin_year: i32,
+) -> Option<(i32, i32, &'static str)> {
+    match (unit.is_some() && !t.unix_s && !t.year4, t.year2, t.year1) {
+        (true, true, _) => Some((origin_year, origin_year + 99, "{yy}")),
+        (true, false, true) => Some((origin_year, origin_year + 9, "{y}")),
+        _ => None,
+    }
+}
+
 /// The fields that name a period, as present in a template.
 #[derive(Default)]
 struct TimeFields {
@@ -753,72 +929,13 @@ impl Template {
             return Err(TemplateError::Empty);
         }
         let parts = tokenize(source)?;
-        let mut seen: Vec<(String, usize)> = Vec::new();
-        let mut t = TimeFields::default();
-        let mut seq_width = None;
-        let mut check_at: Option<usize> = None;
-        let mut lettered: Option<(usize, String)> = None;
-        let mut digits_only = true;
-        let mut len = 0;
-        for (column, part) in &parts {
-            let field = match part {
-                Part::Lit(s) => {
-                    len += s.len();
-                    digits_only &= s.bytes().all(|b| b.is_ascii_digit());
-                    continue;
-                }
-                Part::Field(f) => f,
-            };
-            len += field.width();
-            if check_at.is_some() {
-                return Err(TemplateError::CheckNotLast {
-                    column: *column,
-                    field: field.to_string(),
-                });
-            }
-            let key = match field {
-                Field::Param(name, ..) => format!("{{param:{name}}}"),
-                Field::Node(_) | Field::Token(..) | Field::Seq(_) | Field::Check(_) => {
-                    let s = field.to_string();
-                    s.split(':').next().unwrap_or("").to_owned() + "}"
-                }
-                other => other.to_string(),
-            };
-            if seen.iter().any(|(k, _)| *k == key) {
-                return Err(TemplateError::Repeated {
-                    column: *column,
-                    field: key,
-                });
-            }
-            seen.push((key, *column));
-            if field.may_hold_letters() {
-                digits_only = false;
-                lettered.get_or_insert((*column, field.to_string()));
-            }
-            match field {
-                Field::Year4 => t.year4 = true,
-                Field::Year2 => t.year2 = true,
-                Field::Year1 => t.year1 = true,
-                Field::Month => t.month = true,
-                Field::Day => t.day = true,
-                Field::DayOfYear => t.doy = true,
-                Field::Hour => t.hour = true,
-                Field::Minute => t.minute = true,
-                Field::Second => t.second = true,
-                Field::UnixS => t.unix_s = true,
-                Field::Seq(w) => seq_width = Some(*w),
-                Field::Check(kind) => {
-                    if let (CheckKind::Luhn, Some((column, field))) = (kind, &lettered) {
-                        return Err(TemplateError::LuhnNeedsDigits {
-                            column: *column,
-                            field: field.clone(),
-                        });
-                    }
-                    check_at = Some(*column);
-                }
-                Field::Node(_) | Field::Token(..) | Field::Param(..) => {}
-            }
-        }
+        let layout = Layout::scan(&parts)?;
+        let Layout {
+            time: t,
+            seq_width,
+            digits_only,
+            len,
+        } = layout;
         if len > MAX_ID_LEN {
             return Err(TemplateError::TooLong {
                 len,
@@ -826,56 +943,10 @@ impl Template {
             });
         }
         let seq_width = seq_width.ok_or(TemplateError::MissingSeq)?;
-        let limit = 10u64.pow(u32::from(seq_width)) - 1;
-        if counter_max > limit {
-            return Err(TemplateError::CounterTooWide {
-                max: counter_max,
-                width: seq_width,
-                limit,
-            });
-        }
-        // Which civil unit must the fields name?
-        let unit = match reset {
-            Reset::Never => None,
-            Reset::Year => Some(0),
-            Reset::Month => Some(1),
-            Reset::Day => Some(2),
-            Reset::Hour => Some(3),
-            Reset::Seconds(n) => {
-                let finer_than_month = t.unix_s || t.doy || t.day || t.hour || t.minute || t.second;
-                if !finer_than_month && (t.month || t.has_year()) {
-                    return Err(TemplateError::PeriodNotNameable { reset });
-                }
-                Some(if n % 86_400 == 0 {
-                    2
-                } else if n % 3600 == 0 {
-                    3
-                } else if n % 60 == 0 {
-                    4
-                } else {
-                    5
-                })
-            }
-        };
-        if let Some(unit) = unit {
-            if let Some(missing) = t.missing(unit) {
-                let also = if matches!(reset, Reset::Seconds(_)) {
-                    ", or {unix_s}"
-                } else {
-                    ""
-                };
-                return Err(TemplateError::MissingTimeField {
-                    reset,
-                    missing,
-                    also,
-                });
-            }
-        }
-        let year_window = match (unit.is_some() && !t.unix_s && !t.year4, t.year2, t.year1) {
-            (true, true, _) => Some((origin_year, origin_year + 99, "{yy}")),
-            (true, false, true) => Some((origin_year, origin_year + 9, "{y}")),
-            _ => None,
-        };
+        check_counter_width(counter_max, seq_width)?;
+        let unit = reset_unit(reset, &t)?;
+        check_period_fields(reset, unit, &t)?;
+        let year_window = year_window(unit, &t, origin_year);
         Ok(Template {
             source: source.to_owned(),
             parts,
@@ -1138,85 +1209,120 @@ impl Template {
         let b = id.as_bytes();
         let mut out = ParsedId::default();
         let mut pos = 0;
-        let (mut y2, mut y1) = (None, None);
+        let mut short_years = ShortYears::default();
         for (_, part) in &self.parts {
-            let field = match part {
+            match part {
                 Part::Lit(s) => {
-                    for (i, want) in s.bytes().enumerate() {
-                        if b[pos + i] != want {
-                            return Err(ParseError::BadChar {
-                                column: pos + i + 1,
-                                expected: format!("{:?}", want as char),
-                                found: b[pos + i] as char,
-                            });
-                        }
-                    }
+                    check_literal(b, pos, s)?;
                     pos += s.len();
-                    continue;
                 }
-                Part::Field(f) => f,
-            };
-            let w = field.width();
-            let span = &b[pos..pos + w];
-            let column = pos + 1;
-            let num = |charset: Charset| read_radix(span, charset, column);
-            let time = |name: &str, lo: u64, hi: u64| -> Result<u64, ParseError> {
-                let v = read_radix(span, Charset::Digits, column)?;
-                if (lo..=hi).contains(&v) {
-                    Ok(v)
-                } else {
-                    Err(ParseError::BadTime {
-                        column,
-                        field: name.to_owned(),
-                        value: v,
-                    })
-                }
-            };
-            match field {
-                Field::Year4 => out.year = Some(time("year", 0, 9999)? as i32),
-                Field::Year2 => y2 = Some(time("year", 0, 99)? as i32),
-                Field::Year1 => y1 = Some(time("year", 0, 9)? as i32),
-                Field::Month => out.month = Some(time("month", 1, 12)? as u8),
-                Field::Day => out.day = Some(time("day", 1, 31)? as u8),
-                Field::DayOfYear => out.day_of_year = Some(time("day of year", 1, 366)? as u16),
-                Field::Hour => out.hour = Some(time("hour", 0, 23)? as u8),
-                Field::Minute => out.minute = Some(time("minute", 0, 59)? as u8),
-                Field::Second => out.second = Some(time("second", 0, 59)? as u8),
-                Field::UnixS => out.unix_s = Some(num(Charset::Digits)?),
-                Field::Node(_) => out.node = Some(num(Charset::Digits)?),
-                Field::Token(_, c) => out.token = Some(num(*c)?),
-                Field::Seq(_) => out.seq = num(Charset::Digits)?,
-                Field::Param(name, _, c) => {
-                    num(*c)?;
-                    out.params.push((name.clone(), id[pos..pos + w].to_owned()));
-                }
-                Field::Check(kind) => {
-                    let expected = check_digits(*kind, &b[..pos]);
-                    let found = &id[pos..pos + w];
-                    if found != expected {
-                        return Err(ParseError::CheckMismatch {
-                            found: found.to_owned(),
-                            expected,
-                        });
-                    }
-                    out.check = Some(expected);
+                Part::Field(field) => {
+                    read_field(field, id, pos, &mut out, &mut short_years)?;
+                    pos += field.width();
                 }
             }
-            pos += w;
         }
         if out.year.is_none() {
-            let (digits, modulus) = match (y2, y1) {
-                (Some(y), _) => (Some(y), 100),
-                (None, Some(y)) => (Some(y), 10),
-                _ => (None, 1),
-            };
-            if let Some(d) = digits {
-                let first = self.year_window.map_or(2000, |(f, _, _)| f);
-                out.year = Some(first + (d - first).rem_euclid(modulus));
-            }
+            out.year = self.resolve_short_year(short_years);
         }
         Ok(out)
     }
+
+    /// The full year a `{yy}` or `{y}` read names, within the format's
+    /// year window (from 2000 without one); `None` without either.
+    fn resolve_short_year(&self, short: ShortYears) -> Option<i32> {
+        let (digits, modulus) = match (short.y2, short.y1) {
+            (Some(y), _) => (Some(y), 100),
+            (None, Some(y)) => (Some(y), 10),
+            _ => (None, 1),
+        };
+        let d = digits?;
+        let first = self.year_window.map_or(2000, |(f, _, _)| f);
+        Some(first + (d - first).rem_euclid(modulus))
+    }
+}
+
+/// The `{yy}` and `{y}` values an ID holds, before they are made full
+/// years.
+#[derive(Default)]
+struct ShortYears {
+    y2: Option<i32>,
+    y1: Option<i32>,
+}
+
+/// Checks that the ID bytes at `pos` are the literal `s`, naming the first
+/// column that differs.
+fn check_literal(b: &[u8], pos: usize, s: &str) -> Result<(), ParseError> {
+    for (i, want) in s.bytes().enumerate() {
+        if b[pos + i] != want {
+            return Err(ParseError::BadChar {
+                column: pos + i + 1,
+                expected: format!("{:?}", want as char),
+                found: b[pos + i] as char,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads `field` from the ID at byte `pos` into `out` (short years into
+/// `short`), checking its characters, a time field's range and check
+/// digits (over everything before them).
+fn read_field(
+    field: &Field,
+    id: &str,
+    pos: usize,
+    out: &mut ParsedId,
+    short: &mut ShortYears,
+) -> Result<(), ParseError> {
+    let b = id.as_bytes();
+    let w = field.width();
+    let span = &b[pos..pos + w];
+    let column = pos + 1;
+    let num = |charset: Charset| read_radix(span, charset, column);
+    let time = |name: &str, lo: u64, hi: u64| -> Result<u64, ParseError> {
+        let v = read_radix(span, Charset::Digits, column)?;
+        if (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(ParseError::BadTime {
+                column,
+                field: name.to_owned(),
+                value: v,
+            })
+        }
+    };
+    match field {
+        Field::Year4 => out.year = Some(time("year", 0, 9999)? as i32),
+        Field::Year2 => short.y2 = Some(time("year", 0, 99)? as i32),
+        Field::Year1 => short.y1 = Some(time("year", 0, 9)? as i32),
+        Field::Month => out.month = Some(time("month", 1, 12)? as u8),
+        Field::Day => out.day = Some(time("day", 1, 31)? as u8),
+        Field::DayOfYear => out.day_of_year = Some(time("day of year", 1, 366)? as u16),
+        Field::Hour => out.hour = Some(time("hour", 0, 23)? as u8),
+        Field::Minute => out.minute = Some(time("minute", 0, 59)? as u8),
+        Field::Second => out.second = Some(time("second", 0, 59)? as u8),
+        Field::UnixS => out.unix_s = Some(num(Charset::Digits)?),
+        Field::Node(_) => out.node = Some(num(Charset::Digits)?),
+        Field::Token(_, c) => out.token = Some(num(*c)?),
+        Field::Seq(_) => out.seq = num(Charset::Digits)?,
+        Field::Param(name, _, c) => {
+            num(*c)?;
+            out.params.push((name.clone(), id[pos..pos + w].to_owned()));
+        }
+        Field::Check(kind) => {
+            let expected = check_digits(*kind, &b[..pos]);
+            let found = &id[pos..pos + w];
+            if found != expected {
+                return Err(ParseError::CheckMismatch {
+                    found: found.to_owned(),
+                    expected,
+                });
+            }
+            out.check = Some(expected);
+        }
+    }
+    Ok(())
 }
 
 fn push_num(out: &mut String, v: u64, width: usize) {
@@ -1374,14 +1480,29 @@ mod tests {
     }
 
     #[test]
-    fn braces_escape_and_columns_point_at_the_fault() {
+    fn doubled_braces_render_as_literal_braces() {
         let tpl = t("{{{yyyy}{MM}{dd}}}{seq:2}", Reset::Day).unwrap();
         let at = civil("2026-11-23T01:00:00Z", "UTC");
         assert_eq!(
             tpl.render(&at, 5, None, None, &none()).unwrap(),
             "{20261123}05"
         );
-        let cases: &[(&str, TemplateError)] = &[
+    }
+
+    /// Asserts that each source is refused (never resetting) with exactly
+    /// its error, and that every message says where or what.
+    fn assert_refused(cases: &[(&str, TemplateError)]) {
+        for (src, want) in cases {
+            assert_eq!(t(src, Reset::Never).as_ref(), Err(want), "{src}");
+            // Every message says where or what.
+            let msg = want.to_string();
+            assert!(!msg.is_empty());
+        }
+    }
+
+    #[test]
+    fn malformed_syntax_is_refused_with_the_column_of_the_fault() {
+        assert_refused(&[
             ("", TemplateError::Empty),
             ("AB{seq:2", TemplateError::Unclosed { column: 3 }),
             ("AB}{seq:2}", TemplateError::StrayClose { column: 3 }),
@@ -1402,6 +1523,12 @@ mod tests {
                     field: "week".into(),
                 },
             ),
+        ]);
+    }
+
+    #[test]
+    fn bad_field_arguments_are_refused_with_the_column_of_the_field() {
+        assert_refused(&[
             (
                 "{seq:0}",
                 TemplateError::BadWidth {
@@ -1436,6 +1563,12 @@ mod tests {
                     name: "Biz".into(),
                 },
             ),
+        ]);
+    }
+
+    #[test]
+    fn repeated_misplaced_or_missing_fields_are_refused_with_their_column() {
+        assert_refused(&[
             (
                 "{seq:2}-{seq:3}",
                 TemplateError::Repeated {
@@ -1458,13 +1591,11 @@ mod tests {
                 },
             ),
             ("{yyyy}{MM}", TemplateError::MissingSeq),
-        ];
-        for (src, want) in cases {
-            assert_eq!(t(src, Reset::Never).as_ref(), Err(want), "{src}");
-            // Every message says where or what.
-            let msg = want.to_string();
-            assert!(!msg.is_empty());
-        }
+        ]);
+    }
+
+    #[test]
+    fn a_template_longer_than_the_maximum_id_is_refused() {
         assert!(matches!(
             t(&format!("{}{{seq:2}}", "A".repeat(127)), Reset::Never),
             Err(TemplateError::TooLong { len: 129, .. })

@@ -103,61 +103,85 @@ fn definitions_round_trip_through_json_and_toml() {
     assert_eq!(lua.reset, Some(Reset::Seconds(900)));
 }
 
+/// The valid day-reset template format the definition checks start from.
+fn orders() -> FormatDef {
+    FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day)
+}
+
+/// The error compiling `def` gives (panics, failing the test, if it compiles).
+fn compile_err(def: FormatDef) -> FormatError {
+    compile(def).unwrap_err()
+}
+
 #[test]
-fn definitions_are_checked_with_errors_naming_the_format_and_field() {
-    let base = FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
-    let err = |def: FormatDef| compile(def).unwrap_err();
+fn definitions_with_a_bad_name_a_future_version_or_an_unknown_zone_are_refused() {
+    let base = orders();
     assert!(matches!(
-        err(FormatDef {
+        compile_err(FormatDef {
             name: "Orders".into(),
             ..base.clone()
         }),
         FormatError::BadName(_)
     ));
     assert!(matches!(
-        err(FormatDef {
+        compile_err(FormatDef {
             version: 2,
             ..base.clone()
         }),
         FormatError::FutureVersion { version: 2, .. }
     ));
     assert!(matches!(
-        err(FormatDef {
+        compile_err(FormatDef {
             zone: "Europe/Nowhere".into(),
             ..base.clone()
         }),
         FormatError::Period(PeriodError::UnknownZone(_))
     ));
+}
+
+#[test]
+fn definitions_need_exactly_one_source() {
+    let base = orders();
     assert!(matches!(
-        err(FormatDef {
+        compile_err(FormatDef {
             preset: Some(PresetName::Idc),
             ..base.clone()
         }),
         FormatError::NoSource(_)
     ));
     assert!(matches!(
-        err(FormatDef {
+        compile_err(FormatDef {
             template: None,
             ..base.clone()
         }),
         FormatError::NoSource(_)
     ));
+}
+
+#[test]
+fn counters_need_a_step_of_at_least_one_and_min_not_above_max() {
+    let base = orders();
     assert!(matches!(
-        err(FormatDef {
+        compile_err(FormatDef {
             step: 0,
             ..base.clone()
         }),
         FormatError::BadCounter { .. }
     ));
     assert!(matches!(
-        err(FormatDef {
+        compile_err(FormatDef {
             min: Some(10),
             max: Some(5),
             ..base.clone()
         }),
         FormatError::BadCounter { .. }
     ));
-    let e = err(FormatDef {
+}
+
+#[test]
+fn template_definition_errors_name_the_format_and_field() {
+    let base = orders();
+    let e = compile_err(FormatDef {
         max: Some(10_000),
         ..base.clone()
     });
@@ -165,12 +189,12 @@ fn definitions_are_checked_with_errors_naming_the_format_and_field() {
         e.to_string().contains("orders") && e.to_string().contains("{seq:4}"),
         "{e}"
     );
-    let e = err(FormatDef {
+    let e = compile_err(FormatDef {
         reset: Some(Reset::Hour),
         ..base.clone()
     });
     assert!(e.to_string().contains("missing {HH}"), "{e}");
-    let e = err(FormatDef {
+    let e = compile_err(FormatDef {
         scope_params: vec!["app".into()],
         ..base.clone()
     });
@@ -179,7 +203,7 @@ fn definitions_are_checked_with_errors_naming_the_format_and_field() {
         "{e}"
     );
     assert!(matches!(
-        err(FormatDef {
+        compile_err(FormatDef {
             length: Some(12),
             ..base.clone()
         }),
@@ -188,13 +212,24 @@ fn definitions_are_checked_with_errors_naming_the_format_and_field() {
             ..
         }
     ));
+}
+
+#[test]
+fn a_short_year_needs_a_stamped_origin_year() {
     // {yy} without a stamped origin year is refused; stamped it compiles.
     let yy = FormatDef::template("yy", "{yy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
-    assert!(matches!(err(yy.clone()), FormatError::NoOriginYear(_)));
+    assert!(matches!(
+        compile_err(yy.clone()),
+        FormatError::NoOriginYear(_)
+    ));
     let f = compile(yy.stamped(ms("2026-11-23T03:00:00Z")).unwrap()).unwrap();
     assert_eq!(f.template().unwrap().year_window(), Some((2026, 2125)));
+}
+
+#[test]
+fn a_template_counter_defaults_to_the_field_width_from_0_cluster_wide() {
     // Defaults: max from the field, min 0, cluster scope.
-    let f = compile(base).unwrap();
+    let f = compile(orders()).unwrap();
     assert_eq!(
         f.counter(),
         CounterRange {
