@@ -508,6 +508,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     if config.advertise.is_none() {
         config.advertise = Some(grpc.local_addr()?);
     }
+    // The bound port (port 0 picks one): advertised as Meta.metrics_port.
+    config.http_listen = http.local_addr()?;
     let node = tokio::select! {
         node = Node::start(config.clone(), clock) => node.context("cannot start")?,
         () = &mut stop => {

@@ -187,6 +187,12 @@ impl IdBuffer {
         live(&current) + queue.iter().map(|b| live(b)).sum::<usize>()
     }
 
+    /// Whether fetched blocks wait behind the current one.
+    #[inline]
+    pub(crate) fn has_queued(&self) -> bool {
+        self.queued.load(Ordering::Relaxed) > 0
+    }
+
     /// Sets the low-water mark.
     pub(crate) fn set_low_water(&self, low_water: usize) {
         self.low_water.store(low_water, Ordering::Relaxed);

@@ -179,15 +179,30 @@ impl Prefetcher {
 
     /// The hot path: an ID from memory, or `None` when the buffer is empty
     /// (then [`Prefetcher::next_id`] waits for the refill). Takes no lock
-    /// and never waits; crossing the low-water mark starts a background
-    /// refill.
+    /// and never waits while the current block holds IDs (moving to the
+    /// next fetched block takes a short lock once per block); crossing the
+    /// low-water mark starts a background refill.
     #[inline]
     pub fn try_next(&self) -> Option<u64> {
-        let claimed = self.inner.buffer.try_claim()?;
+        let claimed = match self.inner.buffer.try_claim() {
+            Some(c) => c,
+            None => self.next_block()?,
+        };
         if claimed.refill {
             self.inner.request_refill();
         }
         Some(claimed.id)
+    }
+
+    /// The current block is spent: put a queued one in service (a short
+    /// lock, once per block) and claim from it.
+    #[cold]
+    fn next_block(&self) -> Option<crate::buffer::Claimed> {
+        if self.inner.buffer.has_queued() && self.inner.advance() {
+            self.inner.buffer.try_claim()
+        } else {
+            None
+        }
     }
 
     /// The next ID: from memory when the buffer holds one (no lock, no
@@ -253,6 +268,21 @@ impl Prefetcher {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Takes every ID still buffered, without starting a refill: for an
+    /// application that shuts down and wants to record or reuse what it
+    /// fetched (IDs merely dropped are gaps, never repeats). A refill
+    /// already in flight may still land afterwards.
+    pub fn drain(&self) -> Vec<u64> {
+        let mut ids = Vec::new();
+        loop {
+            match self.inner.buffer.try_claim() {
+                Some(c) => ids.push(c.id),
+                None if self.inner.buffer.has_queued() && self.inner.advance() => {}
+                None => return ids,
             }
         }
     }
