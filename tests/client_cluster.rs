@@ -113,13 +113,16 @@ async fn the_client_discovers_three_nodes_in_consul_and_spreads_calls_over_them(
     consul.shutdown().await;
 }
 
+/// What one load task got: IDs, errors, and its longest call.
+type LoadOutcome = (Vec<u64>, Vec<String>, Duration);
+
 /// Calls `next_id` (prefetched snowflake) and `gen_id` from `tasks` tasks
 /// until `stop`; returns the IDs and every error.
 fn load(
     client: &Client,
     tasks: usize,
     stop: &Arc<AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<(Vec<u64>, Vec<String>, Duration)>> {
+) -> Vec<tokio::task::JoinHandle<LoadOutcome>> {
     (0..tasks)
         .map(|t| {
             let (client, stop) = (client.clone(), Arc::clone(stop));
