@@ -9,6 +9,9 @@
 #     low open-descriptor limit.
 #   - python3 with venv, for the py-consul interop check (py-consul itself
 #     comes from PyPI into a throwaway virtualenv; see consul-interop.sh).
+#   - a virtualenv ${TMPDIR:-/tmp}/idgen-py-venv with grpcio, grpcio-tools
+#     and PyYAML from PyPI: the Python example client's test
+#     (tests/client_python.rs) and the Prometheus config check.
 # protoc is NOT needed: the proto is compiled by protox, in Rust.
 set -euo pipefail
 
@@ -34,4 +37,12 @@ command -v cargo >/dev/null 2>&1 || {
   exit 1
 }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt || true
+py_venv="${TMPDIR:-/tmp}/idgen-py-venv"
+if [ ! -x "$py_venv/bin/python" ]; then
+  python3 -m venv "$py_venv"
+fi
+if ! "$py_venv/bin/python" -c "import grpc, grpc_tools, yaml" 2>/dev/null; then
+  "$py_venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools pyyaml
+fi
+
 echo "setup: ok ($(promtool --version 2>&1 | head -n1))"
