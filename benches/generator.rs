@@ -23,7 +23,7 @@ use idgen::id::{
     Clock, Deadline, GenError, Layout, LayoutSpec, Preset, Snowflake, StartPlan, SystemClock,
     DEFAULT_EPOCH_MS,
 };
-use idgen::server::ticker::UnitTicker;
+use idgen::modes::ticker::UnitTicker;
 
 fn generator(layout: Layout) -> Snowflake {
     let now = SystemClock.now_millis();

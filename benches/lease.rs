@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use idgen::server::lease::{LeaseSettings, Leases};
+use idgen::modes::lease::{LeaseSettings, Leases};
 use idgen::store::lease::EmbeddedTokens;
 use idgen::store::EmbeddedStore;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use idgen::id::segment::{Tag, TagRecord};
 use idgen::id::SystemClock;
-use idgen::server::segments::{SegmentSettings, Segments};
+use idgen::modes::segment::{SegmentSettings, Segments};
 use idgen::store::{EmbeddedStore, SegmentStore};
 
 fn bench(c: &mut Criterion) {

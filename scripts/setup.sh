@@ -8,7 +8,12 @@
 #   - prlimit (util-linux, usually present): a test runs the node under a
 #     low open-descriptor limit.
 #   - python3 with venv, for the py-consul interop check (py-consul itself
-#     comes from PyPI into a throwaway virtualenv; see consul-interop.sh).
+#     comes from PyPI into a throwaway virtualenv; see consul-interop.sh)
+#     and the Kubernetes manifest check (PyPI `kubernetes`, same way; see
+#     check-deploy.sh).
+#   - systemd-analyze (Debian package `systemd`): check-deploy.sh verifies
+#     deploy/systemd/idgen.service. promtool also checks and unit-tests
+#     deploy/prometheus/alerts.yml.
 #   - a virtualenv ${TMPDIR:-/tmp}/idgen-py-venv with grpcio, grpcio-tools
 #     and PyYAML from PyPI: the Python example client's test
 #     (tests/client_python.rs) and the Prometheus config check.
@@ -23,6 +28,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # The Consul interop check runs py-consul in a virtualenv.
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3 python3-venv)
 

@@ -3,6 +3,7 @@
 //! Core errors stay typed all the way up; `server::status` is the one place
 //! they become gRPC codes and HTTP statuses.
 
+pub use crate::id::ErrorKind;
 use thiserror::Error;
 
 use crate::id::{DecodeError, GenError, LayoutError, RequestError, StartError};
@@ -31,7 +32,7 @@ pub enum Error {
     Store(#[from] StoreError),
     /// A worker id could not be claimed in Consul.
     #[error(transparent)]
-    Lease(#[from] crate::store::consul::LeaseError),
+    WorkerLock(#[from] crate::cluster::worker_lock::WorkerLockError),
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] crate::consul::ConsulError),
@@ -72,4 +73,27 @@ pub enum Error {
         /// How long it waited.
         waited_ms: u64,
     },
+}
+
+impl Error {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Request(e) => e.kind(),
+            Self::Gen(e) => e.kind(),
+            Self::Decode(_) => ErrorKind::BadRequest,
+            Self::Layout(e) => e.kind(),
+            Self::Start(e) => e.kind(),
+            Self::Store(e) => e.kind(),
+            Self::ClusterLayout(e) => e.kind(),
+            Self::Setup(_) => ErrorKind::Internal,
+            Self::WorkerLock(_)
+            | Self::Consul(_)
+            | Self::Fenced
+            | Self::SegmentUnavailable { .. }
+            | Self::LeaseUnavailable { .. }
+            | Self::StrictUnavailable { .. }
+            | Self::WaitTimeout { .. } => ErrorKind::Unavailable,
+        }
+    }
 }

@@ -8,44 +8,64 @@
 //!
 //! # Layout
 //!
-//! Dependencies point one way: `main` -> [`server`] -> [`store`] -> [`id`].
+//! Dependencies point one way: the binary (`src/main.rs`, `src/cli/`) ->
+//! [`server`] -> [`modes`] and [`cluster`] -> [`store`] -> [`id`].
 //!
-//! - [`id`]: the pure core. Bit layouts and their presets, the lock-free
-//!   snowflake generator with its logical clock, step-back and high-water
-//!   mark rules, and the [`id::Clock`] trait. No I/O, no tokio.
-//! - [`store`]: durable state behind the [`store::StateStore`] trait (the
-//!   embedded redb backend, Consul), [`store::HwmKeeper`], which starts a
-//!   generator above the stored high-water mark and keeps the mark ahead,
-//!   and [`store::cluster_layout`], the layout a Consul cluster records
-//!   once and guards; [`store::state_file`] notices a state file deleted or
-//!   replaced under the node, [`store::snapshot`] backs it up and restores
-//!   it with a skip-ahead, [`store::reopen`] reopens it after a write error
-//!   (disk full, EIO) and reports whether it can write.
-//! - [`server`]: the running node: gRPC (`idgen.v1.IdGen`, health,
-//!   reflection) and HTTP (`/metrics`, `/healthz`, `/readyz`, `/v1/...`)
-//!   front ends, the one error-to-status mapping, the health monitor,
-//!   the renewal thread that keeps marks and leases alive whatever the
-//!   request load, and ordered shutdown.
+//! - [`id`]: the pure core, no I/O, no tokio, time passed in. Bit layouts
+//!   and presets, the lock-free snowflake generator with its clock rules,
+//!   segment ranges, lease blocks, strict counters, the double buffer
+//!   segment and lease mode serve from ([`id::buffer`]), decoding, and the
+//!   kind every error says it is ([`id::ErrorKind`]).
+//! - [`store`]: durable state. [`store::HwmStore`] (high-water marks),
+//!   [`store::SegmentStore`], [`store::lease::TokenStore`] and
+//!   [`store::strict::StrictStore`], each on the embedded redb backend
+//!   ([`store::embedded`]) and on Consul KV; [`store::HwmKeeper`], which
+//!   starts a generator above the stored mark and keeps the mark ahead;
+//!   the cluster's layout record ([`store::cluster_layout`]); and the
+//!   embedded file's guard, backups and healing ([`store::state_file`],
+//!   [`store::snapshot`], [`store::reopen`]).
+//! - [`modes`]: the engines that serve each mode from its store
+//!   ([`modes::snowflake`], [`modes::segment`], [`modes::lease`],
+//!   [`modes::strict`]) and the [`modes::Issuer`] that checks a request
+//!   and dispatches it to one.
+//! - [`cluster`]: membership. [`cluster::membership::Membership`] is the
+//!   seam (static on the embedded store, claimed in Consul);
+//!   [`cluster::worker_lock`] claims a worker id with a session lock,
+//!   [`cluster::supervisor`] renews, fences and re-claims,
+//!   [`cluster::registration`] registers the node with a gRPC health check.
 //! - [`consul`]: a thin Consul HTTP client (KV, sessions, txn, agent,
-//!   health) with timeouts, safe retries and typed errors, for cluster mode.
+//!   health) with timeouts, safe retries and typed errors.
+//! - [`server`]: the front ends only. The running [`server::Node`] (start
+//!   and ordered shutdown), gRPC (`idgen.v1.IdGen`, `idgen.v1.Admin`,
+//!   health, reflection), HTTP (`/metrics`, `/healthz`, `/readyz`,
+//!   `/v1/...`), the health monitor, the connection listener, and
+//!   [`server::status`], where error kinds become gRPC codes and HTTP
+//!   statuses.
+//! - [`renewal`]: the thread that keeps marks and the worker lock alive
+//!   whatever the request load.
 //! - [`config`]: TOML + environment + CLI configuration, validated into
-//!   [`config::Config`].
-//! - [`metrics`]: every exported metric, declared in one place.
-//! - [`shutdown`]: SIGTERM/SIGINT handling (a second signal exits at once).
-//! - [`bench`]: the `idgen bench` gRPC load generator and a bare baseline
-//!   server to compare against.
-//! - [`proto`]: the `idgen-proto` crate, code generated from
-//!   `proto/idgen/v1/idgen.proto`, shared with clients.
-//! - [`error`]: the crate-wide error enum.
+//!   typed settings per section.
+//! - [`error`]: the crate-wide error; [`metrics`]: every exported metric
+//!   and its label values; [`shutdown`]: SIGTERM/SIGINT handling;
+//!   [`notify`]: systemd readiness, stopping and watchdog notices;
+//!   [`bench`](mod@bench): the `idgen bench` load generator.
+//! - [`proto`]: the `idgen-proto` crate (`proto/`), generated from
+//!   `proto/idgen/v1/idgen.proto` and shared with clients.
+//!
+//! `docs/ARCHITECTURE.md` explains why IDs never repeat, rule by rule.
 
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod cluster;
 pub mod config;
 pub mod consul;
 pub mod error;
 pub mod id;
 pub mod metrics;
+pub mod modes;
+pub mod notify;
+pub mod renewal;
 pub mod server;
 pub mod shutdown;
 pub mod store;

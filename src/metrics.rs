@@ -2,7 +2,10 @@
 //!
 //! Names carry the `idgen_` prefix, counters end in `_total`, durations are
 //! histograms in `_seconds`. [`install`] sets up the Prometheus recorder
-//! once per process and describes each metric.
+//! once per process and describes each metric; [`register`] creates every
+//! series a node will report, at zero, when it starts, so an alert sees
+//! `0` rather than no data; [`process::render`] adds the standard
+//! `process_*` series to `/metrics`.
 
 use std::sync::OnceLock;
 
@@ -25,8 +28,10 @@ pub const SEQUENCE_EXHAUSTED_WAITS: &str = "idgen_sequence_exhausted_waits_total
 pub const STORE_WRITE_DURATION: &str = "idgen_store_write_duration_seconds";
 /// Failed store operations, by `backend` and `op`.
 pub const STORE_ERRORS: &str = "idgen_store_errors_total";
-/// Years until the layout's time field runs out.
-pub const LAYOUT_YEARS_LEFT: &str = "idgen_layout_years_left";
+/// Seconds until the layout's time field runs out.
+pub const LAYOUT_TIME_LEFT: &str = "idgen_layout_time_left_seconds";
+/// Worker ids per datacenter the layout allows (2^worker_bits).
+pub const LAYOUT_WORKER_IDS: &str = "idgen_layout_worker_ids";
 /// 1 while this node issues IDs, 0 while it refuses.
 pub const SERVING: &str = "idgen_serving";
 /// Consul HTTP request latency, by `endpoint` and `code`.
@@ -89,9 +94,19 @@ pub const CONNECTIONS_TIMED_OUT: &str = "idgen_connections_timed_out_total";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 
-const LATENCY_BUCKETS: &[f64] = &[
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5,
+/// Bucket bounds of every `_seconds` histogram. A unary call answered from
+/// memory takes 5 to 50 us, so the low end is fine-grained: with a first
+/// bucket of 50 us nearly every call fell in it and the quantiles said
+/// nothing.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Bucket bounds of [`STRICT_COMMIT_BATCH`] (calls per group commit, at
+/// most 4096 per batch): a histogram, so batches aggregate across nodes.
+pub const COMMIT_BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
 ];
 
 static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
@@ -104,6 +119,11 @@ pub fn install() -> Result<PrometheusHandle, String> {
             let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .map_err(|e| e.to_string())?
+                .set_buckets_for_metric(
+                    Matcher::Full(STRICT_COMMIT_BATCH.into()),
+                    COMMIT_BATCH_BUCKETS,
+                )
+                .map_err(|e| e.to_string())?
                 .install_recorder()
                 .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
             describe();
@@ -113,6 +133,13 @@ pub fn install() -> Result<PrometheusHandle, String> {
 }
 
 fn describe() {
+    describe_state();
+    describe_serving();
+    describe_cluster();
+}
+
+/// The first part of [`describe`], in declaration order.
+fn describe_state() {
     describe_gauge!(
         STORE_HEALTHY,
         "1 while the embedded state file accepts writes; 0 from a write error (disk full, I/O error) until the node has reopened the file and a probe write succeeded."
@@ -163,13 +190,22 @@ fn describe() {
         Unit::Seconds,
         "Time for a durable write to the state store, by backend and operation."
     );
+}
+
+/// The second part of [`describe`].
+fn describe_serving() {
     describe_counter!(
         STORE_ERRORS,
         "Failed state store operations, by backend and operation."
     );
     describe_gauge!(
-        LAYOUT_YEARS_LEFT,
-        "Years until the layout's time bits run out at the configured epoch."
+        LAYOUT_TIME_LEFT,
+        Unit::Seconds,
+        "Time until the layout's time bits run out at the configured epoch; negative once they have."
+    );
+    describe_gauge!(
+        LAYOUT_WORKER_IDS,
+        "Worker ids per datacenter the layout allows (2 to the power of its worker bits); alerts compare the ids in use with it."
     );
     describe_gauge!(
         SERVING,
@@ -209,6 +245,10 @@ fn describe() {
         LEASE_TOKEN,
         "The lease token whose sequence blocks this node serves, by zone."
     );
+}
+
+/// The last part of [`describe`].
+fn describe_cluster() {
     describe_histogram!(
         STRICT_COMMIT_BATCH,
         "Strict calls made durable by one group commit of the embedded store."
@@ -259,4 +299,395 @@ fn describe() {
         BUILD_INFO,
         "Always 1; labelled with the idgen version and the ID layout."
     );
+}
+
+/// Label values used at more than one call site, so they cannot drift.
+/// The `mode` label of [`IDS_ISSUED`] is [`crate::id::Mode::as_str`].
+pub mod label {
+    /// `backend` of the store metrics for segment records (the embedded
+    /// and Consul backends of high-water marks name themselves).
+    pub const BACKEND_SEGMENT: &str = "segment";
+    /// `backend` of the store metrics for lease-token counters.
+    pub const BACKEND_LEASE: &str = "lease";
+    /// `op`: a high-water mark write.
+    pub const OP_STORE_HWM: &str = "store_hwm";
+    /// `op`: a segment range taken.
+    pub const OP_TAKE_RANGE: &str = "take_range";
+    /// `op`: a lease block reserved.
+    pub const OP_RESERVE_BLOCK: &str = "reserve_block";
+    /// `kind` of [`super::CLOCK_STEP_BACK_EVENTS`]: absorbed by the logical clock.
+    pub const STEP_BACK_TOLERATED: &str = "tolerated";
+    /// `kind` of [`super::CLOCK_STEP_BACK_EVENTS`]: past `clock.max_backward`.
+    pub const STEP_BACK_REFUSED: &str = "refused";
+    /// `reason` of [`super::SEGMENT_BUFFERS_RELEASED`] and
+    /// [`super::CONNECTIONS_TIMED_OUT`]: unused for too long.
+    pub const REASON_IDLE: &str = "idle";
+    /// `reason` of [`super::CONNECTIONS_TIMED_OUT`]: no HTTP/2 preface in time.
+    pub const REASON_PREFACE: &str = "preface";
+    /// `result` of [`super::STORE_REOPENS`].
+    pub const RESULT_OK: &str = "ok";
+    /// `result` of [`super::STORE_REOPENS`].
+    pub const RESULT_FAILED: &str = "failed";
+}
+
+/// The duration histogram and error counter of one store operation,
+/// built once by the component that makes it.
+#[derive(Clone)]
+pub struct StoreOp {
+    duration: metrics::Histogram,
+    errors: metrics::Counter,
+}
+
+impl StoreOp {
+    /// The handles of `op` on `backend` (see [`label`]).
+    pub fn new(backend: &'static str, op: &'static str) -> Self {
+        Self {
+            duration: metrics::histogram!(STORE_WRITE_DURATION, "backend" => backend, "op" => op),
+            errors: metrics::counter!(STORE_ERRORS, "backend" => backend, "op" => op),
+        }
+    }
+
+    /// Records one call that started at `started`; counts it as an error
+    /// unless `ok`.
+    pub fn record(&self, started: std::time::Instant, ok: bool) {
+        self.took(started);
+        if !ok {
+            self.failed();
+        }
+    }
+
+    /// Records the duration of one call that started at `started`.
+    pub fn took(&self, started: std::time::Instant) {
+        self.duration.record(started.elapsed().as_secs_f64());
+    }
+
+    /// Counts one failed call.
+    pub fn failed(&self) {
+        self.errors.increment(1);
+    }
+
+    /// Exports the error counter at zero before the first error.
+    pub fn zero(&self) {
+        self.errors.increment(0);
+    }
+}
+
+/// What a node runs: which series [`register`] creates.
+#[derive(Debug, Clone, Copy)]
+pub struct Series {
+    /// `embedded` or `consul`: the `backend` label of the HWM store series.
+    pub backend: &'static str,
+    /// Segment mode is enabled.
+    pub segment: bool,
+    /// Lease mode is enabled.
+    pub lease: bool,
+    /// Strict mode is enabled.
+    pub strict: bool,
+}
+
+/// Every Consul endpoint the client calls (the `endpoint` label).
+pub const CONSUL_ENDPOINTS: &[&str] = &[
+    "agent/check/update",
+    "agent/service/deregister",
+    "agent/service/register",
+    "health/service",
+    "kv/delete",
+    "kv/get",
+    "kv/list",
+    "kv/put",
+    "session/create",
+    "session/destroy",
+    "session/info",
+    "session/renew",
+    "txn",
+];
+
+/// Every admin rpc (the `method` label of [`ADMIN_CALLS`]).
+pub const ADMIN_METHODS: &[&str] = &[
+    "GetLayout",
+    "SetLayout",
+    "Backup",
+    "CreateTag",
+    "UpdateTag",
+    "GetTag",
+    "ListTags",
+    "DeleteTag",
+    "ListHolders",
+    "ForceRelease",
+    "SetStrictStep",
+    "GetStrictStep",
+    "ListStrictNamespaces",
+    "ListStrictKeys",
+    "DeleteStrictKey",
+];
+
+/// Creates, at zero, every counter, gauge and histogram series whose label
+/// values are known at start-up, so rules such as
+/// `increase(idgen_store_errors_total[5m]) > 0` or `idgen_fenced == 1`
+/// evaluate to a value from the first scrape instead of to "no data".
+/// Gauges that the node sets from its state at start (serving, fenced,
+/// worker id, HWM lead, store health) are left to the code that knows the
+/// value; registering them here would show a wrong 0 for a moment.
+pub fn register(s: Series) {
+    use metrics::{counter, gauge, histogram};
+    let consul = s.backend == "consul";
+    for mode in ["snowflake", "segment", "lease", "strict"] {
+        let enabled = match mode {
+            "segment" => s.segment,
+            "lease" => s.lease,
+            "strict" => s.strict,
+            _ => true,
+        };
+        if enabled {
+            counter!(IDS_ISSUED, "mode" => mode).increment(0);
+        }
+    }
+    for kind in ["tolerated", "refused"] {
+        counter!(CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);
+    }
+    let _ = histogram!(CLOCK_STEP_BACK_SIZE);
+    counter!(SEQUENCE_EXHAUSTED_WAITS).increment(0);
+    gauge!(UNABLE_TO_ISSUE).set(0.0);
+    for method in ADMIN_METHODS {
+        counter!(ADMIN_CALLS, "method" => *method, "code" => "OK").increment(0);
+    }
+    let mut store_ops = vec![(s.backend, "store_hwm")];
+    if s.segment {
+        store_ops.push(("segment", "take_range"));
+        gauge!(SEGMENT_TAGS).increment(0.0);
+        gauge!(SEGMENT_TAG_BUFFERS).increment(0.0);
+        for reason in ["idle", "deleted"] {
+            counter!(SEGMENT_BUFFERS_RELEASED, "reason" => reason).increment(0);
+        }
+        counter!(LIMIT_REFUSALS, "limit" => "segment.max_tags").increment(0);
+    }
+    if s.lease {
+        store_ops.push(("lease", "reserve_block"));
+    }
+    if s.strict {
+        gauge!(STRICT_KEYS).increment(0.0);
+        gauge!(STRICT_NAMESPACES).increment(0.0);
+        for limit in ["strict.max_keys_per_namespace", "strict.max_namespaces"] {
+            counter!(LIMIT_REFUSALS, "limit" => limit).increment(0);
+        }
+        if consul {
+            counter!(STRICT_CONFLICTS).increment(0);
+        } else {
+            let _ = histogram!(STRICT_COMMIT_BATCH);
+        }
+    }
+    for (backend, op) in store_ops {
+        counter!(STORE_ERRORS, "backend" => backend, "op" => op).increment(0);
+        let _ = histogram!(STORE_WRITE_DURATION, "backend" => backend, "op" => op);
+    }
+    if consul {
+        counter!(FENCINGS).increment(0);
+        counter!(WORKER_IDS_SKIPPED).increment(0);
+        for endpoint in CONSUL_ENDPOINTS {
+            counter!(CONSUL_ERRORS, "endpoint" => *endpoint).increment(0);
+        }
+    } else {
+        counter!(STORE_WRITE_FAULTS).increment(0);
+        for result in ["ok", "failed"] {
+            counter!(STORE_REOPENS, "result" => result).increment(0);
+        }
+    }
+}
+
+/// Seconds from `now_ms` until `layout`'s time field runs out (negative
+/// once it has): the value of [`LAYOUT_TIME_LEFT`].
+pub fn layout_time_left_seconds(layout: &crate::id::Layout, now_ms: u64) -> f64 {
+    (layout.end_ms() as f64 - now_ms as f64) / 1000.0
+}
+
+/// The standard `process_*` series (CPU, memory, descriptors, start time),
+/// read from `/proc/self` at each scrape.
+///
+/// They keep the names every Prometheus client library uses, without the
+/// `idgen_` prefix, so stock dashboards and alerts for processes work on
+/// idgen unchanged.
+pub mod process {
+    use std::fmt::Write as _;
+
+    /// What `/proc/self` says about this process.
+    #[derive(Debug, Clone, Copy, Default, PartialEq)]
+    pub struct Sample {
+        /// User plus system CPU time, in seconds.
+        pub cpu_seconds: f64,
+        /// Resident memory, in bytes.
+        pub resident_bytes: u64,
+        /// Virtual memory, in bytes.
+        pub virtual_bytes: u64,
+        /// Open file descriptors.
+        pub open_fds: u64,
+        /// The soft limit on open file descriptors, when it is finite.
+        pub max_fds: Option<u64>,
+        /// Start time, in seconds since the Unix epoch.
+        pub start_time_seconds: f64,
+    }
+
+    /// Reads a [`Sample`]; `None` where `/proc` is not mounted or readable
+    /// (the series are then left out rather than reported as zeros).
+    pub fn sample() -> Option<Sample> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let boot = std::fs::read_to_string("/proc/stat").ok()?;
+        let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+        let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+        // The directory handle read_dir holds is one of the entries.
+        let open_fds = open_fds.saturating_sub(1);
+        let ticks = clock_ticks_per_second();
+        let mut s = parse_stat(&stat, ticks, page_size())?;
+        let boot_time: f64 = boot
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))?
+            .trim()
+            .parse()
+            .ok()?;
+        s.start_time_seconds += boot_time;
+        s.open_fds = open_fds;
+        s.max_fds = parse_max_open_files(&limits);
+        Some(s)
+    }
+
+    /// Parses `/proc/<pid>/stat`. The command name (field 2) is in
+    /// parentheses and may itself hold spaces or parentheses, so fields are
+    /// counted from the last `)`. The start time is relative to boot.
+    pub fn parse_stat(stat: &str, ticks_per_second: f64, page_size: u64) -> Option<Sample> {
+        let rest = &stat[stat.rfind(')')? + 1..];
+        // rest[0] is field 3 (state).
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let field = |n: usize| -> Option<u64> { f.get(n - 3)?.parse().ok() };
+        let (utime, stime) = (field(14)?, field(15)?);
+        Some(Sample {
+            cpu_seconds: (utime + stime) as f64 / ticks_per_second,
+            start_time_seconds: field(22)? as f64 / ticks_per_second,
+            virtual_bytes: field(23)?,
+            resident_bytes: field(24)?.saturating_mul(page_size),
+            ..Sample::default()
+        })
+    }
+
+    /// The soft "Max open files" limit from `/proc/<pid>/limits`.
+    fn parse_max_open_files(limits: &str) -> Option<u64> {
+        let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+        line["Max open files".len()..]
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// One value from the auxiliary vector the kernel handed this process.
+    fn auxv(kind: u64) -> Option<u64> {
+        let raw = std::fs::read("/proc/self/auxv").ok()?;
+        raw.chunks_exact(16).find_map(|pair| {
+            let k = u64::from_ne_bytes(pair[..8].try_into().ok()?);
+            let v = u64::from_ne_bytes(pair[8..].try_into().ok()?);
+            (k == kind).then_some(v)
+        })
+    }
+
+    /// `sysconf(_SC_CLK_TCK)`, the unit of `/proc` CPU times, read from
+    /// the auxiliary vector (`AT_CLKTCK`); 100 (Linux's `USER_HZ`) if
+    /// that cannot be read.
+    fn clock_ticks_per_second() -> f64 {
+        const AT_CLKTCK: u64 = 17;
+        auxv(AT_CLKTCK).filter(|&t| t > 0).unwrap_or(100) as f64
+    }
+
+    /// The page size (`AT_PAGESZ`), the unit of the resident set in
+    /// `/proc/self/stat`; 4096 if it cannot be read.
+    fn page_size() -> u64 {
+        const AT_PAGESZ: u64 = 6;
+        auxv(AT_PAGESZ).filter(|&p| p > 0).unwrap_or(4096)
+    }
+
+    /// The `process_*` series in the Prometheus text format, to append to
+    /// the recorder's output; empty without `/proc`.
+    pub fn render() -> String {
+        let Some(s) = sample() else {
+            return String::new();
+        };
+        let mut out = String::new();
+        let mut series = |name: &str, kind: &str, help: &str, value: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            let _ = writeln!(out, "{name} {value}");
+            let _ = writeln!(out);
+        };
+        series(
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            s.cpu_seconds,
+        );
+        series(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            s.resident_bytes as f64,
+        );
+        series(
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            s.virtual_bytes as f64,
+        );
+        series(
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            s.open_fds as f64,
+        );
+        if let Some(max) = s.max_fds {
+            series(
+                "process_max_fds",
+                "gauge",
+                "Maximum number of open file descriptors (the soft limit).",
+                max as f64,
+            );
+        }
+        series(
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since the Unix epoch in seconds.",
+            s.start_time_seconds,
+        );
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parses_stat_with_a_command_name_holding_spaces_and_parentheses() {
+            // Fields 3.. of a real line; utime 250, stime 50, starttime
+            // 12345, vsize 1 MiB, rss 300 pages.
+            let stat = "4242 (idgen (a) b) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 12345 1048576 300 18446744073709551615";
+            let s = parse_stat(stat, 100.0, 4096).expect("parses");
+            assert_eq!(s.cpu_seconds, 3.0);
+            assert_eq!(s.start_time_seconds, 123.45);
+            assert_eq!(s.virtual_bytes, 1_048_576);
+            assert_eq!(s.resident_bytes, 300 * 4096);
+            assert_eq!(parse_stat("garbage", 100.0, 4096), None);
+        }
+
+        #[test]
+        fn reads_this_process() {
+            let s = sample().expect("/proc is mounted on Linux");
+            assert!(s.resident_bytes > 0);
+            assert!(s.open_fds >= 3, "stdin, stdout, stderr at least");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock after 1970")
+                .as_secs_f64();
+            // Started within the last day, not in the future (a wrong
+            // tick unit would put it decades off).
+            assert!(s.start_time_seconds <= now + 1.0);
+            assert!(s.start_time_seconds > now - 86_400.0);
+            let limits = "Limit                     Soft Limit           Hard Limit           Units     \nMax open files            1024                 524288               files     \n";
+            assert_eq!(parse_max_open_files(limits), Some(1024));
+        }
+    }
 }

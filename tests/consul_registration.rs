@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::{test_config, TestServer};
 use consul_testserver::{Config, TestConsul};
+use idgen::cluster::registration::{Registration, RegistrationSpec, SERVICE_NAME};
 use idgen::consul::{ConsulClient, ConsulConfig};
-use idgen::server::registration::{Registration, RegistrationSpec, SERVICE_NAME};
 use idgen::store::WorkerKey;
 
 /// Polls `health/service/idgen?passing` until `want` instances pass

@@ -12,7 +12,7 @@ use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig, KvWrite, SessionBehavior, SessionSpec};
 use idgen::id::lease::{Block, MAX_SEQUENCE};
 use idgen::store::consul::{ClusterKeys, OwnerInfo};
-use idgen::store::lease::{ConsulTokens, TokenRecord, TokenSource};
+use idgen::store::lease::{ConsulTokens, TokenRecord, TokenStore};
 use idgen::store::StoreError;
 
 fn client(consul: &TestConsul, timeout: Duration) -> ConsulClient {

@@ -16,7 +16,7 @@ use common::{
     Call, ChildServer, TestServer,
 };
 
-use idgen::config::{LeaseSection, StrictSection};
+use idgen::config::{LeaseModeSettings, StrictModeSettings};
 use idgen::id::lease::decompose;
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{DecodeIdRequest, GenIdRequest, GenIdsRequest, Mode};
@@ -358,16 +358,14 @@ async fn during_a_consul_outage_lease_serves_its_blocks_until_fenced_segment_its
 
 fn embedded_modes(dir: &Path) -> idgen::config::Config {
     let mut c = test_config(dir);
-    c.lease = Some(LeaseSection {
-        enabled: true,
+    c.lease = Some(LeaseModeSettings {
         zone: 3,
         token: Some(7),
         block: 50,
     });
-    c.strict = Some(StrictSection {
-        enabled: true,
+    c.strict = Some(StrictModeSettings {
         default_step: 1,
-        ..StrictSection::default()
+        ..StrictModeSettings::default()
     });
     c
 }

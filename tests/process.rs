@@ -9,7 +9,7 @@ use common::{run_idgen, run_idgen_with_env, write_child_config, ChildServer};
 use idgen::config::FileConfig;
 use idgen::id::{Clock, SystemClock};
 use idgen::proto::GenIdsRequest;
-use idgen::store::{EmbeddedStore, StateStore, WorkerKey};
+use idgen::store::{EmbeddedStore, HwmStore, WorkerKey};
 
 const KEY: WorkerKey = WorkerKey {
     datacenter: 0,

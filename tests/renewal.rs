@@ -53,7 +53,7 @@ async fn serve(
 ) {
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    config.advertise = Some(grpc.local_addr().unwrap());
+    config.node.advertise = Some(grpc.local_addr().unwrap());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let node = Node::start(config, clock).await.expect("node starts");
     let issuer = Arc::clone(node.issuer());

@@ -9,17 +9,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{call_until_stopped, test_config, ChildServer, TestServer};
-use idgen::config::SegmentSection;
+use idgen::config::SegmentModeSettings;
 use idgen::proto::{DecodeIdRequest, GenIdRequest, GenIdsRequest, Mode};
 
 fn segment_config(dir: &std::path::Path, auto_create: bool) -> idgen::config::Config {
     let mut c = test_config(dir);
-    c.segment = Some(SegmentSection {
-        enabled: true,
+    c.segment = Some(SegmentModeSettings {
         auto_create,
         default_step: 500,
         max_step: 100_000,
-        ..SegmentSection::default()
+        ..SegmentModeSettings::default()
     });
     c
 }

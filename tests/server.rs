@@ -22,8 +22,8 @@ async fn a_million_ids_from_16_clients_are_unique_and_increasing() {
     // so it gives the mark more room; the renewal itself is tested in
     // store::hwm.
     let mut config = test_config(dir.path());
-    config.hwm_reserve = std::time::Duration::from_secs(10);
-    config.max_startup_skew = std::time::Duration::from_secs(20);
+    config.hwm.reserve = std::time::Duration::from_secs(10);
+    config.hwm.max_startup_skew = std::time::Duration::from_secs(20);
     let server = TestServer::start(config).await;
     const PER_CLIENT: usize = 62_500;
     const BATCH: usize = 2_500;
@@ -295,7 +295,7 @@ async fn metrics_parse_and_cover_the_documented_set() {
         "idgen_hwm_lead_seconds",
         "idgen_sequence_exhausted_waits_total",
         "idgen_store_write_duration_seconds_bucket",
-        "idgen_layout_years_left",
+        "idgen_layout_time_left_seconds",
         "idgen_serving",
         "idgen_build_info",
     ] {

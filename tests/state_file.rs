@@ -27,7 +27,7 @@ const MODES: [(Mode, &str); 4] = [
 
 fn all_modes(dir: &Path) -> Config {
     let c = common::all_modes_config(dir);
-    assert_eq!(c.hwm_renew_interval, RENEW_INTERVAL);
+    assert_eq!(c.hwm.renew_interval, RENEW_INTERVAL);
     c
 }
 

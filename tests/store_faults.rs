@@ -161,9 +161,9 @@ fn config(dir: &Path) -> Config {
     let mut c = common::all_modes_config(dir);
     // Short high-water-mark window, so snowflake runs out soon after the
     // store stops confirming marks.
-    c.hwm_renew_interval = Duration::from_millis(100);
-    c.hwm_reserve = Duration::from_millis(500);
-    c.max_unhealthy = MAX_UNHEALTHY;
+    c.hwm.renew_interval = Duration::from_millis(100);
+    c.hwm.reserve = Duration::from_millis(500);
+    c.store.max_unhealthy = MAX_UNHEALTHY;
     c
 }
 

@@ -5,6 +5,7 @@
 //! order. The widths, the time unit and the epoch are configurable and
 //! validated once; everything after that is shifts and masks.
 
+use super::kind::ErrorKind;
 use std::fmt;
 
 use thiserror::Error;
@@ -53,7 +54,7 @@ pub enum LayoutError {
         now_ms: u64,
     },
     /// The time field is already exhausted at the current time.
-    #[error("layout's {bits} time bits ran out at {end_ms} ms since 1970; move the epoch forward or widen layout.time_bits")]
+    #[error("layout's {bits} time bits ran out at {end_ms} ms since 1970: no more snowflake IDs can be issued under it. Do not move the epoch forward (new IDs would repeat old ones); change to a layout whose IDs all lie above every ID issued so far (`idgen admin layout set` in a cluster refuses any other), or use segment or lease mode")]
     TimeExhausted {
         /// Time bits.
         bits: u8,
@@ -83,6 +84,13 @@ pub enum LayoutError {
     /// An unknown preset name.
     #[error("unknown layout preset {0:?}; use twitter, sonyflake or js53")]
     UnknownPreset(String),
+}
+
+impl LayoutError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::Precondition
+    }
 }
 
 /// Why an ID could not be decoded under a layout.

@@ -11,6 +11,7 @@
 //! block are consecutive integers. Sequence 0 is never used, so no lease
 //! ID is 0.
 
+use super::kind::ErrorKind;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -70,6 +71,18 @@ pub enum LeaseError {
         /// Last token of the range.
         last: u64,
     },
+}
+
+impl LeaseError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::TokenExhausted { .. }
+            | Self::NoFreeToken { .. }
+            | Self::RangeExhausted { .. } => ErrorKind::Exhausted,
+            _ => ErrorKind::BadRequest,
+        }
+    }
 }
 
 /// The lease tokens an embedded node may use: a range of its own, derived
@@ -236,6 +249,12 @@ impl Block {
     /// Never true: a block holds at least one sequence.
     pub fn is_empty(&self) -> bool {
         false
+    }
+}
+
+impl super::buffer::Span for Block {
+    fn ids(&self) -> Range {
+        Block::ids(self)
     }
 }
 

@@ -1,12 +1,16 @@
 //! The pure core: ID layouts, the snowflake generator, segment ranges,
-//! lease blocks, strict counters and the clock trait.
+//! lease blocks, the double buffer both serve from, strict counters and
+//! the clock trait.
 //!
 //! Nothing here does I/O, spawns, sleeps or awaits; time comes in through
 //! [`clock::Clock`] and durability is the caller's job (see `store`). That
 //! keeps every rule about uniqueness testable with a manual clock.
 
+pub mod buffer;
 pub mod clock;
 pub mod deadline;
+pub mod decode;
+pub mod kind;
 pub mod layout;
 pub mod lease;
 pub mod mode;
@@ -16,6 +20,7 @@ pub mod strict;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use deadline::Deadline;
+pub use kind::ErrorKind;
 pub use layout::{
     epoch_text, DecodeError, IdParts, Layout, LayoutDifference, LayoutError, LayoutSpec, Preset,
     DEFAULT_EPOCH_MS,

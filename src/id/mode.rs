@@ -1,6 +1,7 @@
 //! ID modes and the checks every request passes before it reaches a
 //! generator.
 
+use super::kind::ErrorKind;
 use std::fmt;
 
 use thiserror::Error;
@@ -81,6 +82,16 @@ pub enum RequestError {
     /// A malformed query string or parameter in the HTTP API.
     #[error("bad request: {0}")]
     BadQuery(String),
+}
+
+impl RequestError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::ModeNotEnabled(_) => ErrorKind::Precondition,
+            _ => ErrorKind::BadRequest,
+        }
+    }
 }
 
 /// Checks a batch size against the server's maximum.

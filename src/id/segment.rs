@@ -7,6 +7,9 @@
 //! alone once that write is acknowledged. Storage lives in `store`; this
 //! module does no I/O.
 
+use super::kind::ErrorKind;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -53,6 +56,16 @@ pub enum SegmentError {
         "max_id {0} is out of range: use 0 to 9223372036854775807 (segment IDs stay below 2^63)"
     )]
     BadMaxId(u64),
+}
+
+impl SegmentError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Exhausted { .. } => ErrorKind::Exhausted,
+            _ => ErrorKind::BadRequest,
+        }
+    }
 }
 
 /// Largest step of one range.
@@ -276,9 +289,39 @@ impl Range {
     }
 }
 
+/// A range used up faster than this doubles the next step.
+pub const FAST_RANGE: Duration = Duration::from_secs(15 * 60);
+/// A range that lasted longer than this halves the next step.
+pub const SLOW_RANGE: Duration = Duration::from_secs(30 * 60);
+
+/// The next step after a range that lasted `lasted`.
+pub fn next_step(step: u64, floor: u64, cap: u64, lasted: Duration) -> u64 {
+    let floor = floor.max(1);
+    let cap = cap.max(floor);
+    if lasted < FAST_RANGE {
+        step.saturating_mul(2).min(cap)
+    } else if lasted > SLOW_RANGE {
+        (step / 2).max(floor)
+    } else {
+        step.clamp(floor, cap)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_step_is_capped_floored_and_kept_between_fast_and_slow() {
+        assert_eq!(next_step(100, 100, 1000, Duration::ZERO), 200, "doubled");
+        assert_eq!(next_step(100, 100, 150, Duration::ZERO), 150, "capped");
+        assert_eq!(next_step(400, 100, 1000, SLOW_RANGE * 2), 200, "halved");
+        assert_eq!(next_step(100, 100, 1000, SLOW_RANGE * 2), 100, "floored");
+        assert_eq!(
+            next_step(400, 100, 1000, FAST_RANGE + Duration::from_secs(1)),
+            400
+        );
+    }
 
     #[test]
     fn tags_are_checked() {

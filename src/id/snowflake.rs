@@ -28,6 +28,7 @@
 //!   operation, so no issue can slip in between closing and reading the
 //!   final position.
 
+use super::kind::ErrorKind;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use thiserror::Error;
@@ -64,12 +65,22 @@ pub enum GenError {
     },
     /// The layout's time field has run out.
     #[error(
-        "the layout's time bits are exhausted; move layout.epoch forward or widen layout.time_bits"
+        "the layout's time bits are exhausted: no more snowflake IDs can be issued under it. Do not move layout.epoch forward (new IDs would repeat old ones); change to a layout whose IDs all lie above every ID issued so far (`idgen admin layout set` in a cluster refuses any other), or use segment or lease mode"
     )]
     TimeExhausted,
     /// The generator was closed (shutdown or fencing).
     #[error("this node has stopped issuing IDs (shutting down or fenced); retry on another node")]
     Closed,
+}
+
+impl GenError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::TimeExhausted => ErrorKind::Exhausted,
+            _ => ErrorKind::Unavailable,
+        }
+    }
 }
 
 /// Why a node may not start issuing.
@@ -87,6 +98,16 @@ pub enum StartError {
     /// The datacenter or worker id does not fit the layout, or time ran out.
     #[error(transparent)]
     Layout(#[from] LayoutError),
+}
+
+impl StartError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::ClockBehindHwm { .. } => ErrorKind::Unavailable,
+            Self::Layout(e) => e.kind(),
+        }
+    }
 }
 
 /// Where a generator starts, worked out from the stored high-water mark.

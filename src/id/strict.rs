@@ -8,6 +8,7 @@
 //! `value + step, value + 2 * step, ..., value + count * step`. Every value
 //! is therefore greater than every value any earlier call returned.
 
+use super::kind::ErrorKind;
 use thiserror::Error;
 
 /// Longest namespace name.
@@ -46,6 +47,16 @@ pub enum StrictError {
         /// The largest allowed value.
         max: u64,
     },
+}
+
+impl StrictError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Exhausted { .. } => ErrorKind::Exhausted,
+            _ => ErrorKind::BadRequest,
+        }
+    }
 }
 
 fn valid_name(s: &str, max: usize) -> bool {

@@ -10,7 +10,7 @@
 //!
 //! Nothing here can make an ID repeat: a tag's `max_id` only moves
 //! forward, a deleted tag leaves a tombstone that a re-created tag
-//! continues above (see `store::segments`), and a forced release returns
+//! continues above (see `store::segment`), and a forced release returns
 //! only after the released session's lock-delay, which holds any new
 //! holder off until the old one has stopped issuing (its local deadline
 //! is at most min(TTL, lock-delay) after its last renew; `store::consul`).
@@ -23,16 +23,18 @@ use std::time::{Duration, Instant, SystemTime};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
-use super::lease::Leases;
+use super::status::refusal;
 use super::status::{code_name, to_status};
-use super::strict::Strict;
 use crate::config::AdminToken;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
 use crate::error::Error;
+use crate::error::ErrorKind;
 use crate::id::segment::{check_max_id, check_step, SegmentError, Tag, TagRecord, TagUpdate};
 use crate::id::strict::Namespace;
 use crate::id::Clock;
 use crate::metrics as m;
+use crate::modes::lease::Leases;
+use crate::modes::strict::Strict;
 use crate::proto::admin_server::{Admin, AdminServer};
 use crate::proto::{self, HolderKind};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
@@ -73,7 +75,7 @@ pub struct AdminDeps {
     pub strict: Option<Arc<Strict>>,
     /// Segment mode's buffers, when enabled: a deleted tag's are dropped
     /// at once, and creations count against its `segment.max_tags`.
-    pub segment_server: Option<Arc<super::segments::Segments>>,
+    pub segment_server: Option<Arc<crate::modes::segment::Segments>>,
     /// The Consul client and key layout, on the Consul backend.
     pub cluster: Option<(ConsulClient, ClusterKeys)>,
     /// This node, for holders on the embedded backend.
@@ -136,17 +138,17 @@ fn bearer(header: &str) -> Option<&str> {
 /// Checks a call's credentials against `expected`.
 fn authorize(expected: Option<&AdminToken>, metadata: &MetadataMap) -> Result<(), Status> {
     let Some(expected) = expected else {
-        return Err(Status::permission_denied(DISABLED));
+        return Err(refusal(ErrorKind::Denied, DISABLED));
     };
     let given = metadata
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
-        .ok_or_else(|| Status::unauthenticated(NO_HEADER))?;
+        .ok_or_else(|| refusal(ErrorKind::Unauthenticated, NO_HEADER))?;
     if same_token(given.as_bytes(), expected.0.as_bytes()) {
         Ok(())
     } else {
-        Err(Status::permission_denied(WRONG_TOKEN))
+        Err(refusal(ErrorKind::Denied, WRONG_TOKEN))
     }
 }
 
@@ -160,7 +162,7 @@ fn rfc3339(ms: u64) -> String {
 fn store_status(e: StoreError) -> Status {
     match e {
         StoreError::Segment(SegmentError::MaxIdBackwards { .. }) => {
-            Status::failed_precondition(e.to_string())
+            refusal(ErrorKind::Precondition, e.to_string())
         }
         e => to_status(&Error::Store(e)),
     }
@@ -180,10 +182,13 @@ fn parse_namespace(name: &str) -> Result<Namespace, Status> {
 
 fn check_description(d: &str) -> Result<(), Status> {
     if d.len() > MAX_DESCRIPTION_LEN {
-        return Err(Status::invalid_argument(format!(
-            "description is {} bytes long: use at most {MAX_DESCRIPTION_LEN}",
-            d.len()
-        )));
+        return Err(refusal(
+            ErrorKind::BadRequest,
+            format!(
+                "description is {} bytes long: use at most {MAX_DESCRIPTION_LEN}",
+                d.len()
+            ),
+        ));
     }
     Ok(())
 }
@@ -201,14 +206,14 @@ fn tag_message(tag: &Tag, r: &TagRecord) -> proto::SegmentTag {
 
 /// A worker id or lease token named by a request or a KV key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Held {
+enum LockKey {
     /// Datacenter, worker.
     Worker(u64, u64),
     /// Zone, token.
     Token(u64, u64),
 }
 
-impl std::fmt::Display for Held {
+impl std::fmt::Display for LockKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Worker(dc, w) => write!(f, "worker id {dc}/{w}"),
@@ -217,7 +222,7 @@ impl std::fmt::Display for Held {
     }
 }
 
-impl Held {
+impl LockKey {
     fn key(self, keys: &ClusterKeys) -> String {
         match self {
             Self::Worker(datacenter, worker) => keys.worker(WorkerKey { datacenter, worker }),
@@ -242,14 +247,14 @@ fn group_and_id(dir: &str, key: &str) -> Option<(u64, u64)> {
 }
 
 /// What a held key's value says, and the session holding it.
-fn holder_from(held: Held, entry: &KvEntry, state: &str) -> proto::Holder {
+fn holder_from(held: LockKey, entry: &KvEntry, state: &str) -> proto::Holder {
     let (kind, datacenter, zone, id) = match held {
-        Held::Worker(dc, w) => (HolderKind::Worker, dc, 0, w),
-        Held::Token(zone, t) => (HolderKind::LeaseToken, 0, zone, t),
+        LockKey::Worker(dc, w) => (HolderKind::Worker, dc, 0, w),
+        LockKey::Token(zone, t) => (HolderKind::LeaseToken, 0, zone, t),
     };
     let (owner, reserved) = match held {
-        Held::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
-        Held::Token(..) => match serde_json::from_slice::<TokenRecord>(&entry.value) {
+        LockKey::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
+        LockKey::Token(..) => match serde_json::from_slice::<TokenRecord>(&entry.value) {
             Ok(r) => (Some(r.owner), r.reserved),
             Err(_) => (None, 0),
         },
@@ -319,7 +324,7 @@ impl AdminService {
 
     fn segments(&self) -> Result<&Arc<dyn SegmentStore>, Status> {
         self.deps.segments.as_ref().ok_or_else(|| {
-            Status::failed_precondition(
+            refusal(ErrorKind::Precondition,
                 "segment mode is not enabled on this server: set [segment] enabled = true in its config",
             )
         })
@@ -327,7 +332,7 @@ impl AdminService {
 
     fn strict(&self) -> Result<&Arc<Strict>, Status> {
         self.deps.strict.as_ref().ok_or_else(|| {
-            Status::failed_precondition(
+            refusal(ErrorKind::Precondition,
                 "strict mode is not enabled on this server: set [strict] enabled = true in its config",
             )
         })
@@ -396,7 +401,8 @@ impl AdminService {
             max_id: r.max_id,
         };
         if update.is_empty() {
-            return Err(Status::invalid_argument(
+            return Err(refusal(
+                ErrorKind::BadRequest,
                 "nothing to change: set step, description or max_id",
             ));
         }
@@ -485,15 +491,15 @@ impl AdminService {
             .kv_list(&lease_dir, Consistency::Consistent)
             .await
             .map_err(consul_status)?;
-        let mut entries: Vec<(Held, KvEntry)> = Vec::new();
+        let mut entries: Vec<(LockKey, KvEntry)> = Vec::new();
         for e in workers {
             if let Some((dc, w)) = group_and_id(&workers_dir, &e.key) {
-                entries.push((Held::Worker(dc, w), e));
+                entries.push((LockKey::Worker(dc, w), e));
             }
         }
         for e in tokens {
             if let Some((zone, t)) = group_and_id(&lease_dir, &e.key) {
-                entries.push((Held::Token(zone, t), e));
+                entries.push((LockKey::Token(zone, t), e));
             }
         }
         entries.sort_by_key(|(h, _)| *h);
@@ -557,22 +563,22 @@ impl AdminService {
         }
     }
 
-    fn held(r: &proto::ForceReleaseRequest) -> Result<Held, Status> {
+    fn held(r: &proto::ForceReleaseRequest) -> Result<LockKey, Status> {
         match HolderKind::try_from(r.kind) {
-            Ok(HolderKind::Worker) if r.zone != 0 => Err(Status::invalid_argument(
+            Ok(HolderKind::Worker) if r.zone != 0 => Err(refusal(ErrorKind::BadRequest,
                 "a worker id has a datacenter, not a zone: leave zone at 0 and set datacenter",
             )),
-            Ok(HolderKind::Worker) => Ok(Held::Worker(r.datacenter, r.id)),
-            Ok(HolderKind::LeaseToken) if r.datacenter != 0 => Err(Status::invalid_argument(
+            Ok(HolderKind::Worker) => Ok(LockKey::Worker(r.datacenter, r.id)),
+            Ok(HolderKind::LeaseToken) if r.datacenter != 0 => Err(refusal(ErrorKind::BadRequest,
                 "a lease token has a zone, not a datacenter: leave datacenter at 0 and set zone",
             )),
             Ok(HolderKind::LeaseToken) => {
                 crate::id::lease::check_zone(r.zone)
                     .and_then(|_| crate::id::lease::check_token(r.id))
                     .map_err(|e| store_status(e.into()))?;
-                Ok(Held::Token(r.zone, r.id))
+                Ok(LockKey::Token(r.zone, r.id))
             }
-            _ => Err(Status::invalid_argument(format!(
+            _ => Err(refusal(ErrorKind::BadRequest, format!(
                 "kind {} is not one to release: use HOLDER_KIND_WORKER or HOLDER_KIND_LEASE_TOKEN (idgen admin release --kind worker|token)",
                 r.kind
             ))),
@@ -585,7 +591,7 @@ impl AdminService {
     ) -> Result<proto::ForceReleaseResponse, Status> {
         let held = Self::held(&r)?;
         let Some((client, keys)) = &self.deps.cluster else {
-            return Err(Status::failed_precondition(
+            return Err(refusal(ErrorKind::Precondition,
                 "this server runs on the embedded store: its worker id and lease token come from its config and nothing is leased, so there is nothing to release",
             ));
         };
@@ -595,7 +601,7 @@ impl AdminService {
             .await
             .map_err(consul_status)?;
         let Some(entry) = entry else {
-            return Err(Status::not_found(format!(
+            return Err(refusal(ErrorKind::NotFound, format!(
                 "{held} has never been claimed in this cluster (no key {key}); see `idgen admin holders`"
             )));
         };
@@ -623,7 +629,7 @@ impl AdminService {
         };
         let holder = holder_from(held, &entry, "alive");
         if !r.force {
-            return Err(Status::failed_precondition(format!(
+            return Err(refusal(ErrorKind::Precondition, format!(
                 "{held} is held by instance {} at {} and its session {session} is alive; releasing it destroys that session, which frees everything that node holds: pass --force (force = true) to do it anyway (the holder stops issuing when it notices)",
                 holder.instance, holder.address
             )));
@@ -633,7 +639,7 @@ impl AdminService {
             .unwrap_or(DEFAULT_LOCK_DELAY)
             .min(MAX_LOCK_DELAY);
         client.session_destroy(&session).await.map_err(|e| {
-            Status::unavailable(format!(
+            refusal(ErrorKind::Unavailable, format!(
                 "could not destroy session {session} ({e}); it may or may not be gone: check with `idgen admin holders` and retry"
             ))
         })?;
@@ -705,7 +711,7 @@ impl AdminService {
 
     fn cluster(&self) -> Result<&(ConsulClient, ClusterKeys), Status> {
         self.deps.cluster.as_ref().ok_or_else(|| {
-            Status::failed_precondition(
+            refusal(ErrorKind::Precondition,
                 "the cluster layout lives in Consul: this server runs on the embedded store, whose state file records its layout at `idgen init` and refuses another one",
             )
         })
@@ -715,10 +721,13 @@ impl AdminService {
         let (client, keys) = self.cluster()?;
         match read_layout(client, keys).await {
             Ok(Some((record, _))) => Ok(layout_response(&record)),
-            Ok(None) => Err(Status::not_found(format!(
-                "no layout recorded at {} yet (the first node to start records it)",
-                keys.layout()
-            ))),
+            Ok(None) => Err(refusal(
+                ErrorKind::NotFound,
+                format!(
+                    "no layout recorded at {} yet (the first node to start records it)",
+                    keys.layout()
+                ),
+            )),
             Err(e) => Err(to_status(&Error::ClusterLayout(e))),
         }
     }
@@ -729,14 +738,17 @@ impl AdminService {
     ) -> Result<proto::SetLayoutResponse, Status> {
         let (client, keys) = self.cluster()?;
         if r.preset.is_empty() || r.epoch.is_empty() {
-            return Err(Status::invalid_argument(
+            return Err(refusal(ErrorKind::BadRequest,
                 "give the new layout's preset and epoch (as in the [layout] config section), plus any width overrides",
             ));
         }
         let width = |name: &str, v: Option<u32>| -> Result<Option<u8>, Status> {
             v.map(|b| {
                 u8::try_from(b).map_err(|_| {
-                    Status::invalid_argument(format!("layout.{name} = {b} is out of range"))
+                    refusal(
+                        ErrorKind::BadRequest,
+                        format!("layout.{name} = {b} is out of range"),
+                    )
                 })
             })
             .transpose()
@@ -756,7 +768,7 @@ impl AdminService {
         };
         let layout = file
             .layout(self.now_ms())
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            .map_err(|e| refusal(ErrorKind::BadRequest, e.to_string()))?;
         let expect = (r.expect_generation != 0).then_some(r.expect_generation);
         let report = change_layout(
             client,
@@ -877,13 +889,13 @@ pub type BackupStream = std::pin::Pin<
 impl AdminService {
     async fn backup(&self, now_ms: u64) -> Result<Vec<u8>, Status> {
         let Some(source) = self.deps.snapshots.clone() else {
-            return Err(Status::failed_precondition(
+            return Err(refusal(ErrorKind::Precondition,
                 "Backup copies the embedded state file; this node keeps its state in Consul: back up Consul instead (`consul snapshot save`)",
             ));
         };
         let taken = tokio::task::spawn_blocking(move || source.take(now_ms))
             .await
-            .map_err(|e| Status::internal(format!("backup task failed: {e}")))?;
+            .map_err(|e| refusal(ErrorKind::Internal, format!("backup task failed: {e}")))?;
         taken.map_err(|e| to_status(&Error::Store(e)))
     }
 }
@@ -1121,7 +1133,7 @@ mod tests {
         assert_eq!(group_and_id(&dir, "idgen/prod/workers/2/"), None);
         assert_eq!(group_and_id(&dir, "idgen/prod/workers/x/1"), None);
         assert_eq!(
-            Held::Token(1, 5).key(&keys),
+            LockKey::Token(1, 5).key(&keys),
             "idgen/prod/lease/1/5",
             "the key the lease store locks"
         );
@@ -1137,10 +1149,13 @@ mod tests {
             force: false,
         };
         let held = |r| AdminService::held(&r).map_err(|s| s.code());
-        assert_eq!(held(req(HolderKind::Worker, 1, 0)), Ok(Held::Worker(1, 3)));
+        assert_eq!(
+            held(req(HolderKind::Worker, 1, 0)),
+            Ok(LockKey::Worker(1, 3))
+        );
         assert_eq!(
             held(req(HolderKind::LeaseToken, 0, 2)),
-            Ok(Held::Token(2, 3))
+            Ok(LockKey::Token(2, 3))
         );
         for bad in [
             req(HolderKind::Unspecified, 0, 0),

@@ -10,8 +10,8 @@ use crate::id::{Mode, RequestError};
 use crate::metrics as m;
 use crate::proto::{self, id_gen_server::IdGen};
 
-use super::issuer::Issuer;
 use super::status::{code_name, to_status};
+use crate::modes::Issuer;
 
 /// Converts the proto enum (an open `i32`) to a mode.
 pub fn mode_from_proto(raw: i32) -> Result<Mode, RequestError> {
@@ -46,7 +46,7 @@ impl RpcMetric {
     pub fn new(rpc: &'static str) -> Self {
         Self {
             rpc,
-            ok: metrics::histogram!(m::REQUEST_DURATION, "rpc" => rpc, "code" => "OK"),
+            ok: metrics::histogram!(m::REQUEST_DURATION, "rpc" => rpc, "code" => code_name(tonic::Code::Ok)),
         }
     }
 

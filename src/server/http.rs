@@ -18,8 +18,8 @@ use crate::error::Error;
 use crate::id::{Mode, RequestError};
 
 use super::grpc::RpcMetric;
-use super::issuer::Issuer;
 use super::status::{code, code_name, http_status};
+use crate::modes::Issuer;
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -188,7 +188,7 @@ async fn metrics(State(s): State<HttpState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(),
+        s.metrics.render() + &crate::metrics::process::render(),
     )
         .into_response()
 }

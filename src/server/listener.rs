@@ -108,16 +108,11 @@ pub async fn serve<S, B>(
         Port::Http => settings.http_max_connections,
     };
     let label = port.label();
-    let open = metrics::gauge!(m::CONNECTIONS_OPEN, "port" => label);
-    let refused = metrics::counter!(m::CONNECTIONS_REFUSED, "port" => label);
-    let accept_errors = metrics::counter!(m::ACCEPT_ERRORS, "port" => label);
-    open.set(0.0);
-    refused.increment(0);
-    accept_errors.increment(0);
-    for reason in ["preface", "header", "idle", "keepalive"] {
-        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => label, "reason" => reason)
-            .increment(0);
-    }
+    let PortMetrics {
+        open,
+        refused,
+        accept_errors,
+    } = PortMetrics::new(label);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
@@ -174,6 +169,31 @@ pub async fn serve<S, B>(
         open.set(conns.len() as f64);
     }
     open.set(0.0);
+}
+
+/// The connection metrics of one port, built once and exported at zero.
+struct PortMetrics {
+    open: metrics::Gauge,
+    refused: metrics::Counter,
+    accept_errors: metrics::Counter,
+}
+
+impl PortMetrics {
+    fn new(label: &'static str) -> Self {
+        let this = Self {
+            open: metrics::gauge!(m::CONNECTIONS_OPEN, "port" => label),
+            refused: metrics::counter!(m::CONNECTIONS_REFUSED, "port" => label),
+            accept_errors: metrics::counter!(m::ACCEPT_ERRORS, "port" => label),
+        };
+        this.open.set(0.0);
+        this.refused.increment(0);
+        this.accept_errors.increment(0);
+        for reason in ["preface", "header", "idle", "keepalive"] {
+            metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => label, "reason" => reason)
+                .increment(0);
+        }
+        this
+    }
 }
 
 /// An error about one connection (it died while waiting in the backlog),
@@ -431,12 +451,12 @@ async fn drive<C>(
                 }
                 match now_due {
                     Due::Preface => {
-                        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => port, "reason" => "preface").increment(1);
+                        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => port, "reason" => m::label::REASON_PREFACE).increment(1);
                         tracing::debug!(port, "closing a connection that sent no HTTP/2 preface in time");
                         return;
                     }
                     Due::Idle => {
-                        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => port, "reason" => "idle").increment(1);
+                        metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => port, "reason" => m::label::REASON_IDLE).increment(1);
                         conn.as_mut().graceful_shutdown();
                         closing = true;
                         hard_close = Some(now + d.header);

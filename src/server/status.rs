@@ -3,59 +3,34 @@
 use axum::http::StatusCode;
 use tonic::{Code, Status};
 
-use crate::error::Error;
-use crate::id::lease::LeaseError;
-use crate::id::segment::SegmentError;
-use crate::id::strict::StrictError;
-use crate::id::{GenError, RequestError, StartError};
-use crate::store::StoreError;
+use crate::error::{Error, ErrorKind};
+
+/// The gRPC code of each kind of failure: the one map every front end
+/// and the admin API use.
+pub fn kind_code(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::BadRequest => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::AlreadyExists => Code::AlreadyExists,
+        ErrorKind::Precondition => Code::FailedPrecondition,
+        ErrorKind::Exhausted => Code::ResourceExhausted,
+        ErrorKind::Conflict => Code::Aborted,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::Denied => Code::PermissionDenied,
+        ErrorKind::Internal => Code::Internal,
+    }
+}
 
 /// The gRPC code for an error.
 pub fn code(e: &Error) -> Code {
-    match e {
-        Error::Request(RequestError::ModeNotEnabled(_)) => Code::FailedPrecondition,
-        Error::Request(_) | Error::Decode(_) => Code::InvalidArgument,
-        Error::Gen(GenError::TimeExhausted) => Code::ResourceExhausted,
-        Error::Store(StoreError::TagNotFound(_)) => Code::NotFound,
-        Error::Store(StoreError::TagExists(_)) => Code::AlreadyExists,
-        Error::Store(StoreError::StrictKeyNotFound(_)) => Code::NotFound,
-        Error::Store(StoreError::LimitReached { .. }) => Code::ResourceExhausted,
-        Error::Store(StoreError::Segment(SegmentError::Exhausted { .. })) => {
-            Code::ResourceExhausted
-        }
-        Error::Store(StoreError::Segment(_)) => Code::InvalidArgument,
-        Error::Store(StoreError::Lease(
-            LeaseError::TokenExhausted { .. }
-            | LeaseError::NoFreeToken { .. }
-            | LeaseError::RangeExhausted { .. },
-        )) => Code::ResourceExhausted,
-        Error::Store(StoreError::Lease(_)) => Code::InvalidArgument,
-        Error::Store(StoreError::Strict(StrictError::Exhausted { .. })) => Code::ResourceExhausted,
-        Error::Store(StoreError::Strict(_)) => Code::InvalidArgument,
-        Error::Gen(_)
-        | Error::Store(_)
-        | Error::WaitTimeout { .. }
-        | Error::Fenced
-        | Error::SegmentUnavailable { .. }
-        | Error::LeaseUnavailable { .. }
-        | Error::StrictUnavailable { .. }
-        | Error::Lease(_)
-        | Error::Consul(_) => Code::Unavailable,
-        Error::Start(StartError::ClockBehindHwm { .. }) => Code::Unavailable,
-        Error::Layout(_) | Error::Start(StartError::Layout(_)) => Code::FailedPrecondition,
-        Error::Setup(_) => Code::Internal,
-        Error::ClusterLayout(e) => {
-            use crate::store::cluster_layout::ClusterLayoutError as L;
-            match e {
-                L::Mismatch { .. } | L::Unsafe { .. } | L::Invalid { .. } | L::Corrupt { .. } => {
-                    Code::FailedPrecondition
-                }
-                L::BadRequest(_) => Code::InvalidArgument,
-                L::Conflict { .. } => Code::Aborted,
-                L::Changing { .. } | L::Consul(_) => Code::Unavailable,
-            }
-        }
-    }
+    kind_code(e.kind())
+}
+
+/// A refusal of `kind` with `message` (which says what was wrong and what
+/// to do), for checks made at the front end itself.
+pub fn refusal(kind: ErrorKind, message: impl Into<String>) -> Status {
+    Status::new(kind_code(kind), message)
 }
 
 /// The gRPC status for an error; the message is the error's text, which
@@ -109,7 +84,9 @@ pub fn code_name(code: Code) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::id::Mode;
+    use crate::id::segment::SegmentError;
+    use crate::id::{GenError, Mode, RequestError};
+    use crate::store::StoreError;
 
     #[test]
     fn every_error_kind_has_the_documented_code() {
@@ -137,5 +114,27 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE
         );
         assert_eq!(code_name(Code::FailedPrecondition), "FAILED_PRECONDITION");
+    }
+
+    #[test]
+    fn each_kind_has_one_grpc_code_and_one_http_status() {
+        let table = [
+            (ErrorKind::BadRequest, Code::InvalidArgument, 400),
+            (ErrorKind::NotFound, Code::NotFound, 404),
+            (ErrorKind::AlreadyExists, Code::AlreadyExists, 409),
+            (ErrorKind::Precondition, Code::FailedPrecondition, 400),
+            (ErrorKind::Exhausted, Code::ResourceExhausted, 429),
+            (ErrorKind::Conflict, Code::Aborted, 409),
+            (ErrorKind::Unavailable, Code::Unavailable, 503),
+            (ErrorKind::Unauthenticated, Code::Unauthenticated, 401),
+            (ErrorKind::Denied, Code::PermissionDenied, 403),
+            (ErrorKind::Internal, Code::Internal, 500),
+        ];
+        for (kind, grpc, http) in table {
+            assert_eq!(kind_code(kind), grpc, "{kind:?}");
+            assert_eq!(http_status(kind_code(kind)).as_u16(), http, "{kind:?}");
+            let status = refusal(kind, "why");
+            assert_eq!((status.code(), status.message()), (grpc, "why"));
+        }
     }
 }

@@ -24,6 +24,7 @@
 //! The new layout also records `floor_ms`, the time its check was made at:
 //! nodes on it start no lower than that, whatever their clocks say.
 
+use crate::id::ErrorKind;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -226,6 +227,21 @@ pub enum ClusterLayoutError {
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] ConsulError),
+}
+
+impl ClusterLayoutError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Mismatch { .. }
+            | Self::Unsafe { .. }
+            | Self::Invalid { .. }
+            | Self::Corrupt { .. } => ErrorKind::Precondition,
+            Self::BadRequest(_) => ErrorKind::BadRequest,
+            Self::Conflict { .. } => ErrorKind::Conflict,
+            Self::Changing { .. } | Self::Consul(_) => ErrorKind::Unavailable,
+        }
+    }
 }
 
 fn mismatch_text(

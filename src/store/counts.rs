@@ -75,7 +75,7 @@ fn count_everything(
     let mut tags = 0u64;
     {
         let segments = txn
-            .open_table(super::segments::SEGMENTS)
+            .open_table(super::segment::SEGMENTS)
             .map_err(backend_err)?;
         for item in segments.iter().map_err(backend_err)? {
             let (_, v) = item.map_err(backend_err)?;
@@ -116,7 +116,7 @@ mod tests {
     use super::*;
     use crate::id::segment::{Tag, TagRecord};
     use crate::id::strict::StrictKey;
-    use crate::store::segments::SegmentStore;
+    use crate::store::segment::SegmentStore;
     use crate::store::strict::{EmbeddedStrictStore, StrictLimits, StrictStore};
     use crate::store::{EmbeddedStore, StoreError};
 

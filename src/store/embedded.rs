@@ -8,7 +8,7 @@ use redb::{Database, ReadableDatabase, TableDefinition};
 
 use super::reopen::{DbRef, ReopeningDatabase, StoreHealth, WriteTxn};
 use super::state_file::StateFileGuard;
-use super::{StateStore, StoreError, WorkerKey};
+use super::{HwmStore, StoreError, WorkerKey};
 
 /// File-wide facts recorded by `idgen init`.
 pub(crate) const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
@@ -267,7 +267,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 }
 
 #[async_trait]
-impl StateStore for EmbeddedStore {
+impl HwmStore for EmbeddedStore {
     fn backend(&self) -> &'static str {
         "embedded"
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::{StateStore, StoreError, WorkerKey};
+use super::{HwmStore, StoreError, WorkerKey};
 use crate::id::{Clock, Layout, Snowflake, StartPlan};
 use crate::metrics as m;
 
@@ -42,25 +42,16 @@ pub struct KeeperHandle {
     stop: Arc<Notify>,
     lost: tokio::sync::watch::Receiver<bool>,
     task: JoinHandle<()>,
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn HwmStore>,
     key: WorkerKey,
     generator: Arc<Snowflake>,
 }
 
 /// Writes a mark and records its latency and failures.
-async fn store_timed(
-    store: &dyn StateStore,
-    key: WorkerKey,
-    hwm_ms: u64,
-) -> Result<(), StoreError> {
+async fn store_timed(store: &dyn HwmStore, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
     let started = Instant::now();
     let result = store.store_hwm(key, hwm_ms).await;
-    let backend = store.backend();
-    metrics::histogram!(m::STORE_WRITE_DURATION, "backend" => backend, "op" => "store_hwm")
-        .record(started.elapsed().as_secs_f64());
-    if result.is_err() {
-        metrics::counter!(m::STORE_ERRORS, "backend" => backend, "op" => "store_hwm").increment(1);
-    }
+    m::StoreOp::new(store.backend(), m::label::OP_STORE_HWM).record(started, result.is_ok());
     result
 }
 
@@ -69,7 +60,7 @@ impl HwmKeeper {
     /// stores a mark `reserve` ahead and returns a generator bounded by it,
     /// plus the renewal task.
     pub async fn start(
-        store: Arc<dyn StateStore>,
+        store: Arc<dyn HwmStore>,
         key: WorkerKey,
         layout: Layout,
         clock: Arc<dyn Clock>,
@@ -129,7 +120,7 @@ impl HwmKeeper {
 }
 
 async fn renew_loop(
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn HwmStore>,
     key: WorkerKey,
     generator: Arc<Snowflake>,
     clock: Arc<dyn Clock>,
@@ -253,7 +244,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl StateStore for MemStore {
+    impl HwmStore for MemStore {
         fn backend(&self) -> &'static str {
             "memory"
         }

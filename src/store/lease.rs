@@ -1,7 +1,7 @@
 //! Lease tokens and their durable counters (lease mode), on both backends.
 //!
 //! A node serves lease IDs from blocks of one token's sequence. A
-//! [`TokenSource`] hands out those blocks: it holds a token (taking one
+//! [`TokenStore`] hands out those blocks: it holds a token (taking one
 //! first if it has none, and another when the held one is used up) and
 //! moves the token's counter forward by the block before it returns the
 //! block. A write whose outcome is unknown returns an error and its block
@@ -40,7 +40,7 @@ use crate::id::lease::{
 
 /// Where a node's lease blocks come from.
 #[async_trait]
-pub trait TokenSource: Send + Sync + 'static {
+pub trait TokenStore: Send + Sync + 'static {
     /// A short name for logs (`embedded`, `consul`).
     fn backend(&self) -> &'static str;
 
@@ -195,7 +195,7 @@ impl EmbeddedTokens {
 }
 
 #[async_trait]
-impl TokenSource for EmbeddedTokens {
+impl TokenStore for EmbeddedTokens {
     fn backend(&self) -> &'static str {
         "embedded"
     }
@@ -247,13 +247,17 @@ impl TokenRecord {
 
 /// The token this node holds, as last written.
 #[derive(Debug, Clone)]
-struct Held {
+struct HeldToken {
     token: u64,
     record: TokenRecord,
     index: u64,
     /// A write's outcome was unknown: re-read before the next one.
     stale: bool,
 }
+
+/// A zone's token records by token: the free ones with their record and
+/// ModifyIndex, `None` for tokens held, used up or unreadable.
+type TokenRecords = std::collections::BTreeMap<u64, Option<(TokenRecord, u64)>>;
 
 /// Lease tokens in Consul KV, held under one session.
 pub struct ConsulTokens {
@@ -262,7 +266,7 @@ pub struct ConsulTokens {
     zone: u64,
     session: String,
     owner: OwnerInfo,
-    held: Mutex<Option<Held>>,
+    held: Mutex<Option<HeldToken>>,
     /// One reserve (or release) at a time.
     busy: tokio::sync::Mutex<()>,
 }
@@ -300,7 +304,7 @@ impl ConsulTokens {
         })
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<HeldToken>> {
         self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -319,7 +323,9 @@ impl ConsulTokens {
     /// long the delay has left and any free token is as good (each carries
     /// its own counter). The passed-over token keeps its counter and is
     /// taken again later by whoever finds it free.
-    async fn take_token(&self) -> Result<Held, StoreError> {
+    /// Every token record of the zone (see [`TokenRecords`]), and the free
+    /// token this instance held before, if any.
+    async fn token_records(&self) -> Result<(TokenRecords, Option<u64>), StoreError> {
         let dir = self.keys.lease_dir(self.zone);
         let entries = self
             .client
@@ -353,6 +359,11 @@ impl ConsulTokens {
             }
             existing.insert(token, free.then_some((record, e.modify_index)));
         }
+        Ok((existing, previous))
+    }
+
+    async fn take_token(&self) -> Result<HeldToken, StoreError> {
+        let (existing, previous) = self.token_records().await?;
         let free_existing = existing
             .iter()
             .filter_map(|(t, r)| r.as_ref().map(|_| *t))
@@ -391,7 +402,7 @@ impl ConsulTokens {
                         .map(|e| e.modify_index)
                         .unwrap_or(0);
                     tracing::info!(zone = self.zone, token, reserved, "lease token taken");
-                    return Ok(Held {
+                    return Ok(HeldToken {
                         token,
                         record,
                         index,
@@ -407,7 +418,7 @@ impl ConsulTokens {
 
     /// Re-reads the held token; [`StoreError::LockLost`] (and forgets it)
     /// if this session no longer holds it.
-    async fn refresh(&self, token: u64) -> Result<Held, StoreError> {
+    async fn refresh(&self, token: u64) -> Result<HeldToken, StoreError> {
         let key = self.keys.lease(self.zone, token);
         let (entry, _) = self
             .client
@@ -416,7 +427,7 @@ impl ConsulTokens {
             .map_err(consul_err)?;
         match entry {
             Some(entry) if entry.session.as_deref() == Some(self.session.as_str()) => {
-                let held = Held {
+                let held = HeldToken {
                     token,
                     record: TokenRecord::decode(&entry)?,
                     index: entry.modify_index,
@@ -438,7 +449,7 @@ impl ConsulTokens {
     /// Writes `record` for the held token if its index is still `index`.
     async fn write(
         &self,
-        held: &Held,
+        held: &HeldToken,
         record: TokenRecord,
         unlock: bool,
     ) -> Result<u64, StoreError> {
@@ -482,7 +493,7 @@ impl ConsulTokens {
 }
 
 #[async_trait]
-impl TokenSource for ConsulTokens {
+impl TokenStore for ConsulTokens {
     fn backend(&self) -> &'static str {
         "consul"
     }
@@ -532,7 +543,7 @@ impl TokenSource for ConsulTokens {
             };
             return match self.write(&held, record.clone(), false).await {
                 Ok(index) => {
-                    *self.held() = Some(Held {
+                    *self.held() = Some(HeldToken {
                         token: held.token,
                         record,
                         index,
@@ -549,7 +560,7 @@ impl TokenSource for ConsulTokens {
                 Err(e) => {
                     // Maybe applied: never use the block, and re-read the
                     // token before the next write.
-                    *self.held() = Some(Held {
+                    *self.held() = Some(HeldToken {
                         stale: true,
                         ..held
                     });

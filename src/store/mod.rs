@@ -1,6 +1,6 @@
 //! Durable coordination state behind one trait.
 //!
-//! The generator only trusts a high-water mark once a [`StateStore`] has
+//! The generator only trusts a high-water mark once a [`HwmStore`] has
 //! said it is durable. Two backends implement the trait: [`embedded`] (a
 //! redb file, one node) and [`consul`] (Consul KV, written only while this
 //! node holds its worker-id lease).
@@ -13,11 +13,12 @@ pub mod fault_hook;
 pub mod hwm;
 pub mod lease;
 pub mod reopen;
-pub mod segments;
+pub mod segment;
 pub mod snapshot;
 pub mod state_file;
 pub mod strict;
 
+use crate::id::ErrorKind;
 use std::fmt;
 
 use async_trait::async_trait;
@@ -25,7 +26,7 @@ use thiserror::Error;
 
 pub use embedded::EmbeddedStore;
 pub use hwm::HwmKeeper;
-pub use segments::{ConsulSegmentStore, SegmentStore};
+pub use segment::{ConsulSegmentStore, SegmentStore};
 
 /// Identifies one snowflake worker in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,6 +121,28 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::TagNotFound(_) | Self::StrictKeyNotFound(_) => ErrorKind::NotFound,
+            Self::TagExists(_) => ErrorKind::AlreadyExists,
+            Self::LimitReached { .. } => ErrorKind::Exhausted,
+            Self::Segment(e) => e.kind(),
+            Self::Lease(e) => e.kind(),
+            Self::Strict(e) => e.kind(),
+            // Start-up and backend failures: another node can serve.
+            Self::Missing { .. }
+            | Self::AlreadyExists { .. }
+            | Self::LayoutMismatch { .. }
+            | Self::StateFileLost { .. }
+            | Self::Backend(_)
+            | Self::Contended(_)
+            | Self::LockLost(_) => ErrorKind::Unavailable,
+        }
+    }
+}
+
+impl StoreError {
     /// The refusal for `what` past `limit`, counted in
     /// `idgen_limit_refusals_total{limit=setting}`.
     pub(crate) fn limit_reached(what: String, limit: u64, setting: &'static str) -> Self {
@@ -151,7 +174,7 @@ fn layout_fields(stored: &str, configured: &str) -> String {
 
 /// Durable state a node needs to issue IDs safely.
 #[async_trait]
-pub trait StateStore: Send + Sync + 'static {
+pub trait HwmStore: Send + Sync + 'static {
     /// A short name for logs and metrics (`embedded`, `consul`).
     fn backend(&self) -> &'static str;
 

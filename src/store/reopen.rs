@@ -401,7 +401,7 @@ fn reopen_loop(weak: &Weak<ReopeningDatabase>) {
         attempts += 1;
         match this.try_reopen() {
             Ok(down) => {
-                metrics::counter!(m::STORE_REOPENS, "result" => "ok").increment(1);
+                metrics::counter!(m::STORE_REOPENS, "result" => m::label::RESULT_OK).increment(1);
                 tracing::info!(
                     path = %this.path.display(),
                     attempts,
@@ -417,7 +417,8 @@ fn reopen_loop(weak: &Weak<ReopeningDatabase>) {
                 return;
             }
             Err(e) => {
-                metrics::counter!(m::STORE_REOPENS, "result" => "failed").increment(1);
+                metrics::counter!(m::STORE_REOPENS, "result" => m::label::RESULT_FAILED)
+                    .increment(1);
                 let e = match e {
                     StoreError::Backend(msg) => msg,
                     e => e.to_string(),
@@ -449,7 +450,7 @@ impl StoreHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{EmbeddedStore, StateStore, WorkerKey};
+    use crate::store::{EmbeddedStore, HwmStore, WorkerKey};
 
     const KEY: WorkerKey = WorkerKey {
         datacenter: 1,

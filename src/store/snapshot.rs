@@ -29,7 +29,7 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Ta
 use super::counts::COUNTS;
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
 use super::lease::LEASE;
-use super::segments::SEGMENTS;
+use super::segment::SEGMENTS;
 use super::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
 use super::StoreError;
 use crate::id::segment::TagRecord;
@@ -454,24 +454,7 @@ fn open_snapshot(path: &Path) -> Result<redb::ReadOnlyDatabase, StoreError> {
 pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
     let db = open_snapshot(path)?;
     let txn = db.begin_read().map_err(|e| not_a_snapshot(path, e))?;
-    let info: BTreeMap<String, String> = {
-        let t = match txn.open_table(SNAPSHOT) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => {
-                return Err(not_a_snapshot(
-                    path,
-                    "it has no snapshot record; a copied state file is not a backup: it may be inconsistent and carries no age or rates",
-                ))
-            }
-            Err(e) => return Err(not_a_snapshot(path, e)),
-        };
-        let mut m = BTreeMap::new();
-        for item in t.iter().map_err(backend_err)? {
-            let (k, v) = item.map_err(backend_err)?;
-            m.insert(k.value().to_owned(), v.value().to_owned());
-        }
-        m
-    };
+    let info = snapshot_record(&txn, path)?;
     if info.get("kind").map(String::as_str) != Some(SNAPSHOT_KIND) {
         return Err(not_a_snapshot(path, "wrong kind"));
     }
@@ -503,18 +486,7 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
             .unwrap_or(0);
         (layout, floor)
     };
-    let rates = match txn.open_table(SNAPSHOT_RATES) {
-        Ok(t) => {
-            let mut m = BTreeMap::new();
-            for item in t.iter().map_err(backend_err)? {
-                let (k, v) = item.map_err(backend_err)?;
-                m.insert(k.value().to_owned(), v.value());
-            }
-            m
-        }
-        Err(redb::TableError::TableDoesNotExist(_)) => BTreeMap::new(),
-        Err(e) => return Err(backend_err(e)),
-    };
+    let rates = snapshot_rates(&txn)?;
     let counters = read_counters(&txn, usize::MAX)?;
     let mut largest_step = num("segment_max_step");
     if let Ok(t) = txn.open_table(SEGMENTS) {
@@ -536,6 +508,45 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
         floor,
         taken_after_loss: info.contains_key("taken_after_loss"),
     })
+}
+
+/// The snapshot's own record (kind, format, when it was taken, ...).
+fn snapshot_record(
+    txn: &redb::ReadTransaction,
+    path: &Path,
+) -> Result<BTreeMap<String, String>, StoreError> {
+    let t = match txn.open_table(SNAPSHOT) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => {
+            return Err(not_a_snapshot(
+                path,
+                "it has no snapshot record; a copied state file is not a backup: it may be inconsistent and carries no age or rates",
+            ))
+        }
+        Err(e) => return Err(not_a_snapshot(path, e)),
+    };
+    let mut m = BTreeMap::new();
+    for item in t.iter().map_err(backend_err)? {
+        let (k, v) = item.map_err(backend_err)?;
+        m.insert(k.value().to_owned(), v.value().to_owned());
+    }
+    Ok(m)
+}
+
+/// The per-counter issue rates a snapshot recorded (none in old ones).
+fn snapshot_rates(txn: &redb::ReadTransaction) -> Result<BTreeMap<String, f64>, StoreError> {
+    match txn.open_table(SNAPSHOT_RATES) {
+        Ok(t) => {
+            let mut m = BTreeMap::new();
+            for item in t.iter().map_err(backend_err)? {
+                let (k, v) = item.map_err(backend_err)?;
+                m.insert(k.value().to_owned(), v.value());
+            }
+            Ok(m)
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(BTreeMap::new()),
+        Err(e) => Err(backend_err(e)),
+    }
 }
 
 /// A margin suggested for restoring a snapshot now.
@@ -827,9 +838,9 @@ mod tests {
     use super::*;
     use crate::id::segment::Tag;
     use crate::store::lease::EmbeddedTokens;
-    use crate::store::lease::TokenSource;
+    use crate::store::lease::TokenStore;
     use crate::store::SegmentStore;
-    use crate::store::{StateStore, WorkerKey};
+    use crate::store::{HwmStore, WorkerKey};
 
     const KEY: WorkerKey = WorkerKey {
         datacenter: 0,

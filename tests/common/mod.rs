@@ -29,21 +29,18 @@ pub struct TestServer {
 /// (blocks of 100) and strict mode enabled.
 pub fn all_modes_config(dir: &Path) -> Config {
     let mut c = test_config(dir);
-    c.segment = Some(idgen::config::SegmentSection {
-        enabled: true,
+    c.segment = Some(idgen::config::SegmentModeSettings {
         auto_create: true,
         default_step: 100,
         max_step: 10_000,
         ..Default::default()
     });
-    c.lease = Some(idgen::config::LeaseSection {
-        enabled: true,
+    c.lease = Some(idgen::config::LeaseModeSettings {
         zone: 0,
         token: Some(0),
         block: 100,
     });
-    c.strict = Some(idgen::config::StrictSection {
-        enabled: true,
+    c.strict = Some(idgen::config::StrictModeSettings {
         default_step: 1,
         ..Default::default()
     });

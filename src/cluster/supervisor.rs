@@ -9,7 +9,7 @@
 //!    Before the claim it compares its layout with the cluster's record
 //!    (`store::cluster_layout`); claims, mark renewals, session renewals
 //!    and the supervisor run on the node's renewal thread
-//!    ([`super::renewal`]) with a Consul client of their own, so a busy
+//!    ([`crate::renewal`]) with a Consul client of their own, so a busy
 //!    request runtime cannot starve them.
 //! 2. [`Cluster::run`] (once the gRPC server is up) spawns the supervisor
 //!    and registers the service in the background. The supervisor renews
@@ -30,20 +30,21 @@ use arc_swap::ArcSwap;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use super::worker_lock::{DeadlineHook, WorkerChoice, WorkerLock};
 use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
-use crate::store::consul::{ConsulHwmStore, DeadlineHook, OwnerInfo, WorkerChoice, WorkerLease};
+use crate::store::consul::{ConsulHwmStore, OwnerInfo};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
+use super::membership::{IssuePath, SessionBound};
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
-use super::renewal::RenewalThread;
-use super::Issuer;
+use crate::renewal::RenewalThread;
 
 /// First pause between claim attempts after fencing; doubles up to
 /// `consul.reclaim_backoff_max`.
@@ -78,13 +79,13 @@ pub struct ClusterSpec {
 }
 
 /// A worker id held, with its generator running.
-struct Held {
-    lease: Arc<WorkerLease>,
+struct Claim {
+    lease: Arc<WorkerLock>,
     keeper: KeeperHandle,
     owner: OwnerInfo,
 }
 
-impl Held {
+impl Claim {
     /// Lease tokens held under this worker id's session.
     fn tokens(
         &self,
@@ -111,7 +112,7 @@ pub struct Cluster {
     coord: ConsulClient,
     renewal: tokio::runtime::Handle,
     clock: Arc<dyn Clock>,
-    held: Held,
+    held: Claim,
     registration: Registration,
 }
 
@@ -173,9 +174,21 @@ impl Cluster {
         self.held.tokens(&self.spec, &self.client, zone)
     }
 
+    /// The worker lock's session and what its value says about this node.
+    pub fn session(&self) -> (&str, &OwnerInfo) {
+        (self.held.lease.session(), &self.held.owner)
+    }
+
     /// Registers the service and starts supervising the lease. Call once
     /// the gRPC server answers health checks.
-    pub async fn run(self, issuer: Arc<Issuer>) -> RunningCluster {
+    /// `node` is the issue path the supervisor fences and re-arms;
+    /// `bound` is what lives under the session (lease mode's token), moved
+    /// to the new session after every re-claim and released at shutdown.
+    pub async fn run(
+        self,
+        node: Arc<dyn IssuePath>,
+        bound: Option<Arc<dyn SessionBound>>,
+    ) -> RunningCluster {
         let Cluster {
             spec,
             client,
@@ -186,7 +199,7 @@ impl Cluster {
             registration,
         } = self;
         // From here every renew moves the issue path's deadline on.
-        held.lease.on_renew(deadline_hook(&issuer));
+        held.lease.on_renew(deadline_hook(&node));
         let registration = Arc::new(ArcSwap::from_pointee(registration));
         let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
@@ -196,7 +209,7 @@ impl Cluster {
             (coord, client.clone()),
             clock,
             held,
-            Arc::clone(&issuer),
+            (Arc::clone(&node), bound.clone()),
             (Arc::clone(&registration), Arc::clone(&changed)),
             stopped.clone(),
         ));
@@ -229,7 +242,7 @@ impl Cluster {
             supervisor,
             registrar,
             registration,
-            issuer,
+            bound,
         }
     }
 }
@@ -237,10 +250,10 @@ impl Cluster {
 /// The supervised cluster membership of a serving node.
 pub struct RunningCluster {
     stop: watch::Sender<bool>,
-    supervisor: JoinHandle<Option<Held>>,
+    supervisor: JoinHandle<Option<Claim>>,
     registrar: JoinHandle<()>,
     registration: Arc<ArcSwap<Registration>>,
-    issuer: Arc<Issuer>,
+    bound: Option<Arc<dyn SessionBound>>,
 }
 
 impl RunningCluster {
@@ -252,14 +265,12 @@ impl RunningCluster {
         let held = self.supervisor.await.ok().flatten();
         let _ = self.registrar.await;
         let mut result = Ok(None);
-        if let Some(Held { lease, keeper, .. }) = held {
+        if let Some(Claim { lease, keeper, .. }) = held {
             result = keeper.finish().await.map(Some);
-            if let Some(leases) = self.issuer.leases() {
+            if let Some(bound) = &self.bound {
                 // Before the session goes: the token keeps its counter and
                 // this instance gets it back on restart.
-                if let Err(e) = leases.release().await {
-                    tracing::warn!(error = %e, "cannot release the lease token; it frees itself when the session ends");
-                }
+                bound.release().await;
             }
             match lease.release().await {
                 Ok(()) => {
@@ -292,7 +303,7 @@ async fn claim(
     spec: &ClusterSpec,
     client: &ConsulClient,
     clock: &Arc<dyn Clock>,
-) -> Result<Held, Error> {
+) -> Result<Claim, Error> {
     let owner = OwnerInfo {
         instance: spec.instance.clone(),
         address: spec.advertise.to_string(),
@@ -312,7 +323,7 @@ async fn claim(
     // clock (a node with a fast clock ran there): another free id works.
     let mut poisoned = Vec::new();
     loop {
-        let lease = WorkerLease::claim_skipping(
+        let lease = WorkerLock::claim_skipping(
             client.clone(),
             spec.config.keys.clone(),
             spec.datacenter,
@@ -329,14 +340,14 @@ async fn claim(
             "worker id claimed in Consul"
         );
         let store = Arc::new(
-            ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), &lease)
+            ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lease.session())
                 .with_layout(guard.clone()),
         );
         let started =
             HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await;
         let e = match started {
             Ok((_, keeper)) => {
-                return Ok(Held {
+                return Ok(Claim {
                     lease: Arc::new(lease),
                     keeper,
                     owner,
@@ -374,6 +385,8 @@ fn record_claim(key: WorkerKey, again: bool) {
     metrics::gauge!(m::WORKER_ID, "datacenter" => key.datacenter.to_string())
         .set(key.worker as f64);
     metrics::gauge!(m::FENCED).set(0.0);
+    // The claim just created or renewed the session.
+    metrics::gauge!(m::SESSION_RENEW_AGE).set(0.0);
     if again {
         tracing::info!(worker = %key, "worker id claimed again: issuing resumes");
     }
@@ -407,11 +420,11 @@ async fn supervise(
     spec: Arc<ClusterSpec>,
     (coord, client): (ConsulClient, ConsulClient),
     clock: Arc<dyn Clock>,
-    mut held: Held,
-    issuer: Arc<Issuer>,
+    mut held: Claim,
+    (node, bound): (Arc<dyn IssuePath>, Option<Arc<dyn SessionBound>>),
     (registration, registration_changed): (Arc<ArcSwap<Registration>>, Arc<Notify>),
     mut stopped: watch::Receiver<bool>,
-) -> Option<Held> {
+) -> Option<Claim> {
     loop {
         let lease = Arc::clone(&held.lease);
         let kept = tokio::select! {
@@ -424,7 +437,7 @@ async fn supervise(
             return Some(held);
         }
         // Fence first, then everything else.
-        issuer.fence();
+        node.fence();
         let last_ms = held.keeper.abort();
         metrics::gauge!(m::FENCED).set(1.0);
         metrics::counter!(m::FENCINGS).increment(1);
@@ -440,72 +453,15 @@ async fn supervise(
         // Safe: nothing more is issued or written with it.
         // Claiming waits for the hand-back, so the node comes back on its
         // own id; but never longer than the old session can live anyway.
-        let lease_ends =
-            lease.last_renewed() + 2 * spec.config.lease.ttl + spec.config.lease.lock_delay;
-        let mut lost = Some(lease);
-        let mut pause = RECLAIM_BACKOFF_MIN;
-        held = loop {
-            if *stopped.borrow() {
-                if let Some(old) = &lost {
-                    // Shutting down while fenced: one last bounded try, so
-                    // a restart does not wait out the old session.
-                    let limit = spec.config.lease.ttl / 3;
-                    let _ = tokio::time::timeout(limit, old.hand_back()).await;
-                }
-                return None;
-            }
-            if let Some(old) = &lost {
-                metrics::gauge!(m::SESSION_RENEW_AGE)
-                    .set(old.last_renewed().elapsed().as_secs_f64());
-                let limit = spec.config.lease.ttl / 3;
-                match tokio::time::timeout(limit, old.hand_back()).await {
-                    Ok(Ok(())) => {
-                        tracing::info!(worker = %old.key(), "lost worker id handed back to Consul");
-                        lost = None;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "cannot hand the lost worker id back yet")
-                    }
-                    Err(_) => tracing::debug!("cannot hand the lost worker id back yet: timed out"),
-                }
-            }
-            if lost.is_none() || Instant::now() >= lease_ends {
-                match claim(&spec, &coord, &clock).await {
-                    Ok(new) if Instant::now() < new.lease.deadline() => break new,
-                    Ok(late) => {
-                        // Too slow to be safe: the lease ran out while starting.
-                        late.keeper.abort();
-                        let _ = late.lease.release().await;
-                        tracing::warn!("claimed a worker id too slowly to use it; trying again");
-                    }
-                    Err(Error::ClusterLayout(e @ ClusterLayoutError::Mismatch { .. })) => {
-                        tracing::error!(
-                            error = %e,
-                            "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
-                        )
-                    }
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        retry_in_ms = pause.as_millis() as u64,
-                        "cannot claim a worker id yet"
-                    ),
-                }
-            }
-            tokio::select! {
-                _ = stopped.changed() => {}
-                _ = tokio::time::sleep(pause) => {}
-            }
-            pause = (pause * 2).min(spec.config.reclaim_backoff_max);
-        };
+        held = reclaim(&spec, &coord, &clock, lease, &mut stopped).await?;
         // Checked against the deadline just above, with no await since.
-        held.lease.on_renew(deadline_hook(&issuer));
-        if let (Some(zone), Some(leases)) = (spec.lease_zone, issuer.leases()) {
-            match held.tokens(&spec, &client, zone) {
-                Ok(tokens) => leases.install(Arc::new(tokens)),
-                Err(e) => tracing::error!(error = %e, "cannot set up lease tokens"),
+        held.lease.on_renew(deadline_hook(&node));
+        if let Some(bound) = &bound {
+            if let Err(e) = bound.moved(held.lease.session(), &held.owner) {
+                tracing::error!(error = %e, "cannot move what the session holds (lease tokens) to the new session");
             }
         }
-        issuer.install(Arc::clone(held.keeper.generator()));
+        node.install(Arc::clone(held.keeper.generator()));
         let key = held.lease.key();
         record_claim(key, true);
         if registration.load().worker() != key {
@@ -521,10 +477,78 @@ async fn supervise(
     }
 }
 
+/// After a loss: hands the lost id back as soon as Consul answers, then
+/// claims again with backoff (every claim waits for the hand-back, but
+/// never longer than the old session can live). `None`: stopped first.
+async fn reclaim(
+    spec: &ClusterSpec,
+    coord: &ConsulClient,
+    clock: &Arc<dyn Clock>,
+    lease: Arc<WorkerLock>,
+    stopped: &mut watch::Receiver<bool>,
+) -> Option<Claim> {
+    let lease_ends =
+        lease.last_renewed() + 2 * spec.config.lease.ttl + spec.config.lease.lock_delay;
+    let mut lost = Some(lease);
+    let mut pause = RECLAIM_BACKOFF_MIN;
+    loop {
+        if *stopped.borrow() {
+            if let Some(old) = &lost {
+                // Shutting down while fenced: one last bounded try, so
+                // a restart does not wait out the old session.
+                let limit = spec.config.lease.ttl / 3;
+                let _ = tokio::time::timeout(limit, old.hand_back()).await;
+            }
+            return None;
+        }
+        if let Some(old) = &lost {
+            metrics::gauge!(m::SESSION_RENEW_AGE).set(old.last_renewed().elapsed().as_secs_f64());
+            let limit = spec.config.lease.ttl / 3;
+            match tokio::time::timeout(limit, old.hand_back()).await {
+                Ok(Ok(())) => {
+                    tracing::info!(worker = %old.key(), "lost worker id handed back to Consul");
+                    lost = None;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "cannot hand the lost worker id back yet")
+                }
+                Err(_) => tracing::debug!("cannot hand the lost worker id back yet: timed out"),
+            }
+        }
+        if lost.is_none() || Instant::now() >= lease_ends {
+            match claim(spec, coord, clock).await {
+                Ok(new) if Instant::now() < new.lease.deadline() => return Some(new),
+                Ok(late) => {
+                    // Too slow to be safe: the lease ran out while starting.
+                    late.keeper.abort();
+                    let _ = late.lease.release().await;
+                    tracing::warn!("claimed a worker id too slowly to use it; trying again");
+                }
+                Err(Error::ClusterLayout(e @ ClusterLayoutError::Mismatch { .. })) => {
+                    tracing::error!(
+                        error = %e,
+                        "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
+                    )
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "cannot claim a worker id yet"
+                ),
+            }
+        }
+        tokio::select! {
+            _ = stopped.changed() => {}
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(spec.config.reclaim_backoff_max);
+    }
+}
+
 /// Copies each new lease deadline to the issue path's cheap check.
-fn deadline_hook(issuer: &Arc<Issuer>) -> DeadlineHook {
-    let issuer = Arc::clone(issuer);
-    Arc::new(move |at| issuer.set_lease_deadline(at))
+fn deadline_hook(node: &Arc<dyn IssuePath>) -> DeadlineHook {
+    let node = Arc::clone(node);
+    Arc::new(move |at| node.set_deadline(at))
 }
 
 async fn wait_stop(mut stopped: watch::Receiver<bool>) {
@@ -533,7 +557,7 @@ async fn wait_stop(mut stopped: watch::Receiver<bool>) {
 
 /// Publishes the age of the last successful renew once a second; never
 /// returns.
-async fn report_renew_age(lease: &WorkerLease) -> std::convert::Infallible {
+async fn report_renew_age(lease: &WorkerLock) -> std::convert::Infallible {
     let mut t = tokio::time::interval(Duration::from_secs(1));
     loop {
         t.tick().await;

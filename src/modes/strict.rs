@@ -53,7 +53,7 @@ impl Strict {
             store,
             default_step,
             steps: RwLock::new(HashMap::new()),
-            issued: metrics::counter!(m::IDS_ISSUED, "mode" => "strict"),
+            issued: metrics::counter!(m::IDS_ISSUED, "mode" => crate::id::Mode::Strict.as_str()),
         }
     }
 

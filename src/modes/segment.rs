@@ -24,33 +24,13 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::refill::{self, Refill};
 use crate::error::Error;
-use crate::id::segment::{Range, Tag, TagRecord};
+use crate::id::buffer::{DoubleBuffer, Prefetch};
+use crate::id::segment::{next_step, Range, Tag, TagRecord};
 use crate::id::Clock;
 use crate::metrics as m;
 use crate::store::{SegmentStore, StoreError};
-
-/// A range used up faster than this doubles the next step.
-pub const FAST_RANGE: Duration = Duration::from_secs(15 * 60);
-/// A range that lasted longer than this halves the next step.
-pub const SLOW_RANGE: Duration = Duration::from_secs(30 * 60);
-/// Prefetch once the current range is this used (per mille).
-const PREFETCH_AT_PER_MILLE: u64 = 100;
-/// After a failed fetch, the next background attempt waits this long.
-const FETCH_RETRY: Duration = Duration::from_millis(500);
-
-/// The next step after a range that lasted `lasted`.
-pub fn next_step(step: u64, floor: u64, cap: u64, lasted: Duration) -> u64 {
-    let floor = floor.max(1);
-    let cap = cap.max(floor);
-    if lasted < FAST_RANGE {
-        step.saturating_mul(2).min(cap)
-    } else if lasted > SLOW_RANGE {
-        (step / 2).max(floor)
-    } else {
-        step.clamp(floor, cap)
-    }
-}
 
 /// Segment mode settings.
 #[derive(Debug, Clone, Copy)]
@@ -70,62 +50,17 @@ pub struct SegmentSettings {
     pub idle_release: Duration,
 }
 
-struct Cursor {
-    next: u64,
-    last: u64,
-    /// When it started serving (Unix ms), for the dynamic step.
-    since_ms: u64,
-    len: u64,
-}
-
-impl Cursor {
-    fn new(r: Range, now_ms: u64) -> Self {
-        Self {
-            next: r.first,
-            last: r.last,
-            since_ms: now_ms,
-            len: r.len(),
-        }
-    }
-
-    fn left(&self) -> u64 {
-        (self.last + 1).saturating_sub(self.next)
-    }
-
-    /// Used far enough (10%, or up) that the next range should be fetched.
-    fn prefetch_due(&self) -> bool {
-        (self.len - self.left()) * 1000 >= self.len * PREFETCH_AT_PER_MILLE || self.left() == 0
-    }
-}
-
-impl State {
-    /// Marks a fetch started and returns true if one is due: the current
-    /// range is used enough (or there is none), no next range is held,
-    /// none is in flight, and no failure pause is running.
-    fn claim_fetch(&mut self) -> bool {
-        let due = self.current.as_ref().is_none_or(Cursor::prefetch_due)
-            && self.next.is_none()
-            && !self.fetching
-            && self
-                .retry_after
-                .is_none_or(|t| std::time::Instant::now() >= t);
-        if due {
-            self.fetching = true;
-        }
-        due
-    }
-}
+/// Prefetch once the current range is 10% used (Leaf's rule).
+const PREFETCH: Prefetch = Prefetch {
+    at_per_mille: 100,
+    retry: FETCH_RETRY,
+};
+/// After a failed fetch, the next background attempt waits this long.
+const FETCH_RETRY: Duration = Duration::from_millis(500);
 
 struct State {
-    current: Option<Cursor>,
-    next: Option<Range>,
-    fetching: bool,
-    /// No fetch before this, after a failure (monotonic: a wall-clock
-    /// step must not stretch the pause).
-    retry_after: Option<std::time::Instant>,
+    buffer: DoubleBuffer<Range>,
     step: u64,
-    /// How long the last range that ran out lasted.
-    last_lasted: Option<Duration>,
 }
 
 /// One tag's double buffer.
@@ -142,25 +77,24 @@ pub struct TagBuffer {
     /// Set when the tag was found deleted: calls waiting on this buffer
     /// answer NOT_FOUND instead of waiting for a range that cannot come.
     deleted: AtomicBool,
+    /// The store metrics of range fetches (shared by every tag).
+    store_op: m::StoreOp,
 }
 
 impl TagBuffer {
-    fn new(tag: Tag, record: &TagRecord) -> Self {
+    fn new(tag: Tag, record: &TagRecord, store_op: &m::StoreOp) -> Self {
         Self {
             tag,
             floor_step: record.step,
             state: Mutex::new(State {
-                current: None,
-                next: None,
-                fetching: false,
-                retry_after: None,
+                buffer: DoubleBuffer::new(PREFETCH),
                 step: record.step,
-                last_lasted: None,
             }),
             filled: Notify::new(),
             used: AtomicBool::new(true),
             seen_ms: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
+            store_op: store_op.clone(),
         }
     }
 
@@ -179,26 +113,9 @@ impl TagBuffer {
     /// background fetch should start (and marks it started).
     fn take_local(&self, want: usize, out: &mut Vec<u64>, clock: &dyn Clock) -> bool {
         let mut st = self.state();
-        while out.len() < want {
-            let cur = match &mut st.current {
-                Some(c) if c.left() > 0 => c,
-                _ => {
-                    let Some(next) = st.next.take() else { break };
-                    // The clock is read only here, at a range switch.
-                    let now_ms = clock.now_millis();
-                    if let Some(old) = &st.current {
-                        st.last_lasted =
-                            Some(Duration::from_millis(now_ms.saturating_sub(old.since_ms)));
-                    }
-                    st.current = Some(Cursor::new(next, now_ms));
-                    continue;
-                }
-            };
-            let n = cur.left().min((want - out.len()) as u64);
-            out.extend(cur.next..cur.next + n);
-            cur.next += n;
-        }
-        st.claim_fetch()
+        // The clock is read only at a range switch.
+        st.buffer.take(want, out, &mut || clock.now_millis());
+        st.buffer.claim_fetch(std::time::Instant::now)
     }
 
     /// One ID from the current range when it has one (no switch, no
@@ -206,14 +123,11 @@ impl TagBuffer {
     /// the long way. Also says whether to start a background fetch.
     fn take_one_local(&self) -> (Option<u64>, bool) {
         let mut st = self.state();
-        let id = match &mut st.current {
-            Some(c) if c.left() > 0 => {
-                c.next += 1;
-                c.next - 1
-            }
-            _ => return (None, false),
-        };
-        (Some(id), st.claim_fetch())
+        let id = st.buffer.take_one();
+        if id.is_none() {
+            return (None, false);
+        }
+        (id, st.buffer.claim_fetch(std::time::Instant::now))
     }
 
     /// Fetches the next range into the buffer (the caller marked it
@@ -227,26 +141,24 @@ impl TagBuffer {
         let now_ms = clock.now_millis();
         let step = {
             let mut st = self.state();
-            if let Some(lasted) = st.last_lasted.take() {
+            if let Some(lasted) = st.buffer.take_lasted() {
                 st.step = next_step(st.step, self.floor_step, settings.max_step, lasted);
             }
             st.step
         };
         let started = std::time::Instant::now();
         let result = store.take_range(&self.tag, step, now_ms).await;
-        metrics::histogram!(m::STORE_WRITE_DURATION, "backend" => "segment", "op" => "take_range")
-            .record(started.elapsed().as_secs_f64());
+        self.store_op.took(started);
         let outcome = {
             let mut st = self.state();
-            st.fetching = false;
             match result {
                 Ok(range) => {
-                    st.next = Some(range);
+                    st.buffer.fetched(range);
                     Ok(())
                 }
                 Err(e) => {
-                    st.retry_after = Some(std::time::Instant::now() + FETCH_RETRY);
-                    metrics::counter!(m::STORE_ERRORS, "backend" => "segment", "op" => "take_range").increment(1);
+                    st.buffer.fetch_failed(std::time::Instant::now());
+                    self.store_op.failed();
                     Err(Error::from(e))
                 }
             }
@@ -263,6 +175,7 @@ pub struct Segments {
     settings: SegmentSettings,
     tags: RwLock<HashMap<Tag, Arc<TagBuffer>>>,
     issued: metrics::Counter,
+    store_op: m::StoreOp,
 }
 
 impl Segments {
@@ -277,7 +190,8 @@ impl Segments {
             clock,
             settings,
             tags: RwLock::new(HashMap::new()),
-            issued: metrics::counter!(m::IDS_ISSUED, "mode" => "segment"),
+            issued: metrics::counter!(m::IDS_ISSUED, "mode" => crate::id::Mode::Segment.as_str()),
+            store_op: m::StoreOp::new(m::label::BACKEND_SEGMENT, m::label::OP_TAKE_RANGE),
         }
     }
 
@@ -324,7 +238,7 @@ impl Segments {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let buffer = Arc::clone(
             tags.entry(tag.clone())
-                .or_insert_with(|| Arc::new(TagBuffer::new(tag.clone(), &record))),
+                .or_insert_with(|| Arc::new(TagBuffer::new(tag.clone(), &record, &self.store_op))),
         );
         buffer
             .seen_ms
@@ -398,7 +312,8 @@ impl Segments {
                 metrics::gauge!(m::SEGMENT_TAG_BUFFERS).set(tags.len() as f64);
                 drop(tags);
                 self.store.release(&tag);
-                metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => "idle").increment(1);
+                metrics::counter!(m::SEGMENT_BUFFERS_RELEASED, "reason" => m::label::REASON_IDLE)
+                    .increment(1);
             }
         }
         released
@@ -442,66 +357,16 @@ impl Segments {
     /// before a failure are dropped, never reused.
     pub async fn take(self: &Arc<Self>, tag: &Tag, count: usize) -> Result<Vec<u64>, Error> {
         let buffer = self.buffer(tag).await?;
-        let mut out = Vec::with_capacity(count);
-        // Set once the call has to wait. The first pass is the common case:
-        // served from memory, no clock read, no waiter registered.
-        let mut deadline = None;
-        loop {
-            // Once waiting, registered before looking, so a fill in
-            // between is not missed.
-            let filled = buffer.filled.notified();
-            tokio::pin!(filled);
-            if deadline.is_some() {
-                filled.as_mut().enable();
-            }
-            let start_fetch = buffer.take_local(count, &mut out, self.clock.as_ref());
-            if out.len() == count {
-                if start_fetch {
-                    self.fetch_in_background(&buffer);
-                }
-                self.issued.increment(count as u64);
-                return Ok(out);
-            }
-            if start_fetch {
-                // Both ranges are empty and this call is the fetcher.
-                let fetched = buffer
-                    .fetch(self.store.as_ref(), &self.settings, self.clock.as_ref())
-                    .await;
-                if let Err(e) = fetched {
-                    if matches!(e, Error::Store(StoreError::TagNotFound(_))) {
-                        // Deleted (maybe on another node): free its memory.
-                        self.release(tag, "deleted");
-                    }
-                    return Err(match e {
-                        Error::Store(StoreError::Segment(_) | StoreError::TagNotFound(_)) => e,
-                        other => Error::SegmentUnavailable {
-                            tag: tag.to_string(),
-                            reason: other.to_string(),
-                        },
-                    });
-                }
-                continue;
-            }
-            if buffer.deleted.load(Ordering::Relaxed) {
-                return Err(StoreError::TagNotFound(tag.to_string()).into());
-            }
-            // Another call is fetching, or a failed fetch is pausing.
-            let now = tokio::time::Instant::now();
-            let Some(deadline) = deadline else {
-                deadline = Some(now + self.settings.max_wait);
-                continue;
-            };
-            if now >= deadline {
-                return Err(Error::SegmentUnavailable {
-                    tag: tag.to_string(),
-                    reason: format!(
-                        "no range arrived within server.max_wait ({} ms)",
-                        self.settings.max_wait.as_millis()
-                    ),
-                });
-            }
-            let _ = tokio::time::timeout_at(deadline.min(now + FETCH_RETRY), filled).await;
-        }
+        let refill = TagRefill {
+            segments: self,
+            buffer: &buffer,
+        };
+        let ids = refill::take(&refill, count, self.settings.max_wait, FETCH_RETRY, || {
+            self.fetch_in_background(&buffer)
+        })
+        .await?;
+        self.issued.increment(count as u64);
+        Ok(ids)
     }
 
     /// One ID of `tag`: [`Segments::take`] without the Vec on the path
@@ -539,6 +404,63 @@ impl Segments {
                 Ok(()) => {}
             }
         });
+    }
+}
+
+/// One tag's buffer as [`refill::take`] drives it.
+struct TagRefill<'a> {
+    segments: &'a Arc<Segments>,
+    buffer: &'a Arc<TagBuffer>,
+}
+
+impl Refill for TagRefill<'_> {
+    fn take_local(&self, want: usize, out: &mut Vec<u64>) -> Result<bool, Error> {
+        Ok(self
+            .buffer
+            .take_local(want, out, self.segments.clock.as_ref()))
+    }
+
+    async fn fetch(&self) -> Result<(), Error> {
+        let s = self.segments;
+        self.buffer
+            .fetch(s.store.as_ref(), &s.settings, s.clock.as_ref())
+            .await
+    }
+
+    fn filled(&self) -> &Notify {
+        &self.buffer.filled
+    }
+
+    fn fetch_failed(&self, e: Error) -> Error {
+        let tag = &self.buffer.tag;
+        if matches!(e, Error::Store(StoreError::TagNotFound(_))) {
+            // Deleted (maybe on another node): free its memory.
+            self.segments.release(tag, "deleted");
+        }
+        match e {
+            Error::Store(StoreError::Segment(_) | StoreError::TagNotFound(_)) => e,
+            other => Error::SegmentUnavailable {
+                tag: tag.to_string(),
+                reason: other.to_string(),
+            },
+        }
+    }
+
+    fn check_waiting(&self) -> Result<(), Error> {
+        if self.buffer.deleted.load(Ordering::Relaxed) {
+            return Err(StoreError::TagNotFound(self.buffer.tag.to_string()).into());
+        }
+        Ok(())
+    }
+
+    fn timed_out(&self, max_wait: Duration) -> Error {
+        Error::SegmentUnavailable {
+            tag: self.buffer.tag.to_string(),
+            reason: format!(
+                "no range arrived within server.max_wait ({} ms)",
+                max_wait.as_millis()
+            ),
+        }
     }
 }
 
@@ -676,7 +598,7 @@ mod tests {
         got.extend(seg.take(&tag, 180).await.unwrap());
         assert_eq!(got.len(), 200);
         let err = seg.take(&tag, 1).await.unwrap_err();
-        assert_eq!(crate::server::status::code(&err), tonic::Code::Unavailable);
+        assert_eq!(err.kind(), crate::error::ErrorKind::Unavailable);
         assert!(err.to_string().contains("\"orders\""), "{err}");
         // Back: serving resumes above everything handed out.
         store.fail.store(false, Ordering::SeqCst);
@@ -699,12 +621,6 @@ mod tests {
         seg.take(&tag, 20).await.unwrap(); // switch to range 3 (200), 10% used
         until(|| store.steps.lock().unwrap().len() == 4).await;
         assert_eq!(store.steps.lock().unwrap()[3], 100);
-        assert_eq!(next_step(100, 100, 150, Duration::ZERO), 150, "capped");
-        assert_eq!(next_step(100, 100, 1000, SLOW_RANGE * 2), 100, "floored");
-        assert_eq!(
-            next_step(400, 100, 1000, FAST_RANGE + Duration::from_secs(1)),
-            400
-        );
     }
 
     #[tokio::test]
@@ -712,7 +628,7 @@ mod tests {
         let (store, clock, seg, _tag) = setup(100);
         let other = Tag::parse("other").unwrap();
         let err = seg.take(&other, 1).await.unwrap_err();
-        assert_eq!(crate::server::status::code(&err), tonic::Code::NotFound);
+        assert_eq!(err.kind(), crate::error::ErrorKind::NotFound);
         let auto = Arc::new(Segments::new(
             store.clone(),
             clock,
@@ -781,7 +697,7 @@ mod tests {
         assert!(rest[0] > got[9]);
         // then the next fetch answers TagNotFound and the buffers go.
         let err = seg.take(&tag, 1).await.unwrap_err();
-        assert_eq!(crate::server::status::code(&err), tonic::Code::NotFound);
+        assert_eq!(err.kind(), crate::error::ErrorKind::NotFound);
         assert_eq!(seg.buffered_tags(), 0);
         // Released here directly (an admin delete on this node).
         store
@@ -805,10 +721,7 @@ mod tests {
             setting: "segment.max_tags",
         }
         .into();
-        assert_eq!(
-            crate::server::status::code(&err),
-            tonic::Code::ResourceExhausted
-        );
+        assert_eq!(err.kind(), crate::error::ErrorKind::Exhausted);
         assert!(err.to_string().contains("raise segment.max_tags"), "{err}");
     }
 }

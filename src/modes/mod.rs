@@ -1,84 +1,44 @@
-//! The async layer between requests and the generator: checks a request,
-//! waits (outside every lock) when a time unit's sequence is used up, and
-//! counts what it hands out. Shared by the gRPC and HTTP front ends.
+//! The mode engines and the [`Issuer`] that dispatches a request to one
+//! (like mini-redis's `cmd`): it checks the request (mode enabled, tag or
+//! key present, count in range), refuses every mode once the state file is
+//! lost, and passes the call to [`snowflake`], [`segment`], [`lease`] or
+//! [`strict`]. Shared by the gRPC and HTTP front ends. The double buffer
+//! segment and lease mode serve from is [`crate::id::buffer`]; how they
+//! wait for a refill is [`refill`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-
 use crate::error::Error;
-use crate::id::{
-    check_count, Clock, Deadline, DecodeError, GenError, Layout, Mode, RequestError, Snowflake,
-};
-use crate::metrics as m;
+pub use crate::id::decode::{decode_lease, decode_snowflake, Decoded};
+use crate::id::{check_count, Clock, Layout, Mode, RequestError, Snowflake};
 use crate::store::reopen::StoreHealth;
 use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
-use super::lease::Leases;
-use super::segments::Segments;
-use super::strict::Strict;
-use super::ticker::UnitTicker;
+pub mod lease;
+pub mod refill;
+pub mod segment;
+pub mod snowflake;
+pub mod strict;
+pub mod ticker;
+
+use self::lease::Leases;
+use self::segment::Segments;
+use self::snowflake::Snowflakes;
+use self::strict::Strict;
 use crate::id::segment::Tag;
 
-/// An ID split into its parts, for `DecodeId` and `/v1/decode`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Decoded {
-    /// The ID, as a decimal string in JSON.
-    #[serde(serialize_with = "as_decimal")]
-    pub id: u64,
-    /// The mode it was decoded as.
-    pub mode: &'static str,
-    /// RFC 3339 time with milliseconds, UTC.
-    pub time: String,
-    /// Unix milliseconds.
-    pub unix_millis: u64,
-    /// Datacenter field.
-    pub datacenter: u64,
-    /// Worker field.
-    pub worker: u64,
-    /// Sequence field.
-    pub sequence: u64,
-    /// Zone field (lease IDs only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub zone: Option<u64>,
-    /// Token field (lease IDs only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token: Option<u64>,
-}
-
-fn as_decimal<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(v)
-}
-
-/// Issues IDs for requests.
-///
-/// In cluster mode the generator is replaced when the node loses its
-/// worker id and claims one again: [`Issuer::fence`] closes the current
-/// one (calls fail with UNAVAILABLE from then on) and [`Issuer::install`]
-/// puts the next one in place.
+/// Issues IDs for requests: checks them and dispatches to the mode engines.
 pub struct Issuer {
-    generator: ArcSwap<Snowflake>,
+    snowflakes: Snowflakes,
     segments: Option<Arc<Segments>>,
     leases: Option<Arc<Leases>>,
     strict: Option<Arc<Strict>>,
     state_file: Option<Arc<StateFileGuard>>,
     store_health: Option<Arc<StoreHealth>>,
     layout: Layout,
-    fenced: AtomicBool,
-    /// The worker lease's deadline on the ticker's coarse clock (cluster
-    /// mode; unbounded on the embedded store). Checked on every snowflake
-    /// and lease issue, so a node stops at its deadline even if the
-    /// supervisor that would fence it runs late.
-    lease_deadline: Deadline,
-    clock: Arc<dyn Clock>,
-    ticker: UnitTicker,
     max_batch: u32,
-    max_wait: Duration,
-    issued: metrics::Counter,
-    waits: metrics::Counter,
 }
 
 impl Issuer {
@@ -90,21 +50,14 @@ impl Issuer {
         max_wait: Duration,
     ) -> std::io::Result<Self> {
         Ok(Self {
-            ticker: UnitTicker::new(Arc::clone(&clock))?,
             layout: *generator.layout(),
-            generator: ArcSwap::new(generator),
+            snowflakes: Snowflakes::new(generator, clock, max_wait)?,
             segments: None,
             leases: None,
             strict: None,
             state_file: None,
             store_health: None,
-            fenced: AtomicBool::new(false),
-            lease_deadline: Deadline::unbounded(),
-            clock,
             max_batch,
-            max_wait,
-            issued: metrics::counter!(m::IDS_ISSUED, "mode" => Mode::Snowflake.as_str()),
-            waits: metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS),
         })
     }
 
@@ -157,7 +110,7 @@ impl Issuer {
     /// snowflake generator is closed and lease blocks dropped; calls fail
     /// with the guard's error from then on.
     pub fn halt_state_file_lost(&self) {
-        self.generator.load().close();
+        self.snowflakes.close(false);
         if let Some(leases) = &self.leases {
             leases.fence();
         }
@@ -226,56 +179,35 @@ impl Issuer {
 
     /// The generator in use now.
     pub fn generator(&self) -> Arc<Snowflake> {
-        self.generator.load_full()
+        self.snowflakes.generator()
     }
 
-    /// Fencing: stops issuing at once (the current generator is closed) and
-    /// marks the node fenced, so calls say why they fail.
+    /// Fencing: stops issuing at once (the current generator is closed,
+    /// lease blocks dropped) and marks the node fenced, so calls say why
+    /// they fail.
     pub fn fence(&self) {
-        self.fenced.store(true, Ordering::SeqCst);
-        self.generator.load().close();
+        self.snowflakes.close(true);
         if let Some(leases) = &self.leases {
             leases.fence();
         }
     }
 
-    /// Sets the worker lease's deadline: past `at`, snowflake and lease
+    /// Sets the worker lock's deadline: past `at`, snowflake and lease
     /// calls are refused as fenced until a later deadline is set. Called
     /// after every successful renew and on every claim.
     pub fn set_lease_deadline(&self, at: Instant) {
-        self.lease_deadline
-            .set(self.ticker.coarse().deadline_at(at));
-    }
-
-    /// Refuses once the lease deadline has passed: one atomic load and a
-    /// compare against the ticker's coarse clock.
-    #[inline]
-    fn check_lease_deadline(&self) -> Result<(), Error> {
-        if self.lease_deadline.passed(self.ticker.coarse().now_ms()) {
-            return Err(Error::Fenced);
-        }
-        Ok(())
+        self.snowflakes.set_deadline(at);
     }
 
     /// Whether the node is fenced (lost its worker id, not yet re-claimed).
     pub fn is_fenced(&self) -> bool {
-        self.fenced.load(Ordering::SeqCst)
+        self.snowflakes.is_fenced()
     }
 
     /// Puts a new generator (above every earlier ID) in place of a closed
     /// one and lifts the fence.
     pub fn install(&self, generator: Arc<Snowflake>) {
-        self.generator.store(generator);
-        self.fenced.store(false, Ordering::SeqCst);
-    }
-
-    /// Maps a generator refusal, naming fencing when that is the cause.
-    fn refusal(&self, e: GenError) -> Error {
-        if e == GenError::Closed && self.is_fenced() {
-            Error::Fenced
-        } else {
-            e.into()
-        }
+        self.snowflakes.install(generator);
     }
 
     /// The largest batch a call may ask for.
@@ -302,26 +234,14 @@ impl Issuer {
             }
             Mode::Lease => {
                 let leases = self.lease_mode(tag)?;
-                self.check_lease_deadline()?;
+                self.snowflakes.check_deadline()?;
                 return leases.take_one().await;
             }
             Mode::Strict => return Ok(self.strict_mode(tag)?.take(tag, 1).await?.first),
             Mode::Snowflake => {}
         }
         Self::check_mode(mode, tag)?;
-        self.check_lease_deadline()?;
-        // The common case: no Vec, no wait.
-        let id = match self.generator.load().next_id(self.clock.now_micros()) {
-            Ok(id) => id,
-            Err(GenError::Exhausted { .. }) => {
-                let mut out = Vec::with_capacity(1);
-                self.fill(&mut out, 1).await?;
-                out[0]
-            }
-            Err(e) => return Err(self.refusal(e)),
-        };
-        self.issued.increment(1);
-        Ok(id)
+        self.snowflakes.take_one().await
     }
 
     /// `count` IDs, strictly increasing.
@@ -335,7 +255,7 @@ impl Issuer {
             }
             Mode::Lease => {
                 let leases = self.lease_mode(tag)?;
-                self.check_lease_deadline()?;
+                self.snowflakes.check_deadline()?;
                 return leases.take(count as usize).await;
             }
             Mode::Strict => {
@@ -345,52 +265,7 @@ impl Issuer {
             Mode::Snowflake => {}
         }
         Self::check_mode(mode, tag)?;
-        let mut out = Vec::with_capacity(count as usize);
-        self.fill(&mut out, count as usize).await?;
-        self.issued.increment(u64::from(count));
-        Ok(out)
-    }
-
-    /// Reserves until `out` holds `count` IDs, waiting between time units.
-    /// IDs reserved before a failure are dropped, never reused.
-    async fn fill(&self, out: &mut Vec<u64>, count: usize) -> Result<(), Error> {
-        // `max_wait` bounds each stretch without progress, not the whole
-        // batch: a large batch legitimately spans many time units.
-        let mut stalled_since: Option<Instant> = None;
-        let mut waited = false;
-        // One generator per call, so a batch is strictly increasing even if
-        // the node is fenced and re-claims meanwhile (the call then fails).
-        let generator = self.generator.load_full();
-        while out.len() < count {
-            // Again after every wait: a batch may span a deadline.
-            self.check_lease_deadline()?;
-            let now = self.clock.now_micros();
-            match generator.reserve(now, (count - out.len()) as u64) {
-                Ok(r) => {
-                    generator.extend_ids(r, out);
-                    stalled_since = None;
-                }
-                Err(GenError::Exhausted { retry_after_micros }) => {
-                    self.waits.increment(1);
-                    let since = *stalled_since.get_or_insert_with(Instant::now);
-                    let stalled = since.elapsed();
-                    if stalled >= self.max_wait {
-                        return Err(Error::WaitTimeout {
-                            waited_ms: stalled.as_millis() as u64,
-                        });
-                    }
-                    self.ticker
-                        .wait_until(now + retry_after_micros, self.max_wait - stalled)
-                        .await;
-                    waited = true;
-                }
-                Err(e) => return Err(self.refusal(e)),
-            }
-        }
-        if waited {
-            self.ticker.pass_on();
-        }
-        Ok(())
+        self.snowflakes.take(count as usize).await
     }
 
     /// Splits `id` into its parts under the configured layout.
@@ -402,39 +277,6 @@ impl Issuer {
             Mode::Segment | Mode::Strict => Err(RequestError::NothingToDecode(mode).into()),
         }
     }
-}
-
-/// Splits a snowflake `id` under `layout`; used online and by `idgen decode`.
-pub fn decode_snowflake(layout: &Layout, id: u64) -> Result<Decoded, DecodeError> {
-    let parts = layout.decompose(id)?;
-    let time = std::time::UNIX_EPOCH + Duration::from_millis(parts.unix_ms);
-    Ok(Decoded {
-        id,
-        mode: Mode::Snowflake.as_str(),
-        time: humantime::format_rfc3339_millis(time).to_string(),
-        unix_millis: parts.unix_ms,
-        datacenter: parts.datacenter,
-        worker: parts.worker,
-        sequence: parts.sequence,
-        zone: None,
-        token: None,
-    })
-}
-
-/// Splits a lease `id` (`0 | zone | token | sequence`); needs no config.
-pub fn decode_lease(id: u64) -> Result<Decoded, crate::id::lease::LeaseError> {
-    let parts = crate::id::lease::decompose(id)?;
-    Ok(Decoded {
-        id,
-        mode: Mode::Lease.as_str(),
-        time: String::new(),
-        unix_millis: 0,
-        datacenter: 0,
-        worker: 0,
-        sequence: parts.sequence,
-        zone: Some(parts.zone),
-        token: Some(parts.token),
-    })
 }
 
 #[cfg(test)]

@@ -1,14 +1,13 @@
-//! Worker-id leases and Consul-held high-water marks against the in-repo
+//! Worker locks (worker ids claimed in Consul) and Consul-held high-water marks against the in-repo
 //! Consul-compatible test server (short TTLs so the tests stay quick).
 
 use std::time::{Duration, Instant};
 
 use consul_testserver::{Config, TestConsul};
+use idgen::cluster::worker_lock::{WorkerLock, WorkerLockError, WorkerLockSettings};
 use idgen::consul::{ConsulClient, ConsulConfig};
-use idgen::store::consul::{
-    ClusterKeys, ConsulHwmStore, LeaseError, LeaseSettings, OwnerInfo, WorkerLease,
-};
-use idgen::store::{StateStore, WorkerKey};
+use idgen::store::consul::{ClusterKeys, ConsulHwmStore, OwnerInfo};
+use idgen::store::{HwmStore, WorkerKey};
 
 async fn server() -> TestConsul {
     TestConsul::start(Config {
@@ -39,8 +38,8 @@ fn owner(instance: &str) -> OwnerInfo {
 }
 
 /// TTL 1 s (expiry between 1 and 2 s), lock-delay 1 s, margin 200 ms.
-fn fast() -> LeaseSettings {
-    LeaseSettings {
+fn fast() -> WorkerLockSettings {
+    WorkerLockSettings {
         ttl: Duration::from_secs(1),
         lock_delay: Duration::from_secs(1),
         margin: Duration::from_millis(200),
@@ -51,8 +50,12 @@ fn keys() -> ClusterKeys {
     ClusterKeys::new("idgen", "test")
 }
 
-async fn claim(consul: &TestConsul, instance: &str, max: u64) -> Result<WorkerLease, LeaseError> {
-    WorkerLease::claim(client(consul), keys(), 0, max, &owner(instance), fast()).await
+async fn claim(
+    consul: &TestConsul,
+    instance: &str,
+    max: u64,
+) -> Result<WorkerLock, WorkerLockError> {
+    WorkerLock::claim(client(consul), keys(), 0, max, &owner(instance), fast()).await
 }
 
 #[tokio::test]
@@ -84,7 +87,7 @@ async fn an_exhausted_id_space_is_a_clear_error() {
     let _b = claim(&consul, "b", 1).await.unwrap();
     let err = claim(&consul, "c", 1).await.unwrap_err();
     assert!(
-        matches!(err, LeaseError::NoFreeWorker { max: 1, .. }),
+        matches!(err, WorkerLockError::NoFreeWorker { max: 1, .. }),
         "{err}"
     );
     assert!(err.to_string().contains("no free worker id"));
@@ -101,7 +104,7 @@ async fn a_dead_nodes_id_waits_for_expiry_and_lock_delay() {
     // kill -9: no release, no destroy, no more renewals.
     drop(dead);
     let err = claim(&consul, "new", 0).await.unwrap_err();
-    assert!(matches!(err, LeaseError::NoFreeWorker { .. }));
+    assert!(matches!(err, WorkerLockError::NoFreeWorker { .. }));
     let mut taken = None;
     for _ in 0..100 {
         match claim(&consul, "new", 0).await {
@@ -109,7 +112,7 @@ async fn a_dead_nodes_id_waits_for_expiry_and_lock_delay() {
                 taken = Some(lease);
                 break;
             }
-            Err(LeaseError::NoFreeWorker { .. }) => {
+            Err(WorkerLockError::NoFreeWorker { .. }) => {
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
             Err(e) => panic!("{e}"),
@@ -132,7 +135,7 @@ async fn hwm_writes_need_the_lock_and_reads_are_consistent() {
     let consul = server().await;
     let lease = claim(&consul, "a", 31).await.unwrap();
     let key = lease.key();
-    let store = ConsulHwmStore::new(client(&consul), keys(), &lease);
+    let store = ConsulHwmStore::new(client(&consul), keys(), lease.session());
     assert_eq!(store.load_hwm(key).await.unwrap(), None);
     store.store_hwm(key, 1_234).await.unwrap();
     assert_eq!(store.load_hwm(key).await.unwrap(), Some(1_234));
@@ -231,7 +234,7 @@ async fn hwm_writes_with_unknown_outcome_are_reread_before_the_next() {
     let consul = server().await;
     let lease = claim(&consul, "a", 31).await.unwrap();
     let key = lease.key();
-    let store = ConsulHwmStore::new(client(&consul), keys(), &lease);
+    let store = ConsulHwmStore::new(client(&consul), keys(), lease.session());
     store.store_hwm(key, 1_000).await.unwrap();
     // The server applies the write but answers too late for the client.
     consul

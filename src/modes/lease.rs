@@ -19,10 +19,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::refill::{self, Refill};
 use crate::error::Error;
+use crate::id::buffer::{DoubleBuffer, Prefetch};
 use crate::id::lease::{Block, LeaseError};
 use crate::metrics as m;
-use crate::store::lease::TokenSource;
+use crate::store::lease::TokenStore;
 use crate::store::StoreError;
 
 /// After a failed fetch, the next background attempt waits this long.
@@ -37,37 +39,14 @@ pub struct LeaseSettings {
     pub max_wait: Duration,
 }
 
-struct Cursor {
-    next: u64,
-    last: u64,
-    len: u64,
-}
-
-impl Cursor {
-    fn new(b: &Block) -> Self {
-        let ids = b.ids();
-        Self {
-            next: ids.first,
-            last: ids.last,
-            len: b.len(),
-        }
-    }
-
-    fn left(&self) -> u64 {
-        (self.last + 1).saturating_sub(self.next)
-    }
-
-    /// Half used (or more): time to fetch the next block.
-    fn prefetch_due(&self) -> bool {
-        self.left() * 2 <= self.len
-    }
-}
+/// Fetch the next block once half of the current one is used.
+const PREFETCH: Prefetch = Prefetch {
+    at_per_mille: 500,
+    retry: FETCH_RETRY,
+};
 
 struct State {
-    current: Option<Cursor>,
-    next: Option<Block>,
-    fetching: bool,
-    retry_after: Option<Instant>,
+    buffer: DoubleBuffer<Block>,
     fenced: bool,
     /// The token of the block in use, for metrics and logs.
     token: Option<u64>,
@@ -79,21 +58,20 @@ struct State {
 impl State {
     /// Marks a fetch started and returns true if one is due.
     fn claim_fetch(&mut self) -> bool {
-        let due = !self.fenced
-            && self.current.as_ref().is_none_or(Cursor::prefetch_due)
-            && self.next.is_none()
-            && !self.fetching
-            && self.retry_after.is_none_or(|t| Instant::now() >= t);
-        if due {
-            self.fetching = true;
+        !self.fenced && self.buffer.claim_fetch(Instant::now)
+    }
+
+    /// Notes the token of the block now in use.
+    fn note_token(&mut self) {
+        if let Some(block) = self.buffer.current() {
+            self.token = Some(block.token);
         }
-        due
     }
 }
 
 /// Serves lease mode.
 pub struct Leases {
-    source: Mutex<Arc<dyn TokenSource>>,
+    source: Mutex<Arc<dyn TokenStore>>,
     /// Bumped by every install: a fetch started under an older source is
     /// thrown away when it lands.
     generation: AtomicU64,
@@ -101,26 +79,25 @@ pub struct Leases {
     state: Mutex<State>,
     filled: Notify,
     issued: metrics::Counter,
+    store_op: m::StoreOp,
 }
 
 impl Leases {
     /// Lease mode over `source`.
-    pub fn new(source: Arc<dyn TokenSource>, settings: LeaseSettings) -> Self {
+    pub fn new(source: Arc<dyn TokenStore>, settings: LeaseSettings) -> Self {
         Self {
             source: Mutex::new(source),
             generation: AtomicU64::new(0),
             settings,
             state: Mutex::new(State {
-                current: None,
-                next: None,
-                fetching: false,
-                retry_after: None,
+                buffer: DoubleBuffer::new(PREFETCH),
                 fenced: false,
                 token: None,
                 last_error: None,
             }),
             filled: Notify::new(),
-            issued: metrics::counter!(m::IDS_ISSUED, "mode" => "lease"),
+            issued: metrics::counter!(m::IDS_ISSUED, "mode" => crate::id::Mode::Lease.as_str()),
+            store_op: m::StoreOp::new(m::label::BACKEND_LEASE, m::label::OP_RESERVE_BLOCK),
         }
     }
 
@@ -130,7 +107,7 @@ impl Leases {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn source(&self) -> Arc<dyn TokenSource> {
+    fn source(&self) -> Arc<dyn TokenStore> {
         Arc::clone(
             &self
                 .source
@@ -149,24 +126,20 @@ impl Leases {
     pub fn fence(&self) {
         let mut st = self.state();
         st.fenced = true;
-        st.current = None;
-        st.next = None;
+        st.buffer.clear();
         drop(st);
         self.filled.notify_waiters();
     }
 
     /// Serves from `source` (a new session's) from now on.
-    pub fn install(&self, source: Arc<dyn TokenSource>) {
+    pub fn install(&self, source: Arc<dyn TokenStore>) {
         *self
             .source
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = source;
         self.generation.fetch_add(1, Ordering::SeqCst);
         let mut st = self.state();
-        st.current = None;
-        st.next = None;
-        st.fetching = false;
-        st.retry_after = None;
+        st.buffer.reset();
         st.fenced = false;
         st.token = None;
         st.last_error = None;
@@ -197,20 +170,9 @@ impl Leases {
         if st.fenced {
             return Err(Error::Fenced);
         }
-        while out.len() < want {
-            let cur = match &mut st.current {
-                Some(c) if c.left() > 0 => c,
-                _ => {
-                    let Some(next) = st.next.take() else { break };
-                    st.token = Some(next.token);
-                    st.current = Some(Cursor::new(&next));
-                    continue;
-                }
-            };
-            let n = cur.left().min((want - out.len()) as u64);
-            out.extend(cur.next..cur.next + n);
-            cur.next += n;
-        }
+        // No clock: a block's start time is not used.
+        st.buffer.take(want, out, &mut || 0);
+        st.note_token();
         Ok(st.claim_fetch())
     }
 
@@ -220,39 +182,36 @@ impl Leases {
         let source = self.source();
         let started = Instant::now();
         let result = source.reserve(self.settings.block).await;
-        metrics::histogram!(m::STORE_WRITE_DURATION, "backend" => "lease", "op" => "reserve_block")
-            .record(started.elapsed().as_secs_f64());
+        self.store_op.took(started);
         let outcome = {
             let mut st = self.state();
             if self.generation.load(Ordering::SeqCst) != generation {
                 // Installed meanwhile: this fetch belongs to the old session.
                 return Ok(());
             }
-            st.fetching = false;
             match result {
                 Ok(block) => {
                     st.last_error = None;
-                    if !st.fenced {
-                        if st.current.is_none() {
-                            st.token = Some(block.token);
-                            st.current = Some(Cursor::new(&block));
-                        } else {
-                            st.next = Some(block);
-                        }
+                    st.buffer.fetched(block);
+                    if st.fenced {
+                        st.buffer.clear();
+                    } else {
+                        // Served at once when nothing else is.
+                        st.buffer.promote(&mut || 0);
+                        st.note_token();
                         metrics::gauge!(m::LEASE_TOKEN, "zone" => source.zone().to_string())
                             .set(block.token as f64);
                     }
                     Ok(())
                 }
                 Err(e) => {
-                    st.retry_after = Some(Instant::now() + FETCH_RETRY);
+                    st.buffer.fetch_failed(Instant::now());
                     let lease = match &e {
                         StoreError::Lease(l) => Some(l.clone()),
                         _ => None,
                     };
                     st.last_error = Some((e.to_string(), lease));
-                    metrics::counter!(m::STORE_ERRORS, "backend" => "lease", "op" => "reserve_block")
-                        .increment(1);
+                    self.store_op.failed();
                     Err(Error::from(e))
                 }
             }
@@ -277,13 +236,7 @@ impl Leases {
             if st.fenced {
                 return Err(Error::Fenced);
             }
-            let id = match &mut st.current {
-                Some(c) if c.left() > 0 => {
-                    c.next += 1;
-                    Some(c.next - 1)
-                }
-                _ => None,
-            };
+            let id = st.buffer.take_one();
             (id, st.claim_fetch())
         };
         if start_fetch {
@@ -302,50 +255,52 @@ impl Leases {
     /// and then at most `max_wait`; IDs taken before a failure are dropped,
     /// never reused.
     pub async fn take(self: &Arc<Self>, count: usize) -> Result<Vec<u64>, Error> {
-        let mut out = Vec::with_capacity(count);
-        let mut deadline = None;
-        loop {
-            let filled = self.filled.notified();
-            tokio::pin!(filled);
-            if deadline.is_some() {
-                filled.as_mut().enable();
-            }
-            let start_fetch = self.take_local(count, &mut out)?;
-            if out.len() == count {
-                if start_fetch {
-                    self.fetch_in_background();
-                }
-                self.issued.increment(count as u64);
-                return Ok(out);
-            }
-            if start_fetch {
-                // Both blocks are empty and this call is the fetcher.
-                if let Err(e) = self.fetch().await {
-                    return Err(unavailable(e));
-                }
-                continue;
-            }
-            let now = tokio::time::Instant::now();
-            let Some(deadline) = deadline else {
-                deadline = Some(now + self.settings.max_wait);
-                continue;
-            };
-            let last_error = self.state().last_error.clone();
-            if let Some((_, Some(lease))) = last_error {
-                return Err(StoreError::Lease(lease).into());
-            }
-            if now >= deadline {
-                return Err(Error::LeaseUnavailable {
-                    reason: match last_error {
-                        Some((reason, _)) => reason,
-                        None => format!(
-                            "no block arrived within server.max_wait ({} ms)",
-                            self.settings.max_wait.as_millis()
-                        ),
-                    },
-                });
-            }
-            let _ = tokio::time::timeout_at(deadline.min(now + FETCH_RETRY), filled).await;
+        let ids = refill::take(
+            self.as_ref(),
+            count,
+            self.settings.max_wait,
+            FETCH_RETRY,
+            || self.fetch_in_background(),
+        )
+        .await?;
+        self.issued.increment(count as u64);
+        Ok(ids)
+    }
+}
+
+impl Refill for Leases {
+    fn take_local(&self, want: usize, out: &mut Vec<u64>) -> Result<bool, Error> {
+        Leases::take_local(self, want, out)
+    }
+
+    async fn fetch(&self) -> Result<(), Error> {
+        Leases::fetch(self).await
+    }
+
+    fn filled(&self) -> &Notify {
+        &self.filled
+    }
+
+    fn fetch_failed(&self, e: Error) -> Error {
+        unavailable(e)
+    }
+
+    fn check_waiting(&self) -> Result<(), Error> {
+        match &self.state().last_error {
+            Some((_, Some(lease))) => Err(StoreError::Lease(lease.clone()).into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn timed_out(&self, max_wait: Duration) -> Error {
+        Error::LeaseUnavailable {
+            reason: match self.state().last_error.clone() {
+                Some((reason, _)) => reason,
+                None => format!(
+                    "no block arrived within server.max_wait ({} ms)",
+                    max_wait.as_millis()
+                ),
+            },
         }
     }
 }
@@ -391,7 +346,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl TokenSource for MemSource {
+    impl TokenStore for MemSource {
         fn backend(&self) -> &'static str {
             "memory"
         }
@@ -488,7 +443,7 @@ mod tests {
         assert!(matches!(l.take_one().await, Err(Error::Fenced)));
         assert!(matches!(l.take(3).await, Err(Error::Fenced)));
         // The same token, continued from its counter by the new session.
-        l.install(Arc::clone(&src) as Arc<dyn TokenSource>);
+        l.install(Arc::clone(&src) as Arc<dyn TokenStore>);
         let after = l.take(5).await.unwrap();
         assert!(after.iter().all(|a| before.iter().all(|b| a > b)));
     }

@@ -17,7 +17,7 @@ use tonic_health::ServingStatus;
 use crate::id::{Clock, GenError, Snowflake, StepBackStats};
 use crate::metrics as m;
 
-use super::Issuer;
+use crate::modes::Issuer;
 
 /// How often the monitor looks.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -107,7 +107,8 @@ pub async fn run(
         let now_ms = clock.now_millis();
         let check = generator.check(clock.now_micros());
         report_step_backs(&generator, &mut seen);
-        metrics::gauge!(m::LAYOUT_YEARS_LEFT).set(generator.layout().years_left(now_ms));
+        metrics::gauge!(m::LAYOUT_TIME_LEFT)
+            .set(m::layout_time_left_seconds(generator.layout(), now_ms));
         let lead = generator.hwm_ms() as f64 - now_ms as f64;
         metrics::gauge!(m::HWM_LEAD).set(lead / 1000.0);
         let lost = issuer.state_file_lost();
@@ -182,7 +183,8 @@ fn report_step_backs(generator: &Snowflake, seen: &mut StepBackStats) {
     let tolerated = now.tolerated - seen.tolerated;
     let refused = now.refused - seen.refused;
     if tolerated > 0 {
-        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => "tolerated").increment(tolerated);
+        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => m::label::STEP_BACK_TOLERATED)
+            .increment(tolerated);
         metrics::histogram!(m::CLOCK_STEP_BACK_SIZE).record(size);
         tracing::warn!(
             back_ms = now.last_back_ms,
@@ -190,7 +192,8 @@ fn report_step_backs(generator: &Snowflake, seen: &mut StepBackStats) {
         );
     }
     if refused > 0 {
-        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => "refused").increment(refused);
+        metrics::counter!(m::CLOCK_STEP_BACK_EVENTS, "kind" => m::label::STEP_BACK_REFUSED)
+            .increment(refused);
         metrics::histogram!(m::CLOCK_STEP_BACK_SIZE).record(size);
         tracing::error!(
             back_ms = now.last_back_ms,

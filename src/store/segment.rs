@@ -690,14 +690,7 @@ mod tests {
             .create_tag(&b, &TagRecord::new(0, 5, "", 1).unwrap())
             .await
             .unwrap();
-        let names: Vec<String> = store
-            .list_tags()
-            .await
-            .unwrap()
-            .tags
-            .into_iter()
-            .map(|(t, _)| t.to_string())
-            .collect();
+        let names = tag_names(store).await;
         assert_eq!(names, ["a-users", "b-orders"], "sorted by name");
         assert_eq!(store.take_range(&a, 10, 2).await.unwrap().first, 101);
 
@@ -748,16 +741,20 @@ mod tests {
             store.update_tag(&a, &update(Some(1), None, None), 7).await,
             Err(StoreError::TagNotFound(_))
         ));
-        let names: Vec<String> = store
-            .list_tags()
-            .await
-            .unwrap()
-            .tags
-            .into_iter()
-            .map(|(t, _)| t.to_string())
-            .collect();
+        let names = tag_names(store).await;
         assert_eq!(names, ["a-users"]);
+        recreate_contract(store, &a, &b).await;
+    }
 
+    async fn tag_names(store: &dyn SegmentStore) -> Vec<String> {
+        let listed = store.list_tags().await.unwrap().tags;
+        listed.into_iter().map(|(t, _)| t.to_string()).collect()
+    }
+
+    /// A tag created again continues above its tombstone (`a` deleted at
+    /// max_id 510, `b` live).
+    async fn recreate_contract(store: &dyn SegmentStore, a: &Tag, b: &Tag) {
+        let (a, b) = (a.clone(), b.clone());
         // Created again: continues above the tombstone, whatever it asks.
         let again = store
             .create_tag_record(&a, &TagRecord::new(0, 7, "again", 8).unwrap())

@@ -1,0 +1,601 @@
+//! `idgen admin`: a thin client of `idgen.v1.Admin`. Each command group
+//! (`tags`, `holders`, `release`, `strict`, `layout`) has its function;
+//! each prints its answer as text or, with `--json`, as JSON (IDs as
+//! decimal strings).
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::{InterceptedService, Interceptor};
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use idgen::proto::{self, admin_client::AdminClient, HolderKind};
+
+use super::args::{
+    AdminArgs, AdminCommand, LayoutCommand, ReleaseArgs, StrictCommand, TagsCommand,
+};
+use super::output::outln;
+
+/// Adds `authorization: Bearer <token>` to every call (when a token
+/// was given; without one the server answers UNAUTHENTICATED).
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(h) = &self.0 {
+            req.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// An admin client that sends the bearer token with every call.
+pub type Client = AdminClient<InterceptedService<Channel, Bearer>>;
+
+/// The token from --token / IDGEN_ADMIN__TOKEN or --token-file (or the
+/// deprecated IDGEN_ADMIN_TOKEN).
+fn token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
+    token_from(a.token.as_deref(), a.token_file.as_deref())
+}
+
+/// The token given inline, or read from a file.
+pub fn token_from(
+    token: Option<&str>,
+    token_file: Option<&std::path::Path>,
+) -> anyhow::Result<Option<String>> {
+    if let Some(t) = token {
+        return Ok(Some(t.trim().to_owned()));
+    }
+    let Some(path) = token_file else {
+        return Ok(match std::env::var("IDGEN_ADMIN_TOKEN") {
+            Ok(t) if !t.trim().is_empty() => {
+                eprintln!("warning: IDGEN_ADMIN_TOKEN is deprecated; set IDGEN_ADMIN__TOKEN, the name the server reads too");
+                Some(t.trim().to_owned())
+            }
+            _ => None,
+        });
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read --token-file {}", path.display()))?;
+    let t = text.trim();
+    if t.is_empty() {
+        bail!("--token-file {} is empty", path.display());
+    }
+    Ok(Some(t.to_owned()))
+}
+
+async fn connect(a: &AdminArgs) -> anyhow::Result<Client> {
+    connect_to(&a.addr, token(a)?, a.timeout).await
+}
+
+/// An admin client of `addr`, sending `token` as a bearer token; the
+/// connection and every call are bounded by `timeout`.
+pub async fn connect_to(
+    addr: &str,
+    token: Option<String>,
+    timeout: std::time::Duration,
+) -> anyhow::Result<Client> {
+    let header = match token {
+        Some(t) => {
+            let mut v = MetadataValue::try_from(format!("Bearer {t}")).map_err(|_| {
+                anyhow::anyhow!(
+                    "the admin token has characters a header cannot carry (use printable ASCII)"
+                )
+            })?;
+            // Kept out of HTTP/2 header compression tables.
+            v.set_sensitive(true);
+            Some(v)
+        }
+        None => None,
+    };
+    let channel = super::client::channel(addr, timeout).await?;
+    Ok(AdminClient::with_interceptor(channel, Bearer(header)))
+}
+
+/// The gRPC code and message, for the error line.
+fn failed(s: Status) -> anyhow::Error {
+    super::client::status_error(s)
+}
+
+fn tag_json(t: &proto::SegmentTag) -> Value {
+    json!({
+        "tag": t.tag,
+        "max_id": t.max_id.to_string(),
+        "step": t.step,
+        "description": t.description,
+        "created": t.created,
+        "updated": t.updated,
+    })
+}
+
+fn tag_line(t: &proto::SegmentTag) -> String {
+    format!(
+        "{}\tmax_id {}\tstep {}\tcreated {}\tupdated {}\tdescription {:?}",
+        t.tag, t.max_id, t.step, t.created, t.updated, t.description
+    )
+}
+
+fn kind_name(kind: i32) -> &'static str {
+    match HolderKind::try_from(kind) {
+        Ok(HolderKind::Worker) => "worker",
+        Ok(HolderKind::LeaseToken) => "token",
+        _ => "unknown",
+    }
+}
+
+fn holder_json(h: &proto::Holder) -> Value {
+    json!({
+        "kind": kind_name(h.kind),
+        "datacenter": h.datacenter,
+        "zone": h.zone,
+        "id": h.id,
+        "instance": h.instance,
+        "address": h.address,
+        "since": h.since,
+        "session": h.session,
+        "state": h.state,
+        "reserved": h.reserved.to_string(),
+    })
+}
+
+fn holder_line(h: &proto::Holder) -> String {
+    let place = match HolderKind::try_from(h.kind) {
+        Ok(HolderKind::LeaseToken) => format!("token {}/{}", h.zone, h.id),
+        _ => format!("worker {}/{}", h.datacenter, h.id),
+    };
+    format!(
+        "{place}\t{}\tinstance {}\taddress {}\tsince {}\tsession {}",
+        h.state,
+        h.instance,
+        h.address,
+        h.since,
+        if h.session.is_empty() {
+            "-"
+        } else {
+            &h.session
+        }
+    )
+}
+
+fn layout_json(l: &proto::IdLayout) -> Value {
+    json!({
+        "preset": l.preset,
+        "epoch": l.epoch,
+        "epoch_ms": l.epoch_ms,
+        "time_unit_ms": l.time_unit_ms,
+        "time_bits": l.time_bits,
+        "datacenter_bits": l.datacenter_bits,
+        "worker_bits": l.worker_bits,
+        "sequence_bits": l.sequence_bits,
+    })
+}
+
+fn layout_line(l: &proto::IdLayout) -> String {
+    format!(
+        "preset {} / time {}x{}ms / datacenter {} / worker {} / sequence {} / epoch {}",
+        l.preset,
+        l.time_bits,
+        l.time_unit_ms,
+        l.datacenter_bits,
+        l.worker_bits,
+        l.sequence_bits,
+        l.epoch
+    )
+}
+
+fn record_out(r: &proto::GetLayoutResponse) -> anyhow::Result<(Value, String)> {
+    let l = r
+        .layout
+        .as_ref()
+        .context("the server answered without the layout")?;
+    let mut text = format!(
+        "generation {}{}: {}",
+        r.generation,
+        if r.changing {
+            " (a change is being checked)"
+        } else {
+            ""
+        },
+        layout_line(l)
+    );
+    if r.floor_ms > 0 {
+        text.push_str(&format!("\nstarts no lower than {} ms", r.floor_ms));
+    }
+    let mut history = Vec::new();
+    for h in &r.history {
+        if let Some(hl) = &h.layout {
+            text.push_str(&format!(
+                "\nearlier: generation {}: {} (replaced at {} ms, IDs up to {})",
+                h.generation,
+                layout_line(hl),
+                h.replaced_ms,
+                h.max_id
+            ));
+            history.push(json!({
+                "generation": h.generation,
+                "layout": layout_json(hl),
+                "replaced_ms": h.replaced_ms,
+                "max_id": h.max_id.to_string(),
+            }));
+        }
+    }
+    Ok((
+        json!({
+            "generation": r.generation,
+            "layout": layout_json(l),
+            "floor_ms": r.floor_ms,
+            "changing": r.changing,
+            "history": history,
+        }),
+        text,
+    ))
+}
+
+fn tag_of(t: Option<proto::SegmentTag>) -> anyhow::Result<proto::SegmentTag> {
+    t.context("the server answered without the tag")
+}
+
+/// What a command prints: its JSON form and its text form.
+type Out = (Value, String);
+
+/// Runs one admin command and prints its answer.
+pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
+    let mut c = connect(&a).await?;
+    let out = match &a.command {
+        AdminCommand::Tags(cmd) => tags(&mut c, cmd).await?,
+        AdminCommand::Holders => holders(&mut c).await?,
+        AdminCommand::Release(r) => release(&mut c, r, a.json).await?,
+        AdminCommand::Strict(cmd) => strict(&mut c, cmd).await?,
+        AdminCommand::Layout(cmd) => layout(&mut c, cmd).await?,
+    };
+    if a.json {
+        outln!("{}", out.0)?;
+    } else {
+        outln!("{}", out.1)?;
+    }
+    Ok(())
+}
+
+/// `admin tags create|update|get|list|delete`.
+async fn tags(c: &mut Client, cmd: &TagsCommand) -> anyhow::Result<Out> {
+    Ok(match cmd {
+        TagsCommand::Create {
+            tag,
+            initial,
+            step,
+            description,
+        } => {
+            let r = c
+                .create_tag(proto::CreateTagRequest {
+                    tag: tag.clone(),
+                    initial: *initial,
+                    step: *step,
+                    description: description.clone(),
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            let t = tag_of(r.tag)?;
+            let mut text = format!("created {}", tag_line(&t));
+            if !r.note.is_empty() {
+                text.push_str(&format!("\nnote: {}", r.note));
+            }
+            (json!({"tag": tag_json(&t), "note": r.note}), text)
+        }
+        TagsCommand::Update {
+            tag,
+            step,
+            description,
+            max_id,
+        } => update_tag(c, tag, *step, description, *max_id).await?,
+        TagsCommand::Get { tag } => {
+            let r = c
+                .get_tag(proto::GetTagRequest { tag: tag.clone() })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            let t = tag_of(r.tag)?;
+            (json!({"tag": tag_json(&t)}), tag_line(&t))
+        }
+        TagsCommand::List => list_tags(c).await?,
+        TagsCommand::Delete { tag } => {
+            let r = c
+                .delete_tag(proto::DeleteTagRequest { tag: tag.clone() })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            (
+                json!({"tag": r.tag, "max_id": r.max_id.to_string(), "note": r.note}),
+                format!("deleted {} (max_id {})\nnote: {}", r.tag, r.max_id, r.note),
+            )
+        }
+    })
+}
+
+/// `admin tags update`: at least one of step, description, max_id.
+async fn update_tag(
+    c: &mut Client,
+    tag: &str,
+    step: Option<u64>,
+    description: &Option<String>,
+    max_id: Option<u64>,
+) -> anyhow::Result<Out> {
+    if step.is_none() && description.is_none() && max_id.is_none() {
+        bail!("nothing to change: pass --step, --description or --max-id");
+    }
+    let r = c
+        .update_tag(proto::UpdateTagRequest {
+            tag: tag.to_owned(),
+            step,
+            description: description.clone(),
+            max_id,
+        })
+        .await
+        .map_err(failed)?
+        .into_inner();
+    let t = tag_of(r.tag)?;
+    Ok((
+        json!({"tag": tag_json(&t)}),
+        format!("updated {}", tag_line(&t)),
+    ))
+}
+
+/// `admin tags list`; records the server could not read are warned about
+/// on stderr and listed in the JSON.
+async fn list_tags(c: &mut Client) -> anyhow::Result<Out> {
+    let r = c
+        .list_tags(proto::ListTagsRequest {})
+        .await
+        .map_err(failed)?
+        .into_inner();
+    let lines: Vec<String> = r.tags.iter().map(tag_line).collect();
+    let text = if lines.is_empty() {
+        "no tags".to_owned()
+    } else {
+        lines.join("\n")
+    };
+    for u in &r.unreadable {
+        eprintln!(
+            "warning: unreadable segment record {:?}: {}",
+            u.key, u.error
+        );
+    }
+    let unreadable: Vec<Value> = r
+        .unreadable
+        .iter()
+        .map(|u| json!({"key": u.key, "error": u.error}))
+        .collect();
+    Ok((
+        json!({"tags": r.tags.iter().map(tag_json).collect::<Vec<_>>(), "unreadable": unreadable}),
+        text,
+    ))
+}
+
+/// `admin holders`: who holds each worker id and lease token.
+async fn holders(c: &mut Client) -> anyhow::Result<Out> {
+    let r = c
+        .list_holders(proto::ListHoldersRequest {})
+        .await
+        .map_err(failed)?
+        .into_inner();
+    let mut text = format!("backend {}", r.backend);
+    for h in &r.holders {
+        text.push('\n');
+        text.push_str(&holder_line(h));
+    }
+    Ok((
+        json!({
+            "backend": r.backend,
+            "holders": r.holders.iter().map(holder_json).collect::<Vec<_>>(),
+        }),
+        text,
+    ))
+}
+
+/// `admin release`: free a worker id or lease token held in Consul.
+async fn release(c: &mut Client, r: &ReleaseArgs, json: bool) -> anyhow::Result<Out> {
+    let (kind, datacenter, zone) = match r.kind.as_str() {
+        "worker" => {
+            if r.zone.is_some() {
+                bail!("--zone is for --kind token; a worker id has --datacenter");
+            }
+            (HolderKind::Worker, r.datacenter.unwrap_or(0), 0)
+        }
+        "token" | "lease_token" | "lease-token" => {
+            if r.datacenter.is_some() {
+                bail!("--datacenter is for --kind worker; a lease token has --zone");
+            }
+            (HolderKind::LeaseToken, 0, r.zone.unwrap_or(0))
+        }
+        other => bail!("--kind {other:?}: use worker or token"),
+    };
+    if r.force && !json {
+        eprintln!("releasing with --force: waiting out the holder's lock-delay (up to 60 s)...");
+    }
+    let resp = c
+        .force_release(proto::ForceReleaseRequest {
+            kind: kind as i32,
+            datacenter,
+            zone,
+            id: r.id,
+            force: r.force,
+        })
+        .await
+        .map_err(failed)?
+        .into_inner();
+    Ok((
+        json!({
+            "released": resp.released,
+            "waited_ms": resp.waited_ms,
+            "message": resp.message,
+            "holder": resp.holder.as_ref().map(holder_json),
+        }),
+        resp.message,
+    ))
+}
+
+/// `admin strict set-step|get-step|list|keys|delete`.
+async fn strict(c: &mut Client, cmd: &StrictCommand) -> anyhow::Result<Out> {
+    Ok(match cmd {
+        StrictCommand::SetStep { namespace, step } => {
+            let r = c
+                .set_strict_step(proto::SetStrictStepRequest {
+                    namespace: namespace.clone(),
+                    step: *step,
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            (
+                json!({"namespace": r.namespace, "step": r.step, "previous": r.previous}),
+                format!(
+                    "namespace {}: step {} (was {}); other nodes use it within 10 s",
+                    r.namespace, r.step, r.previous
+                ),
+            )
+        }
+        StrictCommand::GetStep { namespace } => {
+            let r = c
+                .get_strict_step(proto::GetStrictStepRequest {
+                    namespace: namespace.clone(),
+                })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            let origin = if r.stored { "set" } else { "server default" };
+            (
+                json!({"namespace": r.namespace, "step": r.step, "stored": r.stored}),
+                format!("namespace {}: step {} ({origin})", r.namespace, r.step),
+            )
+        }
+        StrictCommand::List => strict_namespaces(c).await?,
+        StrictCommand::Keys { namespace } => strict_keys(c, namespace).await?,
+        StrictCommand::Delete { key } => {
+            let r = c
+                .delete_strict_key(proto::DeleteStrictKeyRequest { key: key.clone() })
+                .await
+                .map_err(failed)?
+                .into_inner();
+            (
+                json!({"key": r.key, "last_value": r.last_value.to_string(), "note": r.note}),
+                r.note,
+            )
+        }
+    })
+}
+
+/// `admin strict list`: namespaces with a stored step.
+async fn strict_namespaces(c: &mut Client) -> anyhow::Result<Out> {
+    let r = c
+        .list_strict_namespaces(proto::ListStrictNamespacesRequest {})
+        .await
+        .map_err(failed)?
+        .into_inner();
+    let mut text = format!("default step {}", r.default_step);
+    for n in &r.namespaces {
+        text.push_str(&format!("\n{}\tstep {}", n.namespace, n.step));
+    }
+    let list: Vec<Value> = r
+        .namespaces
+        .iter()
+        .map(|n| json!({"namespace": n.namespace, "step": n.step}))
+        .collect();
+    Ok((
+        json!({"namespaces": list, "default_step": r.default_step}),
+        text,
+    ))
+}
+
+/// `admin strict keys`: a namespace's live keys and their last values.
+async fn strict_keys(c: &mut Client, namespace: &str) -> anyhow::Result<Out> {
+    let r = c
+        .list_strict_keys(proto::ListStrictKeysRequest {
+            namespace: namespace.to_owned(),
+        })
+        .await
+        .map_err(failed)?
+        .into_inner();
+    let mut text = format!(
+        "namespace {}: {} live keys (limit {})",
+        r.namespace,
+        r.keys.len(),
+        r.max_keys
+    );
+    for k in &r.keys {
+        text.push_str(&format!("\n{}\t{}", k.key, k.value));
+    }
+    let list: Vec<Value> = r
+        .keys
+        .iter()
+        .map(|k| json!({"key": k.key, "value": k.value.to_string()}))
+        .collect();
+    Ok((
+        json!({"namespace": r.namespace, "keys": list, "max_keys": r.max_keys}),
+        text,
+    ))
+}
+
+/// `admin layout get|set`.
+async fn layout(c: &mut Client, cmd: &LayoutCommand) -> anyhow::Result<Out> {
+    match cmd {
+        LayoutCommand::Get => {
+            let r = c
+                .get_layout(proto::GetLayoutRequest {})
+                .await
+                .map_err(failed)?
+                .into_inner();
+            record_out(&r)
+        }
+        LayoutCommand::Set {
+            preset,
+            epoch,
+            time_unit,
+            time_bits,
+            datacenter_bits,
+            worker_bits,
+            sequence_bits,
+            expect_generation,
+        } => {
+            let time_unit_ms = match time_unit {
+                Some(d) if d.subsec_nanos() % 1_000_000 != 0 => {
+                    bail!("--time-unit must be a whole number of milliseconds")
+                }
+                Some(d) => Some(d.as_millis() as u64),
+                None => None,
+            };
+            let request = proto::SetLayoutRequest {
+                preset: preset.clone(),
+                epoch: epoch.clone(),
+                time_unit_ms,
+                time_bits: *time_bits,
+                datacenter_bits: *datacenter_bits,
+                worker_bits: *worker_bits,
+                sequence_bits: *sequence_bits,
+                expect_generation: expect_generation.unwrap_or(0),
+            };
+            set_layout(c, request).await
+        }
+    }
+}
+
+/// `admin layout set`: the new record, and what the change means for the
+/// running nodes.
+async fn set_layout(c: &mut Client, request: proto::SetLayoutRequest) -> anyhow::Result<Out> {
+    let r = c.set_layout(request).await.map_err(failed)?.into_inner();
+    let record = r
+        .record
+        .as_ref()
+        .context("the server answered without the record")?;
+    let (mut v, text) = record_out(record)?;
+    v["old_max_id"] = json!(r.old_max_id.to_string());
+    v["new_first_id"] = json!(r.new_first_id.to_string());
+    Ok((
+        v,
+        format!(
+            "layout changed: {text}\nevery earlier ID is at most {}; the new layout starts at {} or above\nnodes still on the old layout have stopped issuing: restart every node with the new [layout]",
+            r.old_max_id, r.new_first_id
+        ),
+    ))
+}

@@ -1,0 +1,424 @@
+//! The command line: every subcommand and flag. The `///` comments are
+//! the `--help` text.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use idgen::config::Overrides;
+
+/// idgen: unique 64-bit IDs over gRPC that never repeat.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the ID service.
+    Serve(ServeArgs),
+    /// Create an empty state file for a new node.
+    ///
+    /// Refuses to overwrite an existing one. Never the fix for a lost
+    /// state file: it restarts segment, lease and strict counters; restore
+    /// a backup instead (`idgen state restore`).
+    Init(ConfigArgs),
+    /// Ask a running server for IDs.
+    Gen(GenArgs),
+    /// Split an ID into its parts, offline, under the configured layout.
+    Decode(DecodeArgs),
+    /// Load-test a running server over gRPC.
+    Bench(BenchArgs),
+    /// Administer a running server (idgen.v1.Admin): segment tags, worker
+    /// id and lease token holders, strict namespaces' steps.
+    Admin(AdminArgs),
+    /// Validate a config (file, IDGEN_* environment, flags) and print the
+    /// effective settings, secrets redacted, without starting anything.
+    CheckConfig(ServeArgs),
+    /// Back up and restore the embedded state file.
+    #[command(subcommand)]
+    State(StateCommand),
+}
+
+#[derive(Subcommand)]
+pub enum StateCommand {
+    /// Write a consistent snapshot of the state file to FILE.
+    ///
+    /// The snapshot records when it was taken and how fast each counter
+    /// moved. By default the running node takes it (admin rpc Backup; it
+    /// keeps issuing meanwhile); --offline reads the state file of a
+    /// stopped node directly.
+    Backup(BackupArgs),
+    /// Recreate a lost state file from a snapshot, skipping ahead.
+    ///
+    /// Every segment, lease and strict counter moves forward by
+    /// --skip-ahead, so nothing handed out after the snapshot is handed
+    /// out again. Refuses to overwrite an existing state file; without
+    /// --skip-ahead prints a suggested margin and refuses.
+    Restore(RestoreArgs),
+}
+
+#[derive(Args)]
+pub struct BackupArgs {
+    /// Where to write the snapshot (refuses to overwrite a file).
+    pub file: PathBuf,
+    /// The running node's gRPC address: host:port or http://host:port.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub addr: String,
+    /// Longest wait for the connection and for the node to take the
+    /// snapshot.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// The node's admin token (its admin.token). Prefer --token-file or
+    /// the environment (IDGEN_ADMIN__TOKEN).
+    #[arg(
+        long,
+        env = "IDGEN_ADMIN__TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
+    pub token: Option<String>,
+    /// A file holding the admin token.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Read the state file named by --config/--state directly; only while
+    /// no node runs on it.
+    #[arg(long)]
+    pub offline: bool,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    /// The snapshot written by `idgen state backup`.
+    pub backup: PathBuf,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Move every segment max_id, lease token counter and strict counter
+    /// forward by this many IDs/values. Must exceed what the node handed
+    /// out after the snapshot; run without it for a suggestion.
+    #[arg(long)]
+    pub skip_ahead: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct ConfigArgs {
+    /// TOML config file (see config/idgen.example.toml); the IDGEN_CONFIG
+    /// environment variable names one too. Without either: defaults plus
+    /// IDGEN_* environment variables.
+    #[arg(long, short, env = "IDGEN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Embedded state file; overrides store.path.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// gRPC listen address; overrides server.grpc_listen.
+    #[arg(long)]
+    pub grpc_listen: Option<String>,
+    /// HTTP listen address; overrides server.http_listen.
+    #[arg(long)]
+    pub http_listen: Option<String>,
+    /// Datacenter id; overrides node.datacenter_id.
+    #[arg(long)]
+    pub datacenter_id: Option<u64>,
+    /// Worker id; overrides node.worker_id.
+    #[arg(long)]
+    pub worker_id: Option<u64>,
+    /// Testing only: run as if the wall clock were off by this many
+    /// milliseconds (negative = behind), to test clock rules without
+    /// touching the machine's clock.
+    #[arg(long, hide = true, allow_hyphen_values = true, default_value_t = 0)]
+    pub test_clock_offset_ms: i64,
+}
+
+#[derive(Args)]
+pub struct GenArgs {
+    /// The node's gRPC address: host:port or http://host:port.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub addr: String,
+    /// Longest wait for the connection and for each call.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// How many IDs. More than --batch are fetched in several calls.
+    #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: u32,
+    /// Most IDs asked for in one call (the server's server.max_batch,
+    /// 10,000 by default).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Mode: snowflake, segment, lease or strict.
+    #[arg(long, default_value = "snowflake")]
+    pub mode: String,
+    /// Tag (segment) or key (strict).
+    #[arg(long, default_value = "")]
+    pub tag: String,
+    /// Print JSON (`{"ids": ["..."]}`) instead of one ID per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct DecodeArgs {
+    /// The ID, in decimal.
+    pub id: String,
+    /// Config file whose layout to decode with (defaults otherwise);
+    /// IDGEN_CONFIG names one too.
+    #[arg(long, short, env = "IDGEN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The mode the ID came from: snowflake or lease.
+    #[arg(long, default_value = "snowflake")]
+    pub mode: String,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Server URL.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// HTTP/2 connections.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
+    /// Calls in flight at once (spread over the connections).
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Measured duration, e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Warm-up before measuring.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+    /// 1 = unary GenId; N > 1 = GenIds with count N.
+    #[arg(long, default_value_t = 1)]
+    pub batch: u32,
+    /// Mode to ask for: snowflake, segment, lease or strict.
+    #[arg(long, default_value = "snowflake")]
+    pub mode: String,
+    /// Tag (segment mode) or `namespace/key` (strict mode).
+    #[arg(long, default_value = "")]
+    pub tag: String,
+    /// Also run the same load against a bare tonic server that returns a
+    /// counter (started in this process), and print the ratio.
+    #[arg(long)]
+    pub baseline: bool,
+    /// With --baseline: alternate bare and idgen runs this many times and
+    /// compare medians (the machine's noise hits both alike).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct AdminArgs {
+    /// The node's gRPC address: host:port or http://host:port.
+    #[arg(long, global = true, default_value = "127.0.0.1:50051")]
+    pub addr: String,
+    /// Longest wait for the connection and for each call.
+    #[arg(long, global = true, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// The server's admin token (its admin.token). Prefer --token-file or
+    /// the environment (IDGEN_ADMIN__TOKEN, the same variable the server
+    /// reads; the older IDGEN_ADMIN_TOKEN still works, with a warning): a
+    /// command line is visible to other users.
+    #[arg(
+        long,
+        global = true,
+        env = "IDGEN_ADMIN__TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
+    pub token: Option<String>,
+    /// A file holding the admin token.
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON (IDs as decimal strings).
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Subcommand)]
+pub enum AdminCommand {
+    /// Segment tags: create, update, get, list, delete.
+    #[command(subcommand)]
+    Tags(TagsCommand),
+    /// Who holds each worker id and lease token.
+    Holders,
+    /// Free a worker id or lease token held in Consul. Refused while the
+    /// holder is alive unless --force, which destroys the holder's session
+    /// (freeing everything that node holds) and waits out its lock-delay.
+    Release(ReleaseArgs),
+    /// Strict namespaces' steps.
+    #[command(subcommand)]
+    Strict(StrictCommand),
+    /// The cluster's ID layout recorded in Consul: show it, or change it
+    /// (accepted only when no ID can repeat).
+    #[command(subcommand)]
+    Layout(LayoutCommand),
+}
+
+#[derive(Subcommand)]
+pub enum LayoutCommand {
+    /// Show the recorded layout, its generation and earlier layouts.
+    Get,
+    /// Change the cluster's layout. Accepted only when the new layout's
+    /// first ID is above every ID issued so far (every stored high-water
+    /// mark is checked); nodes on the old layout then fence themselves and
+    /// must be restarted with the new [layout].
+    Set {
+        /// Preset: twitter, sonyflake or js53.
+        #[arg(long)]
+        preset: String,
+        /// Epoch, RFC 3339 UTC (e.g. 2023-01-01T00:00:00Z).
+        #[arg(long)]
+        epoch: String,
+        /// Time unit override, whole milliseconds (e.g. 10ms).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        time_unit: Option<std::time::Duration>,
+        /// Time field width override.
+        #[arg(long)]
+        time_bits: Option<u32>,
+        /// Datacenter field width override.
+        #[arg(long)]
+        datacenter_bits: Option<u32>,
+        /// Worker field width override.
+        #[arg(long)]
+        worker_bits: Option<u32>,
+        /// Sequence field width override.
+        #[arg(long)]
+        sequence_bits: Option<u32>,
+        /// Change only if the record is still at this generation (from
+        /// `layout get`).
+        #[arg(long)]
+        expect_generation: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TagsCommand {
+    /// Create a tag; its first ID is --initial + 1.
+    Create {
+        /// Tag name: 1 to 64 of a-z 0-9 _ -.
+        tag: String,
+        /// The first ID will be this + 1.
+        #[arg(long, default_value_t = 0)]
+        initial: u64,
+        /// IDs per range (1 to 1000000000).
+        #[arg(long, default_value_t = 1000)]
+        step: u64,
+        /// Free text for operators.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Change a tag's step or description, or move its max_id forward.
+    Update {
+        /// Tag name.
+        tag: String,
+        /// New step (1 to 1000000000).
+        #[arg(long)]
+        step: Option<u64>,
+        /// New description.
+        #[arg(long)]
+        description: Option<String>,
+        /// New max_id: only forward (IDs up to it are skipped).
+        #[arg(long)]
+        max_id: Option<u64>,
+    },
+    /// Show one tag.
+    Get {
+        /// Tag name.
+        tag: String,
+    },
+    /// List every tag.
+    List,
+    /// Delete a tag (a tombstone keeps its max_id: IDs never repeat).
+    Delete {
+        /// Tag name.
+        tag: String,
+    },
+}
+
+#[derive(Args)]
+pub struct ReleaseArgs {
+    /// What to free: worker or token.
+    #[arg(long)]
+    pub kind: String,
+    /// The worker id or token number.
+    #[arg(long)]
+    pub id: u64,
+    /// The datacenter of a worker id.
+    #[arg(long, conflicts_with = "zone")]
+    pub datacenter: Option<u64>,
+    /// The zone of a lease token.
+    #[arg(long)]
+    pub zone: Option<u64>,
+    /// Release even though the holder is alive.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Subcommand)]
+pub enum StrictCommand {
+    /// Set a namespace's step.
+    SetStep {
+        /// Namespace: 1 to 64 of a-z 0-9 _ -.
+        namespace: String,
+        /// Step (1 to 1000000).
+        step: u64,
+    },
+    /// Show a namespace's step.
+    GetStep {
+        /// Namespace.
+        namespace: String,
+    },
+    /// List namespaces with a stored step.
+    List,
+    /// List the live keys of a namespace and their last values.
+    Keys {
+        /// Namespace.
+        namespace: String,
+    },
+    /// Delete a key (`namespace/key`); a tombstone keeps its last value,
+    /// so the key used again continues above it.
+    Delete {
+        /// The key, `namespace/key`.
+        key: String,
+    },
+}
+
+impl ConfigArgs {
+    /// The flags as config overrides (only `--state`).
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            state_path: self.state.clone(),
+            ..Overrides::default()
+        }
+    }
+}
+
+impl ServeArgs {
+    /// The flags that override config keys.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            grpc_listen: self.grpc_listen.clone(),
+            http_listen: self.http_listen.clone(),
+            state_path: self.config.state.clone(),
+            datacenter_id: self.datacenter_id,
+            worker_id: self.worker_id,
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! Cluster membership: how a node gets, keeps and gives up its identity.
+//!
+//! A node is a member either statically (the embedded backend: the worker
+//! id comes from the configuration and the state file) or through Consul:
+//! [`worker_lock`] claims a worker id with a session lock and keeps the
+//! local fencing deadline, [`supervisor`] renews it, fences the node the
+//! moment it may no longer be the holder and claims again, and
+//! [`registration`] registers the node as a Consul service with a gRPC
+//! health check so clients find only nodes that are issuing IDs.
+
+pub mod membership;
+pub mod registration;
+pub mod supervisor;
+pub mod worker_lock;

@@ -1,0 +1,863 @@
+//! The config file as read: one serde struct per `[section]`, with
+//! defaults and human-readable durations, layered from built-in defaults,
+//! the TOML file, `IDGEN_*` environment variables and CLI flags. Nothing
+//! here is checked beyond its type; `validate.rs` turns a [`FileConfig`]
+//! into the runtime [`super::Config`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use super::{invalid, ConfigError};
+use crate::cluster::worker_lock::WorkerLockSettings;
+
+/// The config file, section by section. Unknown keys are an error, so a typo
+/// never silently falls back to a default.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    /// This node's place in the ID layout.
+    pub node: NodeSection,
+    /// Listeners and request limits.
+    pub server: ServerSection,
+    /// Where durable state lives.
+    pub store: StoreSection,
+    /// The snowflake bit layout.
+    pub layout: LayoutSection,
+    /// Clock fault tolerance.
+    pub clock: ClockSection,
+    /// High-water mark reservation.
+    pub hwm: HwmSection,
+    /// Consul cluster mode (`store.backend = "consul"`).
+    pub consul: ConsulSection,
+    /// Segment mode.
+    pub segment: SegmentSection,
+    /// Lease mode.
+    pub lease: LeaseSection,
+    /// Strict mode.
+    pub strict: StrictSection,
+    /// The admin API.
+    pub admin: AdminSection,
+    /// Logging.
+    pub log: LogSection,
+    /// For idgen's own test suite only; unsupported, and deliberately not
+    /// in `config/idgen.example.toml`.
+    pub testing: TestingSection,
+}
+
+/// Consul's default `session_ttl_min`: a Consul server refuses to create a
+/// session with a shorter TTL (HTTP 500 `Invalid Session TTL`).
+pub const CONSUL_SESSION_TTL_MIN: Duration = Duration::from_secs(10);
+
+/// `[testing]`: settings that exist only so idgen's own tests can run with
+/// timings no production Consul accepts. Unsupported: never set them in a
+/// deployment. They are left out of `config/idgen.example.toml` on purpose
+/// (its test checks that this is the only section missing).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TestingSection {
+    /// The shortest `consul.session_ttl` accepted. Consul's own minimum is
+    /// its server option `session_ttl_min`, 10 s by default, and that is
+    /// the default here; the test suite lowers both (consul-testserver's
+    /// `Config::min_ttl` mirrors `session_ttl_min`) to run with 1 s to 2 s
+    /// TTLs. 1 s to 10 s.
+    #[serde(with = "humantime_serde")]
+    pub consul_session_ttl_min: Duration,
+}
+
+impl Default for TestingSection {
+    fn default() -> Self {
+        Self {
+            consul_session_ttl_min: CONSUL_SESSION_TTL_MIN,
+        }
+    }
+}
+
+/// `[node]`
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSection {
+    /// Datacenter id (must fit `layout` datacenter bits).
+    pub datacenter_id: u64,
+    /// Worker id (must fit `layout` worker bits; unique per datacenter).
+    /// With Consul it is used only when `consul.worker = "static"`.
+    pub worker_id: u64,
+    /// Stable name of this node across restarts; with Consul it lets a
+    /// restarted node take back its worker id. Empty: `<hostname>-<port>`.
+    pub instance_id: String,
+    /// The gRPC address clients and the Consul agent dial. Empty: the bound
+    /// `server.grpc_listen` address (which must then not be 0.0.0.0).
+    pub advertise: String,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// gRPC listen address.
+    pub grpc_listen: String,
+    /// HTTP listen address (metrics, health, JSON API).
+    pub http_listen: String,
+    /// Largest `count` a GenIds call may ask for.
+    pub max_batch: u32,
+    /// Largest gRPC request message, in bytes; larger ones are refused
+    /// with RESOURCE_EXHAUSTED before they are read.
+    pub max_request_size: u32,
+    /// Longest a call may wait for a free sequence before UNAVAILABLE.
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+    /// How long shutdown waits for in-flight calls to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Most open connections on the gRPC port; past it a new connection is
+    /// closed at once (the client can go to another node).
+    pub grpc_max_connections: u32,
+    /// Most open connections on the HTTP port, likewise.
+    pub http_max_connections: u32,
+    /// Deadline for a new gRPC connection's HTTP/2 preface, and for each
+    /// HTTP/1 request's headers (also the wait for the next request on a
+    /// kept-alive HTTP connection).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// A gRPC connection with no call in progress for this long is closed
+    /// (GOAWAY first, so clients reconnect cleanly).
+    #[serde(with = "humantime_serde")]
+    pub grpc_idle_timeout: Duration,
+    /// How often an HTTP/2 ping checks a quiet gRPC connection's peer.
+    #[serde(with = "humantime_serde")]
+    pub grpc_keepalive_interval: Duration,
+    /// A ping not answered within this closes the connection.
+    #[serde(with = "humantime_serde")]
+    pub grpc_keepalive_timeout: Duration,
+    /// Most calls in flight on one gRPC connection (HTTP/2
+    /// MAX_CONCURRENT_STREAMS); clients queue the rest.
+    pub grpc_max_concurrent_streams: u32,
+    /// Largest request header block in bytes, on both ports.
+    pub max_header_size: u32,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            grpc_listen: "127.0.0.1:50051".into(),
+            http_listen: "127.0.0.1:9464".into(),
+            max_batch: 10_000,
+            max_request_size: 65_536,
+            max_wait: Duration::from_secs(2),
+            shutdown_grace: Duration::from_secs(10),
+            grpc_max_connections: 768,
+            http_max_connections: 128,
+            header_timeout: Duration::from_secs(10),
+            grpc_idle_timeout: Duration::from_secs(300),
+            grpc_keepalive_interval: Duration::from_secs(30),
+            grpc_keepalive_timeout: Duration::from_secs(10),
+            grpc_max_concurrent_streams: 200,
+            max_header_size: 16_384,
+        }
+    }
+}
+
+/// `[store]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// Backend: `embedded` (a local redb state file) or `consul`.
+    pub backend: BackendKind,
+    /// Path of the embedded state file.
+    pub path: PathBuf,
+    /// Create the state file when it is missing. For development only: in
+    /// production a missing file means lost state, which must stop start-up.
+    pub init_if_missing: bool,
+    /// How long the node may be unable to issue (its store cannot write,
+    /// or it is fenced) before `/healthz` fails too, so an orchestrator
+    /// restarts it. Readiness fails at once either way.
+    #[serde(with = "humantime_serde")]
+    pub max_unhealthy: Duration,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        Self {
+            backend: BackendKind::Embedded,
+            path: PathBuf::from(DEFAULT_STATE_PATH),
+            init_if_missing: false,
+            max_unhealthy: Duration::from_secs(180),
+        }
+    }
+}
+
+/// `[layout]`: a preset, optionally with individual widths overridden.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LayoutSection {
+    /// `twitter` (41/5/5/12 of 1 ms), `sonyflake` (39 bits of 10 ms, 8/8
+    /// machine, 8 sequence) or `js53` (below 2^53).
+    pub preset: String,
+    /// RFC 3339 instant that time zero stands for.
+    pub epoch: String,
+    /// Length of one time unit (1 ms to 1 s); overrides the preset.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub time_unit: Option<Duration>,
+    /// Width of the time field; overrides the preset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_bits: Option<u8>,
+    /// Width of the datacenter field; overrides the preset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datacenter_bits: Option<u8>,
+    /// Width of the worker field; overrides the preset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_bits: Option<u8>,
+    /// Width of the sequence field; overrides the preset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence_bits: Option<u8>,
+}
+
+impl LayoutSection {
+    /// The preset name, with `+overrides` when individual widths or the
+    /// time unit override it.
+    pub fn preset_name(&self) -> String {
+        let l = self;
+        let overridden = l.time_unit.is_some()
+            || l.time_bits.is_some()
+            || l.datacenter_bits.is_some()
+            || l.worker_bits.is_some()
+            || l.sequence_bits.is_some();
+        if overridden {
+            format!("{}+overrides", l.preset)
+        } else {
+            l.preset.clone()
+        }
+    }
+}
+
+impl Default for LayoutSection {
+    fn default() -> Self {
+        Self {
+            preset: "twitter".into(),
+            epoch: "2024-01-01T00:00:00Z".into(),
+            time_unit: None,
+            time_bits: None,
+            datacenter_bits: None,
+            worker_bits: None,
+            sequence_bits: None,
+        }
+    }
+}
+
+/// `[clock]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClockSection {
+    /// Largest wall-clock step back that is ridden out on the logical clock.
+    #[serde(with = "humantime_serde")]
+    pub max_backward: Duration,
+    /// Largest amount the clock may be behind the stored high-water mark at
+    /// start-up.
+    #[serde(with = "humantime_serde")]
+    pub max_startup_skew: Duration,
+}
+
+impl Default for ClockSection {
+    fn default() -> Self {
+        Self {
+            max_backward: Duration::from_secs(1),
+            max_startup_skew: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[hwm]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HwmSection {
+    /// How far ahead of the wall clock the durable mark is kept.
+    #[serde(with = "humantime_serde")]
+    pub reserve: Duration,
+    /// How often the mark is extended.
+    #[serde(with = "humantime_serde")]
+    pub renew_interval: Duration,
+}
+
+impl Default for HwmSection {
+    fn default() -> Self {
+        Self {
+            reserve: Duration::from_secs(3),
+            renew_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `[consul]`: only read when `store.backend = "consul"`.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsulSection {
+    /// Base URL of the local Consul agent.
+    pub address: String,
+    /// ACL token. Prefer `token_file` or `IDGEN_CONSUL__TOKEN`; never logged.
+    pub token: String,
+    /// File holding the ACL token (whitespace trimmed).
+    pub token_file: PathBuf,
+    /// KV prefix; keys live under `<prefix>/<cluster>/`.
+    pub prefix: String,
+    /// Cluster name: nodes sharing it share worker ids and marks.
+    pub cluster: String,
+    /// Consul service name.
+    pub service: String,
+    /// `auto` (claim the lowest free id, or the one this instance held) or
+    /// `static` (claim exactly `node.worker_id`).
+    pub worker: WorkerClaim,
+    /// Session TTL of the worker lock.
+    #[serde(with = "humantime_serde")]
+    pub session_ttl: Duration,
+    /// Lock-delay of the worker lock after its session is invalidated.
+    #[serde(with = "humantime_serde")]
+    pub lock_delay: Duration,
+    /// Safety margin: the node stops issuing this long before its lease
+    /// could run out on the server.
+    #[serde(with = "humantime_serde")]
+    pub lease_margin: Duration,
+    /// Timeout of one Consul request.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Extra attempts for a failed idempotent request.
+    pub retries: u32,
+    /// How often the agent probes the gRPC health check.
+    #[serde(with = "humantime_serde")]
+    pub check_interval: Duration,
+    /// Timeout of one health probe.
+    #[serde(with = "humantime_serde")]
+    pub check_timeout: Duration,
+    /// The agent removes the service after its check stayed critical this long.
+    #[serde(with = "humantime_serde")]
+    pub deregister_critical_after: Duration,
+    /// Longest pause between attempts to claim a worker id again after the
+    /// lease was lost.
+    #[serde(with = "humantime_serde")]
+    pub reclaim_backoff_max: Duration,
+}
+
+impl Default for ConsulSection {
+    fn default() -> Self {
+        let lease = WorkerLockSettings::default();
+        Self {
+            address: "http://127.0.0.1:8500".into(),
+            token: String::new(),
+            token_file: PathBuf::new(),
+            prefix: "idgen".into(),
+            cluster: "default".into(),
+            service: "idgen".into(),
+            worker: WorkerClaim::Auto,
+            session_ttl: lease.ttl,
+            lock_delay: lease.lock_delay,
+            lease_margin: lease.margin,
+            timeout: Duration::from_secs(2),
+            retries: 2,
+            check_interval: Duration::from_secs(5),
+            check_timeout: Duration::from_secs(2),
+            deregister_critical_after: Duration::from_secs(60),
+            reclaim_backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl fmt::Debug for ConsulSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulSection")
+            .field("address", &self.address)
+            .field("token", &(!self.token.is_empty()).then_some("<redacted>"))
+            .field("token_file", &self.token_file)
+            .field("prefix", &self.prefix)
+            .field("cluster", &self.cluster)
+            .field("worker", &self.worker)
+            .field("session_ttl", &self.session_ttl)
+            .field("lock_delay", &self.lock_delay)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `[segment]`: dense per-tag numbers from ranges (Leaf style).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SegmentSection {
+    /// Serve `mode = segment`.
+    pub enabled: bool,
+    /// Create an unknown tag on first use, starting at 1 with
+    /// `default_step`. Off: unknown tags are NOT_FOUND.
+    pub auto_create: bool,
+    /// Step of auto-created tags.
+    pub default_step: u64,
+    /// Cap of the dynamic step (a range used up in under 15 minutes
+    /// doubles the next one).
+    pub max_step: u64,
+    /// Most live tags (admin-created and auto-created together); creating
+    /// one more is RESOURCE_EXHAUSTED. Deleted tags (tombstones) do not
+    /// count. Bounds the state a client can make the store keep.
+    pub max_tags: u64,
+    /// A tag not used on this node for this long has its buffers dropped
+    /// from memory (their unused IDs become a gap, never reused); the next
+    /// call takes a fresh range.
+    #[serde(with = "humantime_serde")]
+    pub idle_release: Duration,
+}
+
+impl Default for SegmentSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            auto_create: false,
+            default_step: 1000,
+            max_step: 1_000_000,
+            max_tags: 10_000,
+            idle_release: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// `[lease]`: clock-free IDs `zone | token | sequence`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseSection {
+    /// Serve `mode = lease`.
+    pub enabled: bool,
+    /// Zone (0 to 127), the top field of every lease ID.
+    pub zone: u64,
+    /// Embedded store: the token to start with. Unset (the default): the
+    /// first token of this node's own range, derived from its datacenter
+    /// and worker id (see [`crate::id::lease::node_token_range`]); a
+    /// token outside that range is refused, since another embedded node
+    /// owns it. The node moves to the next token of its range when one is
+    /// used up. Consul: tokens are claimed automatically and this is
+    /// ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    /// Sequences reserved per block (1 to 100000000); the next block is
+    /// reserved when half of the current one is used.
+    pub block: u64,
+}
+
+impl Default for LeaseSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            zone: 0,
+            token: None,
+            block: 1000,
+        }
+    }
+}
+
+/// `[strict]`: cluster-wide strictly increasing counters per key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StrictSection {
+    /// Serve `mode = strict`.
+    pub enabled: bool,
+    /// Step of namespaces without one set by the admin API (1 to 1000000).
+    pub default_step: u64,
+    /// Most live keys in one namespace; the call that would create one
+    /// more is RESOURCE_EXHAUSTED. Deleted keys (tombstones) do not count.
+    pub max_keys_per_namespace: u64,
+    /// Most namespaces with live keys, so the total is bounded too.
+    pub max_namespaces: u64,
+}
+
+impl Default for StrictSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            default_step: 1,
+            max_keys_per_namespace: 100_000,
+            max_namespaces: 100,
+        }
+    }
+}
+
+/// `[admin]`: the admin API (`idgen.v1.Admin`).
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSection {
+    /// The bearer token admin calls must send. Empty (and no `token_file`):
+    /// the admin API refuses every call. Prefer `token_file` or
+    /// `IDGEN_ADMIN__TOKEN`; never logged.
+    pub token: String,
+    /// A file holding the admin token.
+    pub token_file: PathBuf,
+}
+
+impl fmt::Debug for AdminSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminSection")
+            .field("token", &(!self.token.is_empty()).then_some("<redacted>"))
+            .field("token_file", &self.token_file)
+            .finish()
+    }
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// A tracing filter, e.g. `info` or `idgen=debug,info`. `RUST_LOG` wins.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// Colour codes in text logs: `auto` (only when stderr is a terminal
+    /// and `NO_COLOR` is unset), `always` or `never`.
+    pub color: LogColor,
+}
+
+/// When text logs carry ANSI colour codes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogColor {
+    /// Only when stderr is a terminal and `NO_COLOR` is not set.
+    #[default]
+    Auto,
+    /// Always (e.g. a terminal multiplexer that is not detected).
+    Always,
+    /// Never.
+    Never,
+}
+
+impl LogColor {
+    /// Whether to colour, given whether stderr is a terminal.
+    pub fn enabled(self, stderr_is_terminal: bool) -> bool {
+        match self {
+            LogColor::Always => true,
+            LogColor::Never => false,
+            LogColor::Auto => stderr_is_terminal && std::env::var_os("NO_COLOR").is_none(),
+        }
+    }
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: LogFormat::Text,
+            color: LogColor::Auto,
+        }
+    }
+}
+
+/// Values given on the command line; they win over file and environment.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--grpc-listen`
+    pub grpc_listen: Option<String>,
+    /// `--http-listen`
+    pub http_listen: Option<String>,
+    /// `--state`
+    pub state_path: Option<PathBuf>,
+    /// `--datacenter-id`
+    pub datacenter_id: Option<u64>,
+    /// `--worker-id`
+    pub worker_id: Option<u64>,
+}
+
+impl FileConfig {
+    /// Reads defaults, then `path` (if given; it must exist), then the
+    /// `IDGEN_` environment.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env_prefix(path, "IDGEN_")
+    }
+
+    pub(super) fn load_with_env_prefix(
+        path: Option<&Path>,
+        prefix: &str,
+    ) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(FileConfig::default()));
+        // systemd's StateDirectory= moves the default state file; the file,
+        // the environment and --state still win over it.
+        if let Some(dir) = state_directory(std::env::var_os("STATE_DIRECTORY"))? {
+            fig = fig.merge(Serialized::default("store.path", dir.join(STATE_FILE_NAME)));
+        }
+        if let Some(path) = path {
+            if !path.exists() {
+                return Err(ConfigError::Parse(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(Toml::file_exact(path));
+        }
+        // Every IDGEN_* variable must name a key (or be one of the few
+        // read by the CLI and scripts): a typo must never silently leave a
+        // setting, such as the worker id, at its default.
+        check_environment(prefix, std::env::vars_os())?;
+        fig = fig.merge(
+            Env::prefixed(prefix)
+                .filter(|key| key.as_str().contains("__"))
+                .split("__"),
+        );
+        fig.extract().map_err(read_error)
+    }
+
+    /// Every settable key as `(section, key)`, optional ones included.
+    pub fn keys() -> Vec<(String, String)> {
+        let mut full = FileConfig::default();
+        // Optional keys are left out of a serialized default; give them a
+        // value so they are listed too.
+        full.layout.time_unit = Some(Duration::from_millis(1));
+        full.layout.time_bits = Some(0);
+        full.layout.datacenter_bits = Some(0);
+        full.layout.worker_bits = Some(0);
+        full.layout.sequence_bits = Some(0);
+        let mut keys = Vec::new();
+        if let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(&full) {
+            for (section, fields) in sections {
+                if let serde_json::Value::Object(fields) = fields {
+                    keys.extend(fields.keys().map(|k| (section.clone(), k.clone())));
+                }
+            }
+        }
+        keys
+    }
+
+    /// The settings as a TOML document, secrets replaced by `<redacted>`:
+    /// what `idgen check-config` prints.
+    pub fn redacted_toml(&self) -> Result<String, ConfigError> {
+        let mut shown = self.clone();
+        for secret in [&mut shown.consul.token, &mut shown.admin.token] {
+            if !secret.is_empty() {
+                *secret = "<redacted>".into();
+            }
+        }
+        toml::to_string(&shown).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+}
+
+/// The state file's default path, absolute so that it does not depend on
+/// the directory the service happens to start in.
+pub const DEFAULT_STATE_PATH: &str = "/var/lib/idgen/idgen.redb";
+
+/// The state file's name inside `$STATE_DIRECTORY`.
+pub const STATE_FILE_NAME: &str = "idgen.redb";
+
+/// The directory systemd created for the unit's `StateDirectory=`, from
+/// the value of `STATE_DIRECTORY` (a colon-separated list when the unit
+/// names several; the first is used). `None` when unset or empty. systemd
+/// always passes absolute paths, so a relative one is an error rather than
+/// a state file in whatever directory the node starts in.
+pub fn state_directory(value: Option<std::ffi::OsString>) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let Some(value) = value.to_str() else {
+        return Err(ConfigError::Parse(
+            "environment variable STATE_DIRECTORY is not valid UTF-8".into(),
+        ));
+    };
+    let Some(first) = value.split(':').next().filter(|d| !d.is_empty()) else {
+        return Ok(None);
+    };
+    let dir = PathBuf::from(first);
+    if !dir.is_absolute() {
+        return Err(ConfigError::Parse(format!(
+            "environment variable STATE_DIRECTORY: {first:?} is not an absolute path (systemd's StateDirectory= sets it; set store.path instead)"
+        )));
+    }
+    Ok(Some(dir))
+}
+
+/// `IDGEN_*` variables that are not config keys: read by the CLI (the
+/// admin token of `idgen admin`) and by the test and bench scripts. Every
+/// other `IDGEN_*` variable must name a key.
+pub const NON_CONFIG_VARIABLES: &[&str] = &[
+    "IDGEN_CONFIG",
+    "IDGEN_ADMIN_TOKEN",
+    "IDGEN_CHAOS_IDS",
+    "IDGEN_BENCH_SECS",
+    "IDGEN_BENCH_ROUNDS",
+    "IDGEN_TEST_FAULT",
+];
+
+/// Refuses an environment variable under `prefix` that maps to no key,
+/// naming the nearest valid one.
+pub(super) fn check_environment(
+    prefix: &str,
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<(), ConfigError> {
+    let keys = FileConfig::keys();
+    for (name, _) in vars {
+        let Some(name) = name.to_str() else {
+            let lossy = name.to_string_lossy().into_owned();
+            if lossy.starts_with(prefix) {
+                return Err(ConfigError::Environment {
+                    name: lossy,
+                    problem: "is not valid UTF-8; unset it".into(),
+                });
+            }
+            continue;
+        };
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        if NON_CONFIG_VARIABLES.contains(&name) && prefix == "IDGEN_" {
+            continue;
+        }
+        let wanted = rest.to_ascii_lowercase();
+        let known = keys
+            .iter()
+            .any(|(section, key)| wanted == format!("{section}__{key}"));
+        if known {
+            continue;
+        }
+        let nearest = keys
+            .iter()
+            .min_by_key(|(section, key)| edit_distance(&wanted, &format!("{section}__{key}")));
+        let problem = match nearest {
+            Some((section, key)) => format!(
+                "maps to no config key; did you mean {prefix}{}__{} ({section}.{key})? \
+                 Variables are {prefix}<SECTION>__<KEY>, with two underscores between section and key",
+                section.to_ascii_uppercase(),
+                key.to_ascii_uppercase()
+            ),
+            None => "maps to no config key".into(),
+        };
+        return Err(ConfigError::Environment {
+            name: name.to_owned(),
+            problem,
+        });
+    }
+    Ok(())
+}
+
+/// Levenshtein distance, for "did you mean" suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+impl FileConfig {
+    /// Applies command-line overrides.
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(v) = &o.grpc_listen {
+            self.server.grpc_listen = v.clone();
+        }
+        if let Some(v) = &o.http_listen {
+            self.server.http_listen = v.clone();
+        }
+        if let Some(v) = &o.state_path {
+            self.store.path = v.clone();
+        }
+        if let Some(v) = o.datacenter_id {
+            self.node.datacenter_id = v;
+        }
+        if let Some(v) = o.worker_id {
+            self.node.worker_id = v;
+        }
+    }
+}
+
+/// The config keys whose values are typed enums. A wrong value there is
+/// refused while reading, by the enum's own `TryFrom<String>`; it is
+/// reported like any other invalid key (`config key store.backend: ...`).
+const ENUM_KEYS: [&str; 3] = ["store.backend", "log.format", "consul.worker"];
+
+/// A figment error as a [`ConfigError`]: a refused enum value names its
+/// key, everything else is a read error.
+fn read_error(e: figment::Error) -> ConfigError {
+    if let figment::error::Kind::Message(problem) = &e.kind {
+        let key = e.path.join(".");
+        if let Some(key) = ENUM_KEYS.into_iter().find(|k| *k == key) {
+            return invalid(key, problem.clone());
+        }
+    }
+    ConfigError::Parse(e.to_string())
+}
+
+/// Declares a config enum read from and written as a lower-case word;
+/// a wrong word is refused with `$problem`, which says what to use.
+macro_rules! word_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $word:literal,)+ }
+     refused($other:ident) => $problem:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "&'static str")]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            /// The word the config file uses.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word,)+
+                }
+            }
+        }
+
+        impl From<$name> for &'static str {
+            fn from(value: $name) -> Self {
+                value.as_str()
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+
+            fn try_from($other: String) -> Result<Self, String> {
+                match $other.as_str() {
+                    $($word => Ok($name::$variant),)+
+                    _ => Err($problem),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+word_enum! {
+    /// `store.backend`: where durable state lives.
+    BackendKind {
+        /// A local redb state file (`store.path`).
+        Embedded = "embedded",
+        /// Consul KV, with claimed worker ids (`[consul]`).
+        Consul = "consul",
+    }
+    refused(other) => format!("unknown backend {other:?}; use embedded or consul")
+}
+
+word_enum! {
+    /// `log.format`: how log lines are written.
+    LogFormat {
+        /// Human-readable lines.
+        Text = "text",
+        /// One JSON object per line.
+        Json = "json",
+    }
+    refused(other) => format!("{other:?}: use text or json")
+}
+
+word_enum! {
+    /// `consul.worker`: how a Consul node gets its worker id.
+    WorkerClaim {
+        /// Claim the lowest free id, or the one this instance held before.
+        Auto = "auto",
+        /// Claim exactly `node.worker_id`.
+        Static = "static",
+    }
+    refused(other) => format!("{other:?}: use auto (claim a free id) or static (node.worker_id)")
+}

@@ -1,0 +1,311 @@
+//! Configuration in two layers: [`FileConfig`] (in `file.rs`) is what a
+//! TOML file and `IDGEN_...` environment variables say, with defaults and
+//! human-readable durations; [`Config`] is the validated runtime form the
+//! server uses, one typed settings value per section. `validate.rs` holds
+//! the checks, each section validating itself into its settings type.
+//!
+//! Precedence, lowest first: built-in defaults, the TOML file, environment
+//! variables (`IDGEN_SECTION__KEY`, e.g. `IDGEN_NODE__WORKER_ID=3`), CLI flags.
+//! `config/idgen.example.toml` documents every key.
+
+mod file;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::cluster::worker_lock::WorkerLockSettings;
+use crate::consul::ConsulConfig;
+use crate::id::Layout;
+use crate::store::consul::ClusterKeys;
+use crate::store::hwm::HwmSettings;
+
+pub use file::{
+    state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
+    HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection, NodeSection,
+    Overrides, SegmentSection, ServerSection, StoreSection, StrictSection, TestingSection,
+    WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH, NON_CONFIG_VARIABLES, STATE_FILE_NAME,
+};
+pub use validate::check_log_filter;
+
+/// A config problem, naming the key and what is wrong with it.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file, or the environment, could not be read or parsed.
+    #[error("cannot read config: {0}")]
+    Parse(String),
+    /// An `IDGEN_*` environment variable names no config key.
+    #[error("environment variable {name} {problem}")]
+    Environment {
+        /// The variable as set.
+        name: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+    /// A key has a value that is not allowed.
+    #[error("config key {key}: {problem}")]
+    Invalid {
+        /// Dotted key, e.g. `server.grpc_listen`.
+        key: &'static str,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+}
+
+fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        problem: problem.into(),
+    }
+}
+
+/// The validated runtime configuration, one settings value per section.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `[node]`: this node's place in the layout and how it is reached.
+    pub node: NodeSettings,
+    /// `[server]`: listeners, request limits, connection bounds.
+    pub server: ServerSettings,
+    /// `[store]` (and `[consul]` with the Consul backend).
+    pub store: StoreSettings,
+    /// `[layout]`: the ID layout.
+    pub layout: Layout,
+    /// The layout's preset name as configured (`twitter`, ...), with
+    /// `+overrides` when widths or the time unit were set by hand; recorded
+    /// with the layout in Consul for operators.
+    pub layout_preset: String,
+    /// `[hwm]` and `[clock]`: what the high-water mark keeper takes. The
+    /// clock limits live here because the keeper is what enforces them
+    /// (at start-up against the stored mark, and on every step back).
+    pub hwm: HwmSettings,
+    /// `[segment]`, when enabled.
+    pub segment: Option<SegmentModeSettings>,
+    /// `[lease]`, when enabled.
+    pub lease: Option<LeaseModeSettings>,
+    /// `[strict]`, when enabled.
+    pub strict: Option<StrictModeSettings>,
+    /// `[admin]`: the admin API.
+    pub admin: AdminSettings,
+    /// `[log]`.
+    pub log: LogSettings,
+}
+
+impl Config {
+    /// Loads, overrides and validates in one go.
+    pub fn load(
+        path: Option<&Path>,
+        overrides: &Overrides,
+        now_ms: u64,
+    ) -> Result<Self, ConfigError> {
+        let mut file = FileConfig::load(path)?;
+        file.apply(overrides);
+        file.validate(now_ms)
+    }
+}
+
+/// The validated `[node]` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSettings {
+    /// Datacenter id (fits the layout).
+    pub datacenter_id: u64,
+    /// Worker id (fits the layout; with Consul, used only by a static
+    /// claim).
+    pub worker_id: u64,
+    /// Stable instance name; `None`: derived from the host name and port.
+    pub instance_id: Option<String>,
+    /// The gRPC address to advertise; `None`: the bound listener's.
+    pub advertise: Option<SocketAddr>,
+}
+
+/// The validated `[server]` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSettings {
+    /// gRPC listen address.
+    pub grpc_listen: SocketAddr,
+    /// HTTP listen address.
+    pub http_listen: SocketAddr,
+    /// Largest GenIds `count`.
+    pub max_batch: u32,
+    /// Largest gRPC request message, in bytes.
+    pub max_request_size: usize,
+    /// Longest wait for a free sequence within one call.
+    pub max_wait: Duration,
+    /// How long shutdown waits for in-flight calls.
+    pub shutdown_grace: Duration,
+    /// Bounds on client connections, both ports.
+    pub connections: ConnectionSettings,
+}
+
+/// Bounds on client connections (validated from `[server]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    /// Most open gRPC connections.
+    pub grpc_max_connections: usize,
+    /// Most open HTTP connections.
+    pub http_max_connections: usize,
+    /// HTTP/2 preface and HTTP/1 request header deadline.
+    pub header_timeout: Duration,
+    /// gRPC connection idle deadline.
+    pub grpc_idle_timeout: Duration,
+    /// HTTP/2 ping interval on gRPC connections.
+    pub grpc_keepalive_interval: Duration,
+    /// HTTP/2 ping answer deadline.
+    pub grpc_keepalive_timeout: Duration,
+    /// Calls in flight per gRPC connection.
+    pub grpc_max_concurrent_streams: u32,
+    /// Largest request header block, bytes.
+    pub max_header_size: usize,
+}
+
+/// The validated `[store]` section.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    /// Where durable state lives.
+    pub backend: Backend,
+    /// How long the node may be unable to issue (store cannot write, or
+    /// fenced) before `/healthz` fails. Read on either backend, so it sits
+    /// beside the backend rather than in it.
+    pub max_unhealthy: Duration,
+}
+
+impl StoreSettings {
+    /// The embedded state file, or `None` with the Consul backend.
+    pub fn state_path(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Embedded { path, .. } => Some(path),
+            Backend::Consul(_) => None,
+        }
+    }
+}
+
+/// Where durable state lives.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The local state file; the worker id comes from config.
+    Embedded {
+        /// Path of the state file.
+        path: PathBuf,
+        /// Create the state file if missing (development only).
+        init_if_missing: bool,
+    },
+    /// Consul: claimed worker ids, marks in KV, service registration.
+    Consul(Box<ClusterConfig>),
+}
+
+/// The validated `[consul]` section.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// How to reach the agent (address, token, timeouts).
+    pub client: ConsulConfig,
+    /// `<prefix>/<cluster>/`.
+    pub keys: ClusterKeys,
+    /// Consul service name.
+    pub service: String,
+    /// Claim exactly `node.worker_id` instead of any free id.
+    pub static_worker: bool,
+    /// Worker lock timing.
+    pub lease: WorkerLockSettings,
+    /// gRPC health probe interval.
+    pub check_interval: Duration,
+    /// gRPC health probe timeout.
+    pub check_timeout: Duration,
+    /// `DeregisterCriticalServiceAfter`.
+    pub deregister_after: Duration,
+    /// Longest pause between claim attempts after the lease was lost.
+    pub reclaim_backoff_max: Duration,
+}
+
+/// The validated `[segment]` section (segment mode is on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentModeSettings {
+    /// Create an unknown tag on first use (with `default_step`).
+    pub auto_create: bool,
+    /// Step of auto-created tags.
+    pub default_step: u64,
+    /// Cap of the dynamic step.
+    pub max_step: u64,
+    /// Most live tags.
+    pub max_tags: u64,
+    /// A tag unused on this node for this long has its buffers dropped.
+    pub idle_release: Duration,
+}
+
+/// The validated `[lease]` section (lease mode is on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseModeSettings {
+    /// Zone, the top field of every lease ID.
+    pub zone: u64,
+    /// The token to start at. Always set on the embedded store (the first
+    /// of this node's own range unless configured inside it); ignored
+    /// with Consul, which claims tokens.
+    pub token: Option<u64>,
+    /// Sequences reserved per block.
+    pub block: u64,
+}
+
+/// The validated `[strict]` section (strict mode is on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrictModeSettings {
+    /// Step of namespaces without one set by the admin API.
+    pub default_step: u64,
+    /// Most live keys in one namespace.
+    pub max_keys_per_namespace: u64,
+    /// Most namespaces with live keys.
+    pub max_namespaces: u64,
+}
+
+/// The defaults of `[segment]`, for tests and tools that build a
+/// [`Config`] by hand.
+impl Default for SegmentModeSettings {
+    fn default() -> Self {
+        SegmentSection::default().settings()
+    }
+}
+
+/// The defaults of `[lease]`.
+impl Default for LeaseModeSettings {
+    fn default() -> Self {
+        LeaseSection::default().settings()
+    }
+}
+
+/// The defaults of `[strict]`.
+impl Default for StrictModeSettings {
+    fn default() -> Self {
+        StrictSection::default().settings()
+    }
+}
+
+/// The validated `[admin]` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdminSettings {
+    /// The admin API token; `None`: admin calls are refused.
+    pub token: Option<AdminToken>,
+}
+
+/// The admin token, redacted in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(pub String);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+/// The validated `[log]` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// A tracing filter (`RUST_LOG` wins when set).
+    pub level: String,
+    /// Text or JSON lines.
+    pub format: LogFormat,
+    /// Colour codes in text logs.
+    pub color: LogColor,
+}

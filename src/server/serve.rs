@@ -1,0 +1,234 @@
+//! [`Node::serve`]: the front ends up, membership supervised, and the
+//! shutdown in the order the safety rules need (NOT_SERVING, drain, final
+//! mark, release).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use super::{admin, grpc, health, http, instance_id, listener, request_size};
+use super::{Node, ServeError, ShutdownReport};
+use crate::cluster::membership::IssuePath;
+use crate::config::Config;
+use crate::modes::Issuer;
+use crate::proto;
+
+type Served = JoinHandle<()>;
+
+/// The running front ends.
+struct FrontEnds {
+    grpc: Served,
+    http: Served,
+    upkeep: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+async fn wait_stop(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+impl Node {
+    /// Serves gRPC on `grpc` and HTTP on `http` until `shutdown` completes,
+    /// then shuts down in order and returns what it stored.
+    pub async fn serve(
+        self,
+        grpc: TcpListener,
+        http: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<ShutdownReport, ServeError> {
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let state = health::ServingState::new(reporter);
+        let monitor_stop = Arc::new(Notify::new());
+        let monitor = tokio::spawn(health::run(
+            Arc::clone(&self.issuer),
+            Arc::clone(&self.clock),
+            state.clone(),
+            Arc::clone(&monitor_stop),
+            self.config.store.max_unhealthy,
+        ));
+        let addrs = (grpc.local_addr().ok(), http.local_addr().ok());
+        let mut fronts = self.start_front_ends(grpc, http, health_service, &state)?;
+        let Node {
+            config,
+            issuer,
+            membership,
+            bound,
+            renewal,
+            state_watch,
+            rate_sampling,
+            ..
+        } = self;
+        let worker = membership.key();
+        let path: Arc<dyn IssuePath> = Arc::clone(&issuer) as Arc<dyn IssuePath>;
+        let running = membership.run(path, bound).await;
+        tracing::info!(
+            grpc = addrs.0.map(tracing::field::display),
+            http = addrs.1.map(tracing::field::display),
+            datacenter = worker.datacenter,
+            worker = worker.worker,
+            layout = %config.layout,
+            "idgen serving"
+        );
+        // Run until the shutdown signal, or until a front end dies.
+        let early = tokio::select! {
+            _ = shutdown => None,
+            r = &mut fronts.grpc => Some(format!("gRPC server stopped: {r:?}")),
+            r = &mut fronts.http => Some(format!("HTTP server stopped: {r:?}")),
+        };
+        tracing::info!("shutting down: NOT_SERVING, draining in-flight calls");
+        // Stop the monitor first so it cannot report SERVING after drain.
+        monitor_stop.notify_one();
+        let _ = monitor.await;
+        state.drain().await;
+        let drained = fronts.drain(&config).await;
+        // Closing the generator and storing the final mark happen together;
+        // in a cluster the lock is released and the service deregistered
+        // after that.
+        let final_hwm_ms = running.finish().await?;
+        drop(rate_sampling);
+        drop(state_watch);
+        // Last: nothing renews once the mark is final and the lock gone.
+        drop(renewal);
+        tracing::info!(final_hwm_ms, drained, "idgen stopped");
+        match early {
+            Some(reason) => Err(ServeError::Transport(reason)),
+            None => Ok(ShutdownReport {
+                final_hwm_ms,
+                drained,
+            }),
+        }
+    }
+
+    fn start_front_ends(
+        &self,
+        grpc: TcpListener,
+        http: TcpListener,
+        health_service: tonic_health::pb::health_server::HealthServer<
+            impl tonic_health::pb::health_server::Health,
+        >,
+        state: &health::ServingState,
+    ) -> Result<FrontEnds, ServeError> {
+        let config = &self.config;
+        // Reflection v1, and v1alpha for older tools (grpcurl before 1.8.8,
+        // Python's grpcio-reflection, older Postman and Evans).
+        let reflection_builder = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection = reflection_builder()
+            .build_v1()
+            .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
+        let reflection_v1alpha = reflection_builder()
+            .build_v1alpha()
+            .map_err(|e| ServeError::Transport(format!("reflection v1alpha: {e}")))?;
+        let max_request = config.server.max_request_size;
+        let idgen = proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(
+            &self.issuer,
+        )))
+        .max_decoding_message_size(max_request);
+        let admin = admin::service(self.admin_deps()).max_decoding_message_size(max_request);
+        let (stop, stop_rx) = watch::channel(false);
+        let grpc_routes = tonic::service::Routes::new(health_service)
+            .add_service(reflection)
+            .add_service(reflection_v1alpha)
+            .add_service(idgen)
+            .add_service(admin)
+            .prepare();
+        let grpc = tokio::spawn(listener::serve(
+            grpc,
+            listener::Port::Grpc,
+            config.server.connections,
+            tower::Layer::layer(
+                &request_size::RequestSizeLayer::new(max_request),
+                grpc_routes,
+            ),
+            wait_stop(stop_rx.clone()),
+        ));
+        let router = http::router(http::HttpState {
+            issuer: Arc::clone(&self.issuer),
+            metrics: self.metrics.clone(),
+            ready: Arc::clone(&state.ready),
+            live: Arc::clone(&state.live),
+            rpc: Arc::new(http::HttpMetrics::default()),
+        });
+        let http = tokio::spawn(listener::serve(
+            http,
+            listener::Port::Http,
+            config.server.connections,
+            router,
+            wait_stop(stop_rx),
+        ));
+        let metrics = self.metrics.clone();
+        let upkeep = tokio::spawn(async move {
+            let mut t = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                t.tick().await;
+                metrics.run_upkeep();
+            }
+        });
+        Ok(FrontEnds {
+            grpc,
+            http,
+            upkeep,
+            stop,
+        })
+    }
+
+    fn admin_deps(&self) -> admin::AdminDeps {
+        let config = &self.config;
+        let issuer: &Arc<Issuer> = &self.issuer;
+        let cluster = match (self.membership.consul(), &config.store.backend) {
+            (Some(client), crate::config::Backend::Consul(cc)) => {
+                Some((client.clone(), cc.keys.clone()))
+            }
+            _ => None,
+        };
+        let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
+        admin::AdminDeps {
+            token: config.admin.token.clone(),
+            segments: self.admin_segments.clone(),
+            strict: issuer.strict().cloned(),
+            segment_server: issuer.segment_server().cloned(),
+            cluster,
+            node: admin::NodeFacts {
+                instance: instance_id(config, advertise),
+                address: advertise.to_string(),
+                worker: self.membership.key(),
+                lease: issuer.leases().cloned(),
+                lease_zone: config.lease.as_ref().map(|l| l.zone),
+            },
+            clock: Arc::clone(&self.clock),
+            snapshots: self.snapshots.clone(),
+        }
+    }
+}
+
+impl FrontEnds {
+    /// Stops accepting and waits for in-flight calls, at most
+    /// `server.shutdown_grace`; returns whether every call finished.
+    async fn drain(mut self, config: &Config) -> bool {
+        let _ = self.stop.send(true);
+        let grace = config.server.shutdown_grace;
+        let drained = tokio::time::timeout(grace, async {
+            if !self.grpc.is_finished() {
+                let _ = (&mut self.grpc).await;
+            }
+            if !self.http.is_finished() {
+                let _ = (&mut self.http).await;
+            }
+        })
+        .await
+        .is_ok();
+        if !drained {
+            tracing::warn!(grace = %humantime::format_duration(grace), "calls still in flight after the grace period; closing anyway");
+            self.grpc.abort();
+            self.http.abort();
+        }
+        self.upkeep.abort();
+        drained
+    }
+}
