@@ -383,3 +383,78 @@ async fn strict_calls_are_retried_when_the_connection_was_refused() {
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idgen_gen_and_bench_with_consul_discovery_use_the_whole_cluster() {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<ChildServer> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(dir.path(), n, consul.addr(), &[]))
+        .collect();
+    wait_passing(consul.addr(), 3).await;
+    let url = format!("http://{}", consul.addr());
+
+    let gen_url = url.clone();
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        common::run_idgen(&[
+            "gen",
+            "--discover",
+            "consul",
+            "--consul",
+            &gen_url,
+            "-n",
+            "300",
+            "--batch",
+            "1",
+            "--json",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "idgen gen --discover consul: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
+    let ids: Vec<u64> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 300);
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 300, "distinct");
+    let workers: HashSet<u64> = ids.iter().map(|i| worker_of(*i)).collect();
+    assert_eq!(
+        workers.len(),
+        3,
+        "300 calls spread over the 3 nodes: {workers:?}"
+    );
+
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        common::run_idgen(&[
+            "bench",
+            "--discover",
+            "consul",
+            "--consul",
+            &url,
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--concurrency",
+            "4",
+            "--json",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "idgen bench --discover consul: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
+    assert!(
+        v[0]["label"].as_str().unwrap_or("").contains("3 nodes"),
+        "{v}"
+    );
+    assert_eq!(v[0]["errors"], 0, "{v}");
+    assert!(v[0]["ids"].as_u64().unwrap_or(0) > 0, "{v}");
+    drop(nodes);
+    consul.shutdown().await;
+}
