@@ -458,3 +458,63 @@ async fn idgen_gen_and_bench_with_consul_discovery_use_the_whole_cluster() {
     drop(nodes);
     consul.shutdown().await;
 }
+
+/// A config file for an embedded child node on a fixed gRPC port with its
+/// own worker id.
+fn embedded_on(dir: &Path, port: u16, worker: u64) -> std::path::PathBuf {
+    let path = dir.join("idgen.toml");
+    let text = format!(
+        "[node]\nworker_id = {worker}\n\
+         [server]\ngrpc_listen = \"127.0.0.1:{port}\"\nhttp_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\
+         [store]\npath = \"{}\"\ninit_if_missing = true\n\
+         [log]\nformat = \"json\"\nlevel = \"info\"\n",
+        dir.join("state.redb").display()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_node_is_set_aside_and_taken_back_once_its_health_check_passes() {
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let a = common::TestServer::start(common::test_config(dir_a.path())).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config_b = embedded_on(dir_b.path(), port, 1);
+    let b = ChildServer::start(&config_b);
+    let client = Client::builder()
+        .endpoints([a.grpc.to_string(), b.grpc.to_string()])
+        .set_aside(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let mut workers = HashSet::new();
+    for _ in 0..200 {
+        workers.insert(worker_of(client.gen_id(Mode::Snowflake, "").await.unwrap()));
+    }
+    assert_eq!(workers, HashSet::from([0, 1]), "both nodes serve");
+
+    b.kill();
+    for _ in 0..200 {
+        let id = client
+            .gen_id(Mode::Snowflake, "")
+            .await
+            .expect("A takes over");
+        assert_eq!(worker_of(id), 0);
+    }
+
+    // B comes back on the same address: the health probe puts it back.
+    let _b = ChildServer::start(&config_b);
+    let back = Instant::now();
+    let mut served = false;
+    while back.elapsed() < Duration::from_secs(10) && !served {
+        served = worker_of(client.gen_id(Mode::Snowflake, "").await.unwrap()) == 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(served, "the node that came back got no call within 10 s");
+    a.stop().await;
+}

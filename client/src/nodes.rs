@@ -152,20 +152,29 @@ impl NodeSet {
     }
 
     /// Sets a node aside after it answered UNAVAILABLE or could not be
-    /// reached, and starts probing its gRPC health: it is used again once
-    /// it reports SERVING (and the set-aside time has passed).
+    /// reached: it gets no calls (unless no other node is left) until a
+    /// `grpc.health.v1` probe, every set-aside period, finds it SERVING.
     pub(crate) fn set_aside(self: &Arc<Self>, node: &Arc<Node>) {
-        let until = self.now_ms() + self.settings.set_aside.as_millis() as u64;
-        node.aside_until.store(until.max(1), Ordering::Relaxed);
         metrics::counter!(m::SET_ASIDE).increment(1);
-        tracing::warn!(node = %node.addr, for_ms = self.settings.set_aside.as_millis() as u64, "idgen node set aside");
         if node.probing.swap(true, Ordering::AcqRel) {
+            // Already aside, and a probe is running.
+            node.aside_until.store(u64::MAX, Ordering::Relaxed);
             return;
         }
-        let (set, node) = (Arc::downgrade(self), Arc::downgrade(node));
+        tracing::warn!(node = %node.addr, "idgen node set aside until its health check passes");
         let interval = self.settings.set_aside;
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(probe(set, node, interval));
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                node.aside_until.store(u64::MAX, Ordering::Relaxed);
+                let (set, weak) = (Arc::downgrade(self), Arc::downgrade(node));
+                handle.spawn(probe(set, weak, interval));
+            }
+            Err(_) => {
+                // No runtime to probe from: aside for one period.
+                let until = self.now_ms() + interval.as_millis() as u64;
+                node.aside_until.store(until.max(1), Ordering::Relaxed);
+                node.probing.store(false, Ordering::Release);
+            }
         }
     }
 }
