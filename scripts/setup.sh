@@ -14,6 +14,9 @@
 #   - systemd-analyze (Debian package `systemd`): check-deploy.sh verifies
 #     deploy/systemd/idgen.service. promtool also checks and unit-tests
 #     deploy/prometheus/alerts.yml.
+#   - a virtualenv ${TMPDIR:-/tmp}/idgen-py-venv with grpcio, grpcio-tools
+#     and PyYAML from PyPI: the Python example client's test
+#     (tests/client_python.rs) and the Prometheus config check.
 # protoc is NOT needed: the proto is compiled by protox, in Rust.
 set -euo pipefail
 
@@ -40,4 +43,12 @@ command -v cargo >/dev/null 2>&1 || {
   exit 1
 }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt || true
+py_venv="${TMPDIR:-/tmp}/idgen-py-venv"
+if [ ! -x "$py_venv/bin/python" ]; then
+  python3 -m venv "$py_venv"
+fi
+if ! "$py_venv/bin/python" -c "import grpc, grpc_tools, yaml" 2>/dev/null; then
+  "$py_venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools pyyaml
+fi
+
 echo "setup: ok ($(promtool --version 2>&1 | head -n1))"

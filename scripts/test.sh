@@ -4,15 +4,19 @@
 # start-up refusals), the Consul client and leases against the in-repo
 # Consul test server, and that server against a real third-party Consul
 # client (PyPI py-consul, and py-consul's own upstream tests for the APIs
-# idgen uses, fetched from PyPI), and the deployment files (promtool check
+# idgen uses, fetched from PyPI), the deployment files (promtool check
 # and unit tests of the alert rules, systemd-analyze verify, Kubernetes
-# manifests validated offline; scripts/check-deploy.sh). Installs what it
-# needs first.
+# manifests validated offline; scripts/check-deploy.sh), the client crate
+# against real nodes, the Python example client, and the Prometheus scrape
+# config through Consul. Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/consul-interop.sh
 bash scripts/check-deploy.sh
+"${TMPDIR:-/tmp}/idgen-py-venv/bin/python" scripts/check_prometheus_config.py consul/prometheus.yml
+# The Python example client runs against a 3-node cluster (tests/client_python.rs).
+export REQUIRE_PYTHON_EXAMPLE=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

@@ -58,6 +58,7 @@ async fn registered_node_is_discoverable_only_while_serving() {
             check_interval: Duration::from_millis(100),
             check_timeout: Duration::from_millis(500),
             deregister_after: Duration::from_secs(60),
+            metrics_port: Some(node.http.port()),
         },
     )
     .unwrap();
@@ -68,6 +69,21 @@ async fn registered_node_is_discoverable_only_while_serving() {
     );
     let entry = &client.health_service(SERVICE_NAME, true).await.unwrap()[0];
     assert_eq!(entry.id, "idgen-node-a");
+    // Prometheus' consul_sd_configs reads the metrics port from Meta.
+    let raw: serde_json::Value = reqwest::get(format!(
+        "http://{}/v1/health/service/{SERVICE_NAME}?passing",
+        consul.addr()
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        raw[0]["Service"]["Meta"]["metrics_port"],
+        serde_json::Value::String(node.http.port().to_string()),
+        "{raw}"
+    );
     assert_eq!(entry.port, node.grpc.port());
     assert_eq!(entry.address, "127.0.0.1");
     assert!(
@@ -134,6 +150,7 @@ fn an_unspecified_address_is_refused() {
             check_interval: Duration::from_secs(5),
             check_timeout: Duration::from_secs(1),
             deregister_after: Duration::from_secs(60),
+            metrics_port: None,
         },
     )
     .unwrap_err();

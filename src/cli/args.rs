@@ -164,6 +164,18 @@ pub struct GenArgs {
     /// Print JSON (`{"ids": ["..."]}`) instead of one ID per line.
     #[arg(long)]
     pub json: bool,
+    /// Find the nodes through Consul instead of --addr (`consul`): the
+    /// passing instances of --service, through the agent at --consul, with
+    /// failover between them. The token, if any, is read from
+    /// CONSUL_HTTP_TOKEN.
+    #[arg(long, value_parser = ["consul"])]
+    pub discover: Option<String>,
+    /// The Consul agent's HTTP address, for --discover consul.
+    #[arg(long, default_value = "http://127.0.0.1:8500")]
+    pub consul: String,
+    /// The Consul service name, for --discover consul.
+    #[arg(long, default_value = "idgen")]
+    pub service: String,
 }
 
 #[derive(Args)]
@@ -219,6 +231,18 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Find the nodes through Consul instead of --addr (`consul`): the
+    /// passing instances of --service, through the agent at --consul, with
+    /// failover between them. The token, if any, is read from
+    /// CONSUL_HTTP_TOKEN.
+    #[arg(long, value_parser = ["consul"])]
+    pub discover: Option<String>,
+    /// The Consul agent's HTTP address, for --discover consul.
+    #[arg(long, default_value = "http://127.0.0.1:8500")]
+    pub consul: String,
+    /// The Consul service name, for --discover consul.
+    #[arg(long, default_value = "idgen")]
+    pub service: String,
 }
 
 #[derive(Args)]

@@ -14,6 +14,9 @@ const BARE: &str = "bare tonic counter";
 /// Runs the load (alternating with the baseline, `--rounds` times, when
 /// `--baseline`), prints each run, and fails if any IDs went backwards.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if a.discover.is_some() {
+        return run_discovered(a).await;
+    }
     let opts = BenchOptions {
         target: a.addr.clone(),
         connections: a.connections,
@@ -80,4 +83,89 @@ fn print_medians(reports: &[(&str, BenchReport)], rounds: usize) -> std::io::Res
         100.0 * o_calls / b_calls,
         100.0 * o_ids / b_ids
     )
+}
+
+/// `--discover consul`: the load goes through the idgen-client crate to
+/// every passing node Consul lists (power of two choices, failover), so it
+/// measures the whole cluster. `--concurrency` tasks each make one call at
+/// a time (`GenId`, or `GenIds` of `--batch`); errors are counted, not
+/// retried past the client's deadline.
+async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
+    use std::time::{Duration, Instant};
+    let client =
+        super::gen::discovered_client(&a.consul, &a.service, Duration::from_secs(5)).await?;
+    let mode = idgen::server::grpc::mode_to_proto(idgen::id::Mode::parse(&a.mode)?);
+    let mode = idgen_client::Mode::try_from(mode as i32)
+        .map_err(|_| anyhow::anyhow!("mode {} is not known to the client", a.mode))?;
+    let nodes = client.nodes().len();
+    let start = Instant::now();
+    let measure_from = start + a.warmup;
+    let until = measure_from + a.duration;
+    let tasks: Vec<_> = (0..a.concurrency.max(1))
+        .map(|_| {
+            let (client, tag, batch) = (client.clone(), a.tag.clone(), a.batch);
+            tokio::spawn(async move {
+                let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
+                    .expect("histogram bounds");
+                let (mut calls, mut ids, mut errors) = (0u64, 0u64, 0u64);
+                loop {
+                    let t = Instant::now();
+                    if t >= until {
+                        break;
+                    }
+                    let got = if batch <= 1 {
+                        client.gen_id(mode, &tag).await.map(|_| 1)
+                    } else {
+                        client
+                            .gen_ids(mode, &tag, batch)
+                            .await
+                            .map(|v| v.len() as u64)
+                    };
+                    if t < measure_from {
+                        continue;
+                    }
+                    match got {
+                        Ok(n) => {
+                            calls += 1;
+                            ids += n;
+                            h.saturating_record(t.elapsed().as_micros() as u64);
+                        }
+                        Err(_) => errors += 1,
+                    }
+                }
+                (calls, ids, errors, h)
+            })
+        })
+        .collect();
+    let mut report = BenchReport {
+        calls: 0,
+        ids: 0,
+        errors: 0,
+        order_violations: 0,
+        elapsed: a.duration,
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
+        p999: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+    let mut all = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for t in tasks {
+        let (calls, ids, errors, h) = t.await?;
+        report.calls += calls;
+        report.ids += ids;
+        report.errors += errors;
+        all.add(h)?;
+    }
+    let us = |v: u64| Duration::from_micros(v);
+    report.p50 = us(all.value_at_quantile(0.5));
+    report.p99 = us(all.value_at_quantile(0.99));
+    report.p999 = us(all.value_at_quantile(0.999));
+    report.max = us(all.max());
+    let label = format!("idgen cluster ({nodes} nodes via Consul)");
+    if a.json {
+        outln!("{}", serde_json::Value::Array(vec![report.to_json(&label)]))?;
+    } else {
+        outln!("{}", report.summary(&label))?;
+    }
+    Ok(())
 }

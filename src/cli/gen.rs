@@ -11,9 +11,57 @@ use super::output::{self, outln};
 pub async fn run(a: GenArgs) -> anyhow::Result<()> {
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
+    let ids = if a.discover.is_some() {
+        from_cluster(&a, mode).await?
+    } else {
+        from_node(&a, mode).await?
+    };
+    print(&a, ids)
+}
+
+/// `--discover consul`: through the idgen-client crate, which spreads the
+/// calls over the passing nodes and retries another node when one fails.
+async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
+    let client = discovered_client(&a.consul, &a.service, a.timeout).await?;
+    let mode = idgen_client::Mode::try_from(mode)
+        .map_err(|_| anyhow::anyhow!("mode {mode} is not known to the client"))?;
+    if a.count == 1 {
+        return Ok(vec![client.gen_id(mode, &a.tag).await?]);
+    }
+    let mut ids = Vec::with_capacity(a.count as usize);
+    while ids.len() < a.count as usize {
+        let count = (a.count - ids.len() as u32).min(a.batch);
+        ids.extend(client.gen_ids(mode, &a.tag, count).await?);
+    }
+    Ok(ids)
+}
+
+/// A client of the nodes Consul lists as passing for `service`; the
+/// token comes from CONSUL_HTTP_TOKEN (Consul's own variable).
+pub(super) async fn discovered_client(
+    consul: &str,
+    service: &str,
+    deadline: std::time::Duration,
+) -> anyhow::Result<idgen_client::Client> {
+    let mut discovery = idgen_client::ConsulDiscovery::new(consul).service(service);
+    if let Ok(token) = std::env::var("CONSUL_HTTP_TOKEN") {
+        discovery = discovery.token(token);
+    }
+    Ok(idgen_client::Client::builder()
+        .consul(discovery)
+        .deadline(deadline)
+        .build()
+        .await?)
+}
+
+/// One node at `--addr`.
+async fn from_node(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
     let mut client = IdGenClient::new(channel(&a.addr, a.timeout).await?);
     let ids = if a.count == 1 {
-        let request = proto::GenIdRequest { mode, tag: a.tag };
+        let request = proto::GenIdRequest {
+            mode,
+            tag: a.tag.clone(),
+        };
         vec![call(a.timeout, client.gen_id(request)).await?.id]
     } else {
         let mut ids = Vec::with_capacity(a.count as usize);
@@ -38,6 +86,10 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
         }
         ids
     };
+    Ok(ids)
+}
+
+fn print(a: &GenArgs, ids: Vec<u64>) -> anyhow::Result<()> {
     if a.json {
         let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
         outln!("{}", serde_json::json!({ "ids": ids }))?;

@@ -88,6 +88,8 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     if config.node.advertise.is_none() {
         config.node.advertise = Some(grpc.local_addr()?);
     }
+    // The bound port (port 0 picks one): advertised as Meta.metrics_port.
+    config.server.http_listen = http.local_addr()?;
     let node = tokio::select! {
         node = Node::start(config.clone(), clock) => node.context("cannot start")?,
         () = &mut stop => {

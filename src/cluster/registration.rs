@@ -39,6 +39,9 @@ pub struct RegistrationSpec {
     pub check_timeout: Duration,
     /// Remove the service after its check stayed critical this long.
     pub deregister_after: Duration,
+    /// The HTTP (metrics) port, advertised as `Meta.metrics_port` so
+    /// Prometheus' `consul_sd_configs` can scrape it (`None`: not known).
+    pub metrics_port: Option<u16>,
 }
 
 /// A node's registration with its local Consul agent.
@@ -68,6 +71,7 @@ impl Registration {
             ("version", env!("CARGO_PKG_VERSION").to_owned()),
         ]
         .into_iter()
+        .chain(spec.metrics_port.map(|p| ("metrics_port", p.to_string())))
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         let mut tags = vec![

@@ -74,6 +74,8 @@ pub struct ClusterSpec {
     /// Lease mode's zone, when lease mode is enabled: a lease token is
     /// held under the worker id's session.
     pub lease_zone: Option<u64>,
+    /// The HTTP (metrics) port advertised in the registration's `Meta`.
+    pub metrics_port: Option<u16>,
 }
 
 /// A worker id held, with its generator running.
@@ -400,6 +402,7 @@ fn spec_for(spec: &ClusterSpec, key: WorkerKey) -> RegistrationSpec {
         check_interval: spec.config.check_interval,
         check_timeout: spec.config.check_timeout,
         deregister_after: spec.config.deregister_after,
+        metrics_port: spec.metrics_port,
     }
 }
 

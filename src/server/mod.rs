@@ -399,6 +399,8 @@ impl Node {
             instance: instance_id(&config, advertise),
             advertise,
             lease_zone: config.lease.as_ref().map(|l| l.zone),
+            // Port 0 (bound later, in tests) is not advertised.
+            metrics_port: Some(config.server.http_listen.port()).filter(|p| *p != 0),
         };
         register_series(&config, "consul");
         let renewal = start_renewal()?;

@@ -112,11 +112,19 @@ impl Node {
         state: &health::ServingState,
     ) -> Result<FrontEnds, ServeError> {
         let config = &self.config;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // Reflection v1, and v1alpha for older tools (grpcurl before 1.8.8,
+        // Python's grpcio-reflection, older Postman and Evans).
+        let reflection_builder = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection = reflection_builder()
             .build_v1()
             .map_err(|e| ServeError::Transport(format!("reflection: {e}")))?;
+        let reflection_v1alpha = reflection_builder()
+            .build_v1alpha()
+            .map_err(|e| ServeError::Transport(format!("reflection v1alpha: {e}")))?;
         let max_request = config.server.max_request_size;
         let idgen = proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(
             &self.issuer,
@@ -126,6 +134,7 @@ impl Node {
         let (stop, stop_rx) = watch::channel(false);
         let grpc_routes = tonic::service::Routes::new(health_service)
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(idgen)
             .add_service(admin)
             .prepare();

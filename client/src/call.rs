@@ -1,0 +1,169 @@
+//! One call to the cluster: pick a node, send, and on UNAVAILABLE or a
+//! transport error try another node with jittered backoff, all inside the
+//! call's deadline.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idgen_proto::id_gen_client::IdGenClient;
+use tonic::transport::Channel;
+use tonic::Code;
+use tracing::Instrument;
+
+use crate::metrics as m;
+use crate::nodes::{Node, NodeSet};
+use crate::Error;
+
+/// Deadline and backoff of calls.
+#[derive(Debug, Clone)]
+pub(crate) struct CallSettings {
+    pub deadline: Duration,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+/// Sends calls to the node set.
+#[derive(Debug)]
+pub(crate) struct Caller {
+    pub nodes: Arc<NodeSet>,
+    pub settings: CallSettings,
+}
+
+/// Whether a retry on another node is allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Snowflake, segment, lease and decoding: a request that may have
+    /// been served is only a gap when repeated elsewhere.
+    Idempotent,
+    /// Strict: a request that reached a node may have taken a value, and
+    /// sending it again would issue a second value for one logical call;
+    /// so it is retried only when it provably never reached a node (the
+    /// connection could not be made).
+    OnlyIfNotSent,
+}
+
+impl Caller {
+    /// Runs `op` against one node after another until it succeeds, fails
+    /// with an error another node cannot fix, or the deadline passes.
+    /// `op` gets a client for the chosen node and the time left.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        method: &'static str,
+        retry: Retry,
+        mut op: F,
+    ) -> Result<T, Error>
+    where
+        F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let span = tracing::debug_span!("idgen.call", method, attempts = tracing::field::Empty);
+        let deadline = self.settings.deadline;
+        let started = Instant::now();
+        let result = async {
+            let mut tried: Vec<Arc<Node>> = Vec::new();
+            let mut last = String::from("none");
+            let mut attempt: u32 = 0;
+            loop {
+                let left = deadline.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return Err(Error::DeadlineExceeded { deadline, last });
+                }
+                let (node, in_flight) = match self.nodes.pick(&tried) {
+                    Some(picked) => picked,
+                    None if tried.is_empty() => return Err(Error::NoNodes),
+                    None => {
+                        // Every node was tried once: start over after a
+                        // pause (a node may be back).
+                        tried.clear();
+                        self.backoff(attempt, left).await;
+                        attempt += 1;
+                        continue;
+                    }
+                };
+                let client = IdGenClient::new(node.channel.clone());
+                let outcome = tokio::time::timeout(left, op(client, left)).await;
+                drop(in_flight);
+                let status = match outcome {
+                    Ok(Ok(value)) => {
+                        if !tried.is_empty() {
+                            metrics::counter!(m::FAILOVERS).increment(1);
+                        }
+                        tracing::Span::current().record("attempts", attempt + 1);
+                        return Ok(value);
+                    }
+                    Ok(Err(status)) => status,
+                    Err(_) => {
+                        return Err(Error::DeadlineExceeded {
+                            deadline,
+                            last: format!("{} did not answer in time", node.addr),
+                        })
+                    }
+                };
+                let transport = is_transport(&status);
+                if status.code() == Code::Unavailable || transport {
+                    Arc::clone(&self.nodes).set_aside(&node);
+                }
+                let retryable = match retry {
+                    Retry::Idempotent => status.code() == Code::Unavailable || transport,
+                    Retry::OnlyIfNotSent => never_sent(&status),
+                };
+                if !retryable {
+                    return Err(status.into());
+                }
+                tracing::debug!(node = %node.addr, code = ?status.code(), error = %status.message(), "retrying on another node");
+                metrics::counter!(m::RETRIES).increment(1);
+                last = format!("{}: {:?} {}", node.addr, status.code(), status.message());
+                tried.push(node);
+                let left = deadline.saturating_sub(started.elapsed());
+                self.backoff(attempt, left).await;
+                attempt += 1;
+            }
+        }
+        .instrument(span)
+        .await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics::counter!(m::CALLS, "method" => method, "outcome" => outcome).increment(1);
+        result
+    }
+
+    /// Sleeps a random time up to `base * 2^attempt` (capped at
+    /// `backoff_max` and at the time left): full jitter, so callers that
+    /// failed together do not retry together.
+    async fn backoff(&self, attempt: u32, left: Duration) {
+        let cap = self
+            .settings
+            .backoff_base
+            .saturating_mul(1 << attempt.min(16))
+            .min(self.settings.backoff_max)
+            .min(left);
+        tokio::time::sleep(cap.mul_f64(fastrand::f64())).await;
+    }
+}
+
+/// The status came from the connection (reset, refused, closed), not
+/// from a node's answer: the client builds those with a source error,
+/// while a node's answer is decoded from its trailers and has none.
+fn is_transport(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+}
+
+/// The request provably never left this process: the connection to the
+/// node could not be made (refused, or no answer to the handshake), so
+/// nothing was sent.
+pub(crate) fn never_sent(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        let text = e.to_string();
+        if text.starts_with("tcp connect error") || text.contains("error trying to connect") {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}

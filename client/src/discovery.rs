@@ -1,0 +1,277 @@
+//! Where the nodes come from: a static list, or Consul's health API
+//! watched with blocking queries.
+
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::metrics as m;
+use crate::nodes::NodeSet;
+
+/// How to find idgen nodes in Consul.
+#[derive(Debug, Clone)]
+pub struct ConsulDiscovery {
+    /// The agent's HTTP address, e.g. `http://127.0.0.1:8500`.
+    pub address: String,
+    /// The service name idgen registers under (default `idgen`).
+    pub service: String,
+    /// An ACL token with `service:read` (sent as `X-Consul-Token`).
+    pub token: Option<String>,
+    /// Ask another datacenter's servers (`?dc=`).
+    pub datacenter: Option<String>,
+    /// Only instances carrying this tag (`?tag=`), e.g. `snowflake`.
+    pub tag: Option<String>,
+    /// How long one blocking query waits for a change (default 30 s,
+    /// Consul caps it at 10 min).
+    pub wait: Duration,
+    /// Least time between two queries, so a query that returns at once
+    /// cannot turn the watch into a busy loop (default 100 ms).
+    pub min_interval: Duration,
+    /// Pause after a failed query before trying again (default 1 s).
+    pub retry_after: Duration,
+}
+
+impl ConsulDiscovery {
+    /// Discovery of service `idgen` through the agent at `address`.
+    pub fn new(address: impl Into<String>) -> Self {
+        Self {
+            address: address.into(),
+            service: "idgen".into(),
+            token: None,
+            datacenter: None,
+            tag: None,
+            wait: Duration::from_secs(30),
+            min_interval: Duration::from_millis(100),
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    /// Sets the service name.
+    pub fn service(mut self, service: impl Into<String>) -> Self {
+        self.service = service.into();
+        self
+    }
+
+    /// Sets the ACL token.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Sets the datacenter.
+    pub fn datacenter(mut self, dc: impl Into<String>) -> Self {
+        self.datacenter = Some(dc.into());
+        self
+    }
+
+    /// Keeps only instances with this tag.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.tag = Some(tag.into());
+        self
+    }
+
+    /// Sets the blocking-query wait.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+}
+
+#[derive(Deserialize)]
+struct HealthEntry {
+    #[serde(rename = "Node")]
+    node: NodeEntry,
+    #[serde(rename = "Service")]
+    service: ServiceEntry,
+}
+
+#[derive(Deserialize)]
+struct NodeEntry {
+    #[serde(rename = "Address", default)]
+    address: String,
+}
+
+#[derive(Deserialize)]
+struct ServiceEntry {
+    #[serde(rename = "Address", default)]
+    address: String,
+    #[serde(rename = "Port")]
+    port: u16,
+}
+
+/// One round's answer.
+struct Answer {
+    addrs: Vec<String>,
+    index: u64,
+}
+
+/// Watches Consul and keeps a [`NodeSet`] current.
+pub(crate) struct ConsulWatch {
+    config: ConsulDiscovery,
+    http: reqwest::Client,
+}
+
+impl ConsulWatch {
+    pub(crate) fn new(config: ConsulDiscovery) -> Result<Self, String> {
+        if config.service.is_empty() {
+            return Err("the Consul service name is empty".into());
+        }
+        if !config.address.starts_with("http://") && !config.address.starts_with("https://") {
+            return Err(format!(
+                "the Consul address {:?} must start with http:// or https://",
+                config.address
+            ));
+        }
+        if config.wait > Duration::from_secs(600) {
+            return Err("the blocking-query wait is at most 10 minutes (Consul's limit)".into());
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Self { config, http })
+    }
+
+    /// One query: `/v1/health/service/<service>?passing`, blocking on
+    /// `index` when it is not 0.
+    async fn query(&self, index: u64) -> Result<Answer, String> {
+        let c = &self.config;
+        let mut url = format!(
+            "{}/v1/health/service/{}?passing",
+            c.address.trim_end_matches('/'),
+            encode(&c.service)
+        );
+        let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(dc) = &c.datacenter {
+            query.push(("dc", dc.clone()));
+        }
+        if let Some(tag) = &c.tag {
+            query.push(("tag", tag.clone()));
+        }
+        // Never block on index 0 (Consul rule): the first query answers at once.
+        let mut timeout = Duration::from_secs(5);
+        if index > 0 {
+            query.push(("index", index.to_string()));
+            query.push(("wait", format!("{}ms", c.wait.as_millis())));
+            // Consul adds up to wait/16 of jitter.
+            timeout += c.wait + c.wait / 16;
+        }
+        for (k, v) in &query {
+            url.push('&');
+            url.push_str(k);
+            url.push('=');
+            url.push_str(&encode(v));
+        }
+        let mut req = self.http.get(&url).timeout(timeout);
+        if let Some(token) = &c.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        let resp = req.send().await.map_err(|e| format!("{e}"))?;
+        let status = resp.status();
+        let next = resp
+            .headers()
+            .get("X-Consul-Index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            return Err(format!("HTTP {status}: {}", body.trim()));
+        }
+        let entries: Vec<HealthEntry> = resp
+            .json()
+            .await
+            .map_err(|e| format!("unreadable health answer: {e}"))?;
+        let addrs = entries
+            .into_iter()
+            .map(|e| {
+                let host = if e.service.address.is_empty() {
+                    e.node.address
+                } else {
+                    e.service.address
+                };
+                if host.contains(':') {
+                    format!("[{host}]:{}", e.service.port)
+                } else {
+                    format!("{host}:{}", e.service.port)
+                }
+            })
+            .collect();
+        Ok(Answer { addrs, index: next })
+    }
+
+    /// The first round, at start-up: the client does not start without
+    /// knowing at least the answer.
+    pub(crate) async fn first(&self, nodes: &NodeSet) -> Result<u64, String> {
+        let answer = self.query(0).await?;
+        nodes.replace(&answer.addrs)?;
+        metrics::gauge!(m::CONSUL_REACHABLE).set(1.0);
+        metrics::gauge!(m::DISCOVERY_AGE).set(0.0);
+        Ok(answer.index)
+    }
+
+    /// Watches until the node set is dropped. When Consul cannot be
+    /// reached the last known set stays in use; a log line and the
+    /// `idgen_client_consul_reachable` gauge say so.
+    pub(crate) async fn run(self, nodes: std::sync::Weak<NodeSet>, mut index: u64) {
+        let mut last_ok = Instant::now();
+        let mut down = false;
+        loop {
+            let started = Instant::now();
+            let result = self.query(index).await;
+            let Some(set) = nodes.upgrade() else { return };
+            match result {
+                Ok(answer) => {
+                    if down {
+                        tracing::info!(consul = %self.config.address, "Consul reachable again: node list current");
+                        down = false;
+                    }
+                    metrics::gauge!(m::CONSUL_REACHABLE).set(1.0);
+                    last_ok = Instant::now();
+                    // An index that went backwards (Consul restored a
+                    // snapshot) restarts the watch.
+                    index = if answer.index < index {
+                        0
+                    } else {
+                        answer.index
+                    };
+                    if answer.addrs.is_empty() && set.len() > 0 {
+                        tracing::warn!(service = %self.config.service, "Consul lists no passing idgen instance: keeping the last known nodes");
+                    } else if let Err(e) = set.replace(&answer.addrs) {
+                        tracing::warn!(error = %e, "Consul listed an unusable address");
+                    }
+                }
+                Err(e) => {
+                    metrics::counter!(m::DISCOVERY_ERRORS).increment(1);
+                    metrics::gauge!(m::CONSUL_REACHABLE).set(0.0);
+                    if !down {
+                        tracing::warn!(consul = %self.config.address, error = %e, nodes = set.len(), "Consul unreachable: keeping the last known idgen nodes");
+                        down = true;
+                    }
+                    index = 0;
+                }
+            }
+            metrics::gauge!(m::DISCOVERY_AGE).set(last_ok.elapsed().as_secs_f64());
+            drop(set);
+            let pause = if down {
+                self.config.retry_after.mul_f64(0.5 + fastrand::f64())
+            } else {
+                self.config.min_interval.saturating_sub(started.elapsed())
+            };
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// Percent-encodes a query value.
+fn encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,63 @@
+//! What can go wrong when asking for IDs.
+
+use std::time::Duration;
+
+/// A failed client call.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// No node is known: the static list was empty, or Consul has not
+    /// listed a passing instance yet.
+    #[error("no idgen node is known: check the endpoint list or the Consul service name, tag and datacenter")]
+    NoNodes,
+    /// The call's deadline passed before any node answered.
+    #[error("no node answered within the deadline of {deadline:?} (last error: {last})")]
+    DeadlineExceeded {
+        /// The configured per-call deadline.
+        deadline: Duration,
+        /// The last error seen, or `none` if no attempt finished.
+        last: String,
+    },
+    /// A node answered with an error that retrying on another node cannot
+    /// fix (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...), or a
+    /// strict call failed in a way that may have reached the node.
+    #[error("idgen answered {code:?}: {message}")]
+    Status {
+        /// The gRPC code.
+        code: tonic::Code,
+        /// The server's message (it says what to do).
+        message: String,
+    },
+    /// Strict values are linearizable only when every call goes to a
+    /// node; they cannot be prefetched.
+    #[error(
+        "strict mode cannot be prefetched (each value must come from a node): use Client::gen_id"
+    )]
+    StrictNotPrefetchable,
+    /// The client was configured wrongly.
+    #[error("invalid client configuration: {0}")]
+    Config(String),
+    /// Consul could not be asked for the nodes at start-up.
+    #[error("Consul discovery failed: {0}")]
+    Discovery(String),
+}
+
+impl Error {
+    /// The gRPC code closest to this error.
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            Error::NoNodes | Error::Discovery(_) => tonic::Code::Unavailable,
+            Error::DeadlineExceeded { .. } => tonic::Code::DeadlineExceeded,
+            Error::Status { code, .. } => *code,
+            Error::StrictNotPrefetchable | Error::Config(_) => tonic::Code::InvalidArgument,
+        }
+    }
+}
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        Error::Status {
+            code: s.code(),
+            message: s.message().to_owned(),
+        }
+    }
+}

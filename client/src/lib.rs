@@ -1,0 +1,299 @@
+//! A client for idgen, the distributed unique-ID service.
+//!
+//! It finds nodes (a static list, or Consul's health API watched with
+//! blocking queries), spreads calls over them (power of two choices on
+//! calls in flight), retries on another node when one is unavailable, and
+//! can prefetch IDs so that most calls are served from memory without a
+//! lock or a wait.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), idgen_client::Error> {
+//! use std::time::Duration;
+//! use idgen_client::{Client, ConsulDiscovery, Mode};
+//!
+//! let client = Client::builder()
+//!     .consul(ConsulDiscovery::new("http://127.0.0.1:8500").service("idgen"))
+//!     .deadline(Duration::from_secs(1))
+//!     .build()
+//!     .await?;
+//! // One call to a node per ID:
+//! let id = client.gen_id(Mode::Snowflake, "").await?;
+//! // From a local buffer refilled in the background:
+//! let order_id = client.next_id(Mode::Segment, "orders").await?;
+//! // Strict values always come from a node (never prefetched):
+//! let seat = client.gen_id(Mode::Strict, "flights/lh400").await?;
+//! # let _ = (id, order_id, seat); Ok(()) }
+//! ```
+//!
+//! # Guarantees
+//! - An ID is handed out by the client at most once: a prefetched batch is
+//!   claimed index by index with one atomic operation per ID (see the loom
+//!   model in `client/loom`).
+//! - IDs are lost (never handed out) only as gaps: prefetched IDs still
+//!   buffered when the client is dropped, snowflake IDs older than
+//!   [`PrefetchConfig::max_snowflake_age`], and requests that a node may
+//!   have served but whose answer never arrived.
+//! - Strict calls are never prefetched and are retried on another node
+//!   only when the request provably did not reach a node.
+//!
+//! # Layout
+//! - `call`: one call with node choice, retry, backoff and deadline.
+//! - `nodes`: the node set, power of two choices, setting nodes aside and
+//!   probing their health.
+//! - `discovery`: static lists and the Consul watch.
+//! - `buffer`: the lock-free ID buffer; `prefetch`: its refills and
+//!   adaptive batch size.
+//! - [`blocking`]: the same client for code without an async runtime.
+//! - [`metrics`]: metric names.
+
+#![warn(missing_docs)]
+
+pub mod blocking;
+mod buffer;
+mod call;
+mod discovery;
+mod error;
+pub mod metrics;
+mod nodes;
+mod prefetch;
+mod sync;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idgen_proto::{GenIdRequest, GenIdsRequest};
+
+use crate::call::{CallSettings, Caller, Retry};
+pub use crate::discovery::ConsulDiscovery;
+use crate::discovery::ConsulWatch;
+pub use crate::error::Error;
+use crate::nodes::{NodeSet, NodeSettings};
+pub use crate::prefetch::{PrefetchConfig, Prefetcher};
+pub use idgen_proto::Mode;
+
+/// Builds a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    endpoints: Vec<String>,
+    consul: Option<ConsulDiscovery>,
+    deadline: Duration,
+    connect_timeout: Duration,
+    set_aside: Duration,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    prefetch: PrefetchConfig,
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        Self {
+            endpoints: Vec::new(),
+            consul: None,
+            deadline: Duration::from_secs(2),
+            connect_timeout: Duration::from_millis(500),
+            set_aside: Duration::from_secs(1),
+            backoff_base: Duration::from_millis(5),
+            backoff_max: Duration::from_millis(100),
+            prefetch: PrefetchConfig::default(),
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// Static node addresses (`host:port` of the gRPC port).
+    pub fn endpoints<S: Into<String>>(mut self, endpoints: impl IntoIterator<Item = S>) -> Self {
+        self.endpoints = endpoints.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Finds the nodes in Consul instead (the passing instances of the
+    /// service, followed with blocking queries).
+    pub fn consul(mut self, consul: ConsulDiscovery) -> Self {
+        self.consul = Some(consul);
+        self
+    }
+
+    /// The longest a call may take, retries and refill waits included
+    /// (default 2 s).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The longest a connection attempt to a node may take (default 500 ms).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a node that answered UNAVAILABLE is left out before its
+    /// health is probed again (default 1 s).
+    pub fn set_aside(mut self, period: Duration) -> Self {
+        self.set_aside = period;
+        self
+    }
+
+    /// Backoff between retries: full jitter up to `base * 2^attempt`,
+    /// capped at `max` (defaults 5 ms and 100 ms).
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
+
+    /// Prefetch batch sizes and ages.
+    pub fn prefetch(mut self, prefetch: PrefetchConfig) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Starts the client: with Consul, asks for the nodes once (and fails
+    /// if Consul cannot answer), then watches in the background. Must run
+    /// inside a tokio runtime.
+    pub async fn build(self) -> Result<Client, Error> {
+        if self.deadline.is_zero() {
+            return Err(Error::Config("the deadline must be above zero".into()));
+        }
+        if self.set_aside.is_zero() {
+            return Err(Error::Config(
+                "the set-aside period must be above zero".into(),
+            ));
+        }
+        self.prefetch.validate().map_err(Error::Config)?;
+        let nodes = Arc::new(NodeSet::new(NodeSettings {
+            connect_timeout: self.connect_timeout,
+            set_aside: self.set_aside,
+        }));
+        match (&self.consul, self.endpoints.is_empty()) {
+            (Some(_), false) => {
+                return Err(Error::Config(
+                    "give either static endpoints or Consul discovery, not both".into(),
+                ))
+            }
+            (None, true) => {
+                return Err(Error::Config(
+                    "no endpoints: give static endpoints or Consul discovery".into(),
+                ))
+            }
+            (None, false) => nodes.replace(&self.endpoints).map_err(Error::Config)?,
+            (Some(consul), true) => {
+                let watch = ConsulWatch::new(consul.clone()).map_err(Error::Config)?;
+                let index = watch.first(&nodes).await.map_err(Error::Discovery)?;
+                tokio::spawn(watch.run(Arc::downgrade(&nodes), index));
+            }
+        }
+        let caller = Arc::new(Caller {
+            nodes,
+            settings: CallSettings {
+                deadline: self.deadline,
+                backoff_base: self.backoff_base,
+                backoff_max: self.backoff_max,
+            },
+        });
+        Ok(Client {
+            caller,
+            prefetch: self.prefetch,
+            runtime: tokio::runtime::Handle::current(),
+            prefetchers: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+}
+
+/// A client for an idgen cluster. Cheap to clone; clones share nodes and
+/// prefetch buffers.
+#[derive(Debug, Clone)]
+pub struct Client {
+    caller: Arc<Caller>,
+    prefetch: PrefetchConfig,
+    runtime: tokio::runtime::Handle,
+    prefetchers: Arc<Mutex<HashMap<(Mode, String), Prefetcher>>>,
+}
+
+impl Client {
+    /// Starts building a client.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    /// One ID from a node (`GenId`). `tag` is the segment tag or the
+    /// strict key (`<namespace>/<key>`); empty for snowflake and lease.
+    pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
+        let retry = retry_for(mode);
+        self.caller
+            .call("GenId", retry, |mut c, left| {
+                let mut req = tonic::Request::new(GenIdRequest {
+                    mode: mode as i32,
+                    tag: tag.to_owned(),
+                });
+                req.set_timeout(left);
+                async move { c.gen_id(req).await.map(|r| r.into_inner().id) }
+            })
+            .await
+    }
+
+    /// `count` IDs from a node in one call (`GenIds`); strict: `count`
+    /// consecutive values.
+    pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u32) -> Result<Vec<u64>, Error> {
+        let retry = retry_for(mode);
+        self.caller
+            .call("GenIds", retry, |mut c, left| {
+                let mut req = tonic::Request::new(GenIdsRequest {
+                    mode: mode as i32,
+                    tag: tag.to_owned(),
+                    count,
+                });
+                req.set_timeout(left);
+                async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
+            })
+            .await
+    }
+
+    /// The prefetch buffer for (mode, tag), created on first use. Strict
+    /// mode is refused ([`Error::StrictNotPrefetchable`]).
+    pub fn prefetcher(&self, mode: Mode, tag: &str) -> Result<Prefetcher, Error> {
+        if mode == Mode::Strict {
+            return Err(Error::StrictNotPrefetchable);
+        }
+        let mode = if mode == Mode::Unspecified {
+            Mode::Snowflake
+        } else {
+            mode
+        };
+        let mut map = self.prefetchers.lock().unwrap_or_else(|e| e.into_inner());
+        let p = map.entry((mode, tag.to_owned())).or_insert_with(|| {
+            Prefetcher::new(
+                Arc::clone(&self.caller),
+                self.runtime.clone(),
+                mode,
+                tag.to_owned(),
+                self.prefetch.clone(),
+            )
+        });
+        Ok(p.clone())
+    }
+
+    /// The next ID of (mode, tag) from its prefetch buffer; strict values
+    /// come from a node on every call. For the fastest path keep the
+    /// [`Prefetcher`] from [`Client::prefetcher`] instead of looking it up
+    /// on each call.
+    pub async fn next_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
+        if mode == Mode::Strict {
+            return self.gen_id(mode, tag).await;
+        }
+        self.prefetcher(mode, tag)?.next_id().await
+    }
+
+    /// The gRPC addresses of the nodes currently known.
+    pub fn nodes(&self) -> Vec<String> {
+        self.caller.nodes.addrs()
+    }
+}
+
+fn retry_for(mode: Mode) -> Retry {
+    if mode == Mode::Strict {
+        Retry::OnlyIfNotSent
+    } else {
+        Retry::Idempotent
+    }
+}

@@ -1,0 +1,209 @@
+//! The known nodes: one gRPC channel each, how many calls each has in
+//! flight, and which ones are set aside after answering UNAVAILABLE.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::metrics as m;
+
+/// One idgen node.
+#[derive(Debug)]
+pub(crate) struct Node {
+    /// `host:port`, as discovered.
+    pub addr: String,
+    pub channel: Channel,
+    /// Calls in flight (the load measure of power-of-two choices).
+    outstanding: AtomicUsize,
+    /// Milliseconds since the set's epoch until which the node is set
+    /// aside; 0 when it is in use.
+    aside_until: AtomicU64,
+    /// A health probe is running for this node.
+    probing: AtomicBool,
+}
+
+/// Counts a call in flight on a node for as long as it lives.
+pub(crate) struct InFlight(Arc<Node>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How nodes are dialled and set aside.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeSettings {
+    pub connect_timeout: Duration,
+    pub set_aside: Duration,
+}
+
+/// The current set of nodes, replaced as a whole when discovery changes it.
+#[derive(Debug)]
+pub(crate) struct NodeSet {
+    nodes: ArcSwap<Vec<Arc<Node>>>,
+    epoch: Instant,
+    settings: NodeSettings,
+}
+
+impl NodeSet {
+    pub(crate) fn new(settings: NodeSettings) -> Self {
+        Self {
+            nodes: ArcSwap::from_pointee(Vec::new()),
+            epoch: Instant::now(),
+            settings,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The addresses currently known.
+    pub(crate) fn addrs(&self) -> Vec<String> {
+        self.nodes.load().iter().map(|n| n.addr.clone()).collect()
+    }
+
+    /// How many nodes are known.
+    pub(crate) fn len(&self) -> usize {
+        self.nodes.load().len()
+    }
+
+    /// Replaces the set with `addrs`, keeping the channels (and counters)
+    /// of nodes that stay. Returns an error for an address that is not a
+    /// valid `host:port`.
+    pub(crate) fn replace(&self, addrs: &[String]) -> Result<(), String> {
+        let old = self.nodes.load();
+        let by_addr: HashMap<&str, &Arc<Node>> = old.iter().map(|n| (n.addr.as_str(), n)).collect();
+        let mut next = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            if next.iter().any(|n: &Arc<Node>| &n.addr == addr) {
+                continue;
+            }
+            let node = match by_addr.get(addr.as_str()) {
+                Some(n) => Arc::clone(n),
+                None => {
+                    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+                        .map_err(|e| format!("bad node address {addr:?}: {e}"))?
+                        .connect_timeout(self.settings.connect_timeout)
+                        .tcp_nodelay(true);
+                    Arc::new(Node {
+                        addr: addr.clone(),
+                        channel: endpoint.connect_lazy(),
+                        outstanding: AtomicUsize::new(0),
+                        aside_until: AtomicU64::new(0),
+                        probing: AtomicBool::new(false),
+                    })
+                }
+            };
+            next.push(node);
+        }
+        let changed =
+            next.len() != old.len() || next.iter().zip(old.iter()).any(|(a, b)| a.addr != b.addr);
+        if changed {
+            tracing::info!(nodes = ?addrs, "idgen nodes changed");
+        }
+        metrics::gauge!(m::NODES).set(next.len() as f64);
+        self.nodes.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// Power of two choices: two random nodes among those in use and not
+    /// in `tried`, the one with fewer calls in flight. Falls back to set
+    /// aside nodes when no other is left.
+    pub(crate) fn pick(&self, tried: &[Arc<Node>]) -> Option<(Arc<Node>, InFlight)> {
+        let nodes = self.nodes.load();
+        let now = self.now_ms();
+        let fresh = |n: &&Arc<Node>| !tried.iter().any(|t| Arc::ptr_eq(t, n));
+        let mut candidates: Vec<&Arc<Node>> = nodes
+            .iter()
+            .filter(fresh)
+            .filter(|n| n.aside_until.load(Ordering::Relaxed) <= now)
+            .collect();
+        if candidates.is_empty() {
+            candidates = nodes.iter().filter(fresh).collect();
+        }
+        let chosen = match candidates.len() {
+            0 => return None,
+            1 => candidates[0],
+            len => {
+                let a = fastrand::usize(..len);
+                let mut b = fastrand::usize(..len - 1);
+                if b >= a {
+                    b += 1;
+                }
+                let (a, b) = (candidates[a], candidates[b]);
+                if b.outstanding.load(Ordering::Relaxed) < a.outstanding.load(Ordering::Relaxed) {
+                    b
+                } else {
+                    a
+                }
+            }
+        };
+        chosen.outstanding.fetch_add(1, Ordering::Relaxed);
+        Some((Arc::clone(chosen), InFlight(Arc::clone(chosen))))
+    }
+
+    /// Sets a node aside after it answered UNAVAILABLE or could not be
+    /// reached: it gets no calls (unless no other node is left) until a
+    /// `grpc.health.v1` probe, every set-aside period, finds it SERVING.
+    pub(crate) fn set_aside(self: &Arc<Self>, node: &Arc<Node>) {
+        metrics::counter!(m::SET_ASIDE).increment(1);
+        if node.probing.swap(true, Ordering::AcqRel) {
+            // Already aside, and a probe is running.
+            node.aside_until.store(u64::MAX, Ordering::Relaxed);
+            return;
+        }
+        tracing::warn!(node = %node.addr, "idgen node set aside until its health check passes");
+        let interval = self.settings.set_aside;
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                node.aside_until.store(u64::MAX, Ordering::Relaxed);
+                let (set, weak) = (Arc::downgrade(self), Arc::downgrade(node));
+                handle.spawn(probe(set, weak, interval));
+            }
+            Err(_) => {
+                // No runtime to probe from: aside for one period.
+                let until = self.now_ms() + interval.as_millis() as u64;
+                node.aside_until.store(until.max(1), Ordering::Relaxed);
+                node.probing.store(false, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// Probes a set-aside node's health every `interval` until it is SERVING
+/// (it is then put back) or it left the set.
+async fn probe(set: Weak<NodeSet>, node: Weak<Node>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let (Some(set), Some(node)) = (set.upgrade(), node.upgrade()) else {
+            return;
+        };
+        if !set.nodes.load().iter().any(|n| Arc::ptr_eq(n, &node)) {
+            node.probing.store(false, Ordering::Release);
+            return;
+        }
+        let mut health = HealthClient::new(node.channel.clone());
+        let check = health.check(HealthCheckRequest {
+            service: "idgen.v1.IdGen".into(),
+        });
+        let serving = matches!(
+            tokio::time::timeout(interval, check).await,
+            Ok(Ok(r)) if r.get_ref().status() == ServingStatus::Serving
+        );
+        if serving {
+            node.aside_until.store(0, Ordering::Relaxed);
+            node.probing.store(false, Ordering::Release);
+            tracing::info!(node = %node.addr, "idgen node serving again: back in use");
+            return;
+        }
+    }
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# What an application gets through idgen-client, on this machine:
+#   - starts the Consul-compatible test server and three idgen nodes in
+#     cluster mode (release build), all on loopback;
+#   - runs client/examples/load.rs (the client found through Consul, with
+#     prefetch) on 1 and 2 threads: IDs/s, and p50/p99/p99.9/max of single
+#     next_id calls, refill stalls included;
+#   - runs Redis INCR with `redis-benchmark -t incr -c 50` against Debian's
+#     redis-server started on a loopback port (installed if missing) and
+#     stopped after;
+#   - failover: kills (SIGKILL) a node while the load runs, once with
+#     prefetch and once with one call per ID, and prints the histogram of
+#     calls that took over 1 ms (the stalls) and the longest one, against
+#     the client's 2 s deadline.
+# Usage: scripts/bench-client.sh [seconds-per-run]   (default 5)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-5}"
+cargo build --release --quiet --workspace --bins --example load
+bin=target/release/idgen
+load=target/release/examples/load
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[$i]}" 2>/dev/null || true
+    wait "${pids[$i]}" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+target/release/consul-testserver --listen 127.0.0.1:0 > "$work/consul.out" &
+pids+=($!)
+for _ in $(seq 1 200); do
+  grep -q "listening on" "$work/consul.out" 2>/dev/null && break
+  sleep 0.02
+done
+consul=$(sed -n 's/^listening on //p' "$work/consul.out" | head -1)
+[ -n "$consul" ] || { echo "consul-testserver did not start" >&2; exit 1; }
+
+declare -A node_pid
+node() { # name grpc-port http-port
+  cat > "$work/$1.toml" <<TOML
+[node]
+instance_id = "$1"
+[server]
+grpc_listen = "127.0.0.1:$2"
+http_listen = "127.0.0.1:$3"
+[store]
+backend = "consul"
+[consul]
+address = "http://$consul"
+cluster = "bench-client"
+check_interval = "1s"
+[log]
+level = "warn"
+TOML
+  "$bin" serve --config "$work/$1.toml" &
+  node_pid[$1]=$!
+  pids+=($!)
+  for _ in $(seq 1 500); do
+    curl -fs -o /dev/null "http://127.0.0.1:$3/readyz" && return 0
+    sleep 0.01
+  done
+  echo "node $1 did not become ready" >&2
+  exit 1
+}
+node c1 50861 50862
+node c2 50863 50864
+node c3 50865 50866
+for _ in $(seq 1 100); do
+  n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")
+  [ "$n" = 3 ] && break
+  sleep 0.1
+done
+echo "== consul test server on $consul; 3 idgen nodes passing"
+
+echo "== client with prefetch (snowflake), ${secs}s per run"
+for t in 1 2; do
+  "$load" --consul "http://$consul" --threads "$t" --seconds "$secs" --mode prefetch
+done
+echo "== client, one GenId call per ID (no prefetch), 2 threads"
+"$load" --consul "http://$consul" --threads 2 --seconds "$secs" --mode call
+
+echo "== Redis INCR (redis-benchmark -t incr -c 50)"
+if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
+  SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
+fi
+redis-server --port 16379 --bind 127.0.0.1 --save "" --appendonly no --daemonize no > "$work/redis.log" &
+redis_pid=$!
+pids+=($redis_pid)
+for _ in $(seq 1 100); do
+  redis-cli -p 16379 ping >/dev/null 2>&1 && break
+  sleep 0.05
+done
+redis-benchmark -p 16379 -t incr -c 50 -n 500000 -q 2>&1 | tr "\r" "\n" | grep "requests per second" || true
+kill -TERM "$redis_pid"; wait "$redis_pid" 2>/dev/null || true
+
+echo "== failover: SIGKILL of a node under load (deadline 2 s)"
+for mode in prefetch call; do
+  victim=c1; [ "$mode" = call ] && victim=c2
+  "$load" --consul "http://$consul" --threads 2 --seconds 6 --mode "$mode" --deadline-ms 2000 --check-distinct > "$work/failover.json" &
+  lp=$!
+  sleep 2
+  kill -KILL "${node_pid[$victim]}"
+  echo "killed $victim during the $mode run"
+  wait "$lp"
+  cat "$work/failover.json"
+done

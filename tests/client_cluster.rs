@@ -1,0 +1,520 @@
+//! The idgen-client crate against real `idgen serve` processes on the
+//! Consul test server: discovery, failover (SIGKILL and SIGTERM under
+//! load), nodes joining, Consul unreachable, strict linearizability.
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{assert_linearizable, test_consul, write_cluster_config, Call, ChildServer};
+use idgen_client::{Client, ConsulDiscovery, Mode, PrefetchConfig};
+
+/// The worker field of a default-layout snowflake ID.
+fn worker_of(id: u64) -> u64 {
+    (id >> 12) & 0x1f
+}
+
+fn start(dir: &Path, name: &str, consul: SocketAddr, set: &[(&str, &str, &str)]) -> ChildServer {
+    ChildServer::start(&write_cluster_config(dir, name, consul, set))
+}
+
+/// Passing `idgen` instances as Consul lists them.
+async fn passing(consul: SocketAddr) -> Vec<serde_json::Value> {
+    let url = format!("http://{consul}/v1/health/service/idgen?passing");
+    match reqwest::get(url).await {
+        Ok(r) => r.json().await.unwrap_or_default(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Waits (at most 10 s) until Consul lists `n` passing instances.
+async fn wait_passing(consul: SocketAddr, n: usize) {
+    for _ in 0..200 {
+        if passing(consul).await.len() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "Consul did not list {n} passing idgen nodes: {:?}",
+        passing(consul).await
+    );
+}
+
+/// Waits (at most 10 s) until the client knows exactly `n` nodes.
+async fn wait_known(client: &Client, n: usize) {
+    for _ in 0..200 {
+        if client.nodes().len() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the client knows {:?}, not {n} nodes", client.nodes());
+}
+
+async fn consul_client(agent: SocketAddr, deadline: Duration) -> Client {
+    Client::builder()
+        .consul(ConsulDiscovery::new(format!("http://{agent}")).wait(Duration::from_secs(5)))
+        .deadline(deadline)
+        .set_aside(Duration::from_millis(300))
+        .build()
+        .await
+        .expect("client starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_discovers_three_nodes_in_consul_and_spreads_calls_over_them() {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<ChildServer> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(dir.path(), n, consul.addr(), &[]))
+        .collect();
+    wait_passing(consul.addr(), 3).await;
+
+    // The registration carries the metrics port for Prometheus.
+    let listed = passing(consul.addr()).await;
+    let mut ports: Vec<String> = listed
+        .iter()
+        .map(|e| {
+            e["Service"]["Meta"]["metrics_port"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    let mut want: Vec<String> = nodes.iter().map(|n| n.http.port().to_string()).collect();
+    ports.sort();
+    want.sort();
+    assert_eq!(ports, want, "Meta.metrics_port is each node's HTTP port");
+
+    let app = consul.add_agent("app").await.unwrap();
+    let client = consul_client(app, Duration::from_secs(2)).await;
+    let mut known = client.nodes();
+    known.sort();
+    let mut grpc: Vec<String> = nodes.iter().map(|n| n.grpc.to_string()).collect();
+    grpc.sort();
+    assert_eq!(known, grpc, "the client dials exactly the registered nodes");
+
+    let mut workers = HashSet::new();
+    let mut ids = HashSet::new();
+    for _ in 0..300 {
+        let id = client.gen_id(Mode::Snowflake, "").await.expect("gen_id");
+        assert!(ids.insert(id), "id {id} twice");
+        workers.insert(worker_of(id));
+    }
+    assert_eq!(workers.len(), 3, "every node served calls: {workers:?}");
+    drop(nodes);
+    consul.shutdown().await;
+}
+
+/// What one load task got: IDs, errors, and its longest call.
+type LoadOutcome = (Vec<u64>, Vec<String>, Duration);
+
+/// Calls `next_id` (prefetched snowflake) and `gen_id` from `tasks` tasks
+/// until `stop`; returns the IDs and every error.
+fn load(
+    client: &Client,
+    tasks: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<LoadOutcome>> {
+    (0..tasks)
+        .map(|t| {
+            let (client, stop) = (client.clone(), Arc::clone(stop));
+            tokio::spawn(async move {
+                let (mut ids, mut errors, mut longest) = (Vec::new(), Vec::new(), Duration::ZERO);
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let got = if t % 2 == 0 {
+                        client.next_id(Mode::Snowflake, "").await
+                    } else {
+                        client.gen_id(Mode::Snowflake, "").await
+                    };
+                    longest = longest.max(started.elapsed());
+                    match got {
+                        Ok(id) => ids.push(id),
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                    if t % 2 == 1 {
+                        // Unbuffered callers pace themselves a little.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
+                (ids, errors, longest)
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_and_a_node_drained_under_load_cost_the_application_no_error_and_no_duplicate(
+) {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<ChildServer> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(dir.path(), n, consul.addr(), &[]))
+        .collect();
+    wait_passing(consul.addr(), 3).await;
+    let app = consul.add_agent("app").await.unwrap();
+    let deadline = Duration::from_secs(3);
+    let client = Client::builder()
+        .consul(ConsulDiscovery::new(format!("http://{app}")).wait(Duration::from_secs(5)))
+        .deadline(deadline)
+        .set_aside(Duration::from_millis(300))
+        .prefetch(PrefetchConfig {
+            initial_batch: 200,
+            min_batch: 50,
+            ..PrefetchConfig::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = load(&client, 8, &stop);
+
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let killed = nodes.remove(0);
+    killed.kill();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let drained = nodes.remove(0);
+    let status = tokio::task::spawn_blocking(move || drained.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "the drained node exits cleanly: {status}");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let (mut all, mut errors, mut longest) = (Vec::new(), Vec::new(), Duration::ZERO);
+    for t in tasks {
+        let (ids, errs, l) = t.await.unwrap();
+        all.extend(ids);
+        errors.extend(errs);
+        longest = longest.max(l);
+    }
+    assert!(errors.is_empty(), "the application saw errors: {errors:?}");
+    assert!(
+        longest < deadline,
+        "a call took {longest:?}, over its deadline"
+    );
+    let distinct: HashSet<u64> = all.iter().copied().collect();
+    assert_eq!(distinct.len(), all.len(), "an ID was handed out twice");
+    assert!(all.len() > 1000, "the load ran: {} IDs", all.len());
+    // Calls after the failures went to the one node left.
+    let last = client.gen_id(Mode::Snowflake, "").await.unwrap();
+    assert!(!distinct.contains(&last));
+    drop(nodes);
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_later_receives_traffic() {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes: Vec<ChildServer> = ["a", "b"]
+        .iter()
+        .map(|n| start(dir.path(), n, consul.addr(), &[]))
+        .collect();
+    wait_passing(consul.addr(), 2).await;
+    let app = consul.add_agent("app").await.unwrap();
+    let client = consul_client(app, Duration::from_secs(2)).await;
+    assert_eq!(client.nodes().len(), 2);
+
+    nodes.push(start(dir.path(), "c", consul.addr(), &[]));
+    // One blocking-query round picks it up once its check passes.
+    wait_known(&client, 3).await;
+    assert!(client.nodes().contains(&nodes[2].grpc.to_string()));
+
+    let newcomer = {
+        let mut c = nodes[2].client().await;
+        let id = c
+            .gen_id(idgen::proto::GenIdRequest {
+                mode: Mode::Snowflake as i32,
+                tag: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .id;
+        worker_of(id)
+    };
+    let mut served = 0;
+    for _ in 0..300 {
+        let id = client.gen_id(Mode::Snowflake, "").await.unwrap();
+        if worker_of(id) == newcomer {
+            served += 1;
+        }
+    }
+    assert!(served > 0, "the new node got none of 300 calls");
+    drop(nodes);
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_consul_unreachable_calls_continue_on_the_known_nodes() {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<ChildServer> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(dir.path(), n, consul.addr(), &[]))
+        .collect();
+    wait_passing(consul.addr(), 3).await;
+    // The application's own agent goes away; the nodes keep theirs (a
+    // Consul the nodes cannot reach either would fence them: see DESIGN).
+    let app = consul.add_agent("app").await.unwrap();
+    let client = consul_client(app, Duration::from_secs(2)).await;
+    consul.faults().refuse("app", true);
+    let refused_at = Instant::now();
+    let mut ids = HashSet::new();
+    let mut workers = HashSet::new();
+    while refused_at.elapsed() < Duration::from_secs(3) {
+        let id = client
+            .gen_id(Mode::Snowflake, "")
+            .await
+            .expect("calls go on without Consul");
+        assert!(ids.insert(id));
+        workers.insert(worker_of(id));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(client.nodes().len(), 3, "the last known set is kept");
+    assert_eq!(workers.len(), 3, "all known nodes still serve");
+    // Consul back: the watch resumes (a node leaving is seen again).
+    consul.faults().refuse("app", false);
+    let mut nodes = nodes;
+    let gone = nodes.pop().unwrap();
+    let status = tokio::task::spawn_blocking(move || gone.terminate())
+        .await
+        .unwrap();
+    assert!(status.success());
+    wait_known(&client, 2).await;
+    drop(nodes);
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_calls_from_16_tasks_through_the_client_stay_linearizable() {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let strict = [("strict", "enabled", "true")];
+    let nodes: Vec<ChildServer> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(dir.path(), n, consul.addr(), &strict))
+        .collect();
+    wait_passing(consul.addr(), 3).await;
+    let app = consul.add_agent("app").await.unwrap();
+    let client = consul_client(app, Duration::from_secs(5)).await;
+    assert!(
+        matches!(
+            client.prefetcher(Mode::Strict, "books/moby"),
+            Err(idgen_client::Error::StrictNotPrefetchable)
+        ),
+        "strict is never prefetched"
+    );
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let (client, calls) = (client.clone(), Arc::clone(&calls));
+            tokio::spawn(async move {
+                for i in 0..12 {
+                    let start = Instant::now();
+                    let (first, last) = if (t + i) % 3 == 0 {
+                        let v = client
+                            .gen_ids(Mode::Strict, "books/moby", 3)
+                            .await
+                            .expect("strict batch");
+                        assert_eq!(v.len(), 3);
+                        (v[0], v[2])
+                    } else {
+                        let v = client
+                            .next_id(Mode::Strict, "books/moby")
+                            .await
+                            .expect("strict");
+                        (v, v)
+                    };
+                    let end = Instant::now();
+                    calls.lock().unwrap().push(Call {
+                        start,
+                        end,
+                        first,
+                        last,
+                    });
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 16 * 12);
+    assert_linearizable(&calls);
+    drop(nodes);
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_calls_are_retried_when_the_connection_was_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::TestServer::start(common::all_modes_config(dir.path())).await;
+    // A port nobody listens on: the request provably never left.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let client = Client::builder()
+        .endpoints([dead.to_string(), server.grpc.to_string()])
+        .set_aside(Duration::from_secs(30))
+        .build()
+        .await
+        .unwrap();
+    let mut last = 0;
+    for _ in 0..20 {
+        let v = client
+            .gen_id(Mode::Strict, "seats/a1")
+            .await
+            .expect("refused connections are retried on the other node");
+        assert!(v > last, "strict values increase: {v} after {last}");
+        last = v;
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idgen_gen_and_bench_with_consul_discovery_use_the_whole_cluster() {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<ChildServer> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(dir.path(), n, consul.addr(), &[]))
+        .collect();
+    wait_passing(consul.addr(), 3).await;
+    let url = format!("http://{}", consul.addr());
+
+    let gen_url = url.clone();
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        common::run_idgen(&[
+            "gen",
+            "--discover",
+            "consul",
+            "--consul",
+            &gen_url,
+            "-n",
+            "300",
+            "--batch",
+            "1",
+            "--json",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "idgen gen --discover consul: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
+    let ids: Vec<u64> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 300);
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 300, "distinct");
+    let workers: HashSet<u64> = ids.iter().map(|i| worker_of(*i)).collect();
+    assert_eq!(
+        workers.len(),
+        3,
+        "300 calls spread over the 3 nodes: {workers:?}"
+    );
+
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        common::run_idgen(&[
+            "bench",
+            "--discover",
+            "consul",
+            "--consul",
+            &url,
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--concurrency",
+            "4",
+            "--json",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "idgen bench --discover consul: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
+    assert!(
+        v[0]["label"].as_str().unwrap_or("").contains("3 nodes"),
+        "{v}"
+    );
+    assert_eq!(v[0]["errors"], 0, "{v}");
+    assert!(v[0]["ids"].as_u64().unwrap_or(0) > 0, "{v}");
+    drop(nodes);
+    consul.shutdown().await;
+}
+
+/// A config file for an embedded child node on a fixed gRPC port with its
+/// own worker id.
+fn embedded_on(dir: &Path, port: u16, worker: u64) -> std::path::PathBuf {
+    let path = dir.join("idgen.toml");
+    let text = format!(
+        "[node]\nworker_id = {worker}\n\
+         [server]\ngrpc_listen = \"127.0.0.1:{port}\"\nhttp_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\
+         [store]\npath = \"{}\"\ninit_if_missing = true\n\
+         [log]\nformat = \"json\"\nlevel = \"info\"\n",
+        dir.join("state.redb").display()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_node_is_set_aside_and_taken_back_once_its_health_check_passes() {
+    let dir_a = tempfile::tempdir().unwrap();
+    let dir_b = tempfile::tempdir().unwrap();
+    let a = common::TestServer::start(common::test_config(dir_a.path())).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config_b = embedded_on(dir_b.path(), port, 1);
+    let b = ChildServer::start(&config_b);
+    let client = Client::builder()
+        .endpoints([a.grpc.to_string(), b.grpc.to_string()])
+        .set_aside(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let mut workers = HashSet::new();
+    for _ in 0..200 {
+        workers.insert(worker_of(client.gen_id(Mode::Snowflake, "").await.unwrap()));
+    }
+    assert_eq!(workers, HashSet::from([0, 1]), "both nodes serve");
+
+    b.kill();
+    for _ in 0..200 {
+        let id = client
+            .gen_id(Mode::Snowflake, "")
+            .await
+            .expect("A takes over");
+        assert_eq!(worker_of(id), 0);
+    }
+
+    // B comes back on the same address: the health probe puts it back.
+    let _b = ChildServer::start(&config_b);
+    let back = Instant::now();
+    let mut served = false;
+    while back.elapsed() < Duration::from_secs(10) && !served {
+        served = worker_of(client.gen_id(Mode::Snowflake, "").await.unwrap()) == 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(served, "the node that came back got no call within 10 s");
+    a.stop().await;
+}
