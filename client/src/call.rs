@@ -167,3 +167,80 @@ pub(crate) fn never_sent(status: &tonic::Status) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::nodes::NodeSettings;
+
+    fn caller(nodes: &[&str]) -> Caller {
+        let set = NodeSet::new(NodeSettings {
+            connect_timeout: Duration::from_millis(200),
+            set_aside: Duration::from_secs(60),
+        });
+        let addrs: Vec<String> = nodes.iter().map(|a| (*a).to_owned()).collect();
+        set.replace(&addrs).expect("addresses");
+        Caller {
+            nodes: Arc::new(set),
+            settings: CallSettings {
+                deadline: Duration::from_secs(2),
+                backoff_base: Duration::from_millis(1),
+                backoff_max: Duration::from_millis(5),
+            },
+        }
+    }
+
+    fn refused() -> tonic::Status {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        tonic::Status::from_error(Box::new(io))
+    }
+
+    fn reset_after_send() -> tonic::Status {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        tonic::Status::from_error(Box::new(io))
+    }
+
+    #[test]
+    fn only_a_refused_connection_counts_as_never_sent() {
+        assert!(never_sent(&refused()));
+        assert!(!never_sent(&reset_after_send()), "reset after sending");
+        assert!(
+            !never_sent(&tonic::Status::unavailable("fenced")),
+            "a node's own answer: it received the call"
+        );
+        assert!(!never_sent(&tonic::Status::deadline_exceeded("slow")));
+    }
+
+    /// Runs one call whose every attempt fails with `status`; returns how
+    /// many attempts were made.
+    async fn attempts(retry: Retry, status: fn() -> tonic::Status) -> usize {
+        let caller = caller(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        let count = AtomicUsize::new(0);
+        let result: Result<(), Error> = caller
+            .call("GenId", retry, |_, _| {
+                count.fetch_add(1, Ordering::SeqCst);
+                let status = status();
+                async move { Err(status) }
+            })
+            .await;
+        assert!(result.is_err());
+        count.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_strict_call_that_reached_a_node_is_never_sent_again() {
+        // A node answered (UNAVAILABLE) or the connection broke after the
+        // request left: the node may have taken a value, so no retry.
+        assert_eq!(
+            attempts(Retry::OnlyIfNotSent, || tonic::Status::unavailable("x")).await,
+            1
+        );
+        assert_eq!(attempts(Retry::OnlyIfNotSent, reset_after_send).await, 1);
+        // Never sent: another node is tried.
+        assert!(attempts(Retry::OnlyIfNotSent, refused).await > 1);
+        // Other modes retry UNAVAILABLE on another node.
+        assert!(attempts(Retry::Idempotent, || tonic::Status::unavailable("x")).await > 1);
+    }
+}
