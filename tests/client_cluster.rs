@@ -518,3 +518,81 @@ async fn a_failed_node_is_set_aside_and_taken_back_once_its_health_check_passes(
     assert!(served, "the node that came back got no call within 10 s");
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_sends_its_acl_token_and_keeps_only_nodes_with_its_tag() {
+    let consul = consul_testserver::TestConsul::start(consul_testserver::Config {
+        min_ttl: Duration::from_secs(1),
+        ttl_expiry_factor: 1.0,
+        min_deregister_critical_after: Duration::from_secs(1),
+        acl_master_token: Some("master".into()),
+        ..consul_testserver::Config::default()
+    })
+    .await
+    .expect("test consul");
+    consul.add_token(
+        "reader",
+        consul_testserver::Policy {
+            read_all: true,
+            ..consul_testserver::Policy::default()
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let token = ("consul", "token", "\"master\"");
+    let _nodes: Vec<ChildServer> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(dir.path(), n, consul.addr(), &[token]))
+        .collect();
+    let discovery = |token: Option<&str>, tag: &str| {
+        let mut d = ConsulDiscovery::new(format!("http://{}", consul.addr()))
+            .wait(Duration::from_secs(5))
+            .tag(tag);
+        if let Some(t) = token {
+            d = d.token(t);
+        }
+        d
+    };
+    // Wait until the nodes are registered and passing (seen with the token).
+    let mut known = Vec::new();
+    for _ in 0..200 {
+        if let Ok(client) = Client::builder()
+            .consul(discovery(Some("reader"), "snowflake"))
+            .build()
+            .await
+        {
+            known = client.nodes();
+            if known.len() == 3 {
+                let id = client.gen_id(Mode::Snowflake, "").await.expect("gen_id");
+                assert!(id > 0);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        known.len(),
+        3,
+        "with the token and the nodes' tag: {known:?}"
+    );
+
+    // Without a token Consul refuses the listing: the client does not start.
+    let refused = Client::builder()
+        .consul(discovery(None, "snowflake"))
+        .build()
+        .await;
+    assert!(
+        matches!(refused, Err(idgen_client::Error::Discovery(_))),
+        "no token: {:?}",
+        refused.err()
+    );
+    // A tag no node carries lists nobody: no node is known.
+    match Client::builder()
+        .consul(discovery(Some("reader"), "no-such-tag"))
+        .build()
+        .await
+    {
+        Ok(client) => assert!(client.nodes().is_empty(), "{:?}", client.nodes()),
+        Err(e) => assert!(matches!(e, idgen_client::Error::Discovery(_)), "{e:?}"),
+    }
+    consul.shutdown().await;
+}
