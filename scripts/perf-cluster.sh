@@ -14,25 +14,9 @@ rounds="${2:-3}"
 cargo build --release --quiet --workspace
 bin=target/release/idgen
 work=$(mktemp -d)
-pids=()
-cleanup() {
-  # Nodes first (they release their ids in Consul), the Consul server last.
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${pids[$i]}" 2>/dev/null || true
-    wait "${pids[$i]}" 2>/dev/null || true
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-target/release/consul-testserver --listen 127.0.0.1:0 > "$work/consul.out" &
-pids+=($!)
-for _ in $(seq 1 200); do
-  grep -q "listening on" "$work/consul.out" 2>/dev/null && break
-  sleep 0.02
-done
-consul=$(sed -n 's/^listening on //p' "$work/consul.out" | head -1)
-[ -n "$consul" ] || { echo "consul-testserver did not start" >&2; exit 1; }
+# shellcheck source=lib/cluster.sh
+source scripts/lib/cluster.sh
+start_consul
 
 node() { # name grpc-port http-port backend
   cat > "$work/$1.toml" <<TOML

@@ -1,0 +1,26 @@
+# Shared by the perf and bench scripts (source it after setting $work):
+# child processes recorded in $pids are stopped in reverse order at exit
+# (nodes first, so they release their ids in Consul; the Consul server
+# last) and $work is removed; start_consul starts the in-repo Consul test
+# server and sets $consul to its address.
+pids=()
+stop_children() {
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[$i]}" 2>/dev/null || true
+    wait "${pids[$i]}" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap stop_children EXIT
+
+start_consul() { # [binary directory, default target/release]
+  local dir="${1:-target/release}"
+  "$dir/consul-testserver" --listen 127.0.0.1:0 > "$work/consul.out" &
+  pids+=($!)
+  for _ in $(seq 1 200); do
+    grep -q "listening on" "$work/consul.out" 2>/dev/null && break
+    sleep 0.02
+  done
+  consul=$(sed -n 's/^listening on //p' "$work/consul.out" | head -1)
+  [ -n "$consul" ] || { echo "consul-testserver did not start" >&2; exit 1; }
+}
