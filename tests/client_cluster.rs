@@ -23,6 +23,16 @@ fn start(dir: &Path, name: &str, consul: SocketAddr, set: &[(&str, &str, &str)])
     ChildServer::start(&write_cluster_config(dir, name, consul, set))
 }
 
+/// Three cluster nodes `a`, `b`, `c`, once Consul lists them passing.
+async fn three_nodes(dir: &Path, consul: SocketAddr) -> Vec<ChildServer> {
+    let nodes = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(dir, n, consul, &[]))
+        .collect();
+    wait_passing(consul, 3).await;
+    nodes
+}
+
 /// Passing `idgen` instances as Consul lists them.
 async fn passing(consul: SocketAddr) -> Vec<serde_json::Value> {
     let url = format!("http://{consul}/v1/health/service/idgen?passing");
@@ -71,11 +81,7 @@ async fn consul_client(agent: SocketAddr, deadline: Duration) -> Client {
 async fn the_client_discovers_three_nodes_in_consul_and_spreads_calls_over_them() {
     let consul = test_consul().await;
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<ChildServer> = ["a", "b", "c"]
-        .iter()
-        .map(|n| start(dir.path(), n, consul.addr(), &[]))
-        .collect();
-    wait_passing(consul.addr(), 3).await;
+    let nodes = three_nodes(dir.path(), consul.addr()).await;
 
     // The registration carries the metrics port for Prometheus.
     let listed = passing(consul.addr()).await;
@@ -259,11 +265,7 @@ async fn a_node_added_later_receives_traffic() {
 async fn with_consul_unreachable_calls_continue_on_the_known_nodes() {
     let consul = test_consul().await;
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<ChildServer> = ["a", "b", "c"]
-        .iter()
-        .map(|n| start(dir.path(), n, consul.addr(), &[]))
-        .collect();
-    wait_passing(consul.addr(), 3).await;
+    let nodes = three_nodes(dir.path(), consul.addr()).await;
     // The application's own agent goes away; the nodes keep theirs (a
     // Consul the nodes cannot reach either would fence them: see DESIGN).
     let app = consul.add_agent("app").await.unwrap();
@@ -388,11 +390,7 @@ async fn strict_calls_are_retried_when_the_connection_was_refused() {
 async fn idgen_gen_and_bench_with_consul_discovery_use_the_whole_cluster() {
     let consul = test_consul().await;
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<ChildServer> = ["a", "b", "c"]
-        .iter()
-        .map(|n| start(dir.path(), n, consul.addr(), &[]))
-        .collect();
-    wait_passing(consul.addr(), 3).await;
+    let nodes = three_nodes(dir.path(), consul.addr()).await;
     let url = format!("http://{}", consul.addr());
 
     let gen_url = url.clone();

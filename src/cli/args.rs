@@ -164,18 +164,9 @@ pub struct GenArgs {
     /// Print JSON (`{"ids": ["..."]}`) instead of one ID per line.
     #[arg(long)]
     pub json: bool,
-    /// Find the nodes through Consul instead of --addr (`consul`): the
-    /// passing instances of --service, through the agent at --consul, with
-    /// failover between them. The token, if any, is read from
-    /// CONSUL_HTTP_TOKEN.
-    #[arg(long, value_parser = ["consul"])]
-    pub discover: Option<String>,
-    /// The Consul agent's HTTP address, for --discover consul.
-    #[arg(long, default_value = "http://127.0.0.1:8500")]
-    pub consul: String,
-    /// The Consul service name, for --discover consul.
-    #[arg(long, default_value = "idgen")]
-    pub service: String,
+    /// Finding the nodes through Consul instead of --addr.
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
 }
 
 #[derive(Args)]
@@ -231,18 +222,9 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// Find the nodes through Consul instead of --addr (`consul`): the
-    /// passing instances of --service, through the agent at --consul, with
-    /// failover between them. The token, if any, is read from
-    /// CONSUL_HTTP_TOKEN.
-    #[arg(long, value_parser = ["consul"])]
-    pub discover: Option<String>,
-    /// The Consul agent's HTTP address, for --discover consul.
-    #[arg(long, default_value = "http://127.0.0.1:8500")]
-    pub consul: String,
-    /// The Consul service name, for --discover consul.
-    #[arg(long, default_value = "idgen")]
-    pub service: String,
+    /// Finding the nodes through Consul instead of --addr.
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
 }
 
 #[derive(Args)]
@@ -445,4 +427,21 @@ impl ServeArgs {
             worker_id: self.worker_id,
         }
     }
+}
+
+/// `--discover consul` and where to ask, for the commands that call nodes.
+#[derive(Args)]
+pub struct DiscoveryArgs {
+    /// Find the nodes through Consul instead of --addr (`consul`): the
+    /// passing instances of --service, through the agent at --consul, with
+    /// failover between them. The token, if any, is read from
+    /// CONSUL_HTTP_TOKEN.
+    #[arg(long, value_parser = ["consul"])]
+    pub discover: Option<String>,
+    /// The Consul agent's HTTP address, for --discover consul.
+    #[arg(long, default_value = "http://127.0.0.1:8500")]
+    pub consul: String,
+    /// The Consul service name, for --discover consul.
+    #[arg(long, default_value = "idgen")]
+    pub service: String,
 }

@@ -14,7 +14,7 @@ const BARE: &str = "bare tonic counter";
 /// Runs the load (alternating with the baseline, `--rounds` times, when
 /// `--baseline`), prints each run, and fails if any IDs went backwards.
 pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
-    if a.discover.is_some() {
+    if a.discovery.discover.is_some() {
         return run_discovered(a).await;
     }
     let opts = BenchOptions {
@@ -92,8 +92,12 @@ fn print_medians(reports: &[(&str, BenchReport)], rounds: usize) -> std::io::Res
 /// retried past the client's deadline.
 async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
     use std::time::{Duration, Instant};
-    let client =
-        super::gen::discovered_client(&a.consul, &a.service, Duration::from_secs(5)).await?;
+    let client = super::gen::discovered_client(
+        &a.discovery.consul,
+        &a.discovery.service,
+        Duration::from_secs(5),
+    )
+    .await?;
     let mode = idgen::server::grpc::mode_to_proto(idgen::id::Mode::parse(&a.mode)?);
     let mode = idgen_client::Mode::try_from(mode as i32)
         .map_err(|_| anyhow::anyhow!("mode {} is not known to the client", a.mode))?;

@@ -11,7 +11,7 @@ use super::output::{self, outln};
 pub async fn run(a: GenArgs) -> anyhow::Result<()> {
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
-    let ids = if a.discover.is_some() {
+    let ids = if a.discovery.discover.is_some() {
         from_cluster(&a, mode).await?
     } else {
         from_node(&a, mode).await?
@@ -22,7 +22,7 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
 /// `--discover consul`: through the idgen-client crate, which spreads the
 /// calls over the passing nodes and retries another node when one fails.
 async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
-    let client = discovered_client(&a.consul, &a.service, a.timeout).await?;
+    let client = discovered_client(&a.discovery.consul, &a.discovery.service, a.timeout).await?;
     let mode = idgen_client::Mode::try_from(mode)
         .map_err(|_| anyhow::anyhow!("mode {mode} is not known to the client"))?;
     if a.count == 1 {
