@@ -85,6 +85,51 @@ fn print_medians(reports: &[(&str, BenchReport)], rounds: usize) -> std::io::Res
     )
 }
 
+/// What one `--discover consul` load task measured: calls, IDs, errors
+/// and its latency histogram (µs).
+type TaskOutcome = (u64, u64, u64, hdrhistogram::Histogram<u64>);
+
+/// One load task of [`run_discovered`]: one call at a time until `until`,
+/// counting only calls started after `measure_from`.
+async fn discovered_task(
+    client: idgen_client::Client,
+    mode: idgen_client::Mode,
+    tag: String,
+    batch: u32,
+    measure_from: std::time::Instant,
+    until: std::time::Instant,
+) -> TaskOutcome {
+    let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
+        .expect("histogram bounds");
+    let (mut calls, mut ids, mut errors) = (0u64, 0u64, 0u64);
+    loop {
+        let t = std::time::Instant::now();
+        if t >= until {
+            break;
+        }
+        let got = if batch <= 1 {
+            client.gen_id(mode, &tag).await.map(|_| 1)
+        } else {
+            client
+                .gen_ids(mode, &tag, batch)
+                .await
+                .map(|v| v.len() as u64)
+        };
+        if t < measure_from {
+            continue;
+        }
+        match got {
+            Ok(n) => {
+                calls += 1;
+                ids += n;
+                h.saturating_record(t.elapsed().as_micros() as u64);
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    (calls, ids, errors, h)
+}
+
 /// `--discover consul`: the load goes through the idgen-client crate to
 /// every passing node Consul lists (power of two choices, failover), so it
 /// measures the whole cluster. `--concurrency` tasks each make one call at
@@ -108,37 +153,14 @@ async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
     let tasks: Vec<_> = (0..a.concurrency.max(1))
         .map(|_| {
             let (client, tag, batch) = (client.clone(), a.tag.clone(), a.batch);
-            tokio::spawn(async move {
-                let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
-                    .expect("histogram bounds");
-                let (mut calls, mut ids, mut errors) = (0u64, 0u64, 0u64);
-                loop {
-                    let t = Instant::now();
-                    if t >= until {
-                        break;
-                    }
-                    let got = if batch <= 1 {
-                        client.gen_id(mode, &tag).await.map(|_| 1)
-                    } else {
-                        client
-                            .gen_ids(mode, &tag, batch)
-                            .await
-                            .map(|v| v.len() as u64)
-                    };
-                    if t < measure_from {
-                        continue;
-                    }
-                    match got {
-                        Ok(n) => {
-                            calls += 1;
-                            ids += n;
-                            h.saturating_record(t.elapsed().as_micros() as u64);
-                        }
-                        Err(_) => errors += 1,
-                    }
-                }
-                (calls, ids, errors, h)
-            })
+            tokio::spawn(discovered_task(
+                client,
+                mode,
+                tag,
+                batch,
+                measure_from,
+                until,
+            ))
         })
         .collect();
     let mut report = BenchReport {
