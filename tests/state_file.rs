@@ -138,11 +138,15 @@ async fn a_replaced_state_file_stops_the_node_and_a_second_node_cannot_revive_it
     let mut c1 = first.client().await;
     all_issue(&mut c1).await;
 
-    // The operator's mistake: delete the file and init it again, at the
-    // same path, while the node runs.
-    std::fs::remove_file(&path).unwrap();
-    let (ok, out) = run_idgen(&["init", "--config", cfg]);
+    // The operator's mistake: a fresh state file put in place of the one
+    // the node runs on. Made beside it and renamed over it, so the path is
+    // never missing: whatever the scheduling, the node sees a replacement,
+    // not a deletion (a test that deleted first and ran `init` raced the
+    // watch thread on a loaded machine).
+    let fresh = dir.path().join("fresh.redb");
+    let (ok, out) = run_idgen(&["init", "--config", cfg, "--state", fresh.to_str().unwrap()]);
     assert!(ok, "{out}");
+    std::fs::rename(&fresh, &path).unwrap();
     tokio::time::sleep(RENEW_INTERVAL).await;
 
     all_refuse(&mut c1, &path, "replaced").await;
