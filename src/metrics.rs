@@ -87,6 +87,8 @@ pub const LIMIT_REFUSALS: &str = "idgen_limit_refusals_total";
 pub const ACCEPT_ERRORS: &str = "idgen_accept_errors_total";
 /// Connections closed at once because the port was at its limit, by `port`.
 pub const CONNECTIONS_REFUSED: &str = "idgen_connections_refused_total";
+/// TLS handshakes that failed or timed out, by `port`.
+pub const TLS_HANDSHAKE_FAILURES: &str = "idgen_tls_handshake_failures_total";
 /// Open client connections, by `port`.
 pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
 /// Connections the node closed on a deadline, by `port` and `reason`.
@@ -289,6 +291,10 @@ fn describe_cluster() {
     describe_counter!(
         CONNECTIONS_REFUSED,
         "New connections closed at once because the port had its maximum open, by port."
+    );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        "TLS handshakes that failed (plaintext client, untrusted or wrong certificate, protocol error) or did not finish within server.header_timeout, by port."
     );
     describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by port.");
     describe_counter!(

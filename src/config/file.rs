@@ -138,6 +138,23 @@ pub struct ServerSection {
     pub grpc_max_concurrent_streams: u32,
     /// Largest request header block in bytes, on both ports.
     pub max_header_size: u32,
+    /// Allow plaintext on a non-loopback address (no `[server.tls]`).
+    /// Off by default: anyone on the path could read the admin token and
+    /// the IDs. Only for networks that are private by other means.
+    pub insecure: bool,
+    /// `[server.tls]`: serve both ports over TLS.
+    pub tls: TlsSection,
+}
+
+/// `[server.tls]`: TLS (rustls) on the gRPC and HTTP ports. Both files
+/// empty: plaintext.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// Certificate chain, PEM, leaf first.
+    pub cert: PathBuf,
+    /// Private key of the leaf certificate, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
 }
 
 impl Default for ServerSection {
@@ -157,6 +174,8 @@ impl Default for ServerSection {
             grpc_keepalive_timeout: Duration::from_secs(10),
             grpc_max_concurrent_streams: 200,
             max_header_size: 16_384,
+            insecure: false,
+            tls: TlsSection::default(),
         }
     }
 }

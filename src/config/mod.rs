@@ -30,7 +30,8 @@ pub use file::{
     state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
     HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection, NodeSection,
     Overrides, SegmentSection, ServerSection, StoreSection, StrictSection, TestingSection,
-    WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH, NON_CONFIG_VARIABLES, STATE_FILE_NAME,
+    TlsSection, WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH, NON_CONFIG_VARIABLES,
+    STATE_FILE_NAME,
 };
 pub use validate::check_log_filter;
 
@@ -140,6 +141,21 @@ pub struct ServerSettings {
     pub shutdown_grace: Duration,
     /// Bounds on client connections, both ports.
     pub connections: ConnectionSettings,
+    /// TLS on both ports; `None`: plaintext.
+    pub tls: Option<TlsSettings>,
+    /// Plaintext was allowed on a non-loopback address
+    /// (`server.insecure = true`); the node warns at start.
+    pub insecure: bool,
+}
+
+/// The validated `[server.tls]` section: where the PEM files are. They are
+/// read (and checked) when the node starts, and again when they change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// Certificate chain, PEM.
+    pub cert: PathBuf,
+    /// Private key, PEM.
+    pub key: PathBuf,
 }
 
 /// Bounds on client connections (validated from `[server]`).

@@ -14,7 +14,7 @@ use super::file::{
 use super::{
     invalid, AdminSettings, AdminToken, Backend, BackendKind, ClusterConfig, Config, ConfigError,
     ConnectionSettings, LeaseModeSettings, LogSettings, NodeSettings, SegmentModeSettings,
-    ServerSettings, StoreSettings, StrictModeSettings, WorkerClaim,
+    ServerSettings, StoreSettings, StrictModeSettings, TlsSettings, WorkerClaim,
 };
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
@@ -169,7 +169,17 @@ impl ServerSection {
                 "must be at least two layout time units",
             ));
         }
+        let tls = self.tls()?;
+        let exposed = !grpc_listen.ip().is_loopback() || !http_listen.ip().is_loopback();
+        if exposed && tls.is_none() && !self.insecure {
+            return Err(invalid(
+                "server.insecure",
+                "a listen address is not loopback and [server.tls] is not set: set server.tls.cert and server.tls.key, or set server.insecure = true to serve plaintext on the network (the admin token and IDs then cross it in clear text)",
+            ));
+        }
         Ok(ServerSettings {
+            insecure: exposed && tls.is_none(),
+            tls,
             grpc_listen,
             http_listen,
             max_batch: self.max_batch,
@@ -178,6 +188,26 @@ impl ServerSection {
             shutdown_grace: self.shutdown_grace,
             connections,
         })
+    }
+
+    /// `[server.tls]`: both files or neither.
+    fn tls(&self) -> Result<Option<TlsSettings>, ConfigError> {
+        let t = &self.tls;
+        match (t.cert.as_os_str().is_empty(), t.key.as_os_str().is_empty()) {
+            (true, true) => Ok(None),
+            (false, false) => Ok(Some(TlsSettings {
+                cert: t.cert.clone(),
+                key: t.key.clone(),
+            })),
+            (true, false) => Err(invalid(
+                "server.tls.cert",
+                "is empty but server.tls.key is set: give the certificate chain (PEM) too",
+            )),
+            (false, true) => Err(invalid(
+                "server.tls.key",
+                "is empty but server.tls.cert is set: give the private key (PEM) too",
+            )),
+        }
     }
 
     /// The connection bounds, each checked against a sane range.

@@ -44,6 +44,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::TcpConnectInfo;
 
 use crate::config::ConnectionSettings;
@@ -85,11 +86,13 @@ impl Port {
 /// `settings`, until `shutdown` completes; then stops accepting (closing the
 /// listening socket), asks every connection to finish (GOAWAY on HTTP/2,
 /// close after the current response on HTTP/1) and returns once all have.
-/// Dropping the returned future closes every connection at once.
+/// Dropping the returned future closes every connection at once. With
+/// `tls`, each connection's handshake must finish within `header_timeout`.
 pub async fn serve<S, B>(
     listener: TcpListener,
     port: Port,
     settings: ConnectionSettings,
+    tls: Option<TlsAcceptor>,
     service: S,
     shutdown: impl Future<Output = ()>,
 ) where
@@ -146,6 +149,7 @@ pub async fn serve<S, B>(
                     };
                     conns.spawn(serve_connection(
                         stream,
+                        tls.clone(),
                         info,
                         protocol.clone(),
                         service.clone(),
@@ -188,6 +192,7 @@ impl PortMetrics {
         this.open.set(0.0);
         this.refused.increment(0);
         this.accept_errors.increment(0);
+        metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "port" => label).increment(0);
         for reason in ["preface", "header", "idle", "keepalive"] {
             metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => label, "reason" => reason)
                 .increment(0);
@@ -312,8 +317,11 @@ impl Protocol {
     }
 }
 
+/// Runs the TLS handshake (if any), then serves the connection.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection<S, B>(
     stream: TcpStream,
+    tls: Option<TlsAcceptor>,
     info: TcpConnectInfo,
     protocol: Protocol,
     service: S,
@@ -328,6 +336,40 @@ async fn serve_connection<S, B>(
     S::Future: Send + 'static,
     B: hyper::body::Body<Data = bytes::Bytes> + Default + Unpin + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(acceptor) = tls else {
+        return serve_io(stream, info, protocol, service, settings, port, stop).await;
+    };
+    let failed = |reason: String| {
+        metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "port" => port).increment(1);
+        tracing::debug!(port, peer = ?info.remote_addr, reason, "TLS handshake failed");
+    };
+    match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => {
+            serve_io(tls_stream, info, protocol, service, settings, port, stop).await;
+        }
+        Ok(Err(e)) => failed(e.to_string()),
+        Err(_) => failed("no handshake within server.header_timeout".into()),
+    }
+}
+
+async fn serve_io<I, S, B>(
+    stream: I,
+    info: TcpConnectInfo,
+    protocol: Protocol,
+    service: S,
+    settings: ConnectionSettings,
+    port: &'static str,
+    stop: watch::Receiver<bool>,
+) where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Default + Unpin + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     match protocol {
         Protocol::Http2(builder) => {
@@ -493,13 +535,13 @@ impl Activity {
 }
 
 /// Counts the first bytes a connection reads, to notice the preface.
-struct PrefaceWatch {
-    inner: TcpStream,
+struct PrefaceWatch<I> {
+    inner: I,
     activity: Arc<Activity>,
     seen: usize,
 }
 
-impl AsyncRead for PrefaceWatch {
+impl<I: AsyncRead + Unpin> AsyncRead for PrefaceWatch<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -517,7 +559,7 @@ impl AsyncRead for PrefaceWatch {
     }
 }
 
-impl AsyncWrite for PrefaceWatch {
+impl<I: AsyncWrite + Unpin> AsyncWrite for PrefaceWatch<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -9,12 +9,13 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use super::{admin, grpc, health, http, instance_id, listener, request_size};
+use super::{admin, grpc, health, http, instance_id, listener, request_size, tls};
 use super::{Node, ServeError, ShutdownReport};
 use crate::cluster::membership::IssuePath;
 use crate::config::Config;
 use crate::modes::Issuer;
 use crate::proto;
+use tokio_rustls::TlsAcceptor;
 
 type Served = JoinHandle<()>;
 
@@ -132,6 +133,7 @@ impl Node {
         .max_decoding_message_size(max_request);
         let admin = admin::service(self.admin_deps()).max_decoding_message_size(max_request);
         let (stop, stop_rx) = watch::channel(false);
+        let (grpc_tls, http_tls) = acceptors(config)?;
         let grpc_routes = tonic::service::Routes::new(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
@@ -142,6 +144,7 @@ impl Node {
             grpc,
             listener::Port::Grpc,
             config.server.connections,
+            grpc_tls,
             tower::Layer::layer(
                 &request_size::RequestSizeLayer::new(max_request),
                 grpc_routes,
@@ -159,6 +162,7 @@ impl Node {
             http,
             listener::Port::Http,
             config.server.connections,
+            http_tls,
             router,
             wait_stop(stop_rx),
         ));
@@ -205,6 +209,28 @@ impl Node {
             snapshots: self.snapshots.clone(),
         }
     }
+}
+
+/// The TLS acceptors of both ports (`None`: plaintext, with a warning when
+/// that plaintext is on the network).
+fn acceptors(config: &Config) -> Result<(Option<TlsAcceptor>, Option<TlsAcceptor>), ServeError> {
+    let Some(settings) = &config.server.tls else {
+        if config.server.insecure {
+            tracing::warn!(
+                grpc = %config.server.grpc_listen,
+                http = %config.server.http_listen,
+                "serving plaintext on a non-loopback address (server.insecure = true): the admin token and IDs cross the network in clear text; set [server.tls] to encrypt"
+            );
+        }
+        return Ok((None, None));
+    };
+    let fail = |e: tls::TlsError| ServeError::Transport(e.to_string());
+    let identity = tls::Identity::load(settings).map_err(fail)?;
+    tracing::info!(cert = %settings.cert.display(), "serving TLS on both ports");
+    Ok((
+        Some(identity.acceptor(listener::Port::Grpc).map_err(fail)?),
+        Some(identity.acceptor(listener::Port::Http).map_err(fail)?),
+    ))
 }
 
 impl FrontEnds {

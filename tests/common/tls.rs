@@ -1,0 +1,95 @@
+//! Certificates made in the test (rcgen) and TLS clients that trust them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hyper_util::rt::TokioIo;
+use idgen::proto::id_gen_client::IdGenClient;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::TlsConnector;
+use tonic::transport::{Channel, Endpoint};
+
+/// A self-signed server certificate for `localhost` and 127.0.0.1, written
+/// as PEM files.
+pub struct ServerCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub der: CertificateDer<'static>,
+}
+
+/// Writes a fresh certificate and key under `dir` with `name` as prefix.
+pub fn server_cert(dir: &Path, name: &str) -> ServerCert {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        .expect("rcgen");
+    let cert = dir.join(format!("{name}.crt"));
+    let key = dir.join(format!("{name}.key"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    ServerCert {
+        cert,
+        key,
+        der: ck.cert.der().clone(),
+    }
+}
+
+/// A rustls client trusting only `roots`, offering `alpn`.
+pub fn client_config(roots: &[CertificateDer<'static>], alpn: &[&[u8]]) -> Arc<ClientConfig> {
+    let mut store = RootCertStore::empty();
+    for r in roots {
+        store.add(r.clone()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(c)
+}
+
+/// Opens a TLS connection to `addr` (server name `localhost`).
+pub async fn connect(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost").unwrap();
+    TlsConnector::from(config).connect(name, tcp).await
+}
+
+/// A gRPC client over TLS to `addr`, trusting `root`.
+pub async fn grpc_client(
+    addr: SocketAddr,
+    root: &CertificateDer<'static>,
+) -> Result<IdGenClient<Channel>, tonic::transport::Error> {
+    let config = client_config(std::slice::from_ref(root), &[b"h2"]);
+    let channel = Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: hyper::Uri| {
+            let config = Arc::clone(&config);
+            async move { connect(addr, config).await.map(TokioIo::new) }
+        }))
+        .await?;
+    Ok(IdGenClient::new(channel))
+}
+
+/// One HTTP/1.1 GET over TLS; returns the whole response as text.
+pub async fn https_get(addr: SocketAddr, root: &CertificateDer<'static>, path: &str) -> String {
+    let config = client_config(std::slice::from_ref(root), &[b"http/1.1"]);
+    let mut s = connect(addr, config).await.expect("TLS connect");
+    let alpn = s.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    assert_eq!(
+        alpn.as_deref(),
+        Some(&b"http/1.1"[..]),
+        "ALPN on the HTTP port"
+    );
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
