@@ -156,3 +156,89 @@ fn plaintext_beyond_loopback_needs_insecure() {
     let err = f.validate(now).unwrap_err().to_string();
     assert!(err.contains("server.tls.key"), "{err}");
 }
+
+/// Runs the CLI off the runtime's threads.
+async fn cli(args: Vec<String>) -> (bool, String) {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::run_idgen(&args)
+    })
+    .await
+    .unwrap()
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_speaks_tls_and_names_the_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = server_cert(dir.path(), "server");
+    let ca = cert.cert.to_str().unwrap().to_owned();
+    let mut config = tls_config(dir.path(), &cert);
+    config.admin.token = Some(idgen::config::AdminToken("s3cret-admin-token".into()));
+    let tls = TestServer::start(config).await;
+    let plain_dir = tempfile::tempdir().unwrap();
+    let plain = TestServer::start(test_config(plain_dir.path())).await;
+    let https = format!("https://localhost:{}", tls.grpc.port());
+
+    // gen and admin over TLS.
+    let (ok, out) = cli(args(&["gen", "--addr", &https, "--ca", &ca, "-n", "3"])).await;
+    assert!(ok, "{out}");
+    let ids: Vec<u64> = out
+        .lines()
+        .map(|l| l.trim().parse().expect("an ID per line"))
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    let (ok, out) = cli(args(&[
+        "admin",
+        "--addr",
+        &https,
+        "--ca",
+        &ca,
+        "--token",
+        "s3cret-admin-token",
+        "holders",
+    ]))
+    .await;
+    assert!(ok, "{out}");
+
+    // https:// without --ca says what to give.
+    let (ok, out) = cli(args(&["gen", "--addr", &https])).await;
+    assert!(!ok && out.contains("--ca"), "{out}");
+
+    // https:// against a plaintext node: fails, saying it serves plaintext.
+    let to_plain = format!("https://localhost:{}", plain.grpc.port());
+    let (ok, out) = cli(args(&["gen", "--addr", &to_plain, "--ca", &ca])).await;
+    assert!(!ok, "https:// against plaintext must fail: {out}");
+    assert!(
+        out.contains("does not speak TLS") && out.contains("http://"),
+        "{out}"
+    );
+
+    // http:// against a TLS node: fails, saying the node speaks TLS.
+    let http = format!("http://127.0.0.1:{}", tls.grpc.port());
+    let (ok, out) = cli(args(&["gen", "--addr", &http])).await;
+    assert!(!ok, "plaintext against TLS must fail: {out}");
+    assert!(
+        out.contains("speaks TLS") && out.contains("https://"),
+        "{out}"
+    );
+
+    // A CA that did not sign the node's certificate.
+    let other = server_cert(dir.path(), "other");
+    let (ok, out) = cli(args(&[
+        "gen",
+        "--addr",
+        &https,
+        "--ca",
+        other.cert.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(!ok && out.contains("not trusted"), "{out}");
+
+    tls.stop().await;
+    plain.stop().await;
+}
