@@ -14,6 +14,8 @@ fn tls_config(dir: &std::path::Path, cert: &common::tls::ServerCert) -> idgen::c
     config.server.tls = Some(TlsSettings {
         cert: cert.cert.clone(),
         key: cert.key.clone(),
+        client_ca: None,
+        client_required: false,
     });
     config
 }
@@ -100,7 +102,12 @@ async fn wrong_or_missing_files_stop_the_node_with_the_key_named() {
     let b = server_cert(dir.path(), "b");
     let start = |cert: std::path::PathBuf, key: std::path::PathBuf| {
         let mut config = test_config(dir.path());
-        config.server.tls = Some(TlsSettings { cert, key });
+        config.server.tls = Some(TlsSettings {
+            cert,
+            key,
+            client_ca: None,
+            client_required: false,
+        });
         async move {
             match idgen::server::Node::start(config, std::sync::Arc::new(SystemClock)).await {
                 Ok(_) => panic!("a node with bad TLS files must not start"),
@@ -155,6 +162,43 @@ fn plaintext_beyond_loopback_needs_insecure() {
     f.server.tls.cert = "/etc/idgen/tls.crt".into();
     let err = f.validate(now).unwrap_err().to_string();
     assert!(err.contains("server.tls.key"), "{err}");
+}
+
+#[test]
+fn client_certificate_settings_need_a_client_ca() {
+    let now = SystemClock.now_millis();
+    let with_tls = || {
+        let mut f = FileConfig::default();
+        f.server.tls.cert = "/etc/idgen/tls.crt".into();
+        f.server.tls.key = "/etc/idgen/tls.key".into();
+        f
+    };
+    let mut f = with_tls();
+    f.server.tls.client_required = true;
+    let err = f.validate(now).unwrap_err().to_string();
+    assert!(
+        err.contains("server.tls.client_required") && err.contains("client_ca"),
+        "{err}"
+    );
+
+    let mut f = with_tls();
+    f.admin.client_cert_names = vec!["ops-admin".into()];
+    let err = f.validate(now).unwrap_err().to_string();
+    assert!(err.contains("admin.client_cert_names"), "{err}");
+
+    let mut f = FileConfig::default();
+    f.admin.client_cert_names = vec!["ops-admin".into()];
+    assert!(f.validate(now).is_err(), "names without TLS are refused");
+
+    let mut f = with_tls();
+    f.server.tls.client_ca = "/etc/idgen/clients-ca.crt".into();
+    f.admin.client_cert_names = vec!["ops-admin".into(), " ".into()];
+    let err = f.validate(now).unwrap_err().to_string();
+    assert!(err.contains("empty name"), "{err}");
+    f.admin.client_cert_names.pop();
+    let c = f.validate(now).expect("valid");
+    assert_eq!(c.admin.client_cert_names, vec!["ops-admin".to_owned()]);
+    assert!(c.server.tls.unwrap().client_ca.is_some());
 }
 
 /// Runs the CLI off the runtime's threads.
@@ -241,4 +285,155 @@ async fn cli_speaks_tls_and_names_the_mismatch() {
 
     tls.stop().await;
     plain.stop().await;
+}
+
+fn mtls_config(
+    dir: &std::path::Path,
+    cert: &common::tls::ServerCert,
+    ca: &common::tls::Ca,
+    required: bool,
+) -> idgen::config::Config {
+    let mut config = test_config(dir);
+    config.server.tls = Some(TlsSettings {
+        cert: cert.cert.clone(),
+        key: cert.key.clone(),
+        client_ca: Some(ca.cert.clone()),
+        client_required: required,
+    });
+    config
+}
+
+/// A GenId over a fresh connection, or why it failed.
+async fn gen_once(
+    connected: Result<
+        idgen::proto::id_gen_client::IdGenClient<tonic::transport::Channel>,
+        tonic::transport::Error,
+    >,
+) -> Result<u64, String> {
+    let mut c = connected.map_err(|e| format!("connect: {e:?}"))?;
+    c.gen_id(GenIdRequest::default())
+        .await
+        .map(|r| r.into_inner().id)
+        .map_err(|s| format!("call: {s:?}"))
+}
+
+#[tokio::test]
+async fn mtls_required_refuses_a_missing_or_wrong_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = server_cert(dir.path(), "server");
+    let ca = common::tls::ca(dir.path(), "clients");
+    let rogue = common::tls::ca(dir.path(), "rogue");
+    let good = common::tls::client_cert(dir.path(), &ca, "app-1", &[]);
+    let bad = common::tls::client_cert(dir.path(), &rogue, "app-2", &[]);
+    let server = TestServer::start(mtls_config(dir.path(), &cert, &ca, true)).await;
+
+    let ok = gen_once(
+        common::tls::grpc_client_with_cert(server.grpc, &cert.der, (&good.0, &good.1)).await,
+    )
+    .await;
+    assert!(
+        ok.is_ok(),
+        "a certificate from client_ca is accepted: {ok:?}"
+    );
+    let none = gen_once(grpc_client(server.grpc, &cert.der).await).await;
+    assert!(none.is_err(), "no client certificate must be refused");
+    let wrong = gen_once(
+        common::tls::grpc_client_with_cert(server.grpc, &cert.der, (&bad.0, &bad.1)).await,
+    )
+    .await;
+    assert!(
+        wrong.is_err(),
+        "a certificate from another CA must be refused"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_needs_an_allowed_client_certificate_and_the_token_when_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = server_cert(dir.path(), "server");
+    let ca = common::tls::ca(dir.path(), "clients");
+    let (ops_c, ops_k) = common::tls::client_cert(dir.path(), &ca, "ops-admin", &[]);
+    let (san_c, san_k) = common::tls::client_cert(dir.path(), &ca, "someone", &["ops.example.org"]);
+    let (app_c, app_k) = common::tls::client_cert(dir.path(), &ca, "app-1", &["app.example.org"]);
+    let names = vec!["ops-admin".to_owned(), "ops.example.org".to_owned()];
+    let server_ca = cert.cert.to_str().unwrap().to_owned();
+    let p = |p: &std::path::PathBuf| p.to_str().unwrap().to_owned();
+
+    // Certificate only: no token configured.
+    let mut config = mtls_config(dir.path(), &cert, &ca, false);
+    config.admin.client_cert_names = names.clone();
+    let only_cert = TestServer::start(config).await;
+    let addr = format!("https://localhost:{}", only_cert.grpc.port());
+    let admin = |extra: &[String]| {
+        let mut a = args(&["admin", "--addr", &addr, "--ca", &server_ca]);
+        a.extend_from_slice(extra);
+        a.push("holders".into());
+        a
+    };
+    let (ok, out) = cli(admin(&[
+        "--cert".into(),
+        p(&ops_c),
+        "--key".into(),
+        p(&ops_k),
+    ]))
+    .await;
+    assert!(ok, "CN in the list: {out}");
+    let (ok, out) = cli(admin(&[
+        "--cert".into(),
+        p(&san_c),
+        "--key".into(),
+        p(&san_k),
+    ]))
+    .await;
+    assert!(ok, "SAN in the list: {out}");
+    let (ok, out) = cli(admin(&[
+        "--cert".into(),
+        p(&app_c),
+        "--key".into(),
+        p(&app_k),
+    ]))
+    .await;
+    assert!(
+        !ok && out.contains("PERMISSION_DENIED") && out.contains("admin.client_cert_names"),
+        "{out}"
+    );
+    let (ok, out) = cli(admin(&[])).await;
+    assert!(
+        !ok && out.contains("UNAUTHENTICATED") && out.contains("client certificate"),
+        "{out}"
+    );
+    // ID calls need no certificate when it is optional.
+    let plain_tls = gen_once(grpc_client(only_cert.grpc, &cert.der).await).await;
+    assert!(plain_tls.is_ok(), "{plain_tls:?}");
+    only_cert.stop().await;
+
+    // Certificate and token: both needed.
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut config = mtls_config(dir2.path(), &cert, &ca, false);
+    config.admin.client_cert_names = names;
+    config.admin.token = Some(idgen::config::AdminToken("t0ken-for-admin".into()));
+    let both = TestServer::start(config).await;
+    let addr = format!("https://localhost:{}", both.grpc.port());
+    let admin = |extra: &[String]| {
+        let mut a = args(&["admin", "--addr", &addr, "--ca", &server_ca]);
+        a.extend_from_slice(extra);
+        a.push("holders".into());
+        a
+    };
+    let cert_args = ["--cert".to_owned(), p(&ops_c), "--key".into(), p(&ops_k)];
+    let token_args = ["--token".to_owned(), "t0ken-for-admin".into()];
+    let (ok, out) = cli(admin(&cert_args)).await;
+    assert!(
+        !ok && out.contains("UNAUTHENTICATED"),
+        "certificate without token: {out}"
+    );
+    let (ok, out) = cli(admin(&token_args)).await;
+    assert!(
+        !ok && out.contains("UNAUTHENTICATED"),
+        "token without certificate: {out}"
+    );
+    let (ok, out) = cli(admin(&[cert_args.to_vec(), token_args.to_vec()].concat())).await;
+    assert!(ok, "certificate and token: {out}");
+    both.stop().await;
 }

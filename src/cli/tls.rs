@@ -23,13 +23,25 @@ use tonic::transport::{Channel, Endpoint};
 pub struct TlsArgs {
     /// CA certificate(s), PEM, that signed the node's certificate; needed
     /// for https:// addresses.
-    #[arg(long, global = true)]
+    #[arg(long = "ca", id = "tls_ca", value_name = "FILE", global = true)]
     pub ca: Option<PathBuf>,
     /// Client certificate chain, PEM, for nodes that ask for one (mTLS).
-    #[arg(long, global = true, requires = "key")]
+    #[arg(
+        long = "cert",
+        id = "tls_cert",
+        value_name = "FILE",
+        global = true,
+        requires = "tls_key"
+    )]
     pub cert: Option<PathBuf>,
     /// Private key of --cert, PEM.
-    #[arg(long, global = true, requires = "cert")]
+    #[arg(
+        long = "key",
+        id = "tls_key",
+        value_name = "FILE",
+        global = true,
+        requires = "tls_cert"
+    )]
     pub key: Option<PathBuf>,
 }
 

@@ -155,6 +155,14 @@ pub struct TlsSection {
     pub cert: PathBuf,
     /// Private key of the leaf certificate, PEM (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// CA certificate(s), PEM, that client certificates must chain to.
+    /// Empty: no client certificates are asked for.
+    pub client_ca: PathBuf,
+    /// Refuse the handshake of a client without a certificate from
+    /// `client_ca` (mTLS on every call). Off: a certificate is optional,
+    /// checked when sent, and needed only where `admin.client_cert_names`
+    /// asks for one.
+    pub client_required: bool,
 }
 
 impl Default for ServerSection {
@@ -505,6 +513,10 @@ pub struct AdminSection {
     pub token: String,
     /// A file holding the admin token.
     pub token_file: PathBuf,
+    /// Client certificate names (subject CN or a SAN DNS name, email or
+    /// URI) allowed to make admin calls; needs `server.tls.client_ca`.
+    /// With a token as well, a call needs both.
+    pub client_cert_names: Vec<String>,
 }
 
 impl fmt::Debug for AdminSection {
@@ -512,6 +524,7 @@ impl fmt::Debug for AdminSection {
         f.debug_struct("AdminSection")
             .field("token", &(!self.token.is_empty()).then_some("<redacted>"))
             .field("token_file", &self.token_file)
+            .field("client_cert_names", &self.client_cert_names)
             .finish()
     }
 }

@@ -156,6 +156,10 @@ pub struct TlsSettings {
     pub cert: PathBuf,
     /// Private key, PEM.
     pub key: PathBuf,
+    /// CA for client certificates; `None`: none asked for.
+    pub client_ca: Option<PathBuf>,
+    /// Every client must present a certificate from `client_ca`.
+    pub client_required: bool,
 }
 
 /// Bounds on client connections (validated from `[server]`).
@@ -303,6 +307,9 @@ impl Default for StrictModeSettings {
 pub struct AdminSettings {
     /// The admin API token; `None`: admin calls are refused.
     pub token: Option<AdminToken>,
+    /// Client certificate names allowed to administer; empty: no
+    /// certificate needed.
+    pub client_cert_names: Vec<String>,
 }
 
 /// The admin token, redacted in `Debug`.

@@ -37,7 +37,7 @@ impl FileConfig {
             segment: self.segment.validate()?,
             lease: self.lease.validate(embedded.then_some((&layout, &node)))?,
             strict: self.strict.validate()?,
-            admin: self.admin.validate()?,
+            admin: self.admin.validate(server.tls.as_ref())?,
             layout_preset: self.layout.preset_name(),
             node,
             server,
@@ -195,10 +195,21 @@ impl ServerSection {
         let t = &self.tls;
         match (t.cert.as_os_str().is_empty(), t.key.as_os_str().is_empty()) {
             (true, true) => Ok(None),
-            (false, false) => Ok(Some(TlsSettings {
-                cert: t.cert.clone(),
-                key: t.key.clone(),
-            })),
+            (false, false) => {
+                let client_ca = (!t.client_ca.as_os_str().is_empty()).then(|| t.client_ca.clone());
+                if t.client_required && client_ca.is_none() {
+                    return Err(invalid(
+                        "server.tls.client_required",
+                        "needs server.tls.client_ca: the CA (PEM) that client certificates must chain to",
+                    ));
+                }
+                Ok(Some(TlsSettings {
+                    cert: t.cert.clone(),
+                    key: t.key.clone(),
+                    client_ca,
+                    client_required: t.client_required,
+                }))
+            }
             (true, false) => Err(invalid(
                 "server.tls.cert",
                 "is empty but server.tls.key is set: give the certificate chain (PEM) too",
@@ -558,8 +569,15 @@ impl StrictSection {
 }
 
 impl AdminSection {
-    /// The admin token, given inline or in a file (not both).
-    fn validate(&self) -> Result<AdminSettings, ConfigError> {
+    /// The admin token, given inline or in a file (not both), and the
+    /// client certificates allowed (which need TLS with a client CA).
+    fn validate(&self, tls: Option<&TlsSettings>) -> Result<AdminSettings, ConfigError> {
+        if !self.client_cert_names.is_empty() && tls.is_none_or(|t| t.client_ca.is_none()) {
+            return Err(invalid(
+                "admin.client_cert_names",
+                "needs [server.tls] with client_ca set: client certificates are only seen over TLS",
+            ));
+        }
         let token = secret(
             &self.token,
             &self.token_file,
@@ -567,7 +585,16 @@ impl AdminSection {
             "admin.token_file",
         )?
         .map(AdminToken);
-        Ok(AdminSettings { token })
+        if self.client_cert_names.iter().any(|n| n.trim().is_empty()) {
+            return Err(invalid(
+                "admin.client_cert_names",
+                "holds an empty name: list subject CNs or SAN names of the certificates allowed",
+            ));
+        }
+        Ok(AdminSettings {
+            token,
+            client_cert_names: self.client_cert_names.clone(),
+        })
     }
 }
 

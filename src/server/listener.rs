@@ -47,6 +47,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::TcpConnectInfo;
 
+use super::tls::PeerCertificate;
 use crate::config::ConnectionSettings;
 use crate::metrics as m;
 
@@ -338,6 +339,7 @@ async fn serve_connection<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let Some(acceptor) = tls else {
+        let info = (info, None);
         return serve_io(stream, info, protocol, service, settings, port, stop).await;
     };
     let failed = |reason: String| {
@@ -346,6 +348,13 @@ async fn serve_connection<S, B>(
     };
     match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls_stream)) => {
+            let peer = tls_stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(<[_]>::first)
+                .map(|leaf| PeerCertificate::from_der(leaf));
+            let info = (info, peer);
             serve_io(tls_stream, info, protocol, service, settings, port, stop).await;
         }
         Ok(Err(e)) => failed(e.to_string()),
@@ -355,7 +364,7 @@ async fn serve_connection<S, B>(
 
 async fn serve_io<I, S, B>(
     stream: I,
-    info: TcpConnectInfo,
+    (info, peer): (TcpConnectInfo, Option<PeerCertificate>),
     protocol: Protocol,
     service: S,
     settings: ConnectionSettings,
@@ -383,6 +392,7 @@ async fn serve_io<I, S, B>(
                 inner: service,
                 activity: Arc::clone(&activity),
                 info,
+                peer,
             });
             let conn = builder.serve_connection(io, service);
             let deadlines = Deadlines {
@@ -396,6 +406,7 @@ async fn serve_io<I, S, B>(
             let service = TowerToHyperService::new(WithConnectInfo {
                 inner: service,
                 info,
+                peer,
             });
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             drive(conn, None, port, stop).await;
@@ -619,6 +630,7 @@ struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
     info: TcpConnectInfo,
+    peer: Option<PeerCertificate>,
 }
 
 impl<S, B> tower::Service<Request<Incoming>> for Tracked<S>
@@ -639,6 +651,9 @@ where
         let call = CallGuard::new(&self.activity);
         let deadline = grpc_timeout(request.headers());
         request.extensions_mut().insert(self.info.clone());
+        if let Some(peer) = &self.peer {
+            request.extensions_mut().insert(peer.clone());
+        }
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = match deadline {
@@ -713,6 +728,7 @@ fn grpc_timeout(headers: &hyper::HeaderMap) -> Option<Duration> {
 struct WithConnectInfo<S> {
     inner: S,
     info: TcpConnectInfo,
+    peer: Option<PeerCertificate>,
 }
 
 impl<S> tower::Service<Request<Incoming>> for WithConnectInfo<S>
@@ -729,6 +745,9 @@ where
 
     fn call(&mut self, mut request: Request<Incoming>) -> S::Future {
         request.extensions_mut().insert(self.info.clone());
+        if let Some(peer) = &self.peer {
+            request.extensions_mut().insert(peer.clone());
+        }
         self.inner.call(request)
     }
 }

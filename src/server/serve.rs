@@ -194,6 +194,7 @@ impl Node {
         let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
         admin::AdminDeps {
             token: config.admin.token.clone(),
+            client_cert_names: config.admin.client_cert_names.clone(),
             segments: self.admin_segments.clone(),
             strict: issuer.strict().cloned(),
             segment_server: issuer.segment_server().cloned(),

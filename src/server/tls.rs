@@ -13,7 +13,9 @@ use std::sync::Arc;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
-use tokio_rustls::rustls::{self, ServerConfig};
+use tokio_rustls::rustls::server::danger::ClientCertVerifier;
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 use super::listener::Port;
@@ -42,6 +44,8 @@ pub enum TlsError {
 pub struct Identity {
     chain: Vec<CertificateDer<'static>>,
     key: Arc<PrivateKeyDer<'static>>,
+    /// Client certificate checks, when `client_ca` is set.
+    clients: Option<Arc<dyn ClientCertVerifier>>,
 }
 
 impl Identity {
@@ -49,9 +53,14 @@ impl Identity {
     pub fn load(settings: &TlsSettings) -> Result<Self, TlsError> {
         let chain = read_chain(&settings.cert)?;
         let key = read_key(&settings.key)?;
+        let clients = match &settings.client_ca {
+            Some(ca) => Some(client_verifier(ca, settings.client_required)?),
+            None => None,
+        };
         let this = Self {
             chain,
             key: Arc::new(key),
+            clients,
         };
         // Builds once to check that the key matches the leaf certificate.
         this.server_config(Port::Grpc)?;
@@ -61,10 +70,14 @@ impl Identity {
     /// The rustls server configuration for `port` (its ALPN protocols).
     pub fn server_config(&self, port: Port) -> Result<Arc<ServerConfig>, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = ServerConfig::builder_with_provider(provider)
+        let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_no_client_auth()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let builder = match &self.clients {
+            Some(v) => builder.with_client_cert_verifier(Arc::clone(v)),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| {
                 TlsError::Config(format!(
@@ -81,6 +94,74 @@ impl Identity {
     /// A handshake acceptor for `port`.
     pub fn acceptor(&self, port: Port) -> Result<TlsAcceptor, TlsError> {
         Ok(TlsAcceptor::from(self.server_config(port)?))
+    }
+}
+
+/// Checks client certificates against the CA in `path`; without
+/// `required`, a client may send none.
+fn client_verifier(path: &Path, required: bool) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    const KEY: &str = "server.tls.client_ca";
+    let pem = read(KEY, path)?;
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| file_error(KEY, path, format!("not valid PEM: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| file_error(KEY, path, format!("not a usable CA certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(file_error(KEY, path, "holds no CERTIFICATE block"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+    let builder = if required {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    builder
+        .build()
+        .map_err(|e| file_error(KEY, path, e.to_string()))
+}
+
+/// Who the client's certificate names: its subject CNs and its SAN DNS
+/// names, emails and URIs. Known only once the handshake has checked the
+/// certificate against `server.tls.client_ca`.
+#[derive(Debug, Clone, Default)]
+pub struct PeerCertificate {
+    /// Every name, CNs first.
+    pub names: Arc<[String]>,
+}
+
+impl PeerCertificate {
+    /// The names of a verified leaf certificate (DER); unparsable parts
+    /// give no names.
+    pub fn from_der(der: &[u8]) -> Self {
+        let mut names = Vec::new();
+        if let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) {
+            for cn in cert.subject().iter_common_name() {
+                if let Ok(s) = cn.as_str() {
+                    names.push(s.to_owned());
+                }
+            }
+            if let Ok(Some(san)) = cert.subject_alternative_name() {
+                for name in &san.value.general_names {
+                    use x509_parser::extensions::GeneralName as G;
+                    match name {
+                        G::DNSName(s) | G::RFC822Name(s) | G::URI(s) => names.push((*s).to_owned()),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Self {
+            names: names.into(),
+        }
+    }
+
+    /// Whether any name is in `allowed` (exact match).
+    pub fn any_in(&self, allowed: &[String]) -> bool {
+        self.names.iter().any(|n| allowed.iter().any(|a| a == n))
     }
 }
 

@@ -93,3 +93,79 @@ pub async fn https_get(addr: SocketAddr, root: &CertificateDer<'static>, path: &
     s.read_to_string(&mut out).await.unwrap();
     out
 }
+
+/// A certificate authority made in the test.
+pub struct Ca {
+    /// The CA certificate, PEM file.
+    pub cert: PathBuf,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+/// A fresh CA, written to `dir/<name>-ca.crt`.
+pub fn ca(dir: &Path, name: &str) -> Ca {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{name} test CA"));
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let path = dir.join(format!("{name}-ca.crt"));
+    std::fs::write(&path, cert.pem()).unwrap();
+    Ca {
+        cert: path,
+        issuer: rcgen::Issuer::new(params, key),
+    }
+}
+
+/// A client certificate with subject `cn` and DNS SANs `sans`, signed by
+/// `ca`; returns the PEM files (cert, key).
+pub fn client_cert(dir: &Path, ca: &Ca, cn: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
+    let mut params =
+        rcgen::CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+            .unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    let (c, k) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k)
+}
+
+/// A gRPC client over TLS trusting `root` and presenting the client
+/// certificate `(cert, key)` PEM files.
+pub async fn grpc_client_with_cert(
+    addr: SocketAddr,
+    root: &CertificateDer<'static>,
+    (cert, key): (&Path, &Path),
+) -> Result<IdGenClient<Channel>, tonic::transport::Error> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::PrivateKeyDer;
+    let mut store = RootCertStore::empty();
+    store.add(root.clone()).unwrap();
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    let config = Arc::new(c);
+    let channel = Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: hyper::Uri| {
+            let config = Arc::clone(&config);
+            async move { connect(addr, config).await.map(TokioIo::new) }
+        }))
+        .await?;
+    Ok(IdGenClient::new(channel))
+}
