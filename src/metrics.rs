@@ -89,6 +89,8 @@ pub const ACCEPT_ERRORS: &str = "idgen_accept_errors_total";
 pub const CONNECTIONS_REFUSED: &str = "idgen_connections_refused_total";
 /// TLS handshakes that failed or timed out, by `port`.
 pub const TLS_HANDSHAKE_FAILURES: &str = "idgen_tls_handshake_failures_total";
+/// Certificate reloads, by `result` (`ok` or `error`).
+pub const TLS_RELOADS: &str = "idgen_tls_reloads_total";
 /// Open client connections, by `port`.
 pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
 /// Connections the node closed on a deadline, by `port` and `reason`.
@@ -295,6 +297,10 @@ fn describe_cluster() {
     describe_counter!(
         TLS_HANDSHAKE_FAILURES,
         "TLS handshakes that failed (plaintext client, untrusted or wrong certificate, protocol error) or did not finish within server.header_timeout, by port."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        "TLS certificate reloads (files changed, or SIGHUP), by result: ok, or error (the previous certificate stays in use)."
     );
     describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by port.");
     describe_counter!(

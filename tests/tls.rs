@@ -79,11 +79,24 @@ async fn both_ports_serve_tls_and_refuse_plaintext() {
     let other = server_cert(dir.path(), "other");
     assert!(grpc_client(server.grpc, &other.der).await.is_err());
 
-    let text = https_get(server.http, &cert.der, "/metrics").await;
-    let grpc_failures =
-        metric(&text, "idgen_tls_handshake_failures_total{port=\"grpc\"}").unwrap_or(0.0);
-    let http_failures =
-        metric(&text, "idgen_tls_handshake_failures_total{port=\"http\"}").unwrap_or(0.0);
+    // The server counts a failure when it has read the client's alert,
+    // which may be after the client gave up: look again, boundedly.
+    let (mut grpc_failures, mut http_failures) = (0.0, 0.0);
+    for _ in 0..50 {
+        let text = https_get(server.http, &cert.der, "/metrics").await;
+        let count = |port: &str| {
+            metric(
+                &text,
+                &format!("idgen_tls_handshake_failures_total{{port=\"{port}\"}}"),
+            )
+            .unwrap_or(0.0)
+        };
+        (grpc_failures, http_failures) = (count("grpc"), count("http"));
+        if grpc_failures >= 2.0 && http_failures >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert!(
         grpc_failures >= 2.0,
         "plaintext and untrusting clients counted: {grpc_failures}"
@@ -436,4 +449,114 @@ async fn admin_needs_an_allowed_client_certificate_and_the_token_when_set() {
     let (ok, out) = cli(admin(&[cert_args.to_vec(), token_args.to_vec()].concat())).await;
     assert!(ok, "certificate and token: {out}");
     both.stop().await;
+}
+
+/// Replaces `dst`'s certificate files by `src`'s, each by an atomic rename.
+fn install(src: &common::tls::ServerCert, dst: &common::tls::ServerCert) {
+    for (from, to) in [(&src.key, &dst.key), (&src.cert, &dst.cert)] {
+        let tmp = to.with_extension("tmp");
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, to).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_reload_keeps_open_connections_and_serves_the_new_one() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let live = server_cert(dir.path(), "live");
+    let old = server_cert(dir.path(), "old");
+    let new = server_cert(dir.path(), "new");
+    install(&old, &live);
+    let server = TestServer::start(tls_config(dir.path(), &live)).await;
+
+    // One connection trusting both certificates; the connector counts how
+    // often it dials, so a dropped connection would show.
+    let dials = Arc::new(AtomicUsize::new(0));
+    let config = common::tls::client_config(&[old.der.clone(), new.der.clone()], &[b"h2"]);
+    let addr = server.grpc;
+    let counter = Arc::clone(&dials);
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: hyper::Uri| {
+            let config = Arc::clone(&config);
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                common::tls::connect(addr, config)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .unwrap();
+    let mut kept = idgen::proto::id_gen_client::IdGenClient::new(channel);
+    let mut last = 0;
+    let mut call = async |kept: &mut idgen::proto::id_gen_client::IdGenClient<_>| {
+        let id = kept
+            .gen_id(GenIdRequest::default())
+            .await
+            .expect("call on the kept connection")
+            .into_inner()
+            .id;
+        assert!(id > last);
+        last = id;
+    };
+    call(&mut kept).await;
+
+    install(&new, &live);
+    // New connections get the new certificate within a bounded wait,
+    // while the kept connection goes on calling.
+    let mut switched = false;
+    for _ in 0..100 {
+        call(&mut kept).await;
+        if gen_once(grpc_client(server.grpc, &new.der).await)
+            .await
+            .is_ok()
+        {
+            switched = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        switched,
+        "no new connection saw the new certificate within 10 s"
+    );
+    assert!(
+        gen_once(grpc_client(server.grpc, &old.der).await)
+            .await
+            .is_err(),
+        "the old certificate is no longer served"
+    );
+    for _ in 0..5 {
+        call(&mut kept).await;
+    }
+    assert_eq!(
+        dials.load(Ordering::SeqCst),
+        1,
+        "the kept connection was never dropped"
+    );
+
+    // A broken file: the reload fails, is counted, and the new certificate
+    // stays in use.
+    std::fs::write(&live.cert, "not a certificate").unwrap();
+    let mut counted = false;
+    for _ in 0..100 {
+        let text = https_get(server.http, &new.der, "/metrics").await;
+        if metric(&text, "idgen_tls_reloads_total{result=\"error\"}").unwrap_or(0.0) >= 1.0 {
+            assert!(metric(&text, "idgen_tls_reloads_total{result=\"ok\"}").unwrap_or(0.0) >= 1.0);
+            counted = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(counted, "the failed reload was not counted within 10 s");
+    let still = gen_once(grpc_client(server.grpc, &new.der).await).await;
+    assert!(
+        still.is_ok(),
+        "a failed reload keeps the certificate in use: {still:?}"
+    );
+    call(&mut kept).await;
+    assert_eq!(dials.load(Ordering::SeqCst), 1);
+    server.stop().await;
 }

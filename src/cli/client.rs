@@ -120,11 +120,15 @@ fn tls_hint() -> Option<String> {
 
 /// A gRPC status as every command prints it: `CODE: message`.
 pub fn status_error(s: tonic::Status) -> anyhow::Error {
-    // A transport failure on a plaintext connection may be a TLS node.
-    if matches!(
-        s.code(),
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
-    ) {
+    // A transport failure on a plaintext connection may be a TLS node
+    // (the connection closed under the call: UNAVAILABLE, UNKNOWN,
+    // INTERNAL, or CANCELLED when the close raced the request).
+    let transport = match s.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal => true,
+        tonic::Code::Cancelled => !s.message().contains("Timeout expired"),
+        _ => false,
+    };
+    if transport {
         if let Some(tls) = tls_hint() {
             return anyhow::anyhow!("UNAVAILABLE: {tls}");
         }

@@ -24,6 +24,8 @@ struct FrontEnds {
     grpc: Served,
     http: Served,
     upkeep: JoinHandle<()>,
+    /// Reloads the TLS certificate when its files change or on SIGHUP.
+    reload: Option<JoinHandle<()>>,
     stop: watch::Sender<bool>,
 }
 
@@ -133,7 +135,7 @@ impl Node {
         .max_decoding_message_size(max_request);
         let admin = admin::service(self.admin_deps()).max_decoding_message_size(max_request);
         let (stop, stop_rx) = watch::channel(false);
-        let (grpc_tls, http_tls) = acceptors(config)?;
+        let (grpc_tls, http_tls, reload) = acceptors(config)?;
         let grpc_routes = tonic::service::Routes::new(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
@@ -178,6 +180,7 @@ impl Node {
             grpc,
             http,
             upkeep,
+            reload,
             stop,
         })
     }
@@ -212,9 +215,15 @@ impl Node {
     }
 }
 
-/// The TLS acceptors of both ports (`None`: plaintext, with a warning when
+type Acceptors = (
+    Option<TlsAcceptor>,
+    Option<TlsAcceptor>,
+    Option<JoinHandle<()>>,
+);
+
+/// The TLS acceptors of both ports, and the reload task (`None`: plaintext, with a warning when
 /// that plaintext is on the network).
-fn acceptors(config: &Config) -> Result<(Option<TlsAcceptor>, Option<TlsAcceptor>), ServeError> {
+fn acceptors(config: &Config) -> Result<Acceptors, ServeError> {
     let Some(settings) = &config.server.tls else {
         if config.server.insecure {
             tracing::warn!(
@@ -223,15 +232,18 @@ fn acceptors(config: &Config) -> Result<(Option<TlsAcceptor>, Option<TlsAcceptor
                 "serving plaintext on a non-loopback address (server.insecure = true): the admin token and IDs cross the network in clear text; set [server.tls] to encrypt"
             );
         }
-        return Ok((None, None));
+        return Ok((None, None, None));
     };
     let fail = |e: tls::TlsError| ServeError::Transport(e.to_string());
     let identity = tls::Identity::load(settings).map_err(fail)?;
     tracing::info!(cert = %settings.cert.display(), "serving TLS on both ports");
-    Ok((
-        Some(identity.acceptor(listener::Port::Grpc).map_err(fail)?),
-        Some(identity.acceptor(listener::Port::Http).map_err(fail)?),
-    ))
+    let grpc = identity.acceptor(listener::Port::Grpc).map_err(fail)?;
+    let http = identity.acceptor(listener::Port::Http).map_err(fail)?;
+    for result in ["ok", "error"] {
+        metrics::counter!(crate::metrics::TLS_RELOADS, "result" => result).increment(0);
+    }
+    let reload = tokio::spawn(tls::watch(identity, settings.clone()));
+    Ok((Some(grpc), Some(http), Some(reload)))
 }
 
 impl FrontEnds {
@@ -256,6 +268,9 @@ impl FrontEnds {
             self.http.abort();
         }
         self.upkeep.abort();
+        if let Some(reload) = self.reload {
+            reload.abort();
+        }
         drained
     }
 }

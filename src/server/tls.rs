@@ -10,16 +10,20 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::time::Duration;
 use thiserror::Error;
 use tokio_rustls::rustls::server::danger::ClientCertVerifier;
-use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 use super::listener::Port;
 use crate::config::TlsSettings;
+use crate::metrics as m;
 
 /// Why the certificate or key cannot be used.
 #[derive(Debug, Error)]
@@ -42,8 +46,8 @@ pub enum TlsError {
 /// The server certificate and key, loaded and checked.
 #[derive(Debug, Clone)]
 pub struct Identity {
-    chain: Vec<CertificateDer<'static>>,
-    key: Arc<PrivateKeyDer<'static>>,
+    /// The certificate new handshakes get; swapped on reload.
+    current: Arc<CurrentCert>,
     /// Client certificate checks, when `client_ca` is set.
     clients: Option<Arc<dyn ClientCertVerifier>>,
 }
@@ -51,20 +55,19 @@ pub struct Identity {
 impl Identity {
     /// Reads and checks the PEM files named in `settings`.
     pub fn load(settings: &TlsSettings) -> Result<Self, TlsError> {
-        let chain = read_chain(&settings.cert)?;
-        let key = read_key(&settings.key)?;
+        let current = Arc::new(CurrentCert(ArcSwap::from(certified_key(settings)?)));
         let clients = match &settings.client_ca {
             Some(ca) => Some(client_verifier(ca, settings.client_required)?),
             None => None,
         };
-        let this = Self {
-            chain,
-            key: Arc::new(key),
-            clients,
-        };
-        // Builds once to check that the key matches the leaf certificate.
-        this.server_config(Port::Grpc)?;
-        Ok(this)
+        Ok(Self { current, clients })
+    }
+
+    /// Reads the files again; on success new handshakes use them, and
+    /// connections already open keep theirs. On failure nothing changes.
+    pub fn reload(&self, settings: &TlsSettings) -> Result<(), TlsError> {
+        self.current.0.store(certified_key(settings)?);
+        Ok(())
     }
 
     /// The rustls server configuration for `port` (its ALPN protocols).
@@ -77,13 +80,7 @@ impl Identity {
             Some(v) => builder.with_client_cert_verifier(Arc::clone(v)),
             None => builder.with_no_client_auth(),
         };
-        let mut config = builder
-            .with_single_cert(self.chain.clone(), self.key.clone_key())
-            .map_err(|e| {
-                TlsError::Config(format!(
-                    "the key does not fit the certificate, or one is unsupported: {e} (check that server.tls.key is the private key of the first certificate in server.tls.cert)"
-                ))
-            })?;
+        let mut config = builder.with_cert_resolver(Arc::clone(&self.current) as _);
         config.alpn_protocols = match port {
             Port::Grpc => vec![b"h2".to_vec()],
             Port::Http => vec![b"http/1.1".to_vec()],
@@ -94,6 +91,69 @@ impl Identity {
     /// A handshake acceptor for `port`.
     pub fn acceptor(&self, port: Port) -> Result<TlsAcceptor, TlsError> {
         Ok(TlsAcceptor::from(self.server_config(port)?))
+    }
+}
+
+/// The certificate and key in use, swapped whole on reload.
+#[derive(Debug)]
+struct CurrentCert(ArcSwap<CertifiedKey>);
+
+impl ResolvesServerCert for CurrentCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load_full())
+    }
+}
+
+/// Reads the chain and key and checks that they belong together.
+fn certified_key(settings: &TlsSettings) -> Result<Arc<CertifiedKey>, TlsError> {
+    let chain = read_chain(&settings.cert)?;
+    let key = read_key(&settings.key)?;
+    let provider = rustls::crypto::ring::default_provider();
+    CertifiedKey::from_der(chain, key, &provider)
+        .map(Arc::new)
+        .map_err(|e| {
+            TlsError::Config(format!(
+                "the key does not fit the certificate, or one is unsupported: {e} (check that server.tls.key is the private key of the first certificate in server.tls.cert)"
+            ))
+        })
+}
+
+/// How often [`watch`] looks at the files' modification times.
+pub const RELOAD_POLL: Duration = Duration::from_secs(1);
+
+/// Reloads `identity` when the certificate or key file changes (checked
+/// every [`RELOAD_POLL`]) or on SIGHUP. Each attempt counts in
+/// `idgen_tls_reloads_total{result}`; a failed one is logged and keeps the
+/// certificate in use. Runs until aborted.
+pub async fn watch(identity: Identity, settings: TlsSettings) {
+    let mtimes = |s: &TlsSettings| {
+        [&s.cert, &s.key].map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+    };
+    let mut seen = mtimes(&settings);
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(RELOAD_POLL);
+    loop {
+        let why = tokio::select! {
+            _ = tick.tick() => {
+                let now = mtimes(&settings);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                "files changed"
+            }
+            Some(()) = async { hup.as_mut()?.recv().await } => "SIGHUP",
+        };
+        match identity.reload(&settings) {
+            Ok(()) => {
+                metrics::counter!(m::TLS_RELOADS, "result" => "ok").increment(1);
+                tracing::info!(why, cert = %settings.cert.display(), "TLS certificate reloaded; new connections use it");
+            }
+            Err(e) => {
+                metrics::counter!(m::TLS_RELOADS, "result" => "error").increment(1);
+                tracing::error!(why, error = %e, "TLS certificate reload failed; still serving the previous certificate");
+            }
+        }
     }
 }
 
