@@ -560,3 +560,93 @@ async fn certificate_reload_keeps_open_connections_and_serves_the_new_one() {
     assert_eq!(dials.load(Ordering::SeqCst), 1);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn allow_lists_refuse_other_peers_on_both_ports_and_admin() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.server.allow =
+        idgen::config::AllowList::parse(&["10.0.0.0/8".into(), "fd00::/8".into()]).unwrap();
+    let server = TestServer::start(config).await;
+    let mut c = server.client().await;
+    let s = c.gen_id(GenIdRequest::default()).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::PermissionDenied);
+    assert!(
+        s.message().contains("127.0.0.1") && s.message().contains("server.allow"),
+        "{s:?}"
+    );
+    let r = reqwest::get(server.url("/healthz")).await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers()["x-idgen-error"]
+        .to_str()
+        .unwrap()
+        .contains("server.allow"));
+    // /metrics is refused too: the counts are read from the next node.
+    server.stop().await;
+
+    // Loopback allowed on the ports, but not for admin calls.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    config.server.allow =
+        idgen::config::AllowList::parse(&["127.0.0.0/8".into(), "::1".into()]).unwrap();
+    config.admin.allow = idgen::config::AllowList::parse(&["::1/128".into()]).unwrap();
+    config.admin.token = Some(idgen::config::AdminToken("tok".into()));
+    let server = TestServer::start(config).await;
+    let mut c = server.client().await;
+    c.gen_id(GenIdRequest::default())
+        .await
+        .expect("127.0.0.1 is in server.allow");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut admin = idgen::proto::admin_client::AdminClient::new(channel);
+    let mut req = tonic::Request::new(idgen::proto::ListHoldersRequest::default());
+    req.metadata_mut()
+        .insert("authorization", "Bearer tok".parse().unwrap());
+    let s = admin.list_holders(req).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::PermissionDenied);
+    assert!(
+        s.message().contains("admin.allow") && s.message().contains("127.0.0.1"),
+        "{s:?}"
+    );
+    let text = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(
+            &text,
+            "idgen_peer_refusals_total{port=\"grpc\",list=\"admin\"}"
+        ),
+        Some(1.0)
+    );
+    // The first node's refusals, in this process's one metrics registry.
+    for port in ["grpc", "http"] {
+        let n = metric(
+            &text,
+            &format!("idgen_peer_refusals_total{{port=\"{port}\",list=\"server\"}}"),
+        );
+        assert!(n.unwrap_or(0.0) >= 1.0, "{port}: {n:?}");
+    }
+    server.stop().await;
+}
+
+#[test]
+fn allow_lists_must_be_networks() {
+    let now = SystemClock.now_millis();
+    let mut f = FileConfig::default();
+    f.server.allow = vec!["10.0.0.0/33".into()];
+    let err = f.validate(now).unwrap_err().to_string();
+    assert!(
+        err.contains("server.allow") && err.contains("prefix"),
+        "{err}"
+    );
+    let mut f = FileConfig::default();
+    f.admin.allow = vec!["office".into()];
+    let err = f.validate(now).unwrap_err().to_string();
+    assert!(err.contains("admin.allow"), "{err}");
+}

@@ -144,6 +144,9 @@ pub struct ServerSection {
     pub insecure: bool,
     /// `[server.tls]`: serve both ports over TLS.
     pub tls: TlsSection,
+    /// Peer networks (CIDR, IPv4 or IPv6) allowed on both ports; others
+    /// get PERMISSION_DENIED / 403 on every call. Empty: all.
+    pub allow: Vec<String>,
 }
 
 /// `[server.tls]`: TLS (rustls) on the gRPC and HTTP ports. Both files
@@ -184,6 +187,7 @@ impl Default for ServerSection {
             max_header_size: 16_384,
             insecure: false,
             tls: TlsSection::default(),
+            allow: Vec::new(),
         }
     }
 }
@@ -517,6 +521,9 @@ pub struct AdminSection {
     /// URI) allowed to make admin calls; needs `server.tls.client_ca`.
     /// With a token as well, a call needs both.
     pub client_cert_names: Vec<String>,
+    /// Peer networks (CIDR) allowed to make admin calls, on top of
+    /// `server.allow`. Empty: all.
+    pub allow: Vec<String>,
 }
 
 impl fmt::Debug for AdminSection {
@@ -525,6 +532,7 @@ impl fmt::Debug for AdminSection {
             .field("token", &(!self.token.is_empty()).then_some("<redacted>"))
             .field("token_file", &self.token_file)
             .field("client_cert_names", &self.client_cert_names)
+            .field("allow", &self.allow)
             .finish()
     }
 }

@@ -8,6 +8,7 @@
 //! variables (`IDGEN_SECTION__KEY`, e.g. `IDGEN_NODE__WORKER_ID=3`), CLI flags.
 //! `config/idgen.example.toml` documents every key.
 
+mod allow;
 mod file;
 mod validate;
 
@@ -26,6 +27,7 @@ use crate::id::Layout;
 use crate::store::consul::ClusterKeys;
 use crate::store::hwm::HwmSettings;
 
+pub use allow::{AllowList, Cidr};
 pub use file::{
     state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
     HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection, NodeSection,
@@ -143,6 +145,8 @@ pub struct ServerSettings {
     pub connections: ConnectionSettings,
     /// TLS on both ports; `None`: plaintext.
     pub tls: Option<TlsSettings>,
+    /// Peers allowed on both ports (`server.allow`); empty: all.
+    pub allow: AllowList,
     /// Plaintext was allowed on a non-loopback address
     /// (`server.insecure = true`); the node warns at start.
     pub insecure: bool,
@@ -310,6 +314,8 @@ pub struct AdminSettings {
     /// Client certificate names allowed to administer; empty: no
     /// certificate needed.
     pub client_cert_names: Vec<String>,
+    /// Peers allowed to make admin calls (`admin.allow`); empty: all.
+    pub allow: AllowList,
 }
 
 /// The admin token, redacted in `Debug`.

@@ -12,9 +12,10 @@ use super::file::{
     TestingSection, CONSUL_SESSION_TTL_MIN,
 };
 use super::{
-    invalid, AdminSettings, AdminToken, Backend, BackendKind, ClusterConfig, Config, ConfigError,
-    ConnectionSettings, LeaseModeSettings, LogSettings, NodeSettings, SegmentModeSettings,
-    ServerSettings, StoreSettings, StrictModeSettings, TlsSettings, WorkerClaim,
+    invalid, AdminSettings, AdminToken, AllowList, Backend, BackendKind, ClusterConfig, Config,
+    ConfigError, ConnectionSettings, LeaseModeSettings, LogSettings, NodeSettings,
+    SegmentModeSettings, ServerSettings, StoreSettings, StrictModeSettings, TlsSettings,
+    WorkerClaim,
 };
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
@@ -177,7 +178,9 @@ impl ServerSection {
                 "a listen address is not loopback and [server.tls] is not set: set server.tls.cert and server.tls.key, or set server.insecure = true to serve plaintext on the network (the admin token and IDs then cross it in clear text)",
             ));
         }
+        let allow = AllowList::parse(&self.allow).map_err(|e| invalid("server.allow", e))?;
         Ok(ServerSettings {
+            allow,
             insecure: exposed && tls.is_none(),
             tls,
             grpc_listen,
@@ -591,7 +594,9 @@ impl AdminSection {
                 "holds an empty name: list subject CNs or SAN names of the certificates allowed",
             ));
         }
+        let allow = AllowList::parse(&self.allow).map_err(|e| invalid("admin.allow", e))?;
         Ok(AdminSettings {
+            allow,
             token,
             client_cert_names: self.client_cert_names.clone(),
         })

@@ -76,6 +76,8 @@ pub struct AdminDeps {
     /// non-empty: a call needs a verified certificate with one of them,
     /// and the token too when one is set.
     pub client_cert_names: Vec<String>,
+    /// Peers allowed to make admin calls (`admin.allow`); empty: all.
+    pub allow: crate::config::AllowList,
     /// Segment records, when segment mode is enabled.
     pub segments: Option<Arc<dyn SegmentStore>>,
     /// Strict mode, when enabled.
@@ -120,6 +122,7 @@ pub fn service(deps: AdminDeps) -> AdminServer<AdminService> {
     if deps.token.is_none() && deps.client_cert_names.is_empty() {
         tracing::info!("admin API disabled: no admin.token or admin.token_file configured");
     }
+    metrics::counter!(m::PEER_REFUSALS, "port" => "grpc", "list" => "admin").increment(0);
     let started_ms = deps.clock.now_millis();
     AdminServer::new(AdminService { deps, started_ms })
 }
@@ -327,6 +330,18 @@ impl AdminService {
         Fut: Future<Output = Result<T, Status>>,
     {
         let peer = request.remote_addr();
+        if let Some(ip) = peer
+            .map(|p| p.ip())
+            .filter(|ip| !self.deps.allow.allows(*ip))
+        {
+            super::listener::count_refusal("grpc", "admin", &ip.to_string());
+            metrics::counter!(m::ADMIN_CALLS, "method" => method, "code" => code_name(Code::PermissionDenied))
+                .increment(1);
+            return Err(refusal(
+                ErrorKind::Denied,
+                format!("peer {ip} is not in this node's admin.allow"),
+            ));
+        }
         let result = match authorize_call(
             self.deps.token.as_ref(),
             &self.deps.client_cert_names,

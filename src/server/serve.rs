@@ -147,6 +147,7 @@ impl Node {
             listener::Port::Grpc,
             config.server.connections,
             grpc_tls,
+            config.server.allow.clone(),
             tower::Layer::layer(
                 &request_size::RequestSizeLayer::new(max_request),
                 grpc_routes,
@@ -165,6 +166,7 @@ impl Node {
             listener::Port::Http,
             config.server.connections,
             http_tls,
+            config.server.allow.clone(),
             router,
             wait_stop(stop_rx),
         ));
@@ -198,6 +200,7 @@ impl Node {
         admin::AdminDeps {
             token: config.admin.token.clone(),
             client_cert_names: config.admin.client_cert_names.clone(),
+            allow: config.admin.allow.clone(),
             segments: self.admin_segments.clone(),
             strict: issuer.strict().cloned(),
             segment_server: issuer.segment_server().cloned(),
