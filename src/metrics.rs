@@ -87,6 +87,13 @@ pub const LIMIT_REFUSALS: &str = "idgen_limit_refusals_total";
 pub const ACCEPT_ERRORS: &str = "idgen_accept_errors_total";
 /// Connections closed at once because the port was at its limit, by `port`.
 pub const CONNECTIONS_REFUSED: &str = "idgen_connections_refused_total";
+/// TLS handshakes that failed or timed out, by `port`.
+pub const TLS_HANDSHAKE_FAILURES: &str = "idgen_tls_handshake_failures_total";
+/// Calls refused because the peer is not in an allow-list, by `port` and
+/// `list` (`server` or `admin`).
+pub const PEER_REFUSALS: &str = "idgen_peer_refusals_total";
+/// Certificate reloads, by `result` (`ok` or `error`).
+pub const TLS_RELOADS: &str = "idgen_tls_reloads_total";
 /// Open client connections, by `port`.
 pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
 /// Connections the node closed on a deadline, by `port` and `reason`.
@@ -289,6 +296,18 @@ fn describe_cluster() {
     describe_counter!(
         CONNECTIONS_REFUSED,
         "New connections closed at once because the port had its maximum open, by port."
+    );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        "TLS handshakes that failed (plaintext client, untrusted or wrong certificate, protocol error) or did not finish within server.header_timeout, by port."
+    );
+    describe_counter!(
+        PEER_REFUSALS,
+        "Calls refused because the peer address is not in server.allow or admin.allow, by port and list."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        "TLS certificate reloads (files changed, or SIGHUP), by result: ok, or error (the previous certificate stays in use)."
     );
     describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by port.");
     describe_counter!(

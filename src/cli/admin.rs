@@ -67,7 +67,7 @@ pub fn token_from(
 }
 
 async fn connect(a: &AdminArgs) -> anyhow::Result<Client> {
-    connect_to(&a.addr, token(a)?, a.timeout).await
+    connect_to(&a.addr, token(a)?, a.timeout, &a.tls).await
 }
 
 /// An admin client of `addr`, sending `token` as a bearer token; the
@@ -76,6 +76,7 @@ pub async fn connect_to(
     addr: &str,
     token: Option<String>,
     timeout: std::time::Duration,
+    tls: &super::tls::TlsArgs,
 ) -> anyhow::Result<Client> {
     let header = match token {
         Some(t) => {
@@ -90,7 +91,7 @@ pub async fn connect_to(
         }
         None => None,
     };
-    let channel = super::client::channel(addr, timeout).await?;
+    let channel = super::client::channel(addr, timeout, tls).await?;
     Ok(AdminClient::with_interceptor(channel, Bearer(header)))
 }
 

@@ -65,9 +65,12 @@ pub enum StateCommand {
 pub struct BackupArgs {
     /// Where to write the snapshot (refuses to overwrite a file).
     pub file: PathBuf,
-    /// The running node's gRPC address: host:port or http://host:port.
+    /// The running node's gRPC address: host:port, http://host:port or
+    /// https://host:port (with --ca).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub addr: String,
+    #[command(flatten)]
+    pub tls: super::tls::TlsArgs,
     /// Longest wait for the connection and for the node to take the
     /// snapshot.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
@@ -142,9 +145,12 @@ pub struct ServeArgs {
 
 #[derive(Args)]
 pub struct GenArgs {
-    /// The node's gRPC address: host:port or http://host:port.
+    /// The node's gRPC address: host:port, http://host:port or
+    /// https://host:port (with --ca).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub addr: String,
+    #[command(flatten)]
+    pub tls: super::tls::TlsArgs,
     /// Longest wait for the connection and for each call.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -229,9 +235,12 @@ pub struct BenchArgs {
 
 #[derive(Args)]
 pub struct AdminArgs {
-    /// The node's gRPC address: host:port or http://host:port.
+    /// The node's gRPC address: host:port, http://host:port or
+    /// https://host:port (with --ca).
     #[arg(long, global = true, default_value = "127.0.0.1:50051")]
     pub addr: String,
+    #[command(flatten)]
+    pub tls: super::tls::TlsArgs,
     /// Longest wait for the connection and for each call.
     #[arg(long, global = true, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,

@@ -3,12 +3,15 @@
 //! what to do.
 
 use std::future::Future;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::bail;
 use tonic::transport::{Channel, Endpoint};
 
 use idgen::server::status::code_name;
+
+use super::tls::TlsArgs;
 
 /// The URL for `--addr`: `host:port` gets `http://` in front; a URL is
 /// taken as it is.
@@ -28,11 +31,8 @@ pub fn url(addr: &str) -> anyhow::Result<String> {
         )
     })?;
     match parsed.scheme() {
-        "http" => {}
-        "https" => bail!(
-            "--addr {addr:?}: TLS is not supported by this build; idgen serves plaintext gRPC, use http:// or host:port"
-        ),
-        other => bail!("--addr {addr:?}: unknown scheme {other:?}; use host:port or http://host:port"),
+        "http" | "https" => {}
+        other => bail!("--addr {addr:?}: unknown scheme {other:?}; use host:port, http://host:port or https://host:port"),
     }
     if parsed.host_str().is_none_or(str::is_empty) {
         bail!("--addr {addr:?} has no host; give host:port, e.g. 127.0.0.1:50051");
@@ -45,7 +45,7 @@ pub fn url(addr: &str) -> anyhow::Result<String> {
 
 /// The innermost cause of an error, which is the only part that says what
 /// happened ("Connection refused"); the outer layers repeat each other.
-fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = error;
     while let Some(next) = cause.source() {
         cause = next;
@@ -53,9 +53,14 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
     cause.to_string()
 }
 
+/// The plaintext address this process dialed, to explain a failed call
+/// when the node turns out to speak TLS.
+static PLAINTEXT_DIAL: OnceLock<(String, u16)> = OnceLock::new();
+
 /// Connects to `addr`, waiting at most `timeout`; every call made on the
-/// channel is bounded by `timeout` as well.
-pub async fn channel(addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
+/// channel is bounded by `timeout` as well. `https://` addresses use
+/// `tls` (`--ca`, `--cert`, `--key`).
+pub async fn channel(addr: &str, timeout: Duration, tls: &TlsArgs) -> anyhow::Result<Channel> {
     let url = url(addr)?;
     let endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| anyhow::anyhow!("--addr {addr:?}: {}", root_cause(&e)))?
@@ -63,9 +68,35 @@ pub async fn channel(addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
         .timeout(timeout);
     let hint =
         "is `idgen serve` running there? Start it, or pass --addr with the node's gRPC address";
+    let parsed = url::Url::parse(&url)?;
+    if parsed.scheme() == "https" {
+        let config = tls.client_config()?;
+        return match tokio::time::timeout(timeout, super::tls::connect(endpoint, &parsed, config))
+            .await
+        {
+            Ok(result) => result,
+            Err(_) => bail!(
+                "cannot connect to {url}: no answer within {} (--timeout); {hint}",
+                humantime::format_duration(timeout)
+            ),
+        };
+    }
+    if tls.any() {
+        bail!(
+            "--ca, --cert and --key are for TLS: use an https:// address, e.g. https://{}",
+            addr.trim().trim_start_matches("http://")
+        );
+    }
+    let host = parsed.host_str().unwrap_or_default().to_owned();
+    let _ = PLAINTEXT_DIAL.set((host, parsed.port().unwrap_or(80)));
     match tokio::time::timeout(timeout, endpoint.connect()).await {
         Ok(Ok(channel)) => Ok(channel),
-        Ok(Err(e)) => bail!("cannot connect to {url} ({}); {hint}", root_cause(&e)),
+        Ok(Err(e)) => {
+            if let Some(tls) = tls_hint() {
+                bail!("cannot connect to {url}: {tls}");
+            }
+            bail!("cannot connect to {url} ({}); {hint}", root_cause(&e))
+        }
         Err(_) => bail!(
             "cannot connect to {url}: no answer within {} (--timeout); {hint}",
             humantime::format_duration(timeout)
@@ -73,8 +104,35 @@ pub async fn channel(addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
     }
 }
 
+/// When a plaintext connection failed: whether the node speaks TLS, said
+/// as what to do.
+fn tls_hint() -> Option<String> {
+    let (host, port) = PLAINTEXT_DIAL.get()?;
+    let shown = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.clone()
+    };
+    super::tls::speaks_tls(host, *port, Duration::from_secs(2)).then(|| {
+        format!("the node speaks TLS and this client spoke plaintext; use https://{shown}:{port} with --ca <file>")
+    })
+}
+
 /// A gRPC status as every command prints it: `CODE: message`.
 pub fn status_error(s: tonic::Status) -> anyhow::Error {
+    // A transport failure on a plaintext connection may be a TLS node
+    // (the connection closed under the call: UNAVAILABLE, UNKNOWN,
+    // INTERNAL, or CANCELLED when the close raced the request).
+    let transport = match s.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal => true,
+        tonic::Code::Cancelled => !s.message().contains("Timeout expired"),
+        _ => false,
+    };
+    if transport {
+        if let Some(tls) = tls_hint() {
+            return anyhow::anyhow!("UNAVAILABLE: {tls}");
+        }
+    }
     // What tonic answers when the channel's own timeout fires.
     if s.code() == tonic::Code::Cancelled && s.message().contains("Timeout expired") {
         return anyhow::anyhow!("DEADLINE_EXCEEDED: no answer within the --timeout");
@@ -108,6 +166,10 @@ mod tests {
         assert_eq!(url("localhost:1").unwrap(), "http://localhost:1");
         assert_eq!(url("[::1]:50051").unwrap(), "http://[::1]:50051");
         assert_eq!(
+            url("https://localhost:50051").unwrap(),
+            "https://localhost:50051"
+        );
+        assert_eq!(
             url("http://127.0.0.1:50051").unwrap(),
             "http://127.0.0.1:50051"
         );
@@ -118,7 +180,6 @@ mod tests {
         for (addr, says) in [
             ("", "empty"),
             ("127.0.0.1", "no port"),
-            ("https://127.0.0.1:50051", "TLS"),
             ("ftp://x:1", "unknown scheme"),
             ("http://:5", "host:port"),
         ] {

@@ -56,7 +56,7 @@ pub(super) async fn discovered_client(
 
 /// One node at `--addr`.
 async fn from_node(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
-    let mut client = IdGenClient::new(channel(&a.addr, a.timeout).await?);
+    let mut client = IdGenClient::new(channel(&a.addr, a.timeout, &a.tls).await?);
     let ids = if a.count == 1 {
         let request = proto::GenIdRequest {
             mode,

@@ -16,3 +16,4 @@ pub mod init;
 pub mod output;
 pub mod serve;
 pub mod state;
+pub mod tls;

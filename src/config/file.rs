@@ -138,6 +138,34 @@ pub struct ServerSection {
     pub grpc_max_concurrent_streams: u32,
     /// Largest request header block in bytes, on both ports.
     pub max_header_size: u32,
+    /// Allow plaintext on a non-loopback address (no `[server.tls]`).
+    /// Off by default: anyone on the path could read the admin token and
+    /// the IDs. Only for networks that are private by other means.
+    pub insecure: bool,
+    /// `[server.tls]`: serve both ports over TLS.
+    pub tls: TlsSection,
+    /// Peer networks (CIDR, IPv4 or IPv6) allowed on both ports; others
+    /// get PERMISSION_DENIED / 403 on every call. Empty: all.
+    pub allow: Vec<String>,
+}
+
+/// `[server.tls]`: TLS (rustls) on the gRPC and HTTP ports. Both files
+/// empty: plaintext.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// Certificate chain, PEM, leaf first.
+    pub cert: PathBuf,
+    /// Private key of the leaf certificate, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA certificate(s), PEM, that client certificates must chain to.
+    /// Empty: no client certificates are asked for.
+    pub client_ca: PathBuf,
+    /// Refuse the handshake of a client without a certificate from
+    /// `client_ca` (mTLS on every call). Off: a certificate is optional,
+    /// checked when sent, and needed only where `admin.client_cert_names`
+    /// asks for one.
+    pub client_required: bool,
 }
 
 impl Default for ServerSection {
@@ -157,6 +185,9 @@ impl Default for ServerSection {
             grpc_keepalive_timeout: Duration::from_secs(10),
             grpc_max_concurrent_streams: 200,
             max_header_size: 16_384,
+            insecure: false,
+            tls: TlsSection::default(),
+            allow: Vec::new(),
         }
     }
 }
@@ -486,6 +517,13 @@ pub struct AdminSection {
     pub token: String,
     /// A file holding the admin token.
     pub token_file: PathBuf,
+    /// Client certificate names (subject CN or a SAN DNS name, email or
+    /// URI) allowed to make admin calls; needs `server.tls.client_ca`.
+    /// With a token as well, a call needs both.
+    pub client_cert_names: Vec<String>,
+    /// Peer networks (CIDR) allowed to make admin calls, on top of
+    /// `server.allow`. Empty: all.
+    pub allow: Vec<String>,
 }
 
 impl fmt::Debug for AdminSection {
@@ -493,6 +531,8 @@ impl fmt::Debug for AdminSection {
         f.debug_struct("AdminSection")
             .field("token", &(!self.token.is_empty()).then_some("<redacted>"))
             .field("token_file", &self.token_file)
+            .field("client_cert_names", &self.client_cert_names)
+            .field("allow", &self.allow)
             .finish()
     }
 }

@@ -8,6 +8,7 @@
 //! variables (`IDGEN_SECTION__KEY`, e.g. `IDGEN_NODE__WORKER_ID=3`), CLI flags.
 //! `config/idgen.example.toml` documents every key.
 
+mod allow;
 mod file;
 mod validate;
 
@@ -26,11 +27,13 @@ use crate::id::Layout;
 use crate::store::consul::ClusterKeys;
 use crate::store::hwm::HwmSettings;
 
+pub use allow::{AllowList, Cidr};
 pub use file::{
     state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
     HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection, NodeSection,
     Overrides, SegmentSection, ServerSection, StoreSection, StrictSection, TestingSection,
-    WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH, NON_CONFIG_VARIABLES, STATE_FILE_NAME,
+    TlsSection, WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH, NON_CONFIG_VARIABLES,
+    STATE_FILE_NAME,
 };
 pub use validate::check_log_filter;
 
@@ -140,6 +143,27 @@ pub struct ServerSettings {
     pub shutdown_grace: Duration,
     /// Bounds on client connections, both ports.
     pub connections: ConnectionSettings,
+    /// TLS on both ports; `None`: plaintext.
+    pub tls: Option<TlsSettings>,
+    /// Peers allowed on both ports (`server.allow`); empty: all.
+    pub allow: AllowList,
+    /// Plaintext was allowed on a non-loopback address
+    /// (`server.insecure = true`); the node warns at start.
+    pub insecure: bool,
+}
+
+/// The validated `[server.tls]` section: where the PEM files are. They are
+/// read (and checked) when the node starts, and again when they change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// Certificate chain, PEM.
+    pub cert: PathBuf,
+    /// Private key, PEM.
+    pub key: PathBuf,
+    /// CA for client certificates; `None`: none asked for.
+    pub client_ca: Option<PathBuf>,
+    /// Every client must present a certificate from `client_ca`.
+    pub client_required: bool,
 }
 
 /// Bounds on client connections (validated from `[server]`).
@@ -287,6 +311,11 @@ impl Default for StrictModeSettings {
 pub struct AdminSettings {
     /// The admin API token; `None`: admin calls are refused.
     pub token: Option<AdminToken>,
+    /// Client certificate names allowed to administer; empty: no
+    /// certificate needed.
+    pub client_cert_names: Vec<String>,
+    /// Peers allowed to make admin calls (`admin.allow`); empty: all.
+    pub allow: AllowList,
 }
 
 /// The admin token, redacted in `Debug`.

@@ -12,9 +12,10 @@ use super::file::{
     TestingSection, CONSUL_SESSION_TTL_MIN,
 };
 use super::{
-    invalid, AdminSettings, AdminToken, Backend, BackendKind, ClusterConfig, Config, ConfigError,
-    ConnectionSettings, LeaseModeSettings, LogSettings, NodeSettings, SegmentModeSettings,
-    ServerSettings, StoreSettings, StrictModeSettings, WorkerClaim,
+    invalid, AdminSettings, AdminToken, AllowList, Backend, BackendKind, ClusterConfig, Config,
+    ConfigError, ConnectionSettings, LeaseModeSettings, LogSettings, NodeSettings,
+    SegmentModeSettings, ServerSettings, StoreSettings, StrictModeSettings, TlsSettings,
+    WorkerClaim,
 };
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
@@ -37,7 +38,7 @@ impl FileConfig {
             segment: self.segment.validate()?,
             lease: self.lease.validate(embedded.then_some((&layout, &node)))?,
             strict: self.strict.validate()?,
-            admin: self.admin.validate()?,
+            admin: self.admin.validate(server.tls.as_ref())?,
             layout_preset: self.layout.preset_name(),
             node,
             server,
@@ -169,7 +170,19 @@ impl ServerSection {
                 "must be at least two layout time units",
             ));
         }
+        let tls = self.tls()?;
+        let exposed = !grpc_listen.ip().is_loopback() || !http_listen.ip().is_loopback();
+        if exposed && tls.is_none() && !self.insecure {
+            return Err(invalid(
+                "server.insecure",
+                "a listen address is not loopback and [server.tls] is not set: set server.tls.cert and server.tls.key, or set server.insecure = true to serve plaintext on the network (the admin token and IDs then cross it in clear text)",
+            ));
+        }
+        let allow = AllowList::parse(&self.allow).map_err(|e| invalid("server.allow", e))?;
         Ok(ServerSettings {
+            allow,
+            insecure: exposed && tls.is_none(),
+            tls,
             grpc_listen,
             http_listen,
             max_batch: self.max_batch,
@@ -178,6 +191,37 @@ impl ServerSection {
             shutdown_grace: self.shutdown_grace,
             connections,
         })
+    }
+
+    /// `[server.tls]`: both files or neither.
+    fn tls(&self) -> Result<Option<TlsSettings>, ConfigError> {
+        let t = &self.tls;
+        match (t.cert.as_os_str().is_empty(), t.key.as_os_str().is_empty()) {
+            (true, true) => Ok(None),
+            (false, false) => {
+                let client_ca = (!t.client_ca.as_os_str().is_empty()).then(|| t.client_ca.clone());
+                if t.client_required && client_ca.is_none() {
+                    return Err(invalid(
+                        "server.tls.client_required",
+                        "needs server.tls.client_ca: the CA (PEM) that client certificates must chain to",
+                    ));
+                }
+                Ok(Some(TlsSettings {
+                    cert: t.cert.clone(),
+                    key: t.key.clone(),
+                    client_ca,
+                    client_required: t.client_required,
+                }))
+            }
+            (true, false) => Err(invalid(
+                "server.tls.cert",
+                "is empty but server.tls.key is set: give the certificate chain (PEM) too",
+            )),
+            (false, true) => Err(invalid(
+                "server.tls.key",
+                "is empty but server.tls.cert is set: give the private key (PEM) too",
+            )),
+        }
     }
 
     /// The connection bounds, each checked against a sane range.
@@ -528,8 +572,15 @@ impl StrictSection {
 }
 
 impl AdminSection {
-    /// The admin token, given inline or in a file (not both).
-    fn validate(&self) -> Result<AdminSettings, ConfigError> {
+    /// The admin token, given inline or in a file (not both), and the
+    /// client certificates allowed (which need TLS with a client CA).
+    fn validate(&self, tls: Option<&TlsSettings>) -> Result<AdminSettings, ConfigError> {
+        if !self.client_cert_names.is_empty() && tls.is_none_or(|t| t.client_ca.is_none()) {
+            return Err(invalid(
+                "admin.client_cert_names",
+                "needs [server.tls] with client_ca set: client certificates are only seen over TLS",
+            ));
+        }
         let token = secret(
             &self.token,
             &self.token_file,
@@ -537,7 +588,18 @@ impl AdminSection {
             "admin.token_file",
         )?
         .map(AdminToken);
-        Ok(AdminSettings { token })
+        if self.client_cert_names.iter().any(|n| n.trim().is_empty()) {
+            return Err(invalid(
+                "admin.client_cert_names",
+                "holds an empty name: list subject CNs or SAN names of the certificates allowed",
+            ));
+        }
+        let allow = AllowList::parse(&self.allow).map_err(|e| invalid("admin.allow", e))?;
+        Ok(AdminSettings {
+            allow,
+            token,
+            client_cert_names: self.client_cert_names.clone(),
+        })
     }
 }
 

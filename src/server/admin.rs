@@ -25,6 +25,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::status::refusal;
 use super::status::{code_name, to_status};
+use super::tls::PeerCertificate;
 use crate::config::AdminToken;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
 use crate::error::Error;
@@ -60,6 +61,7 @@ const DEFAULT_LOCK_DELAY: Duration = Duration::from_secs(15);
 pub const EMBEDDED_STATE: &str = "embedded (this node)";
 
 const DISABLED: &str = "the admin API is disabled on this server: set admin.token or admin.token_file in its config (or IDGEN_ADMIN__TOKEN) and restart it";
+const NO_CERT: &str = "admin calls on this server need a client certificate named in its admin.client_cert_names, over TLS (idgen admin: --addr https://... --ca, --cert, --key)";
 const NO_HEADER: &str = "admin calls need the metadata `authorization: Bearer <token>` carrying the server's admin token (idgen admin: --token, --token-file or IDGEN_ADMIN__TOKEN)";
 const WRONG_TOKEN: &str =
     "the admin token is wrong: use the token in the server's admin.token or admin.token_file";
@@ -67,8 +69,15 @@ const WRONG_TOKEN: &str =
 /// What the admin service works on. Each `None` turns off the calls that
 /// need it (FAILED_PRECONDITION naming what to enable).
 pub struct AdminDeps {
-    /// The token callers must present; `None` refuses every call.
+    /// The token callers must present; `None` (and no
+    /// `client_cert_names`) refuses every call.
     pub token: Option<AdminToken>,
+    /// Client certificate names allowed (`admin.client_cert_names`);
+    /// non-empty: a call needs a verified certificate with one of them,
+    /// and the token too when one is set.
+    pub client_cert_names: Vec<String>,
+    /// Peers allowed to make admin calls (`admin.allow`); empty: all.
+    pub allow: crate::config::AllowList,
     /// Segment records, when segment mode is enabled.
     pub segments: Option<Arc<dyn SegmentStore>>,
     /// Strict mode, when enabled.
@@ -110,9 +119,10 @@ pub struct AdminService {
 
 /// The admin service, ready to add to a tonic server.
 pub fn service(deps: AdminDeps) -> AdminServer<AdminService> {
-    if deps.token.is_none() {
+    if deps.token.is_none() && deps.client_cert_names.is_empty() {
         tracing::info!("admin API disabled: no admin.token or admin.token_file configured");
     }
+    metrics::counter!(m::PEER_REFUSALS, "port" => "grpc", "list" => "admin").increment(0);
     let started_ms = deps.clock.now_millis();
     AdminServer::new(AdminService { deps, started_ms })
 }
@@ -135,7 +145,33 @@ fn bearer(header: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// Checks a call's credentials against `expected`.
+/// Checks a call's credentials: with `names`, a verified client
+/// certificate naming one of them, and the token as well when `token` is
+/// set; without, the token alone.
+fn authorize_call(
+    token: Option<&AdminToken>,
+    names: &[String],
+    peer: Option<&PeerCertificate>,
+    metadata: &MetadataMap,
+) -> Result<(), Status> {
+    if names.is_empty() {
+        return authorize(token, metadata);
+    }
+    match peer {
+        None => Err(refusal(ErrorKind::Unauthenticated, NO_CERT)),
+        Some(p) if !p.any_in(names) => Err(refusal(
+            ErrorKind::Denied,
+            format!(
+                "the client certificate (names {:?}) is not allowed to administer: its subject CN or a SAN must be in the server's admin.client_cert_names",
+                p.names
+            ),
+        )),
+        Some(_) if token.is_some() => authorize(token, metadata),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Checks a call's token against `expected`.
 fn authorize(expected: Option<&AdminToken>, metadata: &MetadataMap) -> Result<(), Status> {
     let Some(expected) = expected else {
         return Err(refusal(ErrorKind::Denied, DISABLED));
@@ -294,7 +330,24 @@ impl AdminService {
         Fut: Future<Output = Result<T, Status>>,
     {
         let peer = request.remote_addr();
-        let result = match authorize(self.deps.token.as_ref(), request.metadata()) {
+        if let Some(ip) = peer
+            .map(|p| p.ip())
+            .filter(|ip| !self.deps.allow.allows(*ip))
+        {
+            super::listener::count_refusal("grpc", "admin", &ip.to_string());
+            metrics::counter!(m::ADMIN_CALLS, "method" => method, "code" => code_name(Code::PermissionDenied))
+                .increment(1);
+            return Err(refusal(
+                ErrorKind::Denied,
+                format!("peer {ip} is not in this node's admin.allow"),
+            ));
+        }
+        let result = match authorize_call(
+            self.deps.token.as_ref(),
+            &self.deps.client_cert_names,
+            request.extensions().get::<PeerCertificate>(),
+            request.metadata(),
+        ) {
             Ok(()) => f(request.into_inner()).await,
             Err(s) => Err(s),
         };

@@ -44,9 +44,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::TcpConnectInfo;
 
-use crate::config::ConnectionSettings;
+use super::tls::PeerCertificate;
+use crate::config::{AllowList, ConnectionSettings};
 use crate::metrics as m;
 
 /// First pause after a failed accept.
@@ -85,11 +87,14 @@ impl Port {
 /// `settings`, until `shutdown` completes; then stops accepting (closing the
 /// listening socket), asks every connection to finish (GOAWAY on HTTP/2,
 /// close after the current response on HTTP/1) and returns once all have.
-/// Dropping the returned future closes every connection at once.
+/// Dropping the returned future closes every connection at once. With
+/// `tls`, each connection's handshake must finish within `header_timeout`.
 pub async fn serve<S, B>(
     listener: TcpListener,
     port: Port,
     settings: ConnectionSettings,
+    tls: Option<TlsAcceptor>,
+    allow: AllowList,
     service: S,
     shutdown: impl Future<Output = ()>,
 ) where
@@ -144,9 +149,13 @@ pub async fn serve<S, B>(
                         local_addr: stream.local_addr().ok(),
                         remote_addr: Some(peer),
                     };
+                    // Refused peers are still served, with PERMISSION_DENIED
+                    // (or 403) on every call, so they learn why.
+                    let refused = !allow.allows(peer.ip());
                     conns.spawn(serve_connection(
                         stream,
-                        info,
+                        tls.clone(),
+                        (info, refused),
                         protocol.clone(),
                         service.clone(),
                         settings,
@@ -188,6 +197,8 @@ impl PortMetrics {
         this.open.set(0.0);
         this.refused.increment(0);
         this.accept_errors.increment(0);
+        metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "port" => label).increment(0);
+        metrics::counter!(m::PEER_REFUSALS, "port" => label, "list" => "server").increment(0);
         for reason in ["preface", "header", "idle", "keepalive"] {
             metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => label, "reason" => reason)
                 .increment(0);
@@ -312,9 +323,12 @@ impl Protocol {
     }
 }
 
+/// Runs the TLS handshake (if any), then serves the connection.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection<S, B>(
     stream: TcpStream,
-    info: TcpConnectInfo,
+    tls: Option<TlsAcceptor>,
+    (info, refused): (TcpConnectInfo, bool),
     protocol: Protocol,
     service: S,
     settings: ConnectionSettings,
@@ -329,6 +343,48 @@ async fn serve_connection<S, B>(
     B: hyper::body::Body<Data = bytes::Bytes> + Default + Unpin + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let Some(acceptor) = tls else {
+        let info = (info, None, refused);
+        return serve_io(stream, info, protocol, service, settings, port, stop).await;
+    };
+    let failed = |reason: String| {
+        metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "port" => port).increment(1);
+        tracing::debug!(port, peer = ?info.remote_addr, reason, "TLS handshake failed");
+    };
+    match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => {
+            let peer = tls_stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(<[_]>::first)
+                .map(|leaf| PeerCertificate::from_der(leaf));
+            let info = (info, peer, refused);
+            serve_io(tls_stream, info, protocol, service, settings, port, stop).await;
+        }
+        Ok(Err(e)) => failed(e.to_string()),
+        Err(_) => failed("no handshake within server.header_timeout".into()),
+    }
+}
+
+async fn serve_io<I, S, B>(
+    stream: I,
+    (info, peer, refused): (TcpConnectInfo, Option<PeerCertificate>, bool),
+    protocol: Protocol,
+    service: S,
+    settings: ConnectionSettings,
+    port: &'static str,
+    stop: watch::Receiver<bool>,
+) where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Default + Unpin + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     match protocol {
         Protocol::Http2(builder) => {
             let activity = Arc::new(Activity::new());
@@ -341,6 +397,8 @@ async fn serve_connection<S, B>(
                 inner: service,
                 activity: Arc::clone(&activity),
                 info,
+                peer,
+                refused,
             });
             let conn = builder.serve_connection(io, service);
             let deadlines = Deadlines {
@@ -354,6 +412,8 @@ async fn serve_connection<S, B>(
             let service = TowerToHyperService::new(WithConnectInfo {
                 inner: service,
                 info,
+                peer,
+                refused,
             });
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             drive(conn, None, port, stop).await;
@@ -493,13 +553,13 @@ impl Activity {
 }
 
 /// Counts the first bytes a connection reads, to notice the preface.
-struct PrefaceWatch {
-    inner: TcpStream,
+struct PrefaceWatch<I> {
+    inner: I,
     activity: Arc<Activity>,
     seen: usize,
 }
 
-impl AsyncRead for PrefaceWatch {
+impl<I: AsyncRead + Unpin> AsyncRead for PrefaceWatch<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -517,7 +577,7 @@ impl AsyncRead for PrefaceWatch {
     }
 }
 
-impl AsyncWrite for PrefaceWatch {
+impl<I: AsyncWrite + Unpin> AsyncWrite for PrefaceWatch<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -577,6 +637,9 @@ struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
     info: TcpConnectInfo,
+    peer: Option<PeerCertificate>,
+    /// The peer is not in `server.allow`.
+    refused: bool,
 }
 
 impl<S, B> tower::Service<Request<Incoming>> for Tracked<S>
@@ -595,8 +658,18 @@ where
 
     fn call(&mut self, mut request: Request<Incoming>) -> Self::Future {
         let call = CallGuard::new(&self.activity);
+        if self.refused {
+            let status = tonic::Status::permission_denied(refuse_peer(&self.info, "grpc"));
+            let response = status
+                .into_http()
+                .map(|inner| TrackedBody { inner, _call: call });
+            return Box::pin(async move { Ok(response) });
+        }
         let deadline = grpc_timeout(request.headers());
         request.extensions_mut().insert(self.info.clone());
+        if let Some(peer) = &self.peer {
+            request.extensions_mut().insert(peer.clone());
+        }
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = match deadline {
@@ -671,23 +744,75 @@ fn grpc_timeout(headers: &hyper::HeaderMap) -> Option<Duration> {
 struct WithConnectInfo<S> {
     inner: S,
     info: TcpConnectInfo,
+    peer: Option<PeerCertificate>,
+    /// The peer is not in `server.allow`: 403 to every request.
+    refused: bool,
 }
 
-impl<S> tower::Service<Request<Incoming>> for WithConnectInfo<S>
+impl<S, B> tower::Service<Request<Incoming>> for WithConnectInfo<S>
 where
-    S: tower::Service<Request<Incoming>>,
+    S: tower::Service<Request<Incoming>, Response = Response<B>>,
+    S::Future: Send + 'static,
+    B: Default + Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = BoxFuture<Result<Response<B>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request<Incoming>) -> S::Future {
+    fn call(&mut self, mut request: Request<Incoming>) -> Self::Future {
+        if self.refused {
+            let message = refuse_peer(&self.info, "http");
+            let mut response = Response::new(B::default());
+            *response.status_mut() = hyper::StatusCode::FORBIDDEN;
+            if let Ok(v) = hyper::header::HeaderValue::from_str(&message) {
+                response.headers_mut().insert("x-idgen-error", v);
+            }
+            return Box::pin(async move { Ok(response) });
+        }
         request.extensions_mut().insert(self.info.clone());
-        self.inner.call(request)
+        if let Some(peer) = &self.peer {
+            request.extensions_mut().insert(peer.clone());
+        }
+        Box::pin(self.inner.call(request))
+    }
+}
+
+/// Counts a call refused by `server.allow`, logs it (at most every 10 s),
+/// and returns what the peer is told.
+fn refuse_peer(info: &TcpConnectInfo, port: &'static str) -> String {
+    let addr = info
+        .remote_addr
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default();
+    count_refusal(port, "server", &addr);
+    format!("peer {addr} is not in this node's server.allow")
+}
+
+/// Counts a refusal in `idgen_peer_refusals_total{port,list}` and logs
+/// it with the peer's address, at most once every 10 s per list.
+pub fn count_refusal(port: &'static str, list: &'static str, addr: &str) {
+    static LAST_LOG_S: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+    metrics::counter!(m::PEER_REFUSALS, "port" => port, "list" => list).increment(1);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let slot = &LAST_LOG_S[usize::from(list == "admin")];
+    let last = slot.load(Ordering::Relaxed);
+    if now >= last + 10
+        && slot
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let key = if list == "admin" {
+            "admin.allow"
+        } else {
+            "server.allow"
+        };
+        tracing::warn!(port, peer = addr, list = key, "refused a peer not in the allow-list (logged at most every 10 s; see idgen_peer_refusals_total)");
     }
 }
 

@@ -15,6 +15,7 @@ pub mod listener;
 pub mod request_size;
 mod serve;
 pub mod status;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -361,6 +362,11 @@ impl Node {
     /// clock is too far behind the stored mark.
     pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         let metrics = m::install().map_err(Error::Setup)?;
+        // A wrong certificate or key stops the node before it claims
+        // anything.
+        if let Some(settings) = &config.server.tls {
+            tls::Identity::load(settings).map_err(|e| Error::Setup(e.to_string()))?;
+        }
         match &config.store.backend {
             Backend::Consul(cluster) => {
                 let cluster = (**cluster).clone();

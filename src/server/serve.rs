@@ -9,12 +9,13 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use super::{admin, grpc, health, http, instance_id, listener, request_size};
+use super::{admin, grpc, health, http, instance_id, listener, request_size, tls};
 use super::{Node, ServeError, ShutdownReport};
 use crate::cluster::membership::IssuePath;
 use crate::config::Config;
 use crate::modes::Issuer;
 use crate::proto;
+use tokio_rustls::TlsAcceptor;
 
 type Served = JoinHandle<()>;
 
@@ -23,6 +24,8 @@ struct FrontEnds {
     grpc: Served,
     http: Served,
     upkeep: JoinHandle<()>,
+    /// Reloads the TLS certificate when its files change or on SIGHUP.
+    reload: Option<JoinHandle<()>>,
     stop: watch::Sender<bool>,
 }
 
@@ -132,6 +135,7 @@ impl Node {
         .max_decoding_message_size(max_request);
         let admin = admin::service(self.admin_deps()).max_decoding_message_size(max_request);
         let (stop, stop_rx) = watch::channel(false);
+        let (grpc_tls, http_tls, reload) = acceptors(config)?;
         let grpc_routes = tonic::service::Routes::new(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
@@ -142,6 +146,8 @@ impl Node {
             grpc,
             listener::Port::Grpc,
             config.server.connections,
+            grpc_tls,
+            config.server.allow.clone(),
             tower::Layer::layer(
                 &request_size::RequestSizeLayer::new(max_request),
                 grpc_routes,
@@ -159,6 +165,8 @@ impl Node {
             http,
             listener::Port::Http,
             config.server.connections,
+            http_tls,
+            config.server.allow.clone(),
             router,
             wait_stop(stop_rx),
         ));
@@ -174,6 +182,7 @@ impl Node {
             grpc,
             http,
             upkeep,
+            reload,
             stop,
         })
     }
@@ -190,6 +199,8 @@ impl Node {
         let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
         admin::AdminDeps {
             token: config.admin.token.clone(),
+            client_cert_names: config.admin.client_cert_names.clone(),
+            allow: config.admin.allow.clone(),
             segments: self.admin_segments.clone(),
             strict: issuer.strict().cloned(),
             segment_server: issuer.segment_server().cloned(),
@@ -205,6 +216,37 @@ impl Node {
             snapshots: self.snapshots.clone(),
         }
     }
+}
+
+type Acceptors = (
+    Option<TlsAcceptor>,
+    Option<TlsAcceptor>,
+    Option<JoinHandle<()>>,
+);
+
+/// The TLS acceptors of both ports, and the reload task (`None`: plaintext, with a warning when
+/// that plaintext is on the network).
+fn acceptors(config: &Config) -> Result<Acceptors, ServeError> {
+    let Some(settings) = &config.server.tls else {
+        if config.server.insecure {
+            tracing::warn!(
+                grpc = %config.server.grpc_listen,
+                http = %config.server.http_listen,
+                "serving plaintext on a non-loopback address (server.insecure = true): the admin token and IDs cross the network in clear text; set [server.tls] to encrypt"
+            );
+        }
+        return Ok((None, None, None));
+    };
+    let fail = |e: tls::TlsError| ServeError::Transport(e.to_string());
+    let identity = tls::Identity::load(settings).map_err(fail)?;
+    tracing::info!(cert = %settings.cert.display(), "serving TLS on both ports");
+    let grpc = identity.acceptor(listener::Port::Grpc).map_err(fail)?;
+    let http = identity.acceptor(listener::Port::Http).map_err(fail)?;
+    for result in ["ok", "error"] {
+        metrics::counter!(crate::metrics::TLS_RELOADS, "result" => result).increment(0);
+    }
+    let reload = tokio::spawn(tls::watch(identity, settings.clone()));
+    Ok((Some(grpc), Some(http), Some(reload)))
 }
 
 impl FrontEnds {
@@ -229,6 +271,9 @@ impl FrontEnds {
             self.http.abort();
         }
         self.upkeep.abort();
+        if let Some(reload) = self.reload {
+            reload.abort();
+        }
         drained
     }
 }

@@ -17,6 +17,8 @@ use idgen::server::{Node, ShutdownReport};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
+pub mod tls;
+
 /// A server running inside the test process.
 pub struct TestServer {
     pub grpc: SocketAddr,

@@ -1,0 +1,266 @@
+//! TLS on both ports (rustls with the ring provider).
+//!
+//! The certificate chain and key are read from PEM files at start and
+//! checked against each other, so a wrong pair stops the node with a clear
+//! error instead of failing every handshake. The gRPC port offers only
+//! `h2` by ALPN; the HTTP port offers `http/1.1` (its server speaks
+//! HTTP/1 only).
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::time::Duration;
+use thiserror::Error;
+use tokio_rustls::rustls::server::danger::ClientCertVerifier;
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tokio_rustls::TlsAcceptor;
+
+use super::listener::Port;
+use crate::config::TlsSettings;
+use crate::metrics as m;
+
+/// Why the certificate or key cannot be used.
+#[derive(Debug, Error)]
+pub enum TlsError {
+    /// A file could not be read or holds no usable PEM item.
+    #[error("config key {key}: cannot use {path}: {problem}")]
+    File {
+        /// `server.tls.cert` or `server.tls.key`.
+        key: &'static str,
+        /// The file as configured.
+        path: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+    /// The pair does not fit together, or rustls refused it.
+    #[error("server.tls: {0}")]
+    Config(String),
+}
+
+/// The server certificate and key, loaded and checked.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The certificate new handshakes get; swapped on reload.
+    current: Arc<CurrentCert>,
+    /// Client certificate checks, when `client_ca` is set.
+    clients: Option<Arc<dyn ClientCertVerifier>>,
+}
+
+impl Identity {
+    /// Reads and checks the PEM files named in `settings`.
+    pub fn load(settings: &TlsSettings) -> Result<Self, TlsError> {
+        let current = Arc::new(CurrentCert(ArcSwap::from(certified_key(settings)?)));
+        let clients = match &settings.client_ca {
+            Some(ca) => Some(client_verifier(ca, settings.client_required)?),
+            None => None,
+        };
+        Ok(Self { current, clients })
+    }
+
+    /// Reads the files again; on success new handshakes use them, and
+    /// connections already open keep theirs. On failure nothing changes.
+    pub fn reload(&self, settings: &TlsSettings) -> Result<(), TlsError> {
+        self.current.0.store(certified_key(settings)?);
+        Ok(())
+    }
+
+    /// The rustls server configuration for `port` (its ALPN protocols).
+    pub fn server_config(&self, port: Port) -> Result<Arc<ServerConfig>, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let builder = match &self.clients {
+            Some(v) => builder.with_client_cert_verifier(Arc::clone(v)),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(Arc::clone(&self.current) as _);
+        config.alpn_protocols = match port {
+            Port::Grpc => vec![b"h2".to_vec()],
+            Port::Http => vec![b"http/1.1".to_vec()],
+        };
+        Ok(Arc::new(config))
+    }
+
+    /// A handshake acceptor for `port`.
+    pub fn acceptor(&self, port: Port) -> Result<TlsAcceptor, TlsError> {
+        Ok(TlsAcceptor::from(self.server_config(port)?))
+    }
+}
+
+/// The certificate and key in use, swapped whole on reload.
+#[derive(Debug)]
+struct CurrentCert(ArcSwap<CertifiedKey>);
+
+impl ResolvesServerCert for CurrentCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load_full())
+    }
+}
+
+/// Reads the chain and key and checks that they belong together.
+fn certified_key(settings: &TlsSettings) -> Result<Arc<CertifiedKey>, TlsError> {
+    let chain = read_chain(&settings.cert)?;
+    let key = read_key(&settings.key)?;
+    let provider = rustls::crypto::ring::default_provider();
+    CertifiedKey::from_der(chain, key, &provider)
+        .map(Arc::new)
+        .map_err(|e| {
+            TlsError::Config(format!(
+                "the key does not fit the certificate, or one is unsupported: {e} (check that server.tls.key is the private key of the first certificate in server.tls.cert)"
+            ))
+        })
+}
+
+/// How often [`watch`] looks at the files' modification times.
+pub const RELOAD_POLL: Duration = Duration::from_secs(1);
+
+/// Reloads `identity` when the certificate or key file changes (checked
+/// every [`RELOAD_POLL`]) or on SIGHUP. Each attempt counts in
+/// `idgen_tls_reloads_total{result}`; a failed one is logged and keeps the
+/// certificate in use. Runs until aborted.
+pub async fn watch(identity: Identity, settings: TlsSettings) {
+    let mtimes = |s: &TlsSettings| {
+        [&s.cert, &s.key].map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+    };
+    let mut seen = mtimes(&settings);
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(RELOAD_POLL);
+    loop {
+        let why = tokio::select! {
+            _ = tick.tick() => {
+                let now = mtimes(&settings);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                "files changed"
+            }
+            Some(()) = async { hup.as_mut()?.recv().await } => "SIGHUP",
+        };
+        match identity.reload(&settings) {
+            Ok(()) => {
+                metrics::counter!(m::TLS_RELOADS, "result" => "ok").increment(1);
+                tracing::info!(why, cert = %settings.cert.display(), "TLS certificate reloaded; new connections use it");
+            }
+            Err(e) => {
+                metrics::counter!(m::TLS_RELOADS, "result" => "error").increment(1);
+                tracing::error!(why, error = %e, "TLS certificate reload failed; still serving the previous certificate");
+            }
+        }
+    }
+}
+
+/// Checks client certificates against the CA in `path`; without
+/// `required`, a client may send none.
+fn client_verifier(path: &Path, required: bool) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    const KEY: &str = "server.tls.client_ca";
+    let pem = read(KEY, path)?;
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| file_error(KEY, path, format!("not valid PEM: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| file_error(KEY, path, format!("not a usable CA certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(file_error(KEY, path, "holds no CERTIFICATE block"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+    let builder = if required {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    builder
+        .build()
+        .map_err(|e| file_error(KEY, path, e.to_string()))
+}
+
+/// Who the client's certificate names: its subject CNs and its SAN DNS
+/// names, emails and URIs. Known only once the handshake has checked the
+/// certificate against `server.tls.client_ca`.
+#[derive(Debug, Clone, Default)]
+pub struct PeerCertificate {
+    /// Every name, CNs first.
+    pub names: Arc<[String]>,
+}
+
+impl PeerCertificate {
+    /// The names of a verified leaf certificate (DER); unparsable parts
+    /// give no names.
+    pub fn from_der(der: &[u8]) -> Self {
+        let mut names = Vec::new();
+        if let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) {
+            for cn in cert.subject().iter_common_name() {
+                if let Ok(s) = cn.as_str() {
+                    names.push(s.to_owned());
+                }
+            }
+            if let Ok(Some(san)) = cert.subject_alternative_name() {
+                for name in &san.value.general_names {
+                    use x509_parser::extensions::GeneralName as G;
+                    match name {
+                        G::DNSName(s) | G::RFC822Name(s) | G::URI(s) => names.push((*s).to_owned()),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Self {
+            names: names.into(),
+        }
+    }
+
+    /// Whether any name is in `allowed` (exact match).
+    pub fn any_in(&self, allowed: &[String]) -> bool {
+        self.names.iter().any(|n| allowed.iter().any(|a| a == n))
+    }
+}
+
+fn file_error(key: &'static str, path: &Path, problem: impl Into<String>) -> TlsError {
+    TlsError::File {
+        key,
+        path: path.display().to_string(),
+        problem: problem.into(),
+    }
+}
+
+fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e: io::Error| file_error(key, path, e.to_string()))
+}
+
+fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    const KEY: &str = "server.tls.cert";
+    let pem = read(KEY, path)?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(KEY, path, format!("not valid PEM: {e}")))?;
+    if chain.is_empty() {
+        return Err(file_error(
+            KEY,
+            path,
+            "holds no CERTIFICATE block; give the certificate chain in PEM, leaf first",
+        ));
+    }
+    Ok(chain)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    const KEY: &str = "server.tls.key";
+    let pem = read(KEY, path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        file_error(
+            KEY,
+            path,
+            format!("holds no usable private key ({e}); give a PEM PRIVATE KEY (PKCS#8), RSA PRIVATE KEY or EC PRIVATE KEY block"),
+        )
+    })
+}
