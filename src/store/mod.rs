@@ -10,6 +10,7 @@ pub mod consul;
 pub(crate) mod counts;
 pub mod embedded;
 pub mod fault_hook;
+pub mod format;
 pub mod hwm;
 pub mod lease;
 pub mod reopen;
@@ -115,6 +116,10 @@ pub enum StoreError {
         /// The config key that sets it, also the metric label.
         setting: &'static str,
     },
+    /// A formatted-mode request or counter refused (bad parameters, a
+    /// counter used up in its period, a Lua rule failing...).
+    #[error(transparent)]
+    Format(#[from] crate::id::format::FormatError),
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
@@ -130,6 +135,7 @@ impl StoreError {
             Self::Segment(e) => e.kind(),
             Self::Lease(e) => e.kind(),
             Self::Strict(e) => e.kind(),
+            Self::Format(e) => e.kind(),
             // Start-up and backend failures: another node can serve.
             Self::Missing { .. }
             | Self::AlreadyExists { .. }
