@@ -120,6 +120,19 @@ pub enum StoreError {
     /// counter used up in its period, a Lua rule failing...).
     #[error(transparent)]
     Format(#[from] crate::id::format::FormatError),
+    /// No format by that name is defined.
+    #[error("unknown format {0:?}: define it in the config file's [[formats]]")]
+    FormatNotFound(String),
+    /// The wall clock is behind the period a format's counter is in by
+    /// more than the tolerance: the node will not re-enter the finished
+    /// period, nor print times that far ahead.
+    #[error("format {format:?}: the wall clock is {behind_ms} ms behind the period its counter is in (more than clock.max_backward); this node refuses until its clock catches up: retry on another node")]
+    FormatHeld {
+        /// The format.
+        format: String,
+        /// How far behind, ms.
+        behind_ms: i64,
+    },
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
@@ -129,7 +142,9 @@ impl StoreError {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::TagNotFound(_) | Self::StrictKeyNotFound(_) => ErrorKind::NotFound,
+            Self::TagNotFound(_) | Self::StrictKeyNotFound(_) | Self::FormatNotFound(_) => {
+                ErrorKind::NotFound
+            }
             Self::TagExists(_) => ErrorKind::AlreadyExists,
             Self::LimitReached { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
@@ -143,7 +158,8 @@ impl StoreError {
             | Self::StateFileLost { .. }
             | Self::Backend(_)
             | Self::Contended(_)
-            | Self::LockLost(_) => ErrorKind::Unavailable,
+            | Self::LockLost(_)
+            | Self::FormatHeld { .. } => ErrorKind::Unavailable,
         }
     }
 }
