@@ -102,7 +102,12 @@ fn all_new(seen: &mut HashSet<String>, ids: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daily_counters_reset_at_local_midnight_and_survive_restarts_and_step_backs() {
     let dir = tempfile::tempdir().unwrap();
-    let def = FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:6}", "Asia/Shanghai", Reset::Day);
+    let def = FormatDef::template(
+        "orders",
+        "{yyyy}{MM}{dd}{seq:6}",
+        "Asia/Shanghai",
+        Reset::Day,
+    );
     let config = || config_with(dir.path(), 100, vec![def.clone()]);
     let clock = Arc::new(ManualClock::at_millis(ms("2026-03-07T15:59:40Z")));
     let mut seen = HashSet::new();
@@ -122,8 +127,14 @@ async fn daily_counters_reset_at_local_midnight_and_survive_restarts_and_step_ba
     let node = start(config(), clock.clone()).await;
     let again = node.gen("orders", &[], 5).await;
     all_new(&mut seen, &again);
-    assert!(again.iter().all(|id| id.starts_with("20260307")), "{again:?}");
-    assert!(seq(&again[0], 6) >= 100, "continues above the reserved block: {again:?}");
+    assert!(
+        again.iter().all(|id| id.starts_with("20260307")),
+        "{again:?}"
+    );
+    assert!(
+        seq(&again[0], 6) >= 100,
+        "continues above the reserved block: {again:?}"
+    );
 
     // Midnight in Shanghai (16:00 UTC): the next day from the minimum.
     clock.set_millis(ms("2026-03-07T16:00:00.300Z"));
@@ -154,7 +165,10 @@ async fn daily_counters_reset_at_local_midnight_and_survive_restarts_and_step_ba
     let node = start(config(), clock.clone()).await;
     let after = node.gen("orders", &[], 3).await;
     all_new(&mut seen, &after);
-    assert!(after.iter().all(|id| id.starts_with("20260308")), "{after:?}");
+    assert!(
+        after.iter().all(|id| id.starts_with("20260308")),
+        "{after:?}"
+    );
     assert!(seq(&after[0], 6) >= 100, "{after:?}");
     node.stop().await;
 }
@@ -173,7 +187,10 @@ async fn a_new_york_day_with_a_dst_change_resets_at_local_midnight() {
     );
     let clock = Arc::new(ManualClock::at_millis(ms("2026-03-08T06:59:00Z")));
     let node = start(config_with(dir.path(), 10, vec![def]), clock.clone()).await;
-    assert_eq!(node.gen("ny", &[], 2).await, ["2026030801-00000", "2026030801-00001"]);
+    assert_eq!(
+        node.gen("ny", &[], 2).await,
+        ["2026030801-00000", "2026030801-00001"]
+    );
     // 02:00 EST is 03:00 EDT: the same day, counter going on.
     clock.set_millis(ms("2026-03-08T07:01:00Z"));
     assert_eq!(node.gen("ny", &[], 1).await, ["2026030803-00002"]);
@@ -276,7 +293,14 @@ async fn presets_and_a_lua_rule_are_served_and_presets_parse_back() {
     let node = start(config_with(dir.path(), 100, defs), clock).await;
 
     let ids = node.gen("o2o", &[("salt", "x")], 3).await;
-    assert_eq!(ids, ["60615" .to_owned() + "0000", "606150001".into(), "606150002".into()]);
+    assert_eq!(
+        ids,
+        [
+            "60615".to_owned() + "0000",
+            "606150001".into(),
+            "606150002".into()
+        ]
+    );
 
     let params: Vec<(String, String)> = vec![];
     let u = node.issuer.gen_formatted("u64", &params, 2).await.unwrap();
@@ -285,7 +309,14 @@ async fn presets_and_a_lua_rule_are_served_and_presets_parse_back() {
     assert_eq!(u.ids[1].text, n.to_string());
     let parsed = node.issuer.parse_formatted("u64", &u.ids[1].text).unwrap();
     assert_eq!(
-        (parsed.year, parsed.month, parsed.day, parsed.hour, parsed.token, parsed.seq),
+        (
+            parsed.year,
+            parsed.month,
+            parsed.day,
+            parsed.hour,
+            parsed.token,
+            parsed.seq
+        ),
         (Some(2026), Some(6), Some(15), Some(1), Some(0), 1)
     );
 
@@ -296,7 +327,10 @@ async fn presets_and_a_lua_rule_are_served_and_presets_parse_back() {
     let parsed = node.issuer.parse_formatted("idc", text).unwrap();
     assert_eq!(parsed.unix_s, Some(ms("2026-06-15T01:30:00Z") / 1000));
     assert_eq!((parsed.node, parsed.seq), (Some(0), 0));
-    assert!(parsed.params.contains(&("route".into(), "07".into())), "{parsed:?}");
+    assert!(
+        parsed.params.contains(&("route".into(), "07".into())),
+        "{parsed:?}"
+    );
     node.stop().await;
 }
 
@@ -359,4 +393,64 @@ reset = "day"
     for n in nodes {
         n.stop().await;
     }
+}
+
+/// A state file restored from a backup: every counter the lost node may
+/// have moved after the backup (the same period above the snapshot, and a
+/// period begun after it) continues above the restore's skip-ahead, never
+/// from the snapshot's values or the minimum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_state_file_never_repeats_counters_used_after_the_backup() {
+    use idgen::store::snapshot;
+    let dir = tempfile::tempdir().unwrap();
+    let def = FormatDef::template(
+        "orders",
+        "{yyyy}{MM}{dd}{seq:6}",
+        "Asia/Shanghai",
+        Reset::Day,
+    );
+    let clock = Arc::new(ManualClock::at_millis(ms("2026-03-07T10:00:00Z")));
+    let config = config_with(dir.path(), 100, vec![def.clone()]);
+    let layout = config.layout.to_string();
+    let mut seen = HashSet::new();
+
+    let node = start(config.clone(), clock.clone()).await;
+    all_new(&mut seen, &node.gen("orders", &[], 5).await);
+    node.stop().await;
+    let backup = dir.path().join("backup.redb");
+    let bytes = snapshot::take_offline(&dir.path().join("state.redb"), clock.now_millis()).unwrap();
+    snapshot::write_snapshot_file(&backup, &bytes).unwrap();
+
+    // After the backup: more of the same day, then the next day.
+    let node = start(config.clone(), clock.clone()).await;
+    all_new(&mut seen, &node.gen("orders", &[], 150).await);
+    clock.set_millis(ms("2026-03-07T16:00:05Z"));
+    all_new(&mut seen, &node.gen("orders", &[], 150).await);
+    node.stop().await;
+
+    // The file is lost; restore the backup with a margin of 1000.
+    clock.advance_millis(60_000);
+    let restored = dir.path().join("restored.redb");
+    let report = snapshot::restore(
+        &backup,
+        &restored,
+        &layout,
+        1000,
+        clock.now_millis() + 5_000,
+    )
+    .unwrap();
+    assert_eq!(report.format_counters, 1);
+    let mut config = config_with(dir.path(), 100, vec![def]);
+    config.store.backend = idgen::config::Backend::Embedded {
+        path: restored,
+        init_if_missing: false,
+    };
+    let node = start(config, clock.clone()).await;
+    let after = node.gen("orders", &[], 150).await;
+    all_new(&mut seen, &after);
+    assert!(
+        after.iter().all(|id| id.starts_with("20260308")),
+        "{after:?}"
+    );
+    node.stop().await;
 }

@@ -27,7 +27,7 @@ use crate::id::format::{
 };
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
-use crate::store::format::{CounterKey, FormatStore, Plan, Planned};
+use crate::store::format::{CounterKey, FormatStore, Plan, Planned, RestoreFloor};
 use crate::store::StoreError;
 
 /// How formatted mode runs.
@@ -225,10 +225,23 @@ impl Formats {
     ) -> Result<Planned, Error> {
         let format = Arc::clone(format);
         let max_behind = self.settings.max_behind_ms;
-        let plan: Plan = Arc::new(move |stored: Option<&CounterRecord>| {
+        let plan: Plan = Arc::new(move |stored: Option<&CounterRecord>, restored| {
             let decision = format.decide(stored.map(|r| r.period), now)?;
             check_behind(&format, &decision, max_behind)?;
-            let (block, record) = format.next_block(stored, &decision, want)?;
+            let floored = restored.and_then(|r| floored_start(&format, &decision, r));
+            let (block, record) = match floored {
+                // Continue above the floor as if it had been stored.
+                Some(start) => {
+                    let d = format.decide(Some(start.period), now)?;
+                    let (block, record) = format.next_block(Some(&start), &d, want)?;
+                    return Ok(Planned {
+                        record,
+                        block,
+                        decision: d,
+                    });
+                }
+                None => format.next_block(stored, &decision, want)?,
+            };
             Ok(Planned {
                 record,
                 block,
@@ -263,6 +276,29 @@ impl Formats {
     /// The compiled format `name`.
     pub fn get(&self, name: &str) -> Result<Arc<Format>, Error> {
         self.format(name).cloned()
+    }
+}
+
+/// On a restored store: a period starting fresh whose first instant is at
+/// or before the restore's floor instant may have been used by the lost
+/// node after the snapshot, so its counter starts `floor` above the
+/// minimum (the record to continue above); `None` otherwise.
+fn floored_start(
+    format: &Format,
+    decision: &crate::id::format::PeriodDecision,
+    restored: RestoreFloor,
+) -> Option<CounterRecord> {
+    if !decision.starts_fresh() || restored.floor == 0 {
+        return None;
+    }
+    let floored = CounterRecord {
+        period: decision.key,
+        last: format.counter().min.saturating_add(restored.floor),
+    };
+    match format.decide(None, restored.until_ms) {
+        Ok(d) if decision.key > d.key => None,
+        // Unknown: floor it (a gap is safe, a repeat is not).
+        _ => Some(floored),
     }
 }
 

@@ -28,6 +28,37 @@ use crate::id::format::{CounterBlock, CounterRecord, PeriodDecision};
 
 pub(crate) const FORMATS: TableDefinition<&str, &[u8]> = TableDefinition::new("formats");
 
+/// The `meta` key a restore sets (Unix ms, the restore's high-water floor):
+/// the node that was lost may have used any counter in a period up to
+/// then, after the snapshot was taken, so such counters start above the
+/// restore floor instead of at their minimum.
+pub(crate) const FORMATS_RESTORED_UNTIL: &str = "formats_restored_until_ms";
+
+/// After `idgen state restore`: counters starting a period that began at or
+/// before `until_ms` start `floor` above their minimum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreFloor {
+    /// The restore's high-water floor, Unix ms.
+    pub until_ms: i64,
+    /// How far above the minimum (the restore floor, skip-ahead included).
+    pub floor: u64,
+}
+
+/// Stored counter records as bytes (for the snapshot code).
+pub(crate) struct CounterRecordBytes;
+
+impl CounterRecordBytes {
+    /// The record `bytes` (stored under `key`) moved `skip` forward in its
+    /// own period.
+    pub(crate) fn skip_ahead(key: &str, bytes: &[u8], skip: u64) -> Result<Vec<u8>, StoreError> {
+        let mut record: CounterRecord = serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Backend(format!("format counter record {key} unreadable: {e}"))
+        })?;
+        record.last = record.last.saturating_add(skip);
+        Ok(encode(&record))
+    }
+}
+
 /// Which counter: a format, the values of its scope parameters, and the
 /// node for per-node formats.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -71,8 +102,13 @@ pub struct Planned {
 /// The caller's rule turning the stored record (`None`: never written)
 /// into the next record and block (`Format::decide`, then
 /// `Format::next_block`). It may run more than once (Consul races).
-pub type Plan =
-    Arc<dyn Fn(Option<&CounterRecord>) -> Result<Planned, StoreError> + Send + Sync + 'static>;
+/// The second argument is set on a store restored from a backup.
+pub type Plan = Arc<
+    dyn Fn(Option<&CounterRecord>, Option<RestoreFloor>) -> Result<Planned, StoreError>
+        + Send
+        + Sync
+        + 'static,
+>;
 
 /// Formatted-mode counter records.
 #[async_trait]
@@ -114,6 +150,26 @@ impl EmbeddedStore {
         value.map(|v| decode(key, v.value())).transpose()
     }
 
+    /// The restore floor, if this file was restored from a backup.
+    fn restore_floor(
+        &self,
+        txn: &redb::WriteTransaction,
+    ) -> Result<Option<RestoreFloor>, StoreError> {
+        let meta = txn.open_table(super::embedded::META).map_err(backend_err)?;
+        let until = match meta.get(FORMATS_RESTORED_UNTIL).map_err(backend_err)? {
+            Some(v) => v.value().parse::<i64>().map_err(|e| {
+                StoreError::Backend(format!(
+                    "state file: unreadable {FORMATS_RESTORED_UNTIL} ({e}); restore it from a backup"
+                ))
+            })?,
+            None => return Ok(None),
+        };
+        Ok(Some(RestoreFloor {
+            until_ms: until,
+            floor: self.floor(),
+        }))
+    }
+
     fn advance_counter(&self, key: &CounterKey, plan: &Plan) -> Result<Planned, StoreError> {
         let path = key.path();
         let txn = self.begin_write()?;
@@ -123,7 +179,7 @@ impl EmbeddedStore {
                 Some(v) => Some(decode(key, v.value())?),
                 None => None,
             };
-            let planned = plan(stored.as_ref())?;
+            let planned = plan(stored.as_ref(), self.restore_floor(&txn)?)?;
             table
                 .insert(path.as_str(), encode(&planned.record).as_slice())
                 .map_err(backend_err)?;
@@ -193,7 +249,7 @@ impl FormatStore for ConsulFormatStore {
                 // Index 0: create only if still absent.
                 None => (None, 0),
             };
-            let planned = plan(stored.as_ref())?;
+            let planned = plan(stored.as_ref(), None)?;
             let ops = [TxnOp::Cas {
                 key: path.clone(),
                 value: encode(&planned.record),
