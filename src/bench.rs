@@ -317,6 +317,27 @@ impl IdGen for CounterService {
     ) -> Result<Response<proto::DecodeIdResponse>, Status> {
         Err(Status::unimplemented("the baseline server only counts"))
     }
+
+    async fn gen_formatted(
+        &self,
+        _request: Request<proto::GenFormattedRequest>,
+    ) -> Result<Response<proto::GenFormattedResponse>, Status> {
+        Err(Status::unimplemented("the baseline server only counts"))
+    }
+
+    async fn parse_formatted(
+        &self,
+        _request: Request<proto::ParseFormattedRequest>,
+    ) -> Result<Response<proto::ParseFormattedResponse>, Status> {
+        Err(Status::unimplemented("the baseline server only counts"))
+    }
+
+    async fn get_format_counter(
+        &self,
+        _request: Request<proto::GetFormatCounterRequest>,
+    ) -> Result<Response<proto::GetFormatCounterResponse>, Status> {
+        Err(Status::unimplemented("the baseline server only counts"))
+    }
 }
 
 /// Serves the baseline on `listener` until `shutdown` completes.

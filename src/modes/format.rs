@@ -65,6 +65,15 @@ pub struct Formats {
     issued: metrics::Counter,
 }
 
+/// A counter as `GetFormatCounter` shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct CounterView {
+    /// The durable record.
+    pub record: CounterRecord,
+    /// When the period after the record's starts, Unix ms (`None`: never).
+    pub next_period_start_ms: Option<i64>,
+}
+
 /// One answered `GenFormatted` call.
 #[derive(Debug, Clone)]
 pub struct Issued {
@@ -264,13 +273,22 @@ impl Formats {
         name: &str,
         params: &[(String, String)],
         node: u64,
-    ) -> Result<Option<CounterRecord>, Error> {
+    ) -> Result<Option<CounterView>, Error> {
         let format = self.format(name)?;
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
         let key = Self::key(format, bound.scope_key(), node);
-        Ok(self.store.load(&key).await?)
+        let Some(record) = self.store.load(&key).await? else {
+            return Ok(None);
+        };
+        let next_period_start_ms = format
+            .next_period_start(record.period)
+            .map_err(StoreError::from)?;
+        Ok(Some(CounterView {
+            record,
+            next_period_start_ms,
+        }))
     }
 
     /// The compiled format `name`.

@@ -230,7 +230,7 @@ impl Issuer {
         &self,
         name: &str,
         params: &[(String, String)],
-    ) -> Result<Option<crate::id::format::CounterRecord>, Error> {
+    ) -> Result<Option<format::CounterView>, Error> {
         let node = self.snowflakes.generator().node_number();
         self.formats_for(name)?.counter(name, params, node).await
     }
