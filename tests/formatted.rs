@@ -454,3 +454,141 @@ async fn a_restored_state_file_never_repeats_counters_used_after_the_backup() {
     );
     node.stop().await;
 }
+
+const CHILD_FORMATS: &str = r#"
+[formatted]
+block = 20
+
+[[formats]]
+name = "orders"
+template = "{yyyy}{MM}{dd}{param:biz:2:digits}{seq:8}"
+zone = "Asia/Shanghai"
+reset = "day"
+
+[[formats]]
+name = "idc"
+preset = "idc"
+"#;
+
+/// `idgen serve` processes killed with SIGKILL while callers are taking
+/// IDs over gRPC, then restarted on the same state file, three times:
+/// nothing any caller received repeats. Also the HTTP and gRPC surface:
+/// numbers for the numeric preset, ParseFormatted, GetFormatCounter, and
+/// an unknown parameter refused as INVALID_ARGUMENT / 400 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_load_then_restart_repeats_nothing() {
+    use idgen::proto::{GenFormattedRequest, GetFormatCounterRequest, ParseFormattedRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(CHILD_FORMATS);
+    std::fs::write(&path, text).unwrap();
+    let req = |count| GenFormattedRequest {
+        format: "orders".into(),
+        params: [("biz".to_owned(), "07".to_owned())].into(),
+        count,
+    };
+    let mut seen = HashSet::new();
+    for round in 0..3 {
+        let child = common::ChildServer::start(&path);
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let mut c = child.client().await;
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                // Bounded: stops at the first failure (the kill).
+                for i in 0..2_000u32 {
+                    match c.gen_formatted(req(1 + i % 5)).await {
+                        Ok(r) => got.extend(r.into_inner().ids),
+                        Err(_) => break,
+                    }
+                }
+                got
+            }));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        if round == 2 {
+            // The API surface, on the last live process.
+            let mut c = child.client().await;
+            let idc = c
+                .gen_formatted(GenFormattedRequest {
+                    format: "idc".into(),
+                    params: [
+                        ("type".to_owned(), "1".to_owned()),
+                        ("route".to_owned(), "42".to_owned()),
+                    ]
+                    .into(),
+                    count: 2,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(idc.numeric);
+            assert_eq!(idc.numbers.len(), 2);
+            assert_eq!(idc.ids[1], idc.numbers[1].to_string());
+            let parsed = c
+                .parse_formatted(ParseFormattedRequest {
+                    format: "idc".into(),
+                    id: idc.ids[1].clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(parsed.params.get("route").map(String::as_str), Some("42"));
+            let counter = c
+                .get_format_counter(GetFormatCounterRequest {
+                    format: "orders".into(),
+                    params: [("biz".to_owned(), "07".to_owned())].into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(counter.used && counter.last > 0, "{counter:?}");
+            let e = c
+                .gen_formatted(GenFormattedRequest {
+                    format: "orders".into(),
+                    params: [
+                        ("biz".to_owned(), "07".to_owned()),
+                        ("bogus".to_owned(), "1".to_owned()),
+                    ]
+                    .into(),
+                    count: 1,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains("bogus"), "{}", e.message());
+            let http = format!("http://{}/v1/formatted/orders", child.http);
+            let r = reqwest::get(format!("{http}?count=3&param.biz=07"))
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let body: serde_json::Value = r.json().await.unwrap();
+            let ids: Vec<String> = body["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect();
+            assert_eq!(ids.len(), 3);
+            all_new(&mut seen, &ids);
+            let r = reqwest::get(format!("{http}?param.biz=7")).await.unwrap();
+            assert_eq!(r.status(), 400);
+            assert!(r.text().await.unwrap().contains("biz"));
+            let r = reqwest::get(format!("{http}/parse?id={}", ids[0]))
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let body: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(body["params"]["biz"], "07");
+        }
+        child.kill();
+        let mut round_total = 0;
+        for t in tasks {
+            let ids = t.await.unwrap();
+            round_total += ids.len();
+            all_new(&mut seen, &ids);
+        }
+        assert!(round_total > 0, "round {round} issued nothing");
+    }
+}
