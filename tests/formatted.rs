@@ -581,6 +581,20 @@ async fn kill_9_under_load_then_restart_repeats_nothing() {
             assert_eq!(r.status(), 200);
             let body: serde_json::Value = r.json().await.unwrap();
             assert_eq!(body["params"]["biz"], "07");
+            // The CLI.
+            let addr = child.grpc.to_string();
+            let args = [
+                "gen", "--addr", &addr, "--format", "orders", "--param", "biz=07", "-n", "3",
+            ];
+            let (ok, out) = tokio::task::block_in_place(|| common::run_idgen(&args));
+            assert!(ok, "{out}");
+            let cli: Vec<String> = out.lines().map(str::to_owned).collect();
+            assert_eq!(cli.len(), 3, "{out}");
+            assert!(
+                cli.iter().all(|id| id.len() == 18 && id[8..10] == *"07"),
+                "{out}"
+            );
+            all_new(&mut seen, &cli);
         }
         child.kill();
         let mut round_total = 0;

@@ -67,6 +67,7 @@ fn register_series(config: &Config, backend: &'static str) {
         segment: config.segment.is_some(),
         lease: config.lease.is_some(),
         strict: config.strict.is_some(),
+        formatted: !config.formatted.formats.is_empty(),
     });
 }
 
