@@ -606,3 +606,42 @@ async fn kill_9_under_load_then_restart_repeats_nothing() {
         assert!(round_total > 0, "round {round} issued nothing");
     }
 }
+
+/// A Lua rule that loops for one caller's salt is stopped by its budget
+/// and answers FAILED_PRECONDITION naming the rule and line; one that calls
+/// `os.execute` for a salt is refused the same way; the node keeps serving
+/// the rule for other callers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_lua_rule_answers_a_status_naming_rule_and_line_and_the_node_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let rule = r#"function min_counter() return 0 end
+function max_counter() return 9999 end
+function reset_seconds() return 86400 end
+function create_id(counter, now, salt)
+  while salt == "loop" do end
+  if salt == "exec" then os.execute("true") end
+  return string.format("%d%02d%02d%04d", now:year(), now:month(), now:day(), counter)
+end
+"#;
+    let def = FormatDef {
+        template: None,
+        lua: Some(rule.into()),
+        reset: None,
+        ..FormatDef::template("rule", "", "UTC", Reset::Day)
+    };
+    let clock = Arc::new(ManualClock::at_millis(ms("2026-06-15T01:30:00Z")));
+    let node = start(config_with(dir.path(), 100, vec![def]), clock).await;
+    for (salt, line) in [("loop", "line 5"), ("exec", "line 6")] {
+        let e = node
+            .try_gen("rule", &[("salt", salt)], 1)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Precondition, "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("rule") && msg.contains(line), "{salt}: {msg}");
+    }
+    let ok = node.gen("rule", &[("salt", "x")], 2).await;
+    assert_eq!(ok.len(), 2);
+    assert_ne!(ok[0], ok[1]);
+    node.stop().await;
+}
