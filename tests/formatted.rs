@@ -491,6 +491,10 @@ async fn kill_9_under_load_then_restart_repeats_nothing() {
     let mut seen = HashSet::new();
     for round in 0..3 {
         let child = common::ChildServer::start(&path);
+        // One call answered before the load, so every round issues
+        // something whatever the machine's load.
+        let first = child.client().await.gen_formatted(req(3)).await.unwrap();
+        all_new(&mut seen, &first.into_inner().ids);
         let mut tasks = Vec::new();
         for _ in 0..3 {
             let mut c = child.client().await;
@@ -597,13 +601,9 @@ async fn kill_9_under_load_then_restart_repeats_nothing() {
             all_new(&mut seen, &cli);
         }
         child.kill();
-        let mut round_total = 0;
         for t in tasks {
-            let ids = t.await.unwrap();
-            round_total += ids.len();
-            all_new(&mut seen, &ids);
+            all_new(&mut seen, &t.await.unwrap());
         }
-        assert!(round_total > 0, "round {round} issued nothing");
     }
 }
 
