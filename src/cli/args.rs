@@ -228,6 +228,12 @@ pub struct BenchArgs {
     /// Tag (segment mode) or `namespace/key` (strict mode).
     #[arg(long, default_value = "")]
     pub tag: String,
+    /// Call GenFormatted of this format instead (--batch is its count).
+    #[arg(long)]
+    pub format: Option<String>,
+    /// A parameter of --format, `name=value` (repeat for several).
+    #[arg(long, value_parser = parse_param, requires = "format")]
+    pub param: Vec<(String, String)>,
     /// Also run the same load against a bare tonic server that returns a
     /// counter (started in this process), and print the ratio.
     #[arg(long)]
