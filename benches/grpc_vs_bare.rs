@@ -107,6 +107,8 @@ fn main() {
                 batch,
                 mode: idgen::id::Mode::Snowflake,
                 tag: String::new(),
+                format: None,
+                format_params: Vec::new(),
             };
             client.block_on(bench::run(&opts)).expect("bench run")
         };

@@ -43,6 +43,11 @@ pub struct BenchOptions {
     pub mode: crate::id::Mode,
     /// The tag (segment mode).
     pub tag: String,
+    /// `GenFormatted` of this format (with `format_params`) instead of
+    /// `GenId`/`GenIds`; `batch` is its count.
+    pub format: Option<String>,
+    /// Parameters of `format`.
+    pub format_params: Vec<(String, String)>,
 }
 
 /// What a run measured.
@@ -194,6 +199,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
                     crate::server::grpc::mode_to_proto(opts.mode),
                     opts.tag.clone(),
                 ),
+                formatted_request(opts),
                 measure_from,
                 end,
             ))
@@ -225,9 +231,50 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
     })
 }
 
+/// The `GenFormatted` request of a formatted run.
+fn formatted_request(opts: &BenchOptions) -> Option<proto::GenFormattedRequest> {
+    opts.format.as_ref().map(|f| proto::GenFormattedRequest {
+        format: f.clone(),
+        params: opts.format_params.iter().cloned().collect(),
+        count: opts.batch.max(1),
+    })
+}
+
+/// One call of a run: formatted IDs count (their order is not numeric).
+async fn one_call(
+    client: &mut IdGenClient<Channel>,
+    (batch, mode, tag): &(u32, proto::Mode, String),
+    formatted: Option<&proto::GenFormattedRequest>,
+) -> Result<Vec<u64>, tonic::Status> {
+    if let Some(req) = formatted {
+        let r = client.gen_formatted(req.clone()).await?.into_inner();
+        // Counted, not ordered: a formatted ID is a string.
+        return Ok((1..=r.ids.len() as u64).collect());
+    }
+    if *batch <= 1 {
+        client
+            .gen_id(proto::GenIdRequest {
+                mode: *mode as i32,
+                tag: tag.clone(),
+            })
+            .await
+            .map(|resp| vec![resp.into_inner().id])
+    } else {
+        client
+            .gen_ids(proto::GenIdsRequest {
+                count: *batch,
+                mode: *mode as i32,
+                tag: tag.clone(),
+            })
+            .await
+            .map(|resp| resp.into_inner().ids)
+    }
+}
+
 async fn drive(
     mut client: IdGenClient<Channel>,
-    (batch, mode, tag): (u32, proto::Mode, String),
+    call: (u32, proto::Mode, String),
+    formatted: Option<proto::GenFormattedRequest>,
     measure_from: Instant,
     end: Instant,
 ) -> TaskResult {
@@ -244,24 +291,10 @@ async fn drive(
         if started >= end {
             return r;
         }
-        let result = if batch <= 1 {
-            client
-                .gen_id(proto::GenIdRequest {
-                    mode: mode as i32,
-                    tag: tag.clone(),
-                })
-                .await
-                .map(|resp| vec![resp.into_inner().id])
-        } else {
-            client
-                .gen_ids(proto::GenIdsRequest {
-                    count: batch,
-                    mode: mode as i32,
-                    tag: tag.clone(),
-                })
-                .await
-                .map(|resp| resp.into_inner().ids)
-        };
+        let result = one_call(&mut client, &call, formatted.as_ref()).await;
+        if formatted.is_some() {
+            last = 0;
+        }
         let finished = Instant::now();
         let measured = started >= measure_from && finished <= end;
         match result {
@@ -315,6 +348,27 @@ impl IdGen for CounterService {
         &self,
         _request: Request<proto::DecodeIdRequest>,
     ) -> Result<Response<proto::DecodeIdResponse>, Status> {
+        Err(Status::unimplemented("the baseline server only counts"))
+    }
+
+    async fn gen_formatted(
+        &self,
+        _request: Request<proto::GenFormattedRequest>,
+    ) -> Result<Response<proto::GenFormattedResponse>, Status> {
+        Err(Status::unimplemented("the baseline server only counts"))
+    }
+
+    async fn parse_formatted(
+        &self,
+        _request: Request<proto::ParseFormattedRequest>,
+    ) -> Result<Response<proto::ParseFormattedResponse>, Status> {
+        Err(Status::unimplemented("the baseline server only counts"))
+    }
+
+    async fn get_format_counter(
+        &self,
+        _request: Request<proto::GetFormatCounterRequest>,
+    ) -> Result<Response<proto::GetFormatCounterResponse>, Status> {
         Err(Status::unimplemented("the baseline server only counts"))
     }
 }

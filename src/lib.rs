@@ -18,7 +18,8 @@
 //!   kind every error says it is ([`id::ErrorKind`]).
 //! - [`store`]: durable state. [`store::HwmStore`] (high-water marks),
 //!   [`store::SegmentStore`], [`store::lease::TokenStore`] and
-//!   [`store::strict::StrictStore`], each on the embedded redb backend
+//!   [`store::strict::StrictStore`] and [`store::format::FormatStore`]
+//!   (formatted-mode counters), each on the embedded redb backend
 //!   ([`store::embedded`]) and on Consul KV; [`store::HwmKeeper`], which
 //!   starts a generator above the stored mark and keeps the mark ahead;
 //!   the cluster's layout record ([`store::cluster_layout`]); and the
@@ -26,7 +27,8 @@
 //!   [`store::snapshot`], [`store::reopen`]).
 //! - [`modes`]: the engines that serve each mode from its store
 //!   ([`modes::snowflake`], [`modes::segment`], [`modes::lease`],
-//!   [`modes::strict`]) and the [`modes::Issuer`] that checks a request
+//!   [`modes::strict`], [`modes::format`] for formatted IDs) and the
+//!   [`modes::Issuer`] that checks a request
 //!   and dispatches it to one.
 //! - [`cluster`]: membership. [`cluster::membership::Membership`] is the
 //!   seam (static on the embedded store, claimed in Consul);

@@ -321,7 +321,8 @@ fn describe_cluster() {
 }
 
 /// Label values used at more than one call site, so they cannot drift.
-/// The `mode` label of [`IDS_ISSUED`] is [`crate::id::Mode::as_str`].
+/// The `mode` label of [`IDS_ISSUED`] is [`crate::id::Mode::as_str`], or
+/// `formatted` for formatted mode.
 pub mod label {
     /// `backend` of the store metrics for segment records (the embedded
     /// and Consul backends of high-water marks name themselves).
@@ -402,6 +403,8 @@ pub struct Series {
     pub lease: bool,
     /// Strict mode is enabled.
     pub strict: bool,
+    /// Formatted mode serves at least one format.
+    pub formatted: bool,
 }
 
 /// Every Consul endpoint the client calls (the `endpoint` label).
@@ -450,11 +453,12 @@ pub const ADMIN_METHODS: &[&str] = &[
 pub fn register(s: Series) {
     use metrics::{counter, gauge, histogram};
     let consul = s.backend == "consul";
-    for mode in ["snowflake", "segment", "lease", "strict"] {
+    for mode in ["snowflake", "segment", "lease", "strict", "formatted"] {
         let enabled = match mode {
             "segment" => s.segment,
             "lease" => s.lease,
             "strict" => s.strict,
+            "formatted" => s.formatted,
             _ => true,
         };
         if enabled {

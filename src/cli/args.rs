@@ -167,6 +167,14 @@ pub struct GenArgs {
     /// Tag (segment) or key (strict).
     #[arg(long, default_value = "")]
     pub tag: String,
+    /// Formatted IDs of this format (defined in the server's
+    /// `[[formats]]`) instead of --mode; not with --discover.
+    #[arg(long, conflicts_with_all = ["tag", "discover"])]
+    pub format: Option<String>,
+    /// A parameter of --format, `name=value` (repeat for several): the
+    /// template's `{param:..}` fields, scope parameters, a Lua `salt`.
+    #[arg(long, value_parser = parse_param, requires = "format")]
+    pub param: Vec<(String, String)>,
     /// Print JSON (`{"ids": ["..."]}`) instead of one ID per line.
     #[arg(long)]
     pub json: bool,
@@ -217,6 +225,12 @@ pub struct BenchArgs {
     /// Tag (segment mode) or `namespace/key` (strict mode).
     #[arg(long, default_value = "")]
     pub tag: String,
+    /// Call GenFormatted of this format instead (--batch is its count).
+    #[arg(long)]
+    pub format: Option<String>,
+    /// A parameter of --format, `name=value` (repeat for several).
+    #[arg(long, value_parser = parse_param, requires = "format")]
+    pub param: Vec<(String, String)>,
     /// Also run the same load against a bare tonic server that returns a
     /// counter (started in this process), and print the ratio.
     #[arg(long)]
@@ -453,4 +467,12 @@ pub struct DiscoveryArgs {
     /// The Consul service name, for --discover consul.
     #[arg(long, default_value = "idgen")]
     pub service: String,
+}
+
+/// `name=value` of `--param`.
+fn parse_param(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("{s:?} is not name=value"))
 }

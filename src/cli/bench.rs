@@ -26,6 +26,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         batch: a.batch,
         mode: idgen::id::Mode::parse(&a.mode)?,
         tag: a.tag.clone(),
+        format: a.format.clone(),
+        format_params: a.param.clone(),
     };
     let mut reports: Vec<(&str, BenchReport)> = Vec::new();
     if a.baseline {

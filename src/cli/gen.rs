@@ -9,6 +9,10 @@ use super::output::{self, outln};
 /// Prints `--count` IDs, one per line or as JSON, fetched in calls of at
 /// most `--batch` (or the server's own maximum, if lower).
 pub async fn run(a: GenArgs) -> anyhow::Result<()> {
+    if let Some(format) = &a.format {
+        let ids = formatted(&a, format).await?;
+        return print_strings(&a, ids);
+    }
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
     let ids = if a.discovery.discover.is_some() {
@@ -90,18 +94,39 @@ async fn from_node(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
 }
 
 fn print(a: &GenArgs, ids: Vec<u64>) -> anyhow::Result<()> {
+    print_strings(a, ids.iter().map(u64::to_string).collect())
+}
+
+fn print_strings(a: &GenArgs, ids: Vec<String>) -> anyhow::Result<()> {
     if a.json {
-        let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
         outln!("{}", serde_json::json!({ "ids": ids }))?;
     } else {
         let mut out = String::with_capacity(ids.len() * 20);
         for id in ids {
-            out.push_str(&id.to_string());
+            out.push_str(&id);
             out.push('\n');
         }
         output::write(&out)?;
     }
     Ok(())
+}
+
+/// `--format`: formatted IDs from the node at `--addr`, in calls of at
+/// most `--batch`.
+async fn formatted(a: &GenArgs, format: &str) -> anyhow::Result<Vec<String>> {
+    let mut client = IdGenClient::new(channel(&a.addr, a.timeout, &a.tls).await?);
+    let params: std::collections::HashMap<String, String> = a.param.iter().cloned().collect();
+    let mut ids = Vec::with_capacity(a.count as usize);
+    while ids.len() < a.count as usize {
+        let count = (a.count - ids.len() as u32).min(a.batch);
+        let request = proto::GenFormattedRequest {
+            format: format.to_owned(),
+            params: params.clone(),
+            count,
+        };
+        ids.extend(call(a.timeout, client.gen_formatted(request)).await?.ids);
+    }
+    Ok(ids)
 }
 
 /// The largest batch a server accepts, from its INVALID_ARGUMENT answer

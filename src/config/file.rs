@@ -40,6 +40,11 @@ pub struct FileConfig {
     pub lease: LeaseSection,
     /// Strict mode.
     pub strict: StrictSection,
+    /// Formatted mode's settings.
+    pub formatted: FormattedSection,
+    /// Formatted mode's formats (`[[formats]]`), each a template, a Lua
+    /// rule or a preset.
+    pub formats: Vec<crate::id::format::FormatDef>,
     /// The admin API.
     pub admin: AdminSection,
     /// Logging.
@@ -504,6 +509,22 @@ impl Default for StrictSection {
             max_keys_per_namespace: 100_000,
             max_namespaces: 100,
         }
+    }
+}
+
+/// `[formatted]`: how formatted mode reserves counter values.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FormattedSection {
+    /// Counter values reserved per durable write (1 to 1000000). A restart
+    /// skips what is left of the block, so counters show gaps of up to
+    /// this many; 1 gives gap-free counters at one write per ID.
+    pub block: u64,
+}
+
+impl Default for FormattedSection {
+    fn default() -> Self {
+        Self { block: 100 }
     }
 }
 

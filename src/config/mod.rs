@@ -30,10 +30,10 @@ use crate::store::hwm::HwmSettings;
 pub use allow::{AllowList, Cidr};
 pub use file::{
     state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
-    HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection, NodeSection,
-    Overrides, SegmentSection, ServerSection, StoreSection, StrictSection, TestingSection,
-    TlsSection, WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH, NON_CONFIG_VARIABLES,
-    STATE_FILE_NAME,
+    FormattedSection, HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection,
+    NodeSection, Overrides, SegmentSection, ServerSection, StoreSection, StrictSection,
+    TestingSection, TlsSection, WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH,
+    NON_CONFIG_VARIABLES, STATE_FILE_NAME,
 };
 pub use validate::check_log_filter;
 
@@ -93,6 +93,8 @@ pub struct Config {
     pub lease: Option<LeaseModeSettings>,
     /// `[strict]`, when enabled.
     pub strict: Option<StrictModeSettings>,
+    /// `[formatted]` and `[[formats]]` (no formats: the mode serves none).
+    pub formatted: FormattedSettings,
     /// `[admin]`: the admin API.
     pub admin: AdminSettings,
     /// `[log]`.
@@ -271,6 +273,16 @@ pub struct LeaseModeSettings {
     pub token: Option<u64>,
     /// Sequences reserved per block.
     pub block: u64,
+}
+
+/// The validated `[formatted]` section and `[[formats]]` (each compiled
+/// once at validation, so a format that could repeat stops the start).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FormattedSettings {
+    /// Counter values reserved per durable write.
+    pub block: u64,
+    /// The formats served.
+    pub formats: Vec<crate::id::format::FormatDef>,
 }
 
 /// The validated `[strict]` section (strict mode is on).

@@ -523,3 +523,40 @@ fn check_config_output_redacts_secrets_and_reads_back() {
     let back: FileConfig = toml::from_str(&text).unwrap();
     assert_eq!(back.node.worker_id, 9);
 }
+
+#[test]
+fn formats_are_compiled_at_load_and_refusals_name_the_format_and_entry() {
+    let toml_text = r#"
+[formatted]
+block = 10
+
+[[formats]]
+name = "orders"
+template = "{yyyy}{MM}{dd}{seq:6}"
+reset = "day"
+"#;
+    let f: FileConfig = figment::Figment::from(figment::providers::Toml::string(toml_text))
+        .extract()
+        .unwrap();
+    let c = f.validate(NOW).unwrap();
+    assert_eq!(c.formatted.block, 10);
+    assert_eq!(c.formatted.formats[0].name, "orders");
+
+    // A daily counter without the day in the template could repeat.
+    let mut bad = f.clone();
+    bad.formats[0].template = Some("{yyyy}{MM}{seq:6}".into());
+    let e = bad.validate(NOW).unwrap_err().to_string();
+    assert!(
+        e.contains("formats") && e.contains("entry 1") && e.contains("\"orders\""),
+        "{e}"
+    );
+
+    let mut twice = f.clone();
+    twice.formats.push(f.formats[0].clone());
+    let e = twice.validate(NOW).unwrap_err().to_string();
+    assert!(e.contains("entry 2 redefines format \"orders\""), "{e}");
+
+    let mut block = f;
+    block.formatted.block = 0;
+    assert_eq!(err_key(&block), "formatted.block");
+}

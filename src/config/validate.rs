@@ -13,9 +13,9 @@ use super::file::{
 };
 use super::{
     invalid, AdminSettings, AdminToken, AllowList, Backend, BackendKind, ClusterConfig, Config,
-    ConfigError, ConnectionSettings, LeaseModeSettings, LogSettings, NodeSettings,
-    SegmentModeSettings, ServerSettings, StoreSettings, StrictModeSettings, TlsSettings,
-    WorkerClaim,
+    ConfigError, ConnectionSettings, FormattedSettings, LeaseModeSettings, LogSettings,
+    NodeSettings, SegmentModeSettings, ServerSettings, StoreSettings, StrictModeSettings,
+    TlsSettings, WorkerClaim,
 };
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
@@ -38,6 +38,7 @@ impl FileConfig {
             segment: self.segment.validate()?,
             lease: self.lease.validate(embedded.then_some((&layout, &node)))?,
             strict: self.strict.validate()?,
+            formatted: self.validate_formats(now_ms)?,
             admin: self.admin.validate(server.tls.as_ref())?,
             layout_preset: self.layout.preset_name(),
             node,
@@ -539,6 +540,43 @@ fn embedded_lease_token(
                 ),
             ))
         }
+    }
+}
+
+impl FileConfig {
+    /// Formatted mode's settings: every `[[formats]]` entry compiles (so
+    /// the node refuses to start with a format that could repeat), names
+    /// are unique, and the block size is in range.
+    fn validate_formats(&self, now_ms: u64) -> Result<FormattedSettings, ConfigError> {
+        if !(1..=1_000_000).contains(&self.formatted.block) {
+            return Err(invalid(
+                "formatted.block",
+                format!("must be 1 to 1000000, got {}", self.formatted.block),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, def) in self.formats.iter().enumerate() {
+            crate::id::format::Format::compile(
+                def.clone(),
+                now_ms as i64,
+                crate::id::format::LuaLimits::default(),
+            )
+            .map_err(|e| invalid("formats", format!("entry {} ({:?}): {e}", i + 1, def.name)))?;
+            if !seen.insert(def.name.as_str()) {
+                return Err(invalid(
+                    "formats",
+                    format!(
+                        "entry {} redefines format {:?}; each name once",
+                        i + 1,
+                        def.name
+                    ),
+                ));
+            }
+        }
+        Ok(FormattedSettings {
+            block: self.formatted.block,
+            formats: self.formats.clone(),
+        })
     }
 }
 

@@ -288,6 +288,13 @@ impl Snowflake {
         })
     }
 
+    /// This node's number in the cluster: datacenter and worker id as the
+    /// layout composes them (`datacenter << worker_bits | worker`). Unique
+    /// among live nodes, as the worker id is.
+    pub fn node_number(&self) -> u64 {
+        self.node_bits >> self.seq_bits
+    }
+
     /// The layout IDs are composed under.
     pub fn layout(&self) -> &Layout {
         &self.layout

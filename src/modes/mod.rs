@@ -16,6 +16,7 @@ use crate::store::reopen::StoreHealth;
 use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
+pub mod format;
 pub mod lease;
 pub mod refill;
 pub mod segment;
@@ -35,6 +36,7 @@ pub struct Issuer {
     segments: Option<Arc<Segments>>,
     leases: Option<Arc<Leases>>,
     strict: Option<Arc<Strict>>,
+    formats: Option<Arc<format::Formats>>,
     state_file: Option<Arc<StateFileGuard>>,
     store_health: Option<Arc<StoreHealth>>,
     layout: Layout,
@@ -55,6 +57,7 @@ impl Issuer {
             segments: None,
             leases: None,
             strict: None,
+            formats: None,
             state_file: None,
             store_health: None,
             max_batch,
@@ -175,6 +178,61 @@ impl Issuer {
         }
         let tag = Tag::parse(tag).map_err(crate::store::StoreError::from)?;
         Ok((segments, tag))
+    }
+
+    /// Serves formatted mode with `formats`.
+    pub fn with_formats(mut self, formats: Arc<format::Formats>) -> Self {
+        self.formats = Some(formats);
+        self
+    }
+
+    /// Formatted mode's engine, when formats are defined.
+    pub fn formats(&self) -> Option<&Arc<format::Formats>> {
+        self.formats.as_ref()
+    }
+
+    fn formats_for(&self, name: &str) -> Result<&Arc<format::Formats>, Error> {
+        self.formats
+            .as_ref()
+            .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())
+    }
+
+    /// Issues `count` IDs of format `name` (`GenFormatted`). Refused, like
+    /// every mode, once the state file is lost or the worker id is lost.
+    pub async fn gen_formatted(
+        &self,
+        name: &str,
+        params: &[(String, String)],
+        count: u64,
+    ) -> Result<format::Issued, Error> {
+        self.check_state_file()?;
+        let formats = self.formats_for(name)?;
+        if self.snowflakes.is_fenced() {
+            return Err(Error::Fenced);
+        }
+        self.snowflakes.check_deadline()?;
+        let node = self.snowflakes.generator().node_number();
+        formats.generate(name, params, count, node).await
+    }
+
+    /// Splits an ID of format `name` into its fields (`ParseFormatted`).
+    pub fn parse_formatted(
+        &self,
+        name: &str,
+        id: &str,
+    ) -> Result<crate::id::format::ParsedId, Error> {
+        self.formats_for(name)?.parse(name, id)
+    }
+
+    /// A counter's durable record (`GetFormatCounter`); per-node formats
+    /// show this node's counter.
+    pub async fn format_counter(
+        &self,
+        name: &str,
+        params: &[(String, String)],
+    ) -> Result<Option<format::CounterView>, Error> {
+        let node = self.snowflakes.generator().node_number();
+        self.formats_for(name)?.counter(name, params, node).await
     }
 
     /// The generator in use now.

@@ -70,6 +70,9 @@ pub struct IdGenService {
     gen_id: RpcMetric,
     gen_ids: RpcMetric,
     decode_id: RpcMetric,
+    gen_formatted: RpcMetric,
+    parse_formatted: RpcMetric,
+    format_counter: RpcMetric,
 }
 
 impl IdGenService {
@@ -80,6 +83,9 @@ impl IdGenService {
             gen_id: RpcMetric::new("GenId"),
             gen_ids: RpcMetric::new("GenIds"),
             decode_id: RpcMetric::new("DecodeId"),
+            gen_formatted: RpcMetric::new("GenFormatted"),
+            parse_formatted: RpcMetric::new("ParseFormatted"),
+            format_counter: RpcMetric::new("GetFormatCounter"),
         }
     }
 }
@@ -147,5 +153,94 @@ impl IdGen for IdGenService {
                 })
             })
             .map_err(|e| to_status(&e))
+    }
+
+    async fn gen_formatted(
+        &self,
+        request: Request<proto::GenFormattedRequest>,
+    ) -> Result<Response<proto::GenFormattedResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let params = sorted_params(req.params);
+        let count = u64::from(req.count.max(1));
+        let result = self.issuer.gen_formatted(&req.format, &params, count).await;
+        self.gen_formatted.observe(started, &result);
+        result
+            .map(|issued| Response::new(formatted_response(issued)))
+            .map_err(|e| to_status(&e))
+    }
+
+    async fn parse_formatted(
+        &self,
+        request: Request<proto::ParseFormattedRequest>,
+    ) -> Result<Response<proto::ParseFormattedResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let result = self.issuer.parse_formatted(&req.format, &req.id);
+        self.parse_formatted.observe(started, &result);
+        result
+            .map(|p| {
+                Response::new(proto::ParseFormattedResponse {
+                    year: p.year,
+                    month: p.month.map(u32::from),
+                    day: p.day.map(u32::from),
+                    hour: p.hour.map(u32::from),
+                    minute: p.minute.map(u32::from),
+                    second: p.second.map(u32::from),
+                    unix_seconds: p.unix_s,
+                    node: p.node,
+                    token: p.token,
+                    seq: p.seq,
+                    params: p.params.into_iter().collect(),
+                    check: p.check,
+                })
+            })
+            .map_err(|e| to_status(&e))
+    }
+
+    async fn get_format_counter(
+        &self,
+        request: Request<proto::GetFormatCounterRequest>,
+    ) -> Result<Response<proto::GetFormatCounterResponse>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        let params = sorted_params(req.params);
+        let result = self.issuer.format_counter(&req.format, &params).await;
+        self.format_counter.observe(started, &result);
+        result
+            .map(|c| {
+                Response::new(match c {
+                    Some(c) => proto::GetFormatCounterResponse {
+                        used: true,
+                        period: c.record.period.0,
+                        last: c.record.last,
+                        next_period_start_ms: c.next_period_start_ms.unwrap_or(0),
+                    },
+                    None => proto::GetFormatCounterResponse::default(),
+                })
+            })
+            .map_err(|e| to_status(&e))
+    }
+}
+
+/// Parameters in name order (a proto map has none).
+fn sorted_params(params: std::collections::HashMap<String, String>) -> Vec<(String, String)> {
+    let mut params: Vec<(String, String)> = params.into_iter().collect();
+    params.sort();
+    params
+}
+
+fn formatted_response(issued: crate::modes::format::Issued) -> proto::GenFormattedResponse {
+    let numbers = if issued.numeric {
+        issued.ids.iter().filter_map(|r| r.number).collect()
+    } else {
+        Vec::new()
+    };
+    // A numeric format whose ID did not fit: no partial list.
+    let numeric = issued.numeric && numbers.len() == issued.ids.len();
+    proto::GenFormattedResponse {
+        numbers: if numeric { numbers } else { Vec::new() },
+        numeric,
+        ids: issued.ids.into_iter().map(|r| r.text).collect(),
     }
 }

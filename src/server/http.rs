@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -43,6 +43,8 @@ pub struct HttpMetrics {
     id: RpcMetric,
     ids: RpcMetric,
     decode: RpcMetric,
+    formatted: RpcMetric,
+    parse: RpcMetric,
 }
 
 impl Default for HttpMetrics {
@@ -51,6 +53,8 @@ impl Default for HttpMetrics {
             id: RpcMetric::new("http_id"),
             ids: RpcMetric::new("http_ids"),
             decode: RpcMetric::new("http_decode"),
+            formatted: RpcMetric::new("http_formatted"),
+            parse: RpcMetric::new("http_formatted_parse"),
         }
     }
 }
@@ -64,6 +68,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/id", get(gen_id))
         .route("/v1/ids", get(gen_ids))
         .route("/v1/decode", get(decode))
+        .route("/v1/formatted/{name}", get(gen_formatted))
+        .route("/v1/formatted/{name}/parse", get(parse_formatted))
         .fallback(not_found)
         .layer(axum::middleware::map_response(no_store))
         .with_state(state)
@@ -182,6 +188,94 @@ async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response
     }
 }
 
+/// `count` and `param.<name>` from a formatted-ID query; anything else is
+/// refused by name.
+fn formatted_query(raw: Option<String>) -> Result<(u64, Vec<(String, String)>), Error> {
+    let pairs: Vec<(String, String)> = parse_query(raw)?;
+    let mut count = None;
+    let mut params = Vec::new();
+    for (k, v) in pairs {
+        if k == "count" {
+            let n = v.parse::<u64>().map_err(|_| {
+                RequestError::BadQuery(format!("count {v:?} is not a whole number"))
+            })?;
+            count = Some(n);
+        } else if let Some(name) = k.strip_prefix("param.") {
+            params.push((name.to_owned(), v));
+        } else {
+            return Err(RequestError::BadQuery(format!(
+                "unknown query parameter {k:?}; use count=N and param.<name>=<value>"
+            ))
+            .into());
+        }
+    }
+    params.sort();
+    Ok((count.unwrap_or(1), params))
+}
+
+async fn gen_formatted(
+    State(s): State<HttpState>,
+    Path(name): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let started = Instant::now();
+    let result = async {
+        let (count, params) = formatted_query(raw)?;
+        s.issuer.gen_formatted(&name, &params, count).await
+    }
+    .await;
+    s.rpc.formatted.observe(started, &result);
+    match result {
+        Ok(issued) => {
+            let numbers: Option<Vec<String>> = issued
+                .numeric
+                .then(|| {
+                    issued
+                        .ids
+                        .iter()
+                        .map(|r| r.number.map(|n| n.to_string()))
+                        .collect()
+                })
+                .flatten();
+            let ids: Vec<&str> = issued.ids.iter().map(|r| r.text.as_str()).collect();
+            match numbers {
+                Some(numbers) => Json(json!({ "ids": ids, "numbers": numbers })),
+                None => Json(json!({ "ids": ids })),
+            }
+            .into_response()
+        }
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParseQuery {
+    id: String,
+}
+
+async fn parse_formatted(
+    State(s): State<HttpState>,
+    Path(name): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let started = Instant::now();
+    let result =
+        parse_query::<ParseQuery>(raw).and_then(|q| s.issuer.parse_formatted(&name, &q.id));
+    s.rpc.parse.observe(started, &result);
+    match result {
+        Ok(p) => Json(json!({
+            "year": p.year, "month": p.month, "day": p.day, "hour": p.hour,
+            "minute": p.minute, "second": p.second, "unix_seconds": p.unix_s,
+            "node": p.node, "token": p.token, "seq": p.seq,
+            "params": p.params.into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+            "check": p.check,
+        }))
+        .into_response(),
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
 async fn metrics(State(s): State<HttpState>) -> Response {
     (
         [(
@@ -214,6 +308,6 @@ async fn readyz(State(s): State<HttpState>) -> Response {
 }
 
 async fn not_found() -> Response {
-    let body = json!({"error": {"code": "NOT_FOUND", "message": "no such endpoint; see /v1/id, /v1/ids?count=N, /v1/decode?id=N, /metrics, /healthz, /readyz"}});
+    let body = json!({"error": {"code": "NOT_FOUND", "message": "no such endpoint; see /v1/id, /v1/ids?count=N, /v1/decode?id=N, /v1/formatted/<name>?count=N&param.<name>=<value>, /v1/formatted/<name>/parse?id=<id>, /metrics, /healthz, /readyz"}});
     (StatusCode::NOT_FOUND, Json(body)).into_response()
 }

@@ -68,6 +68,7 @@ fn register_series(config: &Config, backend: &'static str) {
         segment: config.segment.is_some(),
         lease: config.lease.is_some(),
         strict: config.strict.is_some(),
+        formatted: !config.formatted.formats.is_empty(),
     });
 }
 
@@ -102,6 +103,8 @@ pub struct ModeStores {
     pub lease: Option<Arc<dyn TokenStore>>,
     /// Strict counters.
     pub strict: Option<Arc<dyn StrictStore>>,
+    /// Formatted-mode counters.
+    pub format: Option<Arc<dyn crate::store::format::FormatStore>>,
     /// The embedded state file's guard: once it sees the file deleted or
     /// replaced, every mode refuses to issue.
     pub state_file: Option<Arc<StateFileGuard>>,
@@ -242,6 +245,7 @@ async fn open_embedded(
             store.clone(),
             strict_limits(config),
         ))),
+        format: Some(Arc::new(store.clone())),
         state_file: Some(Arc::clone(&guard)),
         store_health: Some(Arc::clone(store.health())),
     };
@@ -347,6 +351,26 @@ fn build_issuer(
         )));
         tracing::info!(default_step = s.default_step, "strict mode enabled");
     }
+    if !config.formatted.formats.is_empty() {
+        let store = stores
+            .format
+            .ok_or_else(|| missing("formatted mode", "format store"))?;
+        let settings = crate::modes::format::FormatSettings {
+            block: config.formatted.block,
+            max_behind_ms: config.hwm.max_backward.as_millis() as u64,
+            max_batch: config.server.max_batch,
+        };
+        let node = issuer.generator().node_number();
+        let formats = crate::modes::format::Formats::new(
+            &config.formatted.formats,
+            store,
+            Arc::clone(clock),
+            settings,
+            node,
+        )?;
+        tracing::info!(formats = ?formats.names(), "formatted mode enabled");
+        issuer = issuer.with_formats(Arc::new(formats));
+    }
     Ok(issuer)
 }
 
@@ -429,6 +453,10 @@ impl Node {
                 client.clone(),
                 keys.clone(),
                 strict_limits(&config),
+            ))),
+            format: Some(Arc::new(crate::store::format::ConsulFormatStore::new(
+                client.clone(),
+                keys.clone(),
             ))),
             state_file: None,
             store_health: None,

@@ -48,6 +48,11 @@ impl ClusterKeys {
         format!("{}/segments/{tag}", self.root)
     }
 
+    /// A formatted-mode counter (`<format>/<node|cluster>/<scope>`).
+    pub fn format_counter(&self, path: &str) -> String {
+        format!("{}/formats/{path}", self.root)
+    }
+
     /// The counter of a strict key (`<namespace>/<key>`).
     pub fn strict(&self, key: &str) -> String {
         format!("{}/strict/{key}", self.root)

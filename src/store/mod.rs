@@ -10,6 +10,7 @@ pub mod consul;
 pub(crate) mod counts;
 pub mod embedded;
 pub mod fault_hook;
+pub mod format;
 pub mod hwm;
 pub mod lease;
 pub mod reopen;
@@ -115,6 +116,23 @@ pub enum StoreError {
         /// The config key that sets it, also the metric label.
         setting: &'static str,
     },
+    /// A formatted-mode request or counter refused (bad parameters, a
+    /// counter used up in its period, a Lua rule failing...).
+    #[error(transparent)]
+    Format(#[from] crate::id::format::FormatError),
+    /// No format by that name is defined.
+    #[error("unknown format {0:?}: define it in the config file's [[formats]]")]
+    FormatNotFound(String),
+    /// The wall clock is behind the period a format's counter is in by
+    /// more than the tolerance: the node will not re-enter the finished
+    /// period, nor print times that far ahead.
+    #[error("format {format:?}: the wall clock is {behind_ms} ms behind the period its counter is in (more than clock.max_backward); this node refuses until its clock catches up: retry on another node")]
+    FormatHeld {
+        /// The format.
+        format: String,
+        /// How far behind, ms.
+        behind_ms: i64,
+    },
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
@@ -124,12 +142,15 @@ impl StoreError {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::TagNotFound(_) | Self::StrictKeyNotFound(_) => ErrorKind::NotFound,
+            Self::TagNotFound(_) | Self::StrictKeyNotFound(_) | Self::FormatNotFound(_) => {
+                ErrorKind::NotFound
+            }
             Self::TagExists(_) => ErrorKind::AlreadyExists,
             Self::LimitReached { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
             Self::Lease(e) => e.kind(),
             Self::Strict(e) => e.kind(),
+            Self::Format(e) => e.kind(),
             // Start-up and backend failures: another node can serve.
             Self::Missing { .. }
             | Self::AlreadyExists { .. }
@@ -137,7 +158,8 @@ impl StoreError {
             | Self::StateFileLost { .. }
             | Self::Backend(_)
             | Self::Contended(_)
-            | Self::LockLost(_) => ErrorKind::Unavailable,
+            | Self::LockLost(_)
+            | Self::FormatHeld { .. } => ErrorKind::Unavailable,
         }
     }
 }

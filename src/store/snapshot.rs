@@ -28,6 +28,7 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Ta
 
 use super::counts::COUNTS;
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
+use super::format::{CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL};
 use super::lease::LEASE;
 use super::segment::SEGMENTS;
 use super::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
@@ -44,7 +45,7 @@ pub const SNAPSHOT_KIND: &str = "idgen-snapshot";
 
 /// Tables a state file may hold; a snapshot copies each. A table not in
 /// this list makes the backup fail rather than silently leave it out.
-const KNOWN_TABLES: [&str; 8] = [
+const KNOWN_TABLES: [&str; 9] = [
     "meta",
     "hwm",
     "segments",
@@ -53,6 +54,7 @@ const KNOWN_TABLES: [&str; 8] = [
     "strict_namespaces",
     "strict_tombstones",
     "live_counts",
+    "formats",
 ];
 
 /// How long rate samples are kept: rates are measured over about this
@@ -389,6 +391,7 @@ fn snapshot_bytes(
     copy_table(txn, &out, STRICT_NAMESPACES)?;
     copy_table(txn, &out, STRICT_TOMBSTONES)?;
     copy_table(txn, &out, COUNTS)?;
+    copy_table(txn, &out, FORMATS)?;
     {
         info.insert("kind".into(), SNAPSHOT_KIND.into());
         info.insert("format_version".into(), FORMAT_VERSION.into());
@@ -651,6 +654,8 @@ pub struct RestoreReport {
     pub lease_tokens: usize,
     /// Strict counters moved forward.
     pub strict_keys: usize,
+    /// Formatted-mode counters moved forward.
+    pub format_counters: usize,
     /// High-water marks raised.
     pub hwm_marks: usize,
     /// The mark every worker starts above, Unix ms.
@@ -733,6 +738,7 @@ fn fill(
         segments: 0,
         lease_tokens: 0,
         strict_keys: 0,
+        format_counters: 0,
         hwm_marks: 0,
         hwm_floor_ms,
         floor,
@@ -747,6 +753,11 @@ fn fill(
         )
         .map_err(backend_err)?;
         meta.insert("restored_skip_ahead", skip.to_string().as_str())
+            .map_err(backend_err)?;
+        // Formatted counters in periods up to this instant may have been
+        // used after the snapshot: they start above the floor, not at
+        // their minimum (see `store::format`).
+        meta.insert(FORMATS_RESTORED_UNTIL, hwm_floor_ms.to_string().as_str())
             .map_err(backend_err)?;
     }
     let bump = |v: u64, max: u64| v.saturating_add(skip).min(max);
@@ -779,8 +790,33 @@ fn fill(
             report.segments += 1;
         }
     }
+    report.format_counters = move_format_counters(txn, &out, skip)?;
     store.commit(out)?;
     Ok(report)
+}
+
+/// Moves every formatted-mode counter `skip` above its snapshot value, in
+/// its stored period.
+fn move_format_counters(
+    txn: &ReadTransaction,
+    out: &redb::WriteTransaction,
+    skip: u64,
+) -> Result<usize, StoreError> {
+    let from = match txn.open_table(FORMATS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(backend_err(e)),
+    };
+    let mut to = out.open_table(FORMATS).map_err(backend_err)?;
+    let mut n = 0;
+    for item in from.iter().map_err(backend_err)? {
+        let (k, v) = item.map_err(backend_err)?;
+        let bytes = CounterRecordBytes::skip_ahead(k.value(), v.value(), skip)?;
+        to.insert(k.value(), bytes.as_slice())
+            .map_err(backend_err)?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 fn move_u64(

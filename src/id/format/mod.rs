@@ -395,6 +395,32 @@ pub enum FormatError {
     Lua(#[from] LuaError),
 }
 
+impl FormatError {
+    /// What kind of failure this is: a caller's bad parameters or ID are
+    /// BadRequest; a counter used up in its period is Exhausted; a Lua rule
+    /// failing while serving, or a zone/time out of range, is a
+    /// Precondition (an operator must fix the rule or definition).
+    pub fn kind(&self) -> crate::id::ErrorKind {
+        use crate::id::ErrorKind;
+        match self {
+            Self::Exhausted { .. } => ErrorKind::Exhausted,
+            Self::Render(_) | Self::Parse(_) | Self::Preset(_) | Self::BadName(_) => {
+                ErrorKind::BadRequest
+            }
+            Self::PeriodMismatch { .. } => ErrorKind::Internal,
+            Self::Lua(_) | Self::Period(_) | Self::BadNode { .. } => ErrorKind::Precondition,
+            Self::FutureVersion { .. }
+            | Self::NoSource(_)
+            | Self::NotApplicable { .. }
+            | Self::BadCounter { .. }
+            | Self::BadScopeParam { .. }
+            | Self::NoOriginYear(_)
+            | Self::Immutable { .. }
+            | Self::Template { .. } => ErrorKind::BadRequest,
+        }
+    }
+}
+
 fn next_hint(next: Option<i64>) -> String {
     match next.and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok()) {
         Some(ts) => format!("the next period starts at {ts}; widen the counter (max, {{seq:N}}) or reset more often"),

@@ -1,0 +1,279 @@
+//! Durable counters of formatted mode, on both backends.
+//!
+//! One [`CounterRecord`] (period + last value reserved in it) per format,
+//! scope key and, for per-node formats, node. [`FormatStore::reserve`] is
+//! the only way a node gets counter values: it reads the record, lets the
+//! caller's plan (`Format::decide` then `Format::next_block`) turn it into
+//! a block and the record to write, and returns the block only once that
+//! write is durable. A write whose outcome is unknown returns an error and
+//! its block is never used: a wasted block is safe, a block used twice is
+//! not.
+//!
+//! - Embedded: table `formats`, one redb write transaction per block.
+//! - Consul: `<prefix>/<cluster>/formats/<format>/<node|cluster>/<scope>`
+//!   holds the record as JSON, written by a txn `cas` on the ModifyIndex of
+//!   a consistent read; lost races are retried with jittered backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redb::{ReadableTable, TableDefinition};
+
+use super::consul::ClusterKeys;
+use super::embedded::{backend_err, blocking, EmbeddedStore};
+use super::StoreError;
+use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
+use crate::id::format::{CounterBlock, CounterRecord, PeriodDecision};
+
+pub(crate) const FORMATS: TableDefinition<&str, &[u8]> = TableDefinition::new("formats");
+
+/// The `meta` key a restore sets (Unix ms, the restore's high-water floor):
+/// the node that was lost may have used any counter in a period up to
+/// then, after the snapshot was taken, so such counters start above the
+/// restore floor instead of at their minimum.
+pub(crate) const FORMATS_RESTORED_UNTIL: &str = "formats_restored_until_ms";
+
+/// After `idgen state restore`: counters starting a period that began at or
+/// before `until_ms` start `floor` above their minimum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreFloor {
+    /// The restore's high-water floor, Unix ms.
+    pub until_ms: i64,
+    /// How far above the minimum (the restore floor, skip-ahead included).
+    pub floor: u64,
+}
+
+/// Stored counter records as bytes (for the snapshot code).
+pub(crate) struct CounterRecordBytes;
+
+impl CounterRecordBytes {
+    /// The record `bytes` (stored under `key`) moved `skip` forward in its
+    /// own period.
+    pub(crate) fn skip_ahead(key: &str, bytes: &[u8], skip: u64) -> Result<Vec<u8>, StoreError> {
+        let mut record: CounterRecord = serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Backend(format!("format counter record {key} unreadable: {e}"))
+        })?;
+        record.last = record.last.saturating_add(skip);
+        Ok(encode(&record))
+    }
+}
+
+/// Which counter: a format, the values of its scope parameters, and the
+/// node for per-node formats.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterKey {
+    /// The format's name.
+    pub format: String,
+    /// The node id, for per-node formats (each node its own counter).
+    pub node: Option<u64>,
+    /// The scope key (`Bound::scope_key`; empty: the single counter).
+    pub scope: String,
+}
+
+impl CounterKey {
+    /// The stored key: `<format>/<node|cluster>/<hex of scope or _>`. The
+    /// scope is hex-encoded so any printable value is a safe path segment.
+    pub fn path(&self) -> String {
+        let node = self
+            .node
+            .map_or_else(|| "cluster".to_owned(), |n| format!("node-{n}"));
+        let scope = if self.scope.is_empty() {
+            "_".to_owned()
+        } else {
+            self.scope.bytes().map(|b| format!("{b:02x}")).collect()
+        };
+        format!("{}/{node}/{scope}", self.format)
+    }
+}
+
+/// What a plan decided for one reservation: the record to write, and the
+/// block and decision the caller uses once that record is durable.
+#[derive(Debug, Clone, Copy)]
+pub struct Planned {
+    /// The record to store before any value of `block` is used.
+    pub record: CounterRecord,
+    /// The values reserved by writing `record`.
+    pub block: CounterBlock,
+    /// The period decision the block was made for (render instant...).
+    pub decision: PeriodDecision,
+}
+
+/// The caller's rule turning the stored record (`None`: never written)
+/// into the next record and block (`Format::decide`, then
+/// `Format::next_block`). It may run more than once (Consul races).
+/// The second argument is set on a store restored from a backup.
+pub type Plan = Arc<
+    dyn Fn(Option<&CounterRecord>, Option<RestoreFloor>) -> Result<Planned, StoreError>
+        + Send
+        + Sync
+        + 'static,
+>;
+
+/// Formatted-mode counter records.
+#[async_trait]
+pub trait FormatStore: Send + Sync + 'static {
+    /// Reads a counter's record (strongest consistency the backend
+    /// offers); `None` if never written.
+    async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError>;
+
+    /// Runs `plan` on the stored record and writes the record it returns;
+    /// returns the plan only once that write is durable.
+    async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError>;
+}
+
+fn decode(key: &CounterKey, bytes: &[u8]) -> Result<CounterRecord, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        StoreError::Backend(format!(
+            "counter record of format {} ({}) is unreadable ({e}); restore it from a backup",
+            key.format,
+            key.path()
+        ))
+    })
+}
+
+fn encode(record: &CounterRecord) -> Vec<u8> {
+    // Two integers: serialising cannot fail.
+    serde_json::to_vec(record).unwrap_or_default()
+}
+
+impl EmbeddedStore {
+    fn read_counter(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let table = match txn.open_table(FORMATS) {
+            Ok(t) => t,
+            // Files made before formatted mode have no table yet.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(backend_err(e)),
+        };
+        let value = table.get(key.path().as_str()).map_err(backend_err)?;
+        value.map(|v| decode(key, v.value())).transpose()
+    }
+
+    /// The restore floor, if this file was restored from a backup.
+    fn restore_floor(
+        &self,
+        txn: &redb::WriteTransaction,
+    ) -> Result<Option<RestoreFloor>, StoreError> {
+        let meta = txn.open_table(super::embedded::META).map_err(backend_err)?;
+        let until = match meta.get(FORMATS_RESTORED_UNTIL).map_err(backend_err)? {
+            Some(v) => v.value().parse::<i64>().map_err(|e| {
+                StoreError::Backend(format!(
+                    "state file: unreadable {FORMATS_RESTORED_UNTIL} ({e}); restore it from a backup"
+                ))
+            })?,
+            None => return Ok(None),
+        };
+        Ok(Some(RestoreFloor {
+            until_ms: until,
+            floor: self.floor(),
+        }))
+    }
+
+    fn advance_counter(&self, key: &CounterKey, plan: &Plan) -> Result<Planned, StoreError> {
+        let path = key.path();
+        let txn = self.begin_write()?;
+        let planned = {
+            let mut table = txn.open_table(FORMATS).map_err(backend_err)?;
+            let stored = match table.get(path.as_str()).map_err(backend_err)? {
+                Some(v) => Some(decode(key, v.value())?),
+                None => None,
+            };
+            let planned = plan(stored.as_ref(), self.restore_floor(&txn)?)?;
+            table
+                .insert(path.as_str(), encode(&planned.record).as_slice())
+                .map_err(backend_err)?;
+            planned
+        };
+        // Durable before any value of the block is used.
+        self.commit(txn)?;
+        Ok(planned)
+    }
+}
+
+#[async_trait]
+impl FormatStore for EmbeddedStore {
+    async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError> {
+        let (this, key) = (self.clone(), key.clone());
+        blocking(move || this.read_counter(&key)).await
+    }
+
+    async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
+        let (this, key) = (self.clone(), key.clone());
+        blocking(move || this.advance_counter(&key, &plan)).await
+    }
+}
+
+/// How often a reservation that lost a compare-and-set race is tried in
+/// all (jittered backoff growing to 160 ms).
+pub const MAX_CAS_ATTEMPTS: u32 = 32;
+
+/// Formatted-mode counters in Consul KV.
+pub struct ConsulFormatStore {
+    client: ConsulClient,
+    keys: ClusterKeys,
+}
+
+impl ConsulFormatStore {
+    /// Records under `keys`' `formats/` folder.
+    pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
+        Self { client, keys }
+    }
+
+    async fn read(&self, key: &CounterKey) -> Result<Option<(CounterRecord, u64)>, StoreError> {
+        let (entry, _) = self
+            .client
+            .kv_get(
+                &self.keys.format_counter(&key.path()),
+                Consistency::Consistent,
+            )
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        entry
+            .map(|e| Ok((decode(key, &e.value)?, e.modify_index)))
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl FormatStore for ConsulFormatStore {
+    async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError> {
+        Ok(self.read(key).await?.map(|(r, _)| r))
+    }
+
+    async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
+        let path = self.keys.format_counter(&key.path());
+        for attempt in 0..MAX_CAS_ATTEMPTS {
+            let (stored, index) = match self.read(key).await? {
+                Some((r, i)) => (Some(r), i),
+                // Index 0: create only if still absent.
+                None => (None, 0),
+            };
+            let planned = plan(stored.as_ref(), None)?;
+            let ops = [TxnOp::Cas {
+                key: path.clone(),
+                value: encode(&planned.record),
+                index,
+            }];
+            match self.client.txn(&ops).await {
+                Ok(TxnOutcome::Committed(_)) => return Ok(planned),
+                Ok(TxnOutcome::RolledBack(_)) => backoff(attempt).await,
+                Err(e) => {
+                    return Err(StoreError::Backend(format!(
+                        "format {}: a counter block may or may not have been reserved ({e}); it is not used, retry",
+                        key.format
+                    )))
+                }
+            }
+        }
+        Err(StoreError::Contended(format!(
+            "format {}: lost the compare-and-set race {MAX_CAS_ATTEMPTS} times in a row to other nodes reserving counter blocks; retry (or raise the format's step so nodes reserve less often)",
+            key.format
+        )))
+    }
+}
+
+async fn backoff(attempt: u32) {
+    let cap = 5u64 << attempt.min(5);
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=cap))).await;
+}
