@@ -113,7 +113,7 @@ impl Caller {
                 }
                 tracing::debug!(node = %node.addr, code = ?status.code(), error = %status.message(), "retrying on another node");
                 metrics::counter!(m::RETRIES).increment(1);
-                last = format!("{}: {:?} {}", node.addr, status.code(), status.message());
+                last = format!("{}: {}", node.addr, describe(&status));
                 tried.push(node);
                 let left = deadline.saturating_sub(started.elapsed());
                 self.backoff(attempt, left).await;
@@ -144,6 +144,35 @@ impl Caller {
 /// The status came from the connection (reset, refused, closed), not
 /// from a node's answer: the client builds those with a source error,
 /// while a node's answer is decoded from its trailers and has none.
+/// The status's code and message, with the innermost cause of a transport
+/// failure and a hint when it is a TLS mismatch.
+fn describe(status: &tonic::Status) -> String {
+    let mut text = format!("{:?} {}", status.code(), status.message());
+    let mut cause = None;
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        cause = Some(e.to_string());
+        source = e.source();
+    }
+    if let Some(cause) = cause {
+        let lower = cause.to_ascii_lowercase();
+        let hint = if lower.contains("invalidcertificate") || lower.contains("certificate") {
+            " (TLS: the node's certificate is not trusted: check the CA and the server name of TlsConfig)"
+        } else if lower.contains("corrupt message") || lower.contains("invalidcontenttype") {
+            " (TLS: the node does not speak TLS; it serves plaintext: drop ClientBuilder::tls)"
+        } else if lower.contains("frame with invalid size")
+            || lower.contains("connection reset")
+            || lower.contains("broken pipe")
+        {
+            " (the node may speak TLS: set ClientBuilder::tls)"
+        } else {
+            ""
+        };
+        text = format!("{text}: {cause}{hint}");
+    }
+    text
+}
+
 fn is_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some()
 }
@@ -179,6 +208,7 @@ mod tests {
         let set = NodeSet::new(NodeSettings {
             connect_timeout: Duration::from_millis(200),
             set_aside: Duration::from_secs(60),
+            tls: None,
         });
         let addrs: Vec<String> = nodes.iter().map(|a| (*a).to_owned()).collect();
         set.replace(&addrs).expect("addresses");

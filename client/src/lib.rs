@@ -43,6 +43,7 @@
 //! - `discovery`: static lists and the Consul watch.
 //! - `buffer`: the lock-free ID buffer; `prefetch`: its refills and
 //!   adaptive batch size.
+//! - `tls`: dialling nodes over TLS ([`TlsConfig`]).
 //! - [`blocking`]: the same client for code without an async runtime.
 //! - [`metrics`]: metric names.
 
@@ -57,6 +58,7 @@ pub mod metrics;
 mod nodes;
 mod prefetch;
 mod sync;
+mod tls;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -70,6 +72,7 @@ use crate::discovery::ConsulWatch;
 pub use crate::error::Error;
 use crate::nodes::{NodeSet, NodeSettings};
 pub use crate::prefetch::{PrefetchConfig, Prefetcher};
+pub use crate::tls::TlsConfig;
 pub use idgen_proto::Mode;
 
 /// Builds a [`Client`].
@@ -83,6 +86,7 @@ pub struct ClientBuilder {
     backoff_base: Duration,
     backoff_max: Duration,
     prefetch: PrefetchConfig,
+    tls: Option<TlsConfig>,
 }
 
 impl Default for ClientBuilder {
@@ -96,6 +100,7 @@ impl Default for ClientBuilder {
             backoff_base: Duration::from_millis(5),
             backoff_max: Duration::from_millis(100),
             prefetch: PrefetchConfig::default(),
+            tls: None,
         }
     }
 }
@@ -142,6 +147,13 @@ impl ClientBuilder {
         self
     }
 
+    /// Dial every node over TLS (default: plaintext). Without it, a node
+    /// that serves TLS fails every call and is set aside.
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Prefetch batch sizes and ages.
     pub fn prefetch(mut self, prefetch: PrefetchConfig) -> Self {
         self.prefetch = prefetch;
@@ -161,9 +173,11 @@ impl ClientBuilder {
             ));
         }
         self.prefetch.validate().map_err(Error::Config)?;
+        let tls = self.tls.as_ref().map(TlsConfig::build).transpose()?;
         let nodes = Arc::new(NodeSet::new(NodeSettings {
             connect_timeout: self.connect_timeout,
             set_aside: self.set_aside,
+            tls,
         }));
         match (&self.consul, self.endpoints.is_empty()) {
             (Some(_), false) => {

@@ -43,6 +43,8 @@ impl Drop for InFlight {
 pub(crate) struct NodeSettings {
     pub connect_timeout: Duration,
     pub set_aside: Duration,
+    /// TLS to the nodes, or plaintext.
+    pub tls: Option<crate::tls::Connector>,
 }
 
 /// The current set of nodes, replaced as a whole when discovery changes it.
@@ -89,19 +91,13 @@ impl NodeSet {
             }
             let node = match by_addr.get(addr.as_str()) {
                 Some(n) => Arc::clone(n),
-                None => {
-                    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                        .map_err(|e| format!("bad node address {addr:?}: {e}"))?
-                        .connect_timeout(self.settings.connect_timeout)
-                        .tcp_nodelay(true);
-                    Arc::new(Node {
-                        addr: addr.clone(),
-                        channel: endpoint.connect_lazy(),
-                        outstanding: AtomicUsize::new(0),
-                        aside_until: AtomicU64::new(0),
-                        probing: AtomicBool::new(false),
-                    })
-                }
+                None => Arc::new(Node {
+                    addr: addr.clone(),
+                    channel: self.channel(addr)?,
+                    outstanding: AtomicUsize::new(0),
+                    aside_until: AtomicU64::new(0),
+                    probing: AtomicBool::new(false),
+                }),
             };
             next.push(node);
         }
@@ -113,6 +109,23 @@ impl NodeSet {
         metrics::gauge!(m::NODES).set(next.len() as f64);
         self.nodes.store(Arc::new(next));
         Ok(())
+    }
+
+    /// A lazy channel to `addr`, over TLS when the client speaks it.
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let scheme = if self.settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| format!("bad node address {addr:?}: {e}"))?
+            .connect_timeout(self.settings.connect_timeout)
+            .tcp_nodelay(true);
+        match &self.settings.tls {
+            Some(tls) => tls.channel(addr, endpoint),
+            None => Ok(endpoint.connect_lazy()),
+        }
     }
 
     /// Power of two choices: two random nodes among those in use and not
