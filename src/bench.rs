@@ -164,16 +164,10 @@ struct TaskResult {
     order_violations: u64,
 }
 
-/// Runs the load and returns the measured figures.
+/// Runs the load on fresh plaintext connections to `opts.target` and
+/// returns the measured figures.
 pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
-    if opts.connections == 0 || opts.concurrency == 0 {
-        return Err(BenchError::Options(
-            "connections and concurrency must be at least 1".into(),
-        ));
-    }
-    if opts.duration.is_zero() {
-        return Err(BenchError::Options("duration must be above zero".into()));
-    }
+    check_options(opts)?;
     let mut channels = Vec::with_capacity(opts.connections);
     for _ in 0..opts.connections {
         let endpoint = Endpoint::from_shared(opts.target.clone())
@@ -185,6 +179,31 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
             error: e.to_string(),
         })?;
         channels.push(channel);
+    }
+    run_on(opts, channels).await
+}
+
+fn check_options(opts: &BenchOptions) -> Result<(), BenchError> {
+    if opts.connections == 0 || opts.concurrency == 0 {
+        return Err(BenchError::Options(
+            "connections and concurrency must be at least 1".into(),
+        ));
+    }
+    if opts.duration.is_zero() {
+        return Err(BenchError::Options("duration must be above zero".into()));
+    }
+    Ok(())
+}
+
+/// Runs the load on `channels` (connected by the caller, e.g. over TLS);
+/// the `--concurrency` tasks are spread over them.
+pub async fn run_on(
+    opts: &BenchOptions,
+    channels: Vec<Channel>,
+) -> Result<BenchReport, BenchError> {
+    check_options(opts)?;
+    if channels.is_empty() {
+        return Err(BenchError::Options("no connection to run the load on".into()));
     }
     let begin = Instant::now();
     let measure_from = begin + opts.warmup;

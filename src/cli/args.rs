@@ -201,7 +201,7 @@ pub struct DecodeArgs {
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Server URL.
+    /// Server URL: http://host:port, or https://host:port with --ca.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub addr: String,
     /// HTTP/2 connections.
@@ -245,6 +245,10 @@ pub struct BenchArgs {
     /// Finding the nodes through Consul instead of --addr.
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
+    /// TLS to the node (https:// --addr, or the nodes found with
+    /// --discover).
+    #[command(flatten)]
+    pub tls: super::tls::TlsArgs,
 }
 
 #[derive(Args)]

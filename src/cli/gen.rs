@@ -26,7 +26,13 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
 /// `--discover consul`: through the idgen-client crate, which spreads the
 /// calls over the passing nodes and retries another node when one fails.
 async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
-    let client = discovered_client(&a.discovery.consul, &a.discovery.service, a.timeout).await?;
+    let client = discovered_client(
+        &a.discovery.consul,
+        &a.discovery.service,
+        &a.tls,
+        a.timeout,
+    )
+    .await?;
     let mode = idgen_client::Mode::try_from(mode)
         .map_err(|_| anyhow::anyhow!("mode {mode} is not known to the client"))?;
     if a.count == 1 {
@@ -41,21 +47,25 @@ async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
 }
 
 /// A client of the nodes Consul lists as passing for `service`; the
-/// token comes from CONSUL_HTTP_TOKEN (Consul's own variable).
+/// token comes from CONSUL_HTTP_TOKEN (Consul's own variable). With
+/// `--ca` the nodes are dialled over TLS.
 pub(super) async fn discovered_client(
     consul: &str,
     service: &str,
+    tls: &super::tls::TlsArgs,
     deadline: std::time::Duration,
 ) -> anyhow::Result<idgen_client::Client> {
     let mut discovery = idgen_client::ConsulDiscovery::new(consul).service(service);
     if let Ok(token) = std::env::var("CONSUL_HTTP_TOKEN") {
         discovery = discovery.token(token);
     }
-    Ok(idgen_client::Client::builder()
+    let mut builder = idgen_client::Client::builder()
         .consul(discovery)
-        .deadline(deadline)
-        .build()
-        .await?)
+        .deadline(deadline);
+    if let Some(tls) = tls.client_tls()? {
+        builder = builder.tls(tls);
+    }
+    Ok(builder.build().await?)
 }
 
 /// One node at `--addr`.

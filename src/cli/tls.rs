@@ -75,6 +75,22 @@ impl TlsArgs {
         Ok(Arc::new(config))
     }
 
+    /// The idgen-client TLS settings of these options: `None` without
+    /// `--ca` (plaintext), an error for `--cert` without `--ca`.
+    pub fn client_tls(&self) -> anyhow::Result<Option<idgen_client::TlsConfig>> {
+        let Some(ca) = &self.ca else {
+            if self.any() {
+                bail!("--cert and --key need --ca: the CA certificate (PEM) that signed the nodes' certificates");
+            }
+            return Ok(None);
+        };
+        let mut tls = idgen_client::TlsConfig::from_ca_file(ca)?;
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            tls = tls.identity_files(cert, key)?;
+        }
+        Ok(Some(tls))
+    }
+
     /// Whether any TLS option was given.
     pub fn any(&self) -> bool {
         self.ca.is_some() || self.cert.is_some() || self.key.is_some()
