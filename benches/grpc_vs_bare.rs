@@ -10,75 +10,12 @@
 //! 3) and compares medians, since the machine's noise hits both alike.
 //! `IDGEN_BENCH_SECS` sets the measured seconds per run (default 5).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use idgen::bench::{self, BaselineServer, BenchOptions, BenchReport};
-use idgen::config::FileConfig;
-use idgen::id::{Clock, SystemClock};
-use idgen::server::Node;
 
-struct IdgenServer {
-    addr: std::net::SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl IdgenServer {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut f = FileConfig::default();
-        f.store.path = dir.path().join("bench.redb");
-        f.store.init_if_missing = true;
-        let config = f.validate(SystemClock.now_millis()).expect("config");
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let http = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        http.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let node = Node::start(config, Arc::new(SystemClock))
-                    .await
-                    .expect("node");
-                let grpc = tokio::net::TcpListener::from_std(listener).expect("listener");
-                let http = tokio::net::TcpListener::from_std(http).expect("listener");
-                let _ = ready_tx.send(());
-                node.serve(grpc, http, async {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("serve");
-            });
-        });
-        ready_rx.recv().expect("idgen server started");
-        Self {
-            addr,
-            stop: Some(stop),
-            thread: Some(thread),
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for IdgenServer {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+mod common;
+use common::IdgenServer;
 
 fn main() {
     let secs: u64 = std::env::var("IDGEN_BENCH_SECS")

@@ -203,7 +203,9 @@ pub async fn run_on(
 ) -> Result<BenchReport, BenchError> {
     check_options(opts)?;
     if channels.is_empty() {
-        return Err(BenchError::Options("no connection to run the load on".into()));
+        return Err(BenchError::Options(
+            "no connection to run the load on".into(),
+        ));
     }
     let begin = Instant::now();
     let measure_from = begin + opts.warmup;

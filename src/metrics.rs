@@ -77,6 +77,11 @@ pub const SEGMENT_TAGS: &str = "idgen_segment_tags";
 pub const SEGMENT_TAG_BUFFERS: &str = "idgen_segment_tag_buffers";
 /// Tag buffers dropped from memory, by `reason` (`idle`, `deleted`).
 pub const SEGMENT_BUFFERS_RELEASED: &str = "idgen_segment_buffers_released_total";
+/// Segment tags in memory whose current and next ranges are both empty,
+/// so calls on them wait for the store; read at each scrape.
+pub const SEGMENT_TAGS_WITHOUT_RUNWAY: &str = "idgen_segment_tags_without_runway";
+/// Lease IDs held in memory (current and next block), read at each scrape.
+pub const LEASE_RUNWAY: &str = "idgen_lease_runway_ids";
 /// Live strict keys in the store, as last counted by this node.
 pub const STRICT_KEYS: &str = "idgen_strict_keys";
 /// Strict namespaces with live keys, as last counted by this node.
@@ -275,6 +280,14 @@ fn describe_cluster() {
     describe_counter!(
         SEGMENT_BUFFERS_RELEASED,
         "Segment tag buffers dropped from memory, by reason: idle or deleted."
+    );
+    describe_gauge!(
+        SEGMENT_TAGS_WITHOUT_RUNWAY,
+        "Segment tags in memory whose current and next ranges are both empty: calls on them wait for the store (read at each scrape)."
+    );
+    describe_gauge!(
+        LEASE_RUNWAY,
+        "Lease IDs held in memory, current and next block (read at each scrape); 0 means lease calls wait for the store."
     );
     describe_gauge!(
         STRICT_KEYS,
@@ -483,6 +496,7 @@ pub fn register(s: Series) {
             counter!(SEGMENT_BUFFERS_RELEASED, "reason" => reason).increment(0);
         }
         counter!(LIMIT_REFUSALS, "limit" => "segment.max_tags").increment(0);
+        gauge!(SEGMENT_TAGS_WITHOUT_RUNWAY).set(0.0);
     }
     if s.lease {
         store_ops.push(("lease", "reserve_block"));

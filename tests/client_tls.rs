@@ -179,15 +179,26 @@ async fn idgen_bench_runs_its_load_over_tls() {
     let node = TestServer::start(tls_node_config(dir.path(), &cert, None)).await;
     let run = |addr: String, ca: Option<&std::path::Path>| {
         let mut cmd = std::process::Command::new(common::idgen_bin());
-        cmd.args(["bench", "--addr", &addr, "--duration", "300ms", "--warmup", "0s"])
-            .args(["--concurrency", "4", "--json"]);
+        cmd.args([
+            "bench",
+            "--addr",
+            &addr,
+            "--duration",
+            "300ms",
+            "--warmup",
+            "0s",
+        ])
+        .args(["--concurrency", "4", "--json"]);
         if let Some(ca) = ca {
             cmd.arg("--ca").arg(ca);
         }
         cmd.output().expect("idgen bench runs")
     };
     let out = tokio::task::spawn_blocking({
-        let (addr, ca) = (format!("https://localhost:{}", node.grpc.port()), cert.cert.clone());
+        let (addr, ca) = (
+            format!("https://localhost:{}", node.grpc.port()),
+            cert.cert.clone(),
+        );
         move || run(addr, Some(&ca))
     })
     .await
@@ -199,7 +210,10 @@ async fn idgen_bench_runs_its_load_over_tls() {
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
     let first = &report[0];
-    assert!(first["calls"].as_u64().unwrap_or(0) > 0, "calls were made: {first}");
+    assert!(
+        first["calls"].as_u64().unwrap_or(0) > 0,
+        "calls were made: {first}"
+    );
     assert_eq!(first["errors"].as_u64(), Some(0), "no call failed: {first}");
 
     // Plaintext bench against the TLS port fails and says why.

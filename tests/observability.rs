@@ -75,6 +75,13 @@ async fn an_embedded_node_exports_every_series_at_zero_before_any_request() {
             "0",
         );
     }
+    // Runway, read at the scrape: no tag in memory yet; the first lease
+    // block (lease.block) reserved before serving.
+    assert_sample(&text, "idgen_segment_tags_without_runway", "0");
+    let lease_block = idgen::config::LeaseModeSettings::default()
+        .block
+        .to_string();
+    assert_sample(&text, "idgen_lease_runway_ids", &lease_block);
     for rpc in [
         "GenId",
         "GenIds",

@@ -26,13 +26,8 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
 /// `--discover consul`: through the idgen-client crate, which spreads the
 /// calls over the passing nodes and retries another node when one fails.
 async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
-    let client = discovered_client(
-        &a.discovery.consul,
-        &a.discovery.service,
-        &a.tls,
-        a.timeout,
-    )
-    .await?;
+    let client =
+        discovered_client(&a.discovery.consul, &a.discovery.service, &a.tls, a.timeout).await?;
     let mode = idgen_client::Mode::try_from(mode)
         .map_err(|_| anyhow::anyhow!("mode {mode} is not known to the client"))?;
     if a.count == 1 {

@@ -116,6 +116,11 @@ impl Leases {
         )
     }
 
+    /// Lease IDs held in memory (current and next block).
+    pub fn runway(&self) -> u64 {
+        self.state().buffer.buffered()
+    }
+
     /// The token in use now, if any.
     pub fn token(&self) -> Option<u64> {
         self.state().token
@@ -410,11 +415,17 @@ mod tests {
         let src = MemSource::new(1);
         let l = leases(Arc::clone(&src), 100);
         l.prime().await.unwrap();
+        assert_eq!(l.runway(), 100, "the first block");
         // Let the prefetch land: 100 current + 100 next after 50 used.
         for _ in 0..50 {
             l.take_one().await.unwrap();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            l.runway(),
+            150,
+            "50 left in the first block, 100 in the next"
+        );
         src.fail.store(true, Ordering::SeqCst);
         let mut served = 50;
         let err = loop {
@@ -424,6 +435,7 @@ mod tests {
             }
         };
         assert_eq!(served, 200, "both blocks are served during the outage");
+        assert_eq!(l.runway(), 0, "nothing left in memory");
         assert!(matches!(err, Error::LeaseUnavailable { .. }), "{err:?}");
         assert!(err.to_string().contains("injected outage"), "{err}");
         // Back up: serving resumes above everything handed out.

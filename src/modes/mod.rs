@@ -44,6 +44,18 @@ pub struct Issuer {
 }
 
 impl Issuer {
+    /// Sets the runway gauges (segment tags without IDs in memory, lease
+    /// IDs in memory) from the engines' state; called at each scrape.
+    pub fn update_runway_gauges(&self) {
+        if let Some(segments) = &self.segments {
+            metrics::gauge!(crate::metrics::SEGMENT_TAGS_WITHOUT_RUNWAY)
+                .set(segments.tags_without_runway() as f64);
+        }
+        if let Some(leases) = &self.leases {
+            metrics::gauge!(crate::metrics::LEASE_RUNWAY).set(leases.runway() as f64);
+        }
+    }
+
     /// An issuer over `generator`, reading `clock`.
     pub fn new(
         generator: Arc<Snowflake>,

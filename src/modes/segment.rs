@@ -332,6 +332,18 @@ impl Segments {
             .len()
     }
 
+    /// Tags in memory whose current and next ranges are both empty (calls
+    /// on them wait for the store).
+    pub fn tags_without_runway(&self) -> usize {
+        let tags = self
+            .tags
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        tags.values()
+            .filter(|b| b.state().buffer.buffered() == 0)
+            .count()
+    }
+
     /// Runs [`sweep_idle`](Self::sweep_idle) in the background, a few
     /// times per `idle_release`, until `self` is dropped.
     pub fn spawn_idle_sweeper(self: &Arc<Self>) {
@@ -594,9 +606,11 @@ mod tests {
         let mut got = seg.take(&tag, 20).await.unwrap();
         until(|| store.steps.lock().unwrap().len() == 2).await;
         store.fail.store(true, Ordering::SeqCst);
+        assert_eq!(seg.tags_without_runway(), 0, "180 IDs in memory");
         // 180 IDs left in memory: all served.
         got.extend(seg.take(&tag, 180).await.unwrap());
         assert_eq!(got.len(), 200);
+        assert_eq!(seg.tags_without_runway(), 1, "the tag's ranges are empty");
         let err = seg.take(&tag, 1).await.unwrap_err();
         assert_eq!(err.kind(), crate::error::ErrorKind::Unavailable);
         assert!(err.to_string().contains("\"orders\""), "{err}");

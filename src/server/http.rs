@@ -277,6 +277,7 @@ async fn parse_formatted(
 }
 
 async fn metrics(State(s): State<HttpState>) -> Response {
+    s.issuer.update_runway_gauges();
     (
         [(
             header::CONTENT_TYPE,
