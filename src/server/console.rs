@@ -51,6 +51,7 @@ use crate::proto::{self, HolderKind};
 const INDEX_HTML: &str = include_str!("console/index.html");
 const CONSOLE_JS: &str = include_str!("console/console.js");
 const CONSOLE_CSS: &str = include_str!("console/console.css");
+const FAVICON_SVG: &str = include_str!("console/favicon.svg");
 
 /// The policy of every console answer: this origin's script, style and
 /// fetches only; no inline script or style, no plugins, no framing, no
@@ -69,6 +70,7 @@ pub fn routes() -> Router<HttpState> {
         .route("/admin/", get(index))
         .route("/admin/console.js", get(script))
         .route("/admin/console.css", get(style))
+        .route("/admin/favicon.svg", get(icon))
         .route("/admin/api/holders", get(holders))
         .route("/admin/api/tags", get(tags))
         .route("/admin/api/strict", get(strict))
@@ -134,6 +136,10 @@ async fn script(State(s): State<HttpState>) -> Response {
 
 async fn style(State(s): State<HttpState>) -> Response {
     asset(&s, "text/css; charset=utf-8", CONSOLE_CSS)
+}
+
+async fn icon(State(s): State<HttpState>) -> Response {
+    asset(&s, "image/svg+xml", FAVICON_SVG)
 }
 
 /// A JSON error in the HTTP API's shape.
