@@ -388,7 +388,7 @@ async fn formats(State(s): State<HttpState>, request: Request) -> Response {
     let issuer = std::sync::Arc::clone(&s.issuer);
     let result = s
         .admin
-        .call("ConsoleFormats", r, |()| async move {
+        .call(crate::metrics::CONSOLE_FORMATS_METHOD, r, |()| async move {
             let Some(formats) = issuer.formats() else {
                 return Ok(json!({"enabled": false, "formats": []}));
             };
