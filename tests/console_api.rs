@@ -489,6 +489,17 @@ async fn holders_show_lock_delay_and_ttl_and_sessions_renew_by_hand() {
         assert_eq!(e.code(), code, "{session}: {e:?}");
     }
 
+    // The same from the command line.
+    let addr = format!("http://{}", node.grpc);
+    let (ok_, out) = common::run_idgen(&[
+        "admin", "--addr", &addr, "--token", TOKEN, "renew", &worker.session,
+    ]);
+    assert!(ok_ && out.contains("renewed session"), "{out}");
+    let (ok_, out) = common::run_idgen(&[
+        "admin", "--addr", &addr, "--token", TOKEN, "renew", "no-such-session",
+    ]);
+    assert!(!ok_ && out.contains("NOT_FOUND"), "{out}");
+
     // The same through the console's JSON API.
     let http = format!("http://{}/admin/api/renew", node.http);
     let r = reqwest::Client::new()
