@@ -32,7 +32,8 @@ fn chromium() -> String {
 
 /// Fails (never skips) when a tool the test needs is missing.
 fn require_tools() {
-    let setup = "run scripts/setup.sh (it installs Debian's chromium and `npm ci` in tests/console)";
+    let setup =
+        "run scripts/setup.sh (it installs Debian's chromium and `npm ci` in tests/console)";
     assert!(
         Path::new(&chromium()).exists(),
         "{} is missing: {setup}",

@@ -94,12 +94,19 @@ async fn the_console_api_needs_the_admin_token() {
         .unwrap()
         .starts_with("Bearer"));
 
-    for path in ["/admin/api/holders", "/admin/api/tags", "/admin/api/formats"] {
+    for path in [
+        "/admin/api/holders",
+        "/admin/api/tags",
+        "/admin/api/formats",
+    ] {
         let (status, _, body) = get(&server, path, Some("not-the-token")).await;
         assert_eq!(status, 403, "{path}: {body}");
         let (code, message) = error_of(&body);
         assert_eq!(code, "PERMISSION_DENIED", "{path}: {body}");
-        assert!(message.contains("wrong") && message.contains("admin.token"), "{body}");
+        assert!(
+            message.contains("wrong") && message.contains("admin.token"),
+            "{body}"
+        );
         assert!(!body.to_string().contains(TOKEN), "the token never shows");
     }
     let (status, body) = {
@@ -155,9 +162,20 @@ async fn every_console_endpoint_answers_in_its_shape() {
     assert_eq!(holders.len(), 2, "worker id and lease token: {h}");
     assert_eq!(holders[0]["kind"], "worker");
     assert_eq!(holders[0]["state"], "embedded (this node)");
-    assert!(holders[0]["address"].as_str().is_some_and(|a| !a.is_empty()), "{h}");
+    assert!(
+        holders[0]["address"]
+            .as_str()
+            .is_some_and(|a| !a.is_empty()),
+        "{h}"
+    );
     assert_eq!(holders[1]["kind"], "lease_token");
-    for key in ["datacenter", "zone", "id", "lock_delay_ms", "session_ttl_ms"] {
+    for key in [
+        "datacenter",
+        "zone",
+        "id",
+        "lock_delay_ms",
+        "session_ttl_ms",
+    ] {
         assert!(holders[0][key].is_u64(), "{key}: {h}");
     }
     assert!(holders[0]["reserved"].is_string(), "{h}");
@@ -200,7 +218,11 @@ async fn every_console_endpoint_answers_in_its_shape() {
         None,
     )
     .await;
-    assert_eq!((status, error_of(&r).0), (400, "FAILED_PRECONDITION"), "{r}");
+    assert_eq!(
+        (status, error_of(&r).0),
+        (400, "FAILED_PRECONDITION"),
+        "{r}"
+    );
     assert!(error_of(&r).1.contains("embedded"), "{r}");
     let (status, r) = post(
         &server,
@@ -210,7 +232,11 @@ async fn every_console_endpoint_answers_in_its_shape() {
         None,
     )
     .await;
-    assert_eq!((status, error_of(&r).0), (400, "FAILED_PRECONDITION"), "{r}");
+    assert_eq!(
+        (status, error_of(&r).0),
+        (400, "FAILED_PRECONDITION"),
+        "{r}"
+    );
     assert!(error_of(&r).1.contains("no Consul session"), "{r}");
 
     // Bad bodies, each with the reason.
@@ -219,7 +245,10 @@ async fn every_console_endpoint_answers_in_its_shape() {
         (r#"{"kind": "worker", "id": 1, "extra": 1}"#, "extra"),
         (r#"{"kind": "worker", "id": -1}"#, "id"),
         ("not json", "JSON"),
-        (r#"{"kind": "lease_token", "datacenter": 1, "id": 1}"#, "zone"),
+        (
+            r#"{"kind": "lease_token", "datacenter": 1, "id": 1}"#,
+            "zone",
+        ),
     ];
     for (body, says) in bad {
         let (status, r) = post(
@@ -291,7 +320,10 @@ async fn the_page_is_served_with_a_strict_policy_and_only_when_admin_is_on() {
         let r = client.get(server.url(path)).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 200, "{path}");
         let h = r.headers().clone();
-        assert!(h["content-type"].to_str().unwrap().starts_with(ty), "{path}");
+        assert!(
+            h["content-type"].to_str().unwrap().starts_with(ty),
+            "{path}"
+        );
         let csp = h["content-security-policy"].to_str().unwrap();
         assert!(
             csp.contains("default-src 'none'")
@@ -402,7 +434,10 @@ async fn https_status(
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = String::new();
     let _ = s.read_to_string(&mut out).await;
-    out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    out.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -423,7 +458,10 @@ async fn a_listed_client_certificate_opens_the_console_api_over_tls() {
     let server = TestServer::start(config).await;
     let path = "/admin/api/holders";
     let listed = https_status(server.http, &cert.der, Some((&ops_c, &ops_k)), path).await;
-    assert_eq!(listed, 200, "a certificate named in admin.client_cert_names");
+    assert_eq!(
+        listed, 200,
+        "a certificate named in admin.client_cert_names"
+    );
     let other = https_status(server.http, &cert.der, Some((&app_c, &app_k)), path).await;
     assert_eq!(other, 403, "a certificate not listed");
     let none = https_status(server.http, &cert.der, None, path).await;
@@ -492,11 +530,23 @@ async fn holders_show_lock_delay_and_ttl_and_sessions_renew_by_hand() {
     // The same from the command line.
     let addr = format!("http://{}", node.grpc);
     let (ok_, out) = common::run_idgen(&[
-        "admin", "--addr", &addr, "--token", TOKEN, "renew", &worker.session,
+        "admin",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        "renew",
+        &worker.session,
     ]);
     assert!(ok_ && out.contains("renewed session"), "{out}");
     let (ok_, out) = common::run_idgen(&[
-        "admin", "--addr", &addr, "--token", TOKEN, "renew", "no-such-session",
+        "admin",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        "renew",
+        "no-such-session",
     ]);
     assert!(!ok_ && out.contains("NOT_FOUND"), "{out}");
 
@@ -522,8 +572,5 @@ async fn holders_show_lock_delay_and_ttl_and_sessions_renew_by_hand() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 404);
     let body: Value = r.json().await.unwrap();
-    assert!(
-        error_of(&body).1.contains("holds no worker id"),
-        "{body}"
-    );
+    assert!(error_of(&body).1.contains("holds no worker id"), "{body}");
 }

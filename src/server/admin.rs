@@ -773,7 +773,8 @@ impl AdminService {
     ) -> Result<proto::RenewSessionResponse, Status> {
         let session = r.session.trim();
         if session.is_empty() {
-            return Err(refusal(ErrorKind::BadRequest,
+            return Err(refusal(
+                ErrorKind::BadRequest,
                 "give the session id to renew, as `idgen admin holders` (or the console) shows it",
             ));
         }

@@ -155,6 +155,16 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
     response
 }
 
+/// A change refused before it reaches the admin service: status, code,
+/// message.
+struct Refused(StatusCode, &'static str, String);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        error(self.0, self.1, self.2)
+    }
+}
+
 fn status_response(s: &Status) -> Response {
     error(http_status(s.code()), code_name(s.code()), s.message())
 }
@@ -170,7 +180,11 @@ async fn no_endpoint() -> Response {
 /// `msg` as a tonic request carrying what the HTTP request proves: its
 /// `Authorization` header, the peer address, the verified client
 /// certificate.
-fn admin_request<T>(headers: &HeaderMap, extensions: &axum::http::Extensions, msg: T) -> tonic::Request<T> {
+fn admin_request<T>(
+    headers: &HeaderMap,
+    extensions: &axum::http::Extensions,
+    msg: T,
+) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     if let Some(v) = headers
         .get(header::AUTHORIZATION)
@@ -208,30 +222,34 @@ where
 /// The JSON body of a change, after the cross-site checks.
 async fn change_body<B: DeserializeOwned>(
     request: Request,
-) -> Result<(axum::http::request::Parts, B), Response> {
+) -> Result<(axum::http::request::Parts, B), Refused> {
     let (parts, body) = request.into_parts();
     let json = parts
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().to_ascii_lowercase().starts_with("application/json"));
+        .is_some_and(|v| {
+            v.trim()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
     if !json {
-        return Err(error(
+        return Err(Refused(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "INVALID_ARGUMENT",
-            "console changes take a JSON body: send Content-Type: application/json",
+            "console changes take a JSON body: send Content-Type: application/json".into(),
         ));
     }
     check_origin(&parts.headers)?;
     let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        error(
+        Refused(
             StatusCode::PAYLOAD_TOO_LARGE,
             "INVALID_ARGUMENT",
             format!("the body is over {MAX_BODY} bytes"),
         )
     })?;
     let parsed = serde_json::from_slice(&bytes).map_err(|e| {
-        error(
+        Refused(
             StatusCode::BAD_REQUEST,
             "INVALID_ARGUMENT",
             format!("the JSON body does not fit this endpoint: {e}"),
@@ -242,7 +260,7 @@ async fn change_body<B: DeserializeOwned>(
 
 /// Refuses a change whose `Origin` (when the browser sends one) is not
 /// the host it addressed.
-fn check_origin(headers: &HeaderMap) -> Result<(), Response> {
+fn check_origin(headers: &HeaderMap) -> Result<(), Refused> {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return Ok(());
     };
@@ -257,7 +275,7 @@ fn check_origin(headers: &HeaderMap) -> Result<(), Response> {
     if !host.is_empty() && origin_host.eq_ignore_ascii_case(host) {
         return Ok(());
     }
-    Err(error(
+    Err(Refused(
         StatusCode::FORBIDDEN,
         "PERMISSION_DENIED",
         format!("a change from origin {origin:?} is refused: the console only accepts changes from its own page (host {host:?})"),
@@ -434,7 +452,7 @@ struct ReleaseBody {
 async fn release(State(s): State<HttpState>, request: Request) -> Response {
     let (parts, body) = match change_body::<ReleaseBody>(request).await {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let kind = match body.kind.as_str() {
         "worker" => HolderKind::Worker,
@@ -483,7 +501,7 @@ struct RenewBody {
 async fn renew(State(s): State<HttpState>, request: Request) -> Response {
     let (parts, body) = match change_body::<RenewBody>(request).await {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let msg = proto::RenewSessionRequest {
         session: body.session,
@@ -522,7 +540,10 @@ mod tests {
     #[test]
     fn changes_from_another_origin_are_refused() {
         let ok = |h: &HeaderMap| check_origin(h).is_ok();
-        assert!(ok(&headers(&[(header::HOST, "127.0.0.1:8080")])), "no Origin: not a browser's cross-site call");
+        assert!(
+            ok(&headers(&[(header::HOST, "127.0.0.1:8080")])),
+            "no Origin: not a browser's cross-site call"
+        );
         assert!(ok(&headers(&[
             (header::HOST, "127.0.0.1:8080"),
             (header::ORIGIN, "http://127.0.0.1:8080"),
@@ -533,18 +554,28 @@ mod tests {
         ])));
         for origin in ["http://evil.example", "http://127.0.0.1:8081", "null"] {
             assert!(
-                !ok(&headers(&[(header::HOST, "127.0.0.1:8080"), (header::ORIGIN, origin)])),
+                !ok(&headers(&[
+                    (header::HOST, "127.0.0.1:8080"),
+                    (header::ORIGIN, origin)
+                ])),
                 "{origin}"
             );
         }
-        assert!(!ok(&headers(&[(header::ORIGIN, "http://127.0.0.1:8080")])), "no Host to match");
+        assert!(
+            !ok(&headers(&[(header::ORIGIN, "http://127.0.0.1:8080")])),
+            "no Host to match"
+        );
     }
 
     #[test]
     fn the_page_runs_no_inline_script_and_holds_no_secret() {
         assert!(INDEX_HTML.contains("<script src=\"console.js\""));
         let inline = INDEX_HTML.matches("<script").count();
-        assert_eq!(inline, INDEX_HTML.matches("<script src=").count(), "every script is a file");
+        assert_eq!(
+            inline,
+            INDEX_HTML.matches("<script src=").count(),
+            "every script is a file"
+        );
         for bad in ["style=", "javascript:", "http://", "https://", "token="] {
             assert!(!INDEX_HTML.contains(bad), "{bad}");
         }
@@ -553,7 +584,10 @@ mod tests {
             !name.is_empty() && rest[name.len()..].starts_with('=')
         });
         assert!(!handler, "no inline event handler");
-        assert!(!CONSOLE_JS.contains("innerHTML"), "values are set as text, never parsed as HTML");
+        assert!(
+            !CONSOLE_JS.contains("innerHTML"),
+            "values are set as text, never parsed as HTML"
+        );
         assert!(!CONSOLE_JS.contains("localStorage") && !CONSOLE_JS.contains("document.cookie"));
         assert!(CONTENT_SECURITY_POLICY.contains("script-src 'self'"));
         assert!(!CONTENT_SECURITY_POLICY.contains("unsafe"));

@@ -134,9 +134,8 @@ impl Node {
         )))
         .max_decoding_message_size(max_request);
         let admin_service = Arc::new(admin::AdminService::new(self.admin_deps()));
-        let admin =
-            proto::admin_server::AdminServer::from_arc(Arc::clone(&admin_service))
-                .max_decoding_message_size(max_request);
+        let admin = proto::admin_server::AdminServer::from_arc(Arc::clone(&admin_service))
+            .max_decoding_message_size(max_request);
         let (stop, stop_rx) = watch::channel(false);
         let (grpc_tls, http_tls, reload) = acceptors(config)?;
         let grpc_routes = tonic::service::Routes::new(health_service)
