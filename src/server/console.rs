@@ -7,8 +7,9 @@
 //! inline script, no framing), so a value shown on the page (an instance
 //! name, a tag description) can never run as code.
 //!
-//! The JSON API is a thin adapter over [`AdminService`], the very instance
-//! the gRPC port serves: each endpoint turns the HTTP request into a tonic
+//! The JSON API is a thin adapter over
+//! [`AdminService`](super::admin::AdminService), the very instance the
+//! gRPC port serves: each endpoint turns the HTTP request into a tonic
 //! request (the `Authorization` header, the peer address, the verified
 //! client certificate) and calls the `idgen.v1.Admin` method, so
 //! `admin.allow`, the bearer token, `admin.client_cert_names` and every
