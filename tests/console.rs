@@ -59,13 +59,13 @@ template = "{yyyy}{MM}{dd}{seq:8}"
 reset = "day"
 "#;
 
-/// A node whose session outlives a SIGKILL for 30 s (TTL), with a 2 s
+/// A node whose session outlives a SIGKILL for 60 s (TTL), with a 2 s
 /// lock-delay, every mode the console shows, and the admin token.
 fn node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
     let token = format!("\"{TOKEN}\"");
     let set: &[(&str, &str, &str)] = &[
         ("admin", "token", &token),
-        ("consul", "session_ttl", "\"30s\""),
+        ("consul", "session_ttl", "\"60s\""),
         ("lease", "enabled", "true"),
         ("lease", "block", "100"),
         ("segment", "enabled", "true"),
