@@ -14,6 +14,11 @@
 #   - systemd-analyze (Debian package `systemd`): check-deploy.sh verifies
 #     deploy/systemd/idgen.service. promtool also checks and unit-tests
 #     deploy/prometheus/alerts.yml.
+#   - chromium (Debian package; /usr/bin/chromium) and node + npm (Debian
+#     packages nodejs, npm): tests/console.rs drives the admin console in
+#     headless Chromium through playwright-core, which `npm ci` installs
+#     into tests/console/node_modules at the version package-lock.json
+#     pins (playwright-core never downloads a browser).
 #   - a virtualenv ${TMPDIR:-/tmp}/idgen-py-venv with grpcio, grpcio-tools
 #     and PyYAML from PyPI: the Python example client's test
 #     (tests/client_python.rs) and the Prometheus config check.
@@ -29,6 +34,10 @@ command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# The admin console test (tests/console.rs) runs Debian's Chromium.
+[ -x /usr/bin/chromium ] || need+=(chromium)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 # The Consul interop check runs py-consul in a virtualenv.
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3 python3-venv)
 
@@ -49,6 +58,16 @@ if [ ! -x "$py_venv/bin/python" ]; then
 fi
 if ! "$py_venv/bin/python" -c "import grpc, grpc_tools, yaml" 2>/dev/null; then
   "$py_venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools pyyaml
+fi
+
+# playwright-core for the console test, at the version package-lock.json
+# pins; nothing to do when that version is installed already.
+console_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/console"
+want=$(node -e 'console.log(require(process.argv[1]).packages["node_modules/playwright-core"].version)' "$console_dir/package-lock.json")
+have=$(node -e 'try { console.log(require(process.argv[1]).version) } catch (e) { console.log("none") }' "$console_dir/node_modules/playwright-core/package.json")
+if [ "$want" != "$have" ]; then
+  echo "setup: npm ci in tests/console (playwright-core $want)"
+  (cd "$console_dir" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 echo "setup: ok ($(promtool --version 2>&1 | head -n1))"

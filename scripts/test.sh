@@ -7,7 +7,8 @@
 # idgen uses, fetched from PyPI), the deployment files (promtool check
 # and unit tests of the alert rules, systemd-analyze verify, Kubernetes
 # manifests validated offline; scripts/check-deploy.sh), the client crate
-# against real nodes, the Python example client, and the Prometheus scrape
+# against real nodes, the Python example client, the admin console in
+# headless Chromium (tests/console.rs), and the Prometheus scrape
 # config through Consul. Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."

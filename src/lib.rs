@@ -40,7 +40,8 @@
 //! - [`server`]: the front ends only. The running [`server::Node`] (start
 //!   and ordered shutdown), gRPC (`idgen.v1.IdGen`, `idgen.v1.Admin`,
 //!   health, reflection), HTTP (`/metrics`, `/healthz`, `/readyz`,
-//!   `/v1/...`), the health monitor, the connection listener, and
+//!   `/v1/...`, the admin console at `/admin/`), the health monitor, the
+//!   connection listener, and
 //!   [`server::status`], where error kinds become gRPC codes and HTTP
 //!   statuses.
 //! - [`renewal`]: the thread that keeps marks and the worker lock alive

@@ -454,7 +454,12 @@ pub const ADMIN_METHODS: &[&str] = &[
     "ListStrictNamespaces",
     "ListStrictKeys",
     "DeleteStrictKey",
+    "RenewSession",
 ];
+
+/// The `method` label of the admin console's list of formats
+/// (`/admin/api/formats`, an admin call that is not an rpc).
+pub const CONSOLE_FORMATS_METHOD: &str = "ConsoleFormats";
 
 /// Creates, at zero, every counter, gauge and histogram series whose label
 /// values are known at start-up, so rules such as
@@ -487,6 +492,7 @@ pub fn register(s: Series) {
     for method in ADMIN_METHODS {
         counter!(ADMIN_CALLS, "method" => *method, "code" => "OK").increment(0);
     }
+    counter!(ADMIN_CALLS, "method" => CONSOLE_FORMATS_METHOD, "code" => "OK").increment(0);
     let mut store_ops = vec![(s.backend, "store_hwm")];
     if s.segment {
         store_ops.push(("segment", "take_range"));

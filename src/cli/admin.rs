@@ -138,6 +138,8 @@ fn holder_json(h: &proto::Holder) -> Value {
         "session": h.session,
         "state": h.state,
         "reserved": h.reserved.to_string(),
+        "lock_delay_ms": h.lock_delay_ms,
+        "session_ttl_ms": h.session_ttl_ms,
     })
 }
 
@@ -248,6 +250,7 @@ pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Tags(cmd) => tags(&mut c, cmd).await?,
         AdminCommand::Holders => holders(&mut c).await?,
         AdminCommand::Release(r) => release(&mut c, r, a.json).await?,
+        AdminCommand::Renew { session } => renew(&mut c, session).await?,
         AdminCommand::Strict(cmd) => strict(&mut c, cmd).await?,
         AdminCommand::Layout(cmd) => layout(&mut c, cmd).await?,
     };
@@ -434,6 +437,26 @@ async fn release(c: &mut Client, r: &ReleaseArgs, json: bool) -> anyhow::Result<
             "holder": resp.holder.as_ref().map(holder_json),
         }),
         resp.message,
+    ))
+}
+
+/// `admin renew`: renew a holder's Consul session once.
+async fn renew(c: &mut Client, session: &str) -> anyhow::Result<Out> {
+    let r = c
+        .renew_session(proto::RenewSessionRequest {
+            session: session.to_owned(),
+        })
+        .await
+        .map_err(failed)?
+        .into_inner();
+    Ok((
+        json!({
+            "session": r.session,
+            "ttl_ms": r.ttl_ms,
+            "message": r.message,
+            "holders": r.holders.iter().map(holder_json).collect::<Vec<_>>(),
+        }),
+        r.message,
     ))
 }
 

@@ -295,6 +295,13 @@ pub enum AdminCommand {
     /// holder is alive unless --force, which destroys the holder's session
     /// (freeing everything that node holds) and waits out its lock-delay.
     Release(ReleaseArgs),
+    /// Renew a holder's Consul session once by hand (the session id as
+    /// `admin holders` shows it). Keeps its ids held longer; it never
+    /// extends the holder's own deadline.
+    Renew {
+        /// The session id.
+        session: String,
+    },
     /// Strict namespaces' steps.
     #[command(subcommand)]
     Strict(StrictCommand),

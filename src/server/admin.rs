@@ -119,12 +119,37 @@ pub struct AdminService {
 
 /// The admin service, ready to add to a tonic server.
 pub fn service(deps: AdminDeps) -> AdminServer<AdminService> {
-    if deps.token.is_none() && deps.client_cert_names.is_empty() {
-        tracing::info!("admin API disabled: no admin.token or admin.token_file configured");
+    AdminServer::new(AdminService::new(deps))
+}
+
+/// Marks a request that came through the admin console's JSON API on the
+/// HTTP port (`server::console`): its refusals and call metrics are
+/// labelled `http`. Everything else (the allow-list, the credentials, the
+/// rules of each call) is the gRPC service's own code.
+#[derive(Debug, Clone, Copy)]
+pub struct ViaHttp;
+
+impl AdminService {
+    /// The admin service over `deps`. The gRPC port serves it through
+    /// [`AdminServer::from_arc`] and the console's JSON API calls the same
+    /// instance.
+    pub fn new(deps: AdminDeps) -> Self {
+        if deps.token.is_none() && deps.client_cert_names.is_empty() {
+            tracing::info!("admin API disabled: no admin.token or admin.token_file configured");
+        }
+        for port in ["grpc", "http"] {
+            metrics::counter!(m::PEER_REFUSALS, "port" => port, "list" => "admin").increment(0);
+        }
+        let started_ms = deps.clock.now_millis();
+        Self { deps, started_ms }
     }
-    metrics::counter!(m::PEER_REFUSALS, "port" => "grpc", "list" => "admin").increment(0);
-    let started_ms = deps.clock.now_millis();
-    AdminServer::new(AdminService { deps, started_ms })
+
+    /// Whether any admin credential is configured (`admin.token`,
+    /// `admin.token_file` or `admin.client_cert_names`); without one every
+    /// call is refused and the console is not served.
+    pub fn enabled(&self) -> bool {
+        self.deps.token.is_some() || !self.deps.client_cert_names.is_empty()
+    }
 }
 
 /// Compares two tokens in time that depends only on their lengths, never
@@ -282,8 +307,18 @@ fn group_and_id(dir: &str, key: &str) -> Option<(u64, u64)> {
     Some((group.parse().ok()?, id.parse().ok()?))
 }
 
-/// What a held key's value says, and the session holding it.
-fn holder_from(held: LockKey, entry: &KvEntry, state: &str) -> proto::Holder {
+fn millis(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What a held key's value says, and the session holding it (`info`, when
+/// it is alive).
+fn holder_from(
+    held: LockKey,
+    entry: &KvEntry,
+    state: &str,
+    info: Option<&SessionInfo>,
+) -> proto::Holder {
     let (kind, datacenter, zone, id) = match held {
         LockKey::Worker(dc, w) => (HolderKind::Worker, dc, 0, w),
         LockKey::Token(zone, t) => (HolderKind::LeaseToken, 0, zone, t),
@@ -314,13 +349,17 @@ fn holder_from(held: LockKey, entry: &KvEntry, state: &str) -> proto::Holder {
         session: entry.session.clone().unwrap_or_default(),
         state: state.to_owned(),
         reserved,
+        lock_delay_ms: millis(info.map(|i| i.lock_delay.unwrap_or(DEFAULT_LOCK_DELAY))),
+        session_ttl_ms: millis(info.and_then(|i| i.ttl)),
     }
 }
 
 impl AdminService {
-    /// Authorizes, runs `f`, counts the call by method and code, and logs
-    /// it (never the token).
-    async fn call<Req, T, Fut>(
+    /// Checks `admin.allow` and the credentials of `request` (bearer token
+    /// and/or client certificate), runs `f`, counts the call by method and
+    /// code, and logs it (never the token). Every admin RPC goes through
+    /// here, and so does every call of the console's JSON API.
+    pub async fn call<Req, T, Fut>(
         &self,
         method: &'static str,
         request: Request<Req>,
@@ -330,11 +369,16 @@ impl AdminService {
         Fut: Future<Output = Result<T, Status>>,
     {
         let peer = request.remote_addr();
+        let port = if request.extensions().get::<ViaHttp>().is_some() {
+            "http"
+        } else {
+            "grpc"
+        };
         if let Some(ip) = peer
             .map(|p| p.ip())
             .filter(|ip| !self.deps.allow.allows(*ip))
         {
-            super::listener::count_refusal("grpc", "admin", &ip.to_string());
+            super::listener::count_refusal(port, "admin", &ip.to_string());
             metrics::counter!(m::ADMIN_CALLS, "method" => method, "code" => code_name(Code::PermissionDenied))
                 .increment(1);
             return Err(refusal(
@@ -357,11 +401,13 @@ impl AdminService {
         match &result {
             Ok(_) => tracing::info!(
                 method,
+                port,
                 peer = peer.map(tracing::field::display),
                 "admin call"
             ),
             Err(s) => tracing::info!(
                 method,
+                port,
                 peer = peer.map(tracing::field::display),
                 code = code_name(code),
                 error = s.message(),
@@ -560,20 +606,20 @@ impl AdminService {
         let mut sessions: HashMap<String, Option<SessionInfo>> = HashMap::new();
         let mut holders = Vec::with_capacity(entries.len());
         for (held, e) in &entries {
-            let state = match &e.session {
-                None => "released",
+            let (state, info) = match &e.session {
+                None => ("released", None),
                 Some(s) => {
                     if !sessions.contains_key(s) {
                         let info = client.session_info(s).await.map_err(consul_status)?;
                         sessions.insert(s.clone(), info);
                     }
                     match sessions.get(s) {
-                        Some(Some(_)) => "alive",
-                        _ => "gone",
+                        Some(Some(info)) => ("alive", Some(info)),
+                        _ => ("gone", None),
                     }
                 }
             };
-            holders.push(holder_from(*held, e, state));
+            holders.push(holder_from(*held, e, state, info));
         }
         Ok(proto::ListHoldersResponse {
             backend: "consul".into(),
@@ -595,6 +641,8 @@ impl AdminService {
             session: String::new(),
             state: EMBEDDED_STATE.into(),
             reserved: 0,
+            lock_delay_ms: 0,
+            session_ttl_ms: 0,
         }];
         if let Some(token) = node.lease.as_ref().and_then(|l| l.token()) {
             holders.push(proto::Holder {
@@ -608,6 +656,8 @@ impl AdminService {
                 session: String::new(),
                 state: EMBEDDED_STATE.into(),
                 reserved: 0,
+                lock_delay_ms: 0,
+                session_ttl_ms: 0,
             });
         }
         proto::ListHoldersResponse {
@@ -659,7 +709,7 @@ impl AdminService {
             )));
         };
         let Some(session) = entry.session.clone() else {
-            let holder = holder_from(held, &entry, "released");
+            let holder = holder_from(held, &entry, "released", None);
             return Ok(proto::ForceReleaseResponse {
                 released: false,
                 message: format!(
@@ -676,11 +726,11 @@ impl AdminService {
                 message: format!(
                     "{held}: its session {session} has just ended, so it is not held: nothing to do (it can be claimed once its lock-delay has passed)"
                 ),
-                holder: Some(holder_from(held, &entry, "gone")),
+                holder: Some(holder_from(held, &entry, "gone", None)),
                 waited_ms: 0,
             });
         };
-        let holder = holder_from(held, &entry, "alive");
+        let holder = holder_from(held, &entry, "alive", Some(&info));
         if !r.force {
             return Err(refusal(ErrorKind::Precondition, format!(
                 "{held} is held by instance {} at {} and its session {session} is alive; releasing it destroys that session, which frees everything that node holds: pass --force (force = true) to do it anyway (the holder stops issuing when it notices)",
@@ -714,6 +764,60 @@ impl AdminService {
             ),
             holder: Some(holder),
             waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    async fn renew_session(
+        &self,
+        r: proto::RenewSessionRequest,
+    ) -> Result<proto::RenewSessionResponse, Status> {
+        let session = r.session.trim();
+        if session.is_empty() {
+            return Err(refusal(
+                ErrorKind::BadRequest,
+                "give the session id to renew, as `idgen admin holders` (or the console) shows it",
+            ));
+        }
+        let Some((client, _)) = &self.deps.cluster else {
+            return Err(refusal(ErrorKind::Precondition,
+                "this server runs on the embedded store: it has no Consul session to renew (its worker id and lease token come from its config)",
+            ));
+        };
+        // Only a session read back from this cluster's keys is sent to
+        // Consul, so the id never has to be trusted as a URL part.
+        let held: Vec<proto::Holder> = self
+            .list_holders()
+            .await?
+            .holders
+            .into_iter()
+            .filter(|h| h.session == session)
+            .collect();
+        if held.is_empty() {
+            return Err(refusal(ErrorKind::NotFound, format!(
+                "session {session:?} holds no worker id or lease token of this cluster: nothing to renew (see `idgen admin holders`)"
+            )));
+        }
+        let info = client
+            .session_renew(session)
+            .await
+            .map_err(consul_status)?
+            .ok_or_else(|| {
+                refusal(ErrorKind::NotFound, format!(
+                    "session {session} has just ended: Consul no longer knows it, so nothing is renewed (its ids are free once their lock-delay has passed)"
+                ))
+            })?;
+        let ttl_ms = millis(info.ttl);
+        tracing::warn!(session, ttl_ms, "admin renewed a holder's session by hand");
+        Ok(proto::RenewSessionResponse {
+            session: session.to_owned(),
+            ttl_ms,
+            message: format!(
+                "renewed session {session} of instance {}: Consul keeps it (and the {} id(s) it holds) for {} ms more unless it is renewed again",
+                held[0].instance,
+                held.len(),
+                ttl_ms
+            ),
+            holders: held,
         })
     }
 
@@ -1105,6 +1209,16 @@ impl Admin for AdminService {
     ) -> Result<Response<proto::DeleteStrictKeyResponse>, Status> {
         self.call("DeleteStrictKey", request, |r| {
             AdminService::delete_strict_key(self, r)
+        })
+        .await
+    }
+
+    async fn renew_session(
+        &self,
+        request: Request<proto::RenewSessionRequest>,
+    ) -> Result<Response<proto::RenewSessionResponse>, Status> {
+        self.call("RenewSession", request, |r| {
+            AdminService::renew_session(self, r)
         })
         .await
     }

@@ -36,6 +36,9 @@ pub struct HttpState {
     pub live: Arc<AtomicBool>,
     /// Latency metrics of the JSON endpoints.
     pub rpc: Arc<HttpMetrics>,
+    /// The admin service the gRPC port serves; the console's JSON API
+    /// calls it (`server::console`).
+    pub admin: Arc<super::admin::AdminService>,
 }
 
 /// Latency metrics of the JSON endpoints.
@@ -70,6 +73,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/decode", get(decode))
         .route("/v1/formatted/{name}", get(gen_formatted))
         .route("/v1/formatted/{name}/parse", get(parse_formatted))
+        .merge(super::console::routes())
         .fallback(not_found)
         .layer(axum::middleware::map_response(no_store))
         .with_state(state)
@@ -309,6 +313,6 @@ async fn readyz(State(s): State<HttpState>) -> Response {
 }
 
 async fn not_found() -> Response {
-    let body = json!({"error": {"code": "NOT_FOUND", "message": "no such endpoint; see /v1/id, /v1/ids?count=N, /v1/decode?id=N, /v1/formatted/<name>?count=N&param.<name>=<value>, /v1/formatted/<name>/parse?id=<id>, /metrics, /healthz, /readyz"}});
+    let body = json!({"error": {"code": "NOT_FOUND", "message": "no such endpoint; see /v1/id, /v1/ids?count=N, /v1/decode?id=N, /v1/formatted/<name>?count=N&param.<name>=<value>, /v1/formatted/<name>/parse?id=<id>, /metrics, /healthz, /readyz, /admin/ (the admin console)"}});
     (StatusCode::NOT_FOUND, Json(body)).into_response()
 }

@@ -8,6 +8,7 @@
 //! final high-water mark.
 
 pub mod admin;
+pub mod console;
 pub mod grpc;
 pub mod health;
 pub mod http;

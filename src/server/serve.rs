@@ -133,7 +133,9 @@ impl Node {
             &self.issuer,
         )))
         .max_decoding_message_size(max_request);
-        let admin = admin::service(self.admin_deps()).max_decoding_message_size(max_request);
+        let admin_service = Arc::new(admin::AdminService::new(self.admin_deps()));
+        let admin = proto::admin_server::AdminServer::from_arc(Arc::clone(&admin_service))
+            .max_decoding_message_size(max_request);
         let (stop, stop_rx) = watch::channel(false);
         let (grpc_tls, http_tls, reload) = acceptors(config)?;
         let grpc_routes = tonic::service::Routes::new(health_service)
@@ -160,6 +162,7 @@ impl Node {
             ready: Arc::clone(&state.ready),
             live: Arc::clone(&state.live),
             rpc: Arc::new(http::HttpMetrics::default()),
+            admin: admin_service,
         });
         let http = tokio::spawn(listener::serve(
             http,

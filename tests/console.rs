@@ -1,0 +1,209 @@
+//! The admin console end to end in headless Chromium: three Consul-mode
+//! nodes on the Consul test server; Debian's `chromium`, driven by
+//! playwright-core (`tests/console/console.test.js`), logs in with a wrong
+//! token (refused) then the right one, sees the three nodes with their
+//! worker ids, renews a session by hand, SIGKILLs one node, releases its
+//! worker id through the confirmation dialog and sees it free.
+//!
+//! Needs `node`, `/usr/bin/chromium` and `tests/console/node_modules`
+//! (`scripts/setup.sh` installs all three); a missing one fails the test
+//! with what to run, never skips it.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{write_cluster_config, ChildServer};
+use idgen::proto::admin_client::AdminClient;
+use idgen::proto::{self, GenIdsRequest, HolderKind, Mode};
+
+const TOKEN: &str = "console-test-token";
+
+fn console_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console")
+}
+
+fn chromium() -> String {
+    std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
+}
+
+/// Fails (never skips) when a tool the test needs is missing.
+fn require_tools() {
+    let setup =
+        "run scripts/setup.sh (it installs Debian's chromium and `npm ci` in tests/console)";
+    assert!(
+        Path::new(&chromium()).exists(),
+        "{} is missing: {setup}",
+        chromium()
+    );
+    assert!(
+        console_dir()
+            .join("node_modules/playwright-core/package.json")
+            .exists(),
+        "tests/console/node_modules/playwright-core is missing: {setup}"
+    );
+    let node = Command::new("node").arg("--version").output();
+    assert!(
+        node.is_ok_and(|o| o.status.success()),
+        "node is missing: {setup}"
+    );
+}
+
+const FORMATS: &str = r#"
+[[formats]]
+name = "orders"
+template = "{yyyy}{MM}{dd}{seq:8}"
+reset = "day"
+"#;
+
+/// A node whose session outlives a SIGKILL for 60 s (TTL), with a 2 s
+/// lock-delay, every mode the console shows, and the admin token.
+fn node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
+    let token = format!("\"{TOKEN}\"");
+    let set: &[(&str, &str, &str)] = &[
+        ("admin", "token", &token),
+        ("consul", "session_ttl", "\"60s\""),
+        ("lease", "enabled", "true"),
+        ("lease", "block", "100"),
+        ("segment", "enabled", "true"),
+        ("strict", "enabled", "true"),
+    ];
+    let path = write_cluster_config(dir, name, consul, set);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(FORMATS);
+    std::fs::write(&path, text).unwrap();
+    ChildServer::start(&path)
+}
+
+fn ok<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    r
+}
+
+/// Snowflake and lease IDs from `node` into `seen`; none repeats.
+async fn issue(node: &ChildServer, seen: &mut HashSet<u64>) {
+    let mut c = node.client().await;
+    for mode in [Mode::Snowflake, Mode::Lease] {
+        let req = GenIdsRequest {
+            mode: mode as i32,
+            count: 50,
+            ..Default::default()
+        };
+        for id in c.gen_ids(req).await.unwrap().into_inner().ids {
+            assert!(seen.insert(id), "{mode:?} ID {id} handed out twice");
+        }
+    }
+}
+
+/// Runs the browser script; its output is printed, its exit code returned.
+fn run_script(env: &[(&str, String)]) -> std::process::ExitStatus {
+    let mut cmd = Command::new("node");
+    cmd.arg("console.test.js")
+        .current_dir(console_dir())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("run node");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for node") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the browser script ran for over 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_releases_a_dead_nodes_worker_id_in_chromium() {
+    require_tools();
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let names = ["n0", "n1", "n2"];
+    let nodes: Vec<ChildServer> = names
+        .iter()
+        .map(|n| node(dir.path(), n, consul.addr()))
+        .collect();
+    let mut seen = HashSet::new();
+    for n in &nodes {
+        issue(n, &mut seen).await;
+    }
+    let mut admin = AdminClient::connect(format!("http://{}", nodes[0].grpc))
+        .await
+        .unwrap();
+    admin
+        .create_tag(ok(proto::CreateTagRequest {
+            tag: "orders".into(),
+            step: 10,
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    admin
+        .set_strict_step(ok(proto::SetStrictStepRequest {
+            namespace: "invoices".into(),
+            step: 5,
+        }))
+        .await
+        .unwrap();
+    let before = admin
+        .list_holders(ok(proto::ListHoldersRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .holders;
+    let n2_session = before
+        .iter()
+        .find(|h| h.instance == "n2")
+        .map(|h| h.session.clone())
+        .expect("n2 holds its worker id");
+    assert!(consul.sessions().iter().any(|s| s.id == n2_session));
+    let victim = &nodes[2];
+    let status = run_script(&[
+        (
+            "IDGEN_CONSOLE_URL",
+            format!("http://{}/admin/", nodes[0].http),
+        ),
+        ("IDGEN_TOKEN", TOKEN.into()),
+        ("IDGEN_NODES", names.join(",")),
+        ("IDGEN_KILL", format!("n2:{}", victim.child.id())),
+        ("IDGEN_RENEW", "n1".into()),
+        ("CHROMIUM", chromium()),
+    ]);
+    assert!(status.success(), "the browser script failed: {status}");
+
+    // What the page showed is what Consul holds: n2's worker id is free
+    // (no session), the others are alive and still issue without repeats.
+    let holders = admin
+        .list_holders(ok(proto::ListHoldersRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .holders;
+    let n2_worker = holders
+        .iter()
+        .find(|h| h.instance == "n2" && h.kind == HolderKind::Worker as i32)
+        .expect("n2's worker key");
+    assert_eq!(n2_worker.state, "released", "{holders:?}");
+    assert!(n2_worker.session.is_empty(), "{n2_worker:?}");
+    for h in holders.iter().filter(|h| h.instance != "n2") {
+        assert_eq!(h.state, "alive", "{h:?}");
+    }
+    assert!(
+        !consul.sessions().iter().any(|s| s.id == n2_session),
+        "n2's session is gone"
+    );
+    for n in &nodes[..2] {
+        issue(n, &mut seen).await;
+    }
+}

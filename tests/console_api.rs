@@ -1,0 +1,576 @@
+//! The admin console's JSON API (`/admin/api/...`) and its page, against a
+//! node in this process: the same credentials as the gRPC admin service
+//! (401 without a token, 403 for a wrong one, 403 for a peer outside
+//! `admin.allow`, a client certificate over TLS), off without any
+//! credential, the shape of every endpoint, the cross-site checks on
+//! changes, and `RenewSession` plus lock-delay and TTL of holders on a
+//! Consul node.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{all_modes_config, test_config, write_cluster_config, ChildServer, TestServer};
+use idgen::config::{AdminToken, AllowList, TlsSettings};
+use idgen::proto::admin_client::AdminClient;
+use idgen::proto::{self, HolderKind};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+
+const TOKEN: &str = "console-api-token";
+
+fn ok<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    r
+}
+
+/// A GET with `Authorization: Bearer <token>` when given: status, headers,
+/// JSON body (`Null` when not JSON).
+async fn get(
+    server: &TestServer,
+    path: &str,
+    token: Option<&str>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut req = reqwest::Client::new().get(server.url(path));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("HTTP answer");
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let body = r.json().await.unwrap_or(Value::Null);
+    (status, headers, body)
+}
+
+/// A POST of `body` (JSON unless `content_type` says otherwise).
+async fn post(
+    server: &TestServer,
+    path: &str,
+    body: &str,
+    content_type: &str,
+    origin: Option<&str>,
+) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(server.url(path))
+        .bearer_auth(TOKEN)
+        .header("content-type", content_type)
+        .body(body.to_owned());
+    if let Some(o) = origin {
+        req = req.header("origin", o);
+    }
+    let r = req.send().await.expect("HTTP answer");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn error_of(body: &Value) -> (&str, &str) {
+    (
+        body["error"]["code"].as_str().unwrap_or_default(),
+        body["error"]["message"].as_str().unwrap_or_default(),
+    )
+}
+
+fn with_token(dir: &Path) -> idgen::config::Config {
+    let mut c = all_modes_config(dir);
+    c.admin.token = Some(AdminToken(TOKEN.into()));
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_api_needs_the_admin_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(with_token(dir.path())).await;
+
+    let (status, headers, body) = get(&server, "/admin/api/holders", None).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(error_of(&body).0, "UNAUTHENTICATED", "{body}");
+    assert!(error_of(&body).1.contains("Bearer"), "{body}");
+    assert!(headers["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .starts_with("Bearer"));
+
+    for path in [
+        "/admin/api/holders",
+        "/admin/api/tags",
+        "/admin/api/formats",
+    ] {
+        let (status, _, body) = get(&server, path, Some("not-the-token")).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        let (code, message) = error_of(&body);
+        assert_eq!(code, "PERMISSION_DENIED", "{path}: {body}");
+        assert!(
+            message.contains("wrong") && message.contains("admin.token"),
+            "{body}"
+        );
+        assert!(!body.to_string().contains(TOKEN), "the token never shows");
+    }
+    let (status, body) = {
+        let r = reqwest::Client::new()
+            .post(server.url("/admin/api/release"))
+            .bearer_auth("not-the-token")
+            .json(&json!({"kind": "worker", "id": 0, "force": true}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    assert_eq!(
+        (status, error_of(&body).0),
+        (403, "PERMISSION_DENIED"),
+        "{body}"
+    );
+
+    let (status, _, _) = get(&server, "/admin/api/holders", Some(TOKEN)).await;
+    assert_eq!(status, 200);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_console_endpoint_answers_in_its_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(with_token(dir.path())).await;
+    let mut admin = AdminClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    admin
+        .create_tag(ok(proto::CreateTagRequest {
+            tag: "orders".into(),
+            step: 10,
+            initial: 9_007_199_254_740_993,
+            description: "<b>not html</b>".into(),
+        }))
+        .await
+        .unwrap();
+    admin
+        .set_strict_step(ok(proto::SetStrictStepRequest {
+            namespace: "books".into(),
+            step: 5,
+        }))
+        .await
+        .unwrap();
+    let t = Some(TOKEN);
+
+    let (status, _, h) = get(&server, "/admin/api/holders", t).await;
+    assert_eq!(status, 200, "{h}");
+    assert_eq!(h["backend"], "embedded");
+    let holders = h["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "worker id and lease token: {h}");
+    assert_eq!(holders[0]["kind"], "worker");
+    assert_eq!(holders[0]["state"], "embedded (this node)");
+    assert!(
+        holders[0]["address"]
+            .as_str()
+            .is_some_and(|a| !a.is_empty()),
+        "{h}"
+    );
+    assert_eq!(holders[1]["kind"], "lease_token");
+    for key in [
+        "datacenter",
+        "zone",
+        "id",
+        "lock_delay_ms",
+        "session_ttl_ms",
+    ] {
+        assert!(holders[0][key].is_u64(), "{key}: {h}");
+    }
+    assert!(holders[0]["reserved"].is_string(), "{h}");
+
+    let (status, _, tags) = get(&server, "/admin/api/tags", t).await;
+    assert_eq!(status, 200, "{tags}");
+    assert_eq!(tags["tags"][0]["tag"], "orders");
+    assert_eq!(
+        tags["tags"][0]["max_id"], "9007199254740993",
+        "above 2^53: a string, exact"
+    );
+    assert_eq!(tags["tags"][0]["step"], 10);
+    assert_eq!(tags["tags"][0]["description"], "<b>not html</b>");
+    assert_eq!(tags["unreadable"], json!([]));
+
+    let (status, _, strict) = get(&server, "/admin/api/strict", t).await;
+    assert_eq!(status, 200, "{strict}");
+    assert_eq!(
+        strict["namespaces"],
+        json!([{"namespace": "books", "step": 5}])
+    );
+    assert_eq!(strict["default_step"], 1);
+
+    let (status, _, formats) = get(&server, "/admin/api/formats", t).await;
+    assert_eq!(
+        (status, &formats),
+        (200, &json!({"enabled": false, "formats": []}))
+    );
+
+    // Calls the backend cannot serve: the gRPC service's own refusal.
+    let (status, _, layout) = get(&server, "/admin/api/layout", t).await;
+    assert_eq!(status, 400, "{layout}");
+    assert_eq!(error_of(&layout).0, "FAILED_PRECONDITION");
+    assert!(error_of(&layout).1.contains("embedded"), "{layout}");
+    let (status, r) = post(
+        &server,
+        "/admin/api/release",
+        r#"{"kind": "worker", "datacenter": 0, "id": 0, "force": true}"#,
+        "application/json",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&r).0),
+        (400, "FAILED_PRECONDITION"),
+        "{r}"
+    );
+    assert!(error_of(&r).1.contains("embedded"), "{r}");
+    let (status, r) = post(
+        &server,
+        "/admin/api/renew",
+        r#"{"session": "abc"}"#,
+        "application/json",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&r).0),
+        (400, "FAILED_PRECONDITION"),
+        "{r}"
+    );
+    assert!(error_of(&r).1.contains("no Consul session"), "{r}");
+
+    // Bad bodies, each with the reason.
+    let bad = [
+        (r#"{"kind": "node", "id": 1}"#, "kind"),
+        (r#"{"kind": "worker", "id": 1, "extra": 1}"#, "extra"),
+        (r#"{"kind": "worker", "id": -1}"#, "id"),
+        ("not json", "JSON"),
+        (
+            r#"{"kind": "lease_token", "datacenter": 1, "id": 1}"#,
+            "zone",
+        ),
+    ];
+    for (body, says) in bad {
+        let (status, r) = post(
+            &server,
+            "/admin/api/release",
+            body,
+            "application/json",
+            None,
+        )
+        .await;
+        assert_eq!(status, 400, "{body}: {r}");
+        assert_eq!(error_of(&r).0, "INVALID_ARGUMENT", "{body}: {r}");
+        assert!(error_of(&r).1.contains(says), "{body}: {r}");
+    }
+    let (status, r) = post(&server, "/admin/api/release", "{}", "text/plain", None).await;
+    assert_eq!(status, 415, "{r}");
+    assert!(error_of(&r).1.contains("application/json"), "{r}");
+    let (status, r) = post(
+        &server,
+        "/admin/api/renew",
+        r#"{"session": "abc"}"#,
+        "application/json",
+        Some("http://evil.example"),
+    )
+    .await;
+    assert_eq!((status, error_of(&r).0), (403, "PERMISSION_DENIED"), "{r}");
+    assert!(error_of(&r).1.contains("origin"), "{r}");
+    let (status, _, r) = get(&server, "/admin/api/nope", t).await;
+    assert_eq!((status, error_of(&r).0), (404, "NOT_FOUND"), "{r}");
+
+    // Every call was counted like a gRPC admin call.
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // (Other tests in this process add to the same counters.)
+    for series in [
+        r#"idgen_admin_calls_total{method="ListHolders",code="OK"}"#,
+        r#"idgen_admin_calls_total{method="ConsoleFormats",code="OK"}"#,
+        r#"idgen_admin_calls_total{method="ForceRelease",code="FAILED_PRECONDITION"}"#,
+    ] {
+        assert!(
+            common::metric(&metrics, series).unwrap_or(0.0) >= 1.0,
+            "{series}: {metrics}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_is_served_with_a_strict_policy_and_only_when_admin_is_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(with_token(dir.path())).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client.get(server.url("/admin")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 308);
+    assert_eq!(r.headers()["location"], "/admin/");
+    for (path, ty) in [
+        ("/admin/", "text/html"),
+        ("/admin/console.js", "text/javascript"),
+        ("/admin/console.css", "text/css"),
+        ("/admin/favicon.svg", "image/svg+xml"),
+    ] {
+        let r = client.get(server.url(path)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+        let h = r.headers().clone();
+        assert!(
+            h["content-type"].to_str().unwrap().starts_with(ty),
+            "{path}"
+        );
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("default-src 'none'")
+                && csp.contains("script-src 'self'")
+                && csp.contains("frame-ancestors 'none'")
+                && !csp.contains("unsafe"),
+            "{path}: {csp}"
+        );
+        assert_eq!(h["x-frame-options"], "DENY", "{path}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(h["cache-control"], "no-store", "{path}");
+        let text = r.text().await.unwrap();
+        assert!(!text.contains(TOKEN), "{path}: no secret in the assets");
+    }
+    server.stop().await;
+
+    // No admin credential: the page is not served, the API says why.
+    let dir = tempfile::tempdir().unwrap();
+    let off = TestServer::start(all_modes_config(dir.path())).await;
+    let r = reqwest::get(off.url("/admin/")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("disabled") && text.contains("admin.token"),
+        "{text}"
+    );
+    let (status, _, body) = get(&off, "/admin/api/holders", Some("anything")).await;
+    assert_eq!(
+        (status, error_of(&body).0),
+        (403, "PERMISSION_DENIED"),
+        "{body}"
+    );
+    assert!(error_of(&body).1.contains("disabled"), "{body}");
+    off.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_allow_refuses_the_console_api_by_peer_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = with_token(dir.path());
+    config.admin.allow = AllowList::parse(&["10.0.0.0/8".into()]).unwrap();
+    let server = TestServer::start(config).await;
+    let (status, _, body) = get(&server, "/admin/api/holders", Some(TOKEN)).await;
+    assert_eq!(status, 403, "{body}");
+    let (code, message) = error_of(&body);
+    assert_eq!(code, "PERMISSION_DENIED");
+    assert!(
+        message.contains("admin.allow") && message.contains("127.0.0.1"),
+        "{body}"
+    );
+    // IDs are still served to that peer; only admin is refused.
+    let r = reqwest::get(server.url("/v1/id")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        common::metric(
+            &metrics,
+            r#"idgen_peer_refusals_total{port="http",list="admin"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+/// One HTTP/1.1 GET of `path` over TLS presenting `client` (PEM cert,
+/// key) if given; the status code.
+async fn https_status(
+    addr: std::net::SocketAddr,
+    root: &tokio_rustls::rustls::pki_types::CertificateDer<'static>,
+    client: Option<(&Path, &Path)>,
+    path: &str,
+) -> u16 {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+    let mut store = RootCertStore::empty();
+    store.add(root.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store);
+    let mut config = match client {
+        Some((cert, key)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            builder
+                .with_client_auth_cert(chain, PrivateKeyDer::from_pem_file(key).unwrap())
+                .unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut s = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("TLS handshake");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_client_certificate_opens_the_console_api_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = common::tls::server_cert(dir.path(), "server");
+    let ca = common::tls::ca(dir.path(), "clients");
+    let (ops_c, ops_k) = common::tls::client_cert(dir.path(), &ca, "ops-admin", &[]);
+    let (app_c, app_k) = common::tls::client_cert(dir.path(), &ca, "app-1", &[]);
+    let mut config = test_config(dir.path());
+    config.server.tls = Some(TlsSettings {
+        cert: cert.cert.clone(),
+        key: cert.key.clone(),
+        client_ca: Some(ca.cert.clone()),
+        client_required: false,
+    });
+    config.admin.client_cert_names = vec!["ops-admin".into()];
+    let server = TestServer::start(config).await;
+    let path = "/admin/api/holders";
+    let listed = https_status(server.http, &cert.der, Some((&ops_c, &ops_k)), path).await;
+    assert_eq!(
+        listed, 200,
+        "a certificate named in admin.client_cert_names"
+    );
+    let other = https_status(server.http, &cert.der, Some((&app_c, &app_k)), path).await;
+    assert_eq!(other, 403, "a certificate not listed");
+    let none = https_status(server.http, &cert.der, None, path).await;
+    assert_eq!(none, 401, "no certificate");
+    assert_eq!(
+        https_status(server.http, &cert.der, None, "/admin/").await,
+        200,
+        "the page itself holds nothing secret"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_show_lock_delay_and_ttl_and_sessions_renew_by_hand() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let node = ChildServer::start(&write_cluster_config(
+        dir.path(),
+        "n0",
+        consul.addr(),
+        &[("admin", "token", &token)],
+    ));
+    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
+        .await
+        .unwrap();
+    let holders = admin
+        .list_holders(ok(proto::ListHoldersRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .holders;
+    let worker = holders
+        .iter()
+        .find(|h| h.kind == HolderKind::Worker as i32)
+        .expect("n0's worker id");
+    assert_eq!(worker.lock_delay_ms, 2000, "{worker:?}");
+    assert_eq!(worker.session_ttl_ms, 2000, "{worker:?}");
+
+    let renewed = admin
+        .renew_session(ok(proto::RenewSessionRequest {
+            session: worker.session.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(renewed.session, worker.session);
+    assert_eq!(renewed.ttl_ms, 2000);
+    assert!(renewed.holders.iter().any(|h| h.id == worker.id));
+    assert!(renewed.message.contains("n0"), "{renewed:?}");
+
+    for (session, code) in [
+        ("", Code::InvalidArgument),
+        ("00000000-0000-0000-0000-000000000000", Code::NotFound),
+        ("../../kv/x?dc=y", Code::NotFound),
+    ] {
+        let e = admin
+            .renew_session(ok(proto::RenewSessionRequest {
+                session: session.into(),
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "{session}: {e:?}");
+    }
+
+    // The same from the command line.
+    let addr = format!("http://{}", node.grpc);
+    let (ok_, out) = common::run_idgen(&[
+        "admin",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        "renew",
+        &worker.session,
+    ]);
+    assert!(ok_ && out.contains("renewed session"), "{out}");
+    let (ok_, out) = common::run_idgen(&[
+        "admin",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        "renew",
+        "no-such-session",
+    ]);
+    assert!(!ok_ && out.contains("NOT_FOUND"), "{out}");
+
+    // The same through the console's JSON API.
+    let http = format!("http://{}/admin/api/renew", node.http);
+    let r = reqwest::Client::new()
+        .post(&http)
+        .bearer_auth(TOKEN)
+        .json(&json!({"session": worker.session}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["ttl_ms"], 2000, "{body}");
+    assert_eq!(body["holders"][0]["instance"], "n0", "{body}");
+    let r = reqwest::Client::new()
+        .post(&http)
+        .bearer_auth(TOKEN)
+        .json(&json!({"session": "00000000-0000-0000-0000-000000000000"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert!(error_of(&body).1.contains("holds no worker id"), "{body}");
+}
