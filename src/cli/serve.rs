@@ -90,6 +90,14 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     }
     // The bound port (port 0 picks one): advertised as Meta.metrics_port.
     config.server.http_listen = http.local_addr()?;
+    let reread = {
+        let (path, clock) = (a.config.config.clone(), Arc::clone(&clock));
+        move || {
+            Config::load(path.as_deref(), &overrides, clock.now_millis())
+                .map(|c| c.formatted.formats)
+                .map_err(|e| e.to_string())
+        }
+    };
     let node = tokio::select! {
         node = Node::start(config.clone(), clock) => node.context("cannot start")?,
         () = &mut stop => {
@@ -99,6 +107,10 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
             bail!("stopped by a signal while starting");
         }
     };
+    if let Some(catalog) = node.format_catalog() {
+        // SIGHUP reads the config file's [[formats]] again.
+        catalog.set_config_source(Arc::new(reread));
+    }
     tracing::info!(
         // Rounded to 0.1 ms: a log field, not a measurement.
         startup_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0,

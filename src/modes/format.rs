@@ -327,7 +327,8 @@ impl Formats {
 fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<FormatTable, (String, Error)> {
     let mut formats = HashMap::new();
     for def in defs {
-        let failed = |e: crate::id::format::FormatError| (def.name.clone(), StoreError::from(e).into());
+        let failed =
+            |e: crate::id::format::FormatError| (def.name.clone(), StoreError::from(e).into());
         let format = Format::compile(def.clone(), now, LuaLimits::default()).map_err(failed)?;
         if format.scope() == Scope::Node {
             format.check_node(node_ids(node)).map_err(failed)?;

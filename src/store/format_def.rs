@@ -141,7 +141,10 @@ fn check_creatable(existing: Option<&StoredFormat>) -> Result<(), StoreError> {
 }
 
 /// The live record `existing`, or why it cannot be changed.
-fn live<'a>(name: &str, existing: Option<&'a StoredFormat>) -> Result<&'a StoredFormat, StoreError> {
+fn live<'a>(
+    name: &str,
+    existing: Option<&'a StoredFormat>,
+) -> Result<&'a StoredFormat, StoreError> {
     match existing {
         None => Err(StoreError::FormatNotFound(name.chars().take(80).collect())),
         Some(r) if r.deleted => Err(deleted(r)),
@@ -365,7 +368,10 @@ mod tests {
     async fn contract(store: &dyn FormatDefStore) {
         let a = record("orders", "{yyyy}{MM}{dd}{seq:4}");
         store.create(&a).await.unwrap();
-        store.create(&record("b", "{yyyy}{MM}{dd}{seq:2}")).await.unwrap();
+        store
+            .create(&record("b", "{yyyy}{MM}{dd}{seq:2}"))
+            .await
+            .unwrap();
         assert!(matches!(
             store.create(&a).await,
             Err(StoreError::FormatExists(n)) if n == "orders"
@@ -374,29 +380,37 @@ mod tests {
         let names: Vec<&str> = listed.formats.iter().map(|f| f.def.name.as_str()).collect();
         assert_eq!(names, ["b", "orders"], "sorted by name");
         let changed = store
-            .change("orders", std::sync::Arc::new(|r| {
-                let mut r = r.clone();
-                r.def.description = "new".into();
-                r.updated_ms = 2;
-                Ok(r)
-            }))
+            .change(
+                "orders",
+                std::sync::Arc::new(|r| {
+                    let mut r = r.clone();
+                    r.def.description = "new".into();
+                    r.updated_ms = 2;
+                    Ok(r)
+                }),
+            )
             .await
             .unwrap();
         assert_eq!(changed.def.description, "new");
         assert_eq!(store.get("orders").await.unwrap(), Some(changed));
         assert!(matches!(
-            store.change("nope", std::sync::Arc::new(|r| Ok(r.clone()))).await,
+            store
+                .change("nope", std::sync::Arc::new(|r| Ok(r.clone())))
+                .await,
             Err(StoreError::FormatNotFound(_))
         ));
         // Delete: a tombstone; never created again, never changed.
         store
-            .change("orders", std::sync::Arc::new(|r| {
-                Ok(StoredFormat {
-                    deleted: true,
-                    updated_ms: 3,
-                    ..r.clone()
-                })
-            }))
+            .change(
+                "orders",
+                std::sync::Arc::new(|r| {
+                    Ok(StoredFormat {
+                        deleted: true,
+                        updated_ms: 3,
+                        ..r.clone()
+                    })
+                }),
+            )
             .await
             .unwrap();
         let refused = store.create(&a).await.unwrap_err();
@@ -406,7 +420,9 @@ mod tests {
         );
         assert_eq!(refused.kind(), crate::id::ErrorKind::Precondition);
         assert!(matches!(
-            store.change("orders", std::sync::Arc::new(|r| Ok(r.clone()))).await,
+            store
+                .change("orders", std::sync::Arc::new(|r| Ok(r.clone())))
+                .await,
             Err(StoreError::FormatDeleted { .. })
         ));
         let listed = store.list().await.unwrap();

@@ -124,6 +124,10 @@ pub enum StoreError {
     /// No format by that name is defined.
     #[error("unknown format {0:?}: create it with `idgen admin formats create` (or a [[formats]] entry in the config file), then call again")]
     FormatNotFound(String),
+    /// A format definition refused by the admin API (it does not compile,
+    /// or its Lua rule fails its checks); the message names the format.
+    #[error("{0}")]
+    FormatInvalid(String),
     /// A live format by that name exists already.
     #[error("format {0:?} exists already: change it with `idgen admin formats update`, or pick another name")]
     FormatExists(String),
@@ -159,6 +163,7 @@ impl StoreError {
             }
             Self::TagExists(_) | Self::FormatExists(_) => ErrorKind::AlreadyExists,
             Self::FormatDeleted { .. } => ErrorKind::Precondition,
+            Self::FormatInvalid(_) => ErrorKind::BadRequest,
             Self::LimitReached { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
             Self::Lease(e) => e.kind(),
