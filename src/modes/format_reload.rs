@@ -426,20 +426,25 @@ impl FormatCatalog {
         }
     }
 
-    /// Reloads on every SIGHUP (the config file read again first). The TLS
-    /// reloader listens too: each listener gets every signal. Runs until
-    /// aborted.
-    pub async fn watch_sighup(self: Arc<Self>) {
+    /// Reloads on every SIGHUP (the config file read again first). The
+    /// signal is registered here, before the returned future first runs,
+    /// so a SIGHUP right after this returns is not missed (nor does it
+    /// take the default action, ending the process). The TLS reloader
+    /// listens too: each listener gets every signal. Runs until aborted.
+    pub fn watch_sighup(self: Arc<Self>) -> impl std::future::Future<Output = ()> + Send {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGHUP: formats reload only through the admin API");
-                return;
+        let hup = signal(SignalKind::hangup());
+        async move {
+            let mut hup = match hup {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGHUP: formats reload only through the admin API");
+                    return;
+                }
+            };
+            while hup.recv().await.is_some() {
+                log_reload("sighup", self.reload_config("sighup").await);
             }
-        };
-        while hup.recv().await.is_some() {
-            log_reload("sighup", self.reload_config("sighup").await);
         }
     }
 }

@@ -53,8 +53,9 @@ impl Node {
             self.config.store.max_unhealthy,
         ));
         let addrs = (grpc.local_addr().ok(), http.local_addr().ok());
-        let mut fronts = self.start_front_ends(grpc, http, health_service, &state)?;
+        // Before the front ends: a SIGHUP once calls are answered reloads.
         let format_watch = self.watch_formats();
+        let mut fronts = self.start_front_ends(grpc, http, health_service, &state)?;
         let Node {
             config,
             issuer,
