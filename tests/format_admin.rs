@@ -565,7 +565,22 @@ async fn a_config_entry_must_agree_with_the_stored_definition() {
     );
     let mut described = orders();
     described.description = "now with a description".into();
-    let node = start_in_process(with(described)).await.unwrap();
+    // A failed in-process start drops its store on its own threads a
+    // moment later (a real process exits): wait for the file to be free.
+    let mut node = None;
+    for _ in 0..50 {
+        match start_in_process(with(described.clone())).await {
+            Ok(n) => {
+                node = Some(n);
+                break;
+            }
+            Err(e) if e.contains("open in another idgen process") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let node = node.expect("the state file is free within 5 s");
     let stored = node.catalog.store().get("orders").await.unwrap().unwrap();
     assert_eq!(stored.def.description, "now with a description");
     node.stop().await;
