@@ -68,6 +68,9 @@ type Gate = Arc<tokio::sync::Mutex<Option<Block>>>;
 /// Compiled formats by name: what one reload installs.
 pub type FormatTable = HashMap<String, Arc<Format>>;
 
+/// The format that failed to compile, and why.
+pub type CompileFailure = Box<(String, Error)>;
+
 /// The formatted-mode engine: compiled formats and their counters.
 pub struct Formats {
     store: Arc<dyn FormatStore>,
@@ -108,7 +111,7 @@ impl Formats {
         settings: FormatSettings,
         node: u64,
     ) -> Result<Self, Error> {
-        let formats = compile_all(defs, clock.now_millis() as i64, node).map_err(|(_, e)| e)?;
+        let formats = compile_all(defs, clock.now_millis() as i64, node).map_err(|f| f.1)?;
         Ok(Self {
             store,
             clock,
@@ -130,7 +133,7 @@ impl Formats {
     /// Compiles `defs` into a table, each checked as at start-up (and
     /// against this node's number when per node). Nothing is served from
     /// it until [`install`](Self::install). The error names the format.
-    pub fn compile_table(&self, defs: &[FormatDef]) -> Result<FormatTable, (String, Error)> {
+    pub fn compile_table(&self, defs: &[FormatDef]) -> Result<FormatTable, CompileFailure> {
         compile_all(defs, self.clock.now_millis() as i64, self.node)
     }
 
@@ -324,11 +327,12 @@ impl Formats {
 
 /// Compiles every definition at `now` for node `node`; the first failure
 /// with the name of the format that failed.
-fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<FormatTable, (String, Error)> {
+fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<FormatTable, CompileFailure> {
     let mut formats = HashMap::new();
     for def in defs {
-        let failed =
-            |e: crate::id::format::FormatError| (def.name.clone(), StoreError::from(e).into());
+        let failed = |e: crate::id::format::FormatError| {
+            Box::new((def.name.clone(), StoreError::from(e).into()))
+        };
         let format = Format::compile(def.clone(), now, LuaLimits::default()).map_err(failed)?;
         if format.scope() == Scope::Node {
             format.check_node(node_ids(node)).map_err(failed)?;

@@ -287,7 +287,7 @@ impl FormatCatalog {
         let table = self
             .formats
             .compile_table(&defs)
-            .map_err(|(name, e)| ReloadError::from_error(Some(&name), &e))?;
+            .map_err(|f| ReloadError::from_error(Some(&f.0), &f.1))?;
         let old = self.formats.table();
         for (name, new) in &table {
             if let Some(old) = old.get(name) {
@@ -319,7 +319,7 @@ impl FormatCatalog {
             .map_err(|e| refused(StoreError::from(e)))?;
         self.formats
             .compile_table(std::slice::from_ref(&def))
-            .map_err(|(_, e)| refused(e))?;
+            .map_err(|f| refused(f.1))?;
         let _one = self.reloading.lock().await;
         let written = self
             .defs
@@ -381,7 +381,7 @@ impl FormatCatalog {
         // Compiled here too, so a broken rule is refused before any write.
         self.formats
             .compile_table(std::slice::from_ref(def))
-            .map_err(|(_, e)| refused(e))?;
+            .map_err(|f| refused(f.1))?;
         let (new, now) = (def.clone(), self.now_ms());
         let change: DefChange = Arc::new(move |r: &StoredFormat| {
             let new = inherit_origin(new.clone(), &r.def);
