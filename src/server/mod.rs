@@ -359,36 +359,47 @@ fn build_issuer(
         )));
         tracing::info!(default_step = s.default_step, "strict mode enabled");
     }
-    let catalog = match (stores.format, stores.format_defs) {
-        (Some(store), Some(defs)) => {
-            let settings = crate::modes::format::FormatSettings {
-                block: config.formatted.block,
-                max_behind_ms: config.hwm.max_backward.as_millis() as u64,
-                max_batch: config.server.max_batch,
-            };
-            let node = issuer.generator().node_number();
-            // Empty until the catalog's start-up reload (`Node::prime`).
-            let formats = Arc::new(crate::modes::format::Formats::new(
-                &[],
-                store,
-                Arc::clone(clock),
-                settings,
-                node,
-            )?);
-            issuer = issuer.with_formats(Arc::clone(&formats));
-            Some(Arc::new(FormatCatalog::new(
-                defs,
-                formats,
-                Arc::clone(clock),
-                config.formatted.formats.clone(),
-            )))
-        }
-        _ if !config.formatted.formats.is_empty() => {
-            return Err(missing("formatted mode", "format store"))
-        }
-        _ => None,
-    };
+    let node = issuer.generator().node_number();
+    let catalog = format_catalog(config, clock, node, stores.format, stores.format_defs)?;
+    if let Some(catalog) = &catalog {
+        issuer = issuer.with_formats(Arc::clone(catalog.formats()));
+    }
     Ok((issuer, catalog))
+}
+
+/// Formatted mode's engine (empty until the catalog's start-up reload in
+/// `Node::prime`) and the catalog of stored definitions it serves from.
+fn format_catalog(
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+    node: u64,
+    store: Option<Arc<dyn crate::store::format::FormatStore>>,
+    defs: Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+) -> Result<Option<Arc<FormatCatalog>>, Error> {
+    let (Some(store), Some(defs)) = (store, defs) else {
+        if !config.formatted.formats.is_empty() {
+            return Err(missing("formatted mode", "format store"));
+        }
+        return Ok(None);
+    };
+    let settings = crate::modes::format::FormatSettings {
+        block: config.formatted.block,
+        max_behind_ms: config.hwm.max_backward.as_millis() as u64,
+        max_batch: config.server.max_batch,
+    };
+    let formats = Arc::new(crate::modes::format::Formats::new(
+        &[],
+        store,
+        Arc::clone(clock),
+        settings,
+        node,
+    )?);
+    Ok(Some(Arc::new(FormatCatalog::new(
+        defs,
+        formats,
+        Arc::clone(clock),
+        config.formatted.formats.clone(),
+    ))))
 }
 
 fn missing(mode: &str, store: &str) -> Error {
