@@ -507,6 +507,16 @@ async fn a_lua_rule_reloaded_under_load_fails_no_call_and_repeats_nothing() {
     }
     assert!(a > 0 && b > 0, "calls on both sides of the reload: {a} {b}");
 
+    // New code that cuts other periods would reuse stored period keys
+    // for other periods: refused, naming the field.
+    let mut daily = lua_def("B");
+    daily.lua = Some(
+        "function min_counter() return 0 end\nfunction max_counter() return 999999999 end\nfunction reset_seconds() return 86400 end\nfunction create_id(counter, now, salt) return string.format(\"B%04d%02d%02d%09d\", now:year(), now:month(), now:day(), counter) end\n".into(),
+    );
+    let e = catalog.update(daily).await.unwrap_err();
+    assert_eq!(e.kind(), idgen::id::ErrorKind::BadRequest, "{e}");
+    assert!(e.to_string().contains("reset"), "{e}");
+
     // A broken rule is refused at the update and never served.
     let mut broken = lua_def("B");
     broken.lua = Some("function min_counter() return 0 end\nfunction create_id(".into());
