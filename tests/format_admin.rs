@@ -201,6 +201,41 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
         fine && out.contains("orders") && out.contains("served here"),
         "{out}"
     );
+    // Created from flags, refused update printed with the field, from a
+    // TOML file.
+    let cli = |args: &[&str]| {
+        let mut all = vec!["admin", "--addr", &addr, "--token", TOKEN, "formats"];
+        all.extend_from_slice(args);
+        run_idgen(&all)
+    };
+    let (fine, out) = cli(&[
+        "create",
+        "cli-made",
+        "--template",
+        "{yyyy}{MM}{dd}{seq:4}",
+        "--reset",
+        "day",
+        "--description",
+        "from flags",
+    ]);
+    assert!(fine && out.contains("created cli-made"), "{out}");
+    let file = dir.path().join("cli-made.toml");
+    std::fs::write(
+        &file,
+        "[[formats]]\nname = \"cli-made\"\ntemplate = \"{yyyy}{MM}{dd}{seq:5}\"\nreset = \"day\"\n",
+    )
+    .unwrap();
+    let (fine, out) = cli(&["update", "--file", file.to_str().unwrap()]);
+    assert!(
+        !fine && out.contains("INVALID_ARGUMENT") && out.contains("template"),
+        "{out}"
+    );
+    let (fine, out) = cli(&["get", "cli-made", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert!(
+        fine && v["format"]["definition"]["description"] == "from flags",
+        "{out}"
+    );
 
     // Delete: NOT_FOUND for calls; the name is never created again.
     let deleted = a
@@ -246,7 +281,10 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
         .iter()
         .map(|f| (f.name.as_str(), f.deleted))
         .collect();
-    assert_eq!(names, [("invoices", false), ("orders", true)]);
+    assert_eq!(
+        names,
+        [("cli-made", false), ("invoices", false), ("orders", true)]
+    );
     assert_eq!(node.terminate().code(), Some(0));
 }
 
