@@ -99,6 +99,10 @@ pub const TLS_HANDSHAKE_FAILURES: &str = "idgen_tls_handshake_failures_total";
 pub const PEER_REFUSALS: &str = "idgen_peer_refusals_total";
 /// Certificate reloads, by `result` (`ok` or `error`).
 pub const TLS_RELOADS: &str = "idgen_tls_reloads_total";
+/// Reloads of the formatted-mode format table, by `trigger` and `result`.
+pub const FORMAT_RELOADS: &str = "idgen_format_reloads_total";
+/// Formats the node serves (the table last installed).
+pub const FORMATS_SERVED: &str = "idgen_formats_served";
 /// Open client connections, by `port`.
 pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
 /// Connections the node closed on a deadline, by `port` and `reason`.
@@ -322,6 +326,14 @@ fn describe_cluster() {
         TLS_RELOADS,
         "TLS certificate reloads (files changed, or SIGHUP), by result: ok, or error (the previous certificate stays in use)."
     );
+    describe_counter!(
+        FORMAT_RELOADS,
+        "Reloads of the formatted-mode format table, by trigger (start, admin, sighup, watch) and result: ok, or error (the previous table stays in use)."
+    );
+    describe_gauge!(
+        FORMATS_SERVED,
+        "Formats this node serves: the table last installed by a reload."
+    );
     describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by port.");
     describe_counter!(
         CONNECTIONS_TIMED_OUT,
@@ -455,6 +467,12 @@ pub const ADMIN_METHODS: &[&str] = &[
     "ListStrictKeys",
     "DeleteStrictKey",
     "RenewSession",
+    "CreateFormat",
+    "UpdateFormat",
+    "GetFormat",
+    "ListFormats",
+    "DeleteFormat",
+    "ReloadFormats",
 ];
 
 /// The `method` label of the admin console's list of formats
@@ -481,6 +499,11 @@ pub fn register(s: Series) {
         };
         if enabled {
             counter!(IDS_ISSUED, "mode" => mode).increment(0);
+        }
+    }
+    for trigger in ["start", "admin", "sighup", "watch"] {
+        for result in ["ok", "error"] {
+            counter!(FORMAT_RELOADS, "trigger" => trigger, "result" => result).increment(0);
         }
     }
     for kind in ["tolerated", "refused"] {

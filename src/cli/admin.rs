@@ -96,7 +96,7 @@ pub async fn connect_to(
 }
 
 /// The gRPC code and message, for the error line.
-fn failed(s: Status) -> anyhow::Error {
+pub fn failed(s: Status) -> anyhow::Error {
     super::client::status_error(s)
 }
 
@@ -241,7 +241,7 @@ fn tag_of(t: Option<proto::SegmentTag>) -> anyhow::Result<proto::SegmentTag> {
 }
 
 /// What a command prints: its JSON form and its text form.
-type Out = (Value, String);
+pub type Out = (Value, String);
 
 /// Runs one admin command and prints its answer.
 pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
@@ -253,6 +253,7 @@ pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Renew { session } => renew(&mut c, session).await?,
         AdminCommand::Strict(cmd) => strict(&mut c, cmd).await?,
         AdminCommand::Layout(cmd) => layout(&mut c, cmd).await?,
+        AdminCommand::Formats(cmd) => super::admin_formats::run(&mut c, cmd).await?,
     };
     if a.json {
         outln!("{}", out.0)?;

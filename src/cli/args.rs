@@ -309,6 +309,80 @@ pub enum AdminCommand {
     /// (accepted only when no ID can repeat).
     #[command(subcommand)]
     Layout(LayoutCommand),
+    /// Formatted-mode formats: create, update, get, list, delete, reload.
+    #[command(subcommand)]
+    Formats(FormatsCommand),
+}
+
+#[derive(Subcommand)]
+pub enum FormatsCommand {
+    /// Create a format (stored durably; served by this node at once and by
+    /// every Consul node within a few seconds).
+    Create(FormatDefArgs),
+    /// Replace a format's definition: only description, min, max, step and
+    /// a Lua rule's code may change (nothing that could repeat an ID).
+    Update(FormatDefArgs),
+    /// Show one stored format.
+    Get {
+        /// Format name.
+        name: String,
+    },
+    /// List every stored format (deleted ones marked).
+    List,
+    /// Delete a format: a tombstone keeps the name for good (it can never
+    /// be created again), so no new definition can repeat its IDs.
+    Delete {
+        /// Format name.
+        name: String,
+    },
+    /// Reload the node's formats from the stored definitions (atomic: the
+    /// old ones serve until every format compiled).
+    Reload,
+}
+
+/// A format definition: a file (TOML or JSON, the keys of a `[[formats]]`
+/// entry), flags, or both (flags win).
+#[derive(Args)]
+pub struct FormatDefArgs {
+    /// Format name (overrides the file's `name`).
+    pub name: Option<String>,
+    /// A TOML or JSON file holding the definition (`.json`: JSON; otherwise
+    /// TOML, either the keys alone or one `[[formats]]` entry).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Template, e.g. "{yyyy}{MM}{dd}{node:2}{seq:6}".
+    #[arg(long)]
+    pub template: Option<String>,
+    /// A file holding a Lua rule's code.
+    #[arg(long)]
+    pub lua_file: Option<PathBuf>,
+    /// Preset: uniq64 or idc.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// IANA time zone, e.g. Asia/Shanghai.
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// Reset period: never, hour, day, month, year, or seconds (e.g. 600s).
+    #[arg(long)]
+    pub reset: Option<String>,
+    /// The counter's first value in a period.
+    #[arg(long)]
+    pub min: Option<u64>,
+    /// The counter's last value in a period.
+    #[arg(long)]
+    pub max: Option<u64>,
+    /// How much the counter grows per ID.
+    #[arg(long)]
+    pub step: Option<u64>,
+    /// A scope parameter (a counter per value); repeat for several.
+    #[arg(long = "scope-param")]
+    pub scope_params: Vec<String>,
+    /// Lua rules: the exact length of every ID.
+    #[arg(long)]
+    pub length: Option<usize>,
+    /// Free text for operators.
+    #[arg(long)]
+    pub description: Option<String>,
 }
 
 #[derive(Subcommand)]

@@ -48,6 +48,27 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Reads the config file's `[[formats]]` again, as `serve` loaded it
+/// (the same file, environment and flags), for SIGHUP reloads.
+fn config_reader(
+    path: Option<std::path::PathBuf>,
+    overrides: idgen::config::Overrides,
+    clock: Arc<dyn Clock>,
+) -> idgen::modes::format_reload::ConfigSource {
+    Arc::new(move || {
+        Config::load(path.as_deref(), &overrides, clock.now_millis())
+            .map(|c| c.formatted.formats)
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// SIGHUP reads the config file's `[[formats]]` again through `reread`.
+fn install_reader(node: &Node, reread: idgen::modes::format_reload::ConfigSource) {
+    if let Some(catalog) = node.format_catalog() {
+        catalog.set_config_source(reread);
+    }
+}
+
 /// Runs the ID service until a signal, then shuts down in order.
 pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     let started = Instant::now();
@@ -90,6 +111,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     }
     // The bound port (port 0 picks one): advertised as Meta.metrics_port.
     config.server.http_listen = http.local_addr()?;
+    let reread = config_reader(a.config.config.clone(), overrides, Arc::clone(&clock));
     let node = tokio::select! {
         node = Node::start(config.clone(), clock) => node.context("cannot start")?,
         () = &mut stop => {
@@ -99,6 +121,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
             bail!("stopped by a signal while starting");
         }
     };
+    install_reader(&node, reread);
     tracing::info!(
         // Rounded to 0.1 ms: a log field, not a measurement.
         startup_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0,

@@ -1,5 +1,13 @@
-//! Formatted mode: human-readable IDs from the formats defined in the
-//! config file (`[[formats]]`), compiled once at start.
+//! Formatted mode: human-readable IDs from the stored format definitions
+//! (admin API, config file `[[formats]]`).
+//!
+//! The compiled formats are one table behind an [`ArcSwap`]: a call loads
+//! the table once and uses that format to the end, and a reload
+//! ([`Formats::compile_table`], then [`Formats::install`]) swaps in a whole
+//! new table only after every format in it compiled and validated, so
+//! calls see the old definitions or the new ones, never a mix and never a
+//! format that failed. Counters are keyed by format name and scope, not by
+//! table, so they carry on across reloads (see `modes::format_reload`).
 //!
 //! Each counter (format, scope-parameter values, and the node for
 //! per-node formats) keeps a small block of values in memory. A block is
@@ -20,6 +28,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
 
 use crate::error::Error;
 use crate::id::format::{
@@ -55,11 +65,19 @@ struct Block {
 
 type Gate = Arc<tokio::sync::Mutex<Option<Block>>>;
 
+/// Compiled formats by name: what one reload installs.
+pub type FormatTable = HashMap<String, Arc<Format>>;
+
+/// The format that failed to compile, and why.
+pub type CompileFailure = Box<(String, Error)>;
+
 /// The formatted-mode engine: compiled formats and their counters.
 pub struct Formats {
     store: Arc<dyn FormatStore>,
     clock: Arc<dyn Clock>,
-    formats: HashMap<String, Arc<Format>>,
+    formats: ArcSwap<FormatTable>,
+    /// This node's number, checked against per-node formats at compile.
+    node: u64,
     counters: Mutex<HashMap<CounterKey, Gate>>,
     settings: FormatSettings,
     issued: metrics::Counter,
@@ -93,22 +111,12 @@ impl Formats {
         settings: FormatSettings,
         node: u64,
     ) -> Result<Self, Error> {
-        let now = clock.now_millis() as i64;
-        let mut formats = HashMap::new();
-        for def in defs {
-            let format = Format::compile(def.clone(), now, LuaLimits::default())
-                .map_err(StoreError::from)?;
-            if format.scope() == Scope::Node {
-                format
-                    .check_node(node_ids(node))
-                    .map_err(StoreError::from)?;
-            }
-            formats.insert(def.name.clone(), Arc::new(format));
-        }
+        let formats = compile_all(defs, clock.now_millis() as i64, node).map_err(|f| f.1)?;
         Ok(Self {
             store,
             clock,
-            formats,
+            formats: ArcSwap::from_pointee(formats),
+            node,
             counters: Mutex::new(HashMap::new()),
             settings,
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
@@ -117,14 +125,34 @@ impl Formats {
 
     /// The names of the formats served, sorted.
     pub fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.formats.keys().cloned().collect();
+        let mut names: Vec<String> = self.formats.load().keys().cloned().collect();
         names.sort();
         names
     }
 
-    fn format(&self, name: &str) -> Result<&Arc<Format>, Error> {
+    /// Compiles `defs` into a table, each checked as at start-up (and
+    /// against this node's number when per node). Nothing is served from
+    /// it until [`install`](Self::install). The error names the format.
+    pub fn compile_table(&self, defs: &[FormatDef]) -> Result<FormatTable, CompileFailure> {
+        compile_all(defs, self.clock.now_millis() as i64, self.node)
+    }
+
+    /// The table served now.
+    pub fn table(&self) -> Arc<FormatTable> {
+        self.formats.load_full()
+    }
+
+    /// Serves `table` from now on: calls that already loaded the old one
+    /// finish with it; every call after this returns uses the new one.
+    pub fn install(&self, table: FormatTable) {
+        self.formats.store(Arc::new(table));
+    }
+
+    fn format(&self, name: &str) -> Result<Arc<Format>, Error> {
         self.formats
+            .load()
             .get(name)
+            .cloned()
             .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())
     }
 
@@ -155,7 +183,7 @@ impl Formats {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
-        let key = Self::key(format, bound.scope_key(), node);
+        let key = Self::key(&format, bound.scope_key(), node);
         let gate = self.gate(&key);
         // Held over the store write: the per-counter refill gate (see the
         // module doc), never a lock other counters wait on.
@@ -163,11 +191,11 @@ impl Formats {
         let mut ids = Vec::with_capacity(count as usize);
         while (ids.len() as u64) < count {
             let now = self.clock.now_millis() as i64;
-            let (block, render_at) = match self.usable(format, *held, now)? {
+            let (block, render_at) = match self.usable(&format, *held, now)? {
                 Some(found) => found,
                 None => {
                     let want = (count - ids.len() as u64).max(self.settings.block);
-                    let planned = self.reserve(format, &key, now, want).await?;
+                    let planned = self.reserve(&format, &key, now, want).await?;
                     let b = planned.block;
                     let block = Block {
                         period: b.period,
@@ -278,7 +306,7 @@ impl Formats {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
-        let key = Self::key(format, bound.scope_key(), node);
+        let key = Self::key(&format, bound.scope_key(), node);
         let Some(record) = self.store.load(&key).await? else {
             return Ok(None);
         };
@@ -293,8 +321,25 @@ impl Formats {
 
     /// The compiled format `name`.
     pub fn get(&self, name: &str) -> Result<Arc<Format>, Error> {
-        self.format(name).cloned()
+        self.format(name)
     }
+}
+
+/// Compiles every definition at `now` for node `node`; the first failure
+/// with the name of the format that failed.
+fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<FormatTable, CompileFailure> {
+    let mut formats = HashMap::new();
+    for def in defs {
+        let failed = |e: crate::id::format::FormatError| {
+            Box::new((def.name.clone(), StoreError::from(e).into()))
+        };
+        let format = Format::compile(def.clone(), now, LuaLimits::default()).map_err(failed)?;
+        if format.scope() == Scope::Node {
+            format.check_node(node_ids(node)).map_err(failed)?;
+        }
+        formats.insert(def.name.clone(), Arc::new(format));
+    }
+    Ok(formats)
 }
 
 /// On a restored store: a period starting fresh whose first instant is at

@@ -17,6 +17,7 @@ use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
 pub mod format;
+pub mod format_reload;
 pub mod lease;
 pub mod refill;
 pub mod segment;

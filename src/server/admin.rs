@@ -30,16 +30,19 @@ use crate::config::AdminToken;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
 use crate::error::Error;
 use crate::error::ErrorKind;
+use crate::id::format::FormatDef;
 use crate::id::segment::{check_max_id, check_step, SegmentError, Tag, TagRecord, TagUpdate};
 use crate::id::strict::Namespace;
 use crate::id::Clock;
 use crate::metrics as m;
+use crate::modes::format_reload::{FormatCatalog, ReloadError, Reloaded};
 use crate::modes::lease::Leases;
 use crate::modes::strict::Strict;
 use crate::proto::admin_server::{Admin, AdminServer};
 use crate::proto::{self, HolderKind};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
 use crate::store::consul::{ClusterKeys, OwnerInfo};
+use crate::store::format_def::StoredFormat;
 use crate::store::lease::TokenRecord;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
@@ -93,6 +96,8 @@ pub struct AdminDeps {
     pub clock: Arc<dyn Clock>,
     /// Snapshots of the embedded state file (`Backup`); `None` on Consul.
     pub snapshots: Option<SnapshotSource>,
+    /// Stored format definitions and this node's reloads (formatted mode).
+    pub formats: Option<Arc<FormatCatalog>>,
 }
 
 /// What this node holds, reported by `ListHolders` on the embedded
@@ -1003,6 +1008,154 @@ impl AdminService {
     }
 }
 
+/// A definition given as JSON, refused naming what is wrong.
+fn parse_definition(json: &str) -> Result<FormatDef, Status> {
+    if json.trim().is_empty() {
+        return Err(refusal(
+            ErrorKind::BadRequest,
+            "definition_json is empty: give the format as JSON, with the keys of a config file's [[formats]] entry (name, template | lua | preset, zone, reset, ...)",
+        ));
+    }
+    serde_json::from_str(json).map_err(|e| {
+        refusal(
+            ErrorKind::BadRequest,
+            format!("definition_json is not a format definition: {e}"),
+        )
+    })
+}
+
+fn reload_message(r: Reloaded) -> proto::ReloadFormatsResponse {
+    proto::ReloadFormatsResponse {
+        formats: r.formats,
+        changed: r.changed,
+    }
+}
+
+fn reload_status(e: &ReloadError) -> Status {
+    refusal(
+        e.kind,
+        format!("reload refused, the previous formats are still served: {e}"),
+    )
+}
+
+impl AdminService {
+    fn catalog(&self) -> Result<&Arc<FormatCatalog>, Status> {
+        self.deps.formats.as_ref().ok_or_else(|| {
+            refusal(
+                ErrorKind::Precondition,
+                "formatted mode is not running on this server",
+            )
+        })
+    }
+
+    fn format_message(&self, f: &StoredFormat) -> proto::FormatDefinition {
+        let served = self
+            .deps
+            .formats
+            .as_ref()
+            .is_some_and(|c| !f.deleted && c.formats().table().contains_key(&f.def.name));
+        proto::FormatDefinition {
+            name: f.def.name.clone(),
+            definition_json: serde_json::to_string(&f.def).unwrap_or_default(),
+            deleted: f.deleted,
+            source: f.source.as_str().to_owned(),
+            created: rfc3339(f.created_ms),
+            updated: rfc3339(f.updated_ms),
+            served,
+        }
+    }
+
+    async fn create_format(
+        &self,
+        r: proto::CreateFormatRequest,
+    ) -> Result<proto::CreateFormatResponse, Status> {
+        let catalog = self.catalog()?;
+        let def = parse_definition(&r.definition_json)?;
+        check_description(&def.description)?;
+        let (written, reload) = catalog.create(def).await.map_err(|e| to_status(&e))?;
+        Ok(proto::CreateFormatResponse {
+            format: Some(self.format_message(&written)),
+            reload: Some(reload_message(reload)),
+        })
+    }
+
+    async fn update_format(
+        &self,
+        r: proto::UpdateFormatRequest,
+    ) -> Result<proto::UpdateFormatResponse, Status> {
+        let catalog = self.catalog()?;
+        let def = parse_definition(&r.definition_json)?;
+        check_description(&def.description)?;
+        let previous = catalog.store().get(&def.name).await.map_err(store_status)?;
+        let (written, reload) = catalog.update(def).await.map_err(|e| to_status(&e))?;
+        Ok(proto::UpdateFormatResponse {
+            format: Some(self.format_message(&written)),
+            previous: previous.map(|p| self.format_message(&p)),
+            reload: Some(reload_message(reload)),
+        })
+    }
+
+    async fn get_format(
+        &self,
+        r: proto::GetFormatRequest,
+    ) -> Result<proto::GetFormatResponse, Status> {
+        let catalog = self.catalog()?;
+        crate::id::format::check_name(&r.name).map_err(|e| store_status(e.into()))?;
+        let stored = catalog
+            .store()
+            .get(&r.name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| store_status(StoreError::FormatNotFound(r.name.clone())))?;
+        Ok(proto::GetFormatResponse {
+            format: Some(self.format_message(&stored)),
+        })
+    }
+
+    async fn list_formats(&self) -> Result<proto::ListFormatsResponse, Status> {
+        let catalog = self.catalog()?;
+        let listing = catalog.store().list().await.map_err(store_status)?;
+        Ok(proto::ListFormatsResponse {
+            formats: listing
+                .formats
+                .iter()
+                .map(|f| self.format_message(f))
+                .collect(),
+            unreadable: listing
+                .unreadable
+                .into_iter()
+                .map(|(key, error)| proto::UnreadableRecord { key, error })
+                .collect(),
+        })
+    }
+
+    async fn delete_format(
+        &self,
+        r: proto::DeleteFormatRequest,
+    ) -> Result<proto::DeleteFormatResponse, Status> {
+        let catalog = self.catalog()?;
+        let (tombstone, reload) = catalog.delete(&r.name).await.map_err(|e| to_status(&e))?;
+        Ok(proto::DeleteFormatResponse {
+            format: Some(self.format_message(&tombstone)),
+            note: format!(
+                "format {} is deleted: calls get NOT_FOUND (other Consul nodes within a few seconds). Its definition and counters stay in the store as a tombstone, and the name can never be created again, since a new definition could repeat IDs it handed out; remove it from every config file's [[formats]] too",
+                r.name
+            ),
+            reload: Some(reload_message(reload)),
+        })
+    }
+
+    async fn reload_formats(&self) -> Result<proto::ReloadFormatsResponse, Status> {
+        let catalog = self.catalog()?;
+        let reloaded = catalog
+            .reload("admin")
+            .await
+            .map_err(|e| reload_status(&e))?;
+        tracing::info!(formats = ?reloaded.formats, changed = ?reloaded.changed, "formats reloaded (admin)");
+        Ok(reload_message(reloaded))
+    }
+}
+
 fn layout_message(l: &RecordedLayout) -> proto::IdLayout {
     proto::IdLayout {
         preset: l.preset.clone(),
@@ -1219,6 +1372,62 @@ impl Admin for AdminService {
     ) -> Result<Response<proto::RenewSessionResponse>, Status> {
         self.call("RenewSession", request, |r| {
             AdminService::renew_session(self, r)
+        })
+        .await
+    }
+
+    async fn create_format(
+        &self,
+        request: Request<proto::CreateFormatRequest>,
+    ) -> Result<Response<proto::CreateFormatResponse>, Status> {
+        self.call("CreateFormat", request, |r| {
+            AdminService::create_format(self, r)
+        })
+        .await
+    }
+
+    async fn update_format(
+        &self,
+        request: Request<proto::UpdateFormatRequest>,
+    ) -> Result<Response<proto::UpdateFormatResponse>, Status> {
+        self.call("UpdateFormat", request, |r| {
+            AdminService::update_format(self, r)
+        })
+        .await
+    }
+
+    async fn get_format(
+        &self,
+        request: Request<proto::GetFormatRequest>,
+    ) -> Result<Response<proto::GetFormatResponse>, Status> {
+        self.call("GetFormat", request, |r| AdminService::get_format(self, r))
+            .await
+    }
+
+    async fn list_formats(
+        &self,
+        request: Request<proto::ListFormatsRequest>,
+    ) -> Result<Response<proto::ListFormatsResponse>, Status> {
+        self.call("ListFormats", request, |_| AdminService::list_formats(self))
+            .await
+    }
+
+    async fn delete_format(
+        &self,
+        request: Request<proto::DeleteFormatRequest>,
+    ) -> Result<Response<proto::DeleteFormatResponse>, Status> {
+        self.call("DeleteFormat", request, |r| {
+            AdminService::delete_format(self, r)
+        })
+        .await
+    }
+
+    async fn reload_formats(
+        &self,
+        request: Request<proto::ReloadFormatsRequest>,
+    ) -> Result<Response<proto::ReloadFormatsResponse>, Status> {
+        self.call("ReloadFormats", request, |_| {
+            AdminService::reload_formats(self)
         })
         .await
     }

@@ -38,6 +38,7 @@ use crate::cluster::membership::{IssuePath, Membership, SessionBound};
 use crate::cluster::supervisor::ClusterSpec;
 use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
+use crate::modes::format_reload::FormatCatalog;
 use crate::modes::lease::{LeaseSettings, Leases};
 use crate::modes::segment::{SegmentSettings, Segments};
 use crate::modes::strict::Strict;
@@ -69,7 +70,8 @@ fn register_series(config: &Config, backend: &'static str) {
         segment: config.segment.is_some(),
         lease: config.lease.is_some(),
         strict: config.strict.is_some(),
-        formatted: !config.formatted.formats.is_empty(),
+        // Formats can be created through the admin API at any time.
+        formatted: true,
     });
 }
 
@@ -106,6 +108,8 @@ pub struct ModeStores {
     pub strict: Option<Arc<dyn StrictStore>>,
     /// Formatted-mode counters.
     pub format: Option<Arc<dyn crate::store::format::FormatStore>>,
+    /// Stored format definitions (admin API, config file entries).
+    pub format_defs: Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
     /// The embedded state file's guard: once it sees the file deleted or
     /// replaced, every mode refuses to issue.
     pub state_file: Option<Arc<StateFileGuard>>,
@@ -124,6 +128,8 @@ pub struct Node {
     bound: Option<Arc<dyn SessionBound>>,
     metrics: PrometheusHandle,
     admin_segments: Option<Arc<dyn SegmentStore>>,
+    /// Stored format definitions and the reloads of the served table.
+    formats: Option<Arc<FormatCatalog>>,
     /// Where mark and lease renewals run; dropped last.
     renewal: RenewalThread,
     /// Checks the embedded state file on its own thread while serving.
@@ -247,6 +253,7 @@ async fn open_embedded(
             strict_limits(config),
         ))),
         format: Some(Arc::new(store.clone())),
+        format_defs: Some(Arc::new(store.clone())),
         state_file: Some(Arc::clone(&guard)),
         store_health: Some(Arc::clone(store.health())),
     };
@@ -294,13 +301,14 @@ fn embedded_tokens(
     )?)
 }
 
-/// The issuer over `generator` with every enabled mode's engine.
+/// The issuer over `generator` with every enabled mode's engine, and the
+/// catalog of stored format definitions formatted mode serves from.
 fn build_issuer(
     config: &Config,
     clock: &Arc<dyn Clock>,
     generator: Arc<crate::id::Snowflake>,
     stores: ModeStores,
-) -> Result<Issuer, Error> {
+) -> Result<(Issuer, Option<Arc<FormatCatalog>>), Error> {
     let mut issuer = Issuer::new(
         generator,
         Arc::clone(clock),
@@ -352,27 +360,47 @@ fn build_issuer(
         )));
         tracing::info!(default_step = s.default_step, "strict mode enabled");
     }
-    if !config.formatted.formats.is_empty() {
-        let store = stores
-            .format
-            .ok_or_else(|| missing("formatted mode", "format store"))?;
-        let settings = crate::modes::format::FormatSettings {
-            block: config.formatted.block,
-            max_behind_ms: config.hwm.max_backward.as_millis() as u64,
-            max_batch: config.server.max_batch,
-        };
-        let node = issuer.generator().node_number();
-        let formats = crate::modes::format::Formats::new(
-            &config.formatted.formats,
-            store,
-            Arc::clone(clock),
-            settings,
-            node,
-        )?;
-        tracing::info!(formats = ?formats.names(), "formatted mode enabled");
-        issuer = issuer.with_formats(Arc::new(formats));
+    let node = issuer.generator().node_number();
+    let catalog = format_catalog(config, clock, node, stores.format, stores.format_defs)?;
+    if let Some(catalog) = &catalog {
+        issuer = issuer.with_formats(Arc::clone(catalog.formats()));
     }
-    Ok(issuer)
+    Ok((issuer, catalog))
+}
+
+/// Formatted mode's engine (empty until the catalog's start-up reload in
+/// `Node::prime`) and the catalog of stored definitions it serves from.
+fn format_catalog(
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+    node: u64,
+    store: Option<Arc<dyn crate::store::format::FormatStore>>,
+    defs: Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+) -> Result<Option<Arc<FormatCatalog>>, Error> {
+    let (Some(store), Some(defs)) = (store, defs) else {
+        if !config.formatted.formats.is_empty() {
+            return Err(missing("formatted mode", "format store"));
+        }
+        return Ok(None);
+    };
+    let settings = crate::modes::format::FormatSettings {
+        block: config.formatted.block,
+        max_behind_ms: config.hwm.max_backward.as_millis() as u64,
+        max_batch: config.server.max_batch,
+    };
+    let formats = Arc::new(crate::modes::format::Formats::new(
+        &[],
+        store,
+        Arc::clone(clock),
+        settings,
+        node,
+    )?);
+    Ok(Some(Arc::new(FormatCatalog::new(
+        defs,
+        formats,
+        Arc::clone(clock),
+        config.formatted.formats.clone(),
+    ))))
 }
 
 fn missing(mode: &str, store: &str) -> Error {
@@ -459,6 +487,9 @@ impl Node {
                 client.clone(),
                 keys.clone(),
             ))),
+            format_defs: Some(Arc::new(
+                crate::store::format_def::ConsulFormatDefStore::new(client.clone(), keys.clone()),
+            )),
             state_file: None,
             store_health: None,
         };
@@ -527,7 +558,19 @@ impl Node {
             leases.prime().await?;
             tracing::info!(token = leases.token(), "lease mode enabled");
         }
+        if let Some(catalog) = &self.formats {
+            let served = catalog
+                .start()
+                .await
+                .map_err(|e| Error::Setup(format!("formatted mode: {e}")))?;
+            tracing::info!(formats = ?served.formats, "formatted mode enabled");
+        }
         Ok(self)
+    }
+
+    /// The stored format definitions and their reloads.
+    pub fn format_catalog(&self) -> Option<&Arc<FormatCatalog>> {
+        self.formats.as_ref()
     }
 
     fn assemble(
@@ -548,7 +591,7 @@ impl Node {
         } else {
             None
         };
-        let issuer = build_issuer(&config, &clock, generator, stores)?;
+        let (issuer, formats) = build_issuer(&config, &clock, generator, stores)?;
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
             .set(1.0);
         metrics::gauge!(m::LAYOUT_WORKER_IDS)
@@ -565,6 +608,7 @@ impl Node {
             bound: None,
             metrics,
             admin_segments,
+            formats,
             renewal,
             state_watch: None,
             snapshots: None,

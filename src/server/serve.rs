@@ -53,6 +53,8 @@ impl Node {
             self.config.store.max_unhealthy,
         ));
         let addrs = (grpc.local_addr().ok(), http.local_addr().ok());
+        // Before the front ends: a SIGHUP once calls are answered reloads.
+        let format_watch = self.watch_formats();
         let mut fronts = self.start_front_ends(grpc, http, health_service, &state)?;
         let Node {
             config,
@@ -90,6 +92,9 @@ impl Node {
         // Closing the generator and storing the final mark happen together;
         // in a cluster the lock is released and the service deregistered
         // after that.
+        for task in format_watch {
+            task.abort();
+        }
         let final_hwm_ms = running.finish().await?;
         drop(rate_sampling);
         drop(state_watch);
@@ -190,6 +195,23 @@ impl Node {
         })
     }
 
+    /// The format reload triggers besides the admin API: SIGHUP, and in
+    /// Consul the definitions other nodes change.
+    fn watch_formats(&self) -> Vec<JoinHandle<()>> {
+        let Some(catalog) = self.formats.clone() else {
+            return Vec::new();
+        };
+        let mut tasks = vec![tokio::spawn(Arc::clone(&catalog).watch_sighup())];
+        if let (Some(client), crate::config::Backend::Consul(cc)) =
+            (self.membership.consul(), &self.config.store.backend)
+        {
+            tasks.push(tokio::spawn(
+                catalog.watch_consul(client.clone(), cc.keys.clone()),
+            ));
+        }
+        tasks
+    }
+
     fn admin_deps(&self) -> admin::AdminDeps {
         let config = &self.config;
         let issuer: &Arc<Issuer> = &self.issuer;
@@ -217,6 +239,7 @@ impl Node {
             },
             clock: Arc::clone(&self.clock),
             snapshots: self.snapshots.clone(),
+            formats: self.formats.clone(),
         }
     }
 }

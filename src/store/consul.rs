@@ -53,6 +53,16 @@ impl ClusterKeys {
         format!("{}/formats/{path}", self.root)
     }
 
+    /// A stored format definition.
+    pub fn format_def(&self, name: &str) -> String {
+        format!("{}/format-defs/{name}", self.root)
+    }
+
+    /// The folder of every stored format definition.
+    pub fn format_defs_dir(&self) -> String {
+        format!("{}/format-defs/", self.root)
+    }
+
     /// The counter of a strict key (`<namespace>/<key>`).
     pub fn strict(&self, key: &str) -> String {
         format!("{}/strict/{key}", self.root)

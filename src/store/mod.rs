@@ -11,6 +11,7 @@ pub(crate) mod counts;
 pub mod embedded;
 pub mod fault_hook;
 pub mod format;
+pub mod format_def;
 pub mod hwm;
 pub mod lease;
 pub mod reopen;
@@ -121,8 +122,23 @@ pub enum StoreError {
     #[error(transparent)]
     Format(#[from] crate::id::format::FormatError),
     /// No format by that name is defined.
-    #[error("unknown format {0:?}: define it in the config file's [[formats]]")]
+    #[error("unknown format {0:?}: create it with `idgen admin formats create` (or a [[formats]] entry in the config file), then call again")]
     FormatNotFound(String),
+    /// A format definition refused by the admin API (it does not compile,
+    /// or its Lua rule fails its checks); the message names the format.
+    #[error("{0}")]
+    FormatInvalid(String),
+    /// A live format by that name exists already.
+    #[error("format {0:?} exists already: change it with `idgen admin formats update`, or pick another name")]
+    FormatExists(String),
+    /// The format was deleted: its name is kept as a tombstone for good.
+    #[error("format {format:?} was deleted (tombstone since {deleted_ms} ms): its name can never be used again, because its counters stay in the store and a new definition could repeat IDs the old one handed out; pick another name")]
+    FormatDeleted {
+        /// The format.
+        format: String,
+        /// When it was deleted, Unix ms.
+        deleted_ms: u64,
+    },
     /// The wall clock is behind the period a format's counter is in by
     /// more than the tolerance: the node will not re-enter the finished
     /// period, nor print times that far ahead.
@@ -145,7 +161,9 @@ impl StoreError {
             Self::TagNotFound(_) | Self::StrictKeyNotFound(_) | Self::FormatNotFound(_) => {
                 ErrorKind::NotFound
             }
-            Self::TagExists(_) => ErrorKind::AlreadyExists,
+            Self::TagExists(_) | Self::FormatExists(_) => ErrorKind::AlreadyExists,
+            Self::FormatDeleted { .. } => ErrorKind::Precondition,
+            Self::FormatInvalid(_) => ErrorKind::BadRequest,
             Self::LimitReached { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
             Self::Lease(e) => e.kind(),

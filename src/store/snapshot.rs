@@ -29,6 +29,7 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Ta
 use super::counts::COUNTS;
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
 use super::format::{CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL};
+use super::format_def::FORMAT_DEFS;
 use super::lease::LEASE;
 use super::segment::SEGMENTS;
 use super::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
@@ -45,7 +46,7 @@ pub const SNAPSHOT_KIND: &str = "idgen-snapshot";
 
 /// Tables a state file may hold; a snapshot copies each. A table not in
 /// this list makes the backup fail rather than silently leave it out.
-const KNOWN_TABLES: [&str; 9] = [
+const KNOWN_TABLES: [&str; 10] = [
     "meta",
     "hwm",
     "segments",
@@ -55,6 +56,7 @@ const KNOWN_TABLES: [&str; 9] = [
     "strict_tombstones",
     "live_counts",
     "formats",
+    "format_defs",
 ];
 
 /// How long rate samples are kept: rates are measured over about this
@@ -392,6 +394,7 @@ fn snapshot_bytes(
     copy_table(txn, &out, STRICT_TOMBSTONES)?;
     copy_table(txn, &out, COUNTS)?;
     copy_table(txn, &out, FORMATS)?;
+    copy_table(txn, &out, FORMAT_DEFS)?;
     {
         info.insert("kind".into(), SNAPSHOT_KIND.into());
         info.insert("format_version".into(), FORMAT_VERSION.into());
@@ -791,6 +794,10 @@ fn fill(
         }
     }
     report.format_counters = move_format_counters(txn, &out, skip)?;
+    // Definitions and tombstones as they were: a deleted name stays
+    // deleted, and restored counters render with the definitions they
+    // were reserved under.
+    copy_table(txn, &out, FORMAT_DEFS)?;
     store.commit(out)?;
     Ok(report)
 }

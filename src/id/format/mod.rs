@@ -772,6 +772,21 @@ impl Format {
         })
     }
 
+    /// Whether `new` may replace this compiled format while its stored
+    /// counters go on: [`FormatDef::check_update`], and for Lua rules the
+    /// period the new code's `reset_seconds()` cuts must be the same (the
+    /// stored period keys would mean other periods otherwise).
+    pub fn check_replace(&self, new: &Format) -> Result<(), FormatError> {
+        self.def.check_update(&new.def)?;
+        if self.reset != new.reset {
+            return Err(FormatError::Immutable {
+                format: self.def.name.clone(),
+                what: "reset (the Lua rule's reset_seconds())",
+            });
+        }
+        Ok(())
+    }
+
     /// The definition it was compiled from.
     pub fn def(&self) -> &FormatDef {
         &self.def

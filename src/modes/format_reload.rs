@@ -1,0 +1,499 @@
+//! Format definitions as durable, named objects, and the reload that turns
+//! them into the table formatted mode serves.
+//!
+//! [`FormatCatalog`] owns the path from definitions to served formats:
+//!
+//! - **Where definitions live.** In the store ([`FormatDefStore`]): the
+//!   admin API creates, updates and deletes them there, and a config
+//!   file's `[[formats]]` entries are written there when a node starts or
+//!   reloads with them ([`FormatCatalog::apply_config`]). The rule for a
+//!   config entry: absent from the store, it is stored; equal to the stored
+//!   definition, nothing happens; different, it is stored as an update
+//!   when the update is allowed (the same check as `UpdateFormat`), and
+//!   otherwise start-up or the reload is refused naming the format, the
+//!   field and both definitions. A config entry for a deleted name is
+//!   refused too.
+//! - **What may change.** An update goes through
+//!   [`Format::check_replace`]: description, min, max, step, and a Lua
+//!   rule's code (which must compile and pass the rule's checks, and cut
+//!   the same periods); nothing that changes how IDs render or how periods
+//!   are cut. A delete leaves a tombstone: the name is never used again.
+//! - **Reload.** Every live stored definition is compiled into a new table
+//!   ([`Formats::compile_table`]); only when all of them compiled and
+//!   validated is it installed ([`Formats::install`]). A failure keeps the
+//!   table in use and says which format failed and why. Reloads run after
+//!   each admin change, on SIGHUP (re-reading the config file first), and
+//!   in Consul when the stored definitions change (polled every
+//!   [`WATCH_EVERY`]), so a format created through one node is served by
+//!   every node within a few seconds. Counters live in the store, keyed by
+//!   format name and scope, so they carry on across reloads.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::id::format::{Format, FormatDef, LuaLimits};
+use crate::id::{Clock, ErrorKind};
+use crate::metrics as m;
+use crate::modes::format::Formats;
+use crate::store::format_def::{DefChange, DefSource, FormatDefStore, StoredFormat};
+use crate::store::StoreError;
+
+/// How often a Consul node looks for definitions changed by other nodes.
+pub const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// Reads the config file's `[[formats]]` again (SIGHUP); the error says
+/// what is wrong with the file.
+pub type ConfigSource = Arc<dyn Fn() -> Result<Vec<FormatDef>, String> + Send + Sync>;
+
+/// Why a reload failed; the table in use stays.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{why}")]
+pub struct ReloadError {
+    /// The format that failed, when one did.
+    pub format: Option<String>,
+    /// What went wrong, naming the format.
+    pub why: String,
+    /// How to map it to a status.
+    pub kind: ErrorKind,
+}
+
+impl ReloadError {
+    fn new(format: Option<&str>, why: impl std::fmt::Display, kind: ErrorKind) -> Self {
+        Self {
+            format: format.map(str::to_owned),
+            why: why.to_string(),
+            kind,
+        }
+    }
+
+    fn from_error(format: Option<&str>, e: &Error) -> Self {
+        Self::new(format, e, e.kind())
+    }
+}
+
+/// What a successful reload installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Every format now served, sorted.
+    pub formats: Vec<String>,
+    /// Formats added, changed or removed by this reload, sorted.
+    pub changed: Vec<String>,
+}
+
+/// Stored format definitions and the table served from them.
+pub struct FormatCatalog {
+    defs: Arc<dyn FormatDefStore>,
+    formats: Arc<Formats>,
+    clock: Arc<dyn Clock>,
+    /// The config file's `[[formats]]`, as last read.
+    config_defs: Mutex<Vec<FormatDef>>,
+    /// Re-reads the config file on SIGHUP; `None`: keeps `config_defs`.
+    config_source: Mutex<Option<ConfigSource>>,
+    /// One reload (or admin change and its reload) at a time.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+/// The status kind of a definition refused at the admin API: a bad
+/// argument, whatever the compiler calls it.
+fn refused(e: impl Into<Error>) -> Error {
+    let e = e.into();
+    match e.kind() {
+        ErrorKind::BadRequest => e,
+        _ => StoreError::FormatInvalid(e.to_string()).into(),
+    }
+}
+
+impl FormatCatalog {
+    /// A catalog over `defs` serving into `formats`; `config` is the
+    /// config file's `[[formats]]` (applied by [`start`](Self::start)).
+    pub fn new(
+        defs: Arc<dyn FormatDefStore>,
+        formats: Arc<Formats>,
+        clock: Arc<dyn Clock>,
+        config: Vec<FormatDef>,
+    ) -> Self {
+        Self {
+            defs,
+            formats,
+            clock,
+            config_defs: Mutex::new(config),
+            config_source: Mutex::new(None),
+            reloading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Where SIGHUP re-reads the config file's `[[formats]]` from.
+    pub fn set_config_source(&self, source: ConfigSource) {
+        *self
+            .config_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(source);
+    }
+
+    /// The engine served from.
+    pub fn formats(&self) -> &Arc<Formats> {
+        &self.formats
+    }
+
+    /// The stored definitions.
+    pub fn store(&self) -> &Arc<dyn FormatDefStore> {
+        &self.defs
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    /// Start-up: the config file's entries into the store, then the first
+    /// table. Any failure stops the start.
+    pub async fn start(&self) -> Result<Reloaded, ReloadError> {
+        let _one = self.reloading.lock().await;
+        let config = self.config_defs();
+        let result = match self.apply_config(&config).await {
+            Ok(()) => self.reload_locked().await,
+            Err(e) => Err(e),
+        };
+        count("start", &result);
+        result
+    }
+
+    /// Reload for `trigger` (`admin`, `watch`): the stored definitions,
+    /// compiled and installed if all of them compile.
+    pub async fn reload(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
+        let _one = self.reloading.lock().await;
+        let result = self.reload_locked().await;
+        count(trigger, &result);
+        result
+    }
+
+    /// SIGHUP: the config file read again (when it can be), its entries
+    /// applied to the store, then a reload.
+    pub async fn reload_config(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
+        let _one = self.reloading.lock().await;
+        let result = self.reload_config_locked().await;
+        count(trigger, &result);
+        result
+    }
+
+    async fn reload_config_locked(&self) -> Result<Reloaded, ReloadError> {
+        let source = self
+            .config_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let config = match source {
+            Some(read) => read().map_err(|why| {
+                ReloadError::new(
+                    None,
+                    format!("the config file cannot be read again: {why}"),
+                    ErrorKind::BadRequest,
+                )
+            })?,
+            None => self.config_defs(),
+        };
+        self.apply_config(&config).await?;
+        *self
+            .config_defs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = config;
+        self.reload_locked().await
+    }
+
+    fn config_defs(&self) -> Vec<FormatDef> {
+        self.config_defs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Writes the config file's entries to the store (see the module doc).
+    pub async fn apply_config(&self, config: &[FormatDef]) -> Result<(), ReloadError> {
+        for (i, def) in config.iter().enumerate() {
+            let name = def.name.as_str();
+            let entry = format!("the config file's [[formats]] entry {} ({name:?})", i + 1);
+            let fail = |e: &Error| ReloadError::from_error(Some(name), e);
+            let stored = self.defs.get(name).await.map_err(|e| fail(&e.into()))?;
+            let Some(stored) = stored else {
+                let record = self.record(def.clone(), DefSource::Config);
+                self.defs
+                    .create(&record)
+                    .await
+                    .map_err(|e| fail(&e.into()))?;
+                tracing::info!(format = name, "format stored from the config file");
+                continue;
+            };
+            if stored.deleted {
+                let e: Error = StoreError::FormatDeleted {
+                    format: name.to_owned(),
+                    deleted_ms: stored.updated_ms,
+                }
+                .into();
+                return Err(ReloadError::new(
+                    Some(name),
+                    format!("{entry}: {e}; remove the entry from the config file"),
+                    ErrorKind::Precondition,
+                ));
+            }
+            let wanted = inherit_origin(def.clone(), &stored.def);
+            if wanted == stored.def {
+                continue;
+            }
+            self.update_stored(&wanted, DefSource::Config)
+                .await
+                .map_err(|e| {
+                    ReloadError::new(
+                        Some(name),
+                        format!(
+                            "{entry} differs from the stored definition and cannot replace it: {e}. Stored: {}; config file: {}. Make the entry match the stored definition (`idgen admin formats get {name}`), or use a new name",
+                            def_json(&stored.def),
+                            def_json(&wanted)
+                        ),
+                        e.kind(),
+                    )
+                })?;
+            tracing::info!(format = name, "format updated from the config file");
+        }
+        Ok(())
+    }
+
+    fn record(&self, def: FormatDef, source: DefSource) -> StoredFormat {
+        let now = self.now_ms();
+        StoredFormat {
+            def,
+            deleted: false,
+            source,
+            created_ms: now,
+            updated_ms: now,
+        }
+    }
+
+    /// Compiles every live stored definition and installs the table if
+    /// all of them compile. Call with `reloading` held.
+    async fn reload_locked(&self) -> Result<Reloaded, ReloadError> {
+        let listing = self
+            .defs
+            .list()
+            .await
+            .map_err(|e| ReloadError::from_error(None, &e.into()))?;
+        if let Some((key, why)) = listing.unreadable.first() {
+            return Err(ReloadError::new(
+                None,
+                format!("stored format definition {key} is unreadable: {why}"),
+                ErrorKind::Unavailable,
+            ));
+        }
+        let defs: Vec<FormatDef> = listing.live().map(|f| f.def.clone()).collect();
+        let table = self
+            .formats
+            .compile_table(&defs)
+            .map_err(|f| ReloadError::from_error(Some(&f.0), &f.1))?;
+        let old = self.formats.table();
+        for (name, new) in &table {
+            if let Some(old) = old.get(name) {
+                old.check_replace(new).map_err(|e| {
+                    ReloadError::from_error(Some(name), &StoreError::from(e).into())
+                })?;
+            }
+        }
+        let mut changed: Vec<String> = table
+            .iter()
+            .filter(|(n, f)| old.get(*n).is_none_or(|o| o.def() != f.def()))
+            .map(|(n, _)| n.clone())
+            .chain(old.keys().filter(|n| !table.contains_key(*n)).cloned())
+            .collect();
+        changed.sort();
+        let mut formats: Vec<String> = table.keys().cloned().collect();
+        formats.sort();
+        metrics::gauge!(m::FORMATS_SERVED).set(formats.len() as f64);
+        self.formats.install(table);
+        Ok(Reloaded { formats, changed })
+    }
+
+    /// `CreateFormat`: checked, stamped with its origin year, compiled on
+    /// this node, stored, then served here at once (other Consul nodes
+    /// within [`WATCH_EVERY`] or so).
+    pub async fn create(&self, def: FormatDef) -> Result<(StoredFormat, Reloaded), Error> {
+        let def = def
+            .stamped(self.now_ms() as i64)
+            .map_err(|e| refused(StoreError::from(e)))?;
+        self.formats
+            .compile_table(std::slice::from_ref(&def))
+            .map_err(|f| refused(f.1))?;
+        let _one = self.reloading.lock().await;
+        let written = self
+            .defs
+            .create(&self.record(def, DefSource::Admin))
+            .await?;
+        tracing::info!(format = written.def.name, "format created");
+        Ok((written, self.reload_after_change().await))
+    }
+
+    /// `UpdateFormat`: refused unless [`Format::check_replace`] allows it
+    /// (the error names the field).
+    pub async fn update(&self, def: FormatDef) -> Result<(StoredFormat, Reloaded), Error> {
+        let _one = self.reloading.lock().await;
+        let written = self.update_stored(&def, DefSource::Admin).await?;
+        tracing::info!(format = written.def.name, "format updated");
+        Ok((written, self.reload_after_change().await))
+    }
+
+    /// `DeleteFormat`: a tombstone; the name is never used again.
+    pub async fn delete(&self, name: &str) -> Result<(StoredFormat, Reloaded), Error> {
+        crate::id::format::check_name(name).map_err(|e| refused(StoreError::from(e)))?;
+        let _one = self.reloading.lock().await;
+        let now = self.now_ms();
+        let change: DefChange = Arc::new(move |r: &StoredFormat| {
+            Ok(StoredFormat {
+                deleted: true,
+                source: DefSource::Admin,
+                updated_ms: now,
+                ..r.clone()
+            })
+        });
+        let written = self.defs.change(name, change).await?;
+        tracing::warn!(
+            format = name,
+            "format deleted (tombstone: the name is never used again)"
+        );
+        Ok((written, self.reload_after_change().await))
+    }
+
+    /// The reload after an admin change: the change is stored whatever it
+    /// says, so a failure is reported, not returned as the call's error.
+    async fn reload_after_change(&self) -> Reloaded {
+        let result = self.reload_locked().await;
+        count("admin", &result);
+        result.unwrap_or_else(|e| Reloaded {
+            formats: self.formats.names(),
+            changed: vec![format!("(reload failed: {e})")],
+        })
+    }
+
+    /// Replaces the stored live definition of `def.name` by `def`, checked
+    /// against what is stored (in the store's compare-and-set).
+    async fn update_stored(
+        &self,
+        def: &FormatDef,
+        source: DefSource,
+    ) -> Result<StoredFormat, Error> {
+        crate::id::format::check_name(&def.name).map_err(|e| refused(StoreError::from(e)))?;
+        // Compiled here too, so a broken rule is refused before any write.
+        self.formats
+            .compile_table(std::slice::from_ref(def))
+            .map_err(|f| refused(f.1))?;
+        let (new, now) = (def.clone(), self.now_ms());
+        let change: DefChange = Arc::new(move |r: &StoredFormat| {
+            let new = inherit_origin(new.clone(), &r.def);
+            check_replace(now as i64, &r.def, &new)?;
+            Ok(StoredFormat {
+                def: new,
+                deleted: false,
+                source,
+                created_ms: r.created_ms,
+                updated_ms: now,
+            })
+        });
+        Ok(self.defs.change(&def.name, change).await?)
+    }
+
+    /// Watches the Consul definitions for changes made through other nodes
+    /// and reloads when they change. Runs until aborted.
+    pub async fn watch_consul(
+        self: Arc<Self>,
+        client: crate::consul::ConsulClient,
+        keys: crate::store::consul::ClusterKeys,
+    ) {
+        let mut seen = None;
+        let mut tick = tokio::time::interval(WATCH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = match crate::store::format_def::consul_fingerprint(&client, &keys).await {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::debug!(error = %e, "format definitions not read; trying again");
+                    continue;
+                }
+            };
+            if seen.as_ref() == Some(&now) {
+                continue;
+            }
+            // The first look reloads too: a definition may have changed
+            // between the start-up table and this look.
+            seen = Some(now);
+            log_reload("watch", self.reload("watch").await);
+        }
+    }
+
+    /// Reloads on every SIGHUP (the config file read again first). The
+    /// signal is registered here, before the returned future first runs,
+    /// so a SIGHUP right after this returns is not missed (nor does it
+    /// take the default action, ending the process). The TLS reloader
+    /// listens too: each listener gets every signal. Runs until aborted.
+    pub fn watch_sighup(self: Arc<Self>) -> impl std::future::Future<Output = ()> + Send {
+        use tokio::signal::unix::{signal, SignalKind};
+        let hup = signal(SignalKind::hangup());
+        async move {
+            let mut hup = match hup {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGHUP: formats reload only through the admin API");
+                    return;
+                }
+            };
+            while hup.recv().await.is_some() {
+                log_reload("sighup", self.reload_config("sighup").await);
+            }
+        }
+    }
+}
+
+/// `new` with the stored origin year when it gives none (config entries
+/// and update files need not repeat what creation stamped).
+fn inherit_origin(mut new: FormatDef, stored: &FormatDef) -> FormatDef {
+    if new.origin_year.is_none() {
+        new.origin_year = stored.origin_year;
+    }
+    new
+}
+
+/// Whether `new` may replace `old` (compiled, so a Lua rule's period is
+/// compared as its code computes it).
+fn check_replace(now_ms: i64, old: &FormatDef, new: &FormatDef) -> Result<(), StoreError> {
+    old.check_update(new)?;
+    let compile = |d: &FormatDef| Format::compile(d.clone(), now_ms, LuaLimits::default());
+    match (compile(old), compile(new)) {
+        (Ok(o), Ok(n)) => Ok(o.check_replace(&n)?),
+        (_, Err(e)) => Err(e.into()),
+        // The old definition no longer compiles (a later build?): the
+        // definition-level check above is all that can be done.
+        (Err(_), Ok(_)) => Ok(()),
+    }
+}
+
+fn def_json(def: &FormatDef) -> String {
+    serde_json::to_string(def).unwrap_or_else(|e| format!("<{e}>"))
+}
+
+fn count(trigger: &'static str, result: &Result<Reloaded, ReloadError>) {
+    let label = if result.is_ok() { "ok" } else { "error" };
+    metrics::counter!(m::FORMAT_RELOADS, "trigger" => trigger, "result" => label).increment(1);
+}
+
+fn log_reload(trigger: &'static str, result: Result<Reloaded, ReloadError>) {
+    match result {
+        Ok(r) => tracing::info!(
+            trigger,
+            formats = ?r.formats,
+            changed = ?r.changed,
+            "formats reloaded"
+        ),
+        Err(e) => tracing::error!(
+            trigger,
+            format = e.format.as_deref(),
+            error = %e,
+            "formats reload failed; the previous formats are still served"
+        ),
+    }
+}

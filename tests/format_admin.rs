@@ -1,0 +1,635 @@
+//! Formats as durable objects: created, updated, read, listed and deleted
+//! through the admin API on both backends (a format created through one
+//! Consul node is served by another without a restart), a deleted name
+//! never created again, updates that could repeat IDs refused naming the
+//! field, config file entries checked against the stored definitions, and
+//! atomic reloads: on SIGHUP of a real process, and a Lua rule replaced
+//! under load from 8 callers with no failed call and no repeated ID, while
+//! a broken rule never replaces the one in use.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{run_idgen, test_config, write_child_config, write_cluster_config, ChildServer};
+use idgen::config::{Config, FormattedSettings};
+use idgen::id::format::{FormatDef, Reset};
+use idgen::id::{Clock, SystemClock};
+use idgen::modes::format_reload::FormatCatalog;
+use idgen::modes::Issuer;
+use idgen::proto::admin_client::AdminClient;
+use idgen::proto::{self, id_gen_client::IdGenClient};
+use idgen::server::Node;
+use idgen::store::format_def::StoredFormat;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+use tonic::Code;
+
+const TOKEN: &str = "s3cret-admin-token";
+
+fn ok<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    r
+}
+
+async fn admin(node: &ChildServer) -> AdminClient<Channel> {
+    AdminClient::connect(format!("http://{}", node.grpc))
+        .await
+        .expect("connects")
+}
+
+async fn gen(node: &ChildServer, format: &str, count: u32) -> Result<Vec<String>, tonic::Status> {
+    let mut c: IdGenClient<Channel> = node.client().await;
+    let r = c
+        .gen_formatted(proto::GenFormattedRequest {
+            format: format.into(),
+            params: Default::default(),
+            count,
+        })
+        .await?;
+    Ok(r.into_inner().ids)
+}
+
+fn json(def: &FormatDef) -> String {
+    serde_json::to_string(def).unwrap()
+}
+
+fn create(def: &FormatDef) -> tonic::Request<proto::CreateFormatRequest> {
+    ok(proto::CreateFormatRequest {
+        definition_json: json(def),
+    })
+}
+
+fn update(def: &FormatDef) -> tonic::Request<proto::UpdateFormatRequest> {
+    ok(proto::UpdateFormatRequest {
+        definition_json: json(def),
+    })
+}
+
+fn orders() -> FormatDef {
+    FormatDef::template(
+        "orders",
+        "{yyyy}{MM}{dd}{seq:6}",
+        "Asia/Shanghai",
+        Reset::Day,
+    )
+}
+
+fn embedded_config(dir: &Path, extra: &str) -> PathBuf {
+    let path = write_child_config(dir, true);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[admin]\ntoken = \"{TOKEN}\"\n{extra}"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Adds `ids` to `seen`, failing on any repeat.
+fn all_new(seen: &mut HashSet<String>, ids: &[String]) {
+    for id in ids {
+        assert!(seen.insert(id.clone()), "{id} handed out twice");
+    }
+}
+
+/// Polls `f` every 100 ms for at most `secs`; the last result.
+async fn eventually<T>(secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Create, read, list, update (allowed and refused), delete and the
+/// tombstone, on the embedded store of a real process, across a restart;
+/// and the CLI's `admin formats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = embedded_config(dir.path(), "");
+    let node = ChildServer::start(&config);
+    let mut a = admin(&node).await;
+    let mut seen = HashSet::new();
+
+    let unknown = gen(&node, "orders", 1).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+    let created = a
+        .create_format(create(&orders()))
+        .await
+        .unwrap()
+        .into_inner();
+    let f = created.format.unwrap();
+    assert!(f.served && !f.deleted && f.source == "admin", "{f:?}");
+    assert!(f.definition_json.contains("origin_year"), "stamped: {f:?}");
+    assert_eq!(created.reload.unwrap().formats, ["orders"]);
+    let first = gen(&node, "orders", 3).await.unwrap();
+    all_new(&mut seen, &first);
+
+    let again = a.create_format(create(&orders())).await.unwrap_err();
+    assert_eq!(again.code(), Code::AlreadyExists, "{again:?}");
+    let bad = a
+        .create_format(ok(proto::CreateFormatRequest {
+            definition_json: json(&FormatDef::template(
+                "short",
+                "{yyyy}{MM}{seq:4}",
+                "UTC",
+                Reset::Day,
+            )),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    assert!(bad.message().contains("short"), "{bad:?}");
+
+    // An update that changes how IDs render: refused, naming the field.
+    let mut changed = orders();
+    changed.template = Some("{yyyy}{MM}{dd}{seq:7}".into());
+    let refused = a.update_format(update(&changed)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("template"), "{refused:?}");
+    let mut zone = orders();
+    zone.zone = "UTC".into();
+    let refused = a.update_format(update(&zone)).await.unwrap_err();
+    assert!(refused.message().contains("zone"), "{refused:?}");
+    // Allowed: description and max; the counter goes on.
+    let mut allowed = orders();
+    allowed.description = "order numbers".into();
+    allowed.max = Some(500_000);
+    let r = a
+        .update_format(update(&allowed))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.format.unwrap().definition_json.contains("order numbers"));
+    assert!(r.previous.unwrap().definition_json.contains("{seq:6}"));
+    all_new(&mut seen, &gen(&node, "orders", 3).await.unwrap());
+
+    let got = a
+        .get_format(ok(proto::GetFormatRequest {
+            name: "orders".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .format
+        .unwrap();
+    assert!(got.definition_json.contains("500000"), "{got:?}");
+    let missing = a
+        .get_format(ok(proto::GetFormatRequest {
+            name: "nope".into(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+
+    // The CLI lists it.
+    let addr = node.grpc.to_string();
+    let (fine, out) = run_idgen(&[
+        "admin", "--addr", &addr, "--token", TOKEN, "formats", "list",
+    ]);
+    assert!(
+        fine && out.contains("orders") && out.contains("served here"),
+        "{out}"
+    );
+    // Created from flags, refused update printed with the field, from a
+    // TOML file.
+    let cli = |args: &[&str]| {
+        let mut all = vec!["admin", "--addr", &addr, "--token", TOKEN, "formats"];
+        all.extend_from_slice(args);
+        run_idgen(&all)
+    };
+    let (fine, out) = cli(&[
+        "create",
+        "cli-made",
+        "--template",
+        "{yyyy}{MM}{dd}{seq:4}",
+        "--reset",
+        "day",
+        "--description",
+        "from flags",
+    ]);
+    assert!(fine && out.contains("created cli-made"), "{out}");
+    let file = dir.path().join("cli-made.toml");
+    std::fs::write(
+        &file,
+        "[[formats]]\nname = \"cli-made\"\ntemplate = \"{yyyy}{MM}{dd}{seq:5}\"\nreset = \"day\"\n",
+    )
+    .unwrap();
+    let (fine, out) = cli(&["update", "--file", file.to_str().unwrap()]);
+    assert!(
+        !fine && out.contains("INVALID_ARGUMENT") && out.contains("template"),
+        "{out}"
+    );
+    let (fine, out) = cli(&["get", "cli-made", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert!(
+        fine && v["format"]["definition"]["description"] == "from flags",
+        "{out}"
+    );
+
+    // Delete: NOT_FOUND for calls; the name is never created again.
+    let deleted = a
+        .delete_format(ok(proto::DeleteFormatRequest {
+            name: "orders".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(deleted.format.unwrap().deleted);
+    assert!(deleted.note.contains("never"), "{}", deleted.note);
+    assert_eq!(
+        gen(&node, "orders", 1).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    let recreate = a.create_format(create(&orders())).await.unwrap_err();
+    assert_eq!(recreate.code(), Code::FailedPrecondition, "{recreate:?}");
+    assert!(recreate.message().contains("deleted"), "{recreate:?}");
+    let upd = a.update_format(update(&allowed)).await.unwrap_err();
+    assert_eq!(upd.code(), Code::FailedPrecondition, "{upd:?}");
+
+    // Durable: after a restart the tombstone holds and a live format is
+    // served from the store alone (no config entry).
+    let mut other = orders();
+    other.name = "invoices".into();
+    a.create_format(create(&other)).await.unwrap();
+    // IDs of different formats may coincide: each format its own set.
+    let mut invoices = HashSet::new();
+    all_new(&mut invoices, &gen(&node, "invoices", 2).await.unwrap());
+    assert_eq!(node.terminate().code(), Some(0));
+    let node = ChildServer::start(&config);
+    let mut a = admin(&node).await;
+    all_new(&mut invoices, &gen(&node, "invoices", 2).await.unwrap());
+    let recreate = a.create_format(create(&orders())).await.unwrap_err();
+    assert_eq!(recreate.code(), Code::FailedPrecondition, "{recreate:?}");
+    let listed = a
+        .list_formats(ok(proto::ListFormatsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let names: Vec<(&str, bool)> = listed
+        .formats
+        .iter()
+        .map(|f| (f.name.as_str(), f.deleted))
+        .collect();
+    assert_eq!(
+        names,
+        [("cli-made", false), ("invoices", false), ("orders", true)]
+    );
+    assert_eq!(node.terminate().code(), Some(0));
+}
+
+/// SIGHUP on a real process reads the config file's [[formats]] again:
+/// a new entry is served and a Lua rule's code replaced, counters going
+/// on; an entry changed in a way that could repeat IDs is refused and the
+/// formats in use keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_config_files_formats_and_a_refused_reload_keeps_the_old_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let lua = |prefix: &str| {
+        format!(
+            "[[formats]]\nname = \"o2o\"\nlua = \"\"\"\nfunction min_counter() return 0 end\nfunction max_counter() return 99999999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"{prefix}%08d\", counter) end\n\"\"\"\n"
+        )
+    };
+    let config = embedded_config(dir.path(), &lua("A"));
+    let node = ChildServer::start(&config);
+    let first = gen(&node, "o2o", 3).await.unwrap();
+    assert!(first.iter().all(|id| id.starts_with('A')), "{first:?}");
+    let base = std::fs::read_to_string(&config).unwrap();
+    let hup = || {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &node.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+
+    let with_b = base.replace(&lua("A"), &lua("B"))
+        + "[[formats]]\nname = \"daily\"\ntemplate = \"{yyyy}{MM}{dd}{seq:4}\"\nreset = \"day\"\n";
+    std::fs::write(&config, &with_b).unwrap();
+    hup();
+    let daily = eventually(10, async || gen(&node, "daily", 1).await.ok()).await;
+    assert!(
+        daily.is_some(),
+        "new entry served after SIGHUP: {}",
+        node.log_text()
+    );
+    let after = gen(&node, "o2o", 3).await.unwrap();
+    assert!(after.iter().all(|id| id.starts_with('B')), "{after:?}");
+    let counter = |id: &String| id[1..].parse::<u64>().unwrap();
+    assert!(
+        counter(&after[0]) > counter(&first[2]),
+        "the counter goes on: {first:?} {after:?}"
+    );
+
+    // The template of a stored format changed in the file: refused.
+    std::fs::write(&config, with_b.replace("{seq:4}", "{seq:5}")).unwrap();
+    hup();
+    let logged = eventually(10, async || {
+        let log = node.log_text();
+        log.contains("formats reload failed").then_some(log)
+    })
+    .await
+    .expect("the refused reload is logged");
+    assert!(
+        logged.contains("daily") && logged.contains("template"),
+        "{logged}"
+    );
+    assert!(gen(&node, "daily", 1).await.is_ok());
+    assert!(gen(&node, "o2o", 1).await.unwrap()[0].starts_with('B'));
+    let metrics = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("idgen_format_reloads_total{trigger=\"sighup\",result=\"error\"} 1")
+            || metrics
+                .contains("idgen_format_reloads_total{result=\"error\",trigger=\"sighup\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(node.terminate().code(), Some(0));
+
+    // A restart with the refused entry still in the file does not start,
+    // naming the format, the field and both definitions.
+    let refused = ChildServer::try_start(&config, &[]).err().expect("refused");
+    assert!(
+        refused.contains("daily") && refused.contains("template") && refused.contains("Stored"),
+        "{refused}"
+    );
+}
+
+/// Consul: a format created through node 1 is served by node 2 within a
+/// few seconds without a restart, both nodes' IDs are distinct, and a
+/// delete through node 2 stops node 1 serving it; the name is then refused
+/// on either node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_a_format_created_on_one_node_is_served_by_another() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let nodes: Vec<ChildServer> = (0..2)
+        .map(|i| {
+            let path = write_cluster_config(
+                dir.path(),
+                &format!("n{i}"),
+                consul.addr(),
+                &[("admin", "token", &token), ("formatted", "block", "5")],
+            );
+            ChildServer::start(&path)
+        })
+        .collect();
+    let mut a1 = admin(&nodes[0]).await;
+    let mut a2 = admin(&nodes[1]).await;
+    let shared = FormatDef::template("shared", "{yyyy}{MM}{dd}{seq:8}", "UTC", Reset::Day);
+    a1.create_format(create(&shared)).await.unwrap();
+    let mut seen = HashSet::new();
+    all_new(&mut seen, &gen(&nodes[0], "shared", 4).await.unwrap());
+    let on_two = eventually(10, async || gen(&nodes[1], "shared", 4).await.ok()).await;
+    let on_two = on_two.expect("node 2 serves the format within 10 s");
+    all_new(&mut seen, &on_two);
+    for _ in 0..5 {
+        for n in &nodes {
+            all_new(&mut seen, &gen(n, "shared", 3).await.unwrap());
+        }
+    }
+    let again = a2.create_format(create(&shared)).await.unwrap_err();
+    assert_eq!(again.code(), Code::AlreadyExists);
+
+    a2.delete_format(ok(proto::DeleteFormatRequest {
+        name: "shared".into(),
+    }))
+    .await
+    .unwrap();
+    let gone = eventually(10, async || {
+        (gen(&nodes[0], "shared", 1).await.err()?.code() == Code::NotFound).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "node 1 stops serving the deleted format");
+    let recreate = a1.create_format(create(&shared)).await.unwrap_err();
+    assert_eq!(recreate.code(), Code::FailedPrecondition, "{recreate:?}");
+    for n in nodes {
+        assert_eq!(n.terminate().code(), Some(0));
+    }
+}
+
+fn lua_def(prefix: &str) -> FormatDef {
+    let mut def = FormatDef::template("rule", "", "UTC", Reset::Never);
+    def.template = None;
+    def.reset = None;
+    def.lua = Some(format!(
+        "function min_counter() return 0 end\nfunction max_counter() return 999999999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"{prefix}%09d\", counter) end\n"
+    ));
+    def
+}
+
+/// A serving in-process node, its catalog, and what stops it.
+struct InProcess {
+    issuer: Arc<Issuer>,
+    catalog: Arc<FormatCatalog>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start_in_process(mut config: Config) -> Result<InProcess, String> {
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    config.node.advertise = Some(grpc.local_addr().unwrap());
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let node = Node::start(config, clock)
+        .await
+        .map_err(|e| e.to_string())?;
+    let issuer = Arc::clone(node.issuer());
+    let catalog = Arc::clone(node.format_catalog().expect("formatted mode"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        node.serve(grpc, http, async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("clean stop");
+    });
+    Ok(InProcess {
+        issuer,
+        catalog,
+        stop,
+        task,
+    })
+}
+
+impl InProcess {
+    /// A clean stop; the state file is closed when this returns.
+    async fn stop(self) {
+        drop(self.issuer);
+        drop(self.catalog);
+        let _ = self.stop.send(());
+        self.task.await.unwrap();
+    }
+}
+
+fn config_with(dir: &Path, def: FormatDef) -> Config {
+    let mut c = test_config(dir);
+    c.formatted = FormattedSettings {
+        block: 10,
+        formats: vec![def],
+    };
+    c
+}
+
+async fn one(issuer: &Issuer) -> Result<String, idgen::error::Error> {
+    Ok(issuer
+        .gen_formatted("rule", &[], 1)
+        .await?
+        .ids
+        .remove(0)
+        .text)
+}
+
+/// A Lua rule replaced (UpdateFormat's path) while 8 callers draw IDs: no
+/// call fails, no counter value repeats, and every call started after the
+/// update returned uses the new rule. Then a broken rule, refused at the
+/// update, and one put straight into the store and reloaded: the rule in
+/// use keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lua_rule_reloaded_under_load_fails_no_call_and_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_in_process(config_with(dir.path(), lua_def("A")))
+        .await
+        .unwrap();
+    let (issuer, catalog) = (Arc::clone(&node.issuer), Arc::clone(&node.catalog));
+    let running = Arc::new(AtomicBool::new(true));
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let (issuer, running) = (Arc::clone(&issuer), Arc::clone(&running));
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                // Bounded: at most 5,000 calls per caller.
+                for _ in 0..5_000 {
+                    if !running.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    got.push(one(&issuer).await.expect("no call fails during the reload"));
+                }
+                got
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (_, reloaded) = catalog.update(lua_def("B")).await.expect("update");
+    assert_eq!(reloaded.changed, ["rule"]);
+    // Every call after the update returned uses the new rule.
+    assert!(one(&issuer).await.unwrap().starts_with('B'));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    running.store(false, Ordering::Relaxed);
+    let mut values = HashSet::new();
+    let (mut a, mut b) = (0, 0);
+    for c in callers {
+        for id in c.await.unwrap() {
+            match &id[..1] {
+                "A" => a += 1,
+                "B" => b += 1,
+                other => panic!("unexpected {other}"),
+            }
+            assert!(values.insert(id[1..].to_owned()), "counter {id} repeated");
+        }
+    }
+    assert!(a > 0 && b > 0, "calls on both sides of the reload: {a} {b}");
+
+    // New code that cuts other periods would reuse stored period keys
+    // for other periods: refused, naming the field.
+    let mut daily = lua_def("B");
+    daily.lua = Some(
+        "function min_counter() return 0 end\nfunction max_counter() return 999999999 end\nfunction reset_seconds() return 86400 end\nfunction create_id(counter, now, salt) return string.format(\"B%04d%02d%02d%09d\", now:year(), now:month(), now:day(), counter) end\n".into(),
+    );
+    let e = catalog.update(daily).await.unwrap_err();
+    assert_eq!(e.kind(), idgen::id::ErrorKind::BadRequest, "{e}");
+    assert!(e.to_string().contains("reset"), "{e}");
+
+    // A broken rule is refused at the update and never served.
+    let mut broken = lua_def("B");
+    broken.lua = Some("function min_counter() return 0 end\nfunction create_id(".into());
+    let e = catalog.update(broken.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), idgen::id::ErrorKind::BadRequest, "{e}");
+    assert!(one(&issuer).await.unwrap().starts_with('B'));
+    // One that reached the store anyway (written by another build...): the
+    // reload fails naming it, and the rule in use keeps serving.
+    let stored_broken = broken.clone();
+    catalog
+        .store()
+        .change(
+            "rule",
+            Arc::new(move |r: &StoredFormat| {
+                Ok(StoredFormat {
+                    def: stored_broken.clone(),
+                    ..r.clone()
+                })
+            }),
+        )
+        .await
+        .unwrap();
+    let failed = catalog.reload("admin").await.unwrap_err();
+    assert_eq!(failed.format.as_deref(), Some("rule"), "{failed}");
+    let after = one(&issuer).await.expect("the old rule still serves");
+    assert!(after.starts_with('B'), "{after}");
+    assert!(values.insert(after[1..].to_owned()), "{after} repeated");
+    drop((issuer, catalog));
+    node.stop().await;
+}
+
+/// A config file entry that differs from the stored definition in a way
+/// that could repeat IDs stops the start, naming the entry, the field and
+/// both definitions; one that differs only in what may change updates the
+/// stored definition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_entry_must_agree_with_the_stored_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |def: FormatDef| config_with(dir.path(), def);
+    let node = start_in_process(with(orders())).await.unwrap();
+    let stored = node.catalog.store().get("orders").await.unwrap();
+    assert_eq!(stored.unwrap().source.as_str(), "config");
+    node.stop().await;
+    let mut wider = orders();
+    wider.template = Some("{yyyy}{MM}{dd}{seq:8}".into());
+    let e = match start_in_process(with(wider)).await {
+        Err(e) => e,
+        Ok(_) => panic!("a changed template must be refused"),
+    };
+    assert!(
+        e.contains("entry 1")
+            && e.contains("template")
+            && e.contains("{seq:6}")
+            && e.contains("{seq:8}"),
+        "{e}"
+    );
+    let mut described = orders();
+    described.description = "now with a description".into();
+    // A failed in-process start drops its store on its own threads a
+    // moment later (a real process exits): wait for the file to be free.
+    let mut node = None;
+    for _ in 0..50 {
+        match start_in_process(with(described.clone())).await {
+            Ok(n) => {
+                node = Some(n);
+                break;
+            }
+            Err(e) if e.contains("open in another idgen process") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let node = node.expect("the state file is free within 5 s");
+    let stored = node.catalog.store().get("orders").await.unwrap().unwrap();
+    assert_eq!(stored.def.description, "now with a description");
+    node.stop().await;
+}
