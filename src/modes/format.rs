@@ -11,6 +11,13 @@
 //! across a boundary keeps the later period (rendering at its first
 //! instant) and beyond `clock.max_backward` answers UNAVAILABLE.
 //!
+//! Formats that render a token (`{token:N:..}`, `uniq64`) take it from
+//! [`FormatTokens`] (lease mode's machinery, a space per width and
+//! charset) and keep their counters per token, not per node: a token that
+//! passes to another node continues above its last holder's record. In
+//! Consul each of their counter writes checks the token's lock; a lock
+//! found gone makes the node forget the token and take one again.
+//!
 //! A counter's refill is serialised by a per-counter async gate held over
 //! the store write, so one node never races itself for a block; the
 //! in-memory block itself is only touched under that gate. Lua rules
@@ -27,7 +34,8 @@ use crate::id::format::{
 };
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
-use crate::store::format::{CounterKey, FormatStore, Plan, Planned, RestoreFloor};
+use crate::store::format::{CounterKey, FormatStore, Plan, Planned, RestoreFloor, TokenLock};
+use crate::store::format_tokens::{FormatTokens, HeldToken, TokenError};
 use crate::store::StoreError;
 
 /// How formatted mode runs.
@@ -61,17 +69,23 @@ pub struct Formats {
     clock: Arc<dyn Clock>,
     formats: HashMap<String, Arc<Format>>,
     counters: Mutex<HashMap<CounterKey, Gate>>,
+    /// Where `{token}` and `uniq64` formats get their token.
+    tokens: Option<Arc<dyn FormatTokens>>,
     settings: FormatSettings,
     issued: metrics::Counter,
+    /// Counter reservations (their count is the store writes made).
+    store_op: m::StoreOp,
 }
 
 /// A counter as `GetFormatCounter` shows it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CounterView {
     /// The durable record.
     pub record: CounterRecord,
     /// When the period after the record's starts, Unix ms (`None`: never).
     pub next_period_start_ms: Option<i64>,
+    /// The token whose counter this is, as IDs render it (token formats).
+    pub token: Option<String>,
 }
 
 /// One answered `GenFormatted` call.
@@ -99,8 +113,9 @@ impl Formats {
             let format = Format::compile(def.clone(), now, LuaLimits::default())
                 .map_err(StoreError::from)?;
             if format.scope() == Scope::Node {
+                // The token is leased later; only the node must fit here.
                 format
-                    .check_node(node_ids(node))
+                    .check_node(node_ids(node, Some(0)))
                     .map_err(StoreError::from)?;
             }
             formats.insert(def.name.clone(), Arc::new(format));
@@ -110,9 +125,83 @@ impl Formats {
             clock,
             formats,
             counters: Mutex::new(HashMap::new()),
+            tokens: None,
             settings,
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
+            store_op: m::StoreOp::new(m::label::BACKEND_FORMAT, m::label::OP_RESERVE_COUNTER),
         })
+    }
+
+    /// Takes the tokens of `{token}` and `uniq64` formats from `tokens`.
+    pub fn with_tokens(mut self, tokens: Arc<dyn FormatTokens>) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// Takes the token of every format that needs one now (start-up), so
+    /// a store that cannot deliver fails loudly; a space with no token for
+    /// this node is only logged (its formats answer RESOURCE_EXHAUSTED
+    /// until one is free).
+    pub async fn prime_tokens(&self) -> Result<(), Error> {
+        let mut names: Vec<&String> = self.formats.keys().collect();
+        names.sort();
+        for name in names {
+            let format = &self.formats[name];
+            match self.token_for(format).await {
+                Ok(Some(held)) => tracing::info!(format = %name, token = held.token, "format token held"),
+                Ok(None) => {}
+                Err(Error::Store(StoreError::Format(e @ crate::id::format::FormatError::NoToken { .. }))) => {
+                    tracing::warn!(error = %e, "no token for this format yet; its calls answer RESOURCE_EXHAUSTED until one is free")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease was lost (fencing): drops every block of a token's
+    /// counter (the tokens went with the session; values left in those
+    /// blocks are only a gap).
+    pub fn fence(&self) {
+        let counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, gate) in counters.iter() {
+            if key.token.is_some() {
+                if let Ok(mut held) = gate.try_lock() {
+                    *held = None;
+                }
+            }
+        }
+    }
+
+    /// The token `format` renders, held now (taken if needed); `None` for
+    /// formats without one.
+    async fn token_for(&self, format: &Format) -> Result<Option<HeldToken>, Error> {
+        let Some(space) = format.token_space() else {
+            return Ok(None);
+        };
+        let no_token = |why: String| -> Error {
+            StoreError::Format(crate::id::format::FormatError::NoToken {
+                format: format.name().to_owned(),
+                space: space.name(),
+                size: space.size(),
+                why,
+            })
+            .into()
+        };
+        let tokens = self
+            .tokens
+            .as_ref()
+            .ok_or_else(|| no_token("this node has no token source".into()))?;
+        match tokens.hold(space).await {
+            Ok(held) => Ok(Some(held)),
+            Err(TokenError::Exhausted { why, .. }) => Err(no_token(why)),
+            Err(TokenError::Store(e)) => Err(e.into()),
+        }
+    }
+
+    /// The format tokens this node holds now, by space.
+    pub fn held_tokens(&self) -> Vec<(crate::id::format::TokenSpace, u64)> {
+        self.tokens.as_ref().map(|t| t.held()).unwrap_or_default()
     }
 
     /// The names of the formats served, sorted.
@@ -128,10 +217,12 @@ impl Formats {
             .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())
     }
 
-    fn key(format: &Format, scope: String, node: u64) -> CounterKey {
+    fn key(format: &Format, scope: String, node: u64, token: Option<u64>) -> CounterKey {
+        let per_node = format.scope() == Scope::Node;
         CounterKey {
             format: format.name().to_owned(),
-            node: (format.scope() == Scope::Node).then_some(node),
+            node: (per_node && token.is_none()).then_some(node),
+            token: token.filter(|_| per_node),
             scope,
         }
     }
@@ -155,7 +246,9 @@ impl Formats {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
-        let key = Self::key(format, bound.scope_key(), node);
+        let token = self.token_for(format).await?;
+        let key = Self::key(format, bound.scope_key(), node, token.as_ref().map(|t| t.token));
+        let lock = token.as_ref().and_then(|t| t.lock.as_ref());
         let gate = self.gate(&key);
         // Held over the store write: the per-counter refill gate (see the
         // module doc), never a lock other counters wait on.
@@ -167,7 +260,7 @@ impl Formats {
                 Some(found) => found,
                 None => {
                     let want = (count - ids.len() as u64).max(self.settings.block);
-                    let planned = self.reserve(format, &key, now, want).await?;
+                    let planned = self.reserve(format, &key, now, want, lock).await?;
                     let b = planned.block;
                     let block = Block {
                         period: b.period,
@@ -188,7 +281,7 @@ impl Formats {
                 }
                 *held = (block.left > 0).then_some(block);
                 let id = format
-                    .render(render_at, value, node_ids(node), &bound)
+                    .render(render_at, value, node_ids(node, key.token), &bound)
                     .map_err(StoreError::from)?;
                 ids.push(id);
             }
@@ -231,7 +324,9 @@ impl Formats {
         key: &CounterKey,
         now: i64,
         want: u64,
+        lock: Option<&TokenLock>,
     ) -> Result<Planned, Error> {
+        let space = format.token_space();
         let format = Arc::clone(format);
         let max_behind = self.settings.max_behind_ms;
         let plan: Plan = Arc::new(move |stored: Option<&CounterRecord>, restored| {
@@ -257,7 +352,22 @@ impl Formats {
                 decision,
             })
         });
-        Ok(self.store.reserve(key, plan).await?)
+        let started = std::time::Instant::now();
+        let result = self.store.reserve_locked(key, plan, lock).await;
+        self.store_op.record(started, result.is_ok());
+        match result {
+            Ok(planned) => Ok(planned),
+            Err(e @ StoreError::LockLost(_)) => {
+                // The token is not this node's any more: take one again at
+                // the next call (nothing was written).
+                if let (Some(space), Some(token), Some(tokens)) = (space, key.token, &self.tokens)
+                {
+                    tokens.forget(space, token);
+                }
+                Err(e.into())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Splits `id` into the fields of format `name`.
@@ -278,7 +388,8 @@ impl Formats {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
-        let key = Self::key(format, bound.scope_key(), node);
+        let token = self.token_for(format).await?.map(|t| t.token);
+        let key = Self::key(format, bound.scope_key(), node, token);
         let Some(record) = self.store.load(&key).await? else {
             return Ok(None);
         };
@@ -288,6 +399,10 @@ impl Formats {
         Ok(Some(CounterView {
             record,
             next_period_start_ms,
+            token: format
+                .token_space()
+                .zip(key.token)
+                .map(|(space, t)| space.render(t)),
         }))
     }
 
@@ -340,11 +455,11 @@ fn check_behind(
     })
 }
 
-/// The node's identity as formats render it: its number serves as both
-/// `{node:N}` and the token (`{token:..}`, `uniq64`).
-fn node_ids(node: u64) -> NodeIds {
+/// The node's identity as formats render it: its number as `{node:N}`,
+/// and the token leased for the format (`{token:..}`, `uniq64`).
+fn node_ids(node: u64, token: Option<u64>) -> NodeIds {
     NodeIds {
         node: Some(node),
-        token: Some(node),
+        token,
     }
 }

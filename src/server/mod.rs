@@ -26,6 +26,7 @@ use crate::config::{Backend, Config};
 use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
+use crate::store::format_tokens::{ConsulFormatTokens, EmbeddedFormatTokens, FormatTokens};
 use crate::store::lease::{EmbeddedTokens, TokenStore};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
@@ -105,6 +106,8 @@ pub struct ModeStores {
     pub strict: Option<Arc<dyn StrictStore>>,
     /// Formatted-mode counters.
     pub format: Option<Arc<dyn crate::store::format::FormatStore>>,
+    /// Formatted mode's tokens (`{token}`, `uniq64`).
+    pub format_tokens: Option<Arc<dyn FormatTokens>>,
     /// The embedded state file's guard: once it sees the file deleted or
     /// replaced, every mode refuses to issue.
     pub state_file: Option<Arc<StateFileGuard>>,
@@ -208,6 +211,45 @@ impl SessionBound for SessionTokens {
     }
 }
 
+/// Formatted mode's tokens in a cluster: held under the worker lock's
+/// session, taken again under the new one after every re-claim.
+struct SessionFormatTokens(Arc<ConsulFormatTokens>);
+
+#[async_trait::async_trait]
+impl SessionBound for SessionFormatTokens {
+    fn moved(&self, session: &str, owner: &OwnerInfo) -> Result<(), StoreError> {
+        self.0.moved(session, owner);
+        Ok(())
+    }
+
+    async fn release(&self) {
+        self.0.release().await;
+    }
+}
+
+/// Everything held under the worker lock's session, moved and released
+/// together.
+struct SessionHeld(Vec<Arc<dyn SessionBound>>);
+
+#[async_trait::async_trait]
+impl SessionBound for SessionHeld {
+    fn moved(&self, session: &str, owner: &OwnerInfo) -> Result<(), StoreError> {
+        let mut result = Ok(());
+        for held in &self.0 {
+            if let Err(e) = held.moved(session, owner) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    async fn release(&self) {
+        for held in &self.0 {
+            held.release().await;
+        }
+    }
+}
+
 /// The embedded store and what the node runs beside it.
 struct Embedded {
     store: EmbeddedStore,
@@ -246,6 +288,12 @@ async fn open_embedded(
             strict_limits(config),
         ))),
         format: Some(Arc::new(store.clone())),
+        format_tokens: Some(Arc::new(EmbeddedFormatTokens::new(
+            config.node.datacenter_id,
+            config.node.worker_id,
+            config.layout.spec().datacenter_bits,
+            config.layout.spec().worker_bits,
+        ))),
         state_file: Some(Arc::clone(&guard)),
         store_health: Some(Arc::clone(store.health())),
     };
@@ -368,6 +416,10 @@ fn build_issuer(
             settings,
             node,
         )?;
+        let formats = match stores.format_tokens {
+            Some(tokens) => formats.with_tokens(tokens),
+            None => formats,
+        };
         tracing::info!(formats = ?formats.names(), "formatted mode enabled");
         issuer = issuer.with_formats(Arc::new(formats));
     }
@@ -439,6 +491,15 @@ impl Node {
             return Err(Error::Setup("a Consul member without a claim".into()));
         };
         let client = claimed.client().clone();
+        let format_tokens = {
+            let (session, owner) = claimed.session();
+            Arc::new(ConsulFormatTokens::new(
+                client.clone(),
+                keys.clone(),
+                session,
+                owner,
+            ))
+        };
         let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
             Some(l) => Some(Arc::new(claimed.tokens(l.zone)?)),
             None => None,
@@ -458,19 +519,27 @@ impl Node {
                 client.clone(),
                 keys.clone(),
             ))),
+            format_tokens: Some(Arc::clone(&format_tokens) as Arc<dyn FormatTokens>),
             state_file: None,
             store_health: None,
         };
         let zone = config.lease.as_ref().map(|l| l.zone);
         let deadline = membership.deadline();
         let mut node = Self::assemble(config, clock, membership, stores, (metrics, renewal))?;
+        let mut held: Vec<Arc<dyn SessionBound>> = Vec::new();
         if let (Some(zone), Some(leases)) = (zone, node.issuer.leases()) {
-            node.bound = Some(Arc::new(SessionTokens {
+            held.push(Arc::new(SessionTokens {
                 leases: Arc::clone(leases),
                 client,
                 keys,
                 zone,
             }));
+        }
+        if node.issuer.formats().is_some() {
+            held.push(Arc::new(SessionFormatTokens(format_tokens)));
+        }
+        if !held.is_empty() {
+            node.bound = Some(Arc::new(SessionHeld(held)));
         }
         if let Some(deadline) = deadline {
             // Until the supervisor takes over, the claim's own deadline.
@@ -525,6 +594,9 @@ impl Node {
         if let Some(leases) = self.issuer.leases() {
             leases.prime().await?;
             tracing::info!(token = leases.token(), "lease mode enabled");
+        }
+        if let Some(formats) = self.issuer.formats() {
+            formats.prime_tokens().await?;
         }
         Ok(self)
     }

@@ -11,6 +11,7 @@ pub(crate) mod counts;
 pub mod embedded;
 pub mod fault_hook;
 pub mod format;
+pub mod format_tokens;
 pub mod hwm;
 pub mod lease;
 pub mod reopen;
