@@ -61,7 +61,54 @@ struct Block {
     step: u64,
 }
 
-type Gate = Arc<tokio::sync::Mutex<Option<Block>>>;
+/// A block that was used up within this long (ms, the format clock) of
+/// being reserved makes the next reservation twice as large.
+const GROW_WITHIN_MS: i64 = 1_000;
+/// A reservation more than this long (ms) after the previous one asks for
+/// half as much again (never less than `formatted.block`).
+const SHRINK_AFTER_MS: i64 = 60_000;
+/// The largest reservation, as a multiple of `formatted.block`.
+const MAX_GROWTH: u64 = 64;
+
+/// One counter in memory: its block, and how much the next reservation
+/// asks for. Sizing, like segment mode's step, only changes how often the
+/// store is written and how large a gap a restart leaves: every block is
+/// still durable before use.
+#[derive(Debug, Default)]
+struct CounterState {
+    block: Option<Block>,
+    /// Values the next reservation asks for (0 until the first).
+    want: u64,
+    /// When the last block was reserved (Unix ms; 0: never).
+    reserved_at_ms: i64,
+    /// The last block was used up (not dropped for a later period).
+    used_up: bool,
+}
+
+impl CounterState {
+    /// The size of the next reservation at `now`: doubled when the last
+    /// block was used up within [`GROW_WITHIN_MS`] (a busy counter, e.g.
+    /// idc's one-second periods, then writes about once per period instead
+    /// of once per `formatted.block` IDs), halved after
+    /// [`SHRINK_AFTER_MS`], within `base..=cap`.
+    fn next_want(&mut self, base: u64, cap: u64, now: i64) -> u64 {
+        let mut want = self.want.max(base);
+        if self.reserved_at_ms != 0 {
+            let age = now.saturating_sub(self.reserved_at_ms);
+            if self.used_up && age < GROW_WITHIN_MS {
+                want = want.saturating_mul(2);
+            } else if age > SHRINK_AFTER_MS {
+                want /= 2;
+            }
+        }
+        self.want = want.clamp(base, cap.max(base));
+        self.used_up = false;
+        self.reserved_at_ms = now;
+        self.want
+    }
+}
+
+type Gate = Arc<tokio::sync::Mutex<CounterState>>;
 
 /// The formatted-mode engine: compiled formats and their counters.
 pub struct Formats {
@@ -167,7 +214,7 @@ impl Formats {
         for (key, gate) in counters.iter() {
             if key.token.is_some() {
                 if let Ok(mut held) = gate.try_lock() {
-                    *held = None;
+                    held.block = None;
                 }
             }
         }
@@ -256,10 +303,12 @@ impl Formats {
         let mut ids = Vec::with_capacity(count as usize);
         while (ids.len() as u64) < count {
             let now = self.clock.now_millis() as i64;
-            let (block, render_at) = match self.usable(format, *held, now)? {
+            let (block, render_at) = match self.usable(format, held.block, now)? {
                 Some(found) => found,
                 None => {
-                    let want = (count - ids.len() as u64).max(self.settings.block);
+                    let cap = growth_cap(format, self.settings.block);
+                    let want = held.next_want(self.settings.block, cap, now);
+                    let want = (count - ids.len() as u64).max(want);
                     let planned = self.reserve(format, &key, now, want, lock).await?;
                     let b = planned.block;
                     let block = Block {
@@ -279,7 +328,8 @@ impl Formats {
                 if block.left > 0 {
                     block.next += block.step;
                 }
-                *held = (block.left > 0).then_some(block);
+                held.block = (block.left > 0).then_some(block);
+                held.used_up = block.left == 0;
                 let id = format
                     .render(render_at, value, node_ids(node, key.token), &bound)
                     .map_err(StoreError::from)?;
@@ -412,6 +462,18 @@ impl Formats {
     }
 }
 
+/// The largest block a counter of `format` grows to: [`MAX_GROWTH`]
+/// times `base`, and for a cluster-wide counter at most a sixteenth of a
+/// period's values, so one busy node cannot take a short period's values
+/// away from the others.
+fn growth_cap(format: &Format, base: u64) -> u64 {
+    let cap = base.saturating_mul(MAX_GROWTH);
+    match format.scope() {
+        Scope::Node => cap,
+        Scope::Cluster => cap.min(format.counter().capacity() / 16),
+    }
+}
+
 /// On a restored store: a period starting fresh whose first instant is at
 /// or before the restore's floor instant may have been used by the lost
 /// node after the snapshot, so its counter starts `floor` above the
@@ -461,5 +523,93 @@ fn node_ids(node: u64, token: Option<u64>) -> NodeIds {
     NodeIds {
         node: Some(node),
         token,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::format::Reset;
+    use crate::id::ManualClock;
+    use crate::store::EmbeddedStore;
+    use std::collections::HashSet;
+
+    /// The embedded store, recording the size of every block reserved.
+    struct Counting {
+        inner: EmbeddedStore,
+        blocks: Mutex<Vec<u64>>,
+    }
+
+    #[async_trait::async_trait]
+    impl FormatStore for Counting {
+        async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError> {
+            self.inner.load(key).await
+        }
+
+        async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
+            let planned = self.inner.reserve(key, plan).await?;
+            self.blocks.lock().unwrap().push(planned.block.len());
+            Ok(planned)
+        }
+    }
+
+    fn engine(def: FormatDef, clock: Arc<ManualClock>) -> (tempfile::TempDir, Arc<Counting>, Formats) {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = EmbeddedStore::create(&dir.path().join("s.redb"), "layout").unwrap();
+        let store = Arc::new(Counting {
+            inner,
+            blocks: Mutex::new(Vec::new()),
+        });
+        let settings = FormatSettings {
+            block: 100,
+            max_behind_ms: 1_000,
+            max_batch: 1_000,
+        };
+        let formats = Formats::new(&[def], store.clone(), clock, settings, 3).unwrap();
+        (dir, store, formats)
+    }
+
+    async fn take(formats: &Formats, name: &str, n: u64, seen: &mut HashSet<String>) {
+        for _ in 0..n / 10 {
+            for id in formats.generate(name, &[], 10, 3).await.unwrap().ids {
+                assert!(seen.insert(id.text.clone()), "{} handed out twice", id.text);
+            }
+        }
+    }
+
+    /// A busy counter with one-second periods (idc style): blocks used up
+    /// quickly double, so 2,000 IDs a second take a handful of durable
+    /// writes instead of one per `formatted.block` (100) IDs, and never a
+    /// repeated ID.
+    #[tokio::test]
+    async fn busy_short_period_counters_grow_their_blocks() {
+        let clock = Arc::new(ManualClock::at_millis(1_780_000_000_000));
+        let def = FormatDef::template("fast", "{unix_s}{seq:4}{node:2}", "UTC", Reset::Seconds(1));
+        let (_dir, store, formats) = engine(def, clock.clone());
+        let mut seen = HashSet::new();
+        take(&formats, "fast", 2_000, &mut seen).await;
+        assert_eq!(*store.blocks.lock().unwrap(), [100, 200, 400, 800, 1_600]);
+        clock.advance_millis(1_000);
+        take(&formats, "fast", 2_000, &mut seen).await;
+        let blocks = store.blocks.lock().unwrap().clone();
+        assert_eq!(blocks[5..], [1_600, 3_200], "{blocks:?}");
+        // Idle for over a minute: the next block is half as large.
+        clock.advance_millis(61_000);
+        take(&formats, "fast", 10, &mut seen).await;
+        assert_eq!(store.blocks.lock().unwrap().last(), Some(&1_600));
+    }
+
+    /// A cluster-wide counter grows to at most a sixteenth of a period's
+    /// values, leaving the rest of a short period to the other nodes.
+    #[tokio::test]
+    async fn cluster_counters_grow_to_a_sixteenth_of_a_period() {
+        let clock = Arc::new(ManualClock::at_millis(1_780_000_000_000));
+        let def = FormatDef::template("shared", "{unix_s}{seq:4}", "UTC", Reset::Seconds(1));
+        let (_dir, store, formats) = engine(def, clock);
+        let mut seen = HashSet::new();
+        take(&formats, "shared", 3_000, &mut seen).await;
+        let blocks = store.blocks.lock().unwrap().clone();
+        assert_eq!(blocks[..4], [100, 200, 400, 625], "{blocks:?}");
+        assert!(blocks.iter().all(|b| *b <= 625), "{blocks:?}");
     }
 }
