@@ -238,14 +238,20 @@ reset = \"day\"
         assert!(mine.iter().all(|id| token_of(id) == t), "{t}: {mine:?}");
         all_new(&mut seen, &mine);
         assert!(tokens.insert(t.clone()), "token {t} held by two nodes");
-        assert!(u64_tokens.insert(n.token("u64").await), "uniq64 token shared");
+        assert!(
+            u64_tokens.insert(n.token("u64").await),
+            "uniq64 token shared"
+        );
     }
 
     // One token of `one` freed: the next call takes it.
     let key = ClusterKeys::new("idgen", "test").format_token_dir("digits-1") + "3";
     let http = reqwest::Client::new();
     let released: bool = http
-        .put(format!("http://{}/v1/kv/{key}?release={squatter}", consul.addr()))
+        .put(format!(
+            "http://{}/v1/kv/{key}?release={squatter}",
+            consul.addr()
+        ))
         .body(r#"{"instance":"squatter","address":"","since_ms":0,"reserved":0}"#)
         .send()
         .await
@@ -278,8 +284,18 @@ reset = \"day\"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_nodes_get_disjoint_tokens() {
     let defs = vec![
-        FormatDef::template("tok", "{yyyy}{MM}{dd}{token:2:alnum}{seq:6}", "UTC", Reset::Day),
-        FormatDef::template("dig", "{yyyy}{MM}{dd}{token:2:digits}{seq:4}", "UTC", Reset::Day),
+        FormatDef::template(
+            "tok",
+            "{yyyy}{MM}{dd}{token:2:alnum}{seq:6}",
+            "UTC",
+            Reset::Day,
+        ),
+        FormatDef::template(
+            "dig",
+            "{yyyy}{MM}{dd}{token:2:digits}{seq:4}",
+            "UTC",
+            Reset::Day,
+        ),
         FormatDef {
             template: None,
             preset: Some(PresetName::Uniq64),
@@ -313,7 +329,10 @@ async fn embedded_nodes_get_disjoint_tokens() {
             assert_eq!(token_of(&tok[0]), "5K", "alnum: token 200");
         } else {
             let dig = node.gen("dig", 20).await;
-            assert!(dig.iter().all(|id| id[8..10] == format!("{worker:02}")), "{dig:?}");
+            assert!(
+                dig.iter().all(|id| id[8..10] == format!("{worker:02}")),
+                "{dig:?}"
+            );
             all_new(&mut seen, &dig);
         }
         let u = node.issuer.gen_formatted("u64", &[], 20).await.unwrap();
@@ -385,7 +404,11 @@ async fn a_token_taken_over_from_a_killed_node_continues_above_its_counter() {
         .find(|h| h.kind == HolderKind::FormatToken as i32 && h.space == "alnum-2")
         .expect("the format token is listed");
     assert_eq!(
-        (held.rendered.as_str(), held.instance.as_str(), held.state.as_str()),
+        (
+            held.rendered.as_str(),
+            held.instance.as_str(),
+            held.state.as_str()
+        ),
         (token.as_str(), "first", "alive")
     );
     let max_before = before.iter().map(|id| seq(id, 6)).max().unwrap();
@@ -549,7 +572,11 @@ async fn consul_kill_9_under_load_then_restart_repeats_nothing() {
                 let mut got = Vec::new();
                 // Bounded: stops at the first failure (the kill).
                 for i in 0..2_000u32 {
-                    let format = if (i + caller) % 2 == 0 { "orders" } else { "tok" };
+                    let format = if (i + caller) % 2 == 0 {
+                        "orders"
+                    } else {
+                        "tok"
+                    };
                     match c.gen_formatted(req(format, 1 + i % 5)).await {
                         Ok(r) => got.extend(r.into_inner().ids),
                         Err(_) => break,
@@ -569,7 +596,10 @@ async fn consul_kill_9_under_load_then_restart_repeats_nothing() {
             wait_until_free(&consul, "alnum-2", &tokens[0]).await;
         }
     }
-    assert_eq!(tokens[1], tokens[0], "the token comes back after lock-delay");
+    assert_eq!(
+        tokens[1], tokens[0],
+        "the token comes back after lock-delay"
+    );
     assert_ne!(tokens[2], tokens[1], "a locked token is passed over");
     assert!(seen.len() > 100, "{}", seen.len());
 }

@@ -1,8 +1,12 @@
 //! Formatted mode: human-readable IDs from the formats defined in the
 //! config file (`[[formats]]`), compiled once at start.
 //!
-//! Each counter (format, scope-parameter values, and the node for
-//! per-node formats) keeps a small block of values in memory. A block is
+//! Each counter (format, scope-parameter values, and the node or token
+//! for per-node formats) keeps a block of values in memory: at first
+//! `formatted.block` values, doubled while blocks are used up within a
+//! second (so a busy counter with one-second periods writes about once a
+//! period, not once per `formatted.block` IDs) and halved after a minute
+//! between reservations ([`CounterState`]). A block is
 //! reserved through [`FormatStore::reserve`], which writes the counter's
 //! record durably before any value of the block is used; a restart loses
 //! at most the rest of the block, never repeats it. Every call decides the
@@ -195,9 +199,13 @@ impl Formats {
         for name in names {
             let format = &self.formats[name];
             match self.token_for(format).await {
-                Ok(Some(held)) => tracing::info!(format = %name, token = held.token, "format token held"),
+                Ok(Some(held)) => {
+                    tracing::info!(format = %name, token = held.token, "format token held")
+                }
                 Ok(None) => {}
-                Err(Error::Store(StoreError::Format(e @ crate::id::format::FormatError::NoToken { .. }))) => {
+                Err(Error::Store(StoreError::Format(
+                    e @ crate::id::format::FormatError::NoToken { .. },
+                ))) => {
                     tracing::warn!(error = %e, "no token for this format yet; its calls answer RESOURCE_EXHAUSTED until one is free")
                 }
                 Err(e) => return Err(e),
@@ -294,7 +302,12 @@ impl Formats {
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
         let token = self.token_for(format).await?;
-        let key = Self::key(format, bound.scope_key(), node, token.as_ref().map(|t| t.token));
+        let key = Self::key(
+            format,
+            bound.scope_key(),
+            node,
+            token.as_ref().map(|t| t.token),
+        );
         let lock = token.as_ref().and_then(|t| t.lock.as_ref());
         let gate = self.gate(&key);
         // Held over the store write: the per-counter refill gate (see the
@@ -410,8 +423,7 @@ impl Formats {
             Err(e @ StoreError::LockLost(_)) => {
                 // The token is not this node's any more: take one again at
                 // the next call (nothing was written).
-                if let (Some(space), Some(token), Some(tokens)) = (space, key.token, &self.tokens)
-                {
+                if let (Some(space), Some(token), Some(tokens)) = (space, key.token, &self.tokens) {
                     tokens.forget(space, token);
                 }
                 Err(e.into())
@@ -463,10 +475,14 @@ impl Formats {
 }
 
 /// The largest block a counter of `format` grows to: [`MAX_GROWTH`]
-/// times `base`, and for a cluster-wide counter at most a sixteenth of a
+/// times `base` (`base` itself when it is 1), and for a cluster-wide counter at most a sixteenth of a
 /// period's values, so one busy node cannot take a short period's values
 /// away from the others.
 fn growth_cap(format: &Format, base: u64) -> u64 {
+    if base == 1 {
+        // `formatted.block = 1` asks for gap-free counters: never grow.
+        return 1;
+    }
     let cap = base.saturating_mul(MAX_GROWTH);
     match format.scope() {
         Scope::Node => cap,
@@ -553,7 +569,10 @@ mod tests {
         }
     }
 
-    fn engine(def: FormatDef, clock: Arc<ManualClock>) -> (tempfile::TempDir, Arc<Counting>, Formats) {
+    fn engine(
+        def: FormatDef,
+        clock: Arc<ManualClock>,
+    ) -> (tempfile::TempDir, Arc<Counting>, Formats) {
         let dir = tempfile::tempdir().unwrap();
         let inner = EmbeddedStore::create(&dir.path().join("s.redb"), "layout").unwrap();
         let store = Arc::new(Counting {

@@ -30,9 +30,9 @@ use crate::config::AdminToken;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
 use crate::error::Error;
 use crate::error::ErrorKind;
+use crate::id::format::TokenSpace;
 use crate::id::segment::{check_max_id, check_step, SegmentError, Tag, TagRecord, TagUpdate};
 use crate::id::strict::Namespace;
-use crate::id::format::TokenSpace;
 use crate::id::Clock;
 use crate::metrics as m;
 use crate::modes::lease::Leases;
@@ -304,10 +304,12 @@ fn holder_from(held: LockKey, entry: &KvEntry, state: &str) -> proto::Holder {
     };
     let (owner, reserved) = match held {
         LockKey::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
-        LockKey::Token(..) | LockKey::FormatToken(..) => match serde_json::from_slice::<TokenRecord>(&entry.value) {
-            Ok(r) => (Some(r.owner), r.reserved),
-            Err(_) => (None, 0),
-        },
+        LockKey::Token(..) | LockKey::FormatToken(..) => {
+            match serde_json::from_slice::<TokenRecord>(&entry.value) {
+                Ok(r) => (Some(r.owner), r.reserved),
+                Err(_) => (None, 0),
+            }
+        }
     };
     let (instance, address, since) = match owner {
         Some(o) => (o.instance, o.address, rfc3339(o.since_ms)),

@@ -8,7 +8,8 @@
 //! - [`period`]: reset periods on the zone's wall clock and the rule that
 //!   the period never goes back ([`period::decide`]).
 //! - [`template`]: the template language; [`preset`]: seed 000's `uniq64`
-//!   and seed 001's `idc`; [`lua`]: sandboxed Lua rules (seed 003).
+//!   and seed 001's `idc`; [`lua`]: sandboxed Lua rules (seed 003);
+//!   [`token`]: the spaces leased tokens come from.
 //! - [`CounterRecord`]: a counter's durable record (period + last reserved
 //!   value) and the rule that turns it into the next block, as segment mode
 //!   does for tags.
@@ -36,10 +37,10 @@ pub use period::{
     Reset, Zone,
 };
 pub use preset::{Idc, PresetError, PresetName, Uniq64, IDC_TEMPLATE};
-pub use token::TokenSpace;
 pub use template::{
     BoundParams, CivilFields, ParseError, ParsedId, RenderError, Template, TemplateError,
 };
+pub use token::TokenSpace;
 
 /// The definition schema this build writes and reads.
 pub const FORMAT_DEF_VERSION: u32 = 1;

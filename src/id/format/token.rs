@@ -13,8 +13,8 @@
 
 use std::fmt;
 
-use super::template::Charset;
 use super::preset::UNIQ64_MAX_TOKEN;
+use super::template::Charset;
 
 /// Where a format's tokens come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -102,7 +102,10 @@ impl TokenSpace {
     ) -> Option<(u64, u64)> {
         let node_bits = u32::from(datacenter_bits) + u32::from(worker_bits);
         if node_bits >= 63
-            || datacenter.checked_shr(u32::from(datacenter_bits)).unwrap_or(0) != 0
+            || datacenter
+                .checked_shr(u32::from(datacenter_bits))
+                .unwrap_or(0)
+                != 0
             || worker.checked_shr(u32::from(worker_bits)).unwrap_or(0) != 0
         {
             return None;
