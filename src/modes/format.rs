@@ -6,7 +6,7 @@
 //! `formatted.block` values, doubled while blocks are used up within a
 //! second (so a busy counter with one-second periods writes about once a
 //! period, not once per `formatted.block` IDs) and halved after a minute
-//! between reservations ([`CounterState`]). A block is
+//! between reservations (`CounterState`). A block is
 //! reserved through [`FormatStore::reserve`], which writes the counter's
 //! record durably before any value of the block is used; a restart loses
 //! at most the rest of the block, never repeats it. Every call decides the

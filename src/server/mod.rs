@@ -250,6 +250,29 @@ impl SessionBound for SessionHeld {
     }
 }
 
+/// What `issuer` holds under the worker lock's session: lease mode's
+/// token (in `zone`) and formatted mode's tokens, when enabled.
+fn session_held(
+    issuer: &Issuer,
+    zone: Option<u64>,
+    (client, keys): (ConsulClient, ClusterKeys),
+    format_tokens: Arc<ConsulFormatTokens>,
+) -> Option<Arc<dyn SessionBound>> {
+    let mut held: Vec<Arc<dyn SessionBound>> = Vec::new();
+    if let (Some(zone), Some(leases)) = (zone, issuer.leases()) {
+        held.push(Arc::new(SessionTokens {
+            leases: Arc::clone(leases),
+            client,
+            keys,
+            zone,
+        }));
+    }
+    if issuer.formats().is_some() {
+        held.push(Arc::new(SessionFormatTokens(format_tokens)));
+    }
+    (!held.is_empty()).then(|| Arc::new(SessionHeld(held)) as Arc<dyn SessionBound>)
+}
+
 /// The embedded store and what the node runs beside it.
 struct Embedded {
     store: EmbeddedStore,
@@ -526,21 +549,7 @@ impl Node {
         let zone = config.lease.as_ref().map(|l| l.zone);
         let deadline = membership.deadline();
         let mut node = Self::assemble(config, clock, membership, stores, (metrics, renewal))?;
-        let mut held: Vec<Arc<dyn SessionBound>> = Vec::new();
-        if let (Some(zone), Some(leases)) = (zone, node.issuer.leases()) {
-            held.push(Arc::new(SessionTokens {
-                leases: Arc::clone(leases),
-                client,
-                keys,
-                zone,
-            }));
-        }
-        if node.issuer.formats().is_some() {
-            held.push(Arc::new(SessionFormatTokens(format_tokens)));
-        }
-        if !held.is_empty() {
-            node.bound = Some(Arc::new(SessionHeld(held)));
-        }
+        node.bound = session_held(&node.issuer, zone, (client, keys), format_tokens);
         if let Some(deadline) = deadline {
             // Until the supervisor takes over, the claim's own deadline.
             node.issuer.set_lease_deadline(deadline);
