@@ -603,3 +603,45 @@ async fn consul_kill_9_under_load_then_restart_repeats_nothing() {
     assert_ne!(tokens[2], tokens[1], "a locked token is passed over");
     assert!(seen.len() > 100, "{}", seen.len());
 }
+
+/// A token whose lock is taken away while the node's session lives (here
+/// released and taken by another session) is never used again: the next
+/// counter write carries a check of the lock and is refused
+/// (UNAVAILABLE), and the node then takes another token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_lock_taken_away_stops_its_counter_and_another_token_is_taken() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    // One value per write: every call reaches the store.
+    let set = [("formatted", "block", "1")];
+    let path = cluster_file(dir.path(), "n0", consul.addr(), &set, TOKEN_FORMATS);
+    let node = start(load(&path), Arc::new(SystemClock)).await;
+    let mut seen = HashSet::new();
+    let before = node.gen("tok", 2).await;
+    all_new(&mut seen, &before);
+    assert_eq!(token_of(&before[0]), "00");
+    let key = ClusterKeys::new("idgen", "test").format_token_dir("alnum-2") + "0";
+    let session = consul.kv_get(&key).and_then(|e| e.session).expect("held");
+    let released: bool = reqwest::Client::new()
+        .put(format!(
+            "http://{}/v1/kv/{key}?release={session}",
+            consul.addr()
+        ))
+        .body(r#"{"instance":"n0","address":"","since_ms":0,"reserved":0}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(released);
+    let _squatter = squat(consul.addr(), "alnum-2", 0..1).await;
+
+    let e = node.try_gen("tok", 1).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("token lock"), "{e}");
+    let after = node.gen("tok", 2).await;
+    all_new(&mut seen, &after);
+    assert!(after.iter().all(|id| token_of(id) == "01"), "{after:?}");
+    node.stop().await;
+}
