@@ -645,3 +645,59 @@ async fn a_token_lock_taken_away_stops_its_counter_and_another_token_is_taken() 
     assert!(after.iter().all(|id| token_of(id) == "01"), "{after:?}");
     node.stop().await;
 }
+
+/// The node's session destroyed (as an operator or an expired TTL would):
+/// the token goes with it; the node fences, claims again under a new
+/// session and takes a token again under that one (the old token is inside
+/// its lock-delay, so another), and nothing repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_takes_the_token_away_and_the_node_takes_one_again() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let set = [("formatted", "block", "5")];
+    let path = cluster_file(dir.path(), "n0", consul.addr(), &set, TOKEN_FORMATS);
+    let node = start(load(&path), Arc::new(SystemClock)).await;
+    let mut seen = HashSet::new();
+    let before = node.gen("tok", 3).await;
+    all_new(&mut seen, &before);
+    assert_eq!(token_of(&before[0]), "00");
+    let dir_key = ClusterKeys::new("idgen", "test").format_token_dir("alnum-2");
+    let old = consul
+        .kv_get(&format!("{dir_key}0"))
+        .and_then(|e| e.session)
+        .expect("held");
+    let destroyed: bool = reqwest::Client::new()
+        .put(format!("http://{}/v1/session/destroy/{old}", consul.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(destroyed);
+    // Bounded: the node notices at its next renew, fences and claims
+    // again; calls fail (fenced, or the lock check) until then.
+    let mut after = None;
+    for _ in 0..150 {
+        match node.try_gen("tok", 3).await {
+            Ok(ids) if consul.sessions().iter().any(|s| s.id != old) => {
+                after = Some(ids);
+                break;
+            }
+            Ok(ids) => panic!("issued {ids:?} under the destroyed session"),
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = after.expect("the node serves again under a new session");
+    all_new(&mut seen, &after);
+    let token = token_of(&after[0]).to_owned();
+    assert_ne!(token, "00", "the old token is inside its lock-delay");
+    let number = u64::from_str_radix(&token, 36).unwrap();
+    let holder = consul
+        .kv_get(&format!("{dir_key}{number}"))
+        .and_then(|e| e.session)
+        .expect("the new token is held");
+    assert_ne!(holder, old, "held under the new session");
+    node.stop().await;
+}

@@ -472,6 +472,16 @@ impl ConsulTokens {
                         stale: false,
                     });
                 }
+                // The session is gone (the node is about to be fenced):
+                // no other candidate can be taken with it either.
+                TxnOutcome::RolledBack(errors)
+                    if errors.iter().any(|e| e.what.contains("invalid session")) =>
+                {
+                    return Err(StoreError::LockLost(format!(
+                        "cannot take a token: this node's session is gone ({})",
+                        txn_errors(&errors)
+                    )))
+                }
                 // Taken or changed by another node meanwhile: next one.
                 TxnOutcome::RolledBack(_) => continue,
             }
