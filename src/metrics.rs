@@ -354,6 +354,11 @@ pub mod label {
     pub const BACKEND_SEGMENT: &str = "segment";
     /// `backend` of the store metrics for lease-token counters.
     pub const BACKEND_LEASE: &str = "lease";
+    /// `backend` of the store metrics for formatted-mode counters.
+    pub const BACKEND_FORMAT: &str = "formatted";
+    /// `op`: a formatted-mode counter block reserved (one durable write:
+    /// at least one per counter and period in use).
+    pub const OP_RESERVE_COUNTER: &str = "reserve_counter";
     /// `op`: a high-water mark write.
     pub const OP_STORE_HWM: &str = "store_hwm";
     /// `op`: a segment range taken.

@@ -122,6 +122,7 @@ fn kind_name(kind: i32) -> &'static str {
     match HolderKind::try_from(kind) {
         Ok(HolderKind::Worker) => "worker",
         Ok(HolderKind::LeaseToken) => "token",
+        Ok(HolderKind::FormatToken) => "format_token",
         _ => "unknown",
     }
 }
@@ -140,12 +141,17 @@ fn holder_json(h: &proto::Holder) -> Value {
         "reserved": h.reserved.to_string(),
         "lock_delay_ms": h.lock_delay_ms,
         "session_ttl_ms": h.session_ttl_ms,
+        "space": h.space,
+        "rendered": h.rendered,
     })
 }
 
 fn holder_line(h: &proto::Holder) -> String {
     let place = match HolderKind::try_from(h.kind) {
         Ok(HolderKind::LeaseToken) => format!("token {}/{}", h.zone, h.id),
+        Ok(HolderKind::FormatToken) => {
+            format!("format token {}/{} ({})", h.space, h.id, h.rendered)
+        }
         _ => format!("worker {}/{}", h.datacenter, h.id),
     };
     format!(

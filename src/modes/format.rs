@@ -9,8 +9,12 @@
 //! format that failed. Counters are keyed by format name and scope, not by
 //! table, so they carry on across reloads (see `modes::format_reload`).
 //!
-//! Each counter (format, scope-parameter values, and the node for
-//! per-node formats) keeps a small block of values in memory. A block is
+//! Each counter (format, scope-parameter values, and the node or token
+//! for per-node formats) keeps a block of values in memory: at first
+//! `formatted.block` values, doubled while blocks are used up within a
+//! second (so a busy counter with one-second periods writes about once a
+//! period, not once per `formatted.block` IDs) and halved after a minute
+//! between reservations (`CounterState`). A block is
 //! reserved through [`FormatStore::reserve`], which writes the counter's
 //! record durably before any value of the block is used; a restart loses
 //! at most the rest of the block, never repeats it. Every call decides the
@@ -18,6 +22,13 @@
 //! drops the block and reserves from the minimum, a wall clock stepped back
 //! across a boundary keeps the later period (rendering at its first
 //! instant) and beyond `clock.max_backward` answers UNAVAILABLE.
+//!
+//! Formats that render a token (`{token:N:..}`, `uniq64`) take it from
+//! [`FormatTokens`] (lease mode's machinery, a space per width and
+//! charset) and keep their counters per token, not per node: a token that
+//! passes to another node continues above its last holder's record. In
+//! Consul each of their counter writes checks the token's lock; a lock
+//! found gone makes the node forget the token and take one again.
 //!
 //! A counter's refill is serialised by a per-counter async gate held over
 //! the store write, so one node never races itself for a block; the
@@ -37,7 +48,8 @@ use crate::id::format::{
 };
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
-use crate::store::format::{CounterKey, FormatStore, Plan, Planned, RestoreFloor};
+use crate::store::format::{CounterKey, FormatStore, Plan, Planned, RestoreFloor, TokenLock};
+use crate::store::format_tokens::{FormatTokens, HeldToken, TokenError};
 use crate::store::StoreError;
 
 /// How formatted mode runs.
@@ -63,7 +75,54 @@ struct Block {
     step: u64,
 }
 
-type Gate = Arc<tokio::sync::Mutex<Option<Block>>>;
+/// A block that was used up within this long (ms, the format clock) of
+/// being reserved makes the next reservation twice as large.
+const GROW_WITHIN_MS: i64 = 1_000;
+/// A reservation more than this long (ms) after the previous one asks for
+/// half as much again (never less than `formatted.block`).
+const SHRINK_AFTER_MS: i64 = 60_000;
+/// The largest reservation, as a multiple of `formatted.block`.
+const MAX_GROWTH: u64 = 64;
+
+/// One counter in memory: its block, and how much the next reservation
+/// asks for. Sizing, like segment mode's step, only changes how often the
+/// store is written and how large a gap a restart leaves: every block is
+/// still durable before use.
+#[derive(Debug, Default)]
+struct CounterState {
+    block: Option<Block>,
+    /// Values the next reservation asks for (0 until the first).
+    want: u64,
+    /// When the last block was reserved (Unix ms; 0: never).
+    reserved_at_ms: i64,
+    /// The last block was used up (not dropped for a later period).
+    used_up: bool,
+}
+
+impl CounterState {
+    /// The size of the next reservation at `now`: doubled when the last
+    /// block was used up within [`GROW_WITHIN_MS`] (a busy counter, e.g.
+    /// idc's one-second periods, then writes about once per period instead
+    /// of once per `formatted.block` IDs), halved after
+    /// [`SHRINK_AFTER_MS`], within `base..=cap`.
+    fn next_want(&mut self, base: u64, cap: u64, now: i64) -> u64 {
+        let mut want = self.want.max(base);
+        if self.reserved_at_ms != 0 {
+            let age = now.saturating_sub(self.reserved_at_ms);
+            if self.used_up && age < GROW_WITHIN_MS {
+                want = want.saturating_mul(2);
+            } else if age > SHRINK_AFTER_MS {
+                want /= 2;
+            }
+        }
+        self.want = want.clamp(base, cap.max(base));
+        self.used_up = false;
+        self.reserved_at_ms = now;
+        self.want
+    }
+}
+
+type Gate = Arc<tokio::sync::Mutex<CounterState>>;
 
 /// Compiled formats by name: what one reload installs.
 pub type FormatTable = HashMap<String, Arc<Format>>;
@@ -79,17 +138,23 @@ pub struct Formats {
     /// This node's number, checked against per-node formats at compile.
     node: u64,
     counters: Mutex<HashMap<CounterKey, Gate>>,
+    /// Where `{token}` and `uniq64` formats get their token.
+    tokens: Option<Arc<dyn FormatTokens>>,
     settings: FormatSettings,
     issued: metrics::Counter,
+    /// Counter reservations (their count is the store writes made).
+    store_op: m::StoreOp,
 }
 
 /// A counter as `GetFormatCounter` shows it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CounterView {
     /// The durable record.
     pub record: CounterRecord,
     /// When the period after the record's starts, Unix ms (`None`: never).
     pub next_period_start_ms: Option<i64>,
+    /// The token whose counter this is, as IDs render it (token formats).
+    pub token: Option<String>,
 }
 
 /// One answered `GenFormatted` call.
@@ -118,9 +183,88 @@ impl Formats {
             formats: ArcSwap::from_pointee(formats),
             node,
             counters: Mutex::new(HashMap::new()),
+            tokens: None,
             settings,
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
+            store_op: m::StoreOp::new(m::label::BACKEND_FORMAT, m::label::OP_RESERVE_COUNTER),
         })
+    }
+
+    /// Takes the tokens of `{token}` and `uniq64` formats from `tokens`.
+    pub fn with_tokens(mut self, tokens: Arc<dyn FormatTokens>) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// Takes the token of every format that needs one now (start-up), so
+    /// a store that cannot deliver fails loudly; a space with no token for
+    /// this node is only logged (its formats answer RESOURCE_EXHAUSTED
+    /// until one is free).
+    pub async fn prime_tokens(&self) -> Result<(), Error> {
+        let table = self.formats.load_full();
+        let mut names: Vec<&String> = table.keys().collect();
+        names.sort();
+        for name in names {
+            let format = &table[name];
+            match self.token_for(format).await {
+                Ok(Some(held)) => {
+                    tracing::info!(format = %name, token = held.token, "format token held")
+                }
+                Ok(None) => {}
+                Err(Error::Store(StoreError::Format(
+                    e @ crate::id::format::FormatError::NoToken { .. },
+                ))) => {
+                    tracing::warn!(error = %e, "no token for this format yet; its calls answer RESOURCE_EXHAUSTED until one is free")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease was lost (fencing): drops every block of a token's
+    /// counter (the tokens went with the session; values left in those
+    /// blocks are only a gap).
+    pub fn fence(&self) {
+        let counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, gate) in counters.iter() {
+            if key.token.is_some() {
+                if let Ok(mut held) = gate.try_lock() {
+                    held.block = None;
+                }
+            }
+        }
+    }
+
+    /// The token `format` renders, held now (taken if needed); `None` for
+    /// formats without one.
+    async fn token_for(&self, format: &Format) -> Result<Option<HeldToken>, Error> {
+        let Some(space) = format.token_space() else {
+            return Ok(None);
+        };
+        let no_token = |why: String| -> Error {
+            StoreError::Format(crate::id::format::FormatError::NoToken {
+                format: format.name().to_owned(),
+                space: space.name(),
+                size: space.size(),
+                why,
+            })
+            .into()
+        };
+        let tokens = self
+            .tokens
+            .as_ref()
+            .ok_or_else(|| no_token("this node has no token source".into()))?;
+        match tokens.hold(space).await {
+            Ok(held) => Ok(Some(held)),
+            Err(TokenError::Exhausted { why, .. }) => Err(no_token(why)),
+            Err(TokenError::Store(e)) => Err(e.into()),
+        }
+    }
+
+    /// The format tokens this node holds now, by space.
+    pub fn held_tokens(&self) -> Vec<(crate::id::format::TokenSpace, u64)> {
+        self.tokens.as_ref().map(|t| t.held()).unwrap_or_default()
     }
 
     /// The names of the formats served, sorted.
@@ -156,10 +300,12 @@ impl Formats {
             .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())
     }
 
-    fn key(format: &Format, scope: String, node: u64) -> CounterKey {
+    fn key(format: &Format, scope: String, node: u64, token: Option<u64>) -> CounterKey {
+        let per_node = format.scope() == Scope::Node;
         CounterKey {
             format: format.name().to_owned(),
-            node: (format.scope() == Scope::Node).then_some(node),
+            node: (per_node && token.is_none()).then_some(node),
+            token: token.filter(|_| per_node),
             scope,
         }
     }
@@ -183,7 +329,14 @@ impl Formats {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
-        let key = Self::key(&format, bound.scope_key(), node);
+        let token = self.token_for(&format).await?;
+        let key = Self::key(
+            &format,
+            bound.scope_key(),
+            node,
+            token.as_ref().map(|t| t.token),
+        );
+        let lock = token.as_ref().and_then(|t| t.lock.as_ref());
         let gate = self.gate(&key);
         // Held over the store write: the per-counter refill gate (see the
         // module doc), never a lock other counters wait on.
@@ -191,11 +344,13 @@ impl Formats {
         let mut ids = Vec::with_capacity(count as usize);
         while (ids.len() as u64) < count {
             let now = self.clock.now_millis() as i64;
-            let (block, render_at) = match self.usable(&format, *held, now)? {
+            let (block, render_at) = match self.usable(&format, held.block, now)? {
                 Some(found) => found,
                 None => {
-                    let want = (count - ids.len() as u64).max(self.settings.block);
-                    let planned = self.reserve(&format, &key, now, want).await?;
+                    let cap = growth_cap(&format, self.settings.block);
+                    let want = held.next_want(self.settings.block, cap, now);
+                    let want = (count - ids.len() as u64).max(want);
+                    let planned = self.reserve(&format, &key, now, want, lock).await?;
                     let b = planned.block;
                     let block = Block {
                         period: b.period,
@@ -214,9 +369,10 @@ impl Formats {
                 if block.left > 0 {
                     block.next += block.step;
                 }
-                *held = (block.left > 0).then_some(block);
+                held.block = (block.left > 0).then_some(block);
+                held.used_up = block.left == 0;
                 let id = format
-                    .render(render_at, value, node_ids(node), &bound)
+                    .render(render_at, value, node_ids(node, key.token), &bound)
                     .map_err(StoreError::from)?;
                 ids.push(id);
             }
@@ -259,7 +415,9 @@ impl Formats {
         key: &CounterKey,
         now: i64,
         want: u64,
+        lock: Option<&TokenLock>,
     ) -> Result<Planned, Error> {
+        let space = format.token_space();
         let format = Arc::clone(format);
         let max_behind = self.settings.max_behind_ms;
         let plan: Plan = Arc::new(move |stored: Option<&CounterRecord>, restored| {
@@ -285,7 +443,21 @@ impl Formats {
                 decision,
             })
         });
-        Ok(self.store.reserve(key, plan).await?)
+        let started = std::time::Instant::now();
+        let result = self.store.reserve_locked(key, plan, lock).await;
+        self.store_op.record(started, result.is_ok());
+        match result {
+            Ok(planned) => Ok(planned),
+            Err(e @ StoreError::LockLost(_)) => {
+                // The token is not this node's any more: take one again at
+                // the next call (nothing was written).
+                if let (Some(space), Some(token), Some(tokens)) = (space, key.token, &self.tokens) {
+                    tokens.forget(space, token);
+                }
+                Err(e.into())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Splits `id` into the fields of format `name`.
@@ -306,7 +478,8 @@ impl Formats {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
-        let key = Self::key(&format, bound.scope_key(), node);
+        let token = self.token_for(&format).await?.map(|t| t.token);
+        let key = Self::key(&format, bound.scope_key(), node, token);
         let Some(record) = self.store.load(&key).await? else {
             return Ok(None);
         };
@@ -316,6 +489,10 @@ impl Formats {
         Ok(Some(CounterView {
             record,
             next_period_start_ms,
+            token: format
+                .token_space()
+                .zip(key.token)
+                .map(|(space, t)| space.render(t)),
         }))
     }
 
@@ -335,11 +512,28 @@ fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<FormatTable, C
         };
         let format = Format::compile(def.clone(), now, LuaLimits::default()).map_err(failed)?;
         if format.scope() == Scope::Node {
-            format.check_node(node_ids(node)).map_err(failed)?;
+            // The token is leased later; only the node must fit here.
+            format.check_node(node_ids(node, Some(0))).map_err(failed)?;
         }
         formats.insert(def.name.clone(), Arc::new(format));
     }
     Ok(formats)
+}
+
+/// The largest block a counter of `format` grows to: [`MAX_GROWTH`]
+/// times `base` (`base` itself when it is 1), and for a cluster-wide counter at most a sixteenth of a
+/// period's values, so one busy node cannot take a short period's values
+/// away from the others.
+fn growth_cap(format: &Format, base: u64) -> u64 {
+    if base == 1 {
+        // `formatted.block = 1` asks for gap-free counters: never grow.
+        return 1;
+    }
+    let cap = base.saturating_mul(MAX_GROWTH);
+    match format.scope() {
+        Scope::Node => cap,
+        Scope::Cluster => cap.min(format.counter().capacity() / 16),
+    }
 }
 
 /// On a restored store: a period starting fresh whose first instant is at
@@ -385,11 +579,102 @@ fn check_behind(
     })
 }
 
-/// The node's identity as formats render it: its number serves as both
-/// `{node:N}` and the token (`{token:..}`, `uniq64`).
-fn node_ids(node: u64) -> NodeIds {
+/// The node's identity as formats render it: its number as `{node:N}`,
+/// and the token leased for the format (`{token:..}`, `uniq64`).
+fn node_ids(node: u64, token: Option<u64>) -> NodeIds {
     NodeIds {
         node: Some(node),
-        token: Some(node),
+        token,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::format::Reset;
+    use crate::id::ManualClock;
+    use crate::store::EmbeddedStore;
+    use std::collections::HashSet;
+
+    /// The embedded store, recording the size of every block reserved.
+    struct Counting {
+        inner: EmbeddedStore,
+        blocks: Mutex<Vec<u64>>,
+    }
+
+    #[async_trait::async_trait]
+    impl FormatStore for Counting {
+        async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError> {
+            self.inner.load(key).await
+        }
+
+        async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
+            let planned = self.inner.reserve(key, plan).await?;
+            self.blocks.lock().unwrap().push(planned.block.len());
+            Ok(planned)
+        }
+    }
+
+    fn engine(
+        def: FormatDef,
+        clock: Arc<ManualClock>,
+    ) -> (tempfile::TempDir, Arc<Counting>, Formats) {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = EmbeddedStore::create(&dir.path().join("s.redb"), "layout").unwrap();
+        let store = Arc::new(Counting {
+            inner,
+            blocks: Mutex::new(Vec::new()),
+        });
+        let settings = FormatSettings {
+            block: 100,
+            max_behind_ms: 1_000,
+            max_batch: 1_000,
+        };
+        let formats = Formats::new(&[def], store.clone(), clock, settings, 3).unwrap();
+        (dir, store, formats)
+    }
+
+    async fn take(formats: &Formats, name: &str, n: u64, seen: &mut HashSet<String>) {
+        for _ in 0..n / 10 {
+            for id in formats.generate(name, &[], 10, 3).await.unwrap().ids {
+                assert!(seen.insert(id.text.clone()), "{} handed out twice", id.text);
+            }
+        }
+    }
+
+    /// A busy counter with one-second periods (idc style): blocks used up
+    /// quickly double, so 2,000 IDs a second take a handful of durable
+    /// writes instead of one per `formatted.block` (100) IDs, and never a
+    /// repeated ID.
+    #[tokio::test]
+    async fn busy_short_period_counters_grow_their_blocks() {
+        let clock = Arc::new(ManualClock::at_millis(1_780_000_000_000));
+        let def = FormatDef::template("fast", "{unix_s}{seq:4}{node:2}", "UTC", Reset::Seconds(1));
+        let (_dir, store, formats) = engine(def, clock.clone());
+        let mut seen = HashSet::new();
+        take(&formats, "fast", 2_000, &mut seen).await;
+        assert_eq!(*store.blocks.lock().unwrap(), [100, 200, 400, 800, 1_600]);
+        clock.advance_millis(1_000);
+        take(&formats, "fast", 2_000, &mut seen).await;
+        let blocks = store.blocks.lock().unwrap().clone();
+        assert_eq!(blocks[5..], [1_600, 3_200], "{blocks:?}");
+        // Idle for over a minute: the next block is half as large.
+        clock.advance_millis(61_000);
+        take(&formats, "fast", 10, &mut seen).await;
+        assert_eq!(store.blocks.lock().unwrap().last(), Some(&1_600));
+    }
+
+    /// A cluster-wide counter grows to at most a sixteenth of a period's
+    /// values, leaving the rest of a short period to the other nodes.
+    #[tokio::test]
+    async fn cluster_counters_grow_to_a_sixteenth_of_a_period() {
+        let clock = Arc::new(ManualClock::at_millis(1_780_000_000_000));
+        let def = FormatDef::template("shared", "{unix_s}{seq:4}", "UTC", Reset::Seconds(1));
+        let (_dir, store, formats) = engine(def, clock);
+        let mut seen = HashSet::new();
+        take(&formats, "shared", 3_000, &mut seen).await;
+        let blocks = store.blocks.lock().unwrap().clone();
+        assert_eq!(blocks[..4], [100, 200, 400, 625], "{blocks:?}");
+        assert!(blocks.iter().all(|b| *b <= 625), "{blocks:?}");
     }
 }

@@ -261,6 +261,9 @@ impl Issuer {
         if let Some(leases) = &self.leases {
             leases.fence();
         }
+        if let Some(formats) = &self.formats {
+            formats.fence();
+        }
     }
 
     /// Sets the worker lock's deadline: past `at`, snowflake and lease

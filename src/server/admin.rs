@@ -31,6 +31,7 @@ use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo
 use crate::error::Error;
 use crate::error::ErrorKind;
 use crate::id::format::FormatDef;
+use crate::id::format::TokenSpace;
 use crate::id::segment::{check_max_id, check_step, SegmentError, Tag, TagRecord, TagUpdate};
 use crate::id::strict::Namespace;
 use crate::id::Clock;
@@ -113,6 +114,8 @@ pub struct NodeFacts {
     pub lease: Option<Arc<Leases>>,
     /// Lease mode's zone, when enabled.
     pub lease_zone: Option<u64>,
+    /// Formatted mode, when formats are defined (its tokens).
+    pub formats: Option<Arc<crate::modes::format::Formats>>,
 }
 
 /// The admin service.
@@ -277,6 +280,8 @@ enum LockKey {
     Worker(u64, u64),
     /// Zone, token.
     Token(u64, u64),
+    /// A formatted-mode token: space, token (listed, never released).
+    FormatToken(TokenSpace, u64),
 }
 
 impl std::fmt::Display for LockKey {
@@ -284,6 +289,7 @@ impl std::fmt::Display for LockKey {
         match self {
             Self::Worker(dc, w) => write!(f, "worker id {dc}/{w}"),
             Self::Token(zone, t) => write!(f, "lease token {zone}/{t}"),
+            Self::FormatToken(space, t) => write!(f, "format token {space}/{t}"),
         }
     }
 }
@@ -293,6 +299,9 @@ impl LockKey {
         match self {
             Self::Worker(datacenter, worker) => keys.worker(WorkerKey { datacenter, worker }),
             Self::Token(zone, token) => keys.lease(zone, token),
+            Self::FormatToken(space, token) => {
+                format!("{}{token}", keys.format_token_dir(&space.name()))
+            }
         }
     }
 }
@@ -327,13 +336,20 @@ fn holder_from(
     let (kind, datacenter, zone, id) = match held {
         LockKey::Worker(dc, w) => (HolderKind::Worker, dc, 0, w),
         LockKey::Token(zone, t) => (HolderKind::LeaseToken, 0, zone, t),
+        LockKey::FormatToken(_, t) => (HolderKind::FormatToken, 0, 0, t),
+    };
+    let (space, rendered) = match held {
+        LockKey::FormatToken(space, t) => (space.name(), space.render(t)),
+        _ => (String::new(), String::new()),
     };
     let (owner, reserved) = match held {
         LockKey::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
-        LockKey::Token(..) => match serde_json::from_slice::<TokenRecord>(&entry.value) {
-            Ok(r) => (Some(r.owner), r.reserved),
-            Err(_) => (None, 0),
-        },
+        LockKey::Token(..) | LockKey::FormatToken(..) => {
+            match serde_json::from_slice::<TokenRecord>(&entry.value) {
+                Ok(r) => (Some(r.owner), r.reserved),
+                Err(_) => (None, 0),
+            }
+        }
     };
     let (instance, address, since) = match owner {
         Some(o) => (o.instance, o.address, rfc3339(o.since_ms)),
@@ -356,6 +372,8 @@ fn holder_from(
         reserved,
         lock_delay_ms: millis(info.map(|i| i.lock_delay.unwrap_or(DEFAULT_LOCK_DELAY))),
         session_ttl_ms: millis(info.and_then(|i| i.ttl)),
+        space,
+        rendered,
     }
 }
 
@@ -606,6 +624,21 @@ impl AdminService {
                 entries.push((LockKey::Token(zone, t), e));
             }
         }
+        let format_dir = keys.format_tokens_dir();
+        let format_tokens = client
+            .kv_list(&format_dir, Consistency::Consistent)
+            .await
+            .map_err(consul_status)?;
+        for e in format_tokens {
+            let held = e
+                .key
+                .strip_prefix(&format_dir)
+                .and_then(|rest| rest.split_once('/'))
+                .and_then(|(space, t)| Some((TokenSpace::from_name(space)?, t.parse().ok()?)));
+            if let Some((space, t)) = held {
+                entries.push((LockKey::FormatToken(space, t), e));
+            }
+        }
         entries.sort_by_key(|(h, _)| *h);
         // One node's worker id and token share a session: ask once.
         let mut sessions: HashMap<String, Option<SessionInfo>> = HashMap::new();
@@ -648,6 +681,8 @@ impl AdminService {
             reserved: 0,
             lock_delay_ms: 0,
             session_ttl_ms: 0,
+            space: String::new(),
+            rendered: String::new(),
         }];
         if let Some(token) = node.lease.as_ref().and_then(|l| l.token()) {
             holders.push(proto::Holder {
@@ -663,6 +698,27 @@ impl AdminService {
                 reserved: 0,
                 lock_delay_ms: 0,
                 session_ttl_ms: 0,
+                space: String::new(),
+                rendered: String::new(),
+            });
+        }
+        let format_tokens = node.formats.as_ref().map(|f| f.held_tokens());
+        for (space, token) in format_tokens.unwrap_or_default() {
+            holders.push(proto::Holder {
+                kind: HolderKind::FormatToken as i32,
+                datacenter: 0,
+                zone: 0,
+                id: token,
+                instance: node.instance.clone(),
+                address: node.address.clone(),
+                since: rfc3339(self.started_ms),
+                session: String::new(),
+                state: EMBEDDED_STATE.into(),
+                reserved: 0,
+                lock_delay_ms: 0,
+                session_ttl_ms: 0,
+                space: space.name(),
+                rendered: space.render(token),
             });
         }
         proto::ListHoldersResponse {

@@ -215,6 +215,7 @@ impl IdGen for IdGenService {
                         period: c.record.period.0,
                         last: c.record.last,
                         next_period_start_ms: c.next_period_start_ms.unwrap_or(0),
+                        token: c.token.unwrap_or_default(),
                     },
                     None => proto::GetFormatCounterResponse::default(),
                 })

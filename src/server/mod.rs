@@ -27,6 +27,7 @@ use crate::config::{Backend, Config};
 use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
+use crate::store::format_tokens::{ConsulFormatTokens, EmbeddedFormatTokens, FormatTokens};
 use crate::store::lease::{EmbeddedTokens, TokenStore};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
@@ -110,6 +111,8 @@ pub struct ModeStores {
     pub format: Option<Arc<dyn crate::store::format::FormatStore>>,
     /// Stored format definitions (admin API, config file entries).
     pub format_defs: Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+    /// Formatted mode's tokens (`{token}`, `uniq64`).
+    pub format_tokens: Option<Arc<dyn FormatTokens>>,
     /// The embedded state file's guard: once it sees the file deleted or
     /// replaced, every mode refuses to issue.
     pub state_file: Option<Arc<StateFileGuard>>,
@@ -215,6 +218,68 @@ impl SessionBound for SessionTokens {
     }
 }
 
+/// Formatted mode's tokens in a cluster: held under the worker lock's
+/// session, taken again under the new one after every re-claim.
+struct SessionFormatTokens(Arc<ConsulFormatTokens>);
+
+#[async_trait::async_trait]
+impl SessionBound for SessionFormatTokens {
+    fn moved(&self, session: &str, owner: &OwnerInfo) -> Result<(), StoreError> {
+        self.0.moved(session, owner);
+        Ok(())
+    }
+
+    async fn release(&self) {
+        self.0.release().await;
+    }
+}
+
+/// Everything held under the worker lock's session, moved and released
+/// together.
+struct SessionHeld(Vec<Arc<dyn SessionBound>>);
+
+#[async_trait::async_trait]
+impl SessionBound for SessionHeld {
+    fn moved(&self, session: &str, owner: &OwnerInfo) -> Result<(), StoreError> {
+        let mut result = Ok(());
+        for held in &self.0 {
+            if let Err(e) = held.moved(session, owner) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    async fn release(&self) {
+        for held in &self.0 {
+            held.release().await;
+        }
+    }
+}
+
+/// What `issuer` holds under the worker lock's session: lease mode's
+/// token (in `zone`) and formatted mode's tokens, when enabled.
+fn session_held(
+    issuer: &Issuer,
+    zone: Option<u64>,
+    (client, keys): (ConsulClient, ClusterKeys),
+    format_tokens: Arc<ConsulFormatTokens>,
+) -> Option<Arc<dyn SessionBound>> {
+    let mut held: Vec<Arc<dyn SessionBound>> = Vec::new();
+    if let (Some(zone), Some(leases)) = (zone, issuer.leases()) {
+        held.push(Arc::new(SessionTokens {
+            leases: Arc::clone(leases),
+            client,
+            keys,
+            zone,
+        }));
+    }
+    if issuer.formats().is_some() {
+        held.push(Arc::new(SessionFormatTokens(format_tokens)));
+    }
+    (!held.is_empty()).then(|| Arc::new(SessionHeld(held)) as Arc<dyn SessionBound>)
+}
+
 /// The embedded store and what the node runs beside it.
 struct Embedded {
     store: EmbeddedStore,
@@ -254,6 +319,12 @@ async fn open_embedded(
         ))),
         format: Some(Arc::new(store.clone())),
         format_defs: Some(Arc::new(store.clone())),
+        format_tokens: Some(Arc::new(EmbeddedFormatTokens::new(
+            config.node.datacenter_id,
+            config.node.worker_id,
+            config.layout.spec().datacenter_bits,
+            config.layout.spec().worker_bits,
+        ))),
         state_file: Some(Arc::clone(&guard)),
         store_health: Some(Arc::clone(store.health())),
     };
@@ -361,7 +432,12 @@ fn build_issuer(
         tracing::info!(default_step = s.default_step, "strict mode enabled");
     }
     let node = issuer.generator().node_number();
-    let catalog = format_catalog(config, clock, node, stores.format, stores.format_defs)?;
+    let catalog = format_catalog(
+        config,
+        clock,
+        node,
+        (stores.format, stores.format_defs, stores.format_tokens),
+    )?;
     if let Some(catalog) = &catalog {
         issuer = issuer.with_formats(Arc::clone(catalog.formats()));
     }
@@ -374,8 +450,11 @@ fn format_catalog(
     config: &Config,
     clock: &Arc<dyn Clock>,
     node: u64,
-    store: Option<Arc<dyn crate::store::format::FormatStore>>,
-    defs: Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+    (store, defs, tokens): (
+        Option<Arc<dyn crate::store::format::FormatStore>>,
+        Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+        Option<Arc<dyn FormatTokens>>,
+    ),
 ) -> Result<Option<Arc<FormatCatalog>>, Error> {
     let (Some(store), Some(defs)) = (store, defs) else {
         if !config.formatted.formats.is_empty() {
@@ -388,13 +467,12 @@ fn format_catalog(
         max_behind_ms: config.hwm.max_backward.as_millis() as u64,
         max_batch: config.server.max_batch,
     };
-    let formats = Arc::new(crate::modes::format::Formats::new(
-        &[],
-        store,
-        Arc::clone(clock),
-        settings,
-        node,
-    )?);
+    let formats =
+        crate::modes::format::Formats::new(&[], store, Arc::clone(clock), settings, node)?;
+    let formats = Arc::new(match tokens {
+        Some(tokens) => formats.with_tokens(tokens),
+        None => formats,
+    });
     Ok(Some(Arc::new(FormatCatalog::new(
         defs,
         formats,
@@ -468,6 +546,15 @@ impl Node {
             return Err(Error::Setup("a Consul member without a claim".into()));
         };
         let client = claimed.client().clone();
+        let format_tokens = {
+            let (session, owner) = claimed.session();
+            Arc::new(ConsulFormatTokens::new(
+                client.clone(),
+                keys.clone(),
+                session,
+                owner,
+            ))
+        };
         let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
             Some(l) => Some(Arc::new(claimed.tokens(l.zone)?)),
             None => None,
@@ -490,20 +577,14 @@ impl Node {
             format_defs: Some(Arc::new(
                 crate::store::format_def::ConsulFormatDefStore::new(client.clone(), keys.clone()),
             )),
+            format_tokens: Some(Arc::clone(&format_tokens) as Arc<dyn FormatTokens>),
             state_file: None,
             store_health: None,
         };
         let zone = config.lease.as_ref().map(|l| l.zone);
         let deadline = membership.deadline();
         let mut node = Self::assemble(config, clock, membership, stores, (metrics, renewal))?;
-        if let (Some(zone), Some(leases)) = (zone, node.issuer.leases()) {
-            node.bound = Some(Arc::new(SessionTokens {
-                leases: Arc::clone(leases),
-                client,
-                keys,
-                zone,
-            }));
-        }
+        node.bound = session_held(&node.issuer, zone, (client, keys), format_tokens);
         if let Some(deadline) = deadline {
             // Until the supervisor takes over, the claim's own deadline.
             node.issuer.set_lease_deadline(deadline);
@@ -564,6 +645,9 @@ impl Node {
                 .await
                 .map_err(|e| Error::Setup(format!("formatted mode: {e}")))?;
             tracing::info!(formats = ?served.formats, "formatted mode enabled");
+        }
+        if let Some(formats) = self.issuer.formats() {
+            formats.prime_tokens().await?;
         }
         Ok(self)
     }

@@ -236,6 +236,7 @@ impl Node {
                 worker: self.membership.key(),
                 lease: issuer.leases().cloned(),
                 lease_zone: config.lease.as_ref().map(|l| l.zone),
+                formats: issuer.formats().cloned(),
             },
             clock: Arc::clone(&self.clock),
             snapshots: self.snapshots.clone(),

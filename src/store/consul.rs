@@ -93,6 +93,17 @@ impl ClusterKeys {
         format!("{}/lease/{zone}/{token}", self.root)
     }
 
+    /// The folder of every formatted-mode token space (with trailing `/`).
+    pub fn format_tokens_dir(&self) -> String {
+        format!("{}/format-tokens/", self.root)
+    }
+
+    /// The folder of one formatted-mode token space (`digits-2`,
+    /// `uniq64`...), with trailing `/`: each key is one token's lock.
+    pub fn format_token_dir(&self, space: &str) -> String {
+        format!("{}/format-tokens/{space}/", self.root)
+    }
+
     /// The cluster's layout record.
     pub fn layout(&self) -> String {
         format!("{}/layout", self.root)

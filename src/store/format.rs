@@ -60,24 +60,44 @@ impl CounterRecordBytes {
 }
 
 /// Which counter: a format, the values of its scope parameters, and the
-/// node for per-node formats.
+/// node or token for per-node formats.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CounterKey {
     /// The format's name.
     pub format: String,
-    /// The node id, for per-node formats (each node its own counter).
+    /// The node id, for per-node formats without a token (each node its
+    /// own counter).
     pub node: Option<u64>,
+    /// The leased token, for formats that render one (`{token}`,
+    /// `uniq64`): the counter belongs to the token, so whichever node
+    /// holds it next continues above the last holder. Takes precedence
+    /// over `node`.
+    pub token: Option<u64>,
     /// The scope key (`Bound::scope_key`; empty: the single counter).
     pub scope: String,
 }
 
+/// The lock a counter write must still hold: a format token's key, held
+/// by the node's session (Consul). A write checks it in the same txn, so a
+/// node that lost its token can never move that token's counter again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenLock {
+    /// The token's lock key.
+    pub key: String,
+    /// The session that must hold it.
+    pub session: String,
+}
+
 impl CounterKey {
-    /// The stored key: `<format>/<node|cluster>/<hex of scope or _>`. The
-    /// scope is hex-encoded so any printable value is a safe path segment.
+    /// The stored key: `<format>/<token-T|node-N|cluster>/<hex of scope or
+    /// _>`. The scope is hex-encoded so any printable value is a safe path
+    /// segment.
     pub fn path(&self) -> String {
-        let node = self
-            .node
-            .map_or_else(|| "cluster".to_owned(), |n| format!("node-{n}"));
+        let node = match (self.token, self.node) {
+            (Some(t), _) => format!("token-{t}"),
+            (None, Some(n)) => format!("node-{n}"),
+            (None, None) => "cluster".to_owned(),
+        };
         let scope = if self.scope.is_empty() {
             "_".to_owned()
         } else {
@@ -120,6 +140,20 @@ pub trait FormatStore: Send + Sync + 'static {
     /// Runs `plan` on the stored record and writes the record it returns;
     /// returns the plan only once that write is durable.
     async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError>;
+
+    /// [`FormatStore::reserve`] for a token's counter: in Consul the write
+    /// also checks that `lock` is still held by its session, and
+    /// [`StoreError::LockLost`] says it is not (nothing was written). The
+    /// embedded store has no locks (each node's tokens are its own).
+    async fn reserve_locked(
+        &self,
+        key: &CounterKey,
+        plan: Plan,
+        lock: Option<&TokenLock>,
+    ) -> Result<Planned, StoreError> {
+        let _ = lock;
+        self.reserve(key, plan).await
+    }
 }
 
 fn decode(key: &CounterKey, bytes: &[u8]) -> Result<CounterRecord, StoreError> {
@@ -242,6 +276,15 @@ impl FormatStore for ConsulFormatStore {
     }
 
     async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
+        self.reserve_locked(key, plan, None).await
+    }
+
+    async fn reserve_locked(
+        &self,
+        key: &CounterKey,
+        plan: Plan,
+        lock: Option<&TokenLock>,
+    ) -> Result<Planned, StoreError> {
         let path = self.keys.format_counter(&key.path());
         for attempt in 0..MAX_CAS_ATTEMPTS {
             let (stored, index) = match self.read(key).await? {
@@ -250,13 +293,29 @@ impl FormatStore for ConsulFormatStore {
                 None => (None, 0),
             };
             let planned = plan(stored.as_ref(), None)?;
-            let ops = [TxnOp::Cas {
+            let mut ops = Vec::with_capacity(2);
+            if let Some(lock) = lock {
+                ops.push(TxnOp::CheckSession {
+                    key: lock.key.clone(),
+                    session: lock.session.clone(),
+                });
+            }
+            ops.push(TxnOp::Cas {
                 key: path.clone(),
                 value: encode(&planned.record),
                 index,
-            }];
+            });
             match self.client.txn(&ops).await {
                 Ok(TxnOutcome::Committed(_)) => return Ok(planned),
+                Ok(TxnOutcome::RolledBack(errors))
+                    if lock.is_some() && errors.iter().any(|e| e.op_index == 0) =>
+                {
+                    return Err(StoreError::LockLost(format!(
+                        "format {}: token lock {} is no longer held by this node's session; nothing was reserved",
+                        key.format,
+                        lock.map_or("", |l| l.key.as_str())
+                    )))
+                }
                 Ok(TxnOutcome::RolledBack(_)) => backoff(attempt).await,
                 Err(e) => {
                     return Err(StoreError::Backend(format!(

@@ -259,11 +259,17 @@ struct HeldToken {
 /// ModifyIndex, `None` for tokens held, used up or unreadable.
 type TokenRecords = std::collections::BTreeMap<u64, Option<(TokenRecord, u64)>>;
 
-/// Lease tokens in Consul KV, held under one session.
+/// Lease tokens in Consul KV, held under one session. The same machinery
+/// holds formatted mode's tokens ([`ConsulTokens::for_format_space`]): a
+/// folder of its own per token space, the counter left at 0 (formats keep
+/// their counters per token in their own records).
 pub struct ConsulTokens {
     client: ConsulClient,
-    keys: ClusterKeys,
     zone: u64,
+    /// The folder of the space's token keys (with trailing `/`).
+    dir: String,
+    /// The largest token of the space.
+    max: u64,
     session: String,
     owner: OwnerInfo,
     held: Mutex<Option<HeldToken>>,
@@ -295,13 +301,70 @@ impl ConsulTokens {
         check_zone(zone)?;
         Ok(Self {
             client,
-            keys,
             zone,
+            dir: keys.lease_dir(zone),
+            max: MAX_TOKEN,
             session,
             owner,
             held: Mutex::new(None),
             busy: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Formatted mode's tokens of `space` (named as
+    /// [`crate::id::format::TokenSpace::name`], tokens `0..=max`), locked
+    /// with `session`: under `<prefix>/<cluster>/format-tokens/<space>/`,
+    /// apart from lease mode's zones.
+    pub fn for_format_space(
+        client: ConsulClient,
+        keys: &ClusterKeys,
+        space: &str,
+        max: u64,
+        session: String,
+        owner: OwnerInfo,
+    ) -> Self {
+        Self {
+            client,
+            zone: 0,
+            dir: keys.format_token_dir(space),
+            max,
+            session,
+            owner,
+            held: Mutex::new(None),
+            busy: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The lock key of `token`.
+    pub fn key(&self, token: u64) -> String {
+        format!("{}{token}", self.dir)
+    }
+
+    /// The session tokens are locked with.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// The held token, taking a free one first if none is held (formatted
+    /// mode: nothing is reserved on the token itself).
+    pub async fn hold(&self) -> Result<u64, StoreError> {
+        let _one_at_a_time = self.busy.lock().await;
+        if let Some(h) = self.held().as_ref() {
+            return Ok(h.token);
+        }
+        let h = self.take_token().await?;
+        let token = h.token;
+        *self.held() = Some(h);
+        Ok(token)
+    }
+
+    /// Forgets `token` (a write found its lock gone): the next
+    /// [`ConsulTokens::hold`] takes a token again.
+    pub fn forget(&self, token: u64) {
+        let mut held = self.held();
+        if held.as_ref().is_some_and(|h| h.token == token) {
+            *held = None;
+        }
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Option<HeldToken>> {
@@ -326,7 +389,7 @@ impl ConsulTokens {
     /// Every token record of the zone (see [`TokenRecords`]), and the free
     /// token this instance held before, if any.
     async fn token_records(&self) -> Result<(TokenRecords, Option<u64>), StoreError> {
-        let dir = self.keys.lease_dir(self.zone);
+        let dir = self.dir.clone();
         let entries = self
             .client
             .kv_list(&dir, Consistency::Consistent)
@@ -339,7 +402,7 @@ impl ConsulTokens {
                 .key
                 .strip_prefix(&dir)
                 .and_then(|s| s.parse::<u64>().ok())
-                .filter(|t| *t <= MAX_TOKEN)
+                .filter(|t| *t <= self.max)
             else {
                 continue;
             };
@@ -368,9 +431,9 @@ impl ConsulTokens {
             .iter()
             .filter_map(|(t, r)| r.as_ref().map(|_| *t))
             .filter(|t| Some(*t) != previous);
-        let unused = (0..=MAX_TOKEN).filter(|t| !existing.contains_key(t));
+        let unused = (0..=self.max).filter(|t| !existing.contains_key(t));
         for token in previous.into_iter().chain(free_existing).chain(unused) {
-            let key = self.keys.lease(self.zone, token);
+            let key = self.key(token);
             let (reserved, check) = match existing.get(&token) {
                 Some(Some((record, index))) => (
                     record.reserved,
@@ -401,13 +464,23 @@ impl ConsulTokens {
                         .rfind(|e| e.key == key)
                         .map(|e| e.modify_index)
                         .unwrap_or(0);
-                    tracing::info!(zone = self.zone, token, reserved, "lease token taken");
+                    tracing::info!(zone = self.zone, token, reserved, keys = %self.dir, "lease token taken");
                     return Ok(HeldToken {
                         token,
                         record,
                         index,
                         stale: false,
                     });
+                }
+                // The session is gone (the node is about to be fenced):
+                // no other candidate can be taken with it either.
+                TxnOutcome::RolledBack(errors)
+                    if errors.iter().any(|e| e.what.contains("invalid session")) =>
+                {
+                    return Err(StoreError::LockLost(format!(
+                        "cannot take a token: this node's session is gone ({})",
+                        txn_errors(&errors)
+                    )))
                 }
                 // Taken or changed by another node meanwhile: next one.
                 TxnOutcome::RolledBack(_) => continue,
@@ -419,7 +492,7 @@ impl ConsulTokens {
     /// Re-reads the held token; [`StoreError::LockLost`] (and forgets it)
     /// if this session no longer holds it.
     async fn refresh(&self, token: u64) -> Result<HeldToken, StoreError> {
-        let key = self.keys.lease(self.zone, token);
+        let key = self.key(token);
         let (entry, _) = self
             .client
             .kv_get(&key, Consistency::Consistent)
@@ -453,7 +526,7 @@ impl ConsulTokens {
         record: TokenRecord,
         unlock: bool,
     ) -> Result<u64, StoreError> {
-        let key = self.keys.lease(self.zone, held.token);
+        let key = self.key(held.token);
         let write = if unlock {
             TxnOp::Unlock {
                 key: key.clone(),

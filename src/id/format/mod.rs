@@ -8,7 +8,8 @@
 //! - [`period`]: reset periods on the zone's wall clock and the rule that
 //!   the period never goes back ([`period::decide`]).
 //! - [`template`]: the template language; [`preset`]: seed 000's `uniq64`
-//!   and seed 001's `idc`; [`lua`]: sandboxed Lua rules (seed 003).
+//!   and seed 001's `idc`; [`lua`]: sandboxed Lua rules (seed 003);
+//!   [`token`]: the spaces leased tokens come from.
 //! - [`CounterRecord`]: a counter's durable record (period + last reserved
 //!   value) and the rule that turns it into the next block, as segment mode
 //!   does for tags.
@@ -25,6 +26,7 @@ pub mod lua;
 pub mod period;
 pub mod preset;
 pub mod template;
+pub mod token;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -38,6 +40,7 @@ pub use preset::{Idc, PresetError, PresetName, Uniq64, IDC_TEMPLATE};
 pub use template::{
     BoundParams, CivilFields, ParseError, ParsedId, RenderError, Template, TemplateError,
 };
+pub use token::TokenSpace;
 
 /// The definition schema this build writes and reads.
 pub const FORMAT_DEF_VERSION: u32 = 1;
@@ -362,6 +365,19 @@ pub enum FormatError {
         /// The format.
         format: String,
     },
+    /// No token of the format's space is free for this node (Consul: every
+    /// token is held; embedded: the node's worker id has no token in it).
+    #[error("format {format:?}: no token of space {space} ({size} tokens) for this node: {why}")]
+    NoToken {
+        /// The format.
+        format: String,
+        /// The token space's name.
+        space: String,
+        /// How many tokens it holds.
+        size: u64,
+        /// Why, and what to do.
+        why: String,
+    },
     /// A node id or token outside what the format renders.
     #[error("format {format:?}: {why}")]
     BadNode {
@@ -403,7 +419,7 @@ impl FormatError {
     pub fn kind(&self) -> crate::id::ErrorKind {
         use crate::id::ErrorKind;
         match self {
-            Self::Exhausted { .. } => ErrorKind::Exhausted,
+            Self::Exhausted { .. } | Self::NoToken { .. } => ErrorKind::Exhausted,
             Self::Render(_) | Self::Parse(_) | Self::Preset(_) | Self::BadName(_) => {
                 ErrorKind::BadRequest
             }
@@ -815,6 +831,18 @@ impl Format {
     /// Per node or cluster-wide.
     pub fn scope(&self) -> Scope {
         self.scope
+    }
+
+    /// Where the format's token comes from, when its IDs carry one
+    /// (`{token:N:..}`, `uniq64`): its counters are then kept per token.
+    pub fn token_space(&self) -> Option<TokenSpace> {
+        match &self.kind {
+            Kind::Template(t) => t
+                .token()
+                .map(|(width, charset)| TokenSpace::Chars { width, charset }),
+            Kind::Uniq64 => Some(TokenSpace::Uniq64),
+            Kind::Lua(_) => None,
+        }
     }
 
     /// The template, for template and `idc` formats.

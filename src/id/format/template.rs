@@ -49,7 +49,7 @@ pub const MAX_SEQ_WIDTH: u8 = 18;
 const ALNUM: &[u8; 36] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
 /// Which characters a token or parameter may hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Charset {
     /// `0-9`.
     Digits,
@@ -65,14 +65,16 @@ impl Charset {
         }
     }
 
-    fn radix(self) -> u64 {
+    /// How many symbols (10 or 36).
+    pub fn radix(self) -> u64 {
         match self {
             Charset::Digits => 10,
             Charset::Alnum => 36,
         }
     }
 
-    fn name(self) -> &'static str {
+    /// The name templates use (`digits`, `alnum`).
+    pub fn name(self) -> &'static str {
         match self {
             Charset::Digits => "digits",
             Charset::Alnum => "alnum",
@@ -981,6 +983,15 @@ impl Template {
     pub fn per_node(&self) -> bool {
         self.fields()
             .any(|f| matches!(f, Field::Node(_) | Field::Token(..)))
+    }
+
+    /// The `{token:N:charset}` field's width and charset, if any (a
+    /// template has at most one).
+    pub fn token(&self) -> Option<(u8, Charset)> {
+        self.fields().find_map(|f| match f {
+            Field::Token(w, c) => Some((*w, *c)),
+            _ => None,
+        })
     }
 
     /// Whether every ID is all digits and at most 19 long, so it may be
