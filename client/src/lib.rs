@@ -65,7 +65,7 @@ use std::time::Duration;
 use idgen_proto::{GenIdRequest, GenIdsRequest};
 
 use crate::call::{CallSettings, Caller, Retry};
-pub use crate::discovery::ConsulDiscovery;
+pub use crate::discovery::{ConsulDiscovery, ConsulTls};
 use crate::discovery::ConsulWatch;
 pub use crate::error::Error;
 use crate::nodes::{NodeSet, NodeSettings};
