@@ -468,14 +468,17 @@ impl ServerCertVerifier for NamedVerifier {
 /// A failed query in words: the TLS cause when there is one (reqwest's
 /// own message names only the URL).
 fn send_error(e: &reqwest::Error) -> String {
+    // The rustls error can sit inside nested io::Errors, whose source()
+    // skips the wrapped error itself: unwrap each by hand.
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        let found = err.downcast_ref::<rustls::Error>().or_else(|| {
-            err.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|i| i.downcast_ref::<rustls::Error>())
-        });
-        match found {
+    while let Some(mut err) = cur {
+        while let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            err = inner;
+        }
+        match err.downcast_ref::<rustls::Error>() {
             Some(rustls::Error::InvalidMessage(_)) => {
                 return "the Consul agent does not speak TLS on this port (it answered in plaintext): use an http:// address".into()
             }

@@ -417,7 +417,8 @@ impl ConsulClient {
     /// error.
     fn send_error(&self, endpoint: &'static str, e: &reqwest::Error) -> ConsulError {
         let https = self.base.starts_with("https://");
-        if let Some(detail) = tls::explain(e, https) {
+        let ca = self.config.tls.as_ref().map(|t| t.files().ca_file.as_path());
+        if let Some(detail) = tls::explain(e, https, ca) {
             return if detail == tls::NOT_TLS {
                 ConsulError::WrongScheme {
                     address: self.base.clone(),

@@ -236,18 +236,9 @@ fn read_key(key: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, Co
 /// What a failed HTTPS exchange with Consul means, in words an operator
 /// can act on; `None` when the failure is not about TLS. `https` says
 /// which scheme the address has.
-pub(super) fn explain(e: &reqwest::Error, https: bool) -> Option<String> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        let found = err.downcast_ref::<rustls::Error>().or_else(|| {
-            err.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|i| i.downcast_ref::<rustls::Error>())
-        });
-        if let Some(r) = found {
-            return Some(describe(r));
-        }
-        cur = err.source();
+pub(super) fn explain(e: &reqwest::Error, https: bool, ca: Option<&Path>) -> Option<String> {
+    if let Some(r) = rustls_cause(e) {
+        return Some(describe(r, ca));
     }
     // Without a rustls error, an https:// address whose server answered
     // something that is not TLS surfaces as a closed or garbled stream.
@@ -262,11 +253,12 @@ pub(super) fn explain(e: &reqwest::Error, https: bool) -> Option<String> {
 
 pub(super) const NOT_TLS: &str = "the agent does not speak TLS there (it answered in plaintext): use an http:// address, or enable HTTPS on the agent (ports.https)";
 
-fn describe(e: &rustls::Error) -> String {
+fn describe(e: &rustls::Error, ca: Option<&Path>) -> String {
     use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    let ca = ca.map_or_else(String::new, |p| format!(" {}", p.display()));
     match e {
         E::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => format!(
-            "the agent's certificate is not signed by a CA in consul.ca_file ({e}); give the CA that signed the agent's HTTPS certificate"
+            "the agent's certificate is not signed by a CA in consul.ca_file{ca} ({e}); give the CA that signed the agent's HTTPS certificate"
         ),
         E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => format!(
             "the agent's certificate does not carry the name dialled ({e}); set consul.tls_server_name to a name in it, or use an address that matches"
@@ -282,6 +274,28 @@ fn describe(e: &rustls::Error) -> String {
         E::InvalidMessage(_) => NOT_TLS.into(),
         other => format!("TLS failed: {other}"),
     }
+}
+
+/// The rustls error behind `e`, if any. It can sit inside nested
+/// `io::Error`s, whose `source()` skips the wrapped error itself, so each
+/// is unwrapped by hand.
+pub(crate) fn rustls_cause<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(mut err) = cur {
+        while let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            err = inner;
+        }
+        if let Some(r) = err.downcast_ref::<rustls::Error>() {
+            return Some(r);
+        }
+        cur = err.source();
+    }
+    None
 }
 
 fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
