@@ -393,7 +393,8 @@ impl ConsulTls {
         client: Option<(&Path, &Path)>,
         server_name: Option<&str>,
     ) -> Result<Self, String> {
-        let read = |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+        let read =
+            |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
         let ca_pem = read(ca)?;
         let client_pem = match client {
             Some((c, k)) => Some((read(c)?, read(k)?)),
@@ -401,11 +402,18 @@ impl ConsulTls {
         };
         Self::from_pem(
             &ca_pem,
-            client_pem.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice())),
+            client_pem
+                .as_ref()
+                .map(|(c, k)| (c.as_slice(), k.as_slice())),
             server_name,
         )
         .map_err(|e| match client {
-            Some((c, k)) => format!("{e} (CA {}, certificate {}, key {})", ca.display(), c.display(), k.display()),
+            Some((c, k)) => format!(
+                "{e} (CA {}, certificate {}, key {})",
+                ca.display(),
+                c.display(),
+                k.display()
+            ),
             None => format!("{e} (CA {})", ca.display()),
         })
     }

@@ -699,8 +699,7 @@ impl ConsulSection {
                 ),
             )
         })?;
-        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() || url.path() != "/"
-        {
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() || url.path() != "/" {
             return Err(invalid(
                 "consul.address",
                 format!(

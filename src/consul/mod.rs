@@ -371,7 +371,10 @@ impl ConsulClient {
         if let Some(body) = body {
             req = req.body(body);
         }
-        let resp = req.send().await.map_err(|e| self.send_error(endpoint, &e))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.send_error(endpoint, &e))?;
         let status = resp.status();
         let index = resp
             .headers()
@@ -417,7 +420,11 @@ impl ConsulClient {
     /// error.
     fn send_error(&self, endpoint: &'static str, e: &reqwest::Error) -> ConsulError {
         let https = self.base.starts_with("https://");
-        let ca = self.config.tls.as_ref().map(|t| t.files().ca_file.as_path());
+        let ca = self
+            .config
+            .tls
+            .as_ref()
+            .map(|t| t.files().ca_file.as_path());
         if let Some(detail) = tls::explain(e, https, ca) {
             return if detail == tls::NOT_TLS {
                 ConsulError::WrongScheme {

@@ -73,10 +73,12 @@ impl ConsulTls {
             .build()
             .map_err(|e| error("consul.ca_file", &files.ca_file, e.to_string()))?;
         let name = match &files.server_name {
-            Some(name) => Some(ServerName::try_from(name.clone()).map_err(|e| ConsulTlsError {
-                key: "consul.tls_server_name",
-                problem: format!("{name:?} is not a DNS name or IP address ({e})"),
-            })?),
+            Some(name) => Some(
+                ServerName::try_from(name.clone()).map_err(|e| ConsulTlsError {
+                    key: "consul.tls_server_name",
+                    problem: format!("{name:?} is not a DNS name or IP address ({e})"),
+                })?,
+            ),
             None => None,
         };
         let verifier: Arc<dyn ServerCertVerifier> = match name {

@@ -65,10 +65,7 @@ pub(crate) fn spawn(cluster: Arc<Cluster>, probe: ProbeSpec) {
 }
 
 /// One health call, bounded by the check's timeout.
-async fn probe_once(
-    probe: &ProbeSpec,
-    tls: Option<Arc<ClientConfig>>,
-) -> (HealthStatus, String) {
+async fn probe_once(probe: &ProbeSpec, tls: Option<Arc<ClientConfig>>) -> (HealthStatus, String) {
     let label = format!("gRPC check {}/{}", probe.target, probe.service);
     match tokio::time::timeout(probe.timeout, call(probe, probe.timeout, tls)).await {
         Ok(Ok(ServingStatus::Serving)) => (HealthStatus::Passing, format!("{label}: success")),
@@ -98,7 +95,8 @@ async fn call(
             let (target, name) = (probe.target.clone(), check.server_name.clone());
             endpoint
                 .connect_with_connector(tower::service_fn(move |_: tonic::codegen::http::Uri| {
-                    let (config, target, name) = (Arc::clone(&config), target.clone(), name.clone());
+                    let (config, target, name) =
+                        (Arc::clone(&config), target.clone(), name.clone());
                     async move {
                         crate::tls::connect(config, &target, &name)
                             .await

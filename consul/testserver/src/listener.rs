@@ -10,8 +10,8 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 
 use crate::faults::{AgentFaults, FaultState};
 use crate::http::AgentContext;

@@ -90,7 +90,12 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             })
         }
         (None, None) if client_ca.is_none() => {}
-        _ => return Err("--https-cert and --https-key go together (and --https-client-ca needs them)".into()),
+        _ => {
+            return Err(
+                "--https-cert and --https-key go together (and --https-client-ca needs them)"
+                    .into(),
+            )
+        }
     }
     match (check_cert, check_key) {
         (Some(c), Some(k)) => config.check_tls.client_pem = Some((c, k)),
