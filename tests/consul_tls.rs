@@ -467,3 +467,67 @@ async fn http_against_https_and_https_against_http_fail_with_a_clear_message() {
     );
     assert!(!ok && out.contains("--consul-ca"), "{out}");
 }
+
+#[test]
+fn the_checks_tls_server_name_is_one_the_certificate_carries() {
+    use idgen::config::TlsSettings;
+    use idgen::server::tls::check_server_name;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca(dir.path(), "names");
+    let settings = |(cert, key): (PathBuf, PathBuf)| TlsSettings {
+        cert,
+        key,
+        client_ca: None,
+        client_required: false,
+    };
+    let local: std::net::IpAddr = [127, 0, 0, 1].into();
+    let other: std::net::IpAddr = [10, 0, 0, 7].into();
+
+    // The advertised IP, when the certificate carries it.
+    let with_ip = settings(leaf_cert(
+        dir.path(),
+        &ca,
+        "ip",
+        &["idgen.internal", "127.0.0.1"],
+    ));
+    assert_eq!(
+        check_server_name(&with_ip, local, None).unwrap(),
+        "127.0.0.1"
+    );
+    // Else its first DNS name that is not a wildcard.
+    assert_eq!(
+        check_server_name(&with_ip, other, None).unwrap(),
+        "idgen.internal"
+    );
+    let wild = settings(leaf_cert(
+        dir.path(),
+        &ca,
+        "wild",
+        &["*.idgen.internal", "node-a.idgen.internal"],
+    ));
+    assert_eq!(
+        check_server_name(&wild, local, None).unwrap(),
+        "node-a.idgen.internal"
+    );
+    // A configured name must be in the certificate (wildcards match one
+    // label).
+    assert_eq!(
+        check_server_name(&wild, local, Some("node-b.idgen.internal")).unwrap(),
+        "node-b.idgen.internal"
+    );
+    let err = check_server_name(&wild, local, Some("a.b.idgen.internal"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("consul.check_tls_server_name"), "{err}");
+    // Neither the IP nor a plain DNS name: the check could never pass.
+    let only_wild = settings(leaf_cert(
+        dir.path(),
+        &ca,
+        "only-wild",
+        &["*.idgen.internal"],
+    ));
+    let err = check_server_name(&only_wild, local, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("set consul.check_tls_server_name"), "{err}");
+}
