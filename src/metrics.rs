@@ -34,7 +34,9 @@ pub const LAYOUT_TIME_LEFT: &str = "idgen_layout_time_left_seconds";
 pub const LAYOUT_WORKER_IDS: &str = "idgen_layout_worker_ids";
 /// 1 while this node issues IDs, 0 while it refuses.
 pub const SERVING: &str = "idgen_serving";
-/// Consul HTTP request latency, by `endpoint` and `code`.
+/// Consul HTTP request latency, by `endpoint` and `code` (the HTTP status,
+/// `unreachable`, `tls` for a failed handshake or a scheme the agent does
+/// not serve, or `error`).
 pub const CONSUL_REQUEST_DURATION: &str = "idgen_consul_request_duration_seconds";
 /// Failed Consul requests (each attempt), by `endpoint`.
 pub const CONSUL_ERRORS: &str = "idgen_consul_errors_total";

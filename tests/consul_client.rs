@@ -17,6 +17,7 @@ fn client_for(addr: std::net::SocketAddr, token: Option<&str>) -> ConsulClient {
         timeout: Duration::from_millis(800),
         retries: 2,
         backoff: Duration::from_millis(10),
+        tls: None,
     })
     .expect("client")
 }

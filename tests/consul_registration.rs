@@ -59,6 +59,7 @@ async fn registered_node_is_discoverable_only_while_serving() {
             check_timeout: Duration::from_millis(500),
             deregister_after: Duration::from_secs(60),
             metrics_port: Some(node.http.port()),
+            check_tls_server_name: None,
         },
     )
     .unwrap();
@@ -151,6 +152,7 @@ fn an_unspecified_address_is_refused() {
             check_timeout: Duration::from_secs(1),
             deregister_after: Duration::from_secs(60),
             metrics_port: None,
+            check_tls_server_name: None,
         },
     )
     .unwrap_err();

@@ -1,8 +1,16 @@
 //! Where the nodes come from: a static list, or Consul's health API
-//! watched with blocking queries.
+//! watched with blocking queries, over HTTP or HTTPS ([`ConsulTls`]).
 
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use serde::Deserialize;
 
 use crate::metrics as m;
@@ -29,6 +37,8 @@ pub struct ConsulDiscovery {
     pub min_interval: Duration,
     /// Pause after a failed query before trying again (default 1 s).
     pub retry_after: Duration,
+    /// HTTPS settings, required by an `https://` address.
+    pub tls: Option<ConsulTls>,
 }
 
 impl ConsulDiscovery {
@@ -43,7 +53,15 @@ impl ConsulDiscovery {
             wait: Duration::from_secs(30),
             min_interval: Duration::from_millis(100),
             retry_after: Duration::from_secs(1),
+            tls: None,
         }
+    }
+
+    /// Reaches the agent over HTTPS with `tls` (the address must be
+    /// `https://`).
+    pub fn tls(mut self, tls: ConsulTls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// Sets the service name.
@@ -125,8 +143,27 @@ impl ConsulWatch {
         if config.wait > Duration::from_secs(600) {
             return Err("the blocking-query wait is at most 10 minutes (Consul's limit)".into());
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
+        let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(2));
+        let https = config.address.starts_with("https://");
+        let builder = match (&config.tls, https) {
+            (Some(tls), true) => builder
+                .use_preconfigured_tls((*tls.config).clone())
+                .https_only(true),
+            (None, true) => {
+                return Err(format!(
+                    "the Consul address {:?} is https:// but no CA is given: set ConsulDiscovery::tls (the CLI: --consul-ca or CONSUL_CACERT)",
+                    config.address
+                ))
+            }
+            (Some(_), false) => {
+                return Err(format!(
+                    "TLS settings are given but the Consul address {:?} is plaintext http://: use https:// (the agent's HTTPS port, 8501 by default)",
+                    config.address
+                ))
+            }
+            (None, false) => builder,
+        };
+        let http = builder
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Self { config, http })
@@ -166,7 +203,7 @@ impl ConsulWatch {
         if let Some(token) = &c.token {
             req = req.header("X-Consul-Token", token);
         }
-        let resp = req.send().await.map_err(|e| format!("{e}"))?;
+        let resp = req.send().await.map_err(|e| send_error(&e))?;
         let status = resp.status();
         let next = resp
             .headers()
@@ -176,6 +213,12 @@ impl ConsulWatch {
             .unwrap_or(0);
         if !status.is_success() {
             let body = resp.text().await.unwrap_or_default();
+            if status.as_u16() == 400 && body.contains(PLAINTEXT_TO_HTTPS) {
+                return Err(format!(
+                    "Consul at {} serves HTTPS on this port: use an https:// address with a CA (--consul-ca or CONSUL_CACERT)",
+                    c.address
+                ));
+            }
             return Err(format!("HTTP {status}: {}", body.trim()));
         }
         let entries: Vec<HealthEntry> = resp
@@ -274,4 +317,193 @@ fn encode(v: &str) -> String {
         }
     }
     out
+}
+
+/// Go's HTTP server answers this (status 400) to a plaintext request on
+/// an HTTPS port, as a Consul agent with TLS does.
+const PLAINTEXT_TO_HTTPS: &str = "Client sent an HTTP request to an HTTPS server";
+
+/// HTTPS to the Consul agent: the CA that signed its certificate, a
+/// client certificate for an agent with `verify_incoming`, and the name to
+/// verify when it is not the address's host. rustls with ring.
+#[derive(Clone)]
+pub struct ConsulTls {
+    config: Arc<ClientConfig>,
+}
+
+impl fmt::Debug for ConsulTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulTls").finish_non_exhaustive()
+    }
+}
+
+impl ConsulTls {
+    /// From PEM text: `ca` (one or more CA certificates), an optional
+    /// client `(certificate chain, private key)`, and an optional server
+    /// name that the agent's certificate must carry instead of the
+    /// address's host (`CONSUL_TLS_SERVER_NAME`).
+    pub fn from_pem(
+        ca: &[u8],
+        client: Option<(&[u8], &[u8])>,
+        server_name: Option<&str>,
+    ) -> Result<Self, String> {
+        let mut roots = RootCertStore::empty();
+        for cert in certs(ca).map_err(|e| format!("CA: {e}"))? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("CA: not a usable CA certificate: {e}"))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            .build()
+            .map_err(|e| format!("CA: {e}"))?;
+        let verifier: Arc<dyn ServerCertVerifier> = match server_name {
+            Some(name) => Arc::new(NamedVerifier {
+                inner: webpki,
+                name: ServerName::try_from(name.to_owned())
+                    .map_err(|e| format!("TLS server name {name:?}: {e}"))?,
+            }),
+            None => webpki,
+        };
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let mut config = match client {
+            Some((cert, key)) => {
+                let chain = certs(cert).map_err(|e| format!("client certificate: {e}"))?;
+                let key = PrivateKeyDer::from_pem_slice(key)
+                    .map_err(|e| format!("client key: no usable PEM private key ({e})"))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| format!("the client key does not fit the certificate: {e}"))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            config: Arc::new(config),
+        })
+    }
+
+    /// From PEM files; every error names the file.
+    pub fn from_files(
+        ca: &Path,
+        client: Option<(&Path, &Path)>,
+        server_name: Option<&str>,
+    ) -> Result<Self, String> {
+        let read =
+            |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+        let ca_pem = read(ca)?;
+        let client_pem = match client {
+            Some((c, k)) => Some((read(c)?, read(k)?)),
+            None => None,
+        };
+        Self::from_pem(
+            &ca_pem,
+            client_pem
+                .as_ref()
+                .map(|(c, k)| (c.as_slice(), k.as_slice())),
+            server_name,
+        )
+        .map_err(|e| match client {
+            Some((c, k)) => format!(
+                "{e} (CA {}, certificate {}, key {})",
+                ca.display(),
+                c.display(),
+                k.display()
+            ),
+            None => format!("{e} (CA {})", ca.display()),
+        })
+    }
+}
+
+fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not valid PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err("holds no PEM CERTIFICATE block".into());
+    }
+    Ok(certs)
+}
+
+/// Checks the agent's certificate against a configured name instead of
+/// the URL's host.
+#[derive(Debug)]
+struct NamedVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for NamedVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// A failed query in words: the TLS cause when there is one (reqwest's
+/// own message names only the URL).
+fn send_error(e: &reqwest::Error) -> String {
+    // The rustls error can sit inside nested io::Errors, whose source()
+    // skips the wrapped error itself: unwrap each by hand.
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(mut err) = cur {
+        while let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            err = inner;
+        }
+        match err.downcast_ref::<rustls::Error>() {
+            Some(rustls::Error::InvalidMessage(_)) => {
+                return "the Consul agent does not speak TLS on this port (it answered in plaintext): use an http:// address".into()
+            }
+            Some(r @ rustls::Error::InvalidCertificate(_)) => {
+                return format!("the Consul agent's certificate is not trusted ({r}): check the CA and the TLS server name")
+            }
+            Some(r) => return format!("TLS with the Consul agent failed: {r}"),
+            None => {}
+        }
+        cur = err.source();
+    }
+    let mut text = e.to_string();
+    let mut cur = std::error::Error::source(e);
+    while let Some(err) = cur {
+        text.push_str(": ");
+        text.push_str(&err.to_string());
+        cur = err.source();
+    }
+    text
 }

@@ -67,8 +67,8 @@ use std::time::Duration;
 use idgen_proto::{GenIdRequest, GenIdsRequest};
 
 use crate::call::{CallSettings, Caller, Retry};
-pub use crate::discovery::ConsulDiscovery;
 use crate::discovery::ConsulWatch;
+pub use crate::discovery::{ConsulDiscovery, ConsulTls};
 pub use crate::error::Error;
 use crate::nodes::{NodeSet, NodeSettings};
 pub use crate::prefetch::{PrefetchConfig, Prefetcher};

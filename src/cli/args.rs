@@ -543,7 +543,8 @@ pub struct DiscoveryArgs {
     /// Find the nodes through Consul instead of --addr (`consul`): the
     /// passing instances of --service, through the agent at --consul, with
     /// failover between them. The token, if any, is read from
-    /// CONSUL_HTTP_TOKEN.
+    /// CONSUL_HTTP_TOKEN; an https:// --consul address needs --consul-ca
+    /// (or CONSUL_CACERT).
     #[arg(long, value_parser = ["consul"])]
     pub discover: Option<String>,
     /// The Consul agent's HTTP address, for --discover consul.
@@ -552,6 +553,30 @@ pub struct DiscoveryArgs {
     /// The Consul service name, for --discover consul.
     #[arg(long, default_value = "idgen")]
     pub service: String,
+    /// CA certificate(s), PEM, that signed the Consul agent's HTTPS
+    /// certificate; needed by an https:// --consul address.
+    #[arg(long, value_name = "FILE", env = "CONSUL_CACERT")]
+    pub consul_ca: Option<std::path::PathBuf>,
+    /// Client certificate, PEM, for a Consul agent with verify_incoming.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "CONSUL_CLIENT_CERT",
+        requires = "consul_key"
+    )]
+    pub consul_cert: Option<std::path::PathBuf>,
+    /// Private key of --consul-cert, PEM.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "CONSUL_CLIENT_KEY",
+        requires = "consul_cert"
+    )]
+    pub consul_key: Option<std::path::PathBuf>,
+    /// Name the Consul agent's certificate must carry when it is not the
+    /// --consul address's host.
+    #[arg(long, value_name = "NAME", env = "CONSUL_TLS_SERVER_NAME")]
+    pub consul_tls_server_name: Option<String>,
 }
 
 /// `name=value` of `--param`.

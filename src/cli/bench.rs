@@ -157,13 +157,8 @@ async fn discovered_task(
 /// retried past the client's deadline.
 async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
     use std::time::{Duration, Instant};
-    let client = super::gen::discovered_client(
-        &a.discovery.consul,
-        &a.discovery.service,
-        &a.tls,
-        Duration::from_secs(5),
-    )
-    .await?;
+    let client =
+        super::gen::discovered_client(&a.discovery, &a.tls, Duration::from_secs(5)).await?;
     let mode = idgen::server::grpc::mode_to_proto(idgen::id::Mode::parse(&a.mode)?);
     let mode = idgen_client::Mode::try_from(mode as i32)
         .map_err(|_| anyhow::anyhow!("mode {} is not known to the client", a.mode))?;

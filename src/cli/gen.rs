@@ -2,7 +2,7 @@
 
 use idgen::proto::{self, id_gen_client::IdGenClient};
 
-use super::args::GenArgs;
+use super::args::{DiscoveryArgs, GenArgs};
 use super::client::{call, channel, status_error};
 use super::output::{self, outln};
 
@@ -26,8 +26,7 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
 /// `--discover consul`: through the idgen-client crate, which spreads the
 /// calls over the passing nodes and retries another node when one fails.
 async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
-    let client =
-        discovered_client(&a.discovery.consul, &a.discovery.service, &a.tls, a.timeout).await?;
+    let client = discovered_client(&a.discovery, &a.tls, a.timeout).await?;
     let mode = idgen_client::Mode::try_from(mode)
         .map_err(|_| anyhow::anyhow!("mode {mode} is not known to the client"))?;
     if a.count == 1 {
@@ -41,18 +40,41 @@ async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
     Ok(ids)
 }
 
-/// A client of the nodes Consul lists as passing for `service`; the
-/// token comes from CONSUL_HTTP_TOKEN (Consul's own variable). With
-/// `--ca` the nodes are dialled over TLS.
+/// A client of the nodes Consul lists as passing for `--service`; the
+/// token comes from CONSUL_HTTP_TOKEN and the HTTPS settings from
+/// `--consul-ca` and the rest, or Consul's own variables (CONSUL_CACERT,
+/// CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_TLS_SERVER_NAME). With
+/// `--ca` the nodes themselves are dialled over TLS.
 pub(super) async fn discovered_client(
-    consul: &str,
-    service: &str,
+    d: &DiscoveryArgs,
     tls: &super::tls::TlsArgs,
     deadline: std::time::Duration,
 ) -> anyhow::Result<idgen_client::Client> {
-    let mut discovery = idgen_client::ConsulDiscovery::new(consul).service(service);
+    let mut discovery = idgen_client::ConsulDiscovery::new(&d.consul).service(&d.service);
     if let Ok(token) = std::env::var("CONSUL_HTTP_TOKEN") {
         discovery = discovery.token(token);
+    }
+    let https = d.consul.starts_with("https://");
+    match (&d.consul_ca, https) {
+        (Some(ca), true) => {
+            let client = d.consul_cert.as_deref().zip(d.consul_key.as_deref());
+            let tls = idgen_client::ConsulTls::from_files(
+                ca,
+                client,
+                d.consul_tls_server_name.as_deref(),
+            )
+            .map_err(|e| anyhow::anyhow!("--consul-ca/--consul-cert/--consul-key: {e}"))?;
+            discovery = discovery.tls(tls);
+        }
+        (None, true) => anyhow::bail!(
+            "--consul {} is https:// and needs --consul-ca <file> (or CONSUL_CACERT): the CA (PEM) that signed the agent's certificate",
+            d.consul
+        ),
+        (Some(_), false) => anyhow::bail!(
+            "--consul-ca (or CONSUL_CACERT) is set but --consul {} is plaintext http://: use the agent's https:// address (port 8501 by default)",
+            d.consul
+        ),
+        (None, false) => {}
     }
     let mut builder = idgen_client::Client::builder()
         .consul(discovery)

@@ -42,6 +42,10 @@ pub struct RegistrationSpec {
     /// The HTTP (metrics) port, advertised as `Meta.metrics_port` so
     /// Prometheus' `consul_sd_configs` can scrape it (`None`: not known).
     pub metrics_port: Option<u16>,
+    /// The node serves gRPC over TLS: the agent's probe uses TLS
+    /// (`GRPCUseTLS`) and checks the certificate against this name
+    /// (`TLSServerName`). `None`: plaintext probes.
+    pub check_tls_server_name: Option<String>,
 }
 
 /// A node's registration with its local Consul agent.
@@ -86,6 +90,7 @@ impl Registration {
                 interval: spec.check_interval,
                 timeout: spec.check_timeout,
                 deregister_after: Some(spec.deregister_after),
+                tls_server_name: spec.check_tls_server_name.clone(),
             }],
             id,
             name: spec.service.clone(),

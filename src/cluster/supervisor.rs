@@ -76,6 +76,9 @@ pub struct ClusterSpec {
     pub lease_zone: Option<u64>,
     /// The HTTP (metrics) port advertised in the registration's `Meta`.
     pub metrics_port: Option<u16>,
+    /// The gRPC check's `TLSServerName` when the node serves TLS (the
+    /// probe then uses TLS); `None`: plaintext.
+    pub check_tls_server_name: Option<String>,
 }
 
 /// A worker id held, with its generator running.
@@ -403,6 +406,7 @@ fn spec_for(spec: &ClusterSpec, key: WorkerKey) -> RegistrationSpec {
         check_timeout: spec.config.check_timeout,
         deregister_after: spec.config.deregister_after,
         metrics_port: spec.metrics_port,
+        check_tls_server_name: spec.check_tls_server_name.clone(),
     }
 }
 

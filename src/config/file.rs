@@ -331,8 +331,27 @@ impl Default for HwmSection {
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConsulSection {
-    /// Base URL of the local Consul agent.
+    /// Base URL of the local Consul agent: `http://host:port`, or
+    /// `https://host:port` (its HTTPS port, 8501 by default) with
+    /// `ca_file`.
     pub address: String,
+    /// CA certificate(s), PEM, that signed the agent's HTTPS certificate.
+    /// Needed by, and only allowed with, an `https://` address.
+    pub ca_file: PathBuf,
+    /// Client certificate chain, PEM, for an agent with
+    /// `verify_incoming` (mTLS). Set with `key_file`.
+    pub cert_file: PathBuf,
+    /// Private key of `cert_file`, PEM.
+    pub key_file: PathBuf,
+    /// Name the agent's certificate must carry, when it differs from the
+    /// address's host (an agent dialled by IP, or a certificate for
+    /// `server.<datacenter>.consul`). Empty: the address's host.
+    pub tls_server_name: String,
+    /// With `[server.tls]`: the name the agent's gRPC health probe checks
+    /// this node's certificate against (the check's `TLSServerName`).
+    /// Empty: the advertised IP if the certificate carries it, else the
+    /// certificate's first DNS name.
+    pub check_tls_server_name: String,
     /// ACL token. Prefer `token_file` or `IDGEN_CONSUL__TOKEN`; never logged.
     pub token: String,
     /// File holding the ACL token (whitespace trimmed).
@@ -381,6 +400,11 @@ impl Default for ConsulSection {
         let lease = WorkerLockSettings::default();
         Self {
             address: "http://127.0.0.1:8500".into(),
+            ca_file: PathBuf::new(),
+            cert_file: PathBuf::new(),
+            key_file: PathBuf::new(),
+            tls_server_name: String::new(),
+            check_tls_server_name: String::new(),
             token: String::new(),
             token_file: PathBuf::new(),
             prefix: "idgen".into(),
@@ -404,6 +428,11 @@ impl fmt::Debug for ConsulSection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulSection")
             .field("address", &self.address)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("tls_server_name", &self.tls_server_name)
+            .field("check_tls_server_name", &self.check_tls_server_name)
             .field("token", &(!self.token.is_empty()).then_some("<redacted>"))
             .field("token_file", &self.token_file)
             .field("prefix", &self.prefix)

@@ -243,6 +243,9 @@ pub struct ClusterConfig {
     pub check_timeout: Duration,
     /// `DeregisterCriticalServiceAfter`.
     pub deregister_after: Duration,
+    /// `consul.check_tls_server_name`: the gRPC check's `TLSServerName`
+    /// when the node serves TLS; `None`: derived from the certificate.
+    pub check_tls_server_name: Option<String>,
     /// Longest pause between claim attempts after the lease was lost.
     pub reclaim_backoff_max: Duration,
 }

@@ -207,14 +207,39 @@ fn consul_section_is_checked_key_by_key() {
     assert!(!cluster.static_worker);
     assert_eq!(cluster.client.token, None);
     type Edit = fn(&mut FileConfig);
-    let cases: [(Edit, &str); 10] = [
+    let cases: [(Edit, &str); 15] = [
         (
             |f| f.consul.address = "127.0.0.1:8500".into(),
             "consul.address",
         ),
+        // HTTPS needs the CA of the agent's certificate...
         (
             |f| f.consul.address = "https://consul:8501".into(),
+            "consul.ca_file",
+        ),
+        // ...and a plaintext address takes no TLS settings.
+        (
+            |f| f.consul.ca_file = "/etc/consul/ca.pem".into(),
             "consul.address",
+        ),
+        (
+            |f| f.consul.tls_server_name = "server.dc1.consul".into(),
+            "consul.address",
+        ),
+        (
+            |f| f.consul.address = "ftp://consul:8500".into(),
+            "consul.address",
+        ),
+        (
+            |f| {
+                f.consul.address = "https://consul:8501".into();
+                f.consul.ca_file = "/nonexistent/ca.pem".into();
+            },
+            "consul.ca_file",
+        ),
+        (
+            |f| f.consul.check_tls_server_name = "idgen.internal".into(),
+            "consul.check_tls_server_name",
         ),
         (|f| f.consul.cluster = "Prod!".into(), "consul.cluster"),
         (|f| f.consul.prefix = "/".into(), "consul.prefix"),

@@ -3,7 +3,7 @@
 //! its key (`config key server.grpc_listen: ...`) and says what to use.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::file::{
@@ -18,7 +18,7 @@ use super::{
     TlsSettings, WorkerClaim,
 };
 use crate::cluster::worker_lock::WorkerLockSettings;
-use crate::consul::ConsulConfig;
+use crate::consul::{ConsulConfig, ConsulTls, ConsulTlsFiles};
 use crate::id::{Layout, LayoutSpec, Preset};
 use crate::store::consul::ClusterKeys;
 use crate::store::hwm::HwmSettings;
@@ -31,6 +31,14 @@ impl FileConfig {
         let node = self.node.validate(&layout)?;
         let server = self.server.validate(unit)?;
         let store = self.store.validate(&self.consul, &self.testing)?;
+        if let Backend::Consul(c) = &store.backend {
+            if c.check_tls_server_name.is_some() && server.tls.is_none() {
+                return Err(invalid(
+                    "consul.check_tls_server_name",
+                    "is set but [server.tls] is not: the health check uses TLS only when the node serves it",
+                ));
+            }
+        }
         let hwm = self.hwm.validate(&self.clock, unit)?;
         let log = self.log.validate()?;
         let embedded = matches!(store.backend, Backend::Embedded { .. });
@@ -645,7 +653,8 @@ impl ConsulSection {
     /// `session_ttl_min` is Consul's minimum session TTL (10 s unless a
     /// test lowers it through `[testing]`).
     fn validate(&self, session_ttl_min: Duration) -> Result<ClusterConfig, ConfigError> {
-        self.check_address()?;
+        let https = self.check_address()?;
+        let tls = self.tls(https)?;
         let token = secret(
             &self.token,
             &self.token_file,
@@ -661,8 +670,12 @@ impl ConsulSection {
                 token,
                 timeout: self.timeout,
                 retries: self.retries,
+                tls,
                 ..ConsulConfig::default()
             },
+            check_tls_server_name: Some(self.check_tls_server_name.trim())
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
             keys: ClusterKeys::new(prefix, &self.cluster),
             service: self.service.clone(),
             static_worker: self.worker == WorkerClaim::Static,
@@ -674,8 +687,9 @@ impl ConsulSection {
         })
     }
 
-    /// The agent's address must be a plain `http://host:port`.
-    fn check_address(&self) -> Result<(), ConfigError> {
+    /// The agent's address must be `http://host:port` or
+    /// `https://host:port`; returns whether it is HTTPS.
+    fn check_address(&self) -> Result<bool, ConfigError> {
         let url = url::Url::parse(&self.address).map_err(|e| {
             invalid(
                 "consul.address",
@@ -685,16 +699,58 @@ impl ConsulSection {
                 ),
             )
         })?;
-        if url.scheme() != "http" || url.host().is_none() || url.path() != "/" {
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() || url.path() != "/" {
             return Err(invalid(
                 "consul.address",
                 format!(
-                    "{:?}: give the agent's plain http://host:port (HTTPS is not built in; use a local agent)",
+                    "{:?}: give the agent's http://host:port, or https://host:port with consul.ca_file",
                     self.address
                 ),
             ));
         }
-        Ok(())
+        Ok(url.scheme() == "https")
+    }
+
+    /// The HTTPS settings: loaded and checked with an `https://` address,
+    /// refused with an `http://` one.
+    fn tls(&self, https: bool) -> Result<Option<ConsulTls>, ConfigError> {
+        let path = |p: &PathBuf| Some(p.clone()).filter(|p| !p.as_os_str().is_empty());
+        let files = ConsulTlsFiles {
+            ca_file: self.ca_file.clone(),
+            cert_file: path(&self.cert_file),
+            key_file: path(&self.key_file),
+            server_name: Some(self.tls_server_name.trim())
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+        };
+        let any = path(&self.ca_file).is_some()
+            || files.cert_file.is_some()
+            || files.key_file.is_some()
+            || files.server_name.is_some();
+        if !https {
+            if any {
+                return Err(invalid(
+                    "consul.address",
+                    format!(
+                        "{:?} is plaintext http:// but consul.ca_file, cert_file, key_file or tls_server_name is set: use https:// (the agent's HTTPS port, 8501 by default), or leave those keys empty",
+                        self.address
+                    ),
+                ));
+            }
+            return Ok(None);
+        }
+        if path(&self.ca_file).is_none() {
+            return Err(invalid(
+                "consul.ca_file",
+                format!(
+                    "is empty but consul.address {:?} is https://: give the CA certificate (PEM) that signed the agent's HTTPS certificate",
+                    self.address
+                ),
+            ));
+        }
+        ConsulTls::load(&files)
+            .map(Some)
+            .map_err(|e| invalid(e.key, e.problem))
     }
 
     /// The KV prefix (trimmed of `/`), cluster and service names.

@@ -14,6 +14,7 @@
 //! The ACL token travels in the `X-Consul-Token` header only; it never
 //! appears in a URL, a log line or a `Debug` print.
 
+pub mod tls;
 pub mod types;
 
 use std::fmt;
@@ -24,6 +25,7 @@ use thiserror::Error;
 
 use crate::metrics as m;
 
+pub use tls::{ConsulTls, ConsulTlsError, ConsulTlsFiles};
 pub use types::{
     Consistency, KvEntry, KvWrite, ServiceCheck, ServiceEntry, ServiceRegistration,
     SessionBehavior, SessionInfo, SessionSpec, TxnError, TxnOp, TxnOutcome,
@@ -42,6 +44,9 @@ pub struct ConsulConfig {
     pub retries: u32,
     /// First backoff; doubles per attempt, with full jitter.
     pub backoff: Duration,
+    /// HTTPS settings; required by, and only allowed with, an `https://`
+    /// address.
+    pub tls: Option<ConsulTls>,
 }
 
 impl Default for ConsulConfig {
@@ -52,6 +57,7 @@ impl Default for ConsulConfig {
             timeout: Duration::from_secs(5),
             retries: 3,
             backoff: Duration::from_millis(50),
+            tls: None,
         }
     }
 }
@@ -64,6 +70,7 @@ impl fmt::Debug for ConsulConfig {
             .field("timeout", &self.timeout)
             .field("retries", &self.retries)
             .field("backoff", &self.backoff)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -74,6 +81,27 @@ pub enum ConsulError {
     /// The configured address is not a usable `http://host:port` URL.
     #[error("bad Consul address {0:?}: use a URL like http://127.0.0.1:8500")]
     BadAddress(String),
+    /// The address's scheme and the TLS settings, or the agent, disagree:
+    /// `http://` to an HTTPS agent, `https://` to a plaintext one, or
+    /// `https://` without a CA.
+    #[error("Consul at {address}: {detail}")]
+    WrongScheme {
+        /// Agent address.
+        address: String,
+        /// What disagrees and what to change.
+        detail: String,
+    },
+    /// The TLS handshake with the agent failed: its certificate is not
+    /// trusted, or it refused ours. Nothing was sent.
+    #[error("TLS with Consul at {address} failed ({endpoint}): {detail}")]
+    Tls {
+        /// Agent address.
+        address: String,
+        /// Which call.
+        endpoint: &'static str,
+        /// What failed and what to change.
+        detail: String,
+    },
     /// No answer: connection refused, reset, or timed out.
     #[error("cannot reach Consul at {address} ({endpoint}): {detail}")]
     Unreachable {
@@ -228,16 +256,35 @@ impl fmt::Debug for ConsulClient {
 }
 
 impl ConsulClient {
-    /// A client for `config.address`. Fails only on a malformed address.
+    /// A client for `config.address`. Fails on a malformed address, and
+    /// when the scheme and the TLS settings disagree (`https://` needs
+    /// [`ConsulConfig::tls`], `http://` must not have it).
     pub fn new(config: ConsulConfig) -> Result<Self, ConsulError> {
         let base = config.address.trim_end_matches('/').to_owned();
         let url = reqwest::Url::parse(&base).map_err(|_| ConsulError::BadAddress(base.clone()))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(ConsulError::BadAddress(base));
         }
-        let http = reqwest::Client::builder()
+        let wrong = |detail: &str| ConsulError::WrongScheme {
+            address: base.clone(),
+            detail: detail.to_owned(),
+        };
+        let builder = reqwest::Client::builder()
             .connect_timeout(config.timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(30));
+        let builder = match (url.scheme(), &config.tls) {
+            ("https", Some(tls)) => builder
+                .use_preconfigured_tls(tls.client_config().clone())
+                .https_only(true),
+            ("https", None) => return Err(wrong(
+                "an https:// address needs consul.ca_file: the CA (PEM) that signed the agent's HTTPS certificate",
+            )),
+            (_, Some(_)) => return Err(wrong(
+                "consul.ca_file is set but the address is http://: use https:// to reach the agent's HTTPS port (8501 by default), or leave the TLS keys empty",
+            )),
+            _ => builder,
+        };
+        let http = builder
             .build()
             .map_err(|e| ConsulError::BadAddress(format!("{base}: {e}")))?;
         Ok(Self {
@@ -274,6 +321,7 @@ impl ConsulClient {
             let code = match &result {
                 Ok(r) => r.status.as_u16().to_string(),
                 Err(ConsulError::Unreachable { .. }) => "unreachable".into(),
+                Err(ConsulError::Tls { .. } | ConsulError::WrongScheme { .. }) => "tls".into(),
                 Err(ConsulError::PermissionDenied { .. }) => "403".into(),
                 Err(ConsulError::Status { status, .. }) => status.to_string(),
                 Err(_) => "error".into(),
@@ -323,13 +371,10 @@ impl ConsulClient {
         if let Some(body) = body {
             req = req.body(body);
         }
-        let resp = req.send().await.map_err(|e| ConsulError::Unreachable {
-            address: self.base.clone(),
-            endpoint,
-            detail: transport_detail(&e),
-            // Anything but a failed connect may have reached Consul.
-            maybe_sent: !e.is_connect(),
-        })?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.send_error(endpoint, &e))?;
         let status = resp.status();
         let index = resp
             .headers()
@@ -344,6 +389,14 @@ impl ConsulClient {
             maybe_sent: true,
         })?;
         match status.as_u16() {
+            400 if self.base.starts_with("http://")
+                && String::from_utf8_lossy(&body).contains(tls::PLAINTEXT_TO_HTTPS) =>
+            {
+                Err(ConsulError::WrongScheme {
+                    address: self.base.clone(),
+                    detail: "the agent serves HTTPS on this port (it answered \"Client sent an HTTP request to an HTTPS server\"): use an https:// address and set consul.ca_file".into(),
+                })
+            }
             200 | 404 | 409 => Ok(Reply {
                 status,
                 index,
@@ -359,6 +412,39 @@ impl ConsulClient {
                     .take(500)
                     .collect(),
             }),
+        }
+    }
+
+    /// A request that got no answer: a TLS failure (nothing was sent),
+    /// an agent that does not speak the address's scheme, or a transport
+    /// error.
+    fn send_error(&self, endpoint: &'static str, e: &reqwest::Error) -> ConsulError {
+        let https = self.base.starts_with("https://");
+        let ca = self
+            .config
+            .tls
+            .as_ref()
+            .map(|t| t.files().ca_file.as_path());
+        if let Some(detail) = tls::explain(e, https, ca) {
+            return if detail == tls::NOT_TLS {
+                ConsulError::WrongScheme {
+                    address: self.base.clone(),
+                    detail,
+                }
+            } else {
+                ConsulError::Tls {
+                    address: self.base.clone(),
+                    endpoint,
+                    detail,
+                }
+            };
+        }
+        ConsulError::Unreachable {
+            address: self.base.clone(),
+            endpoint,
+            detail: transport_detail(e),
+            // Anything but a failed connect may have reached Consul.
+            maybe_sent: !e.is_connect(),
         }
     }
 
@@ -757,8 +843,9 @@ fn transport_detail(e: &reqwest::Error) -> String {
     } else if e.is_connect() {
         "connection refused or unreachable".into()
     } else {
-        // reqwest errors carry the URL, which never holds the token here.
-        e.to_string()
+        // reqwest errors carry the URL, which never holds the token here;
+        // the cause is further down the chain.
+        tls::transport_text(e)
     }
 }
 

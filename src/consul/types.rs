@@ -385,6 +385,10 @@ pub enum ServiceCheck {
         timeout: Duration,
         /// Deregister after being critical this long (at least 1 minute).
         deregister_after: Option<Duration>,
+        /// Probe over TLS (`GRPCUseTLS`), verifying the certificate
+        /// against this name (`TLSServerName`); `None`: plaintext.
+        /// `TLSSkipVerify` is never set.
+        tls_server_name: Option<String>,
     },
     /// The service reports itself with `check_update`.
     Ttl {
@@ -411,15 +415,23 @@ impl ServiceCheck {
                 target,
                 interval,
                 timeout,
+                tls_server_name,
                 ..
-            } => json!({
-                "CheckID": check_id,
-                "Name": format!("gRPC health {target}"),
-                "GRPC": target,
-                "GRPCUseTLS": false,
-                "Interval": secs(*interval),
-                "Timeout": secs(*timeout),
-            }),
+            } => {
+                let mut v = json!({
+                    "CheckID": check_id,
+                    "Name": format!("gRPC health {target}"),
+                    "GRPC": target,
+                    "GRPCUseTLS": tls_server_name.is_some(),
+                    "Interval": secs(*interval),
+                    "Timeout": secs(*timeout),
+                });
+                if let Some(name) = tls_server_name {
+                    v["TLSServerName"] = json!(name);
+                    v["TLSSkipVerify"] = json!(false);
+                }
+                v
+            }
             Self::Ttl {
                 check_id,
                 ttl,

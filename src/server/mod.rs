@@ -525,8 +525,22 @@ impl Node {
                 "cannot advertise {advertise} in Consul: clients cannot dial it; set node.advertise to this node's IP:port"
             )));
         }
+        // With TLS the agent's probe must use it, and verify a name the
+        // certificate carries.
+        let check_tls_server_name = match &config.server.tls {
+            Some(settings) => Some(
+                tls::check_server_name(
+                    settings,
+                    advertise.ip(),
+                    cluster.check_tls_server_name.as_deref(),
+                )
+                .map_err(|e| Error::Setup(e.to_string()))?,
+            ),
+            None => None,
+        };
         let keys = cluster.keys.clone();
         let spec = ClusterSpec {
+            check_tls_server_name,
             config: cluster,
             datacenter: config.node.datacenter_id,
             worker_id: config.node.worker_id,

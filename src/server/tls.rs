@@ -264,3 +264,80 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         )
     })
 }
+
+/// The name the Consul agent's gRPC probe checks this node's certificate
+/// against (the check's `TLSServerName`): `configured`
+/// (`consul.check_tls_server_name`) if set, which the certificate must
+/// carry; else the advertised IP if the certificate carries it; else the
+/// certificate's first DNS name that is not a wildcard. Anything else
+/// would leave the check critical forever, so it stops the start instead.
+pub fn check_server_name(
+    settings: &TlsSettings,
+    advertise: std::net::IpAddr,
+    configured: Option<&str>,
+) -> Result<String, TlsError> {
+    use x509_parser::extensions::GeneralName as G;
+    let chain = read_chain(&settings.cert)?;
+    let (dns, ips) = match x509_parser::parse_x509_certificate(&chain[0]) {
+        Ok((_, cert)) => {
+            let (mut dns, mut ips) = (Vec::new(), Vec::new());
+            if let Ok(Some(san)) = cert.subject_alternative_name() {
+                for name in &san.value.general_names {
+                    match name {
+                        G::DNSName(s) => dns.push(s.to_ascii_lowercase()),
+                        G::IPAddress(b) => ips.extend(ip_of(b)),
+                        _ => {}
+                    }
+                }
+            }
+            (dns, ips)
+        }
+        Err(e) => {
+            return Err(file_error(
+                "server.tls.cert",
+                &settings.cert,
+                format!("the first certificate does not parse: {e}"),
+            ))
+        }
+    };
+    let carried = |name: &str| match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ips.contains(&ip),
+        Err(_) => {
+            let name = name.to_ascii_lowercase();
+            dns.iter().any(|d| match d.strip_prefix("*.") {
+                Some(rest) => name
+                    .split_once('.')
+                    .is_some_and(|(label, tail)| !label.is_empty() && tail == rest),
+                None => *d == name,
+            })
+        }
+    };
+    if let Some(name) = configured {
+        if !carried(name) {
+            return Err(TlsError::Config(format!(
+                "consul.check_tls_server_name {name:?} is not among the names of server.tls.cert (DNS {dns:?}, IP {ips:?}): the Consul agent's gRPC check would fail; use one of them"
+            )));
+        }
+        return Ok(name.to_owned());
+    }
+    if ips.contains(&advertise) {
+        return Ok(advertise.to_string());
+    }
+    dns.iter()
+        .find(|d| !d.starts_with("*."))
+        .cloned()
+        .ok_or_else(|| {
+            TlsError::Config(format!(
+                "server.tls.cert carries neither the advertised IP {advertise} nor a DNS name without a wildcard (DNS {dns:?}, IP {ips:?}), so the Consul agent's gRPC check could not verify it: set consul.check_tls_server_name to a name the certificate carries"
+            ))
+        })
+}
+
+/// An IP address SAN (4 or 16 bytes).
+fn ip_of(bytes: &[u8]) -> Option<std::net::IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        _ => None,
+    }
+}

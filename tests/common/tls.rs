@@ -169,3 +169,35 @@ pub async fn grpc_client_with_cert(
         .await?;
     Ok(IdGenClient::new(channel))
 }
+
+/// A certificate for both ends of a connection (server and client
+/// authentication), subject `cn`, SANs `sans` (DNS names, or IPs when they
+/// parse as one), signed by `ca`; returns the PEM files (cert, key).
+pub fn leaf_cert(dir: &Path, ca: &Ca, cn: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
+    let mut params =
+        rcgen::CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+            .unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    let (c, k) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k)
+}
+
+/// The DER of the first certificate in a PEM file (a CA, to trust).
+pub fn der_of(pem_file: &Path) -> CertificateDer<'static> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_file_iter(pem_file)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+}

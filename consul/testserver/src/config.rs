@@ -38,6 +38,56 @@ pub struct Config {
     /// first reaper run after that time, not at it. `Duration::ZERO` reaps
     /// exactly on time (no real Consul does that).
     pub check_reap_interval: Duration,
+    /// Serve HTTPS instead of HTTP on every agent (Consul's HTTPS port
+    /// with `tls.https`). `None`: plaintext HTTP.
+    pub https: Option<HttpsConfig>,
+    /// What gRPC checks with `GRPCUseTLS` trust and present (Consul's
+    /// `enable_agent_tls_for_checks` with the agent's CA and certificate).
+    pub check_tls: CheckTlsConfig,
+}
+
+/// The agents' HTTPS certificate, PEM, and optionally the CA that client
+/// certificates must chain to.
+#[derive(Clone, Default)]
+pub struct HttpsConfig {
+    /// Certificate chain, leaf first.
+    pub cert_pem: Vec<u8>,
+    /// Private key of the leaf.
+    pub key_pem: Vec<u8>,
+    /// With a CA here every client must present a certificate it signed
+    /// (Consul's `verify_incoming`); the handshake of any other fails.
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for HttpsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpsConfig")
+            .field("verify_incoming", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// TLS of gRPC health probes with `GRPCUseTLS`. The probe verifies the
+/// chain against `ca_pem` and the name against the check's
+/// `TLSServerName`, or the target's host when that is empty (Consul
+/// 1.21). Without a CA nothing is trusted: Consul without
+/// `enable_agent_tls_for_checks` uses the system roots, which hold no test
+/// CA, so such a check stays critical there too.
+#[derive(Clone, Default)]
+pub struct CheckTlsConfig {
+    /// CA certificate(s) the probed servers' certificates must chain to.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate chain and key the probe presents.
+    pub client_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for CheckTlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckTlsConfig")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.client_pem.is_some())
+            .finish()
+    }
 }
 
 impl Default for Config {
@@ -49,6 +99,8 @@ impl Default for Config {
             min_ttl: Duration::from_secs(10),
             min_deregister_critical_after: Duration::from_secs(60),
             check_reap_interval: Duration::from_secs(30),
+            https: None,
+            check_tls: CheckTlsConfig::default(),
         }
     }
 }

@@ -3,10 +3,17 @@
 //! the answer is SERVING, critical otherwise. As in Consul's `CheckGRPC`,
 //! the first call comes after a random pause of up to one interval
 //! (`lib.RandomStagger`), so a new check stays critical for that long.
+//!
+//! A check with `GRPCUseTLS` is probed over TLS: the server's certificate
+//! must chain to [`CheckTlsConfig::ca_pem`](crate::config::CheckTlsConfig)
+//! and carry the check's `TLSServerName` (or the target's host when that
+//! is empty); a plaintext server, an unknown issuer or a wrong name leave
+//! the check critical, as in Consul.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_rustls::rustls::ClientConfig;
 use tonic::transport::Endpoint;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -20,6 +27,16 @@ use crate::state::catalog::{HealthStatus, ProbeSpec};
 pub(crate) fn spawn(cluster: Arc<Cluster>, probe: ProbeSpec) {
     tokio::spawn(async move {
         let mut shutdown = cluster.shutdown.clone();
+        let tls = match &probe.tls {
+            Some(_) => match crate::tls::probe_config(&cluster.config.check_tls) {
+                Ok(config) => Some(config),
+                Err(e) => {
+                    tracing::warn!(error = %e, "check TLS settings unusable; the check stays critical");
+                    return;
+                }
+            },
+            None => None,
+        };
         let stagger = probe.interval.mul_f64(rand::random::<f64>());
         tokio::select! {
             _ = tokio::time::sleep(stagger) => {}
@@ -32,7 +49,7 @@ pub(crate) fn spawn(cluster: Arc<Cluster>, probe: ProbeSpec) {
                 return;
             }
             let (status, output) = tokio::select! {
-                result = probe_once(&probe) => result,
+                result = probe_once(&probe, tls.clone()) => result,
                 _ = shutdown.changed() => return,
             };
             let now = Instant::now();
@@ -48,9 +65,9 @@ pub(crate) fn spawn(cluster: Arc<Cluster>, probe: ProbeSpec) {
 }
 
 /// One health call, bounded by the check's timeout.
-async fn probe_once(probe: &ProbeSpec) -> (HealthStatus, String) {
+async fn probe_once(probe: &ProbeSpec, tls: Option<Arc<ClientConfig>>) -> (HealthStatus, String) {
     let label = format!("gRPC check {}/{}", probe.target, probe.service);
-    match tokio::time::timeout(probe.timeout, call(probe, probe.timeout)).await {
+    match tokio::time::timeout(probe.timeout, call(probe, probe.timeout, tls)).await {
         Ok(Ok(ServingStatus::Serving)) => (HealthStatus::Passing, format!("{label}: success")),
         Ok(Ok(status)) => (
             HealthStatus::Critical,
@@ -64,15 +81,33 @@ async fn probe_once(probe: &ProbeSpec) -> (HealthStatus, String) {
     }
 }
 
-async fn call(probe: &ProbeSpec, timeout: Duration) -> Result<ServingStatus, String> {
+async fn call(
+    probe: &ProbeSpec,
+    timeout: Duration,
+    tls: Option<Arc<ClientConfig>>,
+) -> Result<ServingStatus, String> {
     let endpoint = Endpoint::from_shared(format!("http://{}", probe.target))
         .map_err(|e| format!("invalid target: {e}"))?
         .connect_timeout(timeout)
         .timeout(timeout);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| format!("connect failed: {e}"))?;
+    let channel = match (tls, &probe.tls) {
+        (Some(config), Some(check)) => {
+            let (target, name) = (probe.target.clone(), check.server_name.clone());
+            endpoint
+                .connect_with_connector(tower::service_fn(move |_: tonic::codegen::http::Uri| {
+                    let (config, target, name) =
+                        (Arc::clone(&config), target.clone(), name.clone());
+                    async move {
+                        crate::tls::connect(config, &target, &name)
+                            .await
+                            .map(hyper_util::rt::TokioIo::new)
+                    }
+                }))
+                .await
+        }
+        _ => endpoint.connect().await,
+    }
+    .map_err(|e| format!("connect failed: {}", error_chain(&e)))?;
     let response = HealthClient::new(channel)
         .check(HealthCheckRequest {
             service: probe.service.clone(),
@@ -80,4 +115,16 @@ async fn call(probe: &ProbeSpec, timeout: Duration) -> Result<ServingStatus, Str
         .await
         .map_err(|status| format!("rpc error: {} {}", status.code(), status.message()))?;
     Ok(ServingStatus::try_from(response.into_inner().status).unwrap_or(ServingStatus::Unknown))
+}
+
+/// An error with its causes, so a TLS failure shows its reason.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        text.push_str(": ");
+        text.push_str(&err.to_string());
+        cur = err.source();
+    }
+    text
 }

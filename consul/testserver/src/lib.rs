@@ -60,7 +60,11 @@
 //!
 //! # Deviations from Consul
 //!
-//! - Only KV operations in transactions; only TTL and plaintext gRPC checks.
+//! - Only KV operations in transactions; only TTL and gRPC checks. A gRPC
+//!   check with `GRPCUseTLS` trusts only [`Config::check_tls`]'s CA;
+//!   `TLSSkipVerify: true` is refused (400).
+//! - With [`Config::https`] every agent serves HTTPS only (Consul can
+//!   serve both on two ports); a plaintext request gets Go's 400 answer.
 //! - `?token=` in the query string is ignored (idgen must send a header).
 //! - An agent's node always exists; nodes are not deregistered.
 //! - One datacenter, `dc1`; one server that is always the leader, except
@@ -85,6 +89,7 @@ mod http;
 mod listener;
 mod state;
 mod timers;
+mod tls;
 
 use std::io;
 use std::net::SocketAddr;
@@ -95,7 +100,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use acl::Policy;
-pub use config::Config;
+pub use config::{CheckTlsConfig, Config, HttpsConfig};
 pub use faults::Faults;
 pub use state::catalog::{CheckInfo, HealthStatus, ServiceInfo};
 pub use state::kv::KvEntry;
@@ -127,11 +132,13 @@ struct Inner {
     /// Dropping it (with the last handle) stops every task.
     shutdown: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The HTTPS acceptor every agent uses (`Config::https`).
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 }
 
 impl TestConsul {
     /// Starts a cluster whose first agent, `agent-0`, listens on
-    /// `127.0.0.1:0`.
+    /// `127.0.0.1:0` (HTTPS with [`Config::https`]).
     pub async fn start(config: Config) -> io::Result<TestConsul> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         Self::serve(config, listener).await
@@ -139,7 +146,11 @@ impl TestConsul {
 
     /// Starts a cluster whose first agent, `agent-0`, serves on `listener`
     /// (used by the binary for `--listen`).
+    /// Fails on unusable [`Config::https`] PEM data.
     pub async fn serve(config: Config, listener: TcpListener) -> io::Result<TestConsul> {
+        let tls = config.https.as_ref().map(tls::acceptor).transpose()?;
+        crate::tls::probe_config(&config.check_tls)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("check TLS: {e}")))?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let cluster = Arc::new(Cluster::new(config, shutdown_rx));
         let timer = tokio::spawn(timers::run(Arc::clone(&cluster)));
@@ -150,6 +161,7 @@ impl TestConsul {
                 addr,
                 shutdown,
                 tasks: Mutex::new(vec![timer]),
+                tls,
             }),
         };
         consul.start_agent(FIRST_AGENT, listener)?;
@@ -177,7 +189,11 @@ impl TestConsul {
             cluster: Arc::clone(cluster),
             faults,
         });
-        let task = tokio::spawn(listener::accept_loop(agent, listener));
+        let task = tokio::spawn(listener::accept_loop(
+            agent,
+            listener,
+            self.inner.tls.clone().map(tokio_rustls::TlsAcceptor::from),
+        ));
         self.inner
             .tasks
             .lock()

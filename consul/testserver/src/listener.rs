@@ -9,8 +9,9 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 
 use crate::faults::{AgentFaults, FaultState};
 use crate::http::AgentContext;
@@ -32,7 +33,11 @@ pub(crate) fn bind_reusable(addr: SocketAddr) -> io::Result<std::net::TcpListene
 
 /// Serves `agent` until shutdown. `listener` is already registered in the
 /// agent's fault slot.
-pub(crate) async fn accept_loop(agent: Arc<AgentContext>, listener: Arc<TcpListener>) {
+pub(crate) async fn accept_loop(
+    agent: Arc<AgentContext>,
+    listener: Arc<TcpListener>,
+    tls: Option<TlsAcceptor>,
+) {
     let faults = agent.faults.clone();
     let mut fault_rx = faults.state.subscribe();
     let mut shutdown = agent.cluster.shutdown.clone();
@@ -63,9 +68,19 @@ pub(crate) async fn accept_loop(agent: Arc<AgentContext>, listener: Arc<TcpListe
         listener = Some(active.clone());
         tokio::select! {
             accepted = active.accept() => match accepted {
-                Ok((stream, _)) => {
-                    connections.spawn(serve_connection(agent.clone(), stream));
-                }
+                Ok((stream, _)) => match &tls {
+                    Some(acceptor) => {
+                        let (agent, acceptor) = (agent.clone(), acceptor.clone());
+                        connections.spawn(async move {
+                            if let Some(stream) = crate::tls::accept(&acceptor, stream).await {
+                                serve_connection(agent, stream).await;
+                            }
+                        });
+                    }
+                    None => {
+                        connections.spawn(serve_connection(agent.clone(), stream));
+                    }
+                },
                 Err(e) => {
                     if !faults.current().refuse {
                         // Out of descriptors or similar: back off, keep serving.
@@ -110,7 +125,10 @@ fn is_refused(state: &FaultState, epoch: u64) -> bool {
 
 /// Serves one HTTP/1.1 connection until it ends, the agent starts refusing,
 /// or the server shuts down.
-async fn serve_connection(agent: Arc<AgentContext>, stream: TcpStream) {
+async fn serve_connection<S>(agent: Arc<AgentContext>, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut fault_rx = agent.faults.state.subscribe();
     let epoch = fault_rx.borrow_and_update().refuse_epoch;
     if fault_rx.borrow().refuse {

@@ -4,6 +4,8 @@
 //! ```text
 //! consul-testserver [--listen 127.0.0.1:8500] [--acl-token <master token>]
 //!                   [--session-ttl-min 10s] [--check-reap-interval 30s]
+//!                   [--https-cert FILE --https-key FILE [--https-client-ca FILE]]
+//!                   [--check-ca FILE [--check-cert FILE --check-key FILE]]
 //! ```
 //!
 //! Prints `listening on <addr>` as its first line, then serves until
@@ -26,7 +28,11 @@ const USAGE: &str = concat!(
     "  --acl-token TOKEN               enable ACLs with TOKEN as the master token\n",
     "  --session-ttl-min DURATION      shortest session TTL: Consul's session_ttl_min (default 10s)\n",
     "  --check-reap-interval DURATION  how often critical services are reaped: Consul's\n",
-    "                                  check_reap_interval (default 30s)",
+    "                                  check_reap_interval (default 30s)\n",
+    "  --https-cert FILE, --https-key FILE  serve HTTPS with this PEM certificate and key\n",
+    "  --https-client-ca FILE          require client certificates from this CA (verify_incoming)\n",
+    "  --check-ca FILE                 CA that gRPC checks with GRPCUseTLS trust\n",
+    "  --check-cert FILE, --check-key FILE  client certificate those checks present",
 );
 
 #[derive(Debug)]
@@ -44,8 +50,20 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             .filter(|d| !d.is_zero())
             .ok_or_else(|| format!("{flag} {value:?}: not a positive duration such as 10s"))
     };
+    let file = |flag: &str, value: Option<String>| -> Result<Vec<u8>, String> {
+        let path = value.ok_or_else(|| format!("{flag} needs a file"))?;
+        std::fs::read(&path).map_err(|e| format!("{flag} {path}: {e}"))
+    };
+    let (mut cert, mut key, mut check_cert, mut check_key) = (None, None, None, None);
+    let mut client_ca = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--https-cert" => cert = Some(file(&arg, args.next())?),
+            "--https-key" => key = Some(file(&arg, args.next())?),
+            "--https-client-ca" => client_ca = Some(file(&arg, args.next())?),
+            "--check-ca" => config.check_tls.ca_pem = Some(file(&arg, args.next())?),
+            "--check-cert" => check_cert = Some(file(&arg, args.next())?),
+            "--check-key" => check_key = Some(file(&arg, args.next())?),
             "--listen" => {
                 let value = args.next().ok_or("--listen needs an address")?;
                 listen = value
@@ -62,6 +80,27 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    match (cert, key) {
+        (Some(cert_pem), Some(key_pem)) => {
+            config.https = Some(consul_testserver::HttpsConfig {
+                cert_pem,
+                key_pem,
+                client_ca_pem: client_ca,
+            })
+        }
+        (None, None) if client_ca.is_none() => {}
+        _ => {
+            return Err(
+                "--https-cert and --https-key go together (and --https-client-ca needs them)"
+                    .into(),
+            )
+        }
+    }
+    match (check_cert, check_key) {
+        (Some(c), Some(k)) => config.check_tls.client_pem = Some((c, k)),
+        (None, None) => {}
+        _ => return Err("--check-cert and --check-key go together".into()),
     }
     Ok(Args { listen, config })
 }

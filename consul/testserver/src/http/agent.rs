@@ -14,7 +14,7 @@ use super::{
 use crate::config::MIN_CHECK_INTERVAL;
 use crate::grpc_probe;
 use crate::state::catalog::{
-    Check, CheckDef, CheckDefKind, CheckKind, HealthStatus, Service, ServiceDef,
+    Check, CheckDef, CheckDefKind, CheckKind, GrpcTls, HealthStatus, Service, ServiceDef,
 };
 use crate::state::StateError;
 
@@ -52,9 +52,18 @@ fn parse_check(
     let kind = match (ttl, grpc) {
         (Some(ttl), None) => CheckDefKind::Ttl(ttl),
         (None, Some(target)) => {
-            if fields.bool("GRPCUseTLS")?.unwrap_or(false) {
-                return Err(bad("GRPCUseTLS is not supported by consul-testserver"));
-            }
+            let tls = if fields.bool("GRPCUseTLS")?.unwrap_or(false) {
+                if fields.bool("TLSSkipVerify")?.unwrap_or(false) {
+                    // Stricter than Consul: a check that trusts anything
+                    // proves nothing in a test.
+                    return Err(bad("TLSSkipVerify is not supported by consul-testserver"));
+                }
+                Some(GrpcTls {
+                    server_name: fields.str("TLSServerName")?.unwrap_or("").to_owned(),
+                })
+            } else {
+                None
+            };
             let interval = fields
                 .duration("Interval")?
                 .filter(|d| !d.is_zero())
@@ -75,6 +84,7 @@ fn parse_check(
                 service: service.to_owned(),
                 interval,
                 timeout,
+                tls,
             }
         }
         (Some(_), Some(_)) => return Err(bad(format!("Check {id:?}: TTL and GRPC are exclusive"))),
@@ -267,12 +277,18 @@ pub(crate) fn check_json(node: &str, check: &Check, service: Option<&Service>) -
             service,
             interval,
             timeout,
+            tls,
             ..
         },
         Some(obj),
     ) = (&check.kind, v.as_object_mut())
     {
         obj.insert("GRPC".into(), format!("{target}/{service}").into());
+        obj.insert("GRPCUseTLS".into(), tls.is_some().into());
+        if let Some(tls) = tls {
+            obj.insert("TLSServerName".into(), tls.server_name.clone().into());
+            obj.insert("TLSSkipVerify".into(), false.into());
+        }
         obj.insert("Interval".into(), crate::duration::format(*interval).into());
         obj.insert("Timeout".into(), crate::duration::format(*timeout).into());
     }

@@ -100,8 +100,18 @@ pub(crate) enum CheckKind {
         service: String,
         interval: Duration,
         timeout: Duration,
+        /// `GRPCUseTLS`, with its `TLSServerName`.
+        tls: Option<GrpcTls>,
         serial: u64,
     },
+}
+
+/// A gRPC check probed over TLS (`GRPCUseTLS: true`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GrpcTls {
+    /// `TLSServerName`; empty: the target's host, as Consul's Go client
+    /// derives it.
+    pub(crate) server_name: String,
 }
 
 #[derive(Debug, Clone)]
@@ -181,6 +191,7 @@ pub(crate) enum CheckDefKind {
         service: String,
         interval: Duration,
         timeout: Duration,
+        tls: Option<GrpcTls>,
     },
 }
 
@@ -207,6 +218,7 @@ pub(crate) struct ProbeSpec {
     pub(crate) service: String,
     pub(crate) interval: Duration,
     pub(crate) timeout: Duration,
+    pub(crate) tls: Option<GrpcTls>,
 }
 
 impl ClusterState {
@@ -275,6 +287,7 @@ impl ClusterState {
                     service,
                     interval,
                     timeout,
+                    tls,
                 } => {
                     self.catalog.next_serial += 1;
                     let serial = self.catalog.next_serial;
@@ -286,12 +299,14 @@ impl ClusterState {
                         service: service.clone(),
                         interval,
                         timeout,
+                        tls: tls.clone(),
                     });
                     CheckKind::Grpc {
                         target,
                         service,
                         interval,
                         timeout,
+                        tls,
                         serial,
                     }
                 }

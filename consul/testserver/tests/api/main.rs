@@ -5,6 +5,7 @@ mod acl;
 mod agent;
 mod blocking;
 mod faults;
+mod https;
 mod kv;
 mod sessions;
 mod support;
