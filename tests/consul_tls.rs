@@ -245,8 +245,14 @@ async fn three_tls_nodes_use_consul_over_mtls_and_pass_the_agents_grpc_check_ove
                 )
                 .expect("client TLS files"),
             );
+    // The nodes are dialled over TLS too: their certificate names
+    // idgen.internal, discovery gives IP addresses.
+    let node_tls = idgen_client::TlsConfig::from_ca_file(&p.idgen_ca.cert)
+        .expect("idgen CA")
+        .server_name("idgen.internal");
     let found = idgen_client::Client::builder()
         .consul(discovery)
+        .tls(node_tls)
         .build()
         .await
         .expect("discovers over HTTPS");
@@ -255,6 +261,14 @@ async fn three_tls_nodes_use_consul_over_mtls_and_pass_the_agents_grpc_check_ove
     want.sort();
     got.sort();
     assert_eq!(got, want, "the client crate sees the three nodes");
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..300 {
+        let id = found
+            .gen_id(idgen_client::Mode::Snowflake, "")
+            .await
+            .expect("GenId over TLS through Consul over HTTPS");
+        assert!(seen.insert(id), "ID {id} handed out twice");
+    }
 
     // Without a client certificate the agent (verify_incoming) refuses
     // the client crate, and the error says so.

@@ -444,17 +444,20 @@ fn build_issuer(
     Ok((issuer, catalog))
 }
 
+/// Formatted mode's stores: counters, definitions and tokens.
+type FormatStores = (
+    Option<Arc<dyn crate::store::format::FormatStore>>,
+    Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+    Option<Arc<dyn FormatTokens>>,
+);
+
 /// Formatted mode's engine (empty until the catalog's start-up reload in
 /// `Node::prime`) and the catalog of stored definitions it serves from.
 fn format_catalog(
     config: &Config,
     clock: &Arc<dyn Clock>,
     node: u64,
-    (store, defs, tokens): (
-        Option<Arc<dyn crate::store::format::FormatStore>>,
-        Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
-        Option<Arc<dyn FormatTokens>>,
-    ),
+    (store, defs, tokens): FormatStores,
 ) -> Result<Option<Arc<FormatCatalog>>, Error> {
     let (Some(store), Some(defs)) = (store, defs) else {
         if !config.formatted.formats.is_empty() {
@@ -479,6 +482,50 @@ fn format_catalog(
         Arc::clone(clock),
         config.formatted.formats.clone(),
     ))))
+}
+
+/// What a Consul node joins with: the advertised address (refused when
+/// clients could not dial it), the name the agent's TLS probe verifies,
+/// and the cluster's keys.
+fn cluster_spec(
+    config: &Config,
+    cluster: ClusterConfig,
+) -> Result<(ClusterSpec, ClusterKeys), Error> {
+    let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
+    if advertise.ip().is_unspecified() || advertise.port() == 0 {
+        return Err(Error::Setup(format!(
+            "cannot advertise {advertise} in Consul: clients cannot dial it; set node.advertise to this node's IP:port"
+        )));
+    }
+    // With TLS the agent's probe must use it, and verify a name the
+    // certificate carries.
+    let check_tls_server_name = match &config.server.tls {
+        Some(settings) => Some(
+            tls::check_server_name(
+                settings,
+                advertise.ip(),
+                cluster.check_tls_server_name.as_deref(),
+            )
+            .map_err(|e| Error::Setup(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let keys = cluster.keys.clone();
+    let spec = ClusterSpec {
+        check_tls_server_name,
+        config: cluster,
+        datacenter: config.node.datacenter_id,
+        worker_id: config.node.worker_id,
+        layout: config.layout,
+        layout_preset: config.layout_preset.clone(),
+        hwm: config.hwm,
+        instance: instance_id(config, advertise),
+        advertise,
+        lease_zone: config.lease.as_ref().map(|l| l.zone),
+        // Port 0 (bound later, in tests) is not advertised.
+        metrics_port: Some(config.server.http_listen.port()).filter(|p| *p != 0),
+    };
+    Ok((spec, keys))
 }
 
 fn missing(mode: &str, store: &str) -> Error {
@@ -519,40 +566,7 @@ impl Node {
         clock: Arc<dyn Clock>,
         metrics: PrometheusHandle,
     ) -> Result<Self, Error> {
-        let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
-        if advertise.ip().is_unspecified() || advertise.port() == 0 {
-            return Err(Error::Setup(format!(
-                "cannot advertise {advertise} in Consul: clients cannot dial it; set node.advertise to this node's IP:port"
-            )));
-        }
-        // With TLS the agent's probe must use it, and verify a name the
-        // certificate carries.
-        let check_tls_server_name = match &config.server.tls {
-            Some(settings) => Some(
-                tls::check_server_name(
-                    settings,
-                    advertise.ip(),
-                    cluster.check_tls_server_name.as_deref(),
-                )
-                .map_err(|e| Error::Setup(e.to_string()))?,
-            ),
-            None => None,
-        };
-        let keys = cluster.keys.clone();
-        let spec = ClusterSpec {
-            check_tls_server_name,
-            config: cluster,
-            datacenter: config.node.datacenter_id,
-            worker_id: config.node.worker_id,
-            layout: config.layout,
-            layout_preset: config.layout_preset.clone(),
-            hwm: config.hwm,
-            instance: instance_id(&config, advertise),
-            advertise,
-            lease_zone: config.lease.as_ref().map(|l| l.zone),
-            // Port 0 (bound later, in tests) is not advertised.
-            metrics_port: Some(config.server.http_listen.port()).filter(|p| *p != 0),
-        };
+        let (spec, keys) = cluster_spec(&config, cluster)?;
         register_series(&config, "consul");
         let renewal = start_renewal()?;
         let membership = Membership::join_consul(spec, Arc::clone(&clock), &renewal).await?;
