@@ -203,7 +203,10 @@ impl ConsulWatch {
         if let Some(token) = &c.token {
             req = req.header("X-Consul-Token", token);
         }
-        let resp = req.send().await.map_err(|e| send_error(&e))?;
+        let resp = req.send().await.map_err(|e| {
+            let no_identity = c.tls.as_ref().is_some_and(|t| !t.identity);
+            send_error(&e, no_identity)
+        })?;
         let status = resp.status();
         let next = resp
             .headers()
@@ -329,6 +332,8 @@ const PLAINTEXT_TO_HTTPS: &str = "Client sent an HTTP request to an HTTPS server
 #[derive(Clone)]
 pub struct ConsulTls {
     config: Arc<ClientConfig>,
+    /// A client certificate is presented.
+    identity: bool,
 }
 
 impl fmt::Debug for ConsulTls {
@@ -384,6 +389,7 @@ impl ConsulTls {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Self {
             config: Arc::new(config),
+            identity: client.is_some(),
         })
     }
 
@@ -475,7 +481,7 @@ impl ServerCertVerifier for NamedVerifier {
 
 /// A failed query in words: the TLS cause when there is one (reqwest's
 /// own message names only the URL).
-fn send_error(e: &reqwest::Error) -> String {
+fn send_error(e: &reqwest::Error, tls_without_identity: bool) -> String {
     // The rustls error can sit inside nested io::Errors, whose source()
     // skips the wrapped error itself: unwrap each by hand.
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -505,5 +511,51 @@ fn send_error(e: &reqwest::Error) -> String {
         text.push_str(&err.to_string());
         cur = err.source();
     }
+    if tls_without_identity && closed_after_handshake(&text) {
+        text.push_str(CLOSED_WITHOUT_IDENTITY);
+    }
     text
+}
+
+/// What to suspect when an agent closes a TLS connection and no client
+/// certificate was presented: under TLS 1.3 an agent with
+/// `verify_incoming` refuses the missing certificate only after the
+/// client's handshake is done, and its alert can be lost to the close.
+const CLOSED_WITHOUT_IDENTITY: &str = " (the agent closed the TLS connection and this client presents no certificate: an agent with verify_incoming needs one, give ConsulTls a client certificate and key)";
+
+/// Whether a transport error reads as the connection closing under the
+/// request (rather than a refused connection or a timeout).
+fn closed_after_handshake(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    [
+        "not ready",
+        "connection reset",
+        "connection closed",
+        "broken pipe",
+        "unexpected eof",
+        "canceled",
+    ]
+    .iter()
+    .any(|s| t.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_closed_under_the_request_is_told_apart_from_other_failures() {
+        // What hyper says when an agent with verify_incoming closes the
+        // connection after a TLS 1.3 handshake without a client certificate.
+        assert!(closed_after_handshake(
+            "error sending request for url (https://a:8501/v1/health/service/idgen?passing): client error (Canceled): operation was canceled: connection was not ready"
+        ));
+        assert!(closed_after_handshake(
+            "connection reset by peer (os error 104)"
+        ));
+        assert!(!closed_after_handshake(
+            "tcp connect error: Connection refused (os error 111)"
+        ));
+        assert!(!closed_after_handshake("operation timed out"));
+    }
 }

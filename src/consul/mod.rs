@@ -439,10 +439,21 @@ impl ConsulClient {
                 }
             };
         }
+        let mut detail = transport_detail(e);
+        let no_client_cert = self
+            .config
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.files().cert_file.is_none());
+        if https && no_client_cert {
+            if let Some(hint) = tls::closed_without_client_cert_hint(&detail) {
+                detail.push_str(hint);
+            }
+        }
         ConsulError::Unreachable {
             address: self.base.clone(),
             endpoint,
-            detail: transport_detail(e),
+            detail,
             // Anything but a failed connect may have reached Consul.
             maybe_sent: !e.is_connect(),
         }

@@ -319,3 +319,43 @@ pub(super) const PLAINTEXT_TO_HTTPS: &str = "Client sent an HTTP request to an H
 pub(super) fn transport_text(e: &reqwest::Error) -> String {
     chain_text(e)
 }
+
+/// What to add to a transport error over HTTPS when no client certificate
+/// is configured and the agent closed the connection under the request:
+/// under TLS 1.3 an agent with `verify_incoming` refuses the missing
+/// certificate only after the client's handshake is done, and its alert
+/// can be lost to the close. The error stays a transport error (retried);
+/// only its text says what to suspect.
+pub(super) fn closed_without_client_cert_hint(text: &str) -> Option<&'static str> {
+    let t = text.to_ascii_lowercase();
+    let closed = [
+        "not ready",
+        "connection reset",
+        "connection closed",
+        "broken pipe",
+        "unexpected eof",
+        "canceled",
+    ]
+    .iter()
+    .any(|s| t.contains(s));
+    closed.then_some(
+        "; the agent closed the TLS connection and no client certificate is configured: an agent with verify_incoming needs one, set consul.cert_file and consul.key_file",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_connection_without_a_client_certificate_names_the_keys_to_set() {
+        let hint = closed_without_client_cert_hint(
+            "client error (Canceled): operation was canceled: connection was not ready",
+        )
+        .expect("a hint");
+        assert!(hint.contains("consul.cert_file") && hint.contains("consul.key_file"));
+        assert!(closed_without_client_cert_hint("connection reset by peer").is_some());
+        assert!(closed_without_client_cert_hint("connection refused or unreachable").is_none());
+        assert!(closed_without_client_cert_hint("timed out").is_none());
+    }
+}
