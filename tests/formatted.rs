@@ -15,41 +15,10 @@ use common::{test_config, write_cluster_config};
 use idgen::config::{Config, FormattedSettings, Overrides};
 use idgen::id::format::{FormatDef, PresetName, Reset};
 use idgen::id::{Clock, ErrorKind, ManualClock, SystemClock};
-use idgen::modes::Issuer;
-use idgen::server::Node;
-use tokio::net::TcpListener;
 
-type ServeTask =
-    tokio::task::JoinHandle<Result<idgen::server::ShutdownReport, idgen::server::ServeError>>;
-
-/// A serving in-process node and what stops it.
-struct Running {
-    issuer: Arc<Issuer>,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: ServeTask,
-}
-
-async fn start(mut config: Config, clock: Arc<dyn Clock>) -> Running {
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    config.node.advertise = Some(grpc.local_addr().unwrap());
-    let node = Node::start(config, clock).await.expect("node starts");
-    let issuer = Arc::clone(node.issuer());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(node.serve(grpc, http, async {
-        let _ = stopped.await;
-    }));
-    Running { issuer, stop, task }
-}
+use common::{start_node as start, Running};
 
 impl Running {
-    /// A clean stop; the state file is closed when this returns.
-    async fn stop(self) {
-        drop(self.issuer);
-        let _ = self.stop.send(());
-        self.task.await.unwrap().expect("clean stop");
-    }
-
     async fn gen(&self, name: &str, params: &[(&str, &str)], count: u64) -> Vec<String> {
         self.try_gen(name, params, count)
             .await

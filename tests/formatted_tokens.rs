@@ -18,44 +18,13 @@ use common::{test_config, write_cluster_config, ChildServer};
 use idgen::config::{Config, FormattedSettings, Overrides};
 use idgen::id::format::{FormatDef, PresetName, Reset};
 use idgen::id::{Clock, ErrorKind, ManualClock, SystemClock};
-use idgen::modes::Issuer;
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, GenFormattedRequest, GetFormatCounterRequest, HolderKind};
-use idgen::server::Node;
 use idgen::store::consul::ClusterKeys;
-use tokio::net::TcpListener;
 
-type ServeTask =
-    tokio::task::JoinHandle<Result<idgen::server::ShutdownReport, idgen::server::ServeError>>;
-
-/// A serving in-process node and what stops it.
-struct Running {
-    issuer: Arc<Issuer>,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: ServeTask,
-}
-
-async fn start(mut config: Config, clock: Arc<dyn Clock>) -> Running {
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    config.node.advertise = Some(grpc.local_addr().unwrap());
-    let node = Node::start(config, clock).await.expect("node starts");
-    let issuer = Arc::clone(node.issuer());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(node.serve(grpc, http, async {
-        let _ = stopped.await;
-    }));
-    Running { issuer, stop, task }
-}
+use common::{start_node as start, Running};
 
 impl Running {
-    /// A clean stop (worker id and tokens released).
-    async fn stop(self) {
-        drop(self.issuer);
-        let _ = self.stop.send(());
-        self.task.await.unwrap().expect("clean stop");
-    }
-
     async fn gen(&self, name: &str, count: u64) -> Vec<String> {
         self.try_gen(name, count)
             .await

@@ -535,3 +535,37 @@ pub async fn grpc_health(
         .into_inner()
         .status()
 }
+
+type ServeTask = tokio::task::JoinHandle<Result<ShutdownReport, idgen::server::ServeError>>;
+
+/// A serving in-process node that exposes its issuer (the formatted-ID
+/// tests call the engine directly), and what stops it.
+pub struct Running {
+    pub issuer: Arc<idgen::modes::Issuer>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: ServeTask,
+}
+
+/// Starts `config` on `clock`, advertising its ephemeral gRPC port.
+pub async fn start_node(mut config: Config, clock: Arc<dyn Clock>) -> Running {
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    config.node.advertise = Some(grpc.local_addr().unwrap());
+    let node = Node::start(config, clock).await.expect("node starts");
+    let issuer = Arc::clone(node.issuer());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(node.serve(grpc, http, async {
+        let _ = stopped.await;
+    }));
+    Running { issuer, stop, task }
+}
+
+impl Running {
+    /// A clean stop: the worker id and tokens are released and the state
+    /// file is closed when this returns.
+    pub async fn stop(self) {
+        drop(self.issuer);
+        let _ = self.stop.send(());
+        self.task.await.unwrap().expect("clean stop");
+    }
+}
