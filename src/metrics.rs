@@ -101,6 +101,9 @@ pub const TLS_HANDSHAKE_FAILURES: &str = "idgen_tls_handshake_failures_total";
 pub const PEER_REFUSALS: &str = "idgen_peer_refusals_total";
 /// Certificate reloads, by `result` (`ok` or `error`).
 pub const TLS_RELOADS: &str = "idgen_tls_reloads_total";
+/// Reloads of the Consul client's TLS files (`consul.ca_file`,
+/// `cert_file`, `key_file`), by `result` (`ok` or `error`).
+pub const CONSUL_TLS_RELOADS: &str = "idgen_consul_tls_reloads_total";
 /// Reloads of the formatted-mode format table, by `trigger` and `result`.
 pub const FORMAT_RELOADS: &str = "idgen_format_reloads_total";
 /// Formats the node serves (the table last installed).
@@ -154,6 +157,23 @@ fn describe() {
     describe_state();
     describe_serving();
     describe_cluster();
+    describe_reloads();
+}
+
+/// Reloads of files and tables while the node runs.
+fn describe_reloads() {
+    describe_counter!(
+        TLS_RELOADS,
+        "TLS certificate reloads (files changed, or SIGHUP), by result: ok, or error (the previous certificate stays in use)."
+    );
+    describe_counter!(
+        CONSUL_TLS_RELOADS,
+        "Reloads of the Consul client's TLS files (files changed, or SIGHUP), by result: ok, or error (the previous files stay in use). Only with an https:// Consul address."
+    );
+    describe_counter!(
+        FORMAT_RELOADS,
+        "Reloads of the formatted-mode format table, by trigger (start, admin, sighup, watch) and result: ok, or error (the previous table stays in use)."
+    );
 }
 
 /// The first part of [`describe`], in declaration order.
@@ -323,14 +343,6 @@ fn describe_cluster() {
     describe_counter!(
         PEER_REFUSALS,
         "Calls refused because the peer address is not in server.allow or admin.allow, by port and list."
-    );
-    describe_counter!(
-        TLS_RELOADS,
-        "TLS certificate reloads (files changed, or SIGHUP), by result: ok, or error (the previous certificate stays in use)."
-    );
-    describe_counter!(
-        FORMAT_RELOADS,
-        "Reloads of the formatted-mode format table, by trigger (start, admin, sighup, watch) and result: ok, or error (the previous table stays in use)."
     );
     describe_gauge!(
         FORMATS_SERVED,

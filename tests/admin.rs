@@ -108,6 +108,7 @@ fn release(kind: HolderKind, datacenter: u64, id: u64, force: bool) -> proto::Fo
         zone: 0,
         id,
         force,
+        space: String::new(),
     }
 }
 
@@ -936,7 +937,10 @@ async fn the_cli_manages_tags_and_steps_and_fails_on_a_wrong_token() {
     let (ok_, out) = cli(&["--token", TOKEN, "strict", "set-step", "books", "0"]);
     assert!(!ok_ && out.contains("INVALID_ARGUMENT"), "{out}");
     let (ok_, out) = cli(&["--token", TOKEN, "release", "--kind", "disk", "--id", "1"]);
-    assert!(!ok_ && out.contains("worker or token"), "{out}");
+    assert!(
+        !ok_ && out.contains("use worker, token or format-token"),
+        "{out}"
+    );
 }
 
 /// The limits end to end on a real node: auto-created and admin-created

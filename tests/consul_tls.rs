@@ -545,3 +545,93 @@ fn the_checks_tls_server_name_is_one_the_certificate_carries() {
         .to_string();
     assert!(err.contains("set consul.check_tls_server_name"), "{err}");
 }
+
+/// The node's Consul client certificate rotated in place: a file that
+/// cannot be used is refused and counted, the node keeps serving on the
+/// files in use; the new certificate is reloaded and counted; IDs never
+/// repeat through it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_consul_client_certificate_is_reloaded_and_a_bad_one_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pki(dir.path());
+    let consul = https_consul(&p).await;
+    // The node's own copies, rotated in place (written, then renamed over).
+    let (cert, key) = (dir.path().join("rot.crt"), dir.path().join("rot.key"));
+    std::fs::copy(&p.node_client.0, &cert).unwrap();
+    std::fs::copy(&p.node_client.1, &key).unwrap();
+    let replace = |path: &Path, bytes: &[u8]| {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    };
+    let (cert_toml, key_toml) = (toml_path(&cert), toml_path(&key));
+    let node = ChildServer::start(&node_config(
+        dir.path(),
+        "n0",
+        consul.addr(),
+        &p,
+        &p.consul_ca.cert,
+        &[
+            ("consul", "cert_file", &cert_toml),
+            ("consul", "key_file", &key_toml),
+        ],
+    ));
+    let root = der_of(&p.idgen_ca.cert);
+    let reloads = |result: &'static str| {
+        let root = root.clone();
+        let http = node.http;
+        async move {
+            let text = common::tls::https_get(http, &root, "/metrics").await;
+            let line = format!("idgen_consul_tls_reloads_total{{result=\"{result}\"}}");
+            common::metric(&text, &line).unwrap_or(-1.0)
+        }
+    };
+    assert_eq!(reloads("ok").await, 0.0, "registered at zero");
+    assert_eq!(reloads("error").await, 0.0, "registered at zero");
+    let mut c = grpc_client(node.grpc, &root).await.expect("TLS gRPC");
+    let mut seen = HashSet::new();
+    let mut issue = async |c: &mut idgen::proto::id_gen_client::IdGenClient<_>| {
+        let ids = c
+            .gen_ids(GenIdsRequest {
+                mode: Mode::Snowflake as i32,
+                tag: String::new(),
+                count: 100,
+            })
+            .await
+            .expect("the node keeps issuing")
+            .into_inner()
+            .ids;
+        for id in ids {
+            assert!(seen.insert(id), "ID {id} handed out twice");
+        }
+    };
+    issue(&mut c).await;
+
+    // A key that is not one: refused, counted, the files in use kept.
+    replace(&key, b"not a key");
+    let refused = eventually(Duration::from_secs(10), || async {
+        reloads("error").await >= 1.0
+    })
+    .await;
+    assert!(refused, "the bad key was read and refused");
+    // Longer than the session TTL: the node renews on the files in use.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        issue(&mut c).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A new certificate from the agent's CA, with its key.
+    let (new_cert, new_key) =
+        leaf_cert(dir.path(), &p.consul_ca, "idgen-node-2", &["idgen-node-2"]);
+    replace(&cert, &pem(&new_cert));
+    replace(&key, &pem(&new_key));
+    let reloaded = eventually(Duration::from_secs(10), || async {
+        reloads("ok").await >= 1.0
+    })
+    .await;
+    assert!(reloaded, "the rotated certificate was reloaded");
+    issue(&mut c).await;
+    assert!(node.terminate().success(), "clean shutdown over HTTPS");
+    assert!(consul.sessions().is_empty(), "session destroyed over HTTPS");
+}

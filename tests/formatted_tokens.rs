@@ -670,3 +670,177 @@ async fn a_lost_session_takes_the_token_away_and_the_node_takes_one_again() {
     assert_ne!(holder, old, "held under the new session");
     node.stop().await;
 }
+
+/// An operator force-releases a live node's format token (gRPC, the CLI
+/// and the console's JSON API name it by space and number): a live holder
+/// needs `force`, bad requests are refused naming what is wrong, the
+/// release destroys the node's session, and the node takes a token again
+/// under a new one; nothing repeats, and a token taken again continues
+/// above its last value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_force_releases_a_live_nodes_format_token_and_nothing_repeats() {
+    const TOKEN: &str = "s3cret-admin-token";
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let set = [
+        ("formatted", "block", "5"),
+        ("admin", "token", "\"s3cret-admin-token\""),
+    ];
+    let node = ChildServer::start(&cluster_file(
+        dir.path(),
+        "n0",
+        consul.addr(),
+        &set,
+        TOKEN_FORMATS,
+    ));
+    let req = |count| GenFormattedRequest {
+        format: "tok".into(),
+        params: Default::default(),
+        count,
+    };
+    let authed = |msg| {
+        let mut r = tonic::Request::new(msg);
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+        r
+    };
+    let mut c = node.client().await;
+    let mut seen = HashSet::new();
+    let mut before = Vec::new();
+    for _ in 0..4 {
+        before.extend(c.gen_formatted(req(3)).await.unwrap().into_inner().ids);
+    }
+    all_new(&mut seen, &before);
+    let token = token_of(&before[0]).to_owned();
+    let number = u64::from_str_radix(&token, 36).unwrap();
+    let max_before = before.iter().map(|id| seq(id, 6)).max().unwrap();
+
+    // The console lists it as a format token, by space and rendering.
+    let http = reqwest::Client::new();
+    let holders: serde_json::Value = http
+        .get(format!("http://{}/admin/api/holders", node.http))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = holders["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["kind"] == "format_token" && h["space"] == "alnum-2")
+        .unwrap_or_else(|| panic!("the format token is listed: {holders}"));
+    assert_eq!(
+        (&listed["rendered"], &listed["id"], &listed["state"]),
+        (
+            &serde_json::json!(token),
+            &serde_json::json!(number),
+            &serde_json::json!("alive")
+        ),
+        "{listed}"
+    );
+
+    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
+        .await
+        .unwrap();
+    let release = |space: &str, id, force| proto::ForceReleaseRequest {
+        kind: HolderKind::FormatToken as i32,
+        space: space.into(),
+        id,
+        force,
+        ..Default::default()
+    };
+    let alive = admin
+        .force_release(authed(release("alnum-2", number, false)))
+        .await
+        .unwrap_err();
+    assert_eq!(alive.code(), tonic::Code::FailedPrecondition, "{alive:?}");
+    assert!(alive.message().contains("force"), "{alive:?}");
+    for (bad, what) in [
+        (release("alnum-9", 1, true), "is not a format token space"),
+        (release("alnum-2", 1296, true), "is outside space alnum-2"),
+        (release("", 1, true), "is not a format token space"),
+    ] {
+        let e = admin.force_release(authed(bad)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(what), "{what}: {e:?}");
+    }
+    let e = admin
+        .force_release(authed(release("alnum-2", 1295, true)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "never claimed: {e:?}");
+    let r = http
+        .post(format!("http://{}/admin/api/release", node.http))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"kind": "format_token", "space": "digits-7", "id": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400, "the console refuses a bad space");
+
+    // The CLI: flags that belong to another kind, a missing --space.
+    let addr = format!("http://{}", node.grpc);
+    let admin_cli = |extra: &[&str]| {
+        let mut a = vec!["admin", "--addr", &addr, "--token", TOKEN, "release"];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            common::run_idgen(&args)
+        })
+    };
+    let (ok, out) = run(admin_cli(&["--kind", "format-token", "--id", "1"]))
+        .await
+        .unwrap();
+    assert!(!ok && out.contains("--space"), "{out}");
+    let (ok, out) = run(admin_cli(&[
+        "--kind", "worker", "--space", "alnum-2", "--id", "1",
+    ]))
+    .await
+    .unwrap();
+    assert!(
+        !ok && out.contains("--space is not for --kind worker"),
+        "{out}"
+    );
+
+    // The release itself, from the CLI.
+    let id = number.to_string();
+    let (ok, out) = run(admin_cli(&[
+        "--kind",
+        "format-token",
+        "--space",
+        "alnum-2",
+        "--id",
+        &id,
+        "--force",
+    ]))
+    .await
+    .unwrap();
+    assert!(ok && out.contains("destroyed session"), "{out}");
+
+    // Bounded: the node notices, fences, claims again and takes a token.
+    let mut after = Vec::new();
+    for _ in 0..200 {
+        if let Ok(r) = c.gen_formatted(req(3)).await {
+            after.extend(r.into_inner().ids);
+            if after.len() >= 12 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(after.len() >= 12, "the node serves again: {after:?}");
+    all_new(&mut seen, &after);
+    for id in after.iter().filter(|id| token_of(id) == token) {
+        assert!(
+            seq(id, 6) > max_before,
+            "{id}: the token taken again continues above {max_before}"
+        );
+    }
+    assert!(node.terminate().success());
+}

@@ -228,6 +228,67 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// `--tls-server-name`: a node whose certificate names only a host, dialled
+/// by IP address as discovery dials it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_checks_a_named_certificate_with_tls_server_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["idgen.test".into()]).unwrap();
+    let cert = common::tls::ServerCert {
+        cert: dir.path().join("named.crt"),
+        key: dir.path().join("named.key"),
+        der: ck.cert.der().clone(),
+    };
+    std::fs::write(&cert.cert, ck.cert.pem()).unwrap();
+    std::fs::write(&cert.key, ck.signing_key.serialize_pem()).unwrap();
+    let node = TestServer::start(tls_config(dir.path(), &cert)).await;
+    let addr = format!("https://127.0.0.1:{}", node.grpc.port());
+    let ca = cert.cert.to_str().unwrap().to_owned();
+    let gen = |extra: &[&str]| {
+        let mut a = args(&["gen", "--addr", &addr, "--ca", &ca, "-n", "3"]);
+        a.extend(args(extra));
+        cli(a)
+    };
+
+    let (ok, out) = gen(&[]).await;
+    assert!(!ok, "127.0.0.1 is not in the certificate: {out}");
+    assert!(
+        out.contains("not trusted") && out.contains("--tls-server-name"),
+        "the error names the flag that fixes it: {out}"
+    );
+
+    let (ok, out) = gen(&["--tls-server-name", "idgen.test"]).await;
+    assert!(ok, "--tls-server-name idgen.test: {out}");
+    let ids: Vec<u64> = out
+        .lines()
+        .map(|l| l.trim().parse().expect("an ID per line"))
+        .collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+
+    // A name the certificate does not carry is checked, not ignored.
+    let (ok, out) = gen(&["--tls-server-name", "other.test"]).await;
+    assert!(!ok && out.contains("not trusted"), "{out}");
+
+    let (ok, out) = gen(&["--tls-server-name", "not a name!"]).await;
+    assert!(
+        !ok && out.contains("--tls-server-name") && out.contains("not a DNS name"),
+        "a name that cannot be one is refused, naming the flag: {out}"
+    );
+
+    // Without --ca the flag has nothing to check with.
+    let (ok, out) = cli(args(&[
+        "gen",
+        "--addr",
+        &addr,
+        "--tls-server-name",
+        "idgen.test",
+    ]))
+    .await;
+    assert!(!ok && out.contains("--ca"), "{out}");
+    node.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_speaks_tls_and_names_the_mismatch() {
     let dir = tempfile::tempdir().unwrap();

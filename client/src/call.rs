@@ -94,10 +94,18 @@ impl Caller {
                     }
                     Ok(Err(status)) => status,
                     Err(_) => {
+                        // An attempt cut short by the deadline says less
+                        // than the failure before it (often the reason, such
+                        // as a TLS mismatch): keep both.
+                        let timed_out = format!("{} did not answer in time", node.addr);
                         return Err(Error::DeadlineExceeded {
                             deadline,
-                            last: format!("{} did not answer in time", node.addr),
-                        })
+                            last: if tried.is_empty() && attempt == 0 {
+                                timed_out
+                            } else {
+                                format!("{timed_out}; before that, {last}")
+                            },
+                        });
                     }
                 };
                 let transport = is_transport(&status);
@@ -257,6 +265,42 @@ mod tests {
             .await;
         assert!(result.is_err());
         count.load(Ordering::SeqCst)
+    }
+
+    /// The first attempt fails with a cause (here a TLS client meeting a
+    /// plaintext node), the next one is cut short by the deadline: the
+    /// error keeps the cause.
+    #[tokio::test]
+    async fn a_deadline_keeps_the_failure_before_the_attempt_it_cut_short() {
+        let caller = caller(&["127.0.0.1:1"]);
+        let count = AtomicUsize::new(0);
+        let result: Result<(), Error> = caller
+            .call("GenId", Retry::Idempotent, |_, _| {
+                let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    if first {
+                        let io = std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            "received corrupt message of type InvalidContentType",
+                        );
+                        return Err(tonic::Status::from_error(Box::new(io)));
+                    }
+                    std::future::pending().await
+                }
+            })
+            .await;
+        let Err(Error::DeadlineExceeded { last, .. }) = result else {
+            panic!("the deadline passed: {result:?}");
+        };
+        assert!(last.contains("did not answer in time"), "{last}");
+        assert!(
+            last.contains("does not speak TLS"),
+            "the cause is kept: {last}"
+        );
+        assert!(
+            count.load(Ordering::SeqCst) >= 2,
+            "a second attempt was made"
+        );
     }
 
     #[tokio::test]

@@ -405,33 +405,47 @@ async fn holders(c: &mut Client) -> anyhow::Result<Out> {
     ))
 }
 
-/// `admin release`: free a worker id or lease token held in Consul.
+/// `admin release`: free a worker id, lease token or format token held in
+/// Consul.
 async fn release(c: &mut Client, r: &ReleaseArgs, json: bool) -> anyhow::Result<Out> {
-    let (kind, datacenter, zone) = match r.kind.as_str() {
-        "worker" => {
-            if r.zone.is_some() {
-                bail!("--zone is for --kind token; a worker id has --datacenter");
-            }
-            (HolderKind::Worker, r.datacenter.unwrap_or(0), 0)
-        }
-        "token" | "lease_token" | "lease-token" => {
-            if r.datacenter.is_some() {
-                bail!("--datacenter is for --kind worker; a lease token has --zone");
-            }
-            (HolderKind::LeaseToken, 0, r.zone.unwrap_or(0))
-        }
-        other => bail!("--kind {other:?}: use worker or token"),
+    let kind = match r.kind.as_str() {
+        "worker" => HolderKind::Worker,
+        "token" | "lease_token" | "lease-token" => HolderKind::LeaseToken,
+        "format_token" | "format-token" => HolderKind::FormatToken,
+        other => bail!("--kind {other:?}: use worker, token or format-token"),
     };
+    let which = |k: HolderKind| match k {
+        HolderKind::Worker => "--datacenter",
+        HolderKind::LeaseToken => "--zone",
+        _ => "--space",
+    };
+    for (given, flag, owner) in [
+        (r.datacenter.is_some(), "--datacenter", HolderKind::Worker),
+        (r.zone.is_some(), "--zone", HolderKind::LeaseToken),
+        (r.space.is_some(), "--space", HolderKind::FormatToken),
+    ] {
+        if given && kind != owner {
+            bail!(
+                "{flag} is not for --kind {}: it takes {}",
+                r.kind,
+                which(kind)
+            );
+        }
+    }
+    if kind == HolderKind::FormatToken && r.space.is_none() {
+        bail!("--kind format-token needs --space (digits-2, alnum-3, uniq64...: the space `idgen admin holders` shows)");
+    }
     if r.force && !json {
         eprintln!("releasing with --force: waiting out the holder's lock-delay (up to 60 s)...");
     }
     let resp = c
         .force_release(proto::ForceReleaseRequest {
             kind: kind as i32,
-            datacenter,
-            zone,
+            datacenter: r.datacenter.unwrap_or(0),
+            zone: r.zone.unwrap_or(0),
             id: r.id,
             force: r.force,
+            space: r.space.clone().unwrap_or_default(),
         })
         .await
         .map_err(failed)?

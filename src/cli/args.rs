@@ -468,10 +468,11 @@ pub enum TagsCommand {
 
 #[derive(Args)]
 pub struct ReleaseArgs {
-    /// What to free: worker or token.
+    /// What to free: worker, token (a lease-mode token) or format-token.
     #[arg(long)]
     pub kind: String,
-    /// The worker id or token number.
+    /// The worker id or token number (for a format token, the `id`
+    /// `idgen admin holders` shows, not the rendered characters).
     #[arg(long)]
     pub id: u64,
     /// The datacenter of a worker id.
@@ -480,6 +481,9 @@ pub struct ReleaseArgs {
     /// The zone of a lease token.
     #[arg(long)]
     pub zone: Option<u64>,
+    /// The space of a format token: digits-2, alnum-3, uniq64...
+    #[arg(long)]
+    pub space: Option<String>,
     /// Release even though the holder is alive.
     #[arg(long)]
     pub force: bool,

@@ -71,8 +71,11 @@ pub async fn channel(addr: &str, timeout: Duration, tls: &TlsArgs) -> anyhow::Re
     let parsed = url::Url::parse(&url)?;
     if parsed.scheme() == "https" {
         let config = tls.client_config()?;
-        return match tokio::time::timeout(timeout, super::tls::connect(endpoint, &parsed, config))
-            .await
+        return match tokio::time::timeout(
+            timeout,
+            super::tls::connect(endpoint, &parsed, config, tls.server_name.as_deref()),
+        )
+        .await
         {
             Ok(result) => result,
             Err(_) => bail!(
@@ -83,7 +86,7 @@ pub async fn channel(addr: &str, timeout: Duration, tls: &TlsArgs) -> anyhow::Re
     }
     if tls.any() {
         bail!(
-            "--ca, --cert and --key are for TLS: use an https:// address, e.g. https://{}",
+            "--ca, --cert, --key and --tls-server-name are for TLS: use an https:// address, e.g. https://{}",
             addr.trim().trim_start_matches("http://")
         );
     }

@@ -43,6 +43,17 @@ pub struct TlsArgs {
         requires = "tls_cert"
     )]
     pub key: Option<PathBuf>,
+    /// Check the node's certificate against this name instead of the
+    /// address's host: needed with `--discover` (Consul gives IP addresses)
+    /// when the certificates name a DNS name such as `idgen.internal`.
+    #[arg(
+        long = "tls-server-name",
+        id = "tls_server_name",
+        value_name = "NAME",
+        global = true,
+        requires = "tls_ca"
+    )]
+    pub server_name: Option<String>,
 }
 
 impl TlsArgs {
@@ -88,13 +99,24 @@ impl TlsArgs {
         if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
             tls = tls.identity_files(cert, key)?;
         }
+        if let Some(name) = &self.server_name {
+            check_server_name(name)?;
+            tls = tls.server_name(name.trim());
+        }
         Ok(Some(tls))
     }
 
     /// Whether any TLS option was given.
     pub fn any(&self) -> bool {
-        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some() || self.server_name.is_some()
     }
+}
+
+/// `--tls-server-name` as rustls takes it, or an error saying what is wrong.
+fn check_server_name(name: &str) -> anyhow::Result<ServerName<'static>> {
+    ServerName::try_from(name.trim().to_owned()).map_err(|e| {
+        anyhow!("--tls-server-name {name:?} is not a DNS name or IP address ({e}): give the name the nodes' certificates carry, e.g. idgen.internal")
+    })
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -118,6 +140,7 @@ pub async fn connect(
     endpoint: Endpoint,
     url: &url::Url,
     config: Arc<ClientConfig>,
+    server_name: Option<&str>,
 ) -> anyhow::Result<Channel> {
     let host = url
         .host_str()
@@ -125,8 +148,11 @@ pub async fn connect(
         .trim_matches(['[', ']'])
         .to_owned();
     let port = url.port().unwrap_or(443);
-    let name = ServerName::try_from(host.clone())
-        .map_err(|e| anyhow!("{url}: {host:?} is not a usable TLS server name: {e}"))?;
+    let name = match server_name {
+        Some(name) => check_server_name(name)?,
+        None => ServerName::try_from(host.clone())
+            .map_err(|e| anyhow!("{url}: {host:?} is not a usable TLS server name: {e}"))?,
+    };
     let connector = tower::service_fn(move |_: hyper::Uri| {
         let (config, name, host) = (Arc::clone(&config), name.clone(), host.clone());
         async move {
@@ -143,7 +169,7 @@ pub async fn connect(
         let source: &(dyn std::error::Error + 'static) = &e;
         match rustls_error(source) {
             Some(rustls::Error::InvalidCertificate(c)) => anyhow!(
-                "cannot connect to {url}: the node's certificate is not trusted ({c:?}); check --ca, and that the address's host is in the certificate"
+                "cannot connect to {url}: the node's certificate is not trusted ({c:?}); check --ca, and that the address's host (or --tls-server-name) is in the certificate"
             ),
             Some(rustls::Error::InvalidMessage(_)) | None if looks_plaintext(&cause) => anyhow!(
                 "cannot connect to {url}: the node does not speak TLS ({cause}); it serves plaintext: use http://{}:{port}",

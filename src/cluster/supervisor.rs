@@ -240,12 +240,21 @@ impl Cluster {
                 .await;
             })
         };
+        // Rotated Consul client certificates are used by the next
+        // connection (every client of this node shares the material).
+        let tls_watch = spec.config.client.tls.clone().map(|tls| {
+            for result in ["ok", "error"] {
+                metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => result).increment(0);
+            }
+            tokio::spawn(crate::consul::tls::watch(tls))
+        });
         RunningCluster {
             stop,
             supervisor,
             registrar,
             registration,
             bound,
+            tls_watch,
         }
     }
 }
@@ -257,6 +266,8 @@ pub struct RunningCluster {
     registrar: JoinHandle<()>,
     registration: Arc<ArcSwap<Registration>>,
     bound: Option<Arc<dyn SessionBound>>,
+    /// Reloads the Consul TLS files when they change (HTTPS to Consul).
+    tls_watch: Option<JoinHandle<()>>,
 }
 
 impl RunningCluster {
@@ -265,6 +276,9 @@ impl RunningCluster {
     /// deregisters the service. Returns the final mark stored, if any.
     pub async fn finish(self) -> Result<Option<u64>, crate::store::StoreError> {
         let _ = self.stop.send(true);
+        if let Some(watch) = &self.tls_watch {
+            watch.abort();
+        }
         let held = self.supervisor.await.ok().flatten();
         let _ = self.registrar.await;
         let mut result = Ok(None);

@@ -3,24 +3,34 @@
 //! an optional server name to verify instead of the address's host, like
 //! Consul's own `CONSUL_TLS_SERVER_NAME`.
 //!
-//! The files are read and checked once, when the configuration is
-//! validated, so a missing or wrong file stops the node before it talks
-//! to Consul, with the config key and the file named. rustls with the
-//! ring provider; the address's scheme decides whether TLS is used.
+//! The files are read and checked when the configuration is validated, so
+//! a missing or wrong file stops the node before it talks to Consul, with
+//! the config key and the file named. They are read again when they
+//! change or on SIGHUP ([`watch`]): certificates that rotate (short-lived
+//! ones from Vault or `consul tls cert create`) are used by the next
+//! connection, and a reload that fails keeps the files in use. rustls with
+//! the ring provider; the address's scheme decides whether TLS is used.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use thiserror::Error;
 use tokio_rustls::rustls::client::danger::{
     HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
 };
-use tokio_rustls::rustls::client::WebPkiServerVerifier;
+use tokio_rustls::rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
 use tokio_rustls::rustls::crypto::CryptoProvider;
-use tokio_rustls::rustls::{self, ClientConfig, DigitallySignedStruct, RootCertStore};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{
+    self, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+
+use crate::metrics as m;
 
 /// Where the PEM files are, as configured (`consul.ca_file`, ...).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,11 +58,14 @@ pub struct ConsulTlsError {
     pub problem: String,
 }
 
-/// A loaded, checked TLS client setup for Consul. Cheap to clone.
+/// A loaded, checked TLS client setup for Consul. Cheap to clone: clones
+/// share the material, so [`ConsulTls::reload`] reaches every client built
+/// from any of them.
 #[derive(Clone)]
 pub struct ConsulTls {
     config: Arc<ClientConfig>,
     files: ConsulTlsFiles,
+    current: Arc<ArcSwap<Material>>,
 }
 
 impl fmt::Debug for ConsulTls {
@@ -63,10 +76,65 @@ impl fmt::Debug for ConsulTls {
     }
 }
 
+/// What the files hold, swapped whole on reload.
+struct Material {
+    /// Checks the agent's certificate against the CA (and server name).
+    verifier: Arc<dyn ServerCertVerifier>,
+    /// The client certificate and its key, when configured.
+    client: Option<Arc<CertifiedKey>>,
+}
+
 impl ConsulTls {
     /// Reads and checks the files: the CA must hold at least one usable
     /// certificate, the client certificate and key must belong together.
     pub fn load(files: &ConsulTlsFiles) -> Result<Self, ConsulTlsError> {
+        let material = Material::read(files)?;
+        let has_client = material.client.is_some();
+        let current = Arc::new(ArcSwap::from_pointee(material));
+        let verifier = Arc::new(CurrentVerifier(Arc::clone(&current)));
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| error("consul.ca_file", &files.ca_file, e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let mut config = if has_client {
+            builder.with_client_cert_resolver(Arc::new(CurrentClientCert(Arc::clone(&current))))
+        } else {
+            builder.with_no_client_auth()
+        };
+        // The Consul client speaks HTTP/1.1 only.
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            config: Arc::new(config),
+            files: files.clone(),
+            current,
+        })
+    }
+
+    /// Reads the files again and, when every one of them is usable, swaps
+    /// them in: the next connection to Consul uses them (connections open
+    /// now keep theirs). On an error nothing changes. The set of files is
+    /// fixed by the configuration: a client certificate can be replaced,
+    /// not added or removed.
+    pub fn reload(&self) -> Result<(), ConsulTlsError> {
+        let material = Material::read(&self.files)?;
+        self.current.store(Arc::new(material));
+        Ok(())
+    }
+
+    /// The rustls client configuration (for reqwest).
+    pub fn client_config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The files it was loaded from.
+    pub fn files(&self) -> &ConsulTlsFiles {
+        &self.files
+    }
+}
+
+impl Material {
+    fn read(files: &ConsulTlsFiles) -> Result<Self, ConsulTlsError> {
         let roots = read_roots("consul.ca_file", &files.ca_file)?;
         let provider = provider();
         let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
@@ -88,26 +156,20 @@ impl ConsulTls {
             }),
             None => webpki,
         };
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| error("consul.ca_file", &files.ca_file, e.to_string()))?
-            .dangerous()
-            .with_custom_certificate_verifier(verifier);
-        let mut config = match (&files.cert_file, &files.key_file) {
+        let client = match (&files.cert_file, &files.key_file) {
             (Some(cert), Some(key)) => {
                 let chain = read_chain("consul.cert_file", cert)?;
                 let key_der = read_key("consul.key_file", key)?;
-                builder
-                    .with_client_auth_cert(chain, key_der)
-                    .map_err(|e| {
-                        error(
-                            "consul.key_file",
-                            key,
-                            format!("does not fit consul.cert_file {} ({e}): give the private key of its first certificate", cert.display()),
-                        )
-                    })?
+                let certified = CertifiedKey::from_der(chain, key_der, &provider).map_err(|e| {
+                    error(
+                        "consul.key_file",
+                        key,
+                        format!("does not fit consul.cert_file {} ({e}): give the private key of its first certificate", cert.display()),
+                    )
+                })?;
+                Some(Arc::new(certified))
             }
-            (None, None) => builder.with_no_client_auth(),
+            (None, None) => None,
             (Some(cert), None) => {
                 return Err(ConsulTlsError {
                     key: "consul.key_file",
@@ -121,22 +183,129 @@ impl ConsulTls {
                 })
             }
         };
-        // The Consul client speaks HTTP/1.1 only.
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Self {
-            config: Arc::new(config),
-            files: files.clone(),
-        })
+        Ok(Self { verifier, client })
+    }
+}
+
+/// How often [`watch`] looks at the files' modification times.
+pub const RELOAD_POLL: Duration = Duration::from_secs(1);
+
+/// Reloads `tls` when one of its files changes (checked every
+/// [`RELOAD_POLL`]) or on SIGHUP. Each attempt counts in
+/// `idgen_consul_tls_reloads_total{result}`; a failed one is logged and
+/// keeps the files in use. Runs until aborted.
+pub async fn watch(tls: ConsulTls) {
+    let files = tls.files().clone();
+    let mtimes = || {
+        [
+            Some(files.ca_file.as_path()),
+            files.cert_file.as_deref(),
+            files.key_file.as_deref(),
+        ]
+        .map(|p| p.and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()))
+    };
+    let mut seen = mtimes();
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(RELOAD_POLL);
+    loop {
+        let why = tokio::select! {
+            _ = tick.tick() => {
+                let now = mtimes();
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                "files changed"
+            }
+            Some(()) = async { hup.as_mut()?.recv().await } => "SIGHUP",
+        };
+        match tls.reload() {
+            Ok(()) => {
+                metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => "ok").increment(1);
+                tracing::info!(why, ca = %files.ca_file.display(), "Consul TLS files reloaded; new connections to Consul use them");
+            }
+            Err(e) => {
+                metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => "error").increment(1);
+                tracing::error!(why, error = %e, "Consul TLS reload failed; still using the previous files");
+            }
+        }
+    }
+}
+
+/// The verifier of the material in use.
+#[derive(Debug)]
+struct CurrentVerifier(Arc<ArcSwap<Material>>);
+
+impl fmt::Debug for Material {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Material")
+            .field("client", &self.client.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerCertVerifier for CurrentVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.0.load().verifier.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )
     }
 
-    /// The rustls client configuration (for reqwest).
-    pub fn client_config(&self) -> &ClientConfig {
-        &self.config
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0
+            .load()
+            .verifier
+            .verify_tls12_signature(message, cert, dss)
     }
 
-    /// The files it was loaded from.
-    pub fn files(&self) -> &ConsulTlsFiles {
-        &self.files
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0
+            .load()
+            .verifier
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.load().verifier.supported_verify_schemes()
+    }
+}
+
+/// The client certificate of the material in use.
+#[derive(Debug)]
+struct CurrentClientCert(Arc<ArcSwap<Material>>);
+
+impl ResolvesClientCert for CurrentClientCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        self.0.load().client.clone()
+    }
+
+    fn has_certs(&self) -> bool {
+        self.0.load().client.is_some()
     }
 }
 
@@ -180,7 +349,7 @@ impl ServerCertVerifier for NamedVerifier {
         self.inner.verify_tls13_signature(message, cert, dss)
     }
 
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
     }
 }
@@ -357,5 +526,159 @@ mod tests {
         assert!(closed_without_client_cert_hint("connection reset by peer").is_some());
         assert!(closed_without_client_cert_hint("connection refused or unreachable").is_none());
         assert!(closed_without_client_cert_hint("timed out").is_none());
+    }
+
+    /// A self-signed certificate for `localhost`: (cert PEM, key PEM, DER).
+    fn self_signed() -> (String, String, CertificateDer<'static>) {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("rcgen");
+        (
+            ck.cert.pem(),
+            ck.signing_key.serialize_pem(),
+            ck.cert.der().clone(),
+        )
+    }
+
+    /// A TLS server that requires a client certificate signed by one of
+    /// `clients` and reports the one each connection presented.
+    async fn recording_server(
+        server: &(String, String, CertificateDer<'static>),
+        clients: &[CertificateDer<'static>],
+    ) -> (
+        std::net::SocketAddr,
+        tokio::sync::mpsc::UnboundedReceiver<CertificateDer<'static>>,
+    ) {
+        let mut roots = RootCertStore::empty();
+        for c in clients {
+            roots.add(c.clone()).unwrap();
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider(),
+        )
+        .build()
+        .unwrap();
+        let chain = vec![server.2.clone()];
+        let key = PrivateKeyDer::from_pem_slice(server.1.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    if let Ok(conn) = acceptor.accept(tcp).await {
+                        if let Some(cert) =
+                            conn.get_ref().1.peer_certificates().and_then(|c| c.first())
+                        {
+                            let _ = tx.send(cert.clone().into_owned());
+                        }
+                    }
+                });
+            }
+        });
+        (addr, rx)
+    }
+
+    /// One handshake with `tls`'s client configuration.
+    async fn handshake(tls: &ConsulTls, addr: std::net::SocketAddr) -> Result<(), String> {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let name = ServerName::try_from("localhost").unwrap();
+        tokio_rustls::TlsConnector::from(Arc::new(tls.client_config().clone()))
+            .connect(name, tcp)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The client certificate the server saw next (bounded wait).
+    async fn presented(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<CertificateDer<'static>>,
+    ) -> CertificateDer<'static> {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the server finished a handshake")
+            .expect("server running")
+    }
+
+    #[tokio::test]
+    async fn reload_swaps_the_ca_and_client_certificate_and_a_bad_file_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (agent, other_agent) = (self_signed(), self_signed());
+        let (first, second) = (self_signed(), self_signed());
+        let (addr, mut seen) = recording_server(&agent, &[first.2.clone(), second.2.clone()]).await;
+        let files = ConsulTlsFiles {
+            ca_file: dir.path().join("ca.pem"),
+            cert_file: Some(dir.path().join("client.pem")),
+            key_file: Some(dir.path().join("client.key")),
+            server_name: None,
+        };
+        let write = |ca: &str, client: &(String, String, CertificateDer<'static>)| {
+            std::fs::write(&files.ca_file, ca).unwrap();
+            std::fs::write(files.cert_file.as_ref().unwrap(), &client.0).unwrap();
+            std::fs::write(files.key_file.as_ref().unwrap(), &client.1).unwrap();
+        };
+
+        // The wrong CA: the agent's certificate is refused.
+        write(&other_agent.0, &first);
+        let tls = ConsulTls::load(&files).unwrap();
+        let e = handshake(&tls, addr).await.unwrap_err();
+        assert!(
+            e.contains("UnknownIssuer") || e.contains("invalid peer certificate"),
+            "{e}"
+        );
+
+        // The right CA and another client certificate, reloaded: a client
+        // built before the reload (a clone) uses them.
+        let client = tls.clone();
+        write(&agent.0, &second);
+        tls.reload().unwrap();
+        handshake(&client, addr).await.unwrap();
+        assert_eq!(
+            presented(&mut seen).await,
+            second.2,
+            "the new client certificate"
+        );
+
+        // A key that does not fit: refused, naming the key; nothing changes.
+        std::fs::write(files.key_file.as_ref().unwrap(), &first.1).unwrap();
+        let e = tls.reload().unwrap_err();
+        assert_eq!(e.key, "consul.key_file", "{e}");
+        handshake(&client, addr).await.unwrap();
+        assert_eq!(
+            presented(&mut seen).await,
+            second.2,
+            "still the previous one"
+        );
+        std::fs::write(&files.ca_file, "not PEM").unwrap();
+        assert_eq!(tls.reload().unwrap_err().key, "consul.ca_file");
+        handshake(&client, addr).await.unwrap();
+        assert_eq!(presented(&mut seen).await, second.2);
+
+        // watch(): files that change are picked up without a call. They
+        // are written again each round: the watcher notes the files'
+        // times when it first runs, which may be after a first write.
+        let watcher = tokio::spawn(watch(tls.clone()));
+        let mut now = None;
+        for _ in 0..50 {
+            write(&agent.0, &first);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            handshake(&client, addr).await.unwrap();
+            let cert = presented(&mut seen).await;
+            if cert == first.2 {
+                now = Some(cert);
+                break;
+            }
+        }
+        watcher.abort();
+        assert_eq!(now, Some(first.2), "the watcher reloaded the changed files");
     }
 }

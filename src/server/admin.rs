@@ -280,7 +280,7 @@ enum LockKey {
     Worker(u64, u64),
     /// Zone, token.
     Token(u64, u64),
-    /// A formatted-mode token: space, token (listed, never released).
+    /// A formatted-mode token: space, token.
     FormatToken(TokenSpace, u64),
 }
 
@@ -728,7 +728,14 @@ impl AdminService {
     }
 
     fn held(r: &proto::ForceReleaseRequest) -> Result<LockKey, Status> {
-        match HolderKind::try_from(r.kind) {
+        let kind = HolderKind::try_from(r.kind);
+        if !r.space.is_empty() && kind != Ok(HolderKind::FormatToken) {
+            return Err(refusal(
+                ErrorKind::BadRequest,
+                "space is for a format token (HOLDER_KIND_FORMAT_TOKEN): leave it empty for a worker id or lease token",
+            ));
+        }
+        match kind {
             Ok(HolderKind::Worker) if r.zone != 0 => Err(refusal(ErrorKind::BadRequest,
                 "a worker id has a datacenter, not a zone: leave zone at 0 and set datacenter",
             )),
@@ -742,11 +749,36 @@ impl AdminService {
                     .map_err(|e| store_status(e.into()))?;
                 Ok(LockKey::Token(r.zone, r.id))
             }
+            Ok(HolderKind::FormatToken) => Self::held_format_token(r),
             _ => Err(refusal(ErrorKind::BadRequest, format!(
-                "kind {} is not one to release: use HOLDER_KIND_WORKER or HOLDER_KIND_LEASE_TOKEN (idgen admin release --kind worker|token)",
+                "kind {} is not one to release: use HOLDER_KIND_WORKER, HOLDER_KIND_LEASE_TOKEN or HOLDER_KIND_FORMAT_TOKEN (idgen admin release --kind worker|token|format-token)",
                 r.kind
             ))),
         }
+    }
+
+    /// The format token a release request names: a known space and a
+    /// token number inside it.
+    fn held_format_token(r: &proto::ForceReleaseRequest) -> Result<LockKey, Status> {
+        if r.datacenter != 0 || r.zone != 0 {
+            return Err(refusal(ErrorKind::BadRequest,
+                "a format token has a space, not a datacenter or zone: leave both at 0 and set space (as `idgen admin holders` shows it)",
+            ));
+        }
+        let name = r.space.trim();
+        let Some(space) = TokenSpace::from_name(name) else {
+            return Err(refusal(ErrorKind::BadRequest, format!(
+                "space {name:?} is not a format token space: give one as `idgen admin holders` shows it (digits-N or alnum-N with N from 1 to 4, or uniq64)"
+            )));
+        };
+        if r.id >= space.size() {
+            return Err(refusal(ErrorKind::BadRequest, format!(
+                "token {} is outside space {space}, whose tokens are 0 to {} (give the number `idgen admin holders` shows as id, not the rendered token)",
+                r.id,
+                space.max()
+            )));
+        }
+        Ok(LockKey::FormatToken(space, r.id))
     }
 
     async fn force_release(
@@ -820,7 +852,7 @@ impl AdminService {
         Ok(proto::ForceReleaseResponse {
             released: true,
             message: format!(
-                "destroyed session {session} of instance {} at {}: this freed everything that node held (its worker id and its lease token, if any). It stops issuing by its lease deadline and claims again. Waited out the lock-delay ({lock_delay:?}): {held} is free now, for whoever claims it first",
+                "destroyed session {session} of instance {} at {}: this freed everything that node held (its worker id, and its lease token and format tokens, if any). It stops issuing by its lease deadline and claims again. Waited out the lock-delay ({lock_delay:?}): {held} is free now, for whoever claims it first",
                 holder.instance, holder.address
             ),
             holder: Some(holder),
@@ -1579,6 +1611,12 @@ mod tests {
             zone,
             id: 3,
             force: false,
+            space: String::new(),
+        };
+        let format = |space: &str, id| proto::ForceReleaseRequest {
+            space: space.into(),
+            id,
+            ..req(HolderKind::FormatToken, 0, 0)
         };
         let held = |r| AdminService::held(&r).map_err(|s| s.code());
         assert_eq!(
@@ -1589,11 +1627,38 @@ mod tests {
             held(req(HolderKind::LeaseToken, 0, 2)),
             Ok(LockKey::Token(2, 3))
         );
+        let alnum2 = TokenSpace::from_name("alnum-2").unwrap();
+        assert_eq!(
+            held(format("alnum-2", 1295)),
+            Ok(LockKey::FormatToken(alnum2, 1295))
+        );
+        assert_eq!(
+            held(format("uniq64", 4095)),
+            Ok(LockKey::FormatToken(TokenSpace::Uniq64, 4095))
+        );
         for bad in [
             req(HolderKind::Unspecified, 0, 0),
             req(HolderKind::Worker, 0, 1),
             req(HolderKind::LeaseToken, 1, 0),
             req(HolderKind::LeaseToken, 0, 1000),
+            // A format token: an unknown space, a token outside its space,
+            // no space, a datacenter or zone, a space on another kind.
+            format("alnum-9", 1),
+            format("alnum-2", 1296),
+            format("uniq64", 4096),
+            format("", 1),
+            proto::ForceReleaseRequest {
+                zone: 1,
+                ..format("digits-2", 1)
+            },
+            proto::ForceReleaseRequest {
+                datacenter: 1,
+                ..format("digits-2", 1)
+            },
+            proto::ForceReleaseRequest {
+                space: "digits-2".into(),
+                ..req(HolderKind::Worker, 1, 0)
+            },
         ] {
             assert_eq!(held(bad), Err(Code::InvalidArgument));
         }

@@ -287,6 +287,7 @@ fn kind_name(kind: i32) -> &'static str {
     match HolderKind::try_from(kind) {
         Ok(HolderKind::Worker) => "worker",
         Ok(HolderKind::LeaseToken) => "lease_token",
+        Ok(HolderKind::FormatToken) => "format_token",
         _ => "unspecified",
     }
 }
@@ -298,6 +299,8 @@ fn holder_json(h: &proto::Holder) -> Value {
         "datacenter": h.datacenter,
         "zone": h.zone,
         "id": h.id,
+        "space": h.space,
+        "rendered": h.rendered,
         "instance": h.instance,
         "address": h.address,
         "since": h.since,
@@ -439,12 +442,15 @@ async fn formats(State(s): State<HttpState>, request: Request) -> Response {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReleaseBody {
-    /// `worker` or `lease_token`.
+    /// `worker`, `lease_token` or `format_token`.
     kind: String,
     #[serde(default)]
     datacenter: u64,
     #[serde(default)]
     zone: u64,
+    /// The space of a format token.
+    #[serde(default)]
+    space: String,
     id: u64,
     #[serde(default)]
     force: bool,
@@ -458,11 +464,12 @@ async fn release(State(s): State<HttpState>, request: Request) -> Response {
     let kind = match body.kind.as_str() {
         "worker" => HolderKind::Worker,
         "lease_token" | "token" => HolderKind::LeaseToken,
+        "format_token" => HolderKind::FormatToken,
         other => {
             return error(
                 StatusCode::BAD_REQUEST,
                 "INVALID_ARGUMENT",
-                format!("kind {other:?} is not one to release: use \"worker\" or \"lease_token\""),
+                format!("kind {other:?} is not one to release: use \"worker\", \"lease_token\" or \"format_token\""),
             )
         }
     };
@@ -472,6 +479,7 @@ async fn release(State(s): State<HttpState>, request: Request) -> Response {
         zone: body.zone,
         id: body.id,
         force: body.force,
+        space: body.space,
     };
     match s
         .admin

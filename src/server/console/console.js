@@ -70,8 +70,16 @@ function seconds(ms) {
   return ms ? (ms / 1000).toFixed(1) + " s" : "";
 }
 
+// What a holder holds, as [kind, which]: a worker id is datacenter/worker,
+// a lease token zone/token, a format token space/rendered (its number).
+function holderParts(h) {
+  if (h.kind === "worker") return ["worker id", h.datacenter + "/" + h.id];
+  if (h.kind === "format_token") return ["format token", h.space + "/" + h.rendered + " (" + h.id + ")"];
+  return ["lease token", h.zone + "/" + h.id];
+}
+
 function holderName(h) {
-  return h.kind === "worker" ? "worker id " + h.datacenter + "/" + h.id : "lease token " + h.zone + "/" + h.id;
+  return holderParts(h).join(" ");
 }
 
 function stateCell(state) {
@@ -110,7 +118,9 @@ function nodeRows(holders) {
   for (const h of holders) {
     if (!nodes.has(h.instance)) nodes.set(h.instance, { instance: h.instance, address: h.address, workers: [], tokens: [], sessions: new Set(), states: new Set(), ttl: 0 });
     const n = nodes.get(h.instance);
-    (h.kind === "worker" ? n.workers : n.tokens).push(h.kind === "worker" ? h.datacenter + "/" + h.id : h.zone + "/" + h.id);
+    if (h.kind === "worker") n.workers.push(holderParts(h)[1]);
+    else if (h.kind === "format_token") n.tokens.push(h.space + "/" + h.rendered);
+    else n.tokens.push(holderParts(h)[1]);
     if (h.session) n.sessions.add(h.session);
     n.states.add(h.state);
     n.ttl = Math.max(n.ttl, h.session_ttl_ms);
@@ -143,8 +153,8 @@ function holderRows(holders, backend) {
     } else if (backend === "consul") {
       action.textContent = "free";
     }
-    const id = h.kind === "worker" ? h.datacenter + "/" + h.id : h.zone + "/" + h.id;
-    const tr = row([h.kind === "worker" ? "worker id" : "lease token", id, h.instance, h.since, h.session, stateCell(h.state), seconds(h.lock_delay_ms), action]);
+    const [kind, id] = holderParts(h);
+    const tr = row([kind, id, h.instance, h.since, h.session, stateCell(h.state), seconds(h.lock_delay_ms), action]);
     tr.dataset.kind = h.kind;
     tr.dataset.id = String(h.id);
     tr.dataset.instance = h.instance;
@@ -238,7 +248,7 @@ function confirmRelease(h) {
   $("confirm-title").textContent = "Release " + holderName(h) + "?";
   const alive = h.state === "alive";
   $("confirm-text").textContent = alive
-    ? "It is held by instance " + h.instance + " at " + h.address + ", whose session " + h.session + " is still alive in Consul (a node that died keeps it until its TTL runs out). Releasing destroys that session, which frees everything that node holds (its worker id and its lease token). A node that is still running stops issuing by its lease deadline and claims again."
+    ? "It is held by instance " + h.instance + " at " + h.address + ", whose session " + h.session + " is still alive in Consul (a node that died keeps it until its TTL runs out). Releasing destroys that session, which frees everything that node holds (its worker id, its lease token and its format tokens). A node that is still running stops issuing by its lease deadline and claims again."
     : "Its session " + h.session + " is " + h.state + ".";
   $("confirm-delay").textContent = "Lock-delay: " + seconds(h.lock_delay_ms) + ". The release returns only after it has passed; until then no node can claim the id.";
   $("confirm").showModal();
@@ -249,6 +259,7 @@ async function release(h) {
   setStatus("Releasing " + holderName(h) + ": waiting out the lock-delay (" + seconds(h.lock_delay_ms) + ")...");
   const body = { kind: h.kind, id: h.id, force: h.state === "alive" };
   if (h.kind === "worker") body.datacenter = h.datacenter;
+  else if (h.kind === "format_token") body.space = h.space;
   else body.zone = h.zone;
   const r = await api("release", body);
   if (r.ok) {
