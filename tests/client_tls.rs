@@ -133,14 +133,7 @@ async fn a_node_that_requires_client_certificates_serves_only_clients_that_have_
 async fn the_server_name_override_checks_certificates_that_name_a_host() {
     let dir = tempfile::tempdir().unwrap();
     // A certificate for a name only: the node is dialled by IP address.
-    let ck = rcgen::generate_simple_self_signed(vec!["idgen.test".into()]).unwrap();
-    let cert = common::tls::ServerCert {
-        cert: dir.path().join("named.crt"),
-        key: dir.path().join("named.key"),
-        der: ck.cert.der().clone(),
-    };
-    std::fs::write(&cert.cert, ck.cert.pem()).unwrap();
-    std::fs::write(&cert.key, ck.signing_key.serialize_pem()).unwrap();
+    let cert = common::tls::self_signed_cert(dir.path(), "named", &["idgen.test"]);
     let node = TestServer::start(tls_node_config(dir.path(), &cert, None)).await;
     let ca = TlsConfig::from_ca_file(&cert.cert).unwrap();
 

@@ -233,14 +233,7 @@ fn args(list: &[&str]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_checks_a_named_certificate_with_tls_server_name() {
     let dir = tempfile::tempdir().unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["idgen.test".into()]).unwrap();
-    let cert = common::tls::ServerCert {
-        cert: dir.path().join("named.crt"),
-        key: dir.path().join("named.key"),
-        der: ck.cert.der().clone(),
-    };
-    std::fs::write(&cert.cert, ck.cert.pem()).unwrap();
-    std::fs::write(&cert.key, ck.signing_key.serialize_pem()).unwrap();
+    let cert = common::tls::self_signed_cert(dir.path(), "named", &["idgen.test"]);
     let node = TestServer::start(tls_config(dir.path(), &cert)).await;
     let addr = format!("https://127.0.0.1:{}", node.grpc.port());
     let ca = cert.cert.to_str().unwrap().to_owned();

@@ -23,8 +23,13 @@ pub struct ServerCert {
 
 /// Writes a fresh certificate and key under `dir` with `name` as prefix.
 pub fn server_cert(dir: &Path, name: &str) -> ServerCert {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("rcgen");
+    self_signed_cert(dir, name, &["localhost", "127.0.0.1"])
+}
+
+/// [`server_cert`] for the names `sans` only.
+pub fn self_signed_cert(dir: &Path, name: &str, sans: &[&str]) -> ServerCert {
+    let sans: Vec<String> = sans.iter().map(|s| (*s).to_owned()).collect();
+    let ck = rcgen::generate_simple_self_signed(sans).expect("rcgen");
     let cert = dir.join(format!("{name}.crt"));
     let key = dir.join(format!("{name}.key"));
     std::fs::write(&cert, ck.cert.pem()).unwrap();
