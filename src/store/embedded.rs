@@ -124,6 +124,8 @@ impl EmbeddedStore {
                     path.display()
                 ))
             })?;
+            let version = meta.get("format_version").map_err(backend_err)?;
+            check_format_version(path, version.as_ref().map(|v| v.value()))?;
             let layout = meta.get("layout").map_err(backend_err)?;
             let floor = match meta.get(RESTORE_FLOOR).map_err(backend_err)? {
                 Some(v) => v.value().parse::<u64>().map_err(|e| {
@@ -229,6 +231,23 @@ impl EmbeddedStore {
     }
 }
 
+/// Refuses a state file whose records this binary cannot read: one
+/// written by a newer idgen (read with the old rules, its counters could
+/// go back), or one without the version `idgen init` records.
+fn check_format_version(path: &Path, version: Option<&str>) -> Result<(), StoreError> {
+    match version {
+        Some(FORMAT_VERSION) => Ok(()),
+        Some(other) => Err(StoreError::Backend(format!(
+            "state file {} has format version {other:?} and this idgen reads version {FORMAT_VERSION}: it was written by another idgen release; run the release that wrote it (or a newer one), or restore a backup made by this one (`idgen state restore`)",
+            path.display()
+        ))),
+        None => Err(StoreError::Backend(format!(
+            "state file {} records no format version, so it was not made by `idgen init`: restore the node's state file from a backup (`idgen state restore`)",
+            path.display()
+        ))),
+    }
+}
+
 /// Opens the redb database in `file` (already opened at `path`) and
 /// records the file's identity, so a later deletion or replacement of the
 /// path is noticed.
@@ -291,6 +310,45 @@ mod tests {
         datacenter: 1,
         worker: 7,
     };
+
+    /// Writes `version` (or removes it) in the `meta` table of `path`.
+    fn set_version(path: &Path, version: Option<&str>) {
+        let db = Database::open(path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            match version {
+                Some(v) => meta.insert("format_version", v).map(drop).unwrap(),
+                None => meta.remove("format_version").map(drop).unwrap(),
+            }
+        }
+        txn.commit().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_state_file_of_another_format_version_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let store = EmbeddedStore::create(&path, "L").unwrap();
+        store.store_hwm(KEY, 456).await.unwrap();
+        drop(store);
+        for (version, says) in [
+            (
+                Some("2"),
+                "format version \"2\" and this idgen reads version 1",
+            ),
+            (Some("one"), "format version \"one\""),
+            (None, "records no format version"),
+        ] {
+            set_version(&path, version);
+            let e = EmbeddedStore::open(&path, "L", false).unwrap_err();
+            assert!(e.to_string().contains(says), "{version:?}: {e}");
+        }
+        // Back to this release's version: the file was left as it was.
+        set_version(&path, Some(FORMAT_VERSION));
+        let store = EmbeddedStore::open(&path, "L", false).unwrap();
+        assert_eq!(store.load_hwm(KEY).await.unwrap(), Some(456));
+    }
 
     #[tokio::test]
     async fn hwm_survives_reopen() {
