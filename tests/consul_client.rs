@@ -291,6 +291,51 @@ async fn blocking_read_returns_on_change() {
     consul.shutdown().await;
 }
 
+/// A blocking list of a folder wakes on a write inside it, not on writes
+/// elsewhere (the folder's index is its keys' highest ModifyIndex).
+#[tokio::test]
+async fn blocking_list_returns_on_a_change_inside_its_folder() {
+    let consul = TestConsul::start(Config::default()).await.unwrap();
+    let c = client_for(consul.addr(), None);
+    let dir = "idgen/test/defs/";
+    c.kv_put(&format!("{dir}a"), b"1", KvWrite::Set)
+        .await
+        .unwrap();
+    let (entries, index) = c
+        .kv_list_blocking(dir, Consistency::Default, None)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1);
+    let watcher = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.kv_list_blocking(
+                dir,
+                Consistency::Default,
+                Some((index, Duration::from_secs(10))),
+            )
+            .await
+        })
+    };
+    c.kv_put("idgen/test/elsewhere", b"x", KvWrite::Set)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!watcher.is_finished(), "a write elsewhere does not wake it");
+    c.kv_put(&format!("{dir}b"), b"2", KvWrite::Set)
+        .await
+        .unwrap();
+    let (entries, new_index) = tokio::time::timeout(Duration::from_secs(5), watcher)
+        .await
+        .expect("woke up on the change")
+        .unwrap()
+        .unwrap();
+    let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, [format!("{dir}a"), format!("{dir}b")]);
+    assert!(new_index > index);
+    consul.shutdown().await;
+}
+
 #[tokio::test]
 async fn acl_denials_and_bad_addresses_are_clear_errors() {
     let consul = TestConsul::start(Config {

@@ -526,15 +526,7 @@ impl ConsulClient {
     ) -> Result<(Option<KvEntry>, u64), ConsulError> {
         const EP: &str = "kv/get";
         let mut query = consistency.query();
-        let mut extra = Duration::ZERO;
-        if let Some((index, wait)) = wait.filter(|(i, _)| *i > 0) {
-            // Whole seconds, 1 s to 10 min: the documented form.
-            let wait = Duration::from_secs(wait.as_secs().clamp(1, 600));
-            query.push(("index", index.to_string()));
-            query.push(("wait", format!("{}s", wait.as_secs())));
-            // The server adds up to wait/16 of jitter.
-            extra = wait + wait / 16 + Duration::from_secs(1);
-        }
+        let extra = blocking_query(&mut query, wait);
         let r = self
             .call(
                 Call::new(Method::GET, EP, format!("kv/{key}"))
@@ -559,17 +551,38 @@ impl ConsulClient {
         prefix: &str,
         consistency: Consistency,
     ) -> Result<Vec<KvEntry>, ConsulError> {
+        Ok(self.kv_list_blocking(prefix, consistency, None).await?.0)
+    }
+
+    /// Lists every key under `prefix`, blocking until the prefix's index
+    /// passes `wait.0` or `wait.1` elapses (as [`Self::kv_get_blocking`]);
+    /// also returns `X-Consul-Index`, the index to wait on next.
+    pub async fn kv_list_blocking(
+        &self,
+        prefix: &str,
+        consistency: Consistency,
+        wait: Option<(u64, Duration)>,
+    ) -> Result<(Vec<KvEntry>, u64), ConsulError> {
         const EP: &str = "kv/list";
         let mut query = consistency.query();
         query.push(("recurse", String::new()));
+        let extra = blocking_query(&mut query, wait);
         let r = self
-            .call(Call::new(Method::GET, EP, format!("kv/{prefix}")).query(query))
+            .call(
+                Call::new(Method::GET, EP, format!("kv/{prefix}"))
+                    .query(query)
+                    .extra_timeout(extra),
+            )
             .await?;
         match r.status.as_u16() {
-            404 => Ok(Vec::new()),
+            404 => Ok((Vec::new(), r.index)),
             200 => {
                 let pairs: Vec<types::RawKv> = Self::decode(EP, &r.body)?;
-                pairs.into_iter().map(|p| p.into_entry(EP)).collect()
+                let entries = pairs
+                    .into_iter()
+                    .map(|p| p.into_entry(EP))
+                    .collect::<Result<_, _>>()?;
+                Ok((entries, r.index))
             }
             _ => Err(Self::unexpected(EP, &r)),
         }
@@ -858,6 +871,24 @@ fn transport_detail(e: &reqwest::Error) -> String {
         // the cause is further down the chain.
         tls::transport_text(e)
     }
+}
+
+/// Adds `index` and `wait` to a read's query when `wait` asks to block
+/// (index 0 never blocks); returns how much longer than a plain read the
+/// call may take.
+fn blocking_query(
+    query: &mut Vec<(&'static str, String)>,
+    wait: Option<(u64, Duration)>,
+) -> Duration {
+    let Some((index, wait)) = wait.filter(|(i, _)| *i > 0) else {
+        return Duration::ZERO;
+    };
+    // Whole seconds, 1 s to 10 min: the documented form.
+    let wait = Duration::from_secs(wait.as_secs().clamp(1, 600));
+    query.push(("index", index.to_string()));
+    query.push(("wait", format!("{}s", wait.as_secs())));
+    // The server adds up to wait/16 of jitter.
+    wait + wait / 16 + Duration::from_secs(1)
 }
 
 #[cfg(test)]

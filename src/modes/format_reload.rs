@@ -23,10 +23,11 @@
 //!   validated is it installed ([`Formats::install`]). A failure keeps the
 //!   table in use and says which format failed and why. Reloads run after
 //!   each admin change, on SIGHUP (re-reading the config file first), and
-//!   in Consul when the stored definitions change (polled every
-//!   [`WATCH_EVERY`]), so a format created through one node is served by
-//!   every node within a few seconds. Counters live in the store, keyed by
-//!   format name and scope, so they carry on across reloads.
+//!   in Consul when the stored definitions change (a blocking query on
+//!   their folder, [`FormatCatalog::watch_consul`]), so a format created
+//!   through one node is served by every node within moments. Counters
+//!   live in the store, keyed by format name and scope, so they carry on
+//!   across reloads.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -39,8 +40,18 @@ use crate::modes::format::Formats;
 use crate::store::format_def::{DefChange, DefSource, FormatDefStore, StoredFormat};
 use crate::store::StoreError;
 
-/// How often a Consul node looks for definitions changed by other nodes.
-pub const WATCH_EVERY: Duration = Duration::from_secs(2);
+/// How long one blocking query for changed definitions waits before it
+/// is asked again (Consul answers at once when something changed).
+pub const WATCH_WAIT: Duration = Duration::from_secs(60);
+/// The least time between two of those queries after one that found a
+/// change.
+pub const WATCH_GAP: Duration = Duration::from_millis(500);
+/// The least time between two queries after one that woke without a
+/// change to the definitions, or failed. Consul wakes a query on a folder
+/// with no key (no format yet) at every KV write in the cluster, such as
+/// each node's mark renewal: this keeps the watch at the cost of the poll
+/// it replaced, never a busy loop.
+pub const WATCH_QUIET_GAP: Duration = Duration::from_secs(2);
 
 /// Reads the config file's `[[formats]]` again (SIGHUP); the error says
 /// what is wrong with the file.
@@ -312,7 +323,7 @@ impl FormatCatalog {
 
     /// `CreateFormat`: checked, stamped with its origin year, compiled on
     /// this node, stored, then served here at once (other Consul nodes
-    /// within [`WATCH_EVERY`] or so).
+    /// as soon as their watch wakes, [`FormatCatalog::watch_consul`]).
     pub async fn create(&self, def: FormatDef) -> Result<(StoredFormat, Reloaded), Error> {
         let def = def
             .stamped(self.now_ms() as i64)
@@ -398,31 +409,45 @@ impl FormatCatalog {
     }
 
     /// Watches the Consul definitions for changes made through other nodes
-    /// and reloads when they change. Runs until aborted.
+    /// and reloads when they change: a blocking query on their folder
+    /// (Consul answers when its index moves, or after [`WATCH_WAIT`]),
+    /// asked again after [`WATCH_GAP`], or [`WATCH_QUIET_GAP`] when it
+    /// woke without a change or failed. Follows Consul's rules for the
+    /// index: the next query waits on the `X-Consul-Index` returned, and
+    /// starts over from 0 (no blocking) when that went backwards, as after
+    /// a snapshot restore. Runs until aborted.
     pub async fn watch_consul(
         self: Arc<Self>,
         client: crate::consul::ConsulClient,
         keys: crate::store::consul::ClusterKeys,
     ) {
         let mut seen = None;
-        let mut tick = tokio::time::interval(WATCH_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut index = 0;
         loop {
-            tick.tick().await;
-            let now = match crate::store::format_def::consul_fingerprint(&client, &keys).await {
-                Ok(f) => f,
+            let asked = tokio::time::Instant::now();
+            let wait = Some((index, WATCH_WAIT));
+            let gap = match crate::store::format_def::consul_fingerprint_after(&client, &keys, wait)
+                .await
+            {
+                // The first look reloads too: a definition may have changed
+                // between the start-up table and this look.
+                Ok((now, next)) if seen.as_ref() != Some(&now) => {
+                    index = if next < index { 0 } else { next };
+                    seen = Some(now);
+                    log_reload("watch", self.reload("watch").await);
+                    WATCH_GAP
+                }
+                Ok((_, next)) => {
+                    index = if next < index { 0 } else { next };
+                    WATCH_QUIET_GAP
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "format definitions not read; trying again");
-                    continue;
+                    index = 0;
+                    WATCH_QUIET_GAP
                 }
             };
-            if seen.as_ref() == Some(&now) {
-                continue;
-            }
-            // The first look reloads too: a definition may have changed
-            // between the start-up table and this look.
-            seen = Some(now);
-            log_reload("watch", self.reload("watch").await);
+            tokio::time::sleep_until(asked + gap).await;
         }
     }
 

@@ -336,8 +336,19 @@ pub async fn consul_fingerprint(
     client: &ConsulClient,
     keys: &ClusterKeys,
 ) -> Result<Vec<(String, u64)>, StoreError> {
-    let entries = client
-        .kv_list(&keys.format_defs_dir(), Consistency::Default)
+    Ok(consul_fingerprint_after(client, keys, None).await?.0)
+}
+
+/// [`consul_fingerprint`] as a blocking query: waits until the
+/// definitions' index passes `wait.0`, or `wait.1` elapses; also returns
+/// the index to wait on next.
+pub async fn consul_fingerprint_after(
+    client: &ConsulClient,
+    keys: &ClusterKeys,
+    wait: Option<(u64, std::time::Duration)>,
+) -> Result<(Vec<(String, u64)>, u64), StoreError> {
+    let (entries, index) = client
+        .kv_list_blocking(&keys.format_defs_dir(), Consistency::Default, wait)
         .await
         .map_err(|e| StoreError::Backend(e.to_string()))?;
     let mut seen: Vec<(String, u64)> = entries
@@ -345,7 +356,7 @@ pub async fn consul_fingerprint(
         .map(|e| (e.key, e.modify_index))
         .collect();
     seen.sort();
-    Ok(seen)
+    Ok((seen, index))
 }
 
 #[cfg(test)]
