@@ -498,6 +498,7 @@ fn traffic(consul: &TestConsul, agent: &str) -> Vec<(&'static str, u64)> {
         "kv",
         "session/renew",
         "session/create",
+        "agent/services",
         "health/service",
         "agent/service/register",
     ]
@@ -573,6 +574,18 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
     // One HWM txn per hwm.renew_interval (1 s): about 6 per window.
     let txn = busy[0].1;
     assert!((4..=8).contains(&txn), "{txn} HWM writes in 6 s");
+    // The registration check asks the node's own agent, never the
+    // servers for every instance's health (which grows with the cluster).
+    let count = |v: &[(&str, u64)], e: &str| v.iter().find(|(n, _)| *n == e).map_or(0, |(_, n)| *n);
+    assert_eq!(
+        count(&busy, "health/service") + count(&idle, "health/service"),
+        0,
+        "{busy:?}"
+    );
+    assert!(
+        count(&busy, "agent/services") + count(&idle, "agent/services") >= 1,
+        "{busy:?}"
+    );
     assert!(node.terminate().success());
 }
 

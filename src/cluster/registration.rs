@@ -121,13 +121,13 @@ impl Registration {
         self.client.service_register(&self.registration).await
     }
 
-    /// Whether the catalog still lists this instance (any health).
+    /// Whether this node's agent still has the service (any health). The
+    /// agent answers from its own state: one small local read per node,
+    /// where reading the service's health list would cost each node a
+    /// server read of every instance.
     pub async fn is_registered(&self) -> Result<bool, ConsulError> {
-        let entries = self
-            .client
-            .health_service(&self.registration.name, false)
-            .await?;
-        Ok(entries.iter().any(|e| e.id == self.registration.id))
+        let ids = self.client.agent_service_ids().await?;
+        Ok(ids.contains(&self.registration.id))
     }
 
     /// Every `interval` until `stop` completes, registers again if the

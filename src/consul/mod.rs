@@ -817,6 +817,22 @@ impl ConsulClient {
         }
     }
 
+    /// The ids of the services registered with this agent (`GET
+    /// /agent/services`): answered by the agent from its own state, so a
+    /// node checking its own registration costs the Consul servers nothing
+    /// however many nodes there are.
+    pub async fn agent_service_ids(&self) -> Result<Vec<String>, ConsulError> {
+        const EP: &str = "agent/services";
+        let r = self
+            .call(Call::new(Method::GET, EP, "agent/services".to_owned()))
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        let services: serde_json::Map<String, serde_json::Value> = Self::decode(EP, &r.body)?;
+        Ok(services.into_iter().map(|(id, _)| id).collect())
+    }
+
     // ---- Discovery --------------------------------------------------------
 
     /// Instances of service `name`; only those whose checks all pass when
