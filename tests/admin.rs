@@ -655,6 +655,25 @@ async fn cluster_holders_force_release_tags_and_steps() {
     issue(&n0, &mut seen).await.unwrap();
     issue(&n1, &mut seen).await.unwrap();
 
+    // Each node registers the modes it serves as tags.
+    let mut registered = 0;
+    for _ in 0..100 {
+        registered = consul.services().len();
+        if registered == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(registered, 2, "both nodes registered");
+    for service in consul.services() {
+        for mode in ["snowflake", "segment", "lease", "strict", "formatted"] {
+            assert!(
+                service.tags.iter().any(|t| t == mode),
+                "{mode} in {service:?}"
+            );
+        }
+    }
+
     // Holders: both nodes' worker ids and lease tokens, alive.
     let hs = holders(&mut c).await;
     assert_eq!(hs.len(), 4, "{hs:?}");

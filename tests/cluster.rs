@@ -537,6 +537,22 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
     );
     let node = ChildServer::start(&config);
     common::snowflake_ids(&node, 10).await.unwrap();
+    // Registered with the modes it serves: no segment, lease or strict
+    // section in its config.
+    let mut tags = Vec::new();
+    for _ in 0..100 {
+        if let Some(s) = consul.services().first() {
+            tags = s.tags.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let modes: Vec<&str> = tags
+        .iter()
+        .map(String::as_str)
+        .filter(|t| !t.starts_with("dc-") && !t.starts_with("worker-"))
+        .collect();
+    assert_eq!(modes, ["snowflake", "formatted"], "{tags:?}");
     let window = Duration::from_secs(6);
 
     let t0 = traffic(&consul, "agent-t");

@@ -27,7 +27,9 @@ pub struct ConsulDiscovery {
     pub token: Option<String>,
     /// Ask another datacenter's servers (`?dc=`).
     pub datacenter: Option<String>,
-    /// Only instances carrying this tag (`?tag=`), e.g. `snowflake`.
+    /// Only instances carrying this tag (`?tag=`): nodes register the
+    /// modes they serve (`snowflake`, `segment`, `lease`, `strict`,
+    /// `formatted`) and `dc-<n>`.
     pub tag: Option<String>,
     /// How long one blocking query waits for a change (default 30 s,
     /// Consul caps it at 10 min).
@@ -82,7 +84,8 @@ impl ConsulDiscovery {
         self
     }
 
-    /// Keeps only instances with this tag.
+    /// Keeps only instances with this tag, e.g. `strict` for the nodes
+    /// whose config enables strict mode.
     pub fn tag(mut self, tag: impl Into<String>) -> Self {
         self.tag = Some(tag.into());
         self

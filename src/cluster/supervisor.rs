@@ -79,6 +79,10 @@ pub struct ClusterSpec {
     /// The gRPC check's `TLSServerName` when the node serves TLS (the
     /// probe then uses TLS); `None`: plaintext.
     pub check_tls_server_name: Option<String>,
+    /// The modes this node serves, registered as tags (`snowflake`,
+    /// `segment`, `lease`, `strict`, `formatted`), so clients can find the
+    /// nodes that serve the mode they use (Consul `?tag=`).
+    pub modes: Vec<String>,
 }
 
 /// A worker id held, with its generator running.
@@ -415,7 +419,7 @@ fn spec_for(spec: &ClusterSpec, key: WorkerKey) -> RegistrationSpec {
         service: spec.config.service.clone(),
         grpc: spec.advertise,
         worker: key,
-        modes: vec!["snowflake".into()],
+        modes: spec.modes.clone(),
         check_interval: spec.config.check_interval,
         check_timeout: spec.config.check_timeout,
         deregister_after: spec.config.deregister_after,

@@ -524,8 +524,25 @@ fn cluster_spec(
         lease_zone: config.lease.as_ref().map(|l| l.zone),
         // Port 0 (bound later, in tests) is not advertised.
         metrics_port: Some(config.server.http_listen.port()).filter(|p| *p != 0),
+        modes: served_modes(config),
     };
     Ok((spec, keys))
+}
+
+/// The modes `config` serves, as registration tags: snowflake and
+/// formatted always, segment, lease and strict when enabled.
+fn served_modes(config: &Config) -> Vec<String> {
+    [
+        ("snowflake", true),
+        ("segment", config.segment.is_some()),
+        ("lease", config.lease.is_some()),
+        ("strict", config.strict.is_some()),
+        ("formatted", true),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on)
+    .map(|(mode, _)| mode.to_owned())
+    .collect()
 }
 
 fn missing(mode: &str, store: &str) -> Error {
