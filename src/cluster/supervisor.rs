@@ -135,6 +135,11 @@ impl Cluster {
         let coord = ConsulClient::new(spec.config.client.clone())?;
         let spec = Arc::new(spec);
         metrics::counter!(m::FENCINGS).increment(0);
+        if spec.config.client.tls.is_some() {
+            for result in ["ok", "error"] {
+                metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => result).increment(0);
+            }
+        }
         let held = {
             let (spec, coord, clock) = (Arc::clone(&spec), coord.clone(), Arc::clone(&clock));
             renewal
@@ -246,12 +251,12 @@ impl Cluster {
         };
         // Rotated Consul client certificates are used by the next
         // connection (every client of this node shares the material).
-        let tls_watch = spec.config.client.tls.clone().map(|tls| {
-            for result in ["ok", "error"] {
-                metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => result).increment(0);
-            }
-            tokio::spawn(crate::consul::tls::watch(tls))
-        });
+        let tls_watch = spec
+            .config
+            .client
+            .tls
+            .clone()
+            .map(|tls| tokio::spawn(crate::consul::tls::watch(tls)));
         RunningCluster {
             stop,
             supervisor,

@@ -78,8 +78,11 @@ impl fmt::Debug for ConsulTls {
 
 /// What the files hold, swapped whole on reload.
 struct Material {
-    /// Checks the agent's certificate against the CA (and server name).
-    verifier: Arc<dyn ServerCertVerifier>,
+    /// Checks the agent's certificate against the CA.
+    verifier: Arc<WebPkiServerVerifier>,
+    /// The name to check it against instead of the address's host
+    /// (`consul.tls_server_name`).
+    name: Option<ServerName<'static>>,
     /// The client certificate and its key, when configured.
     client: Option<Arc<CertifiedKey>>,
 }
@@ -137,9 +140,10 @@ impl Material {
     fn read(files: &ConsulTlsFiles) -> Result<Self, ConsulTlsError> {
         let roots = read_roots("consul.ca_file", &files.ca_file)?;
         let provider = provider();
-        let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .map_err(|e| error("consul.ca_file", &files.ca_file, e.to_string()))?;
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| error("consul.ca_file", &files.ca_file, e.to_string()))?;
         let name = match &files.server_name {
             Some(name) => Some(
                 ServerName::try_from(name.clone()).map_err(|e| ConsulTlsError {
@@ -148,13 +152,6 @@ impl Material {
                 })?,
             ),
             None => None,
-        };
-        let verifier: Arc<dyn ServerCertVerifier> = match name {
-            Some(name) => Arc::new(NamedVerifier {
-                inner: webpki,
-                name,
-            }),
-            None => webpki,
         };
         let client = match (&files.cert_file, &files.key_file) {
             (Some(cert), Some(key)) => {
@@ -183,7 +180,11 @@ impl Material {
                 })
             }
         };
-        Ok(Self { verifier, client })
+        Ok(Self {
+            verifier,
+            name,
+            client,
+        })
     }
 }
 
@@ -232,7 +233,10 @@ pub async fn watch(tls: ConsulTls) {
     }
 }
 
-/// The verifier of the material in use.
+/// The verifier of the material in use: the chain against the CA, and
+/// the name against `consul.tls_server_name` when set (Consul's
+/// `server_name`: for an agent reached by IP, or through a name its
+/// certificate does not carry), else the address's host.
 #[derive(Debug)]
 struct CurrentVerifier(Arc<ArcSwap<Material>>);
 
@@ -253,13 +257,11 @@ impl ServerCertVerifier for CurrentVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.0.load().verifier.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        )
+        let current = self.0.load();
+        let name = current.name.as_ref().unwrap_or(server_name);
+        current
+            .verifier
+            .verify_server_cert(end_entity, intermediates, name, ocsp_response, now)
     }
 
     fn verify_tls12_signature(
@@ -306,51 +308,6 @@ impl ResolvesClientCert for CurrentClientCert {
 
     fn has_certs(&self) -> bool {
         self.0.load().client.is_some()
-    }
-}
-
-/// Verifies the agent's certificate (chain and name) against a configured
-/// name instead of the URL's host: for an agent reached by IP, or through
-/// a name its certificate does not carry (Consul's `server_name`).
-#[derive(Debug)]
-struct NamedVerifier {
-    inner: Arc<WebPkiServerVerifier>,
-    name: ServerName<'static>,
-}
-
-impl ServerCertVerifier for NamedVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
     }
 }
 
