@@ -80,6 +80,15 @@ name = "u64"
 preset = "uniq64"
 "#;
 
+/// `count` IDs of format `tok`.
+fn tok_request(count: u32) -> GenFormattedRequest {
+    GenFormattedRequest {
+        format: "tok".into(),
+        params: Default::default(),
+        count,
+    }
+}
+
 /// A cluster config file for node `name` with `formats` appended.
 fn cluster_file(
     dir: &Path,
@@ -336,11 +345,7 @@ async fn a_token_taken_over_from_a_killed_node_continues_above_its_counter() {
         &set,
         TOKEN_FORMATS,
     ));
-    let req = |count| GenFormattedRequest {
-        format: "tok".into(),
-        params: Default::default(),
-        count,
-    };
+    let req = tok_request;
     let mut seen = HashSet::new();
     let mut c = first.client().await;
     let mut before = Vec::new();
@@ -693,11 +698,7 @@ async fn an_operator_force_releases_a_live_nodes_format_token_and_nothing_repeat
         &set,
         TOKEN_FORMATS,
     ));
-    let req = |count| GenFormattedRequest {
-        format: "tok".into(),
-        params: Default::default(),
-        count,
-    };
+    let req = tok_request;
     let authed = |msg| {
         let mut r = tonic::Request::new(msg);
         r.metadata_mut()
