@@ -51,6 +51,7 @@
 //! - [`error`]: the crate-wide error; [`metrics`]: every exported metric
 //!   and its label values; [`shutdown`]: SIGTERM/SIGINT handling;
 //!   [`notify`]: systemd readiness, stopping and watchdog notices;
+//!   [`reload`]: files read again when they change or on SIGHUP;
 //!   [`bench`](mod@bench): the `idgen bench` load generator.
 //! - [`proto`]: the `idgen-proto` crate (`proto/`), generated from
 //!   `proto/idgen/v1/idgen.proto` and shared with clients.
@@ -68,6 +69,7 @@ pub mod id;
 pub mod metrics;
 pub mod modes;
 pub mod notify;
+pub mod reload;
 pub mod renewal;
 pub mod server;
 pub mod shutdown;

@@ -189,7 +189,7 @@ impl Material {
 }
 
 /// How often [`watch`] looks at the files' modification times.
-pub const RELOAD_POLL: Duration = Duration::from_secs(1);
+pub const RELOAD_POLL: Duration = crate::reload::POLL;
 
 /// Reloads `tls` when one of its files changes (checked every
 /// [`RELOAD_POLL`]) or on SIGHUP. Each attempt counts in
@@ -197,40 +197,25 @@ pub const RELOAD_POLL: Duration = Duration::from_secs(1);
 /// keeps the files in use. Runs until aborted.
 pub async fn watch(tls: ConsulTls) {
     let files = tls.files().clone();
-    let mtimes = || {
-        [
-            Some(files.ca_file.as_path()),
-            files.cert_file.as_deref(),
-            files.key_file.as_deref(),
-        ]
-        .map(|p| p.and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()))
-    };
-    let mut seen = mtimes();
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut tick = tokio::time::interval(RELOAD_POLL);
-    loop {
-        let why = tokio::select! {
-            _ = tick.tick() => {
-                let now = mtimes();
-                if now == seen {
-                    continue;
-                }
-                seen = now;
-                "files changed"
-            }
-            Some(()) = async { hup.as_mut()?.recv().await } => "SIGHUP",
-        };
-        match tls.reload() {
-            Ok(()) => {
-                metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => "ok").increment(1);
-                tracing::info!(why, ca = %files.ca_file.display(), "Consul TLS files reloaded; new connections to Consul use them");
-            }
-            Err(e) => {
-                metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => "error").increment(1);
-                tracing::error!(why, error = %e, "Consul TLS reload failed; still using the previous files");
-            }
+    let paths = [
+        Some(files.ca_file.clone()),
+        files.cert_file.clone(),
+        files.key_file.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    crate::reload::on_change_or_sighup(paths, |why| match tls.reload() {
+        Ok(()) => {
+            metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => "ok").increment(1);
+            tracing::info!(why, ca = %files.ca_file.display(), "Consul TLS files reloaded; new connections to Consul use them");
         }
-    }
+        Err(e) => {
+            metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => "error").increment(1);
+            tracing::error!(why, error = %e, "Consul TLS reload failed; still using the previous files");
+        }
+    })
+    .await
 }
 
 /// The verifier of the material in use: the chain against the CA, and

@@ -119,42 +119,25 @@ fn certified_key(settings: &TlsSettings) -> Result<Arc<CertifiedKey>, TlsError> 
 }
 
 /// How often [`watch`] looks at the files' modification times.
-pub const RELOAD_POLL: Duration = Duration::from_secs(1);
+pub const RELOAD_POLL: Duration = crate::reload::POLL;
 
 /// Reloads `identity` when the certificate or key file changes (checked
 /// every [`RELOAD_POLL`]) or on SIGHUP. Each attempt counts in
 /// `idgen_tls_reloads_total{result}`; a failed one is logged and keeps the
 /// certificate in use. Runs until aborted.
 pub async fn watch(identity: Identity, settings: TlsSettings) {
-    let mtimes = |s: &TlsSettings| {
-        [&s.cert, &s.key].map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-    };
-    let mut seen = mtimes(&settings);
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut tick = tokio::time::interval(RELOAD_POLL);
-    loop {
-        let why = tokio::select! {
-            _ = tick.tick() => {
-                let now = mtimes(&settings);
-                if now == seen {
-                    continue;
-                }
-                seen = now;
-                "files changed"
-            }
-            Some(()) = async { hup.as_mut()?.recv().await } => "SIGHUP",
-        };
-        match identity.reload(&settings) {
-            Ok(()) => {
-                metrics::counter!(m::TLS_RELOADS, "result" => "ok").increment(1);
-                tracing::info!(why, cert = %settings.cert.display(), "TLS certificate reloaded; new connections use it");
-            }
-            Err(e) => {
-                metrics::counter!(m::TLS_RELOADS, "result" => "error").increment(1);
-                tracing::error!(why, error = %e, "TLS certificate reload failed; still serving the previous certificate");
-            }
+    let paths = vec![settings.cert.clone(), settings.key.clone()];
+    crate::reload::on_change_or_sighup(paths, |why| match identity.reload(&settings) {
+        Ok(()) => {
+            metrics::counter!(m::TLS_RELOADS, "result" => "ok").increment(1);
+            tracing::info!(why, cert = %settings.cert.display(), "TLS certificate reloaded; new connections use it");
         }
-    }
+        Err(e) => {
+            metrics::counter!(m::TLS_RELOADS, "result" => "error").increment(1);
+            tracing::error!(why, error = %e, "TLS certificate reload failed; still serving the previous certificate");
+        }
+    })
+    .await
 }
 
 /// Checks client certificates against the CA in `path`; without
