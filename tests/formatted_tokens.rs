@@ -156,6 +156,27 @@ async fn squat(consul: std::net::SocketAddr, space: &str, tokens: std::ops::Rang
     id
 }
 
+/// Releases the token lock `key` held by `session`, as `instance` would
+/// (the value a holder writes); whether Consul applied it.
+async fn release_token(
+    consul: std::net::SocketAddr,
+    key: &str,
+    session: &str,
+    instance: &str,
+) -> bool {
+    reqwest::Client::new()
+        .put(format!("http://{consul}/v1/kv/{key}?release={session}"))
+        .body(format!(
+            r#"{{"instance":"{instance}","address":"","since_ms":0,"reserved":0}}"#
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Three nodes on the Consul test server: each holds its own token of each
 /// space, `{token}` and `uniq64` IDs never repeat across nodes, and a space
 /// whose every token is held answers RESOURCE_EXHAUSTED naming the format
@@ -224,20 +245,7 @@ reset = \"day\"
 
     // One token of `one` freed: the next call takes it.
     let key = ClusterKeys::new("idgen", "test").format_token_dir("digits-1") + "3";
-    let http = reqwest::Client::new();
-    let released: bool = http
-        .put(format!(
-            "http://{}/v1/kv/{key}?release={squatter}",
-            consul.addr()
-        ))
-        .body(r#"{"instance":"squatter","address":"","since_ms":0,"reserved":0}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(released);
+    assert!(release_token(consul.addr(), &key, &squatter, "squatter").await);
     let one = nodes[1].gen("one", 2).await;
     assert!(one.iter().all(|id| &id[8..9] == "3"), "{one:?}");
     assert_eq!(nodes[1].token("one").await, "3");
@@ -596,19 +604,7 @@ async fn a_token_lock_taken_away_stops_its_counter_and_another_token_is_taken() 
     assert_eq!(token_of(&before[0]), "00");
     let key = ClusterKeys::new("idgen", "test").format_token_dir("alnum-2") + "0";
     let session = consul.kv_get(&key).and_then(|e| e.session).expect("held");
-    let released: bool = reqwest::Client::new()
-        .put(format!(
-            "http://{}/v1/kv/{key}?release={session}",
-            consul.addr()
-        ))
-        .body(r#"{"instance":"n0","address":"","since_ms":0,"reserved":0}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(released);
+    assert!(release_token(consul.addr(), &key, &session, "n0").await);
     let _squatter = squat(consul.addr(), "alnum-2", 0..1).await;
 
     let e = node.try_gen("tok", 1).await.unwrap_err();
