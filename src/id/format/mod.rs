@@ -23,6 +23,7 @@
 //! No I/O and no clock: time comes in as Unix milliseconds.
 
 pub mod lua;
+pub mod lua_sandbox;
 pub mod period;
 pub mod preset;
 pub mod template;
@@ -31,7 +32,7 @@ pub mod token;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use lua::{LuaError, LuaLimits, LuaRule};
+pub use lua::{Deadline, LuaError, LuaLimits, LuaRule};
 pub use period::{
     decide, next_period_start, period_key, PeriodDecision, PeriodError, PeriodKey, PeriodStep,
     Reset, Zone,
@@ -424,7 +425,8 @@ impl FormatError {
                 ErrorKind::BadRequest
             }
             Self::PeriodMismatch { .. } => ErrorKind::Internal,
-            Self::Lua(_) | Self::Period(_) | Self::BadNode { .. } => ErrorKind::Precondition,
+            Self::Lua(e) => e.kind(),
+            Self::Period(_) | Self::BadNode { .. } => ErrorKind::Precondition,
             Self::FutureVersion { .. }
             | Self::NoSource(_)
             | Self::NotApplicable { .. }
