@@ -108,6 +108,13 @@ pub const CONSUL_TLS_RELOADS: &str = "idgen_consul_tls_reloads_total";
 pub const FORMAT_RELOADS: &str = "idgen_format_reloads_total";
 /// Formats the node serves (the table last installed).
 pub const FORMATS_SERVED: &str = "idgen_formats_served";
+/// Lua rule calls stopped at their deadline in Lua code, by `format`.
+pub const LUA_DEADLINE_EXCEEDED: &str = "idgen_lua_deadline_exceeded_total";
+/// Lua rule calls stuck past their deadline in a library function, whose
+/// thread was set aside, by `format`.
+pub const LUA_STUCK_CALLS: &str = "idgen_lua_stuck_calls_total";
+/// Lua worker threads set aside and still running a stuck call.
+pub const LUA_WORKERS_ASIDE: &str = "idgen_lua_workers_aside";
 /// Open client connections, by `port`.
 pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
 /// Connections the node closed on a deadline, by `port` and `reason`.
@@ -158,6 +165,23 @@ fn describe() {
     describe_serving();
     describe_cluster();
     describe_reloads();
+    describe_lua();
+}
+
+/// The threads Lua rules run on (`modes::lua_pool`).
+fn describe_lua() {
+    describe_counter!(
+        LUA_DEADLINE_EXCEEDED,
+        "Lua rule calls stopped at formatted.lua_deadline while running Lua code, by format; each answered FAILED_PRECONDITION."
+    );
+    describe_counter!(
+        LUA_STUCK_CALLS,
+        "Lua rule calls still running at twice formatted.lua_deadline inside a library function, by format; each answered FAILED_PRECONDITION and cost a thread until it returns (a rule is quarantined after 3)."
+    );
+    describe_gauge!(
+        LUA_WORKERS_ASIDE,
+        "Lua worker threads set aside because their call is stuck; each was replaced while at most formatted.lua_workers are aside."
+    );
 }
 
 /// Reloads of files and tables while the node runs.
@@ -524,6 +548,9 @@ pub fn register(s: Series) {
         for result in ["ok", "error"] {
             counter!(FORMAT_RELOADS, "trigger" => trigger, "result" => result).increment(0);
         }
+    }
+    if s.formatted {
+        gauge!(LUA_WORKERS_ASIDE).set(0.0);
     }
     for kind in ["tolerated", "refused"] {
         counter!(CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);

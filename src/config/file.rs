@@ -549,11 +549,21 @@ pub struct FormattedSection {
     /// skips what is left of the block, so counters show gaps of up to
     /// this many; 1 gives gap-free counters at one write per ID.
     pub block: u64,
+    /// How long one call of a Lua rule's `create_id` may run (1ms to
+    /// 10s). A call past it answers FAILED_PRECONDITION naming the rule.
+    #[serde(with = "humantime_serde")]
+    pub lua_deadline: Duration,
+    /// Threads Lua rules run on (1 to 64), off the request runtime.
+    pub lua_workers: usize,
 }
 
 impl Default for FormattedSection {
     fn default() -> Self {
-        Self { block: 100 }
+        Self {
+            block: 100,
+            lua_deadline: Duration::from_millis(50),
+            lua_workers: 4,
+        }
     }
 }
 

@@ -280,12 +280,29 @@ pub struct LeaseModeSettings {
 
 /// The validated `[formatted]` section and `[[formats]]` (each compiled
 /// once at validation, so a format that could repeat stops the start).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FormattedSettings {
     /// Counter values reserved per durable write.
     pub block: u64,
     /// The formats served.
     pub formats: Vec<crate::id::format::FormatDef>,
+    /// How long one Lua `create_id` call may run.
+    pub lua_deadline: Duration,
+    /// Threads Lua rules run on.
+    pub lua_workers: usize,
+}
+
+impl Default for FormattedSettings {
+    /// What an empty `[formatted]` section gives.
+    fn default() -> Self {
+        let file = file::FormattedSection::default();
+        Self {
+            block: file.block,
+            formats: Vec::new(),
+            lua_deadline: file.lua_deadline,
+            lua_workers: file.lua_workers,
+        }
+    }
 }
 
 /// The validated `[strict]` section (strict mode is on).

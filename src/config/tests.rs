@@ -581,7 +581,34 @@ reset = "day"
     let e = twice.validate(NOW).unwrap_err().to_string();
     assert!(e.contains("entry 2 redefines format \"orders\""), "{e}");
 
-    let mut block = f;
+    let mut block = f.clone();
     block.formatted.block = 0;
     assert_eq!(err_key(&block), "formatted.block");
+}
+
+#[test]
+fn the_lua_deadline_and_workers_default_and_are_range_checked() {
+    let toml_text = "[formatted]\nlua_deadline = \"200ms\"\nlua_workers = 2\n";
+    let f: FileConfig = figment::Figment::from(figment::providers::Toml::string(toml_text))
+        .extract()
+        .unwrap();
+    let c = f.validate(NOW).unwrap();
+    assert_eq!(c.formatted.lua_deadline, Duration::from_millis(200));
+    assert_eq!(c.formatted.lua_workers, 2);
+    let d: FileConfig = figment::Figment::from(figment::providers::Toml::string(""))
+        .extract()
+        .unwrap();
+    let d = d.validate(NOW).unwrap();
+    assert_eq!(d.formatted.lua_deadline, Duration::from_millis(50));
+    assert_eq!(d.formatted.lua_workers, 4);
+    for bad in [Duration::ZERO, Duration::from_secs(11)] {
+        let mut g = f.clone();
+        g.formatted.lua_deadline = bad;
+        assert_eq!(err_key(&g), "formatted.lua_deadline");
+    }
+    for bad in [0, 65] {
+        let mut g = f.clone();
+        g.formatted.lua_workers = bad;
+        assert_eq!(err_key(&g), "formatted.lua_workers");
+    }
 }

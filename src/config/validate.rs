@@ -562,6 +562,22 @@ impl FileConfig {
                 format!("must be 1 to 1000000, got {}", self.formatted.block),
             ));
         }
+        let deadline = self.formatted.lua_deadline;
+        if !(Duration::from_millis(1)..=Duration::from_secs(10)).contains(&deadline) {
+            return Err(invalid(
+                "formatted.lua_deadline",
+                format!(
+                    "must be 1ms to 10s, got {}",
+                    humantime::format_duration(deadline)
+                ),
+            ));
+        }
+        if !(1..=64).contains(&self.formatted.lua_workers) {
+            return Err(invalid(
+                "formatted.lua_workers",
+                format!("must be 1 to 64, got {}", self.formatted.lua_workers),
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, def) in self.formats.iter().enumerate() {
             crate::id::format::Format::compile(
@@ -584,6 +600,8 @@ impl FileConfig {
         Ok(FormattedSettings {
             block: self.formatted.block,
             formats: self.formats.clone(),
+            lua_deadline: deadline,
+            lua_workers: self.formatted.lua_workers,
         })
     }
 }

@@ -32,10 +32,10 @@
 //!
 //! A counter's refill is serialised by a per-counter async gate held over
 //! the store write, so one node never races itself for a block; the
-//! in-memory block itself is only touched under that gate. Lua rules
-//! serialise their own calls (one `Mutex` per rule, inside [`LuaRule`]).
-//!
-//! [`LuaRule`]: crate::id::format::LuaRule
+//! in-memory block itself is only touched under that gate, and the
+//! values are taken from it before they are rendered. A Lua rule renders
+//! on the Lua pool's threads under a deadline (`modes::lua_pool`), after
+//! the gate is released; the async runtime never runs Lua code.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -48,6 +48,7 @@ use crate::id::format::{
 };
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
+use crate::modes::lua_pool::{LuaPool, LuaPoolSettings};
 use crate::store::format::{CounterKey, FormatStore, Plan, Planned, RestoreFloor, TokenLock};
 use crate::store::format_tokens::{FormatTokens, HeldToken, TokenError};
 use crate::store::StoreError;
@@ -62,6 +63,9 @@ pub struct FormatSettings {
     pub max_behind_ms: u64,
     /// Largest `count` per call (`server.max_batch`).
     pub max_batch: u32,
+    /// The threads Lua rules run on (`formatted.lua_workers`,
+    /// `formatted.lua_deadline`).
+    pub lua: LuaPoolSettings,
 }
 
 /// Values of one counter reserved and not yet used, all in `period`.
@@ -141,6 +145,8 @@ pub struct Formats {
     /// Where `{token}` and `uniq64` formats get their token.
     tokens: Option<Arc<dyn FormatTokens>>,
     settings: FormatSettings,
+    /// Where Lua rules run.
+    lua: LuaPool,
     issued: metrics::Counter,
     /// Counter reservations (their count is the store writes made).
     store_op: m::StoreOp,
@@ -185,6 +191,7 @@ impl Formats {
             counters: Mutex::new(HashMap::new()),
             tokens: None,
             settings,
+            lua: LuaPool::new(settings.lua),
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
             store_op: m::StoreOp::new(m::label::BACKEND_FORMAT, m::label::OP_RESERVE_COUNTER),
         })
@@ -341,6 +348,7 @@ impl Formats {
         // Held over the store write: the per-counter refill gate (see the
         // module doc), never a lock other counters wait on.
         let mut held = gate.lock().await;
+        // (value, instant to render at) of every value taken.
         let mut ids = Vec::with_capacity(count as usize);
         while (ids.len() as u64) < count {
             let now = self.clock.now_millis() as i64;
@@ -371,17 +379,51 @@ impl Formats {
                 }
                 held.block = (block.left > 0).then_some(block);
                 held.used_up = block.left == 0;
-                let id = format
-                    .render(render_at, value, node_ids(node, key.token), &bound)
-                    .map_err(StoreError::from)?;
-                ids.push(id);
+                ids.push((value, render_at));
             }
         }
+        // The values are taken: other calls of this counter go on while
+        // these render.
+        drop(held);
+        let ids = self
+            .render(&format, ids, node_ids(node, key.token), &bound)
+            .await?;
         self.issued.increment(count);
         Ok(Issued {
             ids,
             numeric: format.numeric(),
         })
+    }
+
+    /// Renders the values taken: a Lua rule's on the Lua pool (never on
+    /// the async runtime), the others here.
+    async fn render(
+        &self,
+        format: &Arc<Format>,
+        taken: Vec<(u64, i64)>,
+        ids: NodeIds,
+        bound: &crate::id::format::Bound,
+    ) -> Result<Vec<Rendered>, Error> {
+        if format.lua_rule().is_some() {
+            let salt = bound.salt().map(str::to_owned);
+            let texts = self
+                .lua
+                .render(Arc::clone(format), taken, salt)
+                .await
+                .map_err(|e| StoreError::from(crate::id::format::FormatError::from(e)))?;
+            return Ok(texts
+                .into_iter()
+                .map(|text| Rendered { text, number: None })
+                .collect());
+        }
+        taken
+            .into_iter()
+            .map(|(value, at)| {
+                Ok(format
+                    .render(at, value, ids, bound)
+                    .map_err(StoreError::from)?)
+            })
+            .collect()
     }
 
     /// The block in memory if it may serve at `now` (same period, or held
@@ -629,6 +671,7 @@ mod tests {
             block: 100,
             max_behind_ms: 1_000,
             max_batch: 1_000,
+            lua: LuaPoolSettings::default(),
         };
         let formats = Formats::new(&[def], store.clone(), clock, settings, 3).unwrap();
         (dir, store, formats)

@@ -19,6 +19,7 @@ use crate::store::StoreError;
 pub mod format;
 pub mod format_reload;
 pub mod lease;
+pub mod lua_pool;
 pub mod refill;
 pub mod segment;
 pub mod snowflake;

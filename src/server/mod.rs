@@ -469,6 +469,10 @@ fn format_catalog(
         block: config.formatted.block,
         max_behind_ms: config.hwm.max_backward.as_millis() as u64,
         max_batch: config.server.max_batch,
+        lua: crate::modes::lua_pool::LuaPoolSettings {
+            workers: config.formatted.lua_workers,
+            deadline: config.formatted.lua_deadline,
+        },
     };
     let formats =
         crate::modes::format::Formats::new(&[], store, Arc::clone(clock), settings, node)?;

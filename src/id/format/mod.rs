@@ -718,6 +718,11 @@ impl Bound {
         &self.scope
     }
 
+    /// The caller's `salt` for a Lua rule.
+    pub fn salt(&self) -> Option<&str> {
+        self.salt.as_deref()
+    }
+
     /// A printable key for the counter (`""`, or `name=value/name=value`);
     /// values are checked printable ASCII without `/` or `=`.
     pub fn scope_key(&self) -> String {
@@ -902,6 +907,14 @@ impl Format {
                 None => Err(bad("uniq64 needs a leased token".into())),
             },
             Kind::Lua(_) => Ok(()),
+        }
+    }
+
+    /// The Lua rule of a Lua format (`None` for the others).
+    pub fn lua_rule(&self) -> Option<&LuaRule> {
+        match &self.kind {
+            Kind::Lua(rule) => Some(rule),
+            _ => None,
         }
     }
 
