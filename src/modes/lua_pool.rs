@@ -198,7 +198,8 @@ impl LuaPool {
         loop {
             let now = Instant::now();
             let until = match ticket.state.load(Ordering::Acquire) {
-                QUEUED => queued_at + queue_wait(deadline),
+                // Look again once a deadline passed: it may have started.
+                QUEUED => (queued_at + queue_wait(deadline)).min(now + deadline),
                 _ => match ticket.call_started_ns.load(Ordering::Acquire) {
                     // Between two calls of the batch: look again shortly.
                     0 => now + deadline,
@@ -447,5 +448,77 @@ impl Drop for LuaPool {
     fn drop(&mut self) {
         self.shared.lock().closed = true;
         self.shared.work.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::format::{FormatDef, LuaLimits, Reset};
+
+    fn stalling(name: &str, ms: u64) -> Arc<Format> {
+        crate::id::format::lua_sandbox::allow_test_stall();
+        let mut def = FormatDef::template(name, "", "UTC", Reset::Never);
+        def.template = None;
+        def.reset = None;
+        def.lua = Some(format!(
+            "function min_counter() return 0 end\nfunction max_counter() return 9999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt)\n  if salt == 'stall' then __test_stall({ms}) end\n  return string.format('%04d', counter)\nend\n"
+        ));
+        Arc::new(Format::compile(def, 0, LuaLimits::default()).unwrap())
+    }
+
+    /// Waits (bounded by count) until no call of `format`'s rule runs.
+    async fn until_idle(format: &Format) {
+        let rule = format.lua_rule().unwrap();
+        for _ in 0..1_000 {
+            if rule.running_for().is_none() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the stalled call never returned");
+    }
+
+    /// Each stuck call answers Stuck and costs a thread only until it
+    /// returns; the rule serves again after it, and after three stuck
+    /// calls it is quarantined: refused at once, without a thread.
+    #[tokio::test]
+    async fn a_rule_stuck_three_times_is_quarantined() {
+        let pool = LuaPool::new(LuaPoolSettings {
+            workers: 1,
+            deadline: Duration::from_millis(20),
+        });
+        let format = stalling("stalls", 200);
+        let stall = || pool.render(Arc::clone(&format), vec![(1, 0)], Some("stall".into()));
+        for n in 1..=QUARANTINE_AFTER {
+            let err = stall().await.unwrap_err();
+            assert!(
+                matches!(err, LuaError::Stuck { ref rule, deadline_ms: 20 } if rule == "stalls"),
+                "{err:?}"
+            );
+            until_idle(&format).await;
+            let rule = format.lua_rule().unwrap();
+            assert_eq!(rule.stuck_calls(), n);
+            if n < QUARANTINE_AFTER {
+                let ok = pool.render(Arc::clone(&format), vec![(7, 0)], None).await;
+                assert_eq!(ok.unwrap(), ["0007"]);
+            }
+        }
+        let err = pool
+            .render(Arc::clone(&format), vec![(8, 0)], None)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, LuaError::Quarantined { stuck: 3, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("update the format"), "{err}");
+        // Another rule still runs: the threads came back or were replaced,
+        // never more than `workers` taking jobs.
+        let other = stalling("other", 200);
+        let ok = pool.render(other, vec![(1, 0), (2, 0)], None).await;
+        assert_eq!(ok.unwrap(), ["0001", "0002"]);
+        let state = pool.shared.lock();
+        assert_eq!((state.live, state.aside), (1, 0));
     }
 }

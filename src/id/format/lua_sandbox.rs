@@ -365,7 +365,13 @@ impl Meter {
                     .compare_exchange(NOT_TRIPPED, trip, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
                 {
-                    let line = debug.current_line().unwrap_or(0) as u64;
+                    // A line of the rule's, not of the sandbox's prelude.
+                    let ours = debug.source().source.as_deref() == Some("=sandbox");
+                    let line = if ours {
+                        0
+                    } else {
+                        debug.current_line().unwrap_or(0) as u64
+                    };
                     m.trip_line.store(line, Ordering::Relaxed);
                 }
                 Err(mlua::Error::runtime("stopped by the sandbox"))
@@ -703,14 +709,20 @@ mod tests {
             "",
             "if salt then while true do end end return tostring(counter)",
         );
-        let r = LuaRule::load("slow", &src, Zone::utc(), None, 1, limits, 0).unwrap();
-        let err = r
-            .create_id_until(
-                1,
-                0,
-                Some("x"),
-                Some(Deadline::after(Duration::from_millis(20))),
-            )
+        let r = std::sync::Arc::new(
+            LuaRule::load("slow", &src, Zone::utc(), None, 1, limits, 0).unwrap(),
+        );
+        // On a thread with a generous bound, so a missing deadline fails
+        // this test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let rule = std::sync::Arc::clone(&r);
+        std::thread::spawn(move || {
+            let deadline = Deadline::after(Duration::from_millis(20));
+            let _ = tx.send(rule.create_id_until(1, 0, Some("x"), Some(deadline)));
+        });
+        let err = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("stopped at its deadline, not after 30 s")
             .unwrap_err();
         assert!(
             matches!(err, LuaError::Deadline { ref rule, line: Some(6), deadline_ms: 20 } if rule == "slow"),
