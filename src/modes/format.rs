@@ -284,8 +284,15 @@ impl Formats {
     /// Compiles `defs` into a table, each checked as at start-up (and
     /// against this node's number when per node). Nothing is served from
     /// it until [`install`](Self::install). The error names the format.
-    pub fn compile_table(&self, defs: &[FormatDef]) -> Result<FormatTable, CompileFailure> {
-        compile_all(defs, self.clock.now_millis() as i64, self.node)
+    /// Runs on a blocking thread: compiling a Lua rule runs it.
+    pub async fn compile_table(&self, defs: &[FormatDef]) -> Result<FormatTable, CompileFailure> {
+        let (defs, now, node) = (defs.to_vec(), self.clock.now_millis() as i64, self.node);
+        tokio::task::spawn_blocking(move || compile_all(&defs, now, node))
+            .await
+            .unwrap_or_else(|e| {
+                let why = format!("compiling the formats failed: {e}");
+                Err(Box::new((String::new(), Error::Setup(why))))
+            })
     }
 
     /// The table served now.

@@ -298,6 +298,7 @@ impl FormatCatalog {
         let table = self
             .formats
             .compile_table(&defs)
+            .await
             .map_err(|f| ReloadError::from_error(Some(&f.0), &f.1))?;
         let old = self.formats.table();
         for (name, new) in &table {
@@ -330,6 +331,7 @@ impl FormatCatalog {
             .map_err(|e| refused(StoreError::from(e)))?;
         self.formats
             .compile_table(std::slice::from_ref(&def))
+            .await
             .map_err(|f| refused(f.1))?;
         let _one = self.reloading.lock().await;
         let written = self
@@ -392,6 +394,7 @@ impl FormatCatalog {
         // Compiled here too, so a broken rule is refused before any write.
         self.formats
             .compile_table(std::slice::from_ref(def))
+            .await
             .map_err(|f| refused(f.1))?;
         let (new, now) = (def.clone(), self.now_ms());
         let change: DefChange = Arc::new(move |r: &StoredFormat| {

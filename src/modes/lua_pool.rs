@@ -78,9 +78,12 @@ struct Ticket {
     call_started_ns: AtomicU64,
 }
 
+/// What a job does; it reports each call's start (`true`) and end.
+type Work = Box<dyn FnOnce(&dyn Fn(bool)) + Send>;
+
 struct Job {
     ticket: Arc<Ticket>,
-    work: Box<dyn FnOnce(&dyn Fn(bool)) + Send>,
+    work: Work,
 }
 
 #[derive(Default)]
@@ -304,7 +307,7 @@ impl Shared {
     fn enqueue(
         &self,
         name: &str,
-        work: Box<dyn FnOnce(&dyn Fn(bool)) + Send>,
+        work: Work,
     ) -> Result<Arc<Ticket>, LuaError> {
         let ticket = Arc::new(Ticket {
             state: AtomicU8::new(QUEUED),
