@@ -267,7 +267,7 @@ impl Sandbox {
             })?;
             base.raw_set("__test_stall", stall)?;
         }
-        // `counter:generate_counter()` (seed 003) on a plain integer; the
+        // `counter:generate_counter()` on a plain integer; the
         // metatable is shared by every number, so protected.
         let number_mt = lua.create_table()?;
         let methods = lua.create_table()?;
