@@ -304,11 +304,7 @@ impl Shared {
 
     /// Queues `work`, refusing when no thread takes jobs or the queue is
     /// full.
-    fn enqueue(
-        &self,
-        name: &str,
-        work: Work,
-    ) -> Result<Arc<Ticket>, LuaError> {
+    fn enqueue(&self, name: &str, work: Work) -> Result<Arc<Ticket>, LuaError> {
         let ticket = Arc::new(Ticket {
             state: AtomicU8::new(QUEUED),
             call_started_ns: AtomicU64::new(0),
