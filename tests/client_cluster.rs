@@ -594,3 +594,75 @@ async fn discovery_sends_its_acl_token_and_keeps_only_nodes_with_its_tag() {
     }
     consul.shutdown().await;
 }
+
+/// An embedded node in `dir` with worker id `worker`.
+fn embedded_node(dir: &Path, worker: u64) -> ChildServer {
+    let path = common::write_child_config(dir, true);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[node]\nworker_id = {worker}\n"));
+    std::fs::write(&path, text).unwrap();
+    ChildServer::start(&path)
+}
+
+fn signal(node: &ChildServer, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &node.child.id().to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+/// A node stopped with SIGSTOP accepts connections (the kernel does) and
+/// never answers. Each call that meets it costs one attempt's share of the
+/// deadline and is answered by the other node; nothing waits out the
+/// whole deadline on it. When no node can answer, the error names the
+/// node and says what happened in words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_node_costs_one_attempt_and_the_other_node_answers() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let stopped = embedded_node(dir_a.path(), 1);
+    let healthy = embedded_node(dir_b.path(), 2);
+    // Connections to both exist before the stop, as in a running client.
+    let client = Client::builder()
+        .endpoints([stopped.grpc.to_string(), healthy.grpc.to_string()])
+        .deadline(Duration::from_secs(30))
+        .attempt_timeout(Duration::from_millis(500))
+        .set_aside(Duration::from_secs(60))
+        .build()
+        .await
+        .expect("client starts");
+    for _ in 0..10 {
+        client.gen_id(Mode::Snowflake, "").await.expect("warm-up");
+    }
+    signal(&stopped, "-STOP");
+    // Every call is answered, by the healthy node (worker 2): with the
+    // whole deadline spent on the stopped node, the first call that met
+    // it would have failed.
+    let mut workers = HashSet::new();
+    for _ in 0..20 {
+        let id = client
+            .gen_id(Mode::Snowflake, "")
+            .await
+            .expect("answered by the other node");
+        workers.insert(worker_of(id));
+    }
+    assert_eq!(workers, HashSet::from([2]), "answered by the healthy node only");
+    // With the healthy node gone too, the error says which node did what,
+    // never a bare "Unknown: transport error".
+    let healthy_addr = healthy.grpc.to_string();
+    healthy.kill();
+    let quick = Client::builder()
+        .endpoints([healthy_addr.clone()])
+        .deadline(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("client starts");
+    let err = quick.gen_id(Mode::Strict, "ns/k").await.unwrap_err().to_string();
+    assert!(
+        err.contains(&healthy_addr) && err.contains("connection refused") && !err.contains("Unknown"),
+        "{err}"
+    );
+    signal(&stopped, "-CONT");
+    drop(stopped);
+}

@@ -472,7 +472,8 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
         f.server.header_timeout = Duration::from_secs(60);
     }))
     .await;
-    // gRPC: one working client and two idle holders fill the port.
+    // gRPC: one working client and two idle holders (past their preface,
+    // so not waiting: none can be closed to make room) fill the port.
     let mut client = server.client().await;
     client
         .gen_id(idgen::proto::GenIdRequest::default())
@@ -480,7 +481,10 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
         .expect("GenId");
     let mut holders = Vec::new();
     for _ in 0..2 {
-        holders.push(TcpStream::connect(server.grpc).await.unwrap());
+        let mut holder = TcpStream::connect(server.grpc).await.unwrap();
+        holder.write_all(PREFACE).await.unwrap();
+        holder.write_all(EMPTY_SETTINGS).await.unwrap();
+        holders.push(holder);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
@@ -494,23 +498,27 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
             .await
             .expect("GenId at the connection limit");
     }
-    // HTTP: two holders fill it; a third is closed at once.
+    // HTTP: two holders that send nothing fill it; a third gets in, and
+    // the holder that waited longest for its headers is closed for it.
     let mut http_holders = Vec::new();
     for _ in 0..2 {
         http_holders.push(TcpStream::connect(server.http).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut extra = TcpStream::connect(server.http).await.unwrap();
     extra
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: idgen\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: idgen\r\nConnection: close\r\n\r\n")
         .await
-        .ok();
+        .unwrap();
     let (got, _) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
     assert!(
-        got.is_empty(),
-        "answered past the limit: {}",
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"),
+        "not served at the limit: {}",
         String::from_utf8_lossy(&got)
     );
+    let (nothing, _) = read_until_closed(&mut http_holders[0], Duration::from_secs(5)).await;
+    assert!(nothing.is_empty(), "the oldest silent holder was closed");
     // Once one holder goes, a new connection is served again.
     drop(holders.pop());
     drop(http_holders.pop());
@@ -535,6 +543,95 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
         .gen_id(idgen::proto::GenIdRequest::default())
         .await
         .expect("GenId on a new connection after a holder left");
+    server.stop().await;
+}
+
+/// Sends one request on a new connection and returns the status line (empty
+/// if the connection was closed unanswered).
+async fn probe(addr: SocketAddr, path: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: idgen\r\nConnection: close\r\n\r\n");
+    if s.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let (got, _) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+    String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_slow_header_flood_from_one_peer_does_not_keep_health_probes_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        // The flood would hold its connections for a minute.
+        f.server.header_timeout = Duration::from_secs(60);
+        f.server.grpc_max_connections = 100;
+    }))
+    .await;
+    // 200 connections from this peer trickle header lines (past the peer
+    // cap of 64 and the port's 128), 150 more never send the HTTP/2
+    // preface (past the gRPC port's 100).
+    let mut flood = Vec::new();
+    for _ in 0..200 {
+        if let Ok(mut s) = TcpStream::connect(server.http).await {
+            let _ = s.write_all(b"GET /v1/id HTTP/1.1\r\n").await;
+            flood.push(s);
+        }
+    }
+    for _ in 0..150 {
+        if let Ok(s) = TcpStream::connect(server.grpc).await {
+            flood.push(s);
+        }
+    }
+    for s in &mut flood {
+        let _ = s.write_all(b"X-Slow: 1\r\n").await;
+    }
+    // Health probes (from the same address, as a kubelet on this host
+    // would be) keep answering throughout.
+    for round in 0..10 {
+        for path in ["/healthz", "/readyz"] {
+            let status = probe(server.http, path).await;
+            assert!(
+                status.starts_with("HTTP/1.1 200"),
+                "round {round}: {path} answered {status:?} during the flood"
+            );
+        }
+        for _ in 0..20 {
+            if let Ok(mut s) = TcpStream::connect(server.http).await {
+                let _ = s.write_all(b"GET /v1/id HTTP/1.1\r\n").await;
+                flood.push(s);
+            }
+        }
+    }
+    // So does the gRPC health service, on a new connection.
+    let status = tokio::time::timeout(Duration::from_secs(20), common::grpc_health(server.grpc))
+        .await
+        .expect("the gRPC health check answers during the flood");
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+    let text = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let evicted = |port: &str, limit: &str| {
+        let prefix = format!("idgen_connections_evicted_total{{limit=\"{limit}\",port=\"{port}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(evicted("http", "peer") >= 130.0, "{text}");
+    assert!(evicted("grpc", "peer") + evicted("grpc", "port") >= 50.0, "{text}");
+    drop(flood);
     server.stop().await;
 }
 

@@ -15,29 +15,51 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
     }
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
-    let ids = if a.discovery.discover.is_some() {
-        from_cluster(&a, mode).await?
-    } else {
-        from_node(&a, mode).await?
-    };
+    if a.discovery.discover.is_some() {
+        // IDs obtained before a failure are printed, then the error says
+        // how many: they were issued, and dropping them would only waste
+        // them (the contract stated in `idgen gen --help`).
+        let (ids, failure) = from_cluster(&a, mode).await;
+        let printed = ids.len();
+        print(&a, ids)?;
+        return match failure {
+            None => Ok(()),
+            Some(e) if printed > 0 => Err(e.context(format!(
+                "printed the {printed} of {} IDs obtained before this failure",
+                a.count
+            ))),
+            Some(e) => Err(e),
+        };
+    }
+    let ids = from_node(&a, mode).await?;
     print(&a, ids)
 }
 
 /// `--discover consul`: through the idgen-client crate, which spreads the
 /// calls over the passing nodes and retries another node when one fails.
-async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
-    let client = discovered_client(&a.discovery, &a.tls, a.timeout).await?;
-    let mode = idgen_client::Mode::try_from(mode)
-        .map_err(|_| anyhow::anyhow!("mode {mode} is not known to the client"))?;
-    if a.count == 1 {
-        return Ok(vec![client.gen_id(mode, &a.tag).await?]);
-    }
+/// Returns the IDs obtained, and the error that stopped it early, if any.
+async fn from_cluster(a: &GenArgs, mode: i32) -> (Vec<u64>, Option<anyhow::Error>) {
     let mut ids = Vec::with_capacity(a.count as usize);
+    let client = match discovered_client(&a.discovery, &a.tls, a.timeout).await {
+        Ok(c) => c,
+        Err(e) => return (ids, Some(e)),
+    };
+    let Ok(mode) = idgen_client::Mode::try_from(mode) else {
+        return (ids, Some(anyhow::anyhow!("mode {mode} is not known to the client")));
+    };
     while ids.len() < a.count as usize {
         let count = (a.count - ids.len() as u32).min(a.batch);
-        ids.extend(client.gen_ids(mode, &a.tag, count).await?);
+        let got = if count == 1 {
+            client.gen_id(mode, &a.tag).await.map(|id| vec![id])
+        } else {
+            client.gen_ids(mode, &a.tag, count).await
+        };
+        match got {
+            Ok(got) => ids.extend(got),
+            Err(e) => return (ids, Some(e.into())),
+        }
     }
-    Ok(ids)
+    (ids, None)
 }
 
 /// A client of the nodes Consul lists as passing for `--service`; the
@@ -76,9 +98,12 @@ pub(super) async fn discovered_client(
         ),
         (None, false) => {}
     }
+    // Each node gets a third of --timeout: one that stalls (stopped,
+    // overloaded) leaves time to ask two others.
     let mut builder = idgen_client::Client::builder()
         .consul(discovery)
-        .deadline(deadline);
+        .deadline(deadline)
+        .attempt_timeout(deadline / 3);
     if let Some(tls) = tls.client_tls()? {
         builder = builder.tls(tls);
     }
