@@ -529,7 +529,10 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
             let text = resp.text().await.unwrap();
             let refused = |port| port_metric(&text, "idgen_connections_refused_total", port);
             assert!(refused("grpc").unwrap_or(0.0) >= 1.0, "{text}");
-            assert!(refused("http").unwrap_or(0.0) >= 1.0, "{text}");
+            assert!(
+                text.contains("idgen_connections_evicted_total{port=\"http\",limit=\"port\"} 1"),
+                "{text}"
+            );
             served = true;
             break;
         }
@@ -623,7 +626,8 @@ async fn a_slow_header_flood_from_one_peer_does_not_keep_health_probes_out() {
         .await
         .unwrap();
     let evicted = |port: &str, limit: &str| {
-        let prefix = format!("idgen_connections_evicted_total{{limit=\"{limit}\",port=\"{port}\"}} ");
+        let prefix =
+            format!("idgen_connections_evicted_total{{port=\"{port}\",limit=\"{limit}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .and_then(|v| v.trim().parse::<f64>().ok())
@@ -748,4 +752,90 @@ async fn out_of_descriptors_the_node_backs_off_instead_of_spinning_and_recovers(
     let counted = port_metric(&text, "idgen_accept_errors_total", "grpc").expect("metric");
     assert!(counted >= errors as f64, "{counted} < {errors}");
     assert!(server.terminate().success());
+}
+
+// ---------------------------------------------------------------------------
+// Admin brute force: wrong tokens from one peer, as fast as it can.
+// ---------------------------------------------------------------------------
+
+/// A wrong-token admin call's outcome: checked (and refused), or refused
+/// unchecked by the throttle.
+async fn list_tags_with(
+    client: &mut idgen::proto::admin_client::AdminClient<tonic::transport::Channel>,
+    token: &str,
+) -> Result<(), tonic::Status> {
+    let mut r = tonic::Request::new(idgen::proto::ListTagsRequest {});
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    client.list_tags(r).await.map(|_| ())
+}
+
+#[tokio::test]
+async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() {
+    const TOKEN: &str = "the-right-admin-token";
+    const GUESSES: usize = 400;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[segment]\nenabled = true\n[admin]\ntoken = \"{TOKEN}\"\n"));
+    std::fs::write(&path, text).unwrap();
+    let node = ChildServer::start(&path);
+    let endpoint = |local: &str| {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", node.grpc))
+            .unwrap()
+            .local_address(Some(local.parse().unwrap()))
+    };
+    let mut attacker =
+        idgen::proto::admin_client::AdminClient::new(endpoint("127.0.0.1").connect().await.unwrap());
+    let (mut checked, mut throttled) = (0, 0);
+    let mut retry_hint = String::new();
+    for i in 0..GUESSES {
+        let e = list_tags_with(&mut attacker, &format!("guess-{i}"))
+            .await
+            .expect_err("a wrong token is refused");
+        match e.code() {
+            tonic::Code::PermissionDenied => checked += 1,
+            tonic::Code::ResourceExhausted => {
+                throttled += 1;
+                retry_hint = e.message().to_owned();
+            }
+            other => panic!("unexpected {other:?}: {e:?}"),
+        }
+    }
+    // 20 checks in the first second, then blocks of 1 s, 2 s, 4 s...: even
+    // a slow machine that takes 15 s over the loop gets at most 80 checks.
+    assert!((20..=80).contains(&checked), "{checked} of {GUESSES} guesses were checked");
+    assert_eq!(checked + throttled, GUESSES);
+    assert!(
+        retry_hint.contains("too many failed admin authentications from 127.0.0.1")
+            && retry_hint.contains("retry in"),
+        "{retry_hint}"
+    );
+    // Another peer with the right token is served meanwhile.
+    let mut operator =
+        idgen::proto::admin_client::AdminClient::new(endpoint("127.0.0.2").connect().await.unwrap());
+    list_tags_with(&mut operator, TOKEN)
+        .await
+        .expect("the right token from another peer works during the attack");
+    // One WARN line when the peer starts failing and one per block, not
+    // one per guess; no INFO line per failed call.
+    let log = node.log_text();
+    let warns = log
+        .lines()
+        .filter(|l| l.contains("failed admin authentication") && l.contains("WARN"))
+        .count();
+    assert!(
+        (1..=1 + checked / 20).contains(&warns),
+        "{warns} WARN lines for {checked} checked failures:\n{log}"
+    );
+    assert!(!log.contains("admin call failed"), "a line per failed call:\n{log}");
+    let metrics = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| port_metric(&metrics, name, "grpc").unwrap_or(-1.0);
+    assert_eq!(value("idgen_admin_auth_failures_total"), checked as f64, "{metrics}");
+    assert_eq!(value("idgen_admin_auth_throttled_total"), throttled as f64, "{metrics}");
 }

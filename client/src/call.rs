@@ -203,7 +203,7 @@ fn describe(status: &tonic::Status) -> String {
     } else if lower.contains("corrupt message") || lower.contains("invalidcontenttype") {
         "TLS: the node does not speak TLS; it serves plaintext: drop ClientBuilder::tls"
     } else if lower.contains("frame with invalid size")
-        || lower.contains("connection reset")
+        || lower.contains("reset")
         || lower.contains("broken pipe")
     {
         "the connection broke; the node may speak TLS: set ClientBuilder::tls"
