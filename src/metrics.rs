@@ -167,6 +167,23 @@ fn describe() {
     describe_serving();
     describe_cluster();
     describe_reloads();
+    describe_hostile_peers();
+}
+
+/// What the node does about peers that flood or guess.
+fn describe_hostile_peers() {
+    describe_counter!(
+        CONNECTIONS_EVICTED,
+        "Connections closed to let a new one in, by port and limit: peer (the peer had server.max_connections_per_peer open) or port (the port had its maximum open); only connections waiting for request headers or the HTTP/2 preface are closed."
+    );
+    describe_counter!(
+        ADMIN_AUTH_FAILURES,
+        "Admin calls whose token or client certificate was missing or wrong, by port."
+    );
+    describe_counter!(
+        ADMIN_AUTH_THROTTLED,
+        "Admin calls refused without checking their credentials because their peer had failed to authenticate too often, by port."
+    );
 }
 
 /// Reloads of files and tables while the node runs.
@@ -361,18 +378,6 @@ fn describe_cluster() {
     describe_counter!(
         CONNECTIONS_TIMED_OUT,
         "Connections the node closed on a deadline, by port and reason: preface (no HTTP/2 preface in time), header (HTTP request headers not complete in time, or no next request on a kept-alive connection), idle (no gRPC call in progress for too long)."
-    );
-    describe_counter!(
-        CONNECTIONS_EVICTED,
-        "Connections closed to let a new one in, by port and limit: peer (the peer had server.max_connections_per_peer open) or port (the port had its maximum open); only connections waiting for request headers or the HTTP/2 preface are closed."
-    );
-    describe_counter!(
-        ADMIN_AUTH_FAILURES,
-        "Admin calls whose token or client certificate was missing or wrong, by port."
-    );
-    describe_counter!(
-        ADMIN_AUTH_THROTTLED,
-        "Admin calls refused without checking their credentials because their peer had failed to authenticate too often, by port."
     );
     describe_gauge!(
         BUILD_INFO,

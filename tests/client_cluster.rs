@@ -647,7 +647,11 @@ async fn a_stopped_node_costs_one_attempt_and_the_other_node_answers() {
             .expect("answered by the other node");
         workers.insert(worker_of(id));
     }
-    assert_eq!(workers, HashSet::from([2]), "answered by the healthy node only");
+    assert_eq!(
+        workers,
+        HashSet::from([2]),
+        "answered by the healthy node only"
+    );
     // With the healthy node gone too, the error says which node did what,
     // never a bare "Unknown: transport error".
     let healthy_addr = healthy.grpc.to_string();
@@ -658,9 +662,15 @@ async fn a_stopped_node_costs_one_attempt_and_the_other_node_answers() {
         .build()
         .await
         .expect("client starts");
-    let err = quick.gen_id(Mode::Strict, "ns/k").await.unwrap_err().to_string();
+    let err = quick
+        .gen_id(Mode::Strict, "ns/k")
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.contains(&healthy_addr) && err.contains("connection refused") && !err.contains("Unknown"),
+        err.contains(&healthy_addr)
+            && err.contains("connection refused")
+            && !err.contains("Unknown"),
         "{err}"
     );
     signal(&stopped, "-CONT");

@@ -634,7 +634,10 @@ async fn a_slow_header_flood_from_one_peer_does_not_keep_health_probes_out() {
             .unwrap_or(0.0)
     };
     assert!(evicted("http", "peer") >= 130.0, "{text}");
-    assert!(evicted("grpc", "peer") + evicted("grpc", "port") >= 50.0, "{text}");
+    assert!(
+        evicted("grpc", "peer") + evicted("grpc", "port") >= 50.0,
+        "{text}"
+    );
     drop(flood);
     server.stop().await;
 }
@@ -777,7 +780,9 @@ async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() 
     let dir = tempfile::tempdir().unwrap();
     let path = common::write_child_config(dir.path(), true);
     let mut text = std::fs::read_to_string(&path).unwrap();
-    text.push_str(&format!("[segment]\nenabled = true\n[admin]\ntoken = \"{TOKEN}\"\n"));
+    text.push_str(&format!(
+        "[segment]\nenabled = true\n[admin]\ntoken = \"{TOKEN}\"\n"
+    ));
     std::fs::write(&path, text).unwrap();
     let node = ChildServer::start(&path);
     let endpoint = |local: &str| {
@@ -785,8 +790,9 @@ async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() 
             .unwrap()
             .local_address(Some(local.parse().unwrap()))
     };
-    let mut attacker =
-        idgen::proto::admin_client::AdminClient::new(endpoint("127.0.0.1").connect().await.unwrap());
+    let mut attacker = idgen::proto::admin_client::AdminClient::new(
+        endpoint("127.0.0.1").connect().await.unwrap(),
+    );
     let (mut checked, mut throttled) = (0, 0);
     let mut retry_hint = String::new();
     for i in 0..GUESSES {
@@ -804,7 +810,10 @@ async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() 
     }
     // 20 checks in the first second, then blocks of 1 s, 2 s, 4 s...: even
     // a slow machine that takes 15 s over the loop gets at most 80 checks.
-    assert!((20..=80).contains(&checked), "{checked} of {GUESSES} guesses were checked");
+    assert!(
+        (20..=80).contains(&checked),
+        "{checked} of {GUESSES} guesses were checked"
+    );
     assert_eq!(checked + throttled, GUESSES);
     assert!(
         retry_hint.contains("too many failed admin authentications from 127.0.0.1")
@@ -812,8 +821,9 @@ async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() 
         "{retry_hint}"
     );
     // Another peer with the right token is served meanwhile.
-    let mut operator =
-        idgen::proto::admin_client::AdminClient::new(endpoint("127.0.0.2").connect().await.unwrap());
+    let mut operator = idgen::proto::admin_client::AdminClient::new(
+        endpoint("127.0.0.2").connect().await.unwrap(),
+    );
     list_tags_with(&mut operator, TOKEN)
         .await
         .expect("the right token from another peer works during the attack");
@@ -828,7 +838,10 @@ async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() 
         (1..=1 + checked / 20).contains(&warns),
         "{warns} WARN lines for {checked} checked failures:\n{log}"
     );
-    assert!(!log.contains("admin call failed"), "a line per failed call:\n{log}");
+    assert!(
+        !log.contains("admin call failed"),
+        "a line per failed call:\n{log}"
+    );
     let metrics = reqwest::get(format!("http://{}/metrics", node.http))
         .await
         .unwrap()
@@ -836,6 +849,14 @@ async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() 
         .await
         .unwrap();
     let value = |name: &str| port_metric(&metrics, name, "grpc").unwrap_or(-1.0);
-    assert_eq!(value("idgen_admin_auth_failures_total"), checked as f64, "{metrics}");
-    assert_eq!(value("idgen_admin_auth_throttled_total"), throttled as f64, "{metrics}");
+    assert_eq!(
+        value("idgen_admin_auth_failures_total"),
+        checked as f64,
+        "{metrics}"
+    );
+    assert_eq!(
+        value("idgen_admin_auth_throttled_total"),
+        throttled as f64,
+        "{metrics}"
+    );
 }

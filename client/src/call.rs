@@ -368,13 +368,18 @@ mod tests {
             }
         };
         assert_eq!(
-            run(Retry::Idempotent).await.expect("the second node answers"),
+            run(Retry::Idempotent)
+                .await
+                .expect("the second node answers"),
             1,
             "answered by the second attempt"
         );
         match run(Retry::OnlyIfNotSent).await {
             Err(Error::DeadlineExceeded { last, .. }) => {
-                assert!(last.contains("attempt timeout") && last.contains("not sent twice"), "{last}");
+                assert!(
+                    last.contains("attempt timeout") && last.contains("not sent twice"),
+                    "{last}"
+                );
             }
             other => panic!("a strict call was sent again: {other:?}"),
         }
@@ -390,7 +395,10 @@ mod tests {
             cause: describe(&reset_after_send()),
         };
         let text = e.to_string();
-        assert!(text.contains("10.0.0.1:50051") && text.contains("connection broke"), "{text}");
+        assert!(
+            text.contains("10.0.0.1:50051") && text.contains("connection broke"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

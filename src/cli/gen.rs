@@ -45,7 +45,10 @@ async fn from_cluster(a: &GenArgs, mode: i32) -> (Vec<u64>, Option<anyhow::Error
         Err(e) => return (ids, Some(e)),
     };
     let Ok(mode) = idgen_client::Mode::try_from(mode) else {
-        return (ids, Some(anyhow::anyhow!("mode {mode} is not known to the client")));
+        return (
+            ids,
+            Some(anyhow::anyhow!("mode {mode} is not known to the client")),
+        );
     };
     while ids.len() < a.count as usize {
         let count = (a.count - ids.len() as u32).min(a.batch);

@@ -122,11 +122,7 @@ pub async fn serve<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let protocol = Protocol::new(port, &settings);
-    let max = match port {
-        Port::Grpc => settings.grpc_max_connections,
-        Port::Http => settings.http_max_connections,
-    };
-    let table = ConnectionTable::new(port, max, settings.max_connections_per_peer);
+    let table = ConnectionTable::new(port, &settings);
     let label = port.label();
     let PortMetrics {
         open,
@@ -153,25 +149,16 @@ pub async fn serve<S, B>(
                 Ok((stream, peer)) => {
                     failing.succeeded(label);
                     let activity = Arc::new(Activity::new());
-                    let (slot, evict) = match table.admit(peer.ip(), Arc::clone(&activity)) {
-                        Admission::Refused(limit) => {
-                            refused.increment(1);
-                            let (max, key) = match limit {
-                                Limit::Peer => (settings.max_connections_per_peer, "server.max_connections_per_peer"),
-                                Limit::Port => (max, port.limit_key()),
-                            };
-                            full.refused(label, max, key);
-                            drop(stream);
-                            continue;
-                        }
-                        Admission::Admitted { slot, evict, evicted } => {
-                            if let Some(limit) = evicted {
-                                evictions.evicted(label, limit, peer.ip());
-                            }
-                            (slot, evict)
-                        }
+                    let Some((slot, evict)) = admit(
+                        &table,
+                        peer.ip(),
+                        &activity,
+                        (port, &settings),
+                        (&mut full, &mut evictions, &refused),
+                    ) else {
+                        drop(stream);
+                        continue;
                     };
-                    full.accepted(label);
                     // Latency matters more than packet count for small calls.
                     let _ = stream.set_nodelay(true);
                     let info = TcpConnectInfo {
@@ -191,15 +178,7 @@ pub async fn serve<S, B>(
                         label,
                         stop_rx.clone(),
                     );
-                    conns.spawn(async move {
-                        // Dropping the connection closes it: chosen to make
-                        // room for a new one while it waited.
-                        tokio::select! {
-                            () = connection => {}
-                            () = evict.notified() => {}
-                        }
-                        drop(slot);
-                    });
+                    conns.spawn(until_evicted(connection, evict, slot));
                 }
                 Err(e) if is_connection_error(&e) => {}
                 Err(e) => {
@@ -216,6 +195,59 @@ pub async fn serve<S, B>(
         open.set(conns.len() as f64);
     }
     open.set(0.0);
+}
+
+/// Runs `connection` to its end, or drops it (closing it) when it is
+/// chosen to make room for a new one while it waited; then gives back its
+/// `slot`.
+async fn until_evicted(
+    connection: impl Future<Output = ()>,
+    evict: Arc<tokio::sync::Notify>,
+    slot: table::Slot,
+) {
+    tokio::select! {
+        () = connection => {}
+        () = evict.notified() => {}
+    }
+    drop(slot);
+}
+
+/// Admits a new connection from `peer` to `table`, or says why not (a
+/// log line per episode and a count); `None`: close it.
+fn admit(
+    table: &Arc<ConnectionTable>,
+    peer: std::net::IpAddr,
+    activity: &Arc<Activity>,
+    (port, settings): (Port, &ConnectionSettings),
+    (full, evictions, refused): (&mut LimitEpisode, &mut EvictionLog, &metrics::Counter),
+) -> Option<(table::Slot, Arc<tokio::sync::Notify>)> {
+    let label = port.label();
+    match table.admit(peer, Arc::clone(activity)) {
+        Admission::Refused(limit) => {
+            refused.increment(1);
+            let (max, key) = match (limit, port) {
+                (Limit::Peer, _) => (
+                    settings.max_connections_per_peer,
+                    "server.max_connections_per_peer",
+                ),
+                (Limit::Port, Port::Grpc) => (settings.grpc_max_connections, port.limit_key()),
+                (Limit::Port, Port::Http) => (settings.http_max_connections, port.limit_key()),
+            };
+            full.refused(label, max, key);
+            None
+        }
+        Admission::Admitted {
+            slot,
+            evict,
+            evicted,
+        } => {
+            if let Some(limit) = evicted {
+                evictions.evicted(label, limit, peer);
+            }
+            full.accepted(label);
+            Some((slot, evict))
+        }
+    }
 }
 
 /// The connection metrics of one port, built once and exported at zero.
@@ -423,7 +455,10 @@ async fn serve_connection<S, B>(
 {
     let Some(acceptor) = tls else {
         let info = (info, None, refused);
-        return serve_io(stream, info, activity, protocol, service, settings, port, stop).await;
+        return serve_io(
+            stream, info, activity, protocol, service, settings, port, stop,
+        )
+        .await;
     };
     let failed = |reason: String| {
         metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "port" => port).increment(1);

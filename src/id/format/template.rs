@@ -1879,7 +1879,11 @@ mod tests {
                 found: 'Ö'
             }
         );
-        assert!(err.to_string().contains("non-ASCII character 'Ö' at position 2"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("non-ASCII character 'Ö' at position 2"),
+            "{err}"
+        );
         let short: String = id.chars().skip(1).collect();
         let err = tpl.parse_id(&format!("{short}é")).unwrap_err();
         assert!(

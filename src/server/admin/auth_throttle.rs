@@ -129,16 +129,14 @@ impl AuthThrottle {
         let mut peers = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let key = crate::server::listener::peer_key(peer);
         let s = peers.state(key, now);
-        if s
-            .last_failure
+        if s.last_failure
             .is_some_and(|at| now.duration_since(at) >= FORGET_AFTER)
         {
             s.strikes = 0;
         }
         let quiet = s.stale(now);
         s.last_failure = Some(now);
-        if s
-            .window_start
+        if s.window_start
             .is_none_or(|start| now.duration_since(start) >= WINDOW)
         {
             s.window_start = Some(now);
@@ -146,9 +144,7 @@ impl AuthThrottle {
         }
         s.failures += 1;
         if s.failures >= FAILURES_PER_WINDOW {
-            let block = WINDOW
-                .saturating_mul(1 << s.strikes.min(16))
-                .min(MAX_BLOCK);
+            let block = WINDOW.saturating_mul(1 << s.strikes.min(16)).min(MAX_BLOCK);
             s.blocked_until = Some(now + block);
             s.strikes += 1;
             let warning = Warning {
@@ -219,7 +215,10 @@ mod tests {
         assert_eq!(left, WINDOW);
         // After the first block: 20 more, then a block twice as long.
         let later = start + WINDOW;
-        assert_eq!(brute_force(&t, attacker, later, 5000).0, FAILURES_PER_WINDOW);
+        assert_eq!(
+            brute_force(&t, attacker, later, 5000).0,
+            FAILURES_PER_WINDOW
+        );
         assert_eq!(t.gate(attacker, later), Gate::Refuse(WINDOW * 2));
         // Blocks stop growing at MAX_BLOCK.
         let mut now = later + WINDOW * 2;
@@ -233,7 +232,10 @@ mod tests {
                 Gate::Check => panic!("not blocked after 100 failures"),
             }
         }
-        assert_eq!(t.gate(attacker, now - Duration::from_millis(1)), Gate::Refuse(Duration::from_millis(1)));
+        assert_eq!(
+            t.gate(attacker, now - Duration::from_millis(1)),
+            Gate::Refuse(Duration::from_millis(1))
+        );
         // Another peer is checked as usual throughout.
         assert_eq!(t.gate(ip("10.0.0.10"), start), Gate::Check);
     }
@@ -244,7 +246,10 @@ mod tests {
         let peer = ip("10.0.0.1");
         let now = Instant::now();
         assert!(t.failed(peer, now).is_some(), "first failure is logged");
-        assert!(t.failed(peer, now).is_none(), "the next in the window is not");
+        assert!(
+            t.failed(peer, now).is_none(),
+            "the next in the window is not"
+        );
         t.succeeded(peer);
         assert_eq!(t.tracked(), 0);
     }

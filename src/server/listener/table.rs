@@ -15,8 +15,9 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::Notify;
 use super::{Activity, Port};
+use crate::config::ConnectionSettings;
+use tokio::sync::Notify;
 
 /// Which limit a new connection met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,13 +80,15 @@ struct Entry {
 }
 
 impl ConnectionTable {
-    /// A table for `port` with at most `max` connections, `per_peer` from
-    /// one peer.
-    pub(super) fn new(port: Port, max: usize, per_peer: usize) -> Arc<Self> {
+    /// A table for `port` with the limits of `settings`.
+    pub(super) fn new(port: Port, settings: &ConnectionSettings) -> Arc<Self> {
         Arc::new(Self {
             port,
-            max,
-            per_peer,
+            max: match port {
+                Port::Grpc => settings.grpc_max_connections,
+                Port::Http => settings.http_max_connections,
+            },
+            per_peer: settings.max_connections_per_peer,
             inner: Mutex::new(Table::default()),
         })
     }
@@ -219,13 +222,30 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn limits(max: usize, per_peer: usize) -> ConnectionSettings {
+        ConnectionSettings {
+            grpc_max_connections: max,
+            http_max_connections: max,
+            max_connections_per_peer: per_peer,
+            header_timeout: std::time::Duration::from_secs(10),
+            grpc_idle_timeout: std::time::Duration::from_secs(10),
+            grpc_keepalive_interval: std::time::Duration::from_secs(10),
+            grpc_keepalive_timeout: std::time::Duration::from_secs(10),
+            grpc_max_concurrent_streams: 10,
+            max_header_size: 4096,
+        }
+    }
+
     #[tokio::test]
     async fn a_full_peer_gives_up_its_longest_waiting_connection_then_is_refused() {
-        let table = ConnectionTable::new(Port::Http, 100, 2);
+        let table = ConnectionTable::new(Port::Http, &limits(100, 2));
         let peer = v4("10.0.0.1");
         let first = Arc::new(Activity::new());
-        let Admission::Admitted { evict: first_evict, slot: _a, .. } =
-            table.admit(peer, Arc::clone(&first))
+        let Admission::Admitted {
+            evict: first_evict,
+            slot: _a,
+            ..
+        } = table.admit(peer, Arc::clone(&first))
         else {
             panic!("first refused");
         };
@@ -235,8 +255,9 @@ mod tests {
             panic!("second refused");
         };
         // A third: the first (waited longest) gives way.
-        let Admission::Admitted { evicted, slot: _c, .. } =
-            table.admit(peer, Arc::new(Activity::new()))
+        let Admission::Admitted {
+            evicted, slot: _c, ..
+        } = table.admit(peer, Arc::new(Activity::new()))
         else {
             panic!("third refused");
         };
@@ -257,7 +278,7 @@ mod tests {
         second.open.store(1, Ordering::Release);
         let busy = Arc::new(Activity::new());
         busy.open.store(1, Ordering::Release);
-        let t2 = ConnectionTable::new(Port::Http, 100, 1);
+        let t2 = ConnectionTable::new(Port::Http, &limits(100, 1));
         let Admission::Admitted { slot: _d, .. } = t2.admit(peer, busy) else {
             panic!("refused");
         };
