@@ -676,3 +676,89 @@ async fn a_stopped_node_costs_one_attempt_and_the_other_node_answers() {
     signal(&stopped, "-CONT");
     drop(stopped);
 }
+
+/// `idgen gen --discover` with one of two passing nodes stopped (SIGSTOP;
+/// registered by hand with a TTL check, so Consul keeps listing it): each
+/// call that meets it moves on after a third of --timeout, and every ID
+/// comes from the other node. With no node left that answers, the error
+/// names the node and what happened in words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idgen_gen_discover_fails_over_from_a_stopped_node_and_says_why_it_failed() {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let stopped_dir = tempfile::tempdir().unwrap();
+    // Embedded, worker 31: the Consul node claims a low worker id.
+    let stopped = embedded_node(stopped_dir.path(), 31);
+    let healthy = start(dir.path(), "healthy", consul.addr(), &[]);
+    let register = serde_json::json!({
+        "ID": "idgen-stopped",
+        "Name": "idgen",
+        "Address": "127.0.0.1",
+        "Port": stopped.grpc.port(),
+        "Tags": ["snowflake"],
+        "Check": {"CheckID": "idgen-stopped-ttl", "TTL": "600s", "Status": "passing"},
+    });
+    let resp = reqwest::Client::new()
+        .put(format!(
+            "http://{}/v1/agent/service/register",
+            consul.addr()
+        ))
+        .json(&register)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{:?}", resp.text().await);
+    wait_passing(consul.addr(), 2).await;
+    signal(&stopped, "-STOP");
+    let url = format!("http://{}", consul.addr());
+    let gen = |url: String| {
+        tokio::task::spawn_blocking(move || {
+            common::run_idgen(&[
+                "gen",
+                "--discover",
+                "consul",
+                "--consul",
+                &url,
+                "-n",
+                "6",
+                "--batch",
+                "1",
+                "--timeout",
+                "3s",
+                "--json",
+            ])
+        })
+    };
+    let (ok, out) = gen(url.clone()).await.unwrap();
+    assert!(ok, "idgen gen --discover with a stopped node: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
+    let ids: Vec<u64> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 6, "{out}");
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 6, "distinct");
+    assert!(
+        ids.iter().all(|id| worker_of(*id) != 31),
+        "every ID from the node that answers: {ids:?}"
+    );
+    // Only the stopped node left: the failure names it and says why.
+    healthy.kill();
+    wait_passing(consul.addr(), 1).await;
+    let (ok, out) = gen(url).await.unwrap();
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&stopped.grpc.to_string())
+            && (out.contains("did not answer") || out.contains("does not answer")),
+        "{out}"
+    );
+    assert!(
+        !out.contains("Unknown: transport error") && !out.contains("Unknown transport error"),
+        "{out}"
+    );
+    signal(&stopped, "-CONT");
+    drop(stopped);
+    consul.shutdown().await;
+}

@@ -209,7 +209,8 @@ fn describe(status: &tonic::Status) -> String {
         "the connection broke; the node may speak TLS: set ClientBuilder::tls"
     } else if lower.contains("refused") {
         "connection refused: nothing listens there (is idgen serving at this address?)"
-    } else if lower.contains("timed out") || lower.contains("elapsed") {
+    } else if lower.contains("timed out") || lower.contains("timeout") || lower.contains("elapsed")
+    {
         "timed out connecting: the node or its network does not answer"
     } else {
         "the connection failed"

@@ -21,7 +21,9 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
         // them (the contract stated in `idgen gen --help`).
         let (ids, failure) = from_cluster(&a, mode).await;
         let printed = ids.len();
-        print(&a, ids)?;
+        if failure.is_none() || printed > 0 {
+            print(&a, ids)?;
+        }
         return match failure {
             None => Ok(()),
             Some(e) if printed > 0 => Err(e.context(format!(
