@@ -458,7 +458,7 @@ impl AdminService {
 
     /// Checks the credentials of `request` unless its peer has failed too
     /// often (then RESOURCE_EXHAUSTED with a retry hint, unchecked); counts
-    /// and logs failures per peer (see [`auth_throttle`]).
+    /// and logs failures per peer (see `admin/auth_throttle.rs`).
     fn authenticate<Req>(
         &self,
         request: &Request<Req>,

@@ -16,7 +16,7 @@
 //!   connections on each port. When a new connection would pass that or the
 //!   port's maximum, the connection that has waited longest for its request
 //!   headers (HTTP/1) or HTTP/2 preface is closed to make room (see
-//!   [`table`]); counted in `idgen_connections_evicted_total`, logged at
+//!   `listener/table.rs`); counted in `idgen_connections_evicted_total`, logged at
 //!   most every 10 s. So slow-header floods cannot keep `/healthz` or the
 //!   gRPC health check out.
 //! - **At the connection limit**, with no waiting connection to close, a
@@ -672,7 +672,7 @@ impl Activity {
     /// Since when the connection has waited for its request headers
     /// (HTTP/1: no request in progress, whether before the first or
     /// between two) or its HTTP/2 preface (gRPC); `None` while it is being
-    /// served. What [`table`] closes first to make room.
+    /// served. What `listener/table.rs` closes first to make room.
     fn waiting_since(&self, port: Port) -> Option<Instant> {
         if self.open.load(Ordering::Acquire) > 0 {
             return None;
