@@ -208,7 +208,9 @@ pub struct BenchArgs {
     /// Server URL: http://host:port, or https://host:port with --ca.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub addr: String,
-    /// HTTP/2 connections.
+    /// HTTP/2 connections. A node takes at most
+    /// server.max_connections_per_peer (64 by default) from one address;
+    /// past it, new connections are closed.
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
     /// Calls in flight at once (spread over the connections).
