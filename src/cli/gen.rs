@@ -52,14 +52,31 @@ async fn from_cluster(a: &GenArgs, mode: i32) -> (Vec<u64>, Option<anyhow::Error
             Some(anyhow::anyhow!("mode {mode} is not known to the client")),
         );
     };
-    while ids.len() < a.count as usize {
-        let count = (a.count - ids.len() as u32).min(a.batch);
-        let got = if count == 1 {
-            client.gen_id(mode, &a.tag).await.map(|id| vec![id])
-        } else {
-            client.gen_ids(mode, &a.tag, count).await
-        };
-        match got {
+    collect(a.count, a.batch, |count| {
+        let client = client.clone();
+        let tag = a.tag.clone();
+        async move {
+            if count == 1 {
+                client.gen_id(mode, &tag).await.map(|id| vec![id])
+            } else {
+                client.gen_ids(mode, &tag, count).await
+            }
+        }
+    })
+    .await
+}
+
+/// Fetches `total` IDs in calls of at most `batch`; on a failure, keeps
+/// what the calls before it returned.
+async fn collect<F, Fut>(total: u32, batch: u32, mut fetch: F) -> (Vec<u64>, Option<anyhow::Error>)
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<u64>, idgen_client::Error>>,
+{
+    let mut ids = Vec::with_capacity(total as usize);
+    while ids.len() < total as usize {
+        let count = (total - ids.len() as u32).min(batch);
+        match fetch(count).await {
             Ok(got) => ids.extend(got),
             Err(e) => return (ids, Some(e.into())),
         }
@@ -195,4 +212,37 @@ fn server_max_batch(s: &tonic::Status) -> Option<u32> {
     let rest = s.message().strip_prefix("count must be between 1 and ")?;
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok().filter(|max| *max > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failure_midway_keeps_the_ids_obtained_before_it() {
+        let mut calls = 0;
+        let (ids, failure) = collect(10, 3, |count| {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n == 3 {
+                    return Err(idgen_client::Error::Transport {
+                        node: "10.0.0.1:50051".into(),
+                        cause: "connection refused".into(),
+                    });
+                }
+                Ok((0..u64::from(count))
+                    .map(|i| u64::from(n as u32) * 100 + i)
+                    .collect())
+            }
+        })
+        .await;
+        assert_eq!(ids, vec![100, 101, 102, 200, 201, 202]);
+        let e = failure.expect("the third call failed");
+        assert!(e.to_string().contains("10.0.0.1:50051"), "{e}");
+        let (ids, failure) =
+            collect(4, 3, |count| async move { Ok(vec![7; count as usize]) }).await;
+        assert_eq!(ids.len(), 4);
+        assert!(failure.is_none());
+    }
 }
