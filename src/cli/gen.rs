@@ -41,14 +41,13 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
 /// calls over the passing nodes and retries another node when one fails.
 /// Returns the IDs obtained, and the error that stopped it early, if any.
 async fn from_cluster(a: &GenArgs, mode: i32) -> (Vec<u64>, Option<anyhow::Error>) {
-    let mut ids = Vec::with_capacity(a.count as usize);
     let client = match discovered_client(&a.discovery, &a.tls, a.timeout).await {
         Ok(c) => c,
-        Err(e) => return (ids, Some(e)),
+        Err(e) => return (Vec::new(), Some(e)),
     };
     let Ok(mode) = idgen_client::Mode::try_from(mode) else {
         return (
-            ids,
+            Vec::new(),
             Some(anyhow::anyhow!("mode {mode} is not known to the client")),
         );
     };
