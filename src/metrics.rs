@@ -119,6 +119,15 @@ pub const LUA_WORKERS_ASIDE: &str = "idgen_lua_workers_aside";
 pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
 /// Connections the node closed on a deadline, by `port` and `reason`.
 pub const CONNECTIONS_TIMED_OUT: &str = "idgen_connections_timed_out_total";
+/// Connections closed to make room for a new one, by `port` and `limit`
+/// (`peer` or `port`).
+pub const CONNECTIONS_EVICTED: &str = "idgen_connections_evicted_total";
+/// Failed admin authentications (wrong or missing token or certificate),
+/// by `port`.
+pub const ADMIN_AUTH_FAILURES: &str = "idgen_admin_auth_failures_total";
+/// Admin calls refused unchecked because their peer failed to
+/// authenticate too often, by `port`.
+pub const ADMIN_AUTH_THROTTLED: &str = "idgen_admin_auth_throttled_total";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
 
@@ -166,6 +175,7 @@ fn describe() {
     describe_cluster();
     describe_reloads();
     describe_lua();
+    describe_hostile_peers();
 }
 
 /// The threads Lua rules run on (`modes::lua_pool`).
@@ -181,6 +191,22 @@ fn describe_lua() {
     describe_gauge!(
         LUA_WORKERS_ASIDE,
         "Lua worker threads set aside because their call is stuck; each was replaced while at most formatted.lua_workers are aside."
+    );
+}
+
+/// What the node does about peers that flood or guess.
+fn describe_hostile_peers() {
+    describe_counter!(
+        CONNECTIONS_EVICTED,
+        "Connections closed to let a new one in, by port and limit: peer (the peer had server.max_connections_per_peer open) or port (the port had its maximum open); only connections waiting for request headers or the HTTP/2 preface are closed."
+    );
+    describe_counter!(
+        ADMIN_AUTH_FAILURES,
+        "Admin calls whose token or client certificate was missing or wrong, by port."
+    );
+    describe_counter!(
+        ADMIN_AUTH_THROTTLED,
+        "Admin calls refused without checking their credentials because their peer had failed to authenticate too often, by port."
     );
 }
 

@@ -594,3 +594,171 @@ async fn discovery_sends_its_acl_token_and_keeps_only_nodes_with_its_tag() {
     }
     consul.shutdown().await;
 }
+
+/// An embedded node in `dir` with worker id `worker`.
+fn embedded_node(dir: &Path, worker: u64) -> ChildServer {
+    let path = common::write_child_config(dir, true);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[node]\nworker_id = {worker}\n"));
+    std::fs::write(&path, text).unwrap();
+    ChildServer::start(&path)
+}
+
+fn signal(node: &ChildServer, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &node.child.id().to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+/// A node stopped with SIGSTOP accepts connections (the kernel does) and
+/// never answers. Each call that meets it costs one attempt's share of the
+/// deadline and is answered by the other node; nothing waits out the
+/// whole deadline on it. When no node can answer, the error names the
+/// node and says what happened in words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_node_costs_one_attempt_and_the_other_node_answers() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let stopped = embedded_node(dir_a.path(), 1);
+    let healthy = embedded_node(dir_b.path(), 2);
+    // Connections to both exist before the stop, as in a running client.
+    let client = Client::builder()
+        .endpoints([stopped.grpc.to_string(), healthy.grpc.to_string()])
+        .deadline(Duration::from_secs(30))
+        .attempt_timeout(Duration::from_millis(500))
+        .set_aside(Duration::from_secs(60))
+        .build()
+        .await
+        .expect("client starts");
+    for _ in 0..10 {
+        client.gen_id(Mode::Snowflake, "").await.expect("warm-up");
+    }
+    signal(&stopped, "-STOP");
+    // Every call is answered, by the healthy node (worker 2): with the
+    // whole deadline spent on the stopped node, the first call that met
+    // it would have failed.
+    let mut workers = HashSet::new();
+    for _ in 0..20 {
+        let id = client
+            .gen_id(Mode::Snowflake, "")
+            .await
+            .expect("answered by the other node");
+        workers.insert(worker_of(id));
+    }
+    assert_eq!(
+        workers,
+        HashSet::from([2]),
+        "answered by the healthy node only"
+    );
+    // With the healthy node gone too, the error says which node did what,
+    // never a bare "Unknown: transport error".
+    let healthy_addr = healthy.grpc.to_string();
+    healthy.kill();
+    let quick = Client::builder()
+        .endpoints([healthy_addr.clone()])
+        .deadline(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("client starts");
+    let err = quick
+        .gen_id(Mode::Strict, "ns/k")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&healthy_addr)
+            && err.contains("connection refused")
+            && !err.contains("Unknown"),
+        "{err}"
+    );
+    signal(&stopped, "-CONT");
+    drop(stopped);
+}
+
+/// `idgen gen --discover` with one of two passing nodes stopped (SIGSTOP;
+/// registered by hand with a TTL check, so Consul keeps listing it): each
+/// call that meets it moves on after a third of --timeout, and every ID
+/// comes from the other node. With no node left that answers, the error
+/// names the node and what happened in words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idgen_gen_discover_fails_over_from_a_stopped_node_and_says_why_it_failed() {
+    let consul = test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let stopped_dir = tempfile::tempdir().unwrap();
+    // Embedded, worker 31: the Consul node claims a low worker id.
+    let stopped = embedded_node(stopped_dir.path(), 31);
+    let healthy = start(dir.path(), "healthy", consul.addr(), &[]);
+    let register = serde_json::json!({
+        "ID": "idgen-stopped",
+        "Name": "idgen",
+        "Address": "127.0.0.1",
+        "Port": stopped.grpc.port(),
+        "Tags": ["snowflake"],
+        "Check": {"CheckID": "idgen-stopped-ttl", "TTL": "600s", "Status": "passing"},
+    });
+    let resp = reqwest::Client::new()
+        .put(format!(
+            "http://{}/v1/agent/service/register",
+            consul.addr()
+        ))
+        .json(&register)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{:?}", resp.text().await);
+    wait_passing(consul.addr(), 2).await;
+    signal(&stopped, "-STOP");
+    let url = format!("http://{}", consul.addr());
+    let gen = |url: String| {
+        tokio::task::spawn_blocking(move || {
+            common::run_idgen(&[
+                "gen",
+                "--discover",
+                "consul",
+                "--consul",
+                &url,
+                "-n",
+                "6",
+                "--batch",
+                "1",
+                "--timeout",
+                "3s",
+                "--json",
+            ])
+        })
+    };
+    let (ok, out) = gen(url.clone()).await.unwrap();
+    assert!(ok, "idgen gen --discover with a stopped node: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
+    let ids: Vec<u64> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 6, "{out}");
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 6, "distinct");
+    assert!(
+        ids.iter().all(|id| worker_of(*id) != 31),
+        "every ID from the node that answers: {ids:?}"
+    );
+    // Only the stopped node left: the failure names it and says why.
+    healthy.kill();
+    wait_passing(consul.addr(), 1).await;
+    let (ok, out) = gen(url).await.unwrap();
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&stopped.grpc.to_string())
+            && (out.contains("did not answer") || out.contains("does not answer")),
+        "{out}"
+    );
+    assert!(
+        !out.contains("Unknown: transport error") && !out.contains("Unknown transport error"),
+        "{out}"
+    );
+    signal(&stopped, "-CONT");
+    drop(stopped);
+    consul.shutdown().await;
+}

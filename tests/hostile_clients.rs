@@ -472,7 +472,8 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
         f.server.header_timeout = Duration::from_secs(60);
     }))
     .await;
-    // gRPC: one working client and two idle holders fill the port.
+    // gRPC: one working client and two idle holders (past their preface,
+    // so not waiting: none can be closed to make room) fill the port.
     let mut client = server.client().await;
     client
         .gen_id(idgen::proto::GenIdRequest::default())
@@ -480,7 +481,10 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
         .expect("GenId");
     let mut holders = Vec::new();
     for _ in 0..2 {
-        holders.push(TcpStream::connect(server.grpc).await.unwrap());
+        let mut holder = TcpStream::connect(server.grpc).await.unwrap();
+        holder.write_all(PREFACE).await.unwrap();
+        holder.write_all(EMPTY_SETTINGS).await.unwrap();
+        holders.push(holder);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
@@ -494,23 +498,27 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
             .await
             .expect("GenId at the connection limit");
     }
-    // HTTP: two holders fill it; a third is closed at once.
+    // HTTP: two holders that send nothing fill it; a third gets in, and
+    // the holder that waited longest for its headers is closed for it.
     let mut http_holders = Vec::new();
     for _ in 0..2 {
         http_holders.push(TcpStream::connect(server.http).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut extra = TcpStream::connect(server.http).await.unwrap();
     extra
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: idgen\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: idgen\r\nConnection: close\r\n\r\n")
         .await
-        .ok();
+        .unwrap();
     let (got, _) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
     assert!(
-        got.is_empty(),
-        "answered past the limit: {}",
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"),
+        "not served at the limit: {}",
         String::from_utf8_lossy(&got)
     );
+    let (nothing, _) = read_until_closed(&mut http_holders[0], Duration::from_secs(5)).await;
+    assert!(nothing.is_empty(), "the oldest silent holder was closed");
     // Once one holder goes, a new connection is served again.
     drop(holders.pop());
     drop(http_holders.pop());
@@ -521,7 +529,10 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
             let text = resp.text().await.unwrap();
             let refused = |port| port_metric(&text, "idgen_connections_refused_total", port);
             assert!(refused("grpc").unwrap_or(0.0) >= 1.0, "{text}");
-            assert!(refused("http").unwrap_or(0.0) >= 1.0, "{text}");
+            assert!(
+                text.contains("idgen_connections_evicted_total{port=\"http\",limit=\"port\"} 1"),
+                "{text}"
+            );
             served = true;
             break;
         }
@@ -535,6 +546,101 @@ async fn past_the_connection_limit_new_connections_are_closed_at_once() {
         .gen_id(idgen::proto::GenIdRequest::default())
         .await
         .expect("GenId on a new connection after a holder left");
+    server.stop().await;
+}
+
+/// Sends one request on a new connection and returns the status line (empty
+/// if the connection was closed unanswered).
+async fn probe(addr: SocketAddr, path: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: idgen\r\nConnection: close\r\n\r\n");
+    if s.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let (got, _) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+    String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_slow_header_flood_from_one_peer_does_not_keep_health_probes_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        // The flood would hold its connections for a minute.
+        f.server.header_timeout = Duration::from_secs(60);
+        f.server.grpc_max_connections = 100;
+    }))
+    .await;
+    // 200 connections from this peer trickle header lines (past the peer
+    // cap of 64 and the port's 128), 150 more never send the HTTP/2
+    // preface (past the gRPC port's 100).
+    let mut flood = Vec::new();
+    for _ in 0..200 {
+        if let Ok(mut s) = TcpStream::connect(server.http).await {
+            let _ = s.write_all(b"GET /v1/id HTTP/1.1\r\n").await;
+            flood.push(s);
+        }
+    }
+    for s in &mut flood {
+        let _ = s.write_all(b"X-Slow: 1\r\n").await;
+    }
+    // Silent: any byte that is not the preface would end them at once.
+    let mut silent = Vec::new();
+    for _ in 0..150 {
+        if let Ok(s) = TcpStream::connect(server.grpc).await {
+            silent.push(s);
+        }
+    }
+    // Health probes (from the same address, as a kubelet on this host
+    // would be) keep answering throughout.
+    for round in 0..10 {
+        for path in ["/healthz", "/readyz"] {
+            let status = probe(server.http, path).await;
+            assert!(
+                status.starts_with("HTTP/1.1 200"),
+                "round {round}: {path} answered {status:?} during the flood"
+            );
+        }
+        for _ in 0..20 {
+            if let Ok(mut s) = TcpStream::connect(server.http).await {
+                let _ = s.write_all(b"GET /v1/id HTTP/1.1\r\n").await;
+                flood.push(s);
+            }
+        }
+    }
+    // So does the gRPC health service, on a new connection.
+    let status = tokio::time::timeout(Duration::from_secs(20), common::grpc_health(server.grpc))
+        .await
+        .expect("the gRPC health check answers during the flood");
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+    let text = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let evicted = |port: &str, limit: &str| {
+        let prefix =
+            format!("idgen_connections_evicted_total{{port=\"{port}\",limit=\"{limit}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(evicted("http", "peer") >= 130.0, "{text}");
+    assert!(
+        evicted("grpc", "peer") + evicted("grpc", "port") >= 50.0,
+        "{text}"
+    );
+    drop((flood, silent));
     server.stop().await;
 }
 
@@ -651,4 +757,130 @@ async fn out_of_descriptors_the_node_backs_off_instead_of_spinning_and_recovers(
     let counted = port_metric(&text, "idgen_accept_errors_total", "grpc").expect("metric");
     assert!(counted >= errors as f64, "{counted} < {errors}");
     assert!(server.terminate().success());
+}
+
+// ---------------------------------------------------------------------------
+// Admin brute force: wrong tokens from one peer, as fast as it can.
+// ---------------------------------------------------------------------------
+
+/// A wrong-token admin call's outcome: checked (and refused), or refused
+/// unchecked by the throttle.
+async fn list_tags_with(
+    client: &mut idgen::proto::admin_client::AdminClient<tonic::transport::Channel>,
+    token: &str,
+) -> Result<(), tonic::Status> {
+    let mut r = tonic::Request::new(idgen::proto::ListTagsRequest {});
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    client.list_tags(r).await.map(|_| ())
+}
+
+#[tokio::test]
+async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() {
+    const TOKEN: &str = "the-right-admin-token";
+    const GUESSES: usize = 400;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!(
+        "[segment]\nenabled = true\n[admin]\ntoken = \"{TOKEN}\"\n"
+    ));
+    std::fs::write(&path, text).unwrap();
+    let node = ChildServer::start(&path);
+    let endpoint = |local: &str| {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", node.grpc))
+            .unwrap()
+            .local_address(Some(local.parse().unwrap()))
+    };
+    let mut attacker = idgen::proto::admin_client::AdminClient::new(
+        endpoint("127.0.0.1").connect().await.unwrap(),
+    );
+    let (mut checked, mut throttled) = (0, 0);
+    let mut retry_hint = String::new();
+    for i in 0..GUESSES {
+        let e = list_tags_with(&mut attacker, &format!("guess-{i}"))
+            .await
+            .expect_err("a wrong token is refused");
+        match e.code() {
+            tonic::Code::PermissionDenied => checked += 1,
+            tonic::Code::ResourceExhausted => {
+                throttled += 1;
+                retry_hint = e.message().to_owned();
+            }
+            other => panic!("unexpected {other:?}: {e:?}"),
+        }
+    }
+    // 20 checks, then blocks of 1 s, 2 s, 4 s, 8 s, 16 s with 20 checks
+    // between them: a loop that takes under 31 s gets at most 100 checks.
+    assert!(
+        (20..=100).contains(&checked),
+        "{checked} of {GUESSES} guesses were checked"
+    );
+    assert_eq!(checked + throttled, GUESSES);
+    assert!(
+        retry_hint.contains("too many failed admin authentications from 127.0.0.1")
+            && retry_hint.contains("retry in"),
+        "{retry_hint}"
+    );
+    // The console's JSON API shares the budget: this peer gets 429 there
+    // too (at once while shut out; within 21 guesses otherwise).
+    let http = reqwest::Client::new();
+    let mut too_many = false;
+    let mut http_checked = 0;
+    for i in 0..100 {
+        let status = http
+            .get(format!("http://{}/admin/api/tags", node.http))
+            .bearer_auth(format!("http-guess-{i}"))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            too_many = true;
+            break;
+        }
+        assert_eq!(status, reqwest::StatusCode::FORBIDDEN);
+        http_checked += 1;
+    }
+    assert!(too_many, "the console API was not throttled");
+    // Another peer with the right token is served meanwhile.
+    let mut operator = idgen::proto::admin_client::AdminClient::new(
+        endpoint("127.0.0.2").connect().await.unwrap(),
+    );
+    list_tags_with(&mut operator, TOKEN)
+        .await
+        .expect("the right token from another peer works during the attack");
+    // WARN lines: one when the peer starts failing (again, after a block)
+    // and one per block, so at most two per 20 checked failures, not one
+    // per guess; no INFO line per failed call.
+    let log = node.log_text();
+    let warns = log
+        .lines()
+        .filter(|l| l.contains("failed admin authentication") && l.contains("WARN"))
+        .count();
+    assert!(
+        (1..=2 + 2 * (checked + http_checked) / 20).contains(&warns),
+        "{warns} WARN lines for {checked} + {http_checked} checked failures:\n{log}"
+    );
+    assert!(
+        !log.contains("admin call failed"),
+        "a line per failed call:\n{log}"
+    );
+    let metrics = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| port_metric(&metrics, name, "grpc").unwrap_or(-1.0);
+    assert_eq!(
+        value("idgen_admin_auth_failures_total"),
+        checked as f64,
+        "{metrics}"
+    );
+    assert_eq!(
+        value("idgen_admin_auth_throttled_total"),
+        throttled as f64,
+        "{metrics}"
+    );
 }

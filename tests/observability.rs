@@ -103,6 +103,21 @@ async fn an_embedded_node_exports_every_series_at_zero_before_any_request() {
             "0",
         );
     }
+    for port in ["grpc", "http"] {
+        for limit in ["peer", "port"] {
+            assert_sample(
+                &text,
+                &format!("idgen_connections_evicted_total{{port=\"{port}\",limit=\"{limit}\"}}"),
+                "0",
+            );
+        }
+        for name in [
+            "idgen_admin_auth_failures_total",
+            "idgen_admin_auth_throttled_total",
+        ] {
+            assert_sample(&text, &format!("{name}{{port=\"{port}\"}}"), "0");
+        }
+    }
     for (backend, op) in [
         ("embedded", "store_hwm"),
         ("segment", "take_range"),

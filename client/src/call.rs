@@ -19,6 +19,9 @@ use crate::Error;
 #[derive(Debug, Clone)]
 pub(crate) struct CallSettings {
     pub deadline: Duration,
+    /// The most one attempt on one node may take: a node that stalls
+    /// (SIGSTOP, a full disk) costs this, not the whole deadline.
+    pub attempt_timeout: Duration,
     pub backoff_base: Duration,
     pub backoff_max: Duration,
 }
@@ -82,7 +85,8 @@ impl Caller {
                     }
                 };
                 let client = IdGenClient::new(node.channel.clone());
-                let outcome = tokio::time::timeout(left, op(client, left)).await;
+                let budget = left.min(self.settings.attempt_timeout);
+                let outcome = tokio::time::timeout(budget, op(client, budget)).await;
                 drop(in_flight);
                 let status = match outcome {
                     Ok(Ok(value)) => {
@@ -93,6 +97,28 @@ impl Caller {
                         return Ok(value);
                     }
                     Ok(Err(status)) => status,
+                    // The attempt's share ran out, not the deadline: the
+                    // node stalled. Another node may answer; an
+                    // idempotent call goes there (a strict one may have
+                    // taken a value and is not sent again).
+                    Err(_) if budget < left => {
+                        let status = tonic::Status::deadline_exceeded(format!(
+                            "{} did not answer within the attempt timeout of {budget:?}",
+                            node.addr
+                        ));
+                        Arc::clone(&self.nodes).set_aside(&node);
+                        if retry == Retry::OnlyIfNotSent {
+                            return Err(Error::DeadlineExceeded {
+                                deadline,
+                                last: format!("{}; a strict call is not sent twice (the node may have taken a value)", status.message()),
+                            });
+                        }
+                        metrics::counter!(m::RETRIES).increment(1);
+                        last = status.message().to_owned();
+                        tried.push(node);
+                        attempt += 1;
+                        continue;
+                    }
                     Err(_) => {
                         // An attempt cut short by the deadline says less
                         // than the failure before it (often the reason, such
@@ -117,7 +143,14 @@ impl Caller {
                     Retry::OnlyIfNotSent => never_sent(&status),
                 };
                 if !retryable {
-                    return Err(status.into());
+                    return Err(if transport {
+                        Error::Transport {
+                            node: node.addr.clone(),
+                            cause: describe(&status),
+                        }
+                    } else {
+                        status.into()
+                    });
                 }
                 tracing::debug!(node = %node.addr, code = ?status.code(), error = %status.message(), "retrying on another node");
                 metrics::counter!(m::RETRIES).increment(1);
@@ -155,30 +188,34 @@ impl Caller {
 /// The status's code and message, with the innermost cause of a transport
 /// failure and a hint when it is a TLS mismatch.
 fn describe(status: &tonic::Status) -> String {
-    let mut text = format!("{:?} {}", status.code(), status.message());
     let mut cause = None;
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {
         cause = Some(e.to_string());
         source = e.source();
     }
-    if let Some(cause) = cause {
-        let lower = cause.to_ascii_lowercase();
-        let hint = if lower.contains("invalidcertificate") || lower.contains("certificate") {
-            " (TLS: the node's certificate is not trusted: check the CA and the server name of TlsConfig)"
-        } else if lower.contains("corrupt message") || lower.contains("invalidcontenttype") {
-            " (TLS: the node does not speak TLS; it serves plaintext: drop ClientBuilder::tls)"
-        } else if lower.contains("frame with invalid size")
-            || lower.contains("connection reset")
-            || lower.contains("broken pipe")
-        {
-            " (the node may speak TLS: set ClientBuilder::tls)"
-        } else {
-            ""
-        };
-        text = format!("{text}: {cause}{hint}");
-    }
-    text
+    let Some(cause) = cause else {
+        return format!("{:?} {}", status.code(), status.message());
+    };
+    let lower = cause.to_ascii_lowercase();
+    let words = if lower.contains("invalidcertificate") || lower.contains("certificate") {
+        "TLS: the node's certificate is not trusted: check the CA and the server name of TlsConfig"
+    } else if lower.contains("corrupt message") || lower.contains("invalidcontenttype") {
+        "TLS: the node does not speak TLS; it serves plaintext: drop ClientBuilder::tls"
+    } else if lower.contains("frame with invalid size")
+        || lower.contains("reset")
+        || lower.contains("broken pipe")
+    {
+        "the connection broke; the node may speak TLS: set ClientBuilder::tls"
+    } else if lower.contains("refused") {
+        "connection refused: nothing listens there (is idgen serving at this address?)"
+    } else if lower.contains("timed out") || lower.contains("timeout") || lower.contains("elapsed")
+    {
+        "timed out connecting: the node or its network does not answer"
+    } else {
+        "the connection failed"
+    };
+    format!("{words} ({cause})")
 }
 
 fn is_transport(status: &tonic::Status) -> bool {
@@ -224,6 +261,7 @@ mod tests {
             nodes: Arc::new(set),
             settings: CallSettings {
                 deadline: Duration::from_secs(2),
+                attempt_timeout: Duration::from_secs(2),
                 backoff_base: Duration::from_millis(1),
                 backoff_max: Duration::from_millis(5),
             },
@@ -300,6 +338,67 @@ mod tests {
         assert!(
             count.load(Ordering::SeqCst) >= 2,
             "a second attempt was made"
+        );
+    }
+
+    /// The first node stalls (stopped with SIGSTOP: connected, never
+    /// answers); the second answers. With an attempt timeout below the
+    /// deadline the call fails over; a strict call does not.
+    #[tokio::test]
+    async fn a_stalled_node_costs_one_attempt_not_the_deadline() {
+        let mut c = caller(&["127.0.0.1:1", "127.0.0.1:2"]);
+        c.settings.deadline = Duration::from_secs(30);
+        c.settings.attempt_timeout = Duration::from_millis(200);
+        let run = |retry| {
+            let count = AtomicUsize::new(0);
+            let c = &c;
+            async move {
+                let result: Result<usize, Error> = c
+                    .call("GenId", retry, |_, budget| {
+                        let n = count.fetch_add(1, Ordering::SeqCst);
+                        async move {
+                            assert!(budget <= Duration::from_millis(200), "{budget:?}");
+                            if n == 0 {
+                                std::future::pending().await
+                            }
+                            Ok(n)
+                        }
+                    })
+                    .await;
+                result
+            }
+        };
+        assert_eq!(
+            run(Retry::Idempotent)
+                .await
+                .expect("the second node answers"),
+            1,
+            "answered by the second attempt"
+        );
+        match run(Retry::OnlyIfNotSent).await {
+            Err(Error::DeadlineExceeded { last, .. }) => {
+                assert!(
+                    last.contains("attempt timeout") && last.contains("not sent twice"),
+                    "{last}"
+                );
+            }
+            other => panic!("a strict call was sent again: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn transport_failures_are_told_in_words() {
+        let text = describe(&refused());
+        assert!(text.starts_with("connection refused"), "{text}");
+        assert!(!text.contains("Unknown"), "{text}");
+        let e = Error::Transport {
+            node: "10.0.0.1:50051".into(),
+            cause: describe(&reset_after_send()),
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("10.0.0.1:50051") && text.contains("connection broke"),
+            "{text}"
         );
     }
 

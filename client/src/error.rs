@@ -27,6 +27,16 @@ pub enum Error {
         /// The server's message (it says what to do).
         message: String,
     },
+    /// A call failed on its way to or from a node (connection refused or
+    /// broken, TLS mismatch) and cannot be retried elsewhere (a strict
+    /// call that may have reached the node).
+    #[error("the call to {node} failed in transit: {cause}")]
+    Transport {
+        /// The node's address.
+        node: String,
+        /// What happened, in words, with the underlying error.
+        cause: String,
+    },
     /// Strict values are linearizable only when every call goes to a
     /// node; they cannot be prefetched.
     #[error(
@@ -45,7 +55,9 @@ impl Error {
     /// The gRPC code closest to this error.
     pub fn code(&self) -> tonic::Code {
         match self {
-            Error::NoNodes | Error::Discovery(_) => tonic::Code::Unavailable,
+            Error::NoNodes | Error::Discovery(_) | Error::Transport { .. } => {
+                tonic::Code::Unavailable
+            }
             Error::DeadlineExceeded { .. } => tonic::Code::DeadlineExceeded,
             Error::Status { code, .. } => *code,
             Error::StrictNotPrefetchable | Error::Config(_) => tonic::Code::InvalidArgument,

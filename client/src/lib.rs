@@ -81,6 +81,7 @@ pub struct ClientBuilder {
     endpoints: Vec<String>,
     consul: Option<ConsulDiscovery>,
     deadline: Duration,
+    attempt_timeout: Option<Duration>,
     connect_timeout: Duration,
     set_aside: Duration,
     backoff_base: Duration,
@@ -95,6 +96,7 @@ impl Default for ClientBuilder {
             endpoints: Vec::new(),
             consul: None,
             deadline: Duration::from_secs(2),
+            attempt_timeout: None,
             connect_timeout: Duration::from_millis(500),
             set_aside: Duration::from_secs(1),
             backoff_base: Duration::from_millis(5),
@@ -123,6 +125,16 @@ impl ClientBuilder {
     /// (default 2 s).
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
+        self
+    }
+
+    /// The longest one attempt on one node may take before the call moves
+    /// to another node (default: a third of the deadline, so a stalled
+    /// node, e.g. one stopped with SIGSTOP, leaves time for two more).
+    /// Capped by the time left of the deadline. A strict call is not sent
+    /// again after its attempt timed out (the node may have taken a value).
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
         self
     }
 
@@ -167,6 +179,11 @@ impl ClientBuilder {
         if self.deadline.is_zero() {
             return Err(Error::Config("the deadline must be above zero".into()));
         }
+        if self.attempt_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(Error::Config(
+                "the attempt timeout must be above zero".into(),
+            ));
+        }
         if self.set_aside.is_zero() {
             return Err(Error::Config(
                 "the set-aside period must be above zero".into(),
@@ -201,6 +218,7 @@ impl ClientBuilder {
             nodes,
             settings: CallSettings {
                 deadline: self.deadline,
+                attempt_timeout: self.attempt_timeout.unwrap_or(self.deadline / 3),
                 backoff_base: self.backoff_base,
                 backoff_max: self.backoff_max,
             },

@@ -151,10 +151,14 @@ pub struct GenArgs {
     pub addr: String,
     #[command(flatten)]
     pub tls: super::tls::TlsArgs,
-    /// Longest wait for the connection and for each call.
+    /// Longest wait for the connection and for each call. With
+    /// --discover, each node gets a third of it before the call moves to
+    /// another node.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// How many IDs. More than --batch are fetched in several calls.
+    /// How many IDs. More than --batch are fetched in several calls; if
+    /// one fails (with --discover), the IDs obtained before it are printed
+    /// and the error says how many.
     #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub count: u32,
     /// Most IDs asked for in one call (the server's server.max_batch,
@@ -204,7 +208,9 @@ pub struct BenchArgs {
     /// Server URL: http://host:port, or https://host:port with --ca.
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub addr: String,
-    /// HTTP/2 connections.
+    /// HTTP/2 connections. A node takes at most
+    /// server.max_connections_per_peer (64 by default) from one address;
+    /// past it, new connections are closed.
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
     /// Calls in flight at once (spread over the connections).

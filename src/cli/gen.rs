@@ -15,29 +15,72 @@ pub async fn run(a: GenArgs) -> anyhow::Result<()> {
     }
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
-    let ids = if a.discovery.discover.is_some() {
-        from_cluster(&a, mode).await?
-    } else {
-        from_node(&a, mode).await?
-    };
+    if a.discovery.discover.is_some() {
+        // IDs obtained before a failure are printed, then the error says
+        // how many: they were issued, and dropping them would only waste
+        // them (the contract stated in `idgen gen --help`).
+        let (ids, failure) = from_cluster(&a, mode).await;
+        let printed = ids.len();
+        if failure.is_none() || printed > 0 {
+            print(&a, ids)?;
+        }
+        return match failure {
+            None => Ok(()),
+            Some(e) if printed > 0 => Err(e.context(format!(
+                "printed the {printed} of {} IDs obtained before this failure",
+                a.count
+            ))),
+            Some(e) => Err(e),
+        };
+    }
+    let ids = from_node(&a, mode).await?;
     print(&a, ids)
 }
 
 /// `--discover consul`: through the idgen-client crate, which spreads the
 /// calls over the passing nodes and retries another node when one fails.
-async fn from_cluster(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
-    let client = discovered_client(&a.discovery, &a.tls, a.timeout).await?;
-    let mode = idgen_client::Mode::try_from(mode)
-        .map_err(|_| anyhow::anyhow!("mode {mode} is not known to the client"))?;
-    if a.count == 1 {
-        return Ok(vec![client.gen_id(mode, &a.tag).await?]);
+/// Returns the IDs obtained, and the error that stopped it early, if any.
+async fn from_cluster(a: &GenArgs, mode: i32) -> (Vec<u64>, Option<anyhow::Error>) {
+    let client = match discovered_client(&a.discovery, &a.tls, a.timeout).await {
+        Ok(c) => c,
+        Err(e) => return (Vec::new(), Some(e)),
+    };
+    let Ok(mode) = idgen_client::Mode::try_from(mode) else {
+        return (
+            Vec::new(),
+            Some(anyhow::anyhow!("mode {mode} is not known to the client")),
+        );
+    };
+    collect(a.count, a.batch, |count| {
+        let client = client.clone();
+        let tag = a.tag.clone();
+        async move {
+            if count == 1 {
+                client.gen_id(mode, &tag).await.map(|id| vec![id])
+            } else {
+                client.gen_ids(mode, &tag, count).await
+            }
+        }
+    })
+    .await
+}
+
+/// Fetches `total` IDs in calls of at most `batch`; on a failure, keeps
+/// what the calls before it returned.
+async fn collect<F, Fut>(total: u32, batch: u32, mut fetch: F) -> (Vec<u64>, Option<anyhow::Error>)
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<u64>, idgen_client::Error>>,
+{
+    let mut ids = Vec::with_capacity(total as usize);
+    while ids.len() < total as usize {
+        let count = (total - ids.len() as u32).min(batch);
+        match fetch(count).await {
+            Ok(got) => ids.extend(got),
+            Err(e) => return (ids, Some(e.into())),
+        }
     }
-    let mut ids = Vec::with_capacity(a.count as usize);
-    while ids.len() < a.count as usize {
-        let count = (a.count - ids.len() as u32).min(a.batch);
-        ids.extend(client.gen_ids(mode, &a.tag, count).await?);
-    }
-    Ok(ids)
+    (ids, None)
 }
 
 /// A client of the nodes Consul lists as passing for `--service`; the
@@ -76,9 +119,12 @@ pub(super) async fn discovered_client(
         ),
         (None, false) => {}
     }
+    // Each node gets a third of --timeout: one that stalls (stopped,
+    // overloaded) leaves time to ask two others.
     let mut builder = idgen_client::Client::builder()
         .consul(discovery)
-        .deadline(deadline);
+        .deadline(deadline)
+        .attempt_timeout(deadline / 3);
     if let Some(tls) = tls.client_tls()? {
         builder = builder.tls(tls);
     }
@@ -165,4 +211,37 @@ fn server_max_batch(s: &tonic::Status) -> Option<u32> {
     let rest = s.message().strip_prefix("count must be between 1 and ")?;
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok().filter(|max| *max > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failure_midway_keeps_the_ids_obtained_before_it() {
+        let mut calls = 0;
+        let (ids, failure) = collect(10, 3, |count| {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n == 3 {
+                    return Err(idgen_client::Error::Transport {
+                        node: "10.0.0.1:50051".into(),
+                        cause: "connection refused".into(),
+                    });
+                }
+                Ok((0..u64::from(count))
+                    .map(|i| u64::from(n as u32) * 100 + i)
+                    .collect())
+            }
+        })
+        .await;
+        assert_eq!(ids, vec![100, 101, 102, 200, 201, 202]);
+        let e = failure.expect("the third call failed");
+        assert!(e.to_string().contains("10.0.0.1:50051"), "{e}");
+        let (ids, failure) =
+            collect(4, 3, |count| async move { Ok(vec![7; count as usize]) }).await;
+        assert_eq!(ids.len(), 4);
+        assert!(failure.is_none());
+    }
 }

@@ -123,6 +123,12 @@ pub struct ServerSection {
     pub grpc_max_connections: u32,
     /// Most open connections on the HTTP port, likewise.
     pub http_max_connections: u32,
+    /// Most open connections from one peer address (one IPv6 /64) on each
+    /// port. Past it, that peer's longest-waiting connection that has not
+    /// sent its request headers (or HTTP/2 preface) is closed to let the
+    /// new one in, or the new one is refused if all are busy. Raise it when
+    /// many clients share one address (NAT, a proxy).
+    pub max_connections_per_peer: u32,
     /// Deadline for a new gRPC connection's HTTP/2 preface, and for each
     /// HTTP/1 request's headers (also the wait for the next request on a
     /// kept-alive HTTP connection).
@@ -184,6 +190,7 @@ impl Default for ServerSection {
             shutdown_grace: Duration::from_secs(10),
             grpc_max_connections: 768,
             http_max_connections: 128,
+            max_connections_per_peer: 64,
             header_timeout: Duration::from_secs(10),
             grpc_idle_timeout: Duration::from_secs(300),
             grpc_keepalive_interval: Duration::from_secs(30),

@@ -175,6 +175,9 @@ pub struct ConnectionSettings {
     pub grpc_max_connections: usize,
     /// Most open HTTP connections.
     pub http_max_connections: usize,
+    /// Most open connections from one peer (IPv4 address or IPv6 /64), on
+    /// each port.
+    pub max_connections_per_peer: usize,
     /// HTTP/2 preface and HTTP/1 request header deadline.
     pub header_timeout: Duration,
     /// gRPC connection idle deadline.

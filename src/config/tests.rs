@@ -392,8 +392,9 @@ fn connection_bounds_are_checked_and_name_their_key() {
         .connections;
     assert_eq!(c.grpc_max_connections, 768);
     assert_eq!(c.header_timeout, Duration::from_secs(10));
+    assert_eq!(c.max_connections_per_peer, 64);
     type Break = fn(&mut ServerSection);
-    let cases: [(&str, Break); 6] = [
+    let cases: [(&str, Break); 7] = [
         ("server.grpc_max_connections", |s| {
             s.grpc_max_connections = 0
         }),
@@ -410,6 +411,9 @@ fn connection_bounds_are_checked_and_name_their_key() {
             s.grpc_max_concurrent_streams = 0
         }),
         ("server.max_header_size", |s| s.max_header_size = 100),
+        ("server.max_connections_per_peer", |s| {
+            s.max_connections_per_peer = 0
+        }),
     ];
     for (key, break_it) in cases {
         let mut f = FileConfig::default();

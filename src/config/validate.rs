@@ -238,6 +238,10 @@ impl ServerSection {
         for (key, value) in [
             ("server.grpc_max_connections", self.grpc_max_connections),
             ("server.http_max_connections", self.http_max_connections),
+            (
+                "server.max_connections_per_peer",
+                self.max_connections_per_peer,
+            ),
         ] {
             if !(1..=1_000_000).contains(&value) {
                 return Err(invalid(key, "must be between 1 and 1000000"));
@@ -287,6 +291,7 @@ impl ServerSection {
         Ok(ConnectionSettings {
             grpc_max_connections: self.grpc_max_connections as usize,
             http_max_connections: self.http_max_connections as usize,
+            max_connections_per_peer: self.max_connections_per_peer as usize,
             header_timeout: self.header_timeout,
             grpc_idle_timeout: self.grpc_idle_timeout,
             grpc_keepalive_interval: self.grpc_keepalive_interval,

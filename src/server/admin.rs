@@ -48,6 +48,10 @@ use crate::store::lease::TokenRecord;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
 
+mod auth_throttle;
+
+use auth_throttle::{AuthThrottle, Gate};
+
 /// The step of a tag created without one.
 pub const DEFAULT_TAG_STEP: u64 = 1000;
 
@@ -123,6 +127,8 @@ pub struct AdminService {
     deps: AdminDeps,
     /// When the service was made (about when the node started), Unix ms.
     started_ms: u64,
+    /// Failed authentications by peer: brute force is slowed to a crawl.
+    throttle: AuthThrottle,
 }
 
 /// The admin service, ready to add to a tonic server.
@@ -149,7 +155,11 @@ impl AdminService {
             metrics::counter!(m::PEER_REFUSALS, "port" => port, "list" => "admin").increment(0);
         }
         let started_ms = deps.clock.now_millis();
-        Self { deps, started_ms }
+        Self {
+            deps,
+            started_ms,
+            throttle: AuthThrottle::default(),
+        }
     }
 
     /// Whether any admin credential is configured (`admin.token`,
@@ -409,12 +419,9 @@ impl AdminService {
                 format!("peer {ip} is not in this node's admin.allow"),
             ));
         }
-        let result = match authorize_call(
-            self.deps.token.as_ref(),
-            &self.deps.client_cert_names,
-            request.extensions().get::<PeerCertificate>(),
-            request.metadata(),
-        ) {
+        let authorized = self.authenticate(&request, port, peer.map(|p| p.ip()));
+        let auth_failed = authorized.is_err();
+        let result = match authorized {
             Ok(()) => f(request.into_inner()).await,
             Err(s) => Err(s),
         };
@@ -428,6 +435,15 @@ impl AdminService {
                 peer = peer.map(tracing::field::display),
                 "admin call"
             ),
+            // Counted and logged (rate-limited) by `authenticate`.
+            Err(s) if auth_failed => tracing::debug!(
+                method,
+                port,
+                peer = peer.map(tracing::field::display),
+                code = code_name(code),
+                error = s.message(),
+                "admin call refused"
+            ),
             Err(s) => tracing::info!(
                 method,
                 port,
@@ -438,6 +454,57 @@ impl AdminService {
             ),
         }
         result.map(Response::new)
+    }
+
+    /// Checks the credentials of `request` unless its peer has failed too
+    /// often (then RESOURCE_EXHAUSTED with a retry hint, unchecked); counts
+    /// and logs failures per peer (see `admin/auth_throttle.rs`).
+    fn authenticate<Req>(
+        &self,
+        request: &Request<Req>,
+        port: &'static str,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<(), Status> {
+        let now = tokio::time::Instant::now();
+        if let Some(ip) = peer {
+            if let Gate::Refuse(left) = self.throttle.gate(ip, now) {
+                metrics::counter!(m::ADMIN_AUTH_THROTTLED, "port" => port).increment(1);
+                return Err(refusal(
+                    ErrorKind::Exhausted,
+                    format!(
+                        "too many failed admin authentications from {ip}: retry in {} s with the right admin token",
+                        left.as_secs().max(1)
+                    ),
+                ));
+            }
+        }
+        let checked = authorize_call(
+            self.deps.token.as_ref(),
+            &self.deps.client_cert_names,
+            request.extensions().get::<PeerCertificate>(),
+            request.metadata(),
+        );
+        let Some(ip) = peer else { return checked };
+        match &checked {
+            Ok(()) => self.throttle.succeeded(ip),
+            // The API is off: not a guess at a credential.
+            Err(s) if s.message() == DISABLED => {}
+            Err(s) => {
+                metrics::counter!(m::ADMIN_AUTH_FAILURES, "port" => port).increment(1);
+                if let Some(w) = self.throttle.failed(ip, now) {
+                    tracing::warn!(
+                        port,
+                        peer = %ip,
+                        failures = w.failures,
+                        refused_unchecked = w.refused,
+                        shut_out_for = w.blocked_for.map(|d| humantime::format_duration(d).to_string()),
+                        error = s.message(),
+                        "failed admin authentication (logged when a peer starts failing and each time it is shut out; see idgen_admin_auth_failures_total)"
+                    );
+                }
+            }
+        }
+        checked
     }
 
     fn now_ms(&self) -> u64 {

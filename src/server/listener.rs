@@ -11,7 +11,16 @@
 //!   many errors it had); every error counts in `idgen_accept_errors_total`.
 //!   Errors about one connection that died in the backlog (reset, aborted)
 //!   are skipped at once, as hyper does.
-//! - **At the connection limit** a new connection is accepted and closed at
+//! - **Per peer and per port, waiting connections give way.** A peer
+//!   (an IPv4 address, an IPv6 /64) may hold `server.max_connections_per_peer`
+//!   connections on each port. When a new connection would pass that or the
+//!   port's maximum, the connection that has waited longest for its request
+//!   headers (HTTP/1) or HTTP/2 preface is closed to make room (see
+//!   `listener/table.rs`); counted in `idgen_connections_evicted_total`, logged at
+//!   most every 10 s. So slow-header floods cannot keep `/healthz` or the
+//!   gRPC health check out.
+//! - **At the connection limit**, with no waiting connection to close, a
+//!   new connection is accepted and closed at
 //!   once rather than left in the kernel backlog: a client learns within a
 //!   round trip that this node is full and can try another, instead of
 //!   hanging until its connect timeout. Counted in
@@ -50,6 +59,11 @@ use tonic::transport::server::TcpConnectInfo;
 use super::tls::PeerCertificate;
 use crate::config::{AllowList, ConnectionSettings};
 use crate::metrics as m;
+
+mod table;
+
+pub(crate) use table::peer_key;
+use table::{Admission, ConnectionTable, Limit};
 
 /// First pause after a failed accept.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -108,16 +122,14 @@ pub async fn serve<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let protocol = Protocol::new(port, &settings);
-    let max = match port {
-        Port::Grpc => settings.grpc_max_connections,
-        Port::Http => settings.http_max_connections,
-    };
+    let table = ConnectionTable::new(port, &settings);
     let label = port.label();
     let PortMetrics {
         open,
         refused,
         accept_errors,
     } = PortMetrics::new(label);
+    let mut evictions = EvictionLog::default();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
@@ -136,13 +148,17 @@ pub async fn serve<S, B>(
             accepted = listener.accept(), if retry_at.is_none() => match accepted {
                 Ok((stream, peer)) => {
                     failing.succeeded(label);
-                    if conns.len() >= max {
-                        refused.increment(1);
-                        full.refused(label, max, port.limit_key());
+                    let activity = Arc::new(Activity::new());
+                    let Some((slot, evict)) = admit(
+                        &table,
+                        peer.ip(),
+                        &activity,
+                        (port, &settings),
+                        (&mut full, &mut evictions, &refused),
+                    ) else {
                         drop(stream);
                         continue;
-                    }
-                    full.accepted(label);
+                    };
                     // Latency matters more than packet count for small calls.
                     let _ = stream.set_nodelay(true);
                     let info = TcpConnectInfo {
@@ -152,16 +168,17 @@ pub async fn serve<S, B>(
                     // Refused peers are still served, with PERMISSION_DENIED
                     // (or 403) on every call, so they learn why.
                     let refused = !allow.allows(peer.ip());
-                    conns.spawn(serve_connection(
+                    let connection = serve_connection(
                         stream,
                         tls.clone(),
-                        (info, refused),
+                        (info, refused, activity),
                         protocol.clone(),
                         service.clone(),
                         settings,
                         label,
                         stop_rx.clone(),
-                    ));
+                    );
+                    conns.spawn(until_evicted(connection, evict, slot));
                 }
                 Err(e) if is_connection_error(&e) => {}
                 Err(e) => {
@@ -170,7 +187,7 @@ pub async fn serve<S, B>(
                 }
             },
         }
-        open.set(conns.len() as f64);
+        open.set(table.live() as f64);
     }
     drop(listener);
     let _ = stop_tx.send(true);
@@ -178,6 +195,59 @@ pub async fn serve<S, B>(
         open.set(conns.len() as f64);
     }
     open.set(0.0);
+}
+
+/// Runs `connection` to its end, or drops it (closing it) when it is
+/// chosen to make room for a new one while it waited; then gives back its
+/// `slot`.
+async fn until_evicted(
+    connection: impl Future<Output = ()>,
+    evict: Arc<tokio::sync::Notify>,
+    slot: table::Slot,
+) {
+    tokio::select! {
+        () = connection => {}
+        () = evict.notified() => {}
+    }
+    drop(slot);
+}
+
+/// Admits a new connection from `peer` to `table`, or says why not (a
+/// log line per episode and a count); `None`: close it.
+fn admit(
+    table: &Arc<ConnectionTable>,
+    peer: std::net::IpAddr,
+    activity: &Arc<Activity>,
+    (port, settings): (Port, &ConnectionSettings),
+    (full, evictions, refused): (&mut LimitEpisode, &mut EvictionLog, &metrics::Counter),
+) -> Option<(table::Slot, Arc<tokio::sync::Notify>)> {
+    let label = port.label();
+    match table.admit(peer, Arc::clone(activity)) {
+        Admission::Refused(limit) => {
+            refused.increment(1);
+            let (max, key) = match (limit, port) {
+                (Limit::Peer, _) => (
+                    settings.max_connections_per_peer,
+                    "server.max_connections_per_peer",
+                ),
+                (Limit::Port, Port::Grpc) => (settings.grpc_max_connections, port.limit_key()),
+                (Limit::Port, Port::Http) => (settings.http_max_connections, port.limit_key()),
+            };
+            full.refused(label, max, key);
+            None
+        }
+        Admission::Admitted {
+            slot,
+            evict,
+            evicted,
+        } => {
+            if let Some(limit) = evicted {
+                evictions.evicted(label, limit, peer);
+            }
+            full.accepted(label);
+            Some((slot, evict))
+        }
+    }
 }
 
 /// The connection metrics of one port, built once and exported at zero.
@@ -198,6 +268,12 @@ impl PortMetrics {
         this.refused.increment(0);
         this.accept_errors.increment(0);
         metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "port" => label).increment(0);
+        for limit in [Limit::Peer, Limit::Port] {
+            metrics::counter!(m::CONNECTIONS_EVICTED, "port" => label, "limit" => limit.label())
+                .increment(0);
+        }
+        metrics::counter!(m::ADMIN_AUTH_FAILURES, "port" => label).increment(0);
+        metrics::counter!(m::ADMIN_AUTH_THROTTLED, "port" => label).increment(0);
         metrics::counter!(m::PEER_REFUSALS, "port" => label, "list" => "server").increment(0);
         for reason in ["preface", "header", "idle", "keepalive"] {
             metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => label, "reason" => reason)
@@ -288,6 +364,40 @@ impl LimitEpisode {
     }
 }
 
+/// Connections closed to make room: counted every time, logged at most
+/// every 10 s per port with how many since the last line.
+#[derive(Debug, Default)]
+struct EvictionLog {
+    since_log: u64,
+    logged: Option<Instant>,
+}
+
+impl EvictionLog {
+    fn evicted(&mut self, port: &'static str, limit: Limit, peer: std::net::IpAddr) {
+        metrics::counter!(m::CONNECTIONS_EVICTED, "port" => port, "limit" => limit.label())
+            .increment(1);
+        self.since_log += 1;
+        if self
+            .logged
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+        {
+            let setting = match limit {
+                Limit::Peer => "server.max_connections_per_peer",
+                Limit::Port => "the port's connection limit",
+            };
+            tracing::warn!(
+                port,
+                peer = %peer,
+                limit = setting,
+                closed = self.since_log,
+                "closed connections that had not sent their request headers to make room for new ones (a slow-header flood? logged at most every 10 s; see idgen_connections_evicted_total)"
+            );
+            self.since_log = 0;
+            self.logged = Some(Instant::now());
+        }
+    }
+}
+
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
 }
@@ -328,7 +438,7 @@ impl Protocol {
 async fn serve_connection<S, B>(
     stream: TcpStream,
     tls: Option<TlsAcceptor>,
-    (info, refused): (TcpConnectInfo, bool),
+    (info, refused, activity): (TcpConnectInfo, bool, Arc<Activity>),
     protocol: Protocol,
     service: S,
     settings: ConnectionSettings,
@@ -345,7 +455,10 @@ async fn serve_connection<S, B>(
 {
     let Some(acceptor) = tls else {
         let info = (info, None, refused);
-        return serve_io(stream, info, protocol, service, settings, port, stop).await;
+        return serve_io(
+            stream, info, activity, protocol, service, settings, port, stop,
+        )
+        .await;
     };
     let failed = |reason: String| {
         metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "port" => port).increment(1);
@@ -360,16 +473,21 @@ async fn serve_connection<S, B>(
                 .and_then(<[_]>::first)
                 .map(|leaf| PeerCertificate::from_der(leaf));
             let info = (info, peer, refused);
-            serve_io(tls_stream, info, protocol, service, settings, port, stop).await;
+            serve_io(
+                tls_stream, info, activity, protocol, service, settings, port, stop,
+            )
+            .await;
         }
         Ok(Err(e)) => failed(e.to_string()),
         Err(_) => failed("no handshake within server.header_timeout".into()),
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_io<I, S, B>(
     stream: I,
     (info, peer, refused): (TcpConnectInfo, Option<PeerCertificate>, bool),
+    activity: Arc<Activity>,
     protocol: Protocol,
     service: S,
     settings: ConnectionSettings,
@@ -387,7 +505,6 @@ async fn serve_io<I, S, B>(
 {
     match protocol {
         Protocol::Http2(builder) => {
-            let activity = Arc::new(Activity::new());
             let io = TokioIo::new(PrefaceWatch {
                 inner: stream,
                 activity: Arc::clone(&activity),
@@ -411,6 +528,7 @@ async fn serve_io<I, S, B>(
         Protocol::Http1(builder) => {
             let service = TowerToHyperService::new(WithConnectInfo {
                 inner: service,
+                activity,
                 info,
                 peer,
                 refused,
@@ -549,6 +667,20 @@ impl Activity {
 
     fn idle_since(&self) -> Instant {
         self.accepted + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire))
+    }
+
+    /// Since when the connection has waited for its request headers
+    /// (HTTP/1: no request in progress, whether before the first or
+    /// between two) or its HTTP/2 preface (gRPC); `None` while it is being
+    /// served. What `listener/table.rs` closes first to make room.
+    fn waiting_since(&self, port: Port) -> Option<Instant> {
+        if self.open.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        match port {
+            Port::Grpc => (!self.preface.load(Ordering::Acquire)).then_some(self.accepted),
+            Port::Http => Some(self.idle_since()),
+        }
     }
 }
 
@@ -739,10 +871,13 @@ fn grpc_timeout(headers: &hyper::HeaderMap) -> Option<Duration> {
     })
 }
 
-/// The HTTP service of one connection: handlers may read the peer address.
+/// The HTTP service of one connection: handlers may read the peer
+/// address; requests in progress (until their response is sent) are
+/// counted, so a connection serving one is never closed to make room.
 #[derive(Clone)]
 struct WithConnectInfo<S> {
     inner: S,
+    activity: Arc<Activity>,
     info: TcpConnectInfo,
     peer: Option<PeerCertificate>,
     /// The peer is not in `server.allow`: 403 to every request.
@@ -753,20 +888,25 @@ impl<S, B> tower::Service<Request<Incoming>> for WithConnectInfo<S>
 where
     S: tower::Service<Request<Incoming>, Response = Response<B>>,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
     B: Default + Send + 'static,
 {
-    type Response = S::Response;
+    type Response = Response<TrackedBody<B>>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Response<B>, S::Error>>;
+    type Future = BoxFuture<Result<Response<TrackedBody<B>>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut request: Request<Incoming>) -> Self::Future {
+        let call = CallGuard::new(&self.activity);
         if self.refused {
             let message = refuse_peer(&self.info, "http");
-            let mut response = Response::new(B::default());
+            let mut response = Response::new(TrackedBody {
+                inner: B::default(),
+                _call: call,
+            });
             *response.status_mut() = hyper::StatusCode::FORBIDDEN;
             if let Ok(v) = hyper::header::HeaderValue::from_str(&message) {
                 response.headers_mut().insert("x-idgen-error", v);
@@ -777,7 +917,11 @@ where
         if let Some(peer) = &self.peer {
             request.extensions_mut().insert(peer.clone());
         }
-        Box::pin(self.inner.call(request))
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|inner| TrackedBody { inner, _call: call }))
+        })
     }
 }
 

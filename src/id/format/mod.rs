@@ -342,6 +342,14 @@ pub enum FormatError {
     /// A template without `{yyyy}` whose origin year was never stamped.
     #[error("format {0:?} has {{yy}} or {{y}} as its year but no origin_year; stamp the definition when creating it")]
     NoOriginYear(String),
+    /// An origin year outside [`ORIGIN_YEARS`].
+    #[error("format {format:?}: origin_year = {year} is out of range: give a year from 1970 to 9999 (the first year a {{yy}} or {{y}} field counts from; left out, it is the year the format is created)")]
+    BadOriginYear {
+        /// The format.
+        format: String,
+        /// The year given.
+        year: i32,
+    },
     /// An update that would let IDs repeat.
     #[error("format {format:?}: {what} cannot change (stored counters would no longer match and IDs could repeat); create a new format instead")]
     Immutable {
@@ -433,6 +441,7 @@ impl FormatError {
             | Self::BadCounter { .. }
             | Self::BadScopeParam { .. }
             | Self::NoOriginYear(_)
+            | Self::BadOriginYear { .. }
             | Self::Immutable { .. }
             | Self::Template { .. } => ErrorKind::BadRequest,
         }
@@ -493,6 +502,12 @@ fn check_common_fields(def: &FormatDef) -> Result<(), FormatError> {
     if def.step == 0 {
         return Err(bad_counter(def, "step must be at least 1".into()));
     }
+    if let Some(year) = def.origin_year.filter(|y| !ORIGIN_YEARS.contains(y)) {
+        return Err(FormatError::BadOriginYear {
+            format: def.name.clone(),
+            year,
+        });
+    }
     for p in &def.scope_params {
         let ok = !p.is_empty()
             && p.len() <= 32
@@ -525,6 +540,11 @@ fn check_common_fields(def: &FormatDef) -> Result<(), FormatError> {
     }
     Ok(())
 }
+
+/// The origin years a definition may give: IDs are issued after 1970, and
+/// a `{yy}` window past 9999 could not be rendered (nor computed near
+/// `i32::MAX`).
+pub const ORIGIN_YEARS: std::ops::RangeInclusive<i32> = 1970..=9999;
 
 /// Parses template `src` for `def` (years from `origin_year`, 2000 if
 /// unset), naming the format in the error.

@@ -385,6 +385,14 @@ pub enum RenderError {
 /// Why an ID string does not parse as this format's.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ParseError {
+    /// A character outside ASCII: no template renders one.
+    #[error("the ID has a non-ASCII character {found:?} at position {position}; this format's IDs are ASCII only (digits, letters and the template's literals): was it retyped or pasted from a rich-text source?")]
+    NonAscii {
+        /// Its position, in characters, from 1.
+        position: usize,
+        /// The character.
+        found: char,
+    },
     /// Wrong length.
     #[error("the ID has {got} characters; this format's IDs have {expected}")]
     WrongLength {
@@ -1210,8 +1218,16 @@ impl Template {
     /// Splits an ID of this template into its fields, checking every
     /// character, the time fields' ranges and the check digits.
     pub fn parse_id(&self, id: &str) -> Result<ParsedId, ParseError> {
-        let got = id.chars().count();
-        if got != self.len || id.len() != self.len {
+        // Templates are ASCII only (literals are checked when parsed), so
+        // bytes and characters agree once the ID is.
+        if let Some((i, found)) = id.chars().enumerate().find(|(_, c)| !c.is_ascii()) {
+            return Err(ParseError::NonAscii {
+                position: i + 1,
+                found,
+            });
+        }
+        let got = id.len();
+        if got != self.len {
             return Err(ParseError::WrongLength {
                 expected: self.len,
                 got,
@@ -1850,6 +1866,30 @@ mod tests {
             tpl.parse_id("PO"),
             Err(ParseError::WrongLength { .. })
         ));
+        // A non-ASCII character is named with its position, never a
+        // length that counts bytes on one side and characters on the other.
+        let mut accented: Vec<char> = id.chars().collect();
+        accented[1] = 'Ö';
+        let accented: String = accented.into_iter().collect();
+        let err = tpl.parse_id(&accented).unwrap_err();
+        assert_eq!(
+            err,
+            ParseError::NonAscii {
+                position: 2,
+                found: 'Ö'
+            }
+        );
+        assert!(
+            err.to_string()
+                .contains("non-ASCII character 'Ö' at position 2"),
+            "{err}"
+        );
+        let short: String = id.chars().skip(1).collect();
+        let err = tpl.parse_id(&format!("{short}é")).unwrap_err();
+        assert!(
+            matches!(err, ParseError::NonAscii { position, .. } if position == id.len()),
+            "{err}"
+        );
         let bad = id.replacen("PO", "P0", 1);
         assert_eq!(
             tpl.parse_id(&bad),

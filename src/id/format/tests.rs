@@ -677,3 +677,26 @@ fn lua_formats_take_their_bounds_from_the_rule_and_a_salt() {
         FormatError::NotApplicable { field: "reset", .. }
     ));
 }
+
+#[test]
+fn an_origin_year_out_of_range_is_refused_naming_the_range() {
+    for year in [i32::MAX, i32::MIN, 1969, 10_000] {
+        let mut yy = FormatDef::template("yy", "{yy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
+        yy.origin_year = Some(year);
+        let err = compile_err(yy);
+        assert!(
+            matches!(err, FormatError::BadOriginYear { year: y, .. } if y == year),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("origin_year = {year}")) && text.contains("from 1970 to 9999"),
+            "{text}"
+        );
+    }
+    for year in [1970, 2026, 9999] {
+        let mut yy = FormatDef::template("yy", "{yy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
+        yy.origin_year = Some(year);
+        assert!(compile(yy).is_ok(), "{year}");
+    }
+}
