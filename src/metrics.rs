@@ -498,6 +498,7 @@ pub const ADMIN_METHODS: &[&str] = &[
     "ListFormats",
     "DeleteFormat",
     "ReloadFormats",
+    "SkipAhead",
 ];
 
 /// The `method` label of the admin console's list of formats

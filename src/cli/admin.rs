@@ -260,6 +260,7 @@ pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Strict(cmd) => strict(&mut c, cmd).await?,
         AdminCommand::Layout(cmd) => layout(&mut c, cmd).await?,
         AdminCommand::Formats(cmd) => super::admin_formats::run(&mut c, cmd).await?,
+        AdminCommand::SkipAhead { margin } => skip_ahead(&mut c, *margin).await?,
     };
     if a.json {
         outln!("{}", out.0)?;
@@ -476,6 +477,29 @@ async fn renew(c: &mut Client, session: &str) -> anyhow::Result<Out> {
             "ttl_ms": r.ttl_ms,
             "message": r.message,
             "holders": r.holders.iter().map(holder_json).collect::<Vec<_>>(),
+        }),
+        r.message,
+    ))
+}
+
+/// `admin skip-ahead --margin N`: move every counter of the cluster on.
+async fn skip_ahead(c: &mut Client, margin: u64) -> anyhow::Result<Out> {
+    let r = c
+        .skip_ahead(proto::SkipAheadRequest { margin })
+        .await
+        .map_err(failed)?
+        .into_inner();
+    Ok((
+        json!({
+            "segments": r.segments,
+            "strict": r.strict,
+            "lease_tokens": r.lease_tokens,
+            "format_counters": r.format_counters,
+            "marks": r.marks,
+            "until_ms": r.until_ms,
+            "floor": r.floor,
+            "runs": r.runs,
+            "message": r.message,
         }),
         r.message,
     ))

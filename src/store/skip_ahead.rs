@@ -34,7 +34,7 @@ use crate::id::segment::TagRecord;
 const MAX_ATTEMPTS: u32 = 16;
 
 /// The record of the last skip-ahead (`<prefix>/<cluster>/skip-ahead`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkipAheadRecord {
     /// When the run started, Unix ms.
     pub at_ms: u64,
