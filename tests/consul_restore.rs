@@ -277,6 +277,45 @@ async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_re
         "{new_strict} vs {max_strict}"
     );
 
+    // Run again, from the command line straight against Consul (no node
+    // in between): everything moves a second time, and nodes keep going.
+    let config = dir.path().join("n0.toml");
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        let config = config.to_string_lossy().into_owned();
+        common::run_idgen(&[
+            "admin",
+            "--json",
+            "skip-ahead",
+            "--margin",
+            "1000",
+            "--config",
+            &config,
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "offline skip-ahead: {out}");
+    assert!(out.contains("\"runs\":2"), "{out}");
+    let before = seen.strict.last().copied().unwrap_or(0);
+    for node in &nodes {
+        let mut issued = false;
+        for _ in 0..100 {
+            seen.errors.clear();
+            if seen.round(node, 5).await == 4 {
+                issued = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            issued,
+            "a node stopped after the second run: {:?}",
+            seen.errors
+        );
+    }
+    let after = seen.strict.last().copied().unwrap_or(0);
+    assert!(after > before + 900, "{after} vs {before}");
+
     for node in nodes {
         drop(node.issuer);
         let _ = node.stop.send(());

@@ -323,6 +323,12 @@ pub enum AdminCommand {
         /// how to read it off the metrics).
         #[arg(long)]
         margin: u64,
+        /// Run it from here, straight against Consul, with this node
+        /// config's [consul] section (address, token, TLS) and hwm.reserve,
+        /// instead of through a node's admin API (--addr): for a cluster
+        /// whose nodes are all stopped.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 

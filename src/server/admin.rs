@@ -989,11 +989,7 @@ impl AdminService {
                 .await
                 .map_err(|e| to_status(&Error::Store(e)))?;
         let record = report.record.unwrap_or_default();
-        let message = format!(
-            "moved {} segment records, {} strict counters and tombstones, {} lease tokens and {} formatted counters forward by {}, and raised {} high-water marks to at least {} ms; this was skip-ahead number {} of this cluster (running it again moves everything again: safe)",
-            report.segments, report.strict, report.lease_tokens, report.format_counters,
-            r.margin, report.marks, record.until_ms, record.runs
-        );
+        let message = report.summary(r.margin);
         tracing::warn!(margin = r.margin, %message, "skip-ahead");
         Ok(proto::SkipAheadResponse {
             segments: report.segments,

@@ -77,6 +77,18 @@ pub struct SkipAheadReport {
     pub marks: u64,
 }
 
+impl SkipAheadReport {
+    /// A sentence for the operator about a run of `margin`.
+    pub fn summary(&self, margin: u64) -> String {
+        let record = self.record.unwrap_or_default();
+        format!(
+            "moved {} segment records, {} strict counters and tombstones, {} lease tokens and {} formatted counters forward by {margin}, and raised {} high-water marks to at least {} ms; this was skip-ahead number {} of this cluster (running it again moves everything again: safe)",
+            self.segments, self.strict, self.lease_tokens, self.format_counters, self.marks,
+            record.until_ms, record.runs
+        )
+    }
+}
+
 /// How one folder's values move: `None` leaves a key as it is.
 type Bump<'a> = &'a (dyn Fn(&KvEntry) -> Result<Option<Vec<u8>>, StoreError> + Sync);
 
