@@ -266,6 +266,22 @@ async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_re
         }
         assert!(resumed, "a node did not resume: {:?}", seen.errors);
     }
+    // Snowflake too: a node fenced by its rolled-back mark claims again
+    // once the mark is above its own write.
+    for node in &nodes {
+        let mut last = None;
+        for _ in 0..100 {
+            match node.issuer.gen_ids(Mode::Snowflake, "", 1).await {
+                Ok(_) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e.to_string()),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(last.is_none(), "snowflake did not resume: {last:?}");
+    }
     let new_segment = seen.segment.iter().max().copied().unwrap_or(0);
     assert!(
         new_segment > max_segment + 900,
