@@ -428,10 +428,9 @@ impl ConsulTokens {
                     reserved: record.reserved,
                 })
                 .exhausted();
-            if free && (own || record.owner.instance == self.owner.instance) {
-                if own || previous.is_none() {
-                    previous = Some(token);
-                }
+            let mine = own || record.owner.instance == self.owner.instance;
+            if free && mine && (own || previous.is_none()) {
+                previous = Some(token);
             }
             existing.insert(token, free.then_some((record, e.modify_index)));
         }
