@@ -205,14 +205,17 @@ impl ConsulHwmStore {
 
     /// Reads the mark and remembers (and returns) its ModifyIndex.
     async fn read(&self, key: WorkerKey) -> Result<(Option<u64>, u64), StoreError> {
+        let hwm_key = self.keys.hwm(key);
+        let floor = self.keys.written().written(&hwm_key);
         let (entry, _) = self
             .client
-            .kv_get(&self.keys.hwm(key), Consistency::Consistent)
+            .kv_get(&hwm_key, Consistency::Consistent)
             .await
             .map_err(store_err)?;
-        let hwm_key = self.keys.hwm(key);
         let Some(entry) = entry else {
-            self.keys.written().check("hwm", &hwm_key, (i64::MIN, 0))?;
+            self.keys
+                .written()
+                .check("hwm", &hwm_key, floor, (i64::MIN, 0))?;
             self.known().insert(key, 0);
             return Ok((None, 0));
         };
@@ -224,7 +227,9 @@ impl ConsulHwmStore {
             ))
         })?;
         // A mark below this node's own write: the store was rolled back.
-        self.keys.written().check("hwm", &hwm_key, (0, value))?;
+        self.keys
+            .written()
+            .check("hwm", &hwm_key, floor, (0, value))?;
         self.known().insert(key, entry.modify_index);
         Ok((Some(value), entry.modify_index))
     }

@@ -296,6 +296,8 @@ impl ConsulFormatStore {
     }
 
     async fn read(&self, key: &CounterKey) -> Result<Option<(CounterRecord, u64)>, StoreError> {
+        let path = self.keys.format_counter(&key.path());
+        let floor = self.keys.written().written(&path);
         let (entry, _) = self
             .client
             .kv_get(
@@ -304,9 +306,10 @@ impl ConsulFormatStore {
             )
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?;
-        let path = self.keys.format_counter(&key.path());
         let Some(e) = entry else {
-            self.keys.written().check("format", &path, (i64::MIN, 0))?;
+            self.keys
+                .written()
+                .check("format", &path, floor, (i64::MIN, 0))?;
             return Ok(None);
         };
         let record = decode(key, &e.value)?;
@@ -314,7 +317,7 @@ impl ConsulFormatStore {
         // in the same one): the store was rolled back.
         self.keys
             .written()
-            .check("format", &path, (record.period.0, record.last))?;
+            .check("format", &path, floor, (record.period.0, record.last))?;
         Ok(Some((record, e.modify_index)))
     }
 }

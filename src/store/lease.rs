@@ -394,6 +394,7 @@ impl ConsulTokens {
     /// token this instance held before, if any.
     async fn token_records(&self) -> Result<(TokenRecords, Option<u64>), StoreError> {
         let dir = self.dir.clone();
+        let floors = self.keys.written().floors(&dir);
         let entries = self
             .client
             .kv_list(&dir, Consistency::Consistent)
@@ -417,9 +418,12 @@ impl ConsulTokens {
                 continue;
             };
             // A token this node wrote, now below its write: rolled back.
-            self.keys
-                .written()
-                .check("lease", &e.key, (0, record.reserved))?;
+            self.keys.written().check(
+                "lease",
+                &e.key,
+                floors.get(&e.key).copied(),
+                (0, record.reserved),
+            )?;
             // Still locked by this session (its last write failed, or an
             // operator's skip-ahead moved it): ours to take again.
             let own = e.session.as_deref() == Some(self.session.as_str());
@@ -506,6 +510,7 @@ impl ConsulTokens {
     /// if this session no longer holds it.
     async fn refresh(&self, token: u64) -> Result<HeldToken, StoreError> {
         let key = self.key(token);
+        let floor = self.keys.written().written(&key);
         let (entry, _) = self
             .client
             .kv_get(&key, Consistency::Consistent)
@@ -516,7 +521,7 @@ impl ConsulTokens {
                 let record = TokenRecord::decode(&entry)?;
                 self.keys
                     .written()
-                    .check("lease", &key, (0, record.reserved))?;
+                    .check("lease", &key, floor, (0, record.reserved))?;
                 let held = HeldToken {
                     token,
                     record,

@@ -70,11 +70,30 @@ impl WrittenValues {
         self.values().get(key).copied()
     }
 
+    /// What this node wrote to every key under `prefix`, taken before a
+    /// listing (see [`check`](Self::check)).
+    pub fn floors(&self, prefix: &str) -> HashMap<String, Level> {
+        self.values()
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
     /// Refuses a read of `key` (a `kind` counter) that found `stored`
-    /// below what this node wrote there; a key absent from the store
+    /// below `floor`, what [`written`](Self::written) said *before the read
+    /// was sent*: a consistent read sent after a write was acknowledged
+    /// sees it, while a write acknowledged during the read (a concurrent
+    /// call of this node) may not be in it. A key absent from the store
     /// reads as level `(i64::MIN, 0)`.
-    pub fn check(&self, kind: &'static str, key: &str, stored: Level) -> Result<(), StoreError> {
-        let Some(wrote) = self.written(key) else {
+    pub fn check(
+        &self,
+        kind: &'static str,
+        key: &str,
+        floor: Option<Level>,
+        stored: Level,
+    ) -> Result<(), StoreError> {
+        let Some(wrote) = floor else {
             return Ok(());
         };
         if stored >= wrote {
@@ -99,26 +118,40 @@ mod tests {
     #[test]
     fn a_read_below_the_highest_write_is_refused_until_the_store_is_above_it() {
         let w = WrittenValues::default();
-        assert!(w.check("strict", "k", (0, 0)).is_ok(), "never written");
+        let check = |kind, key: &str, stored| w.check(kind, key, w.written(key), stored);
+        assert!(check("strict", "k", (0, 0)).is_ok(), "never written");
         w.wrote("k", (0, 50));
         w.wrote("k", (0, 40));
         assert_eq!(w.written("k"), Some((0, 50)), "the highest write counts");
-        assert!(w.check("strict", "k", (0, 50)).is_ok());
-        let err = w.check("strict", "k", (0, 30)).err().map(|e| e.to_string());
+        assert!(check("strict", "k", (0, 50)).is_ok());
+        let err = check("strict", "k", (0, 30)).err().map(|e| e.to_string());
         let err = err.unwrap_or_default();
         assert!(
             err.contains("k") && err.contains("30") && err.contains("50"),
             "{err}"
         );
         assert!(err.contains("idgen admin skip-ahead"), "{err}");
-        assert!(w.check("strict", "k", (0, 80)).is_ok(), "skipped ahead");
+        assert!(check("strict", "k", (0, 80)).is_ok(), "skipped ahead");
         // A later period is above any value of an earlier one.
         w.wrote("f", (100, 7));
-        assert!(w.check("format", "f", (50, 1_000)).is_err());
-        assert!(w.check("format", "f", (200, 0)).is_ok());
+        assert!(check("format", "f", (50, 1_000)).is_err());
+        assert!(check("format", "f", (200, 0)).is_ok());
         assert!(
-            w.check("format", "f", (i64::MIN, 0)).is_err(),
+            check("format", "f", (i64::MIN, 0)).is_err(),
             "a missing key"
         );
+        assert_eq!(w.floors("f").len(), 1);
+    }
+
+    #[test]
+    fn a_write_acknowledged_during_a_read_is_not_held_against_it() {
+        let w = WrittenValues::default();
+        w.wrote("k", (0, 10));
+        let floor = w.written("k");
+        // Another call of this node commits 20 while the read is out; the
+        // read saw 10, which was above everything written before it.
+        w.wrote("k", (0, 20));
+        assert!(w.check("strict", "k", floor, (0, 10)).is_ok());
+        assert!(w.check("strict", "k", floor, (0, 9)).is_err());
     }
 }

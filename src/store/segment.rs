@@ -451,22 +451,23 @@ impl ConsulSegmentStore {
     }
 
     async fn read(&self, tag: &Tag) -> Result<Option<(TagRecord, u64)>, StoreError> {
+        let key = self.keys.segment(tag.as_str());
+        let written = self.keys.written();
+        let floor = written.written(&key);
         let (entry, _) = self
             .client
             .kv_get(&self.keys.segment(tag.as_str()), Consistency::Consistent)
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?;
-        let key = self.keys.segment(tag.as_str());
-        let written = self.keys.written();
         match entry {
             None => {
-                written.check("segment", &key, (i64::MIN, 0))?;
+                written.check("segment", &key, floor, (i64::MIN, 0))?;
                 Ok(None)
             }
             Some(e) => {
                 let record = decode(tag, &e.value)?;
                 // Below this node's own write: a rolled-back store.
-                written.check("segment", &key, (0, record.max_id))?;
+                written.check("segment", &key, floor, (0, record.max_id))?;
                 self.known()
                     .insert(tag.clone(), (record.clone(), e.modify_index));
                 Ok(Some((record, e.modify_index)))

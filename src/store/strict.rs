@@ -784,6 +784,7 @@ impl StrictStore for ConsulStrictStore {
             }
             // Always a fresh read: after a lost race or an unknown outcome
             // the counter may have moved (even by our own late write).
+            let floor = self.keys.written().written(&kv_key);
             let (mut value, index) = self.read_counter(key).await?;
             let mut ops = Vec::with_capacity(2);
             if index == 0 {
@@ -796,7 +797,9 @@ impl StrictStore for ConsulStrictStore {
             }
             // The live counter, or the tombstone of a deleted key: below
             // this node's own write, the store was rolled back.
-            self.keys.written().check("strict", &kv_key, (0, value))?;
+            self.keys
+                .written()
+                .check("strict", &kv_key, floor, (0, value))?;
             let values = advance(key, value, step, count)?;
             ops.push(TxnOp::Cas {
                 key: kv_key.clone(),
