@@ -24,7 +24,9 @@
 //!   starts a generator above the stored mark and keeps the mark ahead;
 //!   the cluster's layout record ([`store::cluster_layout`]); and the
 //!   embedded file's guard, backups and healing ([`store::state_file`],
-//!   [`store::snapshot`], [`store::reopen`]).
+//!   [`store::snapshot`], [`store::reopen`]); on Consul, what the node
+//!   wrote per key ([`store::regression`]) and the cluster-wide
+//!   skip-ahead after a snapshot restore ([`store::skip_ahead`]).
 //! - [`modes`]: the engines that serve each mode from its store
 //!   ([`modes::snowflake`], [`modes::segment`], [`modes::lease`],
 //!   [`modes::strict`], [`modes::format`] for formatted IDs) and the

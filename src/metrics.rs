@@ -130,6 +130,8 @@ pub const ADMIN_AUTH_FAILURES: &str = "idgen_admin_auth_failures_total";
 pub const ADMIN_AUTH_THROTTLED: &str = "idgen_admin_auth_throttled_total";
 /// Constant 1, labelled with the version and the layout.
 pub const BUILD_INFO: &str = "idgen_build_info";
+/// Consul reads of a counter below what this node wrote, by `kind`.
+pub const STORE_REGRESSIONS: &str = "idgen_store_regressions_total";
 
 /// Bucket bounds of every `_seconds` histogram. A unary call answered from
 /// memory takes 5 to 50 us, so the low end is fine-grained: with a first
@@ -235,6 +237,10 @@ fn describe_state() {
     describe_counter!(
         STORE_REOPENS,
         "Attempts to reopen the embedded state file after a write error, by result (ok or failed)."
+    );
+    describe_counter!(
+        STORE_REGRESSIONS,
+        "Consul reads that found a counter or high-water mark below what this node wrote itself (Consul state rolled back, as by a snapshot restore), by kind (segment, strict, lease, format, hwm); the node refuses that counter until `idgen admin skip-ahead` moves it above."
     );
     describe_counter!(
         STORE_WRITE_FAULTS,
@@ -542,6 +548,7 @@ pub const ADMIN_METHODS: &[&str] = &[
     "ListFormats",
     "DeleteFormat",
     "ReloadFormats",
+    "SkipAhead",
 ];
 
 /// The `method` label of the admin console's list of formats
@@ -619,6 +626,9 @@ pub fn register(s: Series) {
         let _ = histogram!(STORE_WRITE_DURATION, "backend" => backend, "op" => op);
     }
     if consul {
+        for kind in crate::store::regression::KINDS {
+            counter!(STORE_REGRESSIONS, "kind" => kind).increment(0);
+        }
         counter!(FENCINGS).increment(0);
         counter!(WORKER_IDS_SKIPPED).increment(0);
         for endpoint in CONSUL_ENDPOINTS {

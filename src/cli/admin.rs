@@ -251,6 +251,13 @@ pub type Out = (Value, String);
 
 /// Runs one admin command and prints its answer.
 pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
+    if let AdminCommand::SkipAhead {
+        margin,
+        config: Some(path),
+    } = &a.command
+    {
+        return skip_ahead_offline(path, *margin, a.json).await;
+    }
     let mut c = connect(&a).await?;
     let out = match &a.command {
         AdminCommand::Tags(cmd) => tags(&mut c, cmd).await?,
@@ -260,6 +267,7 @@ pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Strict(cmd) => strict(&mut c, cmd).await?,
         AdminCommand::Layout(cmd) => layout(&mut c, cmd).await?,
         AdminCommand::Formats(cmd) => super::admin_formats::run(&mut c, cmd).await?,
+        AdminCommand::SkipAhead { margin, .. } => skip_ahead(&mut c, *margin).await?,
     };
     if a.json {
         outln!("{}", out.0)?;
@@ -479,6 +487,60 @@ async fn renew(c: &mut Client, session: &str) -> anyhow::Result<Out> {
         }),
         r.message,
     ))
+}
+
+/// `admin skip-ahead --margin N`: move every counter of the cluster on.
+async fn skip_ahead(c: &mut Client, margin: u64) -> anyhow::Result<Out> {
+    let r = c
+        .skip_ahead(proto::SkipAheadRequest { margin })
+        .await
+        .map_err(failed)?
+        .into_inner();
+    Ok((
+        json!({
+            "segments": r.segments,
+            "strict": r.strict,
+            "lease_tokens": r.lease_tokens,
+            "format_counters": r.format_counters,
+            "marks": r.marks,
+            "until_ms": r.until_ms,
+            "floor": r.floor,
+            "runs": r.runs,
+            "message": r.message,
+        }),
+        r.message,
+    ))
+}
+
+/// `admin skip-ahead --margin N --config <file>`: the same moves as the
+/// admin rpc, run from here against the Consul cluster `path` names.
+async fn skip_ahead_offline(path: &std::path::Path, margin: u64, json: bool) -> anyhow::Result<()> {
+    use idgen::id::Clock as _;
+    let now = idgen::id::SystemClock.now_millis();
+    let config = idgen::config::Config::load(Some(path), &Default::default(), now)?;
+    let idgen::config::Backend::Consul(cluster) = &config.store.backend else {
+        anyhow::bail!("skip-ahead moves the counters of a Consul cluster; {} uses the embedded store, whose restore is `idgen state restore <backup> --skip-ahead <N>`", path.display());
+    };
+    if margin == 0 {
+        anyhow::bail!("give --margin N above the number of IDs any one counter handed out between the Consul snapshot and its restore");
+    }
+    let client = idgen::consul::ConsulClient::new(cluster.client.clone())?;
+    let reserve_ms = u64::try_from(config.hwm.reserve.as_millis()).unwrap_or(u64::MAX);
+    let r = idgen::store::skip_ahead::skip_ahead(&client, &cluster.keys, margin, now, reserve_ms)
+        .await?;
+    let record = r.record.unwrap_or_default();
+    let message = r.summary(margin);
+    if json {
+        let v = json!({
+            "segments": r.segments, "strict": r.strict, "lease_tokens": r.lease_tokens,
+            "format_counters": r.format_counters, "marks": r.marks, "until_ms": record.until_ms,
+            "floor": record.floor, "runs": record.runs, "message": message,
+        });
+        outln!("{v}")?;
+    } else {
+        outln!("{message}")?;
+    }
+    Ok(())
 }
 
 /// `admin strict set-step|get-step|list|keys|delete`.

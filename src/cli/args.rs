@@ -318,6 +318,24 @@ pub enum AdminCommand {
     /// Formatted-mode formats: create, update, get, list, delete, reload.
     #[command(subcommand)]
     Formats(FormatsCommand),
+    /// After a Consul snapshot restore: move every counter of the cluster
+    /// (segment, strict, lease token, formatted) forward by --margin and
+    /// every high-water mark to now + hwm.reserve. Running it twice moves
+    /// twice (safe). Nodes that refused a rolled-back counter resume by
+    /// themselves.
+    SkipAhead {
+        /// How far: above the number of IDs any one counter handed out
+        /// between the snapshot and the restore (docs/OPERATIONS.md shows
+        /// how to read it off the metrics).
+        #[arg(long)]
+        margin: u64,
+        /// Run it from here, straight against Consul, with this node
+        /// config's [consul] section (address, token, TLS) and hwm.reserve,
+        /// instead of through a node's admin API (--addr): for a cluster
+        /// whose nodes are all stopped.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]

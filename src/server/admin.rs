@@ -103,6 +103,8 @@ pub struct AdminDeps {
     pub snapshots: Option<SnapshotSource>,
     /// Stored format definitions and this node's reloads (formatted mode).
     pub formats: Option<Arc<FormatCatalog>>,
+    /// `hwm.reserve`: a skip-ahead raises every mark to now plus this.
+    pub hwm_reserve: Duration,
 }
 
 /// What this node holds, reported by `ListHolders` on the embedded
@@ -1034,6 +1036,41 @@ impl AdminService {
         })
     }
 
+    async fn skip_ahead(
+        &self,
+        r: proto::SkipAheadRequest,
+    ) -> Result<proto::SkipAheadResponse, Status> {
+        let Some((client, keys)) = &self.deps.cluster else {
+            return Err(refusal(ErrorKind::Precondition,
+                "skip-ahead moves the counters of a Consul cluster: this server runs on the embedded store, whose restore is `idgen state restore <backup> --skip-ahead <N>`",
+            ));
+        };
+        if r.margin == 0 {
+            return Err(refusal(ErrorKind::BadRequest,
+                "give --margin N above the number of IDs any one counter handed out between the Consul snapshot and its restore (see docs/OPERATIONS.md, \"Restoring a Consul snapshot\")",
+            ));
+        }
+        let reserve_ms = u64::try_from(self.deps.hwm_reserve.as_millis()).unwrap_or(u64::MAX);
+        let report =
+            crate::store::skip_ahead::skip_ahead(client, keys, r.margin, self.now_ms(), reserve_ms)
+                .await
+                .map_err(|e| to_status(&Error::Store(e)))?;
+        let record = report.record.unwrap_or_default();
+        let message = report.summary(r.margin);
+        tracing::warn!(margin = r.margin, %message, "skip-ahead");
+        Ok(proto::SkipAheadResponse {
+            segments: report.segments,
+            strict: report.strict,
+            lease_tokens: report.lease_tokens,
+            format_counters: report.format_counters,
+            marks: report.marks,
+            until_ms: record.until_ms,
+            floor: record.floor,
+            runs: record.runs,
+            message,
+        })
+    }
+
     async fn get_layout(&self) -> Result<proto::GetLayoutResponse, Status> {
         let (client, keys) = self.cluster()?;
         match read_layout(client, keys).await {
@@ -1519,6 +1556,14 @@ impl Admin for AdminService {
             AdminService::delete_strict_key(self, r)
         })
         .await
+    }
+
+    async fn skip_ahead(
+        &self,
+        request: Request<proto::SkipAheadRequest>,
+    ) -> Result<Response<proto::SkipAheadResponse>, Status> {
+        self.call("SkipAhead", request, |r| AdminService::skip_ahead(self, r))
+            .await
     }
 
     async fn renew_session(

@@ -241,6 +241,7 @@ impl Node {
             clock: Arc::clone(&self.clock),
             snapshots: self.snapshots.clone(),
             formats: self.formats.clone(),
+            hwm_reserve: config.hwm.reserve,
         }
     }
 }

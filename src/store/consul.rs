@@ -9,20 +9,33 @@
 //! fences, is [`crate::cluster::worker_lock`].
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::cluster_layout::LayoutGuard;
+use super::regression::WrittenValues;
 use super::{HwmStore, StoreError, WorkerKey};
 use crate::consul::{Consistency, ConsulClient, ConsulError, TxnOp, TxnOutcome};
 
-/// Where a cluster's keys live: `<prefix>/<cluster>/...`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a cluster's keys live: `<prefix>/<cluster>/...`, and what this
+/// node wrote under them ([`WrittenValues`]: every store built from clones
+/// of one `ClusterKeys` shares it).
+#[derive(Debug, Clone)]
 pub struct ClusterKeys {
     root: String,
+    written: Arc<WrittenValues>,
 }
+
+/// Two `ClusterKeys` are equal when they name the same keys.
+impl PartialEq for ClusterKeys {
+    fn eq(&self, other: &Self) -> bool {
+        self.root == other.root
+    }
+}
+
+impl Eq for ClusterKeys {}
 
 impl ClusterKeys {
     /// Keys under `<prefix>/<cluster>/`. Both must be `[a-z0-9_-]+`
@@ -30,7 +43,24 @@ impl ClusterKeys {
     pub fn new(prefix: &str, cluster: &str) -> Self {
         Self {
             root: format!("{}/{}", prefix.trim_matches('/'), cluster),
+            written: Arc::default(),
         }
+    }
+
+    /// What this node wrote under these keys (see [`WrittenValues`]).
+    pub fn written(&self) -> &WrittenValues {
+        &self.written
+    }
+
+    /// The record of the last `idgen admin skip-ahead`, which also floors
+    /// formatted-mode counters starting a period up to it.
+    pub fn skip_ahead(&self) -> String {
+        format!("{}/skip-ahead", self.root)
+    }
+
+    /// Everything of the cluster (with trailing `/`).
+    pub fn root_dir(&self) -> String {
+        format!("{}/", self.root)
     }
 
     /// The folder of one datacenter's worker locks (with trailing `/`).
@@ -175,12 +205,17 @@ impl ConsulHwmStore {
 
     /// Reads the mark and remembers (and returns) its ModifyIndex.
     async fn read(&self, key: WorkerKey) -> Result<(Option<u64>, u64), StoreError> {
+        let hwm_key = self.keys.hwm(key);
+        let floor = self.keys.written().written(&hwm_key);
         let (entry, _) = self
             .client
-            .kv_get(&self.keys.hwm(key), Consistency::Consistent)
+            .kv_get(&hwm_key, Consistency::Consistent)
             .await
             .map_err(store_err)?;
         let Some(entry) = entry else {
+            self.keys
+                .written()
+                .check("hwm", &hwm_key, floor, (i64::MIN, 0))?;
             self.known().insert(key, 0);
             return Ok((None, 0));
         };
@@ -191,6 +226,10 @@ impl ConsulHwmStore {
                 entry.key
             ))
         })?;
+        // A mark below this node's own write: the store was rolled back.
+        self.keys
+            .written()
+            .check("hwm", &hwm_key, floor, (0, value))?;
         self.known().insert(key, entry.modify_index);
         Ok((Some(value), entry.modify_index))
     }
@@ -248,6 +287,7 @@ impl HwmStore for ConsulHwmStore {
         })?;
         match outcome {
             TxnOutcome::Committed(results) => {
+                self.keys.written().wrote(&hwm_key, (0, hwm_ms));
                 match results.iter().find(|e| e.key == hwm_key) {
                     Some(e) => self.known().insert(key, e.modify_index),
                     None => self.known().remove(&key),

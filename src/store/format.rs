@@ -14,7 +14,7 @@
 //!   holds the record as JSON, written by a txn `cas` on the ModifyIndex of
 //!   a consistent read; lost races are retried with jittered backoff.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -246,15 +246,58 @@ pub const MAX_CAS_ATTEMPTS: u32 = 32;
 pub struct ConsulFormatStore {
     client: ConsulClient,
     keys: ClusterKeys,
+    /// The floor of the last `idgen admin skip-ahead` (`None`: none ran)
+    /// and its record's ModifyIndex (0: absent), as last read; every
+    /// reservation checks the record is unchanged in the same txn, and a
+    /// refused txn drops this copy.
+    floor: Mutex<Option<(Option<RestoreFloor>, u64)>>,
 }
 
 impl ConsulFormatStore {
     /// Records under `keys`' `formats/` folder.
     pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
-        Self { client, keys }
+        Self {
+            client,
+            keys,
+            floor: Mutex::new(None),
+        }
+    }
+
+    fn floor_cache(&self) -> std::sync::MutexGuard<'_, Option<(Option<RestoreFloor>, u64)>> {
+        self.floor.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// After a skip-ahead (a restored Consul snapshot), counters starting a
+    /// period up to the run start above its floor, as on a restored state
+    /// file.
+    async fn restore_floor(&self) -> Result<(Option<RestoreFloor>, u64), StoreError> {
+        if let Some(cached) = *self.floor_cache() {
+            return Ok(cached);
+        }
+        let key = self.keys.skip_ahead();
+        let (entry, _) = self
+            .client
+            .kv_get(&key, Consistency::Consistent)
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let read = match entry {
+            None => (None, 0),
+            Some(e) => {
+                let r = super::skip_ahead::SkipAheadRecord::decode(&key, &e.value)?;
+                let floor = RestoreFloor {
+                    until_ms: r.until_ms,
+                    floor: r.floor,
+                };
+                (Some(floor), e.modify_index)
+            }
+        };
+        *self.floor_cache() = Some(read);
+        Ok(read)
     }
 
     async fn read(&self, key: &CounterKey) -> Result<Option<(CounterRecord, u64)>, StoreError> {
+        let path = self.keys.format_counter(&key.path());
+        let floor = self.keys.written().written(&path);
         let (entry, _) = self
             .client
             .kv_get(
@@ -263,9 +306,19 @@ impl ConsulFormatStore {
             )
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?;
-        entry
-            .map(|e| Ok((decode(key, &e.value)?, e.modify_index)))
-            .transpose()
+        let Some(e) = entry else {
+            self.keys
+                .written()
+                .check("format", &path, floor, (i64::MIN, 0))?;
+            return Ok(None);
+        };
+        let record = decode(key, &e.value)?;
+        // Below this node's own write (an earlier period, or a lower value
+        // in the same one): the store was rolled back.
+        self.keys
+            .written()
+            .check("format", &path, floor, (record.period.0, record.last))?;
+        Ok(Some((record, e.modify_index)))
     }
 }
 
@@ -292,21 +345,34 @@ impl FormatStore for ConsulFormatStore {
                 // Index 0: create only if still absent.
                 None => (None, 0),
             };
-            let planned = plan(stored.as_ref(), None)?;
-            let mut ops = Vec::with_capacity(2);
+            let (floor, floor_index) = self.restore_floor().await?;
+            let planned = plan(stored.as_ref(), floor)?;
+            let mut ops = Vec::with_capacity(3);
             if let Some(lock) = lock {
                 ops.push(TxnOp::CheckSession {
                     key: lock.key.clone(),
                     session: lock.session.clone(),
                 });
             }
+            let floor_key = self.keys.skip_ahead();
+            ops.push(match floor_index {
+                0 => TxnOp::CheckNotExists { key: floor_key },
+                index => TxnOp::CheckIndex {
+                    key: floor_key,
+                    index,
+                },
+            });
             ops.push(TxnOp::Cas {
                 key: path.clone(),
                 value: encode(&planned.record),
                 index,
             });
             match self.client.txn(&ops).await {
-                Ok(TxnOutcome::Committed(_)) => return Ok(planned),
+                Ok(TxnOutcome::Committed(_)) => {
+                    let level = (planned.record.period.0, planned.record.last);
+                    self.keys.written().wrote(&path, level);
+                    return Ok(planned);
+                }
                 Ok(TxnOutcome::RolledBack(errors))
                     if lock.is_some() && errors.iter().any(|e| e.op_index == 0) =>
                 {
@@ -316,7 +382,11 @@ impl FormatStore for ConsulFormatStore {
                         lock.map_or("", |l| l.key.as_str())
                     )))
                 }
-                Ok(TxnOutcome::RolledBack(_)) => backoff(attempt).await,
+                Ok(TxnOutcome::RolledBack(_)) => {
+                    // The counter or the skip-ahead record moved: re-read.
+                    *self.floor_cache() = None;
+                    backoff(attempt).await
+                }
                 Err(e) => {
                     return Err(StoreError::Backend(format!(
                         "format {}: a counter block may or may not have been reserved ({e}); it is not used, retry",

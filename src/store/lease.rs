@@ -275,6 +275,8 @@ pub struct ConsulTokens {
     held: Mutex<Option<HeldToken>>,
     /// One reserve (or release) at a time.
     busy: tokio::sync::Mutex<()>,
+    /// The cluster's keys, for what this node wrote to its tokens.
+    keys: ClusterKeys,
 }
 
 fn consul_err(e: ConsulError) -> StoreError {
@@ -308,6 +310,7 @@ impl ConsulTokens {
             owner,
             held: Mutex::new(None),
             busy: tokio::sync::Mutex::new(()),
+            keys,
         })
     }
 
@@ -332,6 +335,7 @@ impl ConsulTokens {
             owner,
             held: Mutex::new(None),
             busy: tokio::sync::Mutex::new(()),
+            keys: keys.clone(),
         }
     }
 
@@ -390,6 +394,7 @@ impl ConsulTokens {
     /// token this instance held before, if any.
     async fn token_records(&self) -> Result<(TokenRecords, Option<u64>), StoreError> {
         let dir = self.dir.clone();
+        let floors = self.keys.written().floors(&dir);
         let entries = self
             .client
             .kv_list(&dir, Consistency::Consistent)
@@ -412,12 +417,23 @@ impl ConsulTokens {
                 existing.insert(token, None);
                 continue;
             };
-            let free = e.session.is_none()
+            // A token this node wrote, now below its write: rolled back.
+            self.keys.written().check(
+                "lease",
+                &e.key,
+                floors.get(&e.key).copied(),
+                (0, record.reserved),
+            )?;
+            // Still locked by this session (its last write failed, or an
+            // operator's skip-ahead moved it): ours to take again.
+            let own = e.session.as_deref() == Some(self.session.as_str());
+            let free = (e.session.is_none() || own)
                 && !(TokenCounter {
                     reserved: record.reserved,
                 })
                 .exhausted();
-            if free && record.owner.instance == self.owner.instance && previous.is_none() {
+            let mine = own || record.owner.instance == self.owner.instance;
+            if free && mine && (own || previous.is_none()) {
                 previous = Some(token);
             }
             existing.insert(token, free.then_some((record, e.modify_index)));
@@ -464,6 +480,7 @@ impl ConsulTokens {
                         .rfind(|e| e.key == key)
                         .map(|e| e.modify_index)
                         .unwrap_or(0);
+                    self.keys.written().wrote(&key, (0, reserved));
                     tracing::info!(zone = self.zone, token, reserved, keys = %self.dir, "lease token taken");
                     return Ok(HeldToken {
                         token,
@@ -493,6 +510,7 @@ impl ConsulTokens {
     /// if this session no longer holds it.
     async fn refresh(&self, token: u64) -> Result<HeldToken, StoreError> {
         let key = self.key(token);
+        let floor = self.keys.written().written(&key);
         let (entry, _) = self
             .client
             .kv_get(&key, Consistency::Consistent)
@@ -500,9 +518,13 @@ impl ConsulTokens {
             .map_err(consul_err)?;
         match entry {
             Some(entry) if entry.session.as_deref() == Some(self.session.as_str()) => {
+                let record = TokenRecord::decode(&entry)?;
+                self.keys
+                    .written()
+                    .check("lease", &key, floor, (0, record.reserved))?;
                 let held = HeldToken {
                     token,
-                    record: TokenRecord::decode(&entry)?,
+                    record,
                     index: entry.modify_index,
                     stale: false,
                 };
@@ -527,6 +549,7 @@ impl ConsulTokens {
         unlock: bool,
     ) -> Result<u64, StoreError> {
         let key = self.key(held.token);
+        let record_reserved = record.reserved;
         let write = if unlock {
             TxnOp::Unlock {
                 key: key.clone(),
@@ -549,11 +572,14 @@ impl ConsulTokens {
         ];
         match self.client.txn(&ops).await {
             // The check's own result comes first, the write's last.
-            Ok(TxnOutcome::Committed(results)) => Ok(results
-                .iter()
-                .rfind(|e| e.key == key)
-                .map(|e| e.modify_index)
-                .unwrap_or(0)),
+            Ok(TxnOutcome::Committed(results)) => {
+                self.keys.written().wrote(&key, (0, record_reserved));
+                Ok(results
+                    .iter()
+                    .rfind(|e| e.key == key)
+                    .map(|e| e.modify_index)
+                    .unwrap_or(0))
+            }
             Ok(TxnOutcome::RolledBack(errors)) => Err(StoreError::LockLost(format!(
                 "lease token {}/{} changed under this node or is no longer held by its session ({})",
                 self.zone,

@@ -15,8 +15,10 @@ pub mod format_def;
 pub mod format_tokens;
 pub mod hwm;
 pub mod lease;
+pub mod regression;
 pub mod reopen;
 pub mod segment;
+pub mod skip_ahead;
 pub mod snapshot;
 pub mod state_file;
 pub mod strict;
@@ -150,6 +152,20 @@ pub enum StoreError {
         /// How far behind, ms.
         behind_ms: i64,
     },
+    /// A Consul read found a counter below what this node wrote to it: the
+    /// store was rolled back (a snapshot restore). Issuing from it could
+    /// repeat IDs, so the node refuses until the key is above its write.
+    #[error("Consul key {key} holds {stored}, below {wrote} that this node wrote to it itself: the Consul state was rolled back (a snapshot restore?), and issuing from it could repeat {kind} IDs, so this node refuses it. Move every counter forward once with `idgen admin skip-ahead --margin <N>` (N above the number of IDs issued since the snapshot; see docs/OPERATIONS.md, \"Restoring a Consul snapshot\"); this node resumes by itself once the key is above {wrote}. Meanwhile call another node")]
+    Regressed {
+        /// The counter's mode (`segment`, `strict`, `lease`, `format`, `hwm`).
+        kind: &'static str,
+        /// The Consul key.
+        key: String,
+        /// What the store holds.
+        stored: String,
+        /// What this node wrote.
+        wrote: String,
+    },
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
@@ -178,7 +194,8 @@ impl StoreError {
             | Self::Backend(_)
             | Self::Contended(_)
             | Self::LockLost(_)
-            | Self::FormatHeld { .. } => ErrorKind::Unavailable,
+            | Self::FormatHeld { .. }
+            | Self::Regressed { .. } => ErrorKind::Unavailable,
         }
     }
 }

@@ -435,7 +435,10 @@ impl ConsulSegmentStore {
                     index,
                 }];
                 match self.client.txn(&ops).await {
-                    Ok(TxnOutcome::Committed(_)) => return Ok(written),
+                    Ok(TxnOutcome::Committed(_)) => {
+                        self.keys.written().wrote(&key, (0, written.max_id));
+                        return Ok(written);
+                    }
                     Ok(TxnOutcome::RolledBack(_)) => backoff(attempt).await,
                     Err(e) => return Err(unknown_outcome(tag, &e)),
                 }
@@ -448,15 +451,23 @@ impl ConsulSegmentStore {
     }
 
     async fn read(&self, tag: &Tag) -> Result<Option<(TagRecord, u64)>, StoreError> {
+        let key = self.keys.segment(tag.as_str());
+        let written = self.keys.written();
+        let floor = written.written(&key);
         let (entry, _) = self
             .client
             .kv_get(&self.keys.segment(tag.as_str()), Consistency::Consistent)
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?;
         match entry {
-            None => Ok(None),
+            None => {
+                written.check("segment", &key, floor, (i64::MIN, 0))?;
+                Ok(None)
+            }
             Some(e) => {
                 let record = decode(tag, &e.value)?;
+                // Below this node's own write: a rolled-back store.
+                written.check("segment", &key, floor, (0, record.max_id))?;
                 self.known()
                     .insert(tag.clone(), (record.clone(), e.modify_index));
                 Ok(Some((record, e.modify_index)))
@@ -488,7 +499,10 @@ impl SegmentStore for ConsulSegmentStore {
                     index,
                 }];
                 match self.client.txn(&ops).await {
-                    Ok(TxnOutcome::Committed(_)) => return Ok(written),
+                    Ok(TxnOutcome::Committed(_)) => {
+                        self.keys.written().wrote(&key, (0, written.max_id));
+                        return Ok(written);
+                    }
                     Ok(TxnOutcome::RolledBack(_)) => {}
                     Err(e) => return Err(unknown_outcome(tag, &e)),
                 }
@@ -618,6 +632,7 @@ impl SegmentStore for ConsulSegmentStore {
             }];
             match self.client.txn(&ops).await {
                 Ok(TxnOutcome::Committed(results)) => {
+                    self.keys.written().wrote(&key, (0, next.max_id));
                     match results.iter().find(|e| e.key == key) {
                         Some(e) => self.known().insert(tag.clone(), (next, e.modify_index)),
                         None => self.known().remove(tag),

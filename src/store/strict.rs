@@ -784,6 +784,7 @@ impl StrictStore for ConsulStrictStore {
             }
             // Always a fresh read: after a lost race or an unknown outcome
             // the counter may have moved (even by our own late write).
+            let floor = self.keys.written().written(&kv_key);
             let (mut value, index) = self.read_counter(key).await?;
             let mut ops = Vec::with_capacity(2);
             if index == 0 {
@@ -794,6 +795,11 @@ impl StrictStore for ConsulStrictStore {
                 value = last;
                 ops.push(self.tombstone_unchanged(key, tomb_index));
             }
+            // The live counter, or the tombstone of a deleted key: below
+            // this node's own write, the store was rolled back.
+            self.keys
+                .written()
+                .check("strict", &kv_key, floor, (0, value))?;
             let values = advance(key, value, step, count)?;
             ops.push(TxnOp::Cas {
                 key: kv_key.clone(),
@@ -801,7 +807,10 @@ impl StrictStore for ConsulStrictStore {
                 index,
             });
             match self.client.txn(&ops).await {
-                Ok(TxnOutcome::Committed(_)) => return Ok(values),
+                Ok(TxnOutcome::Committed(_)) => {
+                    self.keys.written().wrote(&kv_key, (0, values.last));
+                    return Ok(values);
+                }
                 Ok(TxnOutcome::RolledBack(errors)) => {
                     // ACL denials come back as rolled-back txns too: retrying
                     // cannot help those.

@@ -28,6 +28,10 @@
 //!   (30 s), not at the moment they are due;
 //! - `?dc=` naming any datacenter but `dc1` answers 500 `No path to
 //!   datacenter`;
+//! - `PUT /v1/snapshot` restores keys with the indexes they had when the
+//!   snapshot was taken (a client's cached ModifyIndex can match again),
+//!   moves the raft index past both, brings back the snapshot's sessions
+//!   with their timers restarted at 2 x TTL, and needs a management token;
 //! - `X-Consul-Index`, `X-Consul-KnownLeader` and `X-Consul-LastContact`
 //!   come with served reads only (a 404 of a missing key included), never
 //!   with a write or an error.
@@ -230,7 +234,7 @@ impl TestConsul {
     /// `agent/check/pass`, `agent/check/warn`, `agent/check/fail`,
     /// `agent/check/update`, `agent/services`, `agent/checks`,
     /// `health/service`, `catalog/services`, `status/leader`, `agent/self`,
-    /// and `other`. Control API calls (`/_testserver/...`) are not counted.
+    /// `snapshot`, and `other`. Control API calls (`/_testserver/...`) are not counted.
     pub fn request_count(&self, agent: Option<&str>, endpoint: &str) -> u64 {
         self.inner.cluster.counters.get(agent, endpoint)
     }

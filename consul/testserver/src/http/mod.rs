@@ -7,6 +7,7 @@ mod agent;
 mod health;
 mod kv;
 mod session;
+mod snapshot;
 mod txn;
 
 use std::sync::Arc;
@@ -58,6 +59,7 @@ const ENDPOINTS: &[&str] = &[
     "catalog/services",
     "status/leader",
     "agent/self",
+    "snapshot",
 ];
 
 /// The one datacenter of the test cluster; `?dc=` naming any other answers
@@ -451,10 +453,11 @@ pub(crate) async fn blocking_read<T>(
     let deadline = tokio::time::Instant::now() + blocking.wait + jitter;
     let mut index_rx = cluster.subscribe_index();
     let mut shutdown = cluster.shutdown.clone();
+    let restores = cluster.read(|st| st.restores);
     loop {
         index_rx.borrow_and_update();
-        let (index, value) = cluster.read(&mut read);
-        if index > blocking.min_index || tokio::time::Instant::now() >= deadline {
+        let ((index, value), restored) = cluster.read(|st| (read(st), st.restores != restores));
+        if index > blocking.min_index || restored || tokio::time::Instant::now() >= deadline {
             return (index, value);
         }
         tokio::select! {
@@ -639,6 +642,7 @@ async fn handle(
         "agent/checks" => agent::checks(agent, req),
         "health/service" => health::service(agent, req).await,
         "catalog/services" => health::catalog_services(agent, req).await,
+        "snapshot" => snapshot::handle(agent, req),
         "status/leader" => {
             require_method(&req, &[Method::GET])?;
             Ok(Reply::json(Value::String("127.0.0.1:8300".to_owned())))

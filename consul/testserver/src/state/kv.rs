@@ -89,6 +89,32 @@ impl KvStore {
         self.lock_delays.get(key).is_some_and(|until| now < *until)
     }
 
+    /// The table as a snapshot holds it: entries with every index, the
+    /// table index and the delete tombstones. Lock-delays are left out:
+    /// Consul keeps them in the leader's memory only (`state/delay.go`).
+    pub(crate) fn snapshot_parts(&self) -> (Vec<&KvEntry>, u64, &BTreeMap<String, u64>) {
+        (
+            self.entries.values().collect(),
+            self.table_index,
+            &self.tombstones,
+        )
+    }
+
+    /// A table restored from a snapshot's parts: indexes as they were
+    /// when it was taken, no lock-delays.
+    pub(crate) fn restored(
+        entries: Vec<KvEntry>,
+        table_index: u64,
+        tombstones: BTreeMap<String, u64>,
+    ) -> Self {
+        KvStore {
+            entries: entries.into_iter().map(|e| (e.key.clone(), e)).collect(),
+            table_index,
+            tombstones,
+            lock_delays: HashMap::new(),
+        }
+    }
+
     /// Drops every lock-delay (a new leader starts without them).
     pub(crate) fn forget_lock_delays(&mut self) {
         self.lock_delays.clear();

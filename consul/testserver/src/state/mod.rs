@@ -11,6 +11,7 @@
 pub(crate) mod catalog;
 pub(crate) mod kv;
 pub(crate) mod session;
+pub(crate) mod snapshot;
 pub(crate) mod txn;
 
 use std::collections::BTreeMap;
@@ -58,6 +59,9 @@ pub(crate) struct ClusterState {
     pub(crate) ttl_expiry_factor: f64,
     /// The reaper's period and its next run; `None`: reap exactly when due.
     pub(crate) check_reap: Option<(Duration, Instant)>,
+    /// How many snapshots were restored; blocking queries return when it
+    /// moves, since the restored indexes may be below the one they wait on.
+    pub(crate) restores: u64,
 }
 
 impl ClusterState {
@@ -72,6 +76,7 @@ impl ClusterState {
             catalog: Catalog::default(),
             ttl_expiry_factor,
             check_reap: None,
+            restores: 0,
         }
     }
 

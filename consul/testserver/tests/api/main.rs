@@ -8,5 +8,6 @@ mod faults;
 mod https;
 mod kv;
 mod sessions;
+mod snapshot;
 mod support;
 mod txn;

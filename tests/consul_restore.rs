@@ -1,0 +1,340 @@
+//! A Consul snapshot restore rolls every counter back. Three nodes issue
+//! from segment, strict, lease and a formatted format; the snapshot is
+//! saved, they issue more, it is restored. No node may hand out anything
+//! twice: each refuses (UNAVAILABLE naming the key) where it reads a
+//! counter below what it wrote, `idgen admin skip-ahead --margin N`
+//! moves the cluster on, and they resume above everything issued before.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::write_cluster_config;
+use idgen::config::{Config, Overrides};
+use idgen::id::{Clock, ErrorKind, Mode, SystemClock};
+use idgen::server::Node;
+use tokio::net::TcpListener;
+
+const TAG: &str = "orders";
+const STRICT_KEY: &str = "books/b1";
+const FORMAT: &str = "daily";
+const TOKEN: &str = "restore-admin-secret";
+
+const FORMATS: &str = r#"
+[[formats]]
+name = "daily"
+template = "{yyyy}{MM}{dd}{seq:9}"
+reset = "day"
+"#;
+
+/// An in-process node with its issuer and gRPC address.
+struct Started {
+    issuer: Arc<idgen::modes::Issuer>,
+    grpc: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<idgen::server::ShutdownReport, idgen::server::ServeError>>,
+}
+
+async fn start(mut config: Config) -> Started {
+    let grpc_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = grpc_l.local_addr().unwrap();
+    config.node.advertise = Some(grpc);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let node = Node::start(config, clock).await.expect("node starts");
+    let issuer = Arc::clone(node.issuer());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(node.serve(grpc_l, http_l, async {
+        let _ = stopped.await;
+    }));
+    Started {
+        issuer,
+        grpc,
+        stop,
+        task,
+    }
+}
+
+/// Every ID and value handed out, per mode, and the errors seen.
+#[derive(Default)]
+struct Seen {
+    segment: HashSet<u64>,
+    lease: HashSet<u64>,
+    strict: Vec<u64>,
+    formatted: HashSet<String>,
+    /// (mode, kind, message) of each refusal.
+    errors: Vec<(&'static str, ErrorKind, String)>,
+}
+
+impl Seen {
+    fn numbers(&mut self, mode: &'static str, ids: Vec<u64>) {
+        for id in ids {
+            let set = match mode {
+                "segment" => &mut self.segment,
+                _ => &mut self.lease,
+            };
+            assert!(set.insert(id), "{mode} ID {id} handed out twice");
+        }
+    }
+
+    fn strict_values(&mut self, values: Vec<u64>) {
+        for v in values {
+            if let Some(last) = self.strict.last() {
+                assert!(v > *last, "strict value {v} not above {last}: repeated");
+            }
+            self.strict.push(v);
+        }
+    }
+
+    /// One call of every mode on `node`; returns how many modes issued.
+    async fn round(&mut self, node: &Started, count: u64) -> usize {
+        let mut issued = 0;
+        for (mode, name, tag) in [
+            (Mode::Segment, "segment", TAG),
+            (Mode::Lease, "lease", ""),
+            (Mode::Strict, "strict", STRICT_KEY),
+        ] {
+            match node.issuer.gen_ids(mode, tag, count).await {
+                Ok(ids) if name == "strict" => {
+                    self.strict_values(ids);
+                    issued += 1;
+                }
+                Ok(ids) => {
+                    self.numbers(name, ids);
+                    issued += 1;
+                }
+                Err(e) => self.errors.push((name, e.kind(), e.to_string())),
+            }
+        }
+        match node.issuer.gen_formatted(FORMAT, &[], count).await {
+            Ok(out) => {
+                for id in out.ids {
+                    assert!(
+                        self.formatted.insert(id.text.clone()),
+                        "formatted ID {} handed out twice",
+                        id.text
+                    );
+                }
+                issued += 1;
+            }
+            Err(e) => self.errors.push(("formatted", e.kind(), e.to_string())),
+        }
+        issued
+    }
+}
+
+async fn snapshot(consul: &consul_testserver::TestConsul) -> Vec<u8> {
+    let r = reqwest::get(format!("http://{}/v1/snapshot", consul.addr()))
+        .await
+        .expect("snapshot save");
+    assert_eq!(r.status().as_u16(), 200);
+    r.bytes().await.expect("archive").to_vec()
+}
+
+async fn restore(consul: &consul_testserver::TestConsul, archive: Vec<u8>) {
+    let r = reqwest::Client::new()
+        .put(format!("http://{}/v1/snapshot", consul.addr()))
+        .body(archive)
+        .send()
+        .await
+        .expect("snapshot restore");
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_repeats() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let path = write_cluster_config(
+            dir.path(),
+            &format!("n{i}"),
+            consul.addr(),
+            &[
+                ("segment", "enabled", "true"),
+                ("segment", "auto_create", "true"),
+                ("segment", "default_step", "10"),
+                ("segment", "max_step", "10"),
+                ("lease", "enabled", "true"),
+                ("lease", "block", "10"),
+                ("strict", "enabled", "true"),
+                ("formatted", "block", "3"),
+                ("admin", "token", &format!("\"{TOKEN}\"")),
+            ],
+        );
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(FORMATS);
+        std::fs::write(&path, text).unwrap();
+        let config = Config::load(Some(&path), &Overrides::default(), SystemClock.now_millis())
+            .expect("cluster config");
+        nodes.push(start(config).await);
+    }
+    let mut seen = Seen::default();
+    for _ in 0..4 {
+        for node in &nodes {
+            assert_eq!(seen.round(node, 5).await, 4, "{:?}", seen.errors);
+        }
+    }
+    let archive = snapshot(&consul).await;
+    // Every node writes every counter after the snapshot: more than a
+    // range, a block and a formatted block each.
+    for _ in 0..6 {
+        for node in &nodes {
+            assert_eq!(seen.round(node, 5).await, 4, "{:?}", seen.errors);
+        }
+    }
+    restore(&consul, archive).await;
+
+    // Nodes serve what they still hold in memory, then refuse: never a
+    // repeat (Seen asserts it on every call).
+    for _ in 0..40 {
+        for node in &nodes {
+            seen.round(node, 5).await;
+        }
+        let refused: HashSet<&str> = seen.errors.iter().map(|(m, _, _)| *m).collect();
+        if refused.len() == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (mode, key) in [
+        ("segment", format!("segments/{TAG}")),
+        ("strict", format!("strict/{STRICT_KEY}")),
+        ("lease", "lease/0/".to_owned()),
+        ("formatted", format!("formats/{FORMAT}")),
+    ] {
+        let named = seen.errors.iter().any(|(m, kind, text)| {
+            *m == mode
+                && *kind == ErrorKind::Unavailable
+                && text.contains(&key)
+                && text.contains("idgen admin skip-ahead")
+        });
+        assert!(
+            named,
+            "{mode}: no UNAVAILABLE naming {key} and the skip-ahead: {:?}",
+            seen.errors
+        );
+    }
+
+    let addr = format!("http://{}", nodes[0].grpc);
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        common::run_idgen(&[
+            "admin",
+            "--addr",
+            &addr,
+            "--token",
+            TOKEN,
+            "--json",
+            "skip-ahead",
+            "--margin",
+            "1000",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "skip-ahead: {out}");
+    let r: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let n = |f: &str| r[f].as_u64().unwrap_or(0);
+    assert!(
+        n("segments") >= 1
+            && n("strict") >= 1
+            && n("lease_tokens") >= 3
+            && n("format_counters") >= 1,
+        "{r}"
+    );
+    assert!(n("marks") >= 3, "{r}");
+    assert_eq!(n("runs"), 1, "{r}");
+
+    // Every node resumes by itself, above everything issued before.
+    let (max_segment, max_strict) = (
+        seen.segment.iter().max().copied().unwrap_or(0),
+        seen.strict.last().copied().unwrap_or(0),
+    );
+    for node in &nodes {
+        let mut resumed = false;
+        for _ in 0..100 {
+            seen.errors.clear();
+            if seen.round(node, 5).await == 4 {
+                resumed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(resumed, "a node did not resume: {:?}", seen.errors);
+    }
+    // Snowflake too: a node fenced by its rolled-back mark claims again
+    // once the mark is above its own write.
+    for node in &nodes {
+        let mut last = None;
+        for _ in 0..100 {
+            match node.issuer.gen_ids(Mode::Snowflake, "", 1).await {
+                Ok(_) => {
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e.to_string()),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(last.is_none(), "snowflake did not resume: {last:?}");
+    }
+    let new_segment = seen.segment.iter().max().copied().unwrap_or(0);
+    assert!(
+        new_segment > max_segment + 900,
+        "{new_segment} vs {max_segment}"
+    );
+    let new_strict = seen.strict.last().copied().unwrap_or(0);
+    assert!(
+        new_strict > max_strict + 900,
+        "{new_strict} vs {max_strict}"
+    );
+
+    // Run again, from the command line straight against Consul (no node
+    // in between): everything moves a second time, and nodes keep going.
+    let config = dir.path().join("n0.toml");
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        let config = config.to_string_lossy().into_owned();
+        common::run_idgen(&[
+            "admin",
+            "--json",
+            "skip-ahead",
+            "--margin",
+            "1000",
+            "--config",
+            &config,
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "offline skip-ahead: {out}");
+    assert!(out.contains("\"runs\":2"), "{out}");
+    let before = seen.strict.last().copied().unwrap_or(0);
+    for node in &nodes {
+        let mut issued = false;
+        for _ in 0..100 {
+            seen.errors.clear();
+            if seen.round(node, 5).await == 4 {
+                issued = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            issued,
+            "a node stopped after the second run: {:?}",
+            seen.errors
+        );
+    }
+    let after = seen.strict.last().copied().unwrap_or(0);
+    assert!(after > before + 900, "{after} vs {before}");
+
+    for node in nodes {
+        drop(node.issuer);
+        let _ = node.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+    }
+}
