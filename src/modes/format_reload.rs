@@ -13,11 +13,13 @@
 //!   otherwise start-up or the reload is refused naming the format, the
 //!   field and both definitions. A config entry for a deleted name is
 //!   refused too.
-//! - **What may change.** An update goes through
-//!   [`Format::check_replace`]: description, min, max, step, and a Lua
-//!   rule's code (which must compile and pass the rule's checks, and cut
-//!   the same periods); nothing that changes how IDs render or how periods
-//!   are cut. A delete leaves a tombstone: the name is never used again.
+//! - **What may change.** A format's rendering is frozen: every change
+//!   (an update, a config entry, a reload finding another definition than
+//!   the one served) goes through the one rule,
+//!   [`FormatDef::check_update`]. Only the description may change, and
+//!   `max` may grow; the Lua code, template, zone, reset, min, step and
+//!   the rest are refused naming the field. A delete leaves a tombstone:
+//!   the name is never used again.
 //! - **Reload.** Every live stored definition is compiled into a new table
 //!   ([`Formats::compile_table`]); only when all of them compiled and
 //!   validated is it installed ([`Formats::install`]). A failure keeps the
@@ -33,7 +35,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::id::format::{Format, FormatDef, LuaLimits};
+use crate::id::format::FormatDef;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
 use crate::modes::format::Formats;
@@ -302,7 +304,7 @@ impl FormatCatalog {
         let old = self.formats.table();
         for (name, new) in &table {
             if let Some(old) = old.get(name) {
-                old.check_replace(new).map_err(|e| {
+                old.def().check_update(new.def()).map_err(|e| {
                     ReloadError::from_error(Some(name), &StoreError::from(e).into())
                 })?;
             }
@@ -340,8 +342,8 @@ impl FormatCatalog {
         Ok((written, self.reload_after_change().await))
     }
 
-    /// `UpdateFormat`: refused unless [`Format::check_replace`] allows it
-    /// (the error names the field).
+    /// `UpdateFormat`: refused unless [`FormatDef::check_update`] allows
+    /// it (the error names the field).
     pub async fn update(&self, def: FormatDef) -> Result<(StoredFormat, Reloaded), Error> {
         let _one = self.reloading.lock().await;
         let written = self.update_stored(&def, DefSource::Admin).await?;
@@ -396,7 +398,7 @@ impl FormatCatalog {
         let (new, now) = (def.clone(), self.now_ms());
         let change: DefChange = Arc::new(move |r: &StoredFormat| {
             let new = inherit_origin(new.clone(), &r.def);
-            check_replace(now as i64, &r.def, &new)?;
+            r.def.check_update(&new).map_err(StoreError::from)?;
             Ok(StoredFormat {
                 def: new,
                 deleted: false,
@@ -481,20 +483,6 @@ fn inherit_origin(mut new: FormatDef, stored: &FormatDef) -> FormatDef {
         new.origin_year = stored.origin_year;
     }
     new
-}
-
-/// Whether `new` may replace `old` (compiled, so a Lua rule's period is
-/// compared as its code computes it).
-fn check_replace(now_ms: i64, old: &FormatDef, new: &FormatDef) -> Result<(), StoreError> {
-    old.check_update(new)?;
-    let compile = |d: &FormatDef| Format::compile(d.clone(), now_ms, LuaLimits::default());
-    match (compile(old), compile(new)) {
-        (Ok(o), Ok(n)) => Ok(o.check_replace(&n)?),
-        (_, Err(e)) => Err(e.into()),
-        // The old definition no longer compiles (a later build?): the
-        // definition-level check above is all that can be done.
-        (Err(_), Ok(_)) => Ok(()),
-    }
 }
 
 fn def_json(def: &FormatDef) -> String {
