@@ -21,7 +21,8 @@
 //!   the rest are refused naming the field. A delete leaves a tombstone:
 //!   the name is never used again.
 //! - **Reload.** Every live stored definition is compiled into a new table
-//!   ([`Formats::compile_table`]); only when all of them compiled and
+//!   ([`Formats::compile_table`], off the runtime; one served unchanged
+//!   keeps its compiled format); only when all of them compiled and
 //!   validated is it installed ([`Formats::install`]). A failure keeps the
 //!   table in use and says which format failed and why. Reloads run after
 //!   each admin change, on SIGHUP (re-reading the config file first), and
@@ -38,7 +39,7 @@ use crate::error::Error;
 use crate::id::format::FormatDef;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
-use crate::modes::format::Formats;
+use crate::modes::format::{CompileFailure, FormatTable, Formats};
 use crate::store::format_def::{DefChange, DefSource, FormatDefStore, StoredFormat};
 use crate::store::StoreError;
 
@@ -296,12 +297,22 @@ impl FormatCatalog {
                 ErrorKind::Unavailable,
             ));
         }
-        let defs: Vec<FormatDef> = listing.live().map(|f| f.def.clone()).collect();
-        let table = self
-            .formats
-            .compile_table(&defs)
-            .map_err(|f| ReloadError::from_error(Some(&f.0), &f.1))?;
         let old = self.formats.table();
+        // A definition served unchanged keeps its compiled format: only new
+        // and changed ones are compiled (a Lua rule's checks are costly).
+        let (same, fresh): (Vec<FormatDef>, Vec<FormatDef>) = listing
+            .live()
+            .map(|f| f.def.clone())
+            .partition(|d| old.get(&d.name).is_some_and(|o| o.def() == d));
+        let mut table = self
+            .compile(fresh)
+            .await
+            .map_err(|f| ReloadError::from_error(Some(&f.0), &f.1))?;
+        for def in same {
+            if let Some(f) = old.get(&def.name) {
+                table.insert(def.name, Arc::clone(f));
+            }
+        }
         for (name, new) in &table {
             if let Some(old) = old.get(name) {
                 old.def().check_update(new.def()).map_err(|e| {
@@ -323,6 +334,19 @@ impl FormatCatalog {
         Ok(Reloaded { formats, changed })
     }
 
+    /// Compiles `defs` on a blocking thread: a Lua rule's load-time checks
+    /// render up to about a million IDs, which must not hold a worker of
+    /// the runtime that serves requests.
+    async fn compile(&self, defs: Vec<FormatDef>) -> Result<FormatTable, CompileFailure> {
+        let formats = Arc::clone(&self.formats);
+        tokio::task::spawn_blocking(move || formats.compile_table(&defs))
+            .await
+            .unwrap_or_else(|e| {
+                let why = format!("compiling the formats failed: {e}");
+                Err(Box::new((String::new(), Error::Setup(why))))
+            })
+    }
+
     /// `CreateFormat`: checked, stamped with its origin year, compiled on
     /// this node, stored, then served here at once (other Consul nodes
     /// as soon as their watch wakes, [`FormatCatalog::watch_consul`]).
@@ -330,8 +354,8 @@ impl FormatCatalog {
         let def = def
             .stamped(self.now_ms() as i64)
             .map_err(|e| refused(StoreError::from(e)))?;
-        self.formats
-            .compile_table(std::slice::from_ref(&def))
+        self.compile(vec![def.clone()])
+            .await
             .map_err(|f| refused(f.1))?;
         let _one = self.reloading.lock().await;
         let written = self
@@ -391,9 +415,21 @@ impl FormatCatalog {
         source: DefSource,
     ) -> Result<StoredFormat, Error> {
         crate::id::format::check_name(&def.name).map_err(|e| refused(StoreError::from(e)))?;
+        // Checked against what is stored before the new definition is
+        // compiled (new Lua code is never run for a refused update), and
+        // again in the compare-and-set below.
+        if let Some(stored) = self.defs.get(&def.name).await? {
+            if !stored.deleted {
+                let new = inherit_origin(def.clone(), &stored.def);
+                stored
+                    .def
+                    .check_update(&new)
+                    .map_err(|e| refused(StoreError::from(e)))?;
+            }
+        }
         // Compiled here too, so a broken rule is refused before any write.
-        self.formats
-            .compile_table(std::slice::from_ref(def))
+        self.compile(vec![def.clone()])
+            .await
             .map_err(|f| refused(f.1))?;
         let (new, now) = (def.clone(), self.now_ms());
         let change: DefChange = Arc::new(move |r: &StoredFormat| {

@@ -254,7 +254,7 @@ fn lua_def(name: &str, code: &str) -> FormatDef {
 /// `L` and the counter, or the counter moved back by `back`.
 fn l_rule(back: u64) -> String {
     format!(
-        "function min_counter() return 0 end\nfunction max_counter() return 99999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format('L%06d', counter - {back}) end\n"
+        "function min_counter() return 0 end\nfunction max_counter() return 9999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format('L%06d', counter - {back}) end\n"
     )
 }
 
@@ -317,16 +317,28 @@ fn a_formats_rendering_is_frozen_field_by_field() {
             "{text}"
         );
     }
+}
+
+/// The same rule for presets and Lua rules: the other preset, a smaller
+/// uniq64 max, the code and the declared length are refused; a larger max
+/// passes only if the new definition compiles.
+#[test]
+fn presets_and_lua_rules_are_frozen_too() {
+    let mut old = FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
+    old.origin_year = Some(2026);
     // A larger max must still fit its field: the new definition does not
     // compile, so no path stores it.
-    let too_wide = t(|d| d.max = Some(10_000));
+    let too_wide = FormatDef {
+        max: Some(10_000),
+        ..old.clone()
+    };
     assert_eq!(old.check_update(&too_wide), Ok(()));
     assert!(matches!(
         compile(too_wide),
         Err(FormatError::Template { .. })
     ));
     // Presets: the other preset, and uniq64's max only grows.
-    let mut idc = t(|_| ());
+    let mut idc = old.clone();
     idc.template = None;
     idc.reset = None;
     idc.preset = Some(PresetName::Idc);
@@ -357,6 +369,10 @@ fn a_formats_rendering_is_frozen_field_by_field() {
         ..lua.clone()
     };
     assert_eq!(lua.check_update(&desc), Ok(()));
+    assert!(matches!(
+        lua.check_update(&lua_def("l", &l_rule(1))),
+        Err(FormatError::Immutable { field: "lua", .. })
+    ));
     let length = FormatDef {
         length: Some(7),
         ..lua.clone()
