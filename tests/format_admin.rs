@@ -668,24 +668,30 @@ async fn a_lua_rule_reloaded_under_load_fails_no_call_and_repeats_nothing() {
     let e = catalog.update(broken.clone()).await.unwrap_err();
     assert_eq!(e.kind(), idgen::id::ErrorKind::BadRequest, "{e}");
     assert!(one(&issuer).await.unwrap().starts_with('A'));
-    // One that reached the store anyway (written by another build...): the
-    // reload fails naming it, and the rule in use keeps serving.
-    let stored_broken = broken.clone();
-    catalog
-        .store()
-        .change(
-            "rule",
-            Arc::new(move |r: &StoredFormat| {
-                Ok(StoredFormat {
-                    def: stored_broken.clone(),
-                    ..r.clone()
-                })
-            }),
-        )
-        .await
-        .unwrap();
-    let failed = catalog.reload("admin").await.unwrap_err();
-    assert_eq!(failed.format.as_deref(), Some("rule"), "{failed}");
+    // Definitions that reached the store anyway (written by another build
+    // or node...): new code that compiles is refused by the same rule when
+    // the reload compares it with the one served; broken code fails to
+    // compile. Each reload fails naming the format, and the rule in use
+    // keeps serving.
+    for (written, why) in [(lua_def("B"), "lua cannot change"), (broken, "")] {
+        catalog
+            .store()
+            .change(
+                "rule",
+                Arc::new(move |r: &StoredFormat| {
+                    Ok(StoredFormat {
+                        def: written.clone(),
+                        ..r.clone()
+                    })
+                }),
+            )
+            .await
+            .unwrap();
+        let failed = catalog.reload("admin").await.unwrap_err();
+        assert_eq!(failed.format.as_deref(), Some("rule"), "{failed}");
+        assert!(failed.to_string().contains(why), "{failed}");
+        assert!(one(&issuer).await.unwrap().starts_with('A'));
+    }
     let after = one(&issuer).await.expect("the old rule still serves");
     assert!(after.starts_with('A'), "{after}");
     assert!(values.insert(after[1..].to_owned()), "{after} repeated");
