@@ -258,6 +258,9 @@ fn l_rule(back: u64) -> String {
     )
 }
 
+/// An edit of a definition, as a test case.
+type Change = fn(&mut FormatDef);
+
 /// A format's rendering is frozen: every field that decides how a counter
 /// value renders, or which period it is in, is refused by name; only the
 /// description and a larger max pass, and restating a default is no change.
@@ -270,7 +273,7 @@ fn a_formats_rendering_is_frozen_field_by_field() {
         d
     };
     let old = t(|d| d.max = Some(5000));
-    let allowed: [fn(&mut FormatDef); 5] = [
+    let allowed: [Change; 5] = [
         |d| d.max = Some(5000),
         |d| d.description = "order numbers".into(),
         |d| d.max = Some(9999),
@@ -282,7 +285,7 @@ fn a_formats_rendering_is_frozen_field_by_field() {
         change(&mut new);
         assert_eq!(old.check_update(&new), Ok(()), "{new:?}");
     }
-    let refused: [(fn(&mut FormatDef), &str); 10] = [
+    let refused: [(Change, &str); 10] = [
         (|d| d.name = "orders2".into(), "name"),
         (
             |d| d.template = Some("X{yyyy}{MM}{dd}{seq:4}".into()),
