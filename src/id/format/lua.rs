@@ -40,8 +40,8 @@
 //! integers; `create_id` is deterministic; every ID is printable ASCII, at
 //! most 128 characters, and exactly `length` long if the format declares
 //! one; and no two calls that may both issue give one ID: every counter
-//! value of a period (or a dense and spread sample of a range above a
-//! million), the same counter 1, 10 and 100 years apart and through the
+//! value of a period (or a dense and spread sample of a range above
+//! 100,000), the same counter 1, 10 and 100 years apart and through the
 //! zone's DST change days, and different counters under different salts
 //! ([`validate`]). That is as far as uniqueness can be checked from
 //! outside; the rule's author answers for the rest.

@@ -227,7 +227,11 @@ impl FormatDef {
         frozen(
             "max",
             new_max < old_max,
-            format!("{old_max:?} -> {new_max:?}; max may only grow"),
+            format!(
+                "{} -> {}; max may only grow",
+                old_max.map_or("unset".into(), |m| m.to_string()),
+                new_max.map_or("unset".into(), |m| m.to_string())
+            ),
         )?;
         frozen("step", self.step != *step, both(&self.step, step))?;
         frozen(
