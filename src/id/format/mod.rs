@@ -179,16 +179,9 @@ impl FormatDef {
             origin_year,
             description: _,
         } = new;
-        let frozen = |field: &'static str, differs: bool, why: String| {
-            if differs {
-                Err(FormatError::Immutable {
-                    format: self.name.clone(),
-                    field,
-                    why,
-                })
-            } else {
-                Ok(())
-            }
+        let frozen = |field: &'static str, differs: bool, why: String| match differs {
+            true => Err(self.frozen_field(field, why)),
+            false => Ok(()),
         };
         let both = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?} -> {b:?}");
         frozen("name", &self.name != name, both(&self.name, name))?;
@@ -224,15 +217,12 @@ impl FormatDef {
             both(&min_of(&self.min), &min_of(min)),
         )?;
         let (old_max, new_max) = (self.effective_max(), new.effective_max());
-        frozen(
-            "max",
-            new_max < old_max,
-            format!(
-                "{} -> {}; max may only grow",
-                old_max.map_or("unset".into(), |m| m.to_string()),
-                new_max.map_or("unset".into(), |m| m.to_string())
-            ),
-        )?;
+        let grows = format!(
+            "{} -> {}; max may only grow",
+            shown(old_max),
+            shown(new_max)
+        );
+        frozen("max", new_max < old_max, grows)?;
         frozen("step", self.step != *step, both(&self.step, step))?;
         frozen(
             "scope_params",
@@ -245,6 +235,15 @@ impl FormatDef {
             &self.origin_year != origin_year,
             both(&self.origin_year, origin_year),
         )
+    }
+
+    /// The refusal of a change to `field`.
+    fn frozen_field(&self, field: &'static str, why: String) -> FormatError {
+        FormatError::Immutable {
+            format: self.name.clone(),
+            field,
+            why,
+        }
     }
 
     /// The counter's last value as compiled: `max`, or the default of the
@@ -266,6 +265,11 @@ impl FormatDef {
             (None, None) => None,
         }
     }
+}
+
+/// A counter bound for a message: the number, or `unset`.
+fn shown(max: Option<u64>) -> String {
+    max.map_or_else(|| "unset".to_owned(), |m| m.to_string())
 }
 
 /// Whose counter an ID uses.
