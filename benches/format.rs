@@ -25,7 +25,7 @@ function max_counter() return 9999 end
 function reset_seconds() return 86400 end
 function create_id(counter, now, salt)
     local seq = counter:generate_counter()
-    return string.format("%01d%02d%02d%04d", now:year() % 10, now:month(), now:day(), seq)
+    return string.format("%04d%02d%02d%04d", now:year(), now:month(), now:day(), seq)
 end
 "#;
 

@@ -161,10 +161,17 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
     zone.zone = "UTC".into();
     let refused = a.update_format(update(&zone)).await.unwrap_err();
     assert!(refused.message().contains("zone"), "{refused:?}");
-    // Allowed: description and max; the counter goes on.
+    // A smaller max is refused like any change to the rendering.
+    let mut smaller = orders();
+    smaller.max = Some(500_000);
+    let refused = a.update_format(update(&smaller)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("max"), "{refused:?}");
+    // Allowed: the description, and the field's widest max restated; the
+    // counter goes on.
     let mut allowed = orders();
     allowed.description = "order numbers".into();
-    allowed.max = Some(500_000);
+    allowed.max = Some(999_999);
     let r = a
         .update_format(update(&allowed))
         .await
@@ -183,7 +190,7 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
         .into_inner()
         .format
         .unwrap();
-    assert!(got.definition_json.contains("500000"), "{got:?}");
+    assert!(got.definition_json.contains("999999"), "{got:?}");
     let missing = a
         .get_format(ok(proto::GetFormatRequest {
             name: "nope".into(),
@@ -289,21 +296,23 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
 }
 
 /// SIGHUP on a real process reads the config file's [[formats]] again:
-/// a new entry is served and a Lua rule's code replaced, counters going
-/// on; an entry changed in a way that could repeat IDs is refused and the
-/// formats in use keep serving.
+/// a new entry is served; an entry changed in a way that could repeat IDs
+/// (a Lua rule's code, a template) is refused naming the entry and the
+/// field, and the formats in use keep serving, their counters going on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_config_files_formats_and_a_refused_reload_keeps_the_old_ones() {
     let dir = tempfile::tempdir().unwrap();
     let lua = |prefix: &str| {
         format!(
-            "[[formats]]\nname = \"o2o\"\nlua = \"\"\"\nfunction min_counter() return 0 end\nfunction max_counter() return 99999999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"{prefix}%08d\", counter) end\n\"\"\"\n"
+            "[[formats]]\nname = \"o2o\"\nlua = \"\"\"\nfunction min_counter() return 0 end\nfunction max_counter() return 9999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"{prefix}%08d\", counter) end\n\"\"\"\n"
         )
     };
     let config = embedded_config(dir.path(), &lua("A"));
     let node = ChildServer::start(&config);
+    let mut seen = HashSet::new();
     let first = gen(&node, "o2o", 3).await.unwrap();
     assert!(first.iter().all(|id| id.starts_with('A')), "{first:?}");
+    all_new(&mut seen, &first);
     let base = std::fs::read_to_string(&config).unwrap();
     let hup = || {
         let status = std::process::Command::new("kill")
@@ -312,10 +321,19 @@ async fn sighup_reloads_the_config_files_formats_and_a_refused_reload_keeps_the_
             .unwrap();
         assert!(status.success());
     };
+    // Waits until `n` reloads have failed; the log.
+    let failed = async |n: usize| {
+        eventually(10, async || {
+            let log = node.log_text();
+            (log.matches("formats reload failed").count() >= n).then_some(log)
+        })
+        .await
+        .expect("the refused reload is logged")
+    };
 
-    let with_b = base.replace(&lua("A"), &lua("B"))
+    let with_daily = base.clone()
         + "[[formats]]\nname = \"daily\"\ntemplate = \"{yyyy}{MM}{dd}{seq:4}\"\nreset = \"day\"\n";
-    std::fs::write(&config, &with_b).unwrap();
+    std::fs::write(&config, &with_daily).unwrap();
     hup();
     let daily = eventually(10, async || gen(&node, "daily", 1).await.ok()).await;
     assert!(
@@ -323,29 +341,32 @@ async fn sighup_reloads_the_config_files_formats_and_a_refused_reload_keeps_the_
         "new entry served after SIGHUP: {}",
         node.log_text()
     );
-    let after = gen(&node, "o2o", 3).await.unwrap();
-    assert!(after.iter().all(|id| id.starts_with('B')), "{after:?}");
-    let counter = |id: &String| id[1..].parse::<u64>().unwrap();
+
+    // The Lua rule's code changed in the file: refused, naming the entry
+    // and the field; the rule in use goes on without a repeat.
+    std::fs::write(&config, with_daily.replace(&lua("A"), &lua("B"))).unwrap();
+    hup();
+    let logged = failed(1).await;
     assert!(
-        counter(&after[0]) > counter(&first[2]),
-        "the counter goes on: {first:?} {after:?}"
+        logged.contains("entry 1")
+            && logged.contains("o2o")
+            && logged.contains("lua cannot change"),
+        "{logged}"
     );
+    let after = gen(&node, "o2o", 3).await.unwrap();
+    assert!(after.iter().all(|id| id.starts_with('A')), "{after:?}");
+    all_new(&mut seen, &after);
 
     // The template of a stored format changed in the file: refused.
-    std::fs::write(&config, with_b.replace("{seq:4}", "{seq:5}")).unwrap();
+    std::fs::write(&config, with_daily.replace("{seq:4}", "{seq:5}")).unwrap();
     hup();
-    let logged = eventually(10, async || {
-        let log = node.log_text();
-        log.contains("formats reload failed").then_some(log)
-    })
-    .await
-    .expect("the refused reload is logged");
+    let logged = failed(2).await;
     assert!(
         logged.contains("daily") && logged.contains("template"),
         "{logged}"
     );
     assert!(gen(&node, "daily", 1).await.is_ok());
-    assert!(gen(&node, "o2o", 1).await.unwrap()[0].starts_with('B'));
+    all_new(&mut seen, &gen(&node, "o2o", 1).await.unwrap());
     let metrics = reqwest::get(format!("http://{}/metrics", node.http))
         .await
         .unwrap()
@@ -353,9 +374,9 @@ async fn sighup_reloads_the_config_files_formats_and_a_refused_reload_keeps_the_
         .await
         .unwrap();
     assert!(
-        metrics.contains("idgen_format_reloads_total{trigger=\"sighup\",result=\"error\"} 1")
+        metrics.contains("idgen_format_reloads_total{trigger=\"sighup\",result=\"error\"} 2")
             || metrics
-                .contains("idgen_format_reloads_total{result=\"error\",trigger=\"sighup\"} 1"),
+                .contains("idgen_format_reloads_total{result=\"error\",trigger=\"sighup\"} 2"),
         "{metrics}"
     );
     assert_eq!(node.terminate().code(), Some(0));
@@ -367,6 +388,76 @@ async fn sighup_reloads_the_config_files_formats_and_a_refused_reload_keeps_the_
         refused.contains("daily") && refused.contains("template") && refused.contains("Stored"),
         "{refused}"
     );
+}
+
+/// The reported case, on the embedded store through the admin API: a Lua
+/// rule rendering `L%06d` issues 200 IDs; an update to `counter - 150`
+/// (which would hand 150 of them out again) is refused naming the field
+/// and the way out, and 200 more IDs repeat none. A description change
+/// and a larger max pass; a smaller max does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lua_code_update_is_refused_and_the_counter_goes_on_without_repeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&embedded_config(dir.path(), ""));
+    let mut a = admin(&node).await;
+    let rule = l_rule("l", 0);
+    a.create_format(create(&rule)).await.unwrap();
+    let mut seen = HashSet::new();
+    all_new(&mut seen, &gen(&node, "l", 200).await.unwrap());
+    let refused = a
+        .update_format(update(&l_rule("l", 150)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("lua cannot change")
+            && refused
+                .message()
+                .contains("create a new format (e.g. l-v2)"),
+        "{refused:?}"
+    );
+    let more = gen(&node, "l", 200).await.unwrap();
+    assert!(more.iter().all(|id| id.starts_with("L00")), "{more:?}");
+    all_new(&mut seen, &more);
+    let mut described = rule.clone();
+    described.description = "order letters".into();
+    a.update_format(update(&described)).await.unwrap();
+    all_new(&mut seen, &gen(&node, "l", 10).await.unwrap());
+
+    let mut small = FormatDef::template("grow", "{yyyy}{MM}{dd}{seq:6}", "UTC", Reset::Day);
+    small.max = Some(1000);
+    a.create_format(create(&small)).await.unwrap();
+    let mut grown = HashSet::new();
+    all_new(&mut grown, &gen(&node, "grow", 5).await.unwrap());
+    let larger = FormatDef {
+        max: Some(5000),
+        ..small.clone()
+    };
+    a.update_format(update(&larger)).await.unwrap();
+    all_new(&mut grown, &gen(&node, "grow", 5).await.unwrap());
+    let shrunk = a
+        .update_format(update(&FormatDef {
+            max: Some(4000),
+            ..small
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(shrunk.code(), Code::InvalidArgument, "{shrunk:?}");
+    assert!(shrunk.message().contains("max may only grow"), "{shrunk:?}");
+    all_new(&mut grown, &gen(&node, "grow", 5).await.unwrap());
+    assert_eq!(node.terminate().code(), Some(0));
+}
+
+/// The rule of the reported case: `L` and the counter moved back by
+/// `back`, never resetting.
+fn l_rule(name: &str, back: u64) -> FormatDef {
+    let mut def = FormatDef::template(name, "", "UTC", Reset::Never);
+    def.template = None;
+    def.reset = None;
+    def.lua = Some(format!(
+        "function min_counter() return 0 end\nfunction max_counter() return 9999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"L%06d\", counter - {back}) end\n"
+    ));
+    def
 }
 
 /// Consul: a format created through node 1 is served by node 2 within a
@@ -406,6 +497,23 @@ async fn consul_a_format_created_on_one_node_is_served_by_another() {
     let again = a2.create_format(create(&shared)).await.unwrap_err();
     assert_eq!(again.code(), Code::AlreadyExists);
 
+    // The reported case on Consul: a Lua rule's code update through node
+    // 2 is refused, and both nodes go on without a repeat.
+    a1.create_format(create(&l_rule("crule", 0))).await.unwrap();
+    let mut lua_ids = HashSet::new();
+    all_new(&mut lua_ids, &gen(&nodes[0], "crule", 100).await.unwrap());
+    let on_two = eventually(10, async || gen(&nodes[1], "crule", 100).await.ok()).await;
+    all_new(&mut lua_ids, &on_two.expect("node 2 serves the rule"));
+    let refused = a2
+        .update_format(update(&l_rule("crule", 150)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("lua"), "{refused:?}");
+    for n in &nodes {
+        all_new(&mut lua_ids, &gen(n, "crule", 100).await.unwrap());
+    }
+
     a2.delete_format(ok(proto::DeleteFormatRequest {
         name: "shared".into(),
     }))
@@ -428,7 +536,7 @@ fn lua_def(prefix: &str) -> FormatDef {
     def.template = None;
     def.reset = None;
     def.lua = Some(format!(
-        "function min_counter() return 0 end\nfunction max_counter() return 999999999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"{prefix}%09d\", counter) end\n"
+        "function min_counter() return 0 end\nfunction max_counter() return 9999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"{prefix}%09d\", counter) end\n"
     ));
     def
 }
@@ -496,11 +604,12 @@ async fn one(issuer: &Issuer) -> Result<String, idgen::error::Error> {
         .text)
 }
 
-/// A Lua rule replaced (UpdateFormat's path) while 8 callers draw IDs: no
-/// call fails, no counter value repeats, and every call started after the
-/// update returned uses the new rule. Then a broken rule, refused at the
-/// update, and one put straight into the store and reloaded: the rule in
-/// use keeps serving.
+/// A Lua rule reloaded (UpdateFormat's path: a new description, so a new
+/// Lua state) while 8 callers draw IDs: no call fails, no counter value
+/// repeats, and every call started after the update returned uses the new
+/// definition. Then new code, refused at the update; a broken rule, refused
+/// at the update, and one put straight into the store and reloaded: the
+/// rule in use keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lua_rule_reloaded_under_load_fails_no_call_and_repeats_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -514,8 +623,9 @@ async fn a_lua_rule_reloaded_under_load_fails_no_call_and_repeats_nothing() {
             let (issuer, running) = (Arc::clone(&issuer), Arc::clone(&running));
             tokio::spawn(async move {
                 let mut got = Vec::new();
-                // Bounded: at most 5,000 calls per caller.
-                for _ in 0..5_000 {
+                // Bounded: at most 1,200 calls per caller, inside the
+                // rule's 10,000 counter values.
+                for _ in 0..1_200 {
                     if !running.load(Ordering::Relaxed) {
                         break;
                     }
@@ -526,62 +636,65 @@ async fn a_lua_rule_reloaded_under_load_fails_no_call_and_repeats_nothing() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let (_, reloaded) = catalog.update(lua_def("B")).await.expect("update");
+    let mut described = lua_def("A");
+    described.description = "reloaded".into();
+    let (_, reloaded) = catalog.update(described).await.expect("update");
     assert_eq!(reloaded.changed, ["rule"]);
-    // Every call after the update returned uses the new rule.
-    assert!(one(&issuer).await.unwrap().starts_with('B'));
+    // Every call after the update returned uses the new definition.
+    let served = catalog.formats().get("rule").unwrap();
+    assert_eq!(served.def().description, "reloaded");
     tokio::time::sleep(Duration::from_millis(150)).await;
     running.store(false, Ordering::Relaxed);
     let mut values = HashSet::new();
-    let (mut a, mut b) = (0, 0);
+    let mut calls = 0;
     for c in callers {
         for id in c.await.unwrap() {
-            match &id[..1] {
-                "A" => a += 1,
-                "B" => b += 1,
-                other => panic!("unexpected {other}"),
-            }
+            assert!(id.starts_with('A'), "{id}");
             assert!(values.insert(id[1..].to_owned()), "counter {id} repeated");
+            calls += 1;
         }
     }
-    assert!(a > 0 && b > 0, "calls on both sides of the reload: {a} {b}");
+    assert!(calls > 0, "calls were made around the reload");
 
-    // New code that cuts other periods would reuse stored period keys
-    // for other periods: refused, naming the field.
-    let mut daily = lua_def("B");
-    daily.lua = Some(
-        "function min_counter() return 0 end\nfunction max_counter() return 999999999 end\nfunction reset_seconds() return 86400 end\nfunction create_id(counter, now, salt) return string.format(\"B%04d%02d%02d%09d\", now:year(), now:month(), now:day(), counter) end\n".into(),
-    );
-    let e = catalog.update(daily).await.unwrap_err();
+    // New code would render other IDs for the stored counters: refused,
+    // naming the field.
+    let e = catalog.update(lua_def("B")).await.unwrap_err();
     assert_eq!(e.kind(), idgen::id::ErrorKind::BadRequest, "{e}");
-    assert!(e.to_string().contains("reset"), "{e}");
+    assert!(e.to_string().contains("lua cannot change"), "{e}");
+    assert!(one(&issuer).await.unwrap().starts_with('A'));
 
     // A broken rule is refused at the update and never served.
     let mut broken = lua_def("B");
     broken.lua = Some("function min_counter() return 0 end\nfunction create_id(".into());
     let e = catalog.update(broken.clone()).await.unwrap_err();
     assert_eq!(e.kind(), idgen::id::ErrorKind::BadRequest, "{e}");
-    assert!(one(&issuer).await.unwrap().starts_with('B'));
-    // One that reached the store anyway (written by another build...): the
-    // reload fails naming it, and the rule in use keeps serving.
-    let stored_broken = broken.clone();
-    catalog
-        .store()
-        .change(
-            "rule",
-            Arc::new(move |r: &StoredFormat| {
-                Ok(StoredFormat {
-                    def: stored_broken.clone(),
-                    ..r.clone()
-                })
-            }),
-        )
-        .await
-        .unwrap();
-    let failed = catalog.reload("admin").await.unwrap_err();
-    assert_eq!(failed.format.as_deref(), Some("rule"), "{failed}");
+    assert!(one(&issuer).await.unwrap().starts_with('A'));
+    // Definitions that reached the store anyway (written by another build
+    // or node...): new code that compiles is refused by the same rule when
+    // the reload compares it with the one served; broken code fails to
+    // compile. Each reload fails naming the format, and the rule in use
+    // keeps serving.
+    for (written, why) in [(lua_def("B"), "lua cannot change"), (broken, "")] {
+        catalog
+            .store()
+            .change(
+                "rule",
+                Arc::new(move |r: &StoredFormat| {
+                    Ok(StoredFormat {
+                        def: written.clone(),
+                        ..r.clone()
+                    })
+                }),
+            )
+            .await
+            .unwrap();
+        let failed = catalog.reload("admin").await.unwrap_err();
+        assert_eq!(failed.format.as_deref(), Some("rule"), "{failed}");
+        assert!(failed.to_string().contains(why), "{failed}");
+        assert!(one(&issuer).await.unwrap().starts_with('A'));
+    }
     let after = one(&issuer).await.expect("the old rule still serves");
-    assert!(after.starts_with('B'), "{after}");
+    assert!(after.starts_with('A'), "{after}");
     assert!(values.insert(after[1..].to_owned()), "{after} repeated");
     drop((issuer, catalog));
     node.stop().await;

@@ -231,7 +231,7 @@ function max_counter() return 9999 end
 function reset_seconds() return 86400 end
 function create_id(counter, now, salt)
     local seq = counter:generate_counter()
-    return string.format("%01d%02d%02d%04d", now:year() % 10, now:month(), now:day(), seq)
+    return string.format("%04d%02d%02d%04d", now:year(), now:month(), now:day(), seq)
 end
 "#;
 
@@ -269,9 +269,9 @@ async fn presets_and_a_lua_rule_are_served_and_presets_parse_back() {
     assert_eq!(
         ids,
         [
-            "60615".to_owned() + "0000",
-            "606150001".into(),
-            "606150002".into()
+            "20260615".to_owned() + "0000",
+            "202606150001".into(),
+            "202606150002".into()
         ]
     );
 

@@ -13,13 +13,16 @@
 //!   otherwise start-up or the reload is refused naming the format, the
 //!   field and both definitions. A config entry for a deleted name is
 //!   refused too.
-//! - **What may change.** An update goes through
-//!   [`Format::check_replace`]: description, min, max, step, and a Lua
-//!   rule's code (which must compile and pass the rule's checks, and cut
-//!   the same periods); nothing that changes how IDs render or how periods
-//!   are cut. A delete leaves a tombstone: the name is never used again.
+//! - **What may change.** A format's rendering is frozen: every change
+//!   (an update, a config entry, a reload finding another definition than
+//!   the one served) goes through the one rule,
+//!   [`FormatDef::check_update`]. Only the description may change, and
+//!   `max` may grow; the Lua code, template, zone, reset, min, step and
+//!   the rest are refused naming the field. A delete leaves a tombstone:
+//!   the name is never used again.
 //! - **Reload.** Every live stored definition is compiled into a new table
-//!   ([`Formats::compile_table`]); only when all of them compiled and
+//!   ([`Formats::compile_table`], off the runtime; one served unchanged
+//!   keeps its compiled format); only when all of them compiled and
 //!   validated is it installed ([`Formats::install`]). A failure keeps the
 //!   table in use and says which format failed and why. Reloads run after
 //!   each admin change, on SIGHUP (re-reading the config file first), and
@@ -33,10 +36,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::id::format::{Format, FormatDef, LuaLimits};
+use crate::id::format::FormatDef;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
-use crate::modes::format::Formats;
+use crate::modes::format::{CompileFailure, FormatTable, Formats};
 use crate::store::format_def::{DefChange, DefSource, FormatDefStore, StoredFormat};
 use crate::store::StoreError;
 
@@ -294,16 +297,25 @@ impl FormatCatalog {
                 ErrorKind::Unavailable,
             ));
         }
-        let defs: Vec<FormatDef> = listing.live().map(|f| f.def.clone()).collect();
-        let table = self
-            .formats
-            .compile_table(&defs)
+        let old = self.formats.table();
+        // A definition served unchanged keeps its compiled format: only new
+        // and changed ones are compiled (a Lua rule's checks are costly).
+        let (same, fresh): (Vec<FormatDef>, Vec<FormatDef>) = listing
+            .live()
+            .map(|f| f.def.clone())
+            .partition(|d| old.get(&d.name).is_some_and(|o| o.def() == d));
+        let mut table = self
+            .compile(fresh)
             .await
             .map_err(|f| ReloadError::from_error(Some(&f.0), &f.1))?;
-        let old = self.formats.table();
+        for def in same {
+            if let Some(f) = old.get(&def.name) {
+                table.insert(def.name, Arc::clone(f));
+            }
+        }
         for (name, new) in &table {
             if let Some(old) = old.get(name) {
-                old.check_replace(new).map_err(|e| {
+                old.def().check_update(new.def()).map_err(|e| {
                     ReloadError::from_error(Some(name), &StoreError::from(e).into())
                 })?;
             }
@@ -322,6 +334,13 @@ impl FormatCatalog {
         Ok(Reloaded { formats, changed })
     }
 
+    /// Compiles `defs` on a blocking thread: a Lua rule's load-time checks
+    /// render up to about a million IDs, which must not hold a worker of
+    /// the runtime that serves requests.
+    async fn compile(&self, defs: Vec<FormatDef>) -> Result<FormatTable, CompileFailure> {
+        self.formats.compile_table(&defs).await
+    }
+
     /// `CreateFormat`: checked, stamped with its origin year, compiled on
     /// this node, stored, then served here at once (other Consul nodes
     /// as soon as their watch wakes, [`FormatCatalog::watch_consul`]).
@@ -329,8 +348,7 @@ impl FormatCatalog {
         let def = def
             .stamped(self.now_ms() as i64)
             .map_err(|e| refused(StoreError::from(e)))?;
-        self.formats
-            .compile_table(std::slice::from_ref(&def))
+        self.compile(vec![def.clone()])
             .await
             .map_err(|f| refused(f.1))?;
         let _one = self.reloading.lock().await;
@@ -342,8 +360,8 @@ impl FormatCatalog {
         Ok((written, self.reload_after_change().await))
     }
 
-    /// `UpdateFormat`: refused unless [`Format::check_replace`] allows it
-    /// (the error names the field).
+    /// `UpdateFormat`: refused unless [`FormatDef::check_update`] allows
+    /// it (the error names the field).
     pub async fn update(&self, def: FormatDef) -> Result<(StoredFormat, Reloaded), Error> {
         let _one = self.reloading.lock().await;
         let written = self.update_stored(&def, DefSource::Admin).await?;
@@ -391,15 +409,26 @@ impl FormatCatalog {
         source: DefSource,
     ) -> Result<StoredFormat, Error> {
         crate::id::format::check_name(&def.name).map_err(|e| refused(StoreError::from(e)))?;
+        // Checked against what is stored before the new definition is
+        // compiled (new Lua code is never run for a refused update), and
+        // again in the compare-and-set below.
+        if let Some(stored) = self.defs.get(&def.name).await? {
+            if !stored.deleted {
+                let new = inherit_origin(def.clone(), &stored.def);
+                stored
+                    .def
+                    .check_update(&new)
+                    .map_err(|e| refused(StoreError::from(e)))?;
+            }
+        }
         // Compiled here too, so a broken rule is refused before any write.
-        self.formats
-            .compile_table(std::slice::from_ref(def))
+        self.compile(vec![def.clone()])
             .await
             .map_err(|f| refused(f.1))?;
         let (new, now) = (def.clone(), self.now_ms());
         let change: DefChange = Arc::new(move |r: &StoredFormat| {
             let new = inherit_origin(new.clone(), &r.def);
-            check_replace(now as i64, &r.def, &new)?;
+            r.def.check_update(&new).map_err(StoreError::from)?;
             Ok(StoredFormat {
                 def: new,
                 deleted: false,
@@ -484,20 +513,6 @@ fn inherit_origin(mut new: FormatDef, stored: &FormatDef) -> FormatDef {
         new.origin_year = stored.origin_year;
     }
     new
-}
-
-/// Whether `new` may replace `old` (compiled, so a Lua rule's period is
-/// compared as its code computes it).
-fn check_replace(now_ms: i64, old: &FormatDef, new: &FormatDef) -> Result<(), StoreError> {
-    old.check_update(new)?;
-    let compile = |d: &FormatDef| Format::compile(d.clone(), now_ms, LuaLimits::default());
-    match (compile(old), compile(new)) {
-        (Ok(o), Ok(n)) => Ok(o.check_replace(&n)?),
-        (_, Err(e)) => Err(e.into()),
-        // The old definition no longer compiles (a later build?): the
-        // definition-level check above is all that can be done.
-        (Err(_), Ok(_)) => Ok(()),
-    }
 }
 
 fn def_json(def: &FormatDef) -> String {

@@ -47,6 +47,8 @@ pub use token::TokenSpace;
 pub const FORMAT_DEF_VERSION: u32 = 1;
 /// Longest format name.
 pub const MAX_FORMAT_NAME_LEN: usize = 64;
+/// The `idc` preset's counter maximum when `max` is not given.
+const IDC_DEFAULT_MAX: u64 = 9999;
 /// Longest scope-parameter value or Lua salt.
 pub const MAX_FREE_PARAM_LEN: usize = 64;
 
@@ -146,35 +148,129 @@ impl FormatDef {
         Ok(self)
     }
 
-    /// Whether replacing `self` by `new` keeps every future ID distinct
-    /// from every past one. Allowed: description, step, min, max and the
-    /// Lua rule's code (a reload; its own checks run at compile). Refused:
-    /// anything that changes how IDs render or how periods are cut, since
-    /// the stored counters would no longer match.
+    /// The one rule for changing a stored format (admin `UpdateFormat`, a
+    /// config file entry at start or SIGHUP, a reload that finds another
+    /// definition than the one served): a format's rendering is frozen.
+    /// Only the description may change, and `max` may grow (the new
+    /// definition must still compile, so a template's max stays inside its
+    /// `{seq:N}`, uniq64's inside 31 bits). Everything else decides which
+    /// ID a counter value becomes, or which period it belongs to, so a
+    /// change could render an ID already handed out: the Lua code (the
+    /// rule's bounds and period come from it), template, preset, kind,
+    /// zone, reset, min, a smaller max, step, scope parameters, length,
+    /// origin year and name. Effective values are compared (a template's
+    /// `max` left out is its field's widest), so restating a default is
+    /// not a change.
     pub fn check_update(&self, new: &FormatDef) -> Result<(), FormatError> {
-        let changed = |what: &'static str, differs: bool| {
-            if differs {
-                Err(FormatError::Immutable {
-                    format: self.name.clone(),
-                    what,
-                })
-            } else {
-                Ok(())
-            }
+        // Destructured so a new field cannot be added without deciding here
+        // whether it may change.
+        let FormatDef {
+            version: _,
+            name,
+            template,
+            lua,
+            preset,
+            zone,
+            reset,
+            min,
+            max: _,
+            step,
+            scope_params,
+            length,
+            origin_year,
+            description: _,
+        } = new;
+        let frozen = |field: &'static str, differs: bool, why: String| match differs {
+            true => Err(self.frozen_field(field, why)),
+            false => Ok(()),
         };
-        changed("name", self.name != new.name)?;
-        changed("template", self.template != new.template)?;
-        changed("preset", self.preset != new.preset)?;
-        changed(
+        let both = |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?} -> {b:?}");
+        frozen("name", &self.name != name, both(&self.name, name))?;
+        frozen(
             "kind (template, lua or preset)",
-            self.lua.is_some() != new.lua.is_some(),
+            self.lua.is_some() != lua.is_some()
+                || self.template.is_some() != template.is_some()
+                || self.preset.is_some() != preset.is_some(),
+            "a format never becomes another kind".into(),
         )?;
-        changed("zone", self.zone != new.zone)?;
-        changed("reset", self.reset != new.reset)?;
-        changed("scope_params", self.scope_params != new.scope_params)?;
-        changed("origin_year", self.origin_year != new.origin_year)?;
-        Ok(())
+        frozen(
+            "lua",
+            &self.lua != lua,
+            "the rule's code decides every ID and its bounds and period; new code can render an ID the old code already gave".into(),
+        )?;
+        frozen(
+            "template",
+            &self.template != template,
+            both(&self.template, template),
+        )?;
+        frozen("preset", &self.preset != preset, both(&self.preset, preset))?;
+        frozen("zone", &self.zone != zone, both(&self.zone, zone))?;
+        let reset_of = |r: &Option<Reset>| r.unwrap_or(Reset::Never);
+        frozen(
+            "reset",
+            reset_of(&self.reset) != reset_of(reset),
+            both(&reset_of(&self.reset), &reset_of(reset)),
+        )?;
+        let min_of = |m: &Option<u64>| m.unwrap_or(0);
+        frozen(
+            "min",
+            min_of(&self.min) != min_of(min),
+            both(&min_of(&self.min), &min_of(min)),
+        )?;
+        let (old_max, new_max) = (self.effective_max(), new.effective_max());
+        let grows = format!(
+            "{} -> {}; max may only grow",
+            shown(old_max),
+            shown(new_max)
+        );
+        frozen("max", new_max < old_max, grows)?;
+        frozen("step", self.step != *step, both(&self.step, step))?;
+        frozen(
+            "scope_params",
+            &self.scope_params != scope_params,
+            both(&self.scope_params, scope_params),
+        )?;
+        frozen("length", &self.length != length, both(&self.length, length))?;
+        frozen(
+            "origin_year",
+            &self.origin_year != origin_year,
+            both(&self.origin_year, origin_year),
+        )
     }
+
+    /// The refusal of a change to `field`.
+    fn frozen_field(&self, field: &'static str, why: String) -> FormatError {
+        FormatError::Immutable {
+            format: self.name.clone(),
+            field,
+            why,
+        }
+    }
+
+    /// The counter's last value as compiled: `max`, or the default of the
+    /// kind (a template's widest `{seq:N}`, `idc`'s 9999, `uniq64`'s 31
+    /// bits). `None` for Lua rules, whose `max_counter()` is part of the
+    /// frozen code, and for a template that does not parse.
+    fn effective_max(&self) -> Option<u64> {
+        if let Some(max) = self.max {
+            return Some(max);
+        }
+        match (&self.template, self.preset) {
+            (Some(src), _) => {
+                let reset = self.reset.unwrap_or(Reset::Never);
+                let t = template_of(self, src, reset, 0).ok()?;
+                Some(10u64.pow(u32::from(t.seq_width())) - 1)
+            }
+            (None, Some(PresetName::Idc)) => Some(IDC_DEFAULT_MAX),
+            (None, Some(PresetName::Uniq64)) => Some(preset::UNIQ64_MAX_SERIAL),
+            (None, None) => None,
+        }
+    }
+}
+
+/// A counter bound for a message: the number, or `unset`.
+fn shown(max: Option<u64>) -> String {
+    max.map_or_else(|| "unset".to_owned(), |m| m.to_string())
 }
 
 /// Whose counter an ID uses.
@@ -350,13 +446,16 @@ pub enum FormatError {
         /// The year given.
         year: i32,
     },
-    /// An update that would let IDs repeat.
-    #[error("format {format:?}: {what} cannot change (stored counters would no longer match and IDs could repeat); create a new format instead")]
+    /// An update that would change how IDs render (see
+    /// [`FormatDef::check_update`]).
+    #[error("format {format:?}: {field} cannot change ({why}): a format's rendering is frozen once created, and a changed one could hand out an ID already issued; create a new format (e.g. {format}-v2) instead")]
     Immutable {
         /// The format.
         format: String,
-        /// What the update changes.
-        what: &'static str,
+        /// The field the update changes.
+        field: &'static str,
+        /// Old and new value, or why the field is frozen.
+        why: String,
     },
     /// The counter of a period is used up.
     #[error("format {format:?}: counter exhausted in {period}; {}", next_hint(*.next_start_ms))]
@@ -636,7 +735,7 @@ fn compile_idc(def: &FormatDef) -> Result<Compiled, FormatError> {
             "it counts Unix seconds; use zone UTC",
         ));
     }
-    let max = def.max.unwrap_or(9999);
+    let max = def.max.unwrap_or(IDC_DEFAULT_MAX);
     let t = template_of(def, IDC_TEMPLATE, Reset::Seconds(1), max)?;
     Ok((
         Kind::Template(t),
@@ -813,21 +912,6 @@ impl Format {
             scope,
             kind,
         })
-    }
-
-    /// Whether `new` may replace this compiled format while its stored
-    /// counters go on: [`FormatDef::check_update`], and for Lua rules the
-    /// period the new code's `reset_seconds()` cuts must be the same (the
-    /// stored period keys would mean other periods otherwise).
-    pub fn check_replace(&self, new: &Format) -> Result<(), FormatError> {
-        self.def.check_update(&new.def)?;
-        if self.reset != new.reset {
-            return Err(FormatError::Immutable {
-                format: self.def.name.clone(),
-                what: "reset (the Lua rule's reset_seconds())",
-            });
-        }
-        Ok(())
     }
 
     /// The definition it was compiled from.

@@ -163,6 +163,21 @@ impl Zone {
         Ok(self.tz.to_datetime(ts))
     }
 
+    /// The instants (Unix ms) at which the zone's offset changes (DST
+    /// starts or ends, or the zone's rules change) after `from_ms`, at most
+    /// `limit` of them and none at or after `until_ms`.
+    pub fn transitions(&self, from_ms: i64, until_ms: i64, limit: usize) -> Vec<i64> {
+        let Ok(from) = Timestamp::from_millisecond(from_ms) else {
+            return Vec::new();
+        };
+        self.tz
+            .following(from)
+            .map(|t| t.timestamp().as_millisecond())
+            .take_while(|ms| *ms < until_ms)
+            .take(limit)
+            .collect()
+    }
+
     /// The first instant (Unix ms) whose wall-clock time is at or after
     /// `dt`: `dt` itself, or the end of the DST gap `dt` falls in; for a
     /// time that occurs twice, the first occurrence.

@@ -241,43 +241,187 @@ fn a_template_counter_defaults_to_the_field_width_from_0_cluster_wide() {
     assert_eq!(f.scope(), Scope::Cluster);
 }
 
+fn lua_def(name: &str, code: &str) -> FormatDef {
+    FormatDef {
+        lua: Some(code.into()),
+        template: None,
+        reset: None,
+        ..FormatDef::template(name, "", "UTC", Reset::Never)
+    }
+}
+
+/// `create_id` of the rule the case of a code update repeating IDs used:
+/// `L` and the counter, or the counter moved back by `back`.
+fn l_rule(back: u64) -> String {
+    format!(
+        "function min_counter() return 0 end\nfunction max_counter() return 9999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format('L%06d', counter - {back}) end\n"
+    )
+}
+
+/// An edit of a definition, as a test case.
+type Change = fn(&mut FormatDef);
+
+/// A format's rendering is frozen: every field that decides how a counter
+/// value renders, or which period it is in, is refused by name; only the
+/// description and a larger max pass, and restating a default is no change.
 #[test]
-fn updates_that_change_rendering_or_periods_are_refused() {
-    let old = FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
-    let ok = FormatDef {
-        max: Some(500),
-        step: 2,
-        description: "x".into(),
-        ..old.clone()
+fn a_formats_rendering_is_frozen_field_by_field() {
+    let t = |f: fn(&mut FormatDef)| {
+        let mut d = FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
+        d.origin_year = Some(2026);
+        f(&mut d);
+        d
     };
-    assert!(old.check_update(&ok).is_ok());
-    for (new, what) in [
+    let old = t(|d| d.max = Some(5000));
+    let allowed: [Change; 5] = [
+        |d| d.max = Some(5000),
+        |d| d.description = "order numbers".into(),
+        |d| d.max = Some(9999),
+        |d| d.max = None, // the field's widest, 9999: a larger max
+        |d| d.min = Some(0),
+    ];
+    for change in allowed {
+        let mut new = old.clone();
+        change(&mut new);
+        assert_eq!(old.check_update(&new), Ok(()), "{new:?}");
+    }
+    let refused: [(Change, &str); 10] = [
+        (|d| d.name = "orders2".into(), "name"),
         (
-            FormatDef {
-                zone: "Asia/Shanghai".into(),
-                ..old.clone()
-            },
-            "zone",
-        ),
-        (
-            FormatDef {
-                reset: Some(Reset::Hour),
-                ..old.clone()
-            },
-            "reset",
-        ),
-        (
-            FormatDef {
-                template: Some("X{yyyy}{MM}{dd}{seq:4}".into()),
-                ..old.clone()
-            },
+            |d| d.template = Some("X{yyyy}{MM}{dd}{seq:4}".into()),
             "template",
         ),
-    ] {
+        (|d| d.zone = "Asia/Shanghai".into(), "zone"),
+        (|d| d.reset = Some(Reset::Hour), "reset"),
+        (|d| d.min = Some(1), "min"),
+        (|d| d.max = Some(4999), "max"),
+        (|d| d.step = 2, "step"),
+        (|d| d.scope_params = vec!["shop".into()], "scope_params"),
+        (|d| d.origin_year = Some(2027), "origin_year"),
+        (
+            |d| {
+                d.template = None;
+                d.preset = Some(PresetName::Idc);
+            },
+            "kind (template, lua or preset)",
+        ),
+    ];
+    for (change, field) in refused {
+        let mut new = old.clone();
+        change(&mut new);
+        let e = old.check_update(&new).unwrap_err();
         assert!(
-            matches!(old.check_update(&new), Err(FormatError::Immutable { what: w, .. }) if w == what),
-            "{what}"
+            matches!(&e, FormatError::Immutable { field: f, .. } if *f == field),
+            "{field}: {e:?}"
         );
+        let text = e.to_string();
+        assert!(
+            text.contains(field) && text.contains("create a new format (e.g. orders-v2)"),
+            "{text}"
+        );
+    }
+}
+
+/// The same rule for presets and Lua rules: the other preset, a smaller
+/// uniq64 max, the code and the declared length are refused; a larger max
+/// passes only if the new definition compiles.
+#[test]
+fn presets_and_lua_rules_are_frozen_too() {
+    let mut old = FormatDef::template("orders", "{yyyy}{MM}{dd}{seq:4}", "UTC", Reset::Day);
+    old.origin_year = Some(2026);
+    // A larger max must still fit its field: the new definition does not
+    // compile, so no path stores it.
+    let too_wide = FormatDef {
+        max: Some(10_000),
+        ..old.clone()
+    };
+    assert_eq!(old.check_update(&too_wide), Ok(()));
+    assert!(matches!(
+        compile(too_wide),
+        Err(FormatError::Template { .. })
+    ));
+    // Presets: the other preset, and uniq64's max only grows.
+    let mut idc = old.clone();
+    idc.template = None;
+    idc.reset = None;
+    idc.preset = Some(PresetName::Idc);
+    let uniq = FormatDef {
+        preset: Some(PresetName::Uniq64),
+        ..idc.clone()
+    };
+    assert!(matches!(
+        idc.check_update(&uniq),
+        Err(FormatError::Immutable {
+            field: "preset",
+            ..
+        })
+    ));
+    let smaller = FormatDef {
+        max: Some(1000),
+        ..uniq.clone()
+    };
+    assert!(matches!(
+        uniq.check_update(&smaller),
+        Err(FormatError::Immutable { field: "max", .. })
+    ));
+    assert_eq!(smaller.check_update(&uniq), Ok(()));
+    // Lua: the code, and the declared length.
+    let lua = lua_def("l", &l_rule(0));
+    let desc = FormatDef {
+        description: "x".into(),
+        ..lua.clone()
+    };
+    assert_eq!(lua.check_update(&desc), Ok(()));
+    assert!(matches!(
+        lua.check_update(&lua_def("l", &l_rule(1))),
+        Err(FormatError::Immutable { field: "lua", .. })
+    ));
+    let length = FormatDef {
+        length: Some(7),
+        ..lua.clone()
+    };
+    assert!(matches!(
+        lua.check_update(&length),
+        Err(FormatError::Immutable {
+            field: "length",
+            ..
+        })
+    ));
+}
+
+/// The reported case: a Lua rule's code replaced by one rendering
+/// `counter - 150` would hand out 150 IDs again; the update is refused,
+/// and the counter going on under the rule in use repeats nothing.
+#[test]
+fn a_lua_code_update_that_would_repeat_ids_is_refused() {
+    let old = compile(lua_def("l", &l_rule(0))).unwrap();
+    let b = old.bind([]).unwrap();
+    let mut node = SimNode::new(&old, NodeIds::default(), 50);
+    let mut seen = HashSet::new();
+    let t = ms("2026-11-23T03:00:00Z");
+    for i in 0..200 {
+        assert!(seen.insert(node.issue(t + i, &b).unwrap()));
+    }
+    let moved = lua_def("l", &l_rule(150));
+    // It loads and passes the rule's own checks: only the update rule
+    // stands between it and repeated IDs.
+    let new = compile(moved.clone()).unwrap();
+    let e = old.def().check_update(new.def()).unwrap_err();
+    assert!(
+        matches!(&e, FormatError::Immutable { field: "lua", .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("l-v2"), "{e}");
+    // What it would have done: the next 200 IDs of the new code repeat.
+    let record = node.record;
+    let mut under_new = SimNode::new(&new, NodeIds::default(), 50);
+    under_new.record = record;
+    let repeats = (0..200)
+        .filter(|i| seen.contains(&under_new.issue(t + 300 + i, &b).unwrap()))
+        .count();
+    assert_eq!(repeats, 150);
+    for i in 0..200 {
+        assert!(seen.insert(node.issue(t + 300 + i, &b).unwrap()));
     }
 }
 
@@ -641,7 +785,7 @@ fn uniq64_preset_renders_and_parses_back() {
 
 #[test]
 fn lua_formats_take_their_bounds_from_the_rule_and_a_salt() {
-    let rule = "function min_counter() return 1 end\nfunction max_counter() return 999 end\nfunction reset_seconds() return 86400 end\nfunction create_id(counter, now, salt)\n  return string.format('%s%02d%02d%03d', salt or 'X', now:month(), now:day(), counter)\nend\n";
+    let rule = "function min_counter() return 1 end\nfunction max_counter() return 999 end\nfunction reset_seconds() return 86400 end\nfunction create_id(counter, now, salt)\n  return string.format('%s%04d%02d%02d%03d', salt or 'X', now:year(), now:month(), now:day(), counter)\nend\n";
     let def = FormatDef {
         lua: Some(rule.into()),
         template: None,
@@ -660,9 +804,9 @@ fn lua_formats_take_their_bounds_from_the_rule_and_a_salt() {
     let r = f
         .render(ms("2026-11-23T03:00:00Z"), 5, NodeIds::default(), &b)
         .unwrap();
-    assert_eq!((r.text.as_str(), r.number), ("A1123005", None));
+    assert_eq!((r.text.as_str(), r.number), ("A20261123005", None));
     assert!(matches!(
-        f.parse("A1123005"),
+        f.parse("A20261123005"),
         Err(FormatError::Parse(ParseError::NotParseable(_)))
     ));
     assert!(f.bind([("salt", "A")]).is_err(), "app_name missing");
