@@ -10,7 +10,10 @@
 //! nor upvalues (`local n = 0` captured by `create_id`) outlive a call.
 //! The environment falls back, read-only, on an allowlist of the base
 //! functions and on read-only proxies of `string`, `math`, `table` and
-//! `utf8` (writing to them raises an error, `pairs` over them is empty).
+//! `utf8` (writing to them raises an error). `pairs` and `next` raise an
+//! error: their order over string keys follows a hash seed Lua draws anew
+//! in every process, so a rule iterating a table with them could render
+//! another ID for the same counter after a restart, or on another node.
 //! The shared metatables (strings', numbers') are protected
 //! (`__metatable`), the real library tables are reachable from neither,
 //! and `rawset` and the state's globals are gone. What a call can change
@@ -166,9 +169,17 @@ local function frozen(lib, name)
         __metatable = false,
     })
 end
+-- The order of `next`/`pairs` over string keys follows the state's hash
+-- seed, which Lua draws anew in every process: a rule that used it would
+-- render another ID for the same counter after a restart or on another node.
+local function unordered()
+    error("pairs and next are not available in rules: their order over string keys differs "
+        .. "between processes, so the same counter could render another ID after a restart; "
+        .. "iterate an array with ipairs instead", 2)
+end
 local base = {
     assert = assert, error = error, getmetatable = getmetatable, ipairs = ipairs,
-    next = next, pairs = pairs, rawequal = rawequal, rawget = rawget,
+    next = unordered, pairs = unordered, rawequal = rawequal, rawget = rawget,
     rawlen = rawlen, select = select, tonumber = tonumber, type = type,
     tostring = pure_tostring, _VERSION = _VERSION,
     setmetatable = function(t, mt)
@@ -396,6 +407,11 @@ impl Meter {
         });
         self.deadline_ns.store(deadline_ns, Ordering::Relaxed);
         self.started_ns.store(self.now_ns(), Ordering::Relaxed);
+    }
+
+    /// Instructions the last call ran (to the hook's stride).
+    pub(super) fn spent(&self) -> u64 {
+        self.spent.load(Ordering::Relaxed)
     }
 
     /// The call returned.
@@ -695,6 +711,26 @@ mod tests {
         );
         let r = load("addr", &src).unwrap();
         assert_eq!(r.create_id(3, 0, None).unwrap(), "tableniltabletable0003");
+    }
+
+    /// `pairs` and `next` are refused with the reason: their order over
+    /// string keys changes with each process's hash seed, so a rule
+    /// rendering through them would not be one function across restarts.
+    #[test]
+    fn pairs_and_next_are_refused_since_their_order_changes_between_processes() {
+        for body in [
+            "local t = {a = 1, b = 2} local s = '' for k in pairs(t) do s = s .. k end return s .. string.format('%04d', counter)",
+            "local t = {a = 1} return tostring(next(t)) .. string.format('%04d', counter)",
+        ] {
+            let err = match load("unordered", &rule("", body)) {
+                Ok(_) => panic!("a rule iterating with pairs/next loaded: {body}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                err.contains("pairs and next are not available in rules"),
+                "{body}: {err}"
+            );
+        }
     }
 
     /// A call past its wall-clock deadline in Lua code is stopped there

@@ -32,7 +32,6 @@ use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::Ordering;
 
 use jiff::ToSpan;
 
@@ -182,7 +181,7 @@ impl LuaRule {
         for i in scan_indices(capacity) {
             let counter = self.min + i * step;
             let id = self.create_id(counter, at_ms, None)?;
-            spent += self.spent.load(Ordering::Relaxed).max(1);
+            spent += self.meter.spent().max(1);
             match by_hash.entry(hash_of(&id)) {
                 Entry::Vacant(v) => {
                     v.insert(counter);
