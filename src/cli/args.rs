@@ -106,6 +106,13 @@ pub struct RestoreArgs {
     /// out after the snapshot; run without it for a suggestion.
     #[arg(long)]
     pub skip_ahead: Option<u64>,
+    /// Formatted counters: move format NAME's counters by N (`NAME=N`), or
+    /// every format's not named (`N`); repeatable. Without it each format
+    /// moves by the margin suggested from its own rate and block size
+    /// (formats are narrow: --skip-ahead, sized for segment ranges, could
+    /// use a `{seq:6}` counter up).
+    #[arg(long = "format-skip-ahead", value_name = "[NAME=]N")]
+    pub format_skip_ahead: Vec<String>,
 }
 
 #[derive(Args)]

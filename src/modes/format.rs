@@ -81,8 +81,6 @@ const GROW_WITHIN_MS: i64 = 1_000;
 /// A reservation more than this long (ms) after the previous one asks for
 /// half as much again (never less than `formatted.block`).
 const SHRINK_AFTER_MS: i64 = 60_000;
-/// The largest reservation, as a multiple of `formatted.block`.
-const MAX_GROWTH: u64 = 64;
 
 /// One counter in memory: its block, and how much the next reservation
 /// asks for. Sizing, like segment mode's step, only changes how often the
@@ -520,20 +518,10 @@ fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<FormatTable, C
     Ok(formats)
 }
 
-/// The largest block a counter of `format` grows to: [`MAX_GROWTH`]
-/// times `base` (`base` itself when it is 1), and for a cluster-wide counter at most a sixteenth of a
-/// period's values, so one busy node cannot take a short period's values
-/// away from the others.
+/// The largest block a counter of `format` grows to
+/// ([`Format::largest_block`]).
 fn growth_cap(format: &Format, base: u64) -> u64 {
-    if base == 1 {
-        // `formatted.block = 1` asks for gap-free counters: never grow.
-        return 1;
-    }
-    let cap = base.saturating_mul(MAX_GROWTH);
-    match format.scope() {
-        Scope::Node => cap,
-        Scope::Cluster => cap.min(format.counter().capacity() / 16),
-    }
+    format.largest_block(base)
 }
 
 /// On a restored store: a period starting fresh whose first instant is at

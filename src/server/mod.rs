@@ -332,7 +332,8 @@ async fn open_embedded(
         store.clone(),
         config.lease.as_ref().map_or(0, |l| l.block),
         config.segment.as_ref().map_or(0, |s| s.max_step),
-    );
+    )
+    .with_formatted_block(config.formatted.block);
     Ok(Embedded {
         store,
         stores,

@@ -44,18 +44,33 @@ pub struct RestoreFloor {
     pub floor: u64,
 }
 
+/// The `meta` key a restore sets: JSON, format name -> the margin its new
+/// counters start above their minimum in periods up to
+/// [`FORMATS_RESTORED_UNTIL`]. A format not in it (created after the
+/// restore) has no floor. A file restored before per-format margins has
+/// only [`FORMATS_RESTORED_UNTIL`]: every format then uses the restore
+/// floor.
+pub(crate) const FORMAT_RESTORE_FLOORS: &str = "formats_restore_floors";
+
 /// Stored counter records as bytes (for the snapshot code).
 pub(crate) struct CounterRecordBytes;
 
 impl CounterRecordBytes {
-    /// The record `bytes` (stored under `key`) moved `skip` forward in its
-    /// own period.
-    pub(crate) fn skip_ahead(key: &str, bytes: &[u8], skip: u64) -> Result<Vec<u8>, StoreError> {
-        let mut record: CounterRecord = serde_json::from_slice(bytes).map_err(|e| {
+    /// The record `bytes` stored under `key`.
+    pub(crate) fn decode(key: &str, bytes: &[u8]) -> Result<CounterRecord, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
             StoreError::Backend(format!("format counter record {key} unreadable: {e}"))
-        })?;
-        record.last = record.last.saturating_add(skip);
-        Ok(encode(&record))
+        })
+    }
+
+    /// The last value of the record `bytes` stored under `key`.
+    pub(crate) fn last(key: &str, bytes: &[u8]) -> Result<u64, StoreError> {
+        Ok(Self::decode(key, bytes)?.last)
+    }
+
+    /// `record` as stored.
+    pub(crate) fn encode(record: &CounterRecord) -> Vec<u8> {
+        encode(record)
     }
 }
 
@@ -184,23 +199,42 @@ impl EmbeddedStore {
         value.map(|v| decode(key, v.value())).transpose()
     }
 
-    /// The restore floor, if this file was restored from a backup.
+    /// The restore floor of `format`'s counters, if this file was
+    /// restored from a backup that defined the format.
     fn restore_floor(
         &self,
         txn: &redb::WriteTransaction,
+        format: &str,
     ) -> Result<Option<RestoreFloor>, StoreError> {
+        let unreadable = |key: &str, e: &dyn std::fmt::Display| {
+            StoreError::Backend(format!(
+                "state file: unreadable {key} ({e}); restore it from a backup"
+            ))
+        };
         let meta = txn.open_table(super::embedded::META).map_err(backend_err)?;
         let until = match meta.get(FORMATS_RESTORED_UNTIL).map_err(backend_err)? {
-            Some(v) => v.value().parse::<i64>().map_err(|e| {
-                StoreError::Backend(format!(
-                    "state file: unreadable {FORMATS_RESTORED_UNTIL} ({e}); restore it from a backup"
-                ))
-            })?,
+            Some(v) => v
+                .value()
+                .parse::<i64>()
+                .map_err(|e| unreadable(FORMATS_RESTORED_UNTIL, &e))?,
             None => return Ok(None),
+        };
+        let floor = match meta.get(FORMAT_RESTORE_FLOORS).map_err(backend_err)? {
+            Some(v) => {
+                let floors: std::collections::BTreeMap<String, u64> =
+                    serde_json::from_str(v.value())
+                        .map_err(|e| unreadable(FORMAT_RESTORE_FLOORS, &e))?;
+                match floors.get(format) {
+                    Some(f) => *f,
+                    // Not in the snapshot: created after the restore.
+                    None => return Ok(None),
+                }
+            }
+            None => self.floor(),
         };
         Ok(Some(RestoreFloor {
             until_ms: until,
-            floor: self.floor(),
+            floor,
         }))
     }
 
@@ -213,7 +247,7 @@ impl EmbeddedStore {
                 Some(v) => Some(decode(key, v.value())?),
                 None => None,
             };
-            let planned = plan(stored.as_ref(), self.restore_floor(&txn)?)?;
+            let planned = plan(stored.as_ref(), self.restore_floor(&txn, &key.format)?)?;
             table
                 .insert(path.as_str(), encode(&planned.record).as_slice())
                 .map_err(backend_err)?;

@@ -12,6 +12,7 @@ pub mod embedded;
 pub mod fault_hook;
 pub mod format;
 pub mod format_def;
+pub mod format_restore;
 pub mod format_tokens;
 pub mod hwm;
 pub mod lease;
