@@ -152,7 +152,8 @@ pub fn suggest_formats(info: &SnapshotInfo, now_ms: u64, base_block: u64) -> Vec
             // used up within a second), up to the largest block.
             let busy = (4.0 * rate / step as f64).ceil();
             let busy = if busy.is_finite() && busy < 1e18 { busy as u64 } else { u64::MAX / 4 };
-            let block = busy.max(base).min(largest.max(1));
+            // A counter never reserves less than `base` (see `modes::format`).
+            let block = busy.max(base).min(largest.max(base));
             let lump = block.saturating_mul(step).saturating_mul(2);
             let margin = moved.saturating_add(lump).div_ceil(100).saturating_mul(100).max(100);
             let how = if info.taken_after_loss {
@@ -296,5 +297,66 @@ fn restored(name: &str, margin: u64) -> RestoredFormat {
         margin,
         counters: 0,
         too_narrow: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::snapshot::Counters;
+
+    fn info(rates: &[(&str, f64)], defs: Vec<FormatDef>) -> SnapshotInfo {
+        SnapshotInfo {
+            taken_at_ms: 0,
+            layout: "L".into(),
+            rates_known: true,
+            rates: rates.iter().map(|(k, r)| ((*k).to_owned(), *r)).collect(),
+            counters: Counters::new(),
+            largest_step: 1_000_000,
+            lease_block: 0,
+            floor: 0,
+            taken_after_loss: false,
+            formatted_block: 100,
+            format_defs: defs,
+        }
+    }
+
+    /// Each format's margin comes from its own counters' rates and block
+    /// size, not from segment's step; a format too narrow for it is said.
+    #[test]
+    fn each_format_gets_a_margin_from_its_own_rate_and_blocks() {
+        let defs = vec![
+            FormatDef::template("inv", "INV{seq:10}", "UTC", Reset::Never),
+            FormatDef::template("daily", "{yyyy}{MM}{dd}{seq:6}", "UTC", Reset::Day),
+            FormatDef::template("tiny", "T{seq:2}", "UTC", Reset::Never),
+        ];
+        let info = info(
+            &[
+                ("format/inv/cluster/_", 1_000.0),
+                ("format/daily/cluster/_", 10.0),
+                ("segment/orders", 5.0),
+            ],
+            defs,
+        );
+        let s = suggest_formats(&info, 10_000, 100);
+        let by = |n: &str| s.iter().find(|f| f.name == n).unwrap().clone();
+        // 2 x 1000/s x 10 s = 20000, plus 2 blocks of 4000 (4 x the rate).
+        assert_eq!(by("inv").margin, 28_000, "{}", by("inv").explanation);
+        assert_eq!(by("inv").fits, Some(true));
+        // 2 x 10/s x 10 s = 200, plus 2 blocks of 100.
+        assert_eq!(by("daily").margin, 400, "{}", by("daily").explanation);
+        // No rate, two blocks of 100: more than T{seq:2} holds.
+        assert_eq!(by("tiny").margin, 200);
+        assert_eq!(by("tiny").fits, Some(false));
+    }
+
+    #[test]
+    fn format_margins_parse_names_and_a_default() {
+        let m = FormatMargins::parse(&["inv=500".into(), "70".into()]).unwrap();
+        assert_eq!(m.margin("inv", 9), 500);
+        assert_eq!(m.margin("other", 9), 70);
+        assert_eq!(FormatMargins::default().margin("inv", 9), 9);
+        let e = FormatMargins::parse(&["inv=lots".into()]).unwrap_err();
+        assert!(e.contains("NAME=N"), "{e}");
     }
 }

@@ -996,6 +996,8 @@ mod tests {
             lease_block: 0,
             floor: 0,
             taken_after_loss: false,
+            formatted_block: 0,
+            format_defs: Vec::new(),
         };
         // 2 x 30/s x 100 s + 2 = 6002 -> 7000.
         assert_eq!(suggest(&info, 100_000).margin, 7000);
