@@ -108,6 +108,8 @@ pub const CONSUL_TLS_RELOADS: &str = "idgen_consul_tls_reloads_total";
 pub const FORMAT_RELOADS: &str = "idgen_format_reloads_total";
 /// Formats the node serves (the table last installed).
 pub const FORMATS_SERVED: &str = "idgen_formats_served";
+/// Formatted-mode counters held in memory, by `format`.
+pub const FORMAT_COUNTERS_IN_MEMORY: &str = "idgen_format_counters_in_memory";
 /// Open client connections, by `port`.
 pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
 /// Connections the node closed on a deadline, by `port` and `reason`.
@@ -347,6 +349,10 @@ fn describe_cluster() {
     describe_gauge!(
         FORMATS_SERVED,
         "Formats this node serves: the table last installed by a reload."
+    );
+    describe_gauge!(
+        FORMAT_COUNTERS_IN_MEMORY,
+        "Formatted-mode counters (format, scope value, node or token) this node holds in memory, by format; idle ones leave after ten minutes."
     );
     describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by port.");
     describe_counter!(

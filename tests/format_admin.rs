@@ -482,6 +482,7 @@ fn config_with(dir: &Path, def: FormatDef) -> Config {
     c.formatted = FormattedSettings {
         block: 10,
         formats: vec![def],
+        ..FormattedSettings::default()
     };
     c
 }

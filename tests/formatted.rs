@@ -46,7 +46,11 @@ fn ms(rfc3339: &str) -> u64 {
 
 fn config_with(dir: &Path, block: u64, formats: Vec<FormatDef>) -> Config {
     let mut c = test_config(dir);
-    c.formatted = FormattedSettings { block, formats };
+    c.formatted = FormattedSettings {
+        block,
+        formats,
+        ..FormattedSettings::default()
+    };
     c
 }
 

@@ -302,6 +302,7 @@ async fn embedded_nodes_get_disjoint_tokens() {
         config.formatted = FormattedSettings {
             block: 50,
             formats: defs.clone(),
+            ..FormattedSettings::default()
         };
         let node = start(config, clock.clone()).await;
         let tok = node.gen("tok", 20).await;

@@ -549,11 +549,20 @@ pub struct FormattedSection {
     /// skips what is left of the block, so counters show gaps of up to
     /// this many; 1 gives gap-free counters at one write per ID.
     pub block: u64,
+    /// Most counters one format keeps (1 to 1000000): each new value of a
+    /// format's `scope_params` adds one, durably and for good (a counter is
+    /// never deleted: a new one for a used value could repeat its IDs).
+    /// Past it a new value is refused with RESOURCE_EXHAUSTED; values
+    /// already used go on.
+    pub max_scope_values: u64,
 }
 
 impl Default for FormattedSection {
     fn default() -> Self {
-        Self { block: 100 }
+        Self {
+            block: 100,
+            max_scope_values: 10_000,
+        }
     }
 }
 

@@ -280,12 +280,24 @@ pub struct LeaseModeSettings {
 
 /// The validated `[formatted]` section and `[[formats]]` (each compiled
 /// once at validation, so a format that could repeat stops the start).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FormattedSettings {
     /// Counter values reserved per durable write.
     pub block: u64,
     /// The formats served.
     pub formats: Vec<crate::id::format::FormatDef>,
+    /// Most counters one format keeps (`formatted.max_scope_values`).
+    pub max_scope_values: u64,
+}
+
+impl Default for FormattedSettings {
+    fn default() -> Self {
+        Self {
+            block: 100,
+            formats: Vec::new(),
+            max_scope_values: 10_000,
+        }
+    }
 }
 
 /// The validated `[strict]` section (strict mode is on).

@@ -562,6 +562,15 @@ impl FileConfig {
                 format!("must be 1 to 1000000, got {}", self.formatted.block),
             ));
         }
+        if !(1..=1_000_000).contains(&self.formatted.max_scope_values) {
+            return Err(invalid(
+                "formatted.max_scope_values",
+                format!(
+                    "must be 1 to 1000000, got {}",
+                    self.formatted.max_scope_values
+                ),
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, def) in self.formats.iter().enumerate() {
             crate::id::format::Format::compile(
@@ -584,6 +593,7 @@ impl FileConfig {
         Ok(FormattedSettings {
             block: self.formatted.block,
             formats: self.formats.clone(),
+            max_scope_values: self.formatted.max_scope_values,
         })
     }
 }

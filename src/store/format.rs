@@ -34,6 +34,15 @@ pub(crate) const FORMATS: TableDefinition<&str, &[u8]> = TableDefinition::new("f
 /// restore floor instead of at their minimum.
 pub(crate) const FORMATS_RESTORED_UNTIL: &str = "formats_restored_until_ms";
 
+/// What the embedded store says about formats with one counter for the
+/// whole cluster (`names`): each state file has its own counters, so two
+/// embedded nodes would hand out the same IDs of these formats.
+pub fn one_node_formats_warning(names: &[String]) -> String {
+    format!(
+        "formats {names:?} keep one counter for the whole cluster, but on the embedded store each node's state file has its own: another embedded node would hand out the same IDs of these formats. Serve them from one node, give each node its own counter by rendering it ({{node:N}} or {{token:N:digits}} in the template), or use store.backend = \"consul\""
+    )
+}
+
 /// After `idgen state restore`: counters starting a period that began at or
 /// before `until_ms` start `floor` above their minimum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +165,10 @@ pub trait FormatStore: Send + Sync + 'static {
     /// returns the plan only once that write is durable.
     async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError>;
 
+    /// How many counter records of `format` the store holds (every scope
+    /// value, node and token; what `formatted.max_scope_values` bounds).
+    async fn count_counters(&self, format: &str) -> Result<u64, StoreError>;
+
     /// [`FormatStore::reserve`] for a token's counter: in Consul the write
     /// also checks that `lock` is still held by its session, and
     /// [`StoreError::LockLost`] says it is not (nothing was written). The
@@ -238,6 +251,24 @@ impl EmbeddedStore {
         }))
     }
 
+    /// Counts the records under `<format>/` (a range read: keys of
+    /// `<format>/` sort between `<format>/` and `<format>0`).
+    fn count_format_counters(&self, format: &str) -> Result<u64, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let table = match txn.open_table(FORMATS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(backend_err(e)),
+        };
+        let (from, to) = (format!("{format}/"), format!("{format}0"));
+        let mut n = 0;
+        for item in table.range(from.as_str()..to.as_str()).map_err(backend_err)? {
+            item.map_err(backend_err)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     fn advance_counter(&self, key: &CounterKey, plan: &Plan) -> Result<Planned, StoreError> {
         let path = key.path();
         let txn = self.begin_write()?;
@@ -269,6 +300,11 @@ impl FormatStore for EmbeddedStore {
     async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
         let (this, key) = (self.clone(), key.clone());
         blocking(move || this.advance_counter(&key, &plan)).await
+    }
+
+    async fn count_counters(&self, format: &str) -> Result<u64, StoreError> {
+        let (this, format) = (self.clone(), format.to_owned());
+        blocking(move || this.count_format_counters(&format)).await
     }
 }
 
@@ -311,6 +347,16 @@ impl FormatStore for ConsulFormatStore {
 
     async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
         self.reserve_locked(key, plan, None).await
+    }
+
+    async fn count_counters(&self, format: &str) -> Result<u64, StoreError> {
+        let prefix = self.keys.format_counter(&format!("{format}/"));
+        let entries = self
+            .client
+            .kv_list(&prefix, Consistency::Default)
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(entries.len() as u64)
     }
 
     async fn reserve_locked(

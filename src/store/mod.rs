@@ -154,6 +154,14 @@ pub enum StoreError {
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
+    /// A new scope value would pass `formatted.max_scope_values`.
+    #[error("format {format:?}: a new scope value would pass the limit of {limit} counters per format set by formatted.max_scope_values, so nothing was created; values already used keep working. Scope counters are never deleted (a new counter for a used value could repeat its IDs): raise formatted.max_scope_values, or give a new set of values a new format")]
+    ScopeValuesFull {
+        /// The format.
+        format: String,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 impl StoreError {
@@ -166,7 +174,7 @@ impl StoreError {
             Self::TagExists(_) | Self::FormatExists(_) => ErrorKind::AlreadyExists,
             Self::FormatDeleted { .. } => ErrorKind::Precondition,
             Self::FormatInvalid(_) => ErrorKind::BadRequest,
-            Self::LimitReached { .. } => ErrorKind::Exhausted,
+            Self::LimitReached { .. } | Self::ScopeValuesFull { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
             Self::Lease(e) => e.kind(),
             Self::Strict(e) => e.kind(),
