@@ -30,6 +30,11 @@
 //! Consul each of their counter writes checks the token's lock; a lock
 //! found gone makes the node forget the token and take one again.
 //!
+//! Counters no call used for ten minutes leave memory ([`EVICT_IDLE_MS`]);
+//! their record stays and their next call reserves above it. Each new
+//! scope value adds a durable counter for good, so a format holding
+//! `formatted.max_scope_values` counters refuses new values.
+//!
 //! A counter's refill is serialised by a per-counter async gate held over
 //! the store write, so one node never races itself for a block; the
 //! in-memory block itself is only touched under that gate. Lua rules

@@ -19,6 +19,8 @@
 //! high-water mark to the time of the restore plus the reserve. The margin
 //! must exceed what the node handed out after the snapshot;
 //! [`Suggestion`] derives one from the snapshot's age and recorded rates.
+//! Formatted counters move by a margin per format instead
+//! ([`crate::store::format_restore`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
