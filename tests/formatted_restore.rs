@@ -170,7 +170,10 @@ async fn a_restore_with_the_suggested_margin_repeats_no_formatted_id() {
     std::fs::remove_file(dir.path().join("state.redb")).unwrap();
 
     let out = restore_with_suggested_margin(&config, &file).await;
-    assert!(out.contains("format inv: 1 counters moved forward"), "{out}");
+    assert!(
+        out.contains("format inv: 1 counters moved forward"),
+        "{out}"
+    );
     let node = ChildServer::start(&config);
     let mut c = node.client().await;
     let mut repeats = 0;
@@ -210,16 +213,28 @@ async fn with_segment_on_narrow_and_new_formatted_counters_keep_issuing() {
     for _ in 0..3 {
         take(try_gen(&mut c, "daily", &[], 500).await.unwrap());
         take(try_gen(&mut c, "inv", &[], 500).await.unwrap());
-        take(try_gen(&mut c, "shops", &[("shop", "001")], 300).await.unwrap());
+        take(
+            try_gen(&mut c, "shops", &[("shop", "001")], 300)
+                .await
+                .unwrap(),
+        );
         take(try_gen(&mut c, "tiny", &[], 10).await.unwrap());
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     backup(&node, &file).await;
     take(try_gen(&mut c, "daily", &[], 500).await.unwrap());
     take(try_gen(&mut c, "inv", &[], 500).await.unwrap());
-    take(try_gen(&mut c, "shops", &[("shop", "001")], 300).await.unwrap());
+    take(
+        try_gen(&mut c, "shops", &[("shop", "001")], 300)
+            .await
+            .unwrap(),
+    );
     // A scope value first used after the backup: its counter is not in it.
-    take(try_gen(&mut c, "shops", &[("shop", "002")], 150).await.unwrap());
+    take(
+        try_gen(&mut c, "shops", &[("shop", "002")], 150)
+            .await
+            .unwrap(),
+    );
     node.kill();
     std::fs::remove_file(dir.path().join("state.redb")).unwrap();
 
@@ -232,9 +247,21 @@ async fn with_segment_on_narrow_and_new_formatted_counters_keep_issuing() {
     let mut c = node.client().await;
     take(try_gen(&mut c, "daily", &[], 500).await.unwrap());
     take(try_gen(&mut c, "inv", &[], 500).await.unwrap());
-    take(try_gen(&mut c, "shops", &[("shop", "001")], 300).await.unwrap());
-    take(try_gen(&mut c, "shops", &[("shop", "002")], 300).await.unwrap());
-    take(try_gen(&mut c, "shops", &[("shop", "003")], 300).await.unwrap());
+    take(
+        try_gen(&mut c, "shops", &[("shop", "001")], 300)
+            .await
+            .unwrap(),
+    );
+    take(
+        try_gen(&mut c, "shops", &[("shop", "002")], 300)
+            .await
+            .unwrap(),
+    );
+    take(
+        try_gen(&mut c, "shops", &[("shop", "003")], 300)
+            .await
+            .unwrap(),
+    );
     let tiny = try_gen(&mut c, "tiny", &[], 1).await.unwrap_err();
     assert_eq!(tiny.code(), tonic::Code::ResourceExhausted, "{tiny:?}");
 

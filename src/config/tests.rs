@@ -582,7 +582,10 @@ reset = "day"
     assert!(e.contains("entry 2 redefines format \"orders\""), "{e}");
 
     let mut scopes = f.clone();
-    assert_eq!(scopes.validate(NOW).unwrap().formatted.max_scope_values, 10_000);
+    assert_eq!(
+        scopes.validate(NOW).unwrap().formatted.max_scope_values,
+        10_000
+    );
     scopes.formatted.max_scope_values = 0;
     assert_eq!(err_key(&scopes), "formatted.max_scope_values");
 

@@ -795,7 +795,11 @@ mod scope_tests {
     async fn seq(formats: &Formats, app: &str, n: u64) -> Result<Vec<u64>, Error> {
         let params = [("app".to_owned(), app.to_owned())];
         let issued = formats.generate("apps", &params, n, 0).await?;
-        Ok(issued.ids.iter().map(|r| r.text[4..].parse().unwrap()).collect())
+        Ok(issued
+            .ids
+            .iter()
+            .map(|r| r.text[4..].parse().unwrap())
+            .collect())
     }
 
     /// Past `formatted.max_scope_values` a new scope value is refused as

@@ -262,7 +262,10 @@ impl EmbeddedStore {
         };
         let (from, to) = (format!("{format}/"), format!("{format}0"));
         let mut n = 0;
-        for item in table.range(from.as_str()..to.as_str()).map_err(backend_err)? {
+        for item in table
+            .range(from.as_str()..to.as_str())
+            .map_err(backend_err)?
+        {
             item.map_err(backend_err)?;
             n += 1;
         }

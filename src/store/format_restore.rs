@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use super::format::{CounterRecordBytes, FORMATS};
+use super::format::{CounterRecordBytes, FORMATS, FORMAT_RESTORE_FLOORS};
 use super::snapshot::SnapshotInfo;
 use super::StoreError;
 use crate::id::format::{Format, FormatDef, LuaLimits, Reset};
@@ -263,11 +263,20 @@ pub(crate) fn move_counters(
     for (name, format) in &compiled {
         let margin = margins.margin(name, skip);
         floors.insert((*name).to_owned(), margin);
-        let entry = per_format.entry((*name).to_owned()).or_insert_with(|| restored(name, margin));
+        let entry = per_format
+            .entry((*name).to_owned())
+            .or_insert_with(|| restored(name, margin));
         if let Some(f) = format.as_ref().filter(|f| !fits(f, margin)) {
             entry.too_narrow = Some(too_narrow(f, margin));
         }
     }
+    // Each format the snapshot defines floors its new counters (in periods
+    // up to the restore) by its own margin; others have none.
+    let json = serde_json::to_string(&floors).map_err(backend_err)?;
+    out.open_table(super::embedded::META)
+        .map_err(backend_err)?
+        .insert(FORMAT_RESTORE_FLOORS, json.as_str())
+        .map_err(backend_err)?;
     // Only formats the snapshot defines are reported (a deleted format's
     // counters move too, but its name can never be used again).
     let report = per_format

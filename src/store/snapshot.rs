@@ -30,12 +30,12 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Ta
 
 use super::counts::COUNTS;
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
-use super::format::{CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL, FORMAT_RESTORE_FLOORS};
+use super::format::{CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL};
 use super::format_def::{StoredFormat, FORMAT_DEFS};
+use super::format_restore::{self, FormatMargins, RestoredFormat};
 use super::lease::LEASE;
 use super::segment::SEGMENTS;
 use super::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
-use super::format_restore::{self, FormatMargins, RestoredFormat};
 use super::StoreError;
 use crate::id::format::FormatDef;
 use crate::id::segment::TagRecord;
@@ -874,23 +874,10 @@ fn fill(
             report.segments += 1;
         }
     }
-    let moved = format_restore::move_counters(
-        txn,
-        &out,
-        &info.format_defs,
-        (margins, skip),
-        hwm_floor_ms,
-    )?;
+    let moved =
+        format_restore::move_counters(txn, &out, &info.format_defs, (margins, skip), hwm_floor_ms)?;
     report.format_counters = moved.counters;
     report.formats = moved.formats;
-    {
-        // Each format the snapshot defines floors its new counters (in
-        // periods up to the restore) by its own margin; others have none.
-        let floors = serde_json::to_string(&moved.floors).map_err(backend_err)?;
-        let mut meta = out.open_table(META).map_err(backend_err)?;
-        meta.insert(FORMAT_RESTORE_FLOORS, floors.as_str())
-            .map_err(backend_err)?;
-    }
     // Definitions and tombstones as they were: a deleted name stays
     // deleted, and restored counters render with the definitions they
     // were reserved under.

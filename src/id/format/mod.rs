@@ -670,7 +670,12 @@ fn compile_uniq64(def: &FormatDef) -> Result<Compiled, FormatError> {
 /// Refuses a format whose zone turns its wall clock back across a period
 /// boundary from `now_ms` on ([`period::wall_clock_goes_back`]): one rule
 /// for templates, presets (`idc` in a DST zone) and Lua rules.
-fn check_wall_clock(def: &FormatDef, zone: &Zone, reset: Reset, now_ms: i64) -> Result<(), FormatError> {
+fn check_wall_clock(
+    def: &FormatDef,
+    zone: &Zone,
+    reset: Reset,
+    now_ms: i64,
+) -> Result<(), FormatError> {
     let Some(back) = period::wall_clock_goes_back(zone, reset, now_ms)? else {
         return Ok(());
     };

@@ -668,7 +668,11 @@ mod tests {
         let from = ms("2026-06-01T00:00:00Z");
         // One-second and half-hour periods: 01:59:59 EDT -> 01:00:00 EST
         // re-enters earlier periods.
-        for r in [Reset::Seconds(1), Reset::Seconds(1800), Reset::Seconds(5400)] {
+        for r in [
+            Reset::Seconds(1),
+            Reset::Seconds(1800),
+            Reset::Seconds(5400),
+        ] {
             let back = wall_clock_goes_back(&ny, r, from).unwrap().expect("found");
             assert_eq!(back.at_ms, ms("2026-11-01T06:00:00Z"), "{r}");
             assert_eq!(back.back_s, 3600);

@@ -688,12 +688,26 @@ fn templates_whose_periods_a_dst_fall_back_crosses_are_refused_like_idc() {
     let e = compile_err(def("America/New_York", Reset::Seconds(1)));
     assert!(matches!(e, FormatError::ClockGoesBack { .. }), "{e}");
     let text = e.to_string();
-    for part in ["America/New_York", "3600 s", "2027-11-07", "UTC", "\"stamp\""] {
+    for part in [
+        "America/New_York",
+        "3600 s",
+        "2027-11-07",
+        "UTC",
+        "\"stamp\"",
+    ] {
         assert!(text.contains(part), "{part} missing from: {text}");
     }
     assert_eq!(e.kind(), crate::id::ErrorKind::BadRequest);
-    let hourly = FormatDef::template("h", "{yyyy}{MM}{dd}{HH}{mm}{seq:3}", "America/New_York", Reset::Seconds(1800));
-    assert!(matches!(compile_err(hourly), FormatError::ClockGoesBack { .. }));
+    let hourly = FormatDef::template(
+        "h",
+        "{yyyy}{MM}{dd}{HH}{mm}{seq:3}",
+        "America/New_York",
+        Reset::Seconds(1800),
+    );
+    assert!(matches!(
+        compile_err(hourly),
+        FormatError::ClockGoesBack { .. }
+    ));
     compile(def("UTC", Reset::Seconds(1))).unwrap();
     compile(def("Asia/Shanghai", Reset::Seconds(1))).unwrap();
     let idc_ny = FormatDef {
@@ -702,5 +716,8 @@ fn templates_whose_periods_a_dst_fall_back_crosses_are_refused_like_idc() {
         reset: None,
         ..FormatDef::template("idc", "", "America/New_York", Reset::Never)
     };
-    assert!(matches!(compile_err(idc_ny), FormatError::ClockGoesBack { .. }));
+    assert!(matches!(
+        compile_err(idc_ny),
+        FormatError::ClockGoesBack { .. }
+    ));
 }
