@@ -210,8 +210,8 @@ fn too_narrow(format: &Format, margin: u64) -> String {
 }
 
 /// Moves every formatted counter of `txn` into `out` by its format's
-/// margin (capped at the format's max); returns how many moved, what it
-/// did per format and the floors to record (per live format: its margin).
+/// margin (capped at the format's max), records each live format's margin
+/// as the floor of its new counters, and says what it did.
 pub(crate) fn move_counters(
     txn: &redb::ReadTransaction,
     out: &redb::WriteTransaction,
@@ -286,7 +286,6 @@ pub(crate) fn move_counters(
     Ok(MovedFormats {
         counters: moved,
         formats: report,
-        floors,
     })
 }
 
@@ -296,8 +295,6 @@ pub(crate) struct MovedFormats {
     pub counters: usize,
     /// Per live format of the snapshot.
     pub formats: Vec<RestoredFormat>,
-    /// The floor of each live format's new counters (its margin).
-    pub floors: BTreeMap<String, u64>,
 }
 
 fn restored(name: &str, margin: u64) -> RestoredFormat {
