@@ -1011,6 +1011,17 @@ mod tests {
         assert_eq!(s.samples.front().map(|x| x.0), Some(100_000));
     }
 
+    /// A formatted counter that started a new period since a sample went
+    /// down: it counted up from its minimum within the span, not "wrapped".
+    #[test]
+    fn formatted_counters_in_a_new_period_count_from_zero() {
+        let mut s = RateSampler::default();
+        let c = |v: u64| Counters::from([("format/daily/cluster/_".to_owned(), v)]);
+        s.record(0, c(90_000));
+        let r = s.rates(10_000, &c(500));
+        assert_eq!(r.get("format/daily/cluster/_").copied(), Some(50.0));
+    }
+
     #[tokio::test]
     async fn restore_moves_every_counter_forward_and_sets_the_floor() {
         let dir = tempfile::tempdir().unwrap();
