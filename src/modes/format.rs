@@ -154,6 +154,11 @@ pub struct Formats {
     counters: Mutex<HashMap<CounterKey, Gate>>,
     /// When idle counters were last swept out of `counters` (Unix ms).
     swept_ms: std::sync::atomic::AtomicI64,
+    /// Formats found holding `formatted.max_scope_values` counters, and
+    /// when (Unix ms): for a second, new values are refused without
+    /// counting again, so callers sending new values cannot make every
+    /// call a scan of the format's records.
+    full: Mutex<HashMap<String, i64>>,
     /// Where `{token}` and `uniq64` formats get their token.
     tokens: Option<Arc<dyn FormatTokens>>,
     settings: FormatSettings,
@@ -200,6 +205,7 @@ impl Formats {
             node,
             counters: Mutex::new(HashMap::new()),
             swept_ms: std::sync::atomic::AtomicI64::new(0),
+            full: Mutex::new(HashMap::new()),
             tokens: None,
             settings,
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
@@ -370,7 +376,21 @@ impl Formats {
             return Ok(());
         }
         let limit = self.settings.max_scope_values;
-        if self.store.count_counters(format.name()).await? >= limit {
+        let now = self.clock.now_millis() as i64;
+        let full_lately = self
+            .full
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(format.name())
+            .is_some_and(|at| now.saturating_sub(*at) < 1_000);
+        let full = full_lately || self.store.count_counters(format.name()).await? >= limit;
+        if full {
+            if !full_lately {
+                self.full
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(format.name().to_owned(), now);
+            }
             metrics::counter!(m::LIMIT_REFUSALS, "limit" => "formatted.max_scope_values")
                 .increment(1);
             return Err(StoreError::ScopeValuesFull {
