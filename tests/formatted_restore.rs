@@ -103,6 +103,20 @@ async fn paced(node: &ChildServer, format: &str, total: u32, seen: &mut HashSet<
     }
 }
 
+/// `CreateFormat` with the admin token; `fresh` asserts the name is new.
+async fn create_format(node: &ChildServer, json: &str, fresh: bool) -> Result<(), tonic::Status> {
+    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(CreateFormatRequest {
+        definition_json: json.into(),
+        fresh,
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    admin.create_format(req).await.map(|_| ())
+}
+
 /// Takes a backup through the running node.
 async fn backup(node: &ChildServer, file: &Path) {
     let addr = format!("http://{}", node.grpc);
@@ -265,17 +279,67 @@ async fn with_segment_on_narrow_and_new_formatted_counters_keep_issuing() {
     let tiny = try_gen(&mut c, "tiny", &[], 1).await.unwrap_err();
     assert_eq!(tiny.code(), tonic::Code::ResourceExhausted, "{tiny:?}");
 
-    // A format created after the restore starts at its minimum.
-    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
+    // A format created after the restore, asserted new, starts at its
+    // minimum.
+    create_format(&node, r#"{"name":"fresh","template":"F{seq:6}"}"#, true)
         .await
         .unwrap();
-    let mut req = tonic::Request::new(CreateFormatRequest {
-        definition_json: r#"{"name":"fresh","template":"F{seq:6}"}"#.into(),
-    });
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
-    admin.create_format(req).await.unwrap();
     let fresh = try_gen(&mut c, "fresh", &[], 3).await.unwrap();
     assert_eq!(fresh, ["F000000", "F000001", "F000002"]);
+    assert!(node.terminate().success());
+}
+
+/// A format created after the backup and used, lost with the state file,
+/// then created again after the restore with the same definition (the
+/// operator's apps need it) starts above what the lost node handed out. A
+/// never-resetting format too narrow for the restore's margin is refused
+/// with FAILED_PRECONDITION naming the restore and the way out; created
+/// `fresh` (the operator's assertion) it starts at its minimum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_created_again_after_a_restore_repeats_nothing() {
+    const LATE: &str = r#"{"name":"late","template":"L{seq:8}"}"#;
+    const SMALL: &str = r#"{"name":"small","template":"S{seq:2}"}"#;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), false);
+    let file = dir.path().join("late.snapshot");
+    let (ok, out) = idgen(&["init", "--config", config.to_str().unwrap()]).await;
+    assert!(ok, "{out}");
+
+    let node = ChildServer::start(&config);
+    backup(&node, &file).await;
+    create_format(&node, LATE, false).await.unwrap();
+    create_format(&node, SMALL, false).await.unwrap();
+    let mut c = node.client().await;
+    let mut before = HashSet::new();
+    for _ in 0..2 {
+        before.extend(try_gen(&mut c, "late", &[], 50).await.unwrap());
+    }
+    before.extend(try_gen(&mut c, "small", &[], 5).await.unwrap());
+    assert_eq!(before.len(), 105);
+    node.kill();
+    std::fs::remove_file(dir.path().join("state.redb")).unwrap();
+
+    let out = restore_with_suggested_margin(&config, &file).await;
+    assert!(out.contains("--fresh"), "{out}");
+    let node = ChildServer::start(&config);
+    create_format(&node, LATE, false).await.unwrap();
+    let mut c = node.client().await;
+    for _ in 0..3 {
+        for id in try_gen(&mut c, "late", &[], 100).await.unwrap() {
+            assert!(!before.contains(&id), "{id} handed out again");
+        }
+    }
+
+    let refused = create_format(&node, SMALL, false).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    let msg = refused.message();
+    assert!(
+        msg.contains("restored from a backup") && msg.contains("--fresh") && msg.contains("0..=99"),
+        "{msg}"
+    );
+    let unknown = try_gen(&mut c, "small", &[], 1).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "nothing stored: {unknown:?}");
+    create_format(&node, SMALL, true).await.unwrap();
+    assert_eq!(try_gen(&mut c, "small", &[], 2).await.unwrap(), ["S00", "S01"]);
     assert!(node.terminate().success());
 }

@@ -147,7 +147,11 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
             suggestion.margin, suggestion.explanation
         );
     }
-    let margins = format_margins(&a.format_skip_ahead, &formats)?;
+    let mut margins = format_margins(&a.format_skip_ahead, &formats)?;
+    let new_margin = margins
+        .default
+        .unwrap_or_else(|| format_restore::new_format_margin(&formats, config.formatted.block));
+    margins.default = Some(new_margin);
     // Every worker's mark moves to at least now + reserve: a restart right
     // after a crash still starts above every ID the lost file covered.
     let hwm_floor_ms = now_ms.saturating_add(config.hwm.reserve.as_millis() as u64);
@@ -172,7 +176,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
         r.hwm_marks,
         r.hwm_floor_ms
     );
-    print_formats(&r);
+    print_formats(&r, new_margin);
     Ok(())
 }
 
@@ -221,12 +225,14 @@ fn format_margins(
         }
         margins.per_format.insert(s.name.clone(), margin);
     }
+    // A bare N is also the margin of formats created after the restore.
+    margins.default = given.default;
     Ok(margins)
 }
 
 /// What the restore did to formatted counters; formats whose counter
 /// cannot hold their margin are named, with what to do.
-fn print_formats(r: &snapshot::RestoreReport) {
+fn print_formats(r: &snapshot::RestoreReport, new_margin: u64) {
     for f in &r.formats {
         println!(
             "format {}: {} counters moved forward by {}; its new counters in periods up to the restore start {} above their minimum",
@@ -236,5 +242,5 @@ fn print_formats(r: &snapshot::RestoreReport) {
             eprintln!("warning: {why}");
         }
     }
-    println!("formats created after the restore start at their minimum: do not create again, under the same name and template, a format the lost node may have created after the backup (use a new name)");
+    println!("formats created after the restore that the backup does not define start {new_margin} above their minimum in periods up to the restore (the lost node may have created one after the backup; override with --format-skip-ahead <N>); one whose counter cannot hold that is refused at creation, unless created with `idgen admin formats create --fresh` (your assertion that the name never issued an ID)");
 }

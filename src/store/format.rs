@@ -61,6 +61,13 @@ pub struct RestoreFloor {
 /// floor.
 pub(crate) const FORMAT_RESTORE_FLOORS: &str = "formats_restore_floors";
 
+/// The `meta` key a restore sets: the margin (counter values) of a format
+/// the snapshot does not define, created after the restore (it may be one
+/// the lost node created after the backup). Creating such a format adds it
+/// to [`FORMAT_RESTORE_FLOORS`] with this margin, or 0 when the operator
+/// asserts the name is new (`--fresh`).
+pub(crate) const FORMAT_RESTORE_NEW_FLOOR: &str = "formats_restore_new_floor";
+
 /// Stored counter records as bytes (for the snapshot code).
 pub(crate) struct CounterRecordBytes;
 
@@ -239,8 +246,16 @@ impl EmbeddedStore {
                         .map_err(|e| unreadable(FORMAT_RESTORE_FLOORS, &e))?;
                 match floors.get(format) {
                     Some(f) => *f,
-                    // Not in the snapshot: created after the restore.
-                    None => return Ok(None),
+                    // Not in the snapshot, nor recorded at creation: the
+                    // margin of new formats (a gap is safe, a repeat is
+                    // not).
+                    None => match meta.get(FORMAT_RESTORE_NEW_FLOOR).map_err(backend_err)? {
+                        Some(v) => v
+                            .value()
+                            .parse::<u64>()
+                            .map_err(|e| unreadable(FORMAT_RESTORE_NEW_FLOOR, &e))?,
+                        None => return Ok(None),
+                    },
                 }
             }
             None => self.floor(),

@@ -14,14 +14,27 @@
 //! that period: it continues in the next one). Counters the snapshot does
 //! not hold (a new scope value, a period begun after the snapshot) start
 //! that margin above their minimum, but only in periods up to the restore
-//! instant and only for formats the snapshot holds: a format created after
-//! the restore, or a period begun after it, starts at its minimum. A
-//! format whose counter cannot hold its margin is named in the restore
-//! report with what to do.
+//! instant: a period begun after it starts at its minimum.
+//!
+//! A format the snapshot does not define but created after the restore may
+//! be one the lost node created after the backup and issued from (the
+//! operator re-creating it with the same definition), so it gets the
+//! restore's margin for new formats ([`new_format_margin`], or the bare
+//! `--format-skip-ahead N`) in periods up to the restore instant: for a
+//! format that never resets, a one-time offset of its counter. A format
+//! whose counter cannot hold that margin is refused at creation
+//! ([`StoreError::FormatBelowRestore`]) unless the operator asserts the
+//! name never issued an ID (`--fresh`), which skips the margin. A format
+//! of the snapshot whose counter cannot hold its margin is named in the
+//! restore report with what to do.
 
 use std::collections::BTreeMap;
 
-use super::format::{CounterRecordBytes, FORMATS, FORMAT_RESTORE_FLOORS};
+use super::format::{
+    CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL, FORMAT_RESTORE_FLOORS,
+    FORMAT_RESTORE_NEW_FLOOR,
+};
+use super::format_def::StoredFormat;
 use super::snapshot::SnapshotInfo;
 use super::StoreError;
 use crate::id::format::{Format, FormatDef, LuaLimits, Reset};
@@ -271,11 +284,14 @@ pub(crate) fn move_counters(
         }
     }
     // Each format the snapshot defines floors its new counters (in periods
-    // up to the restore) by its own margin; others have none.
+    // up to the restore) by its own margin; a format created after the
+    // restore, by the margin of new formats.
     let json = serde_json::to_string(&floors).map_err(backend_err)?;
-    out.open_table(super::embedded::META)
-        .map_err(backend_err)?
-        .insert(FORMAT_RESTORE_FLOORS, json.as_str())
+    let new_floor = margins.default.unwrap_or(skip).to_string();
+    let mut meta = out.open_table(super::embedded::META).map_err(backend_err)?;
+    meta.insert(FORMAT_RESTORE_FLOORS, json.as_str())
+        .map_err(backend_err)?;
+    meta.insert(FORMAT_RESTORE_NEW_FLOOR, new_floor.as_str())
         .map_err(backend_err)?;
     // Only formats the snapshot defines are reported (a deleted format's
     // counters move too, but its name can never be used again).
@@ -295,6 +311,98 @@ pub(crate) struct MovedFormats {
     pub counters: usize,
     /// Per live format of the snapshot.
     pub formats: Vec<RestoredFormat>,
+}
+
+/// The margin of formats created after the restore that the snapshot does
+/// not define: nothing records how much such a format issued, so the
+/// largest margin suggested for a format of the snapshot, and at least two
+/// blocks of `base_block` (what a new counter reserves first), rounded up
+/// to a hundred. The operator overrides it with `--format-skip-ahead N`.
+pub fn new_format_margin(suggested: &[FormatSuggestion], base_block: u64) -> u64 {
+    let least = base_block
+        .max(1)
+        .saturating_mul(2)
+        .div_ceil(100)
+        .saturating_mul(100);
+    suggested
+        .iter()
+        .map(|s| s.margin)
+        .max()
+        .unwrap_or(0)
+        .max(least)
+}
+
+/// On a restored state file, records the floor of `record`, a format
+/// created now that the snapshot did not define (in `txn`, the write that
+/// stores the definition): the margin of new formats, or 0 when created
+/// `fresh`. Refuses a format whose counter cannot hold the margin in the
+/// period it would issue in now.
+pub(crate) fn floor_new_format(
+    txn: &redb::WriteTransaction,
+    record: &StoredFormat,
+) -> Result<(), StoreError> {
+    use super::embedded::{backend_err, META};
+    use redb::ReadableTable;
+    let mut meta = txn.open_table(META).map_err(backend_err)?;
+    let get = |meta: &redb::Table<&str, &str>, key: &str| -> Result<Option<String>, StoreError> {
+        Ok(meta.get(key).map_err(backend_err)?.map(|v| v.value().to_owned()))
+    };
+    let unreadable =
+        |key: &str, e: &dyn std::fmt::Display| StoreError::Backend(format!("state file: unreadable {key} ({e}); restore it from a backup"));
+    let Some(until) = get(&meta, FORMATS_RESTORED_UNTIL)? else {
+        return Ok(()); // never restored
+    };
+    let until: i64 = until.parse().map_err(|e| unreadable(FORMATS_RESTORED_UNTIL, &e))?;
+    // A file restored before per-format margins floors every format by the
+    // restore floor already.
+    let Some(json) = get(&meta, FORMAT_RESTORE_FLOORS)? else {
+        return Ok(());
+    };
+    let mut floors: BTreeMap<String, u64> =
+        serde_json::from_str(&json).map_err(|e| unreadable(FORMAT_RESTORE_FLOORS, &e))?;
+    let name = &record.def.name;
+    if floors.contains_key(name) {
+        return Ok(());
+    }
+    let margin = if record.fresh {
+        0
+    } else {
+        let margin = match get(&meta, FORMAT_RESTORE_NEW_FLOOR)? {
+            Some(v) => v.parse().map_err(|e| unreadable(FORMAT_RESTORE_NEW_FLOOR, &e))?,
+            None => floors.values().copied().max().unwrap_or(0),
+        };
+        check_new_format(&record.def, record.created_ms as i64, until, margin)?;
+        margin
+    };
+    floors.insert(name.clone(), margin);
+    let json = serde_json::to_string(&floors).map_err(backend_err)?;
+    meta.insert(FORMAT_RESTORE_FLOORS, json.as_str())
+        .map_err(backend_err)?;
+    Ok(())
+}
+
+/// Refuses `def`, created at `now_ms`, if its counter in the current period
+/// must start `margin` above its minimum (the period began at or before the
+/// restore instant `until_ms`) and cannot hold that.
+fn check_new_format(def: &FormatDef, now_ms: i64, until_ms: i64, margin: u64) -> Result<(), StoreError> {
+    // The caller compiled it already; one that does not compile issues nothing.
+    let Ok(format) = Format::compile(def.clone(), now_ms, LuaLimits::default()) else {
+        return Ok(());
+    };
+    let floored = match (format.decide(None, now_ms), format.decide(None, until_ms)) {
+        (Ok(now), Ok(restore)) => now.key <= restore.key,
+        _ => true,
+    };
+    if !floored || fits(&format, margin) {
+        return Ok(());
+    }
+    let c = format.counter();
+    Err(StoreError::FormatBelowRestore {
+        format: def.name.clone(),
+        margin,
+        until_ms,
+        range: format!("{}..={}, step {}", c.min, c.max, c.step),
+    })
 }
 
 fn restored(name: &str, margin: u64) -> RestoredFormat {

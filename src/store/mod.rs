@@ -151,6 +151,20 @@ pub enum StoreError {
         /// How far behind, ms.
         behind_ms: i64,
     },
+    /// A format created on a restored state file whose counter cannot
+    /// hold the restore's margin for new formats (see
+    /// [`format_restore`]).
+    #[error("format {format:?} is new since this state file was restored from a backup (restore instant {until_ms} ms): the lost node may have created a format by this name after the backup and issued its IDs, so a new format's counters in periods up to the restore start {margin} above their minimum (the restore's margin for new formats), but its counter ({range}) cannot hold that. If no format by this name ever issued an ID on this cluster, create it with `idgen admin formats create --fresh` (CreateFormat fresh = true): that is your assertion, and it starts at its minimum (a [[formats]] entry: remove it, start the node, create the format with --fresh, then put the entry back). Otherwise give it another name or a wider counter ({{seq:N}} with more digits)")]
+    FormatBelowRestore {
+        /// The format.
+        format: String,
+        /// The restore's margin for new formats.
+        margin: u64,
+        /// The restore instant, Unix ms.
+        until_ms: i64,
+        /// The counter's range (`min..=max, step s`).
+        range: String,
+    },
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
@@ -172,7 +186,9 @@ impl StoreError {
                 ErrorKind::NotFound
             }
             Self::TagExists(_) | Self::FormatExists(_) => ErrorKind::AlreadyExists,
-            Self::FormatDeleted { .. } => ErrorKind::Precondition,
+            Self::FormatDeleted { .. } | Self::FormatBelowRestore { .. } => {
+                ErrorKind::Precondition
+            }
             Self::FormatInvalid(_) => ErrorKind::BadRequest,
             Self::LimitReached { .. } | Self::ScopeValuesFull { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
