@@ -331,15 +331,26 @@ async fn a_format_created_again_after_a_restore_repeats_nothing() {
     }
 
     let refused = create_format(&node, SMALL, false).await.unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
     let msg = refused.message();
     assert!(
         msg.contains("restored from a backup") && msg.contains("--fresh") && msg.contains("0..=99"),
         "{msg}"
     );
     let unknown = try_gen(&mut c, "small", &[], 1).await.unwrap_err();
-    assert_eq!(unknown.code(), tonic::Code::NotFound, "nothing stored: {unknown:?}");
+    assert_eq!(
+        unknown.code(),
+        tonic::Code::NotFound,
+        "nothing stored: {unknown:?}"
+    );
     create_format(&node, SMALL, true).await.unwrap();
-    assert_eq!(try_gen(&mut c, "small", &[], 2).await.unwrap(), ["S00", "S01"]);
+    assert_eq!(
+        try_gen(&mut c, "small", &[], 2).await.unwrap(),
+        ["S00", "S01"]
+    );
     assert!(node.terminate().success());
 }

@@ -345,14 +345,22 @@ pub(crate) fn floor_new_format(
     use redb::ReadableTable;
     let mut meta = txn.open_table(META).map_err(backend_err)?;
     let get = |meta: &redb::Table<&str, &str>, key: &str| -> Result<Option<String>, StoreError> {
-        Ok(meta.get(key).map_err(backend_err)?.map(|v| v.value().to_owned()))
+        Ok(meta
+            .get(key)
+            .map_err(backend_err)?
+            .map(|v| v.value().to_owned()))
     };
-    let unreadable =
-        |key: &str, e: &dyn std::fmt::Display| StoreError::Backend(format!("state file: unreadable {key} ({e}); restore it from a backup"));
+    let unreadable = |key: &str, e: &dyn std::fmt::Display| {
+        StoreError::Backend(format!(
+            "state file: unreadable {key} ({e}); restore it from a backup"
+        ))
+    };
     let Some(until) = get(&meta, FORMATS_RESTORED_UNTIL)? else {
         return Ok(()); // never restored
     };
-    let until: i64 = until.parse().map_err(|e| unreadable(FORMATS_RESTORED_UNTIL, &e))?;
+    let until: i64 = until
+        .parse()
+        .map_err(|e| unreadable(FORMATS_RESTORED_UNTIL, &e))?;
     // A file restored before per-format margins floors every format by the
     // restore floor already.
     let Some(json) = get(&meta, FORMAT_RESTORE_FLOORS)? else {
@@ -368,7 +376,9 @@ pub(crate) fn floor_new_format(
         0
     } else {
         let margin = match get(&meta, FORMAT_RESTORE_NEW_FLOOR)? {
-            Some(v) => v.parse().map_err(|e| unreadable(FORMAT_RESTORE_NEW_FLOOR, &e))?,
+            Some(v) => v
+                .parse()
+                .map_err(|e| unreadable(FORMAT_RESTORE_NEW_FLOOR, &e))?,
             None => floors.values().copied().max().unwrap_or(0),
         };
         check_new_format(&record.def, record.created_ms as i64, until, margin)?;
@@ -384,7 +394,12 @@ pub(crate) fn floor_new_format(
 /// Refuses `def`, created at `now_ms`, if its counter in the current period
 /// must start `margin` above its minimum (the period began at or before the
 /// restore instant `until_ms`) and cannot hold that.
-fn check_new_format(def: &FormatDef, now_ms: i64, until_ms: i64, margin: u64) -> Result<(), StoreError> {
+fn check_new_format(
+    def: &FormatDef,
+    now_ms: i64,
+    until_ms: i64,
+    margin: u64,
+) -> Result<(), StoreError> {
     // The caller compiled it already; one that does not compile issues nothing.
     let Ok(format) = Format::compile(def.clone(), now_ms, LuaLimits::default()) else {
         return Ok(());

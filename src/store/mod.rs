@@ -186,9 +186,7 @@ impl StoreError {
                 ErrorKind::NotFound
             }
             Self::TagExists(_) | Self::FormatExists(_) => ErrorKind::AlreadyExists,
-            Self::FormatDeleted { .. } | Self::FormatBelowRestore { .. } => {
-                ErrorKind::Precondition
-            }
+            Self::FormatDeleted { .. } | Self::FormatBelowRestore { .. } => ErrorKind::Precondition,
             Self::FormatInvalid(_) => ErrorKind::BadRequest,
             Self::LimitReached { .. } | Self::ScopeValuesFull { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
