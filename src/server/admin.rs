@@ -1164,7 +1164,7 @@ impl AdminService {
             .create(def, r.fresh)
             .await
             .map_err(|e| to_status(&e))?;
-        self.warn_one_node_format(&catalog, &written.def.name);
+        self.warn_one_node_format(catalog, &written.def.name);
         Ok(proto::CreateFormatResponse {
             format: Some(self.format_message(&written)),
             reload: Some(reload_message(reload)),
