@@ -221,7 +221,7 @@ impl EmbeddedStore {
 
     /// The restore floor of `format`'s counters, if this file was
     /// restored from a backup that defined the format.
-    fn restore_floor(
+    pub(crate) fn restore_floor(
         &self,
         txn: &redb::WriteTransaction,
         format: &str,

@@ -488,4 +488,58 @@ mod tests {
         let e = FormatMargins::parse(&["inv=lots".into()]).unwrap_err();
         assert!(e.contains("NAME=N"), "{e}");
     }
+
+    /// The create path every new definition takes (admin API and a
+    /// `[[formats]]` entry stored for the first time): on a restored file a
+    /// format the snapshot did not define is floored by the margin of new
+    /// formats, refused when too narrow for it, and floored at 0 when
+    /// created fresh.
+    #[tokio::test]
+    async fn formats_new_since_a_restore_are_floored_refused_or_fresh() {
+        use crate::store::embedded::{EmbeddedStore, META};
+        use crate::store::format_def::{DefSource, FormatDefStore};
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
+        let txn = store.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            meta.insert(FORMATS_RESTORED_UNTIL, "1000").unwrap();
+            meta.insert(FORMAT_RESTORE_FLOORS, r#"{"old":50}"#).unwrap();
+            meta.insert(FORMAT_RESTORE_NEW_FLOOR, "200").unwrap();
+        }
+        store.commit(txn).unwrap();
+        let record = |name: &str, template: &str, fresh: bool| StoredFormat {
+            def: FormatDef::template(name, template, "UTC", Reset::Never),
+            deleted: false,
+            source: DefSource::Config,
+            created_ms: 5000,
+            updated_ms: 5000,
+            fresh,
+        };
+        let refused = store
+            .create(&record("small", "S{seq:2}", false))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, StoreError::FormatBelowRestore { margin: 200, .. }),
+            "{refused}"
+        );
+        assert!(
+            store.get("small").await.unwrap().is_none(),
+            "nothing stored"
+        );
+        store
+            .create(&record("small", "S{seq:2}", true))
+            .await
+            .unwrap();
+        store
+            .create(&record("late", "L{seq:6}", false))
+            .await
+            .unwrap();
+        let txn = store.begin_write().unwrap();
+        let floor = |name: &str| store.restore_floor(&txn, name).unwrap().map(|f| f.floor);
+        assert_eq!(floor("small"), Some(0));
+        assert_eq!(floor("late"), Some(200));
+        assert_eq!(floor("old"), Some(50));
+    }
 }
