@@ -115,6 +115,8 @@ pub const LUA_DEADLINE_EXCEEDED: &str = "idgen_lua_deadline_exceeded_total";
 pub const LUA_STUCK_CALLS: &str = "idgen_lua_stuck_calls_total";
 /// Lua worker threads set aside and still running a stuck call.
 pub const LUA_WORKERS_ASIDE: &str = "idgen_lua_workers_aside";
+/// Formatted-mode counters held in memory, by `format`.
+pub const FORMAT_COUNTERS_IN_MEMORY: &str = "idgen_format_counters_in_memory";
 /// Open client connections, by `port`.
 pub const CONNECTIONS_OPEN: &str = "idgen_connections_open";
 /// Connections the node closed on a deadline, by `port` and `reason`.
@@ -403,6 +405,10 @@ fn describe_cluster() {
     describe_gauge!(
         FORMATS_SERVED,
         "Formats this node serves: the table last installed by a reload."
+    );
+    describe_gauge!(
+        FORMAT_COUNTERS_IN_MEMORY,
+        "Formatted-mode counters (format, scope value, node or token) this node holds in memory, by format; idle ones leave after ten minutes."
     );
     describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by port.");
     describe_counter!(

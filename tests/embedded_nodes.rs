@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashSet;
 use std::path::Path;
 
-use common::TestServer;
+use common::{run_idgen, ChildServer, TestServer};
 use idgen::config::{Config, FileConfig};
 use idgen::id::lease::decompose;
 use idgen::id::{Clock, SystemClock};
@@ -139,4 +139,48 @@ fn explicit_lease_settings_that_share_a_token_space_are_refused() {
         err.contains("lease.enabled") && err.contains("consul"),
         "{err}"
     );
+}
+
+/// A format whose counter is cluster-wide is, on the embedded store, one
+/// node's like segment and strict (two nodes with their own state files
+/// hand out the same IDs): `idgen check-config` and the node's start-up log
+/// name it, and not a format that renders the node.
+#[test]
+fn a_cluster_wide_format_on_the_embedded_store_is_named_at_start_and_by_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("idgen.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+             [store]\npath = \"{}\"\ninit_if_missing = true\n\
+             [log]\nformat = \"json\"\nlevel = \"info\"\n\
+             [[formats]]\nname = \"orders\"\ntemplate = \"{{yyyy}}{{MM}}{{dd}}{{seq:6}}\"\nreset = \"day\"\n\
+             [[formats]]\nname = \"per-node\"\ntemplate = \"{{node:4}}{{seq:6}}\"\n",
+            dir.path().join("state.redb").display()
+        ),
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+    let (ok, out) = run_idgen(&["check-config", "--config", cfg]);
+    assert!(ok, "{out}");
+    let warning = out
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or_else(|| panic!("no warning in: {out}"));
+    assert!(
+        warning.contains("\"orders\"") && !warning.contains("per-node"),
+        "{warning}"
+    );
+    assert!(warning.contains("consul"), "says what to do: {warning}");
+
+    let node = ChildServer::start(&config);
+    let log = node.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("keep one counter for the whole cluster"))
+        .unwrap_or_else(|| panic!("no start-up warning in: {log}"));
+    assert!(line.contains("WARN") && line.contains("orders"), "{line}");
+    assert!(!line.contains("per-node"), "{line}");
+    assert!(node.terminate().success());
 }

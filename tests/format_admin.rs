@@ -63,6 +63,7 @@ fn json(def: &FormatDef) -> String {
 fn create(def: &FormatDef) -> tonic::Request<proto::CreateFormatRequest> {
     ok(proto::CreateFormatRequest {
         definition_json: json(def),
+        fresh: false,
     })
 }
 
@@ -139,6 +140,7 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
     assert_eq!(again.code(), Code::AlreadyExists, "{again:?}");
     let bad = a
         .create_format(ok(proto::CreateFormatRequest {
+            fresh: false,
             definition_json: json(&FormatDef::template(
                 "short",
                 "{yyyy}{MM}{seq:4}",

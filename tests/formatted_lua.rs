@@ -87,6 +87,7 @@ async fn a_stuck_lua_call_fails_alone_and_the_node_keeps_answering() {
         formats: vec![lua("stuck", "S"), lua("stuck2", "T"), lua("other", "O")],
         lua_deadline: Duration::from_millis(50),
         lua_workers: 1,
+        ..FormattedSettings::default()
     };
     let server = TestServer::start(config).await;
     assert_eq!(

@@ -16,10 +16,13 @@ use super::args::{FormatDefArgs, FormatsCommand};
 /// Runs one `admin formats` command.
 pub async fn run(c: &mut Client, cmd: &FormatsCommand) -> anyhow::Result<Out> {
     Ok(match cmd {
-        FormatsCommand::Create(args) => {
-            let definition_json = definition(args)?;
+        FormatsCommand::Create { def, fresh } => {
+            let definition_json = definition(def)?;
             let r = c
-                .create_format(proto::CreateFormatRequest { definition_json })
+                .create_format(proto::CreateFormatRequest {
+                    definition_json,
+                    fresh: *fresh,
+                })
                 .await
                 .map_err(failed)?
                 .into_inner();

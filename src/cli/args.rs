@@ -106,6 +106,15 @@ pub struct RestoreArgs {
     /// out after the snapshot; run without it for a suggestion.
     #[arg(long)]
     pub skip_ahead: Option<u64>,
+    /// Formatted counters: move format NAME's counters by N (`NAME=N`), or
+    /// every format's not named (`N`); repeatable. Without it each format
+    /// moves by the margin suggested from its own rate and block size
+    /// (formats are narrow: --skip-ahead, sized for segment ranges, could
+    /// use a `{seq:6}` counter up). A bare N is also the margin of formats
+    /// created after the restore that the backup does not define (default:
+    /// the largest suggested margin, at least two blocks).
+    #[arg(long = "format-skip-ahead", value_name = "[NAME=]N")]
+    pub format_skip_ahead: Vec<String>,
 }
 
 #[derive(Args)]
@@ -342,7 +351,18 @@ pub enum AdminCommand {
 pub enum FormatsCommand {
     /// Create a format (stored durably; served by this node at once and by
     /// every Consul node within a few seconds).
-    Create(FormatDefArgs),
+    Create {
+        /// The definition.
+        #[command(flatten)]
+        def: FormatDefArgs,
+        /// Assert that no format by this name ever issued an ID on this
+        /// cluster: on a state file restored from a backup, the format then
+        /// starts at its minimum instead of the restore's margin for new
+        /// formats. Your assertion: if the lost node did create and use the
+        /// name after the backup, IDs repeat.
+        #[arg(long)]
+        fresh: bool,
+    },
     /// Replace a format's definition: only description, min, max, step and
     /// a Lua rule's code may change (nothing that could repeat an ID).
     Update(FormatDefArgs),

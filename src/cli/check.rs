@@ -3,7 +3,9 @@
 //! starting anything.
 
 use idgen::config::{Backend, FileConfig};
+use idgen::id::format::{Format, FormatDef, LuaLimits, Scope};
 use idgen::id::{Clock, SystemClock};
+use idgen::store::format::one_node_formats_warning;
 
 use super::args::ServeArgs;
 use super::serve::log_filter;
@@ -23,5 +25,26 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         "config is valid: layout [{}], datacenter {}, worker {}, {backend}",
         config.layout, config.node.datacenter_id, config.node.worker_id
     );
+    if config.store.state_path().is_some() {
+        warn_one_node_formats(&config.formatted.formats);
+    }
     Ok(())
+}
+
+/// Names the config's formats whose counter is cluster-wide: on the
+/// embedded store they serve one node only. (Formats made with the admin
+/// API live in the state file; the node names those at start-up.)
+fn warn_one_node_formats(defs: &[FormatDef]) {
+    let now = SystemClock.now_millis() as i64;
+    let cluster_wide: Vec<String> = defs
+        .iter()
+        .filter(|d| {
+            Format::compile((*d).clone(), now, LuaLimits::default())
+                .is_ok_and(|f| f.scope() == Scope::Cluster)
+        })
+        .map(|d| d.name.clone())
+        .collect();
+    if !cluster_wide.is_empty() {
+        eprintln!("warning: {}", one_node_formats_warning(&cluster_wide));
+    }
 }

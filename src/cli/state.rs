@@ -9,7 +9,7 @@ use anyhow::bail;
 use idgen::config::Config;
 use idgen::id::{Clock, SystemClock};
 use idgen::proto;
-use idgen::store::snapshot;
+use idgen::store::{format_restore, snapshot};
 
 use super::admin;
 use super::args::{BackupArgs, ConfigArgs, RestoreArgs};
@@ -111,7 +111,8 @@ fn print_backup(file: &Path, size: usize) -> anyhow::Result<()> {
 }
 
 /// Recreates a lost state file from a snapshot, every counter moved
-/// forward by `--skip-ahead`.
+/// forward: segment, lease and strict by `--skip-ahead`, each format's by
+/// its own margin.
 pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     let (config, state_path) = embedded_config(&a.config, "restore")?;
     let now_ms = SystemClock.now_millis();
@@ -131,11 +132,13 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
         );
     }
     let suggestion = snapshot::suggest(&info, now_ms);
+    let formats = format_restore::suggest_formats(&info, now_ms, config.formatted.block);
     let Some(skip) = a.skip_ahead else {
         bail!(
-            "--skip-ahead is required: every segment, lease and strict counter must move past what the node handed out after this snapshot.\nsuggested: --skip-ahead {} ({})",
+            "--skip-ahead is required: every segment, lease and strict counter must move past what the node handed out after this snapshot.\nsuggested: --skip-ahead {} ({}){}",
             suggestion.margin,
-            suggestion.explanation
+            suggestion.explanation,
+            format_lines(&formats)
         );
     };
     if skip < suggestion.margin {
@@ -144,10 +147,21 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
             suggestion.margin, suggestion.explanation
         );
     }
+    let mut margins = format_margins(&a.format_skip_ahead, &formats)?;
+    let new_margin = margins
+        .default
+        .unwrap_or_else(|| format_restore::new_format_margin(&formats, config.formatted.block));
+    margins.default = Some(new_margin);
     // Every worker's mark moves to at least now + reserve: a restart right
     // after a crash still starts above every ID the lost file covered.
     let hwm_floor_ms = now_ms.saturating_add(config.hwm.reserve.as_millis() as u64);
-    let r = snapshot::restore(&a.backup, &state_path, &layout, skip, hwm_floor_ms)?;
+    let r = snapshot::restore_with_formats(
+        &a.backup,
+        &state_path,
+        &layout,
+        (skip, &margins),
+        hwm_floor_ms,
+    )?;
     println!(
         "restored {} from {} (taken {} ago): {} segment tags, {} lease token counters and {} strict counters moved forward by {skip}; counters the snapshot did not hold start above {}; {} high-water marks raised to at least {} ms",
         state_path.display(),
@@ -162,5 +176,71 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
         r.hwm_marks,
         r.hwm_floor_ms
     );
+    print_formats(&r, new_margin);
     Ok(())
+}
+
+/// The suggested margin of each format, one line each.
+fn format_lines(formats: &[format_restore::FormatSuggestion]) -> String {
+    let mut out = String::new();
+    for f in formats {
+        let fit = match f.fits {
+            Some(false) => " (does not fit its counter: see the restore report)",
+            _ => "",
+        };
+        out.push_str(&format!(
+            "\nformat {}: moves by {}{fit} ({}); override with --format-skip-ahead {}=<N>",
+            f.name, f.margin, f.explanation, f.name
+        ));
+    }
+    out
+}
+
+/// The margin of every format: the operator's (`--format-skip-ahead`),
+/// else the suggested one. Refuses a name the snapshot does not define.
+fn format_margins(
+    given: &[String],
+    suggested: &[format_restore::FormatSuggestion],
+) -> anyhow::Result<format_restore::FormatMargins> {
+    let given = format_restore::FormatMargins::parse(given).map_err(anyhow::Error::msg)?;
+    for name in given.per_format.keys() {
+        if !suggested.iter().any(|s| &s.name == name) {
+            let known: Vec<&str> = suggested.iter().map(|s| s.name.as_str()).collect();
+            bail!("--format-skip-ahead {name}=...: the snapshot defines no format {name:?} (it defines {known:?})");
+        }
+    }
+    let mut margins = format_restore::FormatMargins::default();
+    for s in suggested {
+        let margin = given
+            .per_format
+            .get(&s.name)
+            .copied()
+            .or(given.default)
+            .unwrap_or(s.margin);
+        if margin < s.margin {
+            eprintln!(
+                "warning: format {}: --format-skip-ahead {margin} is below the suggested {} ({})",
+                s.name, s.margin, s.explanation
+            );
+        }
+        margins.per_format.insert(s.name.clone(), margin);
+    }
+    // A bare N is also the margin of formats created after the restore.
+    margins.default = given.default;
+    Ok(margins)
+}
+
+/// What the restore did to formatted counters; formats whose counter
+/// cannot hold their margin are named, with what to do.
+fn print_formats(r: &snapshot::RestoreReport, new_margin: u64) {
+    for f in &r.formats {
+        println!(
+            "format {}: {} counters moved forward by {}; its new counters in periods up to the restore start {} above their minimum",
+            f.name, f.counters, f.margin, f.margin
+        );
+        if let Some(why) = &f.too_narrow {
+            eprintln!("warning: {why}");
+        }
+    }
+    println!("formats created after the restore that the backup does not define start {new_margin} above their minimum in periods up to the restore (the lost node may have created one after the backup; override with --format-skip-ahead <N>); one whose counter cannot hold that is refused at creation, unless created with `idgen admin formats create --fresh` (your assertion that the name never issued an ID)");
 }

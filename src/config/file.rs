@@ -562,6 +562,12 @@ pub struct FormattedSection {
     pub lua_deadline: Duration,
     /// Threads Lua rules run on (1 to 64), off the request runtime.
     pub lua_workers: usize,
+    /// Most counters one format keeps (1 to 1000000): each new value of a
+    /// format's `scope_params` adds one, durably and for good (a counter is
+    /// never deleted: a new one for a used value could repeat its IDs).
+    /// Past it a new value is refused with RESOURCE_EXHAUSTED; values
+    /// already used go on.
+    pub max_scope_values: u64,
 }
 
 impl Default for FormattedSection {
@@ -570,6 +576,7 @@ impl Default for FormattedSection {
             block: 100,
             lua_deadline: Duration::from_millis(50),
             lua_workers: 4,
+            max_scope_values: 10_000,
         }
     }
 }

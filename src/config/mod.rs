@@ -293,6 +293,8 @@ pub struct FormattedSettings {
     pub lua_deadline: Duration,
     /// Threads Lua rules run on.
     pub lua_workers: usize,
+    /// Most counters one format keeps (`formatted.max_scope_values`).
+    pub max_scope_values: u64,
 }
 
 impl Default for FormattedSettings {
@@ -304,6 +306,7 @@ impl Default for FormattedSettings {
             formats: Vec::new(),
             lua_deadline: file.lua_deadline,
             lua_workers: file.lua_workers,
+            max_scope_values: file.max_scope_values,
         }
     }
 }

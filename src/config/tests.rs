@@ -585,6 +585,14 @@ reset = "day"
     let e = twice.validate(NOW).unwrap_err().to_string();
     assert!(e.contains("entry 2 redefines format \"orders\""), "{e}");
 
+    let mut scopes = f.clone();
+    assert_eq!(
+        scopes.validate(NOW).unwrap().formatted.max_scope_values,
+        10_000
+    );
+    scopes.formatted.max_scope_values = 0;
+    assert_eq!(err_key(&scopes), "formatted.max_scope_values");
+
     let mut block = f.clone();
     block.formatted.block = 0;
     assert_eq!(err_key(&block), "formatted.block");

@@ -583,6 +583,15 @@ impl FileConfig {
                 format!("must be 1 to 64, got {}", self.formatted.lua_workers),
             ));
         }
+        if !(1..=1_000_000).contains(&self.formatted.max_scope_values) {
+            return Err(invalid(
+                "formatted.max_scope_values",
+                format!(
+                    "must be 1 to 1000000, got {}",
+                    self.formatted.max_scope_values
+                ),
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, def) in self.formats.iter().enumerate() {
             crate::id::format::Format::compile(
@@ -607,6 +616,7 @@ impl FileConfig {
             formats: self.formats.clone(),
             lua_deadline: deadline,
             lua_workers: self.formatted.lua_workers,
+            max_scope_values: self.formatted.max_scope_values,
         })
     }
 }

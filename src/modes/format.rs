@@ -30,6 +30,11 @@
 //! Consul each of their counter writes checks the token's lock; a lock
 //! found gone makes the node forget the token and take one again.
 //!
+//! Counters no call used for ten minutes leave memory ([`EVICT_IDLE_MS`]);
+//! their record stays and their next call reserves above it. Each new
+//! scope value adds a durable counter for good, so a format holding
+//! `formatted.max_scope_values` counters refuses new values.
+//!
 //! A counter's refill is serialised by a per-counter async gate held over
 //! the store write, so one node never races itself for a block; the
 //! in-memory block itself is only touched under that gate, and the
@@ -66,7 +71,16 @@ pub struct FormatSettings {
     /// The threads Lua rules run on (`formatted.lua_workers`,
     /// `formatted.lua_deadline`).
     pub lua: LuaPoolSettings,
+    /// Most counters one format keeps in the store, checked when a new
+    /// scope value arrives (`formatted.max_scope_values`).
+    pub max_scope_values: u64,
 }
+
+/// A counter unused this long (ms, the format clock) leaves memory; its
+/// durable record stays, and its next call reserves above it.
+pub const EVICT_IDLE_MS: i64 = 10 * 60 * 1000;
+/// How often (ms) creating a counter sweeps idle ones out at most.
+const SWEEP_EVERY_MS: i64 = 60 * 1000;
 
 /// Values of one counter reserved and not yet used, all in `period`.
 #[derive(Debug, Clone, Copy)]
@@ -85,8 +99,6 @@ const GROW_WITHIN_MS: i64 = 1_000;
 /// A reservation more than this long (ms) after the previous one asks for
 /// half as much again (never less than `formatted.block`).
 const SHRINK_AFTER_MS: i64 = 60_000;
-/// The largest reservation, as a multiple of `formatted.block`.
-const MAX_GROWTH: u64 = 64;
 
 /// One counter in memory: its block, and how much the next reservation
 /// asks for. Sizing, like segment mode's step, only changes how often the
@@ -101,6 +113,8 @@ struct CounterState {
     reserved_at_ms: i64,
     /// The last block was used up (not dropped for a later period).
     used_up: bool,
+    /// When a call last used this counter (Unix ms), for eviction.
+    used_ms: i64,
 }
 
 impl CounterState {
@@ -142,6 +156,13 @@ pub struct Formats {
     /// This node's number, checked against per-node formats at compile.
     node: u64,
     counters: Mutex<HashMap<CounterKey, Gate>>,
+    /// When idle counters were last swept out of `counters` (Unix ms).
+    swept_ms: std::sync::atomic::AtomicI64,
+    /// Formats found holding `formatted.max_scope_values` counters, and
+    /// when (Unix ms): for a second, new values are refused without
+    /// counting again, so callers sending new values cannot make every
+    /// call a scan of the format's records.
+    full: Mutex<HashMap<String, i64>>,
     /// Where `{token}` and `uniq64` formats get their token.
     tokens: Option<Arc<dyn FormatTokens>>,
     settings: FormatSettings,
@@ -189,6 +210,8 @@ impl Formats {
             formats: ArcSwap::from_pointee(formats),
             node,
             counters: Mutex::new(HashMap::new()),
+            swept_ms: std::sync::atomic::AtomicI64::new(0),
+            full: Mutex::new(HashMap::new()),
             tokens: None,
             settings,
             lua: LuaPool::new(settings.lua),
@@ -326,7 +349,71 @@ impl Formats {
 
     fn gate(&self, key: &CounterKey) -> Gate {
         let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(gate) = counters.get(key) {
+            return Arc::clone(gate);
+        }
+        let now = self.clock.now_millis() as i64;
+        let swept = self.swept_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if now.saturating_sub(swept) >= SWEEP_EVERY_MS {
+            self.swept_ms
+                .store(now, std::sync::atomic::Ordering::Relaxed);
+            sweep(&mut counters, now);
+        }
+        live_counters(&key.format).increment(1.0);
         Arc::clone(counters.entry(key.clone()).or_default())
+    }
+
+    /// Drops the counters no call used for [`EVICT_IDLE_MS`] from memory
+    /// (also done when a counter is created, at most once a minute);
+    /// returns how many. Their blocks were durable before use, so the next
+    /// call reserves above every value they held: an evicted counter never
+    /// restarts below its record, it only skips the rest of its block.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.clock.now_millis() as i64;
+        let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        sweep(&mut counters, now)
+    }
+
+    /// Refuses a scope value that would add a counter to a format holding
+    /// `formatted.max_scope_values` already. A value whose counter is in
+    /// memory or in the store (evicted, or another node's) passes.
+    async fn check_scope_values(&self, format: &Format, key: &CounterKey) -> Result<(), Error> {
+        if key.scope.is_empty() {
+            return Ok(());
+        }
+        let in_memory = self
+            .counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(key);
+        if in_memory || self.store.load(key).await?.is_some() {
+            return Ok(());
+        }
+        let limit = self.settings.max_scope_values;
+        let now = self.clock.now_millis() as i64;
+        let full_lately = self
+            .full
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(format.name())
+            .is_some_and(|at| now.saturating_sub(*at) < 1_000);
+        let full = full_lately || self.store.count_counters(format.name()).await? >= limit;
+        if full {
+            if !full_lately {
+                self.full
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(format.name().to_owned(), now);
+            }
+            metrics::counter!(m::LIMIT_REFUSALS, "limit" => "formatted.max_scope_values")
+                .increment(1);
+            return Err(StoreError::ScopeValuesFull {
+                format: format.name().to_owned(),
+                limit,
+            }
+            .into());
+        }
+        Ok(())
     }
 
     /// Issues `count` IDs of format `name` for `params` on node `node`
@@ -351,10 +438,12 @@ impl Formats {
             token.as_ref().map(|t| t.token),
         );
         let lock = token.as_ref().and_then(|t| t.lock.as_ref());
+        self.check_scope_values(&format, &key).await?;
         let gate = self.gate(&key);
         // Held over the store write: the per-counter refill gate (see the
         // module doc), never a lock other counters wait on.
         let mut held = gate.lock().await;
+        held.used_ms = self.clock.now_millis() as i64;
         // (value, instant to render at) of every value taken.
         let mut ids = Vec::with_capacity(count as usize);
         while (ids.len() as u64) < count {
@@ -569,20 +658,35 @@ fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<FormatTable, C
     Ok(formats)
 }
 
-/// The largest block a counter of `format` grows to: [`MAX_GROWTH`]
-/// times `base` (`base` itself when it is 1), and for a cluster-wide counter at most a sixteenth of a
-/// period's values, so one busy node cannot take a short period's values
-/// away from the others.
+/// Removes from `counters` those no call holds or used within
+/// [`EVICT_IDLE_MS`] of `now`; returns how many.
+fn sweep(counters: &mut HashMap<CounterKey, Gate>, now: i64) -> usize {
+    let before = counters.len();
+    counters.retain(|key, gate| {
+        // A call between `gate` and its lock holds a clone: in use.
+        if Arc::strong_count(gate) > 1 {
+            return true;
+        }
+        let idle = gate
+            .try_lock()
+            .is_ok_and(|state| now.saturating_sub(state.used_ms) >= EVICT_IDLE_MS);
+        if idle {
+            live_counters(&key.format).decrement(1.0);
+        }
+        !idle
+    });
+    before - counters.len()
+}
+
+/// `idgen_format_counters_in_memory{format}`.
+fn live_counters(format: &str) -> metrics::Gauge {
+    metrics::gauge!(m::FORMAT_COUNTERS_IN_MEMORY, "format" => format.to_owned())
+}
+
+/// The largest block a counter of `format` grows to
+/// ([`Format::largest_block`]).
 fn growth_cap(format: &Format, base: u64) -> u64 {
-    if base == 1 {
-        // `formatted.block = 1` asks for gap-free counters: never grow.
-        return 1;
-    }
-    let cap = base.saturating_mul(MAX_GROWTH);
-    match format.scope() {
-        Scope::Node => cap,
-        Scope::Cluster => cap.min(format.counter().capacity() / 16),
-    }
+    format.largest_block(base)
 }
 
 /// On a restored store: a period starting fresh whose first instant is at
@@ -662,6 +766,10 @@ mod tests {
             self.blocks.lock().unwrap().push(planned.block.len());
             Ok(planned)
         }
+
+        async fn count_counters(&self, format: &str) -> Result<u64, StoreError> {
+            self.inner.count_counters(format).await
+        }
     }
 
     fn engine(
@@ -679,6 +787,7 @@ mod tests {
             max_behind_ms: 1_000,
             max_batch: 1_000,
             lua: LuaPoolSettings::default(),
+            max_scope_values: 3,
         };
         let formats = Formats::new(&[def], store.clone(), clock, settings, 3).unwrap();
         (dir, store, formats)
@@ -726,5 +835,73 @@ mod tests {
         let blocks = store.blocks.lock().unwrap().clone();
         assert_eq!(blocks[..4], [100, 200, 400, 625], "{blocks:?}");
         assert!(blocks.iter().all(|b| *b <= 625), "{blocks:?}");
+    }
+}
+
+#[cfg(test)]
+mod scope_tests {
+    use super::*;
+    use crate::id::format::Reset;
+    use crate::id::ManualClock;
+    use crate::store::EmbeddedStore;
+
+    fn shops(clock: Arc<ManualClock>) -> (tempfile::TempDir, Formats) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::create(&dir.path().join("s.redb"), "layout").unwrap();
+        let def = FormatDef {
+            scope_params: vec!["app".into()],
+            ..FormatDef::template("apps", "{param:app:4:digits}{seq:6}", "UTC", Reset::Never)
+        };
+        let settings = FormatSettings {
+            block: 10,
+            max_behind_ms: 1_000,
+            max_batch: 100,
+            max_scope_values: 3,
+            lua: LuaPoolSettings::default(),
+        };
+        let formats = Formats::new(&[def], Arc::new(store), clock, settings, 0).unwrap();
+        (dir, formats)
+    }
+
+    async fn seq(formats: &Formats, app: &str, n: u64) -> Result<Vec<u64>, Error> {
+        let params = [("app".to_owned(), app.to_owned())];
+        let issued = formats.generate("apps", &params, n, 0).await?;
+        Ok(issued
+            .ids
+            .iter()
+            .map(|r| r.text[4..].parse().unwrap())
+            .collect())
+    }
+
+    /// Past `formatted.max_scope_values` a new scope value is refused as
+    /// exhausted, naming the setting and the format; values already used
+    /// go on, also after their idle counters left memory, and continue
+    /// above their durable record (the rest of the evicted block is
+    /// skipped, never reissued).
+    #[tokio::test]
+    async fn scope_values_are_capped_and_evicted_counters_continue_above_their_record() {
+        let clock = Arc::new(ManualClock::at_millis(1_780_000_000_000));
+        let (_dir, formats) = shops(clock.clone());
+        for app in ["0001", "0002", "0003"] {
+            assert_eq!(seq(&formats, app, 3).await.unwrap(), [0, 1, 2]);
+        }
+        let e = seq(&formats, "0004", 1).await.unwrap_err();
+        assert_eq!(e.kind(), crate::id::ErrorKind::Exhausted, "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("formatted.max_scope_values") && text.contains("\"apps\""),
+            "{text}"
+        );
+        assert_eq!(seq(&formats, "0002", 2).await.unwrap(), [3, 4]);
+
+        // Idle for longer than EVICT_IDLE_MS: every counter leaves memory.
+        assert_eq!(formats.evict_idle(), 0, "not idle yet");
+        clock.advance_millis(EVICT_IDLE_MS as u64);
+        assert_eq!(formats.evict_idle(), 3);
+        // Their records (blocks of 10: last 9) are read again: above them.
+        assert_eq!(seq(&formats, "0002", 2).await.unwrap(), [10, 11]);
+        assert_eq!(seq(&formats, "0001", 1).await.unwrap(), [10]);
+        // Still three values in the store: a fourth is still refused.
+        assert!(seq(&formats, "0004", 1).await.is_err());
     }
 }

@@ -279,6 +279,7 @@ impl FormatCatalog {
             source,
             created_ms: now,
             updated_ms: now,
+            fresh: false,
         }
     }
 
@@ -344,7 +345,15 @@ impl FormatCatalog {
     /// `CreateFormat`: checked, stamped with its origin year, compiled on
     /// this node, stored, then served here at once (other Consul nodes
     /// as soon as their watch wakes, [`FormatCatalog::watch_consul`]).
-    pub async fn create(&self, def: FormatDef) -> Result<(StoredFormat, Reloaded), Error> {
+    ///
+    /// `fresh`: the operator asserts the name never issued an ID on this
+    /// cluster before, so a restored state file does not floor it (see
+    /// [`crate::store::format_restore`]).
+    pub async fn create(
+        &self,
+        def: FormatDef,
+        fresh: bool,
+    ) -> Result<(StoredFormat, Reloaded), Error> {
         let def = def
             .stamped(self.now_ms() as i64)
             .map_err(|e| refused(StoreError::from(e)))?;
@@ -352,11 +361,12 @@ impl FormatCatalog {
             .await
             .map_err(|f| refused(f.1))?;
         let _one = self.reloading.lock().await;
-        let written = self
-            .defs
-            .create(&self.record(def, DefSource::Admin))
-            .await?;
-        tracing::info!(format = written.def.name, "format created");
+        let record = StoredFormat {
+            fresh,
+            ..self.record(def, DefSource::Admin)
+        };
+        let written = self.defs.create(&record).await?;
+        tracing::info!(format = written.def.name, fresh, "format created");
         Ok((written, self.reload_after_change().await))
     }
 
@@ -435,6 +445,7 @@ impl FormatCatalog {
                 source,
                 created_ms: r.created_ms,
                 updated_ms: now,
+                fresh: r.fresh,
             })
         });
         Ok(self.defs.change(&def.name, change).await?)

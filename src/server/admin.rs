@@ -1264,11 +1264,36 @@ impl AdminService {
         let catalog = self.catalog()?;
         let def = parse_definition(&r.definition_json)?;
         check_description(&def.description)?;
-        let (written, reload) = catalog.create(def).await.map_err(|e| to_status(&e))?;
+        let (written, reload) = catalog
+            .create(def, r.fresh)
+            .await
+            .map_err(|e| to_status(&e))?;
+        self.warn_one_node_format(catalog, &written.def.name);
         Ok(proto::CreateFormatResponse {
             format: Some(self.format_message(&written)),
             reload: Some(reload_message(reload)),
         })
+    }
+
+    /// On the embedded store, a new format with one counter for the whole
+    /// cluster is named at once, as at start-up: another embedded node
+    /// would hand out the same IDs of it.
+    fn warn_one_node_format(&self, catalog: &FormatCatalog, name: &str) {
+        if self.deps.snapshots.is_none() {
+            return; // Consul: one counter in KV for every node.
+        }
+        let cluster_wide = catalog
+            .formats()
+            .get(name)
+            .is_ok_and(|f| f.scope() == crate::id::format::Scope::Cluster);
+        if cluster_wide {
+            let names = [name.to_owned()];
+            tracing::warn!(
+                format = name,
+                "{}",
+                crate::store::format::one_node_formats_warning(&names)
+            );
+        }
     }
 
     async fn update_format(

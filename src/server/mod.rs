@@ -332,7 +332,8 @@ async fn open_embedded(
         store.clone(),
         config.lease.as_ref().map_or(0, |l| l.block),
         config.segment.as_ref().map_or(0, |s| s.max_step),
-    );
+    )
+    .with_formatted_block(config.formatted.block);
     Ok(Embedded {
         store,
         stores,
@@ -473,6 +474,7 @@ fn format_catalog(
             workers: config.formatted.lua_workers,
             deadline: config.formatted.lua_deadline,
         },
+        max_scope_values: config.formatted.max_scope_values,
     };
     let formats =
         crate::modes::format::Formats::new(&[], store, Arc::clone(clock), settings, node)?;
@@ -694,11 +696,39 @@ impl Node {
                 .await
                 .map_err(|e| Error::Setup(format!("formatted mode: {e}")))?;
             tracing::info!(formats = ?served.formats, "formatted mode enabled");
+            self.warn_one_node_formats(&served.formats);
         }
         if let Some(formats) = self.issuer.formats() {
             formats.prime_tokens().await?;
         }
         Ok(self)
+    }
+
+    /// On the embedded store, names the served formats whose counter is
+    /// cluster-wide: like segment and strict, they serve one node only.
+    fn warn_one_node_formats(&self, served: &[String]) {
+        if self.config.store.state_path().is_none() {
+            return;
+        }
+        let Some(formats) = self.issuer.formats() else {
+            return;
+        };
+        let cluster_wide: Vec<String> = served
+            .iter()
+            .filter(|name| {
+                formats
+                    .get(name)
+                    .is_ok_and(|f| f.scope() == crate::id::format::Scope::Cluster)
+            })
+            .cloned()
+            .collect();
+        if !cluster_wide.is_empty() {
+            tracing::warn!(
+                formats = ?cluster_wide,
+                "{}",
+                crate::store::format::one_node_formats_warning(&cluster_wide)
+            );
+        }
     }
 
     /// The stored format definitions and their reloads.

@@ -34,6 +34,15 @@ pub(crate) const FORMATS: TableDefinition<&str, &[u8]> = TableDefinition::new("f
 /// restore floor instead of at their minimum.
 pub(crate) const FORMATS_RESTORED_UNTIL: &str = "formats_restored_until_ms";
 
+/// What the embedded store says about formats with one counter for the
+/// whole cluster (`names`): each state file has its own counters, so two
+/// embedded nodes would hand out the same IDs of these formats.
+pub fn one_node_formats_warning(names: &[String]) -> String {
+    format!(
+        "formats {names:?} keep one counter for the whole cluster, but on the embedded store each node's state file has its own: another embedded node would hand out the same IDs of these formats. Serve them from one node, give each node its own counter by rendering it ({{node:N}} or {{token:N:digits}} in the template), or use store.backend = \"consul\""
+    )
+}
+
 /// After `idgen state restore`: counters starting a period that began at or
 /// before `until_ms` start `floor` above their minimum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,16 +53,46 @@ pub struct RestoreFloor {
     pub floor: u64,
 }
 
+/// The `meta` key a restore sets: JSON, format name -> the margin its new
+/// counters start above their minimum in periods up to
+/// [`FORMATS_RESTORED_UNTIL`]. A format not in it (created after the
+/// restore) has no floor. A file restored before per-format margins has
+/// only [`FORMATS_RESTORED_UNTIL`]: every format then uses the restore
+/// floor.
+pub(crate) const FORMAT_RESTORE_FLOORS: &str = "formats_restore_floors";
+
+/// The `meta` key a restore sets: the margin (counter values) of a format
+/// the snapshot does not define, created after the restore (it may be one
+/// the lost node created after the backup). Creating such a format adds it
+/// to [`FORMAT_RESTORE_FLOORS`] with this margin, or 0 when the operator
+/// asserts the name is new (`--fresh`).
+pub(crate) const FORMAT_RESTORE_NEW_FLOOR: &str = "formats_restore_new_floor";
+
 /// Stored counter records as bytes (for the snapshot code).
 pub(crate) struct CounterRecordBytes;
 
 impl CounterRecordBytes {
+    /// The record `bytes` stored under `key`.
+    pub(crate) fn decode(key: &str, bytes: &[u8]) -> Result<CounterRecord, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Backend(format!("format counter record {key} unreadable: {e}"))
+        })
+    }
+
+    /// The last value of the record `bytes` stored under `key`.
+    pub(crate) fn last(key: &str, bytes: &[u8]) -> Result<u64, StoreError> {
+        Ok(Self::decode(key, bytes)?.last)
+    }
+
+    /// `record` as stored.
+    pub(crate) fn encode(record: &CounterRecord) -> Vec<u8> {
+        encode(record)
+    }
+
     /// The record `bytes` (stored under `key`) moved `skip` forward in its
     /// own period.
     pub(crate) fn skip_ahead(key: &str, bytes: &[u8], skip: u64) -> Result<Vec<u8>, StoreError> {
-        let mut record: CounterRecord = serde_json::from_slice(bytes).map_err(|e| {
-            StoreError::Backend(format!("format counter record {key} unreadable: {e}"))
-        })?;
+        let mut record = Self::decode(key, bytes)?;
         record.last = record.last.saturating_add(skip);
         Ok(encode(&record))
     }
@@ -141,6 +180,10 @@ pub trait FormatStore: Send + Sync + 'static {
     /// returns the plan only once that write is durable.
     async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError>;
 
+    /// How many counter records of `format` the store holds (every scope
+    /// value, node and token; what `formatted.max_scope_values` bounds).
+    async fn count_counters(&self, format: &str) -> Result<u64, StoreError>;
+
     /// [`FormatStore::reserve`] for a token's counter: in Consul the write
     /// also checks that `lock` is still held by its session, and
     /// [`StoreError::LockLost`] says it is not (nothing was written). The
@@ -184,24 +227,72 @@ impl EmbeddedStore {
         value.map(|v| decode(key, v.value())).transpose()
     }
 
-    /// The restore floor, if this file was restored from a backup.
-    fn restore_floor(
+    /// The restore floor of `format`'s counters, if this file was
+    /// restored from a backup that defined the format.
+    pub(crate) fn restore_floor(
         &self,
         txn: &redb::WriteTransaction,
+        format: &str,
     ) -> Result<Option<RestoreFloor>, StoreError> {
+        let unreadable = |key: &str, e: &dyn std::fmt::Display| {
+            StoreError::Backend(format!(
+                "state file: unreadable {key} ({e}); restore it from a backup"
+            ))
+        };
         let meta = txn.open_table(super::embedded::META).map_err(backend_err)?;
         let until = match meta.get(FORMATS_RESTORED_UNTIL).map_err(backend_err)? {
-            Some(v) => v.value().parse::<i64>().map_err(|e| {
-                StoreError::Backend(format!(
-                    "state file: unreadable {FORMATS_RESTORED_UNTIL} ({e}); restore it from a backup"
-                ))
-            })?,
+            Some(v) => v
+                .value()
+                .parse::<i64>()
+                .map_err(|e| unreadable(FORMATS_RESTORED_UNTIL, &e))?,
             None => return Ok(None),
+        };
+        let floor = match meta.get(FORMAT_RESTORE_FLOORS).map_err(backend_err)? {
+            Some(v) => {
+                let floors: std::collections::BTreeMap<String, u64> =
+                    serde_json::from_str(v.value())
+                        .map_err(|e| unreadable(FORMAT_RESTORE_FLOORS, &e))?;
+                match floors.get(format) {
+                    Some(f) => *f,
+                    // Not in the snapshot, nor recorded at creation: the
+                    // margin of new formats (a gap is safe, a repeat is
+                    // not).
+                    None => match meta.get(FORMAT_RESTORE_NEW_FLOOR).map_err(backend_err)? {
+                        Some(v) => v
+                            .value()
+                            .parse::<u64>()
+                            .map_err(|e| unreadable(FORMAT_RESTORE_NEW_FLOOR, &e))?,
+                        None => return Ok(None),
+                    },
+                }
+            }
+            None => self.floor(),
         };
         Ok(Some(RestoreFloor {
             until_ms: until,
-            floor: self.floor(),
+            floor,
         }))
+    }
+
+    /// Counts the records under `<format>/` (a range read: keys of
+    /// `<format>/` sort between `<format>/` and `<format>0`).
+    fn count_format_counters(&self, format: &str) -> Result<u64, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let table = match txn.open_table(FORMATS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(backend_err(e)),
+        };
+        let (from, to) = (format!("{format}/"), format!("{format}0"));
+        let mut n = 0;
+        for item in table
+            .range(from.as_str()..to.as_str())
+            .map_err(backend_err)?
+        {
+            item.map_err(backend_err)?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     fn advance_counter(&self, key: &CounterKey, plan: &Plan) -> Result<Planned, StoreError> {
@@ -213,7 +304,7 @@ impl EmbeddedStore {
                 Some(v) => Some(decode(key, v.value())?),
                 None => None,
             };
-            let planned = plan(stored.as_ref(), self.restore_floor(&txn)?)?;
+            let planned = plan(stored.as_ref(), self.restore_floor(&txn, &key.format)?)?;
             table
                 .insert(path.as_str(), encode(&planned.record).as_slice())
                 .map_err(backend_err)?;
@@ -235,6 +326,11 @@ impl FormatStore for EmbeddedStore {
     async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
         let (this, key) = (self.clone(), key.clone());
         blocking(move || this.advance_counter(&key, &plan)).await
+    }
+
+    async fn count_counters(&self, format: &str) -> Result<u64, StoreError> {
+        let (this, format) = (self.clone(), format.to_owned());
+        blocking(move || this.count_format_counters(&format)).await
     }
 }
 
@@ -330,6 +426,16 @@ impl FormatStore for ConsulFormatStore {
 
     async fn reserve(&self, key: &CounterKey, plan: Plan) -> Result<Planned, StoreError> {
         self.reserve_locked(key, plan, None).await
+    }
+
+    async fn count_counters(&self, format: &str) -> Result<u64, StoreError> {
+        let prefix = self.keys.format_counter(&format!("{format}/"));
+        let entries = self
+            .client
+            .kv_list(&prefix, Consistency::Default)
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(entries.len() as u64)
     }
 
     async fn reserve_locked(

@@ -62,6 +62,12 @@ pub struct StoredFormat {
     pub created_ms: u64,
     /// When it last changed, Unix ms.
     pub updated_ms: u64,
+    /// Created with the operator's assertion that the name never issued
+    /// an ID on this cluster before (`--fresh`): on a restored state file
+    /// it skips the restore's margin for new formats
+    /// ([`crate::store::format_restore`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh: bool,
 }
 
 /// What listing the definitions found.
@@ -185,7 +191,10 @@ impl EmbeddedStore {
     fn write_def(
         &self,
         name: &str,
-        write: impl FnOnce(Option<&StoredFormat>) -> Result<StoredFormat, StoreError>,
+        write: impl FnOnce(
+            &redb::WriteTransaction,
+            Option<&StoredFormat>,
+        ) -> Result<StoredFormat, StoreError>,
     ) -> Result<StoredFormat, StoreError> {
         let txn = self.begin_write()?;
         let written = {
@@ -194,7 +203,7 @@ impl EmbeddedStore {
                 Some(v) => Some(decode(name, v.value())?),
                 None => None,
             };
-            let written = write(existing.as_ref())?;
+            let written = write(&txn, existing.as_ref())?;
             table
                 .insert(name, encode(&written)?.as_slice())
                 .map_err(backend_err)?;
@@ -220,8 +229,11 @@ impl FormatDefStore for EmbeddedStore {
     async fn create(&self, record: &StoredFormat) -> Result<StoredFormat, StoreError> {
         let (this, record) = (self.clone(), record.clone());
         blocking(move || {
-            this.write_def(&record.def.name.clone(), |existing| {
+            this.write_def(&record.def.name.clone(), |txn, existing| {
                 check_creatable(existing)?;
+                // A name new since a restore: floored (or refused) as the
+                // lost node may have used it after the backup.
+                super::format_restore::floor_new_format(txn, &record)?;
                 Ok(record)
             })
         })
@@ -230,7 +242,7 @@ impl FormatDefStore for EmbeddedStore {
 
     async fn change(&self, name: &str, change: DefChange) -> Result<StoredFormat, StoreError> {
         let (this, name) = (self.clone(), name.to_owned());
-        blocking(move || this.write_def(&name, |existing| change(live(&name, existing)?))).await
+        blocking(move || this.write_def(&name, |_, existing| change(live(&name, existing)?))).await
     }
 }
 
@@ -372,6 +384,7 @@ mod tests {
             source: DefSource::Admin,
             created_ms: 1,
             updated_ms: 1,
+            fresh: false,
         }
     }
 

@@ -12,6 +12,7 @@ pub mod embedded;
 pub mod fault_hook;
 pub mod format;
 pub mod format_def;
+pub mod format_restore;
 pub mod format_tokens;
 pub mod hwm;
 pub mod lease;
@@ -166,9 +167,31 @@ pub enum StoreError {
         /// What this node wrote.
         wrote: String,
     },
+    /// A format created on a restored state file whose counter cannot
+    /// hold the restore's margin for new formats (see
+    /// [`format_restore`]).
+    #[error("format {format:?} is new since this state file was restored from a backup (restore instant {until_ms} ms): the lost node may have created a format by this name after the backup and issued its IDs, so a new format's counters in periods up to the restore start {margin} above their minimum (the restore's margin for new formats), but its counter ({range}) cannot hold that. If no format by this name ever issued an ID on this cluster, create it with `idgen admin formats create --fresh` (CreateFormat fresh = true): that is your assertion, and it starts at its minimum (a [[formats]] entry: remove it, start the node, create the format with --fresh, then put the entry back). Otherwise give it another name or a wider counter ({{seq:N}} with more digits)")]
+    FormatBelowRestore {
+        /// The format.
+        format: String,
+        /// The restore's margin for new formats.
+        margin: u64,
+        /// The restore instant, Unix ms.
+        until_ms: i64,
+        /// The counter's range (`min..=max, step s`).
+        range: String,
+    },
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
+    /// A new scope value would pass `formatted.max_scope_values`.
+    #[error("format {format:?}: a new scope value would pass the limit of {limit} counters per format set by formatted.max_scope_values, so nothing was created; values already used keep working. Scope counters are never deleted (a new counter for a used value could repeat its IDs): raise formatted.max_scope_values, or give a new set of values a new format")]
+    ScopeValuesFull {
+        /// The format.
+        format: String,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 impl StoreError {
@@ -179,9 +202,9 @@ impl StoreError {
                 ErrorKind::NotFound
             }
             Self::TagExists(_) | Self::FormatExists(_) => ErrorKind::AlreadyExists,
-            Self::FormatDeleted { .. } => ErrorKind::Precondition,
+            Self::FormatDeleted { .. } | Self::FormatBelowRestore { .. } => ErrorKind::Precondition,
             Self::FormatInvalid(_) => ErrorKind::BadRequest,
-            Self::LimitReached { .. } => ErrorKind::Exhausted,
+            Self::LimitReached { .. } | Self::ScopeValuesFull { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
             Self::Lease(e) => e.kind(),
             Self::Strict(e) => e.kind(),

@@ -19,6 +19,8 @@
 //! high-water mark to the time of the restore plus the reserve. The margin
 //! must exceed what the node handed out after the snapshot;
 //! [`Suggestion`] derives one from the snapshot's age and recorded rates.
+//! Formatted counters move by a margin per format instead
+//! ([`crate::store::format_restore`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -29,11 +31,13 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Ta
 use super::counts::COUNTS;
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
 use super::format::{CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL};
-use super::format_def::FORMAT_DEFS;
+use super::format_def::{StoredFormat, FORMAT_DEFS};
+use super::format_restore::{self, FormatMargins, RestoredFormat};
 use super::lease::LEASE;
 use super::segment::SEGMENTS;
 use super::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
 use super::StoreError;
+use crate::id::format::FormatDef;
 use crate::id::segment::TagRecord;
 
 /// What a snapshot says about itself.
@@ -68,8 +72,11 @@ pub const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(10)
 
 /// Every counter's current value, keyed by kind and name:
 /// `hwm/<dc>/<worker>`, `segment/<tag>`, `lease/<zone>/<token>`,
-/// `strict/<namespace>/<key>`; plus each kind's total as `<kind>/*` (a
-/// wrapping sum: counters only grow, so differences of totals are exact).
+/// `strict/<namespace>/<key>`, `format/<format>/<node>/<scope>` (the last
+/// value reserved in its current period); plus each kind's total as
+/// `<kind>/*` (a wrapping sum: counters only grow, so differences of totals
+/// are exact; formatted counters start again each period, see
+/// [`RateSampler::rates`]).
 pub type Counters = BTreeMap<String, u64>;
 
 /// Most counters a running node samples one by one; beyond that only the
@@ -109,6 +116,17 @@ fn read_counters(txn: &ReadTransaction, limit: usize) -> Result<Counters, StoreE
                     StoreError::Backend(format!("segment record {} unreadable: {e}", k.value()))
                 })?;
                 add("segment", k.value(), record.max_id, &mut each);
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(backend_err(e)),
+    }
+    match txn.open_table(FORMATS) {
+        Ok(table) => {
+            for item in table.iter().map_err(backend_err)? {
+                let (k, v) = item.map_err(backend_err)?;
+                let last = CounterRecordBytes::last(k.value(), v.value())?;
+                add("format", k.value(), last, &mut each);
             }
         }
         Err(redb::TableError::TableDoesNotExist(_)) => {}
@@ -160,7 +178,12 @@ impl RateSampler {
                 continue;
             }
             for (k, v) in current {
-                let before = old.get(k).copied().unwrap_or(0);
+                let mut before = old.get(k).copied().unwrap_or(0);
+                if k.starts_with("format/") && *v < before {
+                    // A new period began since: it counted up from its
+                    // minimum (at most `v`) within the span.
+                    before = 0;
+                }
                 // Counters only grow; totals wrap (see [`Counters`]).
                 let rate = v.wrapping_sub(before) as f64 / secs;
                 let best = out.entry(k.clone()).or_insert(0.0);
@@ -201,6 +224,14 @@ impl SnapshotSource {
             sampler: Arc::default(),
             extra,
         }
+    }
+
+    /// Records `formatted.block`, which sizes the margins restore suggests
+    /// for formatted counters.
+    pub fn with_formatted_block(mut self, block: u64) -> Self {
+        self.extra
+            .insert("formatted_block".to_owned(), block.to_string());
+        self
     }
 
     /// Samples every counter now (a read transaction); called every
@@ -436,6 +467,10 @@ pub struct SnapshotInfo {
     /// A rescue snapshot: taken by the node after its state file was
     /// deleted or replaced, when it had stopped issuing for good.
     pub taken_after_loss: bool,
+    /// The node's `formatted.block` (0 if unknown).
+    pub formatted_block: u64,
+    /// The live format definitions the snapshot holds.
+    pub format_defs: Vec<FormatDef>,
 }
 
 fn not_a_snapshot(path: &Path, why: impl std::fmt::Display) -> StoreError {
@@ -513,7 +548,29 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
         lease_block: num("lease_block"),
         floor,
         taken_after_loss: info.contains_key("taken_after_loss"),
+        formatted_block: num("formatted_block"),
+        format_defs: live_format_defs(&txn)?,
     })
+}
+
+/// The live (not deleted) format definitions `txn` holds; an unreadable
+/// record is left out (restore copies it as it is).
+fn live_format_defs(txn: &ReadTransaction) -> Result<Vec<FormatDef>, StoreError> {
+    let table = match txn.open_table(FORMAT_DEFS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(backend_err(e)),
+    };
+    let mut defs = Vec::new();
+    for item in table.iter().map_err(backend_err)? {
+        let (_, v) = item.map_err(backend_err)?;
+        if let Ok(stored) = serde_json::from_slice::<StoredFormat>(v.value()) {
+            if !stored.deleted {
+                defs.push(stored.def);
+            }
+        }
+    }
+    Ok(defs)
 }
 
 /// The snapshot's own record (kind, format, when it was taken, ...).
@@ -665,17 +722,40 @@ pub struct RestoreReport {
     pub hwm_floor_ms: u64,
     /// The floor of counters the snapshot did not hold.
     pub floor: u64,
+    /// Per format the snapshot defines: its margin, and whether its
+    /// counter could hold it.
+    pub formats: Vec<RestoredFormat>,
 }
 
 /// Restores the snapshot at `backup` into a new state file at `target`
-/// for `layout`, moving every counter forward by `skip_ahead` and every
-/// high-water mark up to at least `hwm_floor_ms`. Refuses to overwrite
-/// anything at `target`; the file appears there only once complete.
+/// for `layout`, moving every counter forward by `skip_ahead` (formatted
+/// counters too, capped at their format's max) and every high-water mark
+/// up to at least `hwm_floor_ms`. Refuses to overwrite anything at
+/// `target`; the file appears there only once complete.
 pub fn restore(
     backup: &Path,
     target: &Path,
     layout: &str,
     skip_ahead: u64,
+    hwm_floor_ms: u64,
+) -> Result<RestoreReport, StoreError> {
+    restore_with_formats(
+        backup,
+        target,
+        layout,
+        (skip_ahead, &FormatMargins::default()),
+        hwm_floor_ms,
+    )
+}
+
+/// [`restore`], with formatted counters moved by their own margins
+/// (`formats`, see [`crate::store::format_restore`]) instead of
+/// `skip_ahead`.
+pub fn restore_with_formats(
+    backup: &Path,
+    target: &Path,
+    layout: &str,
+    (skip_ahead, formats): (u64, &FormatMargins),
     hwm_floor_ms: u64,
 ) -> Result<RestoreReport, StoreError> {
     if target.exists() {
@@ -699,7 +779,7 @@ pub fn restore(
     let tmp = temp_beside(target)?;
     let result = (|| {
         let store = EmbeddedStore::create(&tmp, layout)?;
-        let report = fill(&txn, &store, &info, skip_ahead, hwm_floor_ms)?;
+        let report = fill(&txn, &store, &info, (skip_ahead, formats), hwm_floor_ms)?;
         drop(store);
         std::fs::hard_link(&tmp, target).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
@@ -732,7 +812,7 @@ fn fill(
     txn: &ReadTransaction,
     store: &EmbeddedStore,
     info: &SnapshotInfo,
-    skip: u64,
+    (skip, margins): (u64, &FormatMargins),
     hwm_floor_ms: u64,
 ) -> Result<RestoreReport, StoreError> {
     let out = store.begin_write()?;
@@ -745,6 +825,7 @@ fn fill(
         hwm_marks: 0,
         hwm_floor_ms,
         floor,
+        formats: Vec::new(),
     };
     {
         let mut meta = out.open_table(META).map_err(backend_err)?;
@@ -793,37 +874,16 @@ fn fill(
             report.segments += 1;
         }
     }
-    report.format_counters = move_format_counters(txn, &out, skip)?;
+    let moved =
+        format_restore::move_counters(txn, &out, &info.format_defs, (margins, skip), hwm_floor_ms)?;
+    report.format_counters = moved.counters;
+    report.formats = moved.formats;
     // Definitions and tombstones as they were: a deleted name stays
     // deleted, and restored counters render with the definitions they
     // were reserved under.
     copy_table(txn, &out, FORMAT_DEFS)?;
     store.commit(out)?;
     Ok(report)
-}
-
-/// Moves every formatted-mode counter `skip` above its snapshot value, in
-/// its stored period.
-fn move_format_counters(
-    txn: &ReadTransaction,
-    out: &redb::WriteTransaction,
-    skip: u64,
-) -> Result<usize, StoreError> {
-    let from = match txn.open_table(FORMATS) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
-        Err(e) => return Err(backend_err(e)),
-    };
-    let mut to = out.open_table(FORMATS).map_err(backend_err)?;
-    let mut n = 0;
-    for item in from.iter().map_err(backend_err)? {
-        let (k, v) = item.map_err(backend_err)?;
-        let bytes = CounterRecordBytes::skip_ahead(k.value(), v.value(), skip)?;
-        to.insert(k.value(), bytes.as_slice())
-            .map_err(backend_err)?;
-        n += 1;
-    }
-    Ok(n)
 }
 
 fn move_u64(
@@ -925,6 +985,8 @@ mod tests {
             lease_block: 0,
             floor: 0,
             taken_after_loss: false,
+            formatted_block: 0,
+            format_defs: Vec::new(),
         };
         // 2 x 30/s x 100 s + 2 = 6002 -> 7000.
         assert_eq!(suggest(&info, 100_000).margin, 7000);
@@ -947,6 +1009,17 @@ mod tests {
         s.record(400_000, c(2000));
         s.record(500_000, c(3000));
         assert_eq!(s.samples.front().map(|x| x.0), Some(100_000));
+    }
+
+    /// A formatted counter that started a new period since a sample went
+    /// down: it counted up from its minimum within the span, not "wrapped".
+    #[test]
+    fn formatted_counters_in_a_new_period_count_from_zero() {
+        let mut s = RateSampler::default();
+        let c = |v: u64| Counters::from([("format/daily/cluster/_".to_owned(), v)]);
+        s.record(0, c(90_000));
+        let r = s.rates(10_000, &c(500));
+        assert_eq!(r.get("format/daily/cluster/_").copied(), Some(50.0));
     }
 
     #[tokio::test]

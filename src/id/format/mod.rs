@@ -51,6 +51,9 @@ pub const MAX_FORMAT_NAME_LEN: usize = 64;
 const IDC_DEFAULT_MAX: u64 = 9999;
 /// Longest scope-parameter value or Lua salt.
 pub const MAX_FREE_PARAM_LEN: usize = 64;
+/// How far a busy counter's blocks grow, as a multiple of
+/// `formatted.block` ([`Format::largest_block`]).
+pub const MAX_BLOCK_GROWTH: u64 = 64;
 
 fn default_version() -> u32 {
     FORMAT_DEF_VERSION
@@ -502,6 +505,21 @@ pub enum FormatError {
         /// Why.
         source: TemplateError,
     },
+    /// The zone's wall clock goes back across a period boundary (a DST
+    /// fall-back under periods shorter than the shift).
+    #[error("format {format:?}: zone {zone} turns its wall clock back {back_s} s at {at} (a DST or offset change), across a boundary of its {reset} periods; periods are cut on the zone's wall clock, so its counter would be held in one period for that long. Use zone \"UTC\" (Unix-second fields such as {{unix_s}} render the same in any zone), or a reset the change stays inside (hour or longer for a one-hour DST shift)")]
+    ClockGoesBack {
+        /// The format.
+        format: String,
+        /// The zone.
+        zone: String,
+        /// The reset period.
+        reset: Reset,
+        /// When, RFC 3339.
+        at: String,
+        /// How far back, seconds.
+        back_s: i64,
+    },
     /// A zone or period problem.
     #[error(transparent)]
     Period(#[from] PeriodError),
@@ -537,6 +555,7 @@ impl FormatError {
             Self::FutureVersion { .. }
             | Self::NoSource(_)
             | Self::NotApplicable { .. }
+            | Self::ClockGoesBack { .. }
             | Self::BadCounter { .. }
             | Self::BadScopeParam { .. }
             | Self::NoOriginYear(_)
@@ -725,16 +744,8 @@ fn compile_idc(def: &FormatDef) -> Result<Compiled, FormatError> {
             "its counter resets every second",
         ));
     }
-    if def.zone != "UTC" {
-        // Unix seconds have no zone; a DST zone would cut
-        // seconds on a wall clock that repeats an hour.
-        return Err(not_applicable(
-            def,
-            "zone",
-            "idc",
-            "it counts Unix seconds; use zone UTC",
-        ));
-    }
+    // Its one-second periods in a DST zone are refused by the rule every
+    // format follows (`check_wall_clock`).
     let max = def.max.unwrap_or(IDC_DEFAULT_MAX);
     let t = template_of(def, IDC_TEMPLATE, Reset::Seconds(1), max)?;
     Ok((
@@ -775,6 +786,30 @@ fn compile_uniq64(def: &FormatDef) -> Result<Compiled, FormatError> {
         ));
     }
     Ok((Kind::Uniq64, Reset::Day, def.min.unwrap_or(0), max))
+}
+
+/// Refuses a format whose zone turns its wall clock back across a period
+/// boundary from `now_ms` on ([`period::wall_clock_goes_back`]): one rule
+/// for templates, presets (`idc` in a DST zone) and Lua rules.
+fn check_wall_clock(
+    def: &FormatDef,
+    zone: &Zone,
+    reset: Reset,
+    now_ms: i64,
+) -> Result<(), FormatError> {
+    let Some(back) = period::wall_clock_goes_back(zone, reset, now_ms)? else {
+        return Ok(());
+    };
+    let at = jiff::Timestamp::from_millisecond(back.at_ms)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| back.at_ms.to_string());
+    Err(FormatError::ClockGoesBack {
+        format: def.name.clone(),
+        zone: zone.name().to_owned(),
+        reset,
+        at,
+        back_s: back.back_s,
+    })
 }
 
 /// Checks that `min` is not above `max` and `max` fits an i64.
@@ -895,6 +930,7 @@ impl Format {
         };
         check_counter_range(&def, min, max)?;
         check_scope_in_template(&def, &kind)?;
+        check_wall_clock(&def, &zone, reset, now_ms)?;
         let scope = match &kind {
             Kind::Template(t) if t.per_node() => Scope::Node,
             Kind::Uniq64 => Scope::Node,
@@ -912,6 +948,23 @@ impl Format {
             scope,
             kind,
         })
+    }
+
+    /// The largest block one counter of this format reserves at once when
+    /// `formatted.block` is `base`: [`MAX_BLOCK_GROWTH`] times `base`
+    /// (`base` itself when it is 1: gap-free counters never grow), and for
+    /// a cluster-wide counter at most a sixteenth of a period's values, so
+    /// one busy node cannot take a short period's values away from the
+    /// others. Restores size their margins by it too.
+    pub fn largest_block(&self, base: u64) -> u64 {
+        if base == 1 {
+            return 1;
+        }
+        let cap = base.saturating_mul(MAX_BLOCK_GROWTH);
+        match self.scope {
+            Scope::Node => cap,
+            Scope::Cluster => cap.min(self.counter.capacity() / 16),
+        }
     }
 
     /// The definition it was compiled from.

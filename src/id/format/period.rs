@@ -312,6 +312,62 @@ pub fn period_first_instant(
     Ok((period_key(at, zone, reset)? == key).then_some(at))
 }
 
+/// How far ahead [`wall_clock_goes_back`] looks for the zone's offset
+/// changes: three years, so every yearly DST cycle is seen.
+pub const CLOCK_CHANGE_LOOKAHEAD_MS: i64 = 3 * 366 * 86_400_000;
+
+/// A change of the zone's offset that turns its wall clock back across a
+/// period boundary (see [`wall_clock_goes_back`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockGoesBack {
+    /// When, Unix ms.
+    pub at_ms: i64,
+    /// How far the wall clock goes back, seconds.
+    pub back_s: i64,
+}
+
+/// The first change of `zone`'s offset from `from_ms` on (within
+/// [`CLOCK_CHANGE_LOOKAHEAD_MS`]) that turns its wall clock back across a
+/// boundary of `reset`'s periods, if any.
+///
+/// Periods are cut on the wall clock, so after such a change (a DST
+/// fall-back, typically one hour) the wall clock is in a period before the
+/// one the counter is in. The period never goes back ([`decide`]), so the
+/// counter would be held in the later period, rendering at its first
+/// instant, for as long as the change (refused beyond
+/// `clock.max_backward`): an hour of one period's values for a one-second
+/// `{unix_s}` template. A format whose periods such a change crosses is
+/// therefore refused. A change that stays inside one period (an hourly
+/// reset at a one-hour fall-back: both 01:30 render `01`) is fine.
+pub fn wall_clock_goes_back(
+    zone: &Zone,
+    reset: Reset,
+    from_ms: i64,
+) -> Result<Option<ClockGoesBack>, PeriodError> {
+    if reset == Reset::Never {
+        return Ok(None);
+    }
+    let from = Timestamp::from_millisecond(from_ms)
+        .map_err(|_| PeriodError::TimeOutOfRange(from_ms.into()))?;
+    let end = from_ms.saturating_add(CLOCK_CHANGE_LOOKAHEAD_MS);
+    // Bounded: a zone changes its offset a few times a year at most.
+    for change in zone.tz.following(from).take(64) {
+        let at_ms = change.timestamp().as_millisecond();
+        if at_ms > end {
+            break;
+        }
+        let before = zone.tz.to_offset(
+            Timestamp::from_millisecond(at_ms - 1)
+                .map_err(|_| PeriodError::TimeOutOfRange(at_ms.into()))?,
+        );
+        let back_s = i64::from(before.seconds()) - i64::from(change.offset().seconds());
+        if back_s > 0 && period_key(at_ms, zone, reset)? < period_key(at_ms - 1, zone, reset)? {
+            return Ok(Some(ClockGoesBack { at_ms, back_s }));
+        }
+    }
+    Ok(None)
+}
+
 /// Where `now` stands against the stored period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeriodStep {
@@ -619,5 +675,34 @@ mod tests {
         assert_eq!(d.render_at_ms, ms("2026-11-01T05:30:00Z"));
         assert_eq!(d.step, PeriodStep::Held { behind_ms: 0 });
         assert_eq!(period_key(d.render_at_ms, &z, r).unwrap(), late);
+    }
+
+    #[test]
+    fn a_fall_back_across_a_period_boundary_is_found_and_one_inside_a_period_is_not() {
+        let ny = zone("America/New_York");
+        let from = ms("2026-06-01T00:00:00Z");
+        // One-second and half-hour periods: 01:59:59 EDT -> 01:00:00 EST
+        // re-enters earlier periods.
+        for r in [
+            Reset::Seconds(1),
+            Reset::Seconds(1800),
+            Reset::Seconds(5400),
+        ] {
+            let back = wall_clock_goes_back(&ny, r, from).unwrap().expect("found");
+            assert_eq!(back.at_ms, ms("2026-11-01T06:00:00Z"), "{r}");
+            assert_eq!(back.back_s, 3600);
+        }
+        // The repeated hour stays in one period of an hour, two hours, a day.
+        for r in [Reset::Hour, Reset::Seconds(7200), Reset::Day, Reset::Never] {
+            assert_eq!(wall_clock_goes_back(&ny, r, from).unwrap(), None, "{r}");
+        }
+        // No offset changes ahead: UTC, Asia/Shanghai.
+        for z in ["UTC", "Asia/Shanghai"] {
+            let z = zone(z);
+            assert_eq!(
+                wall_clock_goes_back(&z, Reset::Seconds(1), from).unwrap(),
+                None
+            );
+        }
     }
 }

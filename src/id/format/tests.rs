@@ -501,7 +501,7 @@ fn dst_days_in_new_york_and_midnights_in_shanghai_never_repeat_an_id() {
         (
             "America/New_York",
             "{yyyy}{MM}{dd}{HH}{mm}{seq:3}",
-            Reset::Seconds(1800),
+            Reset::Seconds(7200),
             "2026-11-01T04:30:00Z",
             "2026-11-01T07:30:00Z",
         ),
@@ -741,7 +741,7 @@ fn idc_preset_renders_parses_and_decodes() {
     };
     assert!(matches!(
         compile(ny),
-        Err(FormatError::NotApplicable { field: "zone", .. })
+        Err(FormatError::ClockGoesBack { .. })
     ));
 }
 
@@ -843,4 +843,48 @@ fn an_origin_year_out_of_range_is_refused_naming_the_range() {
         yy.origin_year = Some(year);
         assert!(compile(yy).is_ok(), "{year}");
     }
+}
+
+/// A custom template whose periods a DST fall-back crosses is refused like
+/// the `idc` preset, by the same rule and naming the zone, the change and
+/// what to do; the same template in UTC, or with periods the fall-back
+/// stays inside, compiles.
+#[test]
+fn templates_whose_periods_a_dst_fall_back_crosses_are_refused_like_idc() {
+    let def = |zone: &str, reset| FormatDef::template("stamp", "{unix_s}{seq:4}", zone, reset);
+    let e = compile_err(def("America/New_York", Reset::Seconds(1)));
+    assert!(matches!(e, FormatError::ClockGoesBack { .. }), "{e}");
+    let text = e.to_string();
+    for part in [
+        "America/New_York",
+        "3600 s",
+        "2027-11-07",
+        "UTC",
+        "\"stamp\"",
+    ] {
+        assert!(text.contains(part), "{part} missing from: {text}");
+    }
+    assert_eq!(e.kind(), crate::id::ErrorKind::BadRequest);
+    let hourly = FormatDef::template(
+        "h",
+        "{yyyy}{MM}{dd}{HH}{mm}{seq:3}",
+        "America/New_York",
+        Reset::Seconds(1800),
+    );
+    assert!(matches!(
+        compile_err(hourly),
+        FormatError::ClockGoesBack { .. }
+    ));
+    compile(def("UTC", Reset::Seconds(1))).unwrap();
+    compile(def("Asia/Shanghai", Reset::Seconds(1))).unwrap();
+    let idc_ny = FormatDef {
+        preset: Some(PresetName::Idc),
+        template: None,
+        reset: None,
+        ..FormatDef::template("idc", "", "America/New_York", Reset::Never)
+    };
+    assert!(matches!(
+        compile_err(idc_ny),
+        FormatError::ClockGoesBack { .. }
+    ));
 }
