@@ -14,8 +14,10 @@
 //! - [`id`]: the pure core, no I/O, no tokio, time passed in. Bit layouts
 //!   and presets, the lock-free snowflake generator with its clock rules,
 //!   segment ranges, lease blocks, strict counters, the double buffer
-//!   segment and lease mode serve from ([`id::buffer`]), decoding, and the
-//!   kind every error says it is ([`id::ErrorKind`]).
+//!   segment and lease mode serve from ([`id::buffer`]), decoding,
+//!   formatted IDs ([`id::format`]: templates, presets, periods, and Lua
+//!   rules with their sandbox and load-time checks), and the kind every
+//!   error says it is ([`id::ErrorKind`]).
 //! - [`store`]: durable state. [`store::HwmStore`] (high-water marks),
 //!   [`store::SegmentStore`], [`store::lease::TokenStore`] and
 //!   [`store::strict::StrictStore`] and [`store::format::FormatStore`]
@@ -24,14 +26,16 @@
 //!   starts a generator above the stored mark and keeps the mark ahead;
 //!   the cluster's layout record ([`store::cluster_layout`]); and the
 //!   embedded file's guard, backups and healing ([`store::state_file`],
-//!   [`store::snapshot`], [`store::reopen`]); on Consul, what the node
+//!   [`store::snapshot`], [`store::reopen`], with formatted counters'
+//!   restore margins in [`store::format_restore`]); on Consul, what the node
 //!   wrote per key ([`store::regression`]) and the cluster-wide
 //!   skip-ahead after a snapshot restore ([`store::skip_ahead`]).
 //! - [`modes`]: the engines that serve each mode from its store
 //!   ([`modes::snowflake`], [`modes::segment`], [`modes::lease`],
 //!   [`modes::strict`], [`modes::format`] for formatted IDs) and the
 //!   [`modes::Issuer`] that checks a request
-//!   and dispatches it to one.
+//!   and dispatches it to one; Lua rules run on [`modes::lua_pool`]'s
+//!   threads, off the request runtime, under a deadline.
 //! - [`cluster`]: membership. [`cluster::membership::Membership`] is the
 //!   seam (static on the embedded store, claimed in Consul);
 //!   [`cluster::worker_lock`] claims a worker id with a session lock,
@@ -43,7 +47,8 @@
 //!   and ordered shutdown), gRPC (`idgen.v1.IdGen`, `idgen.v1.Admin`,
 //!   health, reflection), HTTP (`/metrics`, `/healthz`, `/readyz`,
 //!   `/v1/...`, the admin console at `/admin/`), the health monitor, the
-//!   connection listener, and
+//!   connection listener (with its per-peer limits), admin authentication
+//!   and its per-peer throttle, and
 //!   [`server::status`], where error kinds become gRPC codes and HTTP
 //!   statuses.
 //! - [`renewal`]: the thread that keeps marks and the worker lock alive

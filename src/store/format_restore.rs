@@ -313,17 +313,25 @@ pub(crate) struct MovedFormats {
     pub formats: Vec<RestoredFormat>,
 }
 
+/// The least margin of formats the snapshot does not define: nothing
+/// records how much such a format issued between the backup and the loss,
+/// so the floor errs high. A counter too narrow for it is refused at
+/// creation with the way out (`--fresh`), never floored into exhaustion.
+pub const NEW_FORMAT_MIN_MARGIN: u64 = 10_000;
+
 /// The margin of formats created after the restore that the snapshot does
 /// not define: nothing records how much such a format issued, so the
-/// largest margin suggested for a format of the snapshot, and at least two
-/// blocks of `base_block` (what a new counter reserves first), rounded up
-/// to a hundred. The operator overrides it with `--format-skip-ahead N`.
+/// largest margin suggested for a format of the snapshot, at least two
+/// blocks of `base_block` (what a new counter reserves first) rounded up
+/// to a hundred, and at least [`NEW_FORMAT_MIN_MARGIN`]. The operator
+/// overrides it with `--format-skip-ahead N`.
 pub fn new_format_margin(suggested: &[FormatSuggestion], base_block: u64) -> u64 {
     let least = base_block
         .max(1)
         .saturating_mul(2)
         .div_ceil(100)
-        .saturating_mul(100);
+        .saturating_mul(100)
+        .max(NEW_FORMAT_MIN_MARGIN);
     suggested
         .iter()
         .map(|s| s.margin)
