@@ -338,3 +338,72 @@ async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_re
         let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
     }
 }
+
+/// A node that did not write a counter after the snapshot still may not
+/// take from it after the restore: node A's cached segment ModifyIndex
+/// dates from before the snapshot, B takes ranges after it, the restore
+/// makes A's cached index current again. Every counter txn also checks
+/// A's own mark at the index of its last write, which the restore moved
+/// back, so A's compare-and-set fails and the re-read mark is below A's
+/// write: refused, and nothing of B's repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_cached_index_from_before_the_snapshot_does_not_repeat_other_nodes_ranges() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for name in ["a", "b"] {
+        let path = write_cluster_config(
+            dir.path(),
+            name,
+            consul.addr(),
+            &[
+                ("segment", "enabled", "true"),
+                ("segment", "auto_create", "true"),
+                ("segment", "default_step", "10"),
+                ("segment", "max_step", "10"),
+            ],
+        );
+        let config = Config::load(Some(&path), &Overrides::default(), SystemClock.now_millis())
+            .expect("cluster config");
+        nodes.push(start(config).await);
+    }
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut seen = Seen::default();
+    let ids = b.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("b");
+    seen.numbers("segment", ids);
+    let ids = a.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("a");
+    seen.numbers("segment", ids);
+    // Let any prefetch land before the snapshot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let archive = snapshot(&consul).await;
+    // A renews its mark (every second) after the snapshot, and issues
+    // nothing; B takes several ranges.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for _ in 0..10 {
+        let ids = b.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("b");
+        seen.numbers("segment", ids);
+    }
+    restore(&consul, archive).await;
+
+    // A serves what it holds, then must refuse rather than take a range
+    // from the restored record (Seen asserts no repeat on every call).
+    let mut refusal = None;
+    for _ in 0..20 {
+        match a.issuer.gen_ids(Mode::Segment, TAG, 5).await {
+            Ok(ids) => seen.numbers("segment", ids),
+            Err(e) => {
+                refusal = Some((e.kind(), e.to_string()));
+                break;
+            }
+        }
+    }
+    let (kind, text) = refusal.expect("node A never refused after the restore");
+    assert_eq!(kind, ErrorKind::Unavailable, "{text}");
+    assert!(text.contains("idgen admin skip-ahead"), "{text}");
+
+    for node in nodes {
+        drop(node.issuer);
+        let _ = node.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+    }
+}

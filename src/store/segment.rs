@@ -625,11 +625,12 @@ impl SegmentStore for ConsulSegmentStore {
                 return Err(StoreError::TagNotFound(tag.to_string()));
             }
             let (range, next) = record.next_range(tag, step, now_ms)?;
-            let ops = [TxnOp::Cas {
+            let mut ops = vec![TxnOp::Cas {
                 key: key.clone(),
                 value: encode(&next),
                 index,
             }];
+            ops.extend(self.keys.mark_check());
             match self.client.txn(&ops).await {
                 Ok(TxnOutcome::Committed(results)) => {
                     self.keys.written().wrote(&key, (0, next.max_id));
@@ -639,9 +640,14 @@ impl SegmentStore for ConsulSegmentStore {
                     };
                     return Ok(range);
                 }
-                Ok(TxnOutcome::RolledBack(_)) => {
-                    // Another node moved the record: re-read and retry.
+                Ok(TxnOutcome::RolledBack(errors)) => {
+                    // Another node moved the record, or this node's mark
+                    // moved (its keeper, or a restore): re-read and retry.
                     self.known().remove(tag);
+                    if self.keys.mark_failed(&ops, &errors) {
+                        self.keys.recheck_mark(&self.client).await?;
+                        continue;
+                    }
                     backoff(attempt).await;
                 }
                 Err(e) => {
