@@ -361,6 +361,7 @@ async fn a_node_with_a_cached_index_from_before_the_snapshot_does_not_repeat_oth
                 ("segment", "auto_create", "true"),
                 ("segment", "default_step", "10"),
                 ("segment", "max_step", "10"),
+                ("strict", "enabled", "true"),
             ],
         );
         let config = Config::load(Some(&path), &Overrides::default(), SystemClock.now_millis())
@@ -368,11 +369,17 @@ async fn a_node_with_a_cached_index_from_before_the_snapshot_does_not_repeat_oth
         nodes.push(start(config).await);
     }
     let (a, b) = (&nodes[0], &nodes[1]);
+    let strict = |node: &Started| {
+        let issuer = Arc::clone(&node.issuer);
+        async move { issuer.gen_ids(Mode::Strict, STRICT_KEY, 3).await }
+    };
     let mut seen = Seen::default();
     let ids = b.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("b");
     seen.numbers("segment", ids);
     let ids = a.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("a");
     seen.numbers("segment", ids);
+    seen.strict_values(strict(b).await.expect("b strict"));
+    seen.strict_values(strict(a).await.expect("a strict"));
     // Let any prefetch land before the snapshot.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let archive = snapshot(&consul).await;
@@ -382,8 +389,18 @@ async fn a_node_with_a_cached_index_from_before_the_snapshot_does_not_repeat_oth
     for _ in 0..10 {
         let ids = b.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("b");
         seen.numbers("segment", ids);
+        seen.strict_values(strict(b).await.expect("b strict"));
     }
     restore(&consul, archive).await;
+
+    // A strict key is read fresh on every call, and the restored value is
+    // above what A wrote: only the mark check tells A the store went back.
+    let err = strict(a).await.map(|v| seen.strict_values(v)).err();
+    let text = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        text.contains("idgen admin skip-ahead"),
+        "strict on A: {text:?}"
+    );
 
     // A serves what it holds, then must refuse rather than take a range
     // from the restored record (Seen asserts no repeat on every call).
