@@ -130,6 +130,12 @@ impl ClusterKeys {
         format!("{}/skip-ahead", self.root)
     }
 
+    /// The cluster record of a detected regression
+    /// ([`RegressionRecord`](super::regression::RegressionRecord)).
+    pub fn regression(&self) -> String {
+        format!("{}/regression", self.root)
+    }
+
     /// Everything of the cluster (with trailing `/`).
     pub fn root_dir(&self) -> String {
         format!("{}/", self.root)
@@ -275,6 +281,15 @@ impl ConsulHwmStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Reads the cluster regression record (at start, then with every
+    /// mark renewal), so every counter mode of this node refuses while it
+    /// exists (see [`RegressionRecord`](super::regression::RegressionRecord)).
+    async fn watch_regression(&self, key: WorkerKey) {
+        let written = self.keys.written();
+        written.attach(&self.client, self.keys.regression(), key.to_string());
+        written.refresh().await;
+    }
+
     /// Reads the mark and remembers (and returns) its ModifyIndex.
     async fn read(&self, key: WorkerKey) -> Result<(Option<u64>, u64), StoreError> {
         let hwm_key = self.keys.hwm(key);
@@ -319,6 +334,7 @@ impl HwmStore for ConsulHwmStore {
     }
 
     async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
+        self.watch_regression(key).await;
         let stored = self.read(key).await?.0;
         let floor = self
             .layout
@@ -329,6 +345,7 @@ impl HwmStore for ConsulHwmStore {
     }
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
+        self.watch_regression(key).await;
         let known = self.known().get(&key).copied();
         let index = match known {
             Some(i) => i,
