@@ -527,7 +527,12 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
     a = start(load(&configs[0])).await;
     for (mode, key) in [(Mode::Segment, TAG), (Mode::Strict, STRICT_KEY)] {
         match issue(&a, mode, key).await {
-            Ok(ids) => panic!("restarted A issued {mode:?} {ids:?} under the record"),
+            Ok(ids) => {
+                if mode == Mode::Segment {
+                    seen.numbers("segment", ids.clone());
+                }
+                panic!("restarted A issued {mode:?} {ids:?} under the record")
+            }
             Err(e) => {
                 let text = e.to_string();
                 assert_eq!(e.kind(), ErrorKind::Unavailable, "{text}");

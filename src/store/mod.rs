@@ -169,7 +169,7 @@ pub enum StoreError {
     /// The cluster record of a regression exists: some node read a
     /// counter below its own write, so every node refuses its Consul
     /// counter modes until a skip-ahead deletes the record.
-    #[error("Consul key {key} not used: the cluster record {record} says node {node} read {found} below what it wrote there itself (the Consul state was rolled back, a snapshot restore?), so every node refuses segment, strict, lease and formatted IDs: issuing could repeat IDs handed out since the snapshot. Run `idgen admin skip-ahead --margin <N>` once (N above the number of IDs issued since the snapshot; see docs/OPERATIONS.md, \"Restoring a Consul snapshot\"); it deletes the record and nodes resume within one hwm.renew_interval")]
+    #[error("Consul key {key} not used: the cluster record {record} says the node holding worker {node} read {found} below what it wrote there itself (the Consul state was rolled back, a snapshot restore?), so every node refuses segment, strict, lease and formatted IDs: issuing could repeat IDs handed out since the snapshot. Run `idgen admin skip-ahead --margin <N>` once (N above the number of IDs issued since the snapshot; see docs/OPERATIONS.md, \"Restoring a Consul snapshot\"); it deletes the record and nodes resume within one hwm.renew_interval")]
     ClusterRegressed {
         /// The key this call would have read.
         key: String,
