@@ -285,6 +285,32 @@ mod tests {
     }
 
     #[test]
+    fn the_cluster_record_refuses_every_counter_read_but_the_mark() {
+        let w = WrittenValues::default();
+        w.set_cluster(Some(RegressionRecord {
+            node: "0/1".into(),
+            key: "idgen/test/strict/k".into(),
+            stored: "3".into(),
+            wrote: "9".into(),
+            at_ms: 1,
+        }));
+        for kind in ["segment", "strict", "lease", "format"] {
+            let err = w.check(kind, "idgen/test/x", None, (0, 100)).err();
+            let text = err.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                text.contains("idgen/test/x")
+                    && text.contains("idgen/test/strict/k")
+                    && text.contains("0/1")
+                    && text.contains("idgen admin skip-ahead --margin"),
+                "{kind}: {text:?}"
+            );
+        }
+        assert!(w.check("hwm", "idgen/test/hwm/0/1", None, (0, 1)).is_ok());
+        w.set_cluster(None);
+        assert!(w.check("segment", "idgen/test/x", None, (0, 100)).is_ok());
+    }
+
+    #[test]
     fn a_write_acknowledged_during_a_read_is_not_held_against_it() {
         let w = WrittenValues::default();
         w.wrote("k", (0, 10));
