@@ -190,8 +190,7 @@ impl WrittenValues {
                 .map_or(0, |d| d.as_millis() as u64),
         };
         // This node refuses at once; the record is written by the next
-        // refresh (the next mark renewal), never after a skip-ahead has
-        // already deleted it for a regression detected before the run.
+        // refresh (the next mark renewal, about one renew interval).
         self.set_cluster(Some(record.clone()));
         let mut pending = self.pending();
         if pending.is_none() {
