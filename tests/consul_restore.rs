@@ -338,3 +338,273 @@ async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_re
         let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
     }
 }
+
+/// A node that did not write a counter after the snapshot still may not
+/// take from it after the restore: node A's cached segment ModifyIndex
+/// dates from before the snapshot, B takes ranges after it, the restore
+/// makes A's cached index current again. Every counter txn also checks
+/// A's own mark at the index of its last write, which the restore moved
+/// back, so A's compare-and-set fails and the re-read mark is below A's
+/// write: refused, and nothing of B's repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_cached_index_from_before_the_snapshot_does_not_repeat_other_nodes_ranges() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for name in ["a", "b"] {
+        let path = write_cluster_config(
+            dir.path(),
+            name,
+            consul.addr(),
+            &[
+                ("segment", "enabled", "true"),
+                ("segment", "auto_create", "true"),
+                ("segment", "default_step", "10"),
+                ("segment", "max_step", "10"),
+                ("strict", "enabled", "true"),
+            ],
+        );
+        let config = Config::load(Some(&path), &Overrides::default(), SystemClock.now_millis())
+            .expect("cluster config");
+        nodes.push(start(config).await);
+    }
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let strict = |node: &Started| {
+        let issuer = Arc::clone(&node.issuer);
+        async move { issuer.gen_ids(Mode::Strict, STRICT_KEY, 3).await }
+    };
+    let mut seen = Seen::default();
+    let ids = b.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("b");
+    seen.numbers("segment", ids);
+    let ids = a.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("a");
+    seen.numbers("segment", ids);
+    seen.strict_values(strict(b).await.expect("b strict"));
+    seen.strict_values(strict(a).await.expect("a strict"));
+    // Let any prefetch land before the snapshot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let archive = snapshot(&consul).await;
+    // A renews its mark (every second) after the snapshot, and issues
+    // nothing; B takes several ranges.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for _ in 0..10 {
+        let ids = b.issuer.gen_ids(Mode::Segment, TAG, 5).await.expect("b");
+        seen.numbers("segment", ids);
+        seen.strict_values(strict(b).await.expect("b strict"));
+    }
+    restore(&consul, archive).await;
+
+    // A strict key is read fresh on every call, and the restored value is
+    // above what A wrote: only the mark check tells A the store went back.
+    let err = strict(a).await.map(|v| seen.strict_values(v)).err();
+    let text = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        text.contains("idgen admin skip-ahead"),
+        "strict on A: {text:?}"
+    );
+
+    // A serves what it holds, then must refuse rather than take a range
+    // from the restored record (Seen asserts no repeat on every call).
+    let mut refusal = None;
+    for _ in 0..20 {
+        match a.issuer.gen_ids(Mode::Segment, TAG, 5).await {
+            Ok(ids) => seen.numbers("segment", ids),
+            Err(e) => {
+                refusal = Some((e.kind(), e.to_string()));
+                break;
+            }
+        }
+    }
+    let (kind, text) = refusal.expect("node A never refused after the restore");
+    assert_eq!(kind, ErrorKind::Unavailable, "{text}");
+    assert!(text.contains("idgen admin skip-ahead"), "{text}");
+
+    for node in nodes {
+        drop(node.issuer);
+        let _ = node.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+    }
+}
+
+/// The cluster regression record (`<prefix>/<cluster>/regression`), as
+/// Consul holds it (`None`: absent).
+async fn regression_record(consul: &consul_testserver::TestConsul) -> Option<serde_json::Value> {
+    let url = format!("http://{}/v1/kv/idgen/test/regression?raw", consul.addr());
+    let r = reqwest::get(url).await.expect("read the record");
+    if r.status().as_u16() == 404 {
+        return None;
+    }
+    let text = r.text().await.expect("record text");
+    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+/// A node restarted after the restore remembers nothing it wrote, so it
+/// cannot detect the rollback itself: the record written by the node that
+/// did stops it too, until the skip-ahead deletes the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_until_a_skip_ahead() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut configs = Vec::new();
+    for name in ["a", "b"] {
+        let path = write_cluster_config(
+            dir.path(),
+            name,
+            consul.addr(),
+            &[
+                ("segment", "enabled", "true"),
+                ("segment", "auto_create", "true"),
+                ("segment", "default_step", "10"),
+                ("segment", "max_step", "10"),
+                ("strict", "enabled", "true"),
+                ("hwm", "renew_interval", "\"200ms\""),
+                ("admin", "token", &format!("\"{TOKEN}\"")),
+            ],
+        );
+        configs.push(path);
+    }
+    let load = |path: &std::path::Path| {
+        Config::load(Some(path), &Overrides::default(), SystemClock.now_millis())
+            .expect("cluster config")
+    };
+    let mut a = start(load(&configs[0])).await;
+    let b = start(load(&configs[1])).await;
+    let mut seen = Seen::default();
+    let issue = |node: &Started, mode: Mode, key: &'static str| {
+        let issuer = Arc::clone(&node.issuer);
+        async move { issuer.gen_ids(mode, key, 5).await }
+    };
+    for node in [&a, &b] {
+        seen.numbers(
+            "segment",
+            issue(node, Mode::Segment, TAG).await.expect("segment"),
+        );
+        seen.strict_values(issue(node, Mode::Strict, STRICT_KEY).await.expect("strict"));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let archive = snapshot(&consul).await;
+    // Both take several ranges and strict values after the snapshot.
+    for _ in 0..6 {
+        for node in [&a, &b] {
+            seen.numbers(
+                "segment",
+                issue(node, Mode::Segment, TAG).await.expect("segment"),
+            );
+            seen.strict_values(issue(node, Mode::Strict, STRICT_KEY).await.expect("strict"));
+        }
+    }
+    restore(&consul, archive).await;
+
+    // B detects (its strict key reads below its own write), and the record
+    // appears within a few renewals.
+    let mut record = None;
+    for _ in 0..100 {
+        if let Ok(ids) = issue(&b, Mode::Segment, TAG).await {
+            seen.numbers("segment", ids);
+        }
+        if let Ok(values) = issue(&b, Mode::Strict, STRICT_KEY).await {
+            seen.strict_values(values);
+        }
+        record = regression_record(&consul).await;
+        if record.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let record = record.expect("no node wrote the regression record");
+    assert!(
+        record["key"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("idgen/test/"))
+            && record["node"].is_string()
+            && record["at_ms"].as_u64().is_some_and(|t| t > 0),
+        "{record}"
+    );
+
+    // A restarts: a new node with nothing written to compare with.
+    drop(a.issuer);
+    let _ = a.stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), a.task).await;
+    a = start(load(&configs[0])).await;
+    for (mode, key) in [(Mode::Segment, TAG), (Mode::Strict, STRICT_KEY)] {
+        match issue(&a, mode, key).await {
+            Ok(ids) => {
+                if mode == Mode::Segment {
+                    seen.numbers("segment", ids.clone());
+                }
+                panic!("restarted A issued {mode:?} {ids:?} under the record")
+            }
+            Err(e) => {
+                let text = e.to_string();
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{text}");
+                assert!(
+                    text.contains("idgen/test/regression")
+                        && text.contains(record["key"].as_str().unwrap_or("?"))
+                        && text.contains("idgen admin skip-ahead --margin"),
+                    "{text}"
+                );
+            }
+        }
+    }
+
+    let addr = format!("http://{}", b.grpc);
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        common::run_idgen(&[
+            "admin",
+            "--addr",
+            &addr,
+            "--token",
+            TOKEN,
+            "--json",
+            "skip-ahead",
+            "--margin",
+            "1000",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "skip-ahead: {out}");
+    assert!(regression_record(&consul).await.is_none(), "record kept");
+
+    // Both resume (within a renewal) and nothing repeats.
+    for node in [&a, &b] {
+        let mut resumed = None;
+        for _ in 0..100 {
+            let segment = issue(node, Mode::Segment, TAG).await;
+            let strict = issue(node, Mode::Strict, STRICT_KEY).await;
+            match (segment, strict) {
+                (Ok(ids), Ok(values)) => {
+                    seen.numbers("segment", ids);
+                    seen.strict_values(values);
+                    resumed = None;
+                    break;
+                }
+                (s, t) => {
+                    if let Ok(ids) = s {
+                        seen.numbers("segment", ids);
+                    }
+                    if let Ok(values) = t {
+                        seen.strict_values(values);
+                    }
+                    resumed = Some("still refused");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(resumed.is_none(), "a node did not resume");
+    }
+    for _ in 0..5 {
+        for node in [&a, &b] {
+            seen.numbers(
+                "segment",
+                issue(node, Mode::Segment, TAG).await.expect("segment"),
+            );
+            seen.strict_values(issue(node, Mode::Strict, STRICT_KEY).await.expect("strict"));
+        }
+    }
+
+    for node in [a, b] {
+        drop(node.issuer);
+        let _ = node.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+    }
+}

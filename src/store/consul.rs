@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::cluster_layout::LayoutGuard;
 use super::regression::WrittenValues;
 use super::{HwmStore, StoreError, WorkerKey};
-use crate::consul::{Consistency, ConsulClient, ConsulError, TxnOp, TxnOutcome};
+use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp, TxnOutcome};
 
 /// Where a cluster's keys live: `<prefix>/<cluster>/...`, and what this
 /// node wrote under them ([`WrittenValues`]: every store built from clones
@@ -26,6 +26,10 @@ use crate::consul::{Consistency, ConsulClient, ConsulError, TxnOp, TxnOutcome};
 pub struct ClusterKeys {
     root: String,
     written: Arc<WrittenValues>,
+    /// This node's own high-water mark key and the ModifyIndex of its last
+    /// acknowledged write (or passing read) of it: every counter txn checks
+    /// it (see [`mark_check`](Self::mark_check)).
+    mark: Arc<Mutex<Option<(String, u64)>>>,
 }
 
 /// Two `ClusterKeys` are equal when they name the same keys.
@@ -44,7 +48,75 @@ impl ClusterKeys {
         Self {
             root: format!("{}/{}", prefix.trim_matches('/'), cluster),
             written: Arc::default(),
+            mark: Arc::default(),
         }
+    }
+
+    fn mark(&self) -> std::sync::MutexGuard<'_, Option<(String, u64)>> {
+        self.mark
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that this node's own mark `key` stood at ModifyIndex `index`
+    /// when it last wrote (or read without a regression) it.
+    pub fn mark_at(&self, key: &str, index: u64) {
+        *self.mark() = Some((key.to_owned(), index));
+    }
+
+    /// The op every Consul counter txn ends with: a `check-index` on this
+    /// node's own mark at the ModifyIndex of its last acknowledged write.
+    /// A snapshot restore puts the mark back to an older index, so a
+    /// compare-and-set on a ModifyIndex cached before the snapshot (which
+    /// the restore makes current again) fails instead of re-issuing what
+    /// other nodes took after the snapshot. `None` before the node's first
+    /// mark write (nothing to compare yet).
+    pub fn mark_check(&self) -> Option<TxnOp> {
+        self.mark().as_ref().map(|(key, index)| TxnOp::CheckIndex {
+            key: key.clone(),
+            index: *index,
+        })
+    }
+
+    /// Whether a rolled-back txn of `ops` failed on its last op, the
+    /// [`mark_check`](Self::mark_check) pushed by the caller.
+    pub fn mark_failed(&self, ops: &[TxnOp], errors: &[TxnError]) -> bool {
+        let last = ops.len().saturating_sub(1);
+        matches!(ops.last(), Some(TxnOp::CheckIndex { key, .. }) if key.contains("/hwm/"))
+            && errors.iter().any(|e| e.op_index == last)
+    }
+
+    /// After the mark check failed: re-reads the mark. A value below what
+    /// this node wrote there is a rolled-back store
+    /// ([`StoreError::Regressed`]); otherwise the mark's keeper wrote
+    /// meanwhile, and the new index is remembered for the retry.
+    pub async fn recheck_mark(&self, client: &ConsulClient) -> Result<(), StoreError> {
+        let Some((key, _)) = self.mark().clone() else {
+            return Ok(());
+        };
+        let floor = self.written.written(&key);
+        let (entry, _) = client
+            .kv_get(&key, Consistency::Consistent)
+            .await
+            .map_err(store_err)?;
+        let (value, index) = match entry {
+            Some(e) => {
+                let text = String::from_utf8_lossy(&e.value);
+                let value = text.trim().parse::<u64>().map_err(|_| {
+                    StoreError::Backend(format!(
+                        "{key} holds {text:?}, not a decimal high-water mark; fix or delete it by hand"
+                    ))
+                })?;
+                (value, e.modify_index)
+            }
+            None => (0, 0),
+        };
+        self.written.check("hwm", &key, floor, (0, value))?;
+        let mut mark = self.mark();
+        if mark.as_ref().is_some_and(|(k, _)| *k == key) {
+            *mark = Some((key, index));
+        }
+        Ok(())
     }
 
     /// What this node wrote under these keys (see [`WrittenValues`]).
@@ -56,6 +128,12 @@ impl ClusterKeys {
     /// formatted-mode counters starting a period up to it.
     pub fn skip_ahead(&self) -> String {
         format!("{}/skip-ahead", self.root)
+    }
+
+    /// The cluster record of a detected regression
+    /// ([`RegressionRecord`](super::regression::RegressionRecord)).
+    pub fn regression(&self) -> String {
+        format!("{}/regression", self.root)
     }
 
     /// Everything of the cluster (with trailing `/`).
@@ -203,6 +281,15 @@ impl ConsulHwmStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Reads the cluster regression record (at start, then with every
+    /// mark renewal), so every counter mode of this node refuses while it
+    /// exists (see [`RegressionRecord`](super::regression::RegressionRecord)).
+    async fn watch_regression(&self, key: WorkerKey) {
+        let written = self.keys.written();
+        written.attach(&self.client, self.keys.regression(), key.to_string());
+        written.refresh().await;
+    }
+
     /// Reads the mark and remembers (and returns) its ModifyIndex.
     async fn read(&self, key: WorkerKey) -> Result<(Option<u64>, u64), StoreError> {
         let hwm_key = self.keys.hwm(key);
@@ -231,6 +318,7 @@ impl ConsulHwmStore {
             .written()
             .check("hwm", &hwm_key, floor, (0, value))?;
         self.known().insert(key, entry.modify_index);
+        self.keys.mark_at(&hwm_key, entry.modify_index);
         Ok((Some(value), entry.modify_index))
     }
 }
@@ -246,6 +334,7 @@ impl HwmStore for ConsulHwmStore {
     }
 
     async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
+        self.watch_regression(key).await;
         let stored = self.read(key).await?.0;
         let floor = self
             .layout
@@ -256,6 +345,7 @@ impl HwmStore for ConsulHwmStore {
     }
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
+        self.watch_regression(key).await;
         let known = self.known().get(&key).copied();
         let index = match known {
             Some(i) => i,
@@ -289,7 +379,10 @@ impl HwmStore for ConsulHwmStore {
             TxnOutcome::Committed(results) => {
                 self.keys.written().wrote(&hwm_key, (0, hwm_ms));
                 match results.iter().find(|e| e.key == hwm_key) {
-                    Some(e) => self.known().insert(key, e.modify_index),
+                    Some(e) => {
+                        self.keys.mark_at(&hwm_key, e.modify_index);
+                        self.known().insert(key, e.modify_index)
+                    }
                     None => self.known().remove(&key),
                 };
                 Ok(())

@@ -453,7 +453,7 @@ impl FormatStore for ConsulFormatStore {
             };
             let (floor, floor_index) = self.restore_floor().await?;
             let planned = plan(stored.as_ref(), floor)?;
-            let mut ops = Vec::with_capacity(3);
+            let mut ops = Vec::with_capacity(4);
             if let Some(lock) = lock {
                 ops.push(TxnOp::CheckSession {
                     key: lock.key.clone(),
@@ -473,6 +473,7 @@ impl FormatStore for ConsulFormatStore {
                 value: encode(&planned.record),
                 index,
             });
+            ops.extend(self.keys.mark_check());
             match self.client.txn(&ops).await {
                 Ok(TxnOutcome::Committed(_)) => {
                     let level = (planned.record.period.0, planned.record.last);
@@ -488,7 +489,12 @@ impl FormatStore for ConsulFormatStore {
                         lock.map_or("", |l| l.key.as_str())
                     )))
                 }
-                Ok(TxnOutcome::RolledBack(_)) => {
+                Ok(TxnOutcome::RolledBack(errors)) => {
+                    if self.keys.mark_failed(&ops, &errors) {
+                        // This node's mark moved: its keeper, or a restore.
+                        self.keys.recheck_mark(&self.client).await?;
+                        continue;
+                    }
                     // The counter or the skip-ahead record moved: re-read.
                     *self.floor_cache() = None;
                     backoff(attempt).await

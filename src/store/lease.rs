@@ -563,14 +563,26 @@ impl ConsulTokens {
                 session: self.session.clone(),
             }
         };
-        let ops = [
+        let mut ops = vec![
             TxnOp::CheckIndex {
                 key: key.clone(),
                 index: held.index,
             },
             write,
         ];
-        match self.client.txn(&ops).await {
+        ops.extend(self.keys.mark_check());
+        let mut outcome = self.client.txn(&ops).await;
+        // This node's mark moved under the check (its keeper): re-read it
+        // (a restore is refused there) and try once more.
+        if let Ok(TxnOutcome::RolledBack(errors)) = &outcome {
+            if self.keys.mark_failed(&ops, errors) {
+                self.keys.recheck_mark(&self.client).await?;
+                ops.pop();
+                ops.extend(self.keys.mark_check());
+                outcome = self.client.txn(&ops).await;
+            }
+        }
+        match outcome {
             // The check's own result comes first, the write's last.
             Ok(TxnOutcome::Committed(results)) => {
                 self.keys.written().wrote(&key, (0, record_reserved));

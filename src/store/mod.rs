@@ -181,6 +181,20 @@ pub enum StoreError {
         /// The counter's range (`min..=max, step s`).
         range: String,
     },
+    /// The cluster record of a regression exists: some node read a
+    /// counter below its own write, so every node refuses its Consul
+    /// counter modes until a skip-ahead deletes the record.
+    #[error("Consul key {key} not used: the cluster record {record} says the node holding worker {node} read {found} below what it wrote there itself (the Consul state was rolled back, a snapshot restore?), so every node refuses segment, strict, lease and formatted IDs: issuing could repeat IDs handed out since the snapshot. Run `idgen admin skip-ahead --margin <N>` once (N above the number of IDs issued since the snapshot; see docs/OPERATIONS.md, \"Restoring a Consul snapshot\"); it deletes the record and nodes resume within one hwm.renew_interval")]
+    ClusterRegressed {
+        /// The key this call would have read.
+        key: String,
+        /// The record's Consul key.
+        record: String,
+        /// The node that detected the regression.
+        node: String,
+        /// The key it found rolled back.
+        found: String,
+    },
     /// No live strict key by that name.
     #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
     StrictKeyNotFound(String),
@@ -218,7 +232,8 @@ impl StoreError {
             | Self::Contended(_)
             | Self::LockLost(_)
             | Self::FormatHeld { .. }
-            | Self::Regressed { .. } => ErrorKind::Unavailable,
+            | Self::Regressed { .. }
+            | Self::ClusterRegressed { .. } => ErrorKind::Unavailable,
         }
     }
 }

@@ -21,10 +21,40 @@
 //! keys, tokens, format counters and its own mark).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use serde::{Deserialize, Serialize};
 
 use super::StoreError;
+use crate::consul::{Consistency, ConsulClient, KvWrite};
 use crate::metrics as m;
+
+/// The cluster record `<prefix>/<cluster>/regression`: the first
+/// regression a node detected. While it exists every node refuses its
+/// Consul counter modes, a node restarted since the restore included
+/// (it remembers no write of its own to compare with); `idgen admin
+/// skip-ahead` deletes it after moving every counter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegressionRecord {
+    /// The node (worker `dc/worker`) that detected it.
+    pub node: String,
+    /// The Consul key it read.
+    pub key: String,
+    /// What the store held.
+    pub stored: String,
+    /// What that node had written there.
+    pub wrote: String,
+    /// When it was detected, Unix ms.
+    pub at_ms: u64,
+}
+
+/// Where this node reports a regression and reads the cluster's record.
+#[derive(Debug)]
+struct Reporter {
+    client: ConsulClient,
+    key: String,
+    node: String,
+}
 
 /// The `kind` label values of `idgen_store_regressions_total`.
 pub const KINDS: [&str; 5] = ["segment", "strict", "lease", "format", "hwm"];
@@ -39,6 +69,11 @@ pub type Level = (i64, u64);
 #[derive(Debug, Default)]
 pub struct WrittenValues {
     values: Mutex<HashMap<String, Level>>,
+    reporter: OnceLock<Reporter>,
+    /// The cluster record as last read (`None`: absent).
+    cluster: Mutex<Option<RegressionRecord>>,
+    /// A record this node could not write yet (retried at each refresh).
+    pending: Mutex<Option<RegressionRecord>>,
 }
 
 fn shown(kind: &str, level: Level) -> String {
@@ -80,6 +115,109 @@ impl WrittenValues {
             .collect()
     }
 
+    /// Reports regressions to, and reads the cluster record from, `key`
+    /// (the first call wins); `node` names this node in the record.
+    pub fn attach(&self, client: &ConsulClient, key: String, node: String) {
+        let _ = self.reporter.set(Reporter {
+            client: client.clone(),
+            key,
+            node,
+        });
+    }
+
+    fn cluster(&self) -> std::sync::MutexGuard<'_, Option<RegressionRecord>> {
+        self.cluster.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Option<RegressionRecord>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sets the cluster record as read (tests and [`refresh`](Self::refresh)).
+    pub fn set_cluster(&self, record: Option<RegressionRecord>) {
+        *self.cluster() = record;
+    }
+
+    /// Writes a pending record (create-only: the first detection stays),
+    /// then reads the cluster record; called at start and with each mark
+    /// renewal. A failed read keeps what was last read.
+    pub async fn refresh(&self) {
+        let Some(r) = self.reporter.get() else {
+            return;
+        };
+        let pending = self.pending().clone();
+        if let Some(record) = pending {
+            let bytes = serde_json::to_vec(&record).unwrap_or_default();
+            if r.client
+                .kv_put(&r.key, &bytes, KvWrite::Cas(0))
+                .await
+                .is_ok()
+            {
+                *self.pending() = None;
+            }
+        }
+        match r.client.kv_get(&r.key, Consistency::Consistent).await {
+            Ok((None, _)) => self.set_cluster(None),
+            Ok((Some(e), _)) => {
+                let record =
+                    serde_json::from_slice(&e.value).unwrap_or_else(|_| RegressionRecord {
+                        node: "?".into(),
+                        key: format!("(unreadable: {})", String::from_utf8_lossy(&e.value)),
+                        stored: "?".into(),
+                        wrote: "?".into(),
+                        at_ms: 0,
+                    });
+                self.set_cluster(Some(record));
+            }
+            Err(e) => {
+                tracing::warn!(key = %r.key, error = %e, "cannot read the cluster regression record; keeping the last one read")
+            }
+        }
+    }
+
+    /// Queues the record of a regression this node detected.
+    fn report(&self, key: &str, stored: &str, wrote: &str) {
+        let Some(r) = self.reporter.get() else {
+            return;
+        };
+        let record = RegressionRecord {
+            node: r.node.clone(),
+            key: key.to_owned(),
+            stored: stored.to_owned(),
+            wrote: wrote.to_owned(),
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        // This node refuses at once; the record is written by the next
+        // refresh (the next mark renewal, about one renew interval).
+        self.set_cluster(Some(record.clone()));
+        let mut pending = self.pending();
+        if pending.is_none() {
+            *pending = Some(record);
+        }
+    }
+
+    /// Refuses every read of a counter mode while the cluster record
+    /// exists (the `hwm` kind keeps its own rule).
+    fn cluster_gate(&self, kind: &'static str, key: &str) -> Result<(), StoreError> {
+        if kind == "hwm" {
+            return Ok(());
+        }
+        match self.cluster().as_ref() {
+            None => Ok(()),
+            Some(r) => Err(StoreError::ClusterRegressed {
+                key: key.to_owned(),
+                record: self
+                    .reporter
+                    .get()
+                    .map_or_else(|| "regression".to_owned(), |x| x.key.clone()),
+                node: r.node.clone(),
+                found: r.key.clone(),
+            }),
+        }
+    }
+
     /// Refuses a read of `key` (a `kind` counter) that found `stored`
     /// below `floor`, what [`written`](Self::written) said *before the read
     /// was sent*: a consistent read sent after a write was acknowledged
@@ -93,6 +231,7 @@ impl WrittenValues {
         floor: Option<Level>,
         stored: Level,
     ) -> Result<(), StoreError> {
+        self.cluster_gate(kind, key)?;
         let Some(wrote) = floor else {
             return Ok(());
         };
@@ -102,6 +241,7 @@ impl WrittenValues {
         metrics::counter!(m::STORE_REGRESSIONS, "kind" => kind).increment(1);
         let (stored, wrote) = (shown(kind, stored), shown(kind, wrote));
         tracing::error!(kind, key, %stored, %wrote, "Consul holds a counter below what this node wrote: the store was rolled back; refusing to issue from it");
+        self.report(key, &stored, &wrote);
         Err(StoreError::Regressed {
             kind,
             key: key.to_owned(),
@@ -141,6 +281,32 @@ mod tests {
             "a missing key"
         );
         assert_eq!(w.floors("f").len(), 1);
+    }
+
+    #[test]
+    fn the_cluster_record_refuses_every_counter_read_but_the_mark() {
+        let w = WrittenValues::default();
+        w.set_cluster(Some(RegressionRecord {
+            node: "0/1".into(),
+            key: "idgen/test/strict/k".into(),
+            stored: "3".into(),
+            wrote: "9".into(),
+            at_ms: 1,
+        }));
+        for kind in ["segment", "strict", "lease", "format"] {
+            let err = w.check(kind, "idgen/test/x", None, (0, 100)).err();
+            let text = err.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                text.contains("idgen/test/x")
+                    && text.contains("idgen/test/strict/k")
+                    && text.contains("0/1")
+                    && text.contains("idgen admin skip-ahead --margin"),
+                "{kind}: {text:?}"
+            );
+        }
+        assert!(w.check("hwm", "idgen/test/hwm/0/1", None, (0, 1)).is_ok());
+        w.set_cluster(None);
+        assert!(w.check("segment", "idgen/test/x", None, (0, 100)).is_ok());
     }
 
     #[test]

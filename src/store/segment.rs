@@ -625,11 +625,12 @@ impl SegmentStore for ConsulSegmentStore {
                 return Err(StoreError::TagNotFound(tag.to_string()));
             }
             let (range, next) = record.next_range(tag, step, now_ms)?;
-            let ops = [TxnOp::Cas {
+            let mut ops = vec![TxnOp::Cas {
                 key: key.clone(),
                 value: encode(&next),
                 index,
             }];
+            ops.extend(self.keys.mark_check());
             match self.client.txn(&ops).await {
                 Ok(TxnOutcome::Committed(results)) => {
                     self.keys.written().wrote(&key, (0, next.max_id));
@@ -639,9 +640,14 @@ impl SegmentStore for ConsulSegmentStore {
                     };
                     return Ok(range);
                 }
-                Ok(TxnOutcome::RolledBack(_)) => {
-                    // Another node moved the record: re-read and retry.
+                Ok(TxnOutcome::RolledBack(errors)) => {
+                    // Another node moved the record, or this node's mark
+                    // moved (its keeper, or a restore): re-read and retry.
                     self.known().remove(tag);
+                    if self.keys.mark_failed(&ops, &errors) {
+                        self.keys.recheck_mark(&self.client).await?;
+                        continue;
+                    }
                     backoff(attempt).await;
                 }
                 Err(e) => {
@@ -903,6 +909,52 @@ mod tests {
             "{listed:?}"
         );
         assert!(listed.unreadable[1].1.contains("unreadable"), "{listed:?}");
+        consul.shutdown().await;
+    }
+
+    /// The mark check of every counter txn: a mark its keeper moved on is
+    /// re-read and the take retried; a mark below the node's own write (a
+    /// restore) refuses the take, though the tag's own record is intact.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_take_retries_past_its_keepers_mark_write_and_refuses_a_mark_gone_back() {
+        use crate::consul::KvWrite;
+        let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
+            .await
+            .unwrap();
+        let client = ConsulClient::new(ConsulConfig {
+            address: format!("http://{}", consul.addr()),
+            retries: 0,
+            ..ConsulConfig::default()
+        })
+        .unwrap();
+        let keys = ClusterKeys::new("idgen", "test");
+        let store = ConsulSegmentStore::new(client.clone(), keys.clone());
+        let t = tag("marked");
+        store
+            .create_tag(&t, &TagRecord::new(0, 10, "", 1).unwrap())
+            .await
+            .unwrap();
+        let mark = "idgen/test/hwm/0/1";
+        let put = |v: &'static str| {
+            let client = client.clone();
+            async move { client.kv_put(mark, v.as_bytes(), KvWrite::Set).await }
+        };
+        put("100").await.unwrap();
+        let (entry, _) = client.kv_get(mark, Consistency::Consistent).await.unwrap();
+        keys.mark_at(mark, entry.unwrap().modify_index);
+        keys.written().wrote(mark, (0, 100));
+        assert_eq!(store.take_range(&t, 10, 2).await.unwrap().first, 1);
+        // The keeper writes a higher mark: the take re-reads it and goes on.
+        put("200").await.unwrap();
+        keys.written().wrote(mark, (0, 200));
+        assert_eq!(store.take_range(&t, 10, 3).await.unwrap().first, 11);
+        // The mark goes back below the node's write: refused.
+        put("150").await.unwrap();
+        let err = store.take_range(&t, 10, 4).await.unwrap_err().to_string();
+        assert!(
+            err.contains(mark) && err.contains("idgen admin skip-ahead"),
+            "{err}"
+        );
         consul.shutdown().await;
     }
 }

@@ -17,6 +17,10 @@
 //!    of a re-read after a node wrote it meanwhile), so a write racing the
 //!    run is never overwritten with a lower value.
 //!
+//! 3. The cluster regression record (`<prefix>/<cluster>/regression`) is
+//!    deleted, last: every node resumes its counter modes at its next mark
+//!    renewal.
+//!
 //! Running it twice moves every counter twice: a gap, never a repeat. A
 //! run cut short (an error names the key) can simply be run again.
 
@@ -154,6 +158,13 @@ pub async fn skip_ahead(
     report.lease_tokens = move_folder(client, &format!("{root}lease/"), &lease).await?;
     report.format_counters = move_folder(client, &format!("{root}formats/"), &format).await?;
     report.marks = move_folder(client, &keys.hwm_dir(), &mark).await?;
+    // Only now, every counter moved: nodes stop refusing at their next
+    // mark renewal.
+    let record = keys.regression();
+    client
+        .kv_delete(&record, None)
+        .await
+        .map_err(|e| backend(&format!("cannot delete {record}"), e))?;
     Ok(report)
 }
 

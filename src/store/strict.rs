@@ -786,7 +786,7 @@ impl StrictStore for ConsulStrictStore {
             // the counter may have moved (even by our own late write).
             let floor = self.keys.written().written(&kv_key);
             let (mut value, index) = self.read_counter(key).await?;
-            let mut ops = Vec::with_capacity(2);
+            let mut ops = Vec::with_capacity(3);
             if index == 0 {
                 // Not live: this call creates the key, above its tombstone,
                 // and only if no delete moved the tombstone meanwhile.
@@ -806,6 +806,7 @@ impl StrictStore for ConsulStrictStore {
                 value: values.last.to_string().into_bytes(),
                 index,
             });
+            ops.extend(self.keys.mark_check());
             match self.client.txn(&ops).await {
                 Ok(TxnOutcome::Committed(_)) => {
                     self.keys.written().wrote(&kv_key, (0, values.last));
@@ -822,6 +823,11 @@ impl StrictStore for ConsulStrictStore {
                             "strict key {key}: Consul refused the write of {kv_key} ({}); check that the ACL token has the policy in consul/acl-policy.hcl",
                             denied.what
                         )));
+                    }
+                    if self.keys.mark_failed(&ops, &errors) {
+                        // This node's mark moved: its keeper, or a restore.
+                        self.keys.recheck_mark(&self.client).await?;
+                        continue;
                     }
                     // Another node moved the counter first: read again.
                     self.conflicts.increment(1);
