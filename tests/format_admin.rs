@@ -749,3 +749,27 @@ async fn a_config_entry_must_agree_with_the_stored_definition() {
     assert_eq!(stored.def.description, "now with a description");
     node.stop().await;
 }
+
+/// A client that gives up while its `CreateFormat` is still compiling (a
+/// Lua rule's load-time checks run it thousands of times) does not leave
+/// the format stored but unserved: the change runs to its end on its own
+/// task, and the node serves the format without a reload or a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_caller_gave_up_is_still_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = embedded_config(dir.path(), "");
+    let node = ChildServer::start(&config);
+    let mut a = admin(&node).await;
+    let mut req = create(&l_rule("gaveup", 0));
+    // Sent as grpc-timeout: the server drops the handler's future then.
+    req.set_timeout(Duration::from_millis(1));
+    if let Err(e) = a.create_format(req).await {
+        assert!(
+            matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
+            "{e:?}"
+        );
+    }
+    let served = eventually(60, async || gen(&node, "gaveup", 2).await.ok()).await;
+    let ids = served.expect("the created format was never served");
+    assert_eq!(ids.len(), 2, "{ids:?}");
+}

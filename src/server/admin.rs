@@ -1261,13 +1261,14 @@ impl AdminService {
         &self,
         r: proto::CreateFormatRequest,
     ) -> Result<proto::CreateFormatResponse, Status> {
-        let catalog = self.catalog()?;
+        let catalog = Arc::clone(self.catalog()?);
         let def = parse_definition(&r.definition_json)?;
         check_description(&def.description)?;
-        let (written, reload) = catalog
-            .create(def, r.fresh)
+        let fresh = r.fresh;
+        let (written, reload) = to_the_end(async move { catalog.create(def, fresh).await })
             .await
             .map_err(|e| to_status(&e))?;
+        let catalog = self.catalog()?;
         self.warn_one_node_format(catalog, &written.def.name);
         Ok(proto::CreateFormatResponse {
             format: Some(self.format_message(&written)),
@@ -1304,7 +1305,10 @@ impl AdminService {
         let def = parse_definition(&r.definition_json)?;
         check_description(&def.description)?;
         let previous = catalog.store().get(&def.name).await.map_err(store_status)?;
-        let (written, reload) = catalog.update(def).await.map_err(|e| to_status(&e))?;
+        let catalog = Arc::clone(catalog);
+        let (written, reload) = to_the_end(async move { catalog.update(def).await })
+            .await
+            .map_err(|e| to_status(&e))?;
         Ok(proto::UpdateFormatResponse {
             format: Some(self.format_message(&written)),
             previous: previous.map(|p| self.format_message(&p)),
@@ -1350,8 +1354,11 @@ impl AdminService {
         &self,
         r: proto::DeleteFormatRequest,
     ) -> Result<proto::DeleteFormatResponse, Status> {
-        let catalog = self.catalog()?;
-        let (tombstone, reload) = catalog.delete(&r.name).await.map_err(|e| to_status(&e))?;
+        let catalog = Arc::clone(self.catalog()?);
+        let name = r.name.clone();
+        let (tombstone, reload) = to_the_end(async move { catalog.delete(&name).await })
+            .await
+            .map_err(|e| to_status(&e))?;
         Ok(proto::DeleteFormatResponse {
             format: Some(self.format_message(&tombstone)),
             note: format!(
@@ -1371,6 +1378,18 @@ impl AdminService {
         tracing::info!(formats = ?reloaded.formats, changed = ?reloaded.changed, "formats reloaded (admin)");
         Ok(reload_message(reloaded))
     }
+}
+
+/// Runs a format change to its end on its own task. A caller past its
+/// deadline drops the gRPC handler's future; dropped between storing a
+/// definition and installing it, a created format stayed stored but
+/// unserved on the embedded store (nothing else reloads there).
+async fn to_the_end<T: Send + 'static>(
+    change: impl Future<Output = Result<T, Error>> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::spawn(change)
+        .await
+        .unwrap_or_else(|e| Err(Error::Setup(format!("the format change stopped: {e}"))))
 }
 
 fn layout_message(l: &RecordedLayout) -> proto::IdLayout {
