@@ -579,18 +579,23 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
                     break;
                 }
                 (s, t) => {
+                    let why = format!(
+                        "segment: {:?}; strict: {:?}",
+                        s.as_ref().err().map(|e| e.to_string()),
+                        t.as_ref().err().map(|e| e.to_string())
+                    );
                     if let Ok(ids) = s {
                         seen.numbers("segment", ids);
                     }
                     if let Ok(values) = t {
                         seen.strict_values(values);
                     }
-                    resumed = Some("still refused");
+                    resumed = Some(why);
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(resumed.is_none(), "a node did not resume");
+        assert!(resumed.is_none(), "a node did not resume: {resumed:?}");
     }
     for _ in 0..5 {
         for node in [&a, &b] {

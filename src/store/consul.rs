@@ -377,7 +377,9 @@ impl HwmStore for ConsulHwmStore {
         })?;
         match outcome {
             TxnOutcome::Committed(results) => {
-                self.keys.written().wrote(&hwm_key, (0, hwm_ms));
+                // Exactly, not the highest: a clean stop writes its final
+                // mark below the reserve it wrote before.
+                self.keys.written().wrote_exactly(&hwm_key, (0, hwm_ms));
                 match results.iter().find(|e| e.key == hwm_key) {
                     Some(e) => {
                         self.keys.mark_at(&hwm_key, e.modify_index);

@@ -100,6 +100,15 @@ impl WrittenValues {
         }
     }
 
+    /// Records that the store acknowledged `level` at `key`, even below
+    /// what was recorded before: for the node's own high-water mark, which
+    /// only this node writes and which a clean stop lowers on purpose to
+    /// the highest time it used (a later read of that final mark is no
+    /// rollback).
+    pub fn wrote_exactly(&self, key: &str, level: Level) {
+        self.values().insert(key.to_owned(), level);
+    }
+
     /// The highest level this node wrote to `key`, if any.
     pub fn written(&self, key: &str) -> Option<Level> {
         self.values().get(key).copied()
@@ -145,7 +154,13 @@ impl WrittenValues {
         let Some(r) = self.reporter.get() else {
             return;
         };
-        let pending = self.pending().clone();
+        let mut pending = self.pending().clone();
+        if let Some(p) = &pending {
+            if self.covered_by_skip_ahead(r, p).await {
+                *self.pending() = None;
+                pending = None;
+            }
+        }
         if let Some(record) = pending {
             let bytes = serde_json::to_vec(&record).unwrap_or_default();
             if r.client
@@ -172,6 +187,23 @@ impl WrittenValues {
             Err(e) => {
                 tracing::warn!(key = %r.key, error = %e, "cannot read the cluster regression record; keeping the last one read")
             }
+        }
+    }
+
+    /// Whether a skip-ahead started after `pending` was detected: it moves
+    /// every counter past what the detection saw, so the record is not
+    /// written (written after that run deleted the record, it would stop
+    /// the cluster until another run). The skip-ahead record sits beside
+    /// the regression record (`<root>/skip-ahead`).
+    async fn covered_by_skip_ahead(&self, r: &Reporter, pending: &RegressionRecord) -> bool {
+        let Some(root) = r.key.strip_suffix("regression") else {
+            return false;
+        };
+        let key = format!("{root}skip-ahead");
+        match r.client.kv_get(&key, Consistency::Consistent).await {
+            Ok((Some(e), _)) => super::skip_ahead::SkipAheadRecord::decode(&key, &e.value)
+                .is_ok_and(|run| run.at_ms >= pending.at_ms),
+            _ => false,
         }
     }
 
