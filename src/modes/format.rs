@@ -603,7 +603,7 @@ impl Formats {
         Ok(self.format(name)?.parse(id).map_err(StoreError::from)?)
     }
 
-    /// The durable record of a counter (seed 003's monitor): the period
+    /// The durable record of a counter (what monitoring reads): the period
     /// it is in and the last value any node may have used; `None` if the
     /// counter was never used.
     pub async fn counter(

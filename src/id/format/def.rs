@@ -33,7 +33,7 @@ pub struct FormatDef {
     /// A template, e.g. `{yyyy}{MM}{dd}{node:2}{seq:6}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
-    /// A Lua rule's source (seed 003's four functions).
+    /// A Lua rule's source (its four functions, see [`super::lua`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lua: Option<String>,
     /// A preset: `uniq64` or `idc`.

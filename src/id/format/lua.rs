@@ -1,4 +1,4 @@
-//! Lua rules (seed 003): a format whose IDs come from
+//! Lua rules: a format whose IDs come from
 //! `create_id(counter, now, salt)` in a sandboxed Lua 5.4 state.
 //!
 //! A rule defines four functions:
@@ -14,10 +14,11 @@
 //! ```
 //!
 //! `counter` is a Lua integer (`counter:generate_counter()` returns it,
-//! as in the seed); `now` has `year() month() day() hour() min() sec()
-//! yday() wday() unix()` in the format's zone; `salt` is the caller's
-//! string or nil. `reset_seconds()` periods are cut on the zone's wall
-//! clock (see [`super::period`]), so 86,400 resets at local midnight.
+//! for rules written for generators that offer it); `now` has `year()
+//! month() day() hour() min() sec() yday() wday() unix()` in the format's
+//! zone; `salt` is the caller's string or nil. `reset_seconds()` periods
+//! are cut on the zone's wall clock (see [`super::period`]), so 86,400
+//! resets at local midnight.
 //!
 //! # Sandbox
 //!
@@ -73,7 +74,7 @@ pub struct LuaLimits {
 }
 
 impl Default for LuaLimits {
-    /// 200,000 instructions (a seed-003 rule needs about 20) and 8 MiB.
+    /// 200,000 instructions (a daily counter rule needs about 20) and 8 MiB.
     fn default() -> Self {
         LuaLimits {
             instructions: 200_000,

@@ -10,8 +10,8 @@
 //! - [`FormatError`] (`error.rs`): every refusal, and its kind.
 //! - [`period`]: reset periods on the zone's wall clock and the rule that
 //!   the period never goes back ([`period::decide`]).
-//! - [`template`]: the template language; [`preset`]: seed 000's `uniq64`
-//!   and seed 001's `idc`; [`lua`]: sandboxed Lua rules (seed 003);
+//! - [`template`]: the template language; [`preset`]: the `uniq64`
+//!   and `idc` layouts; [`lua`]: sandboxed Lua rules;
 //!   [`token`]: the spaces leased tokens come from.
 //! - [`CounterRecord`] (`counter.rs`): a counter's durable record (its
 //!   period and last reserved value) and the rule that turns it into the
@@ -20,7 +20,7 @@
 //! Uniqueness contract: IDs are unique per format and, for counters kept
 //! per value of scope parameters, per those values (a template renders its
 //! scope parameters, so its IDs are unique across them too; a Lua rule's
-//! scope parameters are namespaces, as seed 003's `app_name`). IDs of
+//! scope parameters are namespaces, e.g. an `app_name` per caller). IDs of
 //! different formats, or of other modes, may coincide.
 //!
 //! No I/O and no clock: time comes in as Unix milliseconds.

@@ -1,19 +1,21 @@
-//! The references' own formats as presets.
+//! Two established ID layouts as presets.
 //!
-//! - `uniq64` (UniqGenerator, seed 000): a u64 of year-2000 (7 bits),
-//!   month (4), day (5), hour (5), token (12) and serial (31), the serial
-//!   reset daily. Bit positions are the seed's C bitfield as GCC and Clang
-//!   lay it out on x86-64 and ARM64 (first field in the lowest bits), so
-//!   values decode the same as the seed's own: `year` is bits 0-6,
-//!   `serial` bits 33-63. The value is not time-ordered (the serial is on
-//!   top), and with a serial of 2^30 or more it is above 2^63.
-//! - `idc` (seed 001): a 19-digit decimal `SSSSSSSSSS CCCC MM T RR`, Unix
-//!   seconds, a 4-digit counter reset every second, the machine (2
-//!   digits), a type digit and two digits left to the business for data
-//!   routing, e.g. `1795392000-9998-01-1-00` (dashes for reading only).
-//!   It is the template [`IDC_TEMPLATE`]; the seed's own example used
-//!   9-digit seconds since a private epoch, this uses Unix seconds so any
-//!   reader can decode the time. It stays below 2^63 until 2262.
+//! - `uniq64` (the UniqGenerator design's 64-bit ID): a u64 of year-2000
+//!   (7 bits), month (4), day (5), hour (5), token (12) and serial (31),
+//!   the serial reset daily. Bit positions are UniqGenerator's C bitfield
+//!   as GCC and Clang lay it out on x86-64 and ARM64 (first field in the
+//!   lowest bits), so values decode the same as that generator's own:
+//!   `year` is bits 0-6, `serial` bits 33-63. The value is not
+//!   time-ordered (the serial is on top), and with a serial of 2^30 or
+//!   more it is above 2^63.
+//! - `idc` (an ID center's decimal layout): a 19-digit decimal
+//!   `SSSSSSSSSS CCCC MM T RR`, Unix seconds, a 4-digit counter reset
+//!   every second, the machine (2 digits), a type digit and two digits
+//!   left to the business for data routing, e.g.
+//!   `1795392000-9998-01-1-00` (dashes for reading only). It is the
+//!   template [`IDC_TEMPLATE`]; the original layout used 9-digit seconds
+//!   since a private epoch, this uses Unix seconds so any reader can
+//!   decode the time. It stays below 2^63 until 2262.
 
 use std::fmt;
 
@@ -24,9 +26,9 @@ use thiserror::Error;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PresetName {
-    /// Seed 000's 64-bit layout.
+    /// UniqGenerator's 64-bit layout ([`Uniq64`]).
     Uniq64,
-    /// Seed 001's decimal layout.
+    /// The ID center's 19-digit decimal layout ([`IDC_TEMPLATE`]).
     Idc,
 }
 
@@ -65,7 +67,7 @@ pub enum PresetError {
     },
 }
 
-/// The fields of a uniq64 ID (seed 000's `Uniq64`).
+/// The fields of a uniq64 ID (UniqGenerator's bitfield).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct Uniq64 {
     /// Year minus 2000 (0-127: 2000 to 2127).
@@ -163,7 +165,7 @@ impl Uniq64 {
         2000 + i32::from(self.year)
     }
 
-    /// The seed's readable form: `uniq64://Y-M-D_H/token/serial`.
+    /// UniqGenerator's readable form: `uniq64://Y-M-D_H/token/serial`.
     pub fn uri(&self) -> String {
         format!(
             "uniq64://{}-{}-{}_{}/{}/{}",
@@ -252,7 +254,7 @@ impl Idc {
 }
 
 impl fmt::Display for Idc {
-    /// The seed's reading form: `seconds-counter-machine-type-route`.
+    /// The ID center's reading form: `seconds-counter-machine-type-route`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
