@@ -9,7 +9,7 @@
 //!   once per batch, as a `count` > 1 call can.
 //! - `template_render_check_params`: a longer template with a parameter
 //!   and a Luhn digit.
-//! - `lua_create_id`: seed 003's rule, one `create_id` call per ID under
+//! - `lua_create_id`: a daily Lua rule, one `create_id` call per ID under
 //!   the sandbox's budget hook (target <= 3 us).
 
 use std::hint::black_box;
@@ -19,7 +19,7 @@ use idgen::id::format::{CivilFields, Format, FormatDef, LuaLimits, NodeIds, Rese
 
 const NOW_MS: i64 = 1_795_403_045_000; // 2026-11-23T03:04:05Z
 
-const SEED_003: &str = r#"
+const DAILY_LUA_RULE: &str = r#"
 function min_counter() return 0 end
 function max_counter() return 9999 end
 function reset_seconds() return 86400 end
@@ -85,7 +85,7 @@ fn bench(c: &mut Criterion) {
     });
 
     let def = FormatDef {
-        lua: Some(SEED_003.to_owned()),
+        lua: Some(DAILY_LUA_RULE.to_owned()),
         template: None,
         reset: None,
         ..FormatDef::template("o2o", "", "Asia/Shanghai", Reset::Never)

@@ -2,7 +2,7 @@
 //! midnight (Asia/Shanghai, America/New_York on a DST day) on a manual
 //! clock, restarts before and after midnight, the wall clock stepped back
 //! across midnight, counter exhaustion, parameter checks, the presets and a
-//! seed-003 Lua rule; and uniqueness across three nodes on the Consul test
+//! daily Lua rule; and uniqueness across three nodes on the Consul test
 //! server for cluster-wide and per-node formats.
 
 mod common;
@@ -225,7 +225,7 @@ async fn parameters_are_validated_by_name() {
     node.stop().await;
 }
 
-const SEED_003_RULE: &str = r#"
+const DAILY_LUA_RULE: &str = r#"
 function min_counter() return 0 end
 function max_counter() return 9999 end
 function reset_seconds() return 86400 end
@@ -235,14 +235,14 @@ function create_id(counter, now, salt)
 end
 "#;
 
-/// The presets and a seed-003 Lua rule are served; preset IDs come back as
+/// The presets and a daily Lua rule are served; preset IDs come back as
 /// numbers and parse back into their fields.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presets_and_a_lua_rule_are_served_and_presets_parse_back() {
     let dir = tempfile::tempdir().unwrap();
     let lua = FormatDef {
         template: None,
-        lua: Some(SEED_003_RULE.into()),
+        lua: Some(DAILY_LUA_RULE.into()),
         reset: None,
         ..FormatDef::template("o2o", "", "Asia/Shanghai", Reset::Day)
     };

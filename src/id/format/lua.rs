@@ -691,7 +691,7 @@ impl LuaRule {
 mod tests {
     use super::*;
 
-    const SEED_003: &str = r#"
+    const DAILY_LUA_RULE: &str = r#"
 function min_counter()
     return 0
 end
@@ -732,8 +732,8 @@ end
     }
 
     #[test]
-    fn a_seed_003_rule_makes_its_ids_in_the_formats_zone() {
-        let rule = load("o2o", SEED_003).unwrap();
+    fn a_daily_lua_rule_makes_its_ids_in_the_formats_zone() {
+        let rule = load("o2o", DAILY_LUA_RULE).unwrap();
         assert_eq!((rule.min_counter(), rule.max_counter()), (0, 9999));
         assert_eq!(rule.reset(), Reset::Seconds(86_400));
         // 2026-11-23 11:00 in Shanghai.
@@ -844,7 +844,7 @@ end
             "{err:?}"
         );
         assert!(err.to_string().contains("render the whole counter"));
-        let no_day = SEED_003.replace("now:day(), seq", "1, seq");
+        let no_day = DAILY_LUA_RULE.replace("now:day(), seq", "1, seq");
         let err = load("noday", &no_day).unwrap_err();
         assert!(
             matches!(&err, LuaError::Repeats { first, second, what: validate::Repeat::Period, .. } if first.counter == 0 && second.counter == 0),
@@ -854,7 +854,7 @@ end
 
     #[test]
     fn a_max_below_min_or_a_reset_out_of_range_is_refused_naming_the_function() {
-        let below = SEED_003.replace("return 0\n", "return 10000\n");
+        let below = DAILY_LUA_RULE.replace("return 0\n", "return 10000\n");
         assert_eq!(
             load("below", &below).unwrap_err(),
             LuaError::BadValue {
@@ -864,7 +864,7 @@ end
             }
         );
         for n in ["-1", &(MAX_RESET_SECONDS + 1).to_string()] {
-            let reset = SEED_003.replace("return 86400", &format!("return {n}"));
+            let reset = DAILY_LUA_RULE.replace("return 86400", &format!("return {n}"));
             assert_eq!(
                 load("reset", &reset).unwrap_err(),
                 LuaError::BadValue {
@@ -886,7 +886,7 @@ end
                 function: "max_counter"
             }
         );
-        let neg = SEED_003.replace("return 0\n", "return -1\n");
+        let neg = DAILY_LUA_RULE.replace("return 0\n", "return -1\n");
         assert!(matches!(
             load("neg", &neg),
             Err(LuaError::BadValue {
@@ -894,7 +894,7 @@ end
                 ..
             })
         ));
-        let reset = SEED_003.replace("return 86400", "return 'daily'");
+        let reset = DAILY_LUA_RULE.replace("return 86400", "return 'daily'");
         assert!(matches!(
             load("r", &reset),
             Err(LuaError::BadValue {
@@ -940,7 +940,7 @@ end
 
     #[test]
     fn a_rule_is_shared_across_threads() {
-        let rule = Arc::new(load("o2o", SEED_003).unwrap());
+        let rule = Arc::new(load("o2o", DAILY_LUA_RULE).unwrap());
         let handles: Vec<_> = (0..2u64)
             .map(|t| {
                 let rule = Arc::clone(&rule);

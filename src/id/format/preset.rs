@@ -269,7 +269,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn uniq64_round_trips_and_uses_the_seeds_bit_positions() {
+    fn uniq64_round_trips_and_uses_uniqgenerators_bit_positions() {
         let u = Uniq64 {
             year: 15,
             month: 4,
@@ -338,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn idc_round_trips_and_reads_like_the_seed() {
+    fn idc_round_trips_and_reads_like_the_id_center_layout() {
         let i = Idc {
             seconds: 1_795_392_000,
             counter: 9998,
