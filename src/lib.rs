@@ -15,9 +15,13 @@
 //!   and presets, the lock-free snowflake generator with its clock rules,
 //!   segment ranges, lease blocks, strict counters, the double buffer
 //!   segment and lease mode serve from ([`id::buffer`]), decoding,
-//!   formatted IDs ([`id::format`]: templates, presets, periods, and Lua
-//!   rules with their sandbox and load-time checks), and the kind every
-//!   error says it is ([`id::ErrorKind`]).
+//!   formatted IDs ([`id::format`]: definitions and their update rule
+//!   (`def.rs`), compiled formats (`compile.rs`, `compiled.rs`), counter
+//!   records (`counter.rs`), errors (`error.rs`), the template language
+//!   ([`id::format::template`]: `syntax.rs`, the uniqueness checks in
+//!   `rules.rs`, `render.rs`, `parse.rs`, `check_digit.rs`), presets,
+//!   periods, and Lua rules with their sandbox and load-time checks), and
+//!   the kind every error says it is ([`id::ErrorKind`]).
 //! - [`store`]: durable state. [`store::HwmStore`] (high-water marks),
 //!   [`store::SegmentStore`], [`store::lease::TokenStore`] and
 //!   [`store::strict::StrictStore`] and [`store::format::FormatStore`]
@@ -26,7 +30,8 @@
 //!   starts a generator above the stored mark and keeps the mark ahead;
 //!   the cluster's layout record ([`store::cluster_layout`]); and the
 //!   embedded file's guard, backups and healing ([`store::state_file`],
-//!   [`store::snapshot`], [`store::reopen`], with formatted counters'
+//!   [`store::snapshot`] (`take.rs`, `rates.rs`, `restore.rs`),
+//!   [`store::reopen`], with formatted counters'
 //!   restore margins in [`store::format_restore`]); on Consul, what the node
 //!   wrote per key ([`store::regression`]) and the cluster-wide
 //!   skip-ahead after a snapshot restore ([`store::skip_ahead`]).
