@@ -13,7 +13,9 @@
 //! continues above (see `store::segment`), and a forced release returns
 //! only after the released session's lock-delay, which holds any new
 //! holder off until the old one has stopped issuing (its local deadline
-//! is at most min(TTL, lock-delay) after its last renew; `store::consul`).
+//! is at most min(TTL, lock-delay) after its last renew; the release
+//! itself is `cluster::holders`, so this layer makes no Consul KV or
+//! session call).
 //!
 //! One file per concern: `auth.rs` (credentials) with `auth_throttle.rs`
 //! (failed logins per peer), `tags.rs`, `strict.rs`, `holders.rs`,
