@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tonic::Status;
 
-use super::{check_description, rfc3339, store_status, to_the_end, AdminService};
+use super::{check_description, rfc3339, store_status, to_the_end, unreadable, AdminService};
 use crate::error::ErrorKind;
 use crate::id::format::FormatDef;
 use crate::modes::format_reload::{FormatCatalog, ReloadError, Reloaded};
@@ -156,11 +156,7 @@ impl AdminService {
                 .iter()
                 .map(|f| self.format_message(f))
                 .collect(),
-            unreadable: listing
-                .unreadable
-                .into_iter()
-                .map(|(key, error)| proto::UnreadableRecord { key, error })
-                .collect(),
+            unreadable: unreadable(listing.unreadable),
         })
     }
 

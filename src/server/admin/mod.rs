@@ -269,6 +269,14 @@ impl AdminService {
     }
 }
 
+/// The records a listing could not read, as a reply carries them.
+fn unreadable(records: Vec<(String, String)>) -> Vec<proto::UnreadableRecord> {
+    records
+        .into_iter()
+        .map(|(key, error)| proto::UnreadableRecord { key, error })
+        .collect()
+}
+
 /// Runs a format change to its end on its own task. A caller past its
 /// deadline drops the gRPC handler's future; dropped between storing a
 /// definition and installing it, a created format stayed stored but
@@ -281,212 +289,73 @@ async fn to_the_end<T: Send + 'static>(
         .unwrap_or_else(|e| Err(Error::Setup(format!("the format change stopped: {e}"))))
 }
 
-#[tonic::async_trait]
-impl Admin for AdminService {
-    async fn get_layout(
-        &self,
-        request: Request<proto::GetLayoutRequest>,
-    ) -> Result<Response<proto::GetLayoutResponse>, Status> {
-        self.call("GetLayout", request, |_| AdminService::get_layout(self))
-            .await
+/// The `idgen.v1.Admin` trait, one line per RPC: each runs its handler
+/// (the `AdminService` method of the same name) through
+/// [`AdminService::call`] under the RPC's name. Handlers under `request`
+/// take the request message; those under `no_request` need nothing from
+/// it. `Backup` answers with a stream (`backup.rs`).
+macro_rules! admin_routes {
+    (
+        request { $($rpc:ident($req:ident) -> $resp:ident = $name:literal;)* }
+        no_request { $($rpc0:ident($req0:ident) -> $resp0:ident = $name0:literal;)* }
+    ) => {
+        #[tonic::async_trait]
+        impl Admin for AdminService {
+            type BackupStream = BackupStream;
+
+            async fn backup(
+                &self,
+                request: Request<proto::BackupRequest>,
+            ) -> Result<Response<Self::BackupStream>, Status> {
+                self.backup_stream(request).await
+            }
+
+            $(
+                async fn $rpc(
+                    &self,
+                    request: Request<proto::$req>,
+                ) -> Result<Response<proto::$resp>, Status> {
+                    self.call($name, request, |r| AdminService::$rpc(self, r)).await
+                }
+            )*
+
+            $(
+                async fn $rpc0(
+                    &self,
+                    request: Request<proto::$req0>,
+                ) -> Result<Response<proto::$resp0>, Status> {
+                    self.call($name0, request, |_| AdminService::$rpc0(self)).await
+                }
+            )*
+        }
+    };
+}
+
+admin_routes! {
+    request {
+        set_layout(SetLayoutRequest) -> SetLayoutResponse = "SetLayout";
+        create_tag(CreateTagRequest) -> CreateTagResponse = "CreateTag";
+        update_tag(UpdateTagRequest) -> UpdateTagResponse = "UpdateTag";
+        get_tag(GetTagRequest) -> GetTagResponse = "GetTag";
+        delete_tag(DeleteTagRequest) -> DeleteTagResponse = "DeleteTag";
+        force_release(ForceReleaseRequest) -> ForceReleaseResponse = "ForceRelease";
+        set_strict_step(SetStrictStepRequest) -> SetStrictStepResponse = "SetStrictStep";
+        get_strict_step(GetStrictStepRequest) -> GetStrictStepResponse = "GetStrictStep";
+        list_strict_keys(ListStrictKeysRequest) -> ListStrictKeysResponse = "ListStrictKeys";
+        delete_strict_key(DeleteStrictKeyRequest) -> DeleteStrictKeyResponse = "DeleteStrictKey";
+        skip_ahead(SkipAheadRequest) -> SkipAheadResponse = "SkipAhead";
+        renew_session(RenewSessionRequest) -> RenewSessionResponse = "RenewSession";
+        create_format(CreateFormatRequest) -> CreateFormatResponse = "CreateFormat";
+        update_format(UpdateFormatRequest) -> UpdateFormatResponse = "UpdateFormat";
+        get_format(GetFormatRequest) -> GetFormatResponse = "GetFormat";
+        delete_format(DeleteFormatRequest) -> DeleteFormatResponse = "DeleteFormat";
     }
-
-    async fn set_layout(
-        &self,
-        request: Request<proto::SetLayoutRequest>,
-    ) -> Result<Response<proto::SetLayoutResponse>, Status> {
-        self.call("SetLayout", request, |r| AdminService::set_layout(self, r))
-            .await
-    }
-
-    type BackupStream = BackupStream;
-
-    async fn backup(
-        &self,
-        request: Request<proto::BackupRequest>,
-    ) -> Result<Response<Self::BackupStream>, Status> {
-        self.backup_stream(request).await
-    }
-
-    async fn create_tag(
-        &self,
-        request: Request<proto::CreateTagRequest>,
-    ) -> Result<Response<proto::CreateTagResponse>, Status> {
-        self.call("CreateTag", request, |r| AdminService::create_tag(self, r))
-            .await
-    }
-
-    async fn update_tag(
-        &self,
-        request: Request<proto::UpdateTagRequest>,
-    ) -> Result<Response<proto::UpdateTagResponse>, Status> {
-        self.call("UpdateTag", request, |r| AdminService::update_tag(self, r))
-            .await
-    }
-
-    async fn get_tag(
-        &self,
-        request: Request<proto::GetTagRequest>,
-    ) -> Result<Response<proto::GetTagResponse>, Status> {
-        self.call("GetTag", request, |r| AdminService::get_tag(self, r))
-            .await
-    }
-
-    async fn list_tags(
-        &self,
-        request: Request<proto::ListTagsRequest>,
-    ) -> Result<Response<proto::ListTagsResponse>, Status> {
-        self.call("ListTags", request, |_| AdminService::list_tags(self))
-            .await
-    }
-
-    async fn delete_tag(
-        &self,
-        request: Request<proto::DeleteTagRequest>,
-    ) -> Result<Response<proto::DeleteTagResponse>, Status> {
-        self.call("DeleteTag", request, |r| AdminService::delete_tag(self, r))
-            .await
-    }
-
-    async fn list_holders(
-        &self,
-        request: Request<proto::ListHoldersRequest>,
-    ) -> Result<Response<proto::ListHoldersResponse>, Status> {
-        self.call("ListHolders", request, |_| AdminService::list_holders(self))
-            .await
-    }
-
-    async fn force_release(
-        &self,
-        request: Request<proto::ForceReleaseRequest>,
-    ) -> Result<Response<proto::ForceReleaseResponse>, Status> {
-        self.call("ForceRelease", request, |r| {
-            AdminService::force_release(self, r)
-        })
-        .await
-    }
-
-    async fn set_strict_step(
-        &self,
-        request: Request<proto::SetStrictStepRequest>,
-    ) -> Result<Response<proto::SetStrictStepResponse>, Status> {
-        self.call("SetStrictStep", request, |r| {
-            AdminService::set_strict_step(self, r)
-        })
-        .await
-    }
-
-    async fn get_strict_step(
-        &self,
-        request: Request<proto::GetStrictStepRequest>,
-    ) -> Result<Response<proto::GetStrictStepResponse>, Status> {
-        self.call("GetStrictStep", request, |r| {
-            AdminService::get_strict_step(self, r)
-        })
-        .await
-    }
-
-    async fn list_strict_namespaces(
-        &self,
-        request: Request<proto::ListStrictNamespacesRequest>,
-    ) -> Result<Response<proto::ListStrictNamespacesResponse>, Status> {
-        self.call("ListStrictNamespaces", request, |_| {
-            AdminService::list_strict_namespaces(self)
-        })
-        .await
-    }
-
-    async fn list_strict_keys(
-        &self,
-        request: Request<proto::ListStrictKeysRequest>,
-    ) -> Result<Response<proto::ListStrictKeysResponse>, Status> {
-        self.call("ListStrictKeys", request, |r| {
-            AdminService::list_strict_keys(self, r)
-        })
-        .await
-    }
-
-    async fn delete_strict_key(
-        &self,
-        request: Request<proto::DeleteStrictKeyRequest>,
-    ) -> Result<Response<proto::DeleteStrictKeyResponse>, Status> {
-        self.call("DeleteStrictKey", request, |r| {
-            AdminService::delete_strict_key(self, r)
-        })
-        .await
-    }
-
-    async fn skip_ahead(
-        &self,
-        request: Request<proto::SkipAheadRequest>,
-    ) -> Result<Response<proto::SkipAheadResponse>, Status> {
-        self.call("SkipAhead", request, |r| AdminService::skip_ahead(self, r))
-            .await
-    }
-
-    async fn renew_session(
-        &self,
-        request: Request<proto::RenewSessionRequest>,
-    ) -> Result<Response<proto::RenewSessionResponse>, Status> {
-        self.call("RenewSession", request, |r| {
-            AdminService::renew_session(self, r)
-        })
-        .await
-    }
-
-    async fn create_format(
-        &self,
-        request: Request<proto::CreateFormatRequest>,
-    ) -> Result<Response<proto::CreateFormatResponse>, Status> {
-        self.call("CreateFormat", request, |r| {
-            AdminService::create_format(self, r)
-        })
-        .await
-    }
-
-    async fn update_format(
-        &self,
-        request: Request<proto::UpdateFormatRequest>,
-    ) -> Result<Response<proto::UpdateFormatResponse>, Status> {
-        self.call("UpdateFormat", request, |r| {
-            AdminService::update_format(self, r)
-        })
-        .await
-    }
-
-    async fn get_format(
-        &self,
-        request: Request<proto::GetFormatRequest>,
-    ) -> Result<Response<proto::GetFormatResponse>, Status> {
-        self.call("GetFormat", request, |r| AdminService::get_format(self, r))
-            .await
-    }
-
-    async fn list_formats(
-        &self,
-        request: Request<proto::ListFormatsRequest>,
-    ) -> Result<Response<proto::ListFormatsResponse>, Status> {
-        self.call("ListFormats", request, |_| AdminService::list_formats(self))
-            .await
-    }
-
-    async fn delete_format(
-        &self,
-        request: Request<proto::DeleteFormatRequest>,
-    ) -> Result<Response<proto::DeleteFormatResponse>, Status> {
-        self.call("DeleteFormat", request, |r| {
-            AdminService::delete_format(self, r)
-        })
-        .await
-    }
-
-    async fn reload_formats(
-        &self,
-        request: Request<proto::ReloadFormatsRequest>,
-    ) -> Result<Response<proto::ReloadFormatsResponse>, Status> {
-        self.call("ReloadFormats", request, |_| {
-            AdminService::reload_formats(self)
-        })
-        .await
+    no_request {
+        get_layout(GetLayoutRequest) -> GetLayoutResponse = "GetLayout";
+        list_tags(ListTagsRequest) -> ListTagsResponse = "ListTags";
+        list_holders(ListHoldersRequest) -> ListHoldersResponse = "ListHolders";
+        list_strict_namespaces(ListStrictNamespacesRequest) -> ListStrictNamespacesResponse = "ListStrictNamespaces";
+        list_formats(ListFormatsRequest) -> ListFormatsResponse = "ListFormats";
+        reload_formats(ReloadFormatsRequest) -> ReloadFormatsResponse = "ReloadFormats";
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tonic::Status;
 
-use super::{check_description, rfc3339, store_status, AdminService};
+use super::{check_description, rfc3339, store_status, unreadable, AdminService};
 use crate::error::ErrorKind;
 use crate::id::segment::{check_max_id, check_step, Tag, TagRecord, TagUpdate};
 use crate::proto;
@@ -150,11 +150,7 @@ impl AdminService {
                 .iter()
                 .map(|(t, r)| tag_message(t, r))
                 .collect(),
-            unreadable: listing
-                .unreadable
-                .into_iter()
-                .map(|(key, error)| proto::UnreadableRecord { key, error })
-                .collect(),
+            unreadable: unreadable(listing.unreadable),
         })
     }
 
