@@ -19,12 +19,12 @@ use crate::server::tls::PeerCertificate;
 const DISABLED: &str = "the admin API is disabled on this server: set admin.token or admin.token_file in its config (or IDGEN_ADMIN__TOKEN) and restart it";
 const NO_CERT: &str = "admin calls on this server need a client certificate named in its admin.client_cert_names, over TLS (idgen admin: --addr https://... --ca, --cert, --key)";
 const NO_HEADER: &str = "admin calls need the metadata `authorization: Bearer <token>` carrying the server's admin token (idgen admin: --token, --token-file or IDGEN_ADMIN__TOKEN)";
-const WRONG_TOKEN: &str =
+const WRONG_ADMIN_TOKEN: &str =
     "the admin token is wrong: use the token in the server's admin.token or admin.token_file";
 
 /// Compares two tokens in time that depends only on their lengths, never
 /// on where they first differ.
-fn same_token(given: &[u8], expected: &[u8]) -> bool {
+fn same_admin_token(given: &[u8], expected: &[u8]) -> bool {
     let mut diff = u8::from(given.len() != expected.len());
     for (i, e) in expected.iter().enumerate() {
         let g = given.get(i).copied().unwrap_or(!e);
@@ -76,10 +76,10 @@ fn authorize(expected: Option<&AdminToken>, metadata: &MetadataMap) -> Result<()
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
         .ok_or_else(|| refusal(ErrorKind::Unauthenticated, NO_HEADER))?;
-    if same_token(given.as_bytes(), expected.0.as_bytes()) {
+    if same_admin_token(given.as_bytes(), expected.0.as_bytes()) {
         Ok(())
     } else {
-        Err(refusal(ErrorKind::Denied, WRONG_TOKEN))
+        Err(refusal(ErrorKind::Denied, WRONG_ADMIN_TOKEN))
     }
 }
 
@@ -107,7 +107,7 @@ impl AdminService {
             }
         }
         let checked = authorize_call(
-            self.deps.token.as_ref(),
+            self.deps.admin_token.as_ref(),
             &self.deps.client_cert_names,
             request.extensions().get::<PeerCertificate>(),
             request.metadata(),
@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn tokens_compare_whole() {
-        assert!(same_token(b"s3cret", b"s3cret"));
+        assert!(same_admin_token(b"s3cret", b"s3cret"));
         for other in [
             &b""[..],
             b"s3cre",
@@ -161,9 +161,12 @@ mod tests {
             b"x3cret",
             b"s3crex",
         ] {
-            assert!(!same_token(other, b"s3cret"), "{other:?}");
+            assert!(!same_admin_token(other, b"s3cret"), "{other:?}");
         }
-        assert!(!same_token(b"", b"\xff"), "a missing byte never matches");
+        assert!(
+            !same_admin_token(b"", b"\xff"),
+            "a missing byte never matches"
+        );
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub const MAX_DESCRIPTION_LEN: usize = 1024;
 pub struct AdminDeps {
     /// The token callers must present; `None` (and no
     /// `client_cert_names`) refuses every call.
-    pub token: Option<AdminToken>,
+    pub admin_token: Option<AdminToken>,
     /// Client certificate names allowed (`admin.client_cert_names`);
     /// non-empty: a call needs a verified certificate with one of them,
     /// and the token too when one is set.
@@ -140,7 +140,7 @@ impl AdminService {
     /// [`AdminServer::from_arc`] and the console's JSON API calls the same
     /// instance.
     pub fn new(deps: AdminDeps) -> Self {
-        if deps.token.is_none() && deps.client_cert_names.is_empty() {
+        if deps.admin_token.is_none() && deps.client_cert_names.is_empty() {
             tracing::info!("admin API disabled: no admin.token or admin.token_file configured");
         }
         for port in ["grpc", "http"] {
@@ -158,7 +158,7 @@ impl AdminService {
     /// `admin.token_file` or `admin.client_cert_names`); without one every
     /// call is refused and the console is not served.
     pub fn enabled(&self) -> bool {
-        self.deps.token.is_some() || !self.deps.client_cert_names.is_empty()
+        self.deps.admin_token.is_some() || !self.deps.client_cert_names.is_empty()
     }
 }
 
