@@ -36,12 +36,12 @@ pub type Client = AdminClient<InterceptedService<Channel, Bearer>>;
 
 /// The token from --token / IDGEN_ADMIN__TOKEN or --token-file (or the
 /// deprecated IDGEN_ADMIN_TOKEN).
-fn token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
-    token_from(a.token.as_deref(), a.token_file.as_deref())
+fn admin_token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
+    admin_token_from(a.admin_token.as_deref(), a.admin_token_file.as_deref())
 }
 
 /// The token given inline, or read from a file.
-pub fn token_from(
+pub fn admin_token_from(
     token: Option<&str>,
     token_file: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<String>> {
@@ -67,7 +67,7 @@ pub fn token_from(
 }
 
 async fn connect(a: &AdminArgs) -> anyhow::Result<Client> {
-    connect_to(&a.addr, token(a)?, a.timeout, &a.tls).await
+    connect_to(&a.addr, admin_token(a)?, a.timeout, &a.tls).await
 }
 
 /// An admin client of `addr`, sending `token` as a bearer token; the
