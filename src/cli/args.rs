@@ -79,13 +79,14 @@ pub struct BackupArgs {
     /// the environment (IDGEN_ADMIN__TOKEN).
     #[arg(
         long = "token",
+        value_name = "TOKEN",
         env = "IDGEN_ADMIN__TOKEN",
         hide_env_values = true,
         conflicts_with = "admin_token_file"
     )]
     pub admin_token: Option<String>,
     /// A file holding the admin token.
-    #[arg(long = "token-file")]
+    #[arg(long = "token-file", value_name = "TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
     /// Read the state file named by --config/--state directly; only while
     /// no node runs on it.
@@ -283,6 +284,7 @@ pub struct AdminArgs {
     /// command line is visible to other users.
     #[arg(
         long = "token",
+        value_name = "TOKEN",
         global = true,
         env = "IDGEN_ADMIN__TOKEN",
         hide_env_values = true,
@@ -290,7 +292,7 @@ pub struct AdminArgs {
     )]
     pub admin_token: Option<String>,
     /// A file holding the admin token.
-    #[arg(long = "token-file", global = true)]
+    #[arg(long = "token-file", value_name = "TOKEN_FILE", global = true)]
     pub admin_token_file: Option<PathBuf>,
     /// Print JSON (IDs as decimal strings).
     #[arg(long, global = true)]

@@ -1,7 +1,7 @@
 //! Who may make an admin call: the bearer admin token, compared in
 //! constant time, and the client certificate names; failures are counted
-//! per peer and throttled (see `auth_throttle.rs`). The token is never
-//! logged.
+//! per peer and throttled (see `auth_throttle.rs`). The admin token is
+//! never logged.
 
 use std::net::IpAddr;
 
@@ -22,7 +22,7 @@ const NO_HEADER: &str = "admin calls need the metadata `authorization: Bearer <t
 const WRONG_ADMIN_TOKEN: &str =
     "the admin token is wrong: use the token in the server's admin.token or admin.token_file";
 
-/// Compares two tokens in time that depends only on their lengths, never
+/// Compares two admin tokens in time that depends only on their lengths, never
 /// on where they first differ.
 fn same_admin_token(given: &[u8], expected: &[u8]) -> bool {
     let mut diff = u8::from(given.len() != expected.len());
@@ -41,16 +41,16 @@ fn bearer(header: &str) -> Option<&str> {
 }
 
 /// Checks a call's credentials: with `names`, a verified client
-/// certificate naming one of them, and the token as well when `token` is
-/// set; without, the token alone.
+/// certificate naming one of them, and the admin token as well when
+/// `admin_token` is set; without, the admin token alone.
 fn authorize_call(
-    token: Option<&AdminToken>,
+    admin_token: Option<&AdminToken>,
     names: &[String],
     peer: Option<&PeerCertificate>,
     metadata: &MetadataMap,
 ) -> Result<(), Status> {
     if names.is_empty() {
-        return authorize(token, metadata);
+        return authorize(admin_token, metadata);
     }
     match peer {
         None => Err(refusal(ErrorKind::Unauthenticated, NO_CERT)),
@@ -61,12 +61,12 @@ fn authorize_call(
                 p.names
             ),
         )),
-        Some(_) if token.is_some() => authorize(token, metadata),
+        Some(_) if admin_token.is_some() => authorize(admin_token, metadata),
         Some(_) => Ok(()),
     }
 }
 
-/// Checks a call's token against `expected`.
+/// Checks a call's bearer token against the admin token `expected`.
 fn authorize(expected: Option<&AdminToken>, metadata: &MetadataMap) -> Result<(), Status> {
     let Some(expected) = expected else {
         return Err(refusal(ErrorKind::Denied, DISABLED));

@@ -4,9 +4,10 @@
 //! `store::cluster_layout`).
 //!
 //! Every call is authorized first: the metadata `authorization: Bearer
-//! <token>` must carry the server's `admin.token`, compared in constant
-//! time. A server without a token refuses every admin call, so the API is
-//! off unless an operator turns it on. The token is never logged.
+//! <token>` must carry the server's admin token (`admin.token`), compared
+//! in constant time. A server without an admin token (or client
+//! certificate names) refuses every admin call, so the API is off unless
+//! an operator turns it on. The admin token is never logged.
 //!
 //! Nothing here can make an ID repeat: a tag's `max_id` only moves
 //! forward, a deleted tag leaves a tombstone that a re-created tag
@@ -67,12 +68,12 @@ pub const MAX_DESCRIPTION_LEN: usize = 1024;
 /// What the admin service works on. Each `None` turns off the calls that
 /// need it (FAILED_PRECONDITION naming what to enable).
 pub struct AdminDeps {
-    /// The token callers must present; `None` (and no
+    /// The admin token callers must present; `None` (and no
     /// `client_cert_names`) refuses every call.
     pub admin_token: Option<AdminToken>,
     /// Client certificate names allowed (`admin.client_cert_names`);
     /// non-empty: a call needs a verified certificate with one of them,
-    /// and the token too when one is set.
+    /// and the admin token too when one is set.
     pub client_cert_names: Vec<String>,
     /// Peers allowed to make admin calls (`admin.allow`); empty: all.
     pub allow: crate::config::AllowList,
@@ -196,9 +197,9 @@ fn check_description(d: &str) -> Result<(), Status> {
 }
 
 impl AdminService {
-    /// Checks `admin.allow` and the credentials of `request` (bearer token
+    /// Checks `admin.allow` and the credentials of `request` (admin token
     /// and/or client certificate), runs `f`, counts the call by method and
-    /// code, and logs it (never the token). Every admin RPC goes through
+    /// code, and logs it (never the admin token). Every admin RPC goes through
     /// here, and so does every call of the console's JSON API.
     pub async fn call<Req, T, Fut>(
         &self,
