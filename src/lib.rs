@@ -45,15 +45,18 @@
 //!   seam (static on the embedded store, claimed in Consul);
 //!   [`cluster::worker_lock`] claims a worker id with a session lock,
 //!   [`cluster::supervisor`] renews, fences and re-claims,
-//!   [`cluster::registration`] registers the node with a gRPC health check.
+//!   [`cluster::registration`] registers the node with a gRPC health check,
+//!   [`cluster::holders`] reads and releases the holders of worker ids and
+//!   tokens for the admin API.
 //! - [`consul`]: a thin Consul HTTP client (KV, sessions, txn, agent,
 //!   health) with timeouts, safe retries and typed errors.
 //! - [`server`]: the front ends only. The running [`server::Node`] (start
 //!   and ordered shutdown), gRPC (`idgen.v1.IdGen`, `idgen.v1.Admin`,
 //!   health, reflection), HTTP (`/metrics`, `/healthz`, `/readyz`,
 //!   `/v1/...`, the admin console at `/admin/`), the health monitor, the
-//!   connection listener (with its per-peer limits), admin authentication
-//!   and its per-peer throttle, and
+//!   connection listener (with its per-peer limits), the admin service
+//!   (`server/admin/`, one file per concern: authentication and its
+//!   per-peer throttle, tags, strict, holders, layout, formats, backup), and
 //!   [`server::status`], where error kinds become gRPC codes and HTTP
 //!   statuses.
 //! - [`renewal`]: the thread that keeps marks and the worker lock alive

@@ -17,7 +17,7 @@ use super::args::{
 };
 use super::output::outln;
 
-/// Adds `authorization: Bearer <token>` to every call (when a token
+/// Adds `authorization: Bearer <admin token>` to every call (when one
 /// was given; without one the server answers UNAUTHENTICATED).
 #[derive(Clone)]
 pub struct Bearer(Option<MetadataValue<Ascii>>);
@@ -31,17 +31,17 @@ impl Interceptor for Bearer {
     }
 }
 
-/// An admin client that sends the bearer token with every call.
+/// An admin client that sends the admin token with every call.
 pub type Client = AdminClient<InterceptedService<Channel, Bearer>>;
 
-/// The token from --token / IDGEN_ADMIN__TOKEN or --token-file (or the
+/// The admin token from --token / IDGEN_ADMIN__TOKEN or --token-file (or the
 /// deprecated IDGEN_ADMIN_TOKEN).
-fn token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
-    token_from(a.token.as_deref(), a.token_file.as_deref())
+fn admin_token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
+    admin_token_from(a.admin_token.as_deref(), a.admin_token_file.as_deref())
 }
 
-/// The token given inline, or read from a file.
-pub fn token_from(
+/// The admin token given inline, or read from a file.
+pub fn admin_token_from(
     token: Option<&str>,
     token_file: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<String>> {
@@ -67,18 +67,18 @@ pub fn token_from(
 }
 
 async fn connect(a: &AdminArgs) -> anyhow::Result<Client> {
-    connect_to(&a.addr, token(a)?, a.timeout, &a.tls).await
+    connect_to(&a.addr, admin_token(a)?, a.timeout, &a.tls).await
 }
 
-/// An admin client of `addr`, sending `token` as a bearer token; the
+/// An admin client of `addr`, sending `admin_token` as a bearer token; the
 /// connection and every call are bounded by `timeout`.
 pub async fn connect_to(
     addr: &str,
-    token: Option<String>,
+    admin_token: Option<String>,
     timeout: std::time::Duration,
     tls: &super::tls::TlsArgs,
 ) -> anyhow::Result<Client> {
-    let header = match token {
+    let header = match admin_token {
         Some(t) => {
             let mut v = MetadataValue::try_from(format!("Bearer {t}")).map_err(|_| {
                 anyhow::anyhow!(

@@ -78,15 +78,16 @@ pub struct BackupArgs {
     /// The node's admin token (its admin.token). Prefer --token-file or
     /// the environment (IDGEN_ADMIN__TOKEN).
     #[arg(
-        long,
+        long = "token",
+        value_name = "TOKEN",
         env = "IDGEN_ADMIN__TOKEN",
         hide_env_values = true,
-        conflicts_with = "token_file"
+        conflicts_with = "admin_token_file"
     )]
-    pub token: Option<String>,
+    pub admin_token: Option<String>,
     /// A file holding the admin token.
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
+    #[arg(long = "token-file", value_name = "TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// Read the state file named by --config/--state directly; only while
     /// no node runs on it.
     #[arg(long)]
@@ -282,16 +283,17 @@ pub struct AdminArgs {
     /// reads; the older IDGEN_ADMIN_TOKEN still works, with a warning): a
     /// command line is visible to other users.
     #[arg(
-        long,
+        long = "token",
+        value_name = "TOKEN",
         global = true,
         env = "IDGEN_ADMIN__TOKEN",
         hide_env_values = true,
-        conflicts_with = "token_file"
+        conflicts_with = "admin_token_file"
     )]
-    pub token: Option<String>,
+    pub admin_token: Option<String>,
     /// A file holding the admin token.
-    #[arg(long, global = true)]
-    pub token_file: Option<PathBuf>,
+    #[arg(long = "token-file", value_name = "TOKEN_FILE", global = true)]
+    pub admin_token_file: Option<PathBuf>,
     /// Print JSON (IDs as decimal strings).
     #[arg(long, global = true)]
     pub json: bool,

@@ -56,7 +56,7 @@ pub async fn backup(a: BackupArgs) -> anyhow::Result<()> {
 
 /// The snapshot the running node takes (admin rpc `Backup`), all of it.
 async fn fetch_from_node(a: &BackupArgs) -> anyhow::Result<Vec<u8>> {
-    let token = admin::token_from(a.token.as_deref(), a.token_file.as_deref())?;
+    let token = admin::admin_token_from(a.admin_token.as_deref(), a.admin_token_file.as_deref())?;
     let mut client = admin::connect_to(&a.addr, token, a.timeout, &a.tls).await?;
     let mut stream = client
         .backup(proto::BackupRequest {})

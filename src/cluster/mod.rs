@@ -7,7 +7,11 @@
 //! moment it may no longer be the holder and claims again, and
 //! [`registration`] registers the node as a Consul service with a gRPC
 //! health check so clients find only nodes that are issuing IDs.
+//! [`holders`] reads who holds each worker id and token of a Consul
+//! cluster, and force-releases or renews a holder's session for the
+//! admin API.
 
+pub mod holders;
 pub mod membership;
 pub mod registration;
 pub mod supervisor;

@@ -223,7 +223,7 @@ impl Node {
         };
         let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
         admin::AdminDeps {
-            token: config.admin.token.clone(),
+            admin_token: config.admin.token.clone(),
             client_cert_names: config.admin.client_cert_names.clone(),
             allow: config.admin.allow.clone(),
             segments: self.admin_segments.clone(),
