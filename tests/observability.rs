@@ -65,6 +65,73 @@ fn unix_now_secs() -> f64 {
         .as_secs_f64()
 }
 
+/// Histogram bucket bounds, the layout's time left and the `process_*`
+/// series of a first scrape.
+fn histograms_layout_and_process_series(text: &str) {
+    // A histogram, not a summary: it aggregates across nodes.
+    assert!(
+        text.contains("# TYPE idgen_strict_commit_batch histogram"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("idgen_strict_commit_batch{quantile"),
+        "{text}"
+    );
+
+    // Request buckets start at 5 us.
+    let les: Vec<&str> = text
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("idgen_request_duration_seconds_bucket{rpc=\"GenId\",code=\"OK\",le=\"")
+        })
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert_eq!(
+        les,
+        [
+            "0.000005", "0.00001", "0.000025", "0.00005", "0.0001", "0.00025", "0.0005", "0.001",
+            "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "+Inf"
+        ],
+        "{text}"
+    );
+    let batch_les: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("idgen_strict_commit_batch_bucket{le=\""))
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert_eq!(
+        batch_les,
+        [
+            "1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096",
+            "+Inf"
+        ]
+    );
+
+    // The layout's time left, in seconds (the years gauge is gone).
+    assert!(!text.contains("idgen_layout_years_left"), "{text}");
+    let left = metric(text, "idgen_layout_time_left_seconds").expect("time left");
+    let expected = default_layout().end_ms() as f64 / 1000.0 - unix_now_secs();
+    assert!(
+        (left - expected).abs() < 120.0,
+        "time left {left} s, expected about {expected} s"
+    );
+
+    // Process series, read from /proc.
+    let rss = metric(text, "process_resident_memory_bytes").expect("RSS");
+    assert!(rss > 1_000_000.0, "RSS {rss}");
+    let fds = metric(text, "process_open_fds").expect("open fds");
+    assert!(fds >= 5.0, "listeners, state file, stdio: {fds}");
+    assert!(metric(text, "process_max_fds").expect("max fds") >= fds);
+    assert!(metric(text, "process_cpu_seconds_total").expect("CPU") >= 0.0);
+    let start = metric(text, "process_start_time_seconds").expect("start time");
+    assert!(
+        (unix_now_secs() - start).abs() < 120.0,
+        "started {start}, now {}",
+        unix_now_secs()
+    );
+    assert!(text.contains("# TYPE process_cpu_seconds_total counter"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedded_node_exports_every_series_at_zero_before_any_request() {
     let dir = tempfile::tempdir().unwrap();
@@ -180,68 +247,7 @@ async fn an_embedded_node_exports_every_series_at_zero_before_any_request() {
     assert_sample(&scrape(&node).await, "idgen_serving", "1");
     assert_sample(&text, "idgen_layout_worker_ids", "32");
 
-    // A histogram, not a summary: it aggregates across nodes.
-    assert!(
-        text.contains("# TYPE idgen_strict_commit_batch histogram"),
-        "{text}"
-    );
-    assert!(
-        !text.contains("idgen_strict_commit_batch{quantile"),
-        "{text}"
-    );
-
-    // Request buckets start at 5 us.
-    let les: Vec<&str> = text
-        .lines()
-        .filter_map(|l| {
-            l.strip_prefix("idgen_request_duration_seconds_bucket{rpc=\"GenId\",code=\"OK\",le=\"")
-        })
-        .filter_map(|rest| rest.split('"').next())
-        .collect();
-    assert_eq!(
-        les,
-        [
-            "0.000005", "0.00001", "0.000025", "0.00005", "0.0001", "0.00025", "0.0005", "0.001",
-            "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "+Inf"
-        ],
-        "{text}"
-    );
-    let batch_les: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("idgen_strict_commit_batch_bucket{le=\""))
-        .filter_map(|rest| rest.split('"').next())
-        .collect();
-    assert_eq!(
-        batch_les,
-        [
-            "1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096",
-            "+Inf"
-        ]
-    );
-
-    // The layout's time left, in seconds (the years gauge is gone).
-    assert!(!text.contains("idgen_layout_years_left"), "{text}");
-    let left = metric(&text, "idgen_layout_time_left_seconds").expect("time left");
-    let expected = default_layout().end_ms() as f64 / 1000.0 - unix_now_secs();
-    assert!(
-        (left - expected).abs() < 120.0,
-        "time left {left} s, expected about {expected} s"
-    );
-
-    // Process series, read from /proc.
-    let rss = metric(&text, "process_resident_memory_bytes").expect("RSS");
-    assert!(rss > 1_000_000.0, "RSS {rss}");
-    let fds = metric(&text, "process_open_fds").expect("open fds");
-    assert!(fds >= 5.0, "listeners, state file, stdio: {fds}");
-    assert!(metric(&text, "process_max_fds").expect("max fds") >= fds);
-    assert!(metric(&text, "process_cpu_seconds_total").expect("CPU") >= 0.0);
-    let start = metric(&text, "process_start_time_seconds").expect("start time");
-    assert!(
-        (unix_now_secs() - start).abs() < 120.0,
-        "started {start}, now {}",
-        unix_now_secs()
-    );
-    assert!(text.contains("# TYPE process_cpu_seconds_total counter"));
+    histograms_layout_and_process_series(&text);
 }
 
 /// A Consul-mode node with every mode on, and the test server it uses.
