@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{assert_linearizable, write_cluster_config, Call, ChildServer};
-use consul_testserver::{Config, TestConsul};
+use consul_testserver::TestConsul;
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{GenIdsRequest, Mode};
 use tonic::transport::Channel;
@@ -391,14 +391,7 @@ async fn chaos_run_issues_no_duplicate_ids() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5_000_000);
-    let consul = TestConsul::start(Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
-        ..Config::default()
-    })
-    .await
-    .expect("test consul");
+    let consul = common::test_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let slots = start_slots(&consul, dir.path()).await;
 

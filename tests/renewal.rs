@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{test_config, write_cluster_config};
-use consul_testserver::{Config as ConsulConfig, TestConsul};
 use idgen::config::{Config, Overrides};
 use idgen::id::{Clock, Mode, SystemClock};
 use idgen::server::{Issuer, Node};
@@ -103,15 +102,7 @@ fn a_saturated_request_runtime_keeps_its_mark_and_its_consul_session() {
         .enable_all()
         .build()
         .unwrap();
-    let consul = consul_rt
-        .block_on(TestConsul::start(ConsulConfig {
-            min_ttl: Duration::from_secs(1),
-            // Expiry exactly one TTL after the last renew.
-            ttl_expiry_factor: 1.0,
-            min_deregister_critical_after: Duration::from_secs(1),
-            ..ConsulConfig::default()
-        }))
-        .expect("test consul");
+    let consul = consul_rt.block_on(common::test_consul());
     let dir = tempfile::tempdir().unwrap();
     let path = write_cluster_config(dir.path(), "busy", consul.addr(), &[]);
     let config = Config::load(Some(&path), &Overrides::default(), now_ms()).expect("config");

@@ -17,7 +17,12 @@ use idgen::server::{Node, ShutdownReport};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
+pub mod consul;
 pub mod tls;
+
+// Not every test binary starts a Consul test server.
+#[allow(unused_imports)]
+pub use consul::test_consul;
 
 /// A server running inside the test process.
 pub struct TestServer {
@@ -487,22 +492,6 @@ pub fn assert_linearizable(calls: &[Call]) {
             b.first
         );
     }
-}
-
-/// The Consul test server as the cluster tests use it: session TTLs down
-/// to 1 s (idgen opts in with `[testing] consul_session_ttl_min`, which
-/// `write_cluster_config` writes), sessions expiring exactly one TTL after
-/// their last renew (the earliest real Consul may), and critical services
-/// reaped after 1 s.
-pub async fn test_consul() -> consul_testserver::TestConsul {
-    consul_testserver::TestConsul::start(consul_testserver::Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
-        ..consul_testserver::Config::default()
-    })
-    .await
-    .expect("test consul")
 }
 
 /// `count` snowflake IDs from `node` in one GenIds call.
