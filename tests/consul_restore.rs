@@ -12,12 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::write_cluster_config;
+use common::{write_cluster_config, Running as Started};
 use consul_testserver::TestConsul;
 use idgen::config::{Config, Overrides};
 use idgen::id::{Clock, ErrorKind, Mode, SystemClock};
-use idgen::server::Node;
-use tokio::net::TcpListener;
 
 const TAG: &str = "orders";
 const STRICT_KEY: &str = "books/b1";
@@ -31,32 +29,9 @@ template = "{yyyy}{MM}{dd}{seq:9}"
 reset = "day"
 "#;
 
-/// An in-process node with its issuer and gRPC address.
-struct Started {
-    issuer: Arc<idgen::modes::Issuer>,
-    grpc: std::net::SocketAddr,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<idgen::server::ShutdownReport, idgen::server::ServeError>>,
-}
-
-async fn start(mut config: Config) -> Started {
-    let grpc_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = grpc_l.local_addr().unwrap();
-    config.node.advertise = Some(grpc);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let node = Node::start(config, clock).await.expect("node starts");
-    let issuer = Arc::clone(node.issuer());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(node.serve(grpc_l, http_l, async {
-        let _ = stopped.await;
-    }));
-    Started {
-        issuer,
-        grpc,
-        stop,
-        task,
-    }
+/// An in-process node on the system clock.
+async fn start(config: Config) -> Started {
+    common::start_node(config, Arc::new(SystemClock)).await
 }
 
 /// Every ID and value handed out, per mode, and the errors seen.
@@ -348,9 +323,7 @@ async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_re
     assert!(after > before + 900, "{after} vs {before}");
 
     for node in nodes {
-        drop(node.issuer);
-        let _ = node.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+        node.stop_within(Duration::from_secs(20)).await;
     }
 }
 
@@ -434,9 +407,7 @@ async fn a_node_with_a_cached_index_from_before_the_snapshot_does_not_repeat_oth
     assert!(text.contains("idgen admin skip-ahead"), "{text}");
 
     for node in nodes {
-        drop(node.issuer);
-        let _ = node.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+        node.stop_within(Duration::from_secs(20)).await;
     }
 }
 
@@ -583,9 +554,7 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
     );
 
     // A restarts: a new node with nothing written to compare with.
-    drop(a.issuer);
-    let _ = a.stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), a.task).await;
+    a.stop_within(Duration::from_secs(20)).await;
     a = start(load(&configs[0])).await;
     for (mode, key) in [(Mode::Segment, TAG), (Mode::Strict, STRICT_KEY)] {
         match issue(&a, mode, key).await {
@@ -640,8 +609,6 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
     }
 
     for node in [a, b] {
-        drop(node.issuer);
-        let _ = node.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+        node.stop_within(Duration::from_secs(20)).await;
     }
 }

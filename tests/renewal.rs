@@ -13,9 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{test_config, write_cluster_config};
 use idgen::config::{Config, Overrides};
-use idgen::id::{Clock, Mode, SystemClock};
-use idgen::server::{Issuer, Node};
-use tokio::net::TcpListener;
+use idgen::id::{Mode, SystemClock};
 use tokio::runtime::Runtime;
 
 /// Worker threads of the node's (request) runtime.
@@ -39,28 +37,6 @@ fn request_runtime() -> Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// Starts `config` as a serving node on the current runtime; returns its
-/// issuer, the stop sender and the serve task.
-async fn serve(
-    mut config: Config,
-) -> (
-    Arc<Issuer>,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<idgen::server::ShutdownReport, idgen::server::ServeError>>,
-) {
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    config.node.advertise = Some(grpc.local_addr().unwrap());
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let node = Node::start(config, clock).await.expect("node starts");
-    let issuer = Arc::clone(node.issuer());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(node.serve(grpc, http, async {
-        let _ = stopped.await;
-    }));
-    (issuer, stop, task)
 }
 
 /// Blocks every worker thread of the current runtime and the calling
@@ -109,7 +85,8 @@ fn a_saturated_request_runtime_keeps_its_mark_and_its_consul_session() {
     let layout = config.layout;
 
     request_runtime().block_on(async {
-        let (issuer, stop, task) = serve(config).await;
+        let node = common::start_node(config, Arc::new(SystemClock)).await;
+        let issuer = Arc::clone(&node.issuer);
         let first = issuer.gen_id(Mode::Snowflake, "").await.expect("issues");
         let worker = layout.decompose(first).unwrap().worker;
         let sessions: Vec<String> = consul.sessions().into_iter().map(|s| s.id).collect();
@@ -146,8 +123,7 @@ fn a_saturated_request_runtime_keeps_its_mark_and_its_consul_session() {
             worker,
             "same worker id"
         );
-        let _ = stop.send(());
-        let report = task.await.unwrap().expect("clean shutdown");
+        let report = node.stop().await;
         assert!(report.final_hwm_ms.is_some(), "still held at shutdown");
     });
 }
@@ -157,7 +133,8 @@ fn a_saturated_request_runtime_keeps_its_embedded_mark_ahead() {
     let dir = tempfile::tempdir().unwrap();
     let config = test_config(dir.path());
     request_runtime().block_on(async {
-        let (issuer, stop, task) = serve(config).await;
+        let node = common::start_node(config, Arc::new(SystemClock)).await;
+        let issuer = Arc::clone(&node.issuer);
         let first = issuer.gen_id(Mode::Snowflake, "").await.expect("issues");
         let blockers = saturate().await;
         let now = now_ms();
@@ -174,7 +151,6 @@ fn a_saturated_request_runtime_keeps_its_embedded_mark_ahead() {
             .await
             .expect("still issuing");
         assert!(next > first);
-        let _ = stop.send(());
-        task.await.unwrap().expect("clean shutdown");
+        node.stop().await;
     });
 }
