@@ -770,7 +770,7 @@ async fn force_release_a_live_worker(
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         // Issuing also makes n1 take a lease token again (lazily).
-        let issued = issue(&n1, seen).await;
+        let issued = issue(n1, seen).await;
         let hs = holders(c).await;
         let back = hs
             .iter()
@@ -785,8 +785,8 @@ async fn force_release_a_live_worker(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    issue(&n0, seen).await.unwrap();
-    issue(&n1, seen).await.unwrap();
+    issue(n0, seen).await.unwrap();
+    issue(n1, seen).await.unwrap();
 }
 
 /// A tag created on one node, deleted and re-created on the other.
@@ -800,7 +800,7 @@ async fn tags_across_nodes(
     // other, never repeating an ID.
     c.create_tag(ok(create("orders", 0, 20))).await.unwrap();
     let mut got = HashSet::new();
-    for n in [&n0, &n1] {
+    for n in [n0, n1] {
         let mut ids = n.client().await;
         for id in ids
             .gen_ids(gen(Mode::Segment, "orders", 30))

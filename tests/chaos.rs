@@ -352,7 +352,7 @@ fn fault_round(
         t.name
     ));
     t.kill();
-    wait_out_session(&consul, &t.agent);
+    wait_out_session(consul, &t.agent);
     t.start(-8000);
     pause(Duration::from_secs(2));
 

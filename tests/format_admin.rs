@@ -146,7 +146,7 @@ async fn only_updates_that_keep_the_rendering_pass(
         .into_inner();
     assert!(r.format.unwrap().definition_json.contains("order numbers"));
     assert!(r.previous.unwrap().definition_json.contains("{seq:6}"));
-    all_new(seen, &gen(&node, "orders", 3).await.unwrap());
+    all_new(seen, &gen(node, "orders", 3).await.unwrap());
     allowed
 }
 
