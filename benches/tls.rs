@@ -88,6 +88,22 @@ async fn connect(addr: std::net::SocketAddr, tls: Option<Arc<ClientConfig>>) -> 
     }
 }
 
+/// One connection, 64 unary GenId calls in flight, for `secs` seconds.
+fn unary_options(secs: u64) -> BenchOptions {
+    BenchOptions {
+        target: String::new(),
+        connections: 1,
+        concurrency: 64,
+        duration: Duration::from_secs(secs),
+        warmup: Duration::from_secs(1),
+        batch: 1,
+        mode: idgen::id::Mode::Snowflake,
+        tag: String::new(),
+        format: None,
+        format_params: Vec::new(),
+    }
+}
+
 fn main() {
     let secs = env("IDGEN_BENCH_SECS", 5);
     let rounds = env("IDGEN_BENCH_ROUNDS", 3).max(1);
@@ -102,18 +118,7 @@ fn main() {
         .build()
         .expect("client runtime");
 
-    let opts = BenchOptions {
-        target: String::new(),
-        connections: 1,
-        concurrency: 64,
-        duration: Duration::from_secs(secs),
-        warmup: Duration::from_secs(1),
-        batch: 1,
-        mode: idgen::id::Mode::Snowflake,
-        tag: String::new(),
-        format: None,
-        format_params: Vec::new(),
-    };
+    let opts = unary_options(secs);
     let run = |addr, config: Option<Arc<ClientConfig>>| -> BenchReport {
         rt.block_on(async {
             let channel = connect(addr, config).await;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{run_idgen, write_child_config, write_cluster_config, ChildServer};
+use consul_testserver::TestConsul;
 
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, GenIdRequest, GenIdsRequest, HolderKind, Mode};
@@ -171,6 +172,123 @@ async fn admin_calls_need_the_configured_token() {
     }
 }
 
+/// Every bad tag request (the tag "orders" exists), with its code and a
+/// message.
+async fn every_bad_tag_request_gets_its_code(c: &mut AdminClient<Channel>) {
+    // Every bad input, with its code.
+    let bad: Vec<(tonic::Status, Code)> = vec![
+        (
+            code(c.create_tag(ok(create("Bad Tag", 0, 10))).await),
+            Code::InvalidArgument,
+        ),
+        (
+            code(c.create_tag(ok(create("", 0, 10))).await),
+            Code::InvalidArgument,
+        ),
+        (
+            code(c.create_tag(ok(create(&"x".repeat(65), 0, 10))).await),
+            Code::InvalidArgument,
+        ),
+        (
+            code(c.create_tag(ok(create("big", 0, 1_000_000_001))).await),
+            Code::InvalidArgument,
+        ),
+        (
+            code(c.create_tag(ok(create("high", u64::MAX, 10))).await),
+            Code::InvalidArgument,
+        ),
+        (
+            code(c.create_tag(ok(create("orders", 0, 10))).await),
+            Code::AlreadyExists,
+        ),
+        (
+            code(
+                c.update_tag(ok(update("orders", Some(0), None, None)))
+                    .await,
+            ),
+            Code::InvalidArgument,
+        ),
+        (
+            code(
+                c.update_tag(ok(update("orders", Some(1_000_000_001), None, None)))
+                    .await,
+            ),
+            Code::InvalidArgument,
+        ),
+        (
+            code(c.update_tag(ok(update("orders", None, None, None))).await),
+            Code::InvalidArgument,
+        ),
+        (
+            code(c.update_tag(ok(update("nope", Some(5), None, None))).await),
+            Code::NotFound,
+        ),
+        (
+            code(c.update_tag(ok(update("Nope!", Some(5), None, None))).await),
+            Code::InvalidArgument,
+        ),
+        (code(c.get_tag(ok(get("nope"))).await), Code::NotFound),
+        (
+            code(c.get_tag(ok(get("NOPE"))).await),
+            Code::InvalidArgument,
+        ),
+        (
+            code(
+                c.delete_tag(ok(proto::DeleteTagRequest { tag: "nope".into() }))
+                    .await,
+            ),
+            Code::NotFound,
+        ),
+    ];
+    for (i, (status, want)) in bad.iter().enumerate() {
+        assert_eq!(status.code(), *want, "case {i}: {status:?}");
+        assert!(
+            !status.message().is_empty(),
+            "case {i}: a message says what to do"
+        );
+    }
+    let long = proto::CreateTagRequest {
+        description: "d".repeat(2000),
+        ..create("long", 0, 1)
+    };
+    assert_eq!(
+        code(c.create_tag(ok(long)).await).code(),
+        Code::InvalidArgument
+    );
+    assert!(
+        code(c.create_tag(ok(create("big", 0, 1_000_000_001))).await)
+            .message()
+            .contains("1000000000")
+    );
+    assert!(code(c.get_tag(ok(get("nope"))).await)
+        .message()
+        .contains("nope"));
+}
+
+/// Segment or strict mode off: FAILED_PRECONDITION saying what to set.
+async fn tag_and_step_calls_need_their_mode_on() {
+    // Segment or strict mode off: FAILED_PRECONDITION saying what to set.
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&embedded_config(
+        dir.path(),
+        &format!("[admin]\ntoken = \"{TOKEN}\"\n"),
+    ));
+    let mut c = admin(&node).await;
+    let e = code(c.create_tag(ok(create("orders", 0, 10))).await);
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("[segment] enabled = true"), "{e:?}");
+    let e = code(c.list_tags(ok(proto::ListTagsRequest {})).await);
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let e = code(
+        c.get_strict_step(ok(proto::GetStrictStepRequest {
+            namespace: "books".into(),
+        }))
+        .await,
+    );
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("[strict] enabled = true"), "{e:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tags_are_created_read_listed_updated_and_deleted_with_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -260,94 +378,7 @@ async fn tags_are_created_read_listed_updated_and_deleted_with_clear_errors() {
         "names the current max_id: {e:?}"
     );
 
-    // Every bad input, with its code.
-    let bad: Vec<(tonic::Status, Code)> = vec![
-        (
-            code(c.create_tag(ok(create("Bad Tag", 0, 10))).await),
-            Code::InvalidArgument,
-        ),
-        (
-            code(c.create_tag(ok(create("", 0, 10))).await),
-            Code::InvalidArgument,
-        ),
-        (
-            code(c.create_tag(ok(create(&"x".repeat(65), 0, 10))).await),
-            Code::InvalidArgument,
-        ),
-        (
-            code(c.create_tag(ok(create("big", 0, 1_000_000_001))).await),
-            Code::InvalidArgument,
-        ),
-        (
-            code(c.create_tag(ok(create("high", u64::MAX, 10))).await),
-            Code::InvalidArgument,
-        ),
-        (
-            code(c.create_tag(ok(create("orders", 0, 10))).await),
-            Code::AlreadyExists,
-        ),
-        (
-            code(
-                c.update_tag(ok(update("orders", Some(0), None, None)))
-                    .await,
-            ),
-            Code::InvalidArgument,
-        ),
-        (
-            code(
-                c.update_tag(ok(update("orders", Some(1_000_000_001), None, None)))
-                    .await,
-            ),
-            Code::InvalidArgument,
-        ),
-        (
-            code(c.update_tag(ok(update("orders", None, None, None))).await),
-            Code::InvalidArgument,
-        ),
-        (
-            code(c.update_tag(ok(update("nope", Some(5), None, None))).await),
-            Code::NotFound,
-        ),
-        (
-            code(c.update_tag(ok(update("Nope!", Some(5), None, None))).await),
-            Code::InvalidArgument,
-        ),
-        (code(c.get_tag(ok(get("nope"))).await), Code::NotFound),
-        (
-            code(c.get_tag(ok(get("NOPE"))).await),
-            Code::InvalidArgument,
-        ),
-        (
-            code(
-                c.delete_tag(ok(proto::DeleteTagRequest { tag: "nope".into() }))
-                    .await,
-            ),
-            Code::NotFound,
-        ),
-    ];
-    for (i, (status, want)) in bad.iter().enumerate() {
-        assert_eq!(status.code(), *want, "case {i}: {status:?}");
-        assert!(
-            !status.message().is_empty(),
-            "case {i}: a message says what to do"
-        );
-    }
-    let long = proto::CreateTagRequest {
-        description: "d".repeat(2000),
-        ..create("long", 0, 1)
-    };
-    assert_eq!(
-        code(c.create_tag(ok(long)).await).code(),
-        Code::InvalidArgument
-    );
-    assert!(
-        code(c.create_tag(ok(create("big", 0, 1_000_000_001))).await)
-            .message()
-            .contains("1000000000")
-    );
-    assert!(code(c.get_tag(ok(get("nope"))).await)
-        .message()
-        .contains("nope"));
+    every_bad_tag_request_gets_its_code(&mut c).await;
 
     // Delete: gone from get and list, refused again.
     let del = c
@@ -375,26 +406,7 @@ async fn tags_are_created_read_listed_updated_and_deleted_with_clear_errors() {
     assert_eq!(names, ["orders"]);
     drop(node);
 
-    // Segment or strict mode off: FAILED_PRECONDITION saying what to set.
-    let dir = tempfile::tempdir().unwrap();
-    let node = ChildServer::start(&embedded_config(
-        dir.path(),
-        &format!("[admin]\ntoken = \"{TOKEN}\"\n"),
-    ));
-    let mut c = admin(&node).await;
-    let e = code(c.create_tag(ok(create("orders", 0, 10))).await);
-    assert_eq!(e.code(), Code::FailedPrecondition);
-    assert!(e.message().contains("[segment] enabled = true"), "{e:?}");
-    let e = code(c.list_tags(ok(proto::ListTagsRequest {})).await);
-    assert_eq!(e.code(), Code::FailedPrecondition);
-    let e = code(
-        c.get_strict_step(ok(proto::GetStrictStepRequest {
-            namespace: "books".into(),
-        }))
-        .await,
-    );
-    assert_eq!(e.code(), Code::FailedPrecondition);
-    assert!(e.message().contains("[strict] enabled = true"), "{e:?}");
+    tag_and_step_calls_need_their_mode_on().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -644,17 +656,13 @@ async fn issue(node: &ChildServer, seen: &mut HashSet<u64>) -> Result<(), tonic:
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_holders_force_release_tags_and_steps() {
-    let consul = common::test_consul().await;
-    let dir = tempfile::tempdir().unwrap();
-    let n0 = cluster_node(dir.path(), "n0", consul.addr());
-    let n1 = cluster_node(dir.path(), "n1", consul.addr());
-    let mut c = admin(&n0).await;
-    let mut seen = HashSet::new();
-    issue(&n0, &mut seen).await.unwrap();
-    issue(&n1, &mut seen).await.unwrap();
-
+/// Both nodes registered with every mode as a tag, and holding their worker
+/// ids and lease tokens; n1's worker id and session.
+async fn registered_with_their_holders(
+    consul: &TestConsul,
+    c: &mut AdminClient<Channel>,
+    n1: &ChildServer,
+) -> (u64, String) {
     // Each node registers the modes it serves as tags.
     let mut registered = 0;
     for _ in 0..100 {
@@ -675,7 +683,7 @@ async fn cluster_holders_force_release_tags_and_steps() {
     }
 
     // Holders: both nodes' worker ids and lease tokens, alive.
-    let hs = holders(&mut c).await;
+    let hs = holders(c).await;
     assert_eq!(hs.len(), 4, "{hs:?}");
     let workers: Vec<&proto::Holder> = hs
         .iter()
@@ -704,7 +712,18 @@ async fn cluster_holders_force_release_tags_and_steps() {
         "the token is held under the worker session"
     );
     let (n1_worker, n1_session) = (w1.id, w1.session.clone());
+    (n1_worker, n1_session)
+}
 
+/// n1's worker id released: refused while alive without `--force`, then
+/// forced; n1 claims again and issues on, nothing repeated.
+async fn force_release_a_live_worker(
+    consul: &TestConsul,
+    c: &mut AdminClient<Channel>,
+    [n0, n1]: [&ChildServer; 2],
+    (n1_worker, n1_session): (u64, String),
+    seen: &mut HashSet<u64>,
+) {
     // Never claimed: NOT_FOUND. Alive without --force: refused, naming it.
     let e = code(
         c.force_release(ok(release(HolderKind::Worker, 0, 30, false)))
@@ -751,8 +770,8 @@ async fn cluster_holders_force_release_tags_and_steps() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         // Issuing also makes n1 take a lease token again (lazily).
-        let issued = issue(&n1, &mut seen).await;
-        let hs = holders(&mut c).await;
+        let issued = issue(n1, seen).await;
+        let hs = holders(c).await;
         let back = hs
             .iter()
             .filter(|h| h.instance == "n1" && h.state == "alive" && h.session != n1_session)
@@ -766,15 +785,22 @@ async fn cluster_holders_force_release_tags_and_steps() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    issue(&n0, &mut seen).await.unwrap();
-    issue(&n1, &mut seen).await.unwrap();
+    issue(n0, seen).await.unwrap();
+    issue(n1, seen).await.unwrap();
+}
 
+/// A tag created on one node, deleted and re-created on the other.
+async fn tags_across_nodes(
+    c: &mut AdminClient<Channel>,
+    c1: &mut AdminClient<Channel>,
+    n0: &ChildServer,
+    n1: &ChildServer,
+) {
     // Tags in Consul: created on one node, deleted and re-created on the
     // other, never repeating an ID.
-    let mut c1 = admin(&n1).await;
     c.create_tag(ok(create("orders", 0, 20))).await.unwrap();
     let mut got = HashSet::new();
-    for n in [&n0, &n1] {
+    for n in [n0, n1] {
         let mut ids = n.client().await;
         for id in ids
             .gen_ids(gen(Mode::Segment, "orders", 30))
@@ -811,7 +837,14 @@ async fn cluster_holders_force_release_tags_and_steps() {
     assert_eq!(e.code(), Code::FailedPrecondition);
     let listed = c.list_tags(ok(proto::ListTagsRequest {})).await.unwrap();
     assert_eq!(listed.into_inner().tags.len(), 1);
+}
 
+/// A strict step set on n0 reaches n1 once its cache expires.
+async fn strict_step_reaches_the_other_node(
+    c: &mut AdminClient<Channel>,
+    c1: &mut AdminClient<Channel>,
+    n1: &ChildServer,
+) {
     // Strict steps: set on n0, used by n1 once its 10 s cache expires.
     let mut ids1 = n1.client().await;
     let v = ids1
@@ -854,6 +887,34 @@ async fn cluster_holders_force_release_tags_and_steps() {
         assert!(Instant::now() < deadline, "n1 still uses the old step");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_holders_force_release_tags_and_steps() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let n0 = cluster_node(dir.path(), "n0", consul.addr());
+    let n1 = cluster_node(dir.path(), "n1", consul.addr());
+    let mut c = admin(&n0).await;
+    let mut seen = HashSet::new();
+    issue(&n0, &mut seen).await.unwrap();
+    issue(&n1, &mut seen).await.unwrap();
+
+    let (n1_worker, n1_session) = registered_with_their_holders(&consul, &mut c, &n1).await;
+
+    force_release_a_live_worker(
+        &consul,
+        &mut c,
+        [&n0, &n1],
+        (n1_worker, n1_session),
+        &mut seen,
+    )
+    .await;
+
+    let mut c1 = admin(&n1).await;
+    tags_across_nodes(&mut c, &mut c1, &n0, &n1).await;
+
+    strict_step_reaches_the_other_node(&mut c, &mut c1, &n1).await;
 
     // After a clean stop the lock is released: nothing to do.
     let n1_now = holders(&mut c)

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{assert_linearizable, write_cluster_config, Call, ChildServer};
-use consul_testserver::{Config, TestConsul};
+use consul_testserver::TestConsul;
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::{GenIdsRequest, Mode};
 use tonic::transport::Channel;
@@ -301,28 +301,15 @@ fn pause(d: Duration) {
     std::thread::sleep(d);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_run_issues_no_duplicate_ids() {
-    let target: u64 = std::env::var("IDGEN_CHAOS_IDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5_000_000);
-    let consul = TestConsul::start(Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
-        ..Config::default()
-    })
-    .await
-    .expect("test consul");
-    let dir = tempfile::tempdir().unwrap();
+/// One slot a node, each started on its own agent of `consul`.
+async fn start_slots(consul: &TestConsul, dir: &Path) -> Vec<Arc<Slot>> {
     let mut slots = Vec::new();
     for i in 0..NODES {
         let agent = format!("agent-{}", i + 1);
         let addr = consul.add_agent(&agent).await.unwrap();
         let slot = Arc::new(Slot {
             name: format!("n{i}"),
-            config: config(dir.path(), &format!("n{i}"), addr),
+            config: config(dir, &format!("n{i}"), addr),
             agent,
             node: Mutex::new(None),
             addr: Mutex::new(None),
@@ -333,6 +320,80 @@ async fn chaos_run_issues_no_duplicate_ids() {
         slot.start(0);
         slots.push(slot);
     }
+    slots
+}
+
+/// One round of the driver's faults, on nodes chosen by the round number.
+fn fault_round(
+    slots: &[Arc<Slot>],
+    consul: &TestConsul,
+    rounds: u32,
+    log: &mut impl FnMut(String),
+) {
+    let s = &slots[rounds as usize % NODES];
+    let t = &slots[(rounds as usize + 1) % NODES];
+    let all_agents: Vec<String> = slots.iter().map(|s| s.agent.clone()).collect();
+
+    log(format!("kill -9 {} and restart it at once", s.name));
+    s.kill();
+    s.start(0);
+    pause(Duration::from_secs(2));
+
+    log(format!(
+        "restart {} cleanly with its clock 2 s behind",
+        t.name
+    ));
+    t.terminate();
+    t.start(-2000);
+    pause(Duration::from_secs(2));
+
+    log(format!(
+        "kill -9 {}, wait out its session, restart it with its clock 8 s behind",
+        t.name
+    ));
+    t.kill();
+    wait_out_session(consul, &t.agent);
+    t.start(-8000);
+    pause(Duration::from_secs(2));
+
+    log("stall the server: every answer 2.5 s late, for 3 s".into());
+    for a in &all_agents {
+        consul.faults().delay(a, Some(Duration::from_millis(2500)));
+    }
+    consul.faults().pause_session_expiry(true);
+    pause(Duration::from_secs(3));
+    consul.faults().pause_session_expiry(false);
+    for a in &all_agents {
+        consul.faults().delay(a, None);
+    }
+    pause(Duration::from_secs(2));
+
+    log("no cluster leader for 2 s".into());
+    for a in &all_agents {
+        consul.faults().no_leader(a, true);
+    }
+    pause(Duration::from_secs(2));
+    for a in &all_agents {
+        consul.faults().no_leader(a, false);
+    }
+    pause(Duration::from_secs(2));
+
+    log(format!("partition {} from Consul for 4 s", s.name));
+    consul.faults().drop_requests(&s.agent, true);
+    pause(Duration::from_secs(4));
+    consul.faults().drop_requests(&s.agent, false);
+    pause(Duration::from_secs(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_run_issues_no_duplicate_ids() {
+    let target: u64 = std::env::var("IDGEN_CHAOS_IDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000_000);
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let slots = start_slots(&consul, dir.path()).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
@@ -377,59 +438,7 @@ async fn chaos_run_issues_no_duplicate_ids() {
                     "only {} of {target} IDs in {LIMIT:?}",
                     total.load(Ordering::Relaxed)
                 );
-                let s = &slots[rounds as usize % NODES];
-                let t = &slots[(rounds as usize + 1) % NODES];
-                let all_agents: Vec<String> = slots.iter().map(|s| s.agent.clone()).collect();
-
-                log(format!("kill -9 {} and restart it at once", s.name));
-                s.kill();
-                s.start(0);
-                pause(Duration::from_secs(2));
-
-                log(format!(
-                    "restart {} cleanly with its clock 2 s behind",
-                    t.name
-                ));
-                t.terminate();
-                t.start(-2000);
-                pause(Duration::from_secs(2));
-
-                log(format!(
-                    "kill -9 {}, wait out its session, restart it with its clock 8 s behind",
-                    t.name
-                ));
-                t.kill();
-                wait_out_session(&consul, &t.agent);
-                t.start(-8000);
-                pause(Duration::from_secs(2));
-
-                log("stall the server: every answer 2.5 s late, for 3 s".into());
-                for a in &all_agents {
-                    consul.faults().delay(a, Some(Duration::from_millis(2500)));
-                }
-                consul.faults().pause_session_expiry(true);
-                pause(Duration::from_secs(3));
-                consul.faults().pause_session_expiry(false);
-                for a in &all_agents {
-                    consul.faults().delay(a, None);
-                }
-                pause(Duration::from_secs(2));
-
-                log("no cluster leader for 2 s".into());
-                for a in &all_agents {
-                    consul.faults().no_leader(a, true);
-                }
-                pause(Duration::from_secs(2));
-                for a in &all_agents {
-                    consul.faults().no_leader(a, false);
-                }
-                pause(Duration::from_secs(2));
-
-                log(format!("partition {} from Consul for 4 s", s.name));
-                consul.faults().drop_requests(&s.agent, true);
-                pause(Duration::from_secs(4));
-                consul.faults().drop_requests(&s.agent, false);
-                pause(Duration::from_secs(2));
+                fault_round(&slots, &consul, rounds, &mut log);
 
                 rounds += 1;
                 log(format!("round {rounds} done"));

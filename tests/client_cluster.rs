@@ -519,15 +519,11 @@ async fn a_failed_node_is_set_aside_and_taken_back_once_its_health_check_passes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_sends_its_acl_token_and_keeps_only_nodes_with_its_tag() {
-    let consul = consul_testserver::TestConsul::start(consul_testserver::Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
+    let consul = common::consul::start(consul_testserver::Config {
         acl_master_token: Some("master".into()),
-        ..consul_testserver::Config::default()
+        ..common::consul::cluster_settings()
     })
-    .await
-    .expect("test consul");
+    .await;
     consul.add_token(
         "reader",
         consul_testserver::Policy {

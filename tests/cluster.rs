@@ -20,16 +20,11 @@ use idgen::proto::{GenIdRequest, GenIdsRequest, Mode};
 const LOCK_DELAY: Duration = Duration::from_secs(2);
 
 async fn consul(acl: Option<&str>) -> TestConsul {
-    TestConsul::start(Config {
-        min_ttl: Duration::from_secs(1),
-        // Exact expiry: the earliest moment real Consul may expire.
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
+    common::consul::start(Config {
         acl_master_token: acl.map(str::to_owned),
-        ..Config::default()
+        ..common::consul::cluster_settings()
     })
     .await
-    .expect("test consul")
 }
 
 async fn one(node: &ChildServer) -> Result<u64, tonic::Status> {
@@ -607,7 +602,6 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_lock_is_taken_away_stops_at_its_next_mark_write_and_claims_again() {
-    use idgen::consul::{ConsulClient, ConsulConfig};
     let consul = consul(None).await;
     let dir = tempfile::tempdir().unwrap();
     let node = start(dir.path(), "l", consul.addr());
@@ -616,11 +610,7 @@ async fn a_node_whose_lock_is_taken_away_stops_at_its_next_mark_write_and_claims
     let session = consul.sessions()[0].id.clone();
     // An operator deletes the lock key: the session lives on and renews
     // keep succeeding, but the node no longer holds its worker id.
-    let admin = ConsulClient::new(ConsulConfig {
-        address: format!("http://{}", consul.addr()),
-        ..ConsulConfig::default()
-    })
-    .unwrap();
+    let admin = common::consul::default_client(&consul);
     admin
         .kv_delete(&format!("idgen/test/workers/0/{worker}"), None)
         .await

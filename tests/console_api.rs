@@ -130,6 +130,78 @@ async fn the_console_api_needs_the_admin_token() {
     server.stop().await;
 }
 
+/// Calls the embedded backend cannot serve, bad bodies, a foreign origin,
+/// an unknown path: each answered with its status and the reason.
+async fn refusals_answer_with_the_reason(server: &TestServer) {
+    let t = Some(TOKEN);
+    // Calls the backend cannot serve: the gRPC service's own refusal.
+    let (status, _, layout) = get(server, "/admin/api/layout", t).await;
+    assert_eq!(status, 400, "{layout}");
+    assert_eq!(error_of(&layout).0, "FAILED_PRECONDITION");
+    assert!(error_of(&layout).1.contains("embedded"), "{layout}");
+    let (status, r) = post(
+        server,
+        "/admin/api/release",
+        r#"{"kind": "worker", "datacenter": 0, "id": 0, "force": true}"#,
+        "application/json",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&r).0),
+        (400, "FAILED_PRECONDITION"),
+        "{r}"
+    );
+    assert!(error_of(&r).1.contains("embedded"), "{r}");
+    let (status, r) = post(
+        server,
+        "/admin/api/renew",
+        r#"{"session": "abc"}"#,
+        "application/json",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&r).0),
+        (400, "FAILED_PRECONDITION"),
+        "{r}"
+    );
+    assert!(error_of(&r).1.contains("no Consul session"), "{r}");
+
+    // Bad bodies, each with the reason.
+    let bad = [
+        (r#"{"kind": "node", "id": 1}"#, "kind"),
+        (r#"{"kind": "worker", "id": 1, "extra": 1}"#, "extra"),
+        (r#"{"kind": "worker", "id": -1}"#, "id"),
+        ("not json", "JSON"),
+        (
+            r#"{"kind": "lease_token", "datacenter": 1, "id": 1}"#,
+            "zone",
+        ),
+    ];
+    for (body, says) in bad {
+        let (status, r) = post(server, "/admin/api/release", body, "application/json", None).await;
+        assert_eq!(status, 400, "{body}: {r}");
+        assert_eq!(error_of(&r).0, "INVALID_ARGUMENT", "{body}: {r}");
+        assert!(error_of(&r).1.contains(says), "{body}: {r}");
+    }
+    let (status, r) = post(server, "/admin/api/release", "{}", "text/plain", None).await;
+    assert_eq!(status, 415, "{r}");
+    assert!(error_of(&r).1.contains("application/json"), "{r}");
+    let (status, r) = post(
+        server,
+        "/admin/api/renew",
+        r#"{"session": "abc"}"#,
+        "application/json",
+        Some("http://evil.example"),
+    )
+    .await;
+    assert_eq!((status, error_of(&r).0), (403, "PERMISSION_DENIED"), "{r}");
+    assert!(error_of(&r).1.contains("origin"), "{r}");
+    let (status, _, r) = get(server, "/admin/api/nope", t).await;
+    assert_eq!((status, error_of(&r).0), (404, "NOT_FOUND"), "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_console_endpoint_answers_in_its_shape() {
     let dir = tempfile::tempdir().unwrap();
@@ -207,79 +279,7 @@ async fn every_console_endpoint_answers_in_its_shape() {
         (200, &json!({"enabled": true, "formats": []}))
     );
 
-    // Calls the backend cannot serve: the gRPC service's own refusal.
-    let (status, _, layout) = get(&server, "/admin/api/layout", t).await;
-    assert_eq!(status, 400, "{layout}");
-    assert_eq!(error_of(&layout).0, "FAILED_PRECONDITION");
-    assert!(error_of(&layout).1.contains("embedded"), "{layout}");
-    let (status, r) = post(
-        &server,
-        "/admin/api/release",
-        r#"{"kind": "worker", "datacenter": 0, "id": 0, "force": true}"#,
-        "application/json",
-        None,
-    )
-    .await;
-    assert_eq!(
-        (status, error_of(&r).0),
-        (400, "FAILED_PRECONDITION"),
-        "{r}"
-    );
-    assert!(error_of(&r).1.contains("embedded"), "{r}");
-    let (status, r) = post(
-        &server,
-        "/admin/api/renew",
-        r#"{"session": "abc"}"#,
-        "application/json",
-        None,
-    )
-    .await;
-    assert_eq!(
-        (status, error_of(&r).0),
-        (400, "FAILED_PRECONDITION"),
-        "{r}"
-    );
-    assert!(error_of(&r).1.contains("no Consul session"), "{r}");
-
-    // Bad bodies, each with the reason.
-    let bad = [
-        (r#"{"kind": "node", "id": 1}"#, "kind"),
-        (r#"{"kind": "worker", "id": 1, "extra": 1}"#, "extra"),
-        (r#"{"kind": "worker", "id": -1}"#, "id"),
-        ("not json", "JSON"),
-        (
-            r#"{"kind": "lease_token", "datacenter": 1, "id": 1}"#,
-            "zone",
-        ),
-    ];
-    for (body, says) in bad {
-        let (status, r) = post(
-            &server,
-            "/admin/api/release",
-            body,
-            "application/json",
-            None,
-        )
-        .await;
-        assert_eq!(status, 400, "{body}: {r}");
-        assert_eq!(error_of(&r).0, "INVALID_ARGUMENT", "{body}: {r}");
-        assert!(error_of(&r).1.contains(says), "{body}: {r}");
-    }
-    let (status, r) = post(&server, "/admin/api/release", "{}", "text/plain", None).await;
-    assert_eq!(status, 415, "{r}");
-    assert!(error_of(&r).1.contains("application/json"), "{r}");
-    let (status, r) = post(
-        &server,
-        "/admin/api/renew",
-        r#"{"session": "abc"}"#,
-        "application/json",
-        Some("http://evil.example"),
-    )
-    .await;
-    assert_eq!((status, error_of(&r).0), (403, "PERMISSION_DENIED"), "{r}");
-    assert!(error_of(&r).1.contains("origin"), "{r}");
-    let (status, _, r) = get(&server, "/admin/api/nope", t).await;
-    assert_eq!((status, error_of(&r).0), (404, "NOT_FOUND"), "{r}");
+    refusals_answer_with_the_reason(&server).await;
 
     // Every call was counted like a gRPC admin call.
     let metrics = reqwest::get(server.url("/metrics"))

@@ -37,11 +37,7 @@ async fn registered_node_is_discoverable_only_while_serving() {
     })
     .await
     .unwrap();
-    let client = ConsulClient::new(ConsulConfig {
-        address: format!("http://{}", consul.addr()),
-        ..ConsulConfig::default()
-    })
-    .unwrap();
+    let client = common::consul::default_client(&consul);
     let dir = tempfile::tempdir().unwrap();
     let node = TestServer::start(test_config(dir.path())).await;
     let reg = Registration::new(

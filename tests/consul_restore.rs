@@ -8,14 +8,14 @@
 mod common;
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::write_cluster_config;
+use common::{write_cluster_config, Running as Started};
+use consul_testserver::TestConsul;
 use idgen::config::{Config, Overrides};
 use idgen::id::{Clock, ErrorKind, Mode, SystemClock};
-use idgen::server::Node;
-use tokio::net::TcpListener;
 
 const TAG: &str = "orders";
 const STRICT_KEY: &str = "books/b1";
@@ -29,32 +29,9 @@ template = "{yyyy}{MM}{dd}{seq:9}"
 reset = "day"
 "#;
 
-/// An in-process node with its issuer and gRPC address.
-struct Started {
-    issuer: Arc<idgen::modes::Issuer>,
-    grpc: std::net::SocketAddr,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<idgen::server::ShutdownReport, idgen::server::ServeError>>,
-}
-
-async fn start(mut config: Config) -> Started {
-    let grpc_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc = grpc_l.local_addr().unwrap();
-    config.node.advertise = Some(grpc);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let node = Node::start(config, clock).await.expect("node starts");
-    let issuer = Arc::clone(node.issuer());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(node.serve(grpc_l, http_l, async {
-        let _ = stopped.await;
-    }));
-    Started {
-        issuer,
-        grpc,
-        stop,
-        task,
-    }
+/// An in-process node on the system clock.
+async fn start(config: Config) -> Started {
+    common::start_node(config, Arc::new(SystemClock)).await
 }
 
 /// Every ID and value handed out, per mode, and the errors seen.
@@ -143,14 +120,12 @@ async fn restore(consul: &consul_testserver::TestConsul, archive: Vec<u8>) {
     assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_repeats() {
-    let consul = common::test_consul().await;
-    let dir = tempfile::tempdir().unwrap();
+/// Three nodes issuing from every counter mode and the formatted format.
+async fn start_three(consul: &TestConsul, dir: &Path) -> Vec<Started> {
     let mut nodes = Vec::new();
     for i in 0..3 {
         let path = write_cluster_config(
-            dir.path(),
+            dir,
             &format!("n{i}"),
             consul.addr(),
             &[
@@ -172,6 +147,49 @@ async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_re
             .expect("cluster config");
         nodes.push(start(config).await);
     }
+    nodes
+}
+
+/// `idgen admin skip-ahead` through `node`: every kind of counter moved,
+/// one run recorded.
+async fn skip_ahead_through(node: &Started) {
+    let addr = format!("http://{}", node.grpc);
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        common::run_idgen(&[
+            "admin",
+            "--addr",
+            &addr,
+            "--token",
+            TOKEN,
+            "--json",
+            "skip-ahead",
+            "--margin",
+            "1000",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "skip-ahead: {out}");
+    let r: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let n = |f: &str| r[f].as_u64().unwrap_or(0);
+    assert!(
+        n("segments") >= 1
+            && n("strict") >= 1
+            && n("lease_tokens") >= 3
+            && n("format_counters") >= 1,
+        "{r}"
+    );
+    assert!(n("marks") >= 3, "{r}");
+    assert_eq!(n("runs"), 1, "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_repeats() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_three(&consul, dir.path()).await;
+
     let mut seen = Seen::default();
     for _ in 0..4 {
         for node in &nodes {
@@ -219,35 +237,7 @@ async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_re
         );
     }
 
-    let addr = format!("http://{}", nodes[0].grpc);
-    let (ok, out) = tokio::task::spawn_blocking(move || {
-        common::run_idgen(&[
-            "admin",
-            "--addr",
-            &addr,
-            "--token",
-            TOKEN,
-            "--json",
-            "skip-ahead",
-            "--margin",
-            "1000",
-        ])
-    })
-    .await
-    .unwrap();
-    assert!(ok, "skip-ahead: {out}");
-    let r: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
-    let n = |f: &str| r[f].as_u64().unwrap_or(0);
-    assert!(
-        n("segments") >= 1
-            && n("strict") >= 1
-            && n("lease_tokens") >= 3
-            && n("format_counters") >= 1,
-        "{r}"
-    );
-    assert!(n("marks") >= 3, "{r}");
-    assert_eq!(n("runs"), 1, "{r}");
+    skip_ahead_through(&nodes[0]).await;
 
     // Every node resumes by itself, above everything issued before.
     let (max_segment, max_strict) = (
@@ -333,9 +323,7 @@ async fn a_restored_consul_snapshot_is_refused_until_a_skip_ahead_and_nothing_re
     assert!(after > before + 900, "{after} vs {before}");
 
     for node in nodes {
-        drop(node.issuer);
-        let _ = node.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+        node.stop_within(Duration::from_secs(20)).await;
     }
 }
 
@@ -419,9 +407,7 @@ async fn a_node_with_a_cached_index_from_before_the_snapshot_does_not_repeat_oth
     assert!(text.contains("idgen admin skip-ahead"), "{text}");
 
     for node in nodes {
-        drop(node.issuer);
-        let _ = node.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+        node.stop_within(Duration::from_secs(20)).await;
     }
 }
 
@@ -437,17 +423,12 @@ async fn regression_record(consul: &consul_testserver::TestConsul) -> Option<ser
     Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
 }
 
-/// A node restarted after the restore remembers nothing it wrote, so it
-/// cannot detect the rollback itself: the record written by the node that
-/// did stops it too, until the skip-ahead deletes the record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_until_a_skip_ahead() {
-    let consul = common::test_consul().await;
-    let dir = tempfile::tempdir().unwrap();
+/// Config files of nodes "a" and "b": segment and strict, quick renewals.
+fn two_configs(consul: &TestConsul, dir: &Path) -> Vec<PathBuf> {
     let mut configs = Vec::new();
     for name in ["a", "b"] {
         let path = write_cluster_config(
-            dir.path(),
+            dir,
             name,
             consul.addr(),
             &[
@@ -462,6 +443,58 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
         );
         configs.push(path);
     }
+    configs
+}
+
+/// Both nodes resume (within a renewal) and nothing repeats.
+async fn both_resume(nodes: [&Started; 2], seen: &mut Seen) {
+    let issue = |node: &Started, mode: Mode, key: &'static str| {
+        let issuer = Arc::clone(&node.issuer);
+        async move { issuer.gen_ids(mode, key, 5).await }
+    };
+    // Both resume (within a renewal) and nothing repeats.
+    for node in nodes {
+        let mut resumed = None;
+        for _ in 0..100 {
+            let segment = issue(node, Mode::Segment, TAG).await;
+            let strict = issue(node, Mode::Strict, STRICT_KEY).await;
+            match (segment, strict) {
+                (Ok(ids), Ok(values)) => {
+                    seen.numbers("segment", ids);
+                    seen.strict_values(values);
+                    resumed = None;
+                    break;
+                }
+                (s, t) => {
+                    let why = format!(
+                        "segment: {:?}; strict: {:?}",
+                        s.as_ref().err().map(|e| e.to_string()),
+                        t.as_ref().err().map(|e| e.to_string())
+                    );
+                    if let Ok(ids) = s {
+                        seen.numbers("segment", ids);
+                    }
+                    if let Ok(values) = t {
+                        seen.strict_values(values);
+                    }
+                    resumed = Some(why);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(resumed.is_none(), "a node did not resume: {resumed:?}");
+    }
+}
+
+/// A node restarted after the restore remembers nothing it wrote, so it
+/// cannot detect the rollback itself: the record written by the node that
+/// did stops it too, until the skip-ahead deletes the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_until_a_skip_ahead() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let configs = two_configs(&consul, dir.path());
+
     let load = |path: &std::path::Path| {
         Config::load(Some(path), &Overrides::default(), SystemClock.now_millis())
             .expect("cluster config")
@@ -521,9 +554,7 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
     );
 
     // A restarts: a new node with nothing written to compare with.
-    drop(a.issuer);
-    let _ = a.stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), a.task).await;
+    a.stop_within(Duration::from_secs(20)).await;
     a = start(load(&configs[0])).await;
     for (mode, key) in [(Mode::Segment, TAG), (Mode::Strict, STRICT_KEY)] {
         match issue(&a, mode, key).await {
@@ -565,38 +596,8 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
     assert!(ok, "skip-ahead: {out}");
     assert!(regression_record(&consul).await.is_none(), "record kept");
 
-    // Both resume (within a renewal) and nothing repeats.
-    for node in [&a, &b] {
-        let mut resumed = None;
-        for _ in 0..100 {
-            let segment = issue(node, Mode::Segment, TAG).await;
-            let strict = issue(node, Mode::Strict, STRICT_KEY).await;
-            match (segment, strict) {
-                (Ok(ids), Ok(values)) => {
-                    seen.numbers("segment", ids);
-                    seen.strict_values(values);
-                    resumed = None;
-                    break;
-                }
-                (s, t) => {
-                    let why = format!(
-                        "segment: {:?}; strict: {:?}",
-                        s.as_ref().err().map(|e| e.to_string()),
-                        t.as_ref().err().map(|e| e.to_string())
-                    );
-                    if let Ok(ids) = s {
-                        seen.numbers("segment", ids);
-                    }
-                    if let Ok(values) = t {
-                        seen.strict_values(values);
-                    }
-                    resumed = Some(why);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(resumed.is_none(), "a node did not resume: {resumed:?}");
-    }
+    both_resume([&a, &b], &mut seen).await;
+
     for _ in 0..5 {
         for node in [&a, &b] {
             seen.numbers(
@@ -608,8 +609,6 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
     }
 
     for node in [a, b] {
-        drop(node.issuer);
-        let _ = node.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(20), node.task).await;
+        node.stop_within(Duration::from_secs(20)).await;
     }
 }

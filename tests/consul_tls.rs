@@ -63,10 +63,7 @@ fn pem(path: &Path) -> Vec<u8> {
 /// certificate from the Consul CA), and gRPC checks that trust idgen's CA
 /// and present the agent's certificate.
 async fn https_consul(p: &Pki) -> TestConsul {
-    TestConsul::start(consul_testserver::Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
+    common::consul::start(consul_testserver::Config {
         https: Some(HttpsConfig {
             cert_pem: pem(&p.consul_cert.0),
             key_pem: pem(&p.consul_cert.1),
@@ -76,10 +73,9 @@ async fn https_consul(p: &Pki) -> TestConsul {
             ca_pem: Some(pem(&p.idgen_ca.cert)),
             client_pem: Some((pem(&p.consul_cert.0), pem(&p.consul_cert.1))),
         },
-        ..consul_testserver::Config::default()
+        ..common::consul::cluster_settings()
     })
     .await
-    .expect("https test consul")
 }
 
 fn toml_path(p: &Path) -> String {

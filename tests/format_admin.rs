@@ -111,6 +111,94 @@ async fn eventually<T>(secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> Opti
     }
 }
 
+/// Updates of "orders": a change to how IDs render refused naming the
+/// field, the description and the widest max allowed (returned).
+async fn only_updates_that_keep_the_rendering_pass(
+    a: &mut AdminClient<Channel>,
+    node: &ChildServer,
+    seen: &mut HashSet<String>,
+) -> FormatDef {
+    // An update that changes how IDs render: refused, naming the field.
+    let mut changed = orders();
+    changed.template = Some("{yyyy}{MM}{dd}{seq:7}".into());
+    let refused = a.update_format(update(&changed)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("template"), "{refused:?}");
+    let mut zone = orders();
+    zone.zone = "UTC".into();
+    let refused = a.update_format(update(&zone)).await.unwrap_err();
+    assert!(refused.message().contains("zone"), "{refused:?}");
+    // A smaller max is refused like any change to the rendering.
+    let mut smaller = orders();
+    smaller.max = Some(500_000);
+    let refused = a.update_format(update(&smaller)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("max"), "{refused:?}");
+    // Allowed: the description, and the field's widest max restated; the
+    // counter goes on.
+    let mut allowed = orders();
+    allowed.description = "order numbers".into();
+    allowed.max = Some(999_999);
+    let r = a
+        .update_format(update(&allowed))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.format.unwrap().definition_json.contains("order numbers"));
+    assert!(r.previous.unwrap().definition_json.contains("{seq:6}"));
+    all_new(seen, &gen(node, "orders", 3).await.unwrap());
+    allowed
+}
+
+/// `idgen admin formats`: list, create from flags, a refused update from a
+/// file, get as JSON.
+fn the_cli_manages_formats(node: &ChildServer, dir: &Path) {
+    // The CLI lists it.
+    let addr = node.grpc.to_string();
+    let (fine, out) = run_idgen(&[
+        "admin", "--addr", &addr, "--token", TOKEN, "formats", "list",
+    ]);
+    assert!(
+        fine && out.contains("orders") && out.contains("served here"),
+        "{out}"
+    );
+    // Created from flags, refused update printed with the field, from a
+    // TOML file.
+    let cli = |args: &[&str]| {
+        let mut all = vec!["admin", "--addr", &addr, "--token", TOKEN, "formats"];
+        all.extend_from_slice(args);
+        run_idgen(&all)
+    };
+    let (fine, out) = cli(&[
+        "create",
+        "cli-made",
+        "--template",
+        "{yyyy}{MM}{dd}{seq:4}",
+        "--reset",
+        "day",
+        "--description",
+        "from flags",
+    ]);
+    assert!(fine && out.contains("created cli-made"), "{out}");
+    let file = dir.join("cli-made.toml");
+    std::fs::write(
+        &file,
+        "[[formats]]\nname = \"cli-made\"\ntemplate = \"{yyyy}{MM}{dd}{seq:5}\"\nreset = \"day\"\n",
+    )
+    .unwrap();
+    let (fine, out) = cli(&["update", "--file", file.to_str().unwrap()]);
+    assert!(
+        !fine && out.contains("INVALID_ARGUMENT") && out.contains("template"),
+        "{out}"
+    );
+    let (fine, out) = cli(&["get", "cli-made", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert!(
+        fine && v["format"]["definition"]["description"] == "from flags",
+        "{out}"
+    );
+}
+
 /// Create, read, list, update (allowed and refused), delete and the
 /// tombstone, on the embedded store of a real process, across a restart;
 /// and the CLI's `admin formats`.
@@ -153,35 +241,7 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
     assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
     assert!(bad.message().contains("short"), "{bad:?}");
 
-    // An update that changes how IDs render: refused, naming the field.
-    let mut changed = orders();
-    changed.template = Some("{yyyy}{MM}{dd}{seq:7}".into());
-    let refused = a.update_format(update(&changed)).await.unwrap_err();
-    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
-    assert!(refused.message().contains("template"), "{refused:?}");
-    let mut zone = orders();
-    zone.zone = "UTC".into();
-    let refused = a.update_format(update(&zone)).await.unwrap_err();
-    assert!(refused.message().contains("zone"), "{refused:?}");
-    // A smaller max is refused like any change to the rendering.
-    let mut smaller = orders();
-    smaller.max = Some(500_000);
-    let refused = a.update_format(update(&smaller)).await.unwrap_err();
-    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
-    assert!(refused.message().contains("max"), "{refused:?}");
-    // Allowed: the description, and the field's widest max restated; the
-    // counter goes on.
-    let mut allowed = orders();
-    allowed.description = "order numbers".into();
-    allowed.max = Some(999_999);
-    let r = a
-        .update_format(update(&allowed))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(r.format.unwrap().definition_json.contains("order numbers"));
-    assert!(r.previous.unwrap().definition_json.contains("{seq:6}"));
-    all_new(&mut seen, &gen(&node, "orders", 3).await.unwrap());
+    let allowed = only_updates_that_keep_the_rendering_pass(&mut a, &node, &mut seen).await;
 
     let got = a
         .get_format(ok(proto::GetFormatRequest {
@@ -201,50 +261,7 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
 
-    // The CLI lists it.
-    let addr = node.grpc.to_string();
-    let (fine, out) = run_idgen(&[
-        "admin", "--addr", &addr, "--token", TOKEN, "formats", "list",
-    ]);
-    assert!(
-        fine && out.contains("orders") && out.contains("served here"),
-        "{out}"
-    );
-    // Created from flags, refused update printed with the field, from a
-    // TOML file.
-    let cli = |args: &[&str]| {
-        let mut all = vec!["admin", "--addr", &addr, "--token", TOKEN, "formats"];
-        all.extend_from_slice(args);
-        run_idgen(&all)
-    };
-    let (fine, out) = cli(&[
-        "create",
-        "cli-made",
-        "--template",
-        "{yyyy}{MM}{dd}{seq:4}",
-        "--reset",
-        "day",
-        "--description",
-        "from flags",
-    ]);
-    assert!(fine && out.contains("created cli-made"), "{out}");
-    let file = dir.path().join("cli-made.toml");
-    std::fs::write(
-        &file,
-        "[[formats]]\nname = \"cli-made\"\ntemplate = \"{yyyy}{MM}{dd}{seq:5}\"\nreset = \"day\"\n",
-    )
-    .unwrap();
-    let (fine, out) = cli(&["update", "--file", file.to_str().unwrap()]);
-    assert!(
-        !fine && out.contains("INVALID_ARGUMENT") && out.contains("template"),
-        "{out}"
-    );
-    let (fine, out) = cli(&["get", "cli-made", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
-    assert!(
-        fine && v["format"]["definition"]["description"] == "from flags",
-        "{out}"
-    );
+    the_cli_manages_formats(&node, dir.path());
 
     // Delete: NOT_FOUND for calls; the name is never created again.
     let deleted = a

@@ -673,6 +673,52 @@ async fn a_lost_session_takes_the_token_away_and_the_node_takes_one_again() {
     node.stop().await;
 }
 
+/// `idgen admin release` of format token `number` of space alnum-2: flags
+/// of another kind refused, then the forced release itself.
+async fn release_from_the_cli(node: &ChildServer, token: &str, number: u64) {
+    // The CLI: flags that belong to another kind, a missing --space.
+    let addr = format!("http://{}", node.grpc);
+    let admin_cli = |extra: &[&str]| {
+        let mut a = vec!["admin", "--addr", &addr, "--token", token, "release"];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            common::run_idgen(&args)
+        })
+    };
+    let (ok, out) = run(admin_cli(&["--kind", "format-token", "--id", "1"]))
+        .await
+        .unwrap();
+    assert!(!ok && out.contains("--space"), "{out}");
+    let (ok, out) = run(admin_cli(&[
+        "--kind", "worker", "--space", "alnum-2", "--id", "1",
+    ]))
+    .await
+    .unwrap();
+    assert!(
+        !ok && out.contains("--space is not for --kind worker"),
+        "{out}"
+    );
+
+    // The release itself, from the CLI.
+    let id = number.to_string();
+    let (ok, out) = run(admin_cli(&[
+        "--kind",
+        "format-token",
+        "--space",
+        "alnum-2",
+        "--id",
+        &id,
+        "--force",
+    ]))
+    .await
+    .unwrap();
+    assert!(ok && out.contains("destroyed session"), "{out}");
+}
+
 /// An operator force-releases a live node's format token (gRPC, the CLI
 /// and the console's JSON API name it by space and number): a live holder
 /// needs `force`, bad requests are refused naming what is wrong, the
@@ -779,47 +825,7 @@ async fn an_operator_force_releases_a_live_nodes_format_token_and_nothing_repeat
         .unwrap();
     assert_eq!(r.status().as_u16(), 400, "the console refuses a bad space");
 
-    // The CLI: flags that belong to another kind, a missing --space.
-    let addr = format!("http://{}", node.grpc);
-    let admin_cli = |extra: &[&str]| {
-        let mut a = vec!["admin", "--addr", &addr, "--token", TOKEN, "release"];
-        a.extend_from_slice(extra);
-        a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()
-    };
-    let run = |args: Vec<String>| {
-        tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            common::run_idgen(&args)
-        })
-    };
-    let (ok, out) = run(admin_cli(&["--kind", "format-token", "--id", "1"]))
-        .await
-        .unwrap();
-    assert!(!ok && out.contains("--space"), "{out}");
-    let (ok, out) = run(admin_cli(&[
-        "--kind", "worker", "--space", "alnum-2", "--id", "1",
-    ]))
-    .await
-    .unwrap();
-    assert!(
-        !ok && out.contains("--space is not for --kind worker"),
-        "{out}"
-    );
-
-    // The release itself, from the CLI.
-    let id = number.to_string();
-    let (ok, out) = run(admin_cli(&[
-        "--kind",
-        "format-token",
-        "--space",
-        "alnum-2",
-        "--id",
-        &id,
-        "--force",
-    ]))
-    .await
-    .unwrap();
-    assert!(ok && out.contains("destroyed session"), "{out}");
+    release_from_the_cli(&node, TOKEN, number).await;
 
     // Bounded: the node notices, fences, claims again and takes a token.
     let mut after = Vec::new();

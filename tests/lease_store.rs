@@ -5,25 +5,18 @@
 //! reservations, and a reservation whose outcome was unknown is never
 //! reused.
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
+use common::consul;
 use consul_testserver::{Config, TestConsul};
-use idgen::consul::{ConsulClient, ConsulConfig, KvWrite, SessionBehavior, SessionSpec};
+use idgen::consul::{ConsulClient, KvWrite, SessionBehavior, SessionSpec};
 use idgen::id::lease::{Block, MAX_SEQUENCE};
 use idgen::store::consul::{ClusterKeys, OwnerInfo};
 use idgen::store::lease::{ConsulTokens, TokenRecord, TokenStore};
 use idgen::store::StoreError;
-
-fn client(consul: &TestConsul, timeout: Duration) -> ConsulClient {
-    ConsulClient::new(ConsulConfig {
-        address: format!("http://{}", consul.addr()),
-        timeout,
-        retries: 0,
-        ..ConsulConfig::default()
-    })
-    .unwrap()
-}
 
 async fn session(c: &ConsulClient) -> String {
     session_with_lock_delay(c, Duration::from_secs(1)).await
@@ -73,7 +66,7 @@ fn ids(b: &Block) -> std::ops::RangeInclusive<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sessions_hold_different_tokens_and_blocks_never_overlap() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
-    let c = client(&consul, Duration::from_secs(2));
+    let c = consul::client(&consul, Duration::from_secs(2), 0);
     let (a, _) = tokens(&c, "a").await;
     let (b, _) = tokens(&c, "b").await;
     let mut seen = HashSet::new();
@@ -117,7 +110,7 @@ async fn two_sessions_hold_different_tokens_and_blocks_never_overlap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_used_up_token_is_given_back_for_another_and_a_restarted_instance_gets_its_own() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
-    let c = client(&consul, Duration::from_secs(2));
+    let c = consul::client(&consul, Duration::from_secs(2), 0);
     // Token 0 nearly used up, token 1 free with a counter, both unheld.
     for (token, reserved, inst) in [(0, MAX_SEQUENCE - 5, "x"), (1, 500, "a")] {
         let record = TokenRecord {
@@ -153,7 +146,7 @@ async fn a_used_up_token_is_given_back_for_another_and_a_restarted_instance_gets
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_session_stops_reservations_and_an_unknown_outcome_is_never_reused() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
-    let c = client(&consul, Duration::from_millis(300));
+    let c = consul::client(&consul, Duration::from_millis(300), 0);
     let (a, s) = tokens(&c, "a").await;
     let first = a.reserve(10).await.unwrap();
     assert_eq!(first.first, 1);
@@ -185,7 +178,7 @@ async fn a_lost_session_stops_reservations_and_an_unknown_outcome_is_never_reuse
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_inside_its_lock_delay_is_passed_over_for_another() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
-    let c = client(&consul, Duration::from_secs(2));
+    let c = consul::client(&consul, Duration::from_secs(2), 0);
     let lock_delay = Duration::from_secs(3);
     let s = session_with_lock_delay(&c, lock_delay).await;
     let a = tokens_in(&c, "a", s.clone());

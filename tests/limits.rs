@@ -4,10 +4,13 @@
 //! working, deleting one frees a slot), and a deleted strict key used
 //! again continues above its tombstone: its values never repeat.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::consul;
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::id::segment::{Tag, TagRecord};
@@ -46,16 +49,6 @@ fn assert_limit(err: &StoreError, setting: &str) {
 
 async fn consul() -> TestConsul {
     TestConsul::start(Config::default()).await.unwrap()
-}
-
-fn consul_client(consul: &TestConsul) -> ConsulClient {
-    ConsulClient::new(ConsulConfig {
-        address: format!("http://{}", consul.addr()),
-        timeout: Duration::from_secs(5),
-        retries: 0,
-        ..ConsulConfig::default()
-    })
-    .unwrap()
 }
 
 fn keys() -> ClusterKeys {
@@ -202,7 +195,7 @@ async fn embedded_tag_limit_refuses_the_next_and_deleting_frees_a_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_tag_limit_refuses_the_next_and_deleting_frees_a_slot() {
     let consul = consul().await;
-    let store = ConsulSegmentStore::new(consul_client(&consul), keys());
+    let store = ConsulSegmentStore::new(consul::client(&consul, Duration::from_secs(5), 0), keys());
     tag_limit_contract(&store).await;
     consul.shutdown().await;
 }
@@ -231,7 +224,11 @@ async fn embedded_strict_limits_and_delete_never_repeat_a_value() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_strict_limits_and_delete_never_repeat_a_value() {
     let consul = consul().await;
-    let store = ConsulStrictStore::with_limits(consul_client(&consul), keys(), STRICT_LIMITS);
+    let store = ConsulStrictStore::with_limits(
+        consul::client(&consul, Duration::from_secs(5), 0),
+        keys(),
+        STRICT_LIMITS,
+    );
     strict_contract(&store).await;
     consul.shutdown().await;
 }
@@ -243,7 +240,12 @@ async fn consul_strict_limits_and_delete_never_repeat_a_value() {
 async fn consul_deletes_racing_calls_never_repeat_a_value() {
     let consul = consul().await;
     let nodes: Vec<Arc<ConsulStrictStore>> = (0..2)
-        .map(|_| Arc::new(ConsulStrictStore::new(consul_client(&consul), keys())))
+        .map(|_| {
+            Arc::new(ConsulStrictStore::new(
+                consul::client(&consul, Duration::from_secs(5), 0),
+                keys(),
+            ))
+        })
         .collect();
     let k = key("race/k");
     let mut tasks = Vec::new();
@@ -308,7 +310,7 @@ async fn consul_a_delete_between_a_creators_read_and_write_never_repeats_a_value
         .unwrap(),
         keys(),
     ));
-    let other = ConsulStrictStore::new(consul_client(&consul), keys());
+    let other = ConsulStrictStore::new(consul::client(&consul, Duration::from_secs(5), 0), keys());
     let k = key("race/k");
     consul.faults().delay("slow", Some(Duration::from_secs(1)));
     let call = {

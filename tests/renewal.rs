@@ -12,11 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{test_config, write_cluster_config};
-use consul_testserver::{Config as ConsulConfig, TestConsul};
 use idgen::config::{Config, Overrides};
-use idgen::id::{Clock, Mode, SystemClock};
-use idgen::server::{Issuer, Node};
-use tokio::net::TcpListener;
+use idgen::id::{Mode, SystemClock};
 use tokio::runtime::Runtime;
 
 /// Worker threads of the node's (request) runtime.
@@ -40,28 +37,6 @@ fn request_runtime() -> Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// Starts `config` as a serving node on the current runtime; returns its
-/// issuer, the stop sender and the serve task.
-async fn serve(
-    mut config: Config,
-) -> (
-    Arc<Issuer>,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<idgen::server::ShutdownReport, idgen::server::ServeError>>,
-) {
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    config.node.advertise = Some(grpc.local_addr().unwrap());
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let node = Node::start(config, clock).await.expect("node starts");
-    let issuer = Arc::clone(node.issuer());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(node.serve(grpc, http, async {
-        let _ = stopped.await;
-    }));
-    (issuer, stop, task)
 }
 
 /// Blocks every worker thread of the current runtime and the calling
@@ -103,22 +78,15 @@ fn a_saturated_request_runtime_keeps_its_mark_and_its_consul_session() {
         .enable_all()
         .build()
         .unwrap();
-    let consul = consul_rt
-        .block_on(TestConsul::start(ConsulConfig {
-            min_ttl: Duration::from_secs(1),
-            // Expiry exactly one TTL after the last renew.
-            ttl_expiry_factor: 1.0,
-            min_deregister_critical_after: Duration::from_secs(1),
-            ..ConsulConfig::default()
-        }))
-        .expect("test consul");
+    let consul = consul_rt.block_on(common::test_consul());
     let dir = tempfile::tempdir().unwrap();
     let path = write_cluster_config(dir.path(), "busy", consul.addr(), &[]);
     let config = Config::load(Some(&path), &Overrides::default(), now_ms()).expect("config");
     let layout = config.layout;
 
     request_runtime().block_on(async {
-        let (issuer, stop, task) = serve(config).await;
+        let node = common::start_node(config, Arc::new(SystemClock)).await;
+        let issuer = Arc::clone(&node.issuer);
         let first = issuer.gen_id(Mode::Snowflake, "").await.expect("issues");
         let worker = layout.decompose(first).unwrap().worker;
         let sessions: Vec<String> = consul.sessions().into_iter().map(|s| s.id).collect();
@@ -155,8 +123,7 @@ fn a_saturated_request_runtime_keeps_its_mark_and_its_consul_session() {
             worker,
             "same worker id"
         );
-        let _ = stop.send(());
-        let report = task.await.unwrap().expect("clean shutdown");
+        let report = node.stop().await;
         assert!(report.final_hwm_ms.is_some(), "still held at shutdown");
     });
 }
@@ -166,7 +133,8 @@ fn a_saturated_request_runtime_keeps_its_embedded_mark_ahead() {
     let dir = tempfile::tempdir().unwrap();
     let config = test_config(dir.path());
     request_runtime().block_on(async {
-        let (issuer, stop, task) = serve(config).await;
+        let node = common::start_node(config, Arc::new(SystemClock)).await;
+        let issuer = Arc::clone(&node.issuer);
         let first = issuer.gen_id(Mode::Snowflake, "").await.expect("issues");
         let blockers = saturate().await;
         let now = now_ms();
@@ -183,7 +151,6 @@ fn a_saturated_request_runtime_keeps_its_embedded_mark_ahead() {
             .await
             .expect("still issuing");
         assert!(next > first);
-        let _ = stop.send(());
-        task.await.unwrap().expect("clean shutdown");
+        node.stop().await;
     });
 }

@@ -2,11 +2,13 @@
 //! under concurrent takers, durable, and never reused after a write whose
 //! outcome was unknown.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::consul;
 use consul_testserver::{Config, TestConsul};
-use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::id::segment::{Range, Tag, TagRecord};
 use idgen::store::consul::ClusterKeys;
 use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
@@ -86,16 +88,6 @@ async fn embedded_ranges_are_disjoint_gap_free_and_durable() {
     );
 }
 
-fn consul_client(consul: &TestConsul, timeout: Duration) -> ConsulClient {
-    ConsulClient::new(ConsulConfig {
-        address: format!("http://{}", consul.addr()),
-        timeout,
-        retries: 0,
-        ..ConsulConfig::default()
-    })
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_ranges_from_three_nodes_are_disjoint_and_gap_free() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
@@ -103,7 +95,7 @@ async fn consul_ranges_from_three_nodes_are_disjoint_and_gap_free() {
     let nodes: Vec<Arc<dyn SegmentStore>> = (0..3)
         .map(|_| {
             Arc::new(ConsulSegmentStore::new(
-                consul_client(&consul, Duration::from_secs(2)),
+                consul::client(&consul, Duration::from_secs(2), 0),
                 keys.clone(),
             )) as Arc<dyn SegmentStore>
         })
@@ -139,7 +131,8 @@ async fn consul_ranges_from_three_nodes_are_disjoint_and_gap_free() {
 async fn a_consul_take_with_an_unknown_outcome_is_never_reused() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
     let keys = ClusterKeys::new("idgen", "test");
-    let store = ConsulSegmentStore::new(consul_client(&consul, Duration::from_millis(300)), keys);
+    let store =
+        ConsulSegmentStore::new(consul::client(&consul, Duration::from_millis(300), 0), keys);
     let t = tag("slow");
     store
         .create_tag(&t, &TagRecord::new(0, 10, "", 1).unwrap())

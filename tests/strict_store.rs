@@ -3,10 +3,13 @@
 //! `Contended` (never a duplicate), an unreachable Consul fails a call at
 //! once, and a bad stored value is an error naming the key.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::consul;
 use consul_testserver::{Config, Policy, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig, KvWrite};
 use idgen::id::strict::{Namespace, StrictKey, Values};
@@ -22,16 +25,6 @@ fn ns(s: &str) -> Namespace {
     Namespace::parse(s).unwrap()
 }
 
-fn client(consul: &TestConsul, timeout: Duration, retries: u32) -> ConsulClient {
-    ConsulClient::new(ConsulConfig {
-        address: format!("http://{}", consul.addr()),
-        timeout,
-        retries,
-        ..ConsulConfig::default()
-    })
-    .unwrap()
-}
-
 fn keys() -> ClusterKeys {
     ClusterKeys::new("idgen", "test")
 }
@@ -41,7 +34,7 @@ fn nodes(consul: &TestConsul, n: usize) -> Vec<Arc<ConsulStrictStore>> {
     (0..n)
         .map(|_| {
             Arc::new(ConsulStrictStore::new(
-                client(consul, Duration::from_secs(5), 0),
+                consul::client(consul, Duration::from_secs(5), 0),
                 keys(),
             ))
         })
@@ -162,7 +155,7 @@ async fn a_conflict_storm_ends_in_values_or_contended_never_duplicates() {
 async fn an_unreachable_consul_fails_calls_at_once_and_values_continue_above() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
     // The client's own retries of reads are on: still no hanging.
-    let store = ConsulStrictStore::new(client(&consul, Duration::from_secs(1), 3), keys());
+    let store = ConsulStrictStore::new(consul::client(&consul, Duration::from_secs(1), 3), keys());
     let k = key("books/b1");
     let mut last = store.advance(&k, 1, 3).await.unwrap().last;
     assert_eq!(last, 3);
@@ -197,7 +190,7 @@ async fn an_unreachable_consul_fails_calls_at_once_and_values_continue_above() {
 
     // A write whose answer was lost but which landed late looks like this:
     // the counter is above anything handed out. The next call re-reads it.
-    let other = client(&consul, Duration::from_secs(2), 0);
+    let other = consul::client(&consul, Duration::from_secs(2), 0);
     let landed = last + 10;
     assert!(other
         .kv_put(
@@ -248,8 +241,8 @@ async fn a_token_that_cannot_write_fails_at_once_not_after_retries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_stored_value_is_an_error_naming_the_key() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
-    let store = ConsulStrictStore::new(client(&consul, Duration::from_secs(2), 0), keys());
-    let raw = client(&consul, Duration::from_secs(2), 0);
+    let store = ConsulStrictStore::new(consul::client(&consul, Duration::from_secs(2), 0), keys());
+    let raw = consul::client(&consul, Duration::from_secs(2), 0);
     let k = key("books/b1");
     store.advance(&k, 1, 5).await.unwrap();
     raw.kv_put("idgen/test/strict/books/b1", b"garbage", KvWrite::Set)
@@ -349,7 +342,7 @@ async fn a_call_that_always_loses_ends_contended_after_bounded_attempts() {
         keys(),
     );
     let k = key("orders/hot");
-    let writer = client(&consul, Duration::from_secs(2), 0);
+    let writer = consul::client(&consul, Duration::from_secs(2), 0);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let interferer = {
         let stop = Arc::clone(&stop);

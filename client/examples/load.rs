@@ -81,12 +81,46 @@ fn main() {
         eprintln!("load: {e}");
         std::process::exit(1)
     });
+    let results = run(&client, &a);
+    let elapsed = a.seconds as f64;
+    let mut total = 0;
+    let mut errors = 0;
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    let mut all = Vec::new();
+    for (n, hist, kept, e) in results {
+        total += n;
+        errors += e;
+        h.add(hist).unwrap();
+        all.extend(kept);
+    }
+    let distinct = if a.check_distinct {
+        let set: HashSet<u64> = all.iter().copied().collect();
+        Some(set.len() == all.len())
+    } else {
+        None
+    };
+    let stalls = stalls(&h);
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "{{\"mode\": \"{}\", \"threads\": {}, \"ids\": {total}, \"ids_per_sec\": {:.0}, \"errors\": {errors}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"p999_us\": {:.3}, \"max_ms\": {:.3}, \"distinct\": {}, \"stalls_over_1ms\": {{{}}}}}",
+        if a.prefetch { "prefetch" } else { "call" },
+        a.threads,
+        total as f64 / elapsed,
+        us(0.5),
+        us(0.99),
+        us(0.999),
+        h.max() as f64 / 1e6,
+        distinct.map_or("null".into(), |d| d.to_string()),
+        stalls.join(", ")
+    );
+}
+
+/// Runs `a.threads` threads calling for `a.seconds`; one outcome a thread.
+fn run(client: &BlockingClient, a: &Args) -> Vec<Outcome> {
     let until = Instant::now() + Duration::from_secs(a.seconds);
-    let results: Vec<Outcome> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let workers: Vec<_> = (0..a.threads)
             .map(|_| {
-                let client = &client;
-                let a = &a;
                 s.spawn(move || {
                     let prefetcher = client.prefetcher(Mode::Snowflake, "").expect("prefetcher");
                     // Nanoseconds, 3 significant digits, up to 60 s.
@@ -125,25 +159,11 @@ fn main() {
             })
             .collect();
         workers.into_iter().map(|w| w.join().unwrap()).collect()
-    });
-    let elapsed = a.seconds as f64;
-    let mut total = 0;
-    let mut errors = 0;
-    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-    let mut all = Vec::new();
-    for (n, hist, kept, e) in results {
-        total += n;
-        errors += e;
-        h.add(hist).unwrap();
-        all.extend(kept);
-    }
-    let distinct = if a.check_distinct {
-        let set: HashSet<u64> = all.iter().copied().collect();
-        Some(set.len() == all.len())
-    } else {
-        None
-    };
-    // Calls above 1 ms, by power-of-two millisecond buckets.
+    })
+}
+
+/// Calls above 1 ms, by power-of-two millisecond buckets.
+fn stalls(h: &Histogram<u64>) -> Vec<String> {
     let mut stalls = Vec::new();
     let mut lo = 1_000_000u64;
     while lo < 60_000_000_000 {
@@ -158,17 +178,5 @@ fn main() {
         }
         lo = hi;
     }
-    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    println!(
-        "{{\"mode\": \"{}\", \"threads\": {}, \"ids\": {total}, \"ids_per_sec\": {:.0}, \"errors\": {errors}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"p999_us\": {:.3}, \"max_ms\": {:.3}, \"distinct\": {}, \"stalls_over_1ms\": {{{}}}}}",
-        if a.prefetch { "prefetch" } else { "call" },
-        a.threads,
-        total as f64 / elapsed,
-        us(0.5),
-        us(0.99),
-        us(0.999),
-        h.max() as f64 / 1e6,
-        distinct.map_or("null".into(), |d| d.to_string()),
-        stalls.join(", ")
-    );
+    stalls
 }

@@ -61,111 +61,136 @@ impl Caller {
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let span = tracing::debug_span!("idgen.call", method, attempts = tracing::field::Empty);
-        let deadline = self.settings.deadline;
-        let started = Instant::now();
-        let result = async {
-            let mut tried: Vec<Arc<Node>> = Vec::new();
-            let mut last = String::from("none");
-            let mut attempt: u32 = 0;
-            loop {
-                let left = deadline.saturating_sub(started.elapsed());
-                if left.is_zero() {
-                    return Err(Error::DeadlineExceeded { deadline, last });
-                }
-                let (node, in_flight) = match self.nodes.pick(&tried) {
-                    Some(picked) => picked,
-                    None if tried.is_empty() => return Err(Error::NoNodes),
-                    None => {
-                        // Every node was tried once: start over after a
-                        // pause (a node may be back).
-                        tried.clear();
-                        self.backoff(attempt, left).await;
-                        attempt += 1;
-                        continue;
-                    }
-                };
-                let client = IdGenClient::new(node.channel.clone());
-                let budget = left.min(self.settings.attempt_timeout);
-                let outcome = tokio::time::timeout(budget, op(client, budget)).await;
-                drop(in_flight);
-                let status = match outcome {
-                    Ok(Ok(value)) => {
-                        if !tried.is_empty() {
-                            metrics::counter!(m::FAILOVERS).increment(1);
-                        }
-                        tracing::Span::current().record("attempts", attempt + 1);
-                        return Ok(value);
-                    }
-                    Ok(Err(status)) => status,
-                    // The attempt's share ran out, not the deadline: the
-                    // node stalled. Another node may answer; an
-                    // idempotent call goes there (a strict one may have
-                    // taken a value and is not sent again).
-                    Err(_) if budget < left => {
-                        let status = tonic::Status::deadline_exceeded(format!(
-                            "{} did not answer within the attempt timeout of {budget:?}",
-                            node.addr
-                        ));
-                        Arc::clone(&self.nodes).set_aside(&node);
-                        if retry == Retry::OnlyIfNotSent {
-                            return Err(Error::DeadlineExceeded {
-                                deadline,
-                                last: format!("{}; a strict call is not sent twice (the node may have taken a value)", status.message()),
-                            });
-                        }
-                        metrics::counter!(m::RETRIES).increment(1);
-                        last = status.message().to_owned();
-                        tried.push(node);
-                        attempt += 1;
-                        continue;
-                    }
-                    Err(_) => {
-                        // An attempt cut short by the deadline says less
-                        // than the failure before it (often the reason, such
-                        // as a TLS mismatch): keep both.
-                        let timed_out = format!("{} did not answer in time", node.addr);
-                        return Err(Error::DeadlineExceeded {
-                            deadline,
-                            last: if tried.is_empty() && attempt == 0 {
-                                timed_out
-                            } else {
-                                format!("{timed_out}; before that, {last}")
-                            },
-                        });
-                    }
-                };
-                let transport = is_transport(&status);
-                if status.code() == Code::Unavailable || transport {
-                    Arc::clone(&self.nodes).set_aside(&node);
-                }
-                let retryable = match retry {
-                    Retry::Idempotent => status.code() == Code::Unavailable || transport,
-                    Retry::OnlyIfNotSent => never_sent(&status),
-                };
-                if !retryable {
-                    return Err(if transport {
-                        Error::Transport {
-                            node: node.addr.clone(),
-                            cause: describe(&status),
-                        }
-                    } else {
-                        status.into()
-                    });
-                }
-                tracing::debug!(node = %node.addr, code = ?status.code(), error = %status.message(), "retrying on another node");
-                metrics::counter!(m::RETRIES).increment(1);
-                last = format!("{}: {}", node.addr, describe(&status));
-                tried.push(node);
-                let left = deadline.saturating_sub(started.elapsed());
-                self.backoff(attempt, left).await;
-                attempt += 1;
-            }
-        }
-        .instrument(span)
-        .await;
+        let result = self.attempts(retry, &mut op).instrument(span).await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         metrics::counter!(m::CALLS, "method" => method, "outcome" => outcome).increment(1);
         result
+    }
+
+    /// The loop of [`Caller::call`]: one attempt after another, inside the
+    /// span that records how many it took.
+    async fn attempts<T, F, Fut>(&self, retry: Retry, op: &mut F) -> Result<T, Error>
+    where
+        F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let deadline = self.settings.deadline;
+        let started = Instant::now();
+        let mut tried: Vec<Arc<Node>> = Vec::new();
+        let mut last = String::from("none");
+        let mut attempt: u32 = 0;
+        loop {
+            let left = deadline.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(Error::DeadlineExceeded { deadline, last });
+            }
+            let (node, in_flight) = match self.nodes.pick(&tried) {
+                Some(picked) => picked,
+                None if tried.is_empty() => return Err(Error::NoNodes),
+                None => {
+                    // Every node was tried once: start over after a
+                    // pause (a node may be back).
+                    tried.clear();
+                    self.backoff(attempt, left).await;
+                    attempt += 1;
+                    continue;
+                }
+            };
+            let client = IdGenClient::new(node.channel.clone());
+            let budget = left.min(self.settings.attempt_timeout);
+            let outcome = tokio::time::timeout(budget, op(client, budget)).await;
+            drop(in_flight);
+            let status = match outcome {
+                Ok(Ok(value)) => {
+                    if !tried.is_empty() {
+                        metrics::counter!(m::FAILOVERS).increment(1);
+                    }
+                    tracing::Span::current().record("attempts", attempt + 1);
+                    return Ok(value);
+                }
+                Ok(Err(status)) => status,
+                Err(_) if budget < left => {
+                    last = self.stalled(&node, budget, retry)?;
+                    tried.push(node);
+                    attempt += 1;
+                    continue;
+                }
+                Err(_) => {
+                    // An attempt cut short by the deadline says less
+                    // than the failure before it (often the reason, such
+                    // as a TLS mismatch): keep both.
+                    let timed_out = format!("{} did not answer in time", node.addr);
+                    return Err(Error::DeadlineExceeded {
+                        deadline,
+                        last: if tried.is_empty() && attempt == 0 {
+                            timed_out
+                        } else {
+                            format!("{timed_out}; before that, {last}")
+                        },
+                    });
+                }
+            };
+            last = self.refused(&node, status, retry)?;
+            tried.push(node);
+            let left = deadline.saturating_sub(started.elapsed());
+            self.backoff(attempt, left).await;
+            attempt += 1;
+        }
+    }
+
+    /// The attempt's share ran out, not the deadline: the node stalled.
+    /// Another node may answer; an idempotent call goes there (`Ok`: what
+    /// to report if none does), a strict one may have taken a value and is
+    /// not sent again (`Err`).
+    fn stalled(&self, node: &Arc<Node>, budget: Duration, retry: Retry) -> Result<String, Error> {
+        let status = tonic::Status::deadline_exceeded(format!(
+            "{} did not answer within the attempt timeout of {budget:?}",
+            node.addr
+        ));
+        Arc::clone(&self.nodes).set_aside(node);
+        if retry == Retry::OnlyIfNotSent {
+            return Err(Error::DeadlineExceeded {
+                deadline: self.settings.deadline,
+                last: format!(
+                    "{}; a strict call is not sent twice (the node may have taken a value)",
+                    status.message()
+                ),
+            });
+        }
+        metrics::counter!(m::RETRIES).increment(1);
+        Ok(status.message().to_owned())
+    }
+
+    /// A node answered `status` (or the connection failed with it): `Ok`
+    /// with what to report if no node succeeds when another node may be
+    /// tried, the call's error otherwise.
+    fn refused(
+        &self,
+        node: &Arc<Node>,
+        status: tonic::Status,
+        retry: Retry,
+    ) -> Result<String, Error> {
+        let transport = is_transport(&status);
+        if status.code() == Code::Unavailable || transport {
+            Arc::clone(&self.nodes).set_aside(node);
+        }
+        let retryable = match retry {
+            Retry::Idempotent => status.code() == Code::Unavailable || transport,
+            Retry::OnlyIfNotSent => never_sent(&status),
+        };
+        if !retryable {
+            return Err(if transport {
+                Error::Transport {
+                    node: node.addr.clone(),
+                    cause: describe(&status),
+                }
+            } else {
+                status.into()
+            });
+        }
+        tracing::debug!(node = %node.addr, code = ?status.code(), error = %status.message(), "retrying on another node");
+        metrics::counter!(m::RETRIES).increment(1);
+        Ok(format!("{}: {}", node.addr, describe(&status)))
     }
 
     /// Sleeps a random time up to `base * 2^attempt` (capped at

@@ -17,7 +17,12 @@ use idgen::server::{Node, ShutdownReport};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
+pub mod consul;
 pub mod tls;
+
+// Not every test binary starts a Consul test server.
+#[allow(unused_imports)]
+pub use consul::test_consul;
 
 /// A server running inside the test process.
 pub struct TestServer {
@@ -489,22 +494,6 @@ pub fn assert_linearizable(calls: &[Call]) {
     }
 }
 
-/// The Consul test server as the cluster tests use it: session TTLs down
-/// to 1 s (idgen opts in with `[testing] consul_session_ttl_min`, which
-/// `write_cluster_config` writes), sessions expiring exactly one TTL after
-/// their last renew (the earliest real Consul may), and critical services
-/// reaped after 1 s.
-pub async fn test_consul() -> consul_testserver::TestConsul {
-    consul_testserver::TestConsul::start(consul_testserver::Config {
-        min_ttl: Duration::from_secs(1),
-        ttl_expiry_factor: 1.0,
-        min_deregister_critical_after: Duration::from_secs(1),
-        ..consul_testserver::Config::default()
-    })
-    .await
-    .expect("test consul")
-}
-
 /// `count` snowflake IDs from `node` in one GenIds call.
 pub async fn snowflake_ids(node: &ChildServer, count: u32) -> Result<Vec<u64>, tonic::Status> {
     let mut c = node.client().await;
@@ -542,6 +531,8 @@ type ServeTask = tokio::task::JoinHandle<Result<ShutdownReport, idgen::server::S
 /// tests call the engine directly), and what stops it.
 pub struct Running {
     pub issuer: Arc<idgen::modes::Issuer>,
+    /// The gRPC port it serves (and advertises).
+    pub grpc: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
     task: ServeTask,
 }
@@ -550,22 +541,36 @@ pub struct Running {
 pub async fn start_node(mut config: Config, clock: Arc<dyn Clock>) -> Running {
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    config.node.advertise = Some(grpc.local_addr().unwrap());
+    let addr = grpc.local_addr().unwrap();
+    config.node.advertise = Some(addr);
     let node = Node::start(config, clock).await.expect("node starts");
     let issuer = Arc::clone(node.issuer());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(node.serve(grpc, http, async {
         let _ = stopped.await;
     }));
-    Running { issuer, stop, task }
+    Running {
+        issuer,
+        grpc: addr,
+        stop,
+        task,
+    }
 }
 
 impl Running {
     /// A clean stop: the worker id and tokens are released and the state
     /// file is closed when this returns.
-    pub async fn stop(self) {
+    pub async fn stop(self) -> ShutdownReport {
         drop(self.issuer);
         let _ = self.stop.send(());
-        self.task.await.unwrap().expect("clean stop");
+        self.task.await.unwrap().expect("clean stop")
+    }
+
+    /// Asks the node to stop and waits at most `limit`, whatever the
+    /// outcome (a node that refuses to issue may not stop cleanly).
+    pub async fn stop_within(self, limit: Duration) {
+        drop(self.issuer);
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(limit, self.task).await;
     }
 }

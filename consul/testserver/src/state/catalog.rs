@@ -221,6 +221,85 @@ pub(crate) struct ProbeSpec {
     pub(crate) tls: Option<GrpcTls>,
 }
 
+/// The check `def` registers for `service_id` on `node` at index `idx`,
+/// and for a gRPC check the probe the I/O layer must start (numbered from
+/// `next_serial`). Re-registering keeps a check's status and output unless
+/// the definition sets a status, like Consul's agent does.
+fn new_check(
+    def: CheckDef,
+    previous: Option<&Check>,
+    node: &str,
+    service_id: &str,
+    idx: u64,
+    now: Instant,
+    next_serial: &mut u64,
+) -> (Check, Option<ProbeSpec>) {
+    let (status, output, critical_since, create_index) = match (def.status, previous) {
+        (Some(status), prev) => (
+            status,
+            String::new(),
+            (status == HealthStatus::Critical).then_some(now),
+            prev.map_or(idx, |p| p.create_index),
+        ),
+        (None, Some(prev)) => (
+            prev.status,
+            prev.output.clone(),
+            prev.critical_since,
+            prev.create_index,
+        ),
+        (None, None) => (HealthStatus::Critical, String::new(), Some(now), idx),
+    };
+    let mut probe = None;
+    let kind = match def.kind {
+        CheckDefKind::Ttl(ttl) => CheckKind::Ttl {
+            ttl,
+            expires_at: Some(now + ttl),
+        },
+        CheckDefKind::Grpc {
+            target,
+            service,
+            interval,
+            timeout,
+            tls,
+        } => {
+            *next_serial += 1;
+            let serial = *next_serial;
+            probe = Some(ProbeSpec {
+                node: node.to_owned(),
+                check_id: def.id.clone(),
+                serial,
+                target: target.clone(),
+                service: service.clone(),
+                interval,
+                timeout,
+                tls: tls.clone(),
+            });
+            CheckKind::Grpc {
+                target,
+                service,
+                interval,
+                timeout,
+                tls,
+                serial,
+            }
+        }
+    };
+    let check = Check {
+        id: def.id,
+        name: def.name,
+        notes: def.notes,
+        service_id: service_id.to_owned(),
+        status,
+        output,
+        kind,
+        deregister_after: def.deregister_after,
+        critical_since,
+        create_index,
+        modify_index: idx,
+    };
+    (check, probe)
+}
+
 impl ClusterState {
     pub(crate) fn add_node(&mut self, node: &str) -> bool {
         if self.catalog.nodes.contains_key(node) {
@@ -260,73 +339,17 @@ impl ClusterState {
         let mut probes = Vec::new();
         for check in def.checks {
             let previous = state.checks.get(&check.id);
-            // Re-registering keeps a check's status and output unless the
-            // definition sets a status, like Consul's agent does.
-            let (status, output, critical_since, check_create) = match (check.status, previous) {
-                (Some(status), prev) => (
-                    status,
-                    String::new(),
-                    (status == HealthStatus::Critical).then_some(now),
-                    prev.map_or(idx, |p| p.create_index),
-                ),
-                (None, Some(prev)) => (
-                    prev.status,
-                    prev.output.clone(),
-                    prev.critical_since,
-                    prev.create_index,
-                ),
-                (None, None) => (HealthStatus::Critical, String::new(), Some(now), idx),
-            };
-            let kind = match check.kind {
-                CheckDefKind::Ttl(ttl) => CheckKind::Ttl {
-                    ttl,
-                    expires_at: Some(now + ttl),
-                },
-                CheckDefKind::Grpc {
-                    target,
-                    service,
-                    interval,
-                    timeout,
-                    tls,
-                } => {
-                    self.catalog.next_serial += 1;
-                    let serial = self.catalog.next_serial;
-                    probes.push(ProbeSpec {
-                        node: node.to_owned(),
-                        check_id: check.id.clone(),
-                        serial,
-                        target: target.clone(),
-                        service: service.clone(),
-                        interval,
-                        timeout,
-                        tls: tls.clone(),
-                    });
-                    CheckKind::Grpc {
-                        target,
-                        service,
-                        interval,
-                        timeout,
-                        tls,
-                        serial,
-                    }
-                }
-            };
-            state.checks.insert(
-                check.id.clone(),
-                Check {
-                    id: check.id,
-                    name: check.name,
-                    notes: check.notes,
-                    service_id: def.id.clone(),
-                    status,
-                    output,
-                    kind,
-                    deregister_after: check.deregister_after,
-                    critical_since,
-                    create_index: check_create,
-                    modify_index: idx,
-                },
+            let (check, probe) = new_check(
+                check,
+                previous,
+                node,
+                &def.id,
+                idx,
+                now,
+                &mut self.catalog.next_serial,
             );
+            probes.extend(probe);
+            state.checks.insert(check.id.clone(), check);
         }
         state.services.insert(
             def.id.clone(),

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::kv::{validate_key, KvEntry};
+use super::kv::{validate_key, KvEntry, KvStore};
 use super::ClusterState;
 
 /// A KV verb of a transaction operation.
@@ -119,114 +119,9 @@ impl ClusterState {
                 errors.push(fail("Missing key name".to_owned()));
                 continue;
             }
-            let outcome: Result<(), String> = match op.verb {
-                TxnVerb::Set => {
-                    changed |= kv.set(idx, key, op.value.clone(), op.flags);
-                    results.extend(kv.get(key).map(without_value));
-                    Ok(())
-                }
-                TxnVerb::Cas => match kv.cas(idx, key, op.value.clone(), op.flags, op.index) {
-                    Some(c) => {
-                        changed |= c;
-                        results.extend(kv.get(key).map(without_value));
-                        Ok(())
-                    }
-                    None => Err(format!("failed to set key {key:?}, index is stale")),
-                },
-                TxnVerb::Lock => {
-                    if !self.sessions.contains_key(&op.session) {
-                        Err(format!("invalid session {:?}", op.session))
-                    } else if kv.in_lock_delay(key, now) {
-                        Err(format!("failed to lock key {key:?} due to lock delay"))
-                    } else {
-                        match kv.lock(idx, key, op.value.clone(), op.flags, &op.session) {
-                            Some(c) => {
-                                changed |= c;
-                                results.extend(kv.get(key).map(without_value));
-                                Ok(())
-                            }
-                            None => Err(format!("failed to lock key {key:?}, lock is already held")),
-                        }
-                    }
-                }
-                TxnVerb::Unlock => match kv.unlock(idx, key, op.value.clone(), op.flags, &op.session) {
-                    Some(c) => {
-                        changed |= c;
-                        results.extend(kv.get(key).map(without_value));
-                        Ok(())
-                    }
-                    None => Err(format!(
-                        "failed to unlock key {key:?}, lock isn't held, or is held by another session"
-                    )),
-                },
-                TxnVerb::Get => match kv.get(key) {
-                    Some(e) => {
-                        results.push(e.clone());
-                        Ok(())
-                    }
-                    None => Err(format!("key {key:?} doesn't exist")),
-                },
-                TxnVerb::GetOrEmpty => {
-                    results.push(kv.get(key).cloned().unwrap_or_else(|| KvEntry {
-                        key: key.to_owned(),
-                        create_index: 0,
-                        modify_index: 0,
-                        lock_index: 0,
-                        flags: 0,
-                        value: Vec::new(),
-                        session: None,
-                    }));
-                    Ok(())
-                }
-                TxnVerb::GetTree => {
-                    results.extend(kv.list(key).cloned());
-                    Ok(())
-                }
-                TxnVerb::CheckIndex => match kv.get(key) {
-                    Some(e) if e.modify_index == op.index => {
-                        results.push(without_value(e));
-                        Ok(())
-                    }
-                    Some(e) => Err(format!(
-                        "failed index check for key {key:?}, current modify index {} != {}",
-                        e.modify_index, op.index
-                    )),
-                    None => Err(format!("key {key:?} doesn't exist")),
-                },
-                TxnVerb::CheckSession => match kv.get(key) {
-                    Some(e) if e.session.as_deref().unwrap_or("") == op.session => {
-                        results.push(without_value(e));
-                        Ok(())
-                    }
-                    Some(e) => Err(format!(
-                        "failed session check for key {key:?}, current session {:?} != {:?}",
-                        e.session.as_deref().unwrap_or(""),
-                        op.session
-                    )),
-                    None => Err(format!("key {key:?} doesn't exist")),
-                },
-                TxnVerb::CheckNotExists => match kv.get(key) {
-                    Some(_) => Err(format!("key {key:?} exists")),
-                    None => Ok(()),
-                },
-                TxnVerb::Delete => {
-                    changed |= kv.delete(idx, key);
-                    Ok(())
-                }
-                TxnVerb::DeleteTree => {
-                    changed |= kv.delete_tree(idx, key);
-                    Ok(())
-                }
-                TxnVerb::DeleteCas => match kv.delete_cas(idx, key, op.index) {
-                    Some(c) => {
-                        changed |= c;
-                        Ok(())
-                    }
-                    None => Err(format!("failed to delete key {key:?}, index is stale")),
-                },
-            };
-            if let Err(what) = outcome {
-                errors.push(fail(what));
+            match self.txn_op(&mut kv, idx, op, now, &mut results) {
+                Ok(c) => changed |= c,
+                Err(what) => errors.push(fail(what)),
             }
         }
         if !errors.is_empty() {
@@ -238,6 +133,97 @@ impl ClusterState {
         }
         Ok(results)
     }
+
+    /// Applies one operation to `kv` (the transaction's copy), adding what
+    /// it answers to `results`. `Ok(true)`: it changed the table.
+    fn txn_op(
+        &self,
+        kv: &mut KvStore,
+        idx: u64,
+        op: &TxnOp,
+        now: Instant,
+        results: &mut Vec<KvEntry>,
+    ) -> Result<bool, String> {
+        let key = op.key.as_str();
+        let value = || op.value.clone();
+        let changed = match op.verb {
+            TxnVerb::Set => kv.set(idx, key, value(), op.flags),
+            TxnVerb::Cas => kv
+                .cas(idx, key, value(), op.flags, op.index)
+                .ok_or_else(|| format!("failed to set key {key:?}, index is stale"))?,
+            TxnVerb::Lock => {
+                if !self.sessions.contains_key(&op.session) {
+                    return Err(format!("invalid session {:?}", op.session));
+                }
+                if kv.in_lock_delay(key, now) {
+                    return Err(format!("failed to lock key {key:?} due to lock delay"));
+                }
+                kv.lock(idx, key, value(), op.flags, &op.session)
+                    .ok_or_else(|| format!("failed to lock key {key:?}, lock is already held"))?
+            }
+            TxnVerb::Unlock => kv.unlock(idx, key, value(), op.flags, &op.session).ok_or_else(|| {
+                format!("failed to unlock key {key:?}, lock isn't held, or is held by another session")
+            })?,
+            TxnVerb::Delete => return Ok(kv.delete(idx, key)),
+            TxnVerb::DeleteTree => return Ok(kv.delete_tree(idx, key)),
+            TxnVerb::DeleteCas => {
+                return kv
+                    .delete_cas(idx, key, op.index)
+                    .ok_or_else(|| format!("failed to delete key {key:?}, index is stale"))
+            }
+            _ => return txn_read(kv, op, results).map(|()| false),
+        };
+        // Set, cas, lock and unlock answer the entry as written, blanked.
+        results.extend(kv.get(key).map(without_value));
+        Ok(changed)
+    }
+}
+
+/// The verbs that only read or check: they add to `results` or fail.
+fn txn_read(kv: &KvStore, op: &TxnOp, results: &mut Vec<KvEntry>) -> Result<(), String> {
+    let key = op.key.as_str();
+    let missing = || format!("key {key:?} doesn't exist");
+    match op.verb {
+        TxnVerb::Get => results.push(kv.get(key).ok_or_else(missing)?.clone()),
+        TxnVerb::GetOrEmpty => results.push(kv.get(key).cloned().unwrap_or_else(|| KvEntry {
+            key: key.to_owned(),
+            create_index: 0,
+            modify_index: 0,
+            lock_index: 0,
+            flags: 0,
+            value: Vec::new(),
+            session: None,
+        })),
+        TxnVerb::GetTree => results.extend(kv.list(key).cloned()),
+        TxnVerb::CheckIndex => {
+            let e = kv.get(key).ok_or_else(missing)?;
+            if e.modify_index != op.index {
+                return Err(format!(
+                    "failed index check for key {key:?}, current modify index {} != {}",
+                    e.modify_index, op.index
+                ));
+            }
+            results.push(without_value(e));
+        }
+        TxnVerb::CheckSession => {
+            let e = kv.get(key).ok_or_else(missing)?;
+            let held = e.session.as_deref().unwrap_or("");
+            if held != op.session {
+                return Err(format!(
+                    "failed session check for key {key:?}, current session {held:?} != {:?}",
+                    op.session
+                ));
+            }
+            results.push(without_value(e));
+        }
+        TxnVerb::CheckNotExists => {
+            if kv.get(key).is_some() {
+                return Err(format!("key {key:?} exists"));
+            }
+        }
+        verb => return Err(format!("{verb:?} is not a read")),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
