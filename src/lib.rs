@@ -20,14 +20,14 @@
 //!   error says it is ([`id::ErrorKind`]).
 //! - [`store`]: durable state. [`store::HwmStore`] (high-water marks),
 //!   [`store::SegmentStore`], [`store::lease::TokenStore`] and
-//!   [`store::strict::StrictStore`] and [`store::format::FormatStore`]
+//!   [`store::strict::StrictStore`] and [`store::format::counters::FormatStore`]
 //!   (formatted-mode counters), each on the embedded redb backend
 //!   ([`store::embedded`]) and on Consul KV; [`store::HwmKeeper`], which
 //!   starts a generator above the stored mark and keeps the mark ahead;
 //!   the cluster's layout record ([`store::cluster_layout`]); and the
 //!   embedded file's guard, backups and healing ([`store::state_file`],
 //!   [`store::snapshot`], [`store::reopen`], with formatted counters'
-//!   restore margins in [`store::format_restore`]); on Consul, what the node
+//!   restore margins in [`store::format::restore`]); on Consul, what the node
 //!   wrote per key ([`store::regression`]) and the cluster-wide
 //!   skip-ahead after a snapshot restore ([`store::skip_ahead`]).
 //! - [`modes`]: the engines that serve each mode from its store

@@ -11,7 +11,7 @@ use std::time::Duration;
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig, KvWrite, SessionBehavior, SessionSpec};
 use idgen::id::lease::{Block, MAX_SEQUENCE};
-use idgen::store::consul::{ClusterKeys, OwnerInfo};
+use idgen::store::keys::{ClusterKeys, OwnerInfo};
 use idgen::store::lease::{ConsulTokens, TokenRecord, TokenStore};
 use idgen::store::StoreError;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::id::segment::{Range, Tag, TagRecord};
-use idgen::store::consul::ClusterKeys;
+use idgen::store::keys::ClusterKeys;
 use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
 
 fn tag(name: &str) -> Tag {

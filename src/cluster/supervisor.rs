@@ -37,9 +37,9 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
-use crate::store::consul::{ConsulHwmStore, OwnerInfo};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
+use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
 use crate::store::{HwmKeeper, WorkerKey};
 
 use super::membership::{IssuePath, SessionBound};

@@ -54,8 +54,10 @@ use crate::id::format::{
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
 use crate::modes::lua_pool::{LuaPool, LuaPoolSettings};
-use crate::store::format::{CounterKey, FormatStore, Plan, Planned, RestoreFloor, TokenLock};
-use crate::store::format_tokens::{FormatTokens, HeldToken, TokenError};
+use crate::store::format::counters::{
+    CounterKey, FormatStore, Plan, Planned, RestoreFloor, TokenLock,
+};
+use crate::store::format::tokens::{FormatTokens, HeldToken, TokenError};
 use crate::store::StoreError;
 
 /// How formatted mode runs.

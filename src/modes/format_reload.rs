@@ -40,7 +40,7 @@ use crate::id::format::FormatDef;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
 use crate::modes::format::{CompileFailure, FormatTable, Formats};
-use crate::store::format_def::{DefChange, DefSource, FormatDefStore, StoredFormat};
+use crate::store::format::catalog::{DefChange, DefSource, FormatDefStore, StoredFormat};
 use crate::store::StoreError;
 
 /// How long one blocking query for changed definitions waits before it
@@ -348,7 +348,7 @@ impl FormatCatalog {
     ///
     /// `fresh`: the operator asserts the name never issued an ID on this
     /// cluster before, so a restored state file does not floor it (see
-    /// [`crate::store::format_restore`]).
+    /// [`crate::store::format::restore`]).
     pub async fn create(
         &self,
         def: FormatDef,
@@ -462,34 +462,35 @@ impl FormatCatalog {
     pub async fn watch_consul(
         self: Arc<Self>,
         client: crate::consul::ConsulClient,
-        keys: crate::store::consul::ClusterKeys,
+        keys: crate::store::keys::ClusterKeys,
     ) {
         let mut seen = None;
         let mut index = 0;
         loop {
             let asked = tokio::time::Instant::now();
             let wait = Some((index, WATCH_WAIT));
-            let gap = match crate::store::format_def::consul_fingerprint_after(&client, &keys, wait)
-                .await
-            {
-                // The first look reloads too: a definition may have changed
-                // between the start-up table and this look.
-                Ok((now, next)) if seen.as_ref() != Some(&now) => {
-                    index = if next < index { 0 } else { next };
-                    seen = Some(now);
-                    log_reload("watch", self.reload("watch").await);
-                    WATCH_GAP
-                }
-                Ok((_, next)) => {
-                    index = if next < index { 0 } else { next };
-                    WATCH_QUIET_GAP
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "format definitions not read; trying again");
-                    index = 0;
-                    WATCH_QUIET_GAP
-                }
-            };
+            let gap =
+                match crate::store::format::catalog::consul_fingerprint_after(&client, &keys, wait)
+                    .await
+                {
+                    // The first look reloads too: a definition may have changed
+                    // between the start-up table and this look.
+                    Ok((now, next)) if seen.as_ref() != Some(&now) => {
+                        index = if next < index { 0 } else { next };
+                        seen = Some(now);
+                        log_reload("watch", self.reload("watch").await);
+                        WATCH_GAP
+                    }
+                    Ok((_, next)) => {
+                        index = if next < index { 0 } else { next };
+                        WATCH_QUIET_GAP
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "format definitions not read; trying again");
+                        index = 0;
+                        WATCH_QUIET_GAP
+                    }
+                };
             tokio::time::sleep_until(asked + gap).await;
         }
     }

@@ -13,7 +13,7 @@
 //! continues above (see `store::segment`), and a forced release returns
 //! only after the released session's lock-delay, which holds any new
 //! holder off until the old one has stopped issuing (its local deadline
-//! is at most min(TTL, lock-delay) after its last renew; `store::consul`).
+//! is at most min(TTL, lock-delay) after its last renew; `store::keys`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -42,8 +42,8 @@ use crate::modes::strict::Strict;
 use crate::proto::admin_server::{Admin, AdminServer};
 use crate::proto::{self, HolderKind};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
-use crate::store::consul::{ClusterKeys, OwnerInfo};
-use crate::store::format_def::StoredFormat;
+use crate::store::format::catalog::StoredFormat;
+use crate::store::keys::{ClusterKeys, OwnerInfo};
 use crate::store::lease::TokenRecord;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
@@ -1292,7 +1292,7 @@ impl AdminService {
             tracing::warn!(
                 format = name,
                 "{}",
-                crate::store::format::one_node_formats_warning(&names)
+                crate::store::format::counters::one_node_formats_warning(&names)
             );
         }
     }

@@ -27,7 +27,7 @@ use crate::config::{Backend, Config};
 use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
-use crate::store::format_tokens::{ConsulFormatTokens, EmbeddedFormatTokens, FormatTokens};
+use crate::store::format::tokens::{ConsulFormatTokens, EmbeddedFormatTokens, FormatTokens};
 use crate::store::lease::{EmbeddedTokens, TokenStore};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
@@ -45,7 +45,7 @@ use crate::modes::segment::{SegmentSettings, Segments};
 use crate::modes::strict::Strict;
 pub use crate::modes::{decode_snowflake, Decoded, Issuer};
 use crate::renewal::RenewalThread;
-use crate::store::consul::{ClusterKeys, OwnerInfo};
+use crate::store::keys::{ClusterKeys, OwnerInfo};
 use crate::store::lease::ConsulTokens;
 use crate::store::{ConsulSegmentStore, StoreError};
 
@@ -108,9 +108,9 @@ pub struct ModeStores {
     /// Strict counters.
     pub strict: Option<Arc<dyn StrictStore>>,
     /// Formatted-mode counters.
-    pub format: Option<Arc<dyn crate::store::format::FormatStore>>,
+    pub format: Option<Arc<dyn crate::store::format::counters::FormatStore>>,
     /// Stored format definitions (admin API, config file entries).
-    pub format_defs: Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+    pub format_defs: Option<Arc<dyn crate::store::format::catalog::FormatDefStore>>,
     /// Formatted mode's tokens (`{token}`, `uniq64`).
     pub format_tokens: Option<Arc<dyn FormatTokens>>,
     /// The embedded state file's guard: once it sees the file deleted or
@@ -447,8 +447,8 @@ fn build_issuer(
 
 /// Formatted mode's stores: counters, definitions and tokens.
 type FormatStores = (
-    Option<Arc<dyn crate::store::format::FormatStore>>,
-    Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+    Option<Arc<dyn crate::store::format::counters::FormatStore>>,
+    Option<Arc<dyn crate::store::format::catalog::FormatDefStore>>,
     Option<Arc<dyn FormatTokens>>,
 );
 
@@ -621,12 +621,17 @@ impl Node {
                 keys.clone(),
                 strict_limits(&config),
             ))),
-            format: Some(Arc::new(crate::store::format::ConsulFormatStore::new(
-                client.clone(),
-                keys.clone(),
-            ))),
+            format: Some(Arc::new(
+                crate::store::format::counters::ConsulFormatStore::new(
+                    client.clone(),
+                    keys.clone(),
+                ),
+            )),
             format_defs: Some(Arc::new(
-                crate::store::format_def::ConsulFormatDefStore::new(client.clone(), keys.clone()),
+                crate::store::format::catalog::ConsulFormatDefStore::new(
+                    client.clone(),
+                    keys.clone(),
+                ),
             )),
             format_tokens: Some(Arc::clone(&format_tokens) as Arc<dyn FormatTokens>),
             state_file: None,
@@ -726,7 +731,7 @@ impl Node {
             tracing::warn!(
                 formats = ?cluster_wide,
                 "{}",
-                crate::store::format::one_node_formats_warning(&cluster_wide)
+                crate::store::format::counters::one_node_formats_warning(&cluster_wide)
             );
         }
     }

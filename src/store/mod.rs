@@ -6,15 +6,12 @@
 //! node holds its worker-id lease).
 
 pub mod cluster_layout;
-pub mod consul;
 pub(crate) mod counts;
 pub mod embedded;
 pub mod fault_hook;
 pub mod format;
-pub mod format_def;
-pub mod format_restore;
-pub mod format_tokens;
 pub mod hwm;
+pub mod keys;
 pub mod lease;
 pub mod regression;
 pub mod reopen;
@@ -27,11 +24,10 @@ pub mod strict;
 use crate::id::ErrorKind;
 use std::fmt;
 
-use async_trait::async_trait;
 use thiserror::Error;
 
 pub use embedded::EmbeddedStore;
-pub use hwm::HwmKeeper;
+pub use hwm::{HwmKeeper, HwmStore};
 pub use segment::{ConsulSegmentStore, SegmentStore};
 
 /// Identifies one snowflake worker in the cluster.
@@ -266,20 +262,4 @@ fn layout_fields(stored: &str, configured: &str) -> String {
         .map(|(x, y)| format!("the file has {x}, this node has {y}"))
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// Durable state a node needs to issue IDs safely.
-#[async_trait]
-pub trait HwmStore: Send + Sync + 'static {
-    /// A short name for logs and metrics (`embedded`, `consul`).
-    fn backend(&self) -> &'static str;
-
-    /// Reads the stored high-water mark (Unix ms) of `key` with the
-    /// strongest consistency the backend offers; `None` if never written.
-    async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError>;
-
-    /// Stores the high-water mark of `key`. Returns only once the value is
-    /// durable (fsync'd, or acknowledged by a quorum): the caller hands out
-    /// IDs up to it as soon as this returns.
-    async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError>;
 }

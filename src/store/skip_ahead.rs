@@ -26,8 +26,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::consul::ClusterKeys;
-use super::format::CounterRecordBytes;
+use super::format::counters::CounterRecordBytes;
+use super::keys::ClusterKeys;
 use super::lease::TokenRecord;
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, KvEntry, TxnOp, TxnOutcome};

@@ -20,7 +20,7 @@
 //! must exceed what the node handed out after the snapshot;
 //! [`Suggestion`] derives one from the snapshot's age and recorded rates.
 //! Formatted counters move by a margin per format instead
-//! ([`crate::store::format_restore`]).
+//! ([`crate::store::format::restore`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -30,9 +30,9 @@ use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Ta
 
 use super::counts::COUNTS;
 use super::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR};
-use super::format::{CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL};
-use super::format_def::{StoredFormat, FORMAT_DEFS};
-use super::format_restore::{self, FormatMargins, RestoredFormat};
+use super::format::catalog::{StoredFormat, FORMAT_DEFS};
+use super::format::counters::{CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL};
+use super::format::restore::{self as format_restore, FormatMargins, RestoredFormat};
 use super::lease::LEASE;
 use super::segment::SEGMENTS;
 use super::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
@@ -749,7 +749,7 @@ pub fn restore(
 }
 
 /// [`restore`], with formatted counters moved by their own margins
-/// (`formats`, see [`crate::store::format_restore`]) instead of
+/// (`formats`, see [`crate::store::format::restore`]) instead of
 /// `skip_ahead`.
 pub fn restore_with_formats(
     backup: &Path,

@@ -19,13 +19,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 
-use super::consul::{ClusterKeys, OwnerInfo};
-use super::format::TokenLock;
-use super::lease::{ConsulTokens, TokenStore};
-use super::StoreError;
+use super::counters::TokenLock;
 use crate::consul::ConsulClient;
 use crate::id::format::TokenSpace;
 use crate::id::lease::LeaseError;
+use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::lease::{ConsulTokens, TokenStore};
+use crate::store::StoreError;
 
 /// A token this node holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
