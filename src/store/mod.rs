@@ -5,6 +5,7 @@
 //! redb file, one node) and [`consul`] (Consul KV, written only while this
 //! node holds its worker-id lease).
 
+pub mod cas;
 pub mod cluster_layout;
 pub(crate) mod counts;
 pub mod embedded;

@@ -8,9 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{decode, encode, SegmentStore, TagListing, ADMIN_CAS_ATTEMPTS};
-use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 use crate::metrics as m;
+use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
 use crate::store::keys::ClusterKeys;
 use crate::store::StoreError;
 
@@ -257,66 +258,102 @@ impl SegmentStore for ConsulSegmentStore {
     }
 
     async fn take_range(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
-        let key = self.keys.segment(tag.as_str());
         let lock = self.take_lock(tag);
         let _one_at_a_time = lock.lock().await;
-        for attempt in 0..MAX_CAS_ATTEMPTS {
-            let cached = self.known().get(tag).cloned();
-            let (record, index) = match cached {
-                Some(c) => c,
-                None => self
-                    .read(tag)
-                    .await?
-                    .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?,
-            };
-            if record.deleted {
-                self.forget(tag);
-                return Err(StoreError::TagNotFound(tag.to_string()));
-            }
-            let (range, next) = record.next_range(tag, step, now_ms)?;
-            let mut ops = vec![TxnOp::Cas {
-                key: key.clone(),
+        let take = Take {
+            store: self,
+            tag,
+            key: self.keys.segment(tag.as_str()),
+            step,
+            now_ms,
+        };
+        let (range, _) = compare_and_set(&self.client, &self.keys, TAKE_POLICY, &take).await?;
+        Ok(range)
+    }
+}
+
+/// The policy of takes: [`MAX_CAS_ATTEMPTS`], pauses growing to 160 ms.
+const TAKE_POLICY: CasPolicy = CasPolicy {
+    attempts: MAX_CAS_ATTEMPTS,
+    max_pause: Duration::from_millis(160),
+};
+
+/// One take of `step` IDs of `tag`, planned from this node's cached record
+/// (a node that keeps taking never re-reads) or a consistent read.
+struct Take<'a> {
+    store: &'a ConsulSegmentStore,
+    tag: &'a Tag,
+    key: String,
+    step: u64,
+    now_ms: u64,
+}
+
+#[async_trait]
+impl CasWrite for Take<'_> {
+    type Output = (Range, TagRecord);
+
+    async fn plan(&self) -> Result<Attempt<(Range, TagRecord)>, StoreError> {
+        let (store, tag) = (self.store, self.tag);
+        let cached = store.known().get(tag).cloned();
+        let (record, index) = match cached {
+            Some(c) => c,
+            None => store
+                .read(tag)
+                .await?
+                .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?,
+        };
+        if record.deleted {
+            store.forget(tag);
+            return Err(StoreError::TagNotFound(tag.to_string()));
+        }
+        let (range, next) = record.next_range(tag, self.step, self.now_ms)?;
+        Ok(Attempt {
+            ops: vec![TxnOp::Cas {
+                key: self.key.clone(),
                 value: encode(&next),
                 index,
-            }];
-            ops.extend(self.keys.mark_check());
-            match self.client.txn(&ops).await {
-                Ok(TxnOutcome::Committed(results)) => {
-                    self.keys.written().wrote(&key, (0, next.max_id));
-                    match results.iter().find(|e| e.key == key) {
-                        Some(e) => self.known().insert(tag.clone(), (next, e.modify_index)),
-                        None => self.known().remove(tag),
-                    };
-                    return Ok(range);
-                }
-                Ok(TxnOutcome::RolledBack(errors)) => {
-                    // Another node moved the record, or this node's mark
-                    // moved (its keeper, or a restore): re-read and retry.
-                    self.known().remove(tag);
-                    if self.keys.mark_failed(&ops, &errors) {
-                        self.keys.recheck_mark(&self.client).await?;
-                        continue;
-                    }
-                    backoff(attempt).await;
-                }
-                Err(e) => {
-                    // Maybe applied: never use this range, re-read next time.
-                    self.known().remove(tag);
-                    return Err(StoreError::Backend(e.to_string()));
-                }
-            }
-        }
-        Err(StoreError::Contended(format!(
-            "segment tag {tag}: lost the compare-and-set race {MAX_CAS_ATTEMPTS} times in a row; too many nodes refill it at once (raise its step)"
-        )))
+            }],
+            key: self.key.clone(),
+            level: (0, next.max_id),
+            value: (range, next),
+        })
+    }
+
+    fn lost(&self, _mark_moved: bool) {
+        // Another node moved the record, or this node's mark moved (its
+        // keeper, or a restore): re-read before the next attempt.
+        self.store.forget(self.tag);
+    }
+
+    fn committed(&self, attempt: &Attempt<(Range, TagRecord)>, results: &[KvEntry]) {
+        let next = attempt.value.1.clone();
+        match results.iter().find(|e| e.key == self.key) {
+            Some(e) => self
+                .store
+                .known()
+                .insert(self.tag.clone(), (next, e.modify_index)),
+            None => self.store.known().remove(self.tag),
+        };
+    }
+
+    fn unknown(&self, e: ConsulError) -> StoreError {
+        // Maybe applied: never use this range, re-read next time.
+        self.store.forget(self.tag);
+        StoreError::Backend(e.to_string())
+    }
+
+    fn contended(&self, attempts: u32) -> StoreError {
+        StoreError::Contended(format!(
+            "segment tag {}: lost the compare-and-set race {attempts} times in a row; too many nodes refill it at once (raise its step)",
+            self.tag
+        ))
     }
 }
 
 /// Pauses before another compare-and-set attempt (jittered, growing to
 /// 160 ms).
 async fn backoff(attempt: u32) {
-    let cap = 5u64 << attempt.min(5);
-    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=cap))).await;
+    tokio::time::sleep(TAKE_POLICY.pause(attempt)).await;
 }
 
 fn unknown_outcome(tag: &Tag, e: &crate::consul::ConsulError) -> StoreError {

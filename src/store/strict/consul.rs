@@ -9,9 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{StrictLimits, StrictStore};
-use crate::consul::{Consistency, ConsulClient, KvWrite, TxnOp, TxnOutcome};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnError, TxnOp, TxnOutcome};
 use crate::id::strict::{advance, check_step, Namespace, StrictKey, Values};
 use crate::metrics as m;
+use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
 use crate::store::keys::ClusterKeys;
 use crate::store::StoreError;
 
@@ -26,8 +27,7 @@ pub const MAX_STRICT_BACKOFF: Duration = Duration::from_millis(100);
 /// A random pause before attempt `attempt + 1`: full jitter over a cap
 /// that doubles from 5 ms up to [`MAX_STRICT_BACKOFF`].
 pub(super) fn backoff(attempt: u32) -> Duration {
-    let cap = (5u64 << attempt.min(5)).min(MAX_STRICT_BACKOFF.as_millis() as u64);
-    Duration::from_millis(fastrand::u64(0..=cap))
+    STRICT_POLICY.pause(attempt)
 }
 
 /// A stored counter or step: plain ASCII digits.
@@ -221,74 +221,15 @@ impl ConsulStrictStore {
 impl StrictStore for ConsulStrictStore {
     async fn advance(&self, key: &StrictKey, step: u64, count: u64) -> Result<Values, StoreError> {
         check_step(step)?;
-        let kv_key = self.keys.strict(key.as_str());
         let _turn = self.turn(key).await;
-        for attempt in 0..MAX_STRICT_ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(backoff(attempt - 1)).await;
-            }
-            // Always a fresh read: after a lost race or an unknown outcome
-            // the counter may have moved (even by our own late write).
-            let floor = self.keys.written().written(&kv_key);
-            let (mut value, index) = self.read_counter(key).await?;
-            let mut ops = Vec::with_capacity(3);
-            if index == 0 {
-                // Not live: this call creates the key, above its tombstone,
-                // and only if no delete moved the tombstone meanwhile.
-                self.check_limits(key).await?;
-                let (last, tomb_index) = self.read_tombstone(key).await?;
-                value = last;
-                ops.push(self.tombstone_unchanged(key, tomb_index));
-            }
-            // The live counter, or the tombstone of a deleted key: below
-            // this node's own write, the store was rolled back.
-            self.keys
-                .written()
-                .check("strict", &kv_key, floor, (0, value))?;
-            let values = advance(key, value, step, count)?;
-            ops.push(TxnOp::Cas {
-                key: kv_key.clone(),
-                value: values.last.to_string().into_bytes(),
-                index,
-            });
-            ops.extend(self.keys.mark_check());
-            match self.client.txn(&ops).await {
-                Ok(TxnOutcome::Committed(_)) => {
-                    self.keys.written().wrote(&kv_key, (0, values.last));
-                    return Ok(values);
-                }
-                Ok(TxnOutcome::RolledBack(errors)) => {
-                    // ACL denials come back as rolled-back txns too: retrying
-                    // cannot help those.
-                    if let Some(denied) = errors
-                        .iter()
-                        .find(|e| e.what.to_ascii_lowercase().contains("permission denied"))
-                    {
-                        return Err(StoreError::Backend(format!(
-                            "strict key {key}: Consul refused the write of {kv_key} ({}); check that the ACL token has the policy in consul/acl-policy.hcl",
-                            denied.what
-                        )));
-                    }
-                    if self.keys.mark_failed(&ops, &errors) {
-                        // This node's mark moved: its keeper, or a restore.
-                        self.keys.recheck_mark(&self.client).await?;
-                        continue;
-                    }
-                    // Another node moved the counter first: read again.
-                    self.conflicts.increment(1);
-                }
-                Err(e) => {
-                    // Maybe applied: these values are never used, and the
-                    // next call reads whatever landed (a gap at worst).
-                    return Err(StoreError::Backend(format!(
-                        "strict key {key}: the write of its counter failed ({e}); no values were handed out, retry"
-                    )));
-                }
-            }
-        }
-        Err(StoreError::Contended(format!(
-            "strict key {key}: lost the compare-and-set race {MAX_STRICT_ATTEMPTS} times in a row; too many nodes write it at once: retry later, ask for more values per call (count), or spread the load over more keys"
-        )))
+        let call = Advance {
+            store: self,
+            key,
+            kv_key: self.keys.strict(key.as_str()),
+            step,
+            count,
+        };
+        compare_and_set(&self.client, &self.keys, STRICT_POLICY, &call).await
     }
 
     async fn current(&self, key: &StrictKey) -> Result<u64, StoreError> {
@@ -421,6 +362,97 @@ impl StrictStore for ConsulStrictStore {
         }
         out.sort();
         Ok(out)
+    }
+}
+
+/// The policy of strict calls: [`MAX_STRICT_ATTEMPTS`], pauses growing
+/// to [`MAX_STRICT_BACKOFF`].
+const STRICT_POLICY: CasPolicy = CasPolicy {
+    attempts: MAX_STRICT_ATTEMPTS,
+    max_pause: MAX_STRICT_BACKOFF,
+};
+
+/// One strict call on `key`, always planned from a fresh read: after a
+/// lost race or an unknown outcome the counter may have moved (even by
+/// this node's own late write).
+struct Advance<'a> {
+    store: &'a ConsulStrictStore,
+    key: &'a StrictKey,
+    kv_key: String,
+    step: u64,
+    count: u64,
+}
+
+#[async_trait]
+impl CasWrite for Advance<'_> {
+    type Output = Values;
+
+    async fn plan(&self) -> Result<Attempt<Values>, StoreError> {
+        let (store, key) = (self.store, self.key);
+        let floor = store.keys.written().written(&self.kv_key);
+        let (mut value, index) = store.read_counter(key).await?;
+        let mut ops = Vec::with_capacity(3);
+        if index == 0 {
+            // Not live: this call creates the key, above its tombstone,
+            // and only if no delete moved the tombstone meanwhile.
+            store.check_limits(key).await?;
+            let (last, tomb_index) = store.read_tombstone(key).await?;
+            value = last;
+            ops.push(store.tombstone_unchanged(key, tomb_index));
+        }
+        // The live counter, or the tombstone of a deleted key: below
+        // this node's own write, the store was rolled back.
+        store
+            .keys
+            .written()
+            .check("strict", &self.kv_key, floor, (0, value))?;
+        let values = advance(key, value, self.step, self.count)?;
+        ops.push(TxnOp::Cas {
+            key: self.kv_key.clone(),
+            value: values.last.to_string().into_bytes(),
+            index,
+        });
+        Ok(Attempt {
+            ops,
+            key: self.kv_key.clone(),
+            level: (0, values.last),
+            value: values,
+        })
+    }
+
+    fn refused(&self, _ops: &[TxnOp], errors: &[TxnError]) -> Option<StoreError> {
+        // ACL denials come back as rolled-back txns too: retrying cannot
+        // help those.
+        let denied = errors
+            .iter()
+            .find(|e| e.what.to_ascii_lowercase().contains("permission denied"))?;
+        Some(StoreError::Backend(format!(
+            "strict key {}: Consul refused the write of {} ({}); check that the ACL token has the policy in consul/acl-policy.hcl",
+            self.key, self.kv_key, denied.what
+        )))
+    }
+
+    fn lost(&self, mark_moved: bool) {
+        if !mark_moved {
+            // Another node moved the counter first: read again.
+            self.store.conflicts.increment(1);
+        }
+    }
+
+    fn unknown(&self, e: ConsulError) -> StoreError {
+        // Maybe applied: these values are never used, and the next call
+        // reads whatever landed (a gap at worst).
+        StoreError::Backend(format!(
+            "strict key {}: the write of its counter failed ({e}); no values were handed out, retry",
+            self.key
+        ))
+    }
+
+    fn contended(&self, attempts: u32) -> StoreError {
+        StoreError::Contended(format!(
+            "strict key {}: lost the compare-and-set race {attempts} times in a row; too many nodes write it at once: retry later, ask for more values per call (count), or spread the load over more keys",
+            self.key
+        ))
     }
 }
 

@@ -9,8 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{decode, encode, CounterKey, FormatStore, Plan, Planned, RestoreFloor, TokenLock};
-use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
+use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp};
 use crate::id::format::CounterRecord;
+use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
 use crate::store::keys::ClusterKeys;
 use crate::store::StoreError;
 
@@ -123,77 +124,104 @@ impl FormatStore for ConsulFormatStore {
         plan: Plan,
         lock: Option<&TokenLock>,
     ) -> Result<Planned, StoreError> {
-        let path = self.keys.format_counter(&key.path());
-        for attempt in 0..MAX_CAS_ATTEMPTS {
-            let (stored, index) = match self.read(key).await? {
-                Some((r, i)) => (Some(r), i),
-                // Index 0: create only if still absent.
-                None => (None, 0),
-            };
-            let (floor, floor_index) = self.restore_floor().await?;
-            let planned = plan(stored.as_ref(), floor)?;
-            let mut ops = Vec::with_capacity(4);
-            if let Some(lock) = lock {
-                ops.push(TxnOp::CheckSession {
-                    key: lock.key.clone(),
-                    session: lock.session.clone(),
-                });
-            }
-            let floor_key = self.keys.skip_ahead();
-            ops.push(match floor_index {
-                0 => TxnOp::CheckNotExists { key: floor_key },
-                index => TxnOp::CheckIndex {
-                    key: floor_key,
-                    index,
-                },
-            });
-            ops.push(TxnOp::Cas {
-                key: path.clone(),
-                value: encode(&planned.record),
-                index,
-            });
-            ops.extend(self.keys.mark_check());
-            match self.client.txn(&ops).await {
-                Ok(TxnOutcome::Committed(_)) => {
-                    let level = (planned.record.period.0, planned.record.last);
-                    self.keys.written().wrote(&path, level);
-                    return Ok(planned);
-                }
-                Ok(TxnOutcome::RolledBack(errors))
-                    if lock.is_some() && errors.iter().any(|e| e.op_index == 0) =>
-                {
-                    return Err(StoreError::LockLost(format!(
-                        "format {}: token lock {} is no longer held by this node's session; nothing was reserved",
-                        key.format,
-                        lock.map_or("", |l| l.key.as_str())
-                    )))
-                }
-                Ok(TxnOutcome::RolledBack(errors)) => {
-                    if self.keys.mark_failed(&ops, &errors) {
-                        // This node's mark moved: its keeper, or a restore.
-                        self.keys.recheck_mark(&self.client).await?;
-                        continue;
-                    }
-                    // The counter or the skip-ahead record moved: re-read.
-                    *self.floor_cache() = None;
-                    backoff(attempt).await
-                }
-                Err(e) => {
-                    return Err(StoreError::Backend(format!(
-                        "format {}: a counter block may or may not have been reserved ({e}); it is not used, retry",
-                        key.format
-                    )))
-                }
-            }
-        }
-        Err(StoreError::Contended(format!(
-            "format {}: lost the compare-and-set race {MAX_CAS_ATTEMPTS} times in a row to other nodes reserving counter blocks; retry (or raise the format's step so nodes reserve less often)",
-            key.format
-        )))
+        let reservation = Reservation {
+            store: self,
+            key,
+            path: self.keys.format_counter(&key.path()),
+            plan,
+            lock,
+        };
+        compare_and_set(&self.client, &self.keys, RESERVE_POLICY, &reservation).await
     }
 }
 
-async fn backoff(attempt: u32) {
-    let cap = 5u64 << attempt.min(5);
-    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=cap))).await;
+/// The policy of reservations: [`MAX_CAS_ATTEMPTS`], pauses growing to
+/// 160 ms.
+const RESERVE_POLICY: CasPolicy = CasPolicy {
+    attempts: MAX_CAS_ATTEMPTS,
+    max_pause: Duration::from_millis(160),
+};
+
+/// One reservation of a counter block, planned from a consistent read of
+/// the counter and of the skip-ahead record (checked unchanged in the same
+/// txn), and, for a token's counter, the token's lock.
+struct Reservation<'a> {
+    store: &'a ConsulFormatStore,
+    key: &'a CounterKey,
+    path: String,
+    plan: Plan,
+    lock: Option<&'a TokenLock>,
+}
+
+#[async_trait]
+impl CasWrite for Reservation<'_> {
+    type Output = Planned;
+
+    async fn plan(&self) -> Result<Attempt<Planned>, StoreError> {
+        let store = self.store;
+        let (stored, index) = match store.read(self.key).await? {
+            Some((r, i)) => (Some(r), i),
+            // Index 0: create only if still absent.
+            None => (None, 0),
+        };
+        let (floor, floor_index) = store.restore_floor().await?;
+        let planned = (self.plan)(stored.as_ref(), floor)?;
+        let mut ops = Vec::with_capacity(4);
+        if let Some(lock) = self.lock {
+            ops.push(TxnOp::CheckSession {
+                key: lock.key.clone(),
+                session: lock.session.clone(),
+            });
+        }
+        let floor_key = store.keys.skip_ahead();
+        ops.push(match floor_index {
+            0 => TxnOp::CheckNotExists { key: floor_key },
+            index => TxnOp::CheckIndex {
+                key: floor_key,
+                index,
+            },
+        });
+        ops.push(TxnOp::Cas {
+            key: self.path.clone(),
+            value: encode(&planned.record),
+            index,
+        });
+        Ok(Attempt {
+            ops,
+            key: self.path.clone(),
+            level: (planned.record.period.0, planned.record.last),
+            value: planned,
+        })
+    }
+
+    fn refused(&self, _ops: &[TxnOp], errors: &[TxnError]) -> Option<StoreError> {
+        let lock = self.lock?;
+        errors.iter().any(|e| e.op_index == 0).then(|| {
+            StoreError::LockLost(format!(
+                "format {}: token lock {} is no longer held by this node's session; nothing was reserved",
+                self.key.format, lock.key
+            ))
+        })
+    }
+
+    fn lost(&self, mark_moved: bool) {
+        if !mark_moved {
+            // The counter or the skip-ahead record moved: re-read.
+            *self.store.floor_cache() = None;
+        }
+    }
+
+    fn unknown(&self, e: ConsulError) -> StoreError {
+        StoreError::Backend(format!(
+            "format {}: a counter block may or may not have been reserved ({e}); it is not used, retry",
+            self.key.format
+        ))
+    }
+
+    fn contended(&self, attempts: u32) -> StoreError {
+        StoreError::Contended(format!(
+            "format {}: lost the compare-and-set race {attempts} times in a row to other nodes reserving counter blocks; retry (or raise the format's step so nodes reserve less often)",
+            self.key.format
+        ))
+    }
 }
