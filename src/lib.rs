@@ -19,8 +19,8 @@
 //!   rules with their sandbox and load-time checks), and the kind every
 //!   error says it is ([`id::ErrorKind`]).
 //! - [`store`]: durable state. [`store::HwmStore`] (high-water marks),
-//!   [`store::SegmentStore`], [`store::lease::TokenStore`] and
-//!   [`store::strict::StrictStore`] and [`store::format::counters::FormatStore`]
+//!   [`store::SegmentStore`], [`store::lease::LeaseTokenStore`] and
+//!   [`store::strict::StrictStore`] and [`store::format::counters::FormatCounterStore`]
 //!   (formatted-mode counters), each on the embedded redb backend
 //!   ([`store::embedded`]) and on Consul KV; [`store::HwmKeeper`], which
 //!   starts a generator above the stored mark and keeps the mark ahead;

@@ -3,7 +3,7 @@
 //!
 //! [`FormatCatalog`] owns the path from definitions to served formats:
 //!
-//! - **Where definitions live.** In the store ([`FormatDefStore`]): the
+//! - **Where definitions live.** In the store ([`FormatCatalogStore`]): the
 //!   admin API creates, updates and deletes them there, and a config
 //!   file's `[[formats]]` entries are written there when a node starts or
 //!   reloads with them ([`FormatCatalog::apply_config`]). The rule for a
@@ -40,7 +40,7 @@ use crate::id::format::FormatDef;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
 use crate::modes::format::{CompileFailure, FormatTable, Formats};
-use crate::store::format::catalog::{DefChange, DefSource, FormatDefStore, StoredFormat};
+use crate::store::format::catalog::{DefChange, DefSource, FormatCatalogStore, StoredFormat};
 use crate::store::StoreError;
 
 /// How long one blocking query for changed definitions waits before it
@@ -97,7 +97,7 @@ pub struct Reloaded {
 
 /// Stored format definitions and the table served from them.
 pub struct FormatCatalog {
-    defs: Arc<dyn FormatDefStore>,
+    defs: Arc<dyn FormatCatalogStore>,
     formats: Arc<Formats>,
     clock: Arc<dyn Clock>,
     /// The config file's `[[formats]]`, as last read.
@@ -122,7 +122,7 @@ impl FormatCatalog {
     /// A catalog over `defs` serving into `formats`; `config` is the
     /// config file's `[[formats]]` (applied by [`start`](Self::start)).
     pub fn new(
-        defs: Arc<dyn FormatDefStore>,
+        defs: Arc<dyn FormatCatalogStore>,
         formats: Arc<Formats>,
         clock: Arc<dyn Clock>,
         config: Vec<FormatDef>,
@@ -151,7 +151,7 @@ impl FormatCatalog {
     }
 
     /// The stored definitions.
-    pub fn store(&self) -> &Arc<dyn FormatDefStore> {
+    pub fn store(&self) -> &Arc<dyn FormatCatalogStore> {
         &self.defs
     }
 

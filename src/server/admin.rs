@@ -44,7 +44,7 @@ use crate::proto::{self, HolderKind};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
 use crate::store::format::catalog::StoredFormat;
 use crate::store::keys::{ClusterKeys, OwnerInfo};
-use crate::store::lease::TokenRecord;
+use crate::store::lease::LeaseTokenRecord;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
 
@@ -357,7 +357,7 @@ fn holder_from(
     let (owner, reserved) = match held {
         LockKey::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
         LockKey::Token(..) | LockKey::FormatToken(..) => {
-            match serde_json::from_slice::<TokenRecord>(&entry.value) {
+            match serde_json::from_slice::<LeaseTokenRecord>(&entry.value) {
                 Ok(r) => (Some(r.owner), r.reserved),
                 Err(_) => (None, 0),
             }

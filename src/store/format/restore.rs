@@ -507,7 +507,7 @@ mod tests {
     #[tokio::test]
     async fn formats_new_since_a_restore_are_floored_refused_or_fresh() {
         use crate::store::embedded::{EmbeddedStore, META};
-        use crate::store::format::catalog::{DefSource, FormatDefStore};
+        use crate::store::format::catalog::{DefSource, FormatCatalogStore};
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
         let txn = store.begin_write().unwrap();

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::TokenStore;
+use super::LeaseTokenStore;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
 use crate::id::lease::{check_zone, Block, LeaseError, TokenCounter, MAX_TOKEN};
 use crate::store::keys::{ClusterKeys, OwnerInfo};
@@ -15,7 +15,7 @@ use crate::store::StoreError;
 /// The value of a token's key in Consul: who holds (or last held) it, and
 /// its counter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenRecord {
+pub struct LeaseTokenRecord {
     /// The holder (or the last one).
     #[serde(flatten)]
     pub owner: OwnerInfo,
@@ -23,7 +23,7 @@ pub struct TokenRecord {
     pub reserved: u64,
 }
 
-impl TokenRecord {
+impl LeaseTokenRecord {
     fn decode(entry: &KvEntry) -> Result<Self, StoreError> {
         serde_json::from_slice(&entry.value).map_err(|e| {
             StoreError::Backend(format!(
@@ -43,7 +43,7 @@ impl TokenRecord {
 #[derive(Debug, Clone)]
 struct HeldToken {
     token: u64,
-    record: TokenRecord,
+    record: LeaseTokenRecord,
     index: u64,
     /// A write's outcome was unknown: re-read before the next one.
     stale: bool,
@@ -51,13 +51,13 @@ struct HeldToken {
 
 /// A zone's token records by token: the free ones with their record and
 /// ModifyIndex, `None` for tokens held, used up or unreadable.
-type TokenRecords = std::collections::BTreeMap<u64, Option<(TokenRecord, u64)>>;
+type TokenRecords = std::collections::BTreeMap<u64, Option<(LeaseTokenRecord, u64)>>;
 
 /// Lease tokens in Consul KV, held under one session. The same machinery
-/// holds formatted mode's tokens ([`ConsulTokens::for_format_space`]): a
+/// holds formatted mode's tokens ([`ConsulLeaseTokens::for_format_space`]): a
 /// folder of its own per token space, the counter left at 0 (formats keep
 /// their counters per token in their own records).
-pub struct ConsulTokens {
+pub struct ConsulLeaseTokens {
     client: ConsulClient,
     zone: u64,
     /// The folder of the space's token keys (with trailing `/`).
@@ -85,7 +85,7 @@ fn txn_errors(errors: &[crate::consul::TxnError]) -> String {
         .join("; ")
 }
 
-impl ConsulTokens {
+impl ConsulLeaseTokens {
     /// Tokens of `zone`, locked with `session` (the worker id's session).
     pub fn new(
         client: ConsulClient,
@@ -157,7 +157,7 @@ impl ConsulTokens {
     }
 
     /// Forgets `token` (a write found its lock gone): the next
-    /// [`ConsulTokens::hold`] takes a token again.
+    /// [`ConsulLeaseTokens::hold`] takes a token again.
     pub fn forget(&self, token: u64) {
         let mut held = self.held();
         if held.as_ref().is_some_and(|h| h.token == token) {
@@ -205,7 +205,7 @@ impl ConsulTokens {
             else {
                 continue;
             };
-            let Ok(record) = TokenRecord::decode(e) else {
+            let Ok(record) = LeaseTokenRecord::decode(e) else {
                 // Unreadable: never take it (its counter is unknown).
                 tracing::error!(key = %e.key, "lease token record unreadable; skipping it");
                 existing.insert(token, None);
@@ -254,7 +254,7 @@ impl ConsulTokens {
                 ),
                 _ => (0, TxnOp::CheckNotExists { key: key.clone() }),
             };
-            let record = TokenRecord {
+            let record = LeaseTokenRecord {
                 owner: self.owner.clone(),
                 reserved,
             };
@@ -312,7 +312,7 @@ impl ConsulTokens {
             .map_err(consul_err)?;
         match entry {
             Some(entry) if entry.session.as_deref() == Some(self.session.as_str()) => {
-                let record = TokenRecord::decode(&entry)?;
+                let record = LeaseTokenRecord::decode(&entry)?;
                 self.keys
                     .written()
                     .check("lease", &key, floor, (0, record.reserved))?;
@@ -339,7 +339,7 @@ impl ConsulTokens {
     async fn write(
         &self,
         held: &HeldToken,
-        record: TokenRecord,
+        record: LeaseTokenRecord,
         unlock: bool,
     ) -> Result<u64, StoreError> {
         let key = self.key(held.token);
@@ -398,7 +398,7 @@ impl ConsulTokens {
 }
 
 #[async_trait]
-impl TokenStore for ConsulTokens {
+impl LeaseTokenStore for ConsulLeaseTokens {
     fn backend(&self) -> &'static str {
         "consul"
     }
@@ -442,7 +442,7 @@ impl TokenStore for ConsulTokens {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let record = TokenRecord {
+            let record = LeaseTokenRecord {
                 owner: held.record.owner.clone(),
                 reserved: next.reserved,
             };

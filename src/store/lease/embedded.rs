@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use redb::ReadableTable;
 
-use super::{counter_key, TokenStore, LEASE};
+use super::{counter_key, LeaseTokenStore, LEASE};
 use std::sync::Mutex;
 
 use crate::id::lease::{check_token, check_zone, Block, LeaseError, TokenCounter, MAX_SEQUENCE};
@@ -15,7 +15,7 @@ use crate::store::StoreError;
 /// its own range of tokens (see [`crate::id::lease::node_token_range`]),
 /// so embedded nodes with distinct worker ids never share one.
 #[derive(Clone)]
-pub struct EmbeddedTokens {
+pub struct EmbeddedLeaseTokens {
     store: EmbeddedStore,
     zone: u64,
     /// The node's own tokens, `first..=last`.
@@ -24,7 +24,7 @@ pub struct EmbeddedTokens {
     current: std::sync::Arc<Mutex<u64>>,
 }
 
-impl EmbeddedTokens {
+impl EmbeddedLeaseTokens {
     /// Tokens `range.0..=range.1` of `zone`, starting at `first_token`
     /// (inside the range).
     pub fn new(
@@ -141,7 +141,7 @@ impl EmbeddedTokens {
 }
 
 #[async_trait]
-impl TokenStore for EmbeddedTokens {
+impl LeaseTokenStore for EmbeddedLeaseTokens {
     fn backend(&self) -> &'static str {
         "embedded"
     }

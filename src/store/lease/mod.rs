@@ -1,7 +1,7 @@
 //! Lease tokens and their durable counters (lease mode), on both backends.
 //!
 //! A node serves lease IDs from blocks of one token's sequence. A
-//! [`TokenStore`] hands out those blocks: it holds a token (taking one
+//! [`LeaseTokenStore`] hands out those blocks: it holds a token (taking one
 //! first if it has none, and another when the held one is used up) and
 //! moves the token's counter forward by the block before it returns the
 //! block. A write whose outcome is unknown returns an error and its block
@@ -13,7 +13,7 @@
 //!   Counters live in the redb table `lease` (`"<zone>/<token>"` -> the
 //!   largest reserved sequence); one fsync'd transaction per block.
 //! - Consul: `<prefix>/<cluster>/lease/<zone>/<token>` is both the lock and
-//!   the counter: its value is a [`TokenRecord`] (the holder and
+//!   the counter: its value is a [`LeaseTokenRecord`] (the holder and
 //!   `reserved`). The node takes the token with a txn `check-index` (or
 //!   `check-not-exists`) + `lock` under its worker session, so taking it
 //!   and reading its counter are one atomic step (a token inside its
@@ -35,12 +35,12 @@ use redb::TableDefinition;
 use super::StoreError;
 use crate::id::lease::Block;
 
-pub use consul::{ConsulTokens, TokenRecord};
-pub use embedded::EmbeddedTokens;
+pub use consul::{ConsulLeaseTokens, LeaseTokenRecord};
+pub use embedded::EmbeddedLeaseTokens;
 
 /// Where a node's lease blocks come from.
 #[async_trait]
-pub trait TokenStore: Send + Sync + 'static {
+pub trait LeaseTokenStore: Send + Sync + 'static {
     /// A short name for logs (`embedded`, `consul`).
     fn backend(&self) -> &'static str;
 

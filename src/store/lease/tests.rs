@@ -12,7 +12,7 @@ fn store() -> (tempfile::TempDir, EmbeddedStore) {
 #[tokio::test]
 async fn embedded_blocks_are_disjoint_and_durable() {
     let (dir, s) = store();
-    let tokens = EmbeddedTokens::new(s, 3, 7, (0, 63)).unwrap();
+    let tokens = EmbeddedLeaseTokens::new(s, 3, 7, (0, 63)).unwrap();
     let mut seen = HashSet::new();
     for _ in 0..20 {
         let b = tokens.reserve(100).await.unwrap();
@@ -24,7 +24,7 @@ async fn embedded_blocks_are_disjoint_and_durable() {
     assert_eq!(tokens.counter(7).unwrap().reserved, 2000);
     drop(tokens);
     let s = EmbeddedStore::open(&dir.path().join("s.redb"), "layout", false).unwrap();
-    let tokens = EmbeddedTokens::new(s, 3, 7, (0, 63)).unwrap();
+    let tokens = EmbeddedLeaseTokens::new(s, 3, 7, (0, 63)).unwrap();
     let b = tokens.reserve(100).await.unwrap();
     assert_eq!(b.first, 2001, "a reopened store continues above");
 }
@@ -32,7 +32,8 @@ async fn embedded_blocks_are_disjoint_and_durable() {
 #[tokio::test]
 async fn embedded_moves_to_the_next_token_when_one_is_used_up() {
     let (_dir, s) = store();
-    let tokens = EmbeddedTokens::new(s, 0, MAX_TOKEN - 1, (MAX_TOKEN - 63, MAX_TOKEN)).unwrap();
+    let tokens =
+        EmbeddedLeaseTokens::new(s, 0, MAX_TOKEN - 1, (MAX_TOKEN - 63, MAX_TOKEN)).unwrap();
     tokens
         .advance_counter(MAX_TOKEN - 1, crate::id::lease::MAX_SEQUENCE - 5)
         .unwrap();
@@ -65,7 +66,7 @@ async fn embedded_moves_to_the_next_token_when_one_is_used_up() {
 async fn embedded_never_leaves_its_own_range() {
     let (_dir, s) = store();
     // The range of datacenter 0, worker 0 under 5 + 5 bits: 0 to 63.
-    let tokens = EmbeddedTokens::new(s, 0, 63, (0, 63)).unwrap();
+    let tokens = EmbeddedLeaseTokens::new(s, 0, 63, (0, 63)).unwrap();
     tokens
         .advance_counter(63, crate::id::lease::MAX_SEQUENCE)
         .unwrap();

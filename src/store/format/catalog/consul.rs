@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::{
-    check_creatable, decode, encode, live, DefChange, DefListing, FormatDefStore, StoredFormat,
+    check_creatable, decode, encode, live, DefChange, DefListing, FormatCatalogStore, StoredFormat,
 };
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::store::keys::ClusterKeys;
@@ -14,12 +14,12 @@ use crate::store::StoreError;
 const CAS_ATTEMPTS: u32 = 8;
 
 /// Format definitions in Consul KV.
-pub struct ConsulFormatDefStore {
+pub struct ConsulFormatCatalogStore {
     client: ConsulClient,
     keys: ClusterKeys,
 }
 
-impl ConsulFormatDefStore {
+impl ConsulFormatCatalogStore {
     /// Definitions under `keys`' `format-defs/` folder.
     pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
         Self { client, keys }
@@ -62,7 +62,7 @@ impl ConsulFormatDefStore {
 }
 
 #[async_trait]
-impl FormatDefStore for ConsulFormatDefStore {
+impl FormatCatalogStore for ConsulFormatCatalogStore {
     async fn list(&self) -> Result<DefListing, StoreError> {
         let entries = self
             .client

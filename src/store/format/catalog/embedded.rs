@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use redb::ReadableTable;
 
 use super::{
-    check_creatable, decode, encode, live, DefChange, DefListing, FormatDefStore, StoredFormat,
+    check_creatable, decode, encode, live, DefChange, DefListing, FormatCatalogStore, StoredFormat,
     FORMAT_DEFS,
 };
 use crate::store::embedded::{backend_err, blocking, EmbeddedStore};
@@ -68,7 +68,7 @@ impl EmbeddedStore {
 }
 
 #[async_trait]
-impl FormatDefStore for EmbeddedStore {
+impl FormatCatalogStore for EmbeddedStore {
     async fn list(&self) -> Result<DefListing, StoreError> {
         let this = self.clone();
         blocking(move || this.list_defs_blocking()).await

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::id::format::FormatDef;
 use crate::store::StoreError;
 
-pub use consul::{consul_fingerprint, consul_fingerprint_after, ConsulFormatDefStore};
+pub use consul::{consul_fingerprint, consul_fingerprint_after, ConsulFormatCatalogStore};
 
 pub(crate) const FORMAT_DEFS: TableDefinition<&str, &[u8]> = TableDefinition::new("format_defs");
 
@@ -104,7 +104,7 @@ pub type DefChange =
 
 /// Stored format definitions.
 #[async_trait]
-pub trait FormatDefStore: Send + Sync + 'static {
+pub trait FormatCatalogStore: Send + Sync + 'static {
     /// Every definition, tombstones included (strongest consistency the
     /// backend offers), and every record that could not be read.
     async fn list(&self) -> Result<DefListing, StoreError>;

@@ -17,7 +17,7 @@ fn record(name: &str, template: &str) -> StoredFormat {
 }
 
 /// The contract, the same on both backends.
-async fn contract(store: &dyn FormatDefStore) {
+async fn contract(store: &dyn FormatCatalogStore) {
     let a = record("orders", "{yyyy}{MM}{dd}{seq:4}");
     store.create(&a).await.unwrap();
     store
@@ -113,10 +113,10 @@ async fn consul_definitions_are_shared_and_tombstones_final() {
         .unwrap()
     };
     let keys = ClusterKeys::new("idgen", "test");
-    let store = ConsulFormatDefStore::new(client(), keys.clone());
+    let store = ConsulFormatCatalogStore::new(client(), keys.clone());
     let before = consul_fingerprint(&client(), &keys).await.unwrap();
     contract(&store).await;
-    let other = ConsulFormatDefStore::new(client(), keys.clone());
+    let other = ConsulFormatCatalogStore::new(client(), keys.clone());
     assert_eq!(other.list().await.unwrap().formats.len(), 2);
     let after = consul_fingerprint(&client(), &keys).await.unwrap();
     assert_ne!(before, after);

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{decode, encode, CounterKey, FormatStore, Plan, Planned, RestoreFloor, TokenLock};
+use super::{
+    decode, encode, CounterKey, FormatCounterStore, Plan, Planned, RestoreFloor, TokenLock,
+};
 use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp};
 use crate::id::format::CounterRecord;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
@@ -19,7 +21,7 @@ use crate::store::StoreError;
 pub const MAX_CAS_ATTEMPTS: u32 = 32;
 
 /// Formatted-mode counters in Consul KV.
-pub struct ConsulFormatStore {
+pub struct ConsulFormatCounterStore {
     client: ConsulClient,
     keys: ClusterKeys,
     /// The floor of the last `idgen admin skip-ahead` (`None`: none ran)
@@ -29,7 +31,7 @@ pub struct ConsulFormatStore {
     floor: Mutex<Option<(Option<RestoreFloor>, u64)>>,
 }
 
-impl ConsulFormatStore {
+impl ConsulFormatCounterStore {
     /// Records under `keys`' `formats/` folder.
     pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
         Self {
@@ -99,7 +101,7 @@ impl ConsulFormatStore {
 }
 
 #[async_trait]
-impl FormatStore for ConsulFormatStore {
+impl FormatCounterStore for ConsulFormatCounterStore {
     async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError> {
         Ok(self.read(key).await?.map(|(r, _)| r))
     }
@@ -146,7 +148,7 @@ const RESERVE_POLICY: CasPolicy = CasPolicy {
 /// the counter and of the skip-ahead record (checked unchanged in the same
 /// txn), and, for a token's counter, the token's lock.
 struct Reservation<'a> {
-    store: &'a ConsulFormatStore,
+    store: &'a ConsulFormatCounterStore,
     key: &'a CounterKey,
     path: String,
     plan: Plan,

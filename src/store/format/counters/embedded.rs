@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use redb::ReadableTable;
 
 use super::{
-    decode, encode, CounterKey, FormatStore, Plan, Planned, RestoreFloor, FORMATS,
+    decode, encode, CounterKey, FormatCounterStore, Plan, Planned, RestoreFloor, FORMATS,
     FORMATS_RESTORED_UNTIL, FORMAT_RESTORE_FLOORS, FORMAT_RESTORE_NEW_FLOOR,
 };
 use crate::id::format::CounterRecord;
@@ -117,7 +117,7 @@ impl EmbeddedStore {
 }
 
 #[async_trait]
-impl FormatStore for EmbeddedStore {
+impl FormatCounterStore for EmbeddedStore {
     async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError> {
         let (this, key) = (self.clone(), key.clone());
         blocking(move || this.read_counter(&key)).await

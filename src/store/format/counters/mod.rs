@@ -1,7 +1,7 @@
 //! Durable counters of formatted mode, on both backends.
 //!
 //! One [`CounterRecord`] (period + last value reserved in it) per format,
-//! scope key and, for per-node formats, node. [`FormatStore::reserve`] is
+//! scope key and, for per-node formats, node. [`FormatCounterStore::reserve`] is
 //! the only way a node gets counter values: it reads the record, lets the
 //! caller's plan (`Format::decide` then `Format::next_block`) turn it into
 //! a block and the record to write, and returns the block only once that
@@ -25,7 +25,7 @@ use redb::TableDefinition;
 use crate::id::format::{CounterBlock, CounterRecord, PeriodDecision};
 use crate::store::StoreError;
 
-pub use consul::{ConsulFormatStore, MAX_CAS_ATTEMPTS};
+pub use consul::{ConsulFormatCounterStore, MAX_CAS_ATTEMPTS};
 
 pub(crate) const FORMATS: TableDefinition<&str, &[u8]> = TableDefinition::new("formats");
 
@@ -172,7 +172,7 @@ pub type Plan = Arc<
 
 /// Formatted-mode counter records.
 #[async_trait]
-pub trait FormatStore: Send + Sync + 'static {
+pub trait FormatCounterStore: Send + Sync + 'static {
     /// Reads a counter's record (strongest consistency the backend
     /// offers); `None` if never written.
     async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError>;
@@ -185,7 +185,7 @@ pub trait FormatStore: Send + Sync + 'static {
     /// value, node and token; what `formatted.max_scope_values` bounds).
     async fn count_counters(&self, format: &str) -> Result<u64, StoreError>;
 
-    /// [`FormatStore::reserve`] for a token's counter: in Consul the write
+    /// [`FormatCounterStore::reserve`] for a token's counter: in Consul the write
     /// also checks that `lock` is still held by its session, and
     /// [`StoreError::LockLost`] says it is not (nothing was written). The
     /// embedded store has no locks (each node's tokens are its own).
