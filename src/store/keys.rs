@@ -237,6 +237,7 @@ pub struct OwnerInfo {
     pub since_ms: u64,
 }
 
+/// A Consul failure as a store failure.
 pub(crate) fn store_err(e: ConsulError) -> StoreError {
     StoreError::Backend(e.to_string())
 }

@@ -1,9 +1,13 @@
-//! Durable coordination state behind one trait.
+//! Durable coordination state, one folder per mode.
 //!
 //! The generator only trusts a high-water mark once a [`HwmStore`] has
-//! said it is durable. Two backends implement the trait: [`embedded`] (a
-//! redb file, one node) and [`consul`] (Consul KV, written only while this
-//! node holds its worker-id lease).
+//! said it is durable; every other mode gets its values the same way, from
+//! a write its store acknowledged. Each mode's folder (`hwm/`, `segment/`,
+//! `lease/`, `strict/`, `format/`) holds its trait in `mod.rs`, the redb
+//! impl in `embedded.rs` (the state file, [`embedded`]: one node) and the
+//! Consul KV impl in `consul.rs` (keys in [`keys`], written through the
+//! compare-and-set loop in [`cas`] only while this node holds its worker
+//! lock).
 
 pub mod cas;
 pub mod cluster_layout;

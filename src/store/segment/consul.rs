@@ -2,13 +2,14 @@
 //! the record as JSON, written by a txn `cas` on the ModifyIndex last seen.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::{decode, encode, SegmentStore, TagListing, ADMIN_CAS_ATTEMPTS};
-use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp};
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
@@ -70,32 +71,13 @@ impl ConsulSegmentStore {
         tag: &Tag,
         change: impl Fn(&TagRecord) -> Result<TagRecord, StoreError> + Send + Sync,
     ) -> Result<TagRecord, StoreError> {
-        let key = self.keys.segment(tag.as_str());
-        let result = async {
-            for attempt in 0..ADMIN_CAS_ATTEMPTS {
-                let (record, index) = match self.read(tag).await? {
-                    Some((r, _)) if r.deleted => None,
-                    other => other,
-                }
-                .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?;
-                let written = change(&record)?;
-                let ops = [TxnOp::Cas {
-                    key: key.clone(),
-                    value: encode(&written),
-                    index,
-                }];
-                match self.client.txn(&ops).await {
-                    Ok(TxnOutcome::Committed(_)) => {
-                        self.keys.written().wrote(&key, (0, written.max_id));
-                        return Ok(written);
-                    }
-                    Ok(TxnOutcome::RolledBack(_)) => backoff(attempt).await,
-                    Err(e) => return Err(unknown_outcome(tag, &e)),
-                }
-            }
-            Err(contended(tag))
-        }
-        .await;
+        let write = AdminWrite {
+            store: self,
+            tag,
+            key: self.keys.segment(tag.as_str()),
+            what: AdminChange::Change(&change),
+        };
+        let result = compare_and_set(&self.client, &self.keys, ADMIN_POLICY, &write).await;
         self.forget(tag);
         result
     }
@@ -137,45 +119,16 @@ impl SegmentStore for ConsulSegmentStore {
         tag: &Tag,
         record: &TagRecord,
     ) -> Result<TagRecord, StoreError> {
-        let key = self.keys.segment(tag.as_str());
-        let result = async {
-            // Index 0: create only if absent. Over a tombstone: its index.
-            let mut index = 0;
-            let mut written = record.clone();
-            for attempt in 0..ADMIN_CAS_ATTEMPTS {
-                let ops = [TxnOp::Cas {
-                    key: key.clone(),
-                    value: encode(&written),
-                    index,
-                }];
-                match self.client.txn(&ops).await {
-                    Ok(TxnOutcome::Committed(_)) => {
-                        self.keys.written().wrote(&key, (0, written.max_id));
-                        return Ok(written);
-                    }
-                    Ok(TxnOutcome::RolledBack(_)) => {}
-                    Err(e) => return Err(unknown_outcome(tag, &e)),
-                }
-                match self.read(tag).await? {
-                    Some((old, _)) if !old.deleted => {
-                        return Err(StoreError::TagExists(tag.to_string()))
-                    }
-                    Some((tombstone, i)) => {
-                        written = tombstone.revived(record);
-                        index = i;
-                    }
-                    None => {
-                        written = record.clone();
-                        index = 0;
-                    }
-                }
-                if attempt > 0 {
-                    backoff(attempt).await;
-                }
-            }
-            Err(contended(tag))
-        }
-        .await;
+        let write = AdminWrite {
+            store: self,
+            tag,
+            key: self.keys.segment(tag.as_str()),
+            what: AdminChange::Create {
+                record,
+                blind: AtomicBool::new(true),
+            },
+        };
+        let result = compare_and_set(&self.client, &self.keys, ADMIN_POLICY, &write).await;
         self.forget(tag);
         result
     }
@@ -350,10 +303,84 @@ impl CasWrite for Take<'_> {
     }
 }
 
-/// Pauses before another compare-and-set attempt (jittered, growing to
-/// 160 ms).
-async fn backoff(attempt: u32) {
-    tokio::time::sleep(TAKE_POLICY.pause(attempt)).await;
+/// The policy of admin writes: [`ADMIN_CAS_ATTEMPTS`], pauses growing to
+/// 160 ms.
+const ADMIN_POLICY: CasPolicy = CasPolicy {
+    attempts: ADMIN_CAS_ATTEMPTS,
+    max_pause: Duration::from_millis(160),
+};
+
+/// An admin write of a tag's record: a create (over nothing or over a
+/// tombstone) or a change of a live record; a txn `cas` on the
+/// ModifyIndex of a consistent read, so it never crosses a take.
+struct AdminWrite<'a> {
+    store: &'a ConsulSegmentStore,
+    tag: &'a Tag,
+    key: String,
+    what: AdminChange<'a>,
+}
+
+/// What an [`AdminWrite`] writes.
+enum AdminChange<'a> {
+    /// Create with `record`: the first attempt writes it without a read
+    /// (index 0: only if absent), later ones read first and create over a
+    /// tombstone above its `max_id`.
+    Create {
+        record: &'a TagRecord,
+        blind: AtomicBool,
+    },
+    /// The live record as this function rewrites it.
+    Change(&'a (dyn Fn(&TagRecord) -> Result<TagRecord, StoreError> + Send + Sync)),
+}
+
+#[async_trait]
+impl CasWrite for AdminWrite<'_> {
+    type Output = TagRecord;
+
+    async fn plan(&self) -> Result<Attempt<TagRecord>, StoreError> {
+        let (store, tag) = (self.store, self.tag);
+        let (written, index) = match &self.what {
+            AdminChange::Create { record, blind } => {
+                if blind.swap(false, Ordering::Relaxed) {
+                    ((*record).clone(), 0)
+                } else {
+                    match store.read(tag).await? {
+                        Some((old, _)) if !old.deleted => {
+                            return Err(StoreError::TagExists(tag.to_string()))
+                        }
+                        Some((tombstone, i)) => (tombstone.revived(record), i),
+                        None => ((*record).clone(), 0),
+                    }
+                }
+            }
+            AdminChange::Change(change) => {
+                let (record, index) = match store.read(tag).await? {
+                    Some((r, _)) if r.deleted => None,
+                    other => other,
+                }
+                .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?;
+                (change(&record)?, index)
+            }
+        };
+        Ok(Attempt {
+            ops: vec![TxnOp::Cas {
+                key: self.key.clone(),
+                value: encode(&written),
+                index,
+            }],
+            key: self.key.clone(),
+            level: (0, written.max_id),
+            value: written,
+        })
+    }
+
+    fn unknown(&self, e: ConsulError) -> StoreError {
+        unknown_outcome(self.tag, &e)
+    }
+
+    fn contended(&self, _attempts: u32) -> StoreError {
+        contended(self.tag)
+    }
 }
 
 fn unknown_outcome(tag: &Tag, e: &crate::consul::ConsulError) -> StoreError {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{StrictLimits, StrictStore};
-use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnError, TxnOp, TxnOutcome};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnError, TxnOp};
 use crate::id::strict::{advance, check_step, Namespace, StrictKey, Values};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
@@ -25,7 +25,10 @@ pub const MAX_STRICT_ATTEMPTS: u32 = 16;
 pub const MAX_STRICT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// A random pause before attempt `attempt + 1`: full jitter over a cap
-/// that doubles from 5 ms up to [`MAX_STRICT_BACKOFF`].
+/// that doubles from 5 ms up to [`MAX_STRICT_BACKOFF`] (the loop in
+/// `store/cas.rs` takes it from [`STRICT_POLICY`]; this names it for the
+/// test of the cap).
+#[cfg(test)]
 pub(super) fn backoff(attempt: u32) -> Duration {
     STRICT_POLICY.pause(attempt)
 }
@@ -270,43 +273,13 @@ impl StrictStore for ConsulStrictStore {
     }
 
     async fn delete_key(&self, key: &StrictKey) -> Result<u64, StoreError> {
-        let kv_key = self.keys.strict(key.as_str());
         let _turn = self.turn(key).await;
-        for attempt in 0..MAX_STRICT_ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(backoff(attempt - 1)).await;
-            }
-            let (value, index) = self.read_counter(key).await?;
-            if index == 0 {
-                return Err(StoreError::StrictKeyNotFound(key.to_string()));
-            }
-            let (old, tomb_index) = self.read_tombstone(key).await?;
-            // Both or neither: the counter goes only if the tombstone
-            // (never lowered) takes its value.
-            let ops = [
-                TxnOp::DeleteCas {
-                    key: kv_key.clone(),
-                    index,
-                },
-                TxnOp::Cas {
-                    key: self.keys.strict_tombstone(key.as_str()),
-                    value: value.max(old).to_string().into_bytes(),
-                    index: tomb_index,
-                },
-            ];
-            match self.client.txn(&ops).await {
-                Ok(TxnOutcome::Committed(_)) => return Ok(value),
-                Ok(TxnOutcome::RolledBack(_)) => self.conflicts.increment(1),
-                Err(e) => {
-                    return Err(StoreError::Backend(format!(
-                        "strict key {key}: the delete may or may not have been applied ({e}); list the keys before retrying"
-                    )))
-                }
-            }
-        }
-        Err(StoreError::Contended(format!(
-            "strict key {key}: lost the compare-and-set race {MAX_STRICT_ATTEMPTS} times in a row while deleting it; retry"
-        )))
+        let delete = Delete {
+            store: self,
+            key,
+            kv_key: self.keys.strict(key.as_str()),
+        };
+        compare_and_set(&self.client, &self.keys, STRICT_POLICY, &delete).await
     }
 
     async fn namespace_step(&self, ns: &Namespace) -> Result<Option<u64>, StoreError> {
@@ -451,6 +424,67 @@ impl CasWrite for Advance<'_> {
     fn contended(&self, attempts: u32) -> StoreError {
         StoreError::Contended(format!(
             "strict key {}: lost the compare-and-set race {attempts} times in a row; too many nodes write it at once: retry later, ask for more values per call (count), or spread the load over more keys",
+            self.key
+        ))
+    }
+}
+
+/// The admin delete of a live strict key: the counter goes and the
+/// tombstone (never lowered) takes its value, both or neither.
+struct Delete<'a> {
+    store: &'a ConsulStrictStore,
+    key: &'a StrictKey,
+    kv_key: String,
+}
+
+#[async_trait]
+impl CasWrite for Delete<'_> {
+    type Output = u64;
+
+    async fn plan(&self) -> Result<Attempt<u64>, StoreError> {
+        let (store, key) = (self.store, self.key);
+        let (value, index) = store.read_counter(key).await?;
+        if index == 0 {
+            return Err(StoreError::StrictKeyNotFound(key.to_string()));
+        }
+        let (old, tomb_index) = store.read_tombstone(key).await?;
+        let last = value.max(old);
+        Ok(Attempt {
+            ops: vec![
+                TxnOp::DeleteCas {
+                    key: self.kv_key.clone(),
+                    index,
+                },
+                TxnOp::Cas {
+                    key: store.keys.strict_tombstone(key.as_str()),
+                    value: last.to_string().into_bytes(),
+                    index: tomb_index,
+                },
+            ],
+            // A key used again starts from its tombstone, checked against
+            // what this node wrote to the counter's key.
+            key: self.kv_key.clone(),
+            level: (0, last),
+            value,
+        })
+    }
+
+    fn lost(&self, mark_moved: bool) {
+        if !mark_moved {
+            self.store.conflicts.increment(1);
+        }
+    }
+
+    fn unknown(&self, e: ConsulError) -> StoreError {
+        StoreError::Backend(format!(
+            "strict key {}: the delete may or may not have been applied ({e}); list the keys before retrying",
+            self.key
+        ))
+    }
+
+    fn contended(&self, attempts: u32) -> StoreError {
+        StoreError::Contended(format!(
+            "strict key {}: lost the compare-and-set race {attempts} times in a row while deleting it; retry",
             self.key
         ))
     }
