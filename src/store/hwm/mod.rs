@@ -1,5 +1,5 @@
 //! High-water marks (snowflake mode): the [`HwmStore`] trait, its two
-//! backends ([`embedded`]: the `hwm` table of the state file; [`consul`]:
+//! backends (`embedded.rs`: the `hwm` table of the state file; [`consul`]:
 //! `hwm/<dc>/<worker>` written under the worker lock), and the
 //! [`HwmKeeper`] that starts a generator above the stored mark and keeps
 //! the mark ahead.
