@@ -170,7 +170,7 @@ pub enum StoreError {
     },
     /// A format created on a restored state file whose counter cannot
     /// hold the restore's margin for new formats (see
-    /// [`format_restore`]).
+    /// [`format::restore`]).
     #[error("format {format:?} is new since this state file was restored from a backup (restore instant {until_ms} ms): the lost node may have created a format by this name after the backup and issued its IDs, so a new format's counters in periods up to the restore start {margin} above their minimum (the restore's margin for new formats), but its counter ({range}) cannot hold that. If no format by this name ever issued an ID on this cluster, create it with `idgen admin formats create --fresh` (CreateFormat fresh = true): that is your assertion, and it starts at its minimum (a [[formats]] entry: remove it, start the node, create the format with --fresh, then put the entry back). Otherwise give it another name or a wider counter ({{seq:N}} with more digits)")]
     FormatBelowRestore {
         /// The format.

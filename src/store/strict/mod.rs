@@ -86,7 +86,7 @@ pub trait StrictStore: Send + Sync + 'static {
     /// A namespace's configured step, if one was set.
     async fn namespace_step(&self, ns: &Namespace) -> Result<Option<u64>, StoreError>;
 
-    /// Sets a namespace's step (checked with [`check_step`]).
+    /// Sets a namespace's step (checked with [`check_step`](crate::id::strict::check_step)).
     async fn set_namespace_step(&self, ns: &Namespace, step: u64) -> Result<(), StoreError>;
 
     /// Every namespace with a configured step, sorted by name.
