@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use idgen::modes::lease::{LeaseSettings, Leases};
-use idgen::store::lease::EmbeddedTokens;
+use idgen::store::lease::EmbeddedLeaseTokens;
 use idgen::store::EmbeddedStore;
 
 fn bench(c: &mut Criterion) {
@@ -25,7 +25,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let store = EmbeddedStore::create(&dir.path().join("s.redb"), "bench").expect("store");
-    let tokens = EmbeddedTokens::new(store, 0, 0, (0, 63)).expect("tokens");
+    let tokens = EmbeddedLeaseTokens::new(store, 0, 0, (0, 63)).expect("tokens");
     let leases = Arc::new(Leases::new(
         Arc::new(tokens),
         LeaseSettings {

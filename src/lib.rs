@@ -22,19 +22,22 @@
 //!   `rules.rs`, `render.rs`, `parse.rs`, `check_digit.rs`), presets,
 //!   periods, and Lua rules with their sandbox and load-time checks), and
 //!   the kind every error says it is ([`id::ErrorKind`]).
-//! - [`store`]: durable state. [`store::HwmStore`] (high-water marks),
-//!   [`store::SegmentStore`], [`store::lease::TokenStore`] and
-//!   [`store::strict::StrictStore`] and [`store::format::FormatStore`]
-//!   (formatted-mode counters), each on the embedded redb backend
-//!   ([`store::embedded`]) and on Consul KV; [`store::HwmKeeper`], which
-//!   starts a generator above the stored mark and keeps the mark ahead;
-//!   the cluster's layout record ([`store::cluster_layout`]); and the
-//!   embedded file's guard, backups and healing ([`store::state_file`],
-//!   [`store::snapshot`] (`take.rs`, `rates.rs`, `restore.rs`),
-//!   [`store::reopen`], with formatted counters'
-//!   restore margins in [`store::format_restore`]); on Consul, what the node
-//!   wrote per key ([`store::regression`]) and the cluster-wide
-//!   skip-ahead after a snapshot restore ([`store::skip_ahead`]).
+//! - [`store`]: durable state, one folder per mode, each with its trait
+//!   in `mod.rs`, the embedded redb impl in `embedded.rs` and the Consul
+//!   KV impl in `consul.rs`: [`store::hwm`] ([`store::HwmStore`] and
+//!   [`store::HwmKeeper`], which starts a generator above the stored mark
+//!   and keeps the mark ahead), [`store::segment`], [`store::lease`]
+//!   (lease-mode tokens), [`store::strict`], and [`store::format`]
+//!   (formatted mode's [`store::format::counters`], the definitions
+//!   [`store::format::catalog`], [`store::format::tokens`], and the
+//!   restore margins [`store::format::restore`]). Backend plumbing: the
+//!   state file's database handle ([`store::embedded`]), its guard,
+//!   backups and healing ([`store::state_file`], [`store::snapshot`] (`take.rs`, `rates.rs`, `restore.rs`),
+//!   [`store::reopen`]); every Consul key path ([`store::keys`]), the one
+//!   Consul compare-and-set loop ([`store::cas`]), the cluster's layout
+//!   record ([`store::cluster_layout`]), what the node wrote per key
+//!   ([`store::regression`]) and the cluster-wide skip-ahead after a
+//!   snapshot restore ([`store::skip_ahead`]).
 //! - [`modes`]: the engines that serve each mode from its store
 //!   ([`modes::snowflake`], [`modes::segment`], [`modes::lease`],
 //!   [`modes::strict`], [`modes::format`] for formatted IDs) and the

@@ -24,7 +24,7 @@ use idgen::modes::Issuer;
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, id_gen_client::IdGenClient};
 use idgen::server::Node;
-use idgen::store::format_def::StoredFormat;
+use idgen::store::format::catalog::StoredFormat;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tonic::Code;

@@ -20,7 +20,7 @@ use idgen::id::format::{FormatDef, PresetName, Reset};
 use idgen::id::{Clock, ErrorKind, ManualClock, SystemClock};
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, GenFormattedRequest, GetFormatCounterRequest, HolderKind};
-use idgen::store::consul::ClusterKeys;
+use idgen::store::keys::ClusterKeys;
 
 use common::{start_node as start, Running};
 

@@ -14,8 +14,8 @@ use common::consul;
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, KvWrite, SessionBehavior, SessionSpec};
 use idgen::id::lease::{Block, MAX_SEQUENCE};
-use idgen::store::consul::{ClusterKeys, OwnerInfo};
-use idgen::store::lease::{ConsulTokens, TokenRecord, TokenStore};
+use idgen::store::keys::{ClusterKeys, OwnerInfo};
+use idgen::store::lease::{ConsulLeaseTokens, LeaseTokenRecord, LeaseTokenStore};
 use idgen::store::StoreError;
 
 async fn session(c: &ConsulClient) -> String {
@@ -43,13 +43,13 @@ fn owner(instance: &str) -> OwnerInfo {
     }
 }
 
-async fn tokens(c: &ConsulClient, instance: &str) -> (ConsulTokens, String) {
+async fn tokens(c: &ConsulClient, instance: &str) -> (ConsulLeaseTokens, String) {
     let s = session(c).await;
     (tokens_in(c, instance, s.clone()), s)
 }
 
-fn tokens_in(c: &ConsulClient, instance: &str, s: String) -> ConsulTokens {
-    ConsulTokens::new(
+fn tokens_in(c: &ConsulClient, instance: &str, s: String) -> ConsulLeaseTokens {
+    ConsulLeaseTokens::new(
         c.clone(),
         ClusterKeys::new("idgen", "test"),
         2,
@@ -82,7 +82,7 @@ async fn two_sessions_hold_different_tokens_and_blocks_never_overlap() {
     let (ta, tb) = (a.token().unwrap(), b.token().unwrap());
     assert_ne!(ta, tb);
     let entry = consul.kv_get(&format!("idgen/test/lease/2/{ta}")).unwrap();
-    let record: TokenRecord = serde_json::from_slice(&entry.value).unwrap();
+    let record: LeaseTokenRecord = serde_json::from_slice(&entry.value).unwrap();
     assert_eq!(
         (record.owner.instance.as_str(), record.reserved),
         ("a", 200)
@@ -113,7 +113,7 @@ async fn a_used_up_token_is_given_back_for_another_and_a_restarted_instance_gets
     let c = consul::client(&consul, Duration::from_secs(2), 0);
     // Token 0 nearly used up, token 1 free with a counter, both unheld.
     for (token, reserved, inst) in [(0, MAX_SEQUENCE - 5, "x"), (1, 500, "a")] {
-        let record = TokenRecord {
+        let record = LeaseTokenRecord {
             owner: owner(inst),
             reserved,
         };
@@ -204,7 +204,8 @@ async fn a_token_inside_its_lock_delay_is_passed_over_for_another() {
         "a token inside its lock-delay was taken"
     );
     assert_eq!(block.first, 1);
-    let record: TokenRecord = serde_json::from_slice(&consul.kv_get(&key).unwrap().value).unwrap();
+    let record: LeaseTokenRecord =
+        serde_json::from_slice(&consul.kv_get(&key).unwrap().value).unwrap();
     assert_eq!(
         record.reserved, 10,
         "the passed-over token kept its counter"

@@ -15,7 +15,7 @@ use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::id::segment::{Tag, TagRecord};
 use idgen::id::strict::{Namespace, StrictKey};
-use idgen::store::consul::ClusterKeys;
+use idgen::store::keys::ClusterKeys;
 use idgen::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictLimits, StrictStore};
 use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::consul;
 use consul_testserver::{Config, TestConsul};
 use idgen::id::segment::{Range, Tag, TagRecord};
-use idgen::store::consul::ClusterKeys;
+use idgen::store::keys::ClusterKeys;
 use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
 
 fn tag(name: &str) -> Tag {

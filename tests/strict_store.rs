@@ -13,7 +13,7 @@ use common::consul;
 use consul_testserver::{Config, Policy, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig, KvWrite};
 use idgen::id::strict::{Namespace, StrictKey, Values};
-use idgen::store::consul::ClusterKeys;
+use idgen::store::keys::ClusterKeys;
 use idgen::store::strict::{ConsulStrictStore, StrictStore, MAX_STRICT_ATTEMPTS};
 use idgen::store::StoreError;
 

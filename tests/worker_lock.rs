@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 use consul_testserver::{Config, TestConsul};
 use idgen::cluster::worker_lock::{WorkerLock, WorkerLockError, WorkerLockSettings};
 use idgen::consul::{ConsulClient, ConsulConfig};
-use idgen::store::consul::{ClusterKeys, ConsulHwmStore, OwnerInfo};
+use idgen::store::{
+    hwm::ConsulHwmStore,
+    keys::{ClusterKeys, OwnerInfo},
+};
 use idgen::store::{HwmStore, WorkerKey};
 
 async fn server() -> TestConsul {

@@ -5,7 +5,7 @@
 use idgen::config::{Backend, FileConfig};
 use idgen::id::format::{Format, FormatDef, LuaLimits, Scope};
 use idgen::id::{Clock, SystemClock};
-use idgen::store::format::one_node_formats_warning;
+use idgen::store::format::counters::one_node_formats_warning;
 
 use super::args::ServeArgs;
 use super::serve::log_filter;

@@ -9,7 +9,7 @@ use anyhow::bail;
 use idgen::config::Config;
 use idgen::id::{Clock, SystemClock};
 use idgen::proto;
-use idgen::store::{format_restore, snapshot};
+use idgen::store::{format::restore as format_restore, snapshot};
 
 use super::admin;
 use super::args::{BackupArgs, ConfigArgs, RestoreArgs};

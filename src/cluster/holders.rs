@@ -6,7 +6,7 @@
 //! Nothing here can make an ID repeat: a forced release returns only after
 //! the destroyed session's lock-delay, which holds any new holder off until
 //! the old one has stopped issuing (its local deadline is at most
-//! min(TTL, lock-delay) after its last renew; `store::consul`). A renewal
+//! min(TTL, lock-delay) after its last renew; `store::keys`). A renewal
 //! is sent only for a session read back from this cluster's keys.
 
 use std::collections::HashMap;
@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
 use crate::id::format::TokenSpace;
-use crate::store::consul::{ClusterKeys, OwnerInfo};
-use crate::store::lease::TokenRecord;
+use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::lease::LeaseTokenRecord;
 use crate::store::WorkerKey;
 
 /// The longest lock-delay Consul applies; a forced release never waits
@@ -118,7 +118,7 @@ impl Holder {
         let (owner, reserved) = match held {
             LockKey::Worker(..) => (serde_json::from_slice::<OwnerInfo>(&entry.value).ok(), 0),
             LockKey::Token(..) | LockKey::FormatToken(..) => {
-                match serde_json::from_slice::<TokenRecord>(&entry.value) {
+                match serde_json::from_slice::<LeaseTokenRecord>(&entry.value) {
                     Ok(r) => (Some(r.owner), r.reserved),
                     Err(_) => (None, 0),
                 }

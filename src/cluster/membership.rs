@@ -16,8 +16,8 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, Snowflake};
 use crate::metrics as m;
 use crate::renewal::RenewalThread;
-use crate::store::consul::OwnerInfo;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
+use crate::store::keys::OwnerInfo;
 use crate::store::{HwmKeeper, HwmStore, StoreError, WorkerKey};
 
 /// What membership changes on the node's issue path.

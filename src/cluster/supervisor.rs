@@ -37,9 +37,9 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
-use crate::store::consul::{ConsulHwmStore, OwnerInfo};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
-use crate::store::lease::ConsulTokens;
+use crate::store::lease::ConsulLeaseTokens;
+use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
 use crate::store::{HwmKeeper, WorkerKey};
 
 use super::membership::{IssuePath, SessionBound};
@@ -99,8 +99,8 @@ impl Claim {
         spec: &ClusterSpec,
         client: &ConsulClient,
         zone: u64,
-    ) -> Result<ConsulTokens, crate::store::StoreError> {
-        ConsulTokens::new(
+    ) -> Result<ConsulLeaseTokens, crate::store::StoreError> {
+        ConsulLeaseTokens::new(
             client.clone(),
             spec.config.keys.clone(),
             zone,
@@ -182,7 +182,7 @@ impl Cluster {
     }
 
     /// Lease tokens of `zone`, held under the worker id's session.
-    pub fn tokens(&self, zone: u64) -> Result<ConsulTokens, crate::store::StoreError> {
+    pub fn tokens(&self, zone: u64) -> Result<ConsulLeaseTokens, crate::store::StoreError> {
         self.held.tokens(&self.spec, &self.client, zone)
     }
 

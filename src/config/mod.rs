@@ -24,8 +24,8 @@ use thiserror::Error;
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
 use crate::id::Layout;
-use crate::store::consul::ClusterKeys;
 use crate::store::hwm::HwmSettings;
+use crate::store::keys::ClusterKeys;
 
 pub use allow::{AllowList, Cidr};
 pub use file::{

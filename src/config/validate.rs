@@ -20,8 +20,8 @@ use super::{
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::{ConsulConfig, ConsulTls, ConsulTlsFiles};
 use crate::id::{Layout, LayoutSpec, Preset};
-use crate::store::consul::ClusterKeys;
 use crate::store::hwm::HwmSettings;
+use crate::store::keys::ClusterKeys;
 
 impl FileConfig {
     /// Validates everything and produces the runtime config.

@@ -15,7 +15,7 @@
 //! second (so a busy counter with one-second periods writes about once a
 //! period, not once per `formatted.block` IDs) and halved after a minute
 //! between reservations (`CounterState`). A block is
-//! reserved through [`FormatStore::reserve`], which writes the counter's
+//! reserved through [`FormatCounterStore::reserve`], which writes the counter's
 //! record durably before any value of the block is used; a restart loses
 //! at most the rest of the block, never repeats it. Every call decides the
 //! period against the block's period ([`Format::decide`]): a later period
@@ -54,8 +54,10 @@ use crate::id::format::{
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
 use crate::modes::lua_pool::{LuaPool, LuaPoolSettings};
-use crate::store::format::{CounterKey, FormatStore, Plan, Planned, RestoreFloor, TokenLock};
-use crate::store::format_tokens::{FormatTokens, HeldToken, TokenError};
+use crate::store::format::counters::{
+    CounterKey, FormatCounterStore, Plan, Planned, RestoreFloor, TokenLock,
+};
+use crate::store::format::tokens::{FormatTokens, HeldToken, TokenError};
 use crate::store::StoreError;
 
 /// How formatted mode runs.
@@ -150,7 +152,7 @@ pub type CompileFailure = Box<(String, Error)>;
 
 /// The formatted-mode engine: compiled formats and their counters.
 pub struct Formats {
-    store: Arc<dyn FormatStore>,
+    store: Arc<dyn FormatCounterStore>,
     clock: Arc<dyn Clock>,
     formats: ArcSwap<FormatTable>,
     /// This node's number, checked against per-node formats at compile.
@@ -198,7 +200,7 @@ impl Formats {
     /// a per-node format must be able to render `node`.
     pub fn new(
         defs: &[FormatDef],
-        store: Arc<dyn FormatStore>,
+        store: Arc<dyn FormatCounterStore>,
         clock: Arc<dyn Clock>,
         settings: FormatSettings,
         node: u64,
@@ -546,7 +548,7 @@ impl Formats {
         Ok(Some((block, decision.render_at_ms)))
     }
 
-    /// Reserves the next block of `key` durably (see [`FormatStore`]).
+    /// Reserves the next block of `key` durably (see [`FormatCounterStore`]).
     async fn reserve(
         &self,
         format: &Arc<Format>,
@@ -756,7 +758,7 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl FormatStore for Counting {
+    impl FormatCounterStore for Counting {
         async fn load(&self, key: &CounterKey) -> Result<Option<CounterRecord>, StoreError> {
             self.inner.load(key).await
         }

@@ -3,7 +3,7 @@
 //!
 //! [`FormatCatalog`] owns the path from definitions to served formats:
 //!
-//! - **Where definitions live.** In the store ([`FormatDefStore`]): the
+//! - **Where definitions live.** In the store ([`FormatCatalogStore`]): the
 //!   admin API creates, updates and deletes them there, and a config
 //!   file's `[[formats]]` entries are written there when a node starts or
 //!   reloads with them ([`FormatCatalog::apply_config`]). The rule for a
@@ -40,7 +40,7 @@ use crate::id::format::FormatDef;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
 use crate::modes::format::{CompileFailure, FormatTable, Formats};
-use crate::store::format_def::{DefChange, DefSource, FormatDefStore, StoredFormat};
+use crate::store::format::catalog::{DefChange, DefSource, FormatCatalogStore, StoredFormat};
 use crate::store::StoreError;
 
 /// How long one blocking query for changed definitions waits before it
@@ -97,7 +97,7 @@ pub struct Reloaded {
 
 /// Stored format definitions and the table served from them.
 pub struct FormatCatalog {
-    defs: Arc<dyn FormatDefStore>,
+    defs: Arc<dyn FormatCatalogStore>,
     formats: Arc<Formats>,
     clock: Arc<dyn Clock>,
     /// The config file's `[[formats]]`, as last read.
@@ -122,7 +122,7 @@ impl FormatCatalog {
     /// A catalog over `defs` serving into `formats`; `config` is the
     /// config file's `[[formats]]` (applied by [`start`](Self::start)).
     pub fn new(
-        defs: Arc<dyn FormatDefStore>,
+        defs: Arc<dyn FormatCatalogStore>,
         formats: Arc<Formats>,
         clock: Arc<dyn Clock>,
         config: Vec<FormatDef>,
@@ -151,7 +151,7 @@ impl FormatCatalog {
     }
 
     /// The stored definitions.
-    pub fn store(&self) -> &Arc<dyn FormatDefStore> {
+    pub fn store(&self) -> &Arc<dyn FormatCatalogStore> {
         &self.defs
     }
 
@@ -348,7 +348,7 @@ impl FormatCatalog {
     ///
     /// `fresh`: the operator asserts the name never issued an ID on this
     /// cluster before, so a restored state file does not floor it (see
-    /// [`crate::store::format_restore`]).
+    /// [`crate::store::format::restore`]).
     pub async fn create(
         &self,
         def: FormatDef,
@@ -462,34 +462,35 @@ impl FormatCatalog {
     pub async fn watch_consul(
         self: Arc<Self>,
         client: crate::consul::ConsulClient,
-        keys: crate::store::consul::ClusterKeys,
+        keys: crate::store::keys::ClusterKeys,
     ) {
         let mut seen = None;
         let mut index = 0;
         loop {
             let asked = tokio::time::Instant::now();
             let wait = Some((index, WATCH_WAIT));
-            let gap = match crate::store::format_def::consul_fingerprint_after(&client, &keys, wait)
-                .await
-            {
-                // The first look reloads too: a definition may have changed
-                // between the start-up table and this look.
-                Ok((now, next)) if seen.as_ref() != Some(&now) => {
-                    index = if next < index { 0 } else { next };
-                    seen = Some(now);
-                    log_reload("watch", self.reload("watch").await);
-                    WATCH_GAP
-                }
-                Ok((_, next)) => {
-                    index = if next < index { 0 } else { next };
-                    WATCH_QUIET_GAP
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "format definitions not read; trying again");
-                    index = 0;
-                    WATCH_QUIET_GAP
-                }
-            };
+            let gap =
+                match crate::store::format::catalog::consul_fingerprint_after(&client, &keys, wait)
+                    .await
+                {
+                    // The first look reloads too: a definition may have changed
+                    // between the start-up table and this look.
+                    Ok((now, next)) if seen.as_ref() != Some(&now) => {
+                        index = if next < index { 0 } else { next };
+                        seen = Some(now);
+                        log_reload("watch", self.reload("watch").await);
+                        WATCH_GAP
+                    }
+                    Ok((_, next)) => {
+                        index = if next < index { 0 } else { next };
+                        WATCH_QUIET_GAP
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "format definitions not read; trying again");
+                        index = 0;
+                        WATCH_QUIET_GAP
+                    }
+                };
             tokio::time::sleep_until(asked + gap).await;
         }
     }

@@ -24,7 +24,7 @@ use crate::error::Error;
 use crate::id::buffer::{DoubleBuffer, Prefetch};
 use crate::id::lease::{Block, LeaseError};
 use crate::metrics as m;
-use crate::store::lease::TokenStore;
+use crate::store::lease::LeaseTokenStore;
 use crate::store::StoreError;
 
 /// After a failed fetch, the next background attempt waits this long.
@@ -71,7 +71,7 @@ impl State {
 
 /// Serves lease mode.
 pub struct Leases {
-    source: Mutex<Arc<dyn TokenStore>>,
+    source: Mutex<Arc<dyn LeaseTokenStore>>,
     /// Bumped by every install: a fetch started under an older source is
     /// thrown away when it lands.
     generation: AtomicU64,
@@ -84,7 +84,7 @@ pub struct Leases {
 
 impl Leases {
     /// Lease mode over `source`.
-    pub fn new(source: Arc<dyn TokenStore>, settings: LeaseSettings) -> Self {
+    pub fn new(source: Arc<dyn LeaseTokenStore>, settings: LeaseSettings) -> Self {
         Self {
             source: Mutex::new(source),
             generation: AtomicU64::new(0),
@@ -107,7 +107,7 @@ impl Leases {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn source(&self) -> Arc<dyn TokenStore> {
+    fn source(&self) -> Arc<dyn LeaseTokenStore> {
         Arc::clone(
             &self
                 .source
@@ -137,7 +137,7 @@ impl Leases {
     }
 
     /// Serves from `source` (a new session's) from now on.
-    pub fn install(&self, source: Arc<dyn TokenStore>) {
+    pub fn install(&self, source: Arc<dyn LeaseTokenStore>) {
         *self
             .source
             .lock()
@@ -351,7 +351,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl TokenStore for MemSource {
+    impl LeaseTokenStore for MemSource {
         fn backend(&self) -> &'static str {
             "memory"
         }
@@ -455,7 +455,7 @@ mod tests {
         assert!(matches!(l.take_one().await, Err(Error::Fenced)));
         assert!(matches!(l.take(3).await, Err(Error::Fenced)));
         // The same token, continued from its counter by the new session.
-        l.install(Arc::clone(&src) as Arc<dyn TokenStore>);
+        l.install(Arc::clone(&src) as Arc<dyn LeaseTokenStore>);
         let after = l.take(5).await.unwrap();
         assert!(after.iter().all(|a| before.iter().all(|b| a > b)));
     }

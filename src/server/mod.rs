@@ -27,8 +27,8 @@ use crate::config::{Backend, Config};
 use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
-use crate::store::format_tokens::{ConsulFormatTokens, EmbeddedFormatTokens, FormatTokens};
-use crate::store::lease::{EmbeddedTokens, TokenStore};
+use crate::store::format::tokens::{ConsulFormatTokens, EmbeddedFormatTokens, FormatTokens};
+use crate::store::lease::{EmbeddedLeaseTokens, LeaseTokenStore};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::{PeriodicThread, StateFileGuard, StateFileWatch};
@@ -45,8 +45,8 @@ use crate::modes::segment::{SegmentSettings, Segments};
 use crate::modes::strict::Strict;
 pub use crate::modes::{decode_snowflake, Decoded, Issuer};
 use crate::renewal::RenewalThread;
-use crate::store::consul::{ClusterKeys, OwnerInfo};
-use crate::store::lease::ConsulTokens;
+use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::lease::ConsulLeaseTokens;
 use crate::store::{ConsulSegmentStore, StoreError};
 
 /// The strict-mode limits of `config` (none when strict mode is off: the
@@ -104,13 +104,13 @@ pub struct ModeStores {
     /// Segment records.
     pub segment: Option<Arc<dyn SegmentStore>>,
     /// Lease tokens and their counters.
-    pub lease: Option<Arc<dyn TokenStore>>,
+    pub lease: Option<Arc<dyn LeaseTokenStore>>,
     /// Strict counters.
     pub strict: Option<Arc<dyn StrictStore>>,
     /// Formatted-mode counters.
-    pub format: Option<Arc<dyn crate::store::format::FormatStore>>,
+    pub format: Option<Arc<dyn crate::store::format::counters::FormatCounterStore>>,
     /// Stored format definitions (admin API, config file entries).
-    pub format_defs: Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+    pub format_defs: Option<Arc<dyn crate::store::format::catalog::FormatCatalogStore>>,
     /// Formatted mode's tokens (`{token}`, `uniq64`).
     pub format_tokens: Option<Arc<dyn FormatTokens>>,
     /// The embedded state file's guard: once it sees the file deleted or
@@ -200,7 +200,7 @@ struct SessionTokens {
 #[async_trait::async_trait]
 impl SessionBound for SessionTokens {
     fn moved(&self, session: &str, owner: &OwnerInfo) -> Result<(), StoreError> {
-        let tokens = ConsulTokens::new(
+        let tokens = ConsulLeaseTokens::new(
             self.client.clone(),
             self.keys.clone(),
             self.zone,
@@ -299,7 +299,7 @@ async fn open_embedded(
     let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&file, &layout_desc, init))
         .await
         .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
-    let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
+    let lease: Option<Arc<dyn LeaseTokenStore>> = match &config.lease {
         Some(l) => Some(Arc::new(embedded_tokens(config, l.zone, l.token, &store)?)),
         None => None,
     };
@@ -349,7 +349,7 @@ fn embedded_tokens(
     zone: u64,
     token: Option<u64>,
     store: &EmbeddedStore,
-) -> Result<EmbeddedTokens, Error> {
+) -> Result<EmbeddedLeaseTokens, Error> {
     // Validated config: the range exists and holds the token.
     let spec = config.layout.spec();
     let range = crate::id::lease::node_token_range(
@@ -365,7 +365,7 @@ fn embedded_tokens(
         last_token = range.1,
         "lease mode (embedded): this node uses only its own token range, derived from its datacenter and worker id"
     );
-    Ok(EmbeddedTokens::new(
+    Ok(EmbeddedLeaseTokens::new(
         store.clone(),
         zone,
         token.unwrap_or(range.0),
@@ -447,8 +447,8 @@ fn build_issuer(
 
 /// Formatted mode's stores: counters, definitions and tokens.
 type FormatStores = (
-    Option<Arc<dyn crate::store::format::FormatStore>>,
-    Option<Arc<dyn crate::store::format_def::FormatDefStore>>,
+    Option<Arc<dyn crate::store::format::counters::FormatCounterStore>>,
+    Option<Arc<dyn crate::store::format::catalog::FormatCatalogStore>>,
     Option<Arc<dyn FormatTokens>>,
 );
 
@@ -606,7 +606,7 @@ impl Node {
                 owner,
             ))
         };
-        let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
+        let lease: Option<Arc<dyn LeaseTokenStore>> = match &config.lease {
             Some(l) => Some(Arc::new(claimed.tokens(l.zone)?)),
             None => None,
         };
@@ -621,12 +621,17 @@ impl Node {
                 keys.clone(),
                 strict_limits(&config),
             ))),
-            format: Some(Arc::new(crate::store::format::ConsulFormatStore::new(
-                client.clone(),
-                keys.clone(),
-            ))),
+            format: Some(Arc::new(
+                crate::store::format::counters::ConsulFormatCounterStore::new(
+                    client.clone(),
+                    keys.clone(),
+                ),
+            )),
             format_defs: Some(Arc::new(
-                crate::store::format_def::ConsulFormatDefStore::new(client.clone(), keys.clone()),
+                crate::store::format::catalog::ConsulFormatCatalogStore::new(
+                    client.clone(),
+                    keys.clone(),
+                ),
             )),
             format_tokens: Some(Arc::clone(&format_tokens) as Arc<dyn FormatTokens>),
             state_file: None,
@@ -726,7 +731,7 @@ impl Node {
             tracing::warn!(
                 formats = ?cluster_wide,
                 "{}",
-                crate::store::format::one_node_formats_warning(&cluster_wide)
+                crate::store::format::counters::one_node_formats_warning(&cluster_wide)
             );
         }
     }

@@ -3,12 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, TableDefinition};
 
 use super::reopen::{DbRef, ReopeningDatabase, StoreHealth, WriteTxn};
 use super::state_file::StateFileGuard;
-use super::{HwmStore, StoreError, WorkerKey};
+use super::StoreError;
 
 /// File-wide facts recorded by `idgen init`.
 pub(crate) const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
@@ -210,25 +209,6 @@ impl EmbeddedStore {
     pub(crate) fn inject_write_fault(&self, why: &str) {
         self.db.inject_fault(why);
     }
-
-    fn read_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
-        let txn = self.db().begin_read().map_err(backend_err)?;
-        let table = txn.open_table(HWM).map_err(backend_err)?;
-        let value = table.get(key.to_string().as_str()).map_err(backend_err)?;
-        Ok(value.map(|v| v.value()))
-    }
-
-    fn write_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
-        let txn = self.begin_write()?;
-        {
-            let mut table = txn.open_table(HWM).map_err(backend_err)?;
-            table
-                .insert(key.to_string().as_str(), hwm_ms)
-                .map_err(backend_err)?;
-        }
-        // Default durability is Immediate: commit returns after fsync.
-        self.commit(txn)
-    }
 }
 
 /// Refuses a state file whose records this binary cannot read: one
@@ -285,26 +265,10 @@ pub(super) async fn blocking<T: Send + 'static>(
         .map_err(|e| StoreError::Backend(format!("store task failed: {e}")))?
 }
 
-#[async_trait]
-impl HwmStore for EmbeddedStore {
-    fn backend(&self) -> &'static str {
-        "embedded"
-    }
-
-    async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
-        let this = self.clone();
-        blocking(move || this.read_hwm(key)).await
-    }
-
-    async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
-        let this = self.clone();
-        blocking(move || this.write_hwm(key, hwm_ms)).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{HwmStore, WorkerKey};
 
     const KEY: WorkerKey = WorkerKey {
         datacenter: 1,

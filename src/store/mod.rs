@@ -1,20 +1,22 @@
-//! Durable coordination state behind one trait.
+//! Durable coordination state, one folder per mode.
 //!
 //! The generator only trusts a high-water mark once a [`HwmStore`] has
-//! said it is durable. Two backends implement the trait: [`embedded`] (a
-//! redb file, one node) and [`consul`] (Consul KV, written only while this
-//! node holds its worker-id lease).
+//! said it is durable; every other mode gets its values the same way, from
+//! a write its store acknowledged. Each mode's folder (`hwm/`, `segment/`,
+//! `lease/`, `strict/`, `format/`) holds its trait in `mod.rs`, the redb
+//! impl in `embedded.rs` (the state file, [`embedded`]: one node) and the
+//! Consul KV impl in `consul.rs` (keys in [`keys`], written through the
+//! compare-and-set loop in [`cas`] only while this node holds its worker
+//! lock).
 
+pub mod cas;
 pub mod cluster_layout;
-pub mod consul;
 pub(crate) mod counts;
 pub mod embedded;
 pub mod fault_hook;
 pub mod format;
-pub mod format_def;
-pub mod format_restore;
-pub mod format_tokens;
 pub mod hwm;
+pub mod keys;
 pub mod lease;
 pub mod regression;
 pub mod reopen;
@@ -27,11 +29,10 @@ pub mod strict;
 use crate::id::ErrorKind;
 use std::fmt;
 
-use async_trait::async_trait;
 use thiserror::Error;
 
 pub use embedded::EmbeddedStore;
-pub use hwm::HwmKeeper;
+pub use hwm::{HwmKeeper, HwmStore};
 pub use segment::{ConsulSegmentStore, SegmentStore};
 
 /// Identifies one snowflake worker in the cluster.
@@ -169,7 +170,7 @@ pub enum StoreError {
     },
     /// A format created on a restored state file whose counter cannot
     /// hold the restore's margin for new formats (see
-    /// [`format_restore`]).
+    /// [`format::restore`]).
     #[error("format {format:?} is new since this state file was restored from a backup (restore instant {until_ms} ms): the lost node may have created a format by this name after the backup and issued its IDs, so a new format's counters in periods up to the restore start {margin} above their minimum (the restore's margin for new formats), but its counter ({range}) cannot hold that. If no format by this name ever issued an ID on this cluster, create it with `idgen admin formats create --fresh` (CreateFormat fresh = true): that is your assertion, and it starts at its minimum (a [[formats]] entry: remove it, start the node, create the format with --fresh, then put the entry back). Otherwise give it another name or a wider counter ({{seq:N}} with more digits)")]
     FormatBelowRestore {
         /// The format.
@@ -266,20 +267,4 @@ fn layout_fields(stored: &str, configured: &str) -> String {
         .map(|(x, y)| format!("the file has {x}, this node has {y}"))
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// Durable state a node needs to issue IDs safely.
-#[async_trait]
-pub trait HwmStore: Send + Sync + 'static {
-    /// A short name for logs and metrics (`embedded`, `consul`).
-    fn backend(&self) -> &'static str;
-
-    /// Reads the stored high-water mark (Unix ms) of `key` with the
-    /// strongest consistency the backend offers; `None` if never written.
-    async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError>;
-
-    /// Stores the high-water mark of `key`. Returns only once the value is
-    /// durable (fsync'd, or acknowledged by a quorum): the caller hands out
-    /// IDs up to it as soon as this returns.
-    async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError>;
 }

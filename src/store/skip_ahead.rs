@@ -26,9 +26,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::consul::ClusterKeys;
-use super::format::CounterRecordBytes;
-use super::lease::TokenRecord;
+use super::format::counters::CounterRecordBytes;
+use super::keys::ClusterKeys;
+use super::lease::LeaseTokenRecord;
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, KvEntry, TxnOp, TxnOutcome};
 use crate::id::segment::TagRecord;
@@ -137,7 +137,7 @@ pub async fn skip_ahead(
         Ok(Some(v.to_string().into_bytes()))
     };
     let lease = |e: &KvEntry| {
-        let mut r: TokenRecord = serde_json::from_slice(&e.value)
+        let mut r: LeaseTokenRecord = serde_json::from_slice(&e.value)
             .map_err(|err| backend(&format!("lease token {} is unreadable", e.key), err))?;
         r.reserved = add(r.reserved, crate::id::lease::MAX_SEQUENCE);
         Ok(serde_json::to_vec(&r).ok())

@@ -11,7 +11,7 @@ use crate::id::format::FormatDef;
 use crate::modes::format_reload::{FormatCatalog, ReloadError, Reloaded};
 use crate::proto;
 use crate::server::status::{refusal, to_status};
-use crate::store::format_def::StoredFormat;
+use crate::store::format::catalog::StoredFormat;
 use crate::store::StoreError;
 
 /// A definition given as JSON, refused naming what is wrong.
@@ -106,7 +106,7 @@ impl AdminService {
             tracing::warn!(
                 format = name,
                 "{}",
-                crate::store::format::one_node_formats_warning(&names)
+                crate::store::format::counters::one_node_formats_warning(&names)
             );
         }
     }

@@ -44,7 +44,7 @@ use crate::modes::lease::Leases;
 use crate::modes::strict::Strict;
 use crate::proto;
 use crate::proto::admin_server::{Admin, AdminServer};
-use crate::store::consul::ClusterKeys;
+use crate::store::keys::ClusterKeys;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
 

@@ -20,7 +20,7 @@
 //! must exceed what the node handed out after the snapshot;
 //! [`Suggestion`] derives one from the snapshot's age and recorded rates.
 //! Formatted counters move by a margin per format instead
-//! ([`crate::store::format_restore`]).
+//! ([`crate::store::format::restore`]).
 //!
 //! The parts: `take.rs` writes a backup ([`SnapshotSource`],
 //! [`take_offline`], [`write_snapshot_file`]); `rates.rs` samples how fast

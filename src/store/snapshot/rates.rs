@@ -9,7 +9,7 @@ use redb::{ReadTransaction, ReadableTable};
 use super::SnapshotInfo;
 use crate::id::segment::TagRecord;
 use crate::store::embedded::{backend_err, HWM};
-use crate::store::format::{CounterRecordBytes, FORMATS};
+use crate::store::format::counters::{CounterRecordBytes, FORMATS};
 use crate::store::lease::LEASE;
 use crate::store::segment::SEGMENTS;
 use crate::store::strict::STRICT;

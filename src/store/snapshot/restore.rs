@@ -15,9 +15,9 @@ use crate::store::counts::COUNTS;
 use crate::store::embedded::{
     backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR,
 };
-use crate::store::format::FORMATS_RESTORED_UNTIL;
-use crate::store::format_def::{StoredFormat, FORMAT_DEFS};
-use crate::store::format_restore::{self, FormatMargins, RestoredFormat};
+use crate::store::format::counters::FORMATS_RESTORED_UNTIL;
+use crate::store::format::catalog::{StoredFormat, FORMAT_DEFS};
+use crate::store::format::restore::{self, FormatMargins, RestoredFormat};
 use crate::store::lease::LEASE;
 use crate::store::segment::SEGMENTS;
 use crate::store::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
@@ -234,7 +234,7 @@ pub fn restore(
 }
 
 /// [`restore`], with formatted counters moved by their own margins
-/// (`formats`, see [`crate::store::format_restore`]) instead of
+/// (`formats`, see [`crate::store::format::restore`]) instead of
 /// `skip_ahead`.
 pub fn restore_with_formats(
     backup: &Path,
@@ -385,8 +385,8 @@ mod tests {
     use super::super::{suggest, write_snapshot_file, SnapshotSource};
     use super::*;
     use crate::id::segment::Tag;
-    use crate::store::lease::EmbeddedTokens;
-    use crate::store::lease::TokenStore;
+    use crate::store::lease::EmbeddedLeaseTokens;
+    use crate::store::lease::LeaseTokenStore;
     use crate::store::SegmentStore;
     use crate::store::{HwmStore, WorkerKey};
 
@@ -406,7 +406,7 @@ mod tests {
             .create_tag(&tag, &TagRecord::new(100, 10, "", 0).unwrap())
             .await
             .unwrap();
-        let tokens = EmbeddedTokens::new(store.clone(), 0, 0, (0, 63)).unwrap();
+        let tokens = EmbeddedLeaseTokens::new(store.clone(), 0, 0, (0, 63)).unwrap();
         tokens.reserve(50).await.unwrap();
         let source = SnapshotSource::new(store.clone(), 50, 0);
         source.sample(1_000).unwrap();
@@ -445,12 +445,12 @@ mod tests {
         assert_eq!((r.segments, r.lease_tokens, r.hwm_marks), (1, 1, 1));
         let restored = EmbeddedStore::open(&target, "L", false).unwrap();
         assert_eq!(restored.load_hwm(KEY).await.unwrap(), Some(9_000));
-        let tokens = EmbeddedTokens::new(restored.clone(), 0, 0, (0, 63)).unwrap();
+        let tokens = EmbeddedLeaseTokens::new(restored.clone(), 0, 0, (0, 63)).unwrap();
         assert_eq!(tokens.counter(0).unwrap().reserved, 100 + 1_000_000);
         let range = restored.take_range(&tag, 10, 0).await.unwrap();
         assert_eq!(range.first, 100 + 1_000_000 + 1);
         // A token the snapshot did not hold starts above the floor.
-        let tokens = EmbeddedTokens::new(restored.clone(), 0, 5, (0, 63)).unwrap();
+        let tokens = EmbeddedLeaseTokens::new(restored.clone(), 0, 5, (0, 63)).unwrap();
         assert_eq!(tokens.reserve(1).await.unwrap().first, 1_000_001);
     }
 

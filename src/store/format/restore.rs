@@ -30,14 +30,14 @@
 
 use std::collections::BTreeMap;
 
-use super::format::{
+use super::catalog::StoredFormat;
+use super::counters::{
     CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL, FORMAT_RESTORE_FLOORS,
     FORMAT_RESTORE_NEW_FLOOR,
 };
-use super::format_def::StoredFormat;
-use super::snapshot::SnapshotInfo;
-use super::StoreError;
 use crate::id::format::{Format, FormatDef, LuaLimits, Reset};
+use crate::store::snapshot::SnapshotInfo;
+use crate::store::StoreError;
 
 /// Margins for formatted counters chosen by the operator.
 #[derive(Debug, Clone, Default)]
@@ -232,7 +232,7 @@ pub(crate) fn move_counters(
     (margins, skip): (&FormatMargins, u64),
     now_ms: u64,
 ) -> Result<MovedFormats, StoreError> {
-    use super::embedded::backend_err;
+    use crate::store::embedded::backend_err;
     use redb::ReadableTable;
     let compiled: BTreeMap<&str, Option<Format>> = defs
         .iter()
@@ -288,7 +288,9 @@ pub(crate) fn move_counters(
     // restore, by the margin of new formats.
     let json = serde_json::to_string(&floors).map_err(backend_err)?;
     let new_floor = margins.default.unwrap_or(skip).to_string();
-    let mut meta = out.open_table(super::embedded::META).map_err(backend_err)?;
+    let mut meta = out
+        .open_table(crate::store::embedded::META)
+        .map_err(backend_err)?;
     meta.insert(FORMAT_RESTORE_FLOORS, json.as_str())
         .map_err(backend_err)?;
     meta.insert(FORMAT_RESTORE_NEW_FLOOR, new_floor.as_str())
@@ -349,7 +351,7 @@ pub(crate) fn floor_new_format(
     txn: &redb::WriteTransaction,
     record: &StoredFormat,
 ) -> Result<(), StoreError> {
-    use super::embedded::{backend_err, META};
+    use crate::store::embedded::{backend_err, META};
     use redb::ReadableTable;
     let mut meta = txn.open_table(META).map_err(backend_err)?;
     let get = |meta: &redb::Table<&str, &str>, key: &str| -> Result<Option<String>, StoreError> {
@@ -505,7 +507,7 @@ mod tests {
     #[tokio::test]
     async fn formats_new_since_a_restore_are_floored_refused_or_fresh() {
         use crate::store::embedded::{EmbeddedStore, META};
-        use crate::store::format_def::{DefSource, FormatDefStore};
+        use crate::store::format::catalog::{DefSource, FormatCatalogStore};
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
         let txn = store.begin_write().unwrap();

@@ -1,227 +1,21 @@
-//! Lease tokens and their durable counters (lease mode), on both backends.
-//!
-//! A node serves lease IDs from blocks of one token's sequence. A
-//! [`TokenStore`] hands out those blocks: it holds a token (taking one
-//! first if it has none, and another when the held one is used up) and
-//! moves the token's counter forward by the block before it returns the
-//! block. A write whose outcome is unknown returns an error and its block
-//! is never used; the next reserve re-reads the counter. A wasted block is
-//! safe, a block handed out twice is not.
-//!
-//! - Embedded: the single node owns its whole zone. It starts at the
-//!   configured token and moves to the next one when a token is used up.
-//!   Counters live in the redb table `lease` (`"<zone>/<token>"` -> the
-//!   largest reserved sequence); one fsync'd transaction per block.
-//! - Consul: `<prefix>/<cluster>/lease/<zone>/<token>` is both the lock and
-//!   the counter: its value is a [`TokenRecord`] (the holder and
-//!   `reserved`). The node takes the token with a txn `check-index` (or
-//!   `check-not-exists`) + `lock` under its worker session, so taking it
-//!   and reading its counter are one atomic step (a token inside its
-//!   lock-delay is refused by Consul and passed over for another), and it
-//!   moves the counter with the same pair on the ModifyIndex it last saw. Sharing the worker
-//!   id's session gives the token the same fencing: when the session is
-//!   lost, the node stops issuing both kinds of IDs. A new holder continues
-//!   above the stored counter, which already covers every block any
-//!   earlier holder may have used.
+//! Lease tokens in Consul KV: `<prefix>/<cluster>/lease/<zone>/<token>` is
+//! both the lock (held under the worker session) and the counter.
 
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use redb::{ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use super::consul::{ClusterKeys, OwnerInfo};
-use super::embedded::{backend_err, blocking, EmbeddedStore};
-use super::StoreError;
+use super::LeaseTokenStore;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
-use crate::id::lease::{
-    check_token, check_zone, Block, LeaseError, TokenCounter, MAX_SEQUENCE, MAX_TOKEN,
-};
-
-/// Where a node's lease blocks come from.
-#[async_trait]
-pub trait TokenStore: Send + Sync + 'static {
-    /// A short name for logs (`embedded`, `consul`).
-    fn backend(&self) -> &'static str;
-
-    /// The zone of every token this source takes.
-    fn zone(&self) -> u64;
-
-    /// The token held now, if any.
-    fn token(&self) -> Option<u64>;
-
-    /// Reserves the next block of at most `size` sequences, durably, taking
-    /// a token first if none is held or the held one is used up.
-    async fn reserve(&self, size: u64) -> Result<Block, StoreError>;
-
-    /// Gives the held token back (its counter stays with it). The embedded
-    /// store has nothing to give back.
-    async fn release(&self) -> Result<(), StoreError>;
-}
-
-pub(crate) const LEASE: TableDefinition<&str, u64> = TableDefinition::new("lease");
-
-fn counter_key(zone: u64, token: u64) -> String {
-    format!("{zone}/{token}")
-}
-
-/// Lease tokens of a single node, in the state file. The node uses only
-/// its own range of tokens (see [`crate::id::lease::node_token_range`]),
-/// so embedded nodes with distinct worker ids never share one.
-#[derive(Clone)]
-pub struct EmbeddedTokens {
-    store: EmbeddedStore,
-    zone: u64,
-    /// The node's own tokens, `first..=last`.
-    range: (u64, u64),
-    /// The token blocks come from now (starts at the configured one).
-    current: std::sync::Arc<Mutex<u64>>,
-}
-
-impl EmbeddedTokens {
-    /// Tokens `range.0..=range.1` of `zone`, starting at `first_token`
-    /// (inside the range).
-    pub fn new(
-        store: EmbeddedStore,
-        zone: u64,
-        first_token: u64,
-        range: (u64, u64),
-    ) -> Result<Self, StoreError> {
-        check_zone(zone)?;
-        check_token(first_token)?;
-        check_token(range.1)?;
-        if !(range.0..=range.1).contains(&first_token) {
-            return Err(StoreError::Backend(format!(
-                "lease token {first_token} is outside this node's range {} to {}",
-                range.0, range.1
-            )));
-        }
-        Ok(Self {
-            store,
-            zone,
-            range,
-            current: std::sync::Arc::new(Mutex::new(first_token)),
-        })
-    }
-
-    fn current(&self) -> std::sync::MutexGuard<'_, u64> {
-        self.current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Reads a token's counter (for tools and tests).
-    pub fn counter(&self, token: u64) -> Result<TokenCounter, StoreError> {
-        let txn = self.store.db().begin_read().map_err(backend_err)?;
-        let table = match txn.open_table(LEASE) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(TokenCounter::default()),
-            Err(e) => return Err(backend_err(e)),
-        };
-        let reserved = table
-            .get(counter_key(self.zone, token).as_str())
-            .map_err(backend_err)?
-            .map(|v| v.value())
-            .unwrap_or(0);
-        Ok(TokenCounter { reserved })
-    }
-
-    /// Sets a token's counter; only ever moves it forward. For tests that
-    /// need a token near the end of its sequence.
-    pub fn advance_counter(&self, token: u64, reserved: u64) -> Result<(), StoreError> {
-        let txn = self.store.begin_write()?;
-        {
-            let mut table = txn.open_table(LEASE).map_err(backend_err)?;
-            let key = counter_key(self.zone, token);
-            let old = table
-                .get(key.as_str())
-                .map_err(backend_err)?
-                .map(|v| v.value())
-                .unwrap_or(0);
-            table
-                .insert(key.as_str(), old.max(reserved))
-                .map_err(backend_err)?;
-        }
-        self.store.commit(txn)
-    }
-
-    fn reserve_blocking(&self, size: u64) -> Result<Block, StoreError> {
-        let start = *self.current();
-        // A token the restored backup did not hold starts above the floor.
-        let floor = self.store.floor().min(MAX_SEQUENCE);
-        let txn = self.store.begin_write()?;
-        let (block, token) = {
-            let mut table = txn.open_table(LEASE).map_err(backend_err)?;
-            let mut token = start;
-            loop {
-                let key = counter_key(self.zone, token);
-                let reserved = table
-                    .get(key.as_str())
-                    .map_err(backend_err)?
-                    .map(|v| v.value())
-                    .unwrap_or(floor);
-                match (TokenCounter { reserved }).next_block(self.zone, token, size) {
-                    Ok((block, next)) => {
-                        table
-                            .insert(key.as_str(), next.reserved)
-                            .map_err(backend_err)?;
-                        break (block, token);
-                    }
-                    Err(LeaseError::TokenExhausted { .. }) if token < self.range.1 => {
-                        tracing::warn!(
-                            zone = self.zone,
-                            token,
-                            "lease token used up; moving to the next one of this node's range"
-                        );
-                        token += 1;
-                    }
-                    Err(LeaseError::TokenExhausted { .. }) => {
-                        return Err(LeaseError::RangeExhausted {
-                            zone: self.zone,
-                            first: self.range.0,
-                            last: self.range.1,
-                        }
-                        .into())
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
-        // Durable before the block is handed to anyone.
-        self.store.commit(txn)?;
-        *self.current() = token;
-        Ok(block)
-    }
-}
-
-#[async_trait]
-impl TokenStore for EmbeddedTokens {
-    fn backend(&self) -> &'static str {
-        "embedded"
-    }
-
-    fn zone(&self) -> u64 {
-        self.zone
-    }
-
-    fn token(&self) -> Option<u64> {
-        Some(*self.current())
-    }
-
-    async fn reserve(&self, size: u64) -> Result<Block, StoreError> {
-        let this = self.clone();
-        blocking(move || this.reserve_blocking(size)).await
-    }
-
-    async fn release(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
+use crate::id::lease::{check_zone, Block, LeaseError, TokenCounter, MAX_TOKEN};
+use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::StoreError;
 
 /// The value of a token's key in Consul: who holds (or last held) it, and
 /// its counter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenRecord {
+pub struct LeaseTokenRecord {
     /// The holder (or the last one).
     #[serde(flatten)]
     pub owner: OwnerInfo,
@@ -229,7 +23,7 @@ pub struct TokenRecord {
     pub reserved: u64,
 }
 
-impl TokenRecord {
+impl LeaseTokenRecord {
     fn decode(entry: &KvEntry) -> Result<Self, StoreError> {
         serde_json::from_slice(&entry.value).map_err(|e| {
             StoreError::Backend(format!(
@@ -249,7 +43,7 @@ impl TokenRecord {
 #[derive(Debug, Clone)]
 struct HeldToken {
     token: u64,
-    record: TokenRecord,
+    record: LeaseTokenRecord,
     index: u64,
     /// A write's outcome was unknown: re-read before the next one.
     stale: bool,
@@ -257,13 +51,13 @@ struct HeldToken {
 
 /// A zone's token records by token: the free ones with their record and
 /// ModifyIndex, `None` for tokens held, used up or unreadable.
-type TokenRecords = std::collections::BTreeMap<u64, Option<(TokenRecord, u64)>>;
+type TokenRecords = std::collections::BTreeMap<u64, Option<(LeaseTokenRecord, u64)>>;
 
 /// Lease tokens in Consul KV, held under one session. The same machinery
-/// holds formatted mode's tokens ([`ConsulTokens::for_format_space`]): a
+/// holds formatted mode's tokens ([`ConsulLeaseTokens::for_format_space`]): a
 /// folder of its own per token space, the counter left at 0 (formats keep
 /// their counters per token in their own records).
-pub struct ConsulTokens {
+pub struct ConsulLeaseTokens {
     client: ConsulClient,
     zone: u64,
     /// The folder of the space's token keys (with trailing `/`).
@@ -291,7 +85,7 @@ fn txn_errors(errors: &[crate::consul::TxnError]) -> String {
         .join("; ")
 }
 
-impl ConsulTokens {
+impl ConsulLeaseTokens {
     /// Tokens of `zone`, locked with `session` (the worker id's session).
     pub fn new(
         client: ConsulClient,
@@ -363,7 +157,7 @@ impl ConsulTokens {
     }
 
     /// Forgets `token` (a write found its lock gone): the next
-    /// [`ConsulTokens::hold`] takes a token again.
+    /// [`ConsulLeaseTokens::hold`] takes a token again.
     pub fn forget(&self, token: u64) {
         let mut held = self.held();
         if held.as_ref().is_some_and(|h| h.token == token) {
@@ -411,7 +205,7 @@ impl ConsulTokens {
             else {
                 continue;
             };
-            let Ok(record) = TokenRecord::decode(e) else {
+            let Ok(record) = LeaseTokenRecord::decode(e) else {
                 // Unreadable: never take it (its counter is unknown).
                 tracing::error!(key = %e.key, "lease token record unreadable; skipping it");
                 existing.insert(token, None);
@@ -460,7 +254,7 @@ impl ConsulTokens {
                 ),
                 _ => (0, TxnOp::CheckNotExists { key: key.clone() }),
             };
-            let record = TokenRecord {
+            let record = LeaseTokenRecord {
                 owner: self.owner.clone(),
                 reserved,
             };
@@ -518,7 +312,7 @@ impl ConsulTokens {
             .map_err(consul_err)?;
         match entry {
             Some(entry) if entry.session.as_deref() == Some(self.session.as_str()) => {
-                let record = TokenRecord::decode(&entry)?;
+                let record = LeaseTokenRecord::decode(&entry)?;
                 self.keys
                     .written()
                     .check("lease", &key, floor, (0, record.reserved))?;
@@ -545,7 +339,7 @@ impl ConsulTokens {
     async fn write(
         &self,
         held: &HeldToken,
-        record: TokenRecord,
+        record: LeaseTokenRecord,
         unlock: bool,
     ) -> Result<u64, StoreError> {
         let key = self.key(held.token);
@@ -604,7 +398,7 @@ impl ConsulTokens {
 }
 
 #[async_trait]
-impl TokenStore for ConsulTokens {
+impl LeaseTokenStore for ConsulLeaseTokens {
     fn backend(&self) -> &'static str {
         "consul"
     }
@@ -648,7 +442,7 @@ impl TokenStore for ConsulTokens {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let record = TokenRecord {
+            let record = LeaseTokenRecord {
                 owner: held.record.owner.clone(),
                 reserved: next.reserved,
             };
@@ -698,93 +492,5 @@ impl TokenStore for ConsulTokens {
         *self.held() = None;
         tracing::info!(zone = self.zone, token = held.token, "lease token released");
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashSet;
-
-    fn store() -> (tempfile::TempDir, EmbeddedStore) {
-        let dir = tempfile::tempdir().unwrap();
-        let s = EmbeddedStore::create(&dir.path().join("s.redb"), "layout").unwrap();
-        (dir, s)
-    }
-
-    #[tokio::test]
-    async fn embedded_blocks_are_disjoint_and_durable() {
-        let (dir, s) = store();
-        let tokens = EmbeddedTokens::new(s, 3, 7, (0, 63)).unwrap();
-        let mut seen = HashSet::new();
-        for _ in 0..20 {
-            let b = tokens.reserve(100).await.unwrap();
-            assert_eq!((b.zone, b.token), (3, 7));
-            for id in b.ids().first..=b.ids().last {
-                assert!(seen.insert(id), "duplicate {id}");
-            }
-        }
-        assert_eq!(tokens.counter(7).unwrap().reserved, 2000);
-        drop(tokens);
-        let s = EmbeddedStore::open(&dir.path().join("s.redb"), "layout", false).unwrap();
-        let tokens = EmbeddedTokens::new(s, 3, 7, (0, 63)).unwrap();
-        let b = tokens.reserve(100).await.unwrap();
-        assert_eq!(b.first, 2001, "a reopened store continues above");
-    }
-
-    #[tokio::test]
-    async fn embedded_moves_to_the_next_token_when_one_is_used_up() {
-        let (_dir, s) = store();
-        let tokens = EmbeddedTokens::new(s, 0, MAX_TOKEN - 1, (MAX_TOKEN - 63, MAX_TOKEN)).unwrap();
-        tokens
-            .advance_counter(MAX_TOKEN - 1, crate::id::lease::MAX_SEQUENCE - 5)
-            .unwrap();
-        let b = tokens.reserve(100).await.unwrap();
-        assert_eq!((b.token, b.len()), (MAX_TOKEN - 1, 5));
-        let b = tokens.reserve(100).await.unwrap();
-        assert_eq!((b.token, b.first), (MAX_TOKEN, 1));
-        assert_eq!(tokens.token(), Some(MAX_TOKEN));
-        tokens
-            .advance_counter(MAX_TOKEN, crate::id::lease::MAX_SEQUENCE)
-            .unwrap();
-        let e = tokens.reserve(100).await.unwrap_err();
-        assert!(
-            matches!(
-                e,
-                StoreError::Lease(LeaseError::RangeExhausted {
-                    zone: 0,
-                    last: MAX_TOKEN,
-                    ..
-                })
-            ),
-            "{e:?}"
-        );
-        // Counters never move back.
-        tokens.advance_counter(MAX_TOKEN, 1).unwrap();
-        assert!(tokens.counter(MAX_TOKEN).unwrap().exhausted());
-    }
-
-    #[tokio::test]
-    async fn embedded_never_leaves_its_own_range() {
-        let (_dir, s) = store();
-        // The range of datacenter 0, worker 0 under 5 + 5 bits: 0 to 63.
-        let tokens = EmbeddedTokens::new(s, 0, 63, (0, 63)).unwrap();
-        tokens
-            .advance_counter(63, crate::id::lease::MAX_SEQUENCE)
-            .unwrap();
-        let e = tokens.reserve(10).await.unwrap_err();
-        assert!(
-            matches!(
-                e,
-                StoreError::Lease(LeaseError::RangeExhausted {
-                    first: 0,
-                    last: 63,
-                    ..
-                })
-            ),
-            "token 64 belongs to the next worker: {e:?}"
-        );
-        assert_eq!(tokens.token(), Some(63));
-        assert_eq!(tokens.counter(64).unwrap().reserved, 0, "never touched");
     }
 }

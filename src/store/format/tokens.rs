@@ -5,7 +5,7 @@
 //! - Embedded: the node's own slice of the space, derived from its
 //!   datacenter and worker id ([`TokenSpace::node_range`]); it uses the
 //!   first token of it. Nodes with distinct worker ids never share one.
-//! - Consul: one [`ConsulTokens`] per space, locked under the worker id's
+//! - Consul: one [`ConsulLeaseTokens`] per space, locked under the worker id's
 //!   session in `<prefix>/<cluster>/format-tokens/<space>/<token>`. Taken
 //!   at the first call of a format that needs it (or at start for the
 //!   configured formats), released at shutdown, lost with the session:
@@ -19,13 +19,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 
-use super::consul::{ClusterKeys, OwnerInfo};
-use super::format::TokenLock;
-use super::lease::{ConsulTokens, TokenStore};
-use super::StoreError;
+use super::counters::TokenLock;
 use crate::consul::ConsulClient;
 use crate::id::format::TokenSpace;
 use crate::id::lease::LeaseError;
+use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::lease::{ConsulLeaseTokens, LeaseTokenStore};
+use crate::store::StoreError;
 
 /// A token this node holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,7 +143,7 @@ pub struct ConsulFormatTokens {
     keys: ClusterKeys,
     /// The session and owner info tokens are taken under now.
     session: Mutex<(String, OwnerInfo)>,
-    spaces: Mutex<HashMap<TokenSpace, Arc<ConsulTokens>>>,
+    spaces: Mutex<HashMap<TokenSpace, Arc<ConsulLeaseTokens>>>,
 }
 
 impl ConsulFormatTokens {
@@ -168,7 +168,7 @@ impl ConsulFormatTokens {
             .clear();
     }
 
-    fn space(&self, space: TokenSpace) -> Arc<ConsulTokens> {
+    fn space(&self, space: TokenSpace) -> Arc<ConsulLeaseTokens> {
         let (session, owner) = self
             .session
             .lock()
@@ -176,7 +176,7 @@ impl ConsulFormatTokens {
             .clone();
         let mut spaces = self.spaces.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(spaces.entry(space).or_insert_with(|| {
-            Arc::new(ConsulTokens::for_format_space(
+            Arc::new(ConsulLeaseTokens::for_format_space(
                 self.client.clone(),
                 &self.keys,
                 &space.name(),
@@ -234,7 +234,7 @@ impl FormatTokens for ConsulFormatTokens {
     }
 
     async fn release(&self) {
-        let spaces: Vec<(TokenSpace, Arc<ConsulTokens>)> = self
+        let spaces: Vec<(TokenSpace, Arc<ConsulLeaseTokens>)> = self
             .spaces
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

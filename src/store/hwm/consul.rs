@@ -1,0 +1,183 @@
+//! High-water marks in Consul KV (`hwm/<dc>/<worker>`, decimal Unix ms),
+//! written only while this node holds the worker lock.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::HwmStore;
+use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
+use crate::store::cluster_layout::LayoutGuard;
+use crate::store::keys::{store_err, ClusterKeys};
+use crate::store::{StoreError, WorkerKey};
+
+/// High-water marks in Consul KV, written only while the worker lock is
+/// held by `session` (a txn with `check-session`).
+pub struct ConsulHwmStore {
+    client: ConsulClient,
+    keys: ClusterKeys,
+    session: String,
+    /// The ModifyIndex each mark had when last read or written (0: absent);
+    /// forgotten whenever an outcome is unknown, so the next write re-reads.
+    known: Mutex<HashMap<WorkerKey, u64>>,
+    /// The cluster layout this node checked at start: every write checks
+    /// the record is unchanged, and no mark is read below its floor.
+    layout: Option<LayoutGuard>,
+}
+
+impl ConsulHwmStore {
+    /// A store writing through the worker lock's `session`.
+    pub fn new(client: ConsulClient, keys: ClusterKeys, session: &str) -> Self {
+        Self {
+            client,
+            keys,
+            session: session.to_owned(),
+            known: Mutex::new(HashMap::new()),
+            layout: None,
+        }
+    }
+
+    /// Ties every mark write to the layout record as `guard` saw it: once
+    /// the record changes (an operator changed the cluster's layout) the
+    /// next write fails and the node fences itself. Marks read below the
+    /// layout's floor are raised to it, so a node on a new layout starts
+    /// above every ID of the old one.
+    pub fn with_layout(mut self, guard: LayoutGuard) -> Self {
+        self.layout = Some(guard);
+        self
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<WorkerKey, u64>> {
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads the cluster regression record (at start, then with every
+    /// mark renewal), so every counter mode of this node refuses while it
+    /// exists (see [`RegressionRecord`](super::regression::RegressionRecord)).
+    async fn watch_regression(&self, key: WorkerKey) {
+        let written = self.keys.written();
+        written.attach(&self.client, self.keys.regression(), key.to_string());
+        written.refresh().await;
+    }
+
+    /// Reads the mark and remembers (and returns) its ModifyIndex.
+    async fn read(&self, key: WorkerKey) -> Result<(Option<u64>, u64), StoreError> {
+        let hwm_key = self.keys.hwm(key);
+        let floor = self.keys.written().written(&hwm_key);
+        let (entry, _) = self
+            .client
+            .kv_get(&hwm_key, Consistency::Consistent)
+            .await
+            .map_err(store_err)?;
+        let Some(entry) = entry else {
+            self.keys
+                .written()
+                .check("hwm", &hwm_key, floor, (i64::MIN, 0))?;
+            self.known().insert(key, 0);
+            return Ok((None, 0));
+        };
+        let text = String::from_utf8_lossy(&entry.value);
+        let value = text.trim().parse().map_err(|_| {
+            StoreError::Backend(format!(
+                "{} holds {text:?}, not a decimal high-water mark; fix or delete it by hand",
+                entry.key
+            ))
+        })?;
+        // A mark below this node's own write: the store was rolled back.
+        self.keys
+            .written()
+            .check("hwm", &hwm_key, floor, (0, value))?;
+        self.known().insert(key, entry.modify_index);
+        self.keys.mark_at(&hwm_key, entry.modify_index);
+        Ok((Some(value), entry.modify_index))
+    }
+}
+#[async_trait]
+impl HwmStore for ConsulHwmStore {
+    fn backend(&self) -> &'static str {
+        "consul"
+    }
+
+    async fn load_hwm(&self, key: WorkerKey) -> Result<Option<u64>, StoreError> {
+        self.watch_regression(key).await;
+        let stored = self.read(key).await?.0;
+        let floor = self
+            .layout
+            .as_ref()
+            .filter(|g| g.floor_ms > 0)
+            .map(|g| g.floor_ms - 1);
+        Ok(stored.max(floor))
+    }
+
+    async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
+        self.watch_regression(key).await;
+        let known = self.known().get(&key).copied();
+        let index = match known {
+            Some(i) => i,
+            None => self.read(key).await?.1,
+        };
+        let hwm_key = self.keys.hwm(key);
+        let mut ops = Vec::with_capacity(3);
+        if let Some(g) = &self.layout {
+            ops.push(TxnOp::CheckIndex {
+                key: g.key.clone(),
+                index: g.index,
+            });
+        }
+        ops.extend([
+            TxnOp::CheckSession {
+                key: self.keys.worker(key),
+                session: self.session.clone(),
+            },
+            TxnOp::Cas {
+                key: hwm_key.clone(),
+                value: hwm_ms.to_string().into_bytes(),
+                index,
+            },
+        ]);
+        let outcome = self.client.txn(&ops).await.map_err(|e| {
+            // Applied or not, we cannot tell: re-read before the next write.
+            self.known().remove(&key);
+            store_err(e)
+        })?;
+        match outcome {
+            TxnOutcome::Committed(results) => {
+                // Exactly, not the highest: a clean stop writes its final
+                // mark below the reserve it wrote before.
+                self.keys.written().wrote_exactly(&hwm_key, (0, hwm_ms));
+                match results.iter().find(|e| e.key == hwm_key) {
+                    Some(e) => {
+                        self.keys.mark_at(&hwm_key, e.modify_index);
+                        self.known().insert(key, e.modify_index)
+                    }
+                    None => self.known().remove(&key),
+                };
+                Ok(())
+            }
+            TxnOutcome::RolledBack(errors) => {
+                self.known().remove(&key);
+                if let Some(g) = self
+                    .layout
+                    .as_ref()
+                    .filter(|_| errors.iter().any(|e| e.op_index == 0))
+                {
+                    return Err(StoreError::LockLost(format!(
+                        "high-water mark not written: the cluster layout record {} changed since this node checked it (generation {}); an operator changed the layout, so this node stops issuing for good: restart it with the cluster's new [layout] (see `idgen admin layout get`)",
+                        g.key, g.generation
+                    )));
+                }
+                Err(StoreError::LockLost(format!(
+                    "high-water mark not written: this node no longer holds worker {key}, or the mark changed under it ({})",
+                    errors
+                        .iter()
+                        .map(|e| e.what.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )))
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Segment records in the embedded state file: table `segments`, one redb
+//! write transaction per take (durable on commit), the live tag count in
+//! the same transaction.
+
+use async_trait::async_trait;
+use redb::ReadableTable;
+
+use super::{decode, encode, SegmentStore, TagListing, SEGMENTS};
+use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
+use crate::metrics as m;
+use crate::store::counts;
+use crate::store::embedded::{backend_err, blocking, EmbeddedStore};
+use crate::store::StoreError;
+
+impl EmbeddedStore {
+    fn read_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let table = match txn.open_table(SEGMENTS) {
+            Ok(t) => t,
+            // Files made before segment mode have no table yet.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(backend_err(e)),
+        };
+        let value = table.get(tag.as_str()).map_err(backend_err)?;
+        let record = value.map(|v| decode(tag, v.value())).transpose()?;
+        Ok(record.filter(|r| !r.deleted))
+    }
+
+    fn list_tags_blocking(&self) -> Result<TagListing, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let table = match txn.open_table(SEGMENTS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(TagListing::default()),
+            Err(e) => return Err(backend_err(e)),
+        };
+        let mut listing = TagListing::default();
+        for item in table.iter().map_err(backend_err)? {
+            let (k, v) = item.map_err(backend_err)?;
+            listing.add(k.value(), Some(k.value()), v.value());
+        }
+        // redb iterates in key order, which is the names' order.
+        Ok(listing)
+    }
+
+    fn insert_tag(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
+        let txn = self.begin_write()?;
+        let (written, live) = {
+            let mut counts = counts::open(&txn)?;
+            let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
+            let old = match table.get(tag.as_str()).map_err(backend_err)? {
+                Some(v) => Some(decode(tag, v.value())?),
+                None => None,
+            };
+            let written = match old {
+                Some(old) if !old.deleted => return Err(StoreError::TagExists(tag.to_string())),
+                Some(tombstone) => tombstone.revived(record),
+                // A tag the restored backup did not know may have handed
+                // out IDs after the backup: start above the restore floor.
+                None => TagRecord {
+                    max_id: record
+                        .max_id
+                        .max(self.floor().min(crate::id::segment::MAX_SEGMENT_ID)),
+                    ..record.clone()
+                },
+            };
+            let live = counts::get(&counts, counts::SEGMENT_TAGS)?;
+            if live >= max_tags {
+                metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
+                return Err(StoreError::limit_reached(
+                    format!(
+                        "segment tag {:?} cannot be created ({live} live tags)",
+                        tag.as_str()
+                    ),
+                    max_tags,
+                    "segment.max_tags",
+                ));
+            }
+            table
+                .insert(tag.as_str(), encode(&written).as_slice())
+                .map_err(backend_err)?;
+            let live = counts::add(&mut counts, counts::SEGMENT_TAGS, 1)?;
+            (written, live)
+        };
+        self.commit(txn)?;
+        metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
+        Ok(written)
+    }
+
+    /// Rewrites a live tag's record as `change` says, in one transaction.
+    /// `live_delta` is how the change moves the live-tag count (-1 for a
+    /// delete), applied in the same transaction.
+    fn change_tag(
+        &self,
+        tag: &Tag,
+        live_delta: i64,
+        change: impl FnOnce(&TagRecord) -> Result<TagRecord, StoreError>,
+    ) -> Result<TagRecord, StoreError> {
+        let txn = self.begin_write()?;
+        let written = {
+            let mut counts = counts::open(&txn)?;
+            let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
+            let record = match table.get(tag.as_str()).map_err(backend_err)? {
+                Some(v) => decode(tag, v.value())?,
+                None => return Err(StoreError::TagNotFound(tag.to_string())),
+            };
+            if record.deleted {
+                return Err(StoreError::TagNotFound(tag.to_string()));
+            }
+            let written = change(&record)?;
+            table
+                .insert(tag.as_str(), encode(&written).as_slice())
+                .map_err(backend_err)?;
+            if live_delta != 0 {
+                let live = counts::add(&mut counts, counts::SEGMENT_TAGS, live_delta)?;
+                metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
+            }
+            written
+        };
+        self.commit(txn)?;
+        Ok(written)
+    }
+
+    fn advance_tag(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
+        let txn = self.begin_write()?;
+        let range = {
+            let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
+            let record = match table.get(tag.as_str()).map_err(backend_err)? {
+                Some(v) => decode(tag, v.value())?,
+                None => return Err(StoreError::TagNotFound(tag.to_string())),
+            };
+            if record.deleted {
+                return Err(StoreError::TagNotFound(tag.to_string()));
+            }
+            let (range, next) = record.next_range(tag, step, now_ms)?;
+            table
+                .insert(tag.as_str(), encode(&next).as_slice())
+                .map_err(backend_err)?;
+            range
+        };
+        // Durable before the range is handed to anyone.
+        self.commit(txn)?;
+        Ok(range)
+    }
+}
+
+#[async_trait]
+impl SegmentStore for EmbeddedStore {
+    async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
+        self.create_tag_record(tag, record).await.map(|_| ())
+    }
+
+    async fn create_tag_record(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+    ) -> Result<TagRecord, StoreError> {
+        self.create_tag_limited(tag, record, u64::MAX).await
+    }
+
+    async fn create_tag_limited(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
+        let (this, tag, record) = (self.clone(), tag.clone(), record.clone());
+        blocking(move || this.insert_tag(&tag, &record, max_tags)).await
+    }
+
+    async fn list_tags(&self) -> Result<TagListing, StoreError> {
+        let this = self.clone();
+        blocking(move || this.list_tags_blocking()).await
+    }
+
+    async fn update_tag(
+        &self,
+        tag: &Tag,
+        update: &TagUpdate,
+        now_ms: u64,
+    ) -> Result<TagRecord, StoreError> {
+        let (this, tag, update) = (self.clone(), tag.clone(), update.clone());
+        blocking(move || this.change_tag(&tag, 0, |r| Ok(r.updated(&tag, &update, now_ms)?))).await
+    }
+
+    async fn delete_tag(&self, tag: &Tag, now_ms: u64) -> Result<TagRecord, StoreError> {
+        let (this, tag) = (self.clone(), tag.clone());
+        blocking(move || this.change_tag(&tag, -1, |r| Ok(r.tombstone(now_ms)))).await
+    }
+
+    async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {
+        let (this, tag) = (self.clone(), tag.clone());
+        blocking(move || this.read_tag(&tag)).await
+    }
+
+    async fn take_range(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
+        let (this, tag) = (self.clone(), tag.clone());
+        blocking(move || this.advance_tag(&tag, step, now_ms)).await
+    }
+}
