@@ -17,7 +17,7 @@ use crate::store::embedded::{
 };
 use crate::store::format::counters::FORMATS_RESTORED_UNTIL;
 use crate::store::format::catalog::{StoredFormat, FORMAT_DEFS};
-use crate::store::format::restore::{self, FormatMargins, RestoredFormat};
+use crate::store::format::restore::{self as format_restore, FormatMargins, RestoredFormat};
 use crate::store::lease::LEASE;
 use crate::store::segment::SEGMENTS;
 use crate::store::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
