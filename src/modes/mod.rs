@@ -26,19 +26,19 @@ pub mod snowflake;
 pub mod strict;
 pub mod ticker;
 
-use self::lease::Leases;
-use self::segment::Segments;
-use self::snowflake::Snowflakes;
-use self::strict::Strict;
+use self::lease::LeaseEngine;
+use self::segment::SegmentEngine;
+use self::snowflake::SnowflakeEngine;
+use self::strict::StrictEngine;
 use crate::id::segment::Tag;
 
 /// Issues IDs for requests: checks them and dispatches to the mode engines.
 pub struct Issuer {
-    snowflakes: Snowflakes,
-    segments: Option<Arc<Segments>>,
-    leases: Option<Arc<Leases>>,
-    strict: Option<Arc<Strict>>,
-    formats: Option<Arc<format::Formats>>,
+    snowflakes: SnowflakeEngine,
+    segments: Option<Arc<SegmentEngine>>,
+    leases: Option<Arc<LeaseEngine>>,
+    strict: Option<Arc<StrictEngine>>,
+    formats: Option<Arc<format::FormattedEngine>>,
     state_file: Option<Arc<StateFileGuard>>,
     store_health: Option<Arc<StoreHealth>>,
     layout: Layout,
@@ -67,7 +67,7 @@ impl Issuer {
     ) -> std::io::Result<Self> {
         Ok(Self {
             layout: *generator.layout(),
-            snowflakes: Snowflakes::new(generator, clock, max_wait)?,
+            snowflakes: SnowflakeEngine::new(generator, clock, max_wait)?,
             segments: None,
             leases: None,
             strict: None,
@@ -79,19 +79,19 @@ impl Issuer {
     }
 
     /// Serves segment mode through `segments`.
-    pub fn with_segments(mut self, segments: Arc<Segments>) -> Self {
+    pub fn with_segments(mut self, segments: Arc<SegmentEngine>) -> Self {
         self.segments = Some(segments);
         self
     }
 
     /// Serves lease mode through `leases`.
-    pub fn with_leases(mut self, leases: Arc<Leases>) -> Self {
+    pub fn with_leases(mut self, leases: Arc<LeaseEngine>) -> Self {
         self.leases = Some(leases);
         self
     }
 
     /// Serves strict mode through `strict`.
-    pub fn with_strict(mut self, strict: Arc<Strict>) -> Self {
+    pub fn with_strict(mut self, strict: Arc<StrictEngine>) -> Self {
         self.strict = Some(strict);
         self
     }
@@ -145,21 +145,21 @@ impl Issuer {
     }
 
     /// The lease mode server, when enabled.
-    pub fn leases(&self) -> Option<&Arc<Leases>> {
+    pub fn leases(&self) -> Option<&Arc<LeaseEngine>> {
         self.leases.as_ref()
     }
 
     /// The strict mode server, when enabled.
-    pub fn strict(&self) -> Option<&Arc<Strict>> {
+    pub fn strict(&self) -> Option<&Arc<StrictEngine>> {
         self.strict.as_ref()
     }
 
     /// The segment mode server, when enabled.
-    pub fn segment_server(&self) -> Option<&Arc<Segments>> {
+    pub fn segment_server(&self) -> Option<&Arc<SegmentEngine>> {
         self.segments.as_ref()
     }
 
-    fn lease_mode(&self, tag: &str) -> Result<&Arc<Leases>, Error> {
+    fn lease_mode(&self, tag: &str) -> Result<&Arc<LeaseEngine>, Error> {
         let leases = self
             .leases
             .as_ref()
@@ -170,7 +170,7 @@ impl Issuer {
         Ok(leases)
     }
 
-    fn strict_mode(&self, tag: &str) -> Result<&Arc<Strict>, Error> {
+    fn strict_mode(&self, tag: &str) -> Result<&Arc<StrictEngine>, Error> {
         let strict = self
             .strict
             .as_ref()
@@ -182,7 +182,7 @@ impl Issuer {
     }
 
     /// The segment mode server, when enabled.
-    fn segments(&self, mode: Mode, tag: &str) -> Result<(&Arc<Segments>, Tag), Error> {
+    fn segments(&self, mode: Mode, tag: &str) -> Result<(&Arc<SegmentEngine>, Tag), Error> {
         let segments = self
             .segments
             .as_ref()
@@ -195,17 +195,17 @@ impl Issuer {
     }
 
     /// Serves formatted mode with `formats`.
-    pub fn with_formats(mut self, formats: Arc<format::Formats>) -> Self {
+    pub fn with_formats(mut self, formats: Arc<format::FormattedEngine>) -> Self {
         self.formats = Some(formats);
         self
     }
 
     /// Formatted mode's engine, when formats are defined.
-    pub fn formats(&self) -> Option<&Arc<format::Formats>> {
+    pub fn formats(&self) -> Option<&Arc<format::FormattedEngine>> {
         self.formats.as_ref()
     }
 
-    fn formats_for(&self, name: &str) -> Result<&Arc<format::Formats>, Error> {
+    fn formats_for(&self, name: &str) -> Result<&Arc<format::FormattedEngine>, Error> {
         self.formats
             .as_ref()
             .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())

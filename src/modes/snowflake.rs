@@ -4,9 +4,9 @@
 //! every issue.
 //!
 //! In cluster mode the generator is replaced when the node loses its
-//! worker id and claims one again: [`Snowflakes::close`] closes the
+//! worker id and claims one again: [`SnowflakeEngine::close`] closes the
 //! current one (calls fail with UNAVAILABLE from then on) and
-//! [`Snowflakes::install`] puts the next one in place.
+//! [`SnowflakeEngine::install`] puts the next one in place.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use crate::id::{Clock, Deadline, GenError, Mode, Snowflake};
 use crate::metrics as m;
 
 /// Serves snowflake mode.
-pub struct Snowflakes {
+pub struct SnowflakeEngine {
     generator: ArcSwap<Snowflake>,
     fenced: AtomicBool,
     /// The worker lock's deadline on the ticker's coarse clock (cluster
@@ -35,7 +35,7 @@ pub struct Snowflakes {
     waits: metrics::Counter,
 }
 
-impl Snowflakes {
+impl SnowflakeEngine {
     /// Snowflake mode over `generator`, reading `clock`; a call waits at
     /// most `max_wait` without progress.
     pub fn new(

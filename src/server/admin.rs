@@ -37,8 +37,8 @@ use crate::id::strict::Namespace;
 use crate::id::Clock;
 use crate::metrics as m;
 use crate::modes::format_reload::{FormatCatalog, ReloadError, Reloaded};
-use crate::modes::lease::Leases;
-use crate::modes::strict::Strict;
+use crate::modes::lease::LeaseEngine;
+use crate::modes::strict::StrictEngine;
 use crate::proto::admin_server::{Admin, AdminServer};
 use crate::proto::{self, HolderKind};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
@@ -89,10 +89,10 @@ pub struct AdminDeps {
     /// Segment records, when segment mode is enabled.
     pub segments: Option<Arc<dyn SegmentStore>>,
     /// Strict mode, when enabled.
-    pub strict: Option<Arc<Strict>>,
+    pub strict: Option<Arc<StrictEngine>>,
     /// Segment mode's buffers, when enabled: a deleted tag's are dropped
     /// at once, and creations count against its `segment.max_tags`.
-    pub segment_server: Option<Arc<crate::modes::segment::Segments>>,
+    pub segment_server: Option<Arc<crate::modes::segment::SegmentEngine>>,
     /// The Consul client and key layout, on the Consul backend.
     pub cluster: Option<(ConsulClient, ClusterKeys)>,
     /// This node, for holders on the embedded backend.
@@ -117,11 +117,11 @@ pub struct NodeFacts {
     /// The worker id from config.
     pub worker: WorkerKey,
     /// Lease mode, when enabled (its token in use).
-    pub lease: Option<Arc<Leases>>,
+    pub lease: Option<Arc<LeaseEngine>>,
     /// Lease mode's zone, when enabled.
     pub lease_zone: Option<u64>,
     /// Formatted mode, when formats are defined (its tokens).
-    pub formats: Option<Arc<crate::modes::format::Formats>>,
+    pub formats: Option<Arc<crate::modes::format::FormattedEngine>>,
 }
 
 /// The admin service.
@@ -521,7 +521,7 @@ impl AdminService {
         })
     }
 
-    fn strict(&self) -> Result<&Arc<Strict>, Status> {
+    fn strict(&self) -> Result<&Arc<StrictEngine>, Status> {
         self.deps.strict.as_ref().ok_or_else(|| {
             refusal(ErrorKind::Precondition,
                 "strict mode is not enabled on this server: set [strict] enabled = true in its config",

@@ -40,9 +40,9 @@ use crate::cluster::supervisor::ClusterSpec;
 use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
 use crate::modes::format_reload::FormatCatalog;
-use crate::modes::lease::{LeaseSettings, Leases};
-use crate::modes::segment::{SegmentSettings, Segments};
-use crate::modes::strict::Strict;
+use crate::modes::lease::{LeaseEngine, LeaseSettings};
+use crate::modes::segment::{SegmentEngine, SegmentSettings};
+use crate::modes::strict::StrictEngine;
 pub use crate::modes::{decode_snowflake, Decoded, Issuer};
 use crate::renewal::RenewalThread;
 use crate::store::consul::{ClusterKeys, OwnerInfo};
@@ -191,7 +191,7 @@ impl IssuePath for Issuer {
 /// Lease mode's token in a cluster: held under the worker lock's session,
 /// so it follows every re-claim to the new session.
 struct SessionTokens {
-    leases: Arc<Leases>,
+    leases: Arc<LeaseEngine>,
     client: ConsulClient,
     keys: ClusterKeys,
     zone: u64,
@@ -400,7 +400,7 @@ fn build_issuer(
             max_tags: s.max_tags,
             idle_release: s.idle_release,
         };
-        let segments = Arc::new(Segments::new(store, Arc::clone(clock), settings));
+        let segments = Arc::new(SegmentEngine::new(store, Arc::clone(clock), settings));
         segments.spawn_idle_sweeper();
         issuer = issuer.with_segments(segments);
         tracing::info!(auto_create = s.auto_create, "segment mode enabled");
@@ -413,7 +413,7 @@ fn build_issuer(
             block: l.block,
             max_wait: config.server.max_wait,
         };
-        issuer = issuer.with_leases(Arc::new(Leases::new(source, settings)));
+        issuer = issuer.with_leases(Arc::new(LeaseEngine::new(source, settings)));
     }
     if let Some(guard) = stores.state_file {
         issuer = issuer.with_state_file(guard);
@@ -425,7 +425,7 @@ fn build_issuer(
         let store = stores
             .strict
             .ok_or_else(|| missing("strict mode", "strict store"))?;
-        issuer = issuer.with_strict(Arc::new(Strict::with_limits(
+        issuer = issuer.with_strict(Arc::new(StrictEngine::with_limits(
             store,
             s.default_step,
             strict_limits(config),
@@ -477,7 +477,7 @@ fn format_catalog(
         max_scope_values: config.formatted.max_scope_values,
     };
     let formats =
-        crate::modes::format::Formats::new(&[], store, Arc::clone(clock), settings, node)?;
+        crate::modes::format::FormattedEngine::new(&[], store, Arc::clone(clock), settings, node)?;
     let formats = Arc::new(match tokens {
         Some(tokens) => formats.with_tokens(tokens),
         None => formats,
