@@ -32,7 +32,7 @@
 //!   skip-ahead after a snapshot restore ([`store::skip_ahead`]).
 //! - [`modes`]: the engines that serve each mode from its store
 //!   ([`modes::snowflake`], [`modes::segment`], [`modes::lease`],
-//!   [`modes::strict`], [`modes::format`] for formatted IDs) and the
+//!   [`modes::strict`], [`modes::formatted`] for formatted IDs) and the
 //!   [`modes::Issuer`] that checks a request
 //!   and dispatches it to one; Lua rules run on [`modes::lua_pool`]'s
 //!   threads, off the request runtime, under a deadline.

@@ -54,7 +54,7 @@ fn config_reader(
     path: Option<std::path::PathBuf>,
     overrides: idgen::config::Overrides,
     clock: Arc<dyn Clock>,
-) -> idgen::modes::format_reload::ConfigSource {
+) -> idgen::modes::format_catalog::ConfigSource {
     Arc::new(move || {
         Config::load(path.as_deref(), &overrides, clock.now_millis())
             .map(|c| c.formatted.formats)
@@ -63,7 +63,7 @@ fn config_reader(
 }
 
 /// SIGHUP reads the config file's `[[formats]]` again through `reread`.
-fn install_reader(node: &Node, reread: idgen::modes::format_reload::ConfigSource) {
+fn install_reader(node: &Node, reread: idgen::modes::format_catalog::ConfigSource) {
     if let Some(catalog) = node.format_catalog() {
         catalog.set_config_source(reread);
     }

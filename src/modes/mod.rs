@@ -16,8 +16,8 @@ use crate::store::reopen::StoreHealth;
 use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
-pub mod format;
-pub mod format_reload;
+pub mod format_catalog;
+pub mod formatted;
 pub mod lease;
 pub mod lua_pool;
 pub mod refill;
@@ -38,7 +38,7 @@ pub struct Issuer {
     segments: Option<Arc<SegmentEngine>>,
     leases: Option<Arc<LeaseEngine>>,
     strict: Option<Arc<StrictEngine>>,
-    formats: Option<Arc<format::FormattedEngine>>,
+    formats: Option<Arc<formatted::FormattedEngine>>,
     state_file: Option<Arc<StateFileGuard>>,
     store_health: Option<Arc<StoreHealth>>,
     layout: Layout,
@@ -195,17 +195,17 @@ impl Issuer {
     }
 
     /// Serves formatted mode with `formats`.
-    pub fn with_formats(mut self, formats: Arc<format::FormattedEngine>) -> Self {
+    pub fn with_formats(mut self, formats: Arc<formatted::FormattedEngine>) -> Self {
         self.formats = Some(formats);
         self
     }
 
     /// Formatted mode's engine, when formats are defined.
-    pub fn formats(&self) -> Option<&Arc<format::FormattedEngine>> {
+    pub fn formats(&self) -> Option<&Arc<formatted::FormattedEngine>> {
         self.formats.as_ref()
     }
 
-    fn formats_for(&self, name: &str) -> Result<&Arc<format::FormattedEngine>, Error> {
+    fn formats_for(&self, name: &str) -> Result<&Arc<formatted::FormattedEngine>, Error> {
         self.formats
             .as_ref()
             .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())
@@ -218,7 +218,7 @@ impl Issuer {
         name: &str,
         params: &[(String, String)],
         count: u64,
-    ) -> Result<format::Issued, Error> {
+    ) -> Result<formatted::Issued, Error> {
         self.check_state_file()?;
         let formats = self.formats_for(name)?;
         if self.snowflakes.is_fenced() {
@@ -244,7 +244,7 @@ impl Issuer {
         &self,
         name: &str,
         params: &[(String, String)],
-    ) -> Result<Option<format::CounterView>, Error> {
+    ) -> Result<Option<formatted::CounterView>, Error> {
         let node = self.snowflakes.generator().node_number();
         self.formats_for(name)?.counter(name, params, node).await
     }

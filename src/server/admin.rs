@@ -36,7 +36,7 @@ use crate::id::segment::{check_max_id, check_step, SegmentError, Tag, TagRecord,
 use crate::id::strict::Namespace;
 use crate::id::Clock;
 use crate::metrics as m;
-use crate::modes::format_reload::{FormatCatalog, ReloadError, Reloaded};
+use crate::modes::format_catalog::{FormatCatalog, ReloadError, Reloaded};
 use crate::modes::lease::LeaseEngine;
 use crate::modes::strict::StrictEngine;
 use crate::proto::admin_server::{Admin, AdminServer};
@@ -121,7 +121,7 @@ pub struct NodeFacts {
     /// Lease mode's zone, when enabled.
     pub lease_zone: Option<u64>,
     /// Formatted mode, when formats are defined (its tokens).
-    pub formats: Option<Arc<crate::modes::format::FormattedEngine>>,
+    pub formats: Option<Arc<crate::modes::formatted::FormattedEngine>>,
 }
 
 /// The admin service.

@@ -39,7 +39,7 @@ use crate::cluster::membership::{IssuePath, Membership, SessionBound};
 use crate::cluster::supervisor::ClusterSpec;
 use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
-use crate::modes::format_reload::FormatCatalog;
+use crate::modes::format_catalog::FormatCatalog;
 use crate::modes::lease::{LeaseEngine, LeaseSettings};
 use crate::modes::segment::{SegmentEngine, SegmentSettings};
 use crate::modes::strict::StrictEngine;
@@ -466,7 +466,7 @@ fn format_catalog(
         }
         return Ok(None);
     };
-    let settings = crate::modes::format::FormatSettings {
+    let settings = crate::modes::formatted::FormatSettings {
         block: config.formatted.block,
         max_behind_ms: config.hwm.max_backward.as_millis() as u64,
         max_batch: config.server.max_batch,
@@ -476,8 +476,13 @@ fn format_catalog(
         },
         max_scope_values: config.formatted.max_scope_values,
     };
-    let formats =
-        crate::modes::format::FormattedEngine::new(&[], store, Arc::clone(clock), settings, node)?;
+    let formats = crate::modes::formatted::FormattedEngine::new(
+        &[],
+        store,
+        Arc::clone(clock),
+        settings,
+        node,
+    )?;
     let formats = Arc::new(match tokens {
         Some(tokens) => formats.with_tokens(tokens),
         None => formats,

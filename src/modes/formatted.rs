@@ -7,7 +7,7 @@
 //! new table only after every format in it compiled and validated, so
 //! calls see the old definitions or the new ones, never a mix and never a
 //! format that failed. Counters are keyed by format name and scope, not by
-//! table, so they carry on across reloads (see `modes::format_reload`).
+//! table, so they carry on across reloads (see `modes::format_catalog`).
 //!
 //! Each counter (format, scope-parameter values, and the node or token
 //! for per-node formats) keeps a block of values in memory: at first

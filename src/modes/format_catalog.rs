@@ -39,7 +39,7 @@ use crate::error::Error;
 use crate::id::format::FormatDef;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
-use crate::modes::format::{CompileFailure, CompiledFormats, FormattedEngine};
+use crate::modes::formatted::{CompileFailure, CompiledFormats, FormattedEngine};
 use crate::store::format_def::{DefChange, DefSource, FormatDefStore, StoredFormat};
 use crate::store::StoreError;
 
