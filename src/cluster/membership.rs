@@ -15,20 +15,11 @@ use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout, Snowflake};
 use crate::metrics as m;
+use crate::modes::gate::IssueGate;
 use crate::renewal::RenewalThread;
 use crate::store::consul::OwnerInfo;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::{HwmKeeper, HwmStore, StoreError, WorkerKey};
-
-/// What membership changes on the node's issue path.
-pub trait IssuePath: Send + Sync + 'static {
-    /// Stops issuing at once (the worker id may no longer be this node's).
-    fn fence(&self);
-    /// The local deadline of the worker lock: nothing is issued after it.
-    fn set_deadline(&self, at: Instant);
-    /// Issues from `generator` (a re-claimed worker id) from now on.
-    fn install(&self, generator: Arc<Snowflake>);
-}
 
 /// What a node holds under its worker lock's session besides the lock
 /// (lease mode's token), built at assembly: moved to the new session
@@ -116,14 +107,11 @@ impl Membership {
 
     /// Starts supervising (in a cluster: renewals, fencing, re-claims,
     /// registration). Call once the gRPC server answers health checks.
-    pub async fn run(
-        self,
-        node: Arc<dyn IssuePath>,
-        bound: Option<Arc<dyn SessionBound>>,
-    ) -> Running {
+    /// `gate` is the issue path's gate the supervisor fences and re-arms.
+    pub async fn run(self, gate: Arc<IssueGate>, bound: Option<Arc<dyn SessionBound>>) -> Running {
         match self {
             Self::Static(keeper) => Running::Static(keeper),
-            Self::Consul(cluster) => Running::Consul(cluster.run(node, bound).await),
+            Self::Consul(cluster) => Running::Consul(cluster.run(gate, bound).await),
         }
     }
 }

@@ -42,8 +42,9 @@ use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
-use super::membership::{IssuePath, SessionBound};
+use super::membership::SessionBound;
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
+use crate::modes::gate::IssueGate;
 use crate::renewal::RenewalThread;
 
 /// First pause between claim attempts after fencing; doubles up to
@@ -193,12 +194,12 @@ impl Cluster {
 
     /// Registers the service and starts supervising the lease. Call once
     /// the gRPC server answers health checks.
-    /// `node` is the issue path the supervisor fences and re-arms;
+    /// `gate` is the issue path's gate the supervisor fences and re-arms;
     /// `bound` is what lives under the session (lease mode's token), moved
     /// to the new session after every re-claim and released at shutdown.
     pub async fn run(
         self,
-        node: Arc<dyn IssuePath>,
+        gate: Arc<IssueGate>,
         bound: Option<Arc<dyn SessionBound>>,
     ) -> RunningCluster {
         let Cluster {
@@ -211,7 +212,7 @@ impl Cluster {
             registration,
         } = self;
         // From here every renew moves the issue path's deadline on.
-        held.lease.on_renew(deadline_hook(&node));
+        held.lease.on_renew(deadline_hook(&gate));
         let registration = Arc::new(ArcSwap::from_pointee(registration));
         let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
@@ -221,7 +222,7 @@ impl Cluster {
             (coord, client.clone()),
             clock,
             held,
-            (Arc::clone(&node), bound.clone()),
+            (Arc::clone(&gate), bound.clone()),
             (Arc::clone(&registration), Arc::clone(&changed)),
             stopped.clone(),
         ));
@@ -448,7 +449,7 @@ async fn supervise(
     (coord, client): (ConsulClient, ConsulClient),
     clock: Arc<dyn Clock>,
     mut held: Claim,
-    (node, bound): (Arc<dyn IssuePath>, Option<Arc<dyn SessionBound>>),
+    (gate, bound): (Arc<IssueGate>, Option<Arc<dyn SessionBound>>),
     (registration, registration_changed): (Arc<ArcSwap<Registration>>, Arc<Notify>),
     mut stopped: watch::Receiver<bool>,
 ) -> Option<Claim> {
@@ -464,7 +465,7 @@ async fn supervise(
             return Some(held);
         }
         // Fence first, then everything else.
-        node.fence();
+        gate.fence();
         let last_ms = held.keeper.abort();
         metrics::gauge!(m::FENCED).set(1.0);
         metrics::counter!(m::FENCINGS).increment(1);
@@ -482,13 +483,13 @@ async fn supervise(
         // own id; but never longer than the old session can live anyway.
         held = reclaim(&spec, &coord, &clock, lease, &mut stopped).await?;
         // Checked against the deadline just above, with no await since.
-        held.lease.on_renew(deadline_hook(&node));
+        held.lease.on_renew(deadline_hook(&gate));
         if let Some(bound) = &bound {
             if let Err(e) = bound.moved(held.lease.session(), &held.owner) {
                 tracing::error!(error = %e, "cannot move what the session holds (lease tokens) to the new session");
             }
         }
-        node.install(Arc::clone(held.keeper.generator()));
+        gate.install(Arc::clone(held.keeper.generator()));
         let key = held.lease.key();
         record_claim(key, true);
         if registration.load().worker() != key {
@@ -572,10 +573,10 @@ async fn reclaim(
     }
 }
 
-/// Copies each new lease deadline to the issue path's cheap check.
-fn deadline_hook(node: &Arc<dyn IssuePath>) -> DeadlineHook {
-    let node = Arc::clone(node);
-    Arc::new(move |at| node.set_deadline(at))
+/// Copies each new lock deadline to the issue gate's cheap check.
+fn deadline_hook(gate: &Arc<IssueGate>) -> DeadlineHook {
+    let gate = Arc::clone(gate);
+    Arc::new(move |at| gate.set_deadline(at))
 }
 
 async fn wait_stop(mut stopped: watch::Receiver<bool>) {

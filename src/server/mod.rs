@@ -35,7 +35,7 @@ use crate::store::state_file::{PeriodicThread, StateFileGuard, StateFileWatch};
 use crate::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictStore};
 use crate::store::{EmbeddedStore, HwmStore, SegmentStore, WorkerKey};
 
-use crate::cluster::membership::{IssuePath, Membership, SessionBound};
+use crate::cluster::membership::{Membership, SessionBound};
 use crate::cluster::supervisor::ClusterSpec;
 use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
@@ -171,21 +171,6 @@ fn instance_id(config: &Config, advertise: SocketAddr) -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "idgen".into());
     format!("{host}-{}", advertise.port())
-}
-
-/// The issue path as membership drives it.
-impl IssuePath for Issuer {
-    fn fence(&self) {
-        Issuer::fence(self);
-    }
-
-    fn set_deadline(&self, at: std::time::Instant) {
-        self.set_lease_deadline(at);
-    }
-
-    fn install(&self, generator: Arc<crate::id::Snowflake>) {
-        Issuer::install(self, generator);
-    }
 }
 
 /// Lease mode's token in a cluster: held under the worker lock's session,
