@@ -75,11 +75,9 @@ pub mod error;
 pub mod id;
 pub mod metrics;
 pub mod modes;
-pub mod notify;
+pub mod node;
 pub mod reload;
-pub mod renewal;
 pub mod server;
-pub mod shutdown;
 pub mod store;
 
 pub use error::Error;

@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 
 use idgen::config::{Config, LogFormat};
 use idgen::id::{Clock, OffsetClock, SystemClock};
-use idgen::server::Node;
+use idgen::node::Node;
 
 use super::args::ServeArgs;
 
@@ -81,7 +81,8 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     init_logging(&config)?;
     // Before anything slow: a signal during start-up then means "stop once
     // started", never an abrupt default-action exit.
-    let mut stop = Box::pin(idgen::shutdown::signal().context("cannot install signal handlers")?);
+    let mut stop =
+        Box::pin(idgen::node::shutdown::signal().context("cannot install signal handlers")?);
     if a.test_clock_offset_ms != 0 {
         tracing::warn!(
             offset_ms = a.test_clock_offset_ms,
@@ -131,7 +132,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     );
     // systemd (Type=notify): ready now, stopping at the signal, watchdog
     // pings meanwhile; all no-ops without NOTIFY_SOCKET.
-    let notifier = idgen::notify::Notifier::from_env();
+    let notifier = idgen::node::systemd::Notifier::from_env();
     notifier.ready(&format!(
         "serving gRPC on {}, HTTP on {}",
         grpc.local_addr()?,

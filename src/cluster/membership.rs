@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, Snowflake};
 use crate::metrics as m;
 use crate::modes::gate::IssueGate;
-use crate::renewal::RenewalThread;
+use crate::node::renewal::RenewalThread;
 use crate::store::consul::OwnerInfo;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::{HwmKeeper, HwmStore, StoreError, WorkerKey};

@@ -45,7 +45,7 @@ use crate::store::{HwmKeeper, WorkerKey};
 use super::membership::SessionBound;
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
 use crate::modes::gate::IssueGate;
-use crate::renewal::RenewalThread;
+use crate::node::renewal::RenewalThread;
 
 /// First pause between claim attempts after fencing; doubles up to
 /// `consul.reclaim_backoff_max`.

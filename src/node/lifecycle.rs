@@ -9,11 +9,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use super::{admin, grpc, health, http, instance_id, listener, request_size, tls};
-use super::{Node, ServeError, ShutdownReport};
+use super::{instance_id, Node, ServeError, ShutdownReport};
 use crate::config::Config;
 use crate::modes::Issuer;
 use crate::proto;
+use crate::server::{admin, grpc, health, http, listener, request_size, tls};
 use tokio_rustls::TlsAcceptor;
 
 type Served = JoinHandle<()>;
