@@ -16,10 +16,10 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, Snowflake};
 use crate::metrics as m;
 use crate::modes::gate::IssueGate;
-use crate::node::renewal::RenewalThread;
 use crate::store::consul::OwnerInfo;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::{HwmKeeper, HwmStore, StoreError, WorkerKey};
+use tokio::runtime::Handle;
 
 /// What a node holds under its worker lock's session besides the lock
 /// (lease mode's token), built at assembly: moved to the new session
@@ -33,6 +33,20 @@ pub trait SessionBound: Send + Sync + 'static {
     async fn release(&self);
 }
 
+/// Runs `f` on `runtime` (the node's renewal thread, where the claim's
+/// mark renewal and the supervisor then live) and waits for its result,
+/// from any runtime.
+pub async fn on_renewal_thread<F>(runtime: &Handle, f: F) -> Result<F::Output, Error>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    runtime
+        .spawn(f)
+        .await
+        .map_err(|e| Error::Setup(format!("renewal thread task failed: {e}")))
+}
+
 /// How a node holds its worker id and high-water mark.
 pub enum Membership {
     /// The embedded state file; the worker id comes from the configuration.
@@ -43,18 +57,19 @@ pub enum Membership {
 
 impl Membership {
     /// Starts the generator of the configured worker id above its mark in
-    /// `store`, on `renewal`'s thread (where the mark renewal then runs).
+    /// `store`, on the `renewal` runtime (where the mark renewal then runs).
     pub async fn join_static(
         store: Arc<dyn HwmStore>,
         key: WorkerKey,
         layout: Layout,
         clock: Arc<dyn Clock>,
         settings: HwmSettings,
-        renewal: &RenewalThread,
+        renewal: &Handle,
     ) -> Result<Self, Error> {
-        let (generator, keeper) = renewal
-            .run(async move { HwmKeeper::start(store, key, layout, clock, settings).await })
-            .await??;
+        let (generator, keeper) = on_renewal_thread(renewal, async move {
+            HwmKeeper::start(store, key, layout, clock, settings).await
+        })
+        .await??;
         drop(generator);
         metrics::gauge!(m::WORKER_ID, "datacenter" => key.datacenter.to_string())
             .set(key.worker as f64);
@@ -66,7 +81,7 @@ impl Membership {
     pub async fn join_consul(
         spec: ClusterSpec,
         clock: Arc<dyn Clock>,
-        renewal: &RenewalThread,
+        renewal: &Handle,
     ) -> Result<Self, Error> {
         Ok(Self::Consul(Box::new(
             Cluster::start(spec, clock, renewal).await?,

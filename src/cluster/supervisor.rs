@@ -9,7 +9,7 @@
 //!    Before the claim it compares its layout with the cluster's record
 //!    (`store::cluster_layout`); claims, mark renewals, session renewals
 //!    and the supervisor run on the node's renewal thread
-//!    ([`crate::renewal`]) with a Consul client of their own, so a busy
+//!    (the `renewal` runtime handle it is given) with a Consul client of their own, so a busy
 //!    request runtime cannot starve them.
 //! 2. [`Cluster::run`] (once the gRPC server is up) spawns the supervisor
 //!    and registers the service in the background. The supervisor renews
@@ -42,10 +42,10 @@ use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
+use super::membership::on_renewal_thread;
 use super::membership::SessionBound;
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
 use crate::modes::gate::IssueGate;
-use crate::node::renewal::RenewalThread;
 
 /// First pause between claim attempts after fencing; doubles up to
 /// `consul.reclaim_backoff_max`.
@@ -130,7 +130,7 @@ impl Cluster {
     pub async fn start(
         spec: ClusterSpec,
         clock: Arc<dyn Clock>,
-        renewal: &RenewalThread,
+        renewal: &tokio::runtime::Handle,
     ) -> Result<Self, Error> {
         let client = ConsulClient::new(spec.config.client.clone())?;
         let coord = ConsulClient::new(spec.config.client.clone())?;
@@ -143,9 +143,7 @@ impl Cluster {
         }
         let held = {
             let (spec, coord, clock) = (Arc::clone(&spec), coord.clone(), Arc::clone(&clock));
-            renewal
-                .run(async move { claim(&spec, &coord, &clock).await })
-                .await??
+            on_renewal_thread(renewal, async move { claim(&spec, &coord, &clock).await }).await??
         };
         let registration =
             registration_for(&spec, &client, held.lease.key()).map_err(Error::Setup)?;
@@ -154,7 +152,7 @@ impl Cluster {
             spec,
             client,
             coord,
-            renewal: renewal.handle().clone(),
+            renewal: renewal.clone(),
             clock,
             held,
             registration,

@@ -151,7 +151,8 @@ impl Node {
         let (spec, keys) = cluster_spec(&config, cluster)?;
         register_series(&config, "consul");
         let renewal = start_renewal()?;
-        let membership = Membership::join_consul(spec, Arc::clone(&clock), &renewal).await?;
+        let membership =
+            Membership::join_consul(spec, Arc::clone(&clock), renewal.handle()).await?;
         let Membership::Consul(claimed) = &membership else {
             return Err(Error::Setup("a Consul member without a claim".into()));
         };
@@ -224,8 +225,15 @@ impl Node {
         // Started on the renewal thread, so its renewal task lives there.
         let renewal = start_renewal()?;
         let (layout, hwm) = (config.layout, config.hwm);
-        let membership =
-            Membership::join_static(store, key, layout, Arc::clone(&clock), hwm, &renewal).await?;
+        let membership = Membership::join_static(
+            store,
+            key,
+            layout,
+            Arc::clone(&clock),
+            hwm,
+            renewal.handle(),
+        )
+        .await?;
         let mut node = Self::assemble(config, clock, membership, stores, (metrics, renewal))?;
         let issuer = Arc::clone(&node.issuer);
         node.state_watch = Some(
