@@ -10,5 +10,6 @@
 
 pub mod membership;
 pub mod registration;
+pub mod settings;
 pub mod supervisor;
 pub mod worker_lock;

@@ -30,8 +30,8 @@ use arc_swap::ArcSwap;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use super::settings::ClusterConfig;
 use super::worker_lock::{DeadlineHook, WorkerChoice, WorkerLock};
-use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
