@@ -39,7 +39,6 @@ use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
 use crate::store::consul::{ConsulHwmStore, OwnerInfo};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
-use crate::store::lease::ConsulTokens;
 use crate::store::{HwmKeeper, WorkerKey};
 
 use super::membership::on_renewal_thread;
@@ -73,7 +72,7 @@ pub struct ClusterSpec {
     /// The gRPC address clients and the agent dial.
     pub advertise: SocketAddr,
     /// Lease mode's zone, when lease mode is enabled: a lease token is
-    /// held under the worker id's session.
+    /// held under the worker id's session (the node takes it).
     pub lease_zone: Option<u64>,
     /// The HTTP (metrics) port advertised in the registration's `Meta`.
     pub metrics_port: Option<u16>,
@@ -91,24 +90,6 @@ struct Claim {
     lease: Arc<WorkerLock>,
     keeper: KeeperHandle,
     owner: OwnerInfo,
-}
-
-impl Claim {
-    /// Lease tokens held under this worker id's session.
-    fn tokens(
-        &self,
-        spec: &ClusterSpec,
-        client: &ConsulClient,
-        zone: u64,
-    ) -> Result<ConsulTokens, crate::store::StoreError> {
-        ConsulTokens::new(
-            client.clone(),
-            spec.config.keys.clone(),
-            zone,
-            self.lease.session().to_owned(),
-            self.owner.clone(),
-        )
-    }
 }
 
 /// A node's place in the cluster, claimed but not yet supervised.
@@ -178,11 +159,6 @@ impl Cluster {
     /// The worker id held now.
     pub fn key(&self) -> WorkerKey {
         self.held.lease.key()
-    }
-
-    /// Lease tokens of `zone`, held under the worker id's session.
-    pub fn tokens(&self, zone: u64) -> Result<ConsulTokens, crate::store::StoreError> {
-        self.held.tokens(&self.spec, &self.client, zone)
     }
 
     /// The worker lock's session and what its value says about this node.

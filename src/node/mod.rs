@@ -39,7 +39,7 @@ use crate::modes::format_catalog::FormatCatalog;
 pub use crate::modes::{decode_snowflake, Decoded, Issuer};
 use crate::server::tls;
 use crate::store::format_tokens::{ConsulFormatTokens, FormatTokens};
-use crate::store::lease::TokenStore;
+use crate::store::lease::{ConsulTokens, TokenStore};
 use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::{PeriodicThread, StateFileWatch};
 use crate::store::strict::ConsulStrictStore;
@@ -167,7 +167,16 @@ impl Node {
             ))
         };
         let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
-            Some(l) => Some(Arc::new(claimed.tokens(l.zone)?)),
+            Some(l) => {
+                let (session, owner) = claimed.session();
+                Some(Arc::new(ConsulTokens::new(
+                    client.clone(),
+                    keys.clone(),
+                    l.zone,
+                    session.to_owned(),
+                    owner.clone(),
+                )?))
+            }
             None => None,
         };
         let stores = ModeStores {
