@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 
 use idgen::config::{Config, LogFormat};
 use idgen::id::{Clock, OffsetClock, SystemClock};
-use idgen::node::Node;
+use idgen::node::{FormatConfigSource, Node};
 
 use super::args::ServeArgs;
 
@@ -54,19 +54,12 @@ fn config_reader(
     path: Option<std::path::PathBuf>,
     overrides: idgen::config::Overrides,
     clock: Arc<dyn Clock>,
-) -> idgen::modes::format_catalog::ConfigSource {
+) -> FormatConfigSource {
     Arc::new(move || {
         Config::load(path.as_deref(), &overrides, clock.now_millis())
             .map(|c| c.formatted.formats)
             .map_err(|e| e.to_string())
     })
-}
-
-/// SIGHUP reads the config file's `[[formats]]` again through `reread`.
-fn install_reader(node: &Node, reread: idgen::modes::format_catalog::ConfigSource) {
-    if let Some(catalog) = node.format_catalog() {
-        catalog.set_config_source(reread);
-    }
 }
 
 /// Runs the ID service until a signal, then shuts down in order.
@@ -122,7 +115,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
             bail!("stopped by a signal while starting");
         }
     };
-    install_reader(&node, reread);
+    node.reread_formats_with(reread);
     tracing::info!(
         // Rounded to 0.1 ms: a log field, not a measurement.
         startup_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0,

@@ -36,6 +36,8 @@ use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
 use crate::modes::format_catalog::FormatCatalog;
+/// Reads the config file's `[[formats]]` again (for SIGHUP reloads).
+pub use crate::modes::format_catalog::ConfigSource as FormatConfigSource;
 pub use crate::modes::{decode_snowflake, Decoded, Issuer};
 use crate::server::tls;
 use crate::store::format_tokens::{ConsulFormatTokens, FormatTokens};
@@ -310,6 +312,14 @@ impl Node {
     /// The stored format definitions and their reloads.
     pub fn format_catalog(&self) -> Option<&Arc<FormatCatalog>> {
         self.formats.as_ref()
+    }
+
+    /// SIGHUP reads the config file's `[[formats]]` again through
+    /// `reread` (nothing to do when formatted mode has no catalog).
+    pub fn reread_formats_with(&self, reread: FormatConfigSource) {
+        if let Some(catalog) = &self.formats {
+            catalog.set_config_source(reread);
+        }
     }
 
     fn assemble(
