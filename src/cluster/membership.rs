@@ -33,6 +33,19 @@ pub trait SessionBound: Send + Sync + 'static {
     async fn release(&self);
 }
 
+/// Why a node could not join the cluster (take its worker id and start
+/// its generator above the stored mark); nothing was issued.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// No worker id could be claimed in Consul.
+    #[error(transparent)]
+    WorkerLock(#[from] super::worker_lock::WorkerLockError),
+    /// Consul, the cluster's layout record, the store or the start-up rule
+    /// refused.
+    #[error(transparent)]
+    Node(#[from] Error),
+}
+
 /// Runs `f` on `runtime` (the node's renewal thread, where the claim's
 /// mark renewal and the supervisor then live) and waits for its result,
 /// from any runtime.
@@ -82,7 +95,7 @@ impl Membership {
         spec: ClusterSpec,
         clock: Arc<dyn Clock>,
         renewal: &Handle,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, JoinError> {
         Ok(Self::Consul(Box::new(
             Cluster::start(spec, clock, renewal).await?,
         )))

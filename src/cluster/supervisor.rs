@@ -41,8 +41,8 @@ use crate::store::consul::{ConsulHwmStore, OwnerInfo};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::{HwmKeeper, WorkerKey};
 
-use super::membership::on_renewal_thread;
 use super::membership::SessionBound;
+use super::membership::{on_renewal_thread, JoinError};
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
 use crate::modes::gate::IssueGate;
 
@@ -112,9 +112,9 @@ impl Cluster {
         spec: ClusterSpec,
         clock: Arc<dyn Clock>,
         renewal: &tokio::runtime::Handle,
-    ) -> Result<Self, Error> {
-        let client = ConsulClient::new(spec.config.client.clone())?;
-        let coord = ConsulClient::new(spec.config.client.clone())?;
+    ) -> Result<Self, JoinError> {
+        let client = ConsulClient::new(spec.config.client.clone()).map_err(Error::from)?;
+        let coord = ConsulClient::new(spec.config.client.clone()).map_err(Error::from)?;
         let spec = Arc::new(spec);
         metrics::counter!(m::FENCINGS).increment(0);
         if spec.config.client.tls.is_some() {
@@ -304,7 +304,7 @@ async fn claim(
     spec: &ClusterSpec,
     client: &ConsulClient,
     clock: &Arc<dyn Clock>,
-) -> Result<Claim, Error> {
+) -> Result<Claim, JoinError> {
     let owner = OwnerInfo {
         instance: spec.instance.clone(),
         address: spec.advertise.to_string(),
@@ -312,7 +312,9 @@ async fn claim(
     };
     // The cluster's layout first: a node on another layout must not even
     // take a worker id.
-    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, &spec.layout_preset).await?;
+    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, &spec.layout_preset)
+        .await
+        .map_err(Error::from)?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -377,7 +379,7 @@ async fn claim(
                 metrics::counter!(m::WORKER_IDS_SKIPPED).increment(1);
                 poisoned.push(key.worker);
             }
-            _ => return Err(e),
+            _ => return Err(e.into()),
         }
     }
 }
@@ -526,7 +528,9 @@ async fn reclaim(
                     let _ = late.lease.release().await;
                     tracing::warn!("claimed a worker id too slowly to use it; trying again");
                 }
-                Err(Error::ClusterLayout(e @ ClusterLayoutError::Mismatch { .. })) => {
+                Err(JoinError::Node(Error::ClusterLayout(
+                    e @ ClusterLayoutError::Mismatch { .. },
+                ))) => {
                     tracing::error!(
                         error = %e,
                         "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"

@@ -30,14 +30,14 @@ use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::cluster::membership::{Membership, SessionBound};
+use crate::cluster::membership::{JoinError, Membership, SessionBound};
 use crate::config::{Backend, ClusterConfig, Config};
 use crate::error::Error;
 use crate::id::Clock;
 use crate::metrics as m;
-use crate::modes::format_catalog::FormatCatalog;
 /// Reads the config file's `[[formats]]` again (for SIGHUP reloads).
 pub use crate::modes::format_catalog::ConfigSource as FormatConfigSource;
+use crate::modes::format_catalog::FormatCatalog;
 pub use crate::modes::{decode_snowflake, Decoded, Issuer};
 use crate::server::tls;
 use crate::store::format_tokens::{ConsulFormatTokens, FormatTokens};
@@ -66,6 +66,18 @@ fn register_series(config: &Config, backend: &'static str) {
         // Formats can be created through the admin API at any time.
         formatted: true,
     });
+}
+
+/// Why a node could not start; nothing was issued.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeStartError {
+    /// It could not join the cluster (no worker id free, Consul or the
+    /// cluster's layout refused, the clock behind the stored mark).
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    /// The store, a mode or the process set-up failed.
+    #[error(transparent)]
+    Node(#[from] Error),
 }
 
 /// Why serving stopped abnormally.
@@ -122,7 +134,7 @@ impl Node {
     /// nothing, if the state file is missing or made for another layout,
     /// Consul cannot be reached or refuses, no worker id is free, or the
     /// clock is too far behind the stored mark.
-    pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+    pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<Self, NodeStartError> {
         let metrics = m::install().map_err(Error::Setup)?;
         // A wrong certificate or key stops the node before it claims
         // anything.
@@ -139,7 +151,7 @@ impl Node {
                 init_if_missing,
             } => {
                 let file = (path.clone(), *init_if_missing);
-                Self::start_embedded(config, file, clock, metrics).await
+                Ok(Self::start_embedded(config, file, clock, metrics).await?)
             }
         }
     }
@@ -149,14 +161,14 @@ impl Node {
         cluster: ClusterConfig,
         clock: Arc<dyn Clock>,
         metrics: PrometheusHandle,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, NodeStartError> {
         let (spec, keys) = cluster_spec(&config, cluster)?;
         register_series(&config, "consul");
         let renewal = start_renewal()?;
         let membership =
             Membership::join_consul(spec, Arc::clone(&clock), renewal.handle()).await?;
         let Membership::Consul(claimed) = &membership else {
-            return Err(Error::Setup("a Consul member without a claim".into()));
+            return Err(Error::Setup("a Consul member without a claim".into()).into());
         };
         let client = claimed.client().clone();
         let format_tokens = {
@@ -171,13 +183,16 @@ impl Node {
         let lease: Option<Arc<dyn TokenStore>> = match &config.lease {
             Some(l) => {
                 let (session, owner) = claimed.session();
-                Some(Arc::new(ConsulTokens::new(
-                    client.clone(),
-                    keys.clone(),
-                    l.zone,
-                    session.to_owned(),
-                    owner.clone(),
-                )?))
+                Some(Arc::new(
+                    ConsulTokens::new(
+                        client.clone(),
+                        keys.clone(),
+                        l.zone,
+                        session.to_owned(),
+                        owner.clone(),
+                    )
+                    .map_err(Error::from)?,
+                ))
             }
             None => None,
         };
@@ -211,7 +226,7 @@ impl Node {
             // Until the supervisor takes over, the claim's own deadline.
             node.issuer.set_lease_deadline(deadline);
         }
-        node.prime().await
+        Ok(node.prime().await?)
     }
 
     async fn start_embedded(
