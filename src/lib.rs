@@ -43,7 +43,8 @@
 //!   seam (static on the embedded store, claimed in Consul);
 //!   [`cluster::worker_lock`] claims a worker id with a session lock,
 //!   [`cluster::supervisor`] renews, fences and re-claims,
-//!   [`cluster::registration`] registers the node with a gRPC health check.
+//!   [`cluster::registration`] registers the node with a gRPC health check;
+//!   [`cluster::settings`] holds the validated `[consul]` section.
 //! - [`consul`]: a thin Consul HTTP client (KV, sessions, txn, agent,
 //!   health) with timeouts, safe retries and typed errors.
 //! - [`node`]: the running [`node::Node`]: assembly of the stores
