@@ -1,4 +1,4 @@
-//! The front ends over one [`Issuer`](crate::modes::Issuer): gRPC
+//! The front ends over one [`Issuer`]: gRPC
 //! (`idgen.v1.IdGen`, `idgen.v1.Admin`, health, reflection), the HTTP JSON
 //! API and metrics, the admin console, the listener with its connection
 //! bounds, TLS, and the one mapping of errors to gRPC codes and HTTP
