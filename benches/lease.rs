@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use idgen::modes::lease::{LeaseSettings, Leases};
+use idgen::modes::lease::{LeaseEngine, LeaseSettings};
 use idgen::store::lease::EmbeddedLeaseTokens;
 use idgen::store::EmbeddedStore;
 
@@ -26,7 +26,7 @@ fn bench(c: &mut Criterion) {
         .expect("runtime");
     let store = EmbeddedStore::create(&dir.path().join("s.redb"), "bench").expect("store");
     let tokens = EmbeddedLeaseTokens::new(store, 0, 0, (0, 63)).expect("tokens");
-    let leases = Arc::new(Leases::new(
+    let leases = Arc::new(LeaseEngine::new(
         Arc::new(tokens),
         LeaseSettings {
             block: 10_000_000,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use idgen::id::segment::{Tag, TagRecord};
 use idgen::id::SystemClock;
-use idgen::modes::segment::{SegmentSettings, Segments};
+use idgen::modes::segment::{SegmentEngine, SegmentSettings};
 use idgen::store::{EmbeddedStore, SegmentStore};
 
 fn bench(c: &mut Criterion) {
@@ -25,7 +25,7 @@ fn bench(c: &mut Criterion) {
     let tag = Tag::parse("bench").expect("tag");
     rt.block_on(store.create_tag(&tag, &TagRecord::new(0, 1_000_000, "", 1).expect("record")))
         .expect("create tag");
-    let segments = Arc::new(Segments::new(
+    let segments = Arc::new(SegmentEngine::new(
         store,
         Arc::new(SystemClock),
         SegmentSettings {

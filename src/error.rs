@@ -1,4 +1,6 @@
-//! The crate-wide error: every way a request or a start can fail.
+//! The crate-wide error: every way a request can fail, and the start-up
+//! failures of the layers below the cluster. A worker id that cannot be
+//! claimed is the cluster's own error (`cluster::membership::JoinError`).
 //!
 //! Core errors stay typed all the way up; `server::status` is the one place
 //! they become gRPC codes and HTTP statuses.
@@ -30,9 +32,6 @@ pub enum Error {
     /// The state store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// A worker id could not be claimed in Consul.
-    #[error(transparent)]
-    WorkerLock(#[from] crate::cluster::worker_lock::WorkerLockError),
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] crate::consul::ConsulError),
@@ -87,8 +86,7 @@ impl Error {
             Self::Store(e) => e.kind(),
             Self::ClusterLayout(e) => e.kind(),
             Self::Setup(_) => ErrorKind::Internal,
-            Self::WorkerLock(_)
-            | Self::Consul(_)
+            Self::Consul(_)
             | Self::Fenced
             | Self::SegmentUnavailable { .. }
             | Self::LeaseUnavailable { .. }

@@ -40,21 +40,32 @@
 //!   snapshot restore ([`store::skip_ahead`]).
 //! - [`modes`]: the engines that serve each mode from its store
 //!   ([`modes::snowflake`], [`modes::segment`], [`modes::lease`],
-//!   [`modes::strict`], [`modes::format`] for formatted IDs) and the
-//!   [`modes::Issuer`] that checks a request
-//!   and dispatches it to one; Lua rules run on [`modes::lua_pool`]'s
-//!   threads, off the request runtime, under a deadline.
+//!   [`modes::strict`], [`modes::formatted`] for formatted IDs, with
+//!   [`modes::format_catalog`] turning stored format definitions into the
+//!   formats it serves) and the [`modes::Issuer`] that checks a request
+//!   and dispatches it to one, passing [`modes::gate`]'s `IssueGate`
+//!   (fenced, lock deadline) for snowflake, lease and formatted; Lua rules
+//!   run on [`modes::lua_pool`]'s threads, off the request runtime, under
+//!   a deadline.
 //! - [`cluster`]: membership. [`cluster::membership::Membership`] is the
 //!   seam (static on the embedded store, claimed in Consul);
 //!   [`cluster::worker_lock`] claims a worker id with a session lock,
 //!   [`cluster::supervisor`] renews, fences and re-claims,
 //!   [`cluster::registration`] registers the node with a gRPC health check,
 //!   [`cluster::holders`] reads and releases the holders of worker ids and
-//!   tokens for the admin API.
+//!   tokens for the admin API; [`cluster::settings`] holds the validated
+//!   `[consul]` section.
 //! - [`consul`]: a thin Consul HTTP client (KV, sessions, txn, agent,
 //!   health) with timeouts, safe retries and typed errors.
-//! - [`server`]: the front ends only. The running [`server::Node`] (start
-//!   and ordered shutdown), gRPC (`idgen.v1.IdGen`, `idgen.v1.Admin`,
+//! - [`node`]: the running [`node::Node`]: assembly of the stores
+//!   (`node/stores.rs`), the Issuer (`node/issuer.rs`), the cluster spec
+//!   (`node/cluster.rs`) and what the worker lock's session holds
+//!   (`node/session_bound.rs`); serving and ordered shutdown
+//!   (`node/lifecycle.rs`); the process pieces: [`node::renewal`] (the
+//!   thread that keeps marks and the worker lock alive whatever the
+//!   request load), [`node::shutdown`] (SIGTERM/SIGINT) and
+//!   [`node::systemd`] (readiness, stopping and watchdog notices).
+//! - [`server`]: the front ends only: gRPC (`idgen.v1.IdGen`, `idgen.v1.Admin`,
 //!   health, reflection), HTTP (`/metrics`, `/healthz`, `/readyz`,
 //!   `/v1/...`, the admin console at `/admin/`), the health monitor, the
 //!   connection listener (with its per-peer limits), the admin service
@@ -62,13 +73,10 @@
 //!   per-peer throttle, tags, strict, holders, layout, formats, backup), and
 //!   [`server::status`], where error kinds become gRPC codes and HTTP
 //!   statuses.
-//! - [`renewal`]: the thread that keeps marks and the worker lock alive
-//!   whatever the request load.
 //! - [`config`]: TOML + environment + CLI configuration, validated into
 //!   typed settings per section.
 //! - [`error`]: the crate-wide error; [`metrics`]: every exported metric
-//!   and its label values; [`shutdown`]: SIGTERM/SIGINT handling;
-//!   [`notify`]: systemd readiness, stopping and watchdog notices;
+//!   and its label values;
 //!   [`reload`]: files read again when they change or on SIGHUP;
 //!   [`bench`](mod@bench): the `idgen bench` load generator.
 //! - [`proto`]: the `idgen-proto` crate (`proto/`), generated from
@@ -86,11 +94,9 @@ pub mod error;
 pub mod id;
 pub mod metrics;
 pub mod modes;
-pub mod notify;
+pub mod node;
 pub mod reload;
-pub mod renewal;
 pub mod server;
-pub mod shutdown;
 pub mod store;
 
 pub use error::Error;

@@ -19,7 +19,7 @@ use common::{run_idgen, test_config, write_child_config, write_cluster_config, C
 use idgen::config::{Config, FormattedSettings};
 use idgen::id::format::{FormatDef, Reset};
 use idgen::id::{Clock, SystemClock};
-use idgen::modes::format_reload::FormatCatalog;
+use idgen::modes::format_catalog::FormatCatalog;
 use idgen::modes::Issuer;
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, id_gen_client::IdGenClient};

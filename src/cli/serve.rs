@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 
 use idgen::config::{Config, LogFormat};
 use idgen::id::{Clock, OffsetClock, SystemClock};
-use idgen::server::Node;
+use idgen::node::{FormatConfigSource, Node};
 
 use super::args::ServeArgs;
 
@@ -54,19 +54,12 @@ fn config_reader(
     path: Option<std::path::PathBuf>,
     overrides: idgen::config::Overrides,
     clock: Arc<dyn Clock>,
-) -> idgen::modes::format_reload::ConfigSource {
+) -> FormatConfigSource {
     Arc::new(move || {
         Config::load(path.as_deref(), &overrides, clock.now_millis())
             .map(|c| c.formatted.formats)
             .map_err(|e| e.to_string())
     })
-}
-
-/// SIGHUP reads the config file's `[[formats]]` again through `reread`.
-fn install_reader(node: &Node, reread: idgen::modes::format_reload::ConfigSource) {
-    if let Some(catalog) = node.format_catalog() {
-        catalog.set_config_source(reread);
-    }
 }
 
 /// Runs the ID service until a signal, then shuts down in order.
@@ -81,7 +74,8 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     init_logging(&config)?;
     // Before anything slow: a signal during start-up then means "stop once
     // started", never an abrupt default-action exit.
-    let mut stop = Box::pin(idgen::shutdown::signal().context("cannot install signal handlers")?);
+    let mut stop =
+        Box::pin(idgen::node::shutdown::signal().context("cannot install signal handlers")?);
     if a.test_clock_offset_ms != 0 {
         tracing::warn!(
             offset_ms = a.test_clock_offset_ms,
@@ -121,7 +115,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
             bail!("stopped by a signal while starting");
         }
     };
-    install_reader(&node, reread);
+    node.reread_formats_with(reread);
     tracing::info!(
         // Rounded to 0.1 ms: a log field, not a measurement.
         startup_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0,
@@ -131,7 +125,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     );
     // systemd (Type=notify): ready now, stopping at the signal, watchdog
     // pings meanwhile; all no-ops without NOTIFY_SOCKET.
-    let notifier = idgen::notify::Notifier::from_env();
+    let notifier = idgen::node::systemd::Notifier::from_env();
     notifier.ready(&format!(
         "serving gRPC on {}, HTTP on {}",
         grpc.local_addr()?,

@@ -15,20 +15,11 @@ use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout, Snowflake};
 use crate::metrics as m;
-use crate::renewal::RenewalThread;
+use crate::modes::gate::IssueGate;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
 use crate::store::keys::OwnerInfo;
 use crate::store::{HwmKeeper, HwmStore, StoreError, WorkerKey};
-
-/// What membership changes on the node's issue path.
-pub trait IssuePath: Send + Sync + 'static {
-    /// Stops issuing at once (the worker id may no longer be this node's).
-    fn fence(&self);
-    /// The local deadline of the worker lock: nothing is issued after it.
-    fn set_deadline(&self, at: Instant);
-    /// Issues from `generator` (a re-claimed worker id) from now on.
-    fn install(&self, generator: Arc<Snowflake>);
-}
+use tokio::runtime::Handle;
 
 /// What a node holds under its worker lock's session besides the lock
 /// (lease mode's token), built at assembly: moved to the new session
@@ -42,6 +33,33 @@ pub trait SessionBound: Send + Sync + 'static {
     async fn release(&self);
 }
 
+/// Why a node could not join the cluster (take its worker id and start
+/// its generator above the stored mark); nothing was issued.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// No worker id could be claimed in Consul.
+    #[error(transparent)]
+    WorkerLock(#[from] super::worker_lock::WorkerLockError),
+    /// Consul, the cluster's layout record, the store or the start-up rule
+    /// refused.
+    #[error(transparent)]
+    Node(#[from] Error),
+}
+
+/// Runs `f` on `runtime` (the node's renewal thread, where the claim's
+/// mark renewal and the supervisor then live) and waits for its result,
+/// from any runtime.
+pub async fn on_renewal_thread<F>(runtime: &Handle, f: F) -> Result<F::Output, Error>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    runtime
+        .spawn(f)
+        .await
+        .map_err(|e| Error::Setup(format!("renewal thread task failed: {e}")))
+}
+
 /// How a node holds its worker id and high-water mark.
 pub enum Membership {
     /// The embedded state file; the worker id comes from the configuration.
@@ -52,18 +70,19 @@ pub enum Membership {
 
 impl Membership {
     /// Starts the generator of the configured worker id above its mark in
-    /// `store`, on `renewal`'s thread (where the mark renewal then runs).
+    /// `store`, on the `renewal` runtime (where the mark renewal then runs).
     pub async fn join_static(
         store: Arc<dyn HwmStore>,
         key: WorkerKey,
         layout: Layout,
         clock: Arc<dyn Clock>,
         settings: HwmSettings,
-        renewal: &RenewalThread,
+        renewal: &Handle,
     ) -> Result<Self, Error> {
-        let (generator, keeper) = renewal
-            .run(async move { HwmKeeper::start(store, key, layout, clock, settings).await })
-            .await??;
+        let (generator, keeper) = on_renewal_thread(renewal, async move {
+            HwmKeeper::start(store, key, layout, clock, settings).await
+        })
+        .await??;
         drop(generator);
         metrics::gauge!(m::WORKER_ID, "datacenter" => key.datacenter.to_string())
             .set(key.worker as f64);
@@ -75,8 +94,8 @@ impl Membership {
     pub async fn join_consul(
         spec: ClusterSpec,
         clock: Arc<dyn Clock>,
-        renewal: &RenewalThread,
-    ) -> Result<Self, Error> {
+        renewal: &Handle,
+    ) -> Result<Self, JoinError> {
         Ok(Self::Consul(Box::new(
             Cluster::start(spec, clock, renewal).await?,
         )))
@@ -116,14 +135,11 @@ impl Membership {
 
     /// Starts supervising (in a cluster: renewals, fencing, re-claims,
     /// registration). Call once the gRPC server answers health checks.
-    pub async fn run(
-        self,
-        node: Arc<dyn IssuePath>,
-        bound: Option<Arc<dyn SessionBound>>,
-    ) -> Running {
+    /// `gate` is the issue path's gate the supervisor fences and re-arms.
+    pub async fn run(self, gate: Arc<IssueGate>, bound: Option<Arc<dyn SessionBound>>) -> Running {
         match self {
             Self::Static(keeper) => Running::Static(keeper),
-            Self::Consul(cluster) => Running::Consul(cluster.run(node, bound).await),
+            Self::Consul(cluster) => Running::Consul(cluster.run(gate, bound).await),
         }
     }
 }

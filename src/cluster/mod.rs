@@ -14,5 +14,6 @@
 pub mod holders;
 pub mod membership;
 pub mod registration;
+pub mod settings;
 pub mod supervisor;
 pub mod worker_lock;

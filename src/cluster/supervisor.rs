@@ -9,7 +9,7 @@
 //!    Before the claim it compares its layout with the cluster's record
 //!    (`store::cluster_layout`); claims, mark renewals, session renewals
 //!    and the supervisor run on the node's renewal thread
-//!    ([`crate::renewal`]) with a Consul client of their own, so a busy
+//!    (the `renewal` runtime handle it is given) with a Consul client of their own, so a busy
 //!    request runtime cannot starve them.
 //! 2. [`Cluster::run`] (once the gRPC server is up) spawns the supervisor
 //!    and registers the service in the background. The supervisor renews
@@ -30,21 +30,21 @@ use arc_swap::ArcSwap;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use super::settings::ClusterConfig;
 use super::worker_lock::{DeadlineHook, WorkerChoice, WorkerLock};
-use crate::config::ClusterConfig;
 use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
 use crate::store::hwm::{HwmSettings, KeeperHandle};
-use crate::store::lease::ConsulLeaseTokens;
 use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
 use crate::store::{HwmKeeper, WorkerKey};
 
-use super::membership::{IssuePath, SessionBound};
+use super::membership::SessionBound;
+use super::membership::{on_renewal_thread, JoinError};
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
-use crate::renewal::RenewalThread;
+use crate::modes::gate::IssueGate;
 
 /// First pause between claim attempts after fencing; doubles up to
 /// `consul.reclaim_backoff_max`.
@@ -72,7 +72,7 @@ pub struct ClusterSpec {
     /// The gRPC address clients and the agent dial.
     pub advertise: SocketAddr,
     /// Lease mode's zone, when lease mode is enabled: a lease token is
-    /// held under the worker id's session.
+    /// held under the worker id's session (the node takes it).
     pub lease_zone: Option<u64>,
     /// The HTTP (metrics) port advertised in the registration's `Meta`.
     pub metrics_port: Option<u16>,
@@ -90,24 +90,6 @@ struct Claim {
     lease: Arc<WorkerLock>,
     keeper: KeeperHandle,
     owner: OwnerInfo,
-}
-
-impl Claim {
-    /// Lease tokens held under this worker id's session.
-    fn tokens(
-        &self,
-        spec: &ClusterSpec,
-        client: &ConsulClient,
-        zone: u64,
-    ) -> Result<ConsulLeaseTokens, crate::store::StoreError> {
-        ConsulLeaseTokens::new(
-            client.clone(),
-            spec.config.keys.clone(),
-            zone,
-            self.lease.session().to_owned(),
-            self.owner.clone(),
-        )
-    }
 }
 
 /// A node's place in the cluster, claimed but not yet supervised.
@@ -129,10 +111,10 @@ impl Cluster {
     pub async fn start(
         spec: ClusterSpec,
         clock: Arc<dyn Clock>,
-        renewal: &RenewalThread,
-    ) -> Result<Self, Error> {
-        let client = ConsulClient::new(spec.config.client.clone())?;
-        let coord = ConsulClient::new(spec.config.client.clone())?;
+        renewal: &tokio::runtime::Handle,
+    ) -> Result<Self, JoinError> {
+        let client = ConsulClient::new(spec.config.client.clone()).map_err(Error::from)?;
+        let coord = ConsulClient::new(spec.config.client.clone()).map_err(Error::from)?;
         let spec = Arc::new(spec);
         metrics::counter!(m::FENCINGS).increment(0);
         if spec.config.client.tls.is_some() {
@@ -142,9 +124,7 @@ impl Cluster {
         }
         let held = {
             let (spec, coord, clock) = (Arc::clone(&spec), coord.clone(), Arc::clone(&clock));
-            renewal
-                .run(async move { claim(&spec, &coord, &clock).await })
-                .await??
+            on_renewal_thread(renewal, async move { claim(&spec, &coord, &clock).await }).await??
         };
         let registration =
             registration_for(&spec, &client, held.lease.key()).map_err(Error::Setup)?;
@@ -153,7 +133,7 @@ impl Cluster {
             spec,
             client,
             coord,
-            renewal: renewal.handle().clone(),
+            renewal: renewal.clone(),
             clock,
             held,
             registration,
@@ -181,11 +161,6 @@ impl Cluster {
         self.held.lease.key()
     }
 
-    /// Lease tokens of `zone`, held under the worker id's session.
-    pub fn tokens(&self, zone: u64) -> Result<ConsulLeaseTokens, crate::store::StoreError> {
-        self.held.tokens(&self.spec, &self.client, zone)
-    }
-
     /// The worker lock's session and what its value says about this node.
     pub fn session(&self) -> (&str, &OwnerInfo) {
         (self.held.lease.session(), &self.held.owner)
@@ -193,12 +168,12 @@ impl Cluster {
 
     /// Registers the service and starts supervising the lease. Call once
     /// the gRPC server answers health checks.
-    /// `node` is the issue path the supervisor fences and re-arms;
+    /// `gate` is the issue path's gate the supervisor fences and re-arms;
     /// `bound` is what lives under the session (lease mode's token), moved
     /// to the new session after every re-claim and released at shutdown.
     pub async fn run(
         self,
-        node: Arc<dyn IssuePath>,
+        gate: Arc<IssueGate>,
         bound: Option<Arc<dyn SessionBound>>,
     ) -> RunningCluster {
         let Cluster {
@@ -211,7 +186,7 @@ impl Cluster {
             registration,
         } = self;
         // From here every renew moves the issue path's deadline on.
-        held.lease.on_renew(deadline_hook(&node));
+        held.lease.on_renew(deadline_hook(&gate));
         let registration = Arc::new(ArcSwap::from_pointee(registration));
         let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
@@ -221,7 +196,7 @@ impl Cluster {
             (coord, client.clone()),
             clock,
             held,
-            (Arc::clone(&node), bound.clone()),
+            (Arc::clone(&gate), bound.clone()),
             (Arc::clone(&registration), Arc::clone(&changed)),
             stopped.clone(),
         ));
@@ -329,7 +304,7 @@ async fn claim(
     spec: &ClusterSpec,
     client: &ConsulClient,
     clock: &Arc<dyn Clock>,
-) -> Result<Claim, Error> {
+) -> Result<Claim, JoinError> {
     let owner = OwnerInfo {
         instance: spec.instance.clone(),
         address: spec.advertise.to_string(),
@@ -337,7 +312,9 @@ async fn claim(
     };
     // The cluster's layout first: a node on another layout must not even
     // take a worker id.
-    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, &spec.layout_preset).await?;
+    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, &spec.layout_preset)
+        .await
+        .map_err(Error::from)?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -402,7 +379,7 @@ async fn claim(
                 metrics::counter!(m::WORKER_IDS_SKIPPED).increment(1);
                 poisoned.push(key.worker);
             }
-            _ => return Err(e),
+            _ => return Err(e.into()),
         }
     }
 }
@@ -448,7 +425,7 @@ async fn supervise(
     (coord, client): (ConsulClient, ConsulClient),
     clock: Arc<dyn Clock>,
     mut held: Claim,
-    (node, bound): (Arc<dyn IssuePath>, Option<Arc<dyn SessionBound>>),
+    (gate, bound): (Arc<IssueGate>, Option<Arc<dyn SessionBound>>),
     (registration, registration_changed): (Arc<ArcSwap<Registration>>, Arc<Notify>),
     mut stopped: watch::Receiver<bool>,
 ) -> Option<Claim> {
@@ -464,7 +441,7 @@ async fn supervise(
             return Some(held);
         }
         // Fence first, then everything else.
-        node.fence();
+        gate.fence();
         let last_ms = held.keeper.abort();
         metrics::gauge!(m::FENCED).set(1.0);
         metrics::counter!(m::FENCINGS).increment(1);
@@ -482,13 +459,13 @@ async fn supervise(
         // own id; but never longer than the old session can live anyway.
         held = reclaim(&spec, &coord, &clock, lease, &mut stopped).await?;
         // Checked against the deadline just above, with no await since.
-        held.lease.on_renew(deadline_hook(&node));
+        held.lease.on_renew(deadline_hook(&gate));
         if let Some(bound) = &bound {
             if let Err(e) = bound.moved(held.lease.session(), &held.owner) {
                 tracing::error!(error = %e, "cannot move what the session holds (lease tokens) to the new session");
             }
         }
-        node.install(Arc::clone(held.keeper.generator()));
+        gate.install(Arc::clone(held.keeper.generator()));
         let key = held.lease.key();
         record_claim(key, true);
         if registration.load().worker() != key {
@@ -551,7 +528,9 @@ async fn reclaim(
                     let _ = late.lease.release().await;
                     tracing::warn!("claimed a worker id too slowly to use it; trying again");
                 }
-                Err(Error::ClusterLayout(e @ ClusterLayoutError::Mismatch { .. })) => {
+                Err(JoinError::Node(Error::ClusterLayout(
+                    e @ ClusterLayoutError::Mismatch { .. },
+                ))) => {
                     tracing::error!(
                         error = %e,
                         "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
@@ -572,10 +551,10 @@ async fn reclaim(
     }
 }
 
-/// Copies each new lease deadline to the issue path's cheap check.
-fn deadline_hook(node: &Arc<dyn IssuePath>) -> DeadlineHook {
-    let node = Arc::clone(node);
-    Arc::new(move |at| node.set_deadline(at))
+/// Copies each new lock deadline to the issue gate's cheap check.
+fn deadline_hook(gate: &Arc<IssueGate>) -> DeadlineHook {
+    let gate = Arc::clone(gate);
+    Arc::new(move |at| gate.set_deadline(at))
 }
 
 async fn wait_stop(mut stopped: watch::Receiver<bool>) {

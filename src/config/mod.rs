@@ -21,11 +21,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::cluster::worker_lock::WorkerLockSettings;
-use crate::consul::ConsulConfig;
+pub use crate::cluster::settings::ClusterConfig;
 use crate::id::Layout;
 use crate::store::hwm::HwmSettings;
-use crate::store::keys::ClusterKeys;
 
 pub use allow::{AllowList, Cidr};
 pub use file::{
@@ -225,32 +223,6 @@ pub enum Backend {
     },
     /// Consul: claimed worker ids, marks in KV, service registration.
     Consul(Box<ClusterConfig>),
-}
-
-/// The validated `[consul]` section.
-#[derive(Debug, Clone)]
-pub struct ClusterConfig {
-    /// How to reach the agent (address, token, timeouts).
-    pub client: ConsulConfig,
-    /// `<prefix>/<cluster>/`.
-    pub keys: ClusterKeys,
-    /// Consul service name.
-    pub service: String,
-    /// Claim exactly `node.worker_id` instead of any free id.
-    pub static_worker: bool,
-    /// Worker lock timing.
-    pub lease: WorkerLockSettings,
-    /// gRPC health probe interval.
-    pub check_interval: Duration,
-    /// gRPC health probe timeout.
-    pub check_timeout: Duration,
-    /// `DeregisterCriticalServiceAfter`.
-    pub deregister_after: Duration,
-    /// `consul.check_tls_server_name`: the gRPC check's `TLSServerName`
-    /// when the node serves TLS; `None`: derived from the certificate.
-    pub check_tls_server_name: Option<String>,
-    /// Longest pause between claim attempts after the lease was lost.
-    pub reclaim_backoff_max: Duration,
 }
 
 /// The validated `[segment]` section (segment mode is on).

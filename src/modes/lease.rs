@@ -8,8 +8,8 @@
 //! used only once its reservation is acknowledged. No clock is read.
 //!
 //! In cluster mode the token is held under the worker id's Consul session:
-//! when the node is fenced, [`Leases::fence`] drops both blocks and calls
-//! fail with UNAVAILABLE until [`Leases::install`] puts a source under the
+//! when the node is fenced, [`LeaseEngine::fence`] drops both blocks and calls
+//! fail with UNAVAILABLE until [`LeaseEngine::install`] puts a source under the
 //! new session in place. (The dropped blocks were already counted in the
 //! token's durable counter, so dropping them only leaves a gap.)
 
@@ -70,7 +70,7 @@ impl State {
 }
 
 /// Serves lease mode.
-pub struct Leases {
+pub struct LeaseEngine {
     source: Mutex<Arc<dyn LeaseTokenStore>>,
     /// Bumped by every install: a fetch started under an older source is
     /// thrown away when it lands.
@@ -82,7 +82,7 @@ pub struct Leases {
     store_op: m::StoreOp,
 }
 
-impl Leases {
+impl LeaseEngine {
     /// Lease mode over `source`.
     pub fn new(source: Arc<dyn LeaseTokenStore>, settings: LeaseSettings) -> Self {
         Self {
@@ -273,13 +273,13 @@ impl Leases {
     }
 }
 
-impl Refill for Leases {
+impl Refill for LeaseEngine {
     fn take_local(&self, want: usize, out: &mut Vec<u64>) -> Result<bool, Error> {
-        Leases::take_local(self, want, out)
+        LeaseEngine::take_local(self, want, out)
     }
 
     async fn fetch(&self) -> Result<(), Error> {
-        Leases::fetch(self).await
+        LeaseEngine::fetch(self).await
     }
 
     fn filled(&self) -> &Notify {
@@ -376,8 +376,8 @@ mod tests {
         }
     }
 
-    fn leases(source: Arc<MemSource>, block: u64) -> Arc<Leases> {
-        Arc::new(Leases::new(
+    fn leases(source: Arc<MemSource>, block: u64) -> Arc<LeaseEngine> {
+        Arc::new(LeaseEngine::new(
             source,
             LeaseSettings {
                 block,

@@ -16,8 +16,9 @@ use crate::store::reopen::StoreHealth;
 use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
-pub mod format;
-pub mod format_reload;
+pub mod format_catalog;
+pub mod formatted;
+pub mod gate;
 pub mod lease;
 pub mod lua_pool;
 pub mod refill;
@@ -26,19 +27,23 @@ pub mod snowflake;
 pub mod strict;
 pub mod ticker;
 
-use self::lease::Leases;
-use self::segment::Segments;
-use self::snowflake::Snowflakes;
-use self::strict::Strict;
+use self::gate::IssueGate;
+use self::lease::LeaseEngine;
+use self::segment::SegmentEngine;
+use self::snowflake::SnowflakeEngine;
+use self::strict::StrictEngine;
 use crate::id::segment::Tag;
 
 /// Issues IDs for requests: checks them and dispatches to the mode engines.
 pub struct Issuer {
-    snowflakes: Snowflakes,
-    segments: Option<Arc<Segments>>,
-    leases: Option<Arc<Leases>>,
-    strict: Option<Arc<Strict>>,
-    formats: Option<Arc<format::Formats>>,
+    /// Whether this node still holds its worker id: checked once per
+    /// snowflake, lease and formatted call.
+    gate: Arc<IssueGate>,
+    snowflakes: SnowflakeEngine,
+    segments: Option<Arc<SegmentEngine>>,
+    leases: Option<Arc<LeaseEngine>>,
+    strict: Option<Arc<StrictEngine>>,
+    formats: Option<Arc<formatted::FormattedEngine>>,
     state_file: Option<Arc<StateFileGuard>>,
     store_health: Option<Arc<StoreHealth>>,
     layout: Layout,
@@ -65,9 +70,11 @@ impl Issuer {
         max_batch: u32,
         max_wait: Duration,
     ) -> std::io::Result<Self> {
+        let gate = Arc::new(IssueGate::new(generator, Arc::clone(&clock))?);
         Ok(Self {
-            layout: *generator.layout(),
-            snowflakes: Snowflakes::new(generator, clock, max_wait)?,
+            layout: *gate.generator().layout(),
+            snowflakes: SnowflakeEngine::new(Arc::clone(&gate), clock, max_wait),
+            gate,
             segments: None,
             leases: None,
             strict: None,
@@ -79,19 +86,21 @@ impl Issuer {
     }
 
     /// Serves segment mode through `segments`.
-    pub fn with_segments(mut self, segments: Arc<Segments>) -> Self {
+    pub fn with_segments(mut self, segments: Arc<SegmentEngine>) -> Self {
         self.segments = Some(segments);
         self
     }
 
     /// Serves lease mode through `leases`.
-    pub fn with_leases(mut self, leases: Arc<Leases>) -> Self {
+    pub fn with_leases(mut self, leases: Arc<LeaseEngine>) -> Self {
+        let fenced = Arc::clone(&leases);
+        self.gate.on_fence(move || fenced.fence());
         self.leases = Some(leases);
         self
     }
 
     /// Serves strict mode through `strict`.
-    pub fn with_strict(mut self, strict: Arc<Strict>) -> Self {
+    pub fn with_strict(mut self, strict: Arc<StrictEngine>) -> Self {
         self.strict = Some(strict);
         self
     }
@@ -127,7 +136,7 @@ impl Issuer {
     /// snowflake generator is closed and lease blocks dropped; calls fail
     /// with the guard's error from then on.
     pub fn halt_state_file_lost(&self) {
-        self.snowflakes.close(false);
+        self.gate.close();
         if let Some(leases) = &self.leases {
             leases.fence();
         }
@@ -145,21 +154,21 @@ impl Issuer {
     }
 
     /// The lease mode server, when enabled.
-    pub fn leases(&self) -> Option<&Arc<Leases>> {
+    pub fn leases(&self) -> Option<&Arc<LeaseEngine>> {
         self.leases.as_ref()
     }
 
     /// The strict mode server, when enabled.
-    pub fn strict(&self) -> Option<&Arc<Strict>> {
+    pub fn strict(&self) -> Option<&Arc<StrictEngine>> {
         self.strict.as_ref()
     }
 
     /// The segment mode server, when enabled.
-    pub fn segment_server(&self) -> Option<&Arc<Segments>> {
+    pub fn segment_server(&self) -> Option<&Arc<SegmentEngine>> {
         self.segments.as_ref()
     }
 
-    fn lease_mode(&self, tag: &str) -> Result<&Arc<Leases>, Error> {
+    fn lease_mode(&self, tag: &str) -> Result<&Arc<LeaseEngine>, Error> {
         let leases = self
             .leases
             .as_ref()
@@ -170,7 +179,7 @@ impl Issuer {
         Ok(leases)
     }
 
-    fn strict_mode(&self, tag: &str) -> Result<&Arc<Strict>, Error> {
+    fn strict_mode(&self, tag: &str) -> Result<&Arc<StrictEngine>, Error> {
         let strict = self
             .strict
             .as_ref()
@@ -182,7 +191,7 @@ impl Issuer {
     }
 
     /// The segment mode server, when enabled.
-    fn segments(&self, mode: Mode, tag: &str) -> Result<(&Arc<Segments>, Tag), Error> {
+    fn segments(&self, mode: Mode, tag: &str) -> Result<(&Arc<SegmentEngine>, Tag), Error> {
         let segments = self
             .segments
             .as_ref()
@@ -195,17 +204,19 @@ impl Issuer {
     }
 
     /// Serves formatted mode with `formats`.
-    pub fn with_formats(mut self, formats: Arc<format::Formats>) -> Self {
+    pub fn with_formats(mut self, formats: Arc<formatted::FormattedEngine>) -> Self {
+        let fenced = Arc::clone(&formats);
+        self.gate.on_fence(move || fenced.fence());
         self.formats = Some(formats);
         self
     }
 
     /// Formatted mode's engine, when formats are defined.
-    pub fn formats(&self) -> Option<&Arc<format::Formats>> {
+    pub fn formats(&self) -> Option<&Arc<formatted::FormattedEngine>> {
         self.formats.as_ref()
     }
 
-    fn formats_for(&self, name: &str) -> Result<&Arc<format::Formats>, Error> {
+    fn formats_for(&self, name: &str) -> Result<&Arc<formatted::FormattedEngine>, Error> {
         self.formats
             .as_ref()
             .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())
@@ -218,15 +229,13 @@ impl Issuer {
         name: &str,
         params: &[(String, String)],
         count: u64,
-    ) -> Result<format::Issued, Error> {
+    ) -> Result<formatted::Issued, Error> {
         self.check_state_file()?;
         let formats = self.formats_for(name)?;
-        if self.snowflakes.is_fenced() {
-            return Err(Error::Fenced);
-        }
-        self.snowflakes.check_deadline()?;
-        let node = self.snowflakes.generator().node_number();
-        formats.generate(name, params, count, node).await
+        self.gate.check()?;
+        formats
+            .generate(name, params, count, self.gate.node_number())
+            .await
     }
 
     /// Splits an ID of format `name` into its fields (`ParseFormatted`).
@@ -244,45 +253,46 @@ impl Issuer {
         &self,
         name: &str,
         params: &[(String, String)],
-    ) -> Result<Option<format::CounterView>, Error> {
-        let node = self.snowflakes.generator().node_number();
+    ) -> Result<Option<formatted::CounterView>, Error> {
+        let node = self.gate.node_number();
         self.formats_for(name)?.counter(name, params, node).await
     }
 
     /// The generator in use now.
     pub fn generator(&self) -> Arc<Snowflake> {
-        self.snowflakes.generator()
+        self.gate.generator()
+    }
+
+    /// The gate every snowflake, lease and formatted call passes; the
+    /// cluster supervisor fences it, moves its deadline and installs the
+    /// generator of a re-claimed worker id.
+    pub fn gate(&self) -> &Arc<IssueGate> {
+        &self.gate
     }
 
     /// Fencing: stops issuing at once (the current generator is closed,
-    /// lease blocks dropped) and marks the node fenced, so calls say why
-    /// they fail.
+    /// lease and token blocks dropped) and marks the node fenced, so calls
+    /// say why they fail. See [`IssueGate::fence`].
     pub fn fence(&self) {
-        self.snowflakes.close(true);
-        if let Some(leases) = &self.leases {
-            leases.fence();
-        }
-        if let Some(formats) = &self.formats {
-            formats.fence();
-        }
+        self.gate.fence();
     }
 
-    /// Sets the worker lock's deadline: past `at`, snowflake and lease
-    /// calls are refused as fenced until a later deadline is set. Called
-    /// after every successful renew and on every claim.
+    /// Sets the worker lock's deadline: past `at`, snowflake, lease and
+    /// formatted calls are refused as fenced until a later deadline is
+    /// set. Called after every successful renew and on every claim.
     pub fn set_lease_deadline(&self, at: Instant) {
-        self.snowflakes.set_deadline(at);
+        self.gate.set_deadline(at);
     }
 
     /// Whether the node is fenced (lost its worker id, not yet re-claimed).
     pub fn is_fenced(&self) -> bool {
-        self.snowflakes.is_fenced()
+        self.gate.is_fenced()
     }
 
     /// Puts a new generator (above every earlier ID) in place of a closed
     /// one and lifts the fence.
     pub fn install(&self, generator: Arc<Snowflake>) {
-        self.snowflakes.install(generator);
+        self.gate.install(generator);
     }
 
     /// The largest batch a call may ask for.
@@ -309,13 +319,14 @@ impl Issuer {
             }
             Mode::Lease => {
                 let leases = self.lease_mode(tag)?;
-                self.snowflakes.check_deadline()?;
+                self.gate.check()?;
                 return leases.take_one().await;
             }
             Mode::Strict => return Ok(self.strict_mode(tag)?.take(tag, 1).await?.first),
             Mode::Snowflake => {}
         }
         Self::check_mode(mode, tag)?;
+        self.gate.check()?;
         self.snowflakes.take_one().await
     }
 
@@ -330,7 +341,7 @@ impl Issuer {
             }
             Mode::Lease => {
                 let leases = self.lease_mode(tag)?;
-                self.snowflakes.check_deadline()?;
+                self.gate.check()?;
                 return leases.take(count as usize).await;
             }
             Mode::Strict => {
@@ -340,6 +351,7 @@ impl Issuer {
             Mode::Snowflake => {}
         }
         Self::check_mode(mode, tag)?;
+        self.gate.check()?;
         self.snowflakes.take(count as usize).await
     }
 
@@ -403,5 +415,114 @@ mod tests {
         // A renew moves the deadline on and issuing resumes.
         issuer.set_lease_deadline(Instant::now() + Duration::from_secs(60));
         assert!(issuer.gen_ids(Mode::Snowflake, "", 10).await.is_ok());
+    }
+
+    /// An issuer serving snowflake, lease and formatted mode, on an
+    /// embedded store in a temporary directory.
+    fn gated_issuer() -> (tempfile::TempDir, Issuer, Arc<Snowflake>) {
+        use crate::id::format::{FormatDef, Reset};
+        use crate::store::lease::EmbeddedLeaseTokens;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "l").unwrap();
+        let tokens = EmbeddedLeaseTokens::new(store.clone(), 1, 5, (5, 9)).unwrap();
+        let leases = Arc::new(lease::LeaseEngine::new(
+            Arc::new(tokens),
+            lease::LeaseSettings {
+                block: 10,
+                max_wait: Duration::from_secs(5),
+            },
+        ));
+        let settings = formatted::FormatSettings {
+            block: 10,
+            max_behind_ms: 1_000,
+            max_batch: 100,
+            lua: lua_pool::LuaPoolSettings::default(),
+            max_scope_values: 10,
+        };
+        let def = FormatDef::template("order", "{seq:6}", "UTC", Reset::Never);
+        let clock: Arc<dyn Clock> = Arc::new(crate::id::SystemClock);
+        let formats =
+            formatted::FormattedEngine::new(&[def], Arc::new(store), clock, settings, 1).unwrap();
+        let (issuer, g) = issuer();
+        let issuer = issuer.with_leases(leases).with_formats(Arc::new(formats));
+        (dir, issuer, g)
+    }
+
+    /// Each gated mode's answer to one call: `Ok` or the error.
+    async fn serve_each(issuer: &Issuer) -> [Result<(), Error>; 3] {
+        [
+            issuer.gen_ids(Mode::Snowflake, "", 3).await.map(drop),
+            issuer.gen_ids(Mode::Lease, "", 3).await.map(drop),
+            issuer.gen_formatted("order", &[], 3).await.map(drop),
+        ]
+    }
+
+    #[tokio::test]
+    async fn the_gate_refuses_every_mode_while_fenced() {
+        let (_dir, issuer, _) = gated_issuer();
+        for r in serve_each(&issuer).await {
+            assert!(r.is_ok(), "open gate: {r:?}");
+        }
+        issuer.gate().fence();
+        for (mode, r) in ["snowflake", "lease", "formatted"]
+            .into_iter()
+            .zip(serve_each(&issuer).await)
+        {
+            assert!(matches!(r, Err(Error::Fenced)), "{mode}: {r:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_gate_refuses_every_mode_past_the_lock_deadline() {
+        let (_dir, issuer, g) = gated_issuer();
+        issuer
+            .gate()
+            .set_deadline(Instant::now() + Duration::from_millis(20));
+        // Bounded wait for the coarse clock to pass the deadline.
+        let mut refused = false;
+        for _ in 0..400 {
+            if issuer.gate().check().is_err() {
+                refused = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(refused, "the deadline never passed");
+        for (mode, r) in ["snowflake", "lease", "formatted"]
+            .into_iter()
+            .zip(serve_each(&issuer).await)
+        {
+            assert!(matches!(r, Err(Error::Fenced)), "{mode}: {r:?}");
+        }
+        assert!(!issuer.is_fenced() && !g.is_closed(), "the deadline alone");
+    }
+
+    #[tokio::test]
+    async fn a_reclaimed_node_serves_every_mode_again() {
+        let (_dir, issuer, g) = gated_issuer();
+        issuer.gate().fence();
+        assert!(g.is_closed(), "fencing closes the generator");
+        // The re-claim: a new generator above the old one's IDs, a later
+        // deadline, and lease mode's source under the new session.
+        let now_ms = crate::id::SystemClock.now_millis();
+        let layout = *g.layout();
+        let plan = crate::id::StartPlan::new(&layout, now_ms, None, 0).unwrap();
+        let next = Arc::new(Snowflake::new(layout, 0, 2, 1000, plan, now_ms + 600_000).unwrap());
+        issuer.gate().install(next);
+        issuer
+            .gate()
+            .set_deadline(Instant::now() + Duration::from_secs(60));
+        let leases = issuer.leases().unwrap();
+        let dir2 = tempfile::tempdir().unwrap();
+        let store = crate::store::EmbeddedStore::create(&dir2.path().join("s.redb"), "l").unwrap();
+        let tokens = crate::store::lease::EmbeddedLeaseTokens::new(store, 1, 5, (5, 9)).unwrap();
+        leases.install(Arc::new(tokens));
+        for (mode, r) in ["snowflake", "lease", "formatted"]
+            .into_iter()
+            .zip(serve_each(&issuer).await)
+        {
+            assert!(r.is_ok(), "{mode}: {r:?}");
+        }
+        assert_eq!(issuer.gate().node_number(), 2, "the new worker id's number");
     }
 }

@@ -169,7 +169,7 @@ impl TagBuffer {
 }
 
 /// Serves segment mode for every tag this node has seen.
-pub struct Segments {
+pub struct SegmentEngine {
     store: Arc<dyn SegmentStore>,
     clock: Arc<dyn Clock>,
     settings: SegmentSettings,
@@ -178,7 +178,7 @@ pub struct Segments {
     store_op: m::StoreOp,
 }
 
-impl Segments {
+impl SegmentEngine {
     /// Segment mode over `store`.
     pub fn new(
         store: Arc<dyn SegmentStore>,
@@ -381,7 +381,7 @@ impl Segments {
         Ok(ids)
     }
 
-    /// One ID of `tag`: [`Segments::take`] without the Vec on the path
+    /// One ID of `tag`: [`SegmentEngine::take`] without the Vec on the path
     /// served from memory.
     pub async fn take_one(self: &Arc<Self>, tag: &Tag) -> Result<u64, Error> {
         let buffer = self.buffer(tag).await?;
@@ -421,7 +421,7 @@ impl Segments {
 
 /// One tag's buffer as [`refill::take`] drives it.
 struct TagRefill<'a> {
-    segments: &'a Arc<Segments>,
+    segments: &'a Arc<SegmentEngine>,
     buffer: &'a Arc<TagBuffer>,
 }
 
@@ -530,7 +530,7 @@ mod tests {
     const T0: u64 = 1_790_000_000_000;
     const IDLE: Duration = Duration::from_secs(600);
 
-    fn setup(step: u64) -> (Arc<MemStore>, Arc<ManualClock>, Arc<Segments>, Tag) {
+    fn setup(step: u64) -> (Arc<MemStore>, Arc<ManualClock>, Arc<SegmentEngine>, Tag) {
         let store = Arc::new(MemStore::default());
         let clock = Arc::new(ManualClock::at_millis(T0));
         let tag = Tag::parse("orders").unwrap();
@@ -539,7 +539,7 @@ mod tests {
             .lock()
             .unwrap()
             .insert(tag.clone(), TagRecord::new(0, step, "", T0).unwrap());
-        let segments = Arc::new(Segments::new(
+        let segments = Arc::new(SegmentEngine::new(
             store.clone(),
             clock.clone(),
             SegmentSettings {
@@ -643,7 +643,7 @@ mod tests {
         let other = Tag::parse("other").unwrap();
         let err = seg.take(&other, 1).await.unwrap_err();
         assert_eq!(err.kind(), crate::error::ErrorKind::NotFound);
-        let auto = Arc::new(Segments::new(
+        let auto = Arc::new(SegmentEngine::new(
             store.clone(),
             clock,
             SegmentSettings {

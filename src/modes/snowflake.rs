@@ -1,116 +1,58 @@
 //! Snowflake mode serving: the lock-free generator of the worker id held
-//! now, calls that found a time unit's sequence used up waiting (outside
-//! every lock) for the next unit, and the fencing deadline checked on
-//! every issue.
+//! now, and calls that found a time unit's sequence used up waiting
+//! (outside every lock) for the next unit.
 //!
-//! In cluster mode the generator is replaced when the node loses its
-//! worker id and claims one again: [`Snowflakes::close`] closes the
-//! current one (calls fail with UNAVAILABLE from then on) and
-//! [`Snowflakes::install`] puts the next one in place.
+//! The generator lives in the [`IssueGate`]: in cluster mode it is replaced
+//! when the node loses its worker id and claims one again
+//! ([`IssueGate::fence`] closes the current one, calls fail with
+//! UNAVAILABLE from then on, and [`IssueGate::install`] puts the next one
+//! in place). The [`Issuer`](super::Issuer) checks the gate before a call
+//! reaches this engine; a batch checks the deadline again after every
+//! wait.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-
-use super::ticker::UnitTicker;
+use super::gate::IssueGate;
 use crate::error::Error;
-use crate::id::{Clock, Deadline, GenError, Mode, Snowflake};
+use crate::id::{Clock, GenError, Mode};
 use crate::metrics as m;
 
 /// Serves snowflake mode.
-pub struct Snowflakes {
-    generator: ArcSwap<Snowflake>,
-    fenced: AtomicBool,
-    /// The worker lock's deadline on the ticker's coarse clock (cluster
-    /// mode; unbounded on the embedded store). Checked on every snowflake
-    /// and lease issue, so a node stops at its deadline even if the
-    /// supervisor that would fence it runs late.
-    deadline: Deadline,
+pub struct SnowflakeEngine {
+    gate: Arc<IssueGate>,
     clock: Arc<dyn Clock>,
-    ticker: UnitTicker,
     max_wait: Duration,
     issued: metrics::Counter,
     waits: metrics::Counter,
 }
 
-impl Snowflakes {
-    /// Snowflake mode over `generator`, reading `clock`; a call waits at
-    /// most `max_wait` without progress.
-    pub fn new(
-        generator: Arc<Snowflake>,
-        clock: Arc<dyn Clock>,
-        max_wait: Duration,
-    ) -> std::io::Result<Self> {
-        Ok(Self {
-            ticker: UnitTicker::new(Arc::clone(&clock))?,
-            generator: ArcSwap::new(generator),
-            fenced: AtomicBool::new(false),
-            deadline: Deadline::unbounded(),
+impl SnowflakeEngine {
+    /// Snowflake mode over the generator `gate` holds, reading `clock`; a
+    /// call waits at most `max_wait` without progress.
+    pub fn new(gate: Arc<IssueGate>, clock: Arc<dyn Clock>, max_wait: Duration) -> Self {
+        Self {
+            gate,
             clock,
             max_wait,
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => Mode::Snowflake.as_str()),
             waits: metrics::counter!(m::SEQUENCE_EXHAUSTED_WAITS),
-        })
-    }
-
-    /// The generator in use now.
-    pub fn generator(&self) -> Arc<Snowflake> {
-        self.generator.load_full()
-    }
-
-    /// Stops issuing at once: the current generator is closed. `fenced`:
-    /// because the worker id was lost (calls then say so).
-    pub fn close(&self, fenced: bool) {
-        if fenced {
-            self.fenced.store(true, Ordering::SeqCst);
         }
-        self.generator.load().close();
-    }
-
-    /// Sets the worker lock's deadline: past `at`, calls are refused as
-    /// fenced until a later deadline is set.
-    pub fn set_deadline(&self, at: Instant) {
-        self.deadline.set(self.ticker.coarse().deadline_at(at));
-    }
-
-    /// Refuses once the deadline has passed: one atomic load and a compare
-    /// against the ticker's coarse clock.
-    #[inline]
-    pub fn check_deadline(&self) -> Result<(), Error> {
-        if self.deadline.passed(self.ticker.coarse().now_ms()) {
-            return Err(Error::Fenced);
-        }
-        Ok(())
-    }
-
-    /// Whether the node is fenced (lost its worker id, not yet re-claimed).
-    pub fn is_fenced(&self) -> bool {
-        self.fenced.load(Ordering::SeqCst)
-    }
-
-    /// Puts a new generator (above every earlier ID) in place of a closed
-    /// one and lifts the fence.
-    pub fn install(&self, generator: Arc<Snowflake>) {
-        self.generator.store(generator);
-        self.fenced.store(false, Ordering::SeqCst);
     }
 
     /// Maps a generator refusal, naming fencing when that is the cause.
     fn refusal(&self, e: GenError) -> Error {
-        if e == GenError::Closed && self.is_fenced() {
+        if e == GenError::Closed && self.gate.is_fenced() {
             Error::Fenced
         } else {
             e.into()
         }
     }
 
-    /// One ID.
+    /// One ID (the caller checked the gate).
     pub async fn take_one(&self) -> Result<u64, Error> {
-        self.check_deadline()?;
         // The common case: no Vec, no wait.
-        let id = match self.generator.load().next_id(self.clock.now_micros()) {
+        let id = match self.gate.generator().next_id(self.clock.now_micros()) {
             Ok(id) => id,
             Err(GenError::Exhausted { .. }) => {
                 let mut out = Vec::with_capacity(1);
@@ -123,7 +65,7 @@ impl Snowflakes {
         Ok(id)
     }
 
-    /// `count` IDs, strictly increasing.
+    /// `count` IDs, strictly increasing (the caller checked the gate).
     pub async fn take(&self, count: usize) -> Result<Vec<u64>, Error> {
         let mut out = Vec::with_capacity(count);
         self.fill(&mut out, count).await?;
@@ -140,10 +82,12 @@ impl Snowflakes {
         let mut waited = false;
         // One generator per call, so a batch is strictly increasing even if
         // the node is fenced and re-claims meanwhile (the call then fails).
-        let generator = self.generator.load_full();
+        let generator = self.gate.generator();
+        let ticker = self.gate.ticker();
         while out.len() < count {
-            // Again after every wait: a batch may span a deadline.
-            self.check_deadline()?;
+            // Again on every round: a batch may span units, and the
+            // deadline (the gate was checked before the call came here).
+            self.gate.check_deadline()?;
             let now = self.clock.now_micros();
             match generator.reserve(now, (count - out.len()) as u64) {
                 Ok(r) => {
@@ -159,7 +103,7 @@ impl Snowflakes {
                             waited_ms: stalled.as_millis() as u64,
                         });
                     }
-                    self.ticker
+                    ticker
                         .wait_until(now + retry_after_micros, self.max_wait - stalled)
                         .await;
                     waited = true;
@@ -168,7 +112,7 @@ impl Snowflakes {
             }
         }
         if waited {
-            self.ticker.pass_on();
+            ticker.pass_on();
         }
         Ok(())
     }

@@ -26,7 +26,7 @@ pub const STEP_CACHE: Duration = Duration::from_secs(10);
 const STEP_CACHE_SWEEP_AT: usize = 64;
 
 /// Serves strict mode.
-pub struct Strict {
+pub struct StrictEngine {
     store: Arc<dyn StrictStore>,
     default_step: u64,
     limits: StrictLimits,
@@ -34,7 +34,7 @@ pub struct Strict {
     issued: metrics::Counter,
 }
 
-impl Strict {
+impl StrictEngine {
     /// Strict mode over `store`; namespaces without a stored step use
     /// `default_step`.
     pub fn new(store: Arc<dyn StrictStore>, default_step: u64) -> Self {

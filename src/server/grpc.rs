@@ -231,7 +231,7 @@ fn sorted_params(params: std::collections::HashMap<String, String>) -> Vec<(Stri
     params
 }
 
-fn formatted_response(issued: crate::modes::format::Issued) -> proto::GenFormattedResponse {
+fn formatted_response(issued: crate::modes::formatted::Issued) -> proto::GenFormattedResponse {
     let numbers = if issued.numeric {
         issued.ids.iter().filter_map(|r| r.number).collect()
     } else {

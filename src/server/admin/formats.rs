@@ -8,7 +8,7 @@ use tonic::Status;
 use super::{check_description, rfc3339, store_status, to_the_end, unreadable, AdminService};
 use crate::error::ErrorKind;
 use crate::id::format::FormatDef;
-use crate::modes::format_reload::{FormatCatalog, ReloadError, Reloaded};
+use crate::modes::format_catalog::{FormatCatalog, ReloadError, Reloaded};
 use crate::proto;
 use crate::server::status::{refusal, to_status};
 use crate::store::format::catalog::StoredFormat;

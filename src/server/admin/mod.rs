@@ -39,9 +39,9 @@ use crate::error::ErrorKind;
 use crate::id::segment::SegmentError;
 use crate::id::Clock;
 use crate::metrics as m;
-use crate::modes::format_reload::FormatCatalog;
-use crate::modes::lease::Leases;
-use crate::modes::strict::Strict;
+use crate::modes::format_catalog::FormatCatalog;
+use crate::modes::lease::LeaseEngine;
+use crate::modes::strict::StrictEngine;
 use crate::proto;
 use crate::proto::admin_server::{Admin, AdminServer};
 use crate::store::keys::ClusterKeys;
@@ -80,10 +80,10 @@ pub struct AdminDeps {
     /// Segment records, when segment mode is enabled.
     pub segments: Option<Arc<dyn SegmentStore>>,
     /// Strict mode, when enabled.
-    pub strict: Option<Arc<Strict>>,
+    pub strict: Option<Arc<StrictEngine>>,
     /// Segment mode's buffers, when enabled: a deleted tag's are dropped
     /// at once, and creations count against its `segment.max_tags`.
-    pub segment_server: Option<Arc<crate::modes::segment::Segments>>,
+    pub segment_server: Option<Arc<crate::modes::segment::SegmentEngine>>,
     /// The Consul client and key layout, on the Consul backend.
     pub cluster: Option<(ConsulClient, ClusterKeys)>,
     /// This node, for holders on the embedded backend.
@@ -108,11 +108,11 @@ pub struct NodeFacts {
     /// The worker id from config.
     pub worker: WorkerKey,
     /// Lease mode, when enabled (its token in use).
-    pub lease: Option<Arc<Leases>>,
+    pub lease: Option<Arc<LeaseEngine>>,
     /// Lease mode's zone, when enabled.
     pub lease_zone: Option<u64>,
     /// Formatted mode, when formats are defined (its tokens).
-    pub formats: Option<Arc<crate::modes::format::Formats>>,
+    pub formats: Option<Arc<crate::modes::formatted::FormattedEngine>>,
 }
 
 /// The admin service.

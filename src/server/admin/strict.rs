@@ -8,7 +8,7 @@ use tonic::Status;
 use super::{store_status, AdminService};
 use crate::error::ErrorKind;
 use crate::id::strict::Namespace;
-use crate::modes::strict::Strict;
+use crate::modes::strict::StrictEngine;
 use crate::proto;
 use crate::server::status::refusal;
 use crate::store::StoreError;
@@ -18,7 +18,7 @@ fn parse_namespace(name: &str) -> Result<Namespace, Status> {
 }
 
 impl AdminService {
-    fn strict(&self) -> Result<&Arc<Strict>, Status> {
+    fn strict(&self) -> Result<&Arc<StrictEngine>, Status> {
         self.deps.strict.as_ref().ok_or_else(|| {
             refusal(ErrorKind::Precondition,
                 "strict mode is not enabled on this server: set [strict] enabled = true in its config",

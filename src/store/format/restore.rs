@@ -165,7 +165,7 @@ pub fn suggest_formats(info: &SnapshotInfo, now_ms: u64, base_block: u64) -> Vec
             // used up within a second), up to the largest block.
             let busy = (4.0 * rate / step as f64).ceil();
             let busy = if busy.is_finite() && busy < 1e18 { busy as u64 } else { u64::MAX / 4 };
-            // A counter never reserves less than `base` (see `modes::format`).
+            // A counter never reserves less than `base` (see `modes::formatted`).
             let block = busy.max(base).min(largest.max(base));
             let lump = block.saturating_mul(step).saturating_mul(2);
             let margin = moved.saturating_add(lump).div_ceil(100).saturating_mul(100).max(100);

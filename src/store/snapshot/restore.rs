@@ -15,8 +15,8 @@ use crate::store::counts::COUNTS;
 use crate::store::embedded::{
     backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR,
 };
-use crate::store::format::counters::FORMATS_RESTORED_UNTIL;
 use crate::store::format::catalog::{StoredFormat, FORMAT_DEFS};
+use crate::store::format::counters::FORMATS_RESTORED_UNTIL;
 use crate::store::format::restore::{self as format_restore, FormatMargins, RestoredFormat};
 use crate::store::lease::LEASE;
 use crate::store::segment::SEGMENTS;

@@ -12,8 +12,8 @@ use super::rates::{read_counters, RateSampler, MAX_TRACKED_COUNTERS, SAMPLE_EVER
 use super::{copy_table, temp_beside, SNAPSHOT, SNAPSHOT_KIND, SNAPSHOT_RATES};
 use crate::store::counts::COUNTS;
 use crate::store::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META};
-use crate::store::format::counters::FORMATS;
 use crate::store::format::catalog::FORMAT_DEFS;
+use crate::store::format::counters::FORMATS;
 use crate::store::lease::LEASE;
 use crate::store::segment::SEGMENTS;
 use crate::store::state_file::PeriodicThread;

@@ -62,10 +62,7 @@ impl RenewalThread {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.handle
-            .spawn(f)
-            .await
-            .map_err(|e| crate::Error::Setup(format!("renewal thread task failed: {e}")))
+        crate::cluster::membership::on_renewal_thread(&self.handle, f).await
     }
 }
 

@@ -3,11 +3,11 @@
 //!
 //! The compiled formats are one table behind an [`ArcSwap`]: a call loads
 //! the table once and uses that format to the end, and a reload
-//! ([`Formats::compile_table`], then [`Formats::install`]) swaps in a whole
+//! ([`FormattedEngine::compile_table`], then [`FormattedEngine::install`]) swaps in a whole
 //! new table only after every format in it compiled and validated, so
 //! calls see the old definitions or the new ones, never a mix and never a
 //! format that failed. Counters are keyed by format name and scope, not by
-//! table, so they carry on across reloads (see `modes::format_reload`).
+//! table, so they carry on across reloads (see `modes::format_catalog`).
 //!
 //! Each counter (format, scope-parameter values, and the node or token
 //! for per-node formats) keeps a block of values in memory: at first
@@ -86,7 +86,7 @@ const SWEEP_EVERY_MS: i64 = 60 * 1000;
 
 /// Values of one counter reserved and not yet used, all in `period`.
 #[derive(Debug, Clone, Copy)]
-struct Block {
+struct CounterBlock {
     period: PeriodKey,
     /// The next value to use.
     next: u64,
@@ -108,7 +108,7 @@ const SHRINK_AFTER_MS: i64 = 60_000;
 /// still durable before use.
 #[derive(Debug, Default)]
 struct CounterState {
-    block: Option<Block>,
+    block: Option<CounterBlock>,
     /// Values the next reservation asks for (0 until the first).
     want: u64,
     /// When the last block was reserved (Unix ms; 0: never).
@@ -145,16 +145,16 @@ impl CounterState {
 type Gate = Arc<tokio::sync::Mutex<CounterState>>;
 
 /// Compiled formats by name: what one reload installs.
-pub type FormatTable = HashMap<String, Arc<Format>>;
+pub type CompiledFormats = HashMap<String, Arc<Format>>;
 
 /// The format that failed to compile, and why.
 pub type CompileFailure = Box<(String, Error)>;
 
 /// The formatted-mode engine: compiled formats and their counters.
-pub struct Formats {
+pub struct FormattedEngine {
     store: Arc<dyn FormatCounterStore>,
     clock: Arc<dyn Clock>,
-    formats: ArcSwap<FormatTable>,
+    formats: ArcSwap<CompiledFormats>,
     /// This node's number, checked against per-node formats at compile.
     node: u64,
     counters: Mutex<HashMap<CounterKey, Gate>>,
@@ -195,7 +195,7 @@ pub struct Issued {
     pub numeric: bool,
 }
 
-impl Formats {
+impl FormattedEngine {
     /// Compiles `defs` (already validated by config) at the clock's time;
     /// a per-node format must be able to render `node`.
     pub fn new(
@@ -310,7 +310,10 @@ impl Formats {
     /// against this node's number when per node). Nothing is served from
     /// it until [`install`](Self::install). The error names the format.
     /// Runs on a blocking thread: compiling a Lua rule runs it.
-    pub async fn compile_table(&self, defs: &[FormatDef]) -> Result<FormatTable, CompileFailure> {
+    pub async fn compile_table(
+        &self,
+        defs: &[FormatDef],
+    ) -> Result<CompiledFormats, CompileFailure> {
         let (defs, now, node) = (defs.to_vec(), self.clock.now_millis() as i64, self.node);
         tokio::task::spawn_blocking(move || compile_all(&defs, now, node))
             .await
@@ -321,13 +324,13 @@ impl Formats {
     }
 
     /// The table served now.
-    pub fn table(&self) -> Arc<FormatTable> {
+    pub fn table(&self) -> Arc<CompiledFormats> {
         self.formats.load_full()
     }
 
     /// Serves `table` from now on: calls that already loaded the old one
     /// finish with it; every call after this returns uses the new one.
-    pub fn install(&self, table: FormatTable) {
+    pub fn install(&self, table: CompiledFormats) {
         self.formats.store(Arc::new(table));
     }
 
@@ -458,7 +461,7 @@ impl Formats {
                     let want = (count - ids.len() as u64).max(want);
                     let planned = self.reserve(&format, &key, now, want, lock).await?;
                     let b = planned.block;
-                    let block = Block {
+                    let block = CounterBlock {
                         period: b.period,
                         next: b.first,
                         left: b.len(),
@@ -530,9 +533,9 @@ impl Formats {
     fn usable(
         &self,
         format: &Format,
-        held: Option<Block>,
+        held: Option<CounterBlock>,
         now: i64,
-    ) -> Result<Option<(Block, i64)>, Error> {
+    ) -> Result<Option<(CounterBlock, i64)>, Error> {
         let Some(block) = held else { return Ok(None) };
         if block.left == 0 {
             return Ok(None);
@@ -605,7 +608,7 @@ impl Formats {
         Ok(self.format(name)?.parse(id).map_err(StoreError::from)?)
     }
 
-    /// The durable record of a counter (what monitoring reads): the period
+    /// The durable record of a counter (seed 003's monitor): the period
     /// it is in and the last value any node may have used; `None` if the
     /// counter was never used.
     pub async fn counter(
@@ -644,7 +647,7 @@ impl Formats {
 
 /// Compiles every definition at `now` for node `node`; the first failure
 /// with the name of the format that failed.
-fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<FormatTable, CompileFailure> {
+fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<CompiledFormats, CompileFailure> {
     let mut formats = HashMap::new();
     for def in defs {
         let failed = |e: crate::id::format::FormatError| {
@@ -777,7 +780,7 @@ mod tests {
     fn engine(
         def: FormatDef,
         clock: Arc<ManualClock>,
-    ) -> (tempfile::TempDir, Arc<Counting>, Formats) {
+    ) -> (tempfile::TempDir, Arc<Counting>, FormattedEngine) {
         let dir = tempfile::tempdir().unwrap();
         let inner = EmbeddedStore::create(&dir.path().join("s.redb"), "layout").unwrap();
         let store = Arc::new(Counting {
@@ -791,11 +794,11 @@ mod tests {
             lua: LuaPoolSettings::default(),
             max_scope_values: 3,
         };
-        let formats = Formats::new(&[def], store.clone(), clock, settings, 3).unwrap();
+        let formats = FormattedEngine::new(&[def], store.clone(), clock, settings, 3).unwrap();
         (dir, store, formats)
     }
 
-    async fn take(formats: &Formats, name: &str, n: u64, seen: &mut HashSet<String>) {
+    async fn take(formats: &FormattedEngine, name: &str, n: u64, seen: &mut HashSet<String>) {
         for _ in 0..n / 10 {
             for id in formats.generate(name, &[], 10, 3).await.unwrap().ids {
                 assert!(seen.insert(id.text.clone()), "{} handed out twice", id.text);
@@ -847,7 +850,7 @@ mod scope_tests {
     use crate::id::ManualClock;
     use crate::store::EmbeddedStore;
 
-    fn shops(clock: Arc<ManualClock>) -> (tempfile::TempDir, Formats) {
+    fn shops(clock: Arc<ManualClock>) -> (tempfile::TempDir, FormattedEngine) {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::create(&dir.path().join("s.redb"), "layout").unwrap();
         let def = FormatDef {
@@ -861,11 +864,11 @@ mod scope_tests {
             max_scope_values: 3,
             lua: LuaPoolSettings::default(),
         };
-        let formats = Formats::new(&[def], Arc::new(store), clock, settings, 0).unwrap();
+        let formats = FormattedEngine::new(&[def], Arc::new(store), clock, settings, 0).unwrap();
         (dir, formats)
     }
 
-    async fn seq(formats: &Formats, app: &str, n: u64) -> Result<Vec<u64>, Error> {
+    async fn seq(formats: &FormattedEngine, app: &str, n: u64) -> Result<Vec<u64>, Error> {
         let params = [("app".to_owned(), app.to_owned())];
         let issued = formats.generate("apps", &params, n, 0).await?;
         Ok(issued

@@ -9,12 +9,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use super::{admin, grpc, health, http, instance_id, listener, request_size, tls};
-use super::{Node, ServeError, ShutdownReport};
-use crate::cluster::membership::IssuePath;
+use super::{instance_id, Node, ServeError, ShutdownReport};
 use crate::config::Config;
 use crate::modes::Issuer;
 use crate::proto;
+use crate::server::{admin, grpc, health, http, listener, request_size, tls};
 use tokio_rustls::TlsAcceptor;
 
 type Served = JoinHandle<()>;
@@ -67,8 +66,7 @@ impl Node {
             ..
         } = self;
         let worker = membership.key();
-        let path: Arc<dyn IssuePath> = Arc::clone(&issuer) as Arc<dyn IssuePath>;
-        let running = membership.run(path, bound).await;
+        let running = membership.run(Arc::clone(issuer.gate()), bound).await;
         tracing::info!(
             grpc = addrs.0.map(tracing::field::display),
             http = addrs.1.map(tracing::field::display),

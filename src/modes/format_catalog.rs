@@ -21,9 +21,9 @@
 //!   the rest are refused naming the field. A delete leaves a tombstone:
 //!   the name is never used again.
 //! - **Reload.** Every live stored definition is compiled into a new table
-//!   ([`Formats::compile_table`], off the runtime; one served unchanged
+//!   ([`FormattedEngine::compile_table`], off the runtime; one served unchanged
 //!   keeps its compiled format); only when all of them compiled and
-//!   validated is it installed ([`Formats::install`]). A failure keeps the
+//!   validated is it installed ([`FormattedEngine::install`]). A failure keeps the
 //!   table in use and says which format failed and why. Reloads run after
 //!   each admin change, on SIGHUP (re-reading the config file first), and
 //!   in Consul when the stored definitions change (a blocking query on
@@ -39,7 +39,7 @@ use crate::error::Error;
 use crate::id::format::FormatDef;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
-use crate::modes::format::{CompileFailure, FormatTable, Formats};
+use crate::modes::formatted::{CompileFailure, CompiledFormats, FormattedEngine};
 use crate::store::format::catalog::{DefChange, DefSource, FormatCatalogStore, StoredFormat};
 use crate::store::StoreError;
 
@@ -98,7 +98,7 @@ pub struct Reloaded {
 /// Stored format definitions and the table served from them.
 pub struct FormatCatalog {
     defs: Arc<dyn FormatCatalogStore>,
-    formats: Arc<Formats>,
+    formats: Arc<FormattedEngine>,
     clock: Arc<dyn Clock>,
     /// The config file's `[[formats]]`, as last read.
     config_defs: Mutex<Vec<FormatDef>>,
@@ -123,7 +123,7 @@ impl FormatCatalog {
     /// config file's `[[formats]]` (applied by [`start`](Self::start)).
     pub fn new(
         defs: Arc<dyn FormatCatalogStore>,
-        formats: Arc<Formats>,
+        formats: Arc<FormattedEngine>,
         clock: Arc<dyn Clock>,
         config: Vec<FormatDef>,
     ) -> Self {
@@ -146,7 +146,7 @@ impl FormatCatalog {
     }
 
     /// The engine served from.
-    pub fn formats(&self) -> &Arc<Formats> {
+    pub fn formats(&self) -> &Arc<FormattedEngine> {
         &self.formats
     }
 
@@ -338,7 +338,7 @@ impl FormatCatalog {
     /// Compiles `defs` on a blocking thread: a Lua rule's load-time checks
     /// render up to about a million IDs, which must not hold a worker of
     /// the runtime that serves requests.
-    async fn compile(&self, defs: Vec<FormatDef>) -> Result<FormatTable, CompileFailure> {
+    async fn compile(&self, defs: Vec<FormatDef>) -> Result<CompiledFormats, CompileFailure> {
         self.formats.compile_table(&defs).await
     }
 

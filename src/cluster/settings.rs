@@ -1,0 +1,36 @@
+//! The settings a node joins the cluster with: the validated `[consul]`
+//! section. Defined here, beside the code that uses them, and re-exported
+//! by `config`, which builds them from the file: the cluster never
+//! imports the configuration layer above it.
+
+use std::time::Duration;
+
+use super::worker_lock::WorkerLockSettings;
+use crate::consul::ConsulConfig;
+use crate::store::keys::ClusterKeys;
+
+/// The validated `[consul]` section.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// How to reach the agent (address, token, timeouts).
+    pub client: ConsulConfig,
+    /// `<prefix>/<cluster>/`.
+    pub keys: ClusterKeys,
+    /// Consul service name.
+    pub service: String,
+    /// Claim exactly `node.worker_id` instead of any free id.
+    pub static_worker: bool,
+    /// Worker lock timing.
+    pub lease: WorkerLockSettings,
+    /// gRPC health probe interval.
+    pub check_interval: Duration,
+    /// gRPC health probe timeout.
+    pub check_timeout: Duration,
+    /// `DeregisterCriticalServiceAfter`.
+    pub deregister_after: Duration,
+    /// `consul.check_tls_server_name`: the gRPC check's `TLSServerName`
+    /// when the node serves TLS; `None`: derived from the certificate.
+    pub check_tls_server_name: Option<String>,
+    /// Longest pause between claim attempts after the lease was lost.
+    pub reclaim_backoff_max: Duration,
+}

@@ -1,0 +1,142 @@
+//! The [`Issuer`] a node serves from: every enabled mode's engine over
+//! its store, and the catalog of stored format definitions formatted mode
+//! serves from.
+
+use std::sync::Arc;
+
+use super::stores::{strict_limits, ModeStores};
+use crate::config::Config;
+use crate::error::Error;
+use crate::id::Clock;
+use crate::modes::format_catalog::FormatCatalog;
+use crate::modes::lease::{LeaseEngine, LeaseSettings};
+use crate::modes::segment::{SegmentEngine, SegmentSettings};
+use crate::modes::strict::StrictEngine;
+use crate::modes::Issuer;
+use crate::store::format::tokens::FormatTokens;
+
+/// The issuer over `generator` with every enabled mode's engine, and the
+/// catalog of stored format definitions formatted mode serves from.
+pub(super) fn build_issuer(
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+    generator: Arc<crate::id::Snowflake>,
+    stores: ModeStores,
+) -> Result<(Issuer, Option<Arc<FormatCatalog>>), Error> {
+    let mut issuer = Issuer::new(
+        generator,
+        Arc::clone(clock),
+        config.server.max_batch,
+        config.server.max_wait,
+    )
+    .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
+    if let Some(s) = &config.segment {
+        let store = stores
+            .segment
+            .ok_or_else(|| missing("segment mode", "segment store"))?;
+        let settings = SegmentSettings {
+            auto_create: s.auto_create,
+            default_step: s.default_step,
+            max_step: s.max_step,
+            max_wait: config.server.max_wait,
+            max_tags: s.max_tags,
+            idle_release: s.idle_release,
+        };
+        let segments = Arc::new(SegmentEngine::new(store, Arc::clone(clock), settings));
+        segments.spawn_idle_sweeper();
+        issuer = issuer.with_segments(segments);
+        tracing::info!(auto_create = s.auto_create, "segment mode enabled");
+    }
+    if let Some(l) = &config.lease {
+        let source = stores
+            .lease
+            .ok_or_else(|| missing("lease mode", "token source"))?;
+        let settings = LeaseSettings {
+            block: l.block,
+            max_wait: config.server.max_wait,
+        };
+        issuer = issuer.with_leases(Arc::new(LeaseEngine::new(source, settings)));
+    }
+    if let Some(guard) = stores.state_file {
+        issuer = issuer.with_state_file(guard);
+    }
+    if let Some(health) = stores.store_health {
+        issuer = issuer.with_store_health(health);
+    }
+    if let Some(s) = &config.strict {
+        let store = stores
+            .strict
+            .ok_or_else(|| missing("strict mode", "strict store"))?;
+        issuer = issuer.with_strict(Arc::new(StrictEngine::with_limits(
+            store,
+            s.default_step,
+            strict_limits(config),
+        )));
+        tracing::info!(default_step = s.default_step, "strict mode enabled");
+    }
+    let node = issuer.generator().node_number();
+    let catalog = format_catalog(
+        config,
+        clock,
+        node,
+        (stores.format, stores.format_defs, stores.format_tokens),
+    )?;
+    if let Some(catalog) = &catalog {
+        issuer = issuer.with_formats(Arc::clone(catalog.formats()));
+    }
+    Ok((issuer, catalog))
+}
+
+/// Formatted mode's stores: counters, definitions and tokens.
+type FormatStores = (
+    Option<Arc<dyn crate::store::format::counters::FormatCounterStore>>,
+    Option<Arc<dyn crate::store::format::catalog::FormatCatalogStore>>,
+    Option<Arc<dyn FormatTokens>>,
+);
+
+/// Formatted mode's engine (empty until the catalog's start-up reload in
+/// `Node::prime`) and the catalog of stored definitions it serves from.
+fn format_catalog(
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+    node: u64,
+    (store, defs, tokens): FormatStores,
+) -> Result<Option<Arc<FormatCatalog>>, Error> {
+    let (Some(store), Some(defs)) = (store, defs) else {
+        if !config.formatted.formats.is_empty() {
+            return Err(missing("formatted mode", "format store"));
+        }
+        return Ok(None);
+    };
+    let settings = crate::modes::formatted::FormatSettings {
+        block: config.formatted.block,
+        max_behind_ms: config.hwm.max_backward.as_millis() as u64,
+        max_batch: config.server.max_batch,
+        lua: crate::modes::lua_pool::LuaPoolSettings {
+            workers: config.formatted.lua_workers,
+            deadline: config.formatted.lua_deadline,
+        },
+        max_scope_values: config.formatted.max_scope_values,
+    };
+    let formats = crate::modes::formatted::FormattedEngine::new(
+        &[],
+        store,
+        Arc::clone(clock),
+        settings,
+        node,
+    )?;
+    let formats = Arc::new(match tokens {
+        Some(tokens) => formats.with_tokens(tokens),
+        None => formats,
+    });
+    Ok(Some(Arc::new(FormatCatalog::new(
+        defs,
+        formats,
+        Arc::clone(clock),
+        config.formatted.formats.clone(),
+    ))))
+}
+
+pub(super) fn missing(mode: &str, store: &str) -> Error {
+    Error::Setup(format!("{mode} is enabled but no {store} was given"))
+}
