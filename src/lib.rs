@@ -58,8 +58,9 @@
 //! - [`error`]: the crate-wide error; [`metrics`]: every exported metric
 //!   and its label values; [`shutdown`]: SIGTERM/SIGINT handling;
 //!   [`notify`]: systemd readiness, stopping and watchdog notices;
-//!   [`reload`]: files read again when they change or on SIGHUP;
-//!   [`bench`](mod@bench): the `idgen bench` load generator.
+//!   [`reload`]: files read again when they change or on SIGHUP. (The
+//!   `idgen bench` load generator is the `idgen-loadgen` crate,
+//!   `loadgen/`, outside the library.)
 //! - [`proto`]: the `idgen-proto` crate (`proto/`), generated from
 //!   `proto/idgen/v1/idgen.proto` and shared with clients.
 //!
@@ -67,7 +68,6 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod cluster;
 pub mod config;
 pub mod consul;
