@@ -1,8 +1,10 @@
 //! Configuration in two layers: [`FileConfig`] (in `file.rs`) is what a
 //! TOML file and `IDGEN_...` environment variables say, with defaults and
 //! human-readable durations; [`Config`] is the validated runtime form the
-//! server uses, one typed settings value per section. `validate.rs` holds
-//! the checks, each section validating itself into its settings type.
+//! server uses, one typed settings value per section. `validate/` holds
+//! the checks, each section validating itself into its settings type
+//! (`validate/consul.rs`: the `[consul]` section and the worker lock's
+//! timing).
 //!
 //! Precedence, lowest first: built-in defaults, the TOML file, environment
 //! variables (`IDGEN_SECTION__KEY`, e.g. `IDGEN_NODE__WORKER_ID=3`), CLI flags.
