@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::super::file::{ConsulSection, CONSUL_SESSION_TTL_MIN};
 use super::super::{invalid, ClusterConfig, ConfigError, WorkerClaim};
-use super::{check_duration, check_max, is_name, secret};
+use super::{check_duration, is_name, secret};
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::{ConsulConfig, ConsulTls, ConsulTlsFiles};
 use crate::store::consul::ClusterKeys;
@@ -15,7 +15,7 @@ use crate::store::consul::ClusterKeys;
 impl ConsulSection {
     /// `session_ttl_min` is Consul's minimum session TTL (10 s unless a
     /// test lowers it through `[testing]`).
-    fn validate(&self, session_ttl_min: Duration) -> Result<ClusterConfig, ConfigError> {
+    pub(super) fn validate(&self, session_ttl_min: Duration) -> Result<ClusterConfig, ConfigError> {
         let https = self.check_address()?;
         let tls = self.tls(https)?;
         let token = secret(
