@@ -448,7 +448,7 @@ async fn bad_cluster_config_fails_at_start_with_a_clear_error() {
         ("address", "\"https://127.0.0.1:8500\"", "consul.address"),
         ("token_file", "\"/nonexistent/token\"", "consul.token_file"),
         ("worker", "\"any\"", "consul.worker"),
-        ("lease_margin", "\"1s\"", "consul.lease_margin"),
+        ("lock_margin", "\"1s\"", "consul.lock_margin"),
     ] {
         let (ok, out) = serve(&write_cluster_config(
             dir.path(),
@@ -531,7 +531,7 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
         &[
             ("consul", "session_ttl", "\"15s\""),
             ("consul", "lock_delay", "\"15s\""),
-            ("consul", "lease_margin", "\"2s\""),
+            ("consul", "lock_margin", "\"2s\""),
             ("consul", "timeout", "\"2s\""),
         ],
     );

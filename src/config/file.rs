@@ -381,7 +381,7 @@ pub struct ConsulSection {
     /// Safety margin: the node stops issuing this long before its lease
     /// could run out on the server.
     #[serde(with = "humantime_serde")]
-    pub lease_margin: Duration,
+    pub lock_margin: Duration,
     /// Timeout of one Consul request.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -420,7 +420,7 @@ impl Default for ConsulSection {
             worker: WorkerClaim::Auto,
             session_ttl: lease.ttl,
             lock_delay: lease.lock_delay,
-            lease_margin: lease.margin,
+            lock_margin: lease.margin,
             timeout: Duration::from_secs(2),
             retries: 2,
             check_interval: Duration::from_secs(5),

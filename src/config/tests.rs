@@ -203,7 +203,7 @@ fn consul_section_is_checked_key_by_key() {
     let Backend::Consul(cluster) = &c.store.backend else {
         panic!("consul backend expected");
     };
-    assert_eq!(cluster.lease.ttl, Duration::from_secs(15));
+    assert_eq!(cluster.lock.ttl, Duration::from_secs(15));
     assert!(!cluster.static_worker);
     assert_eq!(cluster.client.token, None);
     type Edit = fn(&mut FileConfig);
@@ -248,8 +248,8 @@ fn consul_section_is_checked_key_by_key() {
             "consul.session_ttl",
         ),
         (
-            |f| f.consul.lease_margin = Duration::from_secs(8),
-            "consul.lease_margin",
+            |f| f.consul.lock_margin = Duration::from_secs(8),
+            "consul.lock_margin",
         ),
         (
             |f| f.consul.lock_delay = Duration::from_secs(61),
@@ -283,11 +283,11 @@ fn consul_session_ttl_is_held_to_consuls_minimum_unless_a_test_lowers_it() {
     assert!(msg.contains("Consul's minimum session TTL"), "{msg}");
     assert!(msg.contains("10s"), "{msg}");
     f.consul.session_ttl = Duration::from_secs(10);
-    f.consul.lease_margin = Duration::from_secs(2);
+    f.consul.lock_margin = Duration::from_secs(2);
     f.validate(NOW).unwrap();
     f.consul.session_ttl = Duration::from_secs(2);
     f.consul.lock_delay = Duration::from_secs(2);
-    f.consul.lease_margin = Duration::from_millis(800);
+    f.consul.lock_margin = Duration::from_millis(800);
     f.consul.timeout = Duration::from_millis(500);
     assert_eq!(err_key(&f), "consul.session_ttl");
     f.testing.consul_session_ttl_min = Duration::from_secs(1);

@@ -180,7 +180,7 @@ impl IssuePath for Issuer {
     }
 
     fn set_deadline(&self, at: std::time::Instant) {
-        self.set_lease_deadline(at);
+        self.set_lock_deadline(at);
     }
 
     fn install(&self, generator: Arc<crate::id::Snowflake>) {
@@ -638,7 +638,7 @@ impl Node {
         node.bound = session_held(&node.issuer, zone, (client, keys), format_tokens);
         if let Some(deadline) = deadline {
             // Until the supervisor takes over, the claim's own deadline.
-            node.issuer.set_lease_deadline(deadline);
+            node.issuer.set_lock_deadline(deadline);
         }
         node.prime().await
     }

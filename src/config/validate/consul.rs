@@ -25,8 +25,8 @@ impl ConsulSection {
             "consul.token_file",
         )?;
         let prefix = self.check_names()?;
-        let lease = self.worker_lock(session_ttl_min)?;
-        self.check_timings(&lease)?;
+        let lock = self.worker_lock(session_ttl_min)?;
+        self.check_timings(&lock)?;
         Ok(ClusterConfig {
             client: ConsulConfig {
                 address: self.address.trim_end_matches('/').to_owned(),
@@ -42,7 +42,7 @@ impl ConsulSection {
             keys: ClusterKeys::new(prefix, &self.cluster),
             service: self.service.clone(),
             static_worker: self.worker == WorkerClaim::Static,
-            lease,
+            lock,
             check_interval: self.check_interval,
             check_timeout: self.check_timeout,
             deregister_after: self.deregister_critical_after,
@@ -161,26 +161,26 @@ impl ConsulSection {
                 ),
             ));
         }
-        let lease = WorkerLockSettings {
+        let lock = WorkerLockSettings {
             ttl: self.session_ttl,
             lock_delay: self.lock_delay,
-            margin: self.lease_margin,
+            margin: self.lock_margin,
         };
-        lease.check().map_err(|e| {
+        lock.check().map_err(|e| {
             let key = if e.starts_with("lock_delay") {
                 "consul.lock_delay"
             } else if e.starts_with("margin") {
-                "consul.lease_margin"
+                "consul.lock_margin"
             } else {
                 "consul.session_ttl"
             };
             invalid(key, e)
         })?;
-        Ok(lease)
+        Ok(lock)
     }
 
     /// Request, probe and back-off timings, and the retry count.
-    fn check_timings(&self, lease: &WorkerLockSettings) -> Result<(), ConfigError> {
+    fn check_timings(&self, lock: &WorkerLockSettings) -> Result<(), ConfigError> {
         let (ms, s) = (Duration::from_millis, Duration::from_secs);
         for (key, value, min, max) in [
             ("consul.timeout", self.timeout, ms(50), s(60)),
@@ -206,14 +206,14 @@ impl ConsulSection {
         ] {
             check_duration(key, value, min, max)?;
         }
-        // A renew must be able to finish well inside the lease.
-        if self.timeout > lease.ttl / 3 {
+        // A renew must be able to finish well inside the lock.
+        if self.timeout > lock.ttl / 3 {
             return Err(invalid(
                 "consul.timeout",
                 format!(
                     "{} is too long for session_ttl {}: at most a third of the TTL",
                     humantime::format_duration(self.timeout),
-                    humantime::format_duration(lease.ttl)
+                    humantime::format_duration(lock.ttl)
                 ),
             ));
         }
