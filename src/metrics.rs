@@ -40,9 +40,9 @@ pub const SERVING: &str = "idgen_serving";
 pub const CONSUL_REQUEST_DURATION: &str = "idgen_consul_request_duration_seconds";
 /// Failed Consul requests (each attempt), by `endpoint`.
 pub const CONSUL_ERRORS: &str = "idgen_consul_errors_total";
-/// 1 while the node is fenced (lost its worker id lease), else 0.
+/// 1 while the node is fenced (lost its worker lock), else 0.
 pub const FENCED: &str = "idgen_fenced";
-/// Times the node lost its worker id lease and fenced itself.
+/// Times the node lost its worker lock and fenced itself.
 pub const FENCINGS: &str = "idgen_fencings_total";
 /// Free worker ids passed over by an auto claim because their stored mark
 /// was too far ahead of this node's clock.
@@ -321,11 +321,11 @@ fn describe_serving() {
     );
     describe_gauge!(
         FENCED,
-        "1 while the node is fenced: its worker id lease ran out, so it issues nothing until it claims an id again."
+        "1 while the node is fenced: its worker lock ran out, so it issues nothing until it claims an id again."
     );
     describe_counter!(
         FENCINGS,
-        "Times the node lost its worker id lease and stopped issuing."
+        "Times the node lost its worker lock and stopped issuing."
     );
     describe_counter!(
         WORKER_IDS_SKIPPED,

@@ -276,7 +276,7 @@ async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_afte
     };
     assert_eq!(fenced.code(), tonic::Code::Unavailable);
     assert!(
-        fenced.message().contains("lost its worker id lease"),
+        fenced.message().contains("lost its worker lock"),
         "{fenced:?}"
     );
     // The server (expiring exactly one TTL after the last renew it got)
@@ -808,7 +808,7 @@ async fn leader_elections_under_load_never_repeat_an_id_and_a_cut_off_node_still
     };
     assert_eq!(fenced.code(), tonic::Code::Unavailable, "{fenced:?}");
     assert!(
-        fenced.message().contains("lost its worker id lease"),
+        fenced.message().contains("lost its worker lock"),
         "{fenced:?}"
     );
     assert!(

@@ -3,7 +3,7 @@
 //! The generator only trusts a high-water mark once a [`HwmStore`] has
 //! said it is durable. Two backends implement the trait: [`embedded`] (a
 //! redb file, one node) and [`consul`] (Consul KV, written only while this
-//! node holds its worker-id lease).
+//! node holds its worker lock).
 
 pub mod cluster_layout;
 pub mod consul;
