@@ -378,9 +378,10 @@ pub struct ConsulSection {
     /// Lock-delay of the worker lock after its session is invalidated.
     #[serde(with = "humantime_serde")]
     pub lock_delay: Duration,
-    /// Safety margin: the node stops issuing this long before its lease
-    /// could run out on the server.
-    #[serde(with = "humantime_serde")]
+    /// Safety margin: the node stops issuing this long before its worker
+    /// lock could run out on the server. `lease_margin`, its name before
+    /// the worker lock was called a lock, is still read (an alias).
+    #[serde(with = "humantime_serde", alias = "lease_margin")]
     pub lock_margin: Duration,
     /// Timeout of one Consul request.
     #[serde(with = "humantime_serde")]
@@ -397,14 +398,14 @@ pub struct ConsulSection {
     #[serde(with = "humantime_serde")]
     pub deregister_critical_after: Duration,
     /// Longest pause between attempts to claim a worker id again after the
-    /// lease was lost.
+    /// worker lock was lost.
     #[serde(with = "humantime_serde")]
     pub reclaim_backoff_max: Duration,
 }
 
 impl Default for ConsulSection {
     fn default() -> Self {
-        let lease = WorkerLockSettings::default();
+        let lock = WorkerLockSettings::default();
         Self {
             address: "http://127.0.0.1:8500".into(),
             ca_file: PathBuf::new(),
@@ -418,9 +419,9 @@ impl Default for ConsulSection {
             cluster: "default".into(),
             service: "idgen".into(),
             worker: WorkerClaim::Auto,
-            session_ttl: lease.ttl,
-            lock_delay: lease.lock_delay,
-            lock_margin: lease.margin,
+            session_ttl: lock.ttl,
+            lock_delay: lock.lock_delay,
+            lock_margin: lock.margin,
             timeout: Duration::from_secs(2),
             retries: 2,
             check_interval: Duration::from_secs(5),

@@ -461,6 +461,21 @@ fn environment_overrides_the_file() {
 }
 
 #[test]
+fn the_old_lease_margin_key_still_sets_the_lock_margin() {
+    let f = read("[consul]\nlease_margin = \"3s\"\n").unwrap();
+    assert_eq!(f.consul.lock_margin, Duration::from_secs(3));
+    let f = read("[consul]\nlock_margin = \"4s\"\n").unwrap();
+    assert_eq!(f.consul.lock_margin, Duration::from_secs(4));
+    // The environment's old name too.
+    std::env::set_var("IDGENCFGALIAS_CONSUL__LEASE_MARGIN", "5s");
+    let f = FileConfig::load_with_env_prefix(None, "IDGENCFGALIAS_").unwrap();
+    std::env::remove_var("IDGENCFGALIAS_CONSUL__LEASE_MARGIN");
+    assert_eq!(f.consul.lock_margin, Duration::from_secs(5));
+    let err = read("[consul]\nlease_margin = \"3s\"\nlock_margin = \"4s\"\n").unwrap_err();
+    assert!(err.to_string().contains("lock_margin"), "{err}");
+}
+
+#[test]
 fn unknown_keys_and_missing_files_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");

@@ -206,7 +206,7 @@ impl ConsulSection {
         ] {
             check_duration(key, value, min, max)?;
         }
-        // A renew must be able to finish well inside the lock.
+        // A renew must be able to finish well inside the lock's lifetime.
         if self.timeout > lock.ttl / 3 {
             return Err(invalid(
                 "consul.timeout",
