@@ -379,10 +379,13 @@ pub struct ConsulSection {
     #[serde(with = "humantime_serde")]
     pub lock_delay: Duration,
     /// Safety margin: the node stops issuing this long before its worker
-    /// lock could run out on the server. `lease_margin`, its name before
-    /// the worker lock was called a lock, is still read (an alias).
-    #[serde(with = "humantime_serde", alias = "lease_margin")]
+    /// lock could run out on the server.
+    #[serde(with = "humantime_serde")]
     pub lock_margin: Duration,
+    /// `lock_margin`'s old name, still read (file and environment) and
+    /// moved into `lock_margin` at load; never written out.
+    #[serde(default, skip_serializing, with = "humantime_serde::option")]
+    pub lease_margin: Option<Duration>,
     /// Timeout of one Consul request.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -422,6 +425,7 @@ impl Default for ConsulSection {
             session_ttl: lock.ttl,
             lock_delay: lock.lock_delay,
             lock_margin: lock.margin,
+            lease_margin: None,
             timeout: Duration::from_secs(2),
             retries: 2,
             check_interval: Duration::from_secs(5),
@@ -429,6 +433,28 @@ impl Default for ConsulSection {
             deregister_critical_after: Duration::from_secs(60),
             reclaim_backoff_max: Duration::from_secs(5),
         }
+    }
+}
+
+/// Old key names still read, as (section__key) -> the key they set.
+pub(super) const KEY_ALIASES: &[(&str, &str)] = &[("consul__lease_margin", "consul.lock_margin")];
+
+impl ConsulSection {
+    /// Moves the old `lease_margin` into `lock_margin`; refuses both set
+    /// to different values (which one was meant cannot be known).
+    fn take_old_margin(&mut self) -> Result<(), ConfigError> {
+        let Some(old) = self.lease_margin.take() else {
+            return Ok(());
+        };
+        let default = Self::default().lock_margin;
+        if self.lock_margin != default && self.lock_margin != old {
+            return Err(invalid(
+                "consul.lease_margin",
+                "is the old name of consul.lock_margin, which is set too: keep only lock_margin",
+            ));
+        }
+        self.lock_margin = old;
+        Ok(())
     }
 }
 
@@ -709,7 +735,9 @@ impl FileConfig {
                 .filter(|key| key.as_str().contains("__"))
                 .split("__"),
         );
-        fig.extract().map_err(read_error)
+        let mut file: Self = fig.extract().map_err(read_error)?;
+        file.consul.take_old_margin()?;
+        Ok(file)
     }
 
     /// Every settable key as `(section, key)`, optional ones included.
@@ -818,7 +846,8 @@ pub(super) fn check_environment(
         let wanted = rest.to_ascii_lowercase();
         let known = keys
             .iter()
-            .any(|(section, key)| wanted == format!("{section}__{key}"));
+            .any(|(section, key)| wanted == format!("{section}__{key}"))
+            || KEY_ALIASES.iter().any(|(old, _)| wanted == *old);
         if known {
             continue;
         }

@@ -472,7 +472,8 @@ fn the_old_lease_margin_key_still_sets_the_lock_margin() {
     std::env::remove_var("IDGENCFGALIAS_CONSUL__LEASE_MARGIN");
     assert_eq!(f.consul.lock_margin, Duration::from_secs(5));
     let err = read("[consul]\nlease_margin = \"3s\"\nlock_margin = \"4s\"\n").unwrap_err();
-    assert!(err.to_string().contains("lock_margin"), "{err}");
+    assert!(err.to_string().contains("consul.lease_margin"), "{err}");
+    assert!(err.to_string().contains("keep only lock_margin"), "{err}");
 }
 
 #[test]
