@@ -205,7 +205,7 @@ fn consul_section_is_checked_key_by_key() {
     };
     assert_eq!(cluster.lock.ttl, Duration::from_secs(15));
     assert!(!cluster.static_worker);
-    assert_eq!(cluster.client.token, None);
+    assert_eq!(cluster.client.acl_token, None);
     type Edit = fn(&mut FileConfig);
     let cases: [(Edit, &str); 15] = [
         (
@@ -323,7 +323,7 @@ fn the_consul_token_comes_inline_or_from_a_file_and_is_never_shown() {
     let Backend::Consul(cluster) = &c.store.backend else {
         panic!("consul backend expected");
     };
-    assert_eq!(cluster.client.token.as_deref(), Some("s3cret"));
+    assert_eq!(cluster.client.acl_token.as_deref(), Some("s3cret"));
     assert!(cluster.static_worker);
     assert!(!format!("{c:?}").contains("s3cret"));
     f.consul.token = "inline-secret".into();

@@ -18,7 +18,7 @@ impl ConsulSection {
     pub(super) fn validate(&self, session_ttl_min: Duration) -> Result<ClusterConfig, ConfigError> {
         let https = self.check_address()?;
         let tls = self.tls(https)?;
-        let token = secret(
+        let acl_token = secret(
             &self.token,
             &self.token_file,
             "consul.token",
@@ -30,7 +30,7 @@ impl ConsulSection {
         Ok(ClusterConfig {
             client: ConsulConfig {
                 address: self.address.trim_end_matches('/').to_owned(),
-                token,
+                acl_token,
                 timeout: self.timeout,
                 retries: self.retries,
                 tls,
