@@ -147,7 +147,7 @@ fn names(hay: &str, needle: &str, left_stop: &[char]) -> bool {
         let right_ok = hay[end..]
             .chars()
             .next()
-            .is_none_or(|c| !is_ident(c) && !(needle.ends_with('/') && c == '/'));
+            .is_none_or(|c| !(is_ident(c) || (needle.ends_with('/') && c == '/')));
         if left_ok && right_ok {
             return true;
         }
