@@ -1,5 +1,5 @@
 //! idgen over gRPC against a bare tonic server that returns a counter, in
-//! one run, with the same load generator (`idgen::bench`).
+//! one run, with the same load generator (`idgen_loadgen`).
 //!
 //! Each server runs on its own 2-thread runtime and thread, as a separate
 //! process would; the load generator has its own runtime. Prints calls/s,
@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use idgen::bench::{self, BaselineServer, BenchOptions, BenchReport};
+use idgen_loadgen::{self as bench, BaselineServer, BenchOptions, BenchReport};
 
 mod common;
 use common::IdgenServer;
@@ -42,7 +42,7 @@ fn main() {
                 duration: Duration::from_secs(secs),
                 warmup: Duration::from_secs(1),
                 batch,
-                mode: idgen::id::Mode::Snowflake,
+                mode: idgen::proto::Mode::Snowflake,
                 tag: String::new(),
                 format: None,
                 format_params: Vec::new(),

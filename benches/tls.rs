@@ -1,5 +1,5 @@
 //! Unary GenId over TLS against plaintext, in one run, with the same load
-//! generator (`idgen::bench`), and the cost of a TLS handshake.
+//! generator (`idgen_loadgen`), and the cost of a TLS handshake.
 //!
 //! Two idgen nodes run in this process, each on its own 2-thread runtime
 //! and thread: one plaintext, one serving TLS 1.3 with a certificate made
@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
-use idgen::bench::{self, BenchOptions, BenchReport};
 use idgen::config::TlsSettings;
 use idgen::proto::id_gen_client::IdGenClient;
 use idgen::proto::GenIdRequest;
+use idgen_loadgen::{self as bench, BenchOptions, BenchReport};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
@@ -97,7 +97,7 @@ fn unary_options(secs: u64) -> BenchOptions {
         duration: Duration::from_secs(secs),
         warmup: Duration::from_secs(1),
         batch: 1,
-        mode: idgen::id::Mode::Snowflake,
+        mode: idgen::proto::Mode::Snowflake,
         tag: String::new(),
         format: None,
         format_params: Vec::new(),

@@ -41,8 +41,8 @@ pub enum Error {
     /// The process could not set itself up (metrics recorder, threads).
     #[error("setup failed: {0}")]
     Setup(String),
-    /// The node lost its worker-id lease and has not claimed one again.
-    #[error("this node lost its worker id lease in Consul (Consul unreachable or session expired) and stopped issuing; it is claiming an id again; retry on another node")]
+    /// The node lost its worker lock and has not claimed one again.
+    #[error("this node lost its worker lock in Consul (Consul unreachable or session expired) and stopped issuing; it is claiming an id again; retry on another node")]
     Fenced,
     /// Segment mode has no IDs in memory for a tag and cannot get more.
     #[error("segment tag {tag:?} has no IDs left in memory and no new range could be taken ({reason}); retry later or on another node")]

@@ -8,9 +8,19 @@
 //!
 //! # Layout
 //!
-//! Dependencies point one way: the binary (`src/main.rs`, `src/cli/`) ->
-//! [`server`] -> [`modes`] and [`cluster`] -> [`store`] -> [`id`].
+//! Dependencies point down the layer order of `docs/ARCHITECTURE.md`
+//! ("Layer order"): the binary (`src/main.rs`, `src/cli/`) -> node ->
+//! [`server`] -> [`config`] -> [`cluster`] -> [`modes`] -> [`error`] ->
+//! [`store`] -> [`consul`] -> [`metrics`] -> [`id`]. Every file under
+//! `src/` is named below (`tests/source_map.rs` checks it).
 //!
+//! - The binary: `src/main.rs` and `src/cli/` (`cli/mod.rs`, the flags in
+//!   `cli/args.rs`; the commands `cli/serve.rs`, `cli/init.rs`,
+//!   `cli/gen.rs`, `cli/decode.rs`, `cli/admin.rs`,
+//!   `cli/admin_formats.rs`, `cli/bench.rs`, `cli/check.rs`,
+//!   `cli/state.rs`; `cli/client.rs` dials a node with `cli/tls.rs`'s
+//!   files; `cli/output.rs` prints). The `idgen bench` load generator is
+//!   the `idgen-loadgen` crate (`loadgen/`), outside the library.
 //! - [`id`]: the pure core, no I/O, no tokio, time passed in. Bit layouts
 //!   and presets, the lock-free snowflake generator with its clock rules,
 //!   segment ranges, lease blocks, strict counters, the double buffer
@@ -86,7 +96,6 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod cluster;
 pub mod config;
 pub mod consul;

@@ -40,9 +40,9 @@ pub const SERVING: &str = "idgen_serving";
 pub const CONSUL_REQUEST_DURATION: &str = "idgen_consul_request_duration_seconds";
 /// Failed Consul requests (each attempt), by `endpoint`.
 pub const CONSUL_ERRORS: &str = "idgen_consul_errors_total";
-/// 1 while the node is fenced (lost its worker id lease), else 0.
+/// 1 while the node is fenced (lost its worker lock), else 0.
 pub const FENCED: &str = "idgen_fenced";
-/// Times the node lost its worker id lease and fenced itself.
+/// Times the node lost its worker lock and fenced itself.
 pub const FENCINGS: &str = "idgen_fencings_total";
 /// Free worker ids passed over by an auto claim because their stored mark
 /// was too far ahead of this node's clock.
@@ -134,6 +134,9 @@ pub const ADMIN_AUTH_THROTTLED: &str = "idgen_admin_auth_throttled_total";
 pub const BUILD_INFO: &str = "idgen_build_info";
 /// Consul reads of a counter below what this node wrote, by `kind`.
 pub const STORE_REGRESSIONS: &str = "idgen_store_regressions_total";
+/// The `kind` label values of [`STORE_REGRESSIONS`]: the Consul counters
+/// the store checks against what this node wrote.
+pub const STORE_REGRESSION_KINDS: [&str; 5] = ["segment", "strict", "lease", "format", "hwm"];
 
 /// Bucket bounds of every `_seconds` histogram. A unary call answered from
 /// memory takes 5 to 50 us, so the low end is fine-grained: with a first
@@ -318,11 +321,11 @@ fn describe_serving() {
     );
     describe_gauge!(
         FENCED,
-        "1 while the node is fenced: its worker id lease ran out, so it issues nothing until it claims an id again."
+        "1 while the node is fenced: its worker lock ran out, so it issues nothing until it claims an id again."
     );
     describe_counter!(
         FENCINGS,
-        "Times the node lost its worker id lease and stopped issuing."
+        "Times the node lost its worker lock and stopped issuing."
     );
     describe_counter!(
         WORKER_IDS_SKIPPED,
@@ -632,7 +635,7 @@ pub fn register(s: Series) {
         let _ = histogram!(STORE_WRITE_DURATION, "backend" => backend, "op" => op);
     }
     if consul {
-        for kind in crate::store::regression::KINDS {
+        for kind in STORE_REGRESSION_KINDS {
             counter!(STORE_REGRESSIONS, "kind" => kind).increment(0);
         }
         counter!(FENCINGS).increment(0);

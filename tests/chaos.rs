@@ -156,7 +156,7 @@ async fn client(
             }
             Ok(Err(status)) => {
                 // UNAVAILABLE (fenced, stopping) or a dead connection.
-                if status.message().contains("lost its worker id lease") {
+                if status.message().contains("lost its worker lock") {
                     refused.fetch_add(1, Ordering::Relaxed);
                 }
                 if status.code() != tonic::Code::Unavailable {
@@ -484,7 +484,7 @@ async fn chaos_run_issues_no_duplicate_ids() {
         .iter()
         .map(|s| s.history.lock().unwrap().clone())
         .collect();
-    let fencings = history.matches("worker lease lost").count();
+    let fencings = history.matches("worker lock lost").count();
     let reclaims = history.matches("claimed again").count();
     let behind: u64 = slots.iter().map(|s| s.lifted.load(Ordering::Relaxed)).sum();
     eprintln!(

@@ -271,7 +271,7 @@ async fn a_partitioned_node_stops_before_its_session_can_expire_and_resumes_afte
     };
     assert_eq!(fenced.code(), tonic::Code::Unavailable);
     assert!(
-        fenced.message().contains("lost its worker id lease"),
+        fenced.message().contains("lost its worker lock"),
         "{fenced:?}"
     );
     // The server (expiring exactly one TTL after the last renew it got)
@@ -443,7 +443,7 @@ async fn bad_cluster_config_fails_at_start_with_a_clear_error() {
         ("address", "\"https://127.0.0.1:8500\"", "consul.address"),
         ("token_file", "\"/nonexistent/token\"", "consul.token_file"),
         ("worker", "\"any\"", "consul.worker"),
-        ("lease_margin", "\"1s\"", "consul.lease_margin"),
+        ("lock_margin", "\"1s\"", "consul.lock_margin"),
     ] {
         let (ok, out) = serve(&write_cluster_config(
             dir.path(),
@@ -526,7 +526,7 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
         &[
             ("consul", "session_ttl", "\"15s\""),
             ("consul", "lock_delay", "\"15s\""),
-            ("consul", "lease_margin", "\"2s\""),
+            ("consul", "lock_margin", "\"2s\""),
             ("consul", "timeout", "\"2s\""),
         ],
     );
@@ -798,7 +798,7 @@ async fn leader_elections_under_load_never_repeat_an_id_and_a_cut_off_node_still
     };
     assert_eq!(fenced.code(), tonic::Code::Unavailable, "{fenced:?}");
     assert!(
-        fenced.message().contains("lost its worker id lease"),
+        fenced.message().contains("lost its worker lock"),
         "{fenced:?}"
     );
     assert!(

@@ -13,7 +13,7 @@ use idgen::consul::{
 fn client_for(addr: std::net::SocketAddr, token: Option<&str>) -> ConsulClient {
     ConsulClient::new(ConsulConfig {
         address: format!("http://{addr}"),
-        token: token.map(str::to_owned),
+        acl_token: token.map(str::to_owned),
         timeout: Duration::from_millis(800),
         retries: 2,
         backoff: Duration::from_millis(10),

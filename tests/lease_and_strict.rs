@@ -270,7 +270,7 @@ async fn during_a_consul_outage_lease_serves_its_blocks_until_fenced_segment_its
     consul.faults().drop_requests("agent-o", true);
     let cut = Instant::now();
     // Lease (first: it is fenced about a second after the cut): serves
-    // from its reserved blocks; once the lease deadline passes the node is
+    // from its reserved blocks; once the lock deadline passes the node is
     // fenced and lease calls stop too.
     let c2 = node.client().await;
     let mut lease_served = 0;
@@ -321,7 +321,7 @@ async fn during_a_consul_outage_lease_serves_its_blocks_until_fenced_segment_its
     // renew), then lease calls name it.
     let fenced = loop {
         let e = c.gen_id(one(Mode::Lease, "")).await.unwrap_err();
-        if e.message().contains("lost its worker id lease") {
+        if e.message().contains("lost its worker lock") {
             break true;
         }
         if cut.elapsed() > Duration::from_secs(10) {

@@ -222,7 +222,7 @@ async fn a_token_that_cannot_write_fails_at_once_not_after_retries() {
     );
     let reader = ConsulClient::new(ConsulConfig {
         address: format!("http://{}", consul.addr()),
-        token: Some("reader".into()),
+        acl_token: Some("reader".into()),
         retries: 0,
         ..ConsulConfig::default()
     })

@@ -3,7 +3,7 @@
 
 use anyhow::bail;
 
-use idgen::bench::{self, BaselineServer, BenchOptions, BenchReport};
+use idgen_loadgen::{self as bench, BaselineServer, BenchOptions, BenchReport};
 
 use super::args::BenchArgs;
 use super::output::outln;
@@ -24,7 +24,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         duration: a.duration,
         warmup: a.warmup,
         batch: a.batch,
-        mode: idgen::id::Mode::parse(&a.mode)?,
+        mode: idgen::server::grpc::mode_to_proto(idgen::id::Mode::parse(&a.mode)?),
         tag: a.tag.clone(),
         format: a.format.clone(),
         format_params: a.param.clone(),

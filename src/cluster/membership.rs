@@ -129,7 +129,7 @@ impl Membership {
     pub fn deadline(&self) -> Option<Instant> {
         match self {
             Self::Static(_) => None,
-            Self::Consul(cluster) => Some(cluster.lease_deadline()),
+            Self::Consul(cluster) => Some(cluster.lock_deadline()),
         }
     }
 

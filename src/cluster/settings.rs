@@ -21,7 +21,7 @@ pub struct ClusterConfig {
     /// Claim exactly `node.worker_id` instead of any free id.
     pub static_worker: bool,
     /// Worker lock timing.
-    pub lease: WorkerLockSettings,
+    pub lock: WorkerLockSettings,
     /// gRPC health probe interval.
     pub check_interval: Duration,
     /// gRPC health probe timeout.

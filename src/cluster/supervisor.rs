@@ -1,6 +1,6 @@
 //! Cluster mode: a worker id claimed in Consul, the high-water mark kept in
 //! Consul KV, the service registered with a gRPC health check, and the
-//! supervisor that fences the node the moment its lease runs out.
+//! supervisor that fences the node the moment its lock runs out.
 //!
 //! # Life of a node
 //! 1. [`Cluster::start`] (before anything listens) claims a worker id with
@@ -87,7 +87,7 @@ pub struct ClusterSpec {
 
 /// A worker id held, with its generator running.
 struct Claim {
-    lease: Arc<WorkerLock>,
+    lock: Arc<WorkerLock>,
     keeper: KeeperHandle,
     owner: OwnerInfo,
 }
@@ -127,8 +127,8 @@ impl Cluster {
             on_renewal_thread(renewal, async move { claim(&spec, &coord, &clock).await }).await??
         };
         let registration =
-            registration_for(&spec, &client, held.lease.key()).map_err(Error::Setup)?;
-        record_claim(held.lease.key(), false);
+            registration_for(&spec, &client, held.lock.key()).map_err(Error::Setup)?;
+        record_claim(held.lock.key(), false);
         Ok(Self {
             spec,
             client,
@@ -140,9 +140,9 @@ impl Cluster {
         })
     }
 
-    /// The held lease's local deadline now.
-    pub fn lease_deadline(&self) -> Instant {
-        self.held.lease.deadline()
+    /// The held lock's local deadline now.
+    pub fn lock_deadline(&self) -> Instant {
+        self.held.lock.deadline()
     }
 
     /// The generator of the worker id held now.
@@ -158,15 +158,15 @@ impl Cluster {
 
     /// The worker id held now.
     pub fn key(&self) -> WorkerKey {
-        self.held.lease.key()
+        self.held.lock.key()
     }
 
     /// The worker lock's session and what its value says about this node.
     pub fn session(&self) -> (&str, &OwnerInfo) {
-        (self.held.lease.session(), &self.held.owner)
+        (self.held.lock.session(), &self.held.owner)
     }
 
-    /// Registers the service and starts supervising the lease. Call once
+    /// Registers the service and starts supervising the lock. Call once
     /// the gRPC server answers health checks.
     /// `gate` is the issue path's gate the supervisor fences and re-arms;
     /// `bound` is what lives under the session (lease mode's token), moved
@@ -186,11 +186,11 @@ impl Cluster {
             registration,
         } = self;
         // From here every renew moves the issue path's deadline on.
-        held.lease.on_renew(deadline_hook(&gate));
+        held.lock.on_renew(deadline_hook(&gate));
         let registration = Arc::new(ArcSwap::from_pointee(registration));
         let changed = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
-        // The lease is renewed from now on; registration never delays it.
+        // The lock is renewed from now on; registration never delays it.
         let supervisor = renewal.spawn(supervise(
             Arc::clone(&spec),
             (coord, client.clone()),
@@ -266,19 +266,19 @@ impl RunningCluster {
         let held = self.supervisor.await.ok().flatten();
         let _ = self.registrar.await;
         let mut result = Ok(None);
-        if let Some(Claim { lease, keeper, .. }) = held {
+        if let Some(Claim { lock, keeper, .. }) = held {
             result = keeper.finish().await.map(Some);
             if let Some(bound) = &self.bound {
                 // Before the session goes: the token keeps its counter and
                 // this instance gets it back on restart.
                 bound.release().await;
             }
-            match lease.release().await {
+            match lock.release().await {
                 Ok(()) => {
-                    tracing::info!(worker = %lease.key(), "worker id released, session destroyed")
+                    tracing::info!(worker = %lock.key(), "worker id released, session destroyed")
                 }
                 Err(e) => tracing::warn!(
-                    worker = %lease.key(),
+                    worker = %lock.key(),
                     error = %e,
                     "cannot release the worker id; it frees itself when the session expires"
                 ),
@@ -326,39 +326,39 @@ async fn claim(
     // clock (a node with a fast clock ran there): another free id works.
     let mut poisoned = Vec::new();
     loop {
-        let lease = WorkerLock::claim_skipping(
+        let lock = WorkerLock::claim_skipping(
             client.clone(),
             spec.config.keys.clone(),
             spec.datacenter,
             choice,
             &owner,
-            spec.config.lease,
+            spec.config.lock,
             &poisoned,
         )
         .await?;
         tracing::info!(
-            worker = %lease.key(),
-            session = lease.session(),
+            worker = %lock.key(),
+            session = lock.session(),
             instance = %spec.instance,
             "worker id claimed in Consul"
         );
         let store = Arc::new(
-            ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lease.session())
+            ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lock.session())
                 .with_layout(guard.clone()),
         );
         let started =
-            HwmKeeper::start(store, lease.key(), spec.layout, Arc::clone(clock), spec.hwm).await;
+            HwmKeeper::start(store, lock.key(), spec.layout, Arc::clone(clock), spec.hwm).await;
         let e = match started {
             Ok((_, keeper)) => {
                 return Ok(Claim {
-                    lease: Arc::new(lease),
+                    lock: Arc::new(lock),
                     keeper,
                     owner,
                 })
             }
             Err(e) => e,
         };
-        if let Err(r) = lease.release().await {
+        if let Err(r) = lock.release().await {
             tracing::warn!(error = %r, "cannot give the worker id back; it frees itself when the session expires");
         }
         match (&e, choice) {
@@ -369,7 +369,7 @@ async fn claim(
                 }),
                 WorkerChoice::Auto { .. },
             ) => {
-                let key = lease.key();
+                let key = lock.key();
                 tracing::warn!(
                     worker = %key,
                     skew_ms = behind_ms,
@@ -418,7 +418,7 @@ fn registration_for(
     Registration::new(client.clone(), &spec_for(spec, key))
 }
 
-/// Renews the lease until stopped; on loss fences and claims again.
+/// Renews the lock until stopped; on loss fences and claims again.
 /// Returns the id still held at shutdown, or `None` if it was lost.
 async fn supervise(
     spec: Arc<ClusterSpec>,
@@ -430,12 +430,12 @@ async fn supervise(
     mut stopped: watch::Receiver<bool>,
 ) -> Option<Claim> {
     loop {
-        let lease = Arc::clone(&held.lease);
+        let lock = Arc::clone(&held.lock);
         let kept = tokio::select! {
-            kept = lease.keep_alive(wait_stop(stopped.clone())) => kept,
+            kept = lock.keep_alive(wait_stop(stopped.clone())) => kept,
             // The store refused a mark write: another session holds the id.
             () = held.keeper.lock_lost() => false,
-            never = report_renew_age(&lease) => match never {},
+            never = report_renew_age(&lock) => match never {},
         };
         if kept {
             return Some(held);
@@ -446,9 +446,9 @@ async fn supervise(
         metrics::gauge!(m::FENCED).set(1.0);
         metrics::counter!(m::FENCINGS).increment(1);
         tracing::error!(
-            worker = %lease.key(),
+            worker = %lock.key(),
             last_time_ms = last_ms,
-            "worker lease lost: stopped issuing (fenced, NOT_SERVING); claiming a worker id again"
+            "worker lock lost: stopped issuing (fenced, NOT_SERVING); claiming a worker id again"
         );
         metrics::gauge!(m::WORKER_ID, "datacenter" => spec.datacenter.to_string()).set(-1.0);
         // Hand the id back (release the lock, destroy the session) as soon
@@ -457,16 +457,16 @@ async fn supervise(
         // Safe: nothing more is issued or written with it.
         // Claiming waits for the hand-back, so the node comes back on its
         // own id; but never longer than the old session can live anyway.
-        held = reclaim(&spec, &coord, &clock, lease, &mut stopped).await?;
+        held = reclaim(&spec, &coord, &clock, lock, &mut stopped).await?;
         // Checked against the deadline just above, with no await since.
-        held.lease.on_renew(deadline_hook(&gate));
+        held.lock.on_renew(deadline_hook(&gate));
         if let Some(bound) = &bound {
-            if let Err(e) = bound.moved(held.lease.session(), &held.owner) {
+            if let Err(e) = bound.moved(held.lock.session(), &held.owner) {
                 tracing::error!(error = %e, "cannot move what the session holds (lease tokens) to the new session");
             }
         }
         gate.install(Arc::clone(held.keeper.generator()));
-        let key = held.lease.key();
+        let key = held.lock.key();
         record_claim(key, true);
         if registration.load().worker() != key {
             match registration_for(&spec, &client, key) {
@@ -488,26 +488,25 @@ async fn reclaim(
     spec: &ClusterSpec,
     coord: &ConsulClient,
     clock: &Arc<dyn Clock>,
-    lease: Arc<WorkerLock>,
+    lock: Arc<WorkerLock>,
     stopped: &mut watch::Receiver<bool>,
 ) -> Option<Claim> {
-    let lease_ends =
-        lease.last_renewed() + 2 * spec.config.lease.ttl + spec.config.lease.lock_delay;
-    let mut lost = Some(lease);
+    let lock_ends = lock.last_renewed() + 2 * spec.config.lock.ttl + spec.config.lock.lock_delay;
+    let mut lost = Some(lock);
     let mut pause = RECLAIM_BACKOFF_MIN;
     loop {
         if *stopped.borrow() {
             if let Some(old) = &lost {
                 // Shutting down while fenced: one last bounded try, so
                 // a restart does not wait out the old session.
-                let limit = spec.config.lease.ttl / 3;
+                let limit = spec.config.lock.ttl / 3;
                 let _ = tokio::time::timeout(limit, old.hand_back()).await;
             }
             return None;
         }
         if let Some(old) = &lost {
             metrics::gauge!(m::SESSION_RENEW_AGE).set(old.last_renewed().elapsed().as_secs_f64());
-            let limit = spec.config.lease.ttl / 3;
+            let limit = spec.config.lock.ttl / 3;
             match tokio::time::timeout(limit, old.hand_back()).await {
                 Ok(Ok(())) => {
                     tracing::info!(worker = %old.key(), "lost worker id handed back to Consul");
@@ -519,13 +518,13 @@ async fn reclaim(
                 Err(_) => tracing::debug!("cannot hand the lost worker id back yet: timed out"),
             }
         }
-        if lost.is_none() || Instant::now() >= lease_ends {
+        if lost.is_none() || Instant::now() >= lock_ends {
             match claim(spec, coord, clock).await {
-                Ok(new) if Instant::now() < new.lease.deadline() => return Some(new),
+                Ok(new) if Instant::now() < new.lock.deadline() => return Some(new),
                 Ok(late) => {
-                    // Too slow to be safe: the lease ran out while starting.
+                    // Too slow to be safe: the lock ran out while starting.
                     late.keeper.abort();
-                    let _ = late.lease.release().await;
+                    let _ = late.lock.release().await;
                     tracing::warn!("claimed a worker id too slowly to use it; trying again");
                 }
                 Err(JoinError::Node(Error::ClusterLayout(
@@ -563,10 +562,10 @@ async fn wait_stop(mut stopped: watch::Receiver<bool>) {
 
 /// Publishes the age of the last successful renew once a second; never
 /// returns.
-async fn report_renew_age(lease: &WorkerLock) -> std::convert::Infallible {
+async fn report_renew_age(lock: &WorkerLock) -> std::convert::Infallible {
     let mut t = tokio::time::interval(Duration::from_secs(1));
     loop {
         t.tick().await;
-        metrics::gauge!(m::SESSION_RENEW_AGE).set(lease.last_renewed().elapsed().as_secs_f64());
+        metrics::gauge!(m::SESSION_RENEW_AGE).set(lock.last_renewed().elapsed().as_secs_f64());
     }
 }

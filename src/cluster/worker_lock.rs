@@ -29,7 +29,7 @@ use crate::consul::{
 use crate::store::keys::{ClusterKeys, OwnerInfo};
 use crate::store::WorkerKey;
 
-/// Lease timing.
+/// Lock timing.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkerLockSettings {
     /// Session TTL (Consul: 10 s to 86400 s).
@@ -80,7 +80,7 @@ impl WorkerLockSettings {
         self.ttl.min(self.lock_delay)
     }
 
-    /// How long after a renew was sent the lease may be used.
+    /// How long after a renew was sent the lock may be used.
     fn lifetime(&self) -> Duration {
         self.lifetime_limit().saturating_sub(self.margin)
     }
@@ -99,8 +99,8 @@ impl Default for WorkerLockSettings {
 /// Why a worker id could not be claimed or kept.
 #[derive(Debug, Error)]
 pub enum WorkerLockError {
-    /// The lease settings are unusable.
-    #[error("bad worker lease settings: {0}")]
+    /// The lock settings are unusable.
+    #[error("bad worker lock settings: {0}")]
     Settings(String),
     /// The configured static worker id is held by another session, or
     /// inside its lock-delay.
@@ -374,7 +374,7 @@ impl WorkerLock {
 
     /// How often to renew: a third of min(TTL, lock-delay), which is a
     /// third of the TTL with the defaults and always well inside the
-    /// lease's lifetime (the margin is less than half of that min).
+    /// lock's lifetime (the margin is less than half of that min).
     pub fn renew_interval(&self) -> Duration {
         self.settings.lifetime_limit() / 3
     }
@@ -401,7 +401,7 @@ impl WorkerLock {
         }
     }
 
-    /// Renews every [`renew_interval`](Self::renew_interval) until the lease
+    /// Renews every [`renew_interval`](Self::renew_interval) until the lock
     /// is lost or `stop` completes; a renew is always tried while at least
     /// half of the remaining lifetime is left (also right after a slow
     /// claim).
@@ -419,7 +419,7 @@ impl WorkerLock {
                 _ = tokio::time::sleep_until(next.into()) => {}
             }
             if Instant::now() >= self.deadline() {
-                tracing::error!(worker = %self.key, "worker lease deadline passed without a successful renew");
+                tracing::error!(worker = %self.key, "worker lock deadline passed without a successful renew");
                 return false;
             }
             // A renew that hangs (a partition) must not carry us past the
@@ -429,7 +429,7 @@ impl WorkerLock {
                 r = tokio::time::timeout_at(self.deadline().into(), self.renew()) => r,
             };
             let Ok(renewed) = renewed else {
-                tracing::error!(worker = %self.key, "worker lease deadline passed while renewing");
+                tracing::error!(worker = %self.key, "worker lock deadline passed while renewing");
                 return false;
             };
             match renewed {
@@ -447,7 +447,7 @@ impl WorkerLock {
         }
     }
 
-    /// Hands a lost lease back: release the lock, and only once that
+    /// Hands a lost lock back: release the lock, and only once that
     /// worked, destroy the session (destroying first would put the id
     /// under lock-delay).
     pub async fn hand_back(&self) -> Result<(), ConsulError> {
@@ -502,7 +502,7 @@ mod tests {
         for s in bad {
             assert!(s.check().is_err(), "{s:?}");
         }
-        // The lease is usable for min(ttl, lock_delay) - margin.
+        // The lock is usable for min(ttl, lock_delay) - margin.
         let s = WorkerLockSettings {
             ttl: Duration::from_secs(30),
             lock_delay: Duration::from_secs(10),

@@ -378,10 +378,14 @@ pub struct ConsulSection {
     /// Lock-delay of the worker lock after its session is invalidated.
     #[serde(with = "humantime_serde")]
     pub lock_delay: Duration,
-    /// Safety margin: the node stops issuing this long before its lease
-    /// could run out on the server.
+    /// Safety margin: the node stops issuing this long before its worker
+    /// lock could run out on the server.
     #[serde(with = "humantime_serde")]
-    pub lease_margin: Duration,
+    pub lock_margin: Duration,
+    /// `lock_margin`'s old name, still read (file and environment) and
+    /// moved into `lock_margin` at load; never written out.
+    #[serde(default, skip_serializing, with = "humantime_serde::option")]
+    pub lease_margin: Option<Duration>,
     /// Timeout of one Consul request.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -397,14 +401,14 @@ pub struct ConsulSection {
     #[serde(with = "humantime_serde")]
     pub deregister_critical_after: Duration,
     /// Longest pause between attempts to claim a worker id again after the
-    /// lease was lost.
+    /// worker lock was lost.
     #[serde(with = "humantime_serde")]
     pub reclaim_backoff_max: Duration,
 }
 
 impl Default for ConsulSection {
     fn default() -> Self {
-        let lease = WorkerLockSettings::default();
+        let lock = WorkerLockSettings::default();
         Self {
             address: "http://127.0.0.1:8500".into(),
             ca_file: PathBuf::new(),
@@ -418,9 +422,10 @@ impl Default for ConsulSection {
             cluster: "default".into(),
             service: "idgen".into(),
             worker: WorkerClaim::Auto,
-            session_ttl: lease.ttl,
-            lock_delay: lease.lock_delay,
-            lease_margin: lease.margin,
+            session_ttl: lock.ttl,
+            lock_delay: lock.lock_delay,
+            lock_margin: lock.margin,
+            lease_margin: None,
             timeout: Duration::from_secs(2),
             retries: 2,
             check_interval: Duration::from_secs(5),
@@ -428,6 +433,28 @@ impl Default for ConsulSection {
             deregister_critical_after: Duration::from_secs(60),
             reclaim_backoff_max: Duration::from_secs(5),
         }
+    }
+}
+
+/// Old key names still read, as (section__key) -> the key they set.
+pub(super) const KEY_ALIASES: &[(&str, &str)] = &[("consul__lease_margin", "consul.lock_margin")];
+
+impl ConsulSection {
+    /// Moves the old `lease_margin` into `lock_margin`; refuses both set
+    /// to different values (which one was meant cannot be known).
+    fn take_old_margin(&mut self) -> Result<(), ConfigError> {
+        let Some(old) = self.lease_margin.take() else {
+            return Ok(());
+        };
+        let default = Self::default().lock_margin;
+        if self.lock_margin != default && self.lock_margin != old {
+            return Err(invalid(
+                "consul.lease_margin",
+                "is the old name of consul.lock_margin, which is set too: keep only lock_margin",
+            ));
+        }
+        self.lock_margin = old;
+        Ok(())
     }
 }
 
@@ -708,7 +735,9 @@ impl FileConfig {
                 .filter(|key| key.as_str().contains("__"))
                 .split("__"),
         );
-        fig.extract().map_err(read_error)
+        let mut file: Self = fig.extract().map_err(read_error)?;
+        file.consul.take_old_margin()?;
+        Ok(file)
     }
 
     /// Every settable key as `(section, key)`, optional ones included.
@@ -817,7 +846,8 @@ pub(super) fn check_environment(
         let wanted = rest.to_ascii_lowercase();
         let known = keys
             .iter()
-            .any(|(section, key)| wanted == format!("{section}__{key}"));
+            .any(|(section, key)| wanted == format!("{section}__{key}"))
+            || KEY_ALIASES.iter().any(|(old, _)| wanted == *old);
         if known {
             continue;
         }

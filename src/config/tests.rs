@@ -203,9 +203,9 @@ fn consul_section_is_checked_key_by_key() {
     let Backend::Consul(cluster) = &c.store.backend else {
         panic!("consul backend expected");
     };
-    assert_eq!(cluster.lease.ttl, Duration::from_secs(15));
+    assert_eq!(cluster.lock.ttl, Duration::from_secs(15));
     assert!(!cluster.static_worker);
-    assert_eq!(cluster.client.token, None);
+    assert_eq!(cluster.client.acl_token, None);
     type Edit = fn(&mut FileConfig);
     let cases: [(Edit, &str); 15] = [
         (
@@ -248,8 +248,8 @@ fn consul_section_is_checked_key_by_key() {
             "consul.session_ttl",
         ),
         (
-            |f| f.consul.lease_margin = Duration::from_secs(8),
-            "consul.lease_margin",
+            |f| f.consul.lock_margin = Duration::from_secs(8),
+            "consul.lock_margin",
         ),
         (
             |f| f.consul.lock_delay = Duration::from_secs(61),
@@ -283,11 +283,11 @@ fn consul_session_ttl_is_held_to_consuls_minimum_unless_a_test_lowers_it() {
     assert!(msg.contains("Consul's minimum session TTL"), "{msg}");
     assert!(msg.contains("10s"), "{msg}");
     f.consul.session_ttl = Duration::from_secs(10);
-    f.consul.lease_margin = Duration::from_secs(2);
+    f.consul.lock_margin = Duration::from_secs(2);
     f.validate(NOW).unwrap();
     f.consul.session_ttl = Duration::from_secs(2);
     f.consul.lock_delay = Duration::from_secs(2);
-    f.consul.lease_margin = Duration::from_millis(800);
+    f.consul.lock_margin = Duration::from_millis(800);
     f.consul.timeout = Duration::from_millis(500);
     assert_eq!(err_key(&f), "consul.session_ttl");
     f.testing.consul_session_ttl_min = Duration::from_secs(1);
@@ -323,7 +323,7 @@ fn the_consul_token_comes_inline_or_from_a_file_and_is_never_shown() {
     let Backend::Consul(cluster) = &c.store.backend else {
         panic!("consul backend expected");
     };
-    assert_eq!(cluster.client.token.as_deref(), Some("s3cret"));
+    assert_eq!(cluster.client.acl_token.as_deref(), Some("s3cret"));
     assert!(cluster.static_worker);
     assert!(!format!("{c:?}").contains("s3cret"));
     f.consul.token = "inline-secret".into();
@@ -458,6 +458,22 @@ fn environment_overrides_the_file() {
         err.to_string().to_lowercase().contains("worker_id"),
         "{err}"
     );
+}
+
+#[test]
+fn the_old_lease_margin_key_still_sets_the_lock_margin() {
+    let f = read("[consul]\nlease_margin = \"3s\"\n").unwrap();
+    assert_eq!(f.consul.lock_margin, Duration::from_secs(3));
+    let f = read("[consul]\nlock_margin = \"4s\"\n").unwrap();
+    assert_eq!(f.consul.lock_margin, Duration::from_secs(4));
+    // The environment's old name too.
+    std::env::set_var("IDGENCFGALIAS_CONSUL__LEASE_MARGIN", "5s");
+    let f = FileConfig::load_with_env_prefix(None, "IDGENCFGALIAS_").unwrap();
+    std::env::remove_var("IDGENCFGALIAS_CONSUL__LEASE_MARGIN");
+    assert_eq!(f.consul.lock_margin, Duration::from_secs(5));
+    let err = read("[consul]\nlease_margin = \"3s\"\nlock_margin = \"4s\"\n").unwrap_err();
+    assert!(err.to_string().contains("consul.lease_margin"), "{err}");
+    assert!(err.to_string().contains("keep only lock_margin"), "{err}");
 }
 
 #[test]

@@ -37,7 +37,7 @@ pub struct ConsulConfig {
     /// Base URL of the agent, e.g. `http://127.0.0.1:8500`.
     pub address: String,
     /// ACL token, sent as `X-Consul-Token`.
-    pub token: Option<String>,
+    pub acl_token: Option<String>,
     /// Timeout of one request (blocking queries add their wait on top).
     pub timeout: Duration,
     /// Extra attempts for a retryable failure of a safe call.
@@ -53,7 +53,7 @@ impl Default for ConsulConfig {
     fn default() -> Self {
         Self {
             address: "http://127.0.0.1:8500".into(),
-            token: None,
+            acl_token: None,
             timeout: Duration::from_secs(5),
             retries: 3,
             backoff: Duration::from_millis(50),
@@ -66,7 +66,7 @@ impl fmt::Debug for ConsulConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulConfig")
             .field("address", &self.address)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("acl_token", &self.acl_token.as_ref().map(|_| "<redacted>"))
             .field("timeout", &self.timeout)
             .field("retries", &self.retries)
             .field("backoff", &self.backoff)
@@ -243,7 +243,7 @@ enum Safety {
 pub struct ConsulClient {
     http: reqwest::Client,
     base: String,
-    token: Option<String>,
+    acl_token: Option<String>,
     config: ConsulConfig,
 }
 
@@ -289,7 +289,7 @@ impl ConsulClient {
             .map_err(|e| ConsulError::BadAddress(format!("{base}: {e}")))?;
         Ok(Self {
             http,
-            token: config.token.clone(),
+            acl_token: config.acl_token.clone(),
             base,
             config,
         })
@@ -365,7 +365,7 @@ impl ConsulClient {
             .http
             .request(method.clone(), url)
             .timeout(self.config.timeout.saturating_add(extra_timeout));
-        if let Some(token) = &self.token {
+        if let Some(token) = &self.acl_token {
             req = req.header("X-Consul-Token", token);
         }
         if let Some(body) = body {

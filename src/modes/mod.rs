@@ -280,7 +280,7 @@ impl Issuer {
     /// Sets the worker lock's deadline: past `at`, snowflake, lease and
     /// formatted calls are refused as fenced until a later deadline is
     /// set. Called after every successful renew and on every claim.
-    pub fn set_lease_deadline(&self, at: Instant) {
+    pub fn set_lock_deadline(&self, at: Instant) {
         self.gate.set_deadline(at);
     }
 
@@ -392,7 +392,7 @@ mod tests {
             "no deadline: issues"
         );
         let at = Instant::now() + Duration::from_millis(50);
-        issuer.set_lease_deadline(at);
+        issuer.set_lock_deadline(at);
         // Nothing fences this node (no supervisor runs): only the deadline
         // check on the issue path can stop it. Bounded wait.
         let mut refused = None;
@@ -413,7 +413,7 @@ mod tests {
         ));
         assert!(!g.is_closed(), "refused by the deadline alone");
         // A renew moves the deadline on and issuing resumes.
-        issuer.set_lease_deadline(Instant::now() + Duration::from_secs(60));
+        issuer.set_lock_deadline(Instant::now() + Duration::from_secs(60));
         assert!(issuer.gen_ids(Mode::Snowflake, "", 10).await.is_ok());
     }
 

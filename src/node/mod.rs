@@ -229,7 +229,7 @@ impl Node {
         node.bound = session_held(&node.issuer, zone, (client, keys), format_tokens);
         if let Some(deadline) = deadline {
             // Until the supervisor takes over, the claim's own deadline.
-            node.issuer.set_lease_deadline(deadline);
+            node.issuer.set_lock_deadline(deadline);
         }
         Ok(node.prime().await?)
     }

@@ -56,9 +56,6 @@ struct Reporter {
     node: String,
 }
 
-/// The `kind` label values of `idgen_store_regressions_total`.
-pub const KINDS: [&str; 5] = ["segment", "strict", "lease", "format", "hwm"];
-
 /// A stored level, compared as a pair: formatted-mode counters are (period
 /// start, last value); every other counter is (0, value).
 pub type Level = (i64, u64);

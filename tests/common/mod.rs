@@ -350,7 +350,7 @@ pub fn write_cluster_config(
         ("consul", "session_ttl", "\"2s\""),
         ("testing", "consul_session_ttl_min", "\"1s\""),
         ("consul", "lock_delay", "\"2s\""),
-        ("consul", "lease_margin", "\"800ms\""),
+        ("consul", "lock_margin", "\"800ms\""),
         ("consul", "timeout", "\"500ms\""),
         ("consul", "retries", "1"),
         ("consul", "check_interval", "\"200ms\""),

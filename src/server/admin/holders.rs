@@ -243,7 +243,7 @@ impl AdminService {
         Ok(proto::ForceReleaseResponse {
             released: true,
             message: format!(
-                "destroyed session {session} of instance {} at {}: this freed everything that node held (its worker id, and its lease token and format tokens, if any). It stops issuing by its lease deadline and claims again. Waited out the lock-delay ({lock_delay:?}): {held} is free now, for whoever claims it first",
+                "destroyed session {session} of instance {} at {}: this freed everything that node held (its worker id, and its lease token and format tokens, if any). It stops issuing by its lock deadline and claims again. Waited out the lock-delay ({lock_delay:?}): {held} is free now, for whoever claims it first",
                 holder.instance, holder.address
             ),
             waited_ms: millis(Some(released.waited)),

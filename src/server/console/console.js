@@ -248,7 +248,7 @@ function confirmRelease(h) {
   $("confirm-title").textContent = "Release " + holderName(h) + "?";
   const alive = h.state === "alive";
   $("confirm-text").textContent = alive
-    ? "It is held by instance " + h.instance + " at " + h.address + ", whose session " + h.session + " is still alive in Consul (a node that died keeps it until its TTL runs out). Releasing destroys that session, which frees everything that node holds (its worker id, its lease token and its format tokens). A node that is still running stops issuing by its lease deadline and claims again."
+    ? "It is held by instance " + h.instance + " at " + h.address + ", whose session " + h.session + " is still alive in Consul (a node that died keeps it until its TTL runs out). Releasing destroys that session, which frees everything that node holds (its worker id, its lease token and its format tokens). A node that is still running stops issuing by its lock deadline and claims again."
     : "Its session " + h.session + " is " + h.state + ".";
   $("confirm-delay").textContent = "Lock-delay: " + seconds(h.lock_delay_ms) + ". The release returns only after it has passed; until then no node can claim the id.";
   $("confirm").showModal();

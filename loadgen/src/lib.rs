@@ -9,6 +9,12 @@
 //!
 //! The baseline server answers the same `idgen.v1.IdGen` rpcs with a plain
 //! atomic counter: the cost of tonic itself, which idgen is compared with.
+//!
+//! This crate sits outside the idgen library: it speaks only the
+//! `idgen.v1` protocol (`idgen-proto`), so the library does not carry a
+//! load generator and the generator does not reach into the server.
+
+#![warn(missing_docs)]
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,9 +26,9 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
-use crate::proto::id_gen_client::IdGenClient;
-use crate::proto::id_gen_server::{IdGen, IdGenServer};
-use crate::proto::{self};
+use idgen_proto as proto;
+use proto::id_gen_client::IdGenClient;
+use proto::id_gen_server::{IdGen, IdGenServer};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -39,8 +45,8 @@ pub struct BenchOptions {
     pub warmup: Duration,
     /// 0 or 1: unary `GenId`; above 1: `GenIds` with this `count`.
     pub batch: u32,
-    /// The mode asked for.
-    pub mode: crate::id::Mode,
+    /// The mode asked for (the binary maps its `--mode` to the wire enum).
+    pub mode: proto::Mode,
     /// The tag (segment mode).
     pub tag: String,
     /// `GenFormatted` of this format (with `format_params`) instead of
@@ -215,11 +221,7 @@ pub async fn run_on(
             let client = IdGenClient::new(channels[i % channels.len()].clone());
             tokio::spawn(drive(
                 client,
-                (
-                    opts.batch,
-                    crate::server::grpc::mode_to_proto(opts.mode),
-                    opts.tag.clone(),
-                ),
+                (opts.batch, opts.mode, opts.tag.clone()),
                 formatted_request(opts),
                 measure_from,
                 end,

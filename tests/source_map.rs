@@ -1,0 +1,704 @@
+//! The source tree's maps and its layer order, checked so they cannot go
+//! stale.
+//!
+//! **Every file is on both maps.** Each `.rs` file under `src/` must be
+//! named in the `# Layout` section of the crate doc (`src/lib.rs`) and in
+//! the module map of `docs/ARCHITECTURE.md` (its first fenced block after
+//! `## The module map`):
+//!
+//! - in the crate doc, by its path from `src/` (`store/cas.rs`, also
+//!   written `src/store/cas.rs`), or by its module path
+//!   (`store::cas`, usually inside an intra-doc link such as
+//!   [`store::cas`] or `[store::cas::CasLoop]`); a folder's `mod.rs` is
+//!   named by the folder's path (`store/`) or module path (`store`);
+//! - in the module map, by its path from `src/`, or by its path from the
+//!   top-level entry it is listed under (`cas.rs` under `store/`,
+//!   `format/lua.rs` under `id/`); a `mod.rs` by its folder (`store/`,
+//!   `format/` under `id/`).
+//!
+//! Exempt: `src/lib.rs` in the crate doc (it is that map), and files that
+//! only tests compile: a file named `tests.rs` or under a `tests/` folder.
+//! Other files under `src/` (the console's page and assets) are named by
+//! their folder.
+//!
+//! **Imports point down.** docs/ARCHITECTURE.md's "Layer order" lists the
+//! layers top to bottom; a file may name (`use crate::x`, `crate::x::...`,
+//! `super::` out of its own top-level module) only modules of its own
+//! layer or below. Comments are not read, so a doc link may point up.
+//! `ALLOWED_UP` lists the upward imports that are known and owned by a
+//! pending change; it must only shrink.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The layers, top to bottom, and the top-level items of `src/` in each
+/// (a crate-root file `x.rs` and a folder `x/` are both `x`). The process
+/// pieces still at the crate root (renewal, shutdown, notify, reload)
+/// belong to the node layer they are moving into.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("binary", &["main", "cli"]),
+    (
+        "node",
+        &[
+            "node",
+            "renewal",
+            "shutdown",
+            "notify",
+            "systemd",
+            "reload",
+            "file_watch",
+        ],
+    ),
+    ("server", &["server"]),
+    ("config", &["config"]),
+    ("cluster", &["cluster"]),
+    ("modes", &["modes"]),
+    ("error", &["error", "Error"]),
+    ("store", &["store"]),
+    ("consul", &["consul"]),
+    ("metrics", &["metrics"]),
+    ("id", &["id"]),
+];
+
+/// Crate-root names that are not layers: `proto` re-exports the
+/// `idgen-proto` crate, which every layer may use.
+const NOT_LAYERS: &[&str] = &["proto"];
+
+/// Known upward imports, as (file under `src/`, the module it names),
+/// each removed by a pending change of issue 21. The list must only
+/// shrink: a new upward import fails the test.
+const ALLOWED_UP: &[(&str, &str)] = &[
+    // cluster -> config (ClusterConfig): the supervisor takes its own
+    // settings (H4).
+    ("cluster/supervisor.rs", "config"),
+    // cluster -> renewal: the renewal thread moves to node (H4).
+    ("cluster/supervisor.rs", "renewal"),
+    ("cluster/membership.rs", "renewal"),
+    // error -> cluster (WorkerLockError): start-up failures belong to
+    // node (H4).
+    ("error.rs", "cluster"),
+    // server -> renewal: the renewal thread moves to node with the
+    // assembly in server/mod.rs (H4).
+    ("server/mod.rs", "renewal"),
+    // consul and server -> reload (the file watch behind TLS reloads):
+    // reload moves to node as file_watch (H4); the TLS loaders then take
+    // the watch from node instead of importing it.
+    ("consul/tls.rs", "reload"),
+    ("server/tls.rs", "reload"),
+    // store -> error: HwmKeeper::start returns the crate error; it
+    // returns StoreError once store errors are the store's own (H1).
+    ("store/hwm.rs", "Error"),
+];
+
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every file under `dir`, as paths from `src/` with `/` separators.
+fn files_under(dir: &Path, out: &mut Vec<String>) {
+    let mut entries: Vec<_> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            files_under(&path, out);
+        } else {
+            let rel = path.strip_prefix(src_dir()).expect("under src/");
+            out.push(rel.to_string_lossy().replace('\\', "/"));
+        }
+    }
+}
+
+fn rust_files() -> Vec<String> {
+    let mut all = Vec::new();
+    files_under(&src_dir(), &mut all);
+    all.retain(|f| f.ends_with(".rs"));
+    all
+}
+
+/// Only tests compile it.
+fn test_only(file: &str) -> bool {
+    file == "tests.rs" || file.ends_with("/tests.rs") || file.contains("/tests/")
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// `needle` occurs in `hay` with neither an identifier character nor one
+/// of `left_stop` just before it, and no identifier character (or `.rs`
+/// continuing a name) just after it. `crate::` and `src/` before a path
+/// are allowed.
+fn names(hay: &str, needle: &str, left_stop: &[char]) -> bool {
+    let mut from = 0;
+    while let Some(at) = hay[from..].find(needle) {
+        let start = from + at;
+        let end = start + needle.len();
+        let before = &hay[..start];
+        let left_ok = before.ends_with("crate::")
+            || before.ends_with("src/")
+            || before
+                .chars()
+                .next_back()
+                .is_none_or(|c| !is_ident(c) && !left_stop.contains(&c));
+        let right_ok = hay[end..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(is_ident(c) || (needle.ends_with('/') && c == '/')));
+        if left_ok && right_ok {
+            return true;
+        }
+        from = start + 1;
+    }
+    false
+}
+
+/// The module path of a file (`store/cas.rs` -> `store::cas`,
+/// `store/mod.rs` -> `store`).
+fn module_path(file: &str) -> String {
+    let stem = file.trim_end_matches(".rs");
+    let stem = stem.strip_suffix("/mod").unwrap_or(stem);
+    stem.replace('/', "::")
+}
+
+/// What a `mod.rs` is named by: its folder, `store/`; anything else by its
+/// own path.
+fn map_name(file: &str) -> String {
+    match file.strip_suffix("mod.rs") {
+        Some(folder) => folder.to_string(),
+        None => file.to_string(),
+    }
+}
+
+/// The `//!` lines of `src/lib.rs` from `# Layout` to the next heading.
+fn crate_doc_layout() -> String {
+    let lib = fs::read_to_string(src_dir().join("lib.rs")).expect("read src/lib.rs");
+    let doc: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(str::trim)
+        .collect();
+    let start = doc
+        .iter()
+        .position(|l| *l == "# Layout")
+        .expect("src/lib.rs has a `# Layout` section");
+    let rest = &doc[start + 1..];
+    let end = rest
+        .iter()
+        .position(|l| l.starts_with("# "))
+        .unwrap_or(rest.len());
+    rest[..end].join("\n")
+}
+
+/// docs/ARCHITECTURE.md's module map, as (top-level entry, its text).
+fn architecture_map() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md");
+    let text = fs::read_to_string(path).expect("read docs/ARCHITECTURE.md");
+    let after = text
+        .split_once("## The module map")
+        .expect("docs/ARCHITECTURE.md has `## The module map`")
+        .1;
+    let block = after
+        .split("```")
+        .nth(1)
+        .expect("the module map is a fenced block");
+    let mut entries: Vec<(String, String)> = Vec::new();
+    let mut in_src = false;
+    for line in block.lines() {
+        if line.starts_with("src/") {
+            in_src = true;
+            continue;
+        }
+        if !line.starts_with(' ') && !line.trim().is_empty() {
+            in_src = false;
+        }
+        if !in_src {
+            continue;
+        }
+        let indent = line.len() - line.trim_start().len();
+        let trimmed = line.trim_start();
+        if indent == 2 {
+            let (entry, text) = trimmed.split_once(' ').unwrap_or((trimmed, ""));
+            entries.push((entry.to_string(), text.to_string()));
+        } else if let Some(last) = entries.last_mut() {
+            last.1.push('\n');
+            last.1.push_str(trimmed);
+        }
+    }
+    assert!(!entries.is_empty(), "the module map lists src/'s entries");
+    entries
+}
+
+fn named_in_crate_doc(doc: &str, file: &str) -> bool {
+    if file == "lib.rs" {
+        return true;
+    }
+    names(doc, &map_name(file), &['/', ':'])
+        || names(doc, file, &['/', ':'])
+        || names(doc, &module_path(file), &['/', ':'])
+}
+
+fn named_in_architecture(map: &[(String, String)], file: &str) -> bool {
+    let whole = map_name(file);
+    map.iter().any(|(entry, text)| {
+        if *entry == whole || *entry == file {
+            return true;
+        }
+        if names(text, &whole, &['/', ':']) {
+            return true;
+        }
+        match whole.strip_prefix(entry.as_str()) {
+            Some(rel) if entry.ends_with('/') && !rel.is_empty() => names(text, rel, &['/', ':']),
+            _ => false,
+        }
+    })
+}
+
+#[test]
+fn every_src_file_is_named_in_the_crate_doc_and_the_module_map() {
+    let doc = crate_doc_layout();
+    let map = architecture_map();
+    let mut missing = Vec::new();
+    for file in rust_files().iter().filter(|f| !test_only(f)) {
+        if !named_in_crate_doc(&doc, file) {
+            missing.push(format!(
+                "src/{file}: not in src/lib.rs's Layout (name it `{}` or `{}`)",
+                map_name(file),
+                module_path(file)
+            ));
+        }
+        if !named_in_architecture(&map, file) {
+            missing.push(format!(
+                "src/{file}: not in docs/ARCHITECTURE.md's module map (name it `{}` under its folder)",
+                map_name(file)
+            ));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "files missing from the maps:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_map_rules_see_what_they_should() {
+    // A sibling's longer name does not count, nor a longer path.
+    assert!(!names("store/cascade.rs", "store/cas.rs", &['/', ':']));
+    assert!(!names("[`store::cascade`]", "store::cas", &['/', ':']));
+    assert!(!names("modes/lease.rs", "lease.rs", &['/', ':']));
+    assert!(names("[`store::cas::CasLoop`]", "store::cas", &['/', ':']));
+    assert!(names("see src/store/cas.rs.", "store/cas.rs", &['/', ':']));
+    assert!(names("[`crate::store::cas`]", "store::cas", &['/', ':']));
+    assert_eq!(module_path("store/mod.rs"), "store");
+    assert_eq!(map_name("id/format/mod.rs"), "id/format/");
+    assert!(test_only("config/tests.rs"));
+    assert!(test_only("id/format/lua/validate/tests.rs"));
+    assert!(!test_only("store/regression.rs"));
+}
+
+// ---- the layer order ----
+
+/// The layer of a top-level name, as its index in `LAYERS` (0 = top).
+fn layer_of(top: &str) -> Option<usize> {
+    LAYERS.iter().position(|(_, items)| items.contains(&top))
+}
+
+/// The top-level name a file belongs to (`store/cas.rs` -> `store`,
+/// `error.rs` -> `error`).
+fn top_of(file: &str) -> &str {
+    let first = file.split('/').next().unwrap_or(file);
+    first.trim_end_matches(".rs")
+}
+
+/// Source with comments blanked out (line, doc and block comments), and
+/// string literals blanked, keeping line breaks so line numbers hold.
+fn code_only(src: &str) -> String {
+    let chars: Vec<char> = src.chars().collect();
+    let mut out = String::with_capacity(src.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    if chars[i] == '\n' {
+                        out.push('\n');
+                    }
+                    i += 1;
+                }
+            }
+        } else if c == '\'' && next == Some('\\') {
+            // An escaped char literal such as '\'' or '\"'.
+            let close = chars[i + 3..].iter().position(|&c| c == '\'');
+            i += 4 + close.unwrap_or(0);
+        } else if c == '\'' && chars.get(i + 2) == Some(&'\'') {
+            // A char literal such as '"' or '{' (not a lifetime).
+            i += 3;
+        } else if c == '"' {
+            i = skip_string(&chars, i, &mut out);
+        } else if c == 'r' && (next == Some('"') || next == Some('#')) && !prev_ident(&chars, i) {
+            i = skip_raw_string(&chars, i, &mut out);
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn prev_ident(chars: &[char], i: usize) -> bool {
+    i > 0 && is_ident(chars[i - 1])
+}
+
+/// Skips a `"..."` literal starting at `i`, keeping its line breaks.
+fn skip_string(chars: &[char], mut i: usize, out: &mut String) -> usize {
+    out.push('"');
+    i += 1;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' => i += 2,
+            '"' => {
+                out.push('"');
+                return i + 1;
+            }
+            '\n' => {
+                out.push('\n');
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    i
+}
+
+/// Skips a raw string `r#"..."#` starting at `i` (or returns past the
+/// `r` when it is not one).
+fn skip_raw_string(chars: &[char], i: usize, out: &mut String) -> usize {
+    let mut j = i + 1;
+    let mut hashes = 0;
+    while chars.get(j) == Some(&'#') {
+        hashes += 1;
+        j += 1;
+    }
+    if chars.get(j) != Some(&'"') {
+        out.push('r');
+        return i + 1;
+    }
+    j += 1;
+    out.push('"');
+    while j < chars.len() {
+        if chars[j] == '"' && (0..hashes).all(|k| chars.get(j + 1 + k) == Some(&'#')) {
+            out.push('"');
+            return j + 1 + hashes;
+        }
+        if chars[j] == '\n' {
+            out.push('\n');
+        }
+        j += 1;
+    }
+    j
+}
+
+fn ident_at(s: &str) -> &str {
+    let end = s.find(|c: char| !is_ident(c)).unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The crate-root names a file refers to, with their line numbers:
+/// `crate::x`, `crate::{x, y::z}`, and `super::` chains that climb out of
+/// the file's top-level module.
+fn crate_refs(file: &str, code: &str) -> Vec<(usize, String)> {
+    // How many `super::` reach the crate root from this file.
+    let depth = {
+        let parts: Vec<&str> = file.split('/').collect();
+        let mut d = parts.len() - 1;
+        if !file.ends_with("mod.rs") && !file.ends_with("lib.rs") && !file.ends_with("main.rs") {
+            d += 1;
+        }
+        d
+    };
+    let mut refs = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let line_no = n + 1;
+        let mut from = 0;
+        while let Some(at) = line[from..].find("crate::") {
+            let start = from + at;
+            from = start + "crate::".len();
+            if line[..start].chars().next_back().is_some_and(is_ident) {
+                continue; // e.g. `idgen_crate::`
+            }
+            let rest = &line[from..];
+            if let Some(group) = rest.strip_prefix('{') {
+                refs.extend(group_heads(group).into_iter().map(|h| (line_no, h)));
+            } else {
+                refs.push((line_no, ident_at(rest).to_string()));
+            }
+        }
+        let mut from = 0;
+        while let Some(at) = line[from..].find("super::") {
+            let start = from + at;
+            from = start + 1;
+            if line[..start]
+                .chars()
+                .next_back()
+                .is_some_and(|c| is_ident(c) || c == ':')
+            {
+                continue; // counted with the chain's first `super::`
+            }
+            let mut rest = &line[start..];
+            let mut count = 0;
+            while let Some(r) = rest.strip_prefix("super::") {
+                count += 1;
+                rest = r;
+            }
+            if count >= depth && depth > 0 {
+                refs.push((line_no, ident_at(rest).to_string()));
+            }
+        }
+    }
+    refs.retain(|(_, name)| !name.is_empty() && name != "self");
+    refs
+}
+
+/// The first name of each item of a `{a, b::c, d::{e}}` group (the text
+/// after the `{`), stopping at its closing brace; a group spanning lines
+/// is read on its first line only, which `cargo fmt` keeps for short
+/// groups (long ones put each item on its own line, and are read by the
+/// multi-line pass in `multi_line_groups`).
+fn group_heads(group: &str) -> Vec<String> {
+    let mut heads = Vec::new();
+    let mut depth = 0;
+    let mut expect = true;
+    let mut i = 0;
+    let bytes: Vec<char> = group.chars().collect();
+    while i < bytes.len() {
+        let c = bytes[i];
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => expect = true,
+            c if expect && depth == 0 && is_ident(c) => {
+                let s: String = bytes[i..].iter().take_while(|c| is_ident(**c)).collect();
+                i += s.len();
+                heads.push(s);
+                expect = false;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    heads
+}
+
+/// `use crate::{` groups that `cargo fmt` spread over several lines: each
+/// item's first name with its line.
+fn multi_line_groups(code: &str) -> Vec<(usize, String)> {
+    let mut refs = Vec::new();
+    let lines: Vec<&str> = code.lines().collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i].trim();
+        if l.ends_with("crate::{") {
+            let mut depth = 0;
+            i += 1;
+            while i < lines.len() {
+                let item = lines[i].trim();
+                if depth == 0 && item.starts_with('}') {
+                    break;
+                }
+                if depth == 0 {
+                    let head = ident_at(item);
+                    if !head.is_empty() && head != "self" {
+                        refs.push((i + 1, head.to_string()));
+                    }
+                }
+                depth += item.matches('{').count() as i32;
+                depth -= item.matches('}').count() as i32;
+                i += 1;
+            }
+        }
+        i += 1;
+    }
+    refs
+}
+
+/// Every import that runs up the layer order, as (file, line, the
+/// module named, the file's layer, that module's layer).
+fn upward_imports() -> Vec<(String, usize, String, usize, usize)> {
+    let mut found = Vec::new();
+    for file in rust_files() {
+        if file == "lib.rs" {
+            continue;
+        }
+        let top = top_of(&file);
+        let Some(own) = layer_of(top) else {
+            panic!("src/{file}: `{top}` is in no layer of LAYERS (add it where it belongs)");
+        };
+        let src = fs::read_to_string(src_dir().join(&file)).expect("read a src file");
+        let code = code_only(&src);
+        let mut refs = crate_refs(&file, &code);
+        refs.extend(multi_line_groups(&code));
+        for (line, name) in refs {
+            if NOT_LAYERS.contains(&name.as_str()) || name == top {
+                continue;
+            }
+            let Some(theirs) = layer_of(&name) else {
+                panic!("src/{file}:{line}: `crate::{name}` is in no layer of LAYERS");
+            };
+            if theirs < own {
+                found.push((file.clone(), line, name, own, theirs));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn imports_point_down_the_layer_order() {
+    let mut bad = Vec::new();
+    let mut allowed_seen = BTreeSet::new();
+    for (file, line, name, own, theirs) in upward_imports() {
+        if ALLOWED_UP.contains(&(file.as_str(), name.as_str())) {
+            allowed_seen.insert((file, name));
+            continue;
+        }
+        bad.push(format!(
+            "src/{file}:{line}: `{name}` ({} layer) is above this file's {} layer",
+            LAYERS[theirs].0, LAYERS[own].0
+        ));
+    }
+    assert!(
+        bad.is_empty(),
+        "imports that run up the layer order (docs/ARCHITECTURE.md, \"Layer order\"):\n{}",
+        bad.join("\n")
+    );
+    let stale: Vec<_> = ALLOWED_UP
+        .iter()
+        .filter(|(f, n)| !allowed_seen.contains(&(f.to_string(), n.to_string())))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "ALLOWED_UP entries no longer needed (remove them): {stale:?}"
+    );
+}
+
+/// The import graph between top-level modules, and its cycles (printed
+/// with `--nocapture`; the test checks that the layer order leaves none
+/// outside `ALLOWED_UP`).
+#[test]
+fn top_level_import_cycles_are_only_the_allowed_ones() {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut allowed_graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rust_files() {
+        if file == "lib.rs" {
+            continue;
+        }
+        let top = top_of(&file).to_string();
+        let src = fs::read_to_string(src_dir().join(&file)).expect("read a src file");
+        let code = code_only(&src);
+        let mut refs = crate_refs(&file, &code);
+        refs.extend(multi_line_groups(&code));
+        for (_, name) in refs {
+            let allowed = ALLOWED_UP.contains(&(file.as_str(), name.as_str()));
+            let name = if name == "Error" {
+                "error".to_string()
+            } else {
+                name
+            };
+            if NOT_LAYERS.contains(&name.as_str()) || name == top {
+                continue;
+            }
+            let target = if allowed {
+                &mut allowed_graph
+            } else {
+                &mut graph
+            };
+            target.entry(top.clone()).or_default().insert(name);
+        }
+    }
+    let all = {
+        let mut g = graph.clone();
+        for (k, v) in &allowed_graph {
+            g.entry(k.clone()).or_default().extend(v.iter().cloned());
+        }
+        g
+    };
+    let cycles_all = cycles(&all);
+    println!("top-level import cycles today: {}", cycles_all.len());
+    for c in &cycles_all {
+        println!("  {}", c.join(" -> "));
+    }
+    let remaining = cycles(&graph);
+    assert!(
+        remaining.is_empty(),
+        "import cycles between top-level modules outside ALLOWED_UP: {remaining:?}"
+    );
+}
+
+/// The simple cycles of length 2 and 3 between top-level modules (the
+/// ones a newcomer trips on), each listed once from its smallest name.
+fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    let edge = |a: &str, b: &str| g.get(a).is_some_and(|s| s.contains(b));
+    let nodes: Vec<&String> = g.keys().collect();
+    let mut out = Vec::new();
+    for a in &nodes {
+        for b in g.get(*a).into_iter().flatten() {
+            if b > *a && edge(b, a) {
+                out.push(vec![a.to_string(), b.clone(), a.to_string()]);
+            }
+            for c in g.get(b).into_iter().flatten() {
+                if b > *a && c > *a && c != b && edge(c, a) {
+                    out.push(vec![a.to_string(), b.clone(), c.clone(), a.to_string()]);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_import_reader_sees_what_it_should() {
+    let code = code_only(
+        "use crate::store::x; // crate::server is a comment\n\
+         let s = \"crate::cli in a string\"; let q = '\"'; let e = '\\'';\n\
+         use crate::{config::A, metrics};\n\
+         use super::super::modes::Issuer;\n",
+    );
+    let refs: Vec<String> = crate_refs("store/a/b.rs", &code)
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(refs, ["store", "config", "metrics"]);
+    let refs: Vec<String> = crate_refs("store/b.rs", &code)
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(refs, ["store", "config", "metrics", "modes"]);
+    let multi = multi_line_groups("use crate::{\n    cluster::X,\n    store::{a, b},\n};\n");
+    assert_eq!(
+        multi,
+        [(2, "cluster".to_string()), (3, "store".to_string())]
+    );
+    assert!(layer_of("server") < layer_of("store"));
+}
