@@ -74,6 +74,16 @@ pub enum Error {
     },
 }
 
+impl From<crate::store::hwm::KeeperStartError> for Error {
+    fn from(e: crate::store::hwm::KeeperStartError) -> Self {
+        use crate::store::hwm::KeeperStartError as K;
+        match e {
+            K::Store(e) => Self::Store(e),
+            K::Start(e) => Self::Start(e),
+        }
+    }
+}
+
 impl Error {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {

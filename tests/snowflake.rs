@@ -149,7 +149,7 @@ async fn clock_step_back_at_runtime() {
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::at_millis(SystemClock.now_millis()));
-    let node = idgen::server::Node::start(test_config(dir.path()), clock.clone())
+    let node = idgen::node::Node::start(test_config(dir.path()), clock.clone())
         .await
         .unwrap();
     let grpc_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -122,7 +122,7 @@ async fn wrong_or_missing_files_stop_the_node_with_the_key_named() {
             client_required: false,
         });
         async move {
-            match idgen::server::Node::start(config, std::sync::Arc::new(SystemClock)).await {
+            match idgen::node::Node::start(config, std::sync::Arc::new(SystemClock)).await {
                 Ok(_) => panic!("a node with bad TLS files must not start"),
                 Err(e) => e.to_string(),
             }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use idgen::config::{FileConfig, TlsSettings};
 use idgen::id::{Clock, SystemClock};
-use idgen::server::Node;
+use idgen::node::Node;
 
 /// A running node; stopped when dropped.
 pub struct IdgenServer {

@@ -5,7 +5,7 @@ use anyhow::bail;
 
 use idgen::config::FileConfig;
 use idgen::id::{Clock, Mode, SystemClock};
-use idgen::server::decode_snowflake;
+use idgen::modes::decode_snowflake;
 
 use super::args::DecodeArgs;
 use super::output::outln;

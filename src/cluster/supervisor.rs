@@ -37,7 +37,7 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
-use crate::store::hwm::{HwmSettings, KeeperHandle};
+use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
 use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
 use crate::store::{HwmKeeper, WorkerKey};
 
@@ -363,7 +363,7 @@ async fn claim(
         }
         match (&e, choice) {
             (
-                Error::Start(StartError::ClockBehindHwm {
+                KeeperStartError::Start(StartError::ClockBehindHwm {
                     behind_ms,
                     limit_ms,
                 }),
@@ -379,7 +379,7 @@ async fn claim(
                 metrics::counter!(m::WORKER_IDS_SKIPPED).increment(1);
                 poisoned.push(key.worker);
             }
-            _ => return Err(e.into()),
+            _ => return Err(Error::from(e).into()),
         }
     }
 }

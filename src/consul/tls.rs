@@ -189,7 +189,7 @@ impl Material {
 }
 
 /// How often [`watch`] looks at the files' modification times.
-pub const RELOAD_POLL: Duration = crate::reload::POLL;
+pub const RELOAD_POLL: Duration = crate::file_watch::POLL;
 
 /// Reloads `tls` when one of its files changes (checked every
 /// [`RELOAD_POLL`]) or on SIGHUP. Each attempt counts in
@@ -205,7 +205,7 @@ pub async fn watch(tls: ConsulTls) {
     .into_iter()
     .flatten()
     .collect();
-    crate::reload::on_change_or_sighup(paths, |why| match tls.reload() {
+    crate::file_watch::on_change_or_sighup(paths, |why| match tls.reload() {
         Ok(()) => {
             metrics::counter!(m::CONSUL_TLS_RELOADS, "result" => "ok").increment(1);
             tracing::info!(why, ca = %files.ca_file.display(), "Consul TLS files reloaded; new connections to Consul use them");

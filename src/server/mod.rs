@@ -1,4 +1,4 @@
-//! The front ends over one [`Issuer`]: gRPC
+//! The front ends over one [`crate::modes::Issuer`]: gRPC
 //! (`idgen.v1.IdGen`, `idgen.v1.Admin`, health, reflection), the HTTP JSON
 //! API and metrics, the admin console, the listener with its connection
 //! bounds, TLS, and the one mapping of errors to gRPC codes and HTTP
@@ -13,8 +13,3 @@ pub mod listener;
 pub mod request_size;
 pub mod status;
 pub mod tls;
-
-// moved (issue 21): drop after merge
-pub use crate::modes::{decode_snowflake, Decoded, Issuer};
-// moved (issue 21): drop after merge
-pub use crate::node::{ModeStores, Node, ServeError, ShutdownReport};

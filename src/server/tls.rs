@@ -119,7 +119,7 @@ fn certified_key(settings: &TlsSettings) -> Result<Arc<CertifiedKey>, TlsError> 
 }
 
 /// How often [`watch`] looks at the files' modification times.
-pub const RELOAD_POLL: Duration = crate::reload::POLL;
+pub const RELOAD_POLL: Duration = crate::file_watch::POLL;
 
 /// Reloads `identity` when the certificate or key file changes (checked
 /// every [`RELOAD_POLL`]) or on SIGHUP. Each attempt counts in
@@ -127,7 +127,7 @@ pub const RELOAD_POLL: Duration = crate::reload::POLL;
 /// certificate in use. Runs until aborted.
 pub async fn watch(identity: Identity, settings: TlsSettings) {
     let paths = vec![settings.cert.clone(), settings.key.clone()];
-    crate::reload::on_change_or_sighup(paths, |why| match identity.reload(&settings) {
+    crate::file_watch::on_change_or_sighup(paths, |why| match identity.reload(&settings) {
         Ok(()) => {
             metrics::counter!(m::TLS_RELOADS, "result" => "ok").increment(1);
             tracing::info!(why, cert = %settings.cert.display(), "TLS certificate reloaded; new connections use it");

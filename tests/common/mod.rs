@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use idgen::config::{Config, FileConfig};
 use idgen::id::{Clock, SystemClock};
+use idgen::node::{Node, ShutdownReport};
 use idgen::proto::id_gen_client::IdGenClient;
-use idgen::server::{Node, ShutdownReport};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
@@ -29,7 +29,7 @@ pub struct TestServer {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<ShutdownReport, idgen::server::ServeError>>,
+    task: tokio::task::JoinHandle<Result<ShutdownReport, idgen::node::ServeError>>,
 }
 
 /// [`test_config`] with segment (auto-create, ranges of 100), lease
@@ -525,7 +525,7 @@ pub async fn grpc_health(
         .status()
 }
 
-type ServeTask = tokio::task::JoinHandle<Result<ShutdownReport, idgen::server::ServeError>>;
+type ServeTask = tokio::task::JoinHandle<Result<ShutdownReport, idgen::node::ServeError>>;
 
 /// A serving in-process node that exposes its issuer (the formatted-ID
 /// tests call the engine directly), and what stops it.

@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::{HwmStore, StoreError, WorkerKey};
-use crate::id::{Clock, Layout, Snowflake, StartPlan};
+use crate::id::{Clock, Layout, Snowflake, StartError, StartPlan};
 use crate::metrics as m;
 
 /// Settings for [`HwmKeeper`].
@@ -55,6 +55,18 @@ async fn store_timed(store: &dyn HwmStore, key: WorkerKey, hwm_ms: u64) -> Resul
     result
 }
 
+/// Why [`HwmKeeper::start`] could not start a generator: the store failed,
+/// or the start-up rule refused (the clock is behind the stored mark).
+#[derive(Debug, thiserror::Error)]
+pub enum KeeperStartError {
+    /// Reading or writing the mark failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The start-up rule refused; nothing was issued.
+    #[error(transparent)]
+    Start(#[from] StartError),
+}
+
 impl HwmKeeper {
     /// Reads the stored mark for `key`, applies the start-up rule, durably
     /// stores a mark `reserve` ahead and returns a generator bounded by it,
@@ -65,7 +77,7 @@ impl HwmKeeper {
         layout: Layout,
         clock: Arc<dyn Clock>,
         settings: HwmSettings,
-    ) -> Result<(Arc<Snowflake>, KeeperHandle), crate::Error> {
+    ) -> Result<(Arc<Snowflake>, KeeperHandle), KeeperStartError> {
         let stored = store.load_hwm(key).await?;
         let now_ms = clock.now_millis();
         let plan = StartPlan::new(

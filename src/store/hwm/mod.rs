@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use super::{StoreError, WorkerKey};
 
 pub use consul::ConsulHwmStore;
-pub use keeper::{HwmKeeper, HwmSettings, KeeperHandle};
+pub use keeper::{HwmKeeper, HwmSettings, KeeperHandle, KeeperStartError};
 
 /// Durable state a node needs to issue IDs safely.
 #[async_trait]
