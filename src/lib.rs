@@ -46,9 +46,10 @@
 //!   [`server::status`], where error kinds become gRPC codes and HTTP
 //!   statuses.
 //! - [`config`]: TOML + environment + CLI configuration (the file's
-//!   sections in [`config::file`], CIDR lists in [`config::allow`]),
-//!   validated into typed settings per section ([`config::validate`],
-//!   with the `[consul]` section in `config/validate/consul.rs`).
+//!   sections in `config/file.rs`, CIDR lists in `config/allow.rs`, the
+//!   `IDGEN_*` variables checked in `config/environment.rs`), validated
+//!   into typed settings per section (`config/validate/mod.rs`, with the
+//!   `[consul]` section in `config/validate/consul.rs`).
 //! - [`cluster`]: membership. [`cluster::membership::Membership`] is the
 //!   seam (static on the embedded store, claimed in Consul);
 //!   [`cluster::worker_lock`] claims a worker id with a session lock,

@@ -9,6 +9,7 @@
 //! `config/idgen.example.toml` documents every key.
 
 mod allow;
+mod environment;
 mod file;
 mod validate;
 
@@ -26,12 +27,13 @@ use crate::id::Layout;
 use crate::store::hwm::HwmSettings;
 
 pub use allow::{AllowList, Cidr};
+pub use environment::NON_CONFIG_VARIABLES;
 pub use file::{
     state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
     FormattedSection, HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection,
     NodeSection, Overrides, SegmentSection, ServerSection, StoreSection, StrictSection,
     TestingSection, TlsSection, WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH,
-    NON_CONFIG_VARIABLES, STATE_FILE_NAME,
+    STATE_FILE_NAME,
 };
 pub use validate::check_log_filter;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use figment::providers::Format;
 
-use super::file::check_environment;
+use super::environment::check_environment;
 use super::*;
 
 const NOW: u64 = 1_790_000_000_000;
