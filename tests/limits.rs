@@ -13,8 +13,9 @@ use std::time::Duration;
 use common::consul;
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig};
-use idgen::id::segment::{Tag, TagRecord};
-use idgen::id::strict::{Namespace, StrictKey};
+use idgen::id::segment::{SegmentError, Tag, TagRecord};
+use idgen::id::strict::{Namespace, StrictError, StrictKey};
+use idgen::id::LimitReached;
 use idgen::store::keys::ClusterKeys;
 use idgen::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictLimits, StrictStore};
 use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
@@ -37,7 +38,10 @@ fn record() -> TagRecord {
 
 fn assert_limit(err: &StoreError, setting: &str) {
     match err {
-        StoreError::LimitReached { setting: s, .. } => assert_eq!(*s, setting, "{err}"),
+        StoreError::Segment(SegmentError::LimitReached(LimitReached { setting: s, .. }))
+        | StoreError::Strict(StrictError::LimitReached(LimitReached { setting: s, .. })) => {
+            assert_eq!(*s, setting, "{err}")
+        }
         other => panic!("expected the {setting} limit, got {other:?}"),
     }
     let text = err.to_string();
@@ -73,7 +77,7 @@ async fn tag_limit_contract(store: &dyn SegmentStore) {
     assert_eq!(store.get_tag(&tag("d")).await.unwrap(), None);
     assert!(matches!(
         store.take_range(&tag("d"), 10, 2).await,
-        Err(StoreError::TagNotFound(_))
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
     let a1 = store.take_range(&tag("a"), 10, 2).await.unwrap();
     assert_eq!((a1.first, a1.last), (1, 10));
@@ -138,7 +142,7 @@ async fn strict_contract(store: &dyn StrictStore) {
     assert_eq!(store.delete_key(&key("books/a")).await.unwrap(), 4);
     assert!(matches!(
         store.delete_key(&key("books/a")).await,
-        Err(StoreError::StrictKeyNotFound(_))
+        Err(StoreError::Strict(StrictError::KeyNotFound(_)))
     ));
     assert_eq!(
         store.list_keys(&ns("books")).await.unwrap(),
@@ -270,7 +274,9 @@ async fn consul_deletes_racing_calls_never_repeat_a_value() {
             for _ in 0..20 {
                 match node.delete_key(&k).await {
                     Ok(_) => deleted += 1,
-                    Err(StoreError::StrictKeyNotFound(_) | StoreError::Contended(_)) => {}
+                    Err(
+                        StoreError::Strict(StrictError::KeyNotFound(_)) | StoreError::Contended(_),
+                    ) => {}
                     Err(e) => panic!("{e:?}"),
                 }
                 tokio::task::yield_now().await;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::consul;
 use consul_testserver::{Config, TestConsul};
+use idgen::id::segment::SegmentError;
 use idgen::id::segment::{Range, Tag, TagRecord};
 use idgen::store::keys::ClusterKeys;
 use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
@@ -64,13 +65,13 @@ async fn embedded_ranges_are_disjoint_gap_free_and_durable() {
     assert!(store.get_tag(&t).await.unwrap().is_none());
     assert!(matches!(
         store.take_range(&t, 10, 1).await,
-        Err(StoreError::TagNotFound(_))
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
     let record = TagRecord::new(1000, 100, "order numbers", 1).unwrap();
     store.create_tag(&t, &record).await.unwrap();
     assert!(matches!(
         store.create_tag(&t, &record).await,
-        Err(StoreError::TagExists(_))
+        Err(StoreError::Segment(SegmentError::TagExists(_)))
     ));
     let stores: Vec<Arc<dyn SegmentStore>> = vec![Arc::new(store.clone())];
     let ranges = hammer(stores, &t, 8, 25).await;
@@ -109,11 +110,11 @@ async fn consul_ranges_from_three_nodes_are_disjoint_and_gap_free() {
         nodes[1]
             .create_tag(&t, &TagRecord::new(0, 50, "", 1).unwrap())
             .await,
-        Err(StoreError::TagExists(_))
+        Err(StoreError::Segment(SegmentError::TagExists(_)))
     ));
     assert!(matches!(
         nodes[2].take_range(&tag("nope"), 10, 1).await,
-        Err(StoreError::TagNotFound(_))
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
     let ranges = hammer(nodes.clone(), &t, 6, 30).await;
     let last = assert_disjoint_and_contiguous(ranges, 1);

@@ -32,3 +32,19 @@ pub enum ErrorKind {
     /// A bug or a broken set-up (INTERNAL, 500).
     Internal,
 }
+
+/// Creating one more tag, key or namespace would pass a configured limit
+/// on how many may exist (`segment.max_tags`, `strict.max_namespaces`,
+/// `strict.max_keys_per_namespace`); nothing was created or reserved.
+/// Segment and strict refusals carry it (`SegmentError::LimitReached`,
+/// `StrictError::LimitReached`); its kind is [`ErrorKind::Exhausted`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: the limit of {limit} set by {setting} is reached, so nothing was created; delete unused ones with the admin API (`idgen admin`), or raise {setting}")]
+pub struct LimitReached {
+    /// What could not be created (`segment tag "x"`, ...).
+    pub what: String,
+    /// The limit.
+    pub limit: u64,
+    /// The config key that sets it, also the metric label.
+    pub setting: &'static str,
+}

@@ -22,7 +22,7 @@ pub mod strict;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use deadline::Deadline;
-pub use kind::ErrorKind;
+pub use kind::{ErrorKind, LimitReached};
 pub use layout::{
     epoch_text, DecodeError, IdParts, Layout, LayoutDifference, LayoutError, LayoutSpec, Preset,
     DEFAULT_EPOCH_MS,

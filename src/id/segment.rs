@@ -56,14 +56,30 @@ pub enum SegmentError {
         "max_id {0} is out of range: use 0 to 9223372036854775807 (segment IDs stay below 2^63)"
     )]
     BadMaxId(u64),
+    /// No segment tag by that name.
+    #[error(
+        "unknown segment tag {0:?}: create it first (admin API), or enable auto-creation in config"
+    )]
+    TagNotFound(String),
+    /// A segment tag by that name exists already.
+    #[error("segment tag {0:?} exists already")]
+    TagExists(String),
+    /// Creating one more tag would pass `segment.max_tags`.
+    #[error(transparent)]
+    LimitReached(#[from] crate::id::LimitReached),
 }
 
 impl SegmentError {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Exhausted { .. } => ErrorKind::Exhausted,
-            _ => ErrorKind::BadRequest,
+            Self::Exhausted { .. } | Self::LimitReached(_) => ErrorKind::Exhausted,
+            Self::TagNotFound(_) => ErrorKind::NotFound,
+            Self::TagExists(_) => ErrorKind::AlreadyExists,
+            Self::BadTag(_)
+            | Self::BadStep(_)
+            | Self::MaxIdBackwards { .. }
+            | Self::BadMaxId(_) => ErrorKind::BadRequest,
         }
     }
 }

@@ -47,14 +47,22 @@ pub enum StrictError {
         /// The largest allowed value.
         max: u64,
     },
+    /// No live strict key by that name.
+    #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
+    KeyNotFound(String),
+    /// Creating one more key or namespace would pass
+    /// `strict.max_keys_per_namespace` or `strict.max_namespaces`.
+    #[error(transparent)]
+    LimitReached(#[from] crate::id::LimitReached),
 }
 
 impl StrictError {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Exhausted { .. } => ErrorKind::Exhausted,
-            _ => ErrorKind::BadRequest,
+            Self::Exhausted { .. } | Self::LimitReached(_) => ErrorKind::Exhausted,
+            Self::KeyNotFound(_) => ErrorKind::NotFound,
+            Self::BadKey(_) | Self::BadNamespace(_) | Self::BadStep(_) => ErrorKind::BadRequest,
         }
     }
 }

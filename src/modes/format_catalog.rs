@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::id::format::FormatDef;
+use crate::id::format::FormatError;
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
 use crate::modes::formatted::{CompileFailure, CompiledFormats, FormattedEngine};
@@ -114,7 +115,7 @@ fn refused(e: impl Into<Error>) -> Error {
     let e = e.into();
     match e.kind() {
         ErrorKind::BadRequest => e,
-        _ => StoreError::FormatInvalid(e.to_string()).into(),
+        _ => StoreError::Format(FormatError::Invalid(e.to_string())).into(),
     }
 }
 
@@ -238,10 +239,10 @@ impl FormatCatalog {
                 continue;
             };
             if stored.deleted {
-                let e: Error = StoreError::FormatDeleted {
+                let e: Error = StoreError::Format(FormatError::Deleted {
                     format: name.to_owned(),
                     deleted_ms: stored.updated_ms,
-                }
+                })
                 .into();
                 return Err(ReloadError::new(
                     Some(name),

@@ -48,6 +48,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arc_swap::ArcSwap;
 
 use crate::error::Error;
+use crate::id::format::FormatError;
 use crate::id::format::{
     CounterRecord, Format, FormatDef, LuaLimits, NodeIds, ParsedId, PeriodKey, Rendered, Scope,
 };
@@ -243,9 +244,7 @@ impl FormattedEngine {
                     tracing::info!(format = %name, token = held.token, "format token held")
                 }
                 Ok(None) => {}
-                Err(Error::Store(StoreError::Format(
-                    e @ crate::id::format::FormatError::NoToken { .. },
-                ))) => {
+                Err(Error::Store(StoreError::Format(e @ FormatError::NoToken { .. }))) => {
                     tracing::warn!(error = %e, "no token for this format yet; its calls answer RESOURCE_EXHAUSTED until one is free")
                 }
                 Err(e) => return Err(e),
@@ -275,7 +274,7 @@ impl FormattedEngine {
             return Ok(None);
         };
         let no_token = |why: String| -> Error {
-            StoreError::Format(crate::id::format::FormatError::NoToken {
+            StoreError::Format(FormatError::NoToken {
                 format: format.name().to_owned(),
                 space: space.name(),
                 size: space.size(),
@@ -335,11 +334,9 @@ impl FormattedEngine {
     }
 
     fn format(&self, name: &str) -> Result<Arc<Format>, Error> {
-        self.formats
-            .load()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())
+        self.formats.load().get(name).cloned().ok_or_else(|| {
+            StoreError::Format(FormatError::NotFound(name.chars().take(80).collect())).into()
+        })
     }
 
     fn key(format: &Format, scope: String, node: u64, token: Option<u64>) -> CounterKey {
@@ -412,10 +409,10 @@ impl FormattedEngine {
             }
             metrics::counter!(m::LIMIT_REFUSALS, "limit" => "formatted.max_scope_values")
                 .increment(1);
-            return Err(StoreError::ScopeValuesFull {
+            return Err(StoreError::Format(FormatError::ScopeValuesFull {
                 format: format.name().to_owned(),
                 limit,
-            }
+            })
             .into());
         }
         Ok(())
@@ -511,7 +508,7 @@ impl FormattedEngine {
                 .lua
                 .render(Arc::clone(format), taken, salt)
                 .await
-                .map_err(|e| StoreError::from(crate::id::format::FormatError::from(e)))?;
+                .map_err(|e| StoreError::from(FormatError::from(e)))?;
             return Ok(texts
                 .into_iter()
                 .map(|text| Rendered { text, number: None })
@@ -731,10 +728,10 @@ fn check_behind(
         crate::id::format::PeriodStep::Held { behind_ms } => behind_ms,
         _ => 0,
     };
-    Err(StoreError::FormatHeld {
+    Err(StoreError::Format(FormatError::Held {
         format: format.name().to_owned(),
         behind_ms,
-    })
+    }))
 }
 
 /// The node's identity as formats render it: its number as `{node:N}`,

@@ -32,6 +32,7 @@ use self::lease::LeaseEngine;
 use self::segment::SegmentEngine;
 use self::snowflake::SnowflakeEngine;
 use self::strict::StrictEngine;
+use crate::id::format::FormatError;
 use crate::id::segment::Tag;
 
 /// Issues IDs for requests: checks them and dispatches to the mode engines.
@@ -217,9 +218,9 @@ impl Issuer {
     }
 
     fn formats_for(&self, name: &str) -> Result<&Arc<formatted::FormattedEngine>, Error> {
-        self.formats
-            .as_ref()
-            .ok_or_else(|| StoreError::FormatNotFound(name.chars().take(80).collect()).into())
+        self.formats.as_ref().ok_or_else(|| {
+            StoreError::Format(FormatError::NotFound(name.chars().take(80).collect())).into()
+        })
     }
 
     /// Issues `count` IDs of format `name` (`GenFormatted`). Refused, like

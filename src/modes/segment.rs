@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use super::refill::{self, Refill};
 use crate::error::Error;
 use crate::id::buffer::{DoubleBuffer, Prefetch};
+use crate::id::segment::SegmentError;
 use crate::id::segment::{next_step, Range, Tag, TagRecord};
 use crate::id::Clock;
 use crate::metrics as m;
@@ -222,15 +223,16 @@ impl SegmentEngine {
                     .await
                 {
                     Ok(_) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),
-                    Err(StoreError::TagExists(_)) => {}
+                    Err(StoreError::Segment(SegmentError::TagExists(_))) => {}
                     Err(e) => return Err(e.into()),
                 }
-                self.store
-                    .get_tag(tag)
-                    .await?
-                    .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?
+                self.store.get_tag(tag).await?.ok_or_else(|| {
+                    StoreError::Segment(SegmentError::TagNotFound(tag.to_string()))
+                })?
             }
-            None => return Err(StoreError::TagNotFound(tag.to_string()).into()),
+            None => {
+                return Err(StoreError::Segment(SegmentError::TagNotFound(tag.to_string())).into())
+            }
         };
         let mut tags = self
             .tags
@@ -405,7 +407,7 @@ impl SegmentEngine {
                 .fetch(this.store.as_ref(), &this.settings, this.clock.as_ref())
                 .await;
             match fetched {
-                Err(Error::Store(StoreError::TagNotFound(_))) => {
+                Err(Error::Store(StoreError::Segment(SegmentError::TagNotFound(_)))) => {
                     // Deleted (maybe on another node): what is in memory
                     // was reserved and stays unique; the buffers go.
                     this.release(&buffer.tag, "deleted");
@@ -445,12 +447,26 @@ impl Refill for TagRefill<'_> {
 
     fn fetch_failed(&self, e: Error) -> Error {
         let tag = &self.buffer.tag;
-        if matches!(e, Error::Store(StoreError::TagNotFound(_))) {
+        if matches!(
+            e,
+            Error::Store(StoreError::Segment(SegmentError::TagNotFound(_)))
+        ) {
             // Deleted (maybe on another node): free its memory.
             self.segments.release(tag, "deleted");
         }
         match e {
-            Error::Store(StoreError::Segment(_) | StoreError::TagNotFound(_)) => e,
+            // The tag's own refusals reach the caller as they are (as
+            // before the refusals moved into SegmentError: an existing tag
+            // or a limit, which taking a range never raises, stays
+            // "unavailable").
+            Error::Store(StoreError::Segment(ref s))
+                if !matches!(
+                    s,
+                    SegmentError::TagExists(_) | SegmentError::LimitReached(_)
+                ) =>
+            {
+                e
+            }
             other => Error::SegmentUnavailable {
                 tag: tag.to_string(),
                 reason: other.to_string(),
@@ -460,7 +476,10 @@ impl Refill for TagRefill<'_> {
 
     fn check_waiting(&self) -> Result<(), Error> {
         if self.buffer.deleted.load(Ordering::Relaxed) {
-            return Err(StoreError::TagNotFound(self.buffer.tag.to_string()).into());
+            return Err(StoreError::Segment(SegmentError::TagNotFound(
+                self.buffer.tag.to_string(),
+            ))
+            .into());
         }
         Ok(())
     }
@@ -501,7 +520,9 @@ mod tests {
         async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
             let mut r = self.records.lock().unwrap();
             if r.contains_key(tag) {
-                return Err(StoreError::TagExists(tag.to_string()));
+                return Err(StoreError::Segment(SegmentError::TagExists(
+                    tag.to_string(),
+                )));
             }
             r.insert(tag.clone(), record.clone());
             Ok(())
@@ -520,7 +541,7 @@ mod tests {
             let mut r = self.records.lock().unwrap();
             let rec = r
                 .get_mut(tag)
-                .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?;
+                .ok_or_else(|| StoreError::Segment(SegmentError::TagNotFound(tag.to_string())))?;
             let (range, next) = rec.next_range(tag, step, now_ms)?;
             *rec = next;
             Ok(range)
@@ -729,11 +750,14 @@ mod tests {
     async fn auto_created_tags_past_the_limit_are_resource_exhausted() {
         // The in-memory store does not count: the limit is the store's
         // job (see tests/limits.rs); here the error's code and text.
-        let err: Error = StoreError::LimitReached {
-            what: "segment tag \"x\" cannot be created (3 live tags)".into(),
-            limit: 3,
-            setting: "segment.max_tags",
-        }
+        let err: Error = StoreError::Segment(
+            crate::id::LimitReached {
+                what: "segment tag \"x\" cannot be created (3 live tags)".into(),
+                limit: 3,
+                setting: "segment.max_tags",
+            }
+            .into(),
+        )
         .into();
         assert_eq!(err.kind(), crate::error::ErrorKind::Exhausted);
         assert!(err.to_string().contains("raise segment.max_tags"), "{err}");

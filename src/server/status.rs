@@ -103,7 +103,7 @@ mod tests {
             code(&Error::Gen(GenError::TimeExhausted)),
             Code::ResourceExhausted
         );
-        let unknown = Error::Store(StoreError::TagNotFound("t".into()));
+        let unknown = Error::Store(StoreError::Segment(SegmentError::TagNotFound("t".into())));
         assert_eq!(code(&unknown), Code::NotFound);
         let bad = Error::Store(StoreError::Segment(SegmentError::BadTag("T".into())));
         assert_eq!(code(&bad), Code::InvalidArgument);

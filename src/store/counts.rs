@@ -114,8 +114,8 @@ fn count_everything(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::id::segment::{Tag, TagRecord};
-    use crate::id::strict::StrictKey;
+    use crate::id::segment::{SegmentError, Tag, TagRecord};
+    use crate::id::strict::{StrictError, StrictKey};
     use crate::store::segment::SegmentStore;
     use crate::store::strict::{EmbeddedStrictStore, StrictLimits, StrictStore};
     use crate::store::{EmbeddedStore, StoreError};
@@ -171,7 +171,10 @@ mod tests {
             )
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::LimitReached { .. }), "{err:?}");
+        assert!(
+            matches!(err, StoreError::Segment(SegmentError::LimitReached(_))),
+            "{err:?}"
+        );
         let strict = EmbeddedStrictStore::with_limits(
             store.clone(),
             StrictLimits {
@@ -183,12 +186,18 @@ mod tests {
             .advance(&StrictKey::parse("n1/c").unwrap(), 1, 1)
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::LimitReached { .. }), "{err:?}");
+        assert!(
+            matches!(err, StoreError::Strict(StrictError::LimitReached(_))),
+            "{err:?}"
+        );
         let err = strict
             .advance(&StrictKey::parse("n3/a").unwrap(), 1, 1)
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::LimitReached { .. }), "{err:?}");
+        assert!(
+            matches!(err, StoreError::Strict(StrictError::LimitReached(_))),
+            "{err:?}"
+        );
         strict
             .advance(&StrictKey::parse("n2/b").unwrap(), 1, 1)
             .await

@@ -26,7 +26,7 @@ pub mod snapshot;
 pub mod state_file;
 pub mod strict;
 
-use crate::id::ErrorKind;
+use crate::id::{ErrorKind, LimitReached};
 use std::fmt;
 
 use thiserror::Error;
@@ -50,7 +50,12 @@ impl fmt::Display for WorkerKey {
     }
 }
 
-/// What went wrong in a store.
+/// What went wrong in a store: the store's own failures (missing or
+/// mismatched state file, backend, contention, lost lock, a rolled-back
+/// counter), and each mode's refusals, which the store raises too (a tag
+/// that does not exist, a deleted format, a limit reached), carried by one
+/// wrapper per mode ([`Self::Segment`], [`Self::Strict`], [`Self::Lease`],
+/// [`Self::Format`]) around that mode's pure error in `crate::id`.
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// The state file does not exist and may not be created implicitly.
@@ -87,14 +92,6 @@ pub enum StoreError {
     /// The backend failed (disk, database, network).
     #[error("state store error: {0}")]
     Backend(String),
-    /// No segment tag by that name.
-    #[error(
-        "unknown segment tag {0:?}: create it first (admin API), or enable auto-creation in config"
-    )]
-    TagNotFound(String),
-    /// A segment tag by that name exists already.
-    #[error("segment tag {0:?} exists already")]
-    TagExists(String),
     /// A segment tag or range request is invalid, or the tag is used up.
     #[error(transparent)]
     Segment(#[from] crate::id::segment::SegmentError),
@@ -111,49 +108,10 @@ pub enum StoreError {
     /// A lease token's sequence is used up, or no token is free.
     #[error(transparent)]
     Lease(#[from] crate::id::lease::LeaseError),
-    /// Creating one more tag, key or namespace would pass a configured
-    /// limit; nothing was created or reserved.
-    #[error("{what}: the limit of {limit} set by {setting} is reached, so nothing was created; delete unused ones with the admin API (`idgen admin`), or raise {setting}")]
-    LimitReached {
-        /// What could not be created (`segment tag "x"`, ...).
-        what: String,
-        /// The limit.
-        limit: u64,
-        /// The config key that sets it, also the metric label.
-        setting: &'static str,
-    },
     /// A formatted-mode request or counter refused (bad parameters, a
     /// counter used up in its period, a Lua rule failing...).
     #[error(transparent)]
     Format(#[from] crate::id::format::FormatError),
-    /// No format by that name is defined.
-    #[error("unknown format {0:?}: create it with `idgen admin formats create` (or a [[formats]] entry in the config file), then call again")]
-    FormatNotFound(String),
-    /// A format definition refused by the admin API (it does not compile,
-    /// or its Lua rule fails its checks); the message names the format.
-    #[error("{0}")]
-    FormatInvalid(String),
-    /// A live format by that name exists already.
-    #[error("format {0:?} exists already: change it with `idgen admin formats update`, or pick another name")]
-    FormatExists(String),
-    /// The format was deleted: its name is kept as a tombstone for good.
-    #[error("format {format:?} was deleted (tombstone since {deleted_ms} ms): its name can never be used again, because its counters stay in the store and a new definition could repeat IDs the old one handed out; pick another name")]
-    FormatDeleted {
-        /// The format.
-        format: String,
-        /// When it was deleted, Unix ms.
-        deleted_ms: u64,
-    },
-    /// The wall clock is behind the period a format's counter is in by
-    /// more than the tolerance: the node will not re-enter the finished
-    /// period, nor print times that far ahead.
-    #[error("format {format:?}: the wall clock is {behind_ms} ms behind the period its counter is in (more than clock.max_backward); this node refuses until its clock catches up: retry on another node")]
-    FormatHeld {
-        /// The format.
-        format: String,
-        /// How far behind, ms.
-        behind_ms: i64,
-    },
     /// A Consul read found a counter below what this node wrote to it: the
     /// store was rolled back (a snapshot restore). Issuing from it could
     /// repeat IDs, so the node refuses until the key is above its write.
@@ -167,20 +125,6 @@ pub enum StoreError {
         stored: String,
         /// What this node wrote.
         wrote: String,
-    },
-    /// A format created on a restored state file whose counter cannot
-    /// hold the restore's margin for new formats (see
-    /// [`format::restore`]).
-    #[error("format {format:?} is new since this state file was restored from a backup (restore instant {until_ms} ms): the lost node may have created a format by this name after the backup and issued its IDs, so a new format's counters in periods up to the restore start {margin} above their minimum (the restore's margin for new formats), but its counter ({range}) cannot hold that. If no format by this name ever issued an ID on this cluster, create it with `idgen admin formats create --fresh` (CreateFormat fresh = true): that is your assertion, and it starts at its minimum (a [[formats]] entry: remove it, start the node, create the format with --fresh, then put the entry back). Otherwise give it another name or a wider counter ({{seq:N}} with more digits)")]
-    FormatBelowRestore {
-        /// The format.
-        format: String,
-        /// The restore's margin for new formats.
-        margin: u64,
-        /// The restore instant, Unix ms.
-        until_ms: i64,
-        /// The counter's range (`min..=max, step s`).
-        range: String,
     },
     /// The cluster record of a regression exists: some node read a
     /// counter below its own write, so every node refuses its Consul
@@ -196,30 +140,12 @@ pub enum StoreError {
         /// The key it found rolled back.
         found: String,
     },
-    /// No live strict key by that name.
-    #[error("unknown strict key {0:?}: it was never used, or it was deleted")]
-    StrictKeyNotFound(String),
-    /// A new scope value would pass `formatted.max_scope_values`.
-    #[error("format {format:?}: a new scope value would pass the limit of {limit} counters per format set by formatted.max_scope_values, so nothing was created; values already used keep working. Scope counters are never deleted (a new counter for a used value could repeat its IDs): raise formatted.max_scope_values, or give a new set of values a new format")]
-    ScopeValuesFull {
-        /// The format.
-        format: String,
-        /// The limit.
-        limit: u64,
-    },
 }
 
 impl StoreError {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::TagNotFound(_) | Self::StrictKeyNotFound(_) | Self::FormatNotFound(_) => {
-                ErrorKind::NotFound
-            }
-            Self::TagExists(_) | Self::FormatExists(_) => ErrorKind::AlreadyExists,
-            Self::FormatDeleted { .. } | Self::FormatBelowRestore { .. } => ErrorKind::Precondition,
-            Self::FormatInvalid(_) => ErrorKind::BadRequest,
-            Self::LimitReached { .. } | Self::ScopeValuesFull { .. } => ErrorKind::Exhausted,
             Self::Segment(e) => e.kind(),
             Self::Lease(e) => e.kind(),
             Self::Strict(e) => e.kind(),
@@ -232,23 +158,21 @@ impl StoreError {
             | Self::Backend(_)
             | Self::Contended(_)
             | Self::LockLost(_)
-            | Self::FormatHeld { .. }
             | Self::Regressed { .. }
             | Self::ClusterRegressed { .. } => ErrorKind::Unavailable,
         }
     }
 }
 
-impl StoreError {
-    /// The refusal for `what` past `limit`, counted in
-    /// `idgen_limit_refusals_total{limit=setting}`.
-    pub(crate) fn limit_reached(what: String, limit: u64, setting: &'static str) -> Self {
-        metrics::counter!(crate::metrics::LIMIT_REFUSALS, "limit" => setting).increment(1);
-        Self::LimitReached {
-            what,
-            limit,
-            setting,
-        }
+/// The refusal for `what` past `limit`, counted in
+/// `idgen_limit_refusals_total{limit=setting}`; the caller wraps it in its
+/// mode's error (`SegmentError::LimitReached`, `StrictError::LimitReached`).
+pub(crate) fn limit_reached(what: String, limit: u64, setting: &'static str) -> LimitReached {
+    metrics::counter!(crate::metrics::LIMIT_REFUSALS, "limit" => setting).increment(1);
+    LimitReached {
+        what,
+        limit,
+        setting,
     }
 }
 

@@ -150,6 +150,56 @@ pub enum FormatError {
     /// A Lua rule was refused or failed.
     #[error(transparent)]
     Lua(#[from] LuaError),
+    /// No format by that name is defined.
+    #[error("unknown format {0:?}: create it with `idgen admin formats create` (or a [[formats]] entry in the config file), then call again")]
+    NotFound(String),
+    /// A format definition refused by the admin API (it does not compile,
+    /// or its Lua rule fails its checks); the message names the format.
+    #[error("{0}")]
+    Invalid(String),
+    /// A live format by that name exists already.
+    #[error("format {0:?} exists already: change it with `idgen admin formats update`, or pick another name")]
+    Exists(String),
+    /// The format was deleted: its name is kept as a tombstone for good.
+    #[error("format {format:?} was deleted (tombstone since {deleted_ms} ms): its name can never be used again, because its counters stay in the store and a new definition could repeat IDs the old one handed out; pick another name")]
+    Deleted {
+        /// The format.
+        format: String,
+        /// When it was deleted, Unix ms.
+        deleted_ms: u64,
+    },
+    /// The wall clock is behind the period a format's counter is in by
+    /// more than the tolerance: the node will not re-enter the finished
+    /// period, nor print times that far ahead.
+    #[error("format {format:?}: the wall clock is {behind_ms} ms behind the period its counter is in (more than clock.max_backward); this node refuses until its clock catches up: retry on another node")]
+    Held {
+        /// The format.
+        format: String,
+        /// How far behind, ms.
+        behind_ms: i64,
+    },
+    /// A format created on a restored state file whose counter cannot
+    /// hold the restore's margin for new formats (the store's format
+    /// restore module says why the margin applies).
+    #[error("format {format:?} is new since this state file was restored from a backup (restore instant {until_ms} ms): the lost node may have created a format by this name after the backup and issued its IDs, so a new format's counters in periods up to the restore start {margin} above their minimum (the restore's margin for new formats), but its counter ({range}) cannot hold that. If no format by this name ever issued an ID on this cluster, create it with `idgen admin formats create --fresh` (CreateFormat fresh = true): that is your assertion, and it starts at its minimum (a [[formats]] entry: remove it, start the node, create the format with --fresh, then put the entry back). Otherwise give it another name or a wider counter ({{seq:N}} with more digits)")]
+    BelowRestore {
+        /// The format.
+        format: String,
+        /// The restore's margin for new formats.
+        margin: u64,
+        /// The restore instant, Unix ms.
+        until_ms: i64,
+        /// The counter's range (`min..=max, step s`).
+        range: String,
+    },
+    /// A new scope value would pass `formatted.max_scope_values`.
+    #[error("format {format:?}: a new scope value would pass the limit of {limit} counters per format set by formatted.max_scope_values, so nothing was created; values already used keep working. Scope counters are never deleted (a new counter for a used value could repeat its IDs): raise formatted.max_scope_values, or give a new set of values a new format")]
+    ScopeValuesFull {
+        /// The format.
+        format: String,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 impl FormatError {
@@ -160,10 +210,19 @@ impl FormatError {
     pub fn kind(&self) -> crate::id::ErrorKind {
         use crate::id::ErrorKind;
         match self {
-            Self::Exhausted { .. } | Self::NoToken { .. } => ErrorKind::Exhausted,
-            Self::Render(_) | Self::Parse(_) | Self::Preset(_) | Self::BadName(_) => {
-                ErrorKind::BadRequest
+            Self::Exhausted { .. } | Self::NoToken { .. } | Self::ScopeValuesFull { .. } => {
+                ErrorKind::Exhausted
             }
+            Self::Render(_)
+            | Self::Parse(_)
+            | Self::Preset(_)
+            | Self::BadName(_)
+            | Self::Invalid(_) => ErrorKind::BadRequest,
+            Self::NotFound(_) => ErrorKind::NotFound,
+            Self::Exists(_) => ErrorKind::AlreadyExists,
+            Self::Deleted { .. } | Self::BelowRestore { .. } => ErrorKind::Precondition,
+            // The clock catches up, or another node serves.
+            Self::Held { .. } => ErrorKind::Unavailable,
             Self::PeriodMismatch { .. } => ErrorKind::Internal,
             Self::Lua(e) => e.kind(),
             Self::Period(_) | Self::BadNode { .. } => ErrorKind::Precondition,

@@ -8,6 +8,7 @@ use tonic::Status;
 use super::{check_description, rfc3339, store_status, to_the_end, unreadable, AdminService};
 use crate::error::ErrorKind;
 use crate::id::format::FormatDef;
+use crate::id::format::FormatError;
 use crate::modes::format_catalog::{FormatCatalog, ReloadError, Reloaded};
 use crate::proto;
 use crate::server::status::{refusal, to_status};
@@ -141,7 +142,9 @@ impl AdminService {
             .get(&r.name)
             .await
             .map_err(store_status)?
-            .ok_or_else(|| store_status(StoreError::FormatNotFound(r.name.clone())))?;
+            .ok_or_else(|| {
+                store_status(StoreError::Format(FormatError::NotFound(r.name.clone())))
+            })?;
         Ok(proto::GetFormatResponse {
             format: Some(self.format_message(&stored)),
         })

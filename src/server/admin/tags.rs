@@ -8,6 +8,7 @@ use tonic::Status;
 
 use super::{check_description, rfc3339, store_status, unreadable, AdminService};
 use crate::error::ErrorKind;
+use crate::id::segment::SegmentError;
 use crate::id::segment::{check_max_id, check_step, Tag, TagRecord, TagUpdate};
 use crate::proto;
 use crate::server::status::refusal;
@@ -128,7 +129,11 @@ impl AdminService {
             .get_tag(&tag)
             .await
             .map_err(store_status)?
-            .ok_or_else(|| store_status(StoreError::TagNotFound(tag.to_string())))?;
+            .ok_or_else(|| {
+                store_status(StoreError::Segment(SegmentError::TagNotFound(
+                    tag.to_string(),
+                )))
+            })?;
         Ok(proto::GetTagResponse {
             tag: Some(tag_message(&tag, &record)),
         })

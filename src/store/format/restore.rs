@@ -23,7 +23,7 @@
 //! `--format-skip-ahead N`) in periods up to the restore instant: for a
 //! format that never resets, a one-time offset of its counter. A format
 //! whose counter cannot hold that margin is refused at creation
-//! ([`StoreError::FormatBelowRestore`]) unless the operator asserts the
+//! ([`FormatError::BelowRestore`]) unless the operator asserts the
 //! name never issued an ID (`--fresh`), which skips the margin. A format
 //! of the snapshot whose counter cannot hold its margin is named in the
 //! restore report with what to do.
@@ -35,6 +35,7 @@ use super::counters::{
     CounterRecordBytes, FORMATS, FORMATS_RESTORED_UNTIL, FORMAT_RESTORE_FLOORS,
     FORMAT_RESTORE_NEW_FLOOR,
 };
+use crate::id::format::FormatError;
 use crate::id::format::{Format, FormatDef, LuaLimits, Reset};
 use crate::store::snapshot::SnapshotInfo;
 use crate::store::StoreError;
@@ -422,12 +423,12 @@ fn check_new_format(
         return Ok(());
     }
     let c = format.counter();
-    Err(StoreError::FormatBelowRestore {
+    Err(StoreError::Format(FormatError::BelowRestore {
         format: def.name.clone(),
         margin,
         until_ms,
         range: format!("{}..={}, step {}", c.min, c.max, c.step),
-    })
+    }))
 }
 
 fn restored(name: &str, margin: u64) -> RestoredFormat {
@@ -531,7 +532,10 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(refused, StoreError::FormatBelowRestore { margin: 200, .. }),
+            matches!(
+                refused,
+                StoreError::Format(FormatError::BelowRestore { margin: 200, .. })
+            ),
             "{refused}"
         );
         assert!(

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 
 use super::{decode, encode, SegmentStore, TagListing, ADMIN_CAS_ATTEMPTS};
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp};
+use crate::id::segment::SegmentError;
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
@@ -148,16 +149,21 @@ impl SegmentStore for ConsulSegmentStore {
             metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
             if listing.tags.iter().any(|(t, _)| t == tag) {
                 // As on the embedded store: an existing tag is that, not a limit.
-                return Err(StoreError::TagExists(tag.to_string()));
+                return Err(StoreError::Segment(SegmentError::TagExists(
+                    tag.to_string(),
+                )));
             }
             if live >= max_tags {
-                return Err(StoreError::limit_reached(
-                    format!(
-                        "segment tag {:?} cannot be created ({live} live tags)",
-                        tag.as_str()
-                    ),
-                    max_tags,
-                    "segment.max_tags",
+                return Err(StoreError::Segment(
+                    crate::store::limit_reached(
+                        format!(
+                            "segment tag {:?} cannot be created ({live} live tags)",
+                            tag.as_str()
+                        ),
+                        max_tags,
+                        "segment.max_tags",
+                    )
+                    .into(),
                 ));
             }
         }
@@ -253,11 +259,13 @@ impl CasWrite for Take<'_> {
             None => store
                 .read(tag)
                 .await?
-                .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?,
+                .ok_or_else(|| StoreError::Segment(SegmentError::TagNotFound(tag.to_string())))?,
         };
         if record.deleted {
             store.forget(tag);
-            return Err(StoreError::TagNotFound(tag.to_string()));
+            return Err(StoreError::Segment(SegmentError::TagNotFound(
+                tag.to_string(),
+            )));
         }
         let (range, next) = record.next_range(tag, self.step, self.now_ms)?;
         Ok(Attempt {
@@ -346,7 +354,9 @@ impl CasWrite for AdminWrite<'_> {
                 } else {
                     match store.read(tag).await? {
                         Some((old, _)) if !old.deleted => {
-                            return Err(StoreError::TagExists(tag.to_string()))
+                            return Err(StoreError::Segment(SegmentError::TagExists(
+                                tag.to_string(),
+                            )))
                         }
                         Some((tombstone, i)) => (tombstone.revived(record), i),
                         None => ((*record).clone(), 0),
@@ -358,7 +368,7 @@ impl CasWrite for AdminWrite<'_> {
                     Some((r, _)) if r.deleted => None,
                     other => other,
                 }
-                .ok_or_else(|| StoreError::TagNotFound(tag.to_string()))?;
+                .ok_or_else(|| StoreError::Segment(SegmentError::TagNotFound(tag.to_string())))?;
                 (change(&record)?, index)
             }
         };

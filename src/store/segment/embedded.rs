@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use redb::ReadableTable;
 
 use super::{decode, encode, SegmentStore, TagListing, SEGMENTS};
+use crate::id::segment::SegmentError;
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 use crate::metrics as m;
 use crate::store::counts;
@@ -57,7 +58,11 @@ impl EmbeddedStore {
                 None => None,
             };
             let written = match old {
-                Some(old) if !old.deleted => return Err(StoreError::TagExists(tag.to_string())),
+                Some(old) if !old.deleted => {
+                    return Err(StoreError::Segment(SegmentError::TagExists(
+                        tag.to_string(),
+                    )))
+                }
                 Some(tombstone) => tombstone.revived(record),
                 // A tag the restored backup did not know may have handed
                 // out IDs after the backup: start above the restore floor.
@@ -71,13 +76,16 @@ impl EmbeddedStore {
             let live = counts::get(&counts, counts::SEGMENT_TAGS)?;
             if live >= max_tags {
                 metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
-                return Err(StoreError::limit_reached(
-                    format!(
-                        "segment tag {:?} cannot be created ({live} live tags)",
-                        tag.as_str()
-                    ),
-                    max_tags,
-                    "segment.max_tags",
+                return Err(StoreError::Segment(
+                    crate::store::limit_reached(
+                        format!(
+                            "segment tag {:?} cannot be created ({live} live tags)",
+                            tag.as_str()
+                        ),
+                        max_tags,
+                        "segment.max_tags",
+                    )
+                    .into(),
                 ));
             }
             table
@@ -106,10 +114,16 @@ impl EmbeddedStore {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let record = match table.get(tag.as_str()).map_err(backend_err)? {
                 Some(v) => decode(tag, v.value())?,
-                None => return Err(StoreError::TagNotFound(tag.to_string())),
+                None => {
+                    return Err(StoreError::Segment(SegmentError::TagNotFound(
+                        tag.to_string(),
+                    )))
+                }
             };
             if record.deleted {
-                return Err(StoreError::TagNotFound(tag.to_string()));
+                return Err(StoreError::Segment(SegmentError::TagNotFound(
+                    tag.to_string(),
+                )));
             }
             let written = change(&record)?;
             table
@@ -131,10 +145,16 @@ impl EmbeddedStore {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let record = match table.get(tag.as_str()).map_err(backend_err)? {
                 Some(v) => decode(tag, v.value())?,
-                None => return Err(StoreError::TagNotFound(tag.to_string())),
+                None => {
+                    return Err(StoreError::Segment(SegmentError::TagNotFound(
+                        tag.to_string(),
+                    )))
+                }
             };
             if record.deleted {
-                return Err(StoreError::TagNotFound(tag.to_string()));
+                return Err(StoreError::Segment(SegmentError::TagNotFound(
+                    tag.to_string(),
+                )));
             }
             let (range, next) = record.next_range(tag, step, now_ms)?;
             table

@@ -50,7 +50,7 @@ pub use consul::{ConsulSegmentStore, MAX_CAS_ATTEMPTS};
 /// Segment tag records and range reservations.
 #[async_trait]
 pub trait SegmentStore: Send + Sync + 'static {
-    /// Creates `tag` with `record`; [`StoreError::TagExists`] if it exists.
+    /// Creates `tag` with `record`; [`SegmentError::TagExists`](crate::id::segment::SegmentError::TagExists) if it exists.
     /// A deleted tag is created again above its old `max_id`.
     async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError>;
 
@@ -60,7 +60,7 @@ pub trait SegmentStore: Send + Sync + 'static {
 
     /// Takes the next `step` IDs of `tag`: `(max_id, max_id + step]`,
     /// durably reserved for the caller before it returns.
-    /// [`StoreError::TagNotFound`] for an unknown or deleted tag.
+    /// [`SegmentError::TagNotFound`](crate::id::segment::SegmentError::TagNotFound) for an unknown or deleted tag.
     async fn take_range(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError>;
 
     /// Like [`create_tag`](Self::create_tag), returning the record
@@ -77,7 +77,7 @@ pub trait SegmentStore: Send + Sync + 'static {
     }
 
     /// Like [`create_tag_record`](Self::create_tag_record), refused with
-    /// [`StoreError::LimitReached`] when `max_tags` live tags exist
+    /// [`SegmentError::LimitReached`](crate::id::segment::SegmentError::LimitReached) when `max_tags` live tags exist
     /// already (`segment.max_tags`). Backends without limit support create
     /// without counting (the in-memory test stores).
     async fn create_tag_limited(
@@ -104,7 +104,7 @@ pub trait SegmentStore: Send + Sync + 'static {
     }
 
     /// Applies `update` to a live tag and returns the record written;
-    /// [`StoreError::TagNotFound`] for an unknown or deleted tag.
+    /// [`SegmentError::TagNotFound`](crate::id::segment::SegmentError::TagNotFound) for an unknown or deleted tag.
     async fn update_tag(
         &self,
         tag: &Tag,
@@ -116,7 +116,7 @@ pub trait SegmentStore: Send + Sync + 'static {
     }
 
     /// Deletes a live tag, leaving a tombstone that keeps its `max_id`
-    /// (returned); [`StoreError::TagNotFound`] for an unknown or deleted
+    /// (returned); [`SegmentError::TagNotFound`](crate::id::segment::SegmentError::TagNotFound) for an unknown or deleted
     /// tag.
     async fn delete_tag(&self, tag: &Tag, now_ms: u64) -> Result<TagRecord, StoreError> {
         let _ = (tag, now_ms);

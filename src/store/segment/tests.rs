@@ -60,7 +60,7 @@ async fn admin_contract(store: &dyn SegmentStore) {
         store
             .update_tag(&tag("nope"), &update(Some(1), None, None), 5)
             .await,
-        Err(StoreError::TagNotFound(_))
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
 
     // Delete: a tombstone that reads as unknown and keeps max_id.
@@ -69,15 +69,15 @@ async fn admin_contract(store: &dyn SegmentStore) {
     assert_eq!(store.get_tag(&a).await.unwrap(), None);
     assert!(matches!(
         store.take_range(&a, 10, 7).await,
-        Err(StoreError::TagNotFound(_))
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
     assert!(matches!(
         store.delete_tag(&a, 7).await,
-        Err(StoreError::TagNotFound(_))
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
     assert!(matches!(
         store.update_tag(&a, &update(Some(1), None, None), 7).await,
-        Err(StoreError::TagNotFound(_))
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
     let names = tag_names(store).await;
     assert_eq!(names, ["a-users"]);
@@ -104,7 +104,7 @@ async fn recreate_contract(store: &dyn SegmentStore, a: &Tag, b: &Tag) {
         store
             .create_tag(&a, &TagRecord::new(0, 7, "", 9).unwrap())
             .await,
-        Err(StoreError::TagExists(_))
+        Err(StoreError::Segment(SegmentError::TagExists(_)))
     ));
     // Asking for more than the tombstone's max_id is honoured.
     store.delete_tag(&b, 10).await.unwrap();
@@ -193,7 +193,7 @@ async fn consul_admin_changes_never_move_ids_back() {
     store.delete_tag(&t, 4).await.unwrap();
     assert!(matches!(
         other.take_range(&t, 10, 5).await,
-        Err(StoreError::TagNotFound(_))
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
     // A key outside the tag alphabet, and a record that is not JSON,
     // are reported beside the readable tags, not instead of them.

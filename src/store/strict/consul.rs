@@ -10,6 +10,7 @@ use async_trait::async_trait;
 
 use super::{StrictLimits, StrictStore};
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnError, TxnOp};
+use crate::id::strict::StrictError;
 use crate::id::strict::{advance, check_step, Namespace, StrictKey, Values};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
@@ -445,7 +446,9 @@ impl CasWrite for Delete<'_> {
         let (store, key) = (self.store, self.key);
         let (value, index) = store.read_counter(key).await?;
         if index == 0 {
-            return Err(StoreError::StrictKeyNotFound(key.to_string()));
+            return Err(StoreError::Strict(StrictError::KeyNotFound(
+                key.to_string(),
+            )));
         }
         let (old, tomb_index) = store.read_tombstone(key).await?;
         let last = value.max(old);

@@ -9,6 +9,7 @@ use redb::{ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::{StrictLimits, StrictStore, STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
+use crate::id::strict::StrictError;
 use crate::id::strict::{advance, check_step, Namespace, StrictKey, Values};
 use crate::metrics as m;
 use crate::store::counts;
@@ -309,7 +310,9 @@ impl EmbeddedStore {
             let mut counts = counts::open(&txn)?;
             let mut table = txn.open_table(STRICT).map_err(backend_err)?;
             let Some(last) = table.remove(key.as_str()).map_err(backend_err)? else {
-                return Err(StoreError::StrictKeyNotFound(key.to_string()));
+                return Err(StoreError::Strict(StrictError::KeyNotFound(
+                    key.to_string(),
+                )));
             };
             let last = last.value();
             let mut tombstones = txn.open_table(STRICT_TOMBSTONES).map_err(backend_err)?;

@@ -98,7 +98,7 @@ pub trait StrictStore: Send + Sync + 'static {
     /// Deletes a live key, leaving a tombstone with its last value
     /// (returned), so the key used again continues above it and frees a
     /// slot of `strict.max_keys_per_namespace`.
-    /// [`StoreError::StrictKeyNotFound`] if it is not live.
+    /// [`StrictError::KeyNotFound`](crate::id::strict::StrictError::KeyNotFound) if it is not live.
     async fn delete_key(&self, key: &StrictKey) -> Result<u64, StoreError>;
 }
 
@@ -122,18 +122,22 @@ impl StrictLimits {
     /// namespace and `namespaces` live namespaces exist already.
     fn check(&self, key: &StrictKey, keys_in_ns: u64, namespaces: u64) -> Result<(), StoreError> {
         if keys_in_ns >= self.max_keys_per_namespace {
-            return Err(StoreError::limit_reached(
-                format!(
+            return Err(StoreError::Strict(
+                crate::store::limit_reached(
+                    format!(
                     "strict key {:?} cannot be created (namespace {:?} has {keys_in_ns} live keys)",
                     key.as_str(),
                     key.namespace_str()
                 ),
-                self.max_keys_per_namespace,
-                "strict.max_keys_per_namespace",
+                    self.max_keys_per_namespace,
+                    "strict.max_keys_per_namespace",
+                )
+                .into(),
             ));
         }
         if keys_in_ns == 0 && namespaces >= self.max_namespaces {
-            return Err(StoreError::limit_reached(
+            return Err(StoreError::Strict(
+                crate::store::limit_reached(
                 format!(
                     "strict key {:?} cannot be created (it would start namespace {:?}; {namespaces} namespaces have live keys)",
                     key.as_str(),
@@ -141,7 +145,7 @@ impl StrictLimits {
                 ),
                 self.max_namespaces,
                 "strict.max_namespaces",
-            ));
+            ).into()));
         }
         Ok(())
     }

@@ -6,7 +6,7 @@
 //! config, is what every node of a cluster serves.
 //!
 //! Deleting a format leaves a tombstone that keeps its definition: the name
-//! can never be created again ([`StoreError::FormatDeleted`]), because its
+//! can never be created again ([`FormatError::Deleted`]), because its
 //! counters stay in the store under that name and a new definition could
 //! render IDs the old one already handed out.
 //!
@@ -26,6 +26,7 @@ use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
 use crate::id::format::FormatDef;
+use crate::id::format::FormatError;
 use crate::store::StoreError;
 
 pub use consul::{consul_fingerprint, consul_fingerprint_after, ConsulFormatCatalogStore};
@@ -112,13 +113,13 @@ pub trait FormatCatalogStore: Send + Sync + 'static {
     /// One definition, tombstone included; `None` if never stored.
     async fn get(&self, name: &str) -> Result<Option<StoredFormat>, StoreError>;
 
-    /// Stores a new definition. [`StoreError::FormatExists`] if live,
-    /// [`StoreError::FormatDeleted`] if a tombstone holds the name.
+    /// Stores a new definition. [`FormatError::Exists`] if live,
+    /// [`FormatError::Deleted`] if a tombstone holds the name.
     async fn create(&self, record: &StoredFormat) -> Result<StoredFormat, StoreError>;
 
     /// Rewrites a live definition as `change` says and returns what was
-    /// written; [`StoreError::FormatNotFound`] if never stored,
-    /// [`StoreError::FormatDeleted`] for a tombstone.
+    /// written; [`FormatError::NotFound`] if never stored,
+    /// [`FormatError::Deleted`] for a tombstone.
     async fn change(&self, name: &str, change: DefChange) -> Result<StoredFormat, StoreError>;
 }
 
@@ -135,10 +136,10 @@ fn encode(record: &StoredFormat) -> Result<Vec<u8>, StoreError> {
 }
 
 fn deleted(record: &StoredFormat) -> StoreError {
-    StoreError::FormatDeleted {
+    StoreError::Format(FormatError::Deleted {
         format: record.def.name.clone(),
         deleted_ms: record.updated_ms,
-    }
+    })
 }
 
 /// Whether `existing` lets a new definition be created over it.
@@ -146,7 +147,7 @@ fn check_creatable(existing: Option<&StoredFormat>) -> Result<(), StoreError> {
     match existing {
         None => Ok(()),
         Some(r) if r.deleted => Err(deleted(r)),
-        Some(r) => Err(StoreError::FormatExists(r.def.name.clone())),
+        Some(r) => Err(StoreError::Format(FormatError::Exists(r.def.name.clone()))),
     }
 }
 
@@ -156,7 +157,9 @@ fn live<'a>(
     existing: Option<&'a StoredFormat>,
 ) -> Result<&'a StoredFormat, StoreError> {
     match existing {
-        None => Err(StoreError::FormatNotFound(name.chars().take(80).collect())),
+        None => Err(StoreError::Format(FormatError::NotFound(
+            name.chars().take(80).collect(),
+        ))),
         Some(r) if r.deleted => Err(deleted(r)),
         Some(r) => Ok(r),
     }

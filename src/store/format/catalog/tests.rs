@@ -1,6 +1,7 @@
 use super::*;
 use crate::consul::ConsulClient;
 use crate::consul::ConsulConfig;
+use crate::id::format::FormatError;
 use crate::id::format::Reset;
 use crate::store::keys::ClusterKeys;
 use crate::store::EmbeddedStore;
@@ -26,7 +27,7 @@ async fn contract(store: &dyn FormatCatalogStore) {
         .unwrap();
     assert!(matches!(
         store.create(&a).await,
-        Err(StoreError::FormatExists(n)) if n == "orders"
+        Err(StoreError::Format(FormatError::Exists(n))) if n == "orders"
     ));
     let listed = store.list().await.unwrap();
     let names: Vec<&str> = listed.formats.iter().map(|f| f.def.name.as_str()).collect();
@@ -49,7 +50,7 @@ async fn contract(store: &dyn FormatCatalogStore) {
         store
             .change("nope", std::sync::Arc::new(|r| Ok(r.clone())))
             .await,
-        Err(StoreError::FormatNotFound(_))
+        Err(StoreError::Format(FormatError::NotFound(_)))
     ));
     // Delete: a tombstone; never created again, never changed.
     store
@@ -67,7 +68,7 @@ async fn contract(store: &dyn FormatCatalogStore) {
         .unwrap();
     let refused = store.create(&a).await.unwrap_err();
     assert!(
-        matches!(refused, StoreError::FormatDeleted { ref format, deleted_ms: 3 } if format == "orders"),
+        matches!(refused, StoreError::Format(FormatError::Deleted { ref format, deleted_ms: 3 }) if format == "orders"),
         "{refused:?}"
     );
     assert_eq!(refused.kind(), crate::id::ErrorKind::Precondition);
@@ -75,7 +76,7 @@ async fn contract(store: &dyn FormatCatalogStore) {
         store
             .change("orders", std::sync::Arc::new(|r| Ok(r.clone())))
             .await,
-        Err(StoreError::FormatDeleted { .. })
+        Err(StoreError::Format(FormatError::Deleted { .. }))
     ));
     let listed = store.list().await.unwrap();
     let live: Vec<&str> = listed.live().map(|f| f.def.name.as_str()).collect();
@@ -94,7 +95,7 @@ async fn embedded_definitions_are_durable_and_tombstones_final() {
     let store = EmbeddedStore::open(&path, "L", false).unwrap();
     assert!(matches!(
         store.create(&record("orders", "{yyyy}{seq:9}")).await,
-        Err(StoreError::FormatDeleted { .. })
+        Err(StoreError::Format(FormatError::Deleted { .. }))
     ));
     assert_eq!(store.list().await.unwrap().live().count(), 1);
 }
