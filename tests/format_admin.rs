@@ -786,7 +786,10 @@ async fn a_create_whose_caller_gave_up_is_still_served() {
             "{e:?}"
         );
     }
-    let served = eventually(60, async || gen(&node, "gaveup", 2).await.ok()).await;
+    // Compiling a Lua rule runs its load-time checks (up to 10^5 calls);
+    // a debug build on a loaded machine took over 60 s once: the bound is
+    // generous, the assertion is only that it ends served.
+    let served = eventually(240, async || gen(&node, "gaveup", 2).await.ok()).await;
     let ids = served.expect("the created format was never served");
     assert_eq!(ids.len(), 2, "{ids:?}");
 }

@@ -71,9 +71,6 @@ pub struct ClusterSpec {
     pub instance: String,
     /// The gRPC address clients and the agent dial.
     pub advertise: SocketAddr,
-    /// Lease mode's zone, when lease mode is enabled: a lease token is
-    /// held under the worker id's session (the node takes it).
-    pub lease_zone: Option<u64>,
     /// The HTTP (metrics) port advertised in the registration's `Meta`.
     pub metrics_port: Option<u16>,
     /// The gRPC check's `TLSServerName` when the node serves TLS (the

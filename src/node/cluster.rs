@@ -71,7 +71,6 @@ pub(super) fn cluster_spec(
         hwm: config.hwm,
         instance: instance_id(config, advertise),
         advertise,
-        lease_zone: config.lease.as_ref().map(|l| l.zone),
         // Port 0 (bound later, in tests) is not advertised.
         metrics_port: Some(config.server.http_listen.port()).filter(|p| *p != 0),
         modes: served_modes(config),

@@ -112,19 +112,7 @@ impl EmbeddedStore {
         let written = {
             let mut counts = counts::open(&txn)?;
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
-            let record = match table.get(tag.as_str()).map_err(backend_err)? {
-                Some(v) => decode(tag, v.value())?,
-                None => {
-                    return Err(StoreError::Segment(SegmentError::TagNotFound(
-                        tag.to_string(),
-                    )))
-                }
-            };
-            if record.deleted {
-                return Err(StoreError::Segment(SegmentError::TagNotFound(
-                    tag.to_string(),
-                )));
-            }
+            let record = live_record(&table, tag)?;
             let written = change(&record)?;
             table
                 .insert(tag.as_str(), encode(&written).as_slice())
@@ -143,19 +131,7 @@ impl EmbeddedStore {
         let txn = self.begin_write()?;
         let range = {
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
-            let record = match table.get(tag.as_str()).map_err(backend_err)? {
-                Some(v) => decode(tag, v.value())?,
-                None => {
-                    return Err(StoreError::Segment(SegmentError::TagNotFound(
-                        tag.to_string(),
-                    )))
-                }
-            };
-            if record.deleted {
-                return Err(StoreError::Segment(SegmentError::TagNotFound(
-                    tag.to_string(),
-                )));
-            }
+            let record = live_record(&table, tag)?;
             let (range, next) = record.next_range(tag, step, now_ms)?;
             table
                 .insert(tag.as_str(), encode(&next).as_slice())
@@ -221,4 +197,21 @@ impl SegmentStore for EmbeddedStore {
         let (this, tag) = (self.clone(), tag.clone());
         blocking(move || this.advance_tag(&tag, step, now_ms)).await
     }
+}
+
+/// `tag`'s record in `table` if the tag exists and is not deleted;
+/// [`SegmentError::TagNotFound`] otherwise (a deleted tag reads as absent).
+fn live_record(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    tag: &Tag,
+) -> Result<TagRecord, StoreError> {
+    let not_found = || StoreError::Segment(SegmentError::TagNotFound(tag.to_string()));
+    let Some(v) = table.get(tag.as_str()).map_err(backend_err)? else {
+        return Err(not_found());
+    };
+    let record = decode(tag, v.value())?;
+    if record.deleted {
+        return Err(not_found());
+    }
+    Ok(record)
 }
