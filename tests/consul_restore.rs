@@ -150,9 +150,9 @@ async fn start_three(consul: &TestConsul, dir: &Path) -> Vec<Started> {
     nodes
 }
 
-/// `idgen admin skip-ahead` through `node`: every kind of counter moved,
-/// one run recorded.
-async fn skip_ahead_through(node: &Started) {
+/// Runs `idgen admin skip-ahead --margin 1000 --json` against `node`;
+/// asserts it succeeded and returns what it printed.
+async fn skip_ahead_cli(node: &Started) -> String {
     let addr = format!("http://{}", node.grpc);
     let (ok, out) = tokio::task::spawn_blocking(move || {
         common::run_idgen(&[
@@ -170,6 +170,13 @@ async fn skip_ahead_through(node: &Started) {
     .await
     .unwrap();
     assert!(ok, "skip-ahead: {out}");
+    out
+}
+
+/// `idgen admin skip-ahead` through `node`: every kind of counter moved,
+/// one run recorded.
+async fn skip_ahead_through(node: &Started) {
+    let out = skip_ahead_cli(node).await;
     let r: serde_json::Value =
         serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     let n = |f: &str| r[f].as_u64().unwrap_or(0);
@@ -577,23 +584,7 @@ async fn a_node_restarted_after_the_restore_is_stopped_by_the_cluster_record_unt
         }
     }
 
-    let addr = format!("http://{}", b.grpc);
-    let (ok, out) = tokio::task::spawn_blocking(move || {
-        common::run_idgen(&[
-            "admin",
-            "--addr",
-            &addr,
-            "--token",
-            TOKEN,
-            "--json",
-            "skip-ahead",
-            "--margin",
-            "1000",
-        ])
-    })
-    .await
-    .unwrap();
-    assert!(ok, "skip-ahead: {out}");
+    skip_ahead_cli(&b).await;
     assert!(regression_record(&consul).await.is_none(), "record kept");
 
     both_resume([&a, &b], &mut seen).await;

@@ -192,3 +192,15 @@ fn layout_fields(stored: &str, configured: &str) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// A client of a test Consul at `addr` that never retries, for the stores'
+/// unit tests.
+#[cfg(test)]
+pub(crate) fn test_consul_client(addr: std::net::SocketAddr) -> crate::consul::ConsulClient {
+    crate::consul::ConsulClient::new(crate::consul::ConsulConfig {
+        address: format!("http://{addr}"),
+        retries: 0,
+        ..crate::consul::ConsulConfig::default()
+    })
+    .expect("a client of the test Consul")
+}

@@ -1,6 +1,5 @@
 use super::*;
-use crate::consul::ConsulConfig;
-use crate::consul::{Consistency, ConsulClient};
+use crate::consul::Consistency;
 use crate::id::segment::SegmentError;
 use crate::store::keys::ClusterKeys;
 use crate::store::EmbeddedStore;
@@ -164,14 +163,7 @@ async fn consul_admin_changes_never_move_ids_back() {
     let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
         .await
         .unwrap();
-    let client = || {
-        ConsulClient::new(ConsulConfig {
-            address: format!("http://{}", consul.addr()),
-            retries: 0,
-            ..ConsulConfig::default()
-        })
-        .unwrap()
-    };
+    let client = || crate::store::test_consul_client(consul.addr());
     let keys = ClusterKeys::new("idgen", "test");
     let store = ConsulSegmentStore::new(client(), keys.clone());
     assert!(store.list_tags().await.unwrap().tags.is_empty());
@@ -238,12 +230,7 @@ async fn a_take_retries_past_its_keepers_mark_write_and_refuses_a_mark_gone_back
     let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
         .await
         .unwrap();
-    let client = ConsulClient::new(ConsulConfig {
-        address: format!("http://{}", consul.addr()),
-        retries: 0,
-        ..ConsulConfig::default()
-    })
-    .unwrap();
+    let client = crate::store::test_consul_client(consul.addr());
     let keys = ClusterKeys::new("idgen", "test");
     let store = ConsulSegmentStore::new(client.clone(), keys.clone());
     let t = tag("marked");

@@ -1,6 +1,4 @@
 use super::*;
-use crate::consul::ConsulClient;
-use crate::consul::ConsulConfig;
 use crate::id::format::FormatError;
 use crate::id::format::Reset;
 use crate::store::keys::ClusterKeys;
@@ -105,14 +103,7 @@ async fn consul_definitions_are_shared_and_tombstones_final() {
     let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
         .await
         .unwrap();
-    let client = || {
-        ConsulClient::new(ConsulConfig {
-            address: format!("http://{}", consul.addr()),
-            retries: 0,
-            ..ConsulConfig::default()
-        })
-        .unwrap()
-    };
+    let client = || crate::store::test_consul_client(consul.addr());
     let keys = ClusterKeys::new("idgen", "test");
     let store = ConsulFormatCatalogStore::new(client(), keys.clone());
     let before = consul_fingerprint(&client(), &keys).await.unwrap();
