@@ -271,13 +271,6 @@ impl Issuer {
         &self.gate
     }
 
-    /// Fencing: stops issuing at once (the current generator is closed,
-    /// lease and token blocks dropped) and marks the node fenced, so calls
-    /// say why they fail. See [`IssueGate::fence`].
-    pub fn fence(&self) {
-        self.gate.fence();
-    }
-
     /// Sets the worker lock's deadline: past `at`, snowflake, lease and
     /// formatted calls are refused as fenced until a later deadline is
     /// set. Called after every successful renew and on every claim.
@@ -288,12 +281,6 @@ impl Issuer {
     /// Whether the node is fenced (lost its worker id, not yet re-claimed).
     pub fn is_fenced(&self) -> bool {
         self.gate.is_fenced()
-    }
-
-    /// Puts a new generator (above every earlier ID) in place of a closed
-    /// one and lifts the fence.
-    pub fn install(&self, generator: Arc<Snowflake>) {
-        self.gate.install(generator);
     }
 
     /// The largest batch a call may ask for.
