@@ -167,3 +167,68 @@ async fn a_kill_during_load_never_leads_to_reuse() {
         assert!(theirs > 0, "round {round}: the concurrent callers got IDs");
     }
 }
+
+fn admin_req<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", "Bearer seg-admin".parse().unwrap());
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tag_stays_deleted_with_auto_create_and_comes_back_above_its_old_ids() {
+    use idgen::proto::admin_client::AdminClient;
+    use idgen::proto::{CreateTagRequest, DeleteTagRequest, GetTagRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = segment_config(dir.path(), true);
+    config.admin.token = Some(idgen::config::AdminToken("seg-admin".into()));
+    let server = TestServer::start(config).await;
+    let mut admin = AdminClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    admin
+        .create_tag(admin_req(CreateTagRequest {
+            tag: "invoices".into(),
+            step: 30,
+            description: "settings to keep".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    let mut c = server.client().await;
+    let old = c.gen_ids(req("invoices", 50)).await.unwrap().into_inner().ids;
+    let old_max = *old.iter().max().unwrap();
+    admin
+        .delete_tag(admin_req(DeleteTagRequest {
+            tag: "invoices".into(),
+        }))
+        .await
+        .unwrap();
+    // Auto-creation is on, yet every call is refused and issues nothing.
+    for _ in 0..3 {
+        let e = c.gen_ids(req("invoices", 5)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+        assert!(e.message().contains("was deleted at"), "{e:?}");
+        assert!(e.message().contains("idgen admin tags create"), "{e:?}");
+    }
+    let e = admin
+        .get_tag(admin_req(GetTagRequest {
+            tag: "invoices".into(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "not recreated: {e:?}");
+    // An explicit create brings it back, above every ID it handed out.
+    admin
+        .create_tag(admin_req(CreateTagRequest {
+            tag: "invoices".into(),
+            step: 30,
+            description: "back".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    let new = c.gen_ids(req("invoices", 50)).await.unwrap().into_inner().ids;
+    assert!(new.iter().all(|id| *id > old_max), "{old_max} vs {new:?}");
+    server.stop().await;
+}

@@ -160,3 +160,68 @@ async fn a_consul_take_with_an_unknown_outcome_is_never_reused() {
     );
     consul.shutdown().await;
 }
+
+/// Deletes `t` (which has handed out IDs), then checks on `store` that
+/// auto-creation is refused as deleted without touching the tombstone,
+/// and that an explicit create continues above every old ID.
+async fn deleted_stays_deleted(store: &dyn SegmentStore, t: &Tag) {
+    store
+        .create_tag(t, &TagRecord::new(0, 40, "kept settings", 1).unwrap())
+        .await
+        .unwrap();
+    let taken = store.take_range(t, 40, 2).await.unwrap();
+    let tombstone = store.delete_tag(t, 5_000).await.unwrap();
+    assert_eq!(tombstone.max_id, taken.last);
+    for _ in 0..2 {
+        let err = store
+            .auto_create_tag(t, &TagRecord::new(0, 500, "auto-created", 6).unwrap(), 100)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                StoreError::Segment(SegmentError::TagDeleted { deleted_ms: 5_000, .. })
+            ),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(text.contains("was deleted at"), "{text}");
+        assert!(text.contains("idgen admin tags create"), "{text}");
+    }
+    // Still deleted: nothing to take.
+    assert!(store.get_tag(t).await.unwrap().is_none());
+    assert!(matches!(
+        store.take_range(t, 10, 7).await,
+        Err(StoreError::Segment(SegmentError::TagNotFound(_)))
+    ));
+    // An explicit create revives it above the old IDs.
+    let revived = store
+        .create_tag_record(t, &TagRecord::new(0, 40, "again", 8).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(revived.max_id, taken.last);
+    let next = store.take_range(t, 40, 9).await.unwrap();
+    assert_eq!(next.first, taken.last + 1);
+    // A never-deleted tag is still auto-created.
+    let fresh = tag("fresh");
+    let made = store
+        .auto_create_tag(&fresh, &TagRecord::new(0, 500, "auto-created", 6).unwrap(), 100)
+        .await
+        .unwrap();
+    assert_eq!(made.max_id, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_create_refuses_a_deleted_tag_on_both_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = EmbeddedStore::create(&dir.path().join("s.redb"), "layout").unwrap();
+    deleted_stays_deleted(&embedded, &tag("gone")).await;
+
+    let consul = TestConsul::start(Config::default()).await.unwrap();
+    let store = ConsulSegmentStore::new(
+        consul::client(&consul, Duration::from_secs(2), 0),
+        ClusterKeys::new("idgen", "test"),
+    );
+    deleted_stays_deleted(&store, &tag("gone")).await;
+    consul.shutdown().await;
+}

@@ -64,6 +64,14 @@ pub enum SegmentError {
     /// A segment tag by that name exists already.
     #[error("segment tag {0:?} exists already")]
     TagExists(String),
+    /// Auto-creation met a deleted tag: only an explicit create revives it.
+    #[error("segment tag {tag:?} was deleted at {}; auto-creation does not bring a deleted tag back: re-create it with `idgen admin tags create {tag}` to use it again (it continues above every ID it handed out)", super::epoch_text(*.deleted_ms))]
+    TagDeleted {
+        /// The tag.
+        tag: String,
+        /// When it was deleted (the tombstone's `updated_ms`), Unix ms.
+        deleted_ms: u64,
+    },
     /// Creating one more tag would pass `segment.max_tags`.
     #[error(transparent)]
     LimitReached(#[from] crate::id::LimitReached),
@@ -74,7 +82,7 @@ impl SegmentError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Exhausted { .. } | Self::LimitReached(_) => ErrorKind::Exhausted,
-            Self::TagNotFound(_) => ErrorKind::NotFound,
+            Self::TagNotFound(_) | Self::TagDeleted { .. } => ErrorKind::NotFound,
             Self::TagExists(_) => ErrorKind::AlreadyExists,
             Self::BadTag(_)
             | Self::BadStep(_)

@@ -219,7 +219,8 @@ impl SegmentEngine {
                 .map_err(StoreError::from)?;
                 match self
                     .store
-                    .create_tag_limited(tag, &r, self.settings.max_tags)
+                    // A deleted tag is refused, not re-created with defaults.
+                    .auto_create_tag(tag, &r, self.settings.max_tags)
                     .await
                 {
                     Ok(_) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),

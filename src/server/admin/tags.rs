@@ -177,7 +177,7 @@ impl AdminService {
             tag: tag.to_string(),
             max_id: tombstone.max_id,
             note: format!(
-                "tag {tag} is deleted: new ranges are refused (NOT_FOUND). Its record stays as a tombstone with max_id {}, so creating {tag} again continues above it. Nodes that already hold a range of it may serve the rest of that range (IDs never handed out before) until it runs out.",
+                "tag {tag} is deleted: new ranges are refused (NOT_FOUND), also where segment.auto_create is on (auto-creation never brings a deleted tag back). Its record stays as a tombstone with max_id {}, so creating {tag} again with `idgen admin tags create` continues above it. Nodes that already hold a range of it may serve the rest of that range (IDs never handed out before) until it runs out.",
                 tombstone.max_id
             ),
         })

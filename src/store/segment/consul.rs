@@ -83,6 +83,62 @@ impl ConsulSegmentStore {
         result
     }
 
+    /// Refuses a new tag once `max_tags` live tags exist (and an existing
+    /// one as existing); counted by one listing before the write.
+    async fn check_limit(&self, tag: &Tag, max_tags: u64) -> Result<(), StoreError> {
+        if max_tags < u64::MAX {
+            // Counted by one listing before the write: Consul has no count
+            // that a txn could check, so nodes creating tags at the same
+            // moment may overshoot the limit by a few (documented).
+            let listing = self.list_tags().await?;
+            let live = (listing.tags.len() + listing.unreadable.len()) as u64;
+            metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
+            if listing.tags.iter().any(|(t, _)| t == tag) {
+                // As on the embedded store: an existing tag is that, not a limit.
+                return Err(StoreError::Segment(SegmentError::TagExists(
+                    tag.to_string(),
+                )));
+            }
+            if live >= max_tags {
+                return Err(StoreError::Segment(
+                    crate::store::limit_reached(
+                        format!(
+                            "segment tag {:?} cannot be created ({live} live tags)",
+                            tag.as_str()
+                        ),
+                        max_tags,
+                        "segment.max_tags",
+                    )
+                    .into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates `tag` with a txn `cas`; over a tombstone it continues
+    /// above it when `revive`, and is refused as deleted otherwise.
+    async fn create(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        revive: bool,
+    ) -> Result<TagRecord, StoreError> {
+        let write = AdminWrite {
+            store: self,
+            tag,
+            key: self.keys.segment(tag.as_str()),
+            what: AdminChange::Create {
+                record,
+                blind: AtomicBool::new(true),
+                revive,
+            },
+        };
+        let result = compare_and_set(&self.client, &self.keys, ADMIN_POLICY, &write).await;
+        self.forget(tag);
+        result
+    }
+
     async fn read(&self, tag: &Tag) -> Result<Option<(TagRecord, u64)>, StoreError> {
         let key = self.keys.segment(tag.as_str());
         let written = self.keys.written();
@@ -120,18 +176,7 @@ impl SegmentStore for ConsulSegmentStore {
         tag: &Tag,
         record: &TagRecord,
     ) -> Result<TagRecord, StoreError> {
-        let write = AdminWrite {
-            store: self,
-            tag,
-            key: self.keys.segment(tag.as_str()),
-            what: AdminChange::Create {
-                record,
-                blind: AtomicBool::new(true),
-            },
-        };
-        let result = compare_and_set(&self.client, &self.keys, ADMIN_POLICY, &write).await;
-        self.forget(tag);
-        result
+        self.create(tag, record, true).await
     }
 
     async fn create_tag_limited(
@@ -140,34 +185,18 @@ impl SegmentStore for ConsulSegmentStore {
         record: &TagRecord,
         max_tags: u64,
     ) -> Result<TagRecord, StoreError> {
-        if max_tags < u64::MAX {
-            // Counted by one listing before the write: Consul has no count
-            // that a txn could check, so nodes creating tags at the same
-            // moment may overshoot the limit by a few (documented).
-            let listing = self.list_tags().await?;
-            let live = (listing.tags.len() + listing.unreadable.len()) as u64;
-            metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
-            if listing.tags.iter().any(|(t, _)| t == tag) {
-                // As on the embedded store: an existing tag is that, not a limit.
-                return Err(StoreError::Segment(SegmentError::TagExists(
-                    tag.to_string(),
-                )));
-            }
-            if live >= max_tags {
-                return Err(StoreError::Segment(
-                    crate::store::limit_reached(
-                        format!(
-                            "segment tag {:?} cannot be created ({live} live tags)",
-                            tag.as_str()
-                        ),
-                        max_tags,
-                        "segment.max_tags",
-                    )
-                    .into(),
-                ));
-            }
-        }
+        self.check_limit(tag, max_tags).await?;
         self.create_tag_record(tag, record).await
+    }
+
+    async fn auto_create_tag(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
+        self.check_limit(tag, max_tags).await?;
+        self.create(tag, record, false).await
     }
 
     fn release(&self, tag: &Tag) {
@@ -336,6 +365,9 @@ enum AdminChange<'a> {
     Create {
         record: &'a TagRecord,
         blind: AtomicBool,
+        /// Whether a tombstone is revived (an explicit create) or refused
+        /// (auto-creation).
+        revive: bool,
     },
     /// The live record as this function rewrites it.
     Change(&'a (dyn Fn(&TagRecord) -> Result<TagRecord, StoreError> + Send + Sync)),
@@ -348,7 +380,11 @@ impl CasWrite for AdminWrite<'_> {
     async fn plan(&self) -> Result<Attempt<TagRecord>, StoreError> {
         let (store, tag) = (self.store, self.tag);
         let (written, index) = match &self.what {
-            AdminChange::Create { record, blind } => {
+            AdminChange::Create {
+                record,
+                blind,
+                revive,
+            } => {
                 if blind.swap(false, Ordering::Relaxed) {
                     ((*record).clone(), 0)
                 } else {
@@ -357,6 +393,12 @@ impl CasWrite for AdminWrite<'_> {
                             return Err(StoreError::Segment(SegmentError::TagExists(
                                 tag.to_string(),
                             )))
+                        }
+                        Some((tombstone, _)) if !*revive => {
+                            return Err(StoreError::Segment(SegmentError::TagDeleted {
+                                tag: tag.to_string(),
+                                deleted_ms: tombstone.updated_ms,
+                            }))
                         }
                         Some((tombstone, i)) => (tombstone.revived(record), i),
                         None => ((*record).clone(), 0),

@@ -48,6 +48,7 @@ impl EmbeddedStore {
         tag: &Tag,
         record: &TagRecord,
         max_tags: u64,
+        revive: bool,
     ) -> Result<TagRecord, StoreError> {
         let txn = self.begin_write()?;
         let (written, live) = {
@@ -62,6 +63,12 @@ impl EmbeddedStore {
                     return Err(StoreError::Segment(SegmentError::TagExists(
                         tag.to_string(),
                     )))
+                }
+                Some(tombstone) if !revive => {
+                    return Err(StoreError::Segment(SegmentError::TagDeleted {
+                        tag: tag.to_string(),
+                        deleted_ms: tombstone.updated_ms,
+                    }))
                 }
                 Some(tombstone) => tombstone.revived(record),
                 // A tag the restored backup did not know may have handed
@@ -165,7 +172,17 @@ impl SegmentStore for EmbeddedStore {
         max_tags: u64,
     ) -> Result<TagRecord, StoreError> {
         let (this, tag, record) = (self.clone(), tag.clone(), record.clone());
-        blocking(move || this.insert_tag(&tag, &record, max_tags)).await
+        blocking(move || this.insert_tag(&tag, &record, max_tags, true)).await
+    }
+
+    async fn auto_create_tag(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
+        let (this, tag, record) = (self.clone(), tag.clone(), record.clone());
+        blocking(move || this.insert_tag(&tag, &record, max_tags, false)).await
     }
 
     async fn list_tags(&self) -> Result<TagListing, StoreError> {

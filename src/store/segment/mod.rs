@@ -28,7 +28,9 @@
 //! tombstone ([`TagRecord::deleted`]) that keeps its `max_id`: the tag
 //! then reads as unknown, and creating it again continues above every ID
 //! the old tag may have handed out (the new record's `max_id` is raised to
-//! the tombstone's when it would start below). In Consul every admin write
+//! the tombstone's when it would start below). Auto-creation
+//! ([`SegmentStore::auto_create_tag`]) refuses a tombstone instead: a
+//! deleted tag stays deleted until an operator creates it again. In Consul every admin write
 //! is a txn `cas` on the ModifyIndex of a consistent read, so it never
 //! crosses a concurrent take; and it drops this node's cached record, so
 //! the next take re-reads (other nodes' caches fail their next `cas` and
@@ -88,6 +90,21 @@ pub trait SegmentStore: Send + Sync + 'static {
     ) -> Result<TagRecord, StoreError> {
         let _ = max_tags;
         self.create_tag_record(tag, record).await
+    }
+
+    /// Auto-creation (`segment.auto_create`): like
+    /// [`create_tag_limited`](Self::create_tag_limited), but a tag that
+    /// was deleted is refused with
+    /// [`SegmentError::TagDeleted`](crate::id::segment::SegmentError::TagDeleted)
+    /// in the same write that would create it: only an explicit create
+    /// revives a deleted tag. Backends without tombstones create.
+    async fn auto_create_tag(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        max_tags: u64,
+    ) -> Result<TagRecord, StoreError> {
+        self.create_tag_limited(tag, record, max_tags).await
     }
 
     /// Drops what this store caches about `tag` (its buffers were
