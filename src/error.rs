@@ -44,6 +44,11 @@ pub enum Error {
     /// The node lost its worker lock and has not claimed one again.
     #[error("this node lost its worker lock in Consul (Consul unreachable or session expired) and stopped issuing; it is claiming an id again; retry on another node")]
     Fenced,
+    /// The node is fenced because an operator changed the cluster's layout:
+    /// it stays fenced until restarted with the new one (the text says
+    /// from what to what, when and by whom).
+    #[error("{0}")]
+    LayoutChanged(String),
     /// Segment mode has no IDs in memory for a tag and cannot get more.
     #[error("segment tag {tag:?} has no IDs left in memory and no new range could be taken ({reason}); retry later or on another node")]
     SegmentUnavailable {
@@ -96,6 +101,7 @@ impl Error {
             Self::Store(e) => e.kind(),
             Self::ClusterLayout(e) => e.kind(),
             Self::Setup(_) => ErrorKind::Internal,
+            Self::LayoutChanged(_) => ErrorKind::Precondition,
             Self::Consul(_)
             | Self::Fenced
             | Self::SegmentUnavailable { .. }

@@ -664,7 +664,11 @@ async fn layout(c: &mut Client, cmd: &LayoutCommand) -> anyhow::Result<Out> {
             worker_bits,
             sequence_bits,
             expect_generation,
+            yes,
         } => {
+            if !yes {
+                bail!("{LAYOUT_PROCEDURE}\nNothing was changed: run the command again with --yes (or --i-understand-this-fences) once the clients are ready");
+            }
             let time_unit_ms = match time_unit {
                 Some(d) if d.subsec_nanos() % 1_000_000 != 0 => {
                     bail!("--time-unit must be a whole number of milliseconds")
@@ -687,6 +691,14 @@ async fn layout(c: &mut Client, cmd: &LayoutCommand) -> anyhow::Result<Out> {
     }
 }
 
+/// What `admin layout set` without `--yes` prints (docs/OPERATIONS.md,
+/// "Changing the cluster layout", has the same steps).
+const LAYOUT_PROCEDURE: &str = "changing the cluster layout fences every node still on the old layout: they stop issuing (clients get FAILED_PRECONDITION naming the change) until each is restarted with the new [layout]. It is a maintenance procedure:
+  1. drain: point clients at nodes you will restart first, or accept that IDs pause until step 3;
+  2. set: idgen admin layout set ... --yes (refused, changing nothing, if the new layout could repeat an ID);
+  3. restart each node with the new [layout] (`idgen admin layout get` prints it); a node on the old layout refuses to start;
+  4. verify: `idgen admin layout get` shows the new generation, and every node's /readyz answers ready.";
+
 /// `admin layout set`: the new record, and what the change means for the
 /// running nodes.
 async fn set_layout(c: &mut Client, request: proto::SetLayoutRequest) -> anyhow::Result<Out> {
@@ -701,7 +713,7 @@ async fn set_layout(c: &mut Client, request: proto::SetLayoutRequest) -> anyhow:
     Ok((
         v,
         format!(
-            "layout changed: {text}\nevery earlier ID is at most {}; the new layout starts at {} or above\nnodes still on the old layout have stopped issuing: restart every node with the new [layout]",
+            "layout changed: {text}\nevery earlier ID is at most {}; the new layout starts at {} or above\nnodes still on the old layout have stopped issuing (fenced, FAILED_PRECONDITION naming this change): restart every node with the new [layout], then check that each one's /readyz answers ready",
             r.old_max_id, r.new_first_id
         ),
     ))

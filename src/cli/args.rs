@@ -435,10 +435,12 @@ pub struct FormatDefArgs {
 pub enum LayoutCommand {
     /// Show the recorded layout, its generation and earlier layouts.
     Get,
-    /// Change the cluster's layout. Accepted only when the new layout's
-    /// first ID is above every ID issued so far (every stored high-water
-    /// mark is checked); nodes on the old layout then fence themselves and
-    /// must be restarted with the new [layout].
+    /// Change the cluster's layout: a maintenance procedure, not a routine
+    /// command (docs/OPERATIONS.md, "Changing the cluster layout").
+    /// Accepted only when the new layout's first ID is above every ID
+    /// issued so far (every stored high-water mark is checked); every node
+    /// still on the old layout is then fenced until it is restarted with
+    /// the new [layout]. Refused without --yes.
     Set {
         /// Preset: twitter, sonyflake or js53.
         #[arg(long)]
@@ -465,6 +467,11 @@ pub enum LayoutCommand {
         /// `layout get`).
         #[arg(long)]
         expect_generation: Option<u64>,
+        /// Confirms that every running node on the old layout stops
+        /// issuing until restarted with the new one (without it the
+        /// command prints the procedure and changes nothing).
+        #[arg(long, visible_alias = "i-understand-this-fences")]
+        yes: bool,
     },
 }
 

@@ -36,7 +36,9 @@ use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
-use crate::store::cluster_layout::{ensure_layout, ClusterLayoutError};
+use crate::store::cluster_layout::{
+    ensure_layout, fence_reason, read_layout, ClusterLayoutError, RecordedLayout,
+};
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
 use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
 use crate::store::{HwmKeeper, WorkerKey};
@@ -87,6 +89,8 @@ struct Claim {
     lock: Arc<WorkerLock>,
     keeper: KeeperHandle,
     owner: OwnerInfo,
+    /// The layout record's generation this claim was checked against.
+    layout_generation: u64,
 }
 
 /// A node's place in the cluster, claimed but not yet supervised.
@@ -351,6 +355,7 @@ async fn claim(
                     lock: Arc::new(lock),
                     keeper,
                     owner,
+                    layout_generation: guard.generation,
                 })
             }
             Err(e) => e,
@@ -448,13 +453,15 @@ async fn supervise(
             "worker lock lost: stopped issuing (fenced, NOT_SERVING); claiming a worker id again"
         );
         metrics::gauge!(m::WORKER_ID, "datacenter" => spec.datacenter.to_string()).set(-1.0);
+        let seen = held.layout_generation;
+        name_layout_change(&spec, &coord, seen, &gate).await;
         // Hand the id back (release the lock, destroy the session) as soon
         // as Consul answers, instead of leaving it locked for up to 2 x TTL
         // + lock-delay; otherwise every partition would use up another id.
         // Safe: nothing more is issued or written with it.
         // Claiming waits for the hand-back, so the node comes back on its
         // own id; but never longer than the old session can live anyway.
-        held = reclaim(&spec, &coord, &clock, lock, &mut stopped).await?;
+        held = reclaim(&spec, &coord, &clock, (lock, seen, &gate), &mut stopped).await?;
         // Checked against the deadline just above, with no await since.
         held.lock.on_renew(deadline_hook(&gate));
         if let Some(bound) = &bound {
@@ -485,7 +492,7 @@ async fn reclaim(
     spec: &ClusterSpec,
     coord: &ConsulClient,
     clock: &Arc<dyn Clock>,
-    lock: Arc<WorkerLock>,
+    (lock, seen, gate): (Arc<WorkerLock>, u64, &IssueGate),
     stopped: &mut watch::Receiver<bool>,
 ) -> Option<Claim> {
     let lock_ends = lock.last_renewed() + 2 * spec.config.lock.ttl + spec.config.lock.lock_delay;
@@ -525,12 +532,14 @@ async fn reclaim(
                     tracing::warn!("claimed a worker id too slowly to use it; trying again");
                 }
                 Err(JoinError::Node(Error::ClusterLayout(
-                    e @ ClusterLayoutError::Mismatch { .. },
+                    e @ (ClusterLayoutError::Mismatch { .. } | ClusterLayoutError::Changing { .. }),
                 ))) => {
-                    tracing::error!(
-                        error = %e,
-                        "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
-                    )
+                    if !name_layout_change(spec, coord, seen, gate).await {
+                        tracing::error!(
+                            error = %e,
+                            "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
+                        )
+                    }
                 }
                 Err(e) => tracing::warn!(
                     error = %e,
@@ -545,6 +554,37 @@ async fn reclaim(
         }
         pause = (pause * 2).min(spec.config.reclaim_backoff_max);
     }
+}
+
+/// After a fence: reads the layout record and, when an operator changed
+/// the layout away from this node's (the record is no longer generation
+/// `seen` and holds another layout), names that change as the fence's
+/// reason, logged once. The node is fenced already; this changes only what
+/// its refusals say. Bounded: a Consul that does not answer leaves the
+/// lock-lost refusal. Returns whether a layout change is the reason.
+async fn name_layout_change(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    seen: u64,
+    gate: &IssueGate,
+) -> bool {
+    let read = tokio::time::timeout(
+        spec.config.lock.ttl / 3,
+        read_layout(client, &spec.config.keys),
+    )
+    .await;
+    let Ok(Ok(Some((record, _)))) = read else {
+        return false;
+    };
+    let mine = RecordedLayout::of(&spec.layout, &spec.layout_preset);
+    let Some(reason) = fence_reason(&record, &mine, seen) else {
+        return false;
+    };
+    if gate.fence_reason().as_deref() != Some(&reason) {
+        tracing::error!(reason = %reason, "fenced: the cluster layout changed");
+        gate.set_fence_reason(reason);
+    }
+    true
 }
 
 /// Copies each new lock deadline to the issue gate's cheap check.

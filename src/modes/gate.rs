@@ -17,12 +17,19 @@
 //! on after every renew, and [`install`](IssueGate::install)s the generator
 //! of a re-claimed id, which lifts the fence. A node past its deadline is
 //! refused even if the supervisor that would fence it runs late.
+//!
+//! A fence may carry a reason ([`set_fence_reason`](IssueGate::set_fence_reason)):
+//! when an operator changed the cluster layout, refusals say so and are
+//! FAILED_PRECONDITION (another node on the old layout is fenced too, so
+//! retrying elsewhere does not help) instead of the UNAVAILABLE of a lost
+//! lock. The reason changes only the text and code of a refusal: the
+//! fenced flag alone decides whether the node issues.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::ticker::UnitTicker;
 use crate::error::Error;
@@ -43,6 +50,8 @@ pub struct IssueGate {
     /// mode also waits on it for the next time unit.
     ticker: Arc<UnitTicker>,
     on_fence: Mutex<Vec<FenceHook>>,
+    /// Why the node is fenced, when it is not a plain lock loss.
+    reason: ArcSwapOption<String>,
 }
 
 impl IssueGate {
@@ -55,6 +64,7 @@ impl IssueGate {
             deadline: Deadline::unbounded(),
             ticker: Arc::new(UnitTicker::new(clock)?),
             on_fence: Mutex::new(Vec::new()),
+            reason: ArcSwapOption::empty(),
         })
     }
 
@@ -63,9 +73,30 @@ impl IssueGate {
     #[inline]
     pub fn check(&self) -> Result<(), Error> {
         if self.is_fenced() {
-            return Err(Error::Fenced);
+            return Err(self.fenced_error());
         }
         self.check_deadline()
+    }
+
+    /// The refusal of a fenced node: [`Error::LayoutChanged`] naming the
+    /// change when a reason was set, [`Error::Fenced`] (a lost lock)
+    /// otherwise.
+    pub fn fenced_error(&self) -> Error {
+        match self.reason.load_full() {
+            Some(reason) => Error::LayoutChanged(reason.as_str().to_owned()),
+            None => Error::Fenced,
+        }
+    }
+
+    /// Why the node is fenced, when it is not a plain lock loss.
+    pub fn fence_reason(&self) -> Option<Arc<String>> {
+        self.reason.load_full()
+    }
+
+    /// Names why the node is fenced (it stays fenced: only
+    /// [`install`](Self::install) lifts the fence, and clears this).
+    pub fn set_fence_reason(&self, reason: String) {
+        self.reason.store(Some(Arc::new(reason)));
     }
 
     /// Refuses once the deadline has passed (also checked again within a
@@ -73,7 +104,7 @@ impl IssueGate {
     #[inline]
     pub fn check_deadline(&self) -> Result<(), Error> {
         if self.deadline.passed(self.ticker.coarse().now_ms()) {
-            return Err(Error::Fenced);
+            return Err(self.fenced_error());
         }
         Ok(())
     }
@@ -139,6 +170,53 @@ impl IssueGate {
     /// one and lifts the fence.
     pub fn install(&self, generator: Arc<Snowflake>) {
         self.generator.store(generator);
+        self.reason.store(None);
         self.fenced.store(false, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::id::{Preset, StartPlan, SystemClock, DEFAULT_EPOCH_MS};
+
+    fn generator() -> Arc<Snowflake> {
+        let now_ms = SystemClock.now_millis();
+        let layout = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(now_ms)
+            .unwrap();
+        let plan = StartPlan::new(&layout, now_ms, None, 0).unwrap();
+        Arc::new(Snowflake::new(layout, 0, 1, 1000, plan, now_ms + 600_000).unwrap())
+    }
+
+    fn gate() -> IssueGate {
+        IssueGate::new(generator(), Arc::new(SystemClock)).unwrap()
+    }
+
+    #[test]
+    fn a_fence_reason_changes_the_refusal_not_the_fence() {
+        let g = gate();
+        // A reason on an open gate refuses nothing.
+        g.set_fence_reason("layout changed".into());
+        assert!(g.check().is_ok());
+        g.fence();
+        let plain = g.check().unwrap_err();
+        assert!(matches!(plain, Error::Fenced), "{plain:?}");
+        assert_eq!(plain.kind(), ErrorKind::Unavailable);
+        g.set_fence_reason("the cluster layout changed from A to B".into());
+        let named = g.check().unwrap_err();
+        assert_eq!(named.kind(), ErrorKind::Precondition);
+        assert!(named.to_string().contains("changed from A to B"), "{named}");
+        // Still fenced: the generator is closed whatever the reason says.
+        assert!(g.is_fenced());
+        assert!(g.generator().next_id(SystemClock.now_micros()).is_err());
+        // A re-claim lifts the fence and forgets the reason.
+        g.install(generator());
+        assert!(g.check().is_ok());
+        assert!(g.fence_reason().is_none());
+        g.fence();
+        assert!(matches!(g.check(), Err(Error::Fenced)));
     }
 }

@@ -314,7 +314,7 @@ impl Refill for LeaseEngine {
 /// RESOURCE_EXHAUSTED, the rest is UNAVAILABLE naming the cause.
 fn unavailable(e: Error) -> Error {
     match e {
-        Error::Store(StoreError::Lease(_)) | Error::Fenced => e,
+        Error::Store(StoreError::Lease(_)) | Error::Fenced | Error::LayoutChanged(_) => e,
         other => Error::LeaseUnavailable {
             reason: other.to_string(),
         },

@@ -43,7 +43,7 @@ impl SnowflakeEngine {
     /// Maps a generator refusal, naming fencing when that is the cause.
     fn refusal(&self, e: GenError) -> Error {
         if e == GenError::Closed && self.gate.is_fenced() {
-            Error::Fenced
+            self.gate.fenced_error()
         } else {
             e.into()
         }

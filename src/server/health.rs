@@ -132,7 +132,7 @@ pub async fn run(
                 Ok(()) if serving.is_some() => tracing::info!("issuing again: SERVING"),
                 Ok(()) => {}
                 Err(_) if issuer.is_fenced() => tracing::error!(
-                    error = %crate::error::Error::Fenced,
+                    error = %issuer.gate().fenced_error(),
                     "stopped issuing: NOT_SERVING"
                 ),
                 Err(e) => tracing::error!(error = %e, "stopped issuing: NOT_SERVING"),

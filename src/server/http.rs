@@ -307,6 +307,13 @@ async fn healthz(State(s): State<HttpState>) -> Response {
 async fn readyz(State(s): State<HttpState>) -> Response {
     if s.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "ready\n").into_response()
+    } else if let Some(reason) = s.issuer.gate().fence_reason() {
+        // Fenced for a named cause (a layout change): say it here too.
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not serving: {reason}\n"),
+        )
+            .into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not serving\n").into_response()
     }

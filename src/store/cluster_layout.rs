@@ -139,6 +139,10 @@ pub struct LayoutRecord {
     /// When this generation was written, Unix ms.
     #[serde(default)]
     pub recorded_ms: u64,
+    /// Who wrote this generation through `idgen admin layout set` (the
+    /// node that served the call); empty for a first node's record.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub recorded_by: String,
     /// Earlier layouts, oldest first.
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
@@ -276,6 +280,41 @@ fn mismatch_text(
     )
 }
 
+/// Why a node that runs `mine` and checked generation `seen` of the
+/// record is fenced, when the record now says the layout changed (or is
+/// being changed) away from it: the text its refusals carry. `None` when
+/// the record still holds `mine` (the fence was a plain lock loss).
+pub fn fence_reason(record: &LayoutRecord, mine: &RecordedLayout, seen: u64) -> Option<String> {
+    if record.generation == seen {
+        return None;
+    }
+    let by = if record.recorded_by.is_empty() {
+        String::new()
+    } else {
+        format!(" by {}", record.recorded_by)
+    };
+    let at = epoch_text(record.recorded_ms);
+    if let Some(to) = &record.changing_to {
+        return Some(format!(
+            "the cluster layout is being changed from {} to {} (marked at {at}{by}, generation {}); this node runs the old layout and is fenced: once the change is recorded, restart it with the new [layout] (`idgen admin layout get` prints it); see docs/OPERATIONS.md, \"Changing the cluster layout\"",
+            mine.describe(),
+            to.describe(),
+            record.generation
+        ));
+    }
+    if record.layout.spec() == mine.spec() {
+        return None;
+    }
+    Some(format!(
+        "the cluster layout changed from {} to {} (recorded at {at}{by}, generation {}); this node runs {} and is fenced until it restarts with layout {}: set [layout] to it (`idgen admin layout get` prints it) and restart; see docs/OPERATIONS.md, \"Changing the cluster layout\"",
+        mine.describe(),
+        record.layout.describe(),
+        record.generation,
+        mine.describe(),
+        record.layout.describe()
+    ))
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -331,6 +370,7 @@ pub async fn ensure_layout(
                 floor_id: 0,
                 changing_to: None,
                 recorded_ms: now_ms(),
+                recorded_by: String::new(),
                 history: Vec::new(),
             };
             let value = serde_json::to_vec(&record).unwrap_or_default();
@@ -538,14 +578,15 @@ fn verify(
 /// Changes the cluster's layout to `new` (from `preset`), if no ID can
 /// repeat; see the module doc for the steps. `expect_generation`, when
 /// given, must be the current generation (an operator's read-then-write).
-/// `clock` dates the check (and so the new layout's floor).
+/// `clock` dates the check (and so the new layout's floor); `by` names
+/// who asked, recorded for the fence reason of nodes on the old layout.
 pub async fn change_layout(
     client: &ConsulClient,
     keys: &ClusterKeys,
-    new: &Layout,
-    preset: &str,
+    (new, preset): (&Layout, &str),
     expect_generation: Option<u64>,
     clock: &dyn Clock,
+    by: &str,
 ) -> Result<ChangeReport, ClusterLayoutError> {
     let now_ms = || clock.now_millis();
     let key = keys.layout();
@@ -576,6 +617,7 @@ pub async fn change_layout(
     changing.generation += 1;
     changing.changing_to = Some(target.clone());
     changing.recorded_ms = now_ms();
+    by.clone_into(&mut changing.recorded_by);
     let changing_index =
         cas_record(client, &key, &changing, index)
             .await?
@@ -592,6 +634,7 @@ pub async fn change_layout(
     next.generation += 1;
     next.changing_to = None;
     next.recorded_ms = now_ms();
+    by.clone_into(&mut next.recorded_by);
     let outcome = match verdict {
         Ok((old_max_id, new_first_id)) => {
             next.history.push(HistoryEntry {
@@ -666,6 +709,7 @@ mod tests {
             floor_id: 0,
             changing_to: None,
             recorded_ms: NOW,
+            recorded_by: String::new(),
             history: vec![],
         }
     }

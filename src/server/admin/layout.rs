@@ -75,13 +75,17 @@ impl AdminService {
             .layout(self.now_ms())
             .map_err(|e| refusal(ErrorKind::BadRequest, e.to_string()))?;
         let expect = (r.expect_generation != 0).then_some(r.expect_generation);
+        let by = format!(
+            "`idgen admin layout set` on node {} ({})",
+            self.deps.node.instance, self.deps.node.address
+        );
         let report = change_layout(
             client,
             keys,
-            &layout,
-            &section.preset_name(),
+            (&layout, &section.preset_name()),
             expect,
             self.deps.clock.as_ref(),
+            &by,
         )
         .await
         .map_err(|e| to_status(&Error::ClusterLayout(e)))?;
