@@ -2,7 +2,8 @@
 //! against the in-repo Consul-compatible test server. A node with another
 //! layout than the one recorded in Consul refuses to start; a layout
 //! change through `idgen admin layout set` is refused when it could repeat
-//! an ID, and once accepted fences the nodes still on the old layout.
+//! an ID, needs `--yes`, and once accepted fences the nodes still on the
+//! old layout, naming the change in their refusals, `/readyz` and log.
 
 mod common;
 
@@ -136,6 +137,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
             "twitter",
             "--epoch",
             "2024-01-01T01:00:00Z",
+            "--yes",
         ],
     )
     .await;
@@ -158,31 +160,41 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
             "2023-01-01T00:00:00Z",
             "--expect-generation",
             "7",
+            "--i-understand-this-fences",
         ],
     )
     .await;
     assert!(!ok && out.contains("ABORTED"), "{out}");
 
-    // An epoch a year earlier: every new ID lies above every old one.
-    let (ok, out) = admin(
-        &a,
-        &[
-            "layout",
-            "set",
-            "--preset",
-            "twitter",
-            "--epoch",
-            "2023-01-01T00:00:00Z",
-        ],
-    )
-    .await;
+    // An epoch a year earlier: every new ID lies above every old one. It
+    // fences every running node, so without the confirmation the command
+    // prints the procedure and changes nothing.
+    let safe = [
+        "layout",
+        "set",
+        "--preset",
+        "twitter",
+        "--epoch",
+        "2023-01-01T00:00:00Z",
+    ];
+    let (ok, out) = admin(&a, &safe).await;
+    assert!(!ok, "a layout change needs --yes: {out}");
+    assert!(out.contains("maintenance procedure"), "{out}");
+    assert!(out.contains("--yes"), "{out}");
+    assert!(out.contains("restart each node"), "{out}");
+    let (ok, out) = admin(&a, &["layout", "get"]).await;
+    assert!(ok && out.contains("generation 1"), "unchanged: {out}");
+    old_max = old_max.max(collect(&a, 1, &mut seen).await);
+    let (ok, out) = admin(&a, &[&safe[..], &["--yes"]].concat()).await;
     assert!(ok, "a safe change must be accepted: {out}");
     assert!(out.contains("layout changed"), "{out}");
+    assert!(out.contains("restart every node"), "{out}");
 
     // Both nodes still run the old layout: they stop issuing within a
-    // mark renewal or two, and stay stopped.
+    // mark renewal or two, and stay stopped, saying why: the layout
+    // changed (FAILED_PRECONDITION), not a lost lease.
     for node in [&a, &b] {
-        let end = Instant::now() + Duration::from_secs(10);
+        let end = Instant::now() + Duration::from_secs(20);
         loop {
             match common::snowflake_ids(node, 100).await {
                 Ok(got) => {
@@ -191,26 +203,40 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
                         old_max = old_max.max(id);
                     }
                 }
-                Err(s) => {
-                    assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
-                    break;
-                }
+                Err(s) if s.code() == tonic::Code::FailedPrecondition => break,
+                // Between the fence and the record read that names it.
+                Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
             }
-            assert!(Instant::now() < end, "an old-layout node kept issuing");
+            assert!(
+                Instant::now() < end,
+                "an old-layout node kept issuing or never named the change"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     for node in [&a, &b] {
-        assert!(
-            common::snowflake_ids(node, 1).await.is_err(),
-            "stays fenced"
-        );
-        assert!(
-            node.log_text().contains("the cluster layout record"),
-            "{}",
-            node.log_text()
-        );
+        let s = common::snowflake_ids(node, 1)
+            .await
+            .expect_err("stays fenced");
+        assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+        let why = s.message();
+        assert!(why.contains("the cluster layout changed from"), "{why}");
+        assert!(why.contains("epoch 2024-01-01T00:00:00Z"), "{why}");
+        assert!(why.contains("to preset twitter"), "{why}");
+        assert!(why.contains("2023-01-01T00:00:00Z"), "{why}");
+        assert!(why.contains("idgen admin layout set` on node"), "{why}");
+        assert!(why.contains("fenced until it restarts with layout"), "{why}");
+        assert!(!why.contains("lost its worker lock"), "{why}");
+        let ready = reqwest::get(format!("http://{}/readyz", node.http))
+            .await
+            .unwrap();
+        assert_eq!(ready.status().as_u16(), 503);
+        let body = ready.text().await.unwrap();
+        assert!(body.contains("the cluster layout changed from"), "{body}");
+        let log = node.log_text();
+        assert!(log.contains("the cluster layout record"), "{log}");
+        assert!(log.contains("fenced: the cluster layout changed"), "{log}");
     }
     assert!(a.terminate().success());
     assert!(b.terminate().success());
@@ -360,6 +386,7 @@ async fn layout_admin_calls_on_the_embedded_store_say_where_the_layout_lives() {
             "twitter",
             "--epoch",
             "2023-01-01T00:00:00Z",
+            "--yes",
         ][..],
     ] {
         let (ok, out) = admin(&node, args).await;

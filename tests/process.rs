@@ -248,3 +248,73 @@ fn check_config_prints_the_effective_settings_with_secrets_redacted_and_starts_n
     assert!(!ok, "{out}");
     assert!(out.contains("node.worker_id"), "{out}");
 }
+
+/// A Lua rule whose load-time checks render every counter of a 100,000
+/// range: seconds of work per compile in a debug build.
+fn heavy_lua_format(name: &str) -> String {
+    format!(
+        "[[formats]]\nname = \"{name}\"\nlua = \"\"\"\n\
+         function min_counter() return 0 end\n\
+         function max_counter() return 99999 end\n\
+         function reset_seconds() return 0 end\n\
+         function create_id(counter, now, salt) return string.format('%05d', counter) end\n\
+         \"\"\"\n"
+    )
+}
+
+/// The process exits promptly after `idgen stopped`, even while a format
+/// reload is compiling Lua rules: the compile runs on a thread of its own
+/// that the exit does not wait for. Before, the SIGHUP re-read compiled on
+/// a runtime worker and the table on the blocking pool, and dropping the
+/// runtime waited for both: the process lived on for the rest of the
+/// compile (about 30 s per pass for these rules here) after logging
+/// `idgen stopped`, so the bound below (10 s) failed.
+#[tokio::test]
+async fn sigterm_during_a_lua_reload_exits_promptly_after_idgen_stopped() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("[[formats]]\nname = \"t0\"\ntemplate = \"{seq:6}\"\n");
+    std::fs::write(&config, &text).unwrap();
+    let mut server = ChildServer::start(&config);
+    for i in 0..4 {
+        text.push_str(&heavy_lua_format(&format!("heavy{i}")));
+    }
+    std::fs::write(&config, &text).unwrap();
+    let pid = server.child.id().to_string();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig}");
+    };
+    signal("-HUP");
+    // Let the reload begin compiling (a pause, not a measurement: if it
+    // had not begun, the exit would be prompt anyway).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    signal("-TERM");
+    let end = Instant::now() + Duration::from_secs(60);
+    while !server.log_text().contains("idgen stopped") {
+        assert!(Instant::now() < end, "no `idgen stopped`: {}", server.log_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Generous against the tens of milliseconds a clean exit takes, and
+    // well short of what one compile pass of these rules takes.
+    let mut exited = None;
+    for _ in 0..500 {
+        exited = server.child.try_wait().expect("wait");
+        if exited.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = exited.unwrap_or_else(|| {
+        panic!(
+            "still running 10 s after `idgen stopped`: {}",
+            server.log_text()
+        )
+    });
+    assert!(status.success(), "exit status {status:?}");
+}

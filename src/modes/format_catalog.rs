@@ -198,13 +198,17 @@ impl FormatCatalog {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let config = match source {
-            Some(read) => read().map_err(|why| {
-                ReloadError::new(
-                    None,
-                    format!("the config file cannot be read again: {why}"),
-                    ErrorKind::BadRequest,
-                )
-            })?,
+            // Off the runtime: validating the file compiles its Lua rules.
+            Some(read) => super::formatted::off_runtime(move || read())
+                .await
+                .and_then(|read| read)
+                .map_err(|why| {
+                    ReloadError::new(
+                        None,
+                        format!("the config file cannot be read again: {why}"),
+                        ErrorKind::BadRequest,
+                    )
+                })?,
             None => self.config_defs(),
         };
         self.apply_config(&config).await?;
@@ -336,9 +340,9 @@ impl FormatCatalog {
         Ok(Reloaded { formats, changed })
     }
 
-    /// Compiles `defs` on a blocking thread: a Lua rule's load-time checks
-    /// render up to about a million IDs, which must not hold a worker of
-    /// the runtime that serves requests.
+    /// Compiles `defs` on a thread of its own: a Lua rule's load-time
+    /// checks render up to about a million IDs, which must not hold a
+    /// worker of the runtime that serves requests, nor the process exit.
     async fn compile(&self, defs: Vec<FormatDef>) -> Result<CompiledFormats, CompileFailure> {
         self.formats.compile_table(&defs).await
     }

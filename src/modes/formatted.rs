@@ -308,13 +308,14 @@ impl FormattedEngine {
     /// Compiles `defs` into a table, each checked as at start-up (and
     /// against this node's number when per node). Nothing is served from
     /// it until [`install`](Self::install). The error names the format.
-    /// Runs on a blocking thread: compiling a Lua rule runs it.
+    /// Runs on a thread of its own ([`off_runtime`]): compiling a Lua rule
+    /// runs it.
     pub async fn compile_table(
         &self,
         defs: &[FormatDef],
     ) -> Result<CompiledFormats, CompileFailure> {
         let (defs, now, node) = (defs.to_vec(), self.clock.now_millis() as i64, self.node);
-        tokio::task::spawn_blocking(move || compile_all(&defs, now, node))
+        off_runtime(move || compile_all(&defs, now, node))
             .await
             .unwrap_or_else(|e| {
                 let why = format!("compiling the formats failed: {e}");
@@ -644,6 +645,30 @@ impl FormattedEngine {
 
 /// Compiles every definition at `now` for node `node`; the first failure
 /// with the name of the format that failed.
+/// Name of the threads [`off_runtime`] starts.
+pub const COMPILE_THREAD: &str = "idgen-compile";
+
+/// Runs `f` (pure work: compiling formats, reading the config file again)
+/// on a thread of its own and waits for its result. A Lua rule's
+/// load-time checks render up to about a million IDs, seconds of work:
+/// on a worker it would stall requests, and on the runtime's blocking pool
+/// it would hold the process after `idgen stopped` (dropping the runtime
+/// waits for every blocking task to finish). Abandoned by a shutdown,
+/// the thread is left to the process exit; nothing it does is durable.
+pub async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(COMPILE_THREAD.into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| format!("cannot start a compile thread: {e}"))?;
+    rx.await
+        .map_err(|_| "the compile thread stopped without an answer (it panicked)".to_owned())
+}
+
 fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<CompiledFormats, CompileFailure> {
     let mut formats = HashMap::new();
     for def in defs {

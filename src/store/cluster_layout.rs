@@ -783,4 +783,43 @@ mod tests {
         let ok = check("k", &record(&old), 7, &RecordedLayout::of(&old, "twitter")).unwrap();
         assert_eq!((ok.index, ok.generation), (7, 1));
     }
+
+    #[test]
+    fn the_fence_reason_names_both_layouts_or_nothing() {
+        let old = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
+        let new = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS - 365 * 86_400_000)
+            .validate(NOW)
+            .unwrap();
+        let mine = RecordedLayout::of(&old, "twitter");
+        // The record this node checked: a plain lock loss.
+        assert_eq!(fence_reason(&record(&old), &mine, 1), None);
+        // A rolled-back change (new generation, same layout): no reason,
+        // the node claims again on it.
+        let mut rolled = record(&old);
+        rolled.generation = 3;
+        assert_eq!(fence_reason(&rolled, &mine, 1), None);
+        // Changed: both layouts, when and by whom, and what to do.
+        let mut changed = record(&new);
+        changed.generation = 3;
+        changed.recorded_by = "`idgen admin layout set` on node n1".into();
+        let text = fence_reason(&changed, &mine, 1).expect("a reason");
+        assert!(text.contains("the cluster layout changed from preset twitter"), "{text}");
+        assert!(text.contains("epoch 2024-01-01T00:00:00Z"), "{text}");
+        assert!(text.contains("to preset twitter"), "{text}");
+        assert!(text.contains("epoch 2023-01-01T00:00:00Z"), "{text}");
+        assert!(text.contains("recorded at 2026-09-21"), "{text}");
+        assert!(text.contains("on node n1"), "{text}");
+        assert!(text.contains("fenced until it restarts with layout"), "{text}");
+        // Being changed: names the target.
+        let mut changing = record(&old);
+        changing.generation = 2;
+        changing.changing_to = Some(RecordedLayout::of(&new, "twitter"));
+        let text = fence_reason(&changing, &mine, 1).expect("a reason");
+        assert!(text.contains("is being changed from"), "{text}");
+        assert!(text.contains("epoch 2023-01-01T00:00:00Z"), "{text}");
+    }
 }
