@@ -108,6 +108,45 @@ async fn a_restart_with_a_later_epoch_or_another_preset_is_refused_naming_the_fi
     assert!(a.terminate().success());
 }
 
+/// `layout set ARGS` without `--yes`: refused, printing the procedure,
+/// and the record is unchanged.
+async fn refused_without_yes(node: &ChildServer, args: &[&str]) {
+    let (ok, out) = admin(node, args).await;
+    assert!(!ok, "a layout change needs --yes: {out}");
+    assert!(out.contains("maintenance procedure"), "{out}");
+    assert!(out.contains("--yes"), "{out}");
+    assert!(out.contains("restart each node"), "{out}");
+    let (ok, out) = admin(node, &["layout", "get"]).await;
+    assert!(ok && out.contains("generation 1"), "unchanged: {out}");
+}
+
+/// A node fenced by the change from the 2024 epoch to the 2023 one says
+/// so in its refusals (FAILED_PRECONDITION, not the lost-lease text),
+/// `/readyz` and log.
+async fn assert_fenced_naming_the_change(node: &ChildServer) {
+    let s = common::snowflake_ids(node, 1)
+        .await
+        .expect_err("stays fenced");
+    assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+    let why = s.message();
+    assert!(why.contains("the cluster layout changed from"), "{why}");
+    assert!(why.contains("epoch 2024-01-01T00:00:00Z"), "{why}");
+    assert!(why.contains("to preset twitter"), "{why}");
+    assert!(why.contains("2023-01-01T00:00:00Z"), "{why}");
+    assert!(why.contains("idgen admin layout set` on node"), "{why}");
+    assert!(why.contains("fenced until it restarts with layout"), "{why}");
+    assert!(!why.contains("lost its worker lock"), "{why}");
+    let ready = reqwest::get(format!("http://{}/readyz", node.http))
+        .await
+        .unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    let body = ready.text().await.unwrap();
+    assert!(body.contains("the cluster layout changed from"), "{body}");
+    let log = node.log_text();
+    assert!(log.contains("the cluster layout record"), "{log}");
+    assert!(log.contains("fenced: the cluster layout changed"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences_old_nodes() {
     let consul = common::test_consul().await;
@@ -177,13 +216,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
         "--epoch",
         "2023-01-01T00:00:00Z",
     ];
-    let (ok, out) = admin(&a, &safe).await;
-    assert!(!ok, "a layout change needs --yes: {out}");
-    assert!(out.contains("maintenance procedure"), "{out}");
-    assert!(out.contains("--yes"), "{out}");
-    assert!(out.contains("restart each node"), "{out}");
-    let (ok, out) = admin(&a, &["layout", "get"]).await;
-    assert!(ok && out.contains("generation 1"), "unchanged: {out}");
+    refused_without_yes(&a, &safe).await;
     old_max = old_max.max(collect(&a, 1, &mut seen).await);
     let (ok, out) = admin(&a, &[&safe[..], &["--yes"]].concat()).await;
     assert!(ok, "a safe change must be accepted: {out}");
@@ -216,27 +249,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     for node in [&a, &b] {
-        let s = common::snowflake_ids(node, 1)
-            .await
-            .expect_err("stays fenced");
-        assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
-        let why = s.message();
-        assert!(why.contains("the cluster layout changed from"), "{why}");
-        assert!(why.contains("epoch 2024-01-01T00:00:00Z"), "{why}");
-        assert!(why.contains("to preset twitter"), "{why}");
-        assert!(why.contains("2023-01-01T00:00:00Z"), "{why}");
-        assert!(why.contains("idgen admin layout set` on node"), "{why}");
-        assert!(why.contains("fenced until it restarts with layout"), "{why}");
-        assert!(!why.contains("lost its worker lock"), "{why}");
-        let ready = reqwest::get(format!("http://{}/readyz", node.http))
-            .await
-            .unwrap();
-        assert_eq!(ready.status().as_u16(), 503);
-        let body = ready.text().await.unwrap();
-        assert!(body.contains("the cluster layout changed from"), "{body}");
-        let log = node.log_text();
-        assert!(log.contains("the cluster layout record"), "{log}");
-        assert!(log.contains("fenced: the cluster layout changed"), "{log}");
+        assert_fenced_naming_the_change(node).await;
     }
     assert!(a.terminate().success());
     assert!(b.terminate().success());
