@@ -134,7 +134,10 @@ async fn assert_fenced_naming_the_change(node: &ChildServer) {
     assert!(why.contains("to preset twitter"), "{why}");
     assert!(why.contains("2023-01-01T00:00:00Z"), "{why}");
     assert!(why.contains("idgen admin layout set` on node"), "{why}");
-    assert!(why.contains("fenced until it restarts with layout"), "{why}");
+    assert!(
+        why.contains("fenced until it restarts with layout"),
+        "{why}"
+    );
     assert!(!why.contains("lost its worker lock"), "{why}");
     let ready = reqwest::get(format!("http://{}/readyz", node.http))
         .await

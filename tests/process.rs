@@ -297,7 +297,11 @@ async fn sigterm_during_a_lua_reload_exits_promptly_after_idgen_stopped() {
     signal("-TERM");
     let end = Instant::now() + Duration::from_secs(60);
     while !server.log_text().contains("idgen stopped") {
-        assert!(Instant::now() < end, "no `idgen stopped`: {}", server.log_text());
+        assert!(
+            Instant::now() < end,
+            "no `idgen stopped`: {}",
+            server.log_text()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Generous against the tens of milliseconds a clean exit takes, and

@@ -196,7 +196,12 @@ async fn a_deleted_tag_stays_deleted_with_auto_create_and_comes_back_above_its_o
         .await
         .unwrap();
     let mut c = server.client().await;
-    let old = c.gen_ids(req("invoices", 50)).await.unwrap().into_inner().ids;
+    let old = c
+        .gen_ids(req("invoices", 50))
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
     let old_max = *old.iter().max().unwrap();
     admin
         .delete_tag(admin_req(DeleteTagRequest {
@@ -228,7 +233,12 @@ async fn a_deleted_tag_stays_deleted_with_auto_create_and_comes_back_above_its_o
         }))
         .await
         .unwrap();
-    let new = c.gen_ids(req("invoices", 50)).await.unwrap().into_inner().ids;
+    let new = c
+        .gen_ids(req("invoices", 50))
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
     assert!(new.iter().all(|id| *id > old_max), "{old_max} vs {new:?}");
     server.stop().await;
 }

@@ -180,7 +180,10 @@ async fn deleted_stays_deleted(store: &dyn SegmentStore, t: &Tag) {
         assert!(
             matches!(
                 &err,
-                StoreError::Segment(SegmentError::TagDeleted { deleted_ms: 5_000, .. })
+                StoreError::Segment(SegmentError::TagDeleted {
+                    deleted_ms: 5_000,
+                    ..
+                })
             ),
             "{err:?}"
         );
@@ -205,7 +208,11 @@ async fn deleted_stays_deleted(store: &dyn SegmentStore, t: &Tag) {
     // A never-deleted tag is still auto-created.
     let fresh = tag("fresh");
     let made = store
-        .auto_create_tag(&fresh, &TagRecord::new(0, 500, "auto-created", 6).unwrap(), 100)
+        .auto_create_tag(
+            &fresh,
+            &TagRecord::new(0, 500, "auto-created", 6).unwrap(),
+            100,
+        )
         .await
         .unwrap();
     assert_eq!(made.max_id, 0);

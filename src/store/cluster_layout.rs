@@ -807,13 +807,19 @@ mod tests {
         changed.generation = 3;
         changed.recorded_by = "`idgen admin layout set` on node n1".into();
         let text = fence_reason(&changed, &mine, 1).expect("a reason");
-        assert!(text.contains("the cluster layout changed from preset twitter"), "{text}");
+        assert!(
+            text.contains("the cluster layout changed from preset twitter"),
+            "{text}"
+        );
         assert!(text.contains("epoch 2024-01-01T00:00:00Z"), "{text}");
         assert!(text.contains("to preset twitter"), "{text}");
         assert!(text.contains("epoch 2023-01-01T00:00:00Z"), "{text}");
         assert!(text.contains("recorded at 2026-09-21"), "{text}");
         assert!(text.contains("on node n1"), "{text}");
-        assert!(text.contains("fenced until it restarts with layout"), "{text}");
+        assert!(
+            text.contains("fenced until it restarts with layout"),
+            "{text}"
+        );
         // Being changed: names the target.
         let mut changing = record(&old);
         changing.generation = 2;
