@@ -139,9 +139,12 @@ impl IssueGate {
             .push(Box::new(hook));
     }
 
-    /// Fencing: marks the node fenced, closes the generator (a call that
-    /// already passed the check fails on it) and runs the fence hooks.
+    /// Fencing: marks the node fenced (with no reason yet), closes the
+    /// generator (a call that already passed the check fails on it) and
+    /// runs the fence hooks.
     pub fn fence(&self) {
+        // A new fence is a plain lock loss until the supervisor names it.
+        self.reason.store(None);
         self.fenced.store(true, Ordering::SeqCst);
         self.generator.load().close();
         for hook in self
