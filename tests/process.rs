@@ -248,3 +248,29 @@ fn check_config_prints_the_effective_settings_with_secrets_redacted_and_starts_n
     assert!(!ok, "{out}");
     assert!(out.contains("node.worker_id"), "{out}");
 }
+
+/// `[testing]` is for idgen's own test suite only: `check-config` leaves
+/// it out of the printed settings unless it is set, and then shows it (a
+/// deployment that set it must see so).
+#[test]
+fn check_config_hides_the_testing_section_unless_it_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    let config = config.to_str().unwrap();
+    let (ok, out) = run_idgen(&["check-config", "--config", config]);
+    assert!(ok, "{out}");
+    assert!(out.contains("[server]"), "the settings are printed: {out}");
+    assert!(
+        !out.contains("[testing]") && !out.contains("consul_session_ttl_min"),
+        "{out}"
+    );
+    let (ok, out) = run_idgen_with_env(
+        &["check-config", "--config", config],
+        &[("IDGEN_TESTING__CONSUL_SESSION_TTL_MIN", "2s")],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("[testing]") && out.contains("consul_session_ttl_min = \"2s\""),
+        "a set [testing] is shown: {out}"
+    );
+}
