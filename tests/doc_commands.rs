@@ -124,7 +124,7 @@ fn every_shell_block_in_the_docs_runs_as_written() {
         failures.append(&mut failed);
         ran += count;
     }
-    assert!(ran >= 10, "only {ran} blocks ran: is the runner finding them?");
+    assert!(ran >= 5, "only {ran} blocks ran: is the runner finding them?");
     assert!(
         failures.is_empty(),
         "{} doc block(s) failed; fix the command, or mark the block \

@@ -264,10 +264,13 @@ fn check_config_hides_the_testing_section_unless_it_is_set() {
         !out.contains("[testing]") && !out.contains("consul_session_ttl_min"),
         "{out}"
     );
-    let (ok, out) = run_idgen_with_env(
-        &["check-config", "--config", config],
-        &[("IDGEN_TESTING__CONSUL_SESSION_TTL_MIN", "2s")],
-    );
+    let text = std::fs::read_to_string(config).unwrap();
+    std::fs::write(
+        config,
+        format!("{text}[testing]\nconsul_session_ttl_min = \"2s\"\n"),
+    )
+    .unwrap();
+    let (ok, out) = run_idgen(&["check-config", "--config", config]);
     assert!(ok, "{out}");
     assert!(
         out.contains("[testing]") && out.contains("consul_session_ttl_min = \"2s\""),

@@ -111,7 +111,7 @@ fn fence(line: &str) -> Option<(usize, usize, &str)> {
     let trimmed = line.trim_start();
     let indent = line.len() - trimmed.len();
     let ticks = trimmed.chars().take_while(|&c| c == '`').count();
-    (ticks >= 3).then(|| (indent, ticks, trimmed[ticks..].trim()))
+    (ticks >= 3).then_some((indent, ticks, trimmed[ticks..].trim()))
 }
 
 /// Every shell block of `doc`, or the first marker error (with its line).

@@ -63,6 +63,10 @@ impl DocEnv {
         std::fs::create_dir(&bin).map_err(|e| format!("bin dir: {e}"))?;
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_idgen"), bin.join("idgen"))
             .map_err(|e| format!("link idgen: {e}"))?;
+        // curl fails on an HTTP error status (and says so), as a reader
+        // would notice an error answer: CURL_HOME points here in `run`.
+        std::fs::write(dir.path().join(".curlrc"), "fail\nshow-error\nsilent\n")
+            .map_err(|e| format!(".curlrc: {e}"))?;
         Ok(Self {
             dir,
             node: None,
@@ -115,13 +119,14 @@ impl DocEnv {
         use std::os::unix::process::CommandExt as _;
         let out = self.path().join(".block.out");
         let err = self.path().join(".block.err");
-        let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        let file = |p: &PathBuf| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
         let mut command = Command::new("bash");
         command
             .args(["-euo", "pipefail", "-c", &session_script(block, self.path())])
             .current_dir(self.path())
             .env("PATH", self.path_var())
             .env_remove("IDGEN_CONFIG")
+            .env("CURL_HOME", self.path())
             .stdin(Stdio::null())
             .stdout(file(&out)?)
             .stderr(file(&err)?)
