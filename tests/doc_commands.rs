@@ -90,7 +90,10 @@ fn run_document(doc: &str) -> (Vec<String>, usize) {
     let mut failures = Vec::new();
     for block in &runnable {
         if let Err(e) = env.prepare(block) {
-            failures.push(format!("{doc}:{}: cannot start what the block needs: {e}", block.line));
+            failures.push(format!(
+                "{doc}:{}: cannot start what the block needs: {e}",
+                block.line
+            ));
             continue;
         }
         let outcome = match env.run(block) {
@@ -109,7 +112,14 @@ fn run_document(doc: &str) -> (Vec<String>, usize) {
             _ => None,
         };
         if let Some(why) = why {
-            failures.push(failure(doc, block, &why, &outcome.stdout, &outcome.stderr, &env));
+            failures.push(failure(
+                doc,
+                block,
+                &why,
+                &outcome.stdout,
+                &outcome.stderr,
+                &env,
+            ));
         }
     }
     (failures, runnable.len())
@@ -124,7 +134,10 @@ fn every_shell_block_in_the_docs_runs_as_written() {
         failures.append(&mut failed);
         ran += count;
     }
-    assert!(ran >= 5, "only {ran} blocks ran: is the runner finding them?");
+    assert!(
+        ran >= 5,
+        "only {ran} blocks ran: is the runner finding them?"
+    );
     assert!(
         failures.is_empty(),
         "{} doc block(s) failed; fix the command, or mark the block \
@@ -171,7 +184,11 @@ fn declared_names(file: &Path) -> BTreeSet<String> {
     text.split('"')
         .skip(1)
         .step_by(2)
-        .filter(|s| s.starts_with("idgen_") && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
+        .filter(|s| {
+            s.starts_with("idgen_")
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })
         .map(str::to_string)
         .collect()
 }
@@ -180,7 +197,10 @@ fn declared_names(file: &Path) -> BTreeSet<String> {
 fn metric_sources() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = documents().iter().map(|d| repo().join(d)).collect();
     for (dir, ext) in [("deploy/prometheus", "yml"), ("deploy/grafana", "json")] {
-        for entry in std::fs::read_dir(repo().join(dir)).expect("deploy dir").flatten() {
+        for entry in std::fs::read_dir(repo().join(dir))
+            .expect("deploy dir")
+            .flatten()
+        {
             if entry.path().extension().is_some_and(|e| e == ext) {
                 files.push(entry.path());
             }
@@ -193,15 +213,19 @@ fn metric_sources() -> Vec<PathBuf> {
 /// `_count` series.
 fn is_declared(name: &str, declared: &BTreeSet<String>) -> bool {
     declared.contains(name)
-        || ["_bucket", "_sum", "_count"]
-            .iter()
-            .any(|s| name.strip_suffix(s).is_some_and(|base| declared.contains(base)))
+        || ["_bucket", "_sum", "_count"].iter().any(|s| {
+            name.strip_suffix(s)
+                .is_some_and(|base| declared.contains(base))
+        })
 }
 
 #[test]
 fn every_metric_name_in_docs_alerts_and_dashboard_is_declared() {
     let mut declared = declared_names(&repo().join("src/metrics.rs"));
-    assert!(declared.len() > 40, "too few names parsed from src/metrics.rs: {declared:?}");
+    assert!(
+        declared.len() > 40,
+        "too few names parsed from src/metrics.rs: {declared:?}"
+    );
     // The client crate's own metrics (README, "Client (Rust)").
     declared.extend(declared_names(&repo().join("client/src/metrics.rs")));
     let mut unknown = Vec::new();
@@ -209,7 +233,11 @@ fn every_metric_name_in_docs_alerts_and_dashboard_is_declared() {
         let text = std::fs::read_to_string(&file).expect("source");
         for token in metric_tokens(&text) {
             if !is_declared(&token, &declared) {
-                let shown = file.strip_prefix(repo()).unwrap_or(&file).display().to_string();
+                let shown = file
+                    .strip_prefix(repo())
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string();
                 unknown.push(format!("{shown}: {token}"));
             }
         }
@@ -227,8 +255,17 @@ fn metric_tokens_skip_paths_and_files_and_keep_suffixes() {
     let text = "`idgen_fenced` idgen_client::Client idgen_client.py my_idgen_x idgen_... \
                 rate(idgen_request_duration_seconds_bucket[5m]) idgen-py-venv";
     let tokens: Vec<String> = metric_tokens(text).into_iter().collect();
-    assert_eq!(tokens, ["idgen_fenced", "idgen_request_duration_seconds_bucket"]);
+    assert_eq!(
+        tokens,
+        ["idgen_fenced", "idgen_request_duration_seconds_bucket"]
+    );
     let declared: BTreeSet<String> = ["idgen_request_duration_seconds".to_string()].into();
-    assert!(is_declared("idgen_request_duration_seconds_bucket", &declared));
-    assert!(!is_declared("idgen_request_duration_seconds_total", &declared));
+    assert!(is_declared(
+        "idgen_request_duration_seconds_bucket",
+        &declared
+    ));
+    assert!(!is_declared(
+        "idgen_request_duration_seconds_total",
+        &declared
+    ));
 }

@@ -178,7 +178,10 @@ mod tests {
                    <!-- doc-test: node, expect-fail -->\n   ```sh\n   idgen gen \\\n     -n 2\n   ```\n";
         let blocks = shell_blocks(doc).unwrap();
         assert_eq!(blocks.len(), 3, "{blocks:?}");
-        assert_eq!((blocks[0].line, blocks[0].text.as_str()), (2, "idgen gen\n"));
+        assert_eq!(
+            (blocks[0].line, blocks[0].text.as_str()),
+            (2, "idgen gen\n")
+        );
         assert_eq!(blocks[1].marker.skip.as_deref(), Some("needs kubectl"));
         assert_eq!(blocks[2].text, "idgen gen \\\n  -n 2\n");
         assert!(blocks[2].marker.node && blocks[2].marker.expect_fail);
@@ -199,7 +202,10 @@ mod tests {
     #[test]
     fn bad_markers_are_errors_naming_the_line() {
         let no_reason = shell_blocks("<!-- doc-test: skip: -->\n```sh\nx\n```\n").unwrap_err();
-        assert!(no_reason.contains("line 1") && no_reason.contains("reason"), "{no_reason}");
+        assert!(
+            no_reason.contains("line 1") && no_reason.contains("reason"),
+            "{no_reason}"
+        );
         let unknown = shell_blocks("<!-- doc-test: nodes -->\n```sh\nx\n```\n").unwrap_err();
         assert!(unknown.contains("\"nodes\""), "{unknown}");
         let stray = shell_blocks("<!-- doc-test: node -->\n```toml\nx\n```\n").unwrap_err();

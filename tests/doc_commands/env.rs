@@ -87,9 +87,8 @@ impl DocEnv {
         if venv.is_dir() {
             parts.push(venv);
         }
-        let mut path = std::env::join_paths(parts).map_or_else(|_| String::new(), |p| {
-            p.to_string_lossy().into_owned()
-        });
+        let mut path = std::env::join_paths(parts)
+            .map_or_else(|_| String::new(), |p| p.to_string_lossy().into_owned());
         if let Ok(rest) = std::env::var("PATH") {
             path = format!("{path}:{rest}");
         }
@@ -119,10 +118,16 @@ impl DocEnv {
         use std::os::unix::process::CommandExt as _;
         let out = self.path().join(".block.out");
         let err = self.path().join(".block.err");
-        let file = |p: &PathBuf| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        let file =
+            |p: &PathBuf| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
         let mut command = Command::new("bash");
         command
-            .args(["-euo", "pipefail", "-c", &session_script(block, self.path())])
+            .args([
+                "-euo",
+                "pipefail",
+                "-c",
+                &session_script(block, self.path()),
+            ])
             .current_dir(self.path())
             .env("PATH", self.path_var())
             .env_remove("IDGEN_CONFIG")
@@ -184,9 +189,7 @@ fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
     loop {
         match child.try_wait() {
             Ok(Some(status)) => return Some(status),
-            Ok(None) if start.elapsed() < deadline => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
+            Ok(None) if start.elapsed() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => return None,
         }
     }
@@ -242,7 +245,9 @@ fn start_node(dir: &Path, path_var: &str) -> Result<Child, String> {
     while start.elapsed() < NODE_DEADLINE {
         if let Ok(Some(status)) = child.try_wait() {
             let log = std::fs::read_to_string(dir.join("node.log")).unwrap_or_default();
-            return Err(format!("idgen serve --config config/dev.toml exited ({status}):\n{log}"));
+            return Err(format!(
+                "idgen serve --config config/dev.toml exited ({status}):\n{log}"
+            ));
         }
         if http_status(NODE_HTTP, "/readyz") == Some(200) {
             return Ok(child);
@@ -251,7 +256,9 @@ fn start_node(dir: &Path, path_var: &str) -> Result<Child, String> {
     }
     stop_child(&mut child);
     let log = std::fs::read_to_string(dir.join("node.log")).unwrap_or_default();
-    Err(format!("the dev node did not answer /readyz 200 within {NODE_DEADLINE:?}:\n{log}"))
+    Err(format!(
+        "the dev node did not answer /readyz 200 within {NODE_DEADLINE:?}:\n{log}"
+    ))
 }
 
 /// The status of `GET path` on `addr`, if it answered.
