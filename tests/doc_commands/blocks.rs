@@ -157,6 +157,12 @@ pub fn shell_blocks(doc: &str) -> Result<Vec<Block>, String> {
                 text,
                 marker,
             });
+        } else if (lang.is_empty() || lang == "text") && body.iter().any(|l| l.starts_with("$ ")) {
+            return Err(format!(
+                "line {}: a block without a shell language holds `$ ` command lines, which \
+                 would never run: make it ```console (or mark it skip with a reason)",
+                start + 1
+            ));
         } else if marker != Marker::default() {
             return Err(format!(
                 "line {start}: a doc-test marker before a `{info}` block, which is never run: \
@@ -212,5 +218,11 @@ mod tests {
         assert!(stray.contains("never run"), "{stray}");
         let dangling = shell_blocks("<!-- doc-test: nod -->\n\ntext\n").unwrap_err();
         assert!(dangling.contains("line 1"), "{dangling}");
+        let hidden = shell_blocks("text\n\n```\n$ idgen gen\n1\n```\n").unwrap_err();
+        assert!(
+            hidden.contains("line 3") && hidden.contains("console"),
+            "{hidden}"
+        );
+        assert!(shell_blocks("```text\nid 1\n```\n").unwrap().is_empty());
     }
 }
