@@ -61,6 +61,7 @@ fn failure(doc: &str, block: &Block, why: &str, out: &str, err: &str, env: &DocE
         block.lang,
         block.script()
     );
+    text.push_str(&env.background_logs());
     if let Some(log) = env.node_log() {
         let tail: Vec<&str> = log.lines().rev().take(15).collect();
         text.push_str("--- dev node log (last lines) ---\n");
@@ -96,6 +97,12 @@ fn run_document(doc: &str) -> (Vec<String>, usize) {
             ));
             continue;
         }
+        if block.marker.background {
+            if let Err(e) = env.start_background(block) {
+                failures.push(format!("{doc}:{}: cannot start the block: {e}", block.line));
+            }
+            continue;
+        }
         let outcome = match env.run(block) {
             Ok(outcome) => outcome,
             Err(e) => {
@@ -121,6 +128,12 @@ fn run_document(doc: &str) -> (Vec<String>, usize) {
                 &env,
             ));
         }
+    }
+    for (line, why) in env.failed_background() {
+        failures.push(format!(
+            "{doc}:{line}: background block {why}\n{}",
+            env.background_logs()
+        ));
     }
     (failures, runnable.len())
 }

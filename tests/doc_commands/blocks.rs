@@ -6,7 +6,7 @@
 //! indentation is taken off every line of the block. The line right before
 //! the fence may be one marker comment, `<!-- doc-test: ... -->`, holding
 //! `skip: REASON` or a comma-separated list of `node`, `consul`,
-//! `expect-fail`.
+//! `expect-fail`, `background`.
 
 /// The shell languages whose fenced blocks are run.
 const SHELL_LANGS: [&str; 4] = ["sh", "bash", "console", "shell"];
@@ -23,6 +23,9 @@ pub struct Marker {
     pub consul: bool,
     /// `expect-fail`: the block must exit non-zero.
     pub expect_fail: bool,
+    /// `background`: the block is started and left running (a server)
+    /// until the document is done; later blocks wait for it themselves.
+    pub background: bool,
 }
 
 /// One shell block of a document.
@@ -83,10 +86,11 @@ pub fn parse_marker(body: &str) -> Result<Marker, String> {
             "node" => marker.node = true,
             "consul" => marker.consul = true,
             "expect-fail" => marker.expect_fail = true,
+            "background" => marker.background = true,
             other => {
                 return Err(format!(
                     "unknown doc-test marker {other:?}: use `skip: REASON` or any of \
-                     node, consul, expect-fail (docs/CONTRIBUTING.md)"
+                     node, consul, expect-fail, background (docs/CONTRIBUTING.md)"
                 ))
             }
         }

@@ -43,6 +43,8 @@ pub struct DocEnv {
     dir: tempfile::TempDir,
     node: Option<Child>,
     consul: Option<(tokio::runtime::Runtime, TestConsul)>,
+    /// The running `background` blocks, by line.
+    background: Vec<(usize, Child)>,
 }
 
 impl DocEnv {
@@ -71,6 +73,7 @@ impl DocEnv {
             dir,
             node: None,
             consul: None,
+            background: Vec::new(),
         })
     }
 
@@ -112,39 +115,42 @@ impl DocEnv {
         std::fs::read_to_string(self.path().join("node.log")).ok()
     }
 
-    /// Runs `block` with `bash -euo pipefail`, killing its whole process
-    /// group if it outlives [`BLOCK_DEADLINE`].
-    pub fn run(&self, block: &Block) -> Result<Outcome, String> {
+    /// `block` as `bash -euo pipefail` in its own process group, in the
+    /// document's session, writing to `out` and `err`.
+    fn command(&self, block: &Block, out: &Path, err: &Path) -> Result<Command, String> {
         use std::os::unix::process::CommandExt as _;
-        let out = self.path().join(".block.out");
-        let err = self.path().join(".block.err");
-        let file =
-            |p: &PathBuf| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
         let mut command = Command::new("bash");
         command
-            .args([
-                "-euo",
-                "pipefail",
-                "-c",
-                &session_script(block, self.path()),
-            ])
+            .args(["-euo", "pipefail", "-c", &session_script(block, self.path())])
             .current_dir(self.path())
             .env("PATH", self.path_var())
             .env_remove("IDGEN_CONFIG")
             .env("CURL_HOME", self.path())
             .stdin(Stdio::null())
-            .stdout(file(&out)?)
-            .stderr(file(&err)?)
+            .stdout(file(out)?)
+            .stderr(file(err)?)
             .process_group(0);
         if self.consul.is_some() {
             command
                 .env("CONSUL_HTTP_ADDR", format!("http://{CONSUL_ADDR}"))
                 .env("CONSUL_HTTP_TOKEN", CONSUL_TOKEN);
         }
-        let mut child = command.spawn().map_err(|e| format!("bash: {e}"))?;
+        Ok(command)
+    }
+
+    /// Runs `block`, killing its whole process group if it outlives
+    /// [`BLOCK_DEADLINE`].
+    pub fn run(&self, block: &Block) -> Result<Outcome, String> {
+        let out = self.path().join(".block.out");
+        let err = self.path().join(".block.err");
+        let mut child = self
+            .command(block, &out, &err)?
+            .spawn()
+            .map_err(|e| format!("bash: {e}"))?;
         let status = wait_bounded(&mut child, BLOCK_DEADLINE);
         if status.is_none() {
-            kill_group(&child);
+            kill_group(&child, "KILL");
             let _ = child.wait();
         }
         Ok(Outcome {
@@ -153,10 +159,64 @@ impl DocEnv {
             stderr: std::fs::read_to_string(&err).unwrap_or_default(),
         })
     }
+
+    /// Starts a `background` block and leaves it running until the
+    /// document is done; its output goes to `.background-LINE.log`.
+    pub fn start_background(&mut self, block: &Block) -> Result<(), String> {
+        let log = self.path().join(format!(".background-{}.log", block.line));
+        let err = self.path().join(format!(".background-{}.err", block.line));
+        let child = self
+            .command(block, &log, &err)?
+            .spawn()
+            .map_err(|e| format!("bash: {e}"))?;
+        self.background.push((block.line, child));
+        Ok(())
+    }
+
+    /// The background blocks that have exited with a failure, each with
+    /// its line and output.
+    pub fn failed_background(&mut self) -> Vec<(usize, String)> {
+        let mut failed = Vec::new();
+        for (line, child) in &mut self.background {
+            if let Ok(Some(status)) = child.try_wait() {
+                if !status.success() {
+                    failed.push((*line, format!("exited ({status})")));
+                }
+            }
+        }
+        failed
+    }
+
+    /// The last lines of every background block's output.
+    pub fn background_logs(&self) -> String {
+        let mut text = String::new();
+        for (line, _) in &self.background {
+            for ext in ["log", "err"] {
+                let path = self.path().join(format!(".background-{line}.{ext}"));
+                let log = std::fs::read_to_string(path).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(10).collect();
+                if !tail.is_empty() {
+                    text.push_str(&format!("--- background block of line {line} ({ext}) ---\n"));
+                    for l in tail.into_iter().rev() {
+                        text.push_str(l);
+                        text.push('\n');
+                    }
+                }
+            }
+        }
+        text
+    }
 }
 
 impl Drop for DocEnv {
     fn drop(&mut self) {
+        for (_, mut child) in self.background.drain(..) {
+            kill_group(&child, "TERM");
+            if wait_bounded(&mut child, Duration::from_secs(20)).is_none() {
+                kill_group(&child, "KILL");
+                let _ = child.wait();
+            }
+        }
         if let Some(mut node) = self.node.take() {
             stop_child(&mut node);
         }
@@ -195,10 +255,10 @@ fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
     }
 }
 
-/// SIGKILL to the process group `child` leads.
-fn kill_group(child: &Child) {
+/// `signal` to the process group `child` leads.
+fn kill_group(child: &Child, signal: &str) {
     let _ = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .args([&format!("-{signal}"), "--", &format!("-{}", child.id())])
         .status();
 }
 
