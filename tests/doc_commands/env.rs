@@ -122,7 +122,12 @@ impl DocEnv {
         let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
         let mut command = Command::new("bash");
         command
-            .args(["-euo", "pipefail", "-c", &session_script(block, self.path())])
+            .args([
+                "-euo",
+                "pipefail",
+                "-c",
+                &session_script(block, self.path()),
+            ])
             .current_dir(self.path())
             .env("PATH", self.path_var())
             .env_remove("IDGEN_CONFIG")
@@ -196,7 +201,9 @@ impl DocEnv {
                 let log = std::fs::read_to_string(path).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(10).collect();
                 if !tail.is_empty() {
-                    text.push_str(&format!("--- background block of line {line} ({ext}) ---\n"));
+                    text.push_str(&format!(
+                        "--- background block of line {line} ({ext}) ---\n"
+                    ));
                     for l in tail.into_iter().rev() {
                         text.push_str(l);
                         text.push('\n');
