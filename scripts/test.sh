@@ -8,8 +8,10 @@
 # and unit tests of the alert rules, systemd-analyze verify, Kubernetes
 # manifests validated offline; scripts/check-deploy.sh), the client crate
 # against real nodes, the Python example client, the admin console in
-# headless Chromium (tests/console.rs), and the Prometheus scrape
-# config through Consul. Installs what it needs first.
+# headless Chromium (tests/console.rs), the Prometheus scrape config
+# through Consul, and every shell block of the docs against real processes
+# (tests/doc_commands.rs, docs/CONTRIBUTING.md). Installs what it needs
+# first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

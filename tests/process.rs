@@ -321,4 +321,31 @@ async fn sigterm_during_a_lua_reload_exits_promptly_after_idgen_stopped() {
         )
     });
     assert!(status.success(), "exit status {status:?}");
+/// `[testing]` is for idgen's own test suite only: `check-config` leaves
+/// it out of the printed settings unless it is set, and then shows it (a
+/// deployment that set it must see so).
+#[test]
+fn check_config_hides_the_testing_section_unless_it_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    let config = config.to_str().unwrap();
+    let (ok, out) = run_idgen(&["check-config", "--config", config]);
+    assert!(ok, "{out}");
+    assert!(out.contains("[server]"), "the settings are printed: {out}");
+    assert!(
+        !out.contains("[testing]") && !out.contains("consul_session_ttl_min"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(config).unwrap();
+    std::fs::write(
+        config,
+        format!("{text}[testing]\nconsul_session_ttl_min = \"2s\"\n"),
+    )
+    .unwrap();
+    let (ok, out) = run_idgen(&["check-config", "--config", config]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("[testing]") && out.contains("consul_session_ttl_min = \"2s\""),
+        "a set [testing] is shown: {out}"
+    );
 }

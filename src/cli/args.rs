@@ -23,8 +23,9 @@ pub enum Command {
     /// Create an empty state file for a new node.
     ///
     /// Refuses to overwrite an existing one. Never the fix for a lost
-    /// state file: it restarts segment, lease and strict counters; restore
-    /// a backup instead (`idgen state restore`).
+    /// state file: it restarts segment, lease, strict and formatted
+    /// counters (and forgets stored formats); restore a backup instead
+    /// (`idgen state restore`).
     Init(ConfigArgs),
     /// Ask a running server for IDs.
     Gen(GenArgs),
@@ -32,8 +33,9 @@ pub enum Command {
     Decode(DecodeArgs),
     /// Load-test a running server over gRPC.
     Bench(BenchArgs),
-    /// Administer a running server (idgen.v1.Admin): segment tags, worker
-    /// id and lease token holders, strict namespaces' steps.
+    /// Administer a running server (idgen.v1.Admin): segment tags, formats,
+    /// strict namespaces and keys, holders of worker ids, lease and format
+    /// tokens (release, renew), the cluster layout, skip-ahead.
     Admin(AdminArgs),
     /// Validate a config (file, IDGEN_* environment, flags) and print the
     /// effective settings, secrets redacted, without starting anything.
@@ -47,7 +49,8 @@ pub enum Command {
 pub enum StateCommand {
     /// Write a consistent snapshot of the state file to FILE.
     ///
-    /// The snapshot records when it was taken and how fast each counter
+    /// The snapshot holds every counter (segment, lease, strict, formatted)
+    /// and the stored formats, when it was taken and how fast each counter
     /// moved. By default the running node takes it (admin rpc Backup; it
     /// keeps issuing meanwhile); --offline reads the state file of a
     /// stopped node directly.
@@ -55,9 +58,10 @@ pub enum StateCommand {
     /// Recreate a lost state file from a snapshot, skipping ahead.
     ///
     /// Every segment, lease and strict counter moves forward by
-    /// --skip-ahead, so nothing handed out after the snapshot is handed
-    /// out again. Refuses to overwrite an existing state file; without
-    /// --skip-ahead prints a suggested margin and refuses.
+    /// --skip-ahead, and each format's counters by that format's own margin
+    /// (--format-skip-ahead), so nothing handed out after the snapshot is
+    /// handed out again. Refuses to overwrite an existing state file;
+    /// without --skip-ahead prints the suggested margins and refuses.
     Restore(RestoreArgs),
 }
 
@@ -181,8 +185,9 @@ pub struct GenArgs {
     /// Tag (segment) or key (strict).
     #[arg(long, default_value = "")]
     pub tag: String,
-    /// Formatted IDs of this format (defined in the server's
-    /// `[[formats]]`) instead of --mode; not with --discover.
+    /// Formatted IDs of this format instead of --mode: a `[[formats]]`
+    /// entry of the server's config or one created with `idgen admin
+    /// formats create` (`idgen admin formats list` shows them).
     #[arg(long, conflicts_with_all = ["tag", "discover"])]
     pub format: Option<String>,
     /// A parameter of --format, `name=value` (repeat for several): the
@@ -306,7 +311,8 @@ pub enum AdminCommand {
     /// Segment tags: create, update, get, list, delete.
     #[command(subcommand)]
     Tags(TagsCommand),
-    /// Who holds each worker id and lease token.
+    /// Who holds each worker id, lease token and format token (instance,
+    /// address, since, session).
     Holders,
     /// Free a worker id or lease token held in Consul. Refused while the
     /// holder is alive unless --force, which destroys the holder's session
@@ -319,7 +325,7 @@ pub enum AdminCommand {
         /// The session id.
         session: String,
     },
-    /// Strict namespaces' steps.
+    /// Strict namespaces and keys: steps, live keys, delete.
     #[command(subcommand)]
     Strict(StrictCommand),
     /// The cluster's ID layout recorded in Consul: show it, or change it

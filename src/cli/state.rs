@@ -135,7 +135,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     let formats = format_restore::suggest_formats(&info, now_ms, config.formatted.block);
     let Some(skip) = a.skip_ahead else {
         bail!(
-            "--skip-ahead is required: every segment, lease and strict counter must move past what the node handed out after this snapshot.\nsuggested: --skip-ahead {} ({}){}",
+            "--skip-ahead is required: every segment, lease and strict counter must move past what the node handed out after this snapshot (each format's counters move by that format's own margin instead).\nsuggested: --skip-ahead {} ({}){}",
             suggestion.margin,
             suggestion.explanation,
             format_lines(&formats)

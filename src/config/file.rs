@@ -51,7 +51,10 @@ pub struct FileConfig {
     /// Logging.
     pub log: LogSection,
     /// For idgen's own test suite only; unsupported, and deliberately not
-    /// in `config/idgen.example.toml`.
+    /// in `config/idgen.example.toml`. Left out of the printed settings
+    /// (`idgen check-config`) while at its defaults, so users are never
+    /// shown a section they must not set.
+    #[serde(skip_serializing_if = "TestingSection::is_default")]
     pub testing: TestingSection,
 }
 
@@ -73,6 +76,17 @@ pub struct TestingSection {
     /// TTLs. 1 s to 10 s.
     #[serde(with = "humantime_serde")]
     pub consul_session_ttl_min: Duration,
+}
+
+impl TestingSection {
+    /// Every key at its default (so nothing here is in force).
+    pub fn is_default(&self) -> bool {
+        // Destructured, so a new key cannot be forgotten here.
+        let Self {
+            consul_session_ttl_min,
+        } = self;
+        *consul_session_ttl_min == CONSUL_SESSION_TTL_MIN
+    }
 }
 
 impl Default for TestingSection {

@@ -1,0 +1,284 @@
+//! Docs that cannot drift: every shell block of the user-facing documents
+//! runs against real processes, and every metric name they (and the
+//! alerts and the dashboard) write is one idgen declares.
+//!
+//! The rules for writing blocks (the markers, what a `console` block
+//! compares) are in docs/CONTRIBUTING.md, "Docs are tested". Documents run
+//! one after another (the development node and the Consul emulator listen
+//! on the docs' own fixed loopback addresses); every block of every
+//! document runs and the test then fails once, listing each failed block
+//! with its document, line, command and output.
+
+mod doc_commands {
+    pub mod blocks;
+    pub mod env;
+}
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use doc_commands::blocks::{shell_blocks, Block};
+use doc_commands::env::DocEnv;
+
+/// The documents whose shell blocks run (those that exist: some are
+/// written by work in progress).
+const DOCUMENTS: [&str; 4] = [
+    "README.md",
+    "consul/README.md",
+    "deploy/kubernetes/README.md",
+    "examples/python/README.md",
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// README.md and friends, then every docs/*.md, as paths from the root.
+fn documents() -> Vec<String> {
+    let mut docs: Vec<String> = DOCUMENTS
+        .iter()
+        .filter(|d| repo().join(d).is_file())
+        .map(|d| d.to_string())
+        .collect();
+    let mut in_docs: Vec<String> = std::fs::read_dir(repo().join("docs"))
+        .expect("docs/")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    in_docs.sort();
+    docs.extend(in_docs);
+    docs
+}
+
+/// Why `block` failed, in full: where, what ran, what it printed.
+fn failure(doc: &str, block: &Block, why: &str, out: &str, err: &str, env: &DocEnv) -> String {
+    let mut text = format!(
+        "{doc}:{}: ```{} block {why}\n--- commands (bash -euo pipefail, in a temp dir) ---\n{}\
+         --- stdout ---\n{out}\n--- stderr ---\n{err}\n",
+        block.line,
+        block.lang,
+        block.script()
+    );
+    text.push_str(&env.background_logs());
+    if let Some(log) = env.node_log() {
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        text.push_str("--- dev node log (last lines) ---\n");
+        for line in tail.into_iter().rev() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    text
+}
+
+/// Runs every block of `doc`; returns the failures and how many blocks ran.
+fn run_document(doc: &str) -> (Vec<String>, usize) {
+    let text = std::fs::read_to_string(repo().join(doc)).expect("document");
+    let blocks = match shell_blocks(&text) {
+        Ok(blocks) => blocks,
+        Err(e) => return (vec![format!("{doc}: {e}")], 0),
+    };
+    let runnable: Vec<&Block> = blocks.iter().filter(|b| b.marker.skip.is_none()).collect();
+    if runnable.is_empty() {
+        return (Vec::new(), 0);
+    }
+    let mut env = match DocEnv::new(&repo()) {
+        Ok(env) => env,
+        Err(e) => return (vec![format!("{doc}: {e}")], 0),
+    };
+    let mut failures = Vec::new();
+    for block in &runnable {
+        if let Err(e) = env.prepare(block) {
+            failures.push(format!(
+                "{doc}:{}: cannot start what the block needs: {e}",
+                block.line
+            ));
+            continue;
+        }
+        if block.marker.background {
+            if let Err(e) = env.start_background(block) {
+                failures.push(format!("{doc}:{}: cannot start the block: {e}", block.line));
+            }
+            continue;
+        }
+        let outcome = match env.run(block) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                failures.push(format!("{doc}:{}: cannot run the block: {e}", block.line));
+                continue;
+            }
+        };
+        let why = match (outcome.status, block.marker.expect_fail) {
+            (None, _) => Some("did not finish in time (killed)".to_string()),
+            (Some(s), false) if !s.success() => Some(format!("failed ({s})")),
+            (Some(s), true) if s.success() => {
+                Some("succeeded, but its marker says expect-fail".to_string())
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            failures.push(failure(
+                doc,
+                block,
+                &why,
+                &outcome.stdout,
+                &outcome.stderr,
+                &env,
+            ));
+        }
+    }
+    for (line, why) in env.failed_background() {
+        failures.push(format!(
+            "{doc}:{line}: background block {why}\n{}",
+            env.background_logs()
+        ));
+    }
+    (failures, runnable.len())
+}
+
+#[test]
+fn every_shell_block_in_the_docs_runs_as_written() {
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for doc in documents() {
+        let (mut failed, count) = run_document(&doc);
+        failures.append(&mut failed);
+        ran += count;
+    }
+    assert!(
+        ran >= 10,
+        "only {ran} blocks ran: is the runner finding them?"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} doc block(s) failed; fix the command, or mark the block \
+         (docs/CONTRIBUTING.md, \"Docs are tested\"):\n\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_document_has_only_well_formed_markers() {
+    for doc in documents() {
+        let text = std::fs::read_to_string(repo().join(&doc)).expect("document");
+        if let Err(e) = shell_blocks(&text) {
+            panic!("{doc}: {e}");
+        }
+    }
+}
+
+/// Every `idgen_...` token of `text` that is not a Rust path (`idgen_client::`),
+/// a file name (`idgen_client.py`) or a bare prefix (`idgen_client_...`).
+fn metric_tokens(text: &str) -> BTreeSet<String> {
+    let bytes = text.as_bytes();
+    let word = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_';
+    let mut tokens = BTreeSet::new();
+    for (start, _) in text.match_indices("idgen_") {
+        if start > 0 && (word(bytes[start - 1]) || bytes[start - 1] == b'-') {
+            continue;
+        }
+        let end = start + bytes[start..].iter().take_while(|&&b| word(b)).count();
+        let rest = &text[end..];
+        let prefix_only = text[start..end].ends_with('_');
+        if prefix_only || ["::", ".py", ".rs"].iter().any(|s| rest.starts_with(s)) {
+            continue;
+        }
+        tokens.insert(text[start..end].to_string());
+    }
+    tokens
+}
+
+/// The metric names declared as string constants in `file`.
+fn declared_names(file: &Path) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(file).expect("metrics source");
+    text.split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            s.starts_with("idgen_")
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// The files whose metric names must all be declared.
+fn metric_sources() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = documents().iter().map(|d| repo().join(d)).collect();
+    for (dir, ext) in [("deploy/prometheus", "yml"), ("deploy/grafana", "json")] {
+        for entry in std::fs::read_dir(repo().join(dir))
+            .expect("deploy dir")
+            .flatten()
+        {
+            if entry.path().extension().is_some_and(|e| e == ext) {
+                files.push(entry.path());
+            }
+        }
+    }
+    files
+}
+
+/// `name` is declared, or is a declared histogram's `_bucket`, `_sum` or
+/// `_count` series.
+fn is_declared(name: &str, declared: &BTreeSet<String>) -> bool {
+    declared.contains(name)
+        || ["_bucket", "_sum", "_count"].iter().any(|s| {
+            name.strip_suffix(s)
+                .is_some_and(|base| declared.contains(base))
+        })
+}
+
+#[test]
+fn every_metric_name_in_docs_alerts_and_dashboard_is_declared() {
+    let mut declared = declared_names(&repo().join("src/metrics.rs"));
+    assert!(
+        declared.len() > 40,
+        "too few names parsed from src/metrics.rs: {declared:?}"
+    );
+    // The client crate's own metrics (README, "Client (Rust)").
+    declared.extend(declared_names(&repo().join("client/src/metrics.rs")));
+    let mut unknown = Vec::new();
+    for file in metric_sources() {
+        let text = std::fs::read_to_string(&file).expect("source");
+        for token in metric_tokens(&text) {
+            if !is_declared(&token, &declared) {
+                let shown = file
+                    .strip_prefix(repo())
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string();
+                unknown.push(format!("{shown}: {token}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "metric names that src/metrics.rs (or client/src/metrics.rs) does not declare; \
+         fix the name or declare the metric:\n{}",
+        unknown.join("\n")
+    );
+}
+
+#[test]
+fn metric_tokens_skip_paths_and_files_and_keep_suffixes() {
+    let text = "`idgen_fenced` idgen_client::Client idgen_client.py my_idgen_x idgen_... \
+                rate(idgen_request_duration_seconds_bucket[5m]) idgen-py-venv";
+    let tokens: Vec<String> = metric_tokens(text).into_iter().collect();
+    assert_eq!(
+        tokens,
+        ["idgen_fenced", "idgen_request_duration_seconds_bucket"]
+    );
+    let declared: BTreeSet<String> = ["idgen_request_duration_seconds".to_string()].into();
+    assert!(is_declared(
+        "idgen_request_duration_seconds_bucket",
+        &declared
+    ));
+    assert!(!is_declared(
+        "idgen_request_duration_seconds_total",
+        &declared
+    ));
+}
