@@ -642,7 +642,12 @@ async fn console_tags_keep_their_rules(server: &TestServer) {
     let (status, r) = console_change(server, "tags/update", json!({"tag": "books", "step": 50})).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["tag"]["step"], 50);
-    assert_eq!(r["tag"]["max_id"], before["tags"][0]["max_id"], "{r}");
+    let max_id = |v: &Value| v.as_str().map(|n| n.parse::<u64>().unwrap());
+    // (A background fetch of the next range may raise it meanwhile.)
+    assert!(
+        max_id(&r["tag"]["max_id"]) >= max_id(&before["tags"][0]["max_id"]),
+        "an edit of the step never lowers max_id: {r} {before}"
+    );
     assert_eq!(before["tags"][0]["next"].as_str().map(|n| n.parse::<u64>().unwrap()),
         before["tags"][0]["max_id"].as_str().map(|n| n.parse::<u64>().unwrap() + 1));
     let (status, r) = console_change(
