@@ -682,11 +682,19 @@ async fn console_strict_keeps_its_rules(server: &TestServer) {
     let (status, _, keys) = get(server, "/admin/api/strict/keys?namespace=inv", Some(TOKEN)).await;
     assert_eq!(status, 200, "{keys}");
     assert_eq!(keys["keys"], json!([{"key": "inv/a", "value": first[2].to_string()}]));
+    assert_eq!(keys["tombstones"], json!([]), "{keys}");
     let (status, _, r) = get(server, "/admin/api/strict/keys", Some(TOKEN)).await;
     assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
     let (status, r) = console_change(server, "strict/keys/delete", json!({"key": "inv/a"})).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["last_value"], first[2].to_string());
+    let (_, _, keys) = get(server, "/admin/api/strict/keys?namespace=inv", Some(TOKEN)).await;
+    assert_eq!(keys["keys"], json!([]), "{keys}");
+    assert_eq!(
+        keys["tombstones"],
+        json!([{"key": "inv/a", "last_value": first[2].to_string()}]),
+        "the tombstone is listed with its last value"
+    );
     let again = ids_of(server, "mode=strict&tag=inv/a&count=1").await;
     assert!(again[0] > first[2], "{again:?} after {first:?}");
 }

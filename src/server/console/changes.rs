@@ -208,7 +208,12 @@ async fn strict_keys(
                 .iter()
                 .map(|k| json!({"key": k.key, "value": k.value.to_string()}))
                 .collect();
-            json!({"namespace": k.namespace, "keys": keys, "max_keys": k.max_keys})
+            let tombstones: Vec<Value> = k
+                .tombstones
+                .iter()
+                .map(|k| json!({"key": k.key, "last_value": k.value.to_string()}))
+                .collect();
+            json!({"namespace": k.namespace, "keys": keys, "max_keys": k.max_keys, "tombstones": tombstones})
         },
     )
     .await

@@ -354,13 +354,20 @@ async function loadKeys(namespace) {
     fill("strict-keys", []);
     return;
   }
-  $("keys-note").textContent = "Live keys of " + r.data.namespace + ": " + r.data.keys.length + " of at most " + r.data.max_keys + ". A deleted key leaves a tombstone in the store (not listed here): used again, it continues above its last value.";
-  fill("strict-keys", r.data.keys.map((k) => {
-    const tr = row([k.key, k.value, button("Delete", "delete-key danger", () => deleteKey(k.key, namespace))]);
+  $("keys-note").textContent = "Keys of " + r.data.namespace + ": " + r.data.keys.length + " live of at most " + r.data.max_keys + ", " + r.data.tombstones.length + " deleted. A deleted key's tombstone keeps the last value it handed out: used again, the key continues above it.";
+  const live = r.data.keys.map((k) => {
+    const tr = row([k.key, k.value, "live", button("Delete", "delete-key danger", () => deleteKey(k.key, namespace))]);
     tr.dataset.key = k.key;
     tr.classList.add("key");
     return tr;
-  }));
+  });
+  const dead = r.data.tombstones.map((k) => {
+    const tr = row([k.key, k.last_value, "deleted (tombstone)", ""]);
+    tr.dataset.key = k.key;
+    tr.classList.add("tombstone");
+    return tr;
+  });
+  fill("strict-keys", live.concat(dead));
 }
 
 async function loadLayout() {
@@ -407,13 +414,13 @@ async function submit(what, path, body) {
   setActionError("");
   setStatus(what + "...");
   const r = await api(path, body);
+  await load(); // first: it clears the last action's error
   if (r.ok) {
     setStatus(r.data.message || what + ": done");
   } else {
     setStatus("");
     setActionError(what + " failed (" + r.error.code + "): " + r.error.message);
   }
-  await load();
   return r.ok;
 }
 
@@ -635,13 +642,13 @@ async function release(h) {
   else if (h.kind === "format_token") body.space = h.space;
   else body.zone = h.zone;
   const r = await api("release", body);
+  await load(); // first: it clears the last action's error
   if (r.ok) {
     setStatus(r.data.message);
   } else {
     setStatus("");
     setActionError("Release failed (" + r.error.code + "): " + r.error.message);
   }
-  await load();
 }
 
 async function renew(session) {
