@@ -115,6 +115,7 @@ function setStatus(text) {
 
 function setActionError(text) {
   $("action-error").textContent = text || "";
+  readError = false;
 }
 
 // What /admin/api/node said last, and the reading before it (the rate).
@@ -388,8 +389,12 @@ async function loadLayout() {
   ]);
 }
 
+// Whether the error line shows a failed read (cleared by the next good
+// read) rather than a refused change (kept until the next action, so an
+// auto-refresh never hides it).
+let readError = false;
+
 async function load() {
-  setActionError("");
   const r = await loadHolders();
   if (!r.ok) {
     if (r.status === 401 || r.status === 403) {
@@ -397,10 +402,13 @@ async function load() {
       showLogin(r.error.message);
     } else {
       showConsole();
-      setActionError(r.error.message);
+      setActionError("Reading the holders failed (" + r.error.code + "): " + r.error.message);
+      readError = true;
     }
     return false;
   }
+  if (readError) setActionError("");
+  readError = false;
   showConsole();
   await loadNode();
   fill("nodes", nodeRows(r.data.holders)); // again, marking this node
@@ -414,7 +422,7 @@ async function submit(what, path, body) {
   setActionError("");
   setStatus(what + "...");
   const r = await api(path, body);
-  await load(); // first: it clears the last action's error
+  await load();
   if (r.ok) {
     setStatus(r.data.message || what + ": done");
   } else {
@@ -642,7 +650,7 @@ async function release(h) {
   else if (h.kind === "format_token") body.space = h.space;
   else body.zone = h.zone;
   const r = await api("release", body);
-  await load(); // first: it clears the last action's error
+  await load();
   if (r.ok) {
     setStatus(r.data.message);
   } else {
@@ -670,7 +678,10 @@ document.addEventListener("DOMContentLoaded", () => {
     sessionStorage.removeItem(TOKEN_KEY);
     showLogin("");
   });
-  $("refresh").addEventListener("click", () => load());
+  $("refresh").addEventListener("click", () => {
+    setActionError("");
+    load();
+  });
   wireForms();
   $("confirm").addEventListener("close", () => {
     const h = pending;
