@@ -639,7 +639,8 @@ async fn console_tags_keep_their_rules(server: &TestServer) {
     // Editing the step leaves max_id where it is; a max_id below it is
     // the service's own refusal, verbatim.
     let (_, _, before) = get(server, "/admin/api/tags", Some(TOKEN)).await;
-    let (status, r) = console_change(server, "tags/update", json!({"tag": "books", "step": 50})).await;
+    let (status, r) =
+        console_change(server, "tags/update", json!({"tag": "books", "step": 50})).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["tag"]["step"], 50);
     let max_id = |v: &Value| v.as_str().map(|n| n.parse::<u64>().unwrap());
@@ -648,15 +649,25 @@ async fn console_tags_keep_their_rules(server: &TestServer) {
         max_id(&r["tag"]["max_id"]) >= max_id(&before["tags"][0]["max_id"]),
         "an edit of the step never lowers max_id: {r} {before}"
     );
-    assert_eq!(before["tags"][0]["next"].as_str().map(|n| n.parse::<u64>().unwrap()),
-        before["tags"][0]["max_id"].as_str().map(|n| n.parse::<u64>().unwrap() + 1));
+    assert_eq!(
+        before["tags"][0]["next"]
+            .as_str()
+            .map(|n| n.parse::<u64>().unwrap()),
+        before["tags"][0]["max_id"]
+            .as_str()
+            .map(|n| n.parse::<u64>().unwrap() + 1)
+    );
     let (status, r) = console_change(
         server,
         "tags/update",
         json!({"tag": "books", "max_id": initial.to_string()}),
     )
     .await;
-    assert_eq!((status, error_of(&r).0), (400, "FAILED_PRECONDITION"), "{r}");
+    assert_eq!(
+        (status, error_of(&r).0),
+        (400, "FAILED_PRECONDITION"),
+        "{r}"
+    );
 
     // Deleted, then created again from the console: it continues above.
     let (status, r) = console_change(server, "tags/delete", json!({"name": "books"})).await;
@@ -664,24 +675,47 @@ async fn console_tags_keep_their_rules(server: &TestServer) {
     assert!(r["message"].as_str().unwrap().contains("tombstone"), "{r}");
     let (status, r) = console_change(server, "tags/create", json!({"tag": "books"})).await;
     assert_eq!(status, 200, "{r}");
-    assert!(r["message"].as_str().unwrap().contains("continues above"), "{r}");
+    assert!(
+        r["message"].as_str().unwrap().contains("continues above"),
+        "{r}"
+    );
     for id in ids_of(server, "mode=segment&tag=books&count=25").await {
-        assert!(seen.insert(id), "{id} handed out again after the re-creation");
+        assert!(
+            seen.insert(id),
+            "{id} handed out again after the re-creation"
+        );
     }
 }
 
 /// Strict steps and keys from the console: a deleted key used again
 /// continues above its last value.
 async fn console_strict_keeps_its_rules(server: &TestServer) {
-    let (status, r) = console_change(server, "strict/step", json!({"namespace": "inv", "step": 7})).await;
+    let (status, r) = console_change(
+        server,
+        "strict/step",
+        json!({"namespace": "inv", "step": 7}),
+    )
+    .await;
     assert_eq!(status, 200, "{r}");
-    assert_eq!((r["step"].as_u64(), r["previous"].as_u64()), (Some(7), Some(1)), "{r}");
-    let (status, r) = console_change(server, "strict/step", json!({"namespace": "inv", "step": 0})).await;
+    assert_eq!(
+        (r["step"].as_u64(), r["previous"].as_u64()),
+        (Some(7), Some(1)),
+        "{r}"
+    );
+    let (status, r) = console_change(
+        server,
+        "strict/step",
+        json!({"namespace": "inv", "step": 0}),
+    )
+    .await;
     assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
     let first = ids_of(server, "mode=strict&tag=inv/a&count=3").await;
     let (status, _, keys) = get(server, "/admin/api/strict/keys?namespace=inv", Some(TOKEN)).await;
     assert_eq!(status, 200, "{keys}");
-    assert_eq!(keys["keys"], json!([{"key": "inv/a", "value": first[2].to_string()}]));
+    assert_eq!(
+        keys["keys"],
+        json!([{"key": "inv/a", "value": first[2].to_string()}])
+    );
     assert_eq!(keys["tombstones"], json!([]), "{keys}");
     let (status, _, r) = get(server, "/admin/api/strict/keys", Some(TOKEN)).await;
     assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
@@ -706,22 +740,54 @@ async fn console_formats_keep_their_rules(server: &TestServer) {
     let (status, r) = console_change(server, "formats/create", json!({"definition": def})).await;
     assert_eq!(status, 200, "{r}");
     let (_, _, f) = get(server, "/admin/api/formats", Some(TOKEN)).await;
-    let clua = f["formats"].as_array().unwrap().iter().find(|f| f["name"] == "clua").cloned().unwrap_or_default();
-    assert_eq!((&clua["kind"], &clua["definition"]["lua"]), (&json!("lua"), &json!(CONSOLE_LUA)), "{f}");
+    let clua = f["formats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "clua")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (&clua["kind"], &clua["definition"]["lua"]),
+        (&json!("lua"), &json!(CONSOLE_LUA)),
+        "{f}"
+    );
     assert_eq!(clua["current"], json!({"used": false}), "{f}");
-    let issued: Value = reqwest::get(server.url("/v1/formatted/clua?count=2")).await.unwrap().json().await.unwrap();
+    let issued: Value = reqwest::get(server.url("/v1/formatted/clua?count=2"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(issued["ids"], json!(["C01", "C02"]), "{issued}");
     let (_, _, f) = get(server, "/admin/api/formats", Some(TOKEN)).await;
-    let clua = f["formats"].as_array().unwrap().iter().find(|f| f["name"] == "clua").cloned().unwrap_or_default();
+    let clua = f["formats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "clua")
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(clua["current"]["used"], true, "{f}");
-    assert!(clua["current"]["last"].as_str().unwrap().parse::<u64>().unwrap() >= 2, "{f}");
+    assert!(
+        clua["current"]["last"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 2,
+        "{f}"
+    );
     let (status, r) = console_change(server, "formats/create", json!({"definition": "clua"})).await;
     assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
     let (status, r) = console_change(server, "formats/delete", json!({"name": "clua"})).await;
     assert_eq!(status, 200, "{r}");
     let (status, r) = console_change(server, "formats/create", json!({"definition": def})).await;
     assert!(status >= 400, "a deleted name is never created again: {r}");
-    assert!(!error_of(&r).1.is_empty(), "the service's reason, verbatim: {r}");
+    assert!(
+        !error_of(&r).1.is_empty(),
+        "the service's reason, verbatim: {r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -766,10 +832,21 @@ async fn the_console_shows_the_node_it_runs_on() {
     let (status, _, n) = get(&server, "/admin/api/node", Some(TOKEN)).await;
     assert_eq!(status, 200, "{n}");
     assert_eq!(n["version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!((&n["ready"], &n["fenced"], &n["reason"]), (&json!(true), &json!(false), &Value::Null), "{n}");
+    assert_eq!(
+        (&n["ready"], &n["fenced"], &n["reason"]),
+        (&json!(true), &json!(false), &Value::Null),
+        "{n}"
+    );
     assert!(n["instance"].as_str().is_some_and(|i| !i.is_empty()), "{n}");
-    assert_eq!(n["layout"]["sequence_bits"].as_u64().map(|b| b > 0), Some(true), "{n}");
+    assert_eq!(
+        n["layout"]["sequence_bits"].as_u64().map(|b| b > 0),
+        Some(true),
+        "{n}"
+    );
     // (Other tests in this process add to the same counters.)
-    assert!(n["issued"]["snowflake"].as_f64().unwrap_or(0.0) >= 7.0, "{n}");
+    assert!(
+        n["issued"]["snowflake"].as_f64().unwrap_or(0.0) >= 7.0,
+        "{n}"
+    );
     server.stop().await;
 }

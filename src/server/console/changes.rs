@@ -26,8 +26,8 @@ use serde_json::{json, Map, Value};
 use tonic::Status;
 
 use super::{admin_request, change_body, read_call, status_response, Refused};
-use crate::proto::admin_server::Admin;
 use crate::proto;
+use crate::proto::admin_server::Admin;
 use crate::server::http::HttpState;
 
 /// The console's read and change routes beyond the first listings.
@@ -335,7 +335,10 @@ fn format_json(f: Option<&proto::FormatDefinition>) -> Value {
 }
 
 fn reload_json(r: Option<&proto::ReloadFormatsResponse>) -> Value {
-    r.map_or(Value::Null, |r| json!({"formats": r.formats, "changed": r.changed}))
+    r.map_or(
+        Value::Null,
+        |r| json!({"formats": r.formats, "changed": r.changed}),
+    )
 }
 
 async fn create_format(State(s): State<HttpState>, request: Request) -> Response {
@@ -448,7 +451,12 @@ mod tests {
         );
         assert_eq!(exact_u64("max_id", None).ok().flatten(), None);
         assert_eq!(exact_u64("max_id", Some(&json!(""))).ok().flatten(), None);
-        for bad in [json!(5), json!(9_007_199_254_740_993_u64), json!("-1"), json!("1e3")] {
+        for bad in [
+            json!(5),
+            json!(9_007_199_254_740_993_u64),
+            json!("-1"),
+            json!("1e3"),
+        ] {
             assert!(exact_u64("max_id", Some(&bad)).is_err(), "{bad}");
         }
     }
