@@ -33,7 +33,8 @@
 //! - [`server`]: the front ends only: gRPC ([`server::grpc`]:
 //!   `idgen.v1.IdGen`, health, reflection), HTTP ([`server::http`]:
 //!   `/metrics`, `/healthz`, `/readyz`, `/v1/...`), the admin console
-//!   ([`server::console`], at `/admin/`), the health monitor
+//!   ([`server::console`], at `/admin/`, with its node view and changes in
+//!   `server/console/changes.rs`), the health monitor
 //!   ([`server::health`]), request bounds ([`server::request_size`]), TLS
 //!   ([`server::tls`]), the connection listener ([`server::listener`],
 //!   with its per-peer limits in `server/listener/table.rs`), the admin

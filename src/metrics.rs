@@ -564,6 +564,10 @@ pub const ADMIN_METHODS: &[&str] = &[
 /// (`/admin/api/formats`, an admin call that is not an rpc).
 pub const CONSOLE_FORMATS_METHOD: &str = "ConsoleFormats";
 
+/// The `method` label of the admin console's view of the node it runs on
+/// (`/admin/api/node`: readiness, fencing, version, layout, IDs issued).
+pub const CONSOLE_NODE_METHOD: &str = "ConsoleNode";
+
 /// Creates, at zero, every counter, gauge and histogram series whose label
 /// values are known at start-up, so rules such as
 /// `increase(idgen_store_errors_total[5m]) > 0` or `idgen_fenced == 1`
@@ -604,6 +608,7 @@ pub fn register(s: Series) {
         counter!(ADMIN_CALLS, "method" => *method, "code" => "OK").increment(0);
     }
     counter!(ADMIN_CALLS, "method" => CONSOLE_FORMATS_METHOD, "code" => "OK").increment(0);
+    counter!(ADMIN_CALLS, "method" => CONSOLE_NODE_METHOD, "code" => "OK").increment(0);
     let mut store_ops = vec![(s.backend, "store_hwm")];
     if s.segment {
         store_ops.push(("segment", "take_range"));

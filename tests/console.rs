@@ -3,7 +3,10 @@
 //! playwright-core (`tests/console/console.test.js`), logs in with a wrong
 //! token (refused) then the right one, sees the three nodes with their
 //! worker ids, renews a session by hand, SIGKILLs one node, releases its
-//! worker id through the confirmation dialog and sees it free.
+//! worker id through the confirmation dialog and sees it free; then walks
+//! the console's changes (tags, a Lua format, strict steps, the released
+//! filter, auto-refresh; see `tests/console/console.test.js`). Last, a
+//! deleted strict key is listed as a tombstone on Consul.
 //!
 //! Needs `node`, `/usr/bin/chromium` and `tests/console/node_modules`
 //! (`scripts/setup.sh` installs all three); a missing one fails the test
@@ -206,4 +209,45 @@ async fn the_console_releases_a_dead_nodes_worker_id_in_chromium() {
     for n in &nodes[..2] {
         issue(n, &mut seen).await;
     }
+    strict_tombstones_are_listed(&mut admin, &nodes[0]).await;
+}
+
+/// On Consul, a deleted strict key is listed as a tombstone with its last
+/// value (the console shows it), and the key used again continues above.
+async fn strict_tombstones_are_listed(
+    admin: &mut AdminClient<tonic::transport::Channel>,
+    node: &ChildServer,
+) {
+    let mut c = node.client().await;
+    let take = || GenIdsRequest {
+        mode: Mode::Strict as i32,
+        tag: "invoices/a".into(),
+        count: 2,
+    };
+    let first = c.gen_ids(take()).await.unwrap().into_inner().ids;
+    admin
+        .delete_strict_key(ok(proto::DeleteStrictKeyRequest {
+            key: "invoices/a".into(),
+        }))
+        .await
+        .unwrap();
+    let listed = admin
+        .list_strict_keys(ok(proto::ListStrictKeysRequest {
+            namespace: "invoices".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.keys.is_empty(), "{listed:?}");
+    assert_eq!(
+        listed
+            .tombstones
+            .iter()
+            .map(|k| (k.key.as_str(), k.value))
+            .collect::<Vec<_>>(),
+        vec![("invoices/a", first[1])],
+        "{listed:?}"
+    );
+    let again = c.gen_ids(take()).await.unwrap().into_inner().ids;
+    assert!(again[0] > first[1], "{again:?} after {first:?}");
 }

@@ -576,3 +576,277 @@ async fn holders_show_lock_delay_and_ttl_and_sessions_renew_by_hand() {
     let body: Value = r.json().await.unwrap();
     assert!(error_of(&body).1.contains("holds no worker id"), "{body}");
 }
+
+/// A console change: `body` posted as JSON to `/admin/api/<path>`.
+async fn console_change(server: &TestServer, path: &str, body: Value) -> (u16, Value) {
+    post(
+        server,
+        &format!("/admin/api/{path}"),
+        &body.to_string(),
+        "application/json",
+        None,
+    )
+    .await
+}
+
+/// `count` IDs from the node's own JSON endpoint, as numbers.
+async fn ids_of(server: &TestServer, query: &str) -> Vec<u64> {
+    let body: Value = reqwest::get(server.url(&format!("/v1/ids?{query}")))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{query}: {body}"))
+        .iter()
+        .map(|v| v.as_str().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// A rule with few counter values, so its load-time check is quick.
+const CONSOLE_LUA: &str = "function min_counter() return 1 end\nfunction max_counter() return 99 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"C%02d\", counter) end\n";
+
+/// Tags from the console: created above 2^53 (exact), edited, deleted and
+/// created again, every ID new.
+async fn console_tags_keep_their_rules(server: &TestServer) {
+    // The previous system handed out IDs up to 2^53 + 1.
+    let initial: u64 = 9_007_199_254_740_993;
+    let (status, r) = console_change(
+        server,
+        "tags/create",
+        json!({"tag": "books", "step": 10, "initial": initial.to_string(), "description": "from the console"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    let mut seen = std::collections::HashSet::new();
+    for id in ids_of(server, "mode=segment&tag=books&count=25").await {
+        assert!(id > initial, "{id} was handed out by the previous system");
+        assert!(seen.insert(id), "{id} twice");
+    }
+    assert_eq!(r["tag"]["max_id"], initial.to_string(), "exact: {r}");
+    // A number is refused, saying what to send.
+    let (status, r) = console_change(
+        server,
+        "tags/create",
+        json!({"tag": "numbers", "initial": 5}),
+    )
+    .await;
+    assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
+    assert!(error_of(&r).1.contains("decimal string"), "{r}");
+
+    // Editing the step leaves max_id where it is; a max_id below it is
+    // the service's own refusal, verbatim.
+    let (_, _, before) = get(server, "/admin/api/tags", Some(TOKEN)).await;
+    let (status, r) =
+        console_change(server, "tags/update", json!({"tag": "books", "step": 50})).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["tag"]["step"], 50);
+    let max_id = |v: &Value| v.as_str().map(|n| n.parse::<u64>().unwrap());
+    // (A background fetch of the next range may raise it meanwhile.)
+    assert!(
+        max_id(&r["tag"]["max_id"]) >= max_id(&before["tags"][0]["max_id"]),
+        "an edit of the step never lowers max_id: {r} {before}"
+    );
+    assert_eq!(
+        before["tags"][0]["next"]
+            .as_str()
+            .map(|n| n.parse::<u64>().unwrap()),
+        before["tags"][0]["max_id"]
+            .as_str()
+            .map(|n| n.parse::<u64>().unwrap() + 1)
+    );
+    let (status, r) = console_change(
+        server,
+        "tags/update",
+        json!({"tag": "books", "max_id": initial.to_string()}),
+    )
+    .await;
+    assert_eq!(
+        (status, error_of(&r).0),
+        (400, "FAILED_PRECONDITION"),
+        "{r}"
+    );
+
+    // Deleted, then created again from the console: it continues above.
+    let (status, r) = console_change(server, "tags/delete", json!({"name": "books"})).await;
+    assert_eq!(status, 200, "{r}");
+    assert!(r["message"].as_str().unwrap().contains("tombstone"), "{r}");
+    let (status, r) = console_change(server, "tags/create", json!({"tag": "books"})).await;
+    assert_eq!(status, 200, "{r}");
+    assert!(
+        r["message"].as_str().unwrap().contains("continues above"),
+        "{r}"
+    );
+    for id in ids_of(server, "mode=segment&tag=books&count=25").await {
+        assert!(
+            seen.insert(id),
+            "{id} handed out again after the re-creation"
+        );
+    }
+}
+
+/// Strict steps and keys from the console: a deleted key used again
+/// continues above its last value.
+async fn console_strict_keeps_its_rules(server: &TestServer) {
+    let (status, r) = console_change(
+        server,
+        "strict/step",
+        json!({"namespace": "inv", "step": 7}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        (r["step"].as_u64(), r["previous"].as_u64()),
+        (Some(7), Some(1)),
+        "{r}"
+    );
+    let (status, r) = console_change(
+        server,
+        "strict/step",
+        json!({"namespace": "inv", "step": 0}),
+    )
+    .await;
+    assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
+    let first = ids_of(server, "mode=strict&tag=inv/a&count=3").await;
+    let (status, _, keys) = get(server, "/admin/api/strict/keys?namespace=inv", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{keys}");
+    assert_eq!(
+        keys["keys"],
+        json!([{"key": "inv/a", "value": first[2].to_string()}])
+    );
+    assert_eq!(keys["tombstones"], json!([]), "{keys}");
+    let (status, _, r) = get(server, "/admin/api/strict/keys", Some(TOKEN)).await;
+    assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
+    let (status, r) = console_change(server, "strict/keys/delete", json!({"key": "inv/a"})).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["last_value"], first[2].to_string());
+    let (_, _, keys) = get(server, "/admin/api/strict/keys?namespace=inv", Some(TOKEN)).await;
+    assert_eq!(keys["keys"], json!([]), "{keys}");
+    assert_eq!(
+        keys["tombstones"],
+        json!([{"key": "inv/a", "last_value": first[2].to_string()}]),
+        "the tombstone is listed with its last value"
+    );
+    let again = ids_of(server, "mode=strict&tag=inv/a&count=1").await;
+    assert!(again[0] > first[2], "{again:?} after {first:?}");
+}
+
+/// Formats from the console: a Lua rule created, its code shown, its
+/// counter now, then deleted; the name is never created again.
+async fn console_formats_keep_their_rules(server: &TestServer) {
+    let def = json!({"name": "clua", "lua": CONSOLE_LUA});
+    let (status, r) = console_change(server, "formats/create", json!({"definition": def})).await;
+    assert_eq!(status, 200, "{r}");
+    let (_, _, f) = get(server, "/admin/api/formats", Some(TOKEN)).await;
+    let clua = f["formats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "clua")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (&clua["kind"], &clua["definition"]["lua"]),
+        (&json!("lua"), &json!(CONSOLE_LUA)),
+        "{f}"
+    );
+    assert_eq!(clua["current"], json!({"used": false}), "{f}");
+    let issued: Value = reqwest::get(server.url("/v1/formatted/clua?count=2"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(issued["ids"], json!(["C01", "C02"]), "{issued}");
+    let (_, _, f) = get(server, "/admin/api/formats", Some(TOKEN)).await;
+    let clua = f["formats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "clua")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(clua["current"]["used"], true, "{f}");
+    assert!(
+        clua["current"]["last"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 2,
+        "{f}"
+    );
+    let (status, r) = console_change(server, "formats/create", json!({"definition": "clua"})).await;
+    assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
+    let (status, r) = console_change(server, "formats/delete", json!({"name": "clua"})).await;
+    assert_eq!(status, 200, "{r}");
+    let (status, r) = console_change(server, "formats/create", json!({"definition": def})).await;
+    assert!(status >= 400, "a deleted name is never created again: {r}");
+    assert!(
+        !error_of(&r).1.is_empty(),
+        "the service's reason, verbatim: {r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_changes_keep_every_admin_rule_and_exact_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(with_token(dir.path())).await;
+    console_tags_keep_their_rules(&server).await;
+    console_strict_keeps_its_rules(&server).await;
+    console_formats_keep_their_rules(&server).await;
+
+    // Changes need the token and the console's own origin.
+    let (status, r) = post(
+        &server,
+        "/admin/api/tags/create",
+        r#"{"tag": "x"}"#,
+        "application/json",
+        Some("http://evil.example"),
+    )
+    .await;
+    assert_eq!((status, error_of(&r).0), (403, "PERMISSION_DENIED"), "{r}");
+    let r = reqwest::Client::new()
+        .post(server.url("/admin/api/tags/delete"))
+        .bearer_auth("not-the-token")
+        .json(&json!({"name": "books"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let (_, _, tags) = get(&server, "/admin/api/tags", Some(TOKEN)).await;
+    assert_eq!(tags["tags"][0]["tag"], "books", "still there: {tags}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_the_node_it_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(with_token(dir.path())).await;
+    let (status, _, r) = get(&server, "/admin/api/node", None).await;
+    assert_eq!((status, error_of(&r).0), (401, "UNAUTHENTICATED"), "{r}");
+    let before = ids_of(&server, "mode=snowflake&count=7").await;
+    assert_eq!(before.len(), 7);
+    let (status, _, n) = get(&server, "/admin/api/node", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{n}");
+    assert_eq!(n["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        (&n["ready"], &n["fenced"], &n["reason"]),
+        (&json!(true), &json!(false), &Value::Null),
+        "{n}"
+    );
+    assert!(n["instance"].as_str().is_some_and(|i| !i.is_empty()), "{n}");
+    assert_eq!(
+        n["layout"]["sequence_bits"].as_u64().map(|b| b > 0),
+        Some(true),
+        "{n}"
+    );
+    // (Other tests in this process add to the same counters.)
+    assert!(
+        n["issued"]["snowflake"].as_f64().unwrap_or(0.0) >= 7.0,
+        "{n}"
+    );
+    server.stop().await;
+}

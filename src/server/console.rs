@@ -49,6 +49,8 @@ use super::tls::PeerCertificate;
 use crate::proto::admin_server::Admin;
 use crate::proto::{self, HolderKind};
 
+mod changes;
+
 const INDEX_HTML: &str = include_str!("console/index.html");
 const CONSOLE_JS: &str = include_str!("console/console.js");
 const CONSOLE_CSS: &str = include_str!("console/console.css");
@@ -79,6 +81,7 @@ pub fn routes() -> Router<HttpState> {
         .route("/admin/api/formats", get(formats))
         .route("/admin/api/release", post(release))
         .route("/admin/api/renew", post(renew))
+        .merge(changes::routes())
         .route("/admin/api/{*rest}", get(no_endpoint).post(no_endpoint))
         .layer(axum::middleware::map_response(secure_headers))
 }
@@ -174,7 +177,7 @@ async fn no_endpoint() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "NOT_FOUND",
-        "no such console endpoint; see GET /admin/api/holders, /tags, /strict, /layout, /formats and POST /admin/api/release, /renew",
+        "no such console endpoint; see GET /admin/api/node, /holders, /tags, /strict, /strict/keys?namespace=NS, /layout, /formats and POST /admin/api/release, /renew, /tags/create, /tags/update, /tags/delete, /formats/create, /formats/update, /formats/delete, /strict/step, /strict/keys/delete",
     )
 }
 
@@ -334,6 +337,7 @@ async fn tags(State(s): State<HttpState>, request: Request) -> Response {
                 .map(|t| {
                     json!({
                         "tag": t.tag, "max_id": t.max_id.to_string(), "step": t.step,
+                        "next": t.max_id.saturating_add(1).to_string(),
                         "description": t.description, "created": t.created, "updated": t.updated,
                     })
                 })
@@ -402,8 +406,55 @@ async fn layout(State(s): State<HttpState>, request: Request) -> Response {
     .await
 }
 
-/// The formats this node serves, read-only, as its engine compiled them
-/// (authorized like every admin call).
+/// A format's counter now (its durable record: the period it is in and the
+/// last value any node may have used in it), or why it cannot be read
+/// without parameters.
+async fn current_counter(issuer: &crate::modes::Issuer, name: &str) -> Value {
+    match issuer.format_counter(name, &[]).await {
+        Ok(Some(c)) => json!({
+            "used": true, "period": c.record.period.0, "last": c.record.last.to_string(),
+            "next_period_start_ms": c.next_period_start_ms, "token": c.token,
+        }),
+        Ok(None) => json!({"used": false}),
+        Err(e) => json!({"error": e.to_string()}),
+    }
+}
+
+/// The formats this node serves as its engine compiled them, each with
+/// its allowed range and its current counter.
+async fn format_list(issuer: std::sync::Arc<crate::modes::Issuer>) -> Value {
+    let Some(formats) = issuer.formats() else {
+        return json!({"enabled": false, "formats": []});
+    };
+    let mut list = Vec::new();
+    for name in formats.names() {
+        let Ok(f) = formats.get(&name) else { continue };
+        let counter = f.counter();
+        let def = f.def();
+        let kind = if def.lua.is_some() {
+            "lua"
+        } else if def.preset.is_some() {
+            "preset"
+        } else {
+            "template"
+        };
+        list.push(json!({
+            "name": f.name(),
+            "kind": kind,
+            "definition": def,
+            "scope": f.scope(),
+            "scope_params": def.scope_params,
+            "zone": f.zone().name(),
+            "reset": format!("{:?}", f.reset()).to_lowercase(),
+            "numeric": f.numeric(),
+            "counter": {"min": counter.min.to_string(), "max": counter.max.to_string(), "step": counter.step},
+            "current": current_counter(&issuer, &name).await,
+        }));
+    }
+    json!({"enabled": true, "formats": list})
+}
+
+/// The formats this node serves (authorized like every admin call).
 async fn formats(State(s): State<HttpState>, request: Request) -> Response {
     let (parts, _) = request.into_parts();
     let r = admin_request(&parts.headers, &parts.extensions, ());
@@ -411,25 +462,7 @@ async fn formats(State(s): State<HttpState>, request: Request) -> Response {
     let result = s
         .admin
         .call(crate::metrics::CONSOLE_FORMATS_METHOD, r, |()| async move {
-            let Some(formats) = issuer.formats() else {
-                return Ok(json!({"enabled": false, "formats": []}));
-            };
-            let mut list = Vec::new();
-            for name in formats.names() {
-                let Ok(f) = formats.get(&name) else { continue };
-                let counter = f.counter();
-                list.push(json!({
-                    "name": f.name(),
-                    "kind": if f.def().lua.is_some() { "lua" } else if f.def().preset.is_some() { "preset" } else { "template" },
-                    "definition": f.def(),
-                    "scope": f.scope(),
-                    "zone": f.zone().name(),
-                    "reset": format!("{:?}", f.reset()).to_lowercase(),
-                    "numeric": f.numeric(),
-                    "counter": {"min": counter.min.to_string(), "max": counter.max.to_string(), "step": counter.step},
-                }));
-            }
-            Ok(json!({"enabled": true, "formats": list}))
+            Ok(format_list(issuer).await)
         })
         .await;
     match result {

@@ -7,6 +7,10 @@
 //   IDGEN_KILL         "<instance>:<pid>": the node to SIGKILL mid-test
 //   IDGEN_RENEW        an instance whose session to renew by hand
 //   CHROMIUM           the browser (default /usr/bin/chromium)
+// Then it walks the console's changes: the node's own state, the released
+// filter, a tag created, edited and deleted, a Lua format created and its
+// code shown, a strict step set (and a refused one), and auto-refresh
+// showing a counter moved by an ID issued meanwhile.
 // Exit code 0 only if every step was seen in the page.
 "use strict";
 
@@ -30,6 +34,127 @@ const STEP_MS = 20000;
 
 async function holderRow(page, instance, kind) {
   return page.locator(`#holders tr.holder[data-instance="${instance}"][data-kind="${kind}"]`);
+}
+
+// The cells of a table row, as text.
+async function cells(locator) {
+  return locator.locator("td").allTextContents();
+}
+
+async function waitCell(page, selector, index, want, what, timeout) {
+  const deadline = Date.now() + (timeout || STEP_MS);
+  let last = null;
+  while (Date.now() < deadline) {
+    const row = page.locator(selector);
+    if ((await row.count()) === 1) {
+      last = (await cells(row))[index];
+      if (want instanceof RegExp ? want.test(last) : last === want) {
+        check(true, what);
+        return;
+      }
+    }
+    await page.waitForTimeout(200);
+  }
+  throw new Error(`check failed: ${what} (last seen ${JSON.stringify(last)})`);
+}
+
+async function confirmAsk(page) {
+  await page.locator("#ask").waitFor({ state: "visible", timeout: STEP_MS });
+  await page.click("#ask-ok");
+  await page.locator("#ask").waitFor({ state: "hidden", timeout: STEP_MS });
+}
+
+// This node's own state; the filter for released holder rows.
+async function thisNodeAndFilters(page, victim) {
+  await page.locator('#node tr[data-field="ready"]').waitFor({ timeout: STEP_MS });
+  check((await cells(page.locator('#node tr[data-field="ready"]')))[1] === "yes", "this node is ready");
+  check((await cells(page.locator('#node tr[data-field="fenced"]')))[1] === "no", "this node is not fenced");
+  check(/\d/.test((await page.locator("#node").textContent()) || ""), "this node's version and layout are shown");
+  const released = page.locator(`#holders tr.holder[data-instance="${victim}"][data-kind="worker"]`);
+  await page.selectOption("#holder-filter", "held");
+  check(await released.isHidden(), "the filter hides released rows");
+  check(await page.locator('#holders tr.holder[data-state="alive"]').first().isVisible(), "held rows stay shown");
+  await page.selectOption("#holder-filter", "released");
+  check(await released.isVisible(), "the filter shows only released rows");
+  check(await page.locator('#holders tr.holder[data-state="alive"]').first().isHidden(), "held rows hidden");
+  await page.selectOption("#holder-filter", "all");
+}
+
+// Create a tag, edit its step, delete it.
+async function tagActions(page) {
+  const tagRow = '#tags tr.tag[data-tag="console-tag"]';
+  await page.fill("#tag-name", "console-tag");
+  await page.fill("#tag-step", "20");
+  await page.fill("#tag-description", "made in the console");
+  await page.click("#tag-submit");
+  await waitCell(page, tagRow, 3, "20", "a tag created with step 20");
+  await page.locator(`${tagRow} button.edit-tag`).click();
+  check((await page.inputValue("#tag-name")) === "console-tag", "the edit form holds the tag");
+  await page.fill("#tag-step", "50");
+  await page.click("#tag-submit");
+  await waitCell(page, tagRow, 3, "50", "its step edited to 50");
+  await page.locator(`${tagRow} button.delete-tag`).click();
+  await confirmAsk(page);
+  await page.locator(tagRow).waitFor({ state: "detached", timeout: STEP_MS });
+  await page.locator("#status").filter({ hasText: "tombstone" }).waitFor({ timeout: STEP_MS });
+  check(true, "the tag is deleted, the service's note shown");
+}
+
+const LUA = "function min_counter() return 1 end\nfunction max_counter() return 99 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format(\"W%02d\", counter) end\n";
+
+// Create a format with a Lua rule and see its code.
+async function formatActions(page) {
+  await page.fill("#format-name", "clua");
+  await page.fill("#format-definition", "{}");
+  await page.fill("#format-lua", LUA);
+  await page.click("#format-submit");
+  // A debug build on a loaded machine may take long to check a rule.
+  const row = page.locator('#formats tr.format[data-format="clua"]');
+  await row.waitFor({ timeout: 240000 });
+  check((await cells(row))[1] === "lua", "a format with a Lua rule is created");
+  await row.locator("button.show-code").click();
+  check((await page.locator("#format-code").textContent()) === LUA, "its Lua code is shown, read-only");
+  check((await page.locator("#action-error").textContent()) === "", "no action error");
+}
+
+// Set a strict step; a refused one shows the service's reason.
+async function strictActions(page) {
+  await page.fill("#strict-namespace", "console-ns");
+  await page.fill("#strict-step", "7");
+  await page.click("#strict-submit");
+  await waitCell(page, '#strict tr.namespace[data-namespace="console-ns"]', 1, "7", "a strict step set to 7");
+  await page.fill("#strict-namespace", "console-ns");
+  await page.fill("#strict-step", "0");
+  await page.click("#strict-submit");
+  await page.locator("#action-error").filter({ hasText: "INVALID_ARGUMENT" }).waitFor({ timeout: STEP_MS });
+  check(/step/.test(await page.locator("#action-error").textContent()), "a refused step shows the service's reason");
+  await page.click("#refresh"); // clears the error; the form keeps its text
+  await page.fill("#strict-namespace", "");
+  await page.fill("#strict-step", "");
+  await page.locator("#strict-namespace").blur();
+  await page.evaluate(() => delete document.getElementById("strict-form").dataset.dirty);
+  await page.locator('#strict tr.namespace[data-namespace="invoices"] button.list-keys').click();
+  await page.locator("#keys-note").filter({ hasText: "invoices" }).waitFor({ timeout: STEP_MS });
+  check(true, "a namespace's keys are listed");
+}
+
+// Auto-refresh: waits while a form is edited, then shows a counter that
+// moved after an ID was issued, with no click.
+async function autoRefresh(page, url) {
+  const row = '#formats tr.format[data-format="orders"]';
+  await waitCell(page, row, 7, "unused", "the orders counter is unused before");
+  await page.selectOption("#refresh-interval", "2");
+  await page.check("#auto-refresh");
+  await page.locator("#tag-name").focus();
+  await page.locator("#refresh-state").filter({ hasText: "paused while you edit" }).waitFor({ timeout: STEP_MS });
+  check(true, "auto-refresh waits while a form is edited");
+  await page.locator("#tag-name").blur();
+  const issued = await fetch(new URL("/v1/formatted/orders?count=3", url));
+  check(issued.ok, "three orders IDs issued");
+  await waitCell(page, row, 7, /^last \d+/, "auto-refresh shows the orders counter moved");
+  check(/^last /.test(await page.locator("#refresh-state").textContent()), "refreshed in place");
+  await waitCell(page, '#node tr[data-field="rate"]', 1, /IDs\/s/, "this node's issue rate is shown");
+  await page.uncheck("#auto-refresh");
 }
 
 async function run(page) {
@@ -101,6 +226,12 @@ async function run(page) {
   check((await freed.locator("td").last().textContent()) === "free", `${victim}'s worker id is free`);
   check((await page.locator("#action-error").textContent()) === "", "no action error");
 
+  await thisNodeAndFilters(page, victim);
+  await tagActions(page);
+  await formatActions(page);
+  await strictActions(page);
+  await autoRefresh(page, url);
+
   // Log out: the token leaves sessionStorage.
   await page.click("#logout");
   check((await page.evaluate(() => sessionStorage.getItem("idgen-admin-token"))) === null, "log out forgets the token");
@@ -129,7 +260,7 @@ async function run(page) {
     const problems = [];
     page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
     page.on("console", (m) => {
-      if (m.type() === "error" && !/status of 40[13]/.test(m.text())) problems.push(`console error: ${m.text()} (${m.location().url})`);
+      if (m.type() === "error" && !/status of 4\d\d/.test(m.text())) problems.push(`console error: ${m.text()} (${m.location().url})`);
     });
     await run(page);
     check(problems.length === 0, `no script errors or CSP violations (${problems.join("; ")})`);

@@ -161,6 +161,12 @@ impl AdminService {
     pub fn enabled(&self) -> bool {
         self.deps.admin_token.is_some() || !self.deps.client_cert_names.is_empty()
     }
+
+    /// This node's instance name and advertised gRPC address (the admin
+    /// console names the node it runs on).
+    pub fn node_identity(&self) -> (&str, &str) {
+        (&self.deps.node.instance, &self.deps.node.address)
+    }
 }
 
 fn rfc3339(ms: u64) -> String {

@@ -78,16 +78,24 @@ impl AdminService {
         let strict = self.strict()?;
         let ns = parse_namespace(&r.namespace)?;
         let keys = strict.store().list_keys(&ns).await.map_err(store_status)?;
-        Ok(proto::ListStrictKeysResponse {
-            namespace: ns.to_string(),
-            keys: keys
-                .into_iter()
+        let tombstones = strict
+            .store()
+            .list_tombstones(&ns)
+            .await
+            .map_err(store_status)?;
+        let message = |list: Vec<(crate::id::strict::StrictKey, u64)>| {
+            list.into_iter()
                 .map(|(key, value)| proto::StrictKeyValue {
                     key: key.to_string(),
                     value,
                 })
-                .collect(),
+                .collect()
+        };
+        Ok(proto::ListStrictKeysResponse {
+            namespace: ns.to_string(),
+            keys: message(keys),
             max_keys: strict.limits().max_keys_per_namespace,
+            tombstones: message(tombstones),
         })
     }
 

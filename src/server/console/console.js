@@ -92,6 +92,9 @@ function showLogin(message) {
   $("login").classList.remove("hidden");
   $("logout").classList.add("hidden");
   $("refresh").classList.add("hidden");
+  $("auto").classList.add("hidden");
+  $("auto-refresh").checked = false;
+  setAuto();
   $("who").textContent = "";
   $("login-error").textContent = message || "";
 }
@@ -101,6 +104,7 @@ function showConsole() {
   $("console").classList.remove("hidden");
   $("logout").classList.remove("hidden");
   $("refresh").classList.remove("hidden");
+  $("auto").classList.remove("hidden");
   $("login-error").textContent = "";
   $("who").textContent = token() ? "logged in with a token" : "logged in by client certificate";
 }
@@ -111,7 +115,13 @@ function setStatus(text) {
 
 function setActionError(text) {
   $("action-error").textContent = text || "";
+  readError = false;
 }
+
+// What /admin/api/node said last, and the reading before it (the rate).
+let thisNode = null;
+let lastReading = null;
+let rateText = "";
 
 function nodeRows(holders) {
   const nodes = new Map();
@@ -134,7 +144,8 @@ function nodeRows(holders) {
       b.addEventListener("click", () => renew(s));
       actions.appendChild(b);
     }
-    const tr = row([n.instance, n.address, n.workers.join(", "), n.tokens.join(", "), [...n.sessions].join(", "), stateCell([...n.states].join(", ")), seconds(n.ttl), actions]);
+    const here = thisNode && thisNode.instance === n.instance ? nodeSummary(thisNode) : "";
+    const tr = row([n.instance, n.address, n.workers.join(", "), n.tokens.join(", "), [...n.sessions].join(", "), stateCell([...n.states].join(", ")), seconds(n.ttl), here, actions]);
     tr.dataset.instance = n.instance;
     tr.classList.add("node");
     rows.push(tr);
@@ -164,13 +175,85 @@ function holderRows(holders, backend) {
   });
 }
 
+// Shows or hides holder rows by the filter (all, held, released).
+function applyHolderFilter() {
+  const want = $("holder-filter").value;
+  let shown = 0;
+  let total = 0;
+  for (const tr of $("holders").querySelectorAll("tr.holder")) {
+    total += 1;
+    const released = tr.dataset.state !== "alive";
+    const show = want === "all" || (want === "held" ? !released : released);
+    tr.classList.toggle("hidden", !show);
+    if (show) shown += 1;
+  }
+  $("holder-count").textContent = shown + " of " + total + " rows shown";
+}
+
 async function loadHolders() {
   const r = await api("holders");
   if (!r.ok) return r;
   $("backend").textContent = r.data.backend;
   fill("nodes", nodeRows(r.data.holders));
   fill("holders", holderRows(r.data.holders, r.data.backend));
+  applyHolderFilter();
   return r;
+}
+
+function sumIssued(issued) {
+  return Object.values(issued || {}).reduce((a, b) => a + b, 0);
+}
+
+// The rate between this reading of the node's counters and the last one.
+function updateRate(node) {
+  const now = performance.now();
+  const total = sumIssued(node.issued);
+  if (lastReading && lastReading.instance === node.instance && now > lastReading.at && total >= lastReading.total) {
+    const secs = (now - lastReading.at) / 1000;
+    rateText = ((total - lastReading.total) / secs).toFixed(1) + " IDs/s over the last " + secs.toFixed(1) + " s";
+  } else {
+    rateText = "(rate at the next refresh)";
+  }
+  lastReading = { instance: node.instance, at: now, total };
+}
+
+function nodeSummary(n) {
+  const state = n.fenced ? "fenced" : n.ready ? "ready" : "not ready";
+  return state + ", v" + n.version + ", " + rateText;
+}
+
+async function loadNode() {
+  const r = await api("node");
+  if (!r.ok) {
+    thisNode = null;
+    fill("node", [row(["error", r.error.code + ": " + r.error.message])]);
+    return;
+  }
+  const n = r.data;
+  thisNode = n;
+  updateRate(n);
+  const l = n.layout;
+  const issued = Object.entries(n.issued).map(([m, c]) => m + " " + c).join(", ") || "none yet";
+  const ready = el("span", n.ready ? "yes" : "no", n.ready ? "state-alive" : "state-released");
+  const fenced = el("span", n.fenced ? "yes" : "no", n.fenced ? "state-released" : "state-alive");
+  const rows = [
+    row(["instance", n.instance]),
+    row(["address", n.address]),
+    row(["version", n.version]),
+    row(["ready", ready]),
+    row(["fenced", fenced]),
+    row(["why not issuing", n.reason || "(it issues)"]),
+    row(["node number (datacenter and worker id)", n.node_number]),
+    row(["layout bits (time/datacenter/worker/sequence)", l.time_bits + "/" + l.datacenter_bits + "/" + l.worker_bits + "/" + l.sequence_bits + ", unit " + l.time_unit_ms + " ms"]),
+    row(["IDs issued since start", issued]),
+    row(["issue rate", rateText]),
+  ];
+  rows[0].dataset.instance = n.instance;
+  rows[3].dataset.field = "ready";
+  rows[4].dataset.field = "fenced";
+  rows[8].dataset.field = "issued";
+  rows[9].dataset.field = "rate";
+  fill("node", rows);
 }
 
 function note(id, r) {
@@ -180,29 +263,112 @@ function note(id, r) {
 async function loadTags() {
   const r = await api("tags");
   note("tags-note", r);
-  fill("tags", r.ok ? r.data.tags.map((t) => row([t.tag, t.max_id, t.step, t.description, t.updated])) : []);
+  fill("tags", r.ok ? r.data.tags.map(tagRow) : []);
   if (r.ok && r.data.unreadable.length) $("tags-note").textContent = r.data.unreadable.length + " record(s) unreadable: " + r.data.unreadable.map((u) => u.key + ": " + u.error).join("; ");
+}
+
+function button(text, className, onClick) {
+  const b = el("button", text, className);
+  b.type = "button";
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function tagRow(t) {
+  const actions = document.createElement("span");
+  actions.appendChild(button("Edit", "edit-tag", () => editTag(t)));
+  actions.appendChild(button("Delete", "delete-tag danger", () => deleteTag(t.tag)));
+  const tr = row([t.tag, t.max_id, t.next, t.step, t.description, t.updated, actions]);
+  tr.dataset.tag = t.tag;
+  tr.classList.add("tag");
+  return tr;
+}
+
+// The counter of a format now, in words.
+function counterNow(c) {
+  if (!c) return "";
+  if (c.error) return c.error;
+  if (!c.used) return "unused";
+  let text = "last " + c.last + " (period " + c.period + ")";
+  if (c.token) text += ", token " + c.token;
+  return text;
+}
+
+function formatCode(f) {
+  const d = f.definition;
+  if (d.lua) return d.lua;
+  return JSON.stringify(d, null, 2);
+}
+
+function showCode(f) {
+  $("format-code-title").textContent = "Code of " + f.name + " (" + f.kind + ", read-only)";
+  $("format-code").textContent = formatCode(f);
+  $("format-code").dataset.format = f.name;
+}
+
+function formatRow(f) {
+  const d = f.definition;
+  const text = d.template || (d.preset ? "preset " + d.preset : "Lua rule");
+  const actions = document.createElement("span");
+  actions.appendChild(button("Code", "show-code", () => showCode(f)));
+  actions.appendChild(button("Edit", "edit-format", () => editFormat(f)));
+  actions.appendChild(button("Delete", "delete-format danger", () => deleteFormat(f.name)));
+  const range = f.counter.min + ".." + f.counter.max + " step " + f.counter.step;
+  const tr = row([f.name, f.kind, el("code", text), f.scope, f.zone, f.reset, range, counterNow(f.current), actions]);
+  tr.dataset.format = f.name;
+  tr.classList.add("format");
+  return tr;
 }
 
 async function loadFormats() {
   const r = await api("formats");
   note("formats-note", r);
   if (r.ok && !r.data.enabled) $("formats-note").textContent = "formatted mode is not configured on this node ([[formats]] in its config)";
-  const rows = r.ok
-    ? r.data.formats.map((f) => {
-        const d = f.definition;
-        const text = d.template || (d.preset ? "preset " + d.preset : "Lua rule");
-        return row([f.name, f.kind, el("code", text), f.scope, f.zone, f.reset, f.counter.min + ".." + f.counter.max + " step " + f.counter.step]);
-      })
-    : [];
-  fill("formats", rows);
+  fill("formats", r.ok ? r.data.formats.map(formatRow) : []);
+  const shown = $("format-code").dataset.format;
+  const again = r.ok && r.data.formats.find((f) => f.name === shown);
+  if (again) showCode(again);
 }
 
 async function loadStrict() {
   const r = await api("strict");
   note("strict-note", r);
   if (r.ok) $("strict-note").textContent = "default step " + r.data.default_step + "; namespaces with a stored step:";
-  fill("strict", r.ok ? r.data.namespaces.map((n) => row([n.namespace, n.step])) : []);
+  fill("strict", r.ok ? r.data.namespaces.map(namespaceRow) : []);
+  if ($("keys-namespace").dataset.listed) await loadKeys($("keys-namespace").dataset.listed);
+}
+
+function namespaceRow(n) {
+  const actions = document.createElement("span");
+  actions.appendChild(button("Keys", "list-keys", () => loadKeys(n.namespace)));
+  const tr = row([n.namespace, n.step, actions]);
+  tr.dataset.namespace = n.namespace;
+  tr.classList.add("namespace");
+  return tr;
+}
+
+async function loadKeys(namespace) {
+  const r = await api("strict/keys?namespace=" + encodeURIComponent(namespace));
+  $("keys-namespace").dataset.listed = namespace;
+  if (!r.ok) {
+    $("keys-note").textContent = "Keys of " + namespace + " (" + r.error.code + "): " + r.error.message;
+    fill("strict-keys", []);
+    return;
+  }
+  $("keys-note").textContent = "Keys of " + r.data.namespace + ": " + r.data.keys.length + " live of at most " + r.data.max_keys + ", " + r.data.tombstones.length + " deleted. A deleted key's tombstone keeps the last value it handed out: used again, the key continues above it.";
+  const live = r.data.keys.map((k) => {
+    const tr = row([k.key, k.value, "live", button("Delete", "delete-key danger", () => deleteKey(k.key, namespace))]);
+    tr.dataset.key = k.key;
+    tr.classList.add("key");
+    return tr;
+  });
+  const dead = r.data.tombstones.map((k) => {
+    const tr = row([k.key, k.last_value, "deleted (tombstone)", ""]);
+    tr.dataset.key = k.key;
+    tr.classList.add("tombstone");
+    return tr;
+  });
+  fill("strict-keys", live.concat(dead));
 }
 
 async function loadLayout() {
@@ -223,8 +389,12 @@ async function loadLayout() {
   ]);
 }
 
+// Whether the error line shows a failed read (cleared by the next good
+// read) rather than a refused change (kept until the next action, so an
+// auto-refresh never hides it).
+let readError = false;
+
 async function load() {
-  setActionError("");
   const r = await loadHolders();
   if (!r.ok) {
     if (r.status === 401 || r.status === 403) {
@@ -232,13 +402,231 @@ async function load() {
       showLogin(r.error.message);
     } else {
       showConsole();
-      setActionError(r.error.message);
+      setActionError("Reading the holders failed (" + r.error.code + "): " + r.error.message);
+      readError = true;
     }
     return false;
   }
+  if (readError) setActionError("");
+  readError = false;
   showConsole();
+  await loadNode();
+  fill("nodes", nodeRows(r.data.holders)); // again, marking this node
   await Promise.all([loadTags(), loadFormats(), loadStrict(), loadLayout()]);
   return true;
+}
+
+// A change through the console: its answer's message in the status line,
+// or the admin API's error verbatim; then everything is read again.
+async function submit(what, path, body) {
+  setActionError("");
+  setStatus(what + "...");
+  const r = await api(path, body);
+  await load();
+  if (r.ok) {
+    setStatus(r.data.message || what + ": done");
+  } else {
+    setStatus("");
+    setActionError(what + " failed (" + r.error.code + "): " + r.error.message);
+  }
+  return r.ok;
+}
+
+// Asks before a deletion; resolves to whether the operator confirmed.
+function ask(title, text) {
+  return new Promise((resolve) => {
+    const d = $("ask");
+    $("ask-title").textContent = title;
+    $("ask-text").textContent = text;
+    d.addEventListener("close", () => resolve(d.returnValue === "ok"), { once: true });
+    d.returnValue = "";
+    d.showModal();
+  });
+}
+
+function formDone(form) {
+  delete form.dataset.dirty;
+}
+
+function resetTagForm() {
+  const f = $("tag-form");
+  f.reset();
+  $("tag-mode").value = "create";
+  $("tag-name").readOnly = false;
+  $("tag-form-title").textContent = "Create a tag";
+  $("tag-value-label").textContent = "Initial (first ID is one above)";
+  $("tag-value").placeholder = "0";
+  $("tag-submit").textContent = "Create";
+  formDone(f);
+}
+
+function editTag(t) {
+  resetTagForm();
+  $("tag-mode").value = "update";
+  $("tag-name").value = t.tag;
+  $("tag-name").readOnly = true;
+  $("tag-step").value = String(t.step);
+  $("tag-description").value = t.description;
+  $("tag-form-title").textContent = "Edit tag " + t.tag;
+  $("tag-value-label").textContent = "Raise max_id to (leave empty to keep " + t.max_id + ")";
+  $("tag-value").placeholder = t.max_id;
+  $("tag-submit").textContent = "Save";
+  $("tag-form").dataset.dirty = "1";
+  $("tag-step").focus();
+}
+
+// The step as a number, or undefined when empty (big values stay strings
+// on the wire; a step is small).
+function stepValue(id) {
+  const v = $(id).value.trim();
+  return v === "" ? undefined : Number(v);
+}
+
+async function submitTag() {
+  const update = $("tag-mode").value === "update";
+  const body = { tag: $("tag-name").value.trim() };
+  const step = stepValue("tag-step");
+  if (step !== undefined) body.step = step;
+  body.description = $("tag-description").value;
+  const value = $("tag-value").value.trim();
+  // 64-bit values go as decimal strings: a Number rounds above 2^53.
+  if (value !== "") body[update ? "max_id" : "initial"] = value;
+  const ok = await submit((update ? "Saving" : "Creating") + " tag " + body.tag, update ? "tags/update" : "tags/create", body);
+  if (ok) resetTagForm();
+}
+
+async function deleteTag(tag) {
+  const yes = await ask("Delete tag " + tag + "?", "New ranges of " + tag + " are refused from now on. Its record stays as a tombstone, so creating " + tag + " again continues above every ID it handed out.");
+  if (yes) await submit("Deleting tag " + tag, "tags/delete", { name: tag });
+}
+
+function resetFormatForm() {
+  const f = $("format-form");
+  f.reset();
+  $("format-mode").value = "create";
+  $("format-name").readOnly = false;
+  $("format-form-title").textContent = "Create a format";
+  $("format-submit").textContent = "Create";
+  formDone(f);
+}
+
+function editFormat(f) {
+  resetFormatForm();
+  const d = Object.assign({}, f.definition);
+  const lua = d.lua || "";
+  delete d.lua;
+  delete d.name;
+  $("format-mode").value = "update";
+  $("format-name").value = f.name;
+  $("format-name").readOnly = true;
+  $("format-definition").value = JSON.stringify(d, null, 2);
+  $("format-lua").value = lua;
+  $("format-form-title").textContent = "Edit format " + f.name;
+  $("format-submit").textContent = "Save";
+  $("format-form").dataset.dirty = "1";
+  showCode(f);
+}
+
+async function submitFormat() {
+  const update = $("format-mode").value === "update";
+  let def;
+  try {
+    const text = $("format-definition").value.trim();
+    def = text === "" ? {} : JSON.parse(text);
+  } catch (e) {
+    setActionError("The definition is not JSON: " + e.message);
+    return;
+  }
+  if (def === null || typeof def !== "object" || Array.isArray(def)) {
+    setActionError("The definition must be a JSON object, such as {\"template\": \"{seq:6}\"}");
+    return;
+  }
+  def.name = $("format-name").value.trim();
+  const lua = $("format-lua").value;
+  if (lua.trim() !== "") def.lua = lua;
+  else delete def.lua;
+  const what = (update ? "Saving" : "Creating") + " format " + def.name;
+  if (update) $("format-submit").disabled = true;
+  const ok = await submit(what, update ? "formats/update" : "formats/create", { definition: def });
+  $("format-submit").disabled = false;
+  if (ok) resetFormatForm();
+}
+
+async function deleteFormat(name) {
+  const yes = await ask("Delete format " + name + "?", "Calls for " + name + " are refused from now on. Its definition and counters stay as a tombstone and the name can never be created again (a new definition could repeat its IDs); remove it from every config file's [[formats]] too.");
+  if (yes) await submit("Deleting format " + name, "formats/delete", { name });
+}
+
+async function submitStrict() {
+  const namespace = $("strict-namespace").value.trim();
+  const step = stepValue("strict-step");
+  const ok = await submit("Setting the step of " + namespace, "strict/step", { namespace, step: step === undefined ? 0 : step });
+  if (ok) {
+    $("strict-form").reset();
+    formDone($("strict-form"));
+  }
+}
+
+async function deleteKey(key, namespace) {
+  const yes = await ask("Delete strict key " + key + "?", "It stops counting against the namespace's key limit. A tombstone keeps its last value, so the key used again continues above it.");
+  if (yes) {
+    await submit("Deleting key " + key, "strict/keys/delete", { key });
+    await loadKeys(namespace);
+  }
+}
+
+// Auto-refresh: reads everything again every few seconds, in place (no
+// page reload), and waits while the operator edits a form or a dialog is
+// open, so nothing typed is lost or changed under the cursor.
+let autoTimer = null;
+
+function editing() {
+  if (document.querySelector("dialog[open]")) return true;
+  const a = document.activeElement;
+  if (a && a.closest && a.closest("form.edit") && a.matches("input, textarea, select")) return true;
+  return document.querySelector("form.edit[data-dirty]") !== null;
+}
+
+async function autoTick() {
+  if ($("console").classList.contains("hidden")) return;
+  if (editing()) {
+    $("refresh-state").textContent = "paused while you edit";
+    return;
+  }
+  $("refresh-state").textContent = "last " + new Date().toLocaleTimeString();
+  await load();
+}
+
+function setAuto() {
+  if (autoTimer !== null) clearInterval(autoTimer);
+  autoTimer = null;
+  $("refresh-state").textContent = "";
+  if ($("auto-refresh").checked) autoTimer = setInterval(autoTick, Number($("refresh-interval").value) * 1000);
+}
+
+function wireForms() {
+  const forms = [
+    ["tag-form", submitTag],
+    ["format-form", submitFormat],
+    ["strict-form", submitStrict],
+  ];
+  for (const [id, run] of forms) {
+    $(id).addEventListener("input", () => { $(id).dataset.dirty = "1"; });
+    $(id).addEventListener("submit", (e) => {
+      e.preventDefault();
+      run();
+    });
+  }
+  $("keys-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    loadKeys($("keys-namespace").value.trim());
+    $("keys-namespace").blur();
+  });
+  $("tag-cancel").addEventListener("click", resetTagForm);
+  $("format-cancel").addEventListener("click", resetFormatForm);
+  $("holder-filter").addEventListener("change", applyHolderFilter);
+  $("auto-refresh").addEventListener("change", setAuto);
+  $("refresh-interval").addEventListener("change", setAuto);
 }
 
 let pending = null;
@@ -262,13 +650,13 @@ async function release(h) {
   else if (h.kind === "format_token") body.space = h.space;
   else body.zone = h.zone;
   const r = await api("release", body);
+  await load();
   if (r.ok) {
     setStatus(r.data.message);
   } else {
     setStatus("");
     setActionError("Release failed (" + r.error.code + "): " + r.error.message);
   }
-  await load();
 }
 
 async function renew(session) {
@@ -290,7 +678,11 @@ document.addEventListener("DOMContentLoaded", () => {
     sessionStorage.removeItem(TOKEN_KEY);
     showLogin("");
   });
-  $("refresh").addEventListener("click", () => load());
+  $("refresh").addEventListener("click", () => {
+    setActionError("");
+    load();
+  });
+  wireForms();
   $("confirm").addEventListener("close", () => {
     const h = pending;
     pending = null;

@@ -221,6 +221,43 @@ impl ConsulStrictStore {
     }
 }
 
+impl ConsulStrictStore {
+    /// The strict keys of `ns` stored under `dir` (`root` is the prefix a
+    /// key's name follows), with their values, sorted by key.
+    async fn list_under(
+        &self,
+        ns: &Namespace,
+        root: &str,
+        dir: &str,
+    ) -> Result<Vec<(StrictKey, u64)>, StoreError> {
+        let entries = self
+            .client
+            .kv_list(dir, Consistency::Consistent)
+            .await
+            .map_err(|e| StoreError::Backend(format!("cannot list strict namespace {ns}: {e}")))?;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let name = entry.key.strip_prefix(root).unwrap_or(&entry.key);
+            let key = StrictKey::parse(name).map_err(|e| {
+                StoreError::Backend(format!(
+                    "Consul key {} is not a strict key ({e}); delete it or restore the folder from a backup",
+                    entry.key
+                ))
+            })?;
+            let value = parse_decimal(&entry.value).ok_or_else(|| {
+                StoreError::Backend(format!(
+                    "strict key {key}: the counter in Consul key {} is not a decimal number ({:?}); restore it from a backup",
+                    entry.key,
+                    preview(&entry.value)
+                ))
+            })?;
+            out.push((key, value));
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
 #[async_trait]
 impl StrictStore for ConsulStrictStore {
     async fn advance(&self, key: &StrictKey, step: u64, count: u64) -> Result<Values, StoreError> {
@@ -246,31 +283,13 @@ impl StrictStore for ConsulStrictStore {
     async fn list_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError> {
         let root = self.keys.strict("");
         let dir = self.keys.strict(&format!("{ns}/"));
-        let entries = self
-            .client
-            .kv_list(&dir, Consistency::Consistent)
-            .await
-            .map_err(|e| StoreError::Backend(format!("cannot list strict namespace {ns}: {e}")))?;
-        let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let name = entry.key.strip_prefix(root.as_str()).unwrap_or(&entry.key);
-            let key = StrictKey::parse(name).map_err(|e| {
-                StoreError::Backend(format!(
-                    "Consul key {} is not a strict key ({e}); delete it or restore the folder from a backup",
-                    entry.key
-                ))
-            })?;
-            let value = parse_decimal(&entry.value).ok_or_else(|| {
-                StoreError::Backend(format!(
-                    "strict key {key}: the counter in Consul key {} is not a decimal number ({:?}); restore it from a backup",
-                    entry.key,
-                    preview(&entry.value)
-                ))
-            })?;
-            out.push((key, value));
-        }
-        out.sort();
-        Ok(out)
+        self.list_under(ns, &root, &dir).await
+    }
+
+    async fn list_tombstones(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError> {
+        let root = self.keys.strict_tombstone("");
+        let dir = self.keys.strict_tombstone(&format!("{ns}/"));
+        self.list_under(ns, &root, &dir).await
     }
 
     async fn delete_key(&self, key: &StrictKey) -> Result<u64, StoreError> {

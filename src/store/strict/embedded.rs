@@ -278,8 +278,17 @@ impl EmbeddedStore {
 
     /// The live keys of `ns` (`"<ns>/"` up to `"<ns>0"`: `'0'` follows `'/'`).
     fn list_strict_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError> {
+        self.list_strict_table(STRICT, ns)
+    }
+
+    /// The keys of `ns` in `def` (the live keys or the tombstones).
+    fn list_strict_table(
+        &self,
+        def: TableDefinition<&str, u64>,
+        ns: &Namespace,
+    ) -> Result<Vec<(StrictKey, u64)>, StoreError> {
         let txn = self.db().begin_read().map_err(backend_err)?;
-        let table = match txn.open_table(STRICT) {
+        let table = match txn.open_table(def) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
             Err(e) => return Err(backend_err(e)),
@@ -399,6 +408,11 @@ impl StrictStore for EmbeddedStrictStore {
     async fn list_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError> {
         let (this, ns) = (self.store.clone(), ns.clone());
         blocking(move || this.list_strict_keys(&ns)).await
+    }
+
+    async fn list_tombstones(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError> {
+        let (this, ns) = (self.store.clone(), ns.clone());
+        blocking(move || this.list_strict_table(STRICT_TOMBSTONES, &ns)).await
     }
 
     async fn delete_key(&self, key: &StrictKey) -> Result<u64, StoreError> {

@@ -95,6 +95,10 @@ pub trait StrictStore: Send + Sync + 'static {
     /// The live keys of `ns` and their last values, sorted by key.
     async fn list_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError>;
 
+    /// The deleted keys of `ns` (tombstones) and the last value each
+    /// handed out, which its next use continues above; sorted by key.
+    async fn list_tombstones(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError>;
+
     /// Deletes a live key, leaving a tombstone with its last value
     /// (returned), so the key used again continues above it and frees a
     /// slot of `strict.max_keys_per_namespace`.
