@@ -118,6 +118,9 @@ fn not_issuing_reason(s: &HttpState) -> Option<String> {
     if let Some(e) = s.issuer.state_file_lost() {
         return Some(format!("state file lost: {e}"));
     }
+    if let Some(reason) = s.issuer.gate().fence_reason() {
+        return Some(format!("fenced: {reason}"));
+    }
     if s.issuer.is_fenced() {
         return Some(
             "fenced: this node lost its worker id (see its log and /readyz for the cause)".into(),
