@@ -270,3 +270,83 @@ async fn the_cli_uses_consuls_variables_and_formatted_ids_work_through_discovery
     drop(nodes);
     consul.shutdown().await;
 }
+
+/// CONSUL_CACERT, CONSUL_CLIENT_CERT/_KEY, CONSUL_TLS_SERVER_NAME (its
+/// port dropped), CONSUL_HTTP_SSL and CONSUL_HTTP_SSL_VERIFY against an
+/// HTTPS test Consul with verify_incoming whose certificate names
+/// server.dc1.consul and localhost, not 127.0.0.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consuls_tls_variables_reach_an_https_agent_with_verify_incoming() {
+    use common::tls::{ca, leaf_cert};
+    let dir = tempfile::tempdir().unwrap();
+    let consul_ca = ca(dir.path(), "consul");
+    let agent = leaf_cert(
+        dir.path(),
+        &consul_ca,
+        "consul-agent",
+        &["server.dc1.consul", "localhost"],
+    );
+    let client = leaf_cert(dir.path(), &consul_ca, "app", &["app"]);
+    let pem = |p: &Path| std::fs::read(p).unwrap();
+    let consul = common::consul::start(consul_testserver::Config {
+        https: Some(consul_testserver::HttpsConfig {
+            cert_pem: pem(&agent.0),
+            key_pem: pem(&agent.1),
+            client_ca_pem: Some(pem(&consul_ca.cert)),
+        }),
+        ..common::consul::cluster_settings()
+    })
+    .await;
+    let https = format!("https://{}", consul.addr());
+    let bare = consul.addr().to_string();
+    let (ca_s, cert_s, key_s) = (
+        consul_ca.cert.to_str().unwrap(),
+        client.0.to_str().unwrap(),
+        client.1.to_str().unwrap(),
+    );
+    let full = [
+        ("CONSUL_HTTP_ADDR", https.as_str()),
+        ("CONSUL_CACERT", ca_s),
+        ("CONSUL_CLIENT_CERT", cert_s),
+        ("CONSUL_CLIENT_KEY", key_s),
+        ("CONSUL_TLS_SERVER_NAME", "server.dc1.consul:8501"),
+    ];
+    let try_env = |pairs: Vec<(&str, &str)>| {
+        let discovery = ConsulDiscovery::from_consul_env(vars(&pairs)).unwrap();
+        build(discovery)
+    };
+    try_env(full.to_vec())
+        .await
+        .expect("every TLS variable set: the agent answers");
+    // CONSUL_HTTP_SSL=true makes a bare host:port HTTPS.
+    let mut ssl = full.to_vec();
+    ssl[0] = ("CONSUL_HTTP_ADDR", bare.as_str());
+    ssl.push(("CONSUL_HTTP_SSL", "true"));
+    try_env(ssl).await.expect("CONSUL_HTTP_SSL=true");
+    // Without the server name the certificate does not fit 127.0.0.1.
+    let e = try_env(full[..4].to_vec())
+        .await
+        .expect_err("no server name");
+    assert!(e.to_string().contains("not trusted"), "{e}");
+    // Without a client certificate the agent refuses.
+    let no_cert = vec![full[0], full[1], full[4]];
+    try_env(no_cert)
+        .await
+        .expect_err("verify_incoming wants a certificate");
+    // Checks off: no CA needed (a warning is logged).
+    let unchecked = vec![
+        full[0],
+        full[2],
+        full[3],
+        ("CONSUL_HTTP_SSL_VERIFY", "false"),
+    ];
+    try_env(unchecked)
+        .await
+        .expect("CONSUL_HTTP_SSL_VERIFY=false");
+    // No CA and checks on: says what to set.
+    let e = try_env(vec![full[0], full[2], full[3]])
+        .await
+        .expect_err("no CA");
+    assert!(e.to_string().contains("CONSUL_CACERT"), "{e}");
+    consul.shutdown().await;
+}
