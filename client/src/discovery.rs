@@ -273,25 +273,7 @@ impl ConsulWatch {
             .unwrap_or(0);
         if !status.is_success() {
             let body = resp.text().await.unwrap_or_default();
-            if status.as_u16() == 400 && body.contains(PLAINTEXT_TO_HTTPS) {
-                return Err(format!(
-                    "Consul at {} serves HTTPS on this port: use an https:// address with a CA (--consul-ca or CONSUL_CACERT)",
-                    c.address
-                ));
-            }
-            if status.as_u16() == 403 {
-                let whose = if self.token.is_some() {
-                    "the token given has no service:read on it"
-                } else {
-                    "no ACL token was sent: set CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE (or ConsulDiscovery::token)"
-                };
-                return Err(format!(
-                    "Consul refused to list service {:?} (HTTP 403 {}): {whose}",
-                    c.service,
-                    body.trim()
-                ));
-            }
-            return Err(format!("HTTP {status}: {}", body.trim()));
+            return Err(self.refusal(status, body.trim()));
         }
         let entries: Vec<HealthEntry> = resp
             .json()
@@ -313,6 +295,29 @@ impl ConsulWatch {
             })
             .collect();
         Ok(Answer { addrs, index: next })
+    }
+
+    /// An answer other than 2xx in words: what to change.
+    fn refusal(&self, status: reqwest::StatusCode, body: &str) -> String {
+        let c = &self.config;
+        if status.as_u16() == 400 && body.contains(PLAINTEXT_TO_HTTPS) {
+            return format!(
+                "Consul at {} serves HTTPS on this port: use an https:// address with a CA (--consul-ca or CONSUL_CACERT)",
+                c.address
+            );
+        }
+        if status.as_u16() == 403 {
+            let whose = if self.token.is_some() {
+                "the token given has no service:read on it"
+            } else {
+                "no ACL token was sent: set CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE (or ConsulDiscovery::token)"
+            };
+            return format!(
+                "Consul refused to list service {:?} (HTTP 403 {body}): {whose}",
+                c.service
+            );
+        }
+        format!("HTTP {status}: {body}")
     }
 
     /// The first round, at start-up: the client does not start without
