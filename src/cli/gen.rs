@@ -389,7 +389,57 @@ fn server_max_batch(s: &tonic::Status) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+
+    fn args(consul: Option<&str>, ca: Option<&str>, name: Option<&str>) -> DiscoveryArgs {
+        DiscoveryArgs {
+            discover: Some("consul".into()),
+            consul: consul.map(str::to_owned),
+            service: "idgen".into(),
+            consul_ca: ca.map(Into::into),
+            consul_cert: None,
+            consul_key: None,
+            consul_tls_server_name: name.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn flags_win_over_consuls_variables_which_win_over_the_defaults() {
+        let env = idgen_client::ConsulEnv::from_vars([
+            ("CONSUL_HTTP_ADDR", "https://10.0.0.1:8501"),
+            ("CONSUL_CACERT", "/env/ca.pem"),
+            ("CONSUL_TLS_SERVER_NAME", "env.name"),
+            ("CONSUL_HTTP_TOKEN", "t"),
+        ]);
+        // No flags: the variables.
+        let d = consul_discovery(&args(None, None, None), env.clone()).unwrap();
+        assert_eq!(d.address, "https://10.0.0.1:8501");
+        assert_eq!(d.env.cacert.as_deref(), Some(Path::new("/env/ca.pem")));
+        assert_eq!(d.env.acl_token().unwrap().as_deref(), Some("t"));
+        // Flags replace their variables; a bare host:port is http://.
+        let flags = args(
+            Some("https://c:8501"),
+            Some("/flag/ca.pem"),
+            Some("flag.name"),
+        );
+        let d = consul_discovery(&flags, env.clone()).unwrap();
+        assert_eq!(d.address, "https://c:8501");
+        assert_eq!(d.env.cacert.as_deref(), Some(Path::new("/flag/ca.pem")));
+        assert_eq!(d.env.server_name().as_deref(), Some("flag.name"));
+        let d = consul_discovery(&args(Some("c:8500"), None, None), env).unwrap();
+        assert_eq!(d.address, "http://c:8500");
+        // Nothing set: Consul's default.
+        let none = idgen_client::ConsulEnv::default();
+        let d = consul_discovery(&args(None, None, None), none.clone()).unwrap();
+        assert_eq!(d.address, idgen_client::DEFAULT_CONSUL_ADDR);
+        // A CA flag with a plaintext address says so.
+        let e = consul_discovery(&args(Some("http://c:8500"), Some("/ca"), None), none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("plaintext http://"), "{e}");
+    }
 
     #[tokio::test]
     async fn a_failure_midway_keeps_the_ids_obtained_before_it() {
