@@ -268,3 +268,53 @@ async fn the_python_example_uses_consuls_token_variables_and_takes_formatted_ids
     drop(nodes);
     consul.shutdown().await;
 }
+
+/// TLS to idgen itself, as the example's README section shows it: `--ca`
+/// (grpc.ssl_channel_credentials) and `--tls-server-name` for a node whose
+/// certificate names a host while it is dialled by IP address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_dials_a_tls_node_with_its_ca_and_server_name() {
+    let Some(python) = python() else {
+        assert!(
+            std::env::var_os("REQUIRE_PYTHON_EXAMPLE").is_none(),
+            "REQUIRE_PYTHON_EXAMPLE is set but no Python with grpcio: run scripts/setup.sh"
+        );
+        eprintln!("no Python with grpcio (run scripts/setup.sh): the Python example was not run");
+        return;
+    };
+    let gen = stubs(&python);
+    let dir = tempfile::tempdir().unwrap();
+    let cert = common::tls::self_signed_cert(dir.path(), "node", &["idgen.internal"]);
+    let mut config = common::test_config(dir.path());
+    config.server.tls = Some(idgen::config::TlsSettings {
+        cert: cert.cert.clone(),
+        key: cert.key.clone(),
+        client_required: false,
+        client_ca: None,
+    });
+    let node = common::TestServer::start(config).await;
+    // A Consul that lists no node: the example dials the one given.
+    let consul = test_consul().await;
+    let args: Vec<String> = [
+        "--consul",
+        &format!("http://{}", consul.addr()),
+        "--also",
+        &node.grpc.to_string(),
+        "--count",
+        "200",
+        "--threads",
+        "2",
+        "--ca",
+        cert.cert.to_str().unwrap(),
+        "--tls-server-name",
+        "idgen.internal",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (ok, summary, text) = run_example(&python, gen.path(), args, Vec::new()).await;
+    assert!(ok, "{text}");
+    assert_eq!(summary["ids"], 250, "{summary}");
+    assert_eq!(summary["distinct"], 250, "{summary}");
+    consul.shutdown().await;
+}
