@@ -45,5 +45,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CheckConfig(a) => cli::check::run(a),
         Command::State(StateCommand::Backup(a)) => cli::state::backup(a).await,
         Command::State(StateCommand::Restore(a)) => cli::state::restore(a),
+        Command::Format(c) => cli::gen::format_command(c).await,
     }
 }

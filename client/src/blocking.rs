@@ -11,7 +11,10 @@
 //! # let _ = id; Ok(()) }
 //! ```
 
-use crate::{Client, ClientBuilder, Error, Mode, Prefetcher};
+use crate::{
+    Client, ClientBuilder, Error, GenFormattedResponse, GetFormatCounterResponse, Mode,
+    ParseFormattedResponse, Prefetcher,
+};
 
 /// A [`Client`] with blocking methods.
 #[derive(Debug)]
@@ -42,6 +45,41 @@ impl BlockingClient {
     /// See [`Client::gen_ids`].
     pub fn gen_ids(&self, mode: Mode, tag: &str, count: u32) -> Result<Vec<u64>, Error> {
         self.runtime.block_on(self.client.gen_ids(mode, tag, count))
+    }
+
+    /// See [`Client::gen_formatted`].
+    pub fn gen_formatted<K, V>(
+        &self,
+        format: &str,
+        params: impl IntoIterator<Item = (K, V)>,
+        count: u32,
+    ) -> Result<GenFormattedResponse, Error>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        self.runtime
+            .block_on(self.client.gen_formatted(format, params, count))
+    }
+
+    /// See [`Client::parse_formatted`].
+    pub fn parse_formatted(&self, format: &str, id: &str) -> Result<ParseFormattedResponse, Error> {
+        self.runtime
+            .block_on(self.client.parse_formatted(format, id))
+    }
+
+    /// See [`Client::format_counter`].
+    pub fn format_counter<K, V>(
+        &self,
+        format: &str,
+        params: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<GetFormatCounterResponse, Error>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        self.runtime
+            .block_on(self.client.format_counter(format, params))
     }
 
     /// See [`Client::next_id`].

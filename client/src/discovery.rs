@@ -13,6 +13,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use serde::Deserialize;
 
+use crate::consul_env::ConsulEnv;
 use crate::metrics as m;
 use crate::nodes::NodeSet;
 
@@ -39,15 +40,42 @@ pub struct ConsulDiscovery {
     pub min_interval: Duration,
     /// Pause after a failed query before trying again (default 1 s).
     pub retry_after: Duration,
-    /// HTTPS settings, required by an `https://` address.
+    /// HTTPS settings for an `https://` address; when not set, they come
+    /// from [`ConsulDiscovery::env`] (`CONSUL_CACERT` and the rest).
     pub tls: Option<ConsulTls>,
+    /// Consul's environment variables, read when this value was made
+    /// ([`ConsulDiscovery::new`] and [`ConsulDiscovery::from_env`] read the
+    /// process environment): they fill in the token and the HTTPS settings
+    /// not set explicitly. Replace with [`ConsulDiscovery::env`].
+    pub env: ConsulEnv,
 }
 
 impl ConsulDiscovery {
-    /// Discovery of service `idgen` through the agent at `address`.
+    /// Discovery of service `idgen` through the agent at `address`
+    /// (explicit: `CONSUL_HTTP_ADDR` is not consulted). The token and the
+    /// HTTPS settings still come from Consul's environment variables when
+    /// not set here (see [`ConsulEnv`]).
     pub fn new(address: impl Into<String>) -> Self {
+        Self::with_env(address.into(), ConsulEnv::from_env())
+    }
+
+    /// Discovery of service `idgen` configured the consul CLI's way:
+    /// the agent at `CONSUL_HTTP_ADDR` (default `http://127.0.0.1:8500`),
+    /// with `CONSUL_HTTP_TOKEN`/`_FILE`, `CONSUL_CACERT`,
+    /// `CONSUL_CLIENT_CERT`/`_KEY`, `CONSUL_TLS_SERVER_NAME` and
+    /// `CONSUL_HTTP_SSL_VERIFY`. Builder methods called afterwards win.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_consul_env(ConsulEnv::from_env())
+    }
+
+    /// As [`ConsulDiscovery::from_env`], from the variables in `env`.
+    pub fn from_consul_env(env: ConsulEnv) -> Result<Self, String> {
+        Ok(Self::with_env(env.address()?, env))
+    }
+
+    fn with_env(address: String, env: ConsulEnv) -> Self {
         Self {
-            address: address.into(),
+            address,
             service: "idgen".into(),
             token: None,
             datacenter: None,
@@ -56,7 +84,15 @@ impl ConsulDiscovery {
             min_interval: Duration::from_millis(100),
             retry_after: Duration::from_secs(1),
             tls: None,
+            env,
         }
+    }
+
+    /// Replaces the Consul environment the token and HTTPS settings fall
+    /// back to (`ConsulEnv::default()`: none).
+    pub fn env(mut self, env: ConsulEnv) -> Self {
+        self.env = env;
+        self
     }
 
     /// Reaches the agent over HTTPS with `tls` (the address must be
@@ -129,6 +165,10 @@ struct Answer {
 /// Watches Consul and keeps a [`NodeSet`] current.
 pub(crate) struct ConsulWatch {
     config: ConsulDiscovery,
+    /// The token sent: the explicit one, else the environment's.
+    token: Option<String>,
+    /// A client certificate is presented.
+    identity: bool,
     http: reqwest::Client,
 }
 
@@ -148,28 +188,41 @@ impl ConsulWatch {
         }
         let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(2));
         let https = config.address.starts_with("https://");
-        let builder = match (&config.tls, https) {
-            (Some(tls), true) => builder
-                .use_preconfigured_tls((*tls.config).clone())
-                .https_only(true),
-            (None, true) => {
-                return Err(format!(
-                    "the Consul address {:?} is https:// but no CA is given: set ConsulDiscovery::tls (the CLI: --consul-ca or CONSUL_CACERT)",
-                    config.address
-                ))
-            }
+        // Explicit settings first, then Consul's variables (which, as in
+        // Consul, an http:// address ignores).
+        let tls = match (&config.tls, https) {
+            (Some(tls), true) => Some(tls.clone()),
+            (None, true) => Some(config.env.tls().map_err(|e| {
+                format!("the Consul address {:?} is https://: {e}", config.address)
+            })?),
             (Some(_), false) => {
                 return Err(format!(
                     "TLS settings are given but the Consul address {:?} is plaintext http://: use https:// (the agent's HTTPS port, 8501 by default)",
                     config.address
                 ))
             }
-            (None, false) => builder,
+            (None, false) => None,
+        };
+        let identity = tls.as_ref().is_some_and(|t| t.identity);
+        let builder = match tls {
+            Some(tls) => builder
+                .use_preconfigured_tls((*tls.config).clone())
+                .https_only(true),
+            None => builder,
+        };
+        let token = match &config.token {
+            Some(t) => Some(t.clone()),
+            None => config.env.acl_token()?,
         };
         let http = builder
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Self { config, http })
+        Ok(Self {
+            config,
+            token,
+            identity,
+            http,
+        })
     }
 
     /// One query: `/v1/health/service/<service>?passing`, blocking on
@@ -203,13 +256,14 @@ impl ConsulWatch {
             url.push_str(&encode(v));
         }
         let mut req = self.http.get(&url).timeout(timeout);
-        if let Some(token) = &c.token {
+        if let Some(token) = &self.token {
             req = req.header("X-Consul-Token", token);
         }
-        let resp = req.send().await.map_err(|e| {
-            let no_identity = c.tls.as_ref().is_some_and(|t| !t.identity);
-            send_error(&e, no_identity)
-        })?;
+        let https = c.address.starts_with("https://");
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| send_error(&e, https && !self.identity))?;
         let status = resp.status();
         let next = resp
             .headers()
@@ -219,13 +273,7 @@ impl ConsulWatch {
             .unwrap_or(0);
         if !status.is_success() {
             let body = resp.text().await.unwrap_or_default();
-            if status.as_u16() == 400 && body.contains(PLAINTEXT_TO_HTTPS) {
-                return Err(format!(
-                    "Consul at {} serves HTTPS on this port: use an https:// address with a CA (--consul-ca or CONSUL_CACERT)",
-                    c.address
-                ));
-            }
-            return Err(format!("HTTP {status}: {}", body.trim()));
+            return Err(self.refusal(status, body.trim()));
         }
         let entries: Vec<HealthEntry> = resp
             .json()
@@ -247,6 +295,29 @@ impl ConsulWatch {
             })
             .collect();
         Ok(Answer { addrs, index: next })
+    }
+
+    /// An answer other than 2xx in words: what to change.
+    fn refusal(&self, status: reqwest::StatusCode, body: &str) -> String {
+        let c = &self.config;
+        if status.as_u16() == 400 && body.contains(PLAINTEXT_TO_HTTPS) {
+            return format!(
+                "Consul at {} serves HTTPS on this port: use an https:// address with a CA (--consul-ca or CONSUL_CACERT)",
+                c.address
+            );
+        }
+        if status.as_u16() == 403 {
+            let whose = if self.token.is_some() {
+                "the token given has no service:read on it"
+            } else {
+                "no ACL token was sent: set CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE (or ConsulDiscovery::token)"
+            };
+            return format!(
+                "Consul refused to list service {:?} (HTTP 403 {body}): {whose}",
+                c.service
+            );
+        }
+        format!("HTTP {status}: {body}")
     }
 
     /// The first round, at start-up: the client does not start without
@@ -425,6 +496,103 @@ impl ConsulTls {
             ),
             None => format!("{e} (CA {})", ca.display()),
         })
+    }
+}
+
+impl ConsulTls {
+    /// HTTPS that does NOT check the agent's certificate
+    /// (`CONSUL_HTTP_SSL_VERIFY=false`): the connection is encrypted, but
+    /// anyone on the path can answer as the agent. An optional client
+    /// certificate and key (PEM files) are still presented.
+    pub fn unverified(client: Option<(&Path, &Path)>) -> Result<Self, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier: Arc<dyn ServerCertVerifier> = Arc::new(AnyCertificate {
+            schemes: provider
+                .signature_verification_algorithms
+                .supported_schemes(),
+            provider: provider.clone(),
+        });
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let read =
+            |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+        let mut config = match client {
+            Some((cert, key)) => {
+                let chain = certs(&read(cert)?)
+                    .map_err(|e| format!("client certificate {}: {e}", cert.display()))?;
+                let key_der = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| {
+                    format!(
+                        "client key {}: no usable PEM private key ({e})",
+                        key.display()
+                    )
+                })?;
+                builder
+                    .with_client_auth_cert(chain, key_der)
+                    .map_err(|e| format!("the client key does not fit the certificate: {e}"))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            config: Arc::new(config),
+            identity: client.is_some(),
+        })
+    }
+}
+
+/// Accepts any server certificate (signatures are still checked, so the
+/// handshake is sound; who signed the certificate is not).
+#[derive(Debug)]
+struct AnyCertificate {
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    schemes: Vec<rustls::SignatureScheme>,
+}
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.schemes.clone()
     }
 }
 

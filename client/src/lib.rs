@@ -1,7 +1,8 @@
 //! A client for idgen, the distributed unique-ID service.
 //!
 //! It finds nodes (a static list, or Consul's health API watched with
-//! blocking queries), spreads calls over them (power of two choices on
+//! blocking queries, configured like the consul CLI: `CONSUL_HTTP_ADDR`,
+//! `CONSUL_HTTP_TOKEN` and the rest, see [`ConsulEnv`]), spreads calls over them (power of two choices on
 //! calls in flight), retries on another node when one is unavailable, and
 //! can prefetch IDs so that most calls are served from memory without a
 //! lock or a wait.
@@ -22,7 +23,9 @@
 //! let order_id = client.next_id(Mode::Segment, "orders").await?;
 //! // Strict values always come from a node (never prefetched):
 //! let seat = client.gen_id(Mode::Strict, "flights/lh400").await?;
-//! # let _ = (id, order_id, seat); Ok(()) }
+//! // Formatted IDs (a format defined on the nodes), with its parameters:
+//! let numbers = client.gen_formatted("invoices", [("shop", "eu")], 3).await?;
+//! # let _ = (id, order_id, seat, numbers.ids); Ok(()) }
 //! ```
 //!
 //! # Guarantees
@@ -40,7 +43,8 @@
 //! - `call`: one call with node choice, retry, backoff and deadline.
 //! - `nodes`: the node set, power of two choices, setting nodes aside and
 //!   probing their health.
-//! - `discovery`: static lists and the Consul watch.
+//! - `discovery`: static lists and the Consul watch; `consul_env`:
+//!   Consul's own environment variables ([`ConsulEnv`]).
 //! - `buffer`: the lock-free ID buffer; `prefetch`: its refills and
 //!   adaptive batch size.
 //! - `tls`: dialling nodes over TLS ([`TlsConfig`]).
@@ -52,6 +56,7 @@
 pub mod blocking;
 mod buffer;
 mod call;
+mod consul_env;
 mod discovery;
 mod error;
 pub mod metrics;
@@ -64,16 +69,22 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idgen_proto::{GenIdRequest, GenIdsRequest};
+use idgen_proto::{
+    GenFormattedRequest, GenIdRequest, GenIdsRequest, GetFormatCounterRequest,
+    ParseFormattedRequest,
+};
 
 use crate::call::{CallSettings, Caller, Retry};
+pub use crate::consul_env::{ConsulEnv, DEFAULT_CONSUL_ADDR};
 use crate::discovery::ConsulWatch;
 pub use crate::discovery::{ConsulDiscovery, ConsulTls};
 pub use crate::error::Error;
 use crate::nodes::{NodeSet, NodeSettings};
 pub use crate::prefetch::{PrefetchConfig, Prefetcher};
 pub use crate::tls::TlsConfig;
-pub use idgen_proto::Mode;
+pub use idgen_proto::{
+    GenFormattedResponse, GetFormatCounterResponse, Mode, ParseFormattedResponse,
+};
 
 /// Builds a [`Client`].
 #[derive(Debug, Clone)]
@@ -314,6 +325,87 @@ impl Client {
             return self.gen_id(mode, tag).await;
         }
         self.prefetcher(mode, tag)?.next_id().await
+    }
+
+    /// `count` formatted IDs of `format` (`GenFormatted`), e.g. order
+    /// numbers, with the format's parameters. Always a call to a node,
+    /// never prefetched (periods and rules decide each ID when it is
+    /// taken); a node that is unavailable is left for another, which gives
+    /// IDs from its own counters (an answer lost on the way is a gap, never
+    /// a repeat). `count` 0 means 1.
+    pub async fn gen_formatted<K, V>(
+        &self,
+        format: &str,
+        params: impl IntoIterator<Item = (K, V)>,
+        count: u32,
+    ) -> Result<GenFormattedResponse, Error>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let params: HashMap<String, String> = params
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        self.caller
+            .call("GenFormatted", Retry::Idempotent, |mut c, left| {
+                let mut req = tonic::Request::new(GenFormattedRequest {
+                    format: format.to_owned(),
+                    params: params.clone(),
+                    count,
+                });
+                req.set_timeout(left);
+                async move { c.gen_formatted(req).await.map(|r| r.into_inner()) }
+            })
+            .await
+    }
+
+    /// The fields of formatted ID `id` of `format` (`ParseFormatted`):
+    /// time fields, node or token, counter, parameters.
+    pub async fn parse_formatted(
+        &self,
+        format: &str,
+        id: &str,
+    ) -> Result<ParseFormattedResponse, Error> {
+        self.caller
+            .call("ParseFormatted", Retry::Idempotent, |mut c, left| {
+                let mut req = tonic::Request::new(ParseFormattedRequest {
+                    format: format.to_owned(),
+                    id: id.to_owned(),
+                });
+                req.set_timeout(left);
+                async move { c.parse_formatted(req).await.map(|r| r.into_inner()) }
+            })
+            .await
+    }
+
+    /// A counter's durable record (`GetFormatCounter`): whether it was
+    /// used, the start of the period it is in, the last value any node may
+    /// have used. `params` are the format's scope parameters. Per-node
+    /// formats show the counter of the node that answers.
+    pub async fn format_counter<K, V>(
+        &self,
+        format: &str,
+        params: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<GetFormatCounterResponse, Error>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let params: HashMap<String, String> = params
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        self.caller
+            .call("GetFormatCounter", Retry::Idempotent, |mut c, left| {
+                let mut req = tonic::Request::new(GetFormatCounterRequest {
+                    format: format.to_owned(),
+                    params: params.clone(),
+                });
+                req.set_timeout(left);
+                async move { c.get_format_counter(req).await.map(|r| r.into_inner()) }
+            })
+            .await
     }
 
     /// The gRPC addresses of the nodes currently known.

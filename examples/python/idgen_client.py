@@ -1,5 +1,13 @@
 """A small idgen client in Python (grpcio): Consul discovery, retry on
-another node, and prefetching.
+another node, prefetching, formatted IDs, TLS.
+
+Consul is reached the way the consul CLI does it, from Consul's own
+environment variables (flags win): CONSUL_HTTP_ADDR (host:port, http:// or
+https://), CONSUL_HTTP_SSL, CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE (wins
+over CONSUL_HTTP_TOKEN when it holds a token), CONSUL_CACERT,
+CONSUL_CLIENT_CERT / CONSUL_CLIENT_KEY, CONSUL_TLS_SERVER_NAME and
+CONSUL_HTTP_SSL_VERIFY=false (checks off, with a warning). The token goes
+in the X-Consul-Token header.
 
 Stubs are generated from the repository's proto, not committed:
 
@@ -14,10 +22,13 @@ Run ``python examples/python/idgen_client.py --help`` for the demo.
 import argparse
 import collections
 import json
+import os
 import random
+import ssl
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -28,9 +39,91 @@ from idgen.v1 import idgen_pb2, idgen_pb2_grpc
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 
 
-def discover(consul, service="idgen", token=None, datacenter=None, tag=None, timeout=5.0):
+def _env_bool(name, env):
+    value = env.get(name, "")
+    if value == "":
+        return None
+    if value in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if value in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise ValueError("%s=%r is not a boolean: use true or false" % (name, value))
+
+
+class _NamedContext(ssl.SSLContext):
+    """Checks the agent's certificate against `server_name` instead of the
+    URL's host (CONSUL_TLS_SERVER_NAME)."""
+
+    server_name = None
+
+    def wrap_socket(self, sock, *args, server_hostname=None, **kwargs):
+        return super().wrap_socket(
+            sock, *args, server_hostname=self.server_name or server_hostname, **kwargs)
+
+
+class ConsulSettings:
+    """Where Consul is and how to talk to it, read once from Consul's
+    variables (`env`, default os.environ); arguments given win."""
+
+    def __init__(self, address=None, token=None, env=None):
+        env = os.environ if env is None else env
+        ssl_on = _env_bool("CONSUL_HTTP_SSL", env) or False
+        raw = address or env.get("CONSUL_HTTP_ADDR") or "127.0.0.1:8500"
+        scheme, sep, rest = raw.partition("://")
+        if not sep:
+            scheme, rest = "http", raw
+        if scheme not in ("http", "https"):
+            raise ValueError("Consul address %r: use host:port, http:// or https://" % raw)
+        if ssl_on and not address:
+            scheme = "https"
+        self.address = "%s://%s" % (scheme, rest)
+        self.token = token or self._token(env)
+        self.context = None
+        if scheme == "https":
+            self.context = self._tls(env)
+
+    @staticmethod
+    def _token(env):
+        path = env.get("CONSUL_HTTP_TOKEN_FILE")
+        if path:
+            with open(path) as f:
+                token = f.read().strip()
+            if token:
+                return token
+        return env.get("CONSUL_HTTP_TOKEN") or None
+
+    @staticmethod
+    def _tls(env):
+        ctx = _NamedContext(ssl.PROTOCOL_TLS_CLIENT)
+        name = env.get("CONSUL_TLS_SERVER_NAME")
+        if name:
+            # Consul drops a :port suffix.
+            host, _, port = name.rpartition(":")
+            ctx.server_name = host if host and port.isdigit() else name
+        if _env_bool("CONSUL_HTTP_SSL_VERIFY", env) is False:
+            print("warning: CONSUL_HTTP_SSL_VERIFY=false: the Consul agent's "
+                  "certificate is NOT checked", file=sys.stderr)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        elif env.get("CONSUL_CACERT"):
+            ctx.load_verify_locations(cafile=env["CONSUL_CACERT"])
+        else:
+            ctx.load_default_certs()
+        cert, key = env.get("CONSUL_CLIENT_CERT"), env.get("CONSUL_CLIENT_KEY")
+        if bool(cert) != bool(key):
+            raise ValueError("set both CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY, or neither")
+        if cert:
+            ctx.load_cert_chain(cert, key)
+        return ctx
+
+
+def discover(consul=None, service="idgen", token=None, datacenter=None, tag=None,
+             timeout=5.0):
     """The passing instances of `service` as "host:port" strings, from
-    Consul's /v1/health/service/<service>?passing."""
+    Consul's /v1/health/service/<service>?passing. `consul` is an address
+    or a ConsulSettings (default: from Consul's variables)."""
+    settings = consul if isinstance(consul, ConsulSettings) else ConsulSettings(consul, token)
+    consul, token = settings.address, settings.token
     query = [("passing", "")]
     if datacenter:
         query.append(("dc", datacenter))
@@ -45,8 +138,16 @@ def discover(consul, service="idgen", token=None, datacenter=None, tag=None, tim
     if token:
         # The token goes in a header, never in the URL (it would be logged).
         request.add_header("X-Consul-Token", token)
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        entries = json.load(answer)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout,
+                                    context=settings.context) as answer:
+            entries = json.load(answer)
+    except urllib.error.HTTPError as e:
+        if e.code == 403:
+            hint = ("the token has no service:read" if token else
+                    "no ACL token: set CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE")
+            raise PermissionError("Consul refused to list %r (403): %s" % (service, hint))
+        raise
     nodes = []
     for e in entries:
         host = e["Service"].get("Address") or e["Node"]["Address"]
@@ -60,16 +161,25 @@ class Client:
     `deadline` seconds. Strict calls are not retried once sent: a strict
     value must be issued once per logical call."""
 
-    def __init__(self, nodes, deadline=2.0, set_aside=1.0):
+    def __init__(self, nodes, deadline=2.0, set_aside=1.0, credentials=None,
+                 server_name=None):
+        """`credentials`: grpc.ssl_channel_credentials(...) to dial the
+        nodes over TLS (see tls_credentials); `server_name`: the name
+        their certificates carry when discovery gives IP addresses."""
         if not nodes:
             raise ValueError("no idgen nodes: check the Consul service name")
         self.deadline = deadline
         self.set_aside = set_aside
         self._lock = threading.Lock()
         self._aside = {}
-        self._stubs = {
-            n: idgen_pb2_grpc.IdGenStub(grpc.insecure_channel(n)) for n in nodes
-        }
+        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+
+        def channel(n):
+            if credentials is None:
+                return grpc.insecure_channel(n)
+            return grpc.secure_channel(n, credentials, options=options)
+
+        self._stubs = {n: idgen_pb2_grpc.IdGenStub(channel(n)) for n in nodes}
 
     def _order(self):
         now = time.monotonic()
@@ -112,6 +222,45 @@ class Client:
     def gen_ids(self, count, mode=idgen_pb2.MODE_SNOWFLAKE, tag=""):
         req = idgen_pb2.GenIdsRequest(mode=mode, tag=tag, count=count)
         return list(self._call("GenIds", req, strict=mode == idgen_pb2.MODE_STRICT).ids)
+
+
+    def gen_formatted(self, format_name, params=None, count=1):
+        """`count` formatted IDs (strings) of a format defined on the nodes.
+        Never prefetched: periods and rules decide each ID when it is
+        taken. Retried on another node like gen_ids: an answer lost on
+        the way is a gap, never a repeat."""
+        req = idgen_pb2.GenFormattedRequest(format=format_name, params=params or {},
+                                            count=count)
+        return list(self._call("GenFormatted", req).ids)
+
+    def parse_formatted(self, format_name, formatted_id):
+        """The fields of a formatted ID (a ParseFormattedResponse)."""
+        req = idgen_pb2.ParseFormattedRequest(format=format_name, id=formatted_id)
+        return self._call("ParseFormatted", req)
+
+    def format_counter(self, format_name, params=None):
+        """A counter's durable record (GetFormatCounterResponse): `period`
+        is the period's START (seconds on the format zone's wall clock
+        since 1970-01-01T00:00), `last` the last value any node may have
+        used in it."""
+        req = idgen_pb2.GetFormatCounterRequest(format=format_name, params=params or {})
+        return self._call("GetFormatCounter", req)
+
+
+def tls_credentials(ca_file, cert_file=None, key_file=None):
+    """Credentials to dial idgen nodes over TLS: the CA that signed their
+    certificates, and a client certificate and key for nodes with
+    server.tls.client_required."""
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("give both the client certificate and its key, or neither")
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(ca_file),
+        private_key=read(key_file) if key_file else None,
+        certificate_chain=read(cert_file) if cert_file else None,
+    )
 
 
 class Prefetcher:
@@ -178,17 +327,29 @@ class Prefetcher:
 
 def main():
     p = argparse.ArgumentParser(description="idgen Python example client")
-    p.add_argument("--consul", required=True, help="Consul HTTP address, e.g. http://127.0.0.1:8500")
+    p.add_argument("--consul", default=None,
+                   help="Consul HTTP address [default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500]")
     p.add_argument("--service", default="idgen")
-    p.add_argument("--token", default=None)
+    p.add_argument("--token", default=None,
+                   help="Consul ACL token [default: CONSUL_HTTP_TOKEN_FILE, CONSUL_HTTP_TOKEN]")
     p.add_argument("--also", action="append", default=[],
                    help="extra node addresses tried too (e.g. one that is down)")
     p.add_argument("--count", type=int, default=5000, help="prefetched IDs to take")
     p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--format", default=None,
+                   help="also take --count formatted IDs of this format (and parse one)")
+    p.add_argument("--param", action="append", default=[],
+                   help="a parameter of --format, name=value (repeat for several)")
+    p.add_argument("--ca", default=None, help="CA (PEM) of the nodes' TLS certificates")
+    p.add_argument("--cert", default=None, help="client certificate (PEM) for the nodes")
+    p.add_argument("--key", default=None, help="private key (PEM) of --cert")
+    p.add_argument("--tls-server-name", default=None,
+                   help="name the nodes' certificates carry, when not their address")
     a = p.parse_args()
 
-    nodes = discover(a.consul, a.service, a.token)
-    client = Client(a.also + nodes)
+    nodes = discover(ConsulSettings(a.consul, a.token), a.service)
+    credentials = tls_credentials(a.ca, a.cert, a.key) if a.ca else None
+    client = Client(a.also + nodes, credentials=credentials, server_name=a.tls_server_name)
     single = [client.gen_id() for _ in range(50)]
     prefetch = Prefetcher(client, batch=500, low_water=250)
     got = []
@@ -206,13 +367,28 @@ def main():
         t.join()
     every = single + got
     workers = sorted({(i >> 12) & 0x1F for i in every})
-    print(json.dumps({
+    summary = {
         "nodes": len(nodes),
         "ids": len(every),
         "distinct": len(set(every)),
         "workers": workers,
-    }))
-    return 0 if len(set(every)) == len(every) else 1
+    }
+    ok = len(set(every)) == len(every)
+    if a.format:
+        params = dict(kv.split("=", 1) for kv in a.param)
+        formatted = []
+        while len(formatted) < a.count:
+            formatted += client.gen_formatted(a.format, params, min(100, a.count - len(formatted)))
+        parsed = client.parse_formatted(a.format, formatted[-1])
+        counter = client.format_counter(a.format, params)
+        summary["formatted"] = len(formatted)
+        summary["formatted_distinct"] = len(set(formatted))
+        summary["formatted_sample"] = formatted[:3]
+        summary["parsed_seq"] = parsed.seq
+        summary["counter_used"] = counter.used
+        ok = ok and len(set(formatted)) == len(formatted)
+    print(json.dumps(summary))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -43,6 +43,60 @@ pub enum Command {
     /// Back up and restore the embedded state file.
     #[command(subcommand)]
     State(StateCommand),
+    /// Formatted IDs on a running node: split one into its fields, or show
+    /// a counter's durable record (`idgen gen --format NAME` makes them).
+    #[command(subcommand)]
+    Format(FormatCommand),
+}
+
+/// `idgen format`: the formatted-ID calls of idgen.v1.IdGen besides
+/// GenFormatted.
+#[derive(Subcommand)]
+pub enum FormatCommand {
+    /// Split formatted ID ID of format NAME into its fields (time fields,
+    /// node or token, counter, parameters): ParseFormatted.
+    Parse {
+        /// The format's name.
+        name: String,
+        /// The ID, as `idgen gen --format NAME` printed it.
+        id: String,
+        #[command(flatten)]
+        node: FormatNodeArgs,
+    },
+    /// Show the durable record of a counter of format NAME: the period it
+    /// is in (its start, printed as a time), the last value any node may
+    /// have used in it, when the next period starts: GetFormatCounter.
+    /// Per-node formats show the counter of the node that answers.
+    Counter {
+        /// The format's name.
+        name: String,
+        /// A scope parameter of the format, `name=value` (repeat for
+        /// several): each scope value has its own counter.
+        #[arg(long, value_parser = parse_param)]
+        param: Vec<(String, String)>,
+        #[command(flatten)]
+        node: FormatNodeArgs,
+    },
+}
+
+/// Which node `idgen format` asks, and how it prints.
+#[derive(Args)]
+pub struct FormatNodeArgs {
+    /// The node's gRPC address: host:port, http://host:port or
+    /// https://host:port (with --ca).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub addr: String,
+    #[command(flatten)]
+    pub tls: super::tls::TlsArgs,
+    /// Longest wait for the connection and the call.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Finding the nodes through Consul instead of --addr.
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
 }
 
 #[derive(Subcommand)]
@@ -185,10 +239,10 @@ pub struct GenArgs {
     /// Tag (segment) or key (strict).
     #[arg(long, default_value = "")]
     pub tag: String,
-    /// Formatted IDs of this format instead of --mode: a `[[formats]]`
-    /// entry of the server's config or one created with `idgen admin
-    /// formats create` (`idgen admin formats list` shows them).
-    #[arg(long, conflicts_with_all = ["tag", "discover"])]
+    /// Formatted IDs of this format (a stored format: `idgen admin formats
+    /// list`, or the server's `[[formats]]`) instead of --mode; with
+    /// --discover, calls go to the passing nodes with failover.
+    #[arg(long, conflicts_with = "tag")]
     pub format: Option<String>,
     /// A parameter of --format, `name=value` (repeat for several): the
     /// template's `{param:..}` fields, scope parameters, a Lua `salt`.
@@ -605,40 +659,36 @@ impl ServeArgs {
 pub struct DiscoveryArgs {
     /// Find the nodes through Consul instead of --addr (`consul`): the
     /// passing instances of --service, through the agent at --consul, with
-    /// failover between them. The token, if any, is read from
-    /// CONSUL_HTTP_TOKEN; an https:// --consul address needs --consul-ca
-    /// (or CONSUL_CACERT).
+    /// failover between them. Consul's own variables apply as in the
+    /// consul CLI (flags win): CONSUL_HTTP_ADDR, CONSUL_HTTP_SSL,
+    /// CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE, CONSUL_CACERT,
+    /// CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_TLS_SERVER_NAME,
+    /// CONSUL_HTTP_SSL_VERIFY.
     #[arg(long, value_parser = ["consul"])]
     pub discover: Option<String>,
-    /// The Consul agent's HTTP address, for --discover consul.
-    #[arg(long, default_value = "http://127.0.0.1:8500")]
-    pub consul: String,
+    /// The Consul agent's HTTP address, for --discover consul: host:port,
+    /// http://host:port or https://host:port [default: CONSUL_HTTP_ADDR,
+    /// else http://127.0.0.1:8500].
+    #[arg(long)]
+    pub consul: Option<String>,
     /// The Consul service name, for --discover consul.
     #[arg(long, default_value = "idgen")]
     pub service: String,
     /// CA certificate(s), PEM, that signed the Consul agent's HTTPS
-    /// certificate; needed by an https:// --consul address.
-    #[arg(long, value_name = "FILE", env = "CONSUL_CACERT")]
+    /// certificate; needed by an https:// --consul address [default:
+    /// CONSUL_CACERT].
+    #[arg(long, value_name = "FILE")]
     pub consul_ca: Option<std::path::PathBuf>,
-    /// Client certificate, PEM, for a Consul agent with verify_incoming.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "CONSUL_CLIENT_CERT",
-        requires = "consul_key"
-    )]
+    /// Client certificate, PEM, for a Consul agent with verify_incoming
+    /// [default: CONSUL_CLIENT_CERT].
+    #[arg(long, value_name = "FILE", requires = "consul_key")]
     pub consul_cert: Option<std::path::PathBuf>,
-    /// Private key of --consul-cert, PEM.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "CONSUL_CLIENT_KEY",
-        requires = "consul_cert"
-    )]
+    /// Private key of --consul-cert, PEM [default: CONSUL_CLIENT_KEY].
+    #[arg(long, value_name = "FILE", requires = "consul_cert")]
     pub consul_key: Option<std::path::PathBuf>,
     /// Name the Consul agent's certificate must carry when it is not the
-    /// --consul address's host.
-    #[arg(long, value_name = "NAME", env = "CONSUL_TLS_SERVER_NAME")]
+    /// --consul address's host [default: CONSUL_TLS_SERVER_NAME].
+    #[arg(long, value_name = "NAME")]
     pub consul_tls_server_name: Option<String>,
 }
 

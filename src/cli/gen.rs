@@ -2,7 +2,7 @@
 
 use idgen::proto::{self, id_gen_client::IdGenClient};
 
-use super::args::{DiscoveryArgs, GenArgs};
+use super::args::{DiscoveryArgs, FormatCommand, GenArgs};
 use super::client::{call, channel, status_error};
 use super::output::{self, outln};
 
@@ -10,31 +10,65 @@ use super::output::{self, outln};
 /// most `--batch` (or the server's own maximum, if lower).
 pub async fn run(a: GenArgs) -> anyhow::Result<()> {
     if let Some(format) = &a.format {
+        if a.discovery.discover.is_some() {
+            let (ids, failure) = formatted_from_cluster(&a, format).await;
+            return print_partial(&a, ids, failure);
+        }
         let ids = formatted(&a, format).await?;
         return print_strings(&a, ids);
     }
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
     if a.discovery.discover.is_some() {
-        // IDs obtained before a failure are printed, then the error says
-        // how many: they were issued, and dropping them would only waste
-        // them (the contract stated in `idgen gen --help`).
         let (ids, failure) = from_cluster(&a, mode).await;
-        let printed = ids.len();
-        if failure.is_none() || printed > 0 {
-            print(&a, ids)?;
-        }
-        return match failure {
-            None => Ok(()),
-            Some(e) if printed > 0 => Err(e.context(format!(
-                "printed the {printed} of {} IDs obtained before this failure",
-                a.count
-            ))),
-            Some(e) => Err(e),
-        };
+        let ids = ids.iter().map(u64::to_string).collect();
+        return print_partial(&a, ids, failure);
     }
     let ids = from_node(&a, mode).await?;
     print(&a, ids)
+}
+
+/// IDs obtained before a failure are printed, then the error says how
+/// many: they were issued, and dropping them would only waste them (the
+/// contract stated in `idgen gen --help`).
+fn print_partial(
+    a: &GenArgs,
+    ids: Vec<String>,
+    failure: Option<anyhow::Error>,
+) -> anyhow::Result<()> {
+    let printed = ids.len();
+    if failure.is_none() || printed > 0 {
+        print_strings(a, ids)?;
+    }
+    match failure {
+        None => Ok(()),
+        Some(e) if printed > 0 => Err(e.context(format!(
+            "printed the {printed} of {} IDs obtained before this failure",
+            a.count
+        ))),
+        Some(e) => Err(e),
+    }
+}
+
+/// `--format` with `--discover consul`: plain calls (no prefetch: periods
+/// and rules decide each ID when it is taken) spread over the passing
+/// nodes, each moving to another node when one is unavailable.
+async fn formatted_from_cluster(a: &GenArgs, format: &str) -> (Vec<String>, Option<anyhow::Error>) {
+    let client = match discovered_client(&a.discovery, &a.tls, a.timeout).await {
+        Ok(c) => c,
+        Err(e) => return (Vec::new(), Some(e)),
+    };
+    collect(a.count, a.batch, |count| {
+        let client = client.clone();
+        let params = a.param.clone();
+        async move {
+            client
+                .gen_formatted(format, params, count)
+                .await
+                .map(|r| r.ids)
+        }
+    })
+    .await
 }
 
 /// `--discover consul`: through the idgen-client crate, which spreads the
@@ -67,10 +101,10 @@ async fn from_cluster(a: &GenArgs, mode: i32) -> (Vec<u64>, Option<anyhow::Error
 
 /// Fetches `total` IDs in calls of at most `batch`; on a failure, keeps
 /// what the calls before it returned.
-async fn collect<F, Fut>(total: u32, batch: u32, mut fetch: F) -> (Vec<u64>, Option<anyhow::Error>)
+async fn collect<T, F, Fut>(total: u32, batch: u32, mut fetch: F) -> (Vec<T>, Option<anyhow::Error>)
 where
     F: FnMut(u32) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<u64>, idgen_client::Error>>,
+    Fut: std::future::Future<Output = Result<Vec<T>, idgen_client::Error>>,
 {
     let mut ids = Vec::with_capacity(total as usize);
     while ids.len() < total as usize {
@@ -83,42 +117,19 @@ where
     (ids, None)
 }
 
-/// A client of the nodes Consul lists as passing for `--service`; the
-/// token comes from CONSUL_HTTP_TOKEN and the HTTPS settings from
-/// `--consul-ca` and the rest, or Consul's own variables (CONSUL_CACERT,
-/// CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, CONSUL_TLS_SERVER_NAME). With
-/// `--ca` the nodes themselves are dialled over TLS.
+/// A client of the nodes Consul lists as passing for `--service`, set up
+/// as the consul CLI would be: the flags, else Consul's own variables
+/// (CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN/_FILE, CONSUL_CACERT,
+/// CONSUL_CLIENT_CERT/_KEY, CONSUL_TLS_SERVER_NAME, CONSUL_HTTP_SSL_VERIFY;
+/// one reading of them, `idgen_client::ConsulEnv`, shared with the client
+/// crate), else the defaults. With `--ca` the nodes themselves are dialled
+/// over TLS.
 pub(super) async fn discovered_client(
     d: &DiscoveryArgs,
     tls: &super::tls::TlsArgs,
     deadline: std::time::Duration,
 ) -> anyhow::Result<idgen_client::Client> {
-    let mut discovery = idgen_client::ConsulDiscovery::new(&d.consul).service(&d.service);
-    if let Ok(token) = std::env::var("CONSUL_HTTP_TOKEN") {
-        discovery = discovery.token(token);
-    }
-    let https = d.consul.starts_with("https://");
-    match (&d.consul_ca, https) {
-        (Some(ca), true) => {
-            let client = d.consul_cert.as_deref().zip(d.consul_key.as_deref());
-            let tls = idgen_client::ConsulTls::from_files(
-                ca,
-                client,
-                d.consul_tls_server_name.as_deref(),
-            )
-            .map_err(|e| anyhow::anyhow!("--consul-ca/--consul-cert/--consul-key: {e}"))?;
-            discovery = discovery.tls(tls);
-        }
-        (None, true) => anyhow::bail!(
-            "--consul {} is https:// and needs --consul-ca <file> (or CONSUL_CACERT): the CA (PEM) that signed the agent's certificate",
-            d.consul
-        ),
-        (Some(_), false) => anyhow::bail!(
-            "--consul-ca (or CONSUL_CACERT) is set but --consul {} is plaintext http://: use the agent's https:// address (port 8501 by default)",
-            d.consul
-        ),
-        (None, false) => {}
-    }
+    let discovery = consul_discovery(d, idgen_client::ConsulEnv::from_env())?;
     // Each node gets a third of --timeout: one that stalls (stopped,
     // overloaded) leaves time to ask two others.
     let mut builder = idgen_client::Client::builder()
@@ -129,6 +140,45 @@ pub(super) async fn discovered_client(
         builder = builder.tls(tls);
     }
     Ok(builder.build().await?)
+}
+
+/// The discovery settings of `d` over Consul's variables in `env`: each
+/// flag given replaces its variable.
+fn consul_discovery(
+    d: &DiscoveryArgs,
+    mut env: idgen_client::ConsulEnv,
+) -> anyhow::Result<idgen_client::ConsulDiscovery> {
+    if let Some(ca) = &d.consul_ca {
+        env.cacert = Some(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&d.consul_cert, &d.consul_key) {
+        env.client_cert = Some(cert.clone());
+        env.client_key = Some(key.clone());
+    }
+    if let Some(name) = &d.consul_tls_server_name {
+        env.tls_server_name = Some(name.clone());
+    }
+    let tls_flags = d.consul_ca.is_some() || d.consul_cert.is_some();
+    let discovery = match &d.consul {
+        Some(address) => {
+            // A bare host:port is http://, as in Consul.
+            let address = if address.contains("://") {
+                address.clone()
+            } else {
+                format!("http://{address}")
+            };
+            idgen_client::ConsulDiscovery::new(address).env(env)
+        }
+        None => idgen_client::ConsulDiscovery::from_consul_env(env)
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+    };
+    if tls_flags && !discovery.address.starts_with("https://") {
+        anyhow::bail!(
+            "--consul-ca/--consul-cert are set but the Consul address {} is plaintext http://: use the agent's https:// address (port 8501 by default)",
+            discovery.address
+        );
+    }
+    Ok(discovery.service(&d.service))
 }
 
 /// One node at `--addr`.
@@ -202,6 +252,130 @@ async fn formatted(a: &GenArgs, format: &str) -> anyhow::Result<Vec<String>> {
     Ok(ids)
 }
 
+/// `idgen format parse|counter`: one call to the node at `--addr`, or to
+/// the passing nodes with `--discover consul`.
+pub async fn format_command(c: FormatCommand) -> anyhow::Result<()> {
+    match c {
+        FormatCommand::Parse { name, id, node } => {
+            let parsed = if node.discovery.discover.is_some() {
+                let client = discovered_client(&node.discovery, &node.tls, node.timeout).await?;
+                client.parse_formatted(&name, &id).await?
+            } else {
+                let mut client =
+                    IdGenClient::new(channel(&node.addr, node.timeout, &node.tls).await?);
+                let request = proto::ParseFormattedRequest { format: name, id };
+                call(node.timeout, client.parse_formatted(request)).await?
+            };
+            print_parsed(&parsed, node.json)
+        }
+        FormatCommand::Counter { name, param, node } => {
+            let counter = if node.discovery.discover.is_some() {
+                let client = discovered_client(&node.discovery, &node.tls, node.timeout).await?;
+                client.format_counter(&name, param).await?
+            } else {
+                let mut client =
+                    IdGenClient::new(channel(&node.addr, node.timeout, &node.tls).await?);
+                let request = proto::GetFormatCounterRequest {
+                    format: name,
+                    params: param.into_iter().collect(),
+                };
+                call(node.timeout, client.get_format_counter(request)).await?
+            };
+            print_counter(&counter, node.json)
+        }
+    }
+}
+
+/// The fields a formatted ID carries, one `name value` per line.
+fn print_parsed(p: &proto::ParseFormattedResponse, json: bool) -> anyhow::Result<()> {
+    let mut fields = serde_json::Map::new();
+    let mut put = |k: &str, v: Option<serde_json::Value>| {
+        if let Some(v) = v {
+            fields.insert(k.to_owned(), v);
+        }
+    };
+    put("year", p.year.map(Into::into));
+    put("month", p.month.map(Into::into));
+    put("day", p.day.map(Into::into));
+    put("hour", p.hour.map(Into::into));
+    put("minute", p.minute.map(Into::into));
+    put("second", p.second.map(Into::into));
+    put("unix_seconds", p.unix_seconds.map(Into::into));
+    put("node", p.node.map(Into::into));
+    put("token", p.token.map(Into::into));
+    put("seq", Some(p.seq.into()));
+    put("check", p.check.clone().map(Into::into));
+    let mut params: Vec<(&String, &String)> = p.params.iter().collect();
+    params.sort();
+    if json {
+        let params: serde_json::Map<String, serde_json::Value> = params
+            .into_iter()
+            .map(|(k, v)| (k.clone(), v.clone().into()))
+            .collect();
+        fields.insert("params".into(), params.into());
+        return Ok(outln!("{}", serde_json::Value::Object(fields))?);
+    }
+    let mut out = String::new();
+    for (k, v) in &fields {
+        let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+        out.push_str(&format!("{k} {v}\n"));
+    }
+    for (k, v) in params {
+        out.push_str(&format!("param {k}={v}\n"));
+    }
+    Ok(output::write(&out)?)
+}
+
+/// A counter's record; the period's start and the next one's as times.
+fn print_counter(c: &proto::GetFormatCounterResponse, json: bool) -> anyhow::Result<()> {
+    let period = period_start(c);
+    let next = (c.next_period_start_ms != 0)
+        .then(|| jiff::Timestamp::from_millisecond(c.next_period_start_ms).ok())
+        .flatten()
+        .map(|t| t.to_string());
+    if json {
+        let v = serde_json::json!({
+            "used": c.used, "period": c.period, "period_start": period,
+            "last": c.last, "next_period_start_ms": c.next_period_start_ms,
+            "next_period_start": next, "token": c.token,
+        });
+        return Ok(outln!("{v}")?);
+    }
+    if !c.used {
+        return Ok(outln!(
+            "used false (the counter never issued an ID: it starts at the format's min)"
+        )?);
+    }
+    let mut out = format!(
+        "used true\nperiod {}\nlast {}\n",
+        period
+            .as_deref()
+            .unwrap_or("the only one (the format never resets)"),
+        c.last
+    );
+    if let Some(next) = next {
+        out.push_str(&format!("next period {next}\n"));
+    }
+    if !c.token.is_empty() {
+        out.push_str(&format!("token {}\n", c.token));
+    }
+    Ok(output::write(&out)?)
+}
+
+/// The start of the counter's period: `period` is seconds of the format
+/// zone's wall clock since 1970-01-01T00:00 (Unix seconds for zone UTC),
+/// printed as that wall time; none for a format that never resets.
+fn period_start(c: &proto::GetFormatCounterResponse) -> Option<String> {
+    if !c.used || c.period == i64::MIN {
+        return None;
+    }
+    let ts = jiff::Timestamp::from_second(c.period).ok()?;
+    Some(format!(
+        "starting {} (the format zone's wall time)",
+        jiff::tz::Offset::UTC.to_datetime(ts)
+    ))
+}
+
 /// The largest batch a server accepts, from its INVALID_ARGUMENT answer
 /// "count must be between 1 and N, ...".
 fn server_max_batch(s: &tonic::Status) -> Option<u32> {
@@ -215,7 +389,57 @@ fn server_max_batch(s: &tonic::Status) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+
+    fn args(consul: Option<&str>, ca: Option<&str>, name: Option<&str>) -> DiscoveryArgs {
+        DiscoveryArgs {
+            discover: Some("consul".into()),
+            consul: consul.map(str::to_owned),
+            service: "idgen".into(),
+            consul_ca: ca.map(Into::into),
+            consul_cert: None,
+            consul_key: None,
+            consul_tls_server_name: name.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn flags_win_over_consuls_variables_which_win_over_the_defaults() {
+        let env = idgen_client::ConsulEnv::from_vars([
+            ("CONSUL_HTTP_ADDR", "https://10.0.0.1:8501"),
+            ("CONSUL_CACERT", "/env/ca.pem"),
+            ("CONSUL_TLS_SERVER_NAME", "env.name"),
+            ("CONSUL_HTTP_TOKEN", "t"),
+        ]);
+        // No flags: the variables.
+        let d = consul_discovery(&args(None, None, None), env.clone()).unwrap();
+        assert_eq!(d.address, "https://10.0.0.1:8501");
+        assert_eq!(d.env.cacert.as_deref(), Some(Path::new("/env/ca.pem")));
+        assert_eq!(d.env.acl_token().unwrap().as_deref(), Some("t"));
+        // Flags replace their variables; a bare host:port is http://.
+        let flags = args(
+            Some("https://c:8501"),
+            Some("/flag/ca.pem"),
+            Some("flag.name"),
+        );
+        let d = consul_discovery(&flags, env.clone()).unwrap();
+        assert_eq!(d.address, "https://c:8501");
+        assert_eq!(d.env.cacert.as_deref(), Some(Path::new("/flag/ca.pem")));
+        assert_eq!(d.env.server_name().as_deref(), Some("flag.name"));
+        let d = consul_discovery(&args(Some("c:8500"), None, None), env).unwrap();
+        assert_eq!(d.address, "http://c:8500");
+        // Nothing set: Consul's default.
+        let none = idgen_client::ConsulEnv::default();
+        let d = consul_discovery(&args(None, None, None), none.clone()).unwrap();
+        assert_eq!(d.address, idgen_client::DEFAULT_CONSUL_ADDR);
+        // A CA flag with a plaintext address says so.
+        let e = consul_discovery(&args(Some("http://c:8500"), Some("/ca"), None), none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("plaintext http://"), "{e}");
+    }
 
     #[tokio::test]
     async fn a_failure_midway_keeps_the_ids_obtained_before_it() {

@@ -574,3 +574,16 @@ impl Running {
         let _ = tokio::time::timeout(limit, self.task).await;
     }
 }
+
+/// [`write_cluster_config`] for node `name` with the Consul token `master`
+/// and a per-node daily format `orders-py` (`{yyyy}{MM}{dd}-{node:4}-{seq:6}`,
+/// safe on several nodes): the clients' ACL and formatted-ID tests.
+pub fn write_format_cluster_config(dir: &Path, name: &str, consul: SocketAddr) -> PathBuf {
+    let path = write_cluster_config(dir, name, consul, &[("consul", "token", "\"master\"")]);
+    let mut text = std::fs::read_to_string(&path).expect("the config just written");
+    text.push_str(
+        "\n[[formats]]\nname = \"orders-py\"\ntemplate = \"{yyyy}{MM}{dd}-{node:4}-{seq:6}\"\nreset = \"day\"\n",
+    );
+    std::fs::write(&path, text).expect("write the config");
+    path
+}
