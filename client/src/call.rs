@@ -171,11 +171,12 @@ impl Caller {
         retry: Retry,
     ) -> Result<String, Error> {
         let transport = is_transport(&status);
-        if status.code() == Code::Unavailable || transport {
+        let elsewhere = status.code() == Code::Unavailable || transport || retry_elsewhere(&status);
+        if elsewhere {
             Arc::clone(&self.nodes).set_aside(node);
         }
         let retryable = match retry {
-            Retry::Idempotent => status.code() == Code::Unavailable || transport,
+            Retry::Idempotent => elsewhere,
             Retry::OnlyIfNotSent => never_sent(&status),
         };
         if !retryable {
@@ -250,6 +251,13 @@ fn is_transport(status: &tonic::Status) -> bool {
 /// The request provably never left this process: the connection to the
 /// node could not be made (refused, or no answer to the handshake), so
 /// nothing was sent.
+/// Whether the node said another node may serve what it refused (a node
+/// fenced by a cluster layout change while others run the new layout):
+/// the [`idgen_proto::RETRY_ELSEWHERE`] metadata.
+fn retry_elsewhere(status: &tonic::Status) -> bool {
+    status.metadata().get(idgen_proto::RETRY_ELSEWHERE).is_some()
+}
+
 pub(crate) fn never_sent(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {
@@ -269,6 +277,17 @@ pub(crate) fn never_sent(status: &tonic::Status) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refusal_marked_retry_elsewhere_moves_on_and_a_plain_one_does_not() {
+        let mut fenced = tonic::Status::failed_precondition("the cluster layout changed");
+        assert!(!super::retry_elsewhere(&fenced));
+        fenced.metadata_mut().insert(
+            idgen_proto::RETRY_ELSEWHERE,
+            tonic::metadata::MetadataValue::from_static("layout-changed"),
+        );
+        assert!(super::retry_elsewhere(&fenced));
+    }
+
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;

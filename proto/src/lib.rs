@@ -19,5 +19,11 @@ mod generated {
 
 pub use generated::*;
 
+/// gRPC metadata key a node sets on a refusal that another node may not
+/// give (value: the reason, e.g. `layout-changed` from a node fenced by a
+/// cluster layout change while others already run the new layout).
+/// Clients treat such a refusal like UNAVAILABLE: try another node.
+pub const RETRY_ELSEWHERE: &str = "idgen-retry-elsewhere";
+
 /// The encoded descriptor set of `idgen.v1`, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("idgen_descriptor");

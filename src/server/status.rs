@@ -36,7 +36,16 @@ pub fn refusal(kind: ErrorKind, message: impl Into<String>) -> Status {
 /// The gRPC status for an error; the message is the error's text, which
 /// says what was wrong and what to do.
 pub fn to_status(e: &Error) -> Status {
-    Status::new(code(e), e.to_string())
+    let mut status = Status::new(code(e), e.to_string());
+    if matches!(e, Error::LayoutChanged(_)) {
+        // Nodes already restarted on the new layout serve: clients may
+        // try them (the code stays FAILED_PRECONDITION for everyone else).
+        status.metadata_mut().insert(
+            idgen_proto::RETRY_ELSEWHERE,
+            tonic::metadata::MetadataValue::from_static("layout-changed"),
+        );
+    }
+    status
 }
 
 /// The HTTP status used by the JSON API for a gRPC code.
@@ -84,6 +93,24 @@ pub fn code_name(code: Code) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layout_change_refusal_tells_clients_to_try_another_node() {
+        let changed = to_status(&Error::LayoutChanged("from A to B".into()));
+        assert_eq!(changed.code(), Code::FailedPrecondition);
+        assert_eq!(
+            changed
+                .metadata()
+                .get(idgen_proto::RETRY_ELSEWHERE)
+                .and_then(|v| v.to_str().ok()),
+            Some("layout-changed")
+        );
+        assert!(to_status(&Error::Fenced)
+            .metadata()
+            .get(idgen_proto::RETRY_ELSEWHERE)
+            .is_none());
+    }
+
     use crate::id::segment::SegmentError;
     use crate::id::{GenError, Mode, RequestError};
     use crate::store::StoreError;
