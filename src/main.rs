@@ -8,7 +8,7 @@ use clap::Parser;
 
 mod cli;
 
-use cli::args::{Cli, Command, StateCommand};
+use cli::args::{Cli, Command, StateCommand, TlsCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -45,5 +45,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CheckConfig(a) => cli::check::run(a),
         Command::State(StateCommand::Backup(a)) => cli::state::backup(a).await,
         Command::State(StateCommand::Restore(a)) => cli::state::restore(a),
+        Command::Tls(TlsCommand::DevCerts(a)) => cli::tls::dev_certs(&a),
     }
 }

@@ -131,6 +131,9 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
         tonic::Code::Cancelled => !s.message().contains("Timeout expired"),
         _ => false,
     };
+    if let Some(words) = super::tls::refused_identity(&s) {
+        return anyhow::anyhow!("UNAVAILABLE: {words}");
+    }
     if transport {
         if let Some(tls) = tls_hint() {
             return anyhow::anyhow!("UNAVAILABLE: {tls}");
