@@ -285,8 +285,10 @@ async fn dev_certs_output_serves_mtls_end_to_end() {
         .await
         .expect_err("no client certificate, no ID");
     let text = err.to_string();
+    // The alert itself, or (when the call raced it) the connection closing
+    // right after the handshake: either way the missing certificate is named.
     assert!(
-        text.contains("requires a client certificate") && text.contains("identity"),
+        text.contains("client certificate") && text.contains("identity"),
         "the error names the missing client certificate: {text}"
     );
     assert!(!text.contains("may speak TLS"), "TLS is set: {text}");
@@ -311,7 +313,7 @@ async fn dev_certs_output_serves_mtls_end_to_end() {
     let (ok, out) = run(vec![]).await.unwrap();
     assert!(!ok, "{out}");
     assert!(
-        out.contains("requires a client certificate") && out.contains("--cert"),
+        out.contains("client certificate") && out.contains("--cert"),
         "the CLI names the missing client certificate: {out}"
     );
     assert!(!out.contains("transport error"), "{out}");

@@ -255,12 +255,22 @@ pub(crate) fn failure_words(cause: &str, tls: TlsUse) -> &'static str {
     if has(&["corrupt message", "invalidcontenttype"]) {
         return "TLS: the node does not speak TLS; it serves plaintext: drop ClientBuilder::tls";
     }
-    if has(&["frame with invalid size", "reset", "broken pipe"]) {
-        return match tls {
-            TlsUse::Plaintext => "the connection broke; the node may speak TLS: set ClientBuilder::tls",
-            TlsUse::Tls { identity: false } => "the connection broke; if the node requires client certificates (server.tls.client_required), set TlsConfig::identity",
-            TlsUse::Tls { identity: true } => "the connection broke (the node may have refused the client certificate)",
-        };
+    // A TLS 1.3 node refuses a missing client certificate after the
+    // client's side of the handshake is done: the call then sees the
+    // alert, or, when its request raced it, only the connection closing.
+    let broke = has(&["frame with invalid size", "reset", "broken pipe"]);
+    let closed = has(&["connection closed"]);
+    match tls {
+        TlsUse::Plaintext if broke => {
+            return "the connection broke; the node may speak TLS: set ClientBuilder::tls"
+        }
+        TlsUse::Tls { identity: false } if broke || closed => {
+            return "the connection closed during or right after the TLS handshake: if the node requires a client certificate (server.tls.client_required), set TlsConfig::identity"
+        }
+        TlsUse::Tls { identity: true } if broke || closed => {
+            return "the connection closed during or right after the TLS handshake (the node may have refused the client certificate)"
+        }
+        _ => {}
     }
     if has(&["refused"]) {
         return "connection refused: nothing listens there (is idgen serving at this address?)";
@@ -317,6 +327,9 @@ mod tests {
             }
             assert!(failure_words(cause, bare).contains("TlsConfig::identity"));
         }
+        let closed = failure_words("connection closed", bare);
+        assert!(closed.contains("client certificate") && closed.contains("TlsConfig::identity"), "{closed}");
+        assert_eq!(failure_words("connection closed", plain), "the connection failed");
         let required = "received fatal alert: CertificateRequired";
         let w = failure_words(required, bare);
         assert!(w.contains("requires a client certificate") && w.contains("identity_files"), "{w}");

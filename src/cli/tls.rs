@@ -187,7 +187,10 @@ pub async fn connect(
 /// A failed call's TLS cause in words that say what to do, when the node
 /// refused this client's certificate or wanted one (TLS 1.3 tells the
 /// client only after the handshake, so the call fails, not the connect).
-pub fn refused_identity(status: &tonic::Status) -> Option<String> {
+/// `without_cert`: the call went over TLS without `--cert`, so a
+/// connection closed right after the handshake is most likely a node that
+/// requires one (the alert can lose the race with the request).
+pub fn refused_identity(status: &tonic::Status, without_cert: bool) -> Option<String> {
     let mut cause = String::new();
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {
@@ -197,6 +200,10 @@ pub fn refused_identity(status: &tonic::Status) -> Option<String> {
     let has = |w: &str| cause.contains(w);
     if has("CertificateRequired") {
         return Some("the node requires a client certificate: pass --cert and --key, a certificate signed by the node's server.tls.client_ca (idgen tls dev-certs makes one)".into());
+    }
+    let closed = ["connection closed", "BrokenPipe", "ConnectionReset"];
+    if without_cert && closed.iter().any(|w| has(w)) {
+        return Some(format!("the connection closed right after the TLS handshake ({}): if the node requires a client certificate (server.tls.client_required), pass --cert and --key", super::client::root_cause(status)));
     }
     let refused = [
         "BadCertificate",
