@@ -214,7 +214,11 @@ async fn the_systemd_credentials_are_the_files_the_config_names() {
 
     let env = [("CREDENTIALS_DIRECTORY", creds.to_str().unwrap())];
     let node = common::ChildServer::try_start_env(&config, &[], &env).expect("serves");
-    assert!(node.log_text().contains("serving TLS"), "{}", node.log_text());
+    // It serves the credential certificate: a client trusting the CA gets
+    // /readyz over TLS.
+    let ca = common::tls::der_of(&pki.join("ca.pem"));
+    let answer = common::tls::https_get(node.http, &ca, "/readyz").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     drop(node);
 
     let refused = common::ChildServer::try_start_env(&config, &[], &[]);

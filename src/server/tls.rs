@@ -118,7 +118,7 @@ fn certified_key(settings: &TlsSettings) -> Result<Arc<CertifiedKey>, TlsError> 
                 _ => "",
             };
             TlsError::Config(format!(
-                "server.tls.cert and server.tls.key cannot be used: {}{hint}",
+                "cert and key cannot be used: {}{hint}",
                 certificate_problem(&e)
             ))
         })
