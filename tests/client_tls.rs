@@ -261,7 +261,10 @@ async fn dev_certs_output_serves_mtls_end_to_end() {
     // Nothing is overwritten without --force; with it, everything is.
     let before = std::fs::read(pki.join("ca.pem")).unwrap();
     let (ok, again) = dev_certs(dir.path(), &[]);
-    assert!(!ok && again.contains("exists") && again.contains("--force"), "{again}");
+    assert!(
+        !ok && again.contains("exists") && again.contains("--force"),
+        "{again}"
+    );
     assert_eq!(std::fs::read(pki.join("ca.pem")).unwrap(), before);
     let (ok, out) = dev_certs(dir.path(), &["--force"]);
     assert!(ok, "{out}");
@@ -307,7 +310,9 @@ async fn dev_certs_output_serves_mtls_end_to_end() {
             common::run_idgen(&a)
         })
     };
-    let (ok, out) = run(vec!["--cert".into(), cert, "--key".into(), key]).await.unwrap();
+    let (ok, out) = run(vec!["--cert".into(), cert, "--key".into(), key])
+        .await
+        .unwrap();
     assert!(ok, "{out}");
     assert_eq!(out.lines().count(), 3, "{out}");
     let (ok, out) = run(vec![]).await.unwrap();
@@ -325,7 +330,11 @@ async fn dev_certs_output_serves_mtls_end_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v1_certificate_is_named_as_such_everywhere() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls-v1");
-    let (ca, cert, key) = (fixtures.join("ca.pem"), fixtures.join("v1.pem"), fixtures.join("v1-key.pem"));
+    let (ca, cert, key) = (
+        fixtures.join("ca.pem"),
+        fixtures.join("v1.pem"),
+        fixtures.join("v1-key.pem"),
+    );
     const V1: &str = "the certificate is X.509 v1; re-issue it as v3 (openssl: add -extfile with basicConstraints/subjectAltName, or use idgen tls dev-certs)";
 
     let err = idgen::server::tls::Identity::load(&TlsSettings {
@@ -337,7 +346,10 @@ async fn a_v1_certificate_is_named_as_such_everywhere() {
     .unwrap_err()
     .to_string();
     assert!(err.contains(V1), "node: {err}");
-    assert!(!err.contains("does not fit") && !err.contains("not the key"), "node: {err}");
+    assert!(
+        !err.contains("does not fit") && !err.contains("not the key"),
+        "node: {err}"
+    );
 
     let (ok, out) = tokio::task::spawn_blocking(move || {
         common::run_idgen(&[

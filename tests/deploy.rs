@@ -181,13 +181,25 @@ fn unit_credentials() -> (Vec<String>, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_systemd_credentials_are_the_files_the_config_names() {
     let (ids, documented) = unit_credentials();
-    for id in ["tls-cert", "tls-key", "tls-client-ca", "consul-token", "hide-master-key"] {
-        assert!(ids.iter().any(|i| i == id), "LoadCredential={id}: missing in {ids:?}");
+    for id in [
+        "tls-cert",
+        "tls-key",
+        "tls-client-ca",
+        "consul-token",
+        "hide-master-key",
+    ] {
+        assert!(
+            ids.iter().any(|i| i == id),
+            "LoadCredential={id}: missing in {ids:?}"
+        );
     }
     for id in &ids {
         let named = documented.contains(&format!("${{CREDENTIALS_DIRECTORY}}/{id}\""))
             || id == "admin-token";
-        assert!(named, "credential {id} is not named in the documented config:\n{documented}");
+        assert!(
+            named,
+            "credential {id} is not named in the documented config:\n{documented}"
+        );
     }
 
     let dir = tempfile::tempdir().unwrap();
@@ -196,7 +208,11 @@ async fn the_systemd_credentials_are_the_files_the_config_names() {
     assert!(ok, "{out}");
     let creds = dir.path().join("credentials");
     std::fs::create_dir(&creds).unwrap();
-    for (id, file) in [("tls-cert", "node.pem"), ("tls-key", "node-key.pem"), ("tls-client-ca", "ca.pem")] {
+    for (id, file) in [
+        ("tls-cert", "node.pem"),
+        ("tls-key", "node-key.pem"),
+        ("tls-client-ca", "ca.pem"),
+    ] {
         std::fs::copy(pki.join(file), creds.join(id)).unwrap();
     }
     // The [server.tls] lines as documented; the [consul] and [hide]

@@ -751,7 +751,11 @@ async fn the_certificate_expiry_gauge_follows_a_reload() {
     let scraped = https_get(node.http, &first, "/metrics").await;
     for listener in ["grpc", "http"] {
         let series = format!("idgen_tls_cert_not_after_seconds{{listener=\"{listener}\"}}");
-        assert_eq!(metric(&scraped, &series), Some(Y2030), "{series}:\n{scraped}");
+        assert_eq!(
+            metric(&scraped, &series),
+            Some(Y2030),
+            "{series}:\n{scraped}"
+        );
     }
 
     let second = cert_until(2031, &cert, &key);
@@ -768,7 +772,11 @@ async fn the_certificate_expiry_gauge_follows_a_reload() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(seen, Some(Y2031), "the gauge follows the reloaded certificate");
+    assert_eq!(
+        seen,
+        Some(Y2031),
+        "the gauge follows the reloaded certificate"
+    );
 }
 
 /// GET /metrics over TLS trusting `roots`; `None` if the connection or

@@ -190,7 +190,11 @@ impl Caller {
         }
         tracing::debug!(node = %node.addr, code = ?status.code(), error = %status.message(), "retrying on another node");
         metrics::counter!(m::RETRIES).increment(1);
-        Ok(format!("{}: {}", node.addr, describe(&status, self.nodes.tls_use())))
+        Ok(format!(
+            "{}: {}",
+            node.addr,
+            describe(&status, self.nodes.tls_use())
+        ))
     }
 
     /// Sleeps a random time up to `base * 2^attempt` (capped at

@@ -319,7 +319,11 @@ mod tests {
         let plain = TlsUse::Plaintext;
         let bare = TlsUse::Tls { identity: false };
         let with_cert = TlsUse::Tls { identity: true };
-        for cause in ["connection reset by peer", "broken pipe", "frame with invalid size"] {
+        for cause in [
+            "connection reset by peer",
+            "broken pipe",
+            "frame with invalid size",
+        ] {
             assert!(failure_words(cause, plain).contains("set ClientBuilder::tls"));
             for tls in [bare, with_cert] {
                 let w = failure_words(cause, tls);
@@ -328,11 +332,20 @@ mod tests {
             assert!(failure_words(cause, bare).contains("TlsConfig::identity"));
         }
         let closed = failure_words("connection closed", bare);
-        assert!(closed.contains("client certificate") && closed.contains("TlsConfig::identity"), "{closed}");
-        assert_eq!(failure_words("connection closed", plain), "the connection failed");
+        assert!(
+            closed.contains("client certificate") && closed.contains("TlsConfig::identity"),
+            "{closed}"
+        );
+        assert_eq!(
+            failure_words("connection closed", plain),
+            "the connection failed"
+        );
         let required = "received fatal alert: CertificateRequired";
         let w = failure_words(required, bare);
-        assert!(w.contains("requires a client certificate") && w.contains("identity_files"), "{w}");
+        assert!(
+            w.contains("requires a client certificate") && w.contains("identity_files"),
+            "{w}"
+        );
         assert!(!failure_words(required, with_cert).contains("ClientBuilder::tls"));
         let refused = "received fatal alert: UnknownCA";
         assert!(failure_words(refused, with_cert).contains("refused the client certificate"));
@@ -342,10 +355,26 @@ mod tests {
 
     #[test]
     fn a_v1_or_mismatched_client_certificate_is_named() {
-        let v1 = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tls-v1/v1.pem")).unwrap();
-        let key = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tls-v1/v1-key.pem")).unwrap();
-        let ca = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tls-v1/ca.pem")).unwrap();
-        let err = TlsConfig::new(ca).identity(v1, key).build().unwrap_err().to_string();
+        let v1 = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tls-v1/v1.pem"
+        ))
+        .unwrap();
+        let key = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tls-v1/v1-key.pem"
+        ))
+        .unwrap();
+        let ca = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tls-v1/ca.pem"
+        ))
+        .unwrap();
+        let err = TlsConfig::new(ca)
+            .identity(v1, key)
+            .build()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("X.509 v1; re-issue it as v3"), "{err}");
         assert!(!err.contains("UnsupportedCertVersion"), "{err}");
     }

@@ -309,7 +309,12 @@ pub fn dev_certs(args: &super::args::DevCertsArgs) -> anyhow::Result<()> {
         clients.push(name.clone());
     }
     let mut node_names = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
-    for host in args.hosts.iter().map(|h| h.trim()).filter(|h| !h.is_empty()) {
+    for host in args
+        .hosts
+        .iter()
+        .map(|h| h.trim())
+        .filter(|h| !h.is_empty())
+    {
         if !node_names.iter().any(|n| n == host) {
             node_names.push(host.to_owned());
         }
@@ -335,14 +340,33 @@ pub fn dev_certs(args: &super::args::DevCertsArgs) -> anyhow::Result<()> {
     let node = make_leaf("node", &node_names, Leaf::Server, &validity, &issuer)?;
     let mut issued = vec![ca, node];
     for name in &clients {
-        issued.push(make_leaf(name, &[name.clone()], Leaf::Client, &validity, &issuer)?);
+        issued.push(make_leaf(
+            name,
+            &[name.clone()],
+            Leaf::Client,
+            &validity,
+            &issuer,
+        )?);
     }
     create_dir(&args.dir)?;
     for i in &issued {
-        write_file(&args.dir.join(format!("{}.pem", i.name)), &i.cert, 0o644, args.force)?;
-        write_file(&args.dir.join(format!("{}-key.pem", i.name)), &i.key, 0o600, args.force)?;
+        write_file(
+            &args.dir.join(format!("{}.pem", i.name)),
+            &i.cert,
+            0o644,
+            args.force,
+        )?;
+        write_file(
+            &args.dir.join(format!("{}-key.pem", i.name)),
+            &i.key,
+            0o600,
+            args.force,
+        )?;
     }
-    print!("{}", dev_certs_usage(&args.dir, &node_names, &clients, &not_after));
+    print!(
+        "{}",
+        dev_certs_usage(&args.dir, &node_names, &clients, &not_after)
+    );
     Ok(())
 }
 
@@ -412,20 +436,24 @@ fn make_leaf(
     validity: &rcgen::CertificateParams,
     issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
 ) -> anyhow::Result<Issued> {
-    let mut params = rcgen::CertificateParams::new(sans.to_vec())
-        .map_err(|e| anyhow!("{name}: {sans:?} holds a name that is neither a DNS name nor an IP address: {e}"))?;
+    let mut params = rcgen::CertificateParams::new(sans.to_vec()).map_err(|e| {
+        anyhow!("{name}: {sans:?} holds a name that is neither a DNS name nor an IP address: {e}")
+    })?;
     params.not_before = validity.not_before;
     params.not_after = validity.not_after;
     params.distinguished_name = rcgen::DistinguishedName::new();
     let cn = if name == "node" { "idgen node" } else { name };
-    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
     params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![match leaf {
         Leaf::Server => rcgen::ExtendedKeyUsagePurpose::ServerAuth,
         Leaf::Client => rcgen::ExtendedKeyUsagePurpose::ClientAuth,
     }];
     params.use_authority_key_identifier_extension = true;
-    let key = rcgen::KeyPair::generate().with_context(|| format!("cannot generate the {name} key"))?;
+    let key =
+        rcgen::KeyPair::generate().with_context(|| format!("cannot generate the {name} key"))?;
     let cert = params
         .signed_by(&key, issuer)
         .with_context(|| format!("cannot sign the {name} certificate"))?;
@@ -485,12 +513,18 @@ fn write_file(path: &Path, text: &str, mode: u32, force: bool) -> anyhow::Result
 }
 
 /// The config lines and client flags for the files in `dir`.
-fn dev_certs_usage(dir: &Path, node_names: &[String], clients: &[String], not_after: &str) -> String {
+fn dev_certs_usage(
+    dir: &Path,
+    node_names: &[String],
+    clients: &[String],
+    not_after: &str,
+) -> String {
     let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
     let f = |name: &str| abs.join(name).display().to_string();
     let admins: Vec<String> = clients.iter().skip(1).map(|c| format!("{c:?}")).collect();
     let admin_names = if admins.is_empty() {
-        "# client_cert_names = [\"admin\"]   # run with --clients admin for an admin certificate".to_owned()
+        "# client_cert_names = [\"admin\"]   # run with --clients admin for an admin certificate"
+            .to_owned()
     } else {
         format!("client_cert_names = [{}]", admins.join(", "))
     };

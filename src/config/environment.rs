@@ -107,7 +107,8 @@ pub fn expand_path(
     let Some(text) = path.to_str().filter(|t| t.contains('$')) else {
         return Ok(path.to_path_buf());
     };
-    let bad = |problem: String| ConfigError::Parse(format!("config key {key} = {text:?}: {problem}"));
+    let bad =
+        |problem: String| ConfigError::Parse(format!("config key {key} = {text:?}: {problem}"));
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find('$') {
@@ -115,7 +116,9 @@ pub fn expand_path(
         let after = &rest[at + 1..];
         let (name, tail) = if let Some(braced) = after.strip_prefix('{') {
             let Some(end) = braced.find('}') else {
-                return Err(bad("an unclosed ${; write ${CREDENTIALS_DIRECTORY}/NAME".into()));
+                return Err(bad(
+                    "an unclosed ${; write ${CREDENTIALS_DIRECTORY}/NAME".into()
+                ));
             };
             let name = &braced[..end];
             if name != CREDENTIALS_DIRECTORY {
@@ -166,10 +169,19 @@ mod expand_tests {
             "$CREDENTIALS_DIRECTORY/tls-key",
         ] {
             let got = expand_path("server.tls.key", Path::new(written), creds).unwrap();
-            assert_eq!(got, Path::new("/run/credentials/idgen.service/tls-key"), "{written}");
+            assert_eq!(
+                got,
+                Path::new("/run/credentials/idgen.service/tls-key"),
+                "{written}"
+            );
         }
         // Paths without the variable, and other bare `$` names, stay as written.
-        for kept in ["/etc/idgen/key.pem", "/srv/$HOME/x", "/a/$CREDENTIALS_DIRECTORYX/y", "/a$"] {
+        for kept in [
+            "/etc/idgen/key.pem",
+            "/srv/$HOME/x",
+            "/a/$CREDENTIALS_DIRECTORYX/y",
+            "/a$",
+        ] {
             let got = expand_path("server.tls.key", Path::new(kept), creds).unwrap();
             assert_eq!(got, Path::new(kept));
         }
@@ -177,9 +189,13 @@ mod expand_tests {
 
     #[test]
     fn an_unset_or_unusable_variable_is_refused_with_what_to_do() {
-        let err = expand_path("consul.token_file", Path::new("${CREDENTIALS_DIRECTORY}/t"), |_| None)
-            .unwrap_err()
-            .to_string();
+        let err = expand_path(
+            "consul.token_file",
+            Path::new("${CREDENTIALS_DIRECTORY}/t"),
+            |_| None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("consul.token_file"), "{err}");
         assert!(
             err.contains("CREDENTIALS_DIRECTORY is not set: run under systemd with LoadCredential= or give an absolute path"),
@@ -193,7 +209,9 @@ mod expand_tests {
             .to_string();
         assert!(err.contains("not an absolute path"), "{err}");
         for wrong in ["${STATE_DIRECTORY}/x", "${CREDENTIALS_DIRECTORY/x"] {
-            let err = expand_path("k", Path::new(wrong), creds).unwrap_err().to_string();
+            let err = expand_path("k", Path::new(wrong), creds)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("CREDENTIALS_DIRECTORY"), "{wrong}: {err}");
         }
     }
@@ -214,6 +232,10 @@ mod expand_tests {
         file.expand_paths(creds).unwrap();
         let text = file.redacted_toml().unwrap();
         assert!(!text.contains("CREDENTIALS_DIRECTORY"), "{text}");
-        assert_eq!(text.matches("/run/credentials/idgen.service/f").count(), 9, "{text}");
+        assert_eq!(
+            text.matches("/run/credentials/idgen.service/f").count(),
+            9,
+            "{text}"
+        );
     }
 }
