@@ -342,7 +342,7 @@ pub fn dev_certs(args: &super::args::DevCertsArgs) -> anyhow::Result<()> {
     for name in &clients {
         issued.push(make_leaf(
             name,
-            &[name.clone()],
+            std::slice::from_ref(name),
             Leaf::Client,
             &validity,
             &issuer,
