@@ -8,7 +8,12 @@ reject), wrong value types, and missing required fields. Then idgen's own
 rules: each container probes /healthz (liveness) and /readyz (readiness)
 on a declared port, has a preStop hook, the grace period covers the
 preStop pause plus the drain, and every ConfigMap's `idgen.toml` passes
-`idgen check-config`.
+`idgen check-config`. And what makes a deployment safe: the config
+never sets `server.insecure = true`, serves [server.tls] from files of a
+Secret volume mounted where the config looks for them, probes over
+HTTPS, sets `admin.allow`; and every workload is a StatefulSet (stable
+pod names are stable holder identities in Consul) whose `serviceName`
+is a headless Service of the same directory.
 
 Usage: validate_k8s.py IDGEN_BINARY MANIFEST_DIR...
        validate_k8s.py --self-test IDGEN_BINARY  (proves the checks bite)
@@ -21,6 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import yaml
 from kubernetes import client
@@ -164,6 +170,59 @@ def check_configmap(doc, where, idgen, errors):
             errors.append(f"{where}: idgen.toml fails idgen check-config: {r.stderr.strip()}")
 
 
+def idgen_toml(docs):
+    """The parsed idgen.toml of the ConfigMap among `docs`, or None."""
+    for _, doc in docs:
+        if doc.get("kind") == "ConfigMap" and "idgen.toml" in doc.get("data", {}):
+            return tomllib.loads(doc["data"]["idgen.toml"])
+    return None
+
+
+def check_safety(docs, errors):
+    """Cross-object rules of one manifest directory (see the module doc)."""
+    config = idgen_toml(docs)
+    services = {d.get("metadata", {}).get("name"): d for _, d in docs if d.get("kind") == "Service"}
+    for where, doc in docs:
+        if doc.get("kind") == "Deployment":
+            errors.append(f"{where}: a Deployment: use a StatefulSet (random pod names leave a new holder record in Consul on every rollout)")
+        if doc.get("kind") != "StatefulSet":
+            continue
+        svc = services.get(doc["spec"].get("serviceName"))
+        if svc is None or svc["spec"].get("clusterIP") != "None":
+            errors.append(f"{where}: serviceName {doc['spec'].get('serviceName')!r} is not a headless Service (clusterIP: None) of this directory")
+        if config is None:
+            errors.append(f"{where}: no ConfigMap with idgen.toml beside it")
+            continue
+        check_tls_mounted(doc, where, config, errors)
+    if config is None:
+        return
+    server = config.get("server", {})
+    if server.get("insecure") is True:
+        errors.append("idgen.toml: server.insecure = true (admin token and IDs in clear text): serve [server.tls] from a Secret")
+    if not config.get("admin", {}).get("allow"):
+        errors.append("idgen.toml: admin.allow is empty: allow admin calls from the cluster network only")
+
+
+def check_tls_mounted(doc, where, config, errors):
+    """[server.tls] files come from a mounted Secret; probes use HTTPS."""
+    tls = config.get("server", {}).get("tls", {})
+    files = [tls.get(k) for k in ("cert", "key", "client_ca") if tls.get(k)]
+    if not tls.get("cert") or not tls.get("key"):
+        errors.append(f"{where}: idgen.toml has no [server.tls] cert and key")
+    pod = pod_template(doc)
+    secrets = {v["name"] for v in pod.get("volumes", []) if v.get("secret")}
+    for c in pod.get("containers", []):
+        cw = f"{where}.containers[{c.get('name')}]"
+        mounts = [m["mountPath"].rstrip("/") for m in c.get("volumeMounts", []) if m.get("name") in secrets]
+        for f in files:
+            if os.path.dirname(f) not in mounts:
+                errors.append(f"{cw}: {f} (server.tls) is not in a mounted Secret volume {mounts}")
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            get = (c.get(probe) or {}).get("httpGet")
+            if get is not None and files and get.get("scheme") != "HTTPS":
+                errors.append(f"{cw}.{probe}: the node serves TLS: set scheme: HTTPS")
+
+
 def validate_docs(docs, idgen):
     """[(where, doc)] -> list of problems."""
     errors = []
@@ -171,6 +230,12 @@ def validate_docs(docs, idgen):
         check_schema(doc, where, errors)
         check_idgen_rules(doc, where, errors)
         check_configmap(doc, where, idgen, errors)
+    by_dir = {}
+    # Objects read from files (`path#index ...`), grouped by directory.
+    for where, doc in (x for x in docs if "#" in x[0]):
+        by_dir.setdefault(os.path.dirname(where.split("#")[0]), []).append((where, doc))
+    for group in by_dir.values():
+        check_safety(group, errors)
     return errors
 
 
@@ -222,6 +287,48 @@ def self_test(idgen, dirs):
     if clean:
         print(f"self-test: the unbroken StatefulSet fails: {clean}")
         failed += 1
+    failed += self_test_safety(idgen, docs)
+    return failed
+
+
+def self_test_safety(idgen, docs):
+    """Each deliberate break of the directory's safety rules is caught."""
+
+    def first(ds, kind):
+        return next(d for _, d in ds if d.get("kind") == kind)
+
+    def pod(ds):
+        return first(ds, "StatefulSet")["spec"]["template"]["spec"]
+
+    def edit_toml(ds, old, new):
+        cm = first(ds, "ConfigMap")
+        assert old in cm["data"]["idgen.toml"], old
+        cm["data"]["idgen.toml"] = cm["data"]["idgen.toml"].replace(old, new)
+
+    def as_deployment(ds):
+        first(ds, "StatefulSet")["kind"] = "Deployment"
+
+    # Each break, and words the error it causes must contain (so that it
+    # is this rule, not another, that catches it).
+    breaks = {
+        "server.insecure = true": (lambda ds: edit_toml(ds, "[server.tls]", "insecure = true\n[server.tls]"), "server.insecure"),
+        "no [server.tls] files": (lambda ds: edit_toml(ds, 'cert = "/etc/idgen-tls/tls.crt"', ""), "no [server.tls] cert and key"),
+        "empty admin.allow": (lambda ds: edit_toml(ds, 'allow = ["10.0.0.0/8"]', "allow = []"), "admin.allow is empty"),
+        "TLS Secret not mounted": (
+            lambda ds: pod(ds).__setitem__("volumes", [v for v in pod(ds)["volumes"] if not v.get("secret")]),
+            "is not in a mounted Secret volume",
+        ),
+        "probe over plaintext": (lambda ds: pod(ds)["containers"][0]["readinessProbe"]["httpGet"].pop("scheme"), "scheme: HTTPS"),
+        "a Deployment": (as_deployment, "use a StatefulSet"),
+        "serviceName not headless": (lambda ds: first(ds, "StatefulSet")["spec"].__setitem__("serviceName", "idgen"), "not a headless Service"),
+    }
+    failed = 0
+    for what, (brk, words) in breaks.items():
+        ds = copy.deepcopy(docs)
+        brk(ds)
+        errs = [e for e in validate_docs(ds, idgen) if words in e]
+        print(f"self-test {what}: {'caught: ' + errs[0] if errs else 'NOT CAUGHT'}")
+        failed += not errs
     return failed
 
 

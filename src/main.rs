@@ -8,7 +8,7 @@ use clap::Parser;
 
 mod cli;
 
-use cli::args::{Cli, Command, StateCommand};
+use cli::args::{Cli, Command, StateCommand, TlsCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -46,5 +46,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::State(StateCommand::Backup(a)) => cli::state::backup(a).await,
         Command::State(StateCommand::Restore(a)) => cli::state::restore(a),
         Command::Format(c) => cli::gen::format_command(c).await,
+        Command::Tls(TlsCommand::DevCerts(a)) => cli::tls::dev_certs(&a),
     }
 }

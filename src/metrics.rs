@@ -101,6 +101,9 @@ pub const TLS_HANDSHAKE_FAILURES: &str = "idgen_tls_handshake_failures_total";
 pub const PEER_REFUSALS: &str = "idgen_peer_refusals_total";
 /// Certificate reloads, by `result` (`ok` or `error`).
 pub const TLS_RELOADS: &str = "idgen_tls_reloads_total";
+/// The serving certificate's not-after time (Unix seconds), by `listener`
+/// (`grpc`, `http`); set at start and on every successful reload.
+pub const TLS_CERT_NOT_AFTER: &str = "idgen_tls_cert_not_after_seconds";
 /// Reloads of the Consul client's TLS files (`consul.ca_file`,
 /// `cert_file`, `key_file`), by `result` (`ok` or `error`).
 pub const CONSUL_TLS_RELOADS: &str = "idgen_consul_tls_reloads_total";
@@ -222,6 +225,10 @@ fn describe_reloads() {
     describe_counter!(
         TLS_RELOADS,
         "TLS certificate reloads (files changed, or SIGHUP), by result: ok, or error (the previous certificate stays in use)."
+    );
+    describe_gauge!(
+        TLS_CERT_NOT_AFTER,
+        "When the certificate the node serves stops being valid (its not-after, Unix seconds), by listener (grpc, http); set at start and on each successful TLS reload. Alert well before it: a node with an expired certificate fails every handshake."
     );
     describe_counter!(
         CONSUL_TLS_RELOADS,

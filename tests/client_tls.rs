@@ -221,3 +221,166 @@ async fn idgen_bench_runs_its_load_over_tls() {
     assert!(stderr.contains("speaks TLS"), "and says why: {stderr}");
     node.stop().await;
 }
+
+/// `idgen tls dev-certs DIR`, then the config lines it prints, as printed.
+fn dev_certs(dir: &std::path::Path, extra: &[&str]) -> (bool, String) {
+    let pki = dir.join("pki");
+    let mut args = vec!["tls", "dev-certs", pki.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    common::run_idgen(&args)
+}
+
+/// The node config `idgen tls dev-certs` printed (from `[server.tls]` to
+/// the client flags).
+fn printed_config(out: &str) -> String {
+    let start = out.find("[server.tls]").expect("[server.tls] printed");
+    let end = out.find("# Client flags").expect("client flags printed");
+    out[start..end].to_owned()
+}
+
+/// The dev-certs output, used as printed, makes a working mTLS setup: a
+/// node that requires client certificates, a Rust client and the CLI with
+/// the client certificate get IDs, and without one they are told what is
+/// missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_certs_output_serves_mtls_end_to_end() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = dev_certs(dir.path(), &["--clients", "admin", "--hosts", "idgen.test"]);
+    assert!(ok, "{out}");
+    let pki = dir.path().join("pki");
+    for name in ["ca", "node", "client", "admin"] {
+        let key = pki.join(format!("{name}-key.pem"));
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", key.display());
+        assert!(pki.join(format!("{name}.pem")).exists());
+    }
+    assert!(out.contains("client_cert_names = [\"admin\"]"), "{out}");
+    assert!(out.contains("--cert") && out.contains("--key"), "{out}");
+
+    // Nothing is overwritten without --force; with it, everything is.
+    let before = std::fs::read(pki.join("ca.pem")).unwrap();
+    let (ok, again) = dev_certs(dir.path(), &[]);
+    assert!(
+        !ok && again.contains("exists") && again.contains("--force"),
+        "{again}"
+    );
+    assert_eq!(std::fs::read(pki.join("ca.pem")).unwrap(), before);
+    let (ok, out) = dev_certs(dir.path(), &["--force"]);
+    assert!(ok, "{out}");
+    assert_ne!(std::fs::read(pki.join("ca.pem")).unwrap(), before);
+
+    let config = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&printed_config(&out));
+    std::fs::write(&config, text).unwrap();
+    let node = common::ChildServer::start(&config);
+
+    let ca = TlsConfig::from_ca_file(pki.join("ca.pem")).unwrap();
+    let with = ca
+        .clone()
+        .identity_files(pki.join("client.pem"), pki.join("client-key.pem"))
+        .unwrap();
+    ids_increase(&client(node.grpc, Some(with)).await).await;
+    let err = client(node.grpc, Some(ca))
+        .await
+        .gen_id(Mode::Snowflake, "")
+        .await
+        .expect_err("no client certificate, no ID");
+    let text = err.to_string();
+    // The alert itself, or (when the call raced it) the connection closing
+    // right after the handshake: either way the missing certificate is named.
+    assert!(
+        text.contains("client certificate") && text.contains("identity"),
+        "the error names the missing client certificate: {text}"
+    );
+    assert!(!text.contains("may speak TLS"), "TLS is set: {text}");
+
+    let addr = format!("https://localhost:{}", node.grpc.port());
+    let file = |n: &str| pki.join(n).to_str().unwrap().to_owned();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client-key.pem"));
+    let run = |extra: Vec<String>| {
+        let mut a: Vec<String> = ["gen", "--addr", &addr, "--ca", &ca, "-n", "3"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        a.extend(extra);
+        tokio::task::spawn_blocking(move || {
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            common::run_idgen(&a)
+        })
+    };
+    let (ok, out) = run(vec!["--cert".into(), cert, "--key".into(), key])
+        .await
+        .unwrap();
+    assert!(ok, "{out}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let (ok, out) = run(vec![]).await.unwrap();
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("client certificate") && out.contains("--cert"),
+        "the CLI names the missing client certificate: {out}"
+    );
+    assert!(!out.contains("transport error"), "{out}");
+}
+
+/// A v1 certificate (openssl `x509 -req` without `-extfile`; the fixture in
+/// tests/fixtures/tls-v1 was made so) is named as such by the node, the CLI
+/// and the client crate, never as a key that does not fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1_certificate_is_named_as_such_everywhere() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls-v1");
+    let (ca, cert, key) = (
+        fixtures.join("ca.pem"),
+        fixtures.join("v1.pem"),
+        fixtures.join("v1-key.pem"),
+    );
+    const V1: &str = "the certificate is X.509 v1; re-issue it as v3 (openssl: add -extfile with basicConstraints/subjectAltName, or use idgen tls dev-certs)";
+
+    let err = idgen::server::tls::Identity::load(&TlsSettings {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: None,
+        client_required: false,
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains(V1), "node: {err}");
+    assert!(
+        !err.contains("does not fit") && !err.contains("not the key"),
+        "node: {err}"
+    );
+
+    let (ok, out) = tokio::task::spawn_blocking(move || {
+        common::run_idgen(&[
+            "gen",
+            "--addr",
+            "https://localhost:1",
+            "--ca",
+            ca.to_str().unwrap(),
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(!ok, "{out}");
+    assert!(out.contains(V1), "CLI: {out}");
+    assert!(!out.contains("do not fit"), "CLI: {out}");
+
+    let err = Client::builder()
+        .endpoints(["127.0.0.1:1"])
+        .tls(
+            TlsConfig::from_ca_file(fixtures.join("ca.pem"))
+                .unwrap()
+                .identity_files(fixtures.join("v1.pem"), fixtures.join("v1-key.pem"))
+                .unwrap(),
+        )
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(V1), "client crate: {err}");
+}

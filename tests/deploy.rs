@@ -1,7 +1,8 @@
 //! What the deployment files rely on: `IDGEN_CONFIG` names the config file
 //! (the systemd unit and the Kubernetes manifests set it instead of
-//! passing `--config`), and systemd's `$STATE_DIRECTORY` moves the default
-//! state file, while an explicit `store.path` still wins.
+//! passing `--config`), systemd's `$STATE_DIRECTORY` moves the default
+//! state file, while an explicit `store.path` still wins, and path keys
+//! name `LoadCredential=` files as `${CREDENTIALS_DIRECTORY}/ID`.
 
 mod common;
 
@@ -150,4 +151,97 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The systemd unit's `LoadCredential=` IDs (active and commented out)
+/// and the config lines its header tells to write.
+fn unit_credentials() -> (Vec<String>, String) {
+    let unit = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/systemd/idgen.service"),
+    )
+    .unwrap();
+    let ids = unit
+        .lines()
+        .filter_map(|l| l.trim_start_matches('#').strip_prefix("LoadCredential="))
+        .map(|v| v.split(':').next().unwrap().to_owned())
+        .collect();
+    let config = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   "))
+        .filter(|l| l.starts_with('[') || l.contains("${CREDENTIALS_DIRECTORY}"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    (ids, config)
+}
+
+/// Every credential the unit loads is named by the config lines it
+/// documents (or, for the admin token, by its environment), and a node
+/// started with those lines and `$CREDENTIALS_DIRECTORY` serves TLS from
+/// the credential files; without the variable it refuses, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_systemd_credentials_are_the_files_the_config_names() {
+    let (ids, documented) = unit_credentials();
+    for id in [
+        "tls-cert",
+        "tls-key",
+        "tls-client-ca",
+        "consul-token",
+        "hide-master-key",
+    ] {
+        assert!(
+            ids.iter().any(|i| i == id),
+            "LoadCredential={id}: missing in {ids:?}"
+        );
+    }
+    for id in &ids {
+        let named = documented.contains(&format!("${{CREDENTIALS_DIRECTORY}}/{id}\""))
+            || id == "admin-token";
+        assert!(
+            named,
+            "credential {id} is not named in the documented config:\n{documented}"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    let (ok, out) = common::run_idgen(&["tls", "dev-certs", pki.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let creds = dir.path().join("credentials");
+    std::fs::create_dir(&creds).unwrap();
+    for (id, file) in [
+        ("tls-cert", "node.pem"),
+        ("tls-key", "node-key.pem"),
+        ("tls-client-ca", "ca.pem"),
+    ] {
+        std::fs::copy(pki.join(file), creds.join(id)).unwrap();
+    }
+    // The [server.tls] lines as documented; the [consul] and [hide]
+    // lines need a Consul backend and hidden IDs.
+    let tls: String = documented
+        .split_inclusive('\n')
+        .skip_while(|l| !l.starts_with("[server.tls]"))
+        .take_while(|l| !l.starts_with("[consul]"))
+        .collect();
+    assert_eq!(tls.lines().count(), 4, "{tls}");
+    let config = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&tls);
+    std::fs::write(&config, text).unwrap();
+
+    let env = [("CREDENTIALS_DIRECTORY", creds.to_str().unwrap())];
+    let node = common::ChildServer::try_start_env(&config, &[], &env).expect("serves");
+    // It serves the credential certificate: a client trusting the CA gets
+    // /readyz over TLS.
+    let ca = common::tls::der_of(&pki.join("ca.pem"));
+    let answer = common::tls::https_get(node.http, &ca, "/readyz").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(node);
+
+    let refused = common::ChildServer::try_start_env(&config, &[], &[]);
+    let log = refused.err().expect("no CREDENTIALS_DIRECTORY, no start");
+    assert!(
+        log.contains("server.tls.cert")
+            && log.contains("CREDENTIALS_DIRECTORY is not set: run under systemd with LoadCredential= or give an absolute path"),
+        "{log}"
+    );
 }

@@ -39,6 +39,22 @@ async fn scrape(node: &ChildServer) -> String {
         .expect("metrics body")
 }
 
+/// `/metrics` of an embedded node serving TLS (a child process).
+async fn scrape_tls_node() -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = common::tls::server_cert(dir.path(), "node");
+    let config = write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        cert.cert.display(),
+        cert.key.display()
+    ));
+    std::fs::write(&config, text).unwrap();
+    let node = ChildServer::start(&config);
+    common::tls::https_get(node.http, &cert.der, "/metrics").await
+}
+
 /// The sample names (`name` before `{` or the value) of an exposition.
 fn sample_names(text: &str) -> BTreeSet<String> {
     text.lines()
@@ -349,6 +365,8 @@ async fn the_dashboard_and_the_alert_rules_name_only_metrics_a_node_exports() {
     let (_consul, cluster) = consul_node(consul_dir.path()).await;
     let mut exported = sample_names(&scrape(&embedded).await);
     exported.extend(sample_names(&scrape(&cluster).await));
+    // The TLS series (reloads, certificate expiry) exist on a TLS node.
+    exported.extend(sample_names(&scrape_tls_node().await));
 
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("deploy/grafana/idgen.json")).expect("dashboard"),

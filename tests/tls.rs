@@ -129,7 +129,10 @@ async fn wrong_or_missing_files_stop_the_node_with_the_key_named() {
         }
     };
     let mismatched = start(a.cert.clone(), b.key.clone()).await;
-    assert!(mismatched.contains("does not fit"), "{mismatched}");
+    assert!(
+        mismatched.contains("the private key is not the key of the (first) certificate"),
+        "{mismatched}"
+    );
     let missing = start(dir.path().join("nope.crt"), a.key.clone()).await;
     assert!(
         missing.contains("server.tls.cert") && missing.contains("nope.crt"),
@@ -703,4 +706,97 @@ fn allow_lists_must_be_networks() {
     f.admin.allow = vec!["office".into()];
     let err = f.validate(now).unwrap_err().to_string();
     assert!(err.contains("admin.allow"), "{err}");
+}
+
+/// A self-signed certificate for localhost valid until midnight UTC of
+/// `year`-01-01, written over `cert`/`key`; returns its DER.
+fn cert_until(
+    year: i32,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> tokio_rustls::rustls::pki_types::CertificateDer<'static> {
+    let mut params =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap();
+    params.not_after = rcgen::date_time_ymd(year, 1, 1);
+    let pair = rcgen::KeyPair::generate().unwrap();
+    let c = params.self_signed(&pair).unwrap();
+    for (path, text) in [(key, pair.serialize_pem()), (cert, c.pem())] {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+    c.der().clone()
+}
+
+/// `idgen_tls_cert_not_after_seconds{listener}` is the served
+/// certificate's not-after on both ports from the start, and follows a
+/// reload (a child process: the gauge is process-wide).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_certificate_expiry_gauge_follows_a_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("node.pem"), dir.path().join("node-key.pem"));
+    let first = cert_until(2030, &cert, &key);
+    let config = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        cert.display(),
+        key.display()
+    ));
+    std::fs::write(&config, text).unwrap();
+    let node = common::ChildServer::start(&config);
+    const Y2030: f64 = 1_893_456_000.0;
+    const Y2031: f64 = 1_924_992_000.0;
+    let scraped = https_get(node.http, &first, "/metrics").await;
+    for listener in ["grpc", "http"] {
+        let series = format!("idgen_tls_cert_not_after_seconds{{listener=\"{listener}\"}}");
+        assert_eq!(
+            metric(&scraped, &series),
+            Some(Y2030),
+            "{series}:\n{scraped}"
+        );
+    }
+
+    let second = cert_until(2031, &cert, &key);
+    let mut seen = None;
+    for _ in 0..100 {
+        // Trust both: the node may still serve the first certificate.
+        let Some(body) = metrics_over_tls(node.http, &[first.clone(), second.clone()]).await else {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        seen = metric(&body, "idgen_tls_cert_not_after_seconds{listener=\"grpc\"}");
+        if seen == Some(Y2031) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        seen,
+        Some(Y2031),
+        "the gauge follows the reloaded certificate"
+    );
+}
+
+/// GET /metrics over TLS trusting `roots`; `None` if the connection or
+/// the request fails (bounded by 5 s).
+async fn metrics_over_tls(
+    addr: std::net::SocketAddr,
+    roots: &[tokio_rustls::rustls::pki_types::CertificateDer<'static>],
+) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = common::tls::client_config(roots, &[b"http/1.1"]);
+    let get = async {
+        let mut s = common::tls::connect(addr, config).await.ok()?;
+        let req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out)
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), get)
+        .await
+        .ok()
+        .flatten()
 }

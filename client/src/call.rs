@@ -183,7 +183,7 @@ impl Caller {
             return Err(if transport {
                 Error::Transport {
                     node: node.addr.clone(),
-                    cause: describe(&status),
+                    cause: describe(&status, self.nodes.tls_use()),
                 }
             } else {
                 status.into()
@@ -191,7 +191,11 @@ impl Caller {
         }
         tracing::debug!(node = %node.addr, code = ?status.code(), error = %status.message(), "retrying on another node");
         metrics::counter!(m::RETRIES).increment(1);
-        Ok(format!("{}: {}", node.addr, describe(&status)))
+        Ok(format!(
+            "{}: {}",
+            node.addr,
+            describe(&status, self.nodes.tls_use())
+        ))
     }
 
     /// Sleeps a random time up to `base * 2^attempt` (capped at
@@ -213,7 +217,7 @@ impl Caller {
 /// while a node's answer is decoded from its trailers and has none.
 /// The status's code and message, with the innermost cause of a transport
 /// failure and a hint when it is a TLS mismatch.
-fn describe(status: &tonic::Status) -> String {
+fn describe(status: &tonic::Status, tls: crate::tls::TlsUse) -> String {
     let mut cause = None;
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {
@@ -223,24 +227,7 @@ fn describe(status: &tonic::Status) -> String {
     let Some(cause) = cause else {
         return format!("{:?} {}", status.code(), status.message());
     };
-    let lower = cause.to_ascii_lowercase();
-    let words = if lower.contains("invalidcertificate") || lower.contains("certificate") {
-        "TLS: the node's certificate is not trusted: check the CA and the server name of TlsConfig"
-    } else if lower.contains("corrupt message") || lower.contains("invalidcontenttype") {
-        "TLS: the node does not speak TLS; it serves plaintext: drop ClientBuilder::tls"
-    } else if lower.contains("frame with invalid size")
-        || lower.contains("reset")
-        || lower.contains("broken pipe")
-    {
-        "the connection broke; the node may speak TLS: set ClientBuilder::tls"
-    } else if lower.contains("refused") {
-        "connection refused: nothing listens there (is idgen serving at this address?)"
-    } else if lower.contains("timed out") || lower.contains("timeout") || lower.contains("elapsed")
-    {
-        "timed out connecting: the node or its network does not answer"
-    } else {
-        "the connection failed"
-    };
+    let words = crate::tls::failure_words(&cause, tls);
     format!("{words} ({cause})")
 }
 
@@ -432,12 +419,12 @@ mod tests {
 
     #[test]
     fn transport_failures_are_told_in_words() {
-        let text = describe(&refused());
+        let text = describe(&refused(), crate::tls::TlsUse::Plaintext);
         assert!(text.starts_with("connection refused"), "{text}");
         assert!(!text.contains("Unknown"), "{text}");
         let e = Error::Transport {
             node: "10.0.0.1:50051".into(),
-            cause: describe(&reset_after_send()),
+            cause: describe(&reset_after_send(), crate::tls::TlsUse::Plaintext),
         };
         let text = e.to_string();
         assert!(

@@ -111,6 +111,14 @@ impl NodeSet {
         Ok(())
     }
 
+    /// How the client speaks to the nodes, for the words of a failure.
+    pub(crate) fn tls_use(&self) -> crate::tls::TlsUse {
+        self.settings
+            .tls
+            .as_ref()
+            .map_or(crate::tls::TlsUse::Plaintext, |t| t.tls_use())
+    }
+
     /// A lazy channel to `addr`, over TLS when the client speaks it.
     fn channel(&self, addr: &str) -> Result<Channel, String> {
         let scheme = if self.settings.tls.is_some() {

@@ -102,7 +102,7 @@ impl TlsConfig {
                     .map_err(|e| bad("client key", &format!("no usable private key: {e}")))?;
                 builder
                     .with_client_auth_cert(chain, key)
-                    .map_err(|e| bad("client certificate and key", &e))?
+                    .map_err(|e| bad("client certificate and key", &certificate_problem(&e)))?
             }
             None => builder.with_no_client_auth(),
         };
@@ -117,6 +117,7 @@ impl TlsConfig {
         Ok(Connector {
             config: Arc::new(config),
             server_name,
+            identity: self.identity.is_some(),
         })
     }
 }
@@ -141,6 +142,8 @@ fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
 pub(crate) struct Connector {
     config: Arc<ClientConfig>,
     server_name: Option<ServerName<'static>>,
+    /// Whether a client certificate is presented.
+    identity: bool,
 }
 
 impl fmt::Debug for Connector {
@@ -152,6 +155,13 @@ impl fmt::Debug for Connector {
 }
 
 impl Connector {
+    /// How this client speaks TLS, for the words of a failed call.
+    pub(crate) fn tls_use(&self) -> TlsUse {
+        TlsUse::Tls {
+            identity: self.identity,
+        }
+    }
+
     /// A lazy channel to `addr` (`host:port`) over TLS; the handshake runs
     /// at the first call, bounded by the endpoint's connect timeout.
     pub(crate) fn channel(&self, addr: &str, endpoint: Endpoint) -> Result<Channel, String> {
@@ -174,6 +184,101 @@ impl Connector {
         });
         Ok(endpoint.connect_with_connector_lazy(connect))
     }
+}
+
+/// What to do about an X.509 v1 certificate (`openssl x509 -req` without
+/// `-extfile`): rustls takes v3 only.
+const V1_CERTIFICATE: &str = "the certificate is X.509 v1; re-issue it as v3 (openssl: add -extfile with basicConstraints/subjectAltName, or use idgen tls dev-certs)";
+
+/// A client certificate and key rustls refused, naming the cause: v1, a
+/// key that is not the certificate's, or rustls' own words.
+fn certificate_problem(e: &rustls::Error) -> String {
+    // webpki's UnsupportedCertVersion reaches rustls as
+    // CertificateError::Other, seen only in its Debug text.
+    if format!("{e:?}").contains("UnsupportedCertVersion") {
+        return V1_CERTIFICATE.to_owned();
+    }
+    match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            "the private key is not the key of the (first) certificate".to_owned()
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Whether the client speaks TLS to the nodes, and presents a client
+/// certificate: what the words of a failed connection depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsUse {
+    /// No [`ClientBuilder::tls`](crate::ClientBuilder::tls).
+    Plaintext,
+    /// TLS, with or without [`TlsConfig::identity`].
+    Tls {
+        /// A client certificate is set.
+        identity: bool,
+    },
+}
+
+/// What went wrong with a connection, in words that say what to do, from
+/// its innermost `cause` and how the client speaks TLS. Never tells a
+/// client that has TLS set to set it.
+pub(crate) fn failure_words(cause: &str, tls: TlsUse) -> &'static str {
+    let lower = cause.to_ascii_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| lower.contains(w));
+    let identity = matches!(tls, TlsUse::Tls { identity: true });
+    if has(&["unsupportedcertversion"]) {
+        return "TLS: the node's certificate is X.509 v1; re-issue it as v3 (openssl: add -extfile with basicConstraints/subjectAltName, or use idgen tls dev-certs)";
+    }
+    if has(&["certificaterequired"]) {
+        return if identity {
+            "TLS: the node requires a client certificate and did not take this one: check TlsConfig::identity"
+        } else {
+            "TLS: the node requires a client certificate: set ClientBuilder::tls(TlsConfig::from_ca_file(ca)?.identity_files(cert, key)?)"
+        };
+    }
+    if identity
+        && has(&[
+            "badcertificate",
+            "unknownca",
+            "certificateunknown",
+            "unsupportedcertificate",
+            "certificateexpired",
+            "certificaterevoked",
+            "accessdenied",
+        ])
+    {
+        return "TLS: the node refused the client certificate: it must be signed by the node's server.tls.client_ca, unexpired, X.509 v3 with clientAuth usage";
+    }
+    if has(&["invalidcertificate", "certificate"]) {
+        return "TLS: the node's certificate is not trusted: check the CA and the server name of TlsConfig";
+    }
+    if has(&["corrupt message", "invalidcontenttype"]) {
+        return "TLS: the node does not speak TLS; it serves plaintext: drop ClientBuilder::tls";
+    }
+    // A TLS 1.3 node refuses a missing client certificate after the
+    // client's side of the handshake is done: the call then sees the
+    // alert, or, when its request raced it, only the connection closing.
+    let broke = has(&["frame with invalid size", "reset", "broken pipe"]);
+    let closed = has(&["connection closed"]);
+    match tls {
+        TlsUse::Plaintext if broke => {
+            return "the connection broke; the node may speak TLS: set ClientBuilder::tls"
+        }
+        TlsUse::Tls { identity: false } if broke || closed => {
+            return "the connection closed during or right after the TLS handshake: if the node requires a client certificate (server.tls.client_required), set TlsConfig::identity"
+        }
+        TlsUse::Tls { identity: true } if broke || closed => {
+            return "the connection closed during or right after the TLS handshake (the node may have refused the client certificate)"
+        }
+        _ => {}
+    }
+    if has(&["refused"]) {
+        return "connection refused: nothing listens there (is idgen serving at this address?)";
+    }
+    if has(&["timed out", "timeout", "elapsed"]) {
+        return "timed out connecting: the node or its network does not answer";
+    }
+    "the connection failed"
 }
 
 /// `host:port` (IPv6 hosts in brackets) into host and port.
@@ -207,6 +312,71 @@ mod tests {
         let err = TlsConfig::new("not a certificate").build().unwrap_err();
         assert!(err.to_string().contains("TLS CA"), "{err}");
         assert!(err.to_string().contains("no PEM CERTIFICATE"), "{err}");
+    }
+
+    #[test]
+    fn only_a_plaintext_client_is_told_to_set_tls() {
+        let plain = TlsUse::Plaintext;
+        let bare = TlsUse::Tls { identity: false };
+        let with_cert = TlsUse::Tls { identity: true };
+        for cause in [
+            "connection reset by peer",
+            "broken pipe",
+            "frame with invalid size",
+        ] {
+            assert!(failure_words(cause, plain).contains("set ClientBuilder::tls"));
+            for tls in [bare, with_cert] {
+                let w = failure_words(cause, tls);
+                assert!(!w.contains("ClientBuilder::tls"), "{cause}: {w}");
+            }
+            assert!(failure_words(cause, bare).contains("TlsConfig::identity"));
+        }
+        let closed = failure_words("connection closed", bare);
+        assert!(
+            closed.contains("client certificate") && closed.contains("TlsConfig::identity"),
+            "{closed}"
+        );
+        assert_eq!(
+            failure_words("connection closed", plain),
+            "the connection failed"
+        );
+        let required = "received fatal alert: CertificateRequired";
+        let w = failure_words(required, bare);
+        assert!(
+            w.contains("requires a client certificate") && w.contains("identity_files"),
+            "{w}"
+        );
+        assert!(!failure_words(required, with_cert).contains("ClientBuilder::tls"));
+        let refused = "received fatal alert: UnknownCA";
+        assert!(failure_words(refused, with_cert).contains("refused the client certificate"));
+        let untrusted = "invalid peer certificate: UnknownIssuer";
+        assert!(failure_words(untrusted, bare).contains("not trusted"));
+    }
+
+    #[test]
+    fn a_v1_or_mismatched_client_certificate_is_named() {
+        let v1 = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tls-v1/v1.pem"
+        ))
+        .unwrap();
+        let key = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tls-v1/v1-key.pem"
+        ))
+        .unwrap();
+        let ca = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tls-v1/ca.pem"
+        ))
+        .unwrap();
+        let err = TlsConfig::new(ca)
+            .identity(v1, key)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("X.509 v1; re-issue it as v3"), "{err}");
+        assert!(!err.contains("UnsupportedCertVersion"), "{err}");
     }
 
     #[test]

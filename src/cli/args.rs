@@ -47,6 +47,9 @@ pub enum Command {
     /// a counter's durable record (`idgen gen --format NAME` makes them).
     #[command(subcommand)]
     Format(FormatCommand),
+    /// TLS helpers: a development PKI in one step.
+    #[command(subcommand)]
+    Tls(TlsCommand),
 }
 
 /// `idgen format`: the formatted-ID calls of idgen.v1.IdGen besides
@@ -97,6 +100,42 @@ pub struct FormatNodeArgs {
     /// Finding the nodes through Consul instead of --addr.
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
+}
+
+#[derive(Subcommand)]
+pub enum TlsCommand {
+    /// Write a development CA, a node certificate and client certificates
+    /// (X.509 v3, ECDSA P-256) to DIR, and print the config lines and
+    /// client flags that use them.
+    ///
+    /// ca.pem/ca-key.pem sign the others; node.pem/node-key.pem (server
+    /// authentication) name localhost, 127.0.0.1, ::1 and --hosts;
+    /// client.pem/client-key.pem and NAME.pem/NAME-key.pem for each
+    /// --clients NAME (client authentication) carry the name as subject
+    /// CN, which admin.client_cert_names matches. Keys are written 0600.
+    /// Refuses to overwrite any file unless --force. For development and
+    /// tests: in production use your own CA (docs/SECURITY.md).
+    DevCerts(DevCertsArgs),
+}
+
+#[derive(Args)]
+pub struct DevCertsArgs {
+    /// Directory to write to (created if missing, mode 0700).
+    pub dir: PathBuf,
+    /// More names for the node certificate, comma-separated: DNS names or
+    /// IP addresses (e.g. idgen.internal,10.0.0.5).
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+    pub hosts: Vec<String>,
+    /// Days every certificate is valid from today.
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=3650))]
+    pub days: u32,
+    /// More client certificates, one per NAME (letters, digits, `.`, `_`,
+    /// `-`): NAME.pem and NAME-key.pem, subject CN NAME.
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub clients: Vec<String>,
+    /// Overwrite files that exist.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Subcommand)]

@@ -57,6 +57,10 @@ pub(super) fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
 /// when the node turns out to speak TLS.
 static PLAINTEXT_DIAL: OnceLock<(String, u16)> = OnceLock::new();
 
+/// Set when this process dialed a node over TLS without `--cert`, to
+/// explain a connection the node closed after the handshake.
+static TLS_WITHOUT_CERT: OnceLock<()> = OnceLock::new();
+
 /// Connects to `addr`, waiting at most `timeout`; every call made on the
 /// channel is bounded by `timeout` as well. `https://` addresses use
 /// `tls` (`--ca`, `--cert`, `--key`).
@@ -71,6 +75,9 @@ pub async fn channel(addr: &str, timeout: Duration, tls: &TlsArgs) -> anyhow::Re
     let parsed = url::Url::parse(&url)?;
     if parsed.scheme() == "https" {
         let config = tls.client_config()?;
+        if tls.cert.is_none() {
+            let _ = TLS_WITHOUT_CERT.set(());
+        }
         return match tokio::time::timeout(
             timeout,
             super::tls::connect(endpoint, &parsed, config, tls.server_name.as_deref()),
@@ -131,6 +138,9 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
         tonic::Code::Cancelled => !s.message().contains("Timeout expired"),
         _ => false,
     };
+    if let Some(words) = super::tls::refused_identity(&s, TLS_WITHOUT_CERT.get().is_some()) {
+        return anyhow::anyhow!("UNAVAILABLE: {words}");
+    }
     if transport {
         if let Some(tls) = tls_hint() {
             return anyhow::anyhow!("UNAVAILABLE: {tls}");

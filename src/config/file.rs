@@ -752,7 +752,33 @@ impl FileConfig {
         );
         let mut file: Self = fig.extract().map_err(read_error)?;
         file.consul.take_old_margin()?;
+        file.expand_paths(|name| std::env::var_os(name))?;
         Ok(file)
+    }
+
+    /// Expands `${CREDENTIALS_DIRECTORY}` in every key that names a file
+    /// (see [`crate::config::expand_path`]); `lookup` reads the
+    /// environment.
+    pub fn expand_paths(
+        &mut self,
+        lookup: impl Fn(&str) -> Option<std::ffi::OsString>,
+    ) -> Result<(), ConfigError> {
+        let tls = &mut self.server.tls;
+        let consul = &mut self.consul;
+        for (key, path) in [
+            ("server.tls.cert", &mut tls.cert),
+            ("server.tls.key", &mut tls.key),
+            ("server.tls.client_ca", &mut tls.client_ca),
+            ("store.path", &mut self.store.path),
+            ("consul.ca_file", &mut consul.ca_file),
+            ("consul.cert_file", &mut consul.cert_file),
+            ("consul.key_file", &mut consul.key_file),
+            ("consul.token_file", &mut consul.token_file),
+            ("admin.token_file", &mut self.admin.token_file),
+        ] {
+            *path = super::environment::expand_path(key, path, &lookup)?;
+        }
+        Ok(())
     }
 
     /// Every settable key as `(section, key)`, optional ones included.

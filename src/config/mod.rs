@@ -27,7 +27,7 @@ use crate::id::Layout;
 use crate::store::hwm::HwmSettings;
 
 pub use allow::{AllowList, Cidr};
-pub use environment::NON_CONFIG_VARIABLES;
+pub use environment::{expand_path, CREDENTIALS_DIRECTORY, NON_CONFIG_VARIABLES};
 pub use file::{
     state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
     FormattedSection, HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection,

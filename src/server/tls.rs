@@ -110,12 +110,56 @@ fn certified_key(settings: &TlsSettings) -> Result<Arc<CertifiedKey>, TlsError> 
     let key = read_key(&settings.key)?;
     let provider = rustls::crypto::ring::default_provider();
     CertifiedKey::from_der(chain, key, &provider)
+        .inspect(|ck| record_not_after(&ck.cert))
         .map(Arc::new)
         .map_err(|e| {
+            let hint = match &e {
+                rustls::Error::InconsistentKeys(_) => " (check that server.tls.key is the private key of the first certificate in server.tls.cert)",
+                _ => "",
+            };
             TlsError::Config(format!(
-                "the key does not fit the certificate, or one is unsupported: {e} (check that server.tls.key is the private key of the first certificate in server.tls.cert)"
+                "cert and key cannot be used: {}{hint}",
+                certificate_problem(&e)
             ))
         })
+}
+
+/// What to do about a certificate that is X.509 v1 (openssl `x509 -req`
+/// without `-extfile` makes one): rustls accepts only v3.
+pub const V1_CERTIFICATE: &str = "the certificate is X.509 v1; re-issue it as v3 (openssl: add -extfile with basicConstraints/subjectAltName, or use idgen tls dev-certs)";
+
+/// A certificate and key rustls refused, in words that name the cause: an
+/// X.509 v1 certificate ([`V1_CERTIFICATE`]), a key that is not the
+/// certificate's, or rustls' own words.
+pub fn certificate_problem(e: &rustls::Error) -> String {
+    use rustls::InconsistentKeys as K;
+    // webpki's UnsupportedCertVersion reaches rustls as
+    // CertificateError::Other, seen only in its Debug text.
+    if format!("{e:?}").contains("UnsupportedCertVersion") {
+        return V1_CERTIFICATE.to_owned();
+    }
+    match e {
+        rustls::Error::InconsistentKeys(K::KeyMismatch) => {
+            "the private key is not the key of the (first) certificate".to_owned()
+        }
+        rustls::Error::InconsistentKeys(K::Unknown) => {
+            "the private key's public half cannot be derived to check it against the certificate: use a PKCS#8, PKCS#1 or SEC1 key".to_owned()
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Sets `idgen_tls_cert_not_after_seconds{listener}` of both ports to the
+/// not-after time of `chain`'s first certificate (both serve the same
+/// certificate); an unparsable one leaves the gauge as it was.
+fn record_not_after(chain: &[CertificateDer<'_>]) {
+    let Some(leaf) = chain.first() else { return };
+    if let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf) {
+        let not_after = cert.validity().not_after.timestamp() as f64;
+        for listener in ["grpc", "http"] {
+            metrics::gauge!(m::TLS_CERT_NOT_AFTER, "listener" => listener).set(not_after);
+        }
+    }
 }
 
 /// How often [`watch`] looks at the files' modification times.
