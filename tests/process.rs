@@ -321,6 +321,8 @@ async fn sigterm_during_a_lua_reload_exits_promptly_after_idgen_stopped() {
         )
     });
     assert!(status.success(), "exit status {status:?}");
+}
+
 /// `[testing]` is for idgen's own test suite only: `check-config` leaves
 /// it out of the printed settings unless it is set, and then shows it (a
 /// deployment that set it must see so).
