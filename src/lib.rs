@@ -68,7 +68,8 @@
 //!   segment and lease refill through [`modes::refill`], snowflake
 //!   callers wait on [`modes::ticker`]; Lua rules run on
 //!   [`modes::lua_pool`]'s threads, off the request runtime, under a
-//!   deadline.
+//!   deadline. Hidden namespaces show their IDs through
+//!   [`modes::hidden`]'s hiders, kept current with the key rings.
 //! - [`error`]: the request-path crate error.
 //! - [`store`]: durable state, one folder per mode, each with its trait
 //!   in `mod.rs`, the embedded redb impl in `embedded.rs` and the Consul

@@ -563,6 +563,10 @@ pub struct StrictSection {
     pub max_keys_per_namespace: u64,
     /// Most namespaces with live keys, so the total is bounded too.
     pub max_namespaces: u64,
+    /// Not supported: strict values are consecutive by contract, so they
+    /// are never hidden. Present only to refuse it with a clear error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hide: Option<toml::Value>,
 }
 
 impl Default for StrictSection {
@@ -572,6 +576,7 @@ impl Default for StrictSection {
             default_step: 1,
             max_keys_per_namespace: 100_000,
             max_namespaces: 100,
+            hide: None,
         }
     }
 }

@@ -41,6 +41,10 @@
 //! values are taken from it before they are rendered. A Lua rule renders
 //! on the Lua pool's threads under a deadline (`modes::lua_pool`), after
 //! the gate is released; the async runtime never runs Lua code.
+//!
+//! A `{seq:N:hidden}` counter is shown through its format's hider
+//! ([`super::hidden`]): checked before a value is reserved, applied to each
+//! value taken just before it renders.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -52,8 +56,11 @@ use crate::id::format::FormatError;
 use crate::id::format::{
     CounterRecord, Format, FormatDef, LuaLimits, NodeIds, ParsedId, PeriodKey, Rendered, Scope,
 };
+use crate::id::hide::{DecimalHider, KeyVersion};
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
+use crate::modes::hidden::{self, HiddenOutput, Ready};
+use crate::modes::hide_keys::HideKeyRings;
 use crate::modes::lua_pool::{LuaPool, LuaPoolSettings};
 use crate::store::format::counters::{
     CounterKey, FormatCounterStore, Plan, Planned, RestoreFloor, TokenLock,
@@ -174,6 +181,10 @@ pub struct FormattedEngine {
     issued: metrics::Counter,
     /// Counter reservations (their count is the store writes made).
     store_op: m::StoreOp,
+    /// The hide key rings `{seq:N:hidden}` formats use (`None`: no keys).
+    rings: Option<HideKeyRings>,
+    /// Each hidden format's output, by (name, key id, digits).
+    hiders: Mutex<HashMap<(String, String, u8), Arc<HiddenOutput<DecimalHider>>>>,
 }
 
 /// A counter as `GetFormatCounter` shows it.
@@ -220,7 +231,54 @@ impl FormattedEngine {
             lua: LuaPool::new(settings.lua),
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
             store_op: m::StoreOp::new(m::label::BACKEND_FORMAT, m::label::OP_RESERVE_COUNTER),
+            rings: None,
+            hiders: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Serves `{seq:N:hidden}` formats with the keys of `rings`.
+    pub fn with_hide_rings(mut self, rings: HideKeyRings) -> Self {
+        self.rings = Some(rings);
+        self
+    }
+
+    /// The output a hidden format shows its counter through (`None` for
+    /// a plain format), built once per format and key.
+    fn hidden_output(&self, format: &Format) -> Option<Arc<HiddenOutput<DecimalHider>>> {
+        let t = format.template().filter(|t| t.hidden_seq())?;
+        let def = format.def();
+        let id = (
+            def.name.clone(),
+            def.hide_key_id().to_owned(),
+            t.seq_width(),
+        );
+        let mut hiders = self.hiders.lock().unwrap_or_else(PoisonError::into_inner);
+        let output = hiders.entry(id).or_insert_with(|| {
+            hidden::decimal_output(
+                format!("format {:?}", def.name),
+                def.hide_key_id(),
+                self.rings.clone(),
+                u32::from(t.seq_width()),
+            )
+        });
+        Some(Arc::clone(output))
+    }
+
+    /// For an admin: the key version and internal counter behind the
+    /// hidden counter `shown` of format `name`; `None` for a plain format.
+    pub fn reveal(&self, name: &str, shown: u64) -> Result<Option<(KeyVersion, u64)>, Error> {
+        let format = self.format(name)?;
+        let Some(output) = self.hidden_output(&format) else {
+            return Ok(None);
+        };
+        let ready = output.ready()?;
+        let revealed = hidden::Hider::reveal(ready.hider(), shown).map_err(|e| {
+            StoreError::from(FormatError::BadCounter {
+                format: name.to_owned(),
+                why: format!("{shown} is not a counter this format showed: {e}"),
+            })
+        })?;
+        Ok(Some(revealed))
     }
 
     /// Takes the tokens of `{token}` and `uniq64` formats from `tokens`.
@@ -432,6 +490,10 @@ impl FormattedEngine {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
+        // Refused here, before any value is reserved, when a hidden
+        // counter cannot be shown now.
+        let output = self.hidden_output(&format);
+        let hider = output.as_ref().map(|o| o.ready()).transpose()?;
         let token = self.token_for(&format).await?;
         let key = Self::key(
             &format,
@@ -484,7 +546,7 @@ impl FormattedEngine {
         // these render.
         drop(held);
         let ids = self
-            .render(&format, ids, node_ids(node, key.token), &bound)
+            .render(&format, ids, node_ids(node, key.token), &bound, hider)
             .await?;
         self.issued.increment(count);
         Ok(Issued {
@@ -501,6 +563,7 @@ impl FormattedEngine {
         taken: Vec<(u64, i64)>,
         ids: NodeIds,
         bound: &crate::id::format::Bound,
+        hider: Option<Ready<'_, DecimalHider>>,
     ) -> Result<Vec<Rendered>, Error> {
         if format.lua_rule().is_some() {
             let salt = bound.salt().map(str::to_owned);
@@ -517,8 +580,12 @@ impl FormattedEngine {
         taken
             .into_iter()
             .map(|(value, at)| {
+                let shown = match &hider {
+                    Some(hider) => hider.hide(value)?,
+                    None => value,
+                };
                 Ok(format
-                    .render(at, value, ids, bound)
+                    .render(at, shown, ids, bound)
                     .map_err(StoreError::from)?)
             })
             .collect()

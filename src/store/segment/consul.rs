@@ -358,7 +358,7 @@ impl CasWrite for AdminWrite<'_> {
                                 tag.to_string(),
                             )))
                         }
-                        Some((tombstone, i)) => (tombstone.revived(record), i),
+                        Some((tombstone, i)) => (tombstone.revived(tag, record)?, i),
                         None => ((*record).clone(), 0),
                     }
                 }

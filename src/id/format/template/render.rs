@@ -272,7 +272,9 @@ impl Template {
                     let v = token.ok_or(RenderError::NoNode { field: "token" })?;
                     push_radix(out, v, *w, *c, "token")?;
                 }
-                Field::Seq(w) => {
+                // A hidden counter arrives already shown (the engine maps
+                // it through its hider before rendering).
+                Field::Seq(w) | Field::HiddenSeq(w) => {
                     if counter >= 10u64.pow(u32::from(*w)) {
                         return Err(RenderError::CounterTooWide { counter, width: *w });
                     }

@@ -1,0 +1,217 @@
+//! Hidden output: the hider a hidden namespace (a segment tag created with
+//! `hide`, a format with `{seq:N:hidden}`) shows its IDs through.
+//!
+//! A [`HiddenOutput`] is built once per namespace and rebuilt when the key
+//! ring changes ([`HideKeyRings::subscribe`]), never per call: a call does
+//! one atomic load ([`HiddenOutput::ready`]) and, when the key cannot serve
+//! (missing, retired, or an active version the field cannot hold), is
+//! refused before it takes any value, so nothing is reserved or leaked.
+//! The engines map an internal value only after the range, block or counter
+//! that holds it was reserved: hiding never changes what is reserved.
+
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+
+use super::hide_keys::HideKeyRings;
+use crate::error::Error;
+use crate::id::hide::{DecimalHider, HideError, HideKey, IntHider, KeyVersion};
+
+/// A keyed permutation an engine shows internal values through.
+pub trait Hider: Send + Sync + 'static {
+    /// The value shown for `internal`.
+    fn hide(&self, internal: u64) -> Result<u64, HideError>;
+    /// The key version and internal value behind `shown`.
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError>;
+}
+
+impl Hider for IntHider {
+    fn hide(&self, internal: u64) -> Result<u64, HideError> {
+        IntHider::hide(self, internal)
+    }
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
+        IntHider::reveal(self, shown)
+    }
+}
+
+impl Hider for DecimalHider {
+    fn hide(&self, internal: u64) -> Result<u64, HideError> {
+        DecimalHider::hide(self, internal)
+    }
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
+        DecimalHider::reveal(self, shown)
+    }
+}
+
+/// Builds a hider from every version of a ring and its active version.
+pub type BuildHider<H> =
+    Box<dyn Fn(&[&HideKey], KeyVersion) -> Result<H, HideError> + Send + Sync + 'static>;
+
+/// One namespace's hider, kept current with its key ring.
+pub struct HiddenOutput<H> {
+    namespace: String,
+    key_id: String,
+    rings: Option<HideKeyRings>,
+    build: BuildHider<H>,
+    /// The hider; `None` when the namespace cannot issue now.
+    current: ArcSwapOption<H>,
+    /// Why it cannot (set before `current` is cleared).
+    refused: ArcSwap<String>,
+}
+
+impl<H: Hider> HiddenOutput<H> {
+    /// The output of `namespace` (as messages name it, e.g. `segment tag
+    /// "orders"`) through key `key_id`. `rings` is `None` on a node with no
+    /// hide keys loaded (no master key): every call is then refused.
+    /// Inside a Tokio runtime, a task rebuilds the hider on ring changes
+    /// for as long as the output lives.
+    pub fn new(
+        namespace: String,
+        key_id: &str,
+        rings: Option<HideKeyRings>,
+        build: BuildHider<H>,
+    ) -> Arc<Self> {
+        // Subscribed before the first build: no change can fall between.
+        let changes = rings.as_ref().map(HideKeyRings::subscribe);
+        let this = Arc::new(Self {
+            namespace,
+            key_id: key_id.to_owned(),
+            rings,
+            build,
+            current: ArcSwapOption::empty(),
+            refused: ArcSwap::from_pointee(String::new()),
+        });
+        this.rebuild();
+        if let (Some(mut changes), Ok(runtime)) = (changes, tokio::runtime::Handle::try_current()) {
+            let weak = Arc::downgrade(&this);
+            runtime.spawn(async move {
+                while changes.changed().await.is_ok() {
+                    let Some(this) = weak.upgrade() else {
+                        return;
+                    };
+                    this.rebuild();
+                }
+            });
+        }
+        this
+    }
+
+    /// Builds the hider from the ring as it is now.
+    pub fn rebuild(&self) {
+        match self.build_now() {
+            Ok(hider) => self.current.store(Some(Arc::new(hider))),
+            Err(reason) => {
+                tracing::warn!(namespace = %self.namespace, key = %self.key_id, %reason, "hidden namespace cannot issue");
+                self.refused.store(Arc::new(reason));
+                self.current.store(None);
+            }
+        }
+    }
+
+    fn build_now(&self) -> Result<H, String> {
+        let key = &self.key_id;
+        let Some(rings) = &self.rings else {
+            return Err("this node has no hide keys loaded; set hide.master_key_file or IDGEN_HIDE_MASTER_KEY and restart it".into());
+        };
+        let Some(ring) = rings.current(key) else {
+            return Err(format!(
+                "hide key {key:?} does not exist; create it with `idgen admin keys create {key}`"
+            ));
+        };
+        let Some(active) = ring.active else {
+            return Err(format!(
+                "hide key {key:?} is retired (decode-only); give it a new active version with `idgen admin keys rotate {key}`"
+            ));
+        };
+        let keys: Vec<&HideKey> = ring.keys.iter().collect();
+        (self.build)(&keys, active).map_err(|e| {
+            format!("hide key {key:?} version {active}: {e}; rotate to a key the field can hold or create the namespace with a wider version field")
+        })
+    }
+
+    /// The hider for one call (one atomic load), or the refusal naming the
+    /// key and the fix. Call it before taking any value.
+    pub fn ready(&self) -> Result<Ready<'_, H>, Error> {
+        match self.current.load_full() {
+            Some(hider) => Ok(Ready {
+                hider,
+                output: self,
+            }),
+            None => Err(self.refusal(self.refused.load().to_string())),
+        }
+    }
+
+    fn refusal(&self, reason: String) -> Error {
+        Error::Hidden {
+            namespace: self.namespace.clone(),
+            key: self.key_id.clone(),
+            reason,
+        }
+    }
+
+    /// The key id.
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+}
+
+/// A hider ready for one call.
+pub struct Ready<'a, H> {
+    hider: Arc<H>,
+    output: &'a HiddenOutput<H>,
+}
+
+impl<H: Hider> Ready<'_, H> {
+    /// The hider itself.
+    pub fn hider(&self) -> &H {
+        &self.hider
+    }
+
+    /// Shows `internal`. A value outside the field's domain (the engines
+    /// bound their counters to it, so never in practice) is refused.
+    pub fn hide(&self, internal: u64) -> Result<u64, Error> {
+        self.hider()
+            .hide(internal)
+            .map_err(|e| self.output.refusal(e.to_string()))
+    }
+
+    /// Shows every value of `values` in place.
+    pub fn hide_all(&self, values: &mut [u64]) -> Result<(), Error> {
+        for v in values {
+            *v = self.hide(*v)?;
+        }
+        Ok(())
+    }
+}
+
+/// The output of a hidden segment tag: [`IntHider`] over its widths.
+pub fn int_output(
+    namespace: String,
+    key_id: &str,
+    rings: Option<HideKeyRings>,
+    version_bits: u32,
+    domain_bits: u32,
+) -> Arc<HiddenOutput<IntHider>> {
+    HiddenOutput::new(
+        namespace,
+        key_id,
+        rings,
+        Box::new(move |keys, active| IntHider::new(keys, active, version_bits, domain_bits)),
+    )
+}
+
+/// The output of a `{seq:N:hidden}` counter: [`DecimalHider`] over its N
+/// digits (one of them the key version).
+pub fn decimal_output(
+    namespace: String,
+    key_id: &str,
+    rings: Option<HideKeyRings>,
+    digits: u32,
+) -> Arc<HiddenOutput<DecimalHider>> {
+    HiddenOutput::new(
+        namespace,
+        key_id,
+        rings,
+        Box::new(move |keys, active| DecimalHider::new(keys, active, digits)),
+    )
+}
