@@ -187,6 +187,15 @@ pub struct FormattedEngine {
     hiders: Mutex<HashMap<(String, String, u8), Arc<HiddenOutput<DecimalHider>>>>,
 }
 
+/// What a hidden counter shows (`ParseFormatted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HiddenView {
+    /// The key version it was shown with.
+    pub key_version: KeyVersion,
+    /// The internal counter: only for admin callers.
+    pub internal: Option<u64>,
+}
+
 /// A counter as `GetFormatCounter` shows it.
 #[derive(Debug, Clone)]
 pub struct CounterView {
@@ -264,13 +273,48 @@ impl FormattedEngine {
         Some(Arc::clone(output))
     }
 
-    /// For an admin: the key version and internal counter behind the
-    /// hidden counter `shown` of format `name`; `None` for a plain format.
-    pub fn reveal(&self, name: &str, shown: u64) -> Result<Option<(KeyVersion, u64)>, Error> {
+    /// What a parsed ID of a `{seq:N:hidden}` format shows about its
+    /// counter `shown`: its key version (the first digit) and, only when
+    /// `reveal` (an admin caller), the internal counter behind it. `None`
+    /// for a plain format.
+    pub fn hidden_view(
+        &self,
+        name: &str,
+        shown: u64,
+        reveal: bool,
+    ) -> Result<Option<HiddenView>, Error> {
         let format = self.format(name)?;
-        let Some(output) = self.hidden_output(&format) else {
+        let Some(width) = format
+            .template()
+            .filter(|t| t.hidden_seq())
+            .map(|t| t.seq_width())
+        else {
             return Ok(None);
         };
+        let public = HiddenView {
+            key_version: (shown / 10u64.pow(u32::from(width) - 1)) as KeyVersion,
+            internal: None,
+        };
+        if !reveal {
+            return Ok(Some(public));
+        }
+        let (key_version, internal) = self.reveal(&format, shown)?;
+        Ok(Some(HiddenView {
+            key_version,
+            internal: Some(internal),
+        }))
+    }
+
+    /// The key version and internal counter behind the hidden counter
+    /// `shown` of `format`.
+    fn reveal(&self, format: &Format, shown: u64) -> Result<(KeyVersion, u64), Error> {
+        let name = format.name();
+        let output = self.hidden_output(format).ok_or_else(|| {
+            StoreError::from(FormatError::BadCounter {
+                format: name.to_owned(),
+                why: "is not hidden".into(),
+            })
+        })?;
         let ready = output.ready()?;
         let revealed = hidden::Hider::reveal(ready.hider(), shown).map_err(|e| {
             StoreError::from(FormatError::BadCounter {
@@ -278,7 +322,7 @@ impl FormattedEngine {
                 why: format!("{shown} is not a counter this format showed: {e}"),
             })
         })?;
-        Ok(Some(revealed))
+        Ok(revealed)
     }
 
     /// Takes the tokens of `{token}` and `uniq64` formats from `tokens`.

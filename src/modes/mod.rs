@@ -250,6 +250,18 @@ impl Issuer {
         self.formats_for(name)?.parse(name, id)
     }
 
+    /// What the shown counter `seq` of a `{seq:N:hidden}` format reveals:
+    /// its key version, and the internal counter only when `reveal` (the
+    /// caller is an admin). `None`: the format does not hide.
+    pub fn hidden_formatted(
+        &self,
+        name: &str,
+        seq: u64,
+        reveal: bool,
+    ) -> Result<Option<formatted::HiddenView>, Error> {
+        self.formats_for(name)?.hidden_view(name, seq, reveal)
+    }
+
     /// A counter's durable record (`GetFormatCounter`); per-node formats
     /// show this node's counter.
     pub async fn format_counter(

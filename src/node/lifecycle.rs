@@ -132,11 +132,12 @@ impl Node {
             .build_v1alpha()
             .map_err(|e| ServeError::Transport(format!("reflection v1alpha: {e}")))?;
         let max_request = config.server.max_request_size;
-        let idgen = proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(
-            &self.issuer,
-        )))
-        .max_decoding_message_size(max_request);
         let admin_service = Arc::new(admin::AdminService::new(self.admin_deps()));
+        let idgen = proto::id_gen_server::IdGenServer::new(
+            grpc::IdGenService::new(Arc::clone(&self.issuer))
+                .with_admin(Arc::clone(&admin_service)),
+        )
+        .max_decoding_message_size(max_request);
         let admin = proto::admin_server::AdminServer::from_arc(Arc::clone(&admin_service))
             .max_decoding_message_size(max_request);
         let (stop, stop_rx) = watch::channel(false);
