@@ -19,6 +19,7 @@ use crate::store::StoreError;
 pub mod format_catalog;
 pub mod formatted;
 pub mod gate;
+pub mod hide_keys;
 pub mod lease;
 pub mod lua_pool;
 pub mod refill;
