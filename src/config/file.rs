@@ -50,6 +50,8 @@ pub struct FileConfig {
     pub admin: AdminSection,
     /// Logging.
     pub log: LogSection,
+    /// Hiding volume: where the hide master key comes from.
+    pub hide: super::HideSection,
     /// For idgen's own test suite only; unsupported, and deliberately not
     /// in `config/idgen.example.toml`.
     pub testing: TestingSection,

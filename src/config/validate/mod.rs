@@ -53,6 +53,7 @@ impl FileConfig {
             layout,
             hwm,
             log,
+            hide: self.hide.validate()?,
         })
     }
 

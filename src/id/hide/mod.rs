@@ -3,33 +3,10 @@
 
 use thiserror::Error;
 
-/// A key version.
-pub type KeyVersion = u8;
+pub use crate::store::hide_keys::{HideKey, KeyVersion};
 
-/// Secret material + version.
-pub struct HideKey {
-    version: KeyVersion,
-    material: [u8; 32],
-}
-
-impl std::fmt::Debug for HideKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HideKey {{ version: {}, .. }}", self.version)
-    }
-}
-
-impl HideKey {
-    /// A key.
-    pub fn new(version: KeyVersion, material: [u8; 32]) -> HideKey {
-        HideKey { version, material }
-    }
-    /// Its version.
-    pub fn version(&self) -> KeyVersion {
-        self.version
-    }
-    fn offset(&self) -> u64 {
-        u64::from_le_bytes(self.material[..8].try_into().unwrap_or([0; 8]))
-    }
+fn key_offset(k: &HideKey) -> u64 {
+    u64::from(k.version()).wrapping_mul(0x1234_5678_9abc_def1)
 }
 
 /// Hiding errors.
@@ -50,7 +27,7 @@ pub enum HideError {
 }
 
 fn offsets(keys: &[&HideKey]) -> Vec<(KeyVersion, u64)> {
-    keys.iter().map(|k| (k.version, k.offset())).collect()
+    keys.iter().map(|k| (k.version(), key_offset(k))).collect()
 }
 
 /// Decimal.
