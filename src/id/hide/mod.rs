@@ -1,156 +1,196 @@
-//! STAND-IN for V1's keyed permutations (replaced at merge): same API,
-//! toy affine permutations, not secure. Do not ship.
+//! Hiding volume: keyed permutations that turn an internal counter or
+//! snowflake into an ID that does not show how many were issued.
+//!
+//! Each hider is a bijection of exactly its domain under one key, plus a
+//! key-version field written in clear into the output. So:
+//!
+//! 1. **Uniqueness carries over.** Two different internal values under one
+//!    key give two different outputs (a permutation has an inverse:
+//!    `reveal(hide(x)) == x`), and every output stays inside the domain
+//!    (FF1 and the Feistel network are permutations of exactly `0..10^n`
+//!    or `0..2^n`; no truncation, no modulo that could merge values).
+//! 2. **Rotation cannot collide.** Outputs of two key versions differ in
+//!    the version field, so they can never be equal whatever the keys and
+//!    internal values. The price: a version number may never be given to
+//!    a second key (the caller's key store enforces it), so a namespace
+//!    has at most 10 (decimal) or `2^version_bits` keys over its life.
+//! 3. **One key, one algorithm.** The 32 bytes of a [`HideKey`] are never
+//!    used directly: FF1 and the Feistel round function each get their own
+//!    subkey, derived with HKDF-SHA256 under a label naming the algorithm.
+//!
+//! The variants: [`DecimalHider`] (fixed-width decimal fields, FF1 radix
+//! 10 per NIST SP 800-38G rev. 1, with AES-256), [`IntHider`] (integers of
+//! up to 63 bits, a keyed Feistel network), and [`SnowflakeHider`]
+//! (snowflake IDs, sortable or opaque; see [`SnowflakeHiding`]).
+//!
+//! Hiders are built once from every key a namespace still decodes (live
+//! and retired) and the active version, and then `hide` and `reveal` take
+//! `&self`, allocate nothing and are safe to share between threads.
+//!
+//! What hiding does not do: it is not encryption of a secret. Anyone with
+//! many IDs still sees their number and, for sortable snowflakes, their
+//! times; what they cannot read is how many IDs were issued between two
+//! of theirs. `docs/ARCHITECTURE.md` ("Hiding volume") states the costs.
 
+mod decimal;
+mod feistel;
+mod ff1;
+mod int;
+mod keys;
+mod snowflake;
+#[cfg(test)]
+mod tests;
+
+pub use decimal::DecimalHider;
+pub use int::IntHider;
+pub use keys::{HideKey, KeyVersion};
+pub use snowflake::{SnowflakeHider, SnowflakeHiding};
+
+use super::kind::ErrorKind;
 use thiserror::Error;
 
-pub use crate::store::hide_keys::{HideKey, KeyVersion};
-
-fn key_offset(k: &HideKey) -> u64 {
-    u64::from(k.version()).wrapping_mul(0x1234_5678_9abc_def1)
-}
-
-/// Hiding errors.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
+/// Why a hider could not be built, or a value could not be hidden or
+/// revealed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum HideError {
-    /// Too small.
-    #[error("domain too small")]
-    DomainTooSmall,
-    /// Out of domain.
-    #[error("value {0} is out of the domain")]
-    OutOfDomain(u64),
-    /// Version too large.
-    #[error("key version {0} does not fit the version field")]
-    VersionOutOfRange(u64),
-    /// Unknown version.
-    #[error("unknown key version {0}")]
-    UnknownVersion(u64),
+    /// The permuted domain is too small to hide anything (FF1 needs at
+    /// least 10^6 values, NIST SP 800-38G rev. 1; the Feistel at least
+    /// 2^8 values per tweak).
+    #[error("{what} permutes only {got}, below the minimum of {min}; give the hidden field more digits or bits")]
+    DomainTooSmall {
+        /// What was being built (`decimal field of 6 digits`, ...).
+        what: String,
+        /// The domain asked for, as text (`10^5`, `2^6`).
+        got: String,
+        /// The smallest allowed domain, as text.
+        min: String,
+    },
+    /// The widths asked for do not fit a positive 64-bit ID.
+    #[error("{what}; {fix}")]
+    BadWidth {
+        /// What is wrong (`version_bits 4 + domain_bits 62 = 66 > 63`).
+        what: String,
+        /// What to do about it.
+        fix: &'static str,
+    },
+    /// A value to hide lies outside the hider's domain.
+    #[error("internal value {value} is outside the hidden domain (at most {max}); it cannot be hidden without risking a repeat. Stop issuing in this namespace, or move it to a wider field")]
+    OutOfDomain {
+        /// The refused value.
+        value: u64,
+        /// The largest value the hider takes.
+        max: u64,
+    },
+    /// A shown value is not one this hider could have produced (wrong
+    /// width or bits where the hider writes none).
+    #[error("{value} is not a hidden ID of this namespace (hidden IDs here are at most {max}); check that it was issued here")]
+    NotHidden {
+        /// The refused value.
+        value: u64,
+        /// The largest value the hider produces.
+        max: u64,
+    },
+    /// A key version does not fit the version field.
+    #[error("key version {version} does not fit the version field (versions 0..={max}); a namespace cannot have more keys over its life than its version field counts: move it to a new namespace with a wider field")]
+    VersionOutOfRange {
+        /// The version.
+        version: KeyVersion,
+        /// The largest version the field holds.
+        max: KeyVersion,
+    },
+    /// A shown ID carries a version for which no key was given.
+    #[error("key version {version} is not loaded; if the key was retired, load it again (retired keys stay decode-only); if it was deleted, IDs of that version can no longer be revealed")]
+    UnknownVersion {
+        /// The version read from the ID.
+        version: KeyVersion,
+    },
+    /// Two keys were given with the same version.
+    #[error("two keys have version {version}; a version belongs to one key forever (reusing it could repeat IDs): give each key its own version")]
+    DuplicateVersion {
+        /// The repeated version.
+        version: KeyVersion,
+    },
+    /// No key was given for the active version.
+    #[error(
+        "no key with the active version {version} was given; load it or make a loaded key active"
+    )]
+    ActiveKeyMissing {
+        /// The active version.
+        version: KeyVersion,
+    },
 }
 
-fn offsets(keys: &[&HideKey]) -> Vec<(KeyVersion, u64)> {
-    keys.iter().map(|k| (k.version(), key_offset(k))).collect()
+impl HideError {
+    /// What kind of failure this is (see [`ErrorKind`]): a value outside
+    /// the domain or not from this namespace is the caller's mistake; the
+    /// rest are set-up problems an operator must fix.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::NotHidden { .. } => ErrorKind::BadRequest,
+            Self::UnknownVersion { .. } => ErrorKind::NotFound,
+            Self::OutOfDomain { .. } => ErrorKind::Exhausted,
+            Self::DomainTooSmall { .. }
+            | Self::BadWidth { .. }
+            | Self::VersionOutOfRange { .. }
+            | Self::DuplicateVersion { .. }
+            | Self::ActiveKeyMissing { .. } => ErrorKind::Precondition,
+        }
+    }
 }
 
-/// Decimal.
-pub struct DecimalHider {
-    keys: Vec<(KeyVersion, u64)>,
+/// The ciphers of every key version a hider knows, indexed by version,
+/// and the active one. Built once; lookups are an index.
+struct Versions<C> {
+    by_version: Vec<Option<C>>,
     active: KeyVersion,
-    cap: u64,
 }
 
-impl DecimalHider {
-    /// New.
-    pub fn new(keys: &[&HideKey], active: KeyVersion, digits: u32) -> Result<Self, HideError> {
-        if digits < 7 {
-            return Err(HideError::DomainTooSmall);
-        }
-        if active > 9 {
-            return Err(HideError::VersionOutOfRange(u64::from(active)));
-        }
-        Ok(Self {
-            keys: offsets(keys),
-            active,
-            cap: 10u64.pow(digits - 1),
-        })
-    }
-    /// Capacity.
-    pub fn capacity(&self) -> u64 {
-        self.cap
-    }
-    /// Hide.
-    pub fn hide(&self, internal: u64) -> Result<u64, HideError> {
-        if internal >= self.cap {
-            return Err(HideError::OutOfDomain(internal));
-        }
-        let k = self
-            .keys
-            .iter()
-            .find(|k| k.0 == self.active)
-            .map_or(0, |k| k.1);
-        let p = ((u128::from(internal) * 7 + u128::from(k)) % u128::from(self.cap)) as u64;
-        Ok(u64::from(self.active) * self.cap + p)
-    }
-    /// Reveal.
-    pub fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
-        let v = (shown / self.cap) as u8;
-        let k = self
-            .keys
-            .iter()
-            .find(|k| k.0 == v)
-            .ok_or(HideError::UnknownVersion(u64::from(v)))?
-            .1;
-        let p = u128::from(shown % self.cap);
-        let cap = u128::from(self.cap);
-        let mut x = (p + cap - u128::from(k) % cap) % cap;
-        // inverse of 7 mod cap by search over small multiples
-        while x % 7 != 0 {
-            x += cap;
-        }
-        Ok((v, (x / 7) as u64))
-    }
-}
-
-/// Int.
-pub struct IntHider {
-    keys: Vec<(KeyVersion, u64)>,
-    active: KeyVersion,
-    domain_bits: u32,
-    version_bits: u32,
-}
-
-impl IntHider {
-    /// New.
-    pub fn new(
+impl<C> Versions<C> {
+    /// Builds one cipher per key with `make`; refuses versions above
+    /// `max`, repeated versions and a missing active key.
+    fn build(
         keys: &[&HideKey],
         active: KeyVersion,
-        version_bits: u32,
-        domain_bits: u32,
+        max: KeyVersion,
+        make: impl Fn(&HideKey) -> C,
     ) -> Result<Self, HideError> {
-        if u64::from(active) >= 1 << version_bits {
-            return Err(HideError::VersionOutOfRange(u64::from(active)));
+        if active > max {
+            return Err(HideError::VersionOutOfRange {
+                version: active,
+                max,
+            });
         }
-        Ok(Self {
-            keys: offsets(keys),
-            active,
-            domain_bits,
-            version_bits,
-        })
-    }
-    /// Capacity.
-    pub fn capacity(&self) -> u64 {
-        1 << self.domain_bits
-    }
-    /// Hide.
-    pub fn hide(&self, internal: u64) -> Result<u64, HideError> {
-        if internal >= self.capacity() {
-            return Err(HideError::OutOfDomain(internal));
-        }
-        let k = self
-            .keys
-            .iter()
-            .find(|k| k.0 == self.active)
-            .map_or(0, |k| k.1);
-        let mask = self.capacity() - 1;
-        let p = internal.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(k) & mask;
-        Ok((u64::from(self.active) << (63 - self.version_bits)) | p)
-    }
-    /// Reveal.
-    pub fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
-        let v = (shown >> (63 - self.version_bits)) as u8;
-        let k = self
-            .keys
-            .iter()
-            .find(|k| k.0 == v)
-            .ok_or(HideError::UnknownVersion(u64::from(v)))?
-            .1;
-        let mask = self.capacity() - 1;
-        let inv = {
-            let a: u64 = 0x9E37_79B9_7F4A_7C15;
-            let mut x: u64 = 1;
-            for _ in 0..7 {
-                x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
+        let mut by_version: Vec<Option<C>> = (0..=max).map(|_| None).collect();
+        for key in keys {
+            let version = key.version();
+            let slot = by_version
+                .get_mut(usize::from(version))
+                .ok_or(HideError::VersionOutOfRange { version, max })?;
+            if slot.is_some() {
+                return Err(HideError::DuplicateVersion { version });
             }
-            x
-        };
-        Ok((v, (shown & mask).wrapping_sub(k).wrapping_mul(inv) & mask))
+            *slot = Some(make(key));
+        }
+        if by_version[usize::from(active)].is_none() {
+            return Err(HideError::ActiveKeyMissing { version: active });
+        }
+        Ok(Self { by_version, active })
+    }
+
+    /// The active version's cipher.
+    fn active(&self) -> (KeyVersion, &C) {
+        // `build` checked that the active slot is filled.
+        match &self.by_version[usize::from(self.active)] {
+            Some(cipher) => (self.active, cipher),
+            None => unreachable!("Versions::build checks the active key"),
+        }
+    }
+
+    /// The cipher of `version`, or [`HideError::UnknownVersion`].
+    fn get(&self, version: KeyVersion) -> Result<&C, HideError> {
+        self.by_version
+            .get(usize::from(version))
+            .and_then(Option::as_ref)
+            .ok_or(HideError::UnknownVersion { version })
     }
 }
