@@ -52,6 +52,7 @@ pub mod placeholder {
     /// A key version.
     pub type KeyVersion = u8;
     /// A data key.
+    #[derive(Debug)]
     pub struct HideKey {
         version: KeyVersion,
         #[allow(dead_code)]
