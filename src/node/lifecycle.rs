@@ -53,7 +53,11 @@ impl Node {
         ));
         let addrs = (grpc.local_addr().ok(), http.local_addr().ok());
         // Before the front ends: a SIGHUP once calls are answered reloads.
-        let format_watch = self.watch_formats();
+        let mut format_watch = self.watch_formats();
+        // Hide key rotations made through other nodes (Consul).
+        if self.membership.consul().is_some() {
+            format_watch.push(tokio::spawn(self.hide_keys.clone().watch()));
+        }
         let mut fronts = self.start_front_ends(grpc, http, health_service, &state)?;
         let Node {
             config,
@@ -241,6 +245,7 @@ impl Node {
             snapshots: self.snapshots.clone(),
             formats: self.formats.clone(),
             hwm_reserve: config.hwm.reserve,
+            hide_keys: self.hide_keys.clone(),
         }
     }
 }

@@ -52,6 +52,7 @@ pub mod placeholder {
     /// A key version.
     pub type KeyVersion = u8;
     /// A data key.
+    #[derive(Debug)]
     pub struct HideKey {
         version: KeyVersion,
         #[allow(dead_code)]
@@ -598,6 +599,44 @@ fn unwrap_record(master: &MasterKey, record: &StoredHideKey) -> Result<HideKeyRi
         active: record.info().active(),
         keys,
     })
+}
+
+/// Merges the `hide_keys` table of a backup (`from`) into a state file's
+/// (`to`), record by record with [`StoredHideKey::merge`]: a version either
+/// holds is kept, its state the more retired of the two.
+pub(crate) fn merge_table(
+    from: &redb::ReadTransaction,
+    to: &redb::WriteTransaction,
+) -> Result<usize, StoreError> {
+    use redb::ReadableTable;
+    use crate::store::embedded::backend_err;
+    let source = match from.open_table(HIDE_KEYS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(backend_err(e)),
+    };
+    let mut target = to.open_table(HIDE_KEYS).map_err(backend_err)?;
+    let mut merged = 0;
+    for item in source.iter().map_err(backend_err)? {
+        let (k, v) = item.map_err(backend_err)?;
+        let theirs = decode(k.value(), v.value())?;
+        let existing = match target.get(k.value()).map_err(backend_err)? {
+            Some(ours) => Some(decode(k.value(), ours.value())?),
+            None => None,
+        };
+        let record = match existing {
+            Some(mut ours) => {
+                ours.merge(&theirs);
+                ours
+            }
+            None => theirs,
+        };
+        target
+            .insert(k.value(), encode(&record)?.as_slice())
+            .map_err(backend_err)?;
+        merged += 1;
+    }
+    Ok(merged)
 }
 
 fn not_found(key_id: &str) -> StoreError {
