@@ -635,6 +635,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_hidden_tag_without_its_key_is_refused_before_any_range_is_taken() {
+        let (store, _clock, seg, tag) = setup(100);
+        let hide = crate::id::segment::TagHide {
+            key: "orders".into(),
+            version_bits: 4,
+            domain_bits: 40,
+        };
+        let hidden = TagRecord::new(0, 100, "", T0)
+            .unwrap()
+            .with_hide(&tag, Some(hide))
+            .unwrap();
+        store.records.lock().unwrap().insert(tag.clone(), hidden);
+        // This engine has no key rings: every call is refused, naming the
+        // tag, the key and the fix, and no range is ever taken.
+        for _ in 0..3 {
+            let err = seg.take(&tag, 10).await.unwrap_err();
+            assert_eq!(err.kind(), crate::error::ErrorKind::Precondition);
+            let msg = err.to_string();
+            assert!(msg.contains("\"orders\"") && msg.contains("IDGEN_HIDE_MASTER_KEY"), "{msg}");
+            assert!(seg.take_one(&tag).await.is_err());
+        }
+        tokio::task::yield_now().await;
+        assert!(store.steps.lock().unwrap().is_empty(), "a range was taken");
+        assert_eq!(store.records.lock().unwrap()[&tag].max_id, 0);
+    }
+
+    #[tokio::test]
     async fn serves_from_memory_prefetches_at_ten_percent_and_stays_increasing() {
         let (store, _clock, seg, tag) = setup(100);
         let mut all = seg.take(&tag, 1).await.unwrap();

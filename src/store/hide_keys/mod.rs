@@ -39,7 +39,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use placeholder::{HideKey, KeyVersion};
+pub use crate::id::hide::{HideKey, KeyVersion};
 use crate::id::ErrorKind;
 use crate::store::StoreError;
 
