@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use common::{run_idgen_with_env, write_child_config, ChildServer};
+use common::{write_child_config, ChildServer};
 use idgen::proto::{self, admin_client::AdminClient, id_gen_client::IdGenClient, Mode};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -44,16 +44,31 @@ fn start(config: &Path) -> ChildServer {
         .unwrap_or_else(|log| panic!("idgen did not become ready: {log}"))
 }
 
-/// `idgen admin keys <verb> <key>` against `node`.
-fn keys(node: &ChildServer, verb: &str, key: &str) {
-    let addr = format!("http://{}", node.grpc);
-    let (ok, out) = run_idgen_with_env(
-        &[
-            "admin", "--addr", &addr, "--token", TOKEN, "keys", verb, key,
-        ],
-        &ENV,
-    );
-    assert!(ok, "admin keys {verb} {key}: {out}");
+/// Admin `<verb>HideKey` of `key` on `node`.
+async fn keys(node: &ChildServer, verb: &str, key: &str) {
+    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
+        .await
+        .unwrap();
+    let key_id = key.to_owned();
+    let done = match verb {
+        "create" => {
+            admin
+                .create_hide_key(admin_req(proto::CreateHideKeyRequest { key_id }))
+                .await
+        }
+        "rotate" => {
+            admin
+                .rotate_hide_key(admin_req(proto::RotateHideKeyRequest { key_id }))
+                .await
+        }
+        "retire" => {
+            admin
+                .retire_hide_key(admin_req(proto::RetireHideKeyRequest { key_id }))
+                .await
+        }
+        other => panic!("no verb {other}"),
+    };
+    done.unwrap_or_else(|e| panic!("{verb} hide key {key}: {e:?}"));
 }
 
 async fn segment_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<u64>, tonic::Status> {
@@ -125,7 +140,7 @@ async fn hidden_tag_and_format_never_repeat_across_kill_9_and_rotation() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path());
     let node = start(&config);
-    keys(&node, "create", "orders");
+    keys(&node, "create", "orders").await;
     let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
         .await
         .unwrap();
@@ -179,7 +194,7 @@ async fn hidden_tag_and_format_never_repeat_across_kill_9_and_rotation() {
     node.kill();
     let node = start(&config);
     issue(&node, &mut seg, &mut fmt, &mut seen_seg, &mut seen_fmt).await;
-    keys(&node, "rotate", "orders");
+    keys(&node, "rotate", "orders").await;
     // The ring is republished in-process at once (embedded); bounded wait
     // for the first ID of version 1.
     let mut rotated = false;
@@ -222,15 +237,15 @@ async fn a_retired_key_refuses_and_reserves_nothing() {
         "{}",
         err.message()
     );
-    keys(&node, "create", "orders");
+    keys(&node, "create", "orders").await;
     let first = formatted_ids(&mut c, 3).await.unwrap();
-    keys(&node, "retire", "orders");
+    keys(&node, "retire", "orders").await;
     for _ in 0..3 {
         let err = formatted_ids(&mut c, 5).await.unwrap_err();
         assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
         assert!(err.message().contains("rotate"), "{}", err.message());
     }
-    keys(&node, "rotate", "orders");
+    keys(&node, "rotate", "orders").await;
     let after = formatted_ids(&mut c, 1).await.unwrap();
     // The refused calls took nothing: the counter goes on at 3.
     let p = parse(&mut c, &after[0], true).await;

@@ -1,9 +1,10 @@
 //! Hidden output: the hider a hidden namespace (a segment tag created with
 //! `hide`, a format with `{seq:N:hidden}`) shows its IDs through.
 //!
-//! A [`HiddenOutput`] is built once per namespace and rebuilt when the key
-//! ring changes ([`HideKeyRings::subscribe`]), never per call: a call does
-//! one atomic load ([`HiddenOutput::ready`]) and, when the key cannot serve
+//! A [`HiddenOutput`] is built once per namespace and rebuilt only when the
+//! key ring changed ([`HideKeyRings::subscribe`]), never per call: a call
+//! loads the hider and reads the change counter ([`HiddenOutput::ready`],
+//! two atomic loads, no lock) and, when the key cannot serve
 //! (missing, retired, or an active version the field cannot hold), is
 //! refused before it takes any value, so nothing is reserved or leaked.
 //! The engines map an internal value only after the range, block or counter
@@ -11,7 +12,10 @@
 
 use std::sync::Arc;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use std::sync::Mutex;
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
 
 use super::hide_keys::HideKeyRings;
 use crate::error::Error;
@@ -53,62 +57,58 @@ pub struct HiddenOutput<H> {
     key_id: String,
     rings: Option<HideKeyRings>,
     build: BuildHider<H>,
-    /// The hider; `None` when the namespace cannot issue now.
-    current: ArcSwapOption<H>,
-    /// Why it cannot (set before `current` is cleared).
-    refused: ArcSwap<String>,
+    /// The hider as last built, with the change receiver it was built
+    /// after: one load per call, and a rebuild only when the ring changed.
+    current: ArcSwap<Built<H>>,
+    /// One rebuild at a time.
+    rebuilding: Mutex<()>,
+}
+
+/// A hider (or why there is none) and the ring changes it has seen.
+struct Built<H> {
+    /// Subscribed before the ring was read: any later change shows here.
+    changes: Option<watch::Receiver<u64>>,
+    /// The hider, or the refusal naming the key and the fix.
+    hider: Result<Arc<H>, String>,
 }
 
 impl<H: Hider> HiddenOutput<H> {
     /// The output of `namespace` (as messages name it, e.g. `segment tag
     /// "orders"`) through key `key_id`. `rings` is `None` on a node with no
     /// hide keys loaded (no master key): every call is then refused.
-    /// Inside a Tokio runtime, a task rebuilds the hider on ring changes
-    /// for as long as the output lives.
     pub fn new(
         namespace: String,
         key_id: &str,
         rings: Option<HideKeyRings>,
         build: BuildHider<H>,
     ) -> Arc<Self> {
-        // Subscribed before the first build: no change can fall between.
-        let changes = rings.as_ref().map(HideKeyRings::subscribe);
-        let this = Arc::new(Self {
+        let this = Self {
             namespace,
             key_id: key_id.to_owned(),
             rings,
             build,
-            current: ArcSwapOption::empty(),
-            refused: ArcSwap::from_pointee(String::new()),
-        });
-        this.rebuild();
-        if let (Some(mut changes), Ok(runtime)) = (changes, tokio::runtime::Handle::try_current()) {
-            let weak = Arc::downgrade(&this);
-            runtime.spawn(async move {
-                while changes.changed().await.is_ok() {
-                    let Some(this) = weak.upgrade() else {
-                        return;
-                    };
-                    this.rebuild();
-                }
-            });
-        }
-        this
+            current: ArcSwap::from_pointee(Built {
+                changes: None,
+                hider: Err(String::new()),
+            }),
+            rebuilding: Mutex::new(()),
+        };
+        this.current.store(Arc::new(this.build_now()));
+        Arc::new(this)
     }
 
-    /// Builds the hider from the ring as it is now.
-    pub fn rebuild(&self) {
-        match self.build_now() {
-            Ok(hider) => self.current.store(Some(Arc::new(hider))),
-            Err(reason) => {
-                tracing::warn!(namespace = %self.namespace, key = %self.key_id, %reason, "hidden namespace cannot issue");
-                self.refused.store(Arc::new(reason));
-                self.current.store(None);
-            }
+    /// Builds from the ring as it is now; subscribed first, so a change
+    /// that lands while it builds is seen by the next call.
+    fn build_now(&self) -> Built<H> {
+        let changes = self.rings.as_ref().map(HideKeyRings::subscribe);
+        let hider = self.hider_now().map(Arc::new);
+        if let Err(reason) = &hider {
+            tracing::warn!(namespace = %self.namespace, key = %self.key_id, %reason, "hidden namespace cannot issue");
         }
+        Built { changes, hider }
     }
 
-    fn build_now(&self) -> Result<H, String> {
+    fn hider_now(&self) -> Result<H, String> {
         let key = &self.key_id;
         let Some(rings) = &self.rings else {
             return Err("this node has no hide keys loaded; set hide.master_key_file or IDGEN_HIDE_MASTER_KEY and restart it".into());
@@ -129,15 +129,38 @@ impl<H: Hider> HiddenOutput<H> {
         })
     }
 
-    /// The hider for one call (one atomic load), or the refusal naming the
-    /// key and the fix. Call it before taking any value.
+    /// The hider for one call, or the refusal naming the key and the fix.
+    /// Call it before taking any value. One pointer load and one atomic
+    /// read of the ring's change counter; the hider is rebuilt only when
+    /// the ring changed since it was built, so a call that starts after a
+    /// rotation or retirement returned uses the new ring.
     pub fn ready(&self) -> Result<Ready<'_, H>, Error> {
-        match self.current.load_full() {
-            Some(hider) => Ok(Ready {
-                hider,
+        let mut built = self.current.load_full();
+        let changed = built
+            .changes
+            .as_ref()
+            .is_some_and(|c| c.has_changed().unwrap_or(false));
+        if changed {
+            let _one = self
+                .rebuilding
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            built = self.current.load_full();
+            if built
+                .changes
+                .as_ref()
+                .is_some_and(|c| c.has_changed().unwrap_or(false))
+            {
+                built = Arc::new(self.build_now());
+                self.current.store(Arc::clone(&built));
+            }
+        }
+        match &built.hider {
+            Ok(hider) => Ok(Ready {
+                hider: Arc::clone(hider),
                 output: self,
             }),
-            None => Err(self.refusal(self.refused.load().to_string())),
+            Err(reason) => Err(self.refusal(reason.clone())),
         }
     }
 
