@@ -70,7 +70,11 @@ fn bench(c: &mut Criterion) {
     // Built inside the runtime: the hidden tag's hider watches its ring.
     let segments = rt.block_on(async { Arc::new(engine) });
     let mut g = c.benchmark_group("segment");
-    let cases = [(1usize, &tag, ""), (1000, &tag, ""), (1000, &hidden, "hidden_")];
+    let cases = [
+        (1usize, &tag, ""),
+        (1000, &tag, ""),
+        (1000, &hidden, "hidden_"),
+    ];
     for (batch, which, prefix) in cases {
         g.throughput(Throughput::Elements(batch as u64));
         g.bench_function(format!("{prefix}take_{batch}"), |b| {

@@ -56,10 +56,11 @@ use crate::id::format::FormatError;
 use crate::id::format::{
     CounterRecord, Format, FormatDef, LuaLimits, NodeIds, ParsedId, PeriodKey, Rendered, Scope,
 };
-use crate::id::hide::{DecimalHider, KeyVersion};
+use crate::id::hide::DecimalHider;
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
-use crate::modes::hidden::{self, HiddenOutput, Ready};
+pub use crate::modes::hidden::HiddenView;
+use crate::modes::hidden::{FormatHiders, Ready};
 use crate::modes::hide_keys::HideKeyRings;
 use crate::modes::lua_pool::{LuaPool, LuaPoolSettings};
 use crate::store::format::counters::{
@@ -181,19 +182,8 @@ pub struct FormattedEngine {
     issued: metrics::Counter,
     /// Counter reservations (their count is the store writes made).
     store_op: m::StoreOp,
-    /// The hide key rings `{seq:N:hidden}` formats use (`None`: no keys).
-    rings: Option<HideKeyRings>,
-    /// Each hidden format's output, by (name, key id, digits).
-    hiders: Mutex<HashMap<(String, String, u8), Arc<HiddenOutput<DecimalHider>>>>,
-}
-
-/// What a hidden counter shows (`ParseFormatted`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HiddenView {
-    /// The key version it was shown with.
-    pub key_version: KeyVersion,
-    /// The internal counter: only for admin callers.
-    pub internal: Option<u64>,
+    /// The outputs of `{seq:N:hidden}` formats.
+    hiders: FormatHiders,
 }
 
 /// A counter as `GetFormatCounter` shows it.
@@ -240,43 +230,19 @@ impl FormattedEngine {
             lua: LuaPool::new(settings.lua),
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
             store_op: m::StoreOp::new(m::label::BACKEND_FORMAT, m::label::OP_RESERVE_COUNTER),
-            rings: None,
-            hiders: Mutex::new(HashMap::new()),
+            hiders: FormatHiders::default(),
         })
     }
 
     /// Serves `{seq:N:hidden}` formats with the keys of `rings`.
     pub fn with_hide_rings(mut self, rings: HideKeyRings) -> Self {
-        self.rings = Some(rings);
+        self.hiders = FormatHiders::new(rings);
         self
     }
 
-    /// The output a hidden format shows its counter through (`None` for
-    /// a plain format), built once per format and key.
-    fn hidden_output(&self, format: &Format) -> Option<Arc<HiddenOutput<DecimalHider>>> {
-        let t = format.template().filter(|t| t.hidden_seq())?;
-        let def = format.def();
-        let id = (
-            def.name.clone(),
-            def.hide_key_id().to_owned(),
-            t.seq_width(),
-        );
-        let mut hiders = self.hiders.lock().unwrap_or_else(PoisonError::into_inner);
-        let output = hiders.entry(id).or_insert_with(|| {
-            hidden::decimal_output(
-                format!("format {:?}", def.name),
-                def.hide_key_id(),
-                self.rings.clone(),
-                u32::from(t.seq_width()),
-            )
-        });
-        Some(Arc::clone(output))
-    }
-
     /// What a parsed ID of a `{seq:N:hidden}` format shows about its
-    /// counter `shown`: its key version (the first digit) and, only when
-    /// `reveal` (an admin caller), the internal counter behind it. `None`
-    /// for a plain format.
+    /// counter `shown` (see [`FormatHiders::view`]); `None` for a plain
+    /// format.
     pub fn hidden_view(
         &self,
         name: &str,
@@ -284,45 +250,7 @@ impl FormattedEngine {
         reveal: bool,
     ) -> Result<Option<HiddenView>, Error> {
         let format = self.format(name)?;
-        let Some(width) = format
-            .template()
-            .filter(|t| t.hidden_seq())
-            .map(|t| t.seq_width())
-        else {
-            return Ok(None);
-        };
-        let public = HiddenView {
-            key_version: (shown / 10u64.pow(u32::from(width) - 1)) as KeyVersion,
-            internal: None,
-        };
-        if !reveal {
-            return Ok(Some(public));
-        }
-        let (key_version, internal) = self.reveal(&format, shown)?;
-        Ok(Some(HiddenView {
-            key_version,
-            internal: Some(internal),
-        }))
-    }
-
-    /// The key version and internal counter behind the hidden counter
-    /// `shown` of `format`.
-    fn reveal(&self, format: &Format, shown: u64) -> Result<(KeyVersion, u64), Error> {
-        let name = format.name();
-        let output = self.hidden_output(format).ok_or_else(|| {
-            StoreError::from(FormatError::BadCounter {
-                format: name.to_owned(),
-                why: "is not hidden".into(),
-            })
-        })?;
-        let ready = output.ready()?;
-        let revealed = hidden::Hider::reveal(ready.hider(), shown).map_err(|e| {
-            StoreError::from(FormatError::BadCounter {
-                format: name.to_owned(),
-                why: format!("{shown} is not a counter this format showed: {e}"),
-            })
-        })?;
-        Ok(revealed)
+        self.hiders.view(&format, shown, reveal)
     }
 
     /// Takes the tokens of `{token}` and `uniq64` formats from `tokens`.
@@ -536,7 +464,7 @@ impl FormattedEngine {
             .map_err(StoreError::from)?;
         // Refused here, before any value is reserved, when a hidden
         // counter cannot be shown now.
-        let output = self.hidden_output(&format);
+        let output = self.hiders.output(&format);
         let hider = output.as_ref().map(|o| o.ready()).transpose()?;
         let token = self.token_for(&format).await?;
         let key = Self::key(

@@ -12,14 +12,17 @@
 
 use std::sync::Arc;
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::hide_keys::HideKeyRings;
 use crate::error::Error;
+use crate::id::format::{Format, FormatError};
 use crate::id::hide::{DecimalHider, HideError, HideKey, IntHider, KeyVersion};
+use crate::store::StoreError;
 
 /// A keyed permutation an engine shows internal values through.
 pub trait Hider: Send + Sync + 'static {
@@ -237,4 +240,117 @@ pub fn decimal_output(
         rings,
         Box::new(move |keys, active| DecimalHider::new(keys, active, digits)),
     )
+}
+
+/// What a hidden counter shows (`ParseFormatted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HiddenView {
+    /// The key version it was shown with.
+    pub key_version: KeyVersion,
+    /// The internal counter: only for admin callers.
+    pub internal: Option<u64>,
+}
+
+/// Formatted mode's hidden outputs: one per format, key and width.
+#[derive(Default)]
+pub struct FormatHiders {
+    rings: Option<HideKeyRings>,
+    outputs: Mutex<HashMap<(String, String, u8), Arc<HiddenOutput<DecimalHider>>>>,
+}
+
+impl FormatHiders {
+    /// Outputs over the keys of `rings`.
+    pub fn new(rings: HideKeyRings) -> Self {
+        Self {
+            rings: Some(rings),
+            outputs: Mutex::default(),
+        }
+    }
+
+    /// The output `format` shows its counter through (`None` for a plain
+    /// format), built once per format, key and width.
+    pub fn output(&self, format: &Format) -> Option<Arc<HiddenOutput<DecimalHider>>> {
+        let t = format.template().filter(|t| t.hidden_seq())?;
+        let def = format.def();
+        let id = (
+            def.name.clone(),
+            def.hide_key_id().to_owned(),
+            t.seq_width(),
+        );
+        let mut outputs = self.outputs.lock().unwrap_or_else(PoisonError::into_inner);
+        let output = outputs.entry(id).or_insert_with(|| {
+            decimal_output(
+                format!("format {:?}", def.name),
+                def.hide_key_id(),
+                self.rings.clone(),
+                u32::from(t.seq_width()),
+            )
+        });
+        Some(Arc::clone(output))
+    }
+
+    /// What the shown counter `shown` of `format` reveals: its key version
+    /// (the first digit) to anyone, and the internal counter only when
+    /// `reveal` (an admin caller). `None` for a plain format.
+    pub fn view(
+        &self,
+        format: &Format,
+        shown: u64,
+        reveal: bool,
+    ) -> Result<Option<HiddenView>, Error> {
+        let Some(output) = self.output(format) else {
+            return Ok(None);
+        };
+        let width = format.template().map_or(1, |t| t.seq_width());
+        if !reveal {
+            return Ok(Some(HiddenView {
+                key_version: (shown / 10u64.pow(u32::from(width).saturating_sub(1))) as KeyVersion,
+                internal: None,
+            }));
+        }
+        let (key_version, internal) = output.reveal(shown).map_err(|e| match e {
+            RevealError::Refused(e) => e,
+            RevealError::Hide(e) => Error::from(StoreError::from(FormatError::BadCounter {
+                format: format.name().to_owned(),
+                why: format!("{shown} is not a counter this format showed: {e}"),
+            })),
+        })?;
+        Ok(Some(HiddenView {
+            key_version,
+            internal: Some(internal),
+        }))
+    }
+}
+
+/// Why a shown value could not be revealed.
+pub enum RevealError {
+    /// No ring to reveal with (missing key, no keys loaded).
+    Refused(Error),
+    /// The value was not shown by this key (wrong width, unknown version).
+    Hide(HideError),
+}
+
+impl<H: Hider> HiddenOutput<H> {
+    /// The key version and internal value behind `shown`. Works with a
+    /// retired key too (decode-only): then a hider is built for this call
+    /// from the ring's newest version.
+    pub fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), RevealError> {
+        if let Ok(ready) = self.ready() {
+            return ready.hider().reveal(shown).map_err(RevealError::Hide);
+        }
+        let ring = self
+            .rings
+            .as_ref()
+            .and_then(|r| r.current(&self.key_id))
+            .ok_or_else(|| {
+                RevealError::Refused(self.refusal(format!(
+                    "hide key {:?} is not loaded on this node",
+                    self.key_id
+                )))
+            })?;
+        let keys: Vec<&HideKey> = ring.keys.iter().collect();
+        let newest = keys.iter().map(|k| k.version()).max().unwrap_or(0);
+        let hider = (self.build)(&keys, newest).map_err(RevealError::Hide)?;
+        hider.reveal(shown).map_err(RevealError::Hide)
+    }
 }

@@ -653,7 +653,10 @@ mod tests {
             let err = seg.take(&tag, 10).await.unwrap_err();
             assert_eq!(err.kind(), crate::error::ErrorKind::Precondition);
             let msg = err.to_string();
-            assert!(msg.contains("\"orders\"") && msg.contains("IDGEN_HIDE_MASTER_KEY"), "{msg}");
+            assert!(
+                msg.contains("\"orders\"") && msg.contains("IDGEN_HIDE_MASTER_KEY"),
+                "{msg}"
+            );
             assert!(seg.take_one(&tag).await.is_err());
         }
         tokio::task::yield_now().await;
