@@ -255,8 +255,11 @@ pub struct HiddenView {
 #[derive(Default)]
 pub struct FormatHiders {
     rings: Option<HideKeyRings>,
-    outputs: Mutex<HashMap<(String, String, u8), Arc<HiddenOutput<DecimalHider>>>>,
+    outputs: Mutex<HashMap<FormatHiderId, Arc<HiddenOutput<DecimalHider>>>>,
 }
+
+/// A hidden format's output id: format name, key id, counter width.
+type FormatHiderId = (String, String, u8);
 
 impl FormatHiders {
     /// Outputs over the keys of `rings`.

@@ -34,6 +34,8 @@ pub const WATCH_GAP: Duration = Duration::from_millis(500);
 pub const AUDIT_TARGET: &str = "idgen::audit";
 
 type RingMap = HashMap<String, Arc<HideKeyRing>>;
+/// A key id and the (version, state) pairs it was published with.
+type RingShape = (String, Vec<(u8, HideKeyState)>);
 
 /// The current hide key rings by key id: cheap to clone, one atomic load
 /// per [`current`](Self::current).
@@ -46,7 +48,7 @@ struct Inner {
     store: Arc<dyn HideKeyStore>,
     rings: ArcSwap<RingMap>,
     /// What was last published: key id -> (version, state) pairs.
-    shape: std::sync::Mutex<Vec<(String, Vec<(u8, HideKeyState)>)>>,
+    shape: std::sync::Mutex<Vec<RingShape>>,
     changed: watch::Sender<u64>,
     /// One refresh at a time, so an older read never overwrites a newer.
     refreshing: tokio::sync::Mutex<()>,
