@@ -71,6 +71,18 @@ pub enum Error {
         /// Why the store did not deliver.
         reason: String,
     },
+    /// A hidden namespace cannot show IDs now (its key is missing or
+    /// retired, or its active version does not fit the version field);
+    /// the check comes before any value is taken, so nothing was reserved.
+    #[error("{namespace} hides its IDs with key {key:?} and cannot issue: {reason}; nothing was handed out")]
+    Hidden {
+        /// The namespace (`segment tag "orders"`, `format "orders"`).
+        namespace: String,
+        /// The hide key id.
+        key: String,
+        /// What is wrong and the fix.
+        reason: String,
+    },
     /// A call waited too long for the sequence to free up.
     #[error("waited {waited_ms} ms for a free sequence number without success; the node is overloaded or its high-water mark is stuck, retry on another node")]
     WaitTimeout {
@@ -102,6 +114,7 @@ impl Error {
             Self::ClusterLayout(e) => e.kind(),
             Self::Setup(_) => ErrorKind::Internal,
             Self::LayoutChanged(_) => ErrorKind::Precondition,
+            Self::Hidden { .. } => ErrorKind::Precondition,
             Self::Consul(_)
             | Self::Fenced
             | Self::SegmentUnavailable { .. }

@@ -48,7 +48,8 @@
 //!   statuses.
 //! - [`config`]: TOML + environment + CLI configuration (the file's
 //!   sections in `config/file.rs`, CIDR lists in `config/allow.rs`, the
-//!   `IDGEN_*` variables checked in `config/environment.rs`), validated
+//!   `IDGEN_*` variables checked in `config/environment.rs`, the hide
+//!   master key's source in `config/hide.rs`), validated
 //!   into typed settings per section (`config/validate/mod.rs`, with the
 //!   `[consul]` section in `config/validate/consul.rs`).
 //! - [`cluster`]: membership. [`cluster::membership::Membership`] is the
@@ -69,7 +70,9 @@
 //!   segment and lease refill through [`modes::refill`], snowflake
 //!   callers wait on [`modes::ticker`]; Lua rules run on
 //!   [`modes::lua_pool`]'s threads, off the request runtime, under a
-//!   deadline.
+//!   deadline; [`modes::hide_keys`] keeps the hide key rings fresh and
+//!   runs (and audits) their admin changes, and hidden namespaces show
+//!   their IDs through [`modes::hidden`]'s hiders, kept current with them.
 //! - [`error`]: the request-path crate error.
 //! - [`store`]: durable state, one folder per mode, each with its trait
 //!   in `mod.rs`, the embedded redb impl in `embedded.rs` and the Consul
@@ -86,7 +89,9 @@
 //!   and `store/format/counters/consul.rs`, the definitions
 //!   [`store::format::catalog`] with `store/format/catalog/embedded.rs`
 //!   and `store/format/catalog/consul.rs`, [`store::format::tokens`], and
-//!   the restore margins [`store::format::restore`]). Backend plumbing:
+//!   the restore margins [`store::format::restore`]); [`store::hide_keys`]
+//!   (hide keys sealed with the master key, `store/hide_keys/embedded.rs`,
+//!   `store/hide_keys/consul.rs`). Backend plumbing:
 //!   the state file's database handle ([`store::embedded`]), its guard,
 //!   backups and healing ([`store::state_file`], [`store::snapshot`]:
 //!   `store/snapshot/take.rs`, `store/snapshot/rates.rs`,

@@ -156,6 +156,13 @@ pub const COMMIT_BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
 ];
 
+// Hiding volume: hide keys (issue 23). Never material, only counts.
+/// Counter: hide key rotations made through this node, by key id.
+pub const HIDE_KEY_ROTATIONS: &str = "idgen_hide_key_rotations_total";
+/// Gauge: hide key ids by state (`active`: one version issues; `retired`:
+/// decode-only).
+pub const HIDE_KEYS: &str = "idgen_hide_keys";
+
 static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder (once) and returns a handle
@@ -186,6 +193,19 @@ fn describe() {
     describe_reloads();
     describe_lua();
     describe_hostile_peers();
+    describe_hide_keys();
+}
+
+/// Hide keys (issue 23): counts only, never material.
+fn describe_hide_keys() {
+    describe_counter!(
+        HIDE_KEY_ROTATIONS,
+        "Hide key rotations made through this node's admin API, by key id."
+    );
+    describe_gauge!(
+        HIDE_KEYS,
+        "Hide key ids this node loaded, by state: active (one version issues new IDs) or retired (decode-only)."
+    );
 }
 
 /// The threads Lua rules run on (`modes::lua_pool`).
@@ -565,6 +585,10 @@ pub const ADMIN_METHODS: &[&str] = &[
     "DeleteFormat",
     "ReloadFormats",
     "SkipAhead",
+    "CreateHideKey",
+    "RotateHideKey",
+    "RetireHideKey",
+    "ListHideKeys",
 ];
 
 /// The `method` label of the admin console's list of formats

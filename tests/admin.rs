@@ -69,6 +69,7 @@ fn create(tag: &str, initial: u64, step: u64) -> proto::CreateTagRequest {
         initial,
         step,
         description: format!("{tag} numbers"),
+        ..Default::default()
     }
 }
 

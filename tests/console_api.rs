@@ -215,6 +215,7 @@ async fn every_console_endpoint_answers_in_its_shape() {
             step: 10,
             initial: 9_007_199_254_740_993,
             description: "<b>not html</b>".into(),
+            ..Default::default()
         }))
         .await
         .unwrap();

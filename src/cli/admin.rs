@@ -285,6 +285,9 @@ async fn tags(c: &mut Client, cmd: &TagsCommand) -> anyhow::Result<Out> {
             initial,
             step,
             description,
+            hide_key,
+            hide_version_bits,
+            hide_domain_bits,
         } => {
             let r = c
                 .create_tag(proto::CreateTagRequest {
@@ -292,6 +295,11 @@ async fn tags(c: &mut Client, cmd: &TagsCommand) -> anyhow::Result<Out> {
                     initial: *initial,
                     step: *step,
                     description: description.clone(),
+                    hide: hide_key.as_ref().map(|key| proto::TagHide {
+                        key: key.clone(),
+                        version_bits: *hide_version_bits,
+                        domain_bits: *hide_domain_bits,
+                    }),
                 })
                 .await
                 .map_err(failed)?

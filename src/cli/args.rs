@@ -589,6 +589,17 @@ pub enum TagsCommand {
         /// Free text for operators.
         #[arg(long, default_value = "")]
         description: String,
+        /// Hide the tag's volume through this hide key (`admin keys
+        /// create`); fixed for the tag's name for good.
+        #[arg(long)]
+        hide_key: Option<String>,
+        /// Bits of key version at the top of each hidden ID (1 to 8).
+        #[arg(long, default_value_t = 4, requires = "hide_key")]
+        hide_version_bits: u32,
+        /// Bits permuted under them (20 to 63 - version bits): the tag
+        /// can issue 2^N IDs.
+        #[arg(long, default_value_t = 40, requires = "hide_key")]
+        hide_domain_bits: u32,
     },
     /// Change a tag's step or description, or move its max_id forward.
     Update {

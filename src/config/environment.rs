@@ -16,6 +16,7 @@ pub const NON_CONFIG_VARIABLES: &[&str] = &[
     "IDGEN_BENCH_SECS",
     "IDGEN_BENCH_ROUNDS",
     "IDGEN_TEST_FAULT",
+    "IDGEN_HIDE_MASTER_KEY",
 ];
 
 /// Refuses an environment variable under `prefix` that maps to no key,

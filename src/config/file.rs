@@ -50,6 +50,8 @@ pub struct FileConfig {
     pub admin: AdminSection,
     /// Logging.
     pub log: LogSection,
+    /// Hiding volume: where the hide master key comes from.
+    pub hide: super::HideSection,
     /// For idgen's own test suite only; unsupported, and deliberately not
     /// in `config/idgen.example.toml`. Left out of the printed settings
     /// (`idgen check-config`) while at its defaults, so users are never
@@ -577,6 +579,10 @@ pub struct StrictSection {
     pub max_keys_per_namespace: u64,
     /// Most namespaces with live keys, so the total is bounded too.
     pub max_namespaces: u64,
+    /// Not supported: strict values are consecutive by contract, so they
+    /// are never hidden. Present only to refuse it with a clear error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hide: Option<toml::Value>,
 }
 
 impl Default for StrictSection {
@@ -586,6 +592,7 @@ impl Default for StrictSection {
             default_step: 1,
             max_keys_per_namespace: 100_000,
             max_namespaces: 100,
+            hide: None,
         }
     }
 }

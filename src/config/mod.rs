@@ -11,6 +11,7 @@
 mod allow;
 mod environment;
 mod file;
+mod hide;
 mod validate;
 
 #[cfg(test)]
@@ -35,6 +36,7 @@ pub use file::{
     TestingSection, TlsSection, WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH,
     STATE_FILE_NAME,
 };
+pub use hide::{HideSection, HideSettings, LoadedMasterKey};
 pub use validate::check_log_filter;
 
 /// A config problem, naming the key and what is wrong with it.
@@ -99,6 +101,8 @@ pub struct Config {
     pub admin: AdminSettings,
     /// `[log]`.
     pub log: LogSettings,
+    /// `[hide]`: where the hide master key comes from.
+    pub hide: HideSettings,
 }
 
 impl Config {

@@ -640,3 +640,15 @@ fn the_lua_deadline_and_workers_default_and_are_range_checked() {
         assert_eq!(err_key(&g), "formatted.lua_workers");
     }
 }
+
+#[test]
+fn hide_on_strict_is_refused_with_what_to_use_instead() {
+    let f = read("[strict]\nenabled = true\nhide = { key = \"k\" }\n").unwrap();
+    let err = f.validate(NOW).unwrap_err().to_string();
+    assert!(err.contains("strict.hide"), "{err}");
+    assert!(err.contains("consecutive by contract"), "{err}");
+    assert!(err.contains("{seq:N:hidden}"), "{err}");
+    // Refused even with strict mode off: the key would do nothing.
+    let off = read("[strict]\nhide = true\n").unwrap();
+    assert!(off.validate(NOW).is_err());
+}

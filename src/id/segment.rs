@@ -75,6 +75,100 @@ pub enum SegmentError {
     /// Creating one more tag would pass `segment.max_tags`.
     #[error(transparent)]
     LimitReached(#[from] crate::id::LimitReached),
+    /// A `hide` setting that cannot be served.
+    #[error("tag {tag:?}: hide {why}")]
+    BadHide {
+        /// The tag.
+        tag: String,
+        /// What is wrong and what to do.
+        why: String,
+    },
+    /// A tag created again over a tombstone with another `hide` setting.
+    #[error("tag {tag:?} was deleted with hide {old} and is created again with hide {new}: its shown IDs could repeat ones the old tag gave; create it with the same hide setting, or use a new tag name")]
+    HideChanged {
+        /// The tag.
+        tag: String,
+        /// The tombstone's setting.
+        old: String,
+        /// The one asked for.
+        new: String,
+    },
+}
+
+/// How a hidden tag shows its IDs: through a keyed permutation of
+/// `domain_bits` bits under `version_bits` bits of key version (see
+/// `IntHider` in [`crate::id::hide`]). Set when the tag is created, never
+/// changed: hidden and plain IDs of one tag are never mixed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TagHide {
+    /// The hide key id (`idgen admin keys create KEY_ID`).
+    pub key: String,
+    /// Bits of key version at the top of every ID, 1 to 8 (versions
+    /// `0..2^version_bits`).
+    pub version_bits: u32,
+    /// Bits permuted under them, 20 to `63 - version_bits`: the tag can
+    /// issue `2^domain_bits` IDs in all.
+    pub domain_bits: u32,
+}
+
+impl TagHide {
+    /// Checks the widths and the key id; the error says what to use.
+    pub fn check(&self, tag: &str) -> Result<(), SegmentError> {
+        let bad = |why: String| {
+            Err(SegmentError::BadHide {
+                tag: tag.to_owned(),
+                why,
+            })
+        };
+        if !(1..=8).contains(&self.version_bits) {
+            return bad(format!(
+                "version_bits {} is out of range; use 1 to 8",
+                self.version_bits
+            ));
+        }
+        let most = 63 - self.version_bits;
+        if !(20..=most).contains(&self.domain_bits) {
+            return bad(format!(
+                "domain_bits {} is out of range; use 20 to {most} (63 - version_bits)",
+                self.domain_bits
+            ));
+        }
+        let b = self.key.as_bytes();
+        let ok = !b.is_empty()
+            && b.len() <= 63
+            && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-');
+        if !ok {
+            return bad(format!(
+                "key {:?} is malformed; use [a-z0-9][a-z0-9_-]{{0,62}}",
+                self.key
+            ));
+        }
+        Ok(())
+    }
+
+    /// The largest internal ID the tag may reach: `2^domain_bits - 1`.
+    pub fn max_internal(&self) -> u64 {
+        (1u64 << self.domain_bits) - 1
+    }
+}
+
+impl std::fmt::Display for TagHide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{{ key = {:?}, version_bits = {}, domain_bits = {} }}",
+            self.key, self.version_bits, self.domain_bits
+        )
+    }
+}
+
+/// A tag's `hide` as messages show it.
+fn hide_shown(hide: &Option<TagHide>) -> String {
+    hide.as_ref()
+        .map_or_else(|| "none".to_owned(), ToString::to_string)
 }
 
 impl SegmentError {
@@ -83,11 +177,13 @@ impl SegmentError {
         match self {
             Self::Exhausted { .. } | Self::LimitReached(_) => ErrorKind::Exhausted,
             Self::TagNotFound(_) | Self::TagDeleted { .. } => ErrorKind::NotFound,
+            Self::HideChanged { .. } => ErrorKind::Precondition,
             Self::TagExists(_) => ErrorKind::AlreadyExists,
             Self::BadTag(_)
             | Self::BadStep(_)
             | Self::MaxIdBackwards { .. }
-            | Self::BadMaxId(_) => ErrorKind::BadRequest,
+            | Self::BadMaxId(_)
+            | Self::BadHide { .. } => ErrorKind::BadRequest,
         }
     }
 }
@@ -186,6 +282,9 @@ pub struct TagRecord {
     /// the old one may have handed out. A deleted tag reads as unknown.
     #[serde(default, skip_serializing_if = "is_false")]
     pub deleted: bool,
+    /// Set on a hidden tag: how its IDs are shown. Fixed at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hide: Option<TagHide>,
 }
 
 impl TagRecord {
@@ -203,7 +302,28 @@ impl TagRecord {
             created_ms: now_ms,
             updated_ms: now_ms,
             deleted: false,
+            hide: None,
         })
+    }
+
+    /// The record with `hide` set (checked).
+    pub fn with_hide(mut self, tag: &Tag, hide: Option<TagHide>) -> Result<Self, SegmentError> {
+        if let Some(h) = &hide {
+            h.check(tag.as_str())?;
+            if self.max_id > h.max_internal() {
+                return Err(SegmentError::BadHide {
+                    tag: tag.to_string(),
+                    why: format!(
+                        "domain_bits {} holds IDs up to {}, below the initial value {}; raise domain_bits",
+                        h.domain_bits,
+                        h.max_internal(),
+                        self.max_id
+                    ),
+                });
+            }
+        }
+        self.hide = hide;
+        Ok(self)
     }
 
     /// The record after `update`; `max_id` may only move forward.
@@ -247,13 +367,21 @@ impl TagRecord {
 
     /// The record that re-creates a deleted tag (`self` is its tombstone)
     /// as `fresh` asks, except that it continues above the old `max_id`
-    /// when `fresh` would start below it.
-    pub fn revived(&self, fresh: &TagRecord) -> TagRecord {
-        TagRecord {
+    /// when `fresh` would start below it. Refused when `fresh` hides
+    /// otherwise than the old tag did: a shown ID could repeat.
+    pub fn revived(&self, tag: &Tag, fresh: &TagRecord) -> Result<TagRecord, SegmentError> {
+        if self.hide != fresh.hide {
+            return Err(SegmentError::HideChanged {
+                tag: tag.to_string(),
+                old: hide_shown(&self.hide),
+                new: hide_shown(&fresh.hide),
+            });
+        }
+        Ok(TagRecord {
             max_id: fresh.max_id.max(self.max_id),
             deleted: false,
             ..fresh.clone()
-        }
+        })
     }
 
     /// The range `(max_id, max_id + step]` and the record to write for it.
@@ -264,15 +392,20 @@ impl TagRecord {
         now_ms: u64,
     ) -> Result<(Range, TagRecord), SegmentError> {
         let step = check_step(step)?;
+        // A hidden tag's internal IDs stay inside its permuted domain.
+        let max = self
+            .hide
+            .as_ref()
+            .map_or(MAX_SEGMENT_ID, TagHide::max_internal);
         let last = self
             .max_id
             .checked_add(step)
-            .filter(|l| *l <= MAX_SEGMENT_ID)
+            .filter(|l| *l <= max)
             .ok_or_else(|| SegmentError::Exhausted {
                 tag: tag.to_string(),
                 max_id: self.max_id,
                 step,
-                max: MAX_SEGMENT_ID,
+                max,
             })?;
         let range = Range {
             first: self.max_id + 1,
@@ -345,6 +478,80 @@ mod tests {
             next_step(400, 100, 1000, FAST_RANGE + Duration::from_secs(1)),
             400
         );
+    }
+
+    #[test]
+    fn a_revived_tag_keeps_its_hide_setting() {
+        let tag = Tag::parse("orders").unwrap();
+        let hide = TagHide {
+            key: "orders".into(),
+            version_bits: 4,
+            domain_bits: 40,
+        };
+        let hidden = TagRecord::new(0, 10, "", 1)
+            .unwrap()
+            .with_hide(&tag, Some(hide.clone()))
+            .unwrap();
+        let (_, used) = hidden.next_range(&tag, 10, 2).unwrap();
+        let tomb = used.tombstone(3);
+        // Created again plain over a hidden tombstone: refused, since a
+        // plain ID could equal a hidden one the old tag showed.
+        let plain = TagRecord::new(0, 10, "", 4).unwrap();
+        let err = tomb.revived(&tag, &plain).unwrap_err();
+        assert!(matches!(err, SegmentError::HideChanged { .. }), "{err:?}");
+        assert!(err.to_string().contains("same hide setting"), "{err}");
+        // And the other way round, and with another key.
+        let plain_tomb = plain.tombstone(5);
+        assert!(plain_tomb.revived(&tag, &hidden).is_err());
+        let other_key = TagRecord::new(0, 10, "", 4)
+            .unwrap()
+            .with_hide(
+                &tag,
+                Some(TagHide {
+                    key: "other".into(),
+                    ..hide.clone()
+                }),
+            )
+            .unwrap();
+        assert!(tomb.revived(&tag, &other_key).is_err());
+        // The same setting continues above the tombstone.
+        let back = tomb.revived(&tag, &hidden).unwrap();
+        assert_eq!((back.max_id, back.hide.as_ref()), (10, Some(&hide)));
+        // Bad widths and keys say what to use; the domain bounds ranges.
+        for (vb, db, key) in [
+            (0, 40, "k"),
+            (9, 40, "k"),
+            (4, 19, "k"),
+            (4, 60, "k"),
+            (4, 40, "K"),
+        ] {
+            let h = TagHide {
+                key: key.into(),
+                version_bits: vb,
+                domain_bits: db,
+            };
+            let e = TagRecord::new(0, 10, "", 1)
+                .unwrap()
+                .with_hide(&tag, Some(h));
+            assert!(
+                matches!(e, Err(SegmentError::BadHide { .. })),
+                "{vb} {db} {key}"
+            );
+        }
+        let small = TagHide {
+            domain_bits: 20,
+            ..hide
+        };
+        let r = TagRecord::new((1 << 20) - 5, 10, "", 1)
+            .unwrap()
+            .with_hide(&tag, Some(small))
+            .unwrap();
+        assert!(matches!(
+            r.next_range(&tag, 10, 2),
+            Err(SegmentError::Exhausted { .. })
+        ));
+        let (last, _) = r.next_range(&tag, 4, 2).unwrap();
+        assert_eq!(last.last, (1 << 20) - 1);
     }
 
     #[test]
@@ -433,17 +640,18 @@ mod tests {
 
     #[test]
     fn a_revived_tag_continues_above_its_tombstone() {
+        let tag = Tag::parse("t").unwrap();
         let old = TagRecord::new(0, 10, "", 1).unwrap();
-        let (_, old) = old.next_range(&Tag::parse("t").unwrap(), 10, 2).unwrap();
+        let (_, old) = old.next_range(&tag, 10, 2).unwrap();
         let tomb = old.tombstone(3);
         assert!(tomb.deleted);
         assert_eq!(tomb.max_id, 10);
         let fresh = TagRecord::new(0, 5, "again", 4).unwrap();
-        let back = tomb.revived(&fresh);
+        let back = tomb.revived(&tag, &fresh).unwrap();
         assert!(!back.deleted);
         assert_eq!((back.max_id, back.step, back.created_ms), (10, 5, 4));
         let higher = TagRecord::new(50, 5, "", 4).unwrap();
-        assert_eq!(tomb.revived(&higher).max_id, 50);
+        assert_eq!(tomb.revived(&tag, &higher).unwrap().max_id, 50);
         // Live records serialise as before (no `deleted` key).
         let json = String::from_utf8(serde_json::to_vec(&fresh).unwrap()).unwrap();
         assert!(!json.contains("deleted"), "{json}");

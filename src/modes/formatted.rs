@@ -41,6 +41,10 @@
 //! values are taken from it before they are rendered. A Lua rule renders
 //! on the Lua pool's threads under a deadline (`modes::lua_pool`), after
 //! the gate is released; the async runtime never runs Lua code.
+//!
+//! A `{seq:N:hidden}` counter is shown through its format's hider
+//! ([`super::hidden`]): checked before a value is reserved, applied to each
+//! value taken just before it renders.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -52,8 +56,12 @@ use crate::id::format::FormatError;
 use crate::id::format::{
     CounterRecord, Format, FormatDef, LuaLimits, NodeIds, ParsedId, PeriodKey, Rendered, Scope,
 };
+use crate::id::hide::DecimalHider;
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
+pub use crate::modes::hidden::HiddenView;
+use crate::modes::hidden::{FormatHiders, Ready};
+use crate::modes::hide_keys::HideKeyRings;
 use crate::modes::lua_pool::{LuaPool, LuaPoolSettings};
 use crate::store::format::counters::{
     CounterKey, FormatCounterStore, Plan, Planned, RestoreFloor, TokenLock,
@@ -174,6 +182,8 @@ pub struct FormattedEngine {
     issued: metrics::Counter,
     /// Counter reservations (their count is the store writes made).
     store_op: m::StoreOp,
+    /// The outputs of `{seq:N:hidden}` formats.
+    hiders: FormatHiders,
 }
 
 /// A counter as `GetFormatCounter` shows it.
@@ -220,7 +230,27 @@ impl FormattedEngine {
             lua: LuaPool::new(settings.lua),
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
             store_op: m::StoreOp::new(m::label::BACKEND_FORMAT, m::label::OP_RESERVE_COUNTER),
+            hiders: FormatHiders::default(),
         })
+    }
+
+    /// Serves `{seq:N:hidden}` formats with the keys of `rings`.
+    pub fn with_hide_rings(mut self, rings: HideKeyRings) -> Self {
+        self.hiders = FormatHiders::new(rings);
+        self
+    }
+
+    /// What a parsed ID of a `{seq:N:hidden}` format shows about its
+    /// counter `shown` (see [`FormatHiders::view`]); `None` for a plain
+    /// format.
+    pub fn hidden_view(
+        &self,
+        name: &str,
+        shown: u64,
+        reveal: bool,
+    ) -> Result<Option<HiddenView>, Error> {
+        let format = self.format(name)?;
+        self.hiders.view(&format, shown, reveal)
     }
 
     /// Takes the tokens of `{token}` and `uniq64` formats from `tokens`.
@@ -433,6 +463,10 @@ impl FormattedEngine {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
+        // Refused here, before any value is reserved, when a hidden
+        // counter cannot be shown now.
+        let output = self.hiders.output(&format);
+        let hider = output.as_ref().map(|o| o.ready()).transpose()?;
         let token = self.token_for(&format).await?;
         let key = Self::key(
             &format,
@@ -485,7 +519,7 @@ impl FormattedEngine {
         // these render.
         drop(held);
         let ids = self
-            .render(&format, ids, node_ids(node, key.token), &bound)
+            .render(&format, ids, node_ids(node, key.token), &bound, hider)
             .await?;
         self.issued.increment(count);
         Ok(Issued {
@@ -502,6 +536,7 @@ impl FormattedEngine {
         taken: Vec<(u64, i64)>,
         ids: NodeIds,
         bound: &crate::id::format::Bound,
+        hider: Option<Ready<'_, DecimalHider>>,
     ) -> Result<Vec<Rendered>, Error> {
         if format.lua_rule().is_some() {
             let salt = bound.salt().map(str::to_owned);
@@ -518,8 +553,12 @@ impl FormattedEngine {
         taken
             .into_iter()
             .map(|(value, at)| {
+                let shown = match &hider {
+                    Some(hider) => hider.hide(value)?,
+                    None => value,
+                };
                 Ok(format
-                    .render(at, value, ids, bound)
+                    .render(at, shown, ids, bound)
                     .map_err(StoreError::from)?)
             })
             .collect()

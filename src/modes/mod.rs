@@ -19,6 +19,8 @@ use crate::store::StoreError;
 pub mod format_catalog;
 pub mod formatted;
 pub mod gate;
+pub mod hidden;
+pub mod hide_keys;
 pub mod lease;
 pub mod lua_pool;
 pub mod refill;
@@ -246,6 +248,18 @@ impl Issuer {
         id: &str,
     ) -> Result<crate::id::format::ParsedId, Error> {
         self.formats_for(name)?.parse(name, id)
+    }
+
+    /// What the shown counter `seq` of a `{seq:N:hidden}` format reveals:
+    /// its key version, and the internal counter only when `reveal` (the
+    /// caller is an admin). `None`: the format does not hide.
+    pub fn hidden_formatted(
+        &self,
+        name: &str,
+        seq: u64,
+        reveal: bool,
+    ) -> Result<Option<formatted::HiddenView>, Error> {
+        self.formats_for(name)?.hidden_view(name, seq, reveal)
     }
 
     /// A counter's durable record (`GetFormatCounter`); per-node formats

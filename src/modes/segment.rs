@@ -16,6 +16,10 @@
 //! quarter of it; calls only set a flag, they never read the clock for
 //! this). The unused rest of a dropped range is a gap, never reused: the
 //! next call takes a fresh range from the store, above it.
+//!
+//! A tag created with `hide` shows each ID through its hider
+//! ([`super::hidden`]), checked before an ID is taken and applied after:
+//! the ranges are the same as for a plain tag.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,9 +28,12 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::hidden::{self, HiddenOutput};
+use super::hide_keys::HideKeyRings;
 use super::refill::{self, Refill};
 use crate::error::Error;
 use crate::id::buffer::{DoubleBuffer, Prefetch};
+use crate::id::hide::IntHider;
 use crate::id::segment::SegmentError;
 use crate::id::segment::{next_step, Range, Tag, TagRecord};
 use crate::id::Clock;
@@ -80,10 +87,26 @@ pub struct TagBuffer {
     deleted: AtomicBool,
     /// The store metrics of range fetches (shared by every tag).
     store_op: m::StoreOp,
+    /// A hidden tag's output (from its record's `hide`).
+    hide: Option<Arc<HiddenOutput<IntHider>>>,
 }
 
 impl TagBuffer {
-    fn new(tag: Tag, record: &TagRecord, store_op: &m::StoreOp) -> Self {
+    fn new(
+        tag: Tag,
+        record: &TagRecord,
+        store_op: &m::StoreOp,
+        rings: &Option<HideKeyRings>,
+    ) -> Self {
+        let hide = record.hide.as_ref().map(|h| {
+            hidden::int_output(
+                format!("segment tag {:?}", tag.as_str()),
+                &h.key,
+                rings.clone(),
+                h.version_bits,
+                h.domain_bits,
+            )
+        });
         Self {
             tag,
             floor_step: record.step,
@@ -96,6 +119,7 @@ impl TagBuffer {
             seen_ms: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             store_op: store_op.clone(),
+            hide,
         }
     }
 
@@ -177,6 +201,8 @@ pub struct SegmentEngine {
     tags: RwLock<HashMap<Tag, Arc<TagBuffer>>>,
     issued: metrics::Counter,
     store_op: m::StoreOp,
+    /// The hide key rings hidden tags use (`None`: no keys loaded).
+    rings: Option<HideKeyRings>,
 }
 
 impl SegmentEngine {
@@ -193,7 +219,14 @@ impl SegmentEngine {
             tags: RwLock::new(HashMap::new()),
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => crate::id::Mode::Segment.as_str()),
             store_op: m::StoreOp::new(m::label::BACKEND_SEGMENT, m::label::OP_TAKE_RANGE),
+            rings: None,
         }
+    }
+
+    /// Serves hidden tags with the keys of `rings`.
+    pub fn with_hide_rings(mut self, rings: HideKeyRings) -> Self {
+        self.rings = Some(rings);
+        self
     }
 
     /// The buffer of `tag`, loading (or auto-creating) its record once.
@@ -239,10 +272,14 @@ impl SegmentEngine {
             .tags
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let buffer = Arc::clone(
-            tags.entry(tag.clone())
-                .or_insert_with(|| Arc::new(TagBuffer::new(tag.clone(), &record, &self.store_op))),
-        );
+        let buffer = Arc::clone(tags.entry(tag.clone()).or_insert_with(|| {
+            Arc::new(TagBuffer::new(
+                tag.clone(),
+                &record,
+                &self.store_op,
+                &self.rings,
+            ))
+        }));
         buffer
             .seen_ms
             .store(self.clock.now_millis(), Ordering::Relaxed);
@@ -372,14 +409,20 @@ impl SegmentEngine {
     /// before a failure are dropped, never reused.
     pub async fn take(self: &Arc<Self>, tag: &Tag, count: usize) -> Result<Vec<u64>, Error> {
         let buffer = self.buffer(tag).await?;
+        // A hidden tag that cannot show IDs now is refused before any is
+        // taken: nothing reserved is lost.
+        let hider = buffer.hide.as_ref().map(|h| h.ready()).transpose()?;
         let refill = TagRefill {
             segments: self,
             buffer: &buffer,
         };
-        let ids = refill::take(&refill, count, self.settings.max_wait, FETCH_RETRY, || {
+        let mut ids = refill::take(&refill, count, self.settings.max_wait, FETCH_RETRY, || {
             self.fetch_in_background(&buffer)
         })
         .await?;
+        if let Some(hider) = &hider {
+            hider.hide_all(&mut ids)?;
+        }
         self.issued.increment(count as u64);
         Ok(ids)
     }
@@ -388,15 +431,21 @@ impl SegmentEngine {
     /// served from memory.
     pub async fn take_one(self: &Arc<Self>, tag: &Tag) -> Result<u64, Error> {
         let buffer = self.buffer(tag).await?;
+        let hider = buffer.hide.as_ref().map(|h| h.ready()).transpose()?;
         let (id, start_fetch) = buffer.take_one_local();
         if start_fetch {
             self.fetch_in_background(&buffer);
         }
         match id {
             Some(id) => {
+                let id = match &hider {
+                    Some(hider) => hider.hide(id)?,
+                    None => id,
+                };
                 self.issued.increment(1);
                 Ok(id)
             }
+            // `take` shows it (and checks the hider again).
             None => Ok(self.take(tag, 1).await?[0]),
         }
     }
@@ -584,6 +633,36 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         panic!("condition not reached in 1 s");
+    }
+
+    #[tokio::test]
+    async fn a_hidden_tag_without_its_key_is_refused_before_any_range_is_taken() {
+        let (store, _clock, seg, tag) = setup(100);
+        let hide = crate::id::segment::TagHide {
+            key: "orders".into(),
+            version_bits: 4,
+            domain_bits: 40,
+        };
+        let hidden = TagRecord::new(0, 100, "", T0)
+            .unwrap()
+            .with_hide(&tag, Some(hide))
+            .unwrap();
+        store.records.lock().unwrap().insert(tag.clone(), hidden);
+        // This engine has no key rings: every call is refused, naming the
+        // tag, the key and the fix, and no range is ever taken.
+        for _ in 0..3 {
+            let err = seg.take(&tag, 10).await.unwrap_err();
+            assert_eq!(err.kind(), crate::error::ErrorKind::Precondition);
+            let msg = err.to_string();
+            assert!(
+                msg.contains("\"orders\"") && msg.contains("IDGEN_HIDE_MASTER_KEY"),
+                "{msg}"
+            );
+            assert!(seg.take_one(&tag).await.is_err());
+        }
+        tokio::task::yield_now().await;
+        assert!(store.steps.lock().unwrap().is_empty(), "a range was taken");
+        assert_eq!(store.records.lock().unwrap()[&tag].max_id, 0);
     }
 
     #[tokio::test]

@@ -42,7 +42,11 @@ pub(super) fn build_issuer(
             max_tags: s.max_tags,
             idle_release: s.idle_release,
         };
-        let segments = Arc::new(SegmentEngine::new(store, Arc::clone(clock), settings));
+        let mut segments = SegmentEngine::new(store, Arc::clone(clock), settings);
+        if let Some(rings) = &stores.hide_keys {
+            segments = segments.with_hide_rings(rings.clone());
+        }
+        let segments = Arc::new(segments);
         segments.spawn_idle_sweeper();
         issuer = issuer.with_segments(segments);
         tracing::info!(auto_create = s.auto_create, "segment mode enabled");
@@ -80,6 +84,7 @@ pub(super) fn build_issuer(
         clock,
         node,
         (stores.format, stores.format_defs, stores.format_tokens),
+        stores.hide_keys,
     )?;
     if let Some(catalog) = &catalog {
         issuer = issuer.with_formats(Arc::clone(catalog.formats()));
@@ -101,6 +106,7 @@ fn format_catalog(
     clock: &Arc<dyn Clock>,
     node: u64,
     (store, defs, tokens): FormatStores,
+    hide_keys: Option<crate::modes::hide_keys::HideKeyRings>,
 ) -> Result<Option<Arc<FormatCatalog>>, Error> {
     let (Some(store), Some(defs)) = (store, defs) else {
         if !config.formatted.formats.is_empty() {
@@ -125,8 +131,12 @@ fn format_catalog(
         settings,
         node,
     )?;
-    let formats = Arc::new(match tokens {
+    let formats = match tokens {
         Some(tokens) => formats.with_tokens(tokens),
+        None => formats,
+    };
+    let formats = Arc::new(match hide_keys {
+        Some(rings) => formats.with_hide_rings(rings),
         None => formats,
     });
     Ok(Some(Arc::new(FormatCatalog::new(

@@ -53,7 +53,11 @@ impl Node {
         ));
         let addrs = (grpc.local_addr().ok(), http.local_addr().ok());
         // Before the front ends: a SIGHUP once calls are answered reloads.
-        let format_watch = self.watch_formats();
+        let mut format_watch = self.watch_formats();
+        // Hide key rotations made through other nodes (Consul).
+        if self.membership.consul().is_some() {
+            format_watch.push(tokio::spawn(self.hide_keys.clone().watch()));
+        }
         let mut fronts = self.start_front_ends(grpc, http, health_service, &state)?;
         let Node {
             config,
@@ -132,11 +136,12 @@ impl Node {
             .build_v1alpha()
             .map_err(|e| ServeError::Transport(format!("reflection v1alpha: {e}")))?;
         let max_request = config.server.max_request_size;
-        let idgen = proto::id_gen_server::IdGenServer::new(grpc::IdGenService::new(Arc::clone(
-            &self.issuer,
-        )))
-        .max_decoding_message_size(max_request);
         let admin_service = Arc::new(admin::AdminService::new(self.admin_deps()));
+        let idgen = proto::id_gen_server::IdGenServer::new(
+            grpc::IdGenService::new(Arc::clone(&self.issuer))
+                .with_admin(Arc::clone(&admin_service)),
+        )
+        .max_decoding_message_size(max_request);
         let admin = proto::admin_server::AdminServer::from_arc(Arc::clone(&admin_service))
             .max_decoding_message_size(max_request);
         let (stop, stop_rx) = watch::channel(false);
@@ -240,6 +245,7 @@ impl Node {
             snapshots: self.snapshots.clone(),
             formats: self.formats.clone(),
             hwm_reserve: config.hwm.reserve,
+            hide_keys: self.hide_keys.clone(),
         }
     }
 }

@@ -121,6 +121,8 @@ pub struct Node {
     snapshots: Option<SnapshotSource>,
     /// Samples the counters for the rates a backup records.
     rate_sampling: Option<PeriodicThread>,
+    /// The hide key rings hidden namespaces issue and decode with.
+    hide_keys: crate::modes::hide_keys::HideKeyRings,
 }
 
 fn start_renewal() -> Result<RenewalThread, Error> {
@@ -222,6 +224,16 @@ impl Node {
             format_tokens: Some(Arc::clone(&format_tokens) as Arc<dyn FormatTokens>),
             state_file: None,
             store_health: None,
+            hide_keys: Some(
+                stores::hide_key_rings(
+                    &config,
+                    Arc::new(crate::store::hide_keys::ConsulHideKeyRecords::new(
+                        client.clone(),
+                        keys.clone(),
+                    )),
+                )
+                .await?,
+            ),
         };
         let zone = config.lease.as_ref().map(|l| l.zone);
         let deadline = membership.deadline();
@@ -279,6 +291,11 @@ impl Node {
         );
         node.snapshots = Some(snapshots);
         node.prime().await
+    }
+
+    /// The hide key rings hidden namespaces issue and decode with.
+    pub fn hide_keys(&self) -> &crate::modes::hide_keys::HideKeyRings {
+        &self.hide_keys
     }
 
     /// Reserves what the enabled modes need before serving (the first
@@ -360,6 +377,10 @@ impl Node {
         } else {
             None
         };
+        let hide_keys = stores
+            .hide_keys
+            .clone()
+            .ok_or_else(|| Error::Setup("the backend opened no hide key store".into()))?;
         let (issuer, formats) = build_issuer(&config, &clock, generator, stores)?;
         metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "layout" => config.layout.to_string())
             .set(1.0);
@@ -382,6 +403,7 @@ impl Node {
             state_watch: None,
             snapshots: None,
             rate_sampling: None,
+            hide_keys,
         })
     }
 

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::error::Error;
+use crate::modes::hide_keys::HideKeyRings;
 use crate::store::format::tokens::{EmbeddedFormatTokens, FormatTokens};
+use crate::store::hide_keys::{HideKeyRecords, HideKeys};
 use crate::store::lease::{EmbeddedLeaseTokens, LeaseTokenStore};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
@@ -36,6 +38,33 @@ pub struct ModeStores {
     /// The embedded store's write health: a write error fails readiness
     /// until the file is reopened, and liveness past `store.max_unhealthy`.
     pub store_health: Option<Arc<StoreHealth>>,
+    /// The hide key rings (issue 23), loaded from where the namespaces
+    /// live; every backend sets them.
+    pub hide_keys: Option<HideKeyRings>,
+}
+
+/// The hide key rings over `records`, sealed with the master key the
+/// config names (`hide.master_key_file` or `IDGEN_HIDE_MASTER_KEY`):
+/// loaded once here, so a bad or wrong master key stops the node at start.
+pub(super) async fn hide_key_rings(
+    config: &Config,
+    records: Arc<dyn HideKeyRecords>,
+) -> Result<HideKeyRings, Error> {
+    let master = match config.hide.master_key() {
+        Ok(Some((key, warning))) => {
+            if let Some(w) = warning {
+                tracing::warn!("{w}");
+            }
+            Some(key)
+        }
+        Ok(None) => None,
+        Err(e) => return Err(Error::Setup(e.to_string())),
+    };
+    let keys: Arc<dyn crate::store::hide_keys::HideKeyStore> =
+        Arc::new(HideKeys::new(records, master));
+    HideKeyRings::load(keys)
+        .await
+        .map_err(|e| Error::Setup(format!("hide keys: {e}")))
 }
 
 /// The strict-mode limits of `config` (none when strict mode is off: the
@@ -99,6 +128,7 @@ pub(super) async fn open_embedded(
         ))),
         state_file: Some(Arc::clone(&guard)),
         store_health: Some(Arc::clone(store.health())),
+        hide_keys: Some(hide_key_rings(config, Arc::new(store.clone())).await?),
     };
     let snapshots = SnapshotSource::new(
         store.clone(),

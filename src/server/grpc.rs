@@ -67,6 +67,8 @@ impl RpcMetric {
 /// The gRPC front end over an [`Issuer`].
 pub struct IdGenService {
     issuer: Arc<Issuer>,
+    /// Checks the admin credentials a decode of a hidden ID may carry.
+    admin: Option<Arc<super::admin::AdminService>>,
     gen_id: RpcMetric,
     gen_ids: RpcMetric,
     decode_id: RpcMetric,
@@ -80,6 +82,7 @@ impl IdGenService {
     pub fn new(issuer: Arc<Issuer>) -> Self {
         Self {
             issuer,
+            admin: None,
             gen_id: RpcMetric::new("GenId"),
             gen_ids: RpcMetric::new("GenIds"),
             decode_id: RpcMetric::new("DecodeId"),
@@ -88,6 +91,51 @@ impl IdGenService {
             format_counter: RpcMetric::new("GetFormatCounter"),
         }
     }
+}
+
+impl IdGenService {
+    /// Reveals hidden IDs' internal values to callers that pass `admin`'s
+    /// checks (admin token or client certificate).
+    pub fn with_admin(mut self, admin: Arc<super::admin::AdminService>) -> Self {
+        self.admin = Some(admin);
+        self
+    }
+
+    /// The admin caller of `request`, if it presents admin credentials
+    /// (refused when they are wrong); `None` when anonymous.
+    fn admin_caller<Req>(&self, request: &Request<Req>) -> Result<Option<String>, Status> {
+        match &self.admin {
+            Some(admin) => admin.admin_caller(request),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Adds the hidden counter's view to a parsed ID, for `who` (an admin:
+/// the internal value too, audit-logged) or anonymous.
+fn hidden_parse(
+    issuer: &Issuer,
+    req: &proto::ParseFormattedRequest,
+    parsed: &mut proto::ParseFormattedResponse,
+    who: Option<&str>,
+) -> Result<(), Error> {
+    let Some(view) = issuer.hidden_formatted(&req.format, parsed.seq, who.is_some())? else {
+        return Ok(());
+    };
+    parsed.key_version = Some(u32::from(view.key_version));
+    parsed.internal_seq = view.internal;
+    if let (Some(who), Some(internal)) = (who, view.internal) {
+        tracing::info!(
+            target: "idgen::audit",
+            who,
+            format = %req.format,
+            id = %req.id,
+            key_version = view.key_version,
+            internal,
+            "hidden ID decoded"
+        );
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -175,27 +223,18 @@ impl IdGen for IdGenService {
         request: Request<proto::ParseFormattedRequest>,
     ) -> Result<Response<proto::ParseFormattedResponse>, Status> {
         let started = Instant::now();
+        let who = self.admin_caller(&request)?;
         let req = request.into_inner();
-        let result = self.issuer.parse_formatted(&req.format, &req.id);
+        let result = self
+            .issuer
+            .parse_formatted(&req.format, &req.id)
+            .and_then(|p| {
+                let mut parsed = parsed_message(p);
+                hidden_parse(&self.issuer, &req, &mut parsed, who.as_deref())?;
+                Ok(parsed)
+            });
         self.parse_formatted.observe(started, &result);
-        result
-            .map(|p| {
-                Response::new(proto::ParseFormattedResponse {
-                    year: p.year,
-                    month: p.month.map(u32::from),
-                    day: p.day.map(u32::from),
-                    hour: p.hour.map(u32::from),
-                    minute: p.minute.map(u32::from),
-                    second: p.second.map(u32::from),
-                    unix_seconds: p.unix_s,
-                    node: p.node,
-                    token: p.token,
-                    seq: p.seq,
-                    params: p.params.into_iter().collect(),
-                    check: p.check,
-                })
-            })
-            .map_err(|e| to_status(&e))
+        result.map(Response::new).map_err(|e| to_status(&e))
     }
 
     async fn get_format_counter(
@@ -243,5 +282,25 @@ fn formatted_response(issued: crate::modes::formatted::Issued) -> proto::GenForm
         numbers: if numeric { numbers } else { Vec::new() },
         numeric,
         ids: issued.ids.into_iter().map(|r| r.text).collect(),
+    }
+}
+
+/// A parsed ID as the proto shows it (the public fields).
+fn parsed_message(p: crate::id::format::ParsedId) -> proto::ParseFormattedResponse {
+    proto::ParseFormattedResponse {
+        year: p.year,
+        month: p.month.map(u32::from),
+        day: p.day.map(u32::from),
+        hour: p.hour.map(u32::from),
+        minute: p.minute.map(u32::from),
+        second: p.second.map(u32::from),
+        unix_seconds: p.unix_s,
+        node: p.node,
+        token: p.token,
+        seq: p.seq,
+        params: p.params.into_iter().collect(),
+        check: p.check,
+        key_version: None,
+        internal_seq: None,
     }
 }

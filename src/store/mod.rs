@@ -15,6 +15,7 @@ pub(crate) mod counts;
 pub mod embedded;
 pub mod fault_hook;
 pub mod format;
+pub mod hide_keys;
 pub mod hwm;
 pub mod keys;
 pub mod lease;
@@ -112,6 +113,10 @@ pub enum StoreError {
     /// counter used up in its period, a Lua rule failing...).
     #[error(transparent)]
     Format(#[from] crate::id::format::FormatError),
+    /// A hide key operation refused (bad key id, unknown or existing key,
+    /// no or wrong master key).
+    #[error(transparent)]
+    HideKey(#[from] hide_keys::HideKeyError),
     /// A Consul read found a counter below what this node wrote to it: the
     /// store was rolled back (a snapshot restore). Issuing from it could
     /// repeat IDs, so the node refuses until the key is above its write.
@@ -150,6 +155,7 @@ impl StoreError {
             Self::Lease(e) => e.kind(),
             Self::Strict(e) => e.kind(),
             Self::Format(e) => e.kind(),
+            Self::HideKey(e) => e.kind(),
             // Start-up and backend failures: another node can serve.
             Self::Missing { .. }
             | Self::AlreadyExists { .. }

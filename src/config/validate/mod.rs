@@ -53,6 +53,7 @@ impl FileConfig {
             layout,
             hwm,
             log,
+            hide: self.hide.validate()?,
         })
     }
 
@@ -622,6 +623,12 @@ impl FileConfig {
 impl StrictSection {
     /// Strict mode's settings when it is enabled, each checked.
     fn validate(&self) -> Result<Option<StrictModeSettings>, ConfigError> {
+        if self.hide.is_some() {
+            return Err(invalid(
+                "strict.hide",
+                "strict mode cannot hide its values: they are consecutive by contract (every value follows the last by the step); remove strict.hide, and use a hidden segment tag (admin tags create --hide-key) or a {seq:N:hidden} format for IDs that must not reveal volume".to_owned(),
+            ));
+        }
         if !self.enabled {
             return Ok(None);
         }

@@ -33,6 +33,16 @@ fn bad_counter(def: &FormatDef, why: String) -> FormatError {
     }
 }
 
+/// A hide key id: `[a-z0-9][a-z0-9_-]{0,62}`.
+fn valid_hide_key_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
+}
+
 /// Checks what every kind of format shares: the step, the scope
 /// parameters' names, exactly one source, and `length` only for Lua.
 pub(super) fn check_common_fields(def: &FormatDef) -> Result<(), FormatError> {
@@ -58,6 +68,23 @@ pub(super) fn check_common_fields(def: &FormatDef) -> Result<(), FormatError> {
                 why: "is malformed; use 1 to 32 characters of a-z 0-9 _ (not salt)",
             });
         }
+    }
+    if def.hide_key.is_some() && !def.hides() {
+        return Err(not_applicable(
+            def,
+            "hide_key",
+            "unhidden",
+            "only a template with {seq:N:hidden} is shown through a key; hide the counter or drop hide_key",
+        ));
+    }
+    if def.hides() && !valid_hide_key_id(def.hide_key_id()) {
+        return Err(bad_counter(
+            def,
+            format!(
+                "hide key id {:?} is malformed; set hide_key to [a-z0-9][a-z0-9_-]{{0,62}}",
+                def.hide_key_id()
+            ),
+        ));
     }
     let sources = [
         def.template.is_some(),
@@ -100,9 +127,7 @@ pub(super) fn compile_template(def: &FormatDef, src: &str) -> Result<Compiled, F
     let min = def.min.unwrap_or(0);
     // The widest counter the field holds, when max is not given.
     let probe = template_of(def, src, reset, 0)?;
-    let max = def
-        .max
-        .unwrap_or(10u64.pow(u32::from(probe.seq_width())) - 1);
+    let max = def.max.unwrap_or(probe.seq_max());
     let t = template_of(def, src, reset, max)?;
     if t.year_window().is_some() && def.origin_year.is_none() {
         return Err(FormatError::NoOriginYear(def.name.clone()));

@@ -71,6 +71,11 @@ pub struct FormatDef {
     /// Free text for operators.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// The hide key (`idgen admin keys create KEY_ID`) a `{seq:N:hidden}`
+    /// counter is shown through; default: the format's name. Frozen, like
+    /// the template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hide_key: Option<String>,
 }
 
 impl FormatDef {
@@ -91,6 +96,7 @@ impl FormatDef {
             length: None,
             origin_year: None,
             description: String::new(),
+            hide_key: None,
         }
     }
 
@@ -135,6 +141,7 @@ impl FormatDef {
             length,
             origin_year,
             description: _,
+            hide_key,
         } = new;
         let frozen = |field: &'static str, differs: bool, why: String| match differs {
             true => Err(self.frozen_field(field, why)),
@@ -188,10 +195,28 @@ impl FormatDef {
         )?;
         frozen("length", &self.length != length, both(&self.length, length))?;
         frozen(
+            "hide_key",
+            self.hide_key_id() != new.hide_key_id() && (self.hides() || hide_key.is_some()),
+            "the key decides which ID a counter value shows as; another key could show an ID already given".into(),
+        )?;
+        frozen(
             "origin_year",
             &self.origin_year != origin_year,
             both(&self.origin_year, origin_year),
         )
+    }
+
+    /// Whether the format shows its counter through a hide key (its
+    /// template has `{seq:N:hidden}`).
+    pub fn hides(&self) -> bool {
+        self.template
+            .as_deref()
+            .is_some_and(|t| t.contains(":hidden}"))
+    }
+
+    /// The hide key id of a hiding format: `hide_key`, or its name.
+    pub fn hide_key_id(&self) -> &str {
+        self.hide_key.as_deref().unwrap_or(&self.name)
     }
 
     /// The refusal of a change to `field`.
@@ -215,7 +240,7 @@ impl FormatDef {
             (Some(src), _) => {
                 let reset = self.reset.unwrap_or(Reset::Never);
                 let t = template_of(self, src, reset, 0).ok()?;
-                Some(10u64.pow(u32::from(t.seq_width())) - 1)
+                Some(t.seq_max())
             }
             (None, Some(PresetName::Idc)) => Some(IDC_DEFAULT_MAX),
             (None, Some(PresetName::Uniq64)) => Some(preset::UNIQ64_MAX_SERIAL),

@@ -84,6 +84,34 @@ fn authorize(expected: Option<&AdminToken>, metadata: &MetadataMap) -> Result<()
 }
 
 impl AdminService {
+    /// Who the caller of a non-admin RPC is, when it presents admin
+    /// credentials (an `authorization` header, or a client certificate
+    /// named in `admin.client_cert_names`): `Ok(Some(who))` when they pass
+    /// every admin check (allow list, token, certificate, throttle),
+    /// `Ok(None)` for an anonymous caller, and the refusal when they are
+    /// presented and wrong. `who` never holds the token.
+    pub fn admin_caller<Req>(&self, request: &Request<Req>) -> Result<Option<String>, Status> {
+        let cert = request.extensions().get::<PeerCertificate>();
+        let named_cert = cert.filter(|p| p.any_in(&self.deps.client_cert_names));
+        if request.metadata().get("authorization").is_none() && named_cert.is_none() {
+            return Ok(None);
+        }
+        let peer = request.remote_addr().map(|p| p.ip());
+        if let Some(ip) = peer.filter(|ip| !self.deps.allow.allows(*ip)) {
+            return Err(refusal(
+                ErrorKind::Denied,
+                format!("peer {ip} is not in this node's admin.allow: call without admin credentials for the public view"),
+            ));
+        }
+        self.authenticate(request, "grpc", peer)?;
+        let via = match named_cert {
+            Some(p) => format!("client certificate {:?}", p.names),
+            None => "admin token".to_owned(),
+        };
+        let from = peer.map_or_else(|| "unknown peer".to_owned(), |ip| ip.to_string());
+        Ok(Some(format!("{via} from {from}")))
+    }
+
     /// Checks the credentials of `request` unless its peer has failed too
     /// often (then RESOURCE_EXHAUSTED with a retry hint, unchecked); counts
     /// and logs failures per peer (see `admin/auth_throttle.rs`).

@@ -20,7 +20,8 @@
 //!
 //! One file per concern: `auth.rs` (credentials) with `auth_throttle.rs`
 //! (failed logins per peer), `tags.rs`, `strict.rs`, `holders.rs`,
-//! `layout.rs`, `formats.rs` and `backup.rs` (with the skip-ahead). This
+//! `layout.rs`, `formats.rs`, `keys.rs` (hide keys) and `backup.rs` (with
+//! the skip-ahead). This
 //! file holds the service, its dependencies and the routing of each RPC
 //! through [`AdminService::call`].
 
@@ -53,6 +54,7 @@ mod auth_throttle;
 mod backup;
 mod formats;
 mod holders;
+mod keys;
 mod layout;
 mod strict;
 mod tags;
@@ -96,6 +98,8 @@ pub struct AdminDeps {
     pub formats: Option<Arc<FormatCatalog>>,
     /// `hwm.reserve`: a skip-ahead raises every mark to now plus this.
     pub hwm_reserve: Duration,
+    /// The hide key rings (`CreateHideKey`, `RotateHideKey`, ...).
+    pub hide_keys: crate::modes::hide_keys::HideKeyRings,
 }
 
 /// What this node holds, reported by `ListHolders` on the embedded
@@ -300,11 +304,13 @@ async fn to_the_end<T: Send + 'static>(
 /// (the `AdminService` method of the same name) through
 /// [`AdminService::call`] under the RPC's name. Handlers under `request`
 /// take the request message; those under `no_request` need nothing from
-/// it. `Backup` answers with a stream (`backup.rs`).
+/// it; those under `with_caller` also take who called (audited
+/// changes). `Backup` answers with a stream (`backup.rs`).
 macro_rules! admin_routes {
     (
         request { $($rpc:ident($req:ident) -> $resp:ident = $name:literal;)* }
         no_request { $($rpc0:ident($req0:ident) -> $resp0:ident = $name0:literal;)* }
+        with_caller { $($rpc1:ident($req1:ident) -> $resp1:ident = $name1:literal;)* }
     ) => {
         #[tonic::async_trait]
         impl Admin for AdminService {
@@ -332,6 +338,16 @@ macro_rules! admin_routes {
                     request: Request<proto::$req0>,
                 ) -> Result<Response<proto::$resp0>, Status> {
                     self.call($name0, request, |_| AdminService::$rpc0(self)).await
+                }
+            )*
+
+            $(
+                async fn $rpc1(
+                    &self,
+                    request: Request<proto::$req1>,
+                ) -> Result<Response<proto::$resp1>, Status> {
+                    let who = keys::caller(&request);
+                    self.call($name1, request, |r| AdminService::$rpc1(self, who, r)).await
                 }
             )*
         }
@@ -364,5 +380,11 @@ admin_routes! {
         list_strict_namespaces(ListStrictNamespacesRequest) -> ListStrictNamespacesResponse = "ListStrictNamespaces";
         list_formats(ListFormatsRequest) -> ListFormatsResponse = "ListFormats";
         reload_formats(ReloadFormatsRequest) -> ReloadFormatsResponse = "ReloadFormats";
+        list_hide_keys(ListHideKeysRequest) -> ListHideKeysResponse = "ListHideKeys";
+    }
+    with_caller {
+        create_hide_key(CreateHideKeyRequest) -> HideKeyChangeResponse = "CreateHideKey";
+        rotate_hide_key(RotateHideKeyRequest) -> HideKeyChangeResponse = "RotateHideKey";
+        retire_hide_key(RetireHideKeyRequest) -> HideKeyChangeResponse = "RetireHideKey";
     }
 }

@@ -9,7 +9,7 @@ use tonic::Status;
 use super::{check_description, rfc3339, store_status, unreadable, AdminService};
 use crate::error::ErrorKind;
 use crate::id::segment::SegmentError;
-use crate::id::segment::{check_max_id, check_step, Tag, TagRecord, TagUpdate};
+use crate::id::segment::{check_max_id, check_step, Tag, TagHide, TagRecord, TagUpdate};
 use crate::proto;
 use crate::server::status::refusal;
 use crate::store::{SegmentStore, StoreError};
@@ -29,7 +29,29 @@ fn tag_message(tag: &Tag, r: &TagRecord) -> proto::SegmentTag {
         description: r.description.clone(),
         created: rfc3339(r.created_ms),
         updated: rfc3339(r.updated_ms),
+        hide: r.hide.as_ref().map(|h| proto::TagHide {
+            key: h.key.clone(),
+            version_bits: h.version_bits,
+            domain_bits: h.domain_bits,
+        }),
     }
+}
+
+/// The `hide` a CreateTag asks for, with the defaults filled in.
+fn tag_hide(hide: Option<proto::TagHide>) -> Option<TagHide> {
+    hide.map(|h| TagHide {
+        key: h.key,
+        version_bits: if h.version_bits == 0 {
+            4
+        } else {
+            h.version_bits
+        },
+        domain_bits: if h.domain_bits == 0 {
+            40
+        } else {
+            h.domain_bits
+        },
+    })
 }
 
 impl AdminService {
@@ -56,6 +78,7 @@ impl AdminService {
         let initial = check_max_id(r.initial).map_err(|e| store_status(e.into()))?;
         check_description(&r.description)?;
         let record = TagRecord::new(initial, step, &r.description, self.now_ms())
+            .and_then(|rec| rec.with_hide(&tag, tag_hide(r.hide)))
             .map_err(|e| store_status(e.into()))?;
         let max_tags = self
             .deps

@@ -400,7 +400,7 @@ impl CasWrite for AdminWrite<'_> {
                                 deleted_ms: tombstone.updated_ms,
                             }))
                         }
-                        Some((tombstone, i)) => (tombstone.revived(record), i),
+                        Some((tombstone, i)) => (tombstone.revived(tag, record)?, i),
                         None => ((*record).clone(), 0),
                     }
                 }

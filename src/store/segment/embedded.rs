@@ -70,7 +70,7 @@ impl EmbeddedStore {
                         deleted_ms: tombstone.updated_ms,
                     }))
                 }
-                Some(tombstone) => tombstone.revived(record),
+                Some(tombstone) => tombstone.revived(tag, record)?,
                 // A tag the restored backup did not know may have handed
                 // out IDs after the backup: start above the restore floor.
                 None => TagRecord {

@@ -355,6 +355,9 @@ fn fill(
     // deleted, and restored counters render with the definitions they
     // were reserved under.
     copy_table(txn, &out, FORMAT_DEFS)?;
+    // Hide keys, sealed, merged by version with what the target holds
+    // (rule 18): never a version dropped or re-activated.
+    crate::store::hide_keys::merge_table(txn, &out)?;
     store.commit(out)?;
     Ok(report)
 }

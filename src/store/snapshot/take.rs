@@ -14,6 +14,7 @@ use crate::store::counts::COUNTS;
 use crate::store::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META};
 use crate::store::format::catalog::FORMAT_DEFS;
 use crate::store::format::counters::FORMATS;
+use crate::store::hide_keys::HIDE_KEYS;
 use crate::store::lease::LEASE;
 use crate::store::segment::SEGMENTS;
 use crate::store::state_file::PeriodicThread;
@@ -22,7 +23,7 @@ use crate::store::StoreError;
 
 /// Tables a state file may hold; a snapshot copies each. A table not in
 /// this list makes the backup fail rather than silently leave it out.
-const KNOWN_TABLES: [&str; 10] = [
+const KNOWN_TABLES: [&str; 11] = [
     "meta",
     "hwm",
     "segments",
@@ -33,6 +34,7 @@ const KNOWN_TABLES: [&str; 10] = [
     "live_counts",
     "formats",
     "format_defs",
+    "hide_keys",
 ];
 
 /// Takes snapshots of a running node's state file.
@@ -247,6 +249,8 @@ fn snapshot_bytes(
     copy_table(txn, &out, COUNTS)?;
     copy_table(txn, &out, FORMATS)?;
     copy_table(txn, &out, FORMAT_DEFS)?;
+    // Hide keys sealed as stored: a restore keeps old hidden IDs decodable.
+    copy_table(txn, &out, HIDE_KEYS)?;
     {
         info.insert("kind".into(), SNAPSHOT_KIND.into());
         info.insert("format_version".into(), FORMAT_VERSION.into());

@@ -61,6 +61,9 @@ pub use syntax::{Charset, CheckKind, Field};
 pub const MAX_ID_LEN: usize = 128;
 /// Widest counter field (`10^18 - 1` fits an i64).
 pub const MAX_SEQ_WIDTH: u8 = 18;
+/// Narrowest `{seq:N:hidden}`: one key-version digit and six permuted
+/// digits (FF1 refuses domains below 10^6, NIST SP 800-38G rev. 1).
+pub const MIN_HIDDEN_SEQ_WIDTH: u8 = 7;
 
 const ALNUM: &[u8; 36] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
@@ -91,7 +94,7 @@ pub enum TemplateError {
         ch: char,
     },
     /// A field name that does not exist.
-    #[error("column {column}: unknown field {{{field}}}; use yyyy yy y MM dd ddd HH mm ss unix_s node:N token:N:digits|alnum seq:N param:NAME:N:digits|alnum check:luhn|mod97")]
+    #[error("column {column}: unknown field {{{field}}}; use yyyy yy y MM dd ddd HH mm ss unix_s node:N token:N:digits|alnum seq:N seq:N:hidden param:NAME:N:digits|alnum check:luhn|mod97")]
     UnknownField {
         /// Where.
         column: usize,
@@ -231,7 +234,11 @@ impl Template {
             });
         }
         let seq_width = seq_width.ok_or(TemplateError::MissingSeq)?;
-        check_counter_width(counter_max, seq_width)?;
+        let hidden = parts
+            .iter()
+            .any(|(_, p)| matches!(p, Part::Field(Field::HiddenSeq(_))));
+        // A hidden counter's first digit is the key version.
+        check_counter_width(counter_max, seq_width - u8::from(hidden))?;
         let unit = reset_unit(reset, &t)?;
         check_period_fields(reset, unit, &t)?;
         let year_window = year_window(unit, &t, origin_year);
@@ -263,6 +270,23 @@ impl Template {
     /// The counter's width.
     pub fn seq_width(&self) -> u8 {
         self.seq_width
+    }
+
+    /// Whether the counter is `{seq:N:hidden}`: the engine shows it
+    /// through a keyed permutation before rendering.
+    pub fn hidden_seq(&self) -> bool {
+        self.fields().any(|f| matches!(f, Field::HiddenSeq(_)))
+    }
+
+    /// The largest counter value the template can show: `10^N - 1`, or
+    /// `10^(N-1) - 1` for a hidden counter (its first digit is the key
+    /// version).
+    pub fn seq_max(&self) -> u64 {
+        let digits = match self.hidden_seq() {
+            true => self.seq_width.saturating_sub(1),
+            false => self.seq_width,
+        };
+        10u64.pow(u32::from(digits)) - 1
     }
 
     /// Whether IDs carry the node or a token, so counters are per node.
@@ -338,5 +362,44 @@ mod test_helpers {
             let msg = want.to_string();
             assert!(!msg.is_empty());
         }
+    }
+}
+
+#[cfg(test)]
+mod hidden_tests {
+    use super::test_helpers::t;
+    use super::*;
+
+    #[test]
+    fn hidden_seq_needs_six_permuted_digits() {
+        // Seven digits: one key-version digit and 10^6 permuted values.
+        let ok = t("ORD{seq:7:hidden}", Reset::Never).unwrap();
+        assert!(ok.hidden_seq());
+        assert_eq!(ok.seq_width(), 7);
+        assert_eq!(ok.seq_max(), 999_999);
+        assert_eq!(ok.len(), 10);
+        assert_eq!(ok.source(), "ORD{seq:7:hidden}");
+        // Six digits leave 10^5 permuted values: below FF1's minimum.
+        let err = t("ORD{seq:6:hidden}", Reset::Never).unwrap_err();
+        assert!(
+            matches!(err, TemplateError::BadWidth { min: 7, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("10^6"), "{err}");
+        // A plain counter is not hidden and keeps its whole width.
+        let plain = t("ORD{seq:7}", Reset::Never).unwrap();
+        assert!(!plain.hidden_seq());
+        assert_eq!(plain.seq_max(), 9_999_999);
+        // A max that needs the version digit is refused.
+        let wide = Template::parse("{seq:7:hidden}", Reset::Never, 1_000_000, 2026);
+        assert!(
+            matches!(wide, Err(TemplateError::CounterTooWide { .. })),
+            "{wide:?}"
+        );
+        // Anything but `hidden` after the width is unknown.
+        assert!(matches!(
+            t("{seq:7:secret}", Reset::Never),
+            Err(TemplateError::UnknownField { .. })
+        ));
     }
 }

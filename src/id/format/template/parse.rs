@@ -220,7 +220,7 @@ fn read_field(
         Field::UnixS => out.unix_s = Some(num(Charset::Digits)?),
         Field::Node(_) => out.node = Some(num(Charset::Digits)?),
         Field::Token(_, c) => out.token = Some(num(*c)?),
-        Field::Seq(_) => out.seq = num(Charset::Digits)?,
+        Field::Seq(_) | Field::HiddenSeq(_) => out.seq = num(Charset::Digits)?,
         Field::Param(name, _, c) => {
             num(*c)?;
             out.params.push((name.clone(), id[pos..pos + w].to_owned()));

@@ -209,7 +209,8 @@ impl Template {
         )
     }
 
-    /// Renders one ID into `out` (cleared first).
+    /// Renders one ID into `out` (cleared first). A `{seq:N:hidden}`
+    /// counter arrives already shown: the engine maps it through its hider.
     pub fn render_into(
         &self,
         out: &mut String,
@@ -272,7 +273,7 @@ impl Template {
                     let v = token.ok_or(RenderError::NoNode { field: "token" })?;
                     push_radix(out, v, *w, *c, "token")?;
                 }
-                Field::Seq(w) => {
+                Field::Seq(w) | Field::HiddenSeq(w) => {
                     if counter >= 10u64.pow(u32::from(*w)) {
                         return Err(RenderError::CounterTooWide { counter, width: *w });
                     }

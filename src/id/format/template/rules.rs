@@ -84,7 +84,7 @@ impl Layout {
             Field::Minute => t.minute = true,
             Field::Second => t.second = true,
             Field::UnixS => t.unix_s = true,
-            Field::Seq(w) => self.seq_width = Some(*w),
+            Field::Seq(w) | Field::HiddenSeq(w) => self.seq_width = Some(*w),
             Field::Check(_) | Field::Node(_) | Field::Token(..) | Field::Param(..) => {}
         }
     }
@@ -96,7 +96,11 @@ impl Layout {
 fn field_key(field: &Field) -> String {
     match field {
         Field::Param(name, ..) => format!("{{param:{name}}}"),
-        Field::Node(_) | Field::Token(..) | Field::Seq(_) | Field::Check(_) => {
+        Field::Node(_)
+        | Field::Token(..)
+        | Field::Seq(_)
+        | Field::HiddenSeq(_)
+        | Field::Check(_) => {
             let s = field.to_string();
             s.split(':').next().unwrap_or("").to_owned() + "}"
         }

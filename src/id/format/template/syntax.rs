@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::{TemplateError, MAX_SEQ_WIDTH};
+use super::{TemplateError, MAX_SEQ_WIDTH, MIN_HIDDEN_SEQ_WIDTH};
 
 /// Which characters a token or parameter may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -78,6 +78,10 @@ pub enum Field {
     Token(u8, Charset),
     /// `{seq:N}`.
     Seq(u8),
+    /// `{seq:N:hidden}`: the counter shown through a keyed permutation of
+    /// its N - 1 low digits, led by one digit of key version (see
+    /// [`crate::id::hide`]); N - 1 must be at least 6 (FF1's 10^6 minimum).
+    HiddenSeq(u8),
     /// `{param:NAME:N:charset}`.
     Param(String, u8, Charset),
     /// `{check:..}`.
@@ -93,9 +97,11 @@ impl Field {
             Field::Year1 => 1,
             Field::DayOfYear => 3,
             Field::UnixS => 10,
-            Field::Node(n) | Field::Token(n, _) | Field::Seq(n) | Field::Param(_, n, _) => {
-                usize::from(*n)
-            }
+            Field::Node(n)
+            | Field::Token(n, _)
+            | Field::Seq(n)
+            | Field::HiddenSeq(n)
+            | Field::Param(_, n, _) => usize::from(*n),
             Field::Check(CheckKind::Luhn) => 1,
             Field::Check(CheckKind::Mod97) => 2,
         }
@@ -125,6 +131,7 @@ impl fmt::Display for Field {
             Field::Node(n) => write!(f, "{{node:{n}}}"),
             Field::Token(n, c) => write!(f, "{{token:{n}:{}}}", c.name()),
             Field::Seq(n) => write!(f, "{{seq:{n}}}"),
+            Field::HiddenSeq(n) => write!(f, "{{seq:{n}:hidden}}"),
             Field::Param(name, n, c) => write!(f, "{{param:{name}:{n}:{}}}", c.name()),
             Field::Check(CheckKind::Luhn) => f.write_str("{check:luhn}"),
             Field::Check(CheckKind::Mod97) => f.write_str("{check:mod97}"),
@@ -222,6 +229,15 @@ fn parse_field(column: usize, body: &str) -> Result<Field, TemplateError> {
             1,
             MAX_SEQ_WIDTH,
         )?)),
+        "seq" if args.get(1) == Some(&"hidden") && args.len() == 2 => {
+            Ok(Field::HiddenSeq(parse_width(
+                column,
+                "hidden seq (one key-version digit + at least 6 permuted digits, FF1's 10^6 minimum)",
+                args.first().copied(),
+                MIN_HIDDEN_SEQ_WIDTH,
+                MAX_SEQ_WIDTH,
+            )?))
+        }
         "param" if (2..=3).contains(&args.len()) => {
             let name = args[0];
             if !valid_param_name(name) {

@@ -1,0 +1,359 @@
+//! Hidden output: the hider a hidden namespace (a segment tag created with
+//! `hide`, a format with `{seq:N:hidden}`) shows its IDs through.
+//!
+//! A [`HiddenOutput`] is built once per namespace and rebuilt only when the
+//! key ring changed ([`HideKeyRings::subscribe`]), never per call: a call
+//! loads the hider and reads the change counter ([`HiddenOutput::ready`],
+//! two atomic loads, no lock) and, when the key cannot serve
+//! (missing, retired, or an active version the field cannot hold), is
+//! refused before it takes any value, so nothing is reserved or leaked.
+//! The engines map an internal value only after the range, block or counter
+//! that holds it was reserved: hiding never changes what is reserved.
+
+use std::sync::Arc;
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use super::hide_keys::HideKeyRings;
+use crate::error::Error;
+use crate::id::format::{Format, FormatError};
+use crate::id::hide::{DecimalHider, HideError, HideKey, IntHider, KeyVersion};
+use crate::store::StoreError;
+
+/// A keyed permutation an engine shows internal values through.
+pub trait Hider: Send + Sync + 'static {
+    /// The value shown for `internal`.
+    fn hide(&self, internal: u64) -> Result<u64, HideError>;
+    /// The key version and internal value behind `shown`.
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError>;
+}
+
+impl Hider for IntHider {
+    fn hide(&self, internal: u64) -> Result<u64, HideError> {
+        IntHider::hide(self, internal)
+    }
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
+        IntHider::reveal(self, shown)
+    }
+}
+
+impl Hider for DecimalHider {
+    fn hide(&self, internal: u64) -> Result<u64, HideError> {
+        DecimalHider::hide(self, internal)
+    }
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
+        DecimalHider::reveal(self, shown)
+    }
+}
+
+/// Builds a hider from every version of a ring and its active version.
+pub type BuildHider<H> =
+    Box<dyn Fn(&[&HideKey], KeyVersion) -> Result<H, HideError> + Send + Sync + 'static>;
+
+/// One namespace's hider, kept current with its key ring.
+pub struct HiddenOutput<H> {
+    namespace: String,
+    key_id: String,
+    rings: Option<HideKeyRings>,
+    build: BuildHider<H>,
+    /// The hider as last built, with the change receiver it was built
+    /// after: one load per call, and a rebuild only when the ring changed.
+    current: ArcSwap<Built<H>>,
+    /// One rebuild at a time.
+    rebuilding: Mutex<()>,
+}
+
+/// A hider (or why there is none) and the ring changes it has seen.
+struct Built<H> {
+    /// Subscribed before the ring was read: any later change shows here.
+    changes: Option<watch::Receiver<u64>>,
+    /// The hider, or the refusal naming the key and the fix.
+    hider: Result<Arc<H>, String>,
+}
+
+impl<H: Hider> HiddenOutput<H> {
+    /// The output of `namespace` (as messages name it, e.g. `segment tag
+    /// "orders"`) through key `key_id`. `rings` is `None` on a node with no
+    /// hide keys loaded (no master key): every call is then refused.
+    pub fn new(
+        namespace: String,
+        key_id: &str,
+        rings: Option<HideKeyRings>,
+        build: BuildHider<H>,
+    ) -> Arc<Self> {
+        let this = Self {
+            namespace,
+            key_id: key_id.to_owned(),
+            rings,
+            build,
+            current: ArcSwap::from_pointee(Built {
+                changes: None,
+                hider: Err(String::new()),
+            }),
+            rebuilding: Mutex::new(()),
+        };
+        this.current.store(Arc::new(this.build_now()));
+        Arc::new(this)
+    }
+
+    /// Builds from the ring as it is now; subscribed first, so a change
+    /// that lands while it builds is seen by the next call.
+    fn build_now(&self) -> Built<H> {
+        let changes = self.rings.as_ref().map(HideKeyRings::subscribe);
+        let hider = self.hider_now().map(Arc::new);
+        if let Err(reason) = &hider {
+            tracing::warn!(namespace = %self.namespace, key = %self.key_id, %reason, "hidden namespace cannot issue");
+        }
+        Built { changes, hider }
+    }
+
+    fn hider_now(&self) -> Result<H, String> {
+        let key = &self.key_id;
+        let Some(rings) = &self.rings else {
+            return Err("this node has no hide keys loaded; set hide.master_key_file or IDGEN_HIDE_MASTER_KEY and restart it".into());
+        };
+        let Some(ring) = rings.current(key) else {
+            return Err(format!(
+                "hide key {key:?} does not exist; create it with `idgen admin keys create {key}`"
+            ));
+        };
+        let Some(active) = ring.active else {
+            return Err(format!(
+                "hide key {key:?} is retired (decode-only); give it a new active version with `idgen admin keys rotate {key}`"
+            ));
+        };
+        let keys: Vec<&HideKey> = ring.keys.iter().collect();
+        (self.build)(&keys, active).map_err(|e| {
+            format!("hide key {key:?} version {active}: {e}; rotate to a key the field can hold or create the namespace with a wider version field")
+        })
+    }
+
+    /// The hider for one call, or the refusal naming the key and the fix.
+    /// Call it before taking any value. One pointer load and one atomic
+    /// read of the ring's change counter; the hider is rebuilt only when
+    /// the ring changed since it was built, so a call that starts after a
+    /// rotation or retirement returned uses the new ring.
+    pub fn ready(&self) -> Result<Ready<'_, H>, Error> {
+        let mut built = self.current.load_full();
+        let changed = built
+            .changes
+            .as_ref()
+            .is_some_and(|c| c.has_changed().unwrap_or(false));
+        if changed {
+            let _one = self
+                .rebuilding
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            built = self.current.load_full();
+            if built
+                .changes
+                .as_ref()
+                .is_some_and(|c| c.has_changed().unwrap_or(false))
+            {
+                built = Arc::new(self.build_now());
+                self.current.store(Arc::clone(&built));
+            }
+        }
+        match &built.hider {
+            Ok(hider) => Ok(Ready {
+                hider: Arc::clone(hider),
+                output: self,
+            }),
+            Err(reason) => Err(self.refusal(reason.clone())),
+        }
+    }
+
+    fn refusal(&self, reason: String) -> Error {
+        Error::Hidden {
+            namespace: self.namespace.clone(),
+            key: self.key_id.clone(),
+            reason,
+        }
+    }
+
+    /// The key id.
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+}
+
+/// A hider ready for one call.
+pub struct Ready<'a, H> {
+    hider: Arc<H>,
+    output: &'a HiddenOutput<H>,
+}
+
+impl<H: Hider> Ready<'_, H> {
+    /// The hider itself.
+    pub fn hider(&self) -> &H {
+        &self.hider
+    }
+
+    /// Shows `internal`. A value outside the field's domain (the engines
+    /// bound their counters to it, so never in practice) is refused.
+    pub fn hide(&self, internal: u64) -> Result<u64, Error> {
+        self.hider()
+            .hide(internal)
+            .map_err(|e| self.output.refusal(e.to_string()))
+    }
+
+    /// Shows every value of `values` in place.
+    pub fn hide_all(&self, values: &mut [u64]) -> Result<(), Error> {
+        for v in values {
+            *v = self.hide(*v)?;
+        }
+        Ok(())
+    }
+}
+
+/// The output of a hidden segment tag: [`IntHider`] over its widths.
+pub fn int_output(
+    namespace: String,
+    key_id: &str,
+    rings: Option<HideKeyRings>,
+    version_bits: u32,
+    domain_bits: u32,
+) -> Arc<HiddenOutput<IntHider>> {
+    HiddenOutput::new(
+        namespace,
+        key_id,
+        rings,
+        Box::new(move |keys, active| IntHider::new(keys, active, version_bits, domain_bits)),
+    )
+}
+
+/// The output of a `{seq:N:hidden}` counter: [`DecimalHider`] over its N
+/// digits (one of them the key version).
+pub fn decimal_output(
+    namespace: String,
+    key_id: &str,
+    rings: Option<HideKeyRings>,
+    digits: u32,
+) -> Arc<HiddenOutput<DecimalHider>> {
+    HiddenOutput::new(
+        namespace,
+        key_id,
+        rings,
+        Box::new(move |keys, active| DecimalHider::new(keys, active, digits)),
+    )
+}
+
+/// What a hidden counter shows (`ParseFormatted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HiddenView {
+    /// The key version it was shown with.
+    pub key_version: KeyVersion,
+    /// The internal counter: only for admin callers.
+    pub internal: Option<u64>,
+}
+
+/// Formatted mode's hidden outputs: one per format, key and width.
+#[derive(Default)]
+pub struct FormatHiders {
+    rings: Option<HideKeyRings>,
+    outputs: Mutex<HashMap<FormatHiderId, Arc<HiddenOutput<DecimalHider>>>>,
+}
+
+/// A hidden format's output id: format name, key id, counter width.
+type FormatHiderId = (String, String, u8);
+
+impl FormatHiders {
+    /// Outputs over the keys of `rings`.
+    pub fn new(rings: HideKeyRings) -> Self {
+        Self {
+            rings: Some(rings),
+            outputs: Mutex::default(),
+        }
+    }
+
+    /// The output `format` shows its counter through (`None` for a plain
+    /// format), built once per format, key and width.
+    pub fn output(&self, format: &Format) -> Option<Arc<HiddenOutput<DecimalHider>>> {
+        let t = format.template().filter(|t| t.hidden_seq())?;
+        let def = format.def();
+        let id = (
+            def.name.clone(),
+            def.hide_key_id().to_owned(),
+            t.seq_width(),
+        );
+        let mut outputs = self.outputs.lock().unwrap_or_else(PoisonError::into_inner);
+        let output = outputs.entry(id).or_insert_with(|| {
+            decimal_output(
+                format!("format {:?}", def.name),
+                def.hide_key_id(),
+                self.rings.clone(),
+                u32::from(t.seq_width()),
+            )
+        });
+        Some(Arc::clone(output))
+    }
+
+    /// What the shown counter `shown` of `format` reveals: its key version
+    /// (the first digit) to anyone, and the internal counter only when
+    /// `reveal` (an admin caller). `None` for a plain format.
+    pub fn view(
+        &self,
+        format: &Format,
+        shown: u64,
+        reveal: bool,
+    ) -> Result<Option<HiddenView>, Error> {
+        let Some(output) = self.output(format) else {
+            return Ok(None);
+        };
+        let width = format.template().map_or(1, |t| t.seq_width());
+        if !reveal {
+            return Ok(Some(HiddenView {
+                key_version: (shown / 10u64.pow(u32::from(width).saturating_sub(1))) as KeyVersion,
+                internal: None,
+            }));
+        }
+        let (key_version, internal) = output.reveal(shown).map_err(|e| match e {
+            RevealError::Refused(e) => e,
+            RevealError::Hide(e) => Error::from(StoreError::from(FormatError::BadCounter {
+                format: format.name().to_owned(),
+                why: format!("{shown} is not a counter this format showed: {e}"),
+            })),
+        })?;
+        Ok(Some(HiddenView {
+            key_version,
+            internal: Some(internal),
+        }))
+    }
+}
+
+/// Why a shown value could not be revealed.
+pub enum RevealError {
+    /// No ring to reveal with (missing key, no keys loaded).
+    Refused(Error),
+    /// The value was not shown by this key (wrong width, unknown version).
+    Hide(HideError),
+}
+
+impl<H: Hider> HiddenOutput<H> {
+    /// The key version and internal value behind `shown`. Works with a
+    /// retired key too (decode-only): then a hider is built for this call
+    /// from the ring's newest version.
+    pub fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), RevealError> {
+        if let Ok(ready) = self.ready() {
+            return ready.hider().reveal(shown).map_err(RevealError::Hide);
+        }
+        let ring = self
+            .rings
+            .as_ref()
+            .and_then(|r| r.current(&self.key_id))
+            .ok_or_else(|| {
+                RevealError::Refused(self.refusal(format!(
+                    "hide key {:?} is not loaded on this node",
+                    self.key_id
+                )))
+            })?;
+        let keys: Vec<&HideKey> = ring.keys.iter().collect();
+        let newest = keys.iter().map(|k| k.version()).max().unwrap_or(0);
+        let hider = (self.build)(&keys, newest).map_err(RevealError::Hide)?;
+        hider.reveal(shown).map_err(RevealError::Hide)
+    }
+}

@@ -1,0 +1,217 @@
+//! The hide key rings a node issues and decodes with ([`HideKeyRings`]),
+//! kept fresh, and the admin operations on them (create, rotate, retire),
+//! audited.
+//!
+//! Rings are loaded from the store and unwrapped with the master key, then
+//! published as one immutable map (an atomic pointer swap): a reader sees
+//! the whole old map or the whole new one, never a ring half rotated.
+//! Every publish that changes a version or a state bumps a
+//! [`tokio::sync::watch`] counter, so issuers rebuild their hiders once per
+//! change, never per call. Nodes learn rotations: on the embedded store
+//! after the admin call itself (this process is the only writer); on
+//! Consul through a blocking query on the `hide-keys/` folder
+//! ([`HideKeyRings::watch`]), like the format catalog's watch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use crate::metrics as m;
+use crate::store::hide_keys::{HideKeyInfo, HideKeyRing, HideKeyState, HideKeyStore};
+use crate::store::StoreError;
+
+/// How long one blocking query for changed key records waits.
+pub const WATCH_WAIT: Duration = Duration::from_secs(60);
+/// The least time between two queries (after a change, a quiet wake-up or
+/// a failure): never a busy loop.
+pub const WATCH_GAP: Duration = Duration::from_millis(500);
+
+/// The tracing target of every audit event (key changes here; decodes of
+/// hidden IDs too).
+pub const AUDIT_TARGET: &str = "idgen::audit";
+
+type RingMap = HashMap<String, Arc<HideKeyRing>>;
+/// A key id and the (version, state) pairs it was published with.
+type RingShape = (String, Vec<(u8, HideKeyState)>);
+
+/// The current hide key rings by key id: cheap to clone, one atomic load
+/// per [`current`](Self::current).
+#[derive(Clone)]
+pub struct HideKeyRings {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn HideKeyStore>,
+    rings: ArcSwap<RingMap>,
+    /// What was last published: key id -> (version, state) pairs.
+    shape: std::sync::Mutex<Vec<RingShape>>,
+    changed: watch::Sender<u64>,
+    /// One refresh at a time, so an older read never overwrites a newer.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for HideKeyRings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<String> = self.inner.rings.load().keys().cloned().collect();
+        f.debug_struct("HideKeyRings")
+            .field("key_ids", &ids)
+            .finish()
+    }
+}
+
+impl HideKeyRings {
+    /// Rings over `store`, empty until [`refresh`](Self::refresh).
+    pub fn new(store: Arc<dyn HideKeyStore>) -> Self {
+        let (changed, _) = watch::channel(0);
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                rings: ArcSwap::from_pointee(RingMap::new()),
+                shape: std::sync::Mutex::default(),
+                changed,
+                refreshing: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Rings over `store`, loaded once: a stored key that does not open
+    /// with this node's master key is an error here, at start.
+    pub async fn load(store: Arc<dyn HideKeyStore>) -> Result<Self, StoreError> {
+        let rings = Self::new(store);
+        rings.refresh().await?;
+        Ok(rings)
+    }
+
+    /// The current ring of `key_id`, if it exists and could be unwrapped.
+    pub fn current(&self, key_id: &str) -> Option<Arc<HideKeyRing>> {
+        self.inner.rings.load().get(key_id).cloned()
+    }
+
+    /// A receiver whose value moves on every change of a ring (a new
+    /// version, a state change, a new key id).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
+    /// The store the rings are read from.
+    pub fn store(&self) -> &Arc<dyn HideKeyStore> {
+        &self.inner.store
+    }
+
+    /// Reads every key from the store, unwraps it and publishes the new
+    /// map at once (bumping [`subscribe`](Self::subscribe) if anything
+    /// changed). Without a master key nothing is unwrapped: the map stays
+    /// empty and hidden namespaces refuse to issue.
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        let _one = self.inner.refreshing.lock().await;
+        let rings = match self.inner.store.rings().await {
+            Ok(r) => r,
+            Err(StoreError::HideKey(crate::store::hide_keys::HideKeyError::NoMasterKey)) => {
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let shape: Vec<(String, Vec<(u8, HideKeyState)>)> = rings
+            .iter()
+            .map(|r| (r.key_id.clone(), r.states.clone()))
+            .collect();
+        let (mut active, mut retired) = (0u32, 0u32);
+        for r in &rings {
+            if r.ring.active.is_some() {
+                active += 1;
+            } else {
+                retired += 1;
+            }
+        }
+        metrics::gauge!(m::HIDE_KEYS, "state" => "active").set(f64::from(active));
+        metrics::gauge!(m::HIDE_KEYS, "state" => "retired").set(f64::from(retired));
+        let map: RingMap = rings
+            .into_iter()
+            .map(|r| (r.key_id, Arc::new(r.ring)))
+            .collect();
+        let mut last = self
+            .inner
+            .shape
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.inner.rings.store(Arc::new(map));
+        if *last != shape {
+            *last = shape;
+            self.inner.changed.send_modify(|n| *n += 1);
+        }
+        Ok(())
+    }
+
+    /// Creates `key_id` (version 0 active), audited as done by `who`.
+    pub async fn create(&self, key_id: &str, who: &str) -> Result<HideKeyInfo, StoreError> {
+        let info = self.inner.store.create(key_id).await?;
+        self.changed_by("create", who, &info).await;
+        Ok(info)
+    }
+
+    /// Rotates `key_id` (a new active version), audited as done by `who`.
+    pub async fn rotate(&self, key_id: &str, who: &str) -> Result<HideKeyInfo, StoreError> {
+        let info = self.inner.store.rotate(key_id).await?;
+        metrics::counter!(m::HIDE_KEY_ROTATIONS, "key_id" => key_id.to_owned()).increment(1);
+        self.changed_by("rotate", who, &info).await;
+        Ok(info)
+    }
+
+    /// Retires `key_id`'s active version, audited as done by `who`.
+    pub async fn retire(&self, key_id: &str, who: &str) -> Result<HideKeyInfo, StoreError> {
+        let info = self.inner.store.retire(key_id).await?;
+        self.changed_by("retire", who, &info).await;
+        Ok(info)
+    }
+
+    /// Every key id and its versions (never material).
+    pub async fn list(&self) -> Result<Vec<HideKeyInfo>, StoreError> {
+        self.inner.store.list().await
+    }
+
+    /// Audits a change and publishes it on this node at once.
+    async fn changed_by(&self, action: &'static str, who: &str, info: &HideKeyInfo) {
+        let version = info.versions.last().map(|v| v.version);
+        tracing::info!(
+            target: "idgen::audit",
+            action,
+            who,
+            key_id = %info.key_id,
+            version,
+            active = info.active(),
+            "hide key {action}"
+        );
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(error = %e, key_id = %info.key_id, "hide key changed but the rings were not reloaded; the watch tries again");
+        }
+    }
+
+    /// Re-reads the rings whenever the store says the records may have
+    /// changed (Consul: a blocking query on `hide-keys/`; the embedded
+    /// store: every [`WATCH_WAIT`]), at most once per [`WATCH_GAP`]. Runs
+    /// until aborted.
+    pub async fn watch(self) {
+        let mut index = 0;
+        loop {
+            let asked = tokio::time::Instant::now();
+            match self.inner.store.wait_change(index, WATCH_WAIT).await {
+                Ok(next) => {
+                    // Consul's index went back (a snapshot restore): start over.
+                    index = if next < index { 0 } else { next };
+                    if let Err(e) = self.refresh().await {
+                        tracing::warn!(error = %e, "hide keys not reloaded; trying again");
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "hide key records not read; trying again");
+                    index = 0;
+                }
+            }
+            tokio::time::sleep_until(asked + WATCH_GAP).await;
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Hide keys (issue 23): create, rotate, retire and list, through
+//! [`HideKeyRings`](crate::modes::hide_keys::HideKeyRings) so this node
+//! serves a change at once and every change is audit-logged with the
+//! caller. Replies carry versions and states, never key material.
+
+use tonic::{Request, Status};
+
+use super::{rfc3339, store_status, AdminService};
+use crate::proto;
+use crate::server::tls::PeerCertificate;
+use crate::store::hide_keys::HideKeyInfo;
+
+/// Who made an admin call, for the audit log: the client certificate's
+/// first name, or "admin token" (never the token itself), and the peer.
+pub(crate) fn caller<T>(request: &Request<T>) -> String {
+    let peer = request
+        .remote_addr()
+        .map_or_else(|| "unknown peer".to_owned(), |p| p.ip().to_string());
+    match request
+        .extensions()
+        .get::<PeerCertificate>()
+        .and_then(|c| c.names.first().cloned())
+    {
+        Some(name) => format!("certificate {name} from {peer}"),
+        None => format!("admin token from {peer}"),
+    }
+}
+
+/// A key as a reply carries it.
+pub(crate) fn key_message(info: &HideKeyInfo) -> proto::HideKey {
+    proto::HideKey {
+        key_id: info.key_id.clone(),
+        versions: info
+            .versions
+            .iter()
+            .map(|v| proto::HideKeyVersion {
+                version: u32::from(v.version),
+                state: v.state.as_str().to_owned(),
+                created_ms: v.created_ms,
+                created: rfc3339(v.created_ms),
+            })
+            .collect(),
+        active: info.active().map(u32::from),
+    }
+}
+
+fn changed(info: HideKeyInfo) -> proto::HideKeyChangeResponse {
+    proto::HideKeyChangeResponse {
+        key: Some(key_message(&info)),
+    }
+}
+
+impl AdminService {
+    pub(super) async fn create_hide_key(
+        &self,
+        who: String,
+        r: proto::CreateHideKeyRequest,
+    ) -> Result<proto::HideKeyChangeResponse, Status> {
+        let rings = self.deps.hide_keys.clone();
+        let info = tokio::spawn(async move { rings.create(&r.key_id, &who).await })
+            .await
+            .map_err(|e| Status::internal(format!("the hide key change stopped: {e}")))?
+            .map_err(store_status)?;
+        Ok(changed(info))
+    }
+
+    pub(super) async fn rotate_hide_key(
+        &self,
+        who: String,
+        r: proto::RotateHideKeyRequest,
+    ) -> Result<proto::HideKeyChangeResponse, Status> {
+        let rings = self.deps.hide_keys.clone();
+        let info = tokio::spawn(async move { rings.rotate(&r.key_id, &who).await })
+            .await
+            .map_err(|e| Status::internal(format!("the hide key change stopped: {e}")))?
+            .map_err(store_status)?;
+        Ok(changed(info))
+    }
+
+    pub(super) async fn retire_hide_key(
+        &self,
+        who: String,
+        r: proto::RetireHideKeyRequest,
+    ) -> Result<proto::HideKeyChangeResponse, Status> {
+        let rings = self.deps.hide_keys.clone();
+        let info = tokio::spawn(async move { rings.retire(&r.key_id, &who).await })
+            .await
+            .map_err(|e| Status::internal(format!("the hide key change stopped: {e}")))?
+            .map_err(store_status)?;
+        Ok(changed(info))
+    }
+
+    pub(super) async fn list_hide_keys(&self) -> Result<proto::ListHideKeysResponse, Status> {
+        let keys = self.deps.hide_keys.list().await.map_err(store_status)?;
+        Ok(proto::ListHideKeysResponse {
+            keys: keys.iter().map(key_message).collect(),
+        })
+    }
+}

@@ -1,0 +1,154 @@
+use super::*;
+
+fn master() -> Arc<MasterKey> {
+    Arc::new(MasterKey::from_bytes([7u8; 32]))
+}
+
+fn embedded() -> (tempfile::TempDir, HideKeys) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = crate::store::EmbeddedStore::create(&dir.path().join("state.redb"), "test layout")
+        .expect("state file");
+    (dir, HideKeys::new(Arc::new(store), Some(master())))
+}
+
+#[test]
+fn key_ids() {
+    for ok in ["a", "orders", "0-x_y", &"a".repeat(63)] {
+        assert!(check_key_id(ok).is_ok(), "{ok}");
+    }
+    for bad in ["", "A", "-a", "_a", "a/b", "a b", "é", &"a".repeat(64)] {
+        assert!(check_key_id(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn master_key_parsing() {
+    let hex = "00".repeat(32);
+    assert!(MasterKey::parse(&hex, "t").is_ok());
+    let b64 = base64::engine::general_purpose::STANDARD.encode([1u8; 32]);
+    assert!(MasterKey::parse(&format!(" {b64}\n"), "t").is_ok());
+    let short = base64::engine::general_purpose::STANDARD.encode([1u8; 31]);
+    let e = MasterKey::parse(&short, "t").expect_err("31 bytes");
+    assert!(e.to_string().contains("31 bytes"), "{e}");
+    assert!(MasterKey::parse("not a key!", "t").is_err());
+    assert_eq!(
+        format!("{:?}", MasterKey::from_bytes([9; 32])),
+        "MasterKey(..)"
+    );
+}
+
+#[test]
+fn wrap_binds_key_id_and_version_and_master() {
+    let m = master();
+    let stored = StoredVersion {
+        version: 3,
+        state: HideKeyState::Active,
+        created_ms: 0,
+        wrapped: m.wrap("orders", 3, &[5; 32]).expect("wrap"),
+    };
+    assert_eq!(m.unwrap_key("orders", &stored).expect("open").version(), 3);
+    assert!(
+        m.unwrap_key("other", &stored).is_err(),
+        "bound to the key id"
+    );
+    let moved = StoredVersion {
+        version: 4,
+        ..stored.clone()
+    };
+    assert!(
+        m.unwrap_key("orders", &moved).is_err(),
+        "bound to the version"
+    );
+    let wrong = MasterKey::from_bytes([8; 32]);
+    let e = wrong
+        .unwrap_key("orders", &stored)
+        .expect_err("other master");
+    assert_eq!(e.kind(), ErrorKind::Precondition);
+}
+
+#[tokio::test]
+async fn create_rotate_retire_embedded() {
+    let (_dir, keys) = embedded();
+    let info = keys.create("orders").await.expect("create");
+    assert_eq!(info.active(), Some(0));
+    let e = keys.create("orders").await.expect_err("exists");
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+    let info = keys.rotate("orders").await.expect("rotate");
+    assert_eq!(info.active(), Some(1));
+    assert_eq!(info.versions[0].state, HideKeyState::Retired);
+    let info = keys.retire("orders").await.expect("retire");
+    assert_eq!(info.active(), None);
+    assert_eq!(info.versions.len(), 2, "retire never drops a version");
+    let info = keys.rotate("orders").await.expect("rotate after retire");
+    assert_eq!(info.active(), Some(2), "versions never reuse a number");
+    let ring = keys.ring("orders").await.expect("ring").expect("exists");
+    assert_eq!(ring.keys.len(), 3);
+    assert_eq!(ring.active, Some(2));
+    assert_eq!(
+        keys.rotate("nope").await.expect_err("unknown").kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        keys.create("Bad").await.expect_err("syntax").kind(),
+        ErrorKind::BadRequest
+    );
+    assert_eq!(keys.list().await.expect("list").len(), 1);
+}
+
+#[tokio::test]
+async fn no_master_key_is_a_precondition() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "test layout")
+        .expect("state file");
+    let keys = HideKeys::new(Arc::new(store), None);
+    let e = keys.create("orders").await.expect_err("no master key");
+    assert_eq!(e.kind(), ErrorKind::Precondition);
+    assert!(
+        e.to_string()
+            .contains("hide.master_key_file or IDGEN_HIDE_MASTER_KEY"),
+        "{e}"
+    );
+}
+
+#[test]
+fn merge_keeps_every_version_and_the_more_retired_state() {
+    let v = |version, state| StoredVersion {
+        version,
+        state,
+        created_ms: 0,
+        wrapped: format!("w{version}"),
+    };
+    let mut target = StoredHideKey {
+        key_id: "k".into(),
+        versions: vec![
+            v(0, HideKeyState::Retired),
+            v(1, HideKeyState::Retired),
+            v(2, HideKeyState::Active),
+        ],
+    };
+    let backup = StoredHideKey {
+        key_id: "k".into(),
+        versions: vec![v(0, HideKeyState::Retired), v(1, HideKeyState::Active)],
+    };
+    target.merge(&backup);
+    let states: Vec<_> = target
+        .versions
+        .iter()
+        .map(|v| (v.version, v.state))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            (0, HideKeyState::Retired),
+            (1, HideKeyState::Retired),
+            (2, HideKeyState::Active)
+        ]
+    );
+    let mut old = backup.clone();
+    old.merge(&StoredHideKey {
+        key_id: "k".into(),
+        versions: vec![v(2, HideKeyState::Active)],
+    });
+    assert_eq!(old.versions.len(), 3);
+    assert_eq!(old.info().active(), Some(2), "one active: the highest");
+}
