@@ -12,6 +12,7 @@ pub mod clock;
 pub mod deadline;
 pub mod decode;
 pub mod format;
+pub mod hide;
 pub mod kind;
 pub mod layout;
 pub mod lease;

@@ -1,0 +1,103 @@
+//! A keyed Feistel network over exactly `n` bits (2 to 63), with a 64-bit
+//! tweak: the permutation behind [`super::IntHider`] and
+//! [`super::SnowflakeHider`].
+//!
+//! The structure is FF1's (NIST SP 800-38G rev. 1) with radix 2: the
+//! value splits into a left half of `n / 2` bits and a right half of the
+//! rest (unbalanced when `n` is odd), and each round replaces one half by
+//! itself XOR a keyed round function of the other, alternating which half
+//! is `n / 2` bits wide. Whatever the round function, each round is
+//! undone by repeating it, so the network is a permutation of exactly
+//! `0..2^n`: no output leaves the domain and no cycle-walking is needed.
+//!
+//! The round function is AES-128 under a subkey of its own, on one block
+//! holding the tweak, the round number, the width and the half, so every
+//! (round, width, tweak) is an independent pseudorandom function.
+
+use aes::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
+use aes::Aes128;
+
+/// Rounds of the network (at least 8; FF1 uses 10).
+pub(super) const ROUNDS: u8 = 10;
+/// The widest domain: a positive 64-bit ID.
+pub(super) const MAX_BITS: u32 = 63;
+
+/// A Feistel permutation of `0..2^bits`, keyed, tweakable per call.
+pub(super) struct Feistel {
+    cipher: Aes128,
+    /// Bits of the left half (`bits / 2`) and of the right half.
+    u: u32,
+    v: u32,
+}
+
+/// `2^bits - 1` for `bits` in 0..=64.
+#[inline]
+pub(super) fn mask(bits: u32) -> u64 {
+    if bits == 0 {
+        0
+    } else {
+        u64::MAX >> (64 - bits)
+    }
+}
+
+impl Feistel {
+    /// A network over `bits` bits (2..=63, checked by the caller) keyed by
+    /// the first 16 bytes of `subkey`.
+    pub(super) fn new(subkey: &[u8; 32], bits: u32) -> Self {
+        debug_assert!((2..=MAX_BITS).contains(&bits));
+        let cipher = Aes128::new(GenericArray::from_slice(&subkey[..16]));
+        let u = bits / 2;
+        Self {
+            cipher,
+            u,
+            v: bits - u,
+        }
+    }
+
+    /// The round function for round `i` on the half `half`, `m` bits.
+    #[inline]
+    fn f(&self, i: u8, m: u32, half: u64, tweak: u64) -> u64 {
+        let mut block = [0u8; 16];
+        block[..8].copy_from_slice(&tweak.to_le_bytes());
+        block[8..12].copy_from_slice(&(half as u32).to_le_bytes());
+        block[12] = i;
+        block[13] = (self.u + self.v) as u8;
+        let block = GenericArray::from_mut_slice(&mut block);
+        self.cipher.encrypt_block(block);
+        let mut out = [0u8; 8];
+        out.copy_from_slice(&block[..8]);
+        u64::from_le_bytes(out) & mask(m)
+    }
+
+    fn width(&self, i: u8) -> u32 {
+        if i % 2 == 0 {
+            self.u
+        } else {
+            self.v
+        }
+    }
+
+    /// Permutes `x < 2^bits` under `tweak`.
+    #[inline]
+    pub(super) fn encrypt(&self, x: u64, tweak: u64) -> u64 {
+        let (mut a, mut b) = (x >> self.v, x & mask(self.v));
+        for i in 0..ROUNDS {
+            let c = a ^ self.f(i, self.width(i), b, tweak);
+            a = b;
+            b = c;
+        }
+        (a << self.v) | b
+    }
+
+    /// Inverts [`Feistel::encrypt`] under the same tweak.
+    #[inline]
+    pub(super) fn decrypt(&self, x: u64, tweak: u64) -> u64 {
+        let (mut a, mut b) = (x >> self.v, x & mask(self.v));
+        for i in (0..ROUNDS).rev() {
+            let c = b ^ self.f(i, self.width(i), a, tweak);
+            b = a;
+            a = c;
+        }
+        (a << self.v) | b
+    }
+}
