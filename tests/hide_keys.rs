@@ -127,6 +127,18 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
     assert!(done && out.contains("active version none"), "{out}");
     let (done, out) = cli(&node, &["rotate", "orders"]);
     assert!(done && out.contains("active version 2"), "{out}");
+    // The console's JSON API: the same call, the same rules.
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/admin/api/hide-keys", node.http);
+    let body = |action: &str| serde_json::json!({"action": action, "key_id": "orders"});
+    let r = http.post(&url).bearer_auth(TOKEN).json(&body("rotate")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["key"]["active"], 3, "{v}");
+    let r = http.post(&url).json(&body("rotate")).send().await.unwrap();
+    assert_eq!(r.status(), 401, "no token, no change");
+    let r = http.post(&url).bearer_auth(TOKEN).json(&body("delete")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
     let (done, listed) = cli(&node, &["list", "--json"]);
     assert!(done, "{listed}");
     let v: serde_json::Value = serde_json::from_str(listed.trim()).expect("json list");
@@ -137,7 +149,10 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
         .iter()
         .map(|v| (v["version"].as_u64().unwrap(), v["state"].as_str().unwrap()))
         .collect();
-    assert_eq!(got, vec![(0, "retired"), (1, "retired"), (2, "active")]);
+    assert_eq!(
+        got,
+        vec![(0, "retired"), (1, "retired"), (2, "retired"), (3, "active")]
+    );
 
     let metrics = reqwest::get(format!("http://{}/metrics", node.http))
         .await
@@ -146,7 +161,7 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("idgen_hide_key_rotations_total{key_id=\"orders\"} 2"),
+        metrics.contains("idgen_hide_key_rotations_total{key_id=\"orders\"} 3"),
         "{metrics}"
     );
     let log = node.log_text();
@@ -157,7 +172,7 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
     // The sealed records as stored, read back from the state file.
     node.terminate();
     let sealed = sealed_records(&dir.path().join("state.redb"));
-    assert_eq!(sealed.len(), 3, "three sealed versions");
+    assert_eq!(sealed.len(), 4, "four sealed versions");
     let key = master_text();
     for text in [&listed, &metrics, &log] {
         assert!(!text.contains(&key), "the master key leaked");
@@ -207,7 +222,13 @@ async fn missing_malformed_and_wrong_master_keys_are_clear_errors() {
 
     // A key of the wrong length stops the node at start.
     let short = base64::engine::general_purpose::STANDARD.encode([1u8; 16]);
-    let log = ChildServer::try_start(&config(dir.path(), Some(&short)), &[])
+    let short_cfg = config(dir.path(), Some(&short));
+    let (done, out) = run_idgen_with_env(
+        &["check-config", "--config", short_cfg.to_str().unwrap()],
+        &[],
+    );
+    assert!(!done && out.contains("16 bytes"), "check-config says it too: {out}");
+    let log = ChildServer::try_start(&short_cfg, &[])
         .err()
         .expect("a 16-byte master key is refused");
     assert!(log.contains("16 bytes"), "{log}");
@@ -227,6 +248,13 @@ async fn missing_malformed_and_wrong_master_keys_are_clear_errors() {
         .err()
         .expect("a wrong master key stops the node");
     assert!(log.contains("cannot be unwrapped"), "{log}");
+    // A key file others can read: check-config warns.
+    let cfg = config(dir.path(), Some(&master_text()));
+    let file = dir.path().join("hide-master-key");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (done, out) = run_idgen_with_env(&["check-config", "--config", cfg.to_str().unwrap()], &[]);
+    assert!(done && out.contains("chmod 600"), "{out}");
+    assert!(!out.contains(&master_text()), "check-config never prints the key");
     // The environment variable works as the file does.
     let cfg = config(dir.path(), None);
     let node = ChildServer::try_start_env(
