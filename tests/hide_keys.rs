@@ -48,7 +48,10 @@ fn config(dir: &Path, key: Option<&str>) -> PathBuf {
         let file = dir.join("hide-master-key");
         std::fs::write(&file, key).unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        text.push_str(&format!("[hide]\nmaster_key_file = \"{}\"\n", file.display()));
+        text.push_str(&format!(
+            "[hide]\nmaster_key_file = \"{}\"\n",
+            file.display()
+        ));
     }
     std::fs::write(&path, text).unwrap();
     path
@@ -131,13 +134,25 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
     let http = reqwest::Client::new();
     let url = format!("http://{}/admin/api/hide-keys", node.http);
     let body = |action: &str| serde_json::json!({"action": action, "key_id": "orders"});
-    let r = http.post(&url).bearer_auth(TOKEN).json(&body("rotate")).send().await.unwrap();
+    let r = http
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .json(&body("rotate"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["key"]["active"], 3, "{v}");
     let r = http.post(&url).json(&body("rotate")).send().await.unwrap();
     assert_eq!(r.status(), 401, "no token, no change");
-    let r = http.post(&url).bearer_auth(TOKEN).json(&body("delete")).send().await.unwrap();
+    let r = http
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .json(&body("delete"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let (done, listed) = cli(&node, &["list", "--json"]);
     assert!(done, "{listed}");
@@ -151,7 +166,12 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
         .collect();
     assert_eq!(
         got,
-        vec![(0, "retired"), (1, "retired"), (2, "retired"), (3, "active")]
+        vec![
+            (0, "retired"),
+            (1, "retired"),
+            (2, "retired"),
+            (3, "active")
+        ]
     );
 
     let metrics = reqwest::get(format!("http://{}/metrics", node.http))
@@ -227,7 +247,10 @@ async fn missing_malformed_and_wrong_master_keys_are_clear_errors() {
         &["check-config", "--config", short_cfg.to_str().unwrap()],
         &[],
     );
-    assert!(!done && out.contains("16 bytes"), "check-config says it too: {out}");
+    assert!(
+        !done && out.contains("16 bytes"),
+        "check-config says it too: {out}"
+    );
     let log = ChildServer::try_start(&short_cfg, &[])
         .err()
         .expect("a 16-byte master key is refused");
@@ -254,15 +277,14 @@ async fn missing_malformed_and_wrong_master_keys_are_clear_errors() {
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (done, out) = run_idgen_with_env(&["check-config", "--config", cfg.to_str().unwrap()], &[]);
     assert!(done && out.contains("chmod 600"), "{out}");
-    assert!(!out.contains(&master_text()), "check-config never prints the key");
+    assert!(
+        !out.contains(&master_text()),
+        "check-config never prints the key"
+    );
     // The environment variable works as the file does.
     let cfg = config(dir.path(), None);
-    let node = ChildServer::try_start_env(
-        &cfg,
-        &[],
-        &[("IDGEN_HIDE_MASTER_KEY", &master_text())],
-    )
-    .expect("the right key from the environment");
+    let node = ChildServer::try_start_env(&cfg, &[], &[("IDGEN_HIDE_MASTER_KEY", &master_text())])
+        .expect("the right key from the environment");
     node.terminate();
 }
 
@@ -314,7 +336,11 @@ async fn concurrent_rotates_on_consul_make_distinct_versions_and_one_active() {
     let mut distinct = won.clone();
     distinct.sort_unstable();
     distinct.dedup();
-    assert_eq!(distinct.len(), won.len(), "two rotates got one version: {won:?}");
+    assert_eq!(
+        distinct.len(),
+        won.len(),
+        "two rotates got one version: {won:?}"
+    );
     assert_eq!(
         info.versions.len(),
         won.len() + 1,
@@ -337,7 +363,11 @@ async fn a_consul_node_sees_another_nodes_rotation() {
     let watch = tokio::spawn(ring_b.clone().watch());
     let info = ring_a.rotate("orders", "test").await.expect("rotate");
     assert_eq!(info.active(), Some(1));
-    assert_eq!(ring_a.current("orders").unwrap().active, Some(1), "at once here");
+    assert_eq!(
+        ring_a.current("orders").unwrap().active,
+        Some(1),
+        "at once here"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while ring_b.current("orders").and_then(|r| r.active) != Some(1) {
         assert!(Instant::now() < deadline, "node b never saw version 1");
@@ -429,6 +459,10 @@ async fn backup_and_restore_keep_every_hide_key_version() {
         .await
         .expect("rotate after restore")
         .into_inner();
-    assert_eq!(r.key.unwrap().active, Some(2), "a restored number is never reused");
+    assert_eq!(
+        r.key.unwrap().active,
+        Some(2),
+        "a restored number is never reused"
+    );
     node.terminate();
 }

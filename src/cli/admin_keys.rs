@@ -78,12 +78,16 @@ fn key_json(k: &proto::HideKey) -> Value {
 }
 
 fn key_text(k: &proto::HideKey) -> String {
-    let active = k
-        .active
-        .map_or_else(|| "none (retired: rotate it to issue again)".to_owned(), |v| v.to_string());
+    let active = k.active.map_or_else(
+        || "none (retired: rotate it to issue again)".to_owned(),
+        |v| v.to_string(),
+    );
     let mut out = format!("{}: active version {active}", k.key_id);
     for v in &k.versions {
-        out.push_str(&format!("\n  version {} {} (created {})", v.version, v.state, v.created));
+        out.push_str(&format!(
+            "\n  version {} {} (created {})",
+            v.version, v.state, v.created
+        ));
     }
     out
 }

@@ -55,7 +55,9 @@ struct Inner {
 impl std::fmt::Debug for HideKeyRings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ids: Vec<String> = self.inner.rings.load().keys().cloned().collect();
-        f.debug_struct("HideKeyRings").field("key_ids", &ids).finish()
+        f.debug_struct("HideKeyRings")
+            .field("key_ids", &ids)
+            .finish()
     }
 }
 

@@ -68,7 +68,12 @@ impl CasWrite for ChangeWrite<'_> {
         let index = existing.as_ref().map_or(0, |(_, i)| *i);
         let written = (self.change)(existing.as_ref().map(|(r, _)| r))?;
         let key = self.records.key(self.key_id);
-        let top = written.versions.iter().map(|v| v.version).max().unwrap_or(0);
+        let top = written
+            .versions
+            .iter()
+            .map(|v| v.version)
+            .max()
+            .unwrap_or(0);
         Ok(Attempt {
             ops: vec![TxnOp::Cas {
                 key: key.clone(),

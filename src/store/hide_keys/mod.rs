@@ -119,7 +119,10 @@ impl fmt::Debug for HideKeyRing {
         f.debug_struct("HideKeyRing")
             .field("key_id", &self.key_id)
             .field("active", &self.active)
-            .field("versions", &self.keys.iter().map(HideKey::version).collect::<Vec<_>>())
+            .field(
+                "versions",
+                &self.keys.iter().map(HideKey::version).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -177,7 +180,11 @@ impl StoredHideKey {
     /// stays active (the highest active one).
     pub fn merge(&mut self, other: &StoredHideKey) {
         for theirs in &other.versions {
-            match self.versions.iter_mut().find(|v| v.version == theirs.version) {
+            match self
+                .versions
+                .iter_mut()
+                .find(|v| v.version == theirs.version)
+            {
                 Some(ours) => ours.state = ours.state.max(theirs.state),
                 None => self.versions.push(theirs.clone()),
             }
@@ -261,7 +268,9 @@ pub fn check_key_id(key_id: &str) -> Result<(), HideKeyError> {
     if ok {
         Ok(())
     } else {
-        Err(HideKeyError::InvalidKeyId(key_id.chars().take(80).collect()))
+        Err(HideKeyError::InvalidKeyId(
+            key_id.chars().take(80).collect(),
+        ))
     }
 }
 
@@ -332,7 +341,9 @@ impl MasterKey {
             detail: format!("cannot be read ({e}); check hide.master_key_file"),
         })?;
         let key = match <[u8; 32]>::try_from(bytes.as_slice()) {
-            Ok(raw) if std::str::from_utf8(&raw).map_or(true, |s| Self::parse(s, &name).is_err()) => {
+            Ok(raw)
+                if std::str::from_utf8(&raw).map_or(true, |s| Self::parse(s, &name).is_err()) =>
+            {
                 Self(raw)
             }
             _ => Self::parse(&String::from_utf8_lossy(&bytes), &name)?,
@@ -472,8 +483,7 @@ pub trait HideKeyRecords: Send + Sync + 'static {
     /// Waits until the records may have changed since `index` (Consul: a
     /// blocking query; embedded: `wait` passes, as only this process
     /// writes them) and returns the index to wait on next.
-    async fn wait_change(&self, index: u64, wait: std::time::Duration)
-        -> Result<u64, StoreError>;
+    async fn wait_change(&self, index: u64, wait: std::time::Duration) -> Result<u64, StoreError>;
 }
 
 /// The hide key operations, as the admin API and issuers see them.
@@ -494,8 +504,7 @@ pub trait HideKeyStore: Send + Sync + 'static {
     async fn rings(&self) -> Result<Vec<LoadedRing>, StoreError>;
     /// Waits for a possible change after `index` (see
     /// [`HideKeyRecords::wait_change`]).
-    async fn wait_change(&self, index: u64, wait: std::time::Duration)
-        -> Result<u64, StoreError>;
+    async fn wait_change(&self, index: u64, wait: std::time::Duration) -> Result<u64, StoreError>;
 }
 
 /// One key id as loaded by [`HideKeyStore::rings`].
@@ -583,8 +592,8 @@ pub(crate) fn merge_table(
     from: &redb::ReadTransaction,
     to: &redb::WriteTransaction,
 ) -> Result<usize, StoreError> {
-    use redb::ReadableTable;
     use crate::store::embedded::backend_err;
+    use redb::ReadableTable;
     let source = match from.open_table(HIDE_KEYS) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
@@ -620,10 +629,7 @@ fn not_found(key_id: &str) -> StoreError {
 
 /// `record` rotated: a new active version above every existing one, the
 /// previous active retired.
-fn rotated(
-    master: &MasterKey,
-    record: &StoredHideKey,
-) -> Result<StoredHideKey, StoreError> {
+fn rotated(master: &MasterKey, record: &StoredHideKey) -> Result<StoredHideKey, StoreError> {
     let top = record.versions.iter().map(|v| v.version).max();
     let next = match top {
         None => 0,
@@ -684,7 +690,13 @@ impl HideKeyStore for HideKeys {
     }
 
     async fn list(&self) -> Result<Vec<HideKeyInfo>, StoreError> {
-        let mut all: Vec<HideKeyInfo> = self.records.all().await?.iter().map(StoredHideKey::info).collect();
+        let mut all: Vec<HideKeyInfo> = self
+            .records
+            .all()
+            .await?
+            .iter()
+            .map(StoredHideKey::info)
+            .collect();
         all.sort_by(|a, b| a.key_id.cmp(&b.key_id));
         Ok(all)
     }
@@ -715,11 +727,7 @@ impl HideKeyStore for HideKeys {
             .collect()
     }
 
-    async fn wait_change(
-        &self,
-        index: u64,
-        wait: std::time::Duration,
-    ) -> Result<u64, StoreError> {
+    async fn wait_change(&self, index: u64, wait: std::time::Duration) -> Result<u64, StoreError> {
         self.records.wait_change(index, wait).await
     }
 }

@@ -31,7 +31,10 @@ fn master_key_parsing() {
     let e = MasterKey::parse(&short, "t").expect_err("31 bytes");
     assert!(e.to_string().contains("31 bytes"), "{e}");
     assert!(MasterKey::parse("not a key!", "t").is_err());
-    assert_eq!(format!("{:?}", MasterKey::from_bytes([9; 32])), "MasterKey(..)");
+    assert_eq!(
+        format!("{:?}", MasterKey::from_bytes([9; 32])),
+        "MasterKey(..)"
+    );
 }
 
 #[test]
@@ -44,11 +47,22 @@ fn wrap_binds_key_id_and_version_and_master() {
         wrapped: m.wrap("orders", 3, &[5; 32]).expect("wrap"),
     };
     assert_eq!(m.unwrap_key("orders", &stored).expect("open").version(), 3);
-    assert!(m.unwrap_key("other", &stored).is_err(), "bound to the key id");
-    let moved = StoredVersion { version: 4, ..stored.clone() };
-    assert!(m.unwrap_key("orders", &moved).is_err(), "bound to the version");
+    assert!(
+        m.unwrap_key("other", &stored).is_err(),
+        "bound to the key id"
+    );
+    let moved = StoredVersion {
+        version: 4,
+        ..stored.clone()
+    };
+    assert!(
+        m.unwrap_key("orders", &moved).is_err(),
+        "bound to the version"
+    );
     let wrong = MasterKey::from_bytes([8; 32]);
-    let e = wrong.unwrap_key("orders", &stored).expect_err("other master");
+    let e = wrong
+        .unwrap_key("orders", &stored)
+        .expect_err("other master");
     assert_eq!(e.kind(), ErrorKind::Precondition);
 }
 
@@ -70,8 +84,14 @@ async fn create_rotate_retire_embedded() {
     let ring = keys.ring("orders").await.expect("ring").expect("exists");
     assert_eq!(ring.keys.len(), 3);
     assert_eq!(ring.active, Some(2));
-    assert_eq!(keys.rotate("nope").await.expect_err("unknown").kind(), ErrorKind::NotFound);
-    assert_eq!(keys.create("Bad").await.expect_err("syntax").kind(), ErrorKind::BadRequest);
+    assert_eq!(
+        keys.rotate("nope").await.expect_err("unknown").kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        keys.create("Bad").await.expect_err("syntax").kind(),
+        ErrorKind::BadRequest
+    );
     assert_eq!(keys.list().await.expect("list").len(), 1);
 }
 
@@ -83,7 +103,11 @@ async fn no_master_key_is_a_precondition() {
     let keys = HideKeys::new(Arc::new(store), None);
     let e = keys.create("orders").await.expect_err("no master key");
     assert_eq!(e.kind(), ErrorKind::Precondition);
-    assert!(e.to_string().contains("hide.master_key_file or IDGEN_HIDE_MASTER_KEY"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("hide.master_key_file or IDGEN_HIDE_MASTER_KEY"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -96,20 +120,35 @@ fn merge_keeps_every_version_and_the_more_retired_state() {
     };
     let mut target = StoredHideKey {
         key_id: "k".into(),
-        versions: vec![v(0, HideKeyState::Retired), v(1, HideKeyState::Retired), v(2, HideKeyState::Active)],
+        versions: vec![
+            v(0, HideKeyState::Retired),
+            v(1, HideKeyState::Retired),
+            v(2, HideKeyState::Active),
+        ],
     };
     let backup = StoredHideKey {
         key_id: "k".into(),
         versions: vec![v(0, HideKeyState::Retired), v(1, HideKeyState::Active)],
     };
     target.merge(&backup);
-    let states: Vec<_> = target.versions.iter().map(|v| (v.version, v.state)).collect();
+    let states: Vec<_> = target
+        .versions
+        .iter()
+        .map(|v| (v.version, v.state))
+        .collect();
     assert_eq!(
         states,
-        vec![(0, HideKeyState::Retired), (1, HideKeyState::Retired), (2, HideKeyState::Active)]
+        vec![
+            (0, HideKeyState::Retired),
+            (1, HideKeyState::Retired),
+            (2, HideKeyState::Active)
+        ]
     );
     let mut old = backup.clone();
-    old.merge(&StoredHideKey { key_id: "k".into(), versions: vec![v(2, HideKeyState::Active)] });
+    old.merge(&StoredHideKey {
+        key_id: "k".into(),
+        versions: vec![v(2, HideKeyState::Active)],
+    });
     assert_eq!(old.versions.len(), 3);
     assert_eq!(old.info().active(), Some(2), "one active: the highest");
 }
