@@ -428,6 +428,10 @@ pub enum AdminCommand {
     /// Formatted-mode formats: create, update, get, list, delete, reload.
     #[command(subcommand)]
     Formats(FormatsCommand),
+    /// Hide keys of hidden namespaces: create, rotate, retire, list
+    /// (versions and states; never key material).
+    #[command(subcommand)]
+    Keys(KeysCommand),
     /// After a Consul snapshot restore: move every counter of the cluster
     /// (segment, strict, lease token, formatted) forward by --margin and
     /// every high-water mark to now + hwm.reserve. Running it twice moves
@@ -446,6 +450,31 @@ pub enum AdminCommand {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+}
+
+/// `idgen admin keys ...`.
+#[derive(Subcommand)]
+pub enum KeysCommand {
+    /// Create a hide key id with version 0 active (a new random key,
+    /// sealed with the nodes' master key).
+    Create {
+        /// The key id: 1 to 63 of a-z, 0-9, '_', '-'.
+        key_id: String,
+    },
+    /// Add the next version as active; the previous one becomes
+    /// decode-only (IDs made with it still decode).
+    Rotate {
+        /// The key id.
+        key_id: String,
+    },
+    /// Make the active version decode-only without a successor: hidden
+    /// namespaces using the key refuse to issue until it is rotated.
+    Retire {
+        /// The key id.
+        key_id: String,
+    },
+    /// Every key id, its versions and their states.
+    List,
 }
 
 #[derive(Subcommand)]

@@ -16,13 +16,24 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     file.apply(&a.overrides());
     let config = file.validate(SystemClock.now_millis())?;
     log_filter(&config)?;
+    // The hide master key: read (never printed) so a bad one fails here
+    // as it would at start.
+    let hide = match config.hide.master_key()? {
+        Some((_, warning)) => {
+            if let Some(w) = warning {
+                eprintln!("warning: {w}");
+            }
+            "hide master key loaded"
+        }
+        None => "no hide master key (hide key admin calls are refused)",
+    };
     super::output::write(&file.redacted_toml()?)?;
     let backend = match &config.store.backend {
         Backend::Embedded { path, .. } => format!("embedded, state file {}", path.display()),
         Backend::Consul(c) => format!("consul at {}", c.client.address),
     };
     eprintln!(
-        "config is valid: layout [{}], datacenter {}, worker {}, {backend}",
+        "config is valid: layout [{}], datacenter {}, worker {}, {backend}; {hide}",
         config.layout, config.node.datacenter_id, config.node.worker_id
     );
     if config.store.state_path().is_some() {

@@ -34,8 +34,9 @@ pub const WATCH_GAP: Duration = Duration::from_millis(500);
 pub const AUDIT_TARGET: &str = "idgen::audit";
 
 type RingMap = HashMap<String, Arc<HideKeyRing>>;
-/// A key id and the (version, state) pairs it was published with.
-type RingShape = (String, Vec<(u8, HideKeyState)>);
+
+/// Each key id's (version, state) pairs, as last published.
+type Shape = Vec<(String, Vec<(u8, HideKeyState)>)>;
 
 /// The current hide key rings by key id: cheap to clone, one atomic load
 /// per [`current`](Self::current).
@@ -48,7 +49,7 @@ struct Inner {
     store: Arc<dyn HideKeyStore>,
     rings: ArcSwap<RingMap>,
     /// What was last published: key id -> (version, state) pairs.
-    shape: std::sync::Mutex<Vec<RingShape>>,
+    shape: std::sync::Mutex<Shape>,
     changed: watch::Sender<u64>,
     /// One refresh at a time, so an older read never overwrites a newer.
     refreshing: tokio::sync::Mutex<()>,
@@ -115,7 +116,7 @@ impl HideKeyRings {
             }
             Err(e) => return Err(e),
         };
-        let shape: Vec<(String, Vec<(u8, HideKeyState)>)> = rings
+        let shape: Shape = rings
             .iter()
             .map(|r| (r.key_id.clone(), r.states.clone()))
             .collect();

@@ -82,6 +82,7 @@ pub fn routes() -> Router<HttpState> {
         .route("/admin/api/release", post(release))
         .route("/admin/api/renew", post(renew))
         .merge(changes::routes())
+        .route("/admin/api/hide-keys", get(hide_keys).post(change_hide_key))
         .route("/admin/api/{*rest}", get(no_endpoint).post(no_endpoint))
         .layer(axum::middleware::map_response(secure_headers))
 }
@@ -177,7 +178,7 @@ async fn no_endpoint() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "NOT_FOUND",
-        "no such console endpoint; see GET /admin/api/node, /holders, /tags, /strict, /strict/keys?namespace=NS, /layout, /formats and POST /admin/api/release, /renew, /tags/create, /tags/update, /tags/delete, /formats/create, /formats/update, /formats/delete, /strict/step, /strict/keys/delete",
+        "no such console endpoint; see GET /admin/api/node, /holders, /tags, /strict, /strict/keys?namespace=NS, /layout, /formats, /hide-keys and POST /admin/api/release, /renew, /hide-keys, /tags/create, /tags/update, /tags/delete, /formats/create, /formats/update, /formats/delete, /strict/step, /strict/keys/delete",
     )
 }
 
@@ -563,6 +564,60 @@ async fn renew(State(s): State<HttpState>, request: Request) -> Response {
             }))
             .into_response()
         }
+        Err(e) => status_response(&e),
+    }
+}
+
+/// `GET /admin/api/hide-keys`: every hide key's versions and states.
+async fn hide_keys(State(s): State<HttpState>, request: Request) -> Response {
+    read_call(
+        request,
+        proto::ListHideKeysRequest {},
+        |r| async move { s.admin.list_hide_keys(r).await },
+        |k| json!({"keys": k.keys.iter().map(super::admin::hide_key_json).collect::<Vec<_>>()}),
+    )
+    .await
+}
+
+/// `POST /admin/api/hide-keys`: `{"action": "create"|"rotate"|"retire",
+/// "key_id": "..."}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HideKeyBody {
+    action: String,
+    key_id: String,
+}
+
+async fn change_hide_key(State(s): State<HttpState>, request: Request) -> Response {
+    let (parts, body) = match change_body::<HideKeyBody>(request).await {
+        Ok(p) => p,
+        Err(r) => return r.into_response(),
+    };
+    let (h, x, key_id) = (&parts.headers, &parts.extensions, body.key_id);
+    let r = match body.action.as_str() {
+        "create" => {
+            let m = proto::CreateHideKeyRequest { key_id };
+            s.admin.create_hide_key(admin_request(h, x, m)).await
+        }
+        "rotate" => {
+            let m = proto::RotateHideKeyRequest { key_id };
+            s.admin.rotate_hide_key(admin_request(h, x, m)).await
+        }
+        "retire" => {
+            let m = proto::RetireHideKeyRequest { key_id };
+            s.admin.retire_hide_key(admin_request(h, x, m)).await
+        }
+        other => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_ARGUMENT",
+                format!("action {other:?} is not a hide key change: use \"create\", \"rotate\" or \"retire\""),
+            )
+        }
+    };
+    match r {
+        Ok(r) => Json(json!({"key": r.into_inner().key.as_ref().map(super::admin::hide_key_json)}))
+            .into_response(),
         Err(e) => status_response(&e),
     }
 }

@@ -44,6 +44,20 @@ pub(crate) fn key_message(info: &HideKeyInfo) -> proto::HideKey {
     }
 }
 
+/// A key as the console's JSON API shows it.
+pub(crate) fn key_json(k: &proto::HideKey) -> serde_json::Value {
+    serde_json::json!({
+        "key_id": k.key_id,
+        "active": k.active,
+        "versions": k.versions.iter().map(|v| serde_json::json!({
+            "version": v.version,
+            "state": v.state,
+            "created_ms": v.created_ms,
+            "created": v.created,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 fn changed(info: HideKeyInfo) -> proto::HideKeyChangeResponse {
     proto::HideKeyChangeResponse {
         key: Some(key_message(&info)),

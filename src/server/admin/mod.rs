@@ -62,6 +62,7 @@ mod tags;
 use auth_throttle::AuthThrottle;
 pub use backup::BackupStream;
 pub use holders::EMBEDDED_STATE;
+pub(crate) use keys::key_json as hide_key_json;
 pub use tags::DEFAULT_TAG_STEP;
 
 /// Longest tag description, in bytes.

@@ -66,8 +66,25 @@ impl CasWrite for ChangeWrite<'_> {
     async fn plan(&self) -> Result<Attempt<StoredHideKey>, StoreError> {
         let existing = self.records.read(self.key_id).await?;
         let index = existing.as_ref().map_or(0, |(_, i)| *i);
-        let written = (self.change)(existing.as_ref().map(|(r, _)| r))?;
         let key = self.records.key(self.key_id);
+        // A record below what this node wrote there: the Consul state was
+        // rolled back (a snapshot restore). Rotating from it could give a
+        // number this node already gave another key.
+        let read_top = existing
+            .as_ref()
+            .and_then(|(r, _)| r.versions.iter().map(|v| v.version).max());
+        if let Some((wrote, _)) = self.records.keys.written().written(&key) {
+            if read_top.map_or(-1, i64::from) < wrote {
+                return Err(StoreError::Regressed {
+                    kind: "hide key",
+                    key,
+                    stored: read_top
+                        .map_or_else(|| "nothing".to_owned(), |v| format!("version {v}")),
+                    wrote: format!("version {wrote}"),
+                });
+            }
+        }
+        let written = (self.change)(existing.as_ref().map(|(r, _)| r))?;
         let top = written
             .versions
             .iter()

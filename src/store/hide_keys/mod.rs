@@ -39,36 +39,11 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use crate::id::hide::{HideKey, KeyVersion};
+use crate::id::hide::{HideKey, KeyVersion};
 use crate::id::ErrorKind;
 use crate::store::StoreError;
 
 pub use consul::ConsulHideKeyRecords;
-
-// Stand-in for `crate::id::hide::{HideKey, KeyVersion}` until that
-// module lands; removed then.
-#[doc(hidden)]
-pub mod placeholder {
-    /// A key version.
-    pub type KeyVersion = u8;
-    /// A data key.
-    #[derive(Debug)]
-    pub struct HideKey {
-        version: KeyVersion,
-        #[allow(dead_code)]
-        material: [u8; 32],
-    }
-    impl HideKey {
-        /// A key.
-        pub fn new(version: KeyVersion, material: [u8; 32]) -> Self {
-            Self { version, material }
-        }
-        /// Its version.
-        pub fn version(&self) -> KeyVersion {
-            self.version
-        }
-    }
-}
 
 pub(crate) const HIDE_KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("hide_keys");
 

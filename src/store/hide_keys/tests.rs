@@ -144,6 +144,17 @@ fn merge_keeps_every_version_and_the_more_retired_state() {
             (2, HideKeyState::Active)
         ]
     );
+    // A retired key stays retired when an older backup had it active.
+    let mut retired = StoredHideKey {
+        key_id: "k".into(),
+        versions: vec![v(0, HideKeyState::Retired), v(1, HideKeyState::Retired)],
+    };
+    retired.merge(&backup);
+    assert_eq!(
+        retired.info().active(),
+        None,
+        "a restore never re-activates"
+    );
     let mut old = backup.clone();
     old.merge(&StoredHideKey {
         key_id: "k".into(),
