@@ -428,8 +428,9 @@ fn differences(hide: &dyn Fn(u64) -> u64, inputs: &[u64], gap: usize, domain: u6
 
 /// Volume hidden: the difference between two hidden IDs says nothing
 /// about how many were issued between them. For each variant, 10^5
-/// differences between IDs 1 apart and 1,000 apart (successive IDs of one
-/// node for snowflakes), bucketed, pass a chi-square test against uniform
+/// differences between IDs 1, 1,000 and 1,024 apart (successive IDs of one
+/// node for snowflakes, where 1,024 apart is the same sequence value one
+/// time unit later), bucketed, pass a chi-square test against uniform
 /// at a significance of 0.001 (fixed key and inputs, so it cannot flake);
 /// the plain values fail the same test by far.
 #[test]
@@ -464,7 +465,7 @@ fn differences_of_hidden_ids_are_uniform_and_of_plain_ids_are_not() {
         ("opaque", &|x| opaque.hide(x).unwrap(), &snowflakes, 1 << 61),
     ];
     for (name, hide, inputs, domain) in cases {
-        for gap in [1, 1_000] {
+        for gap in [1, 1_000, 1_024] {
             let hidden = chi_square(&differences(hide, inputs, gap, domain), domain);
             assert!(
                 hidden < CHI2_CRITICAL_99_DF_0_001,
