@@ -51,8 +51,8 @@ fn bench(c: &mut Criterion) {
         .expect("layout");
     let sortable = SnowflakeHider::new(&keys, 1, &layout, SnowflakeHiding::Sortable, 2)
         .expect("sortable hider");
-    let opaque = SnowflakeHider::new(&keys, 1, &layout, SnowflakeHiding::Opaque, 2)
-        .expect("opaque hider");
+    let opaque =
+        SnowflakeHider::new(&keys, 1, &layout, SnowflakeHiding::Opaque, 2).expect("opaque hider");
     let mut g = c.benchmark_group("hide");
     let mut x = 0u64;
     g.bench_function("plain_snowflake_compose", |b| {
@@ -96,7 +96,10 @@ fn bench(c: &mut Criterion) {
     g.bench_function("fpe_ff1_11_digits", |b| {
         b.iter(|| {
             x = (x + 1) % 100_000_000_000;
-            let digits: Vec<u16> = (0..11).rev().map(|i| ((x / 10u64.pow(i)) % 10) as u16).collect();
+            let digits: Vec<u16> = (0..11)
+                .rev()
+                .map(|i| ((x / 10u64.pow(i)) % 10) as u16)
+                .collect();
             fpe.encrypt(&[], &fpe::ff1::FlexibleNumeralString::from(digits))
         })
     });
