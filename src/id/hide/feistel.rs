@@ -70,7 +70,7 @@ impl Feistel {
     }
 
     fn width(&self, i: u8) -> u32 {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             self.u
         } else {
             self.v

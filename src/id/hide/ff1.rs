@@ -137,7 +137,7 @@ impl<C: BlockCipher> Ff1Decimal<C> {
     }
 
     fn modulus(&self, i: u8) -> u64 {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             self.pow_u
         } else {
             self.pow_v

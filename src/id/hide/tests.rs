@@ -427,6 +427,10 @@ fn differences(shown: &[u64], gap: usize, domain: u64) -> Vec<u64> {
         .collect()
 }
 
+/// One variant for the chi-square test: its name, how it hides, the
+/// internal values it hides in order, and the permuted domain.
+type Case<'a> = (&'static str, &'a dyn Fn(u64) -> u64, &'a [u64], u64);
+
 /// Volume hidden: the difference between two hidden IDs says nothing
 /// about how many were issued between them. For each variant, 10^5
 /// differences between IDs 1, 1,000 and 1,024 apart (successive IDs of one
@@ -449,7 +453,7 @@ fn differences_of_hidden_ids_are_uniform_and_of_plain_ids_are_not() {
     let snowflakes: Vec<u64> = (0..101_001u64)
         .map(|i| ((1_000 + (i >> 10)) << 20) | node | (i & 1023))
         .collect();
-    let cases: [(&str, &dyn Fn(u64) -> u64, &[u64], u64); 4] = [
+    let cases: [Case; 4] = [
         (
             "decimal",
             &|x| decimal.hide(x).unwrap(),
