@@ -128,7 +128,11 @@
 //!   presets (`id/format/preset.rs`), periods (`id/format/period.rs`),
 //!   format tokens (`id/format/token.rs`), and Lua rules
 //!   (`id/format/lua.rs`) with their sandbox (`id/format/lua_sandbox.rs`)
-//!   and load-time checks (`id/format/lua/validate.rs`)), and the kind
+//!   and load-time checks (`id/format/lua/validate.rs`)), hiding volume
+//!   ([`id::hide`]: keys and their subkeys in `id/hide/keys.rs`, FF1
+//!   radix 10 in `id/hide/ff1.rs`, the keyed Feistel network in
+//!   `id/hide/feistel.rs`, and the hiders in `id/hide/decimal.rs`,
+//!   `id/hide/int.rs` and `id/hide/snowflake.rs`), and the kind
 //!   every error says it is ([`id::ErrorKind`], `id/kind.rs`).
 //! - [`proto`]: the `idgen-proto` crate (`proto/`), generated from
 //!   `proto/idgen/v1/idgen.proto` and shared with clients.

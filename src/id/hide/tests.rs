@@ -10,6 +10,7 @@ use super::{
 use crate::id::layout::{Layout, LayoutSpec, DEFAULT_EPOCH_MS};
 use aes::cipher::{generic_array::GenericArray, KeyInit};
 use aes::{Aes128, Aes192};
+use std::collections::HashSet;
 
 /// The key of NIST's FF1 samples (its first 16 / 24 / 32 bytes).
 const NIST_KEY: [u8; 32] = [
@@ -240,17 +241,363 @@ fn snowflake_hiding_is_a_bijection_of_a_2_pow_20_domain() {
         },
     );
     // Opaque: a layout is at least 31 bits wide, so its whole domain is
-    // too big to walk in a test; take its first 2^20 internal IDs (every
-    // ID of its first time units): distinct, inside the layout's width,
-    // the version on top, revealed back.
+    // too big to walk in a test (the Feistel under it is IntHider's, walked
+    // above); take its first 2^16 internal IDs: distinct, inside the
+    // layout's width, the version on top, revealed back.
     let js53 = layout(41, 0, 4, 8);
     let opaque = SnowflakeHider::new(&[&k], 1, &js53, SnowflakeHiding::Opaque, 1).unwrap();
     assert_eq!(opaque.max_internal(), (1 << 52) - 1);
-    let mut seen = std::collections::HashSet::with_capacity(1 << 20);
-    for x in 0..1u64 << 20 {
+    let mut seen = HashSet::with_capacity(1 << 16);
+    for x in 0..1u64 << 16 {
         let shown = opaque.hide(x).unwrap();
         assert_eq!(shown >> 52, 1, "version bit of {shown}");
         assert!(seen.insert(shown), "{x} hides to {shown}, already issued");
         assert_eq!(opaque.reveal(shown).unwrap(), (1, x));
     }
+}
+
+/// The Feistel on every width from 2 to 16 bits, odd widths split
+/// unbalanced: a permutation of exactly `0..2^bits` each time.
+#[test]
+fn the_feistel_permutes_every_small_width_exactly() {
+    use super::feistel::Feistel;
+    for bits in 2..=16u32 {
+        let feistel = Feistel::new(&[bits as u8; 32], bits);
+        let mut seen = vec![false; 1 << bits];
+        for x in 0..1u64 << bits {
+            let y = feistel.encrypt(x, 99);
+            assert!(y < 1 << bits, "{bits} bits: {x} -> {y}");
+            assert!(!seen[y as usize], "{bits} bits: {y} twice");
+            seen[y as usize] = true;
+            assert_eq!(feistel.decrypt(y, 99), x);
+        }
+    }
+}
+
+/// 63-bit domains, sampled: one million random internal values (and
+/// the first and last 1,000) hide to distinct values of 63 bits or
+/// fewer, revealed back. The bench (`benches/hide.rs`) repeats it with
+/// ten million in a release build.
+#[test]
+fn sixty_three_bit_hiding_is_one_to_one_on_a_million_samples() {
+    let k = key(3, 8);
+    let hider = IntHider::new(&[&k], 3, 2, 61).unwrap();
+    let mut rng = fastrand::Rng::with_seed(63);
+    let max = hider.capacity() - 1;
+    let inputs: HashSet<u64> = (0..1_000_000)
+        .map(|_| rng.u64(..=max))
+        .chain(0..1_000)
+        .chain(max - 999..=max)
+        .collect();
+    let mut outputs = HashSet::with_capacity(inputs.len());
+    for &x in &inputs {
+        let shown = hider.hide(x).unwrap();
+        assert!(shown < 1 << 63 && shown >> 61 == 3, "{x} -> {shown}");
+        assert!(
+            outputs.insert(shown),
+            "{x} hides to {shown}, already issued"
+        );
+        assert_eq!(hider.reveal(shown).unwrap(), (3, x));
+    }
+    assert_eq!(outputs.len(), inputs.len());
+}
+
+type Hide<'a> = Box<dyn Fn(u64) -> Result<u64, HideError> + 'a>;
+type Reveal<'a> = Box<dyn Fn(u64) -> Result<(KeyVersion, u64), HideError> + 'a>;
+
+/// One kind of hider built three ways: hiding with version 0 (key 0
+/// only), hiding with version 1 and revealing both, and knowing version 1
+/// only.
+struct Rotation<'a> {
+    name: &'static str,
+    old: Hide<'a>,
+    new: Hide<'a>,
+    reveal_both: Reveal<'a>,
+    reveal_new_only: Reveal<'a>,
+    inputs: Vec<u64>,
+}
+
+fn rotations<'a>(k0: &'a HideKey, k1: &'a HideKey) -> Vec<Rotation<'a>> {
+    let twitter = twitter();
+    let decimal = |keys: &[&HideKey], v| DecimalHider::new(keys, v, 8).unwrap();
+    let int = |keys: &[&HideKey], v| IntHider::new(keys, v, 2, 30).unwrap();
+    let snow =
+        |keys: &[&HideKey], v, hiding| SnowflakeHider::new(keys, v, &twitter, hiding, 2).unwrap();
+    // Snowflake inputs: 20,000 IDs over 5 time units of the internal
+    // layout (20 bits below the time).
+    let snowflakes: Vec<u64> = (0..20_000u64).map(|x| ((x % 5) << 20) | (x / 5)).collect();
+    macro_rules! rotation {
+        ($name:expr, $make:expr, $inputs:expr) => {{
+            let (old, both, only) = ($make(&[k0], 0), $make(&[k0, k1], 1), $make(&[k1], 1));
+            let both2 = $make(&[k0, k1], 1);
+            Rotation {
+                name: $name,
+                old: Box::new(move |x| old.hide(x)),
+                new: Box::new(move |x| both.hide(x)),
+                reveal_both: Box::new(move |s| both2.reveal(s)),
+                reveal_new_only: Box::new(move |s| only.reveal(s)),
+                inputs: $inputs,
+            }
+        }};
+    }
+    vec![
+        rotation!("decimal", decimal, (0..20_000).collect()),
+        rotation!("int", int, (0..20_000).collect()),
+        rotation!(
+            "sortable",
+            |k, v| snow(k, v, SnowflakeHiding::Sortable),
+            snowflakes.clone()
+        ),
+        rotation!(
+            "opaque",
+            |k, v| snow(k, v, SnowflakeHiding::Opaque),
+            snowflakes
+        ),
+    ]
+}
+
+/// Rotation: the same internal values hidden under version 0 and under
+/// version 1 never give the same ID, with different key material and
+/// even with the same material under both versions (only the version
+/// field tells them apart). A hider that knows both versions reveals
+/// either one with its version; one that lost version 0 says so.
+#[test]
+fn rotated_versions_never_collide_and_old_ids_still_reveal() {
+    let k0 = key(0, 10);
+    for (k1, material) in [(key(1, 11), "different"), (key(1, 10), "the same")] {
+        for r in rotations(&k0, &k1) {
+            let old: Vec<u64> = r.inputs.iter().map(|&x| (r.old)(x).unwrap()).collect();
+            let new: Vec<u64> = r.inputs.iter().map(|&x| (r.new)(x).unwrap()).collect();
+            let old_set: HashSet<u64> = old.iter().copied().collect();
+            assert_eq!(
+                old_set.len(),
+                old.len(),
+                "{}: repeats under one key",
+                r.name
+            );
+            for (x, shown) in r.inputs.iter().zip(&new) {
+                assert!(
+                    !old_set.contains(shown),
+                    "{} with {material} material: {x} hides to {shown}, an ID version 0 gave out",
+                    r.name
+                );
+            }
+            for (x, shown) in r.inputs.iter().zip(&new) {
+                assert_eq!((r.reveal_both)(*shown).unwrap(), (1, *x), "{}", r.name);
+            }
+            for (x, shown) in r.inputs.iter().zip(&old) {
+                assert_eq!((r.reveal_both)(*shown).unwrap(), (0, *x), "{}", r.name);
+                assert_eq!(
+                    (r.reveal_new_only)(*shown),
+                    Err(HideError::UnknownVersion { version: 0 }),
+                    "{}",
+                    r.name
+                );
+            }
+        }
+    }
+}
+
+/// Buckets for the chi-square test, and the statistic's critical value
+/// for 99 degrees of freedom at a significance of 0.001.
+const BUCKETS: u64 = 100;
+const CHI2_CRITICAL_99_DF_0_001: f64 = 148.23;
+
+/// The chi-square statistic of `values` (each below `domain`) against
+/// the uniform distribution over [`BUCKETS`] equal buckets.
+fn chi_square(values: &[u64], domain: u64) -> f64 {
+    let mut counts = [0u64; BUCKETS as usize];
+    for &v in values {
+        counts[(u128::from(v) * u128::from(BUCKETS) / u128::from(domain)) as usize] += 1;
+    }
+    let expected = values.len() as f64 / BUCKETS as f64;
+    counts
+        .iter()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum()
+}
+
+/// Differences `shown[i + gap] - shown[i]` modulo `domain` (the permuted
+/// part) for the first 10^5 `i`.
+fn differences(shown: &[u64], gap: usize, domain: u64) -> Vec<u64> {
+    shown
+        .windows(gap + 1)
+        .take(100_000)
+        .map(|w| (w[gap] % domain + domain - w[0] % domain) % domain)
+        .collect()
+}
+
+/// One variant for the chi-square test: its name, how it hides, the
+/// internal values it hides in order, and the permuted domain.
+type Case<'a> = (&'static str, &'a dyn Fn(u64) -> u64, &'a [u64], u64);
+
+/// Volume hidden: the difference between two hidden IDs says nothing
+/// about how many were issued between them. For each variant, 10^5
+/// differences between IDs 1, 1,000 and 1,024 apart (successive IDs of one
+/// node for snowflakes, where 1,024 apart is the same sequence value one
+/// time unit later), bucketed, pass a chi-square test against uniform
+/// at a significance of 0.001 (fixed key and inputs, so it cannot flake);
+/// the plain values fail the same test by far.
+#[test]
+fn differences_of_hidden_ids_are_uniform_and_of_plain_ids_are_not() {
+    let k = key(1, 77);
+    let decimal = DecimalHider::new(&[&k], 1, 10).unwrap();
+    let int = IntHider::new(&[&k], 1, 2, 61).unwrap();
+    let wide = twitter();
+    let sortable = SnowflakeHider::new(&[&k], 1, &wide, SnowflakeHiding::Sortable, 2).unwrap();
+    let opaque = SnowflakeHider::new(&[&k], 1, &wide, SnowflakeHiding::Opaque, 2).unwrap();
+    let counters: Vec<u64> = (5_000_000..5_101_001).collect();
+    // One node (datacenter 3, worker 7) issuing every sequence value of
+    // the internal layout (10 bits) in time units from 1,000 on.
+    let node = (3 << 15) | (7 << 10);
+    let snowflakes: Vec<u64> = (0..101_001u64)
+        .map(|i| ((1_000 + (i >> 10)) << 20) | node | (i & 1023))
+        .collect();
+    let cases: [Case; 4] = [
+        (
+            "decimal",
+            &|x| decimal.hide(x).unwrap(),
+            &counters,
+            decimal.capacity(),
+        ),
+        ("int", &|x| int.hide(x).unwrap(), &counters, int.capacity()),
+        (
+            "sortable",
+            &|x| sortable.hide(x).unwrap(),
+            &snowflakes,
+            1 << 20,
+        ),
+        ("opaque", &|x| opaque.hide(x).unwrap(), &snowflakes, 1 << 61),
+    ];
+    for (name, hide, inputs, domain) in cases {
+        let shown: Vec<u64> = inputs.iter().map(|&x| hide(x)).collect();
+        for gap in [1, 1_000, 1_024] {
+            let hidden = chi_square(&differences(&shown, gap, domain), domain);
+            assert!(
+                hidden < CHI2_CRITICAL_99_DF_0_001,
+                "{name}, gap {gap}: chi-square {hidden:.1} says the differences are not uniform"
+            );
+            let plain = chi_square(&differences(inputs, gap, domain), domain);
+            assert!(
+                plain > 10.0 * CHI2_CRITICAL_99_DF_0_001,
+                "{name}, gap {gap}: the plain values pass ({plain:.1}), so the test cannot bite"
+            );
+        }
+    }
+}
+
+/// Bad set-ups and bad values get a typed error that says what to do,
+/// never a panic or a value outside the domain.
+#[test]
+fn bad_widths_versions_and_values_are_refused_with_what_to_do() {
+    let k = key(2, 1);
+    let keys = [&k];
+    let wide = twitter();
+    let err = |r: Result<DecimalHider, HideError>| r.err().expect("refused");
+    assert!(matches!(
+        err(DecimalHider::new(&keys, 2, 6)),
+        HideError::DomainTooSmall { .. }
+    ));
+    assert!(err(DecimalHider::new(&keys, 2, 6))
+        .to_string()
+        .contains("at least 7 digits"));
+    assert!(matches!(
+        err(DecimalHider::new(&keys, 2, 20)),
+        HideError::BadWidth { .. }
+    ));
+    assert_eq!(
+        err(DecimalHider::new(&[&key(10, 1)], 10, 8)),
+        HideError::VersionOutOfRange {
+            version: 10,
+            max: 9
+        }
+    );
+    assert_eq!(
+        err(DecimalHider::new(&[&k, &key(2, 3)], 2, 8)),
+        HideError::DuplicateVersion { version: 2 }
+    );
+    assert_eq!(
+        err(DecimalHider::new(&keys, 3, 8)),
+        HideError::ActiveKeyMissing { version: 3 }
+    );
+    let int = |vb, db| IntHider::new(&keys, 2, vb, db).err().expect("refused");
+    assert!(matches!(int(8, 56), HideError::BadWidth { .. }));
+    assert!(matches!(int(2, 19), HideError::DomainTooSmall { .. }));
+    assert!(matches!(int(0, 40), HideError::BadWidth { .. }));
+    assert!(matches!(int(9, 40), HideError::BadWidth { .. }));
+    assert_eq!(
+        int(1, 40),
+        HideError::VersionOutOfRange { version: 2, max: 1 }
+    );
+    let snow = |layout: &Layout, hiding, vb| {
+        SnowflakeHider::new(&keys, 2, layout, hiding, vb)
+            .err()
+            .expect("refused")
+    };
+    // Sortable takes the version from the sequence: 8 sequence bits
+    // cannot give 8, and js53's 12 bits below the time minus 5 leave 7.
+    let js53 = layout(41, 0, 4, 8);
+    assert!(matches!(
+        snow(&js53, SnowflakeHiding::Sortable, 8),
+        HideError::BadWidth { .. }
+    ));
+    assert!(matches!(
+        snow(&js53, SnowflakeHiding::Sortable, 5),
+        HideError::DomainTooSmall { .. }
+    ));
+    assert!(matches!(
+        snow(&wide, SnowflakeHiding::Opaque, 9),
+        HideError::BadWidth { .. }
+    ));
+
+    let decimal = DecimalHider::new(&keys, 2, 8).unwrap();
+    assert_eq!(
+        decimal.hide(10_000_000),
+        Err(HideError::OutOfDomain {
+            value: 10_000_000,
+            max: 9_999_999
+        })
+    );
+    assert_eq!(
+        decimal.reveal(100_000_000),
+        Err(HideError::NotHidden {
+            value: 100_000_000,
+            max: 99_999_999
+        })
+    );
+    assert_eq!(
+        decimal.reveal(30_000_000),
+        Err(HideError::UnknownVersion { version: 3 })
+    );
+    let sortable = SnowflakeHider::new(&keys, 2, &wide, SnowflakeHiding::Sortable, 2).unwrap();
+    assert_eq!(sortable.internal_spec().sequence_bits, 10);
+    assert!(matches!(
+        sortable.hide(1 << 61),
+        Err(HideError::OutOfDomain { .. })
+    ));
+    assert!(matches!(
+        sortable.reveal(1 << 63),
+        Err(HideError::NotHidden { .. })
+    ));
+    assert!(matches!(
+        sortable.reveal(0),
+        Err(HideError::UnknownVersion { version: 0 })
+    ));
+    let opaque = SnowflakeHider::new(&keys, 2, &wide, SnowflakeHiding::Opaque, 2).unwrap();
+    assert!(matches!(
+        opaque.hide(1 << 61),
+        Err(HideError::OutOfDomain { .. })
+    ));
+    // Opaque with 2 version bits: a quarter of twitter's 69 years.
+    let years = |ms: u64| (ms - DEFAULT_EPOCH_MS) as f64 / 3.156e10;
+    assert!(
+        (years(opaque.end_ms()) - 17.4).abs() < 0.1,
+        "{}",
+        years(opaque.end_ms())
+    );
+    assert!(
+        (years(sortable.end_ms()) - 69.7).abs() < 0.1,
+        "{}",
+        years(sortable.end_ms())
+    );
 }
