@@ -242,7 +242,10 @@ fn is_transport(status: &tonic::Status) -> bool {
 /// fenced by a cluster layout change while others run the new layout):
 /// the [`idgen_proto::RETRY_ELSEWHERE`] metadata.
 fn retry_elsewhere(status: &tonic::Status) -> bool {
-    status.metadata().get(idgen_proto::RETRY_ELSEWHERE).is_some()
+    status
+        .metadata()
+        .get(idgen_proto::RETRY_ELSEWHERE)
+        .is_some()
 }
 
 pub(crate) fn never_sent(status: &tonic::Status) -> bool {

@@ -263,6 +263,8 @@ async fn create_tag(State(s): State<HttpState>, request: Request) -> Response {
             step: b.step.unwrap_or(0),
             description: b.description.unwrap_or_default(),
             initial: exact_u64("initial", b.initial.as_ref())?.unwrap_or(0),
+            // Hidden tags are created with `idgen admin tags create --hide-key`.
+            hide: None,
         })
     };
     change(
