@@ -140,8 +140,7 @@ fn missing_state_file_is_refused_without_init_if_missing() {
     let (ok, out) = run_idgen(&["init", "--config", config.to_str().unwrap()]);
     assert!(ok, "{out}");
     assert!(
-        out.contains("restarts segment, lease and strict counters")
-            || out.contains("segment, lease and strict counters start again"),
+        out.contains("segment, lease, strict and formatted counters start again"),
         "init warns: {out}"
     );
     assert!(out.contains("idgen state restore"), "{out}");

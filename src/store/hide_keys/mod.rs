@@ -1,8 +1,9 @@
 //! Hide keys (issue 23): the data keys hidden namespaces permute their IDs
 //! with, stored wrapped where the namespace lives.
 //!
-//! Envelope encryption: each key version's 32 random bytes (a data key,
-//! made by `ring::rand::SystemRandom` on `create`/`rotate`) are sealed with
+//! Envelope encryption: each key version's 32 bytes (a data key, derived
+//! from the master key, the key id and the version with HKDF-SHA256 on
+//! `create`/`rotate`, so one version number always names one key) are sealed with
 //! the node's [`MasterKey`] (AES-256-GCM, a random 96-bit nonce, the key id
 //! and version as associated data, so a wrapped key cannot be moved to
 //! another id or version) and only the sealed bytes are stored. One
@@ -357,6 +358,27 @@ impl MasterKey {
             .map_err(|_| StoreError::Backend("AES-256-GCM key setup failed".to_owned()))
     }
 
+    /// The data key of `key_id` version `version`: HKDF-SHA256 of the
+    /// master key over the key id and version. Derived, not drawn at
+    /// random, so a version number can only ever name one key: if a record
+    /// goes back (a Consul snapshot restored over the cluster, an operator
+    /// writing an old record) and a later rotate makes the same version
+    /// number again, it is the same key, and IDs it shows cannot collide
+    /// with the ones the lost record's version showed (the same permutation
+    /// of internal values that never repeat). Independent per version
+    /// (HKDF outputs), so a leaked data key reveals no other.
+    pub fn derive(&self, key_id: &str, version: KeyVersion) -> Result<[u8; 32], StoreError> {
+        use ring::hkdf;
+        let failed = || StoreError::Backend("deriving a hide key failed".to_owned());
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, b"idgen hide data key").extract(&self.0);
+        let info = aad(key_id, version);
+        let info = [info.as_slice()];
+        let okm = prk.expand(&info, hkdf::HKDF_SHA256).map_err(|_| failed())?;
+        let mut out = [0u8; 32];
+        okm.fill(&mut out).map_err(|_| failed())?;
+        Ok(out)
+    }
+
     /// Seals `material` for `key_id` version `version`.
     pub fn wrap(
         &self,
@@ -433,14 +455,6 @@ fn world_readable_warning(path: &Path) -> Option<String> {
 #[cfg(not(unix))]
 fn world_readable_warning(_: &Path) -> Option<String> {
     None
-}
-
-fn fresh_material() -> Result<[u8; 32], StoreError> {
-    let mut m = [0u8; 32];
-    SystemRandom::new()
-        .fill(&mut m)
-        .map_err(|_| StoreError::Backend("the system random source failed".to_owned()))?;
-    Ok(m)
 }
 
 fn now_ms() -> u64 {
@@ -557,7 +571,7 @@ impl HideKeys {
         key_id: &str,
         version: KeyVersion,
     ) -> Result<StoredVersion, StoreError> {
-        let mut material = fresh_material()?;
+        let mut material = master.derive(key_id, version)?;
         let wrapped = master.wrap(key_id, version, &material);
         for b in material.iter_mut() {
             // SAFETY: valid, aligned &mut u8.
