@@ -607,6 +607,35 @@ fn signal(node: &ChildServer, sig: &str) {
         .expect("run kill")
         .success();
     assert!(ok, "kill {sig}");
+    if sig == "-STOP" {
+        wait_until_stopped(node.child.id());
+    }
+}
+
+/// `kill` returns once SIGSTOP is queued; a thread of the node that is on
+/// a CPU at that moment runs on until the kernel's kick reaches it, and on
+/// a loaded machine it can answer one more call first. Waits (bounded)
+/// until every thread of `pid` is in state T (stopped).
+fn wait_until_stopped(pid: u32) {
+    let all_stopped = || -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().all(|task| {
+            std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+                // The state follows the command name's closing parenthesis.
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+            })
+        })
+    };
+    for _ in 0..1000 {
+        if all_stopped() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("node {pid} not stopped 5 s after SIGSTOP");
 }
 
 /// A node stopped with SIGSTOP accepts connections (the kernel does) and
