@@ -259,7 +259,8 @@ pub(crate) fn failure_words(cause: &str, tls: TlsUse) -> &'static str {
     // client's side of the handshake is done: the call then sees the
     // alert, or, when its request raced it, only the connection closing.
     let broke = has(&["frame with invalid size", "reset", "broken pipe"]);
-    let closed = has(&["connection closed"]);
+    // hyper's words for a connection that closed under a call in flight.
+    let closed = has(&["connection closed", "operation was canceled"]);
     match tls {
         TlsUse::Plaintext if broke => {
             return "the connection broke; the node may speak TLS: set ClientBuilder::tls"
@@ -331,6 +332,8 @@ mod tests {
             }
             assert!(failure_words(cause, bare).contains("TlsConfig::identity"));
         }
+        let canceled = failure_words("operation was canceled", bare);
+        assert!(canceled.contains("TlsConfig::identity"), "{canceled}");
         let closed = failure_words("connection closed", bare);
         assert!(
             closed.contains("client certificate") && closed.contains("TlsConfig::identity"),

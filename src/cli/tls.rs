@@ -201,8 +201,12 @@ pub fn refused_identity(status: &tonic::Status, without_cert: bool) -> Option<St
     if has("CertificateRequired") {
         return Some("the node requires a client certificate: pass --cert and --key, a certificate signed by the node's server.tls.client_ca (idgen tls dev-certs makes one)".into());
     }
+    // hyper reports a connection that closed under a call in flight as
+    // CANCELLED "operation was canceled", sometimes with no source at all.
     let closed = ["connection closed", "BrokenPipe", "ConnectionReset"];
-    if without_cert && closed.iter().any(|w| has(w)) {
+    let canceled = status.code() == tonic::Code::Cancelled
+        || status.message().contains("operation was canceled");
+    if without_cert && (canceled || closed.iter().any(|w| has(w))) {
         return Some(format!("the connection closed right after the TLS handshake ({}): if the node requires a client certificate (server.tls.client_required), pass --cert and --key", super::client::root_cause(status)));
     }
     let refused = [
@@ -558,4 +562,19 @@ allow = ["127.0.0.0/8", "::1/128"]
         client = f("client.pem"),
         client_key = f("client-key.pem"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_identity;
+
+    #[test]
+    fn a_call_canceled_by_the_closing_connection_names_the_missing_certificate() {
+        // What hyper reports when the node's CertificateRequired alert
+        // closes the connection under the call: no source to read.
+        let canceled = tonic::Status::cancelled("operation was canceled");
+        let words = refused_identity(&canceled, true).unwrap_or_default();
+        assert!(words.contains("--cert"), "{words}");
+        assert_eq!(refused_identity(&canceled, false), None);
+    }
 }

@@ -145,23 +145,42 @@ impl DocEnv {
     }
 
     /// Runs `block`, killing its whole process group if it outlives
-    /// [`BLOCK_DEADLINE`].
-    pub fn run(&self, block: &Block) -> Result<Outcome, String> {
+    /// [`BLOCK_DEADLINE`] or if a `background` block (a node the block
+    /// may be waiting for) fails meanwhile: its `until` loops would wait
+    /// for that node in vain.
+    pub fn run(&mut self, block: &Block) -> Result<Outcome, String> {
         let out = self.path().join(".block.out");
         let err = self.path().join(".block.err");
         let mut child = self
             .command(block, &out, &err)?
             .spawn()
             .map_err(|e| format!("bash: {e}"))?;
-        let status = wait_bounded(&mut child, BLOCK_DEADLINE);
+        let start = Instant::now();
+        let mut status = None;
+        let mut background_failed = false;
+        while start.elapsed() < BLOCK_DEADLINE {
+            if let Ok(Some(done)) = child.try_wait() {
+                status = Some(done);
+                break;
+            }
+            if !self.failed_background().is_empty() {
+                background_failed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         if status.is_none() {
             kill_group(&child, "KILL");
             let _ = child.wait();
         }
+        let mut stderr = std::fs::read_to_string(&err).unwrap_or_default();
+        if background_failed {
+            stderr.push_str("\n[doc runner: killed, a background block failed meanwhile]\n");
+        }
         Ok(Outcome {
             status,
             stdout: std::fs::read_to_string(&out).unwrap_or_default(),
-            stderr: std::fs::read_to_string(&err).unwrap_or_default(),
+            stderr,
         })
     }
 
