@@ -519,18 +519,7 @@ async fn a_failed_node_is_set_aside_and_taken_back_once_its_health_check_passes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_sends_its_acl_token_and_keeps_only_nodes_with_its_tag() {
-    let consul = common::consul::start(consul_testserver::Config {
-        acl_master_token: Some("master".into()),
-        ..common::consul::cluster_settings()
-    })
-    .await;
-    consul.add_token(
-        "reader",
-        consul_testserver::Policy {
-            read_all: true,
-            ..consul_testserver::Policy::default()
-        },
-    );
+    let consul = common::consul::acl_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let token = ("consul", "token", "\"master\"");
     let _nodes: Vec<ChildServer> = ["a", "b", "c"]

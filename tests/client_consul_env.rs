@@ -20,18 +20,7 @@ use idgen_client::{Client, ConsulDiscovery, ConsulEnv, Error, Mode};
 /// `reader` that may read everything, and two nodes serving format
 /// `orders-py`.
 async fn acl_cluster(dir: &Path) -> (TestConsul, Vec<ChildServer>) {
-    let consul = common::consul::start(consul_testserver::Config {
-        acl_master_token: Some("master".into()),
-        ..common::consul::cluster_settings()
-    })
-    .await;
-    consul.add_token(
-        "reader",
-        consul_testserver::Policy {
-            read_all: true,
-            ..consul_testserver::Policy::default()
-        },
-    );
+    let consul = common::consul::acl_consul().await;
     let nodes = ["a", "b"]
         .iter()
         .map(|n| ChildServer::start(&write_format_cluster_config(dir, n, consul.addr())))

@@ -29,32 +29,26 @@ fn python() -> Option<PathBuf> {
     ok.then_some(candidate)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_python_example_discovers_retries_and_prefetches_against_three_nodes() {
-    let Some(python) = python() else {
+/// The Python to run the example with; `None` (after saying so) when there
+/// is none, which fails the test when `REQUIRE_PYTHON_EXAMPLE` is set.
+fn python_or_skip() -> Option<PathBuf> {
+    let python = python();
+    if python.is_none() {
         assert!(
             std::env::var_os("REQUIRE_PYTHON_EXAMPLE").is_none(),
             "REQUIRE_PYTHON_EXAMPLE is set but no Python with grpcio: run scripts/setup.sh"
         );
         eprintln!("no Python with grpcio (run scripts/setup.sh): the Python example was not run");
+    }
+    python
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_discovers_retries_and_prefetches_against_three_nodes() {
+    let Some(python) = python_or_skip() else {
         return;
     };
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let gen = tempfile::tempdir().unwrap();
-    // Stubs generated now, from the repository's proto (not committed).
-    let out = Command::new(&python)
-        .args(["-m", "grpc_tools.protoc", "-I"])
-        .arg(root.join("proto"))
-        .arg(format!("--python_out={}", gen.path().display()))
-        .arg(format!("--grpc_python_out={}", gen.path().display()))
-        .arg(root.join("proto/idgen/v1/idgen.proto"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "protoc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let gen = stubs(&python);
 
     let consul = test_consul().await;
     let dir = tempfile::tempdir().unwrap();
@@ -78,28 +72,14 @@ async fn the_python_example_discovers_retries_and_prefetches_against_three_nodes
         .local_addr()
         .unwrap();
 
-    let script = root.join("examples/python/idgen_client.py");
-    let consul_url = format!("http://{}", consul.addr());
-    let gen_path = gen.path().to_owned();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(&python)
-            .arg(script)
-            .args(["--consul", &consul_url, "--count", "4000", "--threads", "4"])
-            .args(["--also", &dead.to_string()])
-            .env("PYTHONPATH", gen_path)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the example failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: serde_json::Value =
-        serde_json::from_str(stdout.trim().lines().last().unwrap_or("")).expect("JSON summary");
+    let args = ["--consul", &format!("http://{}", consul.addr())]
+        .into_iter()
+        .chain(["--count", "4000", "--threads", "4"])
+        .chain(["--also", &dead.to_string()])
+        .map(str::to_owned)
+        .collect();
+    let (ok, summary, text) = run_example(&python, gen.path(), args, Vec::new()).await;
+    assert!(ok, "the example failed: {text}");
     assert_eq!(summary["nodes"], 3, "{summary}");
     assert_eq!(summary["ids"], 4050, "{summary}");
     assert_eq!(summary["distinct"], 4050, "no ID twice: {summary}");
@@ -174,27 +154,11 @@ async fn run_example(
 /// counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_example_uses_consuls_token_variables_and_takes_formatted_ids() {
-    let Some(python) = python() else {
-        assert!(
-            std::env::var_os("REQUIRE_PYTHON_EXAMPLE").is_none(),
-            "REQUIRE_PYTHON_EXAMPLE is set but no Python with grpcio: run scripts/setup.sh"
-        );
-        eprintln!("no Python with grpcio (run scripts/setup.sh): the Python example was not run");
+    let Some(python) = python_or_skip() else {
         return;
     };
     let gen = stubs(&python);
-    let consul = common::consul::start(consul_testserver::Config {
-        acl_master_token: Some("master".into()),
-        ..common::consul::cluster_settings()
-    })
-    .await;
-    consul.add_token(
-        "reader",
-        consul_testserver::Policy {
-            read_all: true,
-            ..consul_testserver::Policy::default()
-        },
-    );
+    let consul = common::consul::acl_consul().await;
     let dir = tempfile::tempdir().unwrap();
     let nodes: Vec<ChildServer> = ["a", "b"]
         .iter()
@@ -274,12 +238,7 @@ async fn the_python_example_uses_consuls_token_variables_and_takes_formatted_ids
 /// certificate names a host while it is dialled by IP address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_example_dials_a_tls_node_with_its_ca_and_server_name() {
-    let Some(python) = python() else {
-        assert!(
-            std::env::var_os("REQUIRE_PYTHON_EXAMPLE").is_none(),
-            "REQUIRE_PYTHON_EXAMPLE is set but no Python with grpcio: run scripts/setup.sh"
-        );
-        eprintln!("no Python with grpcio (run scripts/setup.sh): the Python example was not run");
+    let Some(python) = python_or_skip() else {
         return;
     };
     let gen = stubs(&python);

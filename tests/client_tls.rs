@@ -238,6 +238,29 @@ fn printed_config(out: &str) -> String {
     out[start..end].to_owned()
 }
 
+/// `--force` replaces what is there instead of writing through it: a
+/// symbolic link where a key goes is replaced by a 0600 file, and the file
+/// it pointed to is left as it was.
+#[test]
+fn dev_certs_force_replaces_a_symbolic_link_and_leaves_its_target_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    let elsewhere = dir.path().join("elsewhere.txt");
+    std::fs::write(&elsewhere, "not a key\n").unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, pki.join("ca-key.pem")).unwrap();
+    let (ok, out) = dev_certs(dir.path(), &["--force"]);
+    assert!(ok, "{out}");
+    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "not a key\n");
+    let mode = std::fs::metadata(&elsewhere).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "the link's target keeps its mode");
+    let key = std::fs::symlink_metadata(pki.join("ca-key.pem")).unwrap();
+    assert!(key.file_type().is_file(), "the link was replaced by a file");
+    assert_eq!(key.permissions().mode() & 0o777, 0o600);
+}
+
 /// The dev-certs output, used as printed, makes a working mTLS setup: a
 /// node that requires client certificates, a Rust client and the CLI with
 /// the client certificate get IDs, and without one they are told what is

@@ -48,16 +48,12 @@ impl BlockingClient {
     }
 
     /// See [`Client::gen_formatted`].
-    pub fn gen_formatted<K, V>(
+    pub fn gen_formatted(
         &self,
         format: &str,
-        params: impl IntoIterator<Item = (K, V)>,
+        params: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
         count: u32,
-    ) -> Result<GenFormattedResponse, Error>
-    where
-        K: Into<String>,
-        V: Into<String>,
-    {
+    ) -> Result<GenFormattedResponse, Error> {
         self.runtime
             .block_on(self.client.gen_formatted(format, params, count))
     }
@@ -69,15 +65,11 @@ impl BlockingClient {
     }
 
     /// See [`Client::format_counter`].
-    pub fn format_counter<K, V>(
+    pub fn format_counter(
         &self,
         format: &str,
-        params: impl IntoIterator<Item = (K, V)>,
-    ) -> Result<GetFormatCounterResponse, Error>
-    where
-        K: Into<String>,
-        V: Into<String>,
-    {
+        params: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
+    ) -> Result<GetFormatCounterResponse, Error> {
         self.runtime
             .block_on(self.client.format_counter(format, params))
     }

@@ -235,9 +235,6 @@ fn is_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some()
 }
 
-/// The request provably never left this process: the connection to the
-/// node could not be made (refused, or no answer to the handshake), so
-/// nothing was sent.
 /// Whether the node said another node may serve what it refused (a node
 /// fenced by a cluster layout change while others run the new layout):
 /// the [`idgen_proto::RETRY_ELSEWHERE`] metadata.
@@ -248,6 +245,9 @@ fn retry_elsewhere(status: &tonic::Status) -> bool {
         .is_some()
 }
 
+/// The request provably never left this process: the connection to the
+/// node could not be made (refused, or no answer to the handshake), so
+/// nothing was sent.
 pub(crate) fn never_sent(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {

@@ -150,9 +150,12 @@ impl ConsulEnv {
     pub fn server_name(&self) -> Option<String> {
         let name = self.tls_server_name.as_deref()?;
         let host = match name.rsplit_once(':') {
-            // A port after the last `]` (or in a name without brackets).
+            // A port after the last `]`, or after a name with no other
+            // colon: a bare IPv6 address (`::1`) has no port.
             Some((host, port))
-                if !port.contains(']') && port.bytes().all(|b| b.is_ascii_digit()) =>
+                if !port.contains(']')
+                    && port.bytes().all(|b| b.is_ascii_digit())
+                    && (!host.contains(':') || host.ends_with(']')) =>
             {
                 host
             }
@@ -327,6 +330,10 @@ mod tests {
         );
         assert_eq!(name("consul.internal").as_deref(), Some("consul.internal"));
         assert_eq!(name("[::1]:8501").as_deref(), Some("::1"));
+        // A bare IPv6 address keeps its last group.
+        assert_eq!(name("::1").as_deref(), Some("::1"));
+        assert_eq!(name("fd00::8501").as_deref(), Some("fd00::8501"));
+        assert_eq!(name("[fd00::1]").as_deref(), Some("fd00::1"));
         assert_eq!(env(&[]).server_name(), None);
     }
 }

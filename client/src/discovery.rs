@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -16,9 +17,11 @@ use serde::Deserialize;
 use crate::consul_env::ConsulEnv;
 use crate::metrics as m;
 use crate::nodes::NodeSet;
+use crate::tls::certs;
 
-/// How to find idgen nodes in Consul.
-#[derive(Debug, Clone)]
+/// How to find idgen nodes in Consul. Its `Debug` form shows whether a
+/// token is set, never the token.
+#[derive(Clone)]
 pub struct ConsulDiscovery {
     /// The agent's HTTP address, e.g. `http://127.0.0.1:8500`.
     pub address: String,
@@ -48,6 +51,24 @@ pub struct ConsulDiscovery {
     /// process environment): they fill in the token and the HTTPS settings
     /// not set explicitly. Replace with [`ConsulDiscovery::env`].
     pub env: ConsulEnv,
+}
+
+impl fmt::Debug for ConsulDiscovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token is a secret: shown only as set or not (as ConsulEnv does).
+        f.debug_struct("ConsulDiscovery")
+            .field("address", &self.address)
+            .field("service", &self.service)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("datacenter", &self.datacenter)
+            .field("tag", &self.tag)
+            .field("wait", &self.wait)
+            .field("min_interval", &self.min_interval)
+            .field("retry_after", &self.retry_after)
+            .field("tls", &self.tls)
+            .field("env", &self.env)
+            .finish()
+    }
 }
 
 impl ConsulDiscovery {
@@ -436,35 +457,22 @@ impl ConsulTls {
         let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
             .build()
             .map_err(|e| format!("CA: {e}"))?;
-        let verifier: Arc<dyn ServerCertVerifier> = match server_name {
-            Some(name) => Arc::new(NamedVerifier {
-                inner: webpki,
-                name: ServerName::try_from(name.to_owned())
+        let name = match server_name {
+            Some(name) => Some(
+                ServerName::try_from(name.to_owned())
                     .map_err(|e| format!("TLS server name {name:?}: {e}"))?,
-            }),
-            None => webpki,
+            ),
+            None => None,
         };
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .dangerous()
-            .with_custom_certificate_verifier(verifier);
-        let mut config = match client {
-            Some((cert, key)) => {
-                let chain = certs(cert).map_err(|e| format!("client certificate: {e}"))?;
-                let key = PrivateKeyDer::from_pem_slice(key)
-                    .map_err(|e| format!("client key: no usable PEM private key ({e})"))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| format!("the client key does not fit the certificate: {e}"))?
-            }
-            None => builder.with_no_client_auth(),
+        let identity = match client {
+            Some((cert, key)) => Some((
+                certs(cert).map_err(|e| format!("client certificate: {e}"))?,
+                PrivateKeyDer::from_pem_slice(key)
+                    .map_err(|e| format!("client key: no usable PEM private key ({e})"))?,
+            )),
+            None => None,
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Self {
-            config: Arc::new(config),
-            identity: client.is_some(),
-        })
+        Self::build(provider, Some(webpki), name, identity)
     }
 
     /// From PEM files; every error names the file.
@@ -473,8 +481,6 @@ impl ConsulTls {
         client: Option<(&Path, &Path)>,
         server_name: Option<&str>,
     ) -> Result<Self, String> {
-        let read =
-            |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
         let ca_pem = read(ca)?;
         let client_pem = match client {
             Some((c, k)) => Some((read(c)?, read(k)?)),
@@ -497,134 +503,101 @@ impl ConsulTls {
             None => format!("{e} (CA {})", ca.display()),
         })
     }
-}
 
-impl ConsulTls {
     /// HTTPS that does NOT check the agent's certificate
     /// (`CONSUL_HTTP_SSL_VERIFY=false`): the connection is encrypted, but
     /// anyone on the path can answer as the agent. An optional client
     /// certificate and key (PEM files) are still presented.
     pub fn unverified(client: Option<(&Path, &Path)>) -> Result<Self, String> {
+        let identity = match client {
+            Some((cert, key)) => Some((
+                certs(&read(cert)?)
+                    .map_err(|e| format!("client certificate {}: {e}", cert.display()))?,
+                PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| {
+                    format!(
+                        "client key {}: no usable PEM private key ({e})",
+                        key.display()
+                    )
+                })?,
+            )),
+            None => None,
+        };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier: Arc<dyn ServerCertVerifier> = Arc::new(AnyCertificate {
-            schemes: provider
-                .signature_verification_algorithms
-                .supported_schemes(),
-            provider: provider.clone(),
+        Self::build(provider, None, None, identity)
+    }
+
+    /// The rustls client configuration both constructors end in: the
+    /// agent's certificate checked by `chain` (any certificate when
+    /// `None`) against `name` (else the address's host), and the client
+    /// certificate chain and key when given. HTTP/1.1 only.
+    fn build(
+        provider: Arc<rustls::crypto::CryptoProvider>,
+        chain: Option<Arc<WebPkiServerVerifier>>,
+        name: Option<ServerName<'static>>,
+        identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    ) -> Result<Self, String> {
+        let verifier = Arc::new(AgentVerifier {
+            chain,
+            name,
+            algorithms: provider.signature_verification_algorithms,
         });
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .dangerous()
             .with_custom_certificate_verifier(verifier);
-        let read =
-            |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
-        let mut config = match client {
-            Some((cert, key)) => {
-                let chain = certs(&read(cert)?)
-                    .map_err(|e| format!("client certificate {}: {e}", cert.display()))?;
-                let key_der = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| {
-                    format!(
-                        "client key {}: no usable PEM private key ({e})",
-                        key.display()
-                    )
-                })?;
-                builder
-                    .with_client_auth_cert(chain, key_der)
-                    .map_err(|e| format!("the client key does not fit the certificate: {e}"))?
-            }
+        let presents = identity.is_some();
+        let mut config = match identity {
+            Some((chain, key)) => builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("the client key does not fit the certificate: {e}"))?,
             None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Self {
             config: Arc::new(config),
-            identity: client.is_some(),
+            identity: presents,
         })
     }
 }
 
-/// Accepts any server certificate (signatures are still checked, so the
-/// handshake is sound; who signed the certificate is not).
+/// Reads a PEM file; the error names it.
+fn read(p: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+}
+
+/// Checks the agent's certificate: its chain against the CA (`chain`),
+/// and its name against a configured one (`name`, else the URL's host).
+/// Without `chain` any certificate is accepted
+/// (`CONSUL_HTTP_SSL_VERIFY=false`); the handshake signatures are checked
+/// either way, so the handshake is sound, only who signed the
+/// certificate is not.
 #[derive(Debug)]
-struct AnyCertificate {
-    provider: Arc<rustls::crypto::CryptoProvider>,
-    schemes: Vec<rustls::SignatureScheme>,
+struct AgentVerifier {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    name: Option<ServerName<'static>>,
+    algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.schemes.clone()
-    }
-}
-
-fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not valid PEM: {e}"))?;
-    if certs.is_empty() {
-        return Err("holds no PEM CERTIFICATE block".into());
-    }
-    Ok(certs)
-}
-
-/// Checks the agent's certificate against a configured name instead of
-/// the URL's host.
-#[derive(Debug)]
-struct NamedVerifier {
-    inner: Arc<WebPkiServerVerifier>,
-    name: ServerName<'static>,
-}
-
-impl ServerCertVerifier for NamedVerifier {
+impl ServerCertVerifier for AgentVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
+        server_name: &ServerName<'_>,
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+        match &self.chain {
+            Some(chain) => chain.verify_server_cert(
+                end_entity,
+                intermediates,
+                self.name.as_ref().unwrap_or(server_name),
+                ocsp_response,
+                now,
+            ),
+            None => Ok(ServerCertVerified::assertion()),
+        }
     }
 
     fn verify_tls12_signature(
@@ -633,7 +606,7 @@ impl ServerCertVerifier for NamedVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -642,19 +615,38 @@ impl ServerCertVerifier for NamedVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 
 /// A failed query in words: the TLS cause when there is one (reqwest's
 /// own message names only the URL).
 fn send_error(e: &reqwest::Error, tls_without_identity: bool) -> String {
-    // The rustls error can sit inside nested io::Errors, whose source()
-    // skips the wrapped error itself: unwrap each by hand.
+    match rustls_cause(e) {
+        Some(rustls::Error::InvalidMessage(_)) => {
+            return "the Consul agent does not speak TLS on this port (it answered in plaintext): use an http:// address".into()
+        }
+        Some(r @ rustls::Error::InvalidCertificate(_)) => {
+            return format!("the Consul agent's certificate is not trusted ({r}): check the CA and the TLS server name")
+        }
+        Some(r) => return format!("TLS with the Consul agent failed: {r}"),
+        None => {}
+    }
+    let mut text = chain_text(e);
+    if tls_without_identity && closed_after_handshake(&text) {
+        text.push_str(CLOSED_WITHOUT_IDENTITY);
+    }
+    text
+}
+
+/// The rustls error behind `e`, if any. It can sit inside nested
+/// `io::Error`s, whose `source()` skips the wrapped error itself, so each
+/// is unwrapped by hand.
+fn rustls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(mut err) = cur {
         while let Some(inner) = err
@@ -663,27 +655,22 @@ fn send_error(e: &reqwest::Error, tls_without_identity: bool) -> String {
         {
             err = inner;
         }
-        match err.downcast_ref::<rustls::Error>() {
-            Some(rustls::Error::InvalidMessage(_)) => {
-                return "the Consul agent does not speak TLS on this port (it answered in plaintext): use an http:// address".into()
-            }
-            Some(r @ rustls::Error::InvalidCertificate(_)) => {
-                return format!("the Consul agent's certificate is not trusted ({r}): check the CA and the TLS server name")
-            }
-            Some(r) => return format!("TLS with the Consul agent failed: {r}"),
-            None => {}
+        if let Some(r) = err.downcast_ref::<rustls::Error>() {
+            return Some(r);
         }
         cur = err.source();
     }
+    None
+}
+
+/// An error and its sources, joined by `": "`.
+fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
-    let mut cur = std::error::Error::source(e);
+    let mut cur = e.source();
     while let Some(err) = cur {
         text.push_str(": ");
         text.push_str(&err.to_string());
         cur = err.source();
-    }
-    if tls_without_identity && closed_after_handshake(&text) {
-        text.push_str(CLOSED_WITHOUT_IDENTITY);
     }
     text
 }
@@ -713,6 +700,20 @@ fn closed_after_handshake(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_debug_form_shows_no_token() {
+        let env = ConsulEnv::from_vars([("CONSUL_HTTP_TOKEN", "env-secret-5f1e")]);
+        let d = ConsulDiscovery::with_env("http://127.0.0.1:8500".into(), env)
+            .token("explicit-secret-9c2a");
+        let text = format!("{d:?} {d:#?}");
+        assert!(!text.contains("explicit-secret-9c2a"), "{text}");
+        assert!(!text.contains("env-secret-5f1e"), "{text}");
+        assert!(
+            text.contains("<set>") && text.contains("127.0.0.1:8500"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_connection_closed_under_the_request_is_told_apart_from_other_failures() {

@@ -69,10 +69,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idgen_proto::id_gen_client::IdGenClient;
 use idgen_proto::{
     GenFormattedRequest, GenIdRequest, GenIdsRequest, GetFormatCounterRequest,
     ParseFormattedRequest,
 };
+use tonic::transport::Channel;
 
 use crate::call::{CallSettings, Caller, Retry};
 pub use crate::consul_env::{ConsulEnv, DEFAULT_CONSUL_ADDR};
@@ -333,31 +335,22 @@ impl Client {
     /// taken); a node that is unavailable is left for another, which gives
     /// IDs from its own counters (an answer lost on the way is a gap, never
     /// a repeat). `count` 0 means 1.
-    pub async fn gen_formatted<K, V>(
+    pub async fn gen_formatted(
         &self,
         format: &str,
-        params: impl IntoIterator<Item = (K, V)>,
+        params: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
         count: u32,
-    ) -> Result<GenFormattedResponse, Error>
-    where
-        K: Into<String>,
-        V: Into<String>,
-    {
-        let params: HashMap<String, String> = params
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
-        self.caller
-            .call("GenFormatted", Retry::Idempotent, |mut c, left| {
-                let mut req = tonic::Request::new(GenFormattedRequest {
-                    format: format.to_owned(),
-                    params: params.clone(),
-                    count,
-                });
-                req.set_timeout(left);
-                async move { c.gen_formatted(req).await.map(|r| r.into_inner()) }
-            })
-            .await
+    ) -> Result<GenFormattedResponse, Error> {
+        let params = param_map(params);
+        let req = || GenFormattedRequest {
+            format: format.to_owned(),
+            params: params.clone(),
+            count,
+        };
+        self.unary("GenFormatted", req, |mut c, req| async move {
+            c.gen_formatted(req).await.map(|r| r.into_inner())
+        })
+        .await
     }
 
     /// The fields of formatted ID `id` of `format` (`ParseFormatted`):
@@ -367,43 +360,52 @@ impl Client {
         format: &str,
         id: &str,
     ) -> Result<ParseFormattedResponse, Error> {
-        self.caller
-            .call("ParseFormatted", Retry::Idempotent, |mut c, left| {
-                let mut req = tonic::Request::new(ParseFormattedRequest {
-                    format: format.to_owned(),
-                    id: id.to_owned(),
-                });
-                req.set_timeout(left);
-                async move { c.parse_formatted(req).await.map(|r| r.into_inner()) }
-            })
-            .await
+        let req = || ParseFormattedRequest {
+            format: format.to_owned(),
+            id: id.to_owned(),
+        };
+        self.unary("ParseFormatted", req, |mut c, req| async move {
+            c.parse_formatted(req).await.map(|r| r.into_inner())
+        })
+        .await
     }
 
     /// A counter's durable record (`GetFormatCounter`): whether it was
     /// used, the start of the period it is in, the last value any node may
     /// have used. `params` are the format's scope parameters. Per-node
     /// formats show the counter of the node that answers.
-    pub async fn format_counter<K, V>(
+    pub async fn format_counter(
         &self,
         format: &str,
-        params: impl IntoIterator<Item = (K, V)>,
-    ) -> Result<GetFormatCounterResponse, Error>
+        params: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
+    ) -> Result<GetFormatCounterResponse, Error> {
+        let params = param_map(params);
+        let req = || GetFormatCounterRequest {
+            format: format.to_owned(),
+            params: params.clone(),
+        };
+        self.unary("GetFormatCounter", req, |mut c, req| async move {
+            c.get_format_counter(req).await.map(|r| r.into_inner())
+        })
+        .await
+    }
+
+    /// One idempotent call of `method` with failover: each attempt sends a
+    /// fresh `request()` with the time left as its gRPC timeout.
+    async fn unary<Req, Resp, Fut>(
+        &self,
+        method: &'static str,
+        request: impl Fn() -> Req,
+        send: impl Fn(IdGenClient<Channel>, tonic::Request<Req>) -> Fut,
+    ) -> Result<Resp, Error>
     where
-        K: Into<String>,
-        V: Into<String>,
+        Fut: std::future::Future<Output = Result<Resp, tonic::Status>>,
     {
-        let params: HashMap<String, String> = params
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
         self.caller
-            .call("GetFormatCounter", Retry::Idempotent, |mut c, left| {
-                let mut req = tonic::Request::new(GetFormatCounterRequest {
-                    format: format.to_owned(),
-                    params: params.clone(),
-                });
+            .call(method, Retry::Idempotent, |c, left| {
+                let mut req = tonic::Request::new(request());
                 req.set_timeout(left);
-                async move { c.get_format_counter(req).await.map(|r| r.into_inner()) }
+                send(c, req)
             })
             .await
     }
@@ -412,6 +414,16 @@ impl Client {
     pub fn nodes(&self) -> Vec<String> {
         self.caller.nodes.addrs()
     }
+}
+
+/// A format's parameters as the request carries them.
+fn param_map(
+    params: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
+) -> HashMap<String, String> {
+    params
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect()
 }
 
 fn retry_for(mode: Mode) -> Retry {

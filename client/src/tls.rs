@@ -127,10 +127,12 @@ fn read(what: &str, path: &Path) -> Result<Vec<u8>, Error> {
         .map_err(|e| Error::Config(format!("TLS {what} {}: cannot read: {e}", path.display())))
 }
 
-fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The certificates of PEM text (nodes' and the Consul agent's CAs, client
+/// chains); an error when it holds none.
+pub(crate) fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("cannot read certificates: {e}"))?;
+        .map_err(|e| format!("not valid PEM: {e}"))?;
     if certs.is_empty() {
         return Err("holds no PEM CERTIFICATE block".into());
     }

@@ -494,22 +494,29 @@ fn create_dir(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create {}", dir.display()))
 }
 
-/// Writes `text` to `path` with `mode` (a key: 0600, whatever the umask);
-/// without `force`, refuses a file that appeared since the check.
+/// Writes `text` to a new file `path` with `mode` (a key: 0600, whatever
+/// the umask); without `force`, refuses a file that appeared since the
+/// check. With `force` an existing entry is removed first, never written
+/// through: a symbolic link there is replaced, its target left alone, and
+/// a key never inherits an old file's wider mode.
 fn write_file(path: &Path, text: &str, mode: u32, force: bool) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let mut open = std::fs::OpenOptions::new();
-    open.write(true).mode(mode);
     if force {
-        open.create(true).truncate(true);
-    } else {
-        open.create_new(true);
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot replace {}", path.display()))
+            }
+            _ => {}
+        }
     }
-    let mut file = open
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
         .open(path)
         .with_context(|| format!("cannot write {}", path.display()))?;
-    // An existing file kept its old mode: set it.
+    // The umask may have taken bits off a certificate's 0644: set it.
     file.set_permissions(std::fs::Permissions::from_mode(mode))
         .and_then(|()| file.write_all(text.as_bytes()))
         .and_then(|()| file.sync_all())

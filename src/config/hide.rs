@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{invalid, ConfigError};
+use super::ConfigError;
 use crate::store::hide_keys::{HideKeyError, MasterKey, MASTER_KEY_ENV};
 
 /// `[hide]` as written in the file.
@@ -31,29 +31,23 @@ impl HideSection {
     /// Validates the section (the file itself is read by
     /// [`HideSettings::master_key`]).
     pub fn validate(&self) -> Result<HideSettings, ConfigError> {
+        self.validate_with(|name| std::env::var_os(name))
+    }
+
+    /// [`validate`](Self::validate) with the environment read by `lookup`:
+    /// `${CREDENTIALS_DIRECTORY}` expands as in every other path key
+    /// ([`crate::config::expand_path`]).
+    pub fn validate_with(
+        &self,
+        lookup: impl Fn(&str) -> Option<std::ffi::OsString>,
+    ) -> Result<HideSettings, ConfigError> {
         if self.master_key_file.as_os_str().is_empty() {
             return Ok(HideSettings::default());
         }
-        let path = expand_credentials(&self.master_key_file)?;
+        let path = super::expand_path("hide.master_key_file", &self.master_key_file, lookup)?;
         Ok(HideSettings {
             master_key_file: Some(path),
         })
-    }
-}
-
-/// `${CREDENTIALS_DIRECTORY}` at the start of a path, from systemd.
-fn expand_credentials(path: &std::path::Path) -> Result<PathBuf, ConfigError> {
-    const VAR: &str = "${CREDENTIALS_DIRECTORY}";
-    let text = path.to_string_lossy();
-    let Some(rest) = text.strip_prefix(VAR) else {
-        return Ok(path.to_path_buf());
-    };
-    match std::env::var_os("CREDENTIALS_DIRECTORY") {
-        Some(dir) => Ok(PathBuf::from(dir).join(rest.trim_start_matches('/'))),
-        None => Err(invalid(
-            "hide.master_key_file",
-            "starts with ${CREDENTIALS_DIRECTORY} but that variable is not set: run under systemd with LoadCredential=, or give the full path",
-        )),
     }
 }
 
@@ -84,5 +78,51 @@ impl HideSettings {
             }
             _ => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds(name: &str) -> Option<std::ffi::OsString> {
+        (name == "CREDENTIALS_DIRECTORY").then(|| "/run/credentials/idgen.service".into())
+    }
+
+    /// The master key file expands systemd's credentials directory exactly
+    /// as the other path keys do: both spellings, and an unset or empty
+    /// variable is an error naming the key (never a path relative to the
+    /// working directory).
+    #[test]
+    fn the_master_key_file_expands_like_every_path_key() {
+        let section = |p: &str| HideSection {
+            master_key_file: p.into(),
+        };
+        for written in [
+            "${CREDENTIALS_DIRECTORY}/hide-key",
+            "$CREDENTIALS_DIRECTORY/hide-key",
+        ] {
+            let s = section(written).validate_with(creds).expect("expands");
+            assert_eq!(
+                s.master_key_file.as_deref(),
+                Some(std::path::Path::new(
+                    "/run/credentials/idgen.service/hide-key"
+                )),
+                "{written}"
+            );
+        }
+        for lookup in [None, Some(std::ffi::OsString::new())] {
+            let e = section("${CREDENTIALS_DIRECTORY}/hide-key")
+                .validate_with(|_| lookup.clone())
+                .expect_err("no credentials directory");
+            assert!(e.to_string().contains("hide.master_key_file"), "{e}");
+        }
+        assert_eq!(
+            section("")
+                .validate_with(creds)
+                .expect("unset")
+                .master_key_file,
+            None
+        );
     }
 }

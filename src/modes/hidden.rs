@@ -127,8 +127,12 @@ impl<H: Hider> HiddenOutput<H> {
             ));
         };
         let keys: Vec<&HideKey> = ring.keys.iter().collect();
-        (self.build)(&keys, active).map_err(|e| {
-            format!("hide key {key:?} version {active}: {e}; rotate to a key the field can hold or create the namespace with a wider version field")
+        (self.build)(&keys, active).map_err(|e| match e {
+            // Versions only go up: no rotation brings this field back.
+            HideError::VersionOutOfRange { .. } => format!("hide key {key:?}: {e}"),
+            e => format!(
+                "hide key {key:?} version {active}: {e}; create the namespace with a wider field"
+            ),
         })
     }
 
@@ -210,6 +214,17 @@ impl<H: Hider> Ready<'_, H> {
     }
 }
 
+/// The keys of a ring whose versions a field holding versions `0..=max`
+/// can carry. A ring may hold more (its key id also serves a wider field,
+/// or was rotated past this one): no ID of this field carries such a
+/// version, and leaving them out keeps the IDs it did make decodable.
+fn fitting<'a>(keys: &[&'a HideKey], max: KeyVersion) -> Vec<&'a HideKey> {
+    keys.iter()
+        .copied()
+        .filter(|k| k.version() <= max)
+        .collect()
+}
+
 /// The output of a hidden segment tag: [`IntHider`] over its widths.
 pub fn int_output(
     namespace: String,
@@ -222,7 +237,16 @@ pub fn int_output(
         namespace,
         key_id,
         rings,
-        Box::new(move |keys, active| IntHider::new(keys, active, version_bits, domain_bits)),
+        Box::new(move |keys, active| {
+            // The field's largest version (1 to 8 bits; IntHider refuses
+            // other widths itself).
+            let max = if (1..=8).contains(&version_bits) {
+                ((1u32 << version_bits) - 1) as KeyVersion
+            } else {
+                KeyVersion::MAX
+            };
+            IntHider::new(&fitting(keys, max), active, version_bits, domain_bits)
+        }),
     )
 }
 
@@ -238,7 +262,7 @@ pub fn decimal_output(
         namespace,
         key_id,
         rings,
-        Box::new(move |keys, active| DecimalHider::new(keys, active, digits)),
+        Box::new(move |keys, active| DecimalHider::new(&fitting(keys, 9), active, digits)),
     )
 }
 
@@ -335,8 +359,9 @@ pub enum RevealError {
 
 impl<H: Hider> HiddenOutput<H> {
     /// The key version and internal value behind `shown`. Works with a
-    /// retired key too (decode-only): then a hider is built for this call
-    /// from the ring's newest version.
+    /// retired key too (decode-only), and with a key rotated past what the
+    /// field holds: then a hider is built for this call from the ring's
+    /// newest version the field holds.
     pub fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), RevealError> {
         if let Ok(ready) = self.ready() {
             return ready.hider().reveal(shown).map_err(RevealError::Hide);
@@ -353,7 +378,60 @@ impl<H: Hider> HiddenOutput<H> {
             })?;
         let keys: Vec<&HideKey> = ring.keys.iter().collect();
         let newest = keys.iter().map(|k| k.version()).max().unwrap_or(0);
-        let hider = (self.build)(&keys, newest).map_err(RevealError::Hide)?;
+        let hider = match (self.build)(&keys, newest) {
+            // The key went past this field: its IDs carry older versions.
+            Err(HideError::VersionOutOfRange { max, .. }) => {
+                let fits = keys.iter().map(|k| k.version()).filter(|v| *v <= max);
+                (self.build)(&keys, fits.max().unwrap_or(0))
+            }
+            built => built,
+        }
+        .map_err(RevealError::Hide)?;
         hider.reveal(shown).map_err(RevealError::Hide)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::hide_keys::{HideKeys, MasterKey};
+
+    /// A key rotated past what a hidden decimal field holds (versions 0 to
+    /// 9) stops that field issuing for good, and says so without sending
+    /// the operator to rotate again; the IDs the field did make still
+    /// reveal (admin ParseFormatted), and a wider field on the same key id
+    /// keeps issuing with the new version.
+    #[tokio::test]
+    async fn a_key_rotated_past_the_field_refuses_for_good_and_old_ids_still_reveal() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "test")
+            .expect("state file");
+        let master = Arc::new(MasterKey::from_bytes([3; 32]));
+        let keys = HideKeys::new(Arc::new(store), Some(master));
+        let rings = HideKeyRings::load(Arc::new(keys)).await.expect("rings");
+        rings.create("k", "test").await.expect("create");
+        let out = decimal_output("format \"f\"".into(), "k", Some(rings.clone()), 8);
+        let wide = int_output("segment tag \"t\"".into(), "k", Some(rings.clone()), 4, 30);
+        let shown: Vec<u64> = (0..50)
+            .map(|i| out.ready().expect("v0 issues").hide(i).expect("hide"))
+            .collect();
+        for _ in 0..10 {
+            rings.rotate("k", "test").await.expect("rotate");
+        }
+        let refused = out.ready().err().expect("version 10 does not fit 1 digit");
+        let text = refused.to_string();
+        assert!(text.contains("version 10"), "{text}");
+        assert!(!text.contains("rotate to"), "no rotation helps: {text}");
+        for (i, s) in shown.iter().enumerate() {
+            match out.reveal(*s) {
+                Ok(v) => assert_eq!(v, (0, i as u64)),
+                Err(_) => panic!("ID {s} of version 0 no longer reveals"),
+            }
+        }
+        let w = wide.ready().expect("a 4-bit field holds version 10");
+        assert_eq!(
+            w.hider().reveal(w.hide(7).expect("hide")).ok(),
+            Some((10, 7))
+        );
     }
 }

@@ -48,3 +48,22 @@ pub fn default_client(consul: &TestConsul) -> ConsulClient {
     let defaults = ConsulConfig::default();
     client(consul, defaults.timeout, defaults.retries)
 }
+
+/// An ACL-enabled test server with [`cluster_settings`]: master token
+/// `master`, and a token `reader` that may read everything (what a client
+/// that only discovers nodes is given).
+pub async fn acl_consul() -> TestConsul {
+    let consul = start(Config {
+        acl_master_token: Some("master".into()),
+        ..cluster_settings()
+    })
+    .await;
+    consul.add_token(
+        "reader",
+        consul_testserver::Policy {
+            read_all: true,
+            ..consul_testserver::Policy::default()
+        },
+    );
+    consul
+}

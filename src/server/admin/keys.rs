@@ -64,18 +64,21 @@ fn changed(info: HideKeyInfo) -> proto::HideKeyChangeResponse {
     }
 }
 
+/// A change of one key, as [`HideKeyRings`](crate::modes::hide_keys::HideKeyRings) makes it.
+#[derive(Clone, Copy)]
+enum KeyAction {
+    Create,
+    Rotate,
+    Retire,
+}
+
 impl AdminService {
     pub(super) async fn create_hide_key(
         &self,
         who: String,
         r: proto::CreateHideKeyRequest,
     ) -> Result<proto::HideKeyChangeResponse, Status> {
-        let rings = self.deps.hide_keys.clone();
-        let info = tokio::spawn(async move { rings.create(&r.key_id, &who).await })
-            .await
-            .map_err(|e| Status::internal(format!("the hide key change stopped: {e}")))?
-            .map_err(store_status)?;
-        Ok(changed(info))
+        self.change_hide_key(KeyAction::Create, r.key_id, who).await
     }
 
     pub(super) async fn rotate_hide_key(
@@ -83,12 +86,7 @@ impl AdminService {
         who: String,
         r: proto::RotateHideKeyRequest,
     ) -> Result<proto::HideKeyChangeResponse, Status> {
-        let rings = self.deps.hide_keys.clone();
-        let info = tokio::spawn(async move { rings.rotate(&r.key_id, &who).await })
-            .await
-            .map_err(|e| Status::internal(format!("the hide key change stopped: {e}")))?
-            .map_err(store_status)?;
-        Ok(changed(info))
+        self.change_hide_key(KeyAction::Rotate, r.key_id, who).await
     }
 
     pub(super) async fn retire_hide_key(
@@ -96,11 +94,28 @@ impl AdminService {
         who: String,
         r: proto::RetireHideKeyRequest,
     ) -> Result<proto::HideKeyChangeResponse, Status> {
+        self.change_hide_key(KeyAction::Retire, r.key_id, who).await
+    }
+
+    /// Runs `action` on its own task, so a caller that goes away cannot
+    /// stop a change between its write and the rings' reload and audit.
+    async fn change_hide_key(
+        &self,
+        action: KeyAction,
+        key_id: String,
+        who: String,
+    ) -> Result<proto::HideKeyChangeResponse, Status> {
         let rings = self.deps.hide_keys.clone();
-        let info = tokio::spawn(async move { rings.retire(&r.key_id, &who).await })
-            .await
-            .map_err(|e| Status::internal(format!("the hide key change stopped: {e}")))?
-            .map_err(store_status)?;
+        let info = tokio::spawn(async move {
+            match action {
+                KeyAction::Create => rings.create(&key_id, &who).await,
+                KeyAction::Rotate => rings.rotate(&key_id, &who).await,
+                KeyAction::Retire => rings.retire(&key_id, &who).await,
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the hide key change stopped: {e}")))?
+        .map_err(store_status)?;
         Ok(changed(info))
     }
 
