@@ -259,7 +259,7 @@ const SESSION_FILE: &str = ".doc-session.env";
 /// document: it starts with the variables earlier blocks exported and
 /// leaves its own exports for the next block (the working directory is not
 /// carried).
-fn session_script(block: &Block, dir: &Path) -> String {
+pub fn session_script(block: &Block, dir: &Path) -> String {
     let file = dir.join(SESSION_FILE);
     let file = file.display();
     format!(
@@ -270,7 +270,7 @@ fn session_script(block: &Block, dir: &Path) -> String {
 }
 
 /// Waits for `child` up to `deadline` (polling; `None` if it still runs).
-fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
+pub fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
     let start = Instant::now();
     loop {
         match child.try_wait() {
@@ -282,7 +282,7 @@ fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
 }
 
 /// `signal` to the process group `child` leads.
-fn kill_group(child: &Child, signal: &str) {
+pub fn kill_group(child: &Child, signal: &str) {
     let _ = Command::new("kill")
         .args([&format!("-{signal}"), "--", &format!("-{}", child.id())])
         .status();
