@@ -400,7 +400,7 @@ async fn a_refused_client_certificate_is_a_rate_limited_warning() {
     let node = common::ChildServer::start(&config);
     let ca = TlsConfig::from_ca_file(dir.path().join("pki/ca.pem")).unwrap();
 
-    const REFUSALS: usize = 12;
+    const REFUSALS: usize = 5;
     for _ in 0..REFUSALS {
         let c = client(node.grpc, Some(ca.clone())).await;
         c.gen_id(Mode::Snowflake, "")

@@ -424,7 +424,12 @@ fn check_python_output(out: &str) {
 /// Runs the walkthrough's shell blocks in order; returns the walk (nodes
 /// still running) for the Rust step.
 fn run_shell_steps(walk: &mut Walk, readme: &str) {
-    let steps = blocks::shell_blocks(section(readme, SECTION)).expect("well-formed blocks");
+    let text = section(readme, SECTION);
+    // Lines before the section, so failures name README.md's own lines.
+    let before = readme[..text.as_ptr() as usize - readme.as_ptr() as usize]
+        .lines()
+        .count();
+    let steps = blocks::shell_blocks(text).expect("well-formed blocks");
     assert!(steps.len() >= 6, "the walkthrough's blocks: {steps:?}");
     let mut pending_nodes = 0;
     for block in &steps {
@@ -452,7 +457,7 @@ fn run_shell_steps(walk: &mut Walk, readme: &str) {
         assert!(
             status.is_some_and(|s| s.success()),
             "README.md:{} failed ({status:?}):\n{}\n--- stdout ---\n{out}\n--- stderr ---\n{err}\n{}",
-            block.line,
+            before + block.line,
             walk.localize(&block.script()),
             walk.node_logs()
         );
