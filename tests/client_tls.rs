@@ -422,7 +422,11 @@ async fn a_refused_client_certificate_is_a_rate_limited_warning() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(!lines.is_empty(), "no WARN for the refused certificate:\n{}", node.log_text());
+    assert!(
+        !lines.is_empty(),
+        "no WARN for the refused certificate:\n{}",
+        node.log_text()
+    );
     assert!(
         lines[0].contains("127.0.0.1:") && lines[0].contains("no certificate"),
         "the peer and the cause: {}",

@@ -152,7 +152,12 @@ async fn refusals_answer_with_the_reason(server: &TestServer) {
     let (status, r) = post_json(server, "/admin/api/release", release).await;
     assert_error((status, &r), 400, "FAILED_PRECONDITION", "embedded");
     let (status, r) = post_json(server, "/admin/api/renew", r#"{"session": "abc"}"#).await;
-    assert_error((status, &r), 400, "FAILED_PRECONDITION", "no Consul session");
+    assert_error(
+        (status, &r),
+        400,
+        "FAILED_PRECONDITION",
+        "no Consul session",
+    );
 
     // Bad bodies, each with the reason.
     let bad = [
@@ -173,7 +178,14 @@ async fn refusals_answer_with_the_reason(server: &TestServer) {
     assert_eq!(status, 415, "{r}");
     assert!(error_of(&r).1.contains("application/json"), "{r}");
     let evil = Some("http://evil.example");
-    let (status, r) = post(server, "/admin/api/renew", r#"{"session": "abc"}"#, "application/json", evil).await;
+    let (status, r) = post(
+        server,
+        "/admin/api/renew",
+        r#"{"session": "abc"}"#,
+        "application/json",
+        evil,
+    )
+    .await;
     assert_error((status, &r), 403, "PERMISSION_DENIED", "origin");
     let (status, _, r) = get(server, "/admin/api/nope", t).await;
     assert_error((status, &r), 404, "NOT_FOUND", "");

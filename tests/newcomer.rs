@@ -286,10 +286,7 @@ impl Walk {
     /// Runs `block` to its end (killed past [`BLOCK_DEADLINE`]).
     fn run(&mut self, block: &blocks::Block) -> (Option<ExitStatus>, String, String) {
         let (out, err) = (self.path().join(".out"), self.path().join(".err"));
-        let mut child = self
-            .command(block, &out, &err)
-            .spawn()
-            .expect("bash");
+        let mut child = self.command(block, &out, &err).spawn().expect("bash");
         let status = wait_bounded(&mut child, BLOCK_DEADLINE);
         if status.is_none() {
             kill_group(&child, "KILL");
@@ -303,10 +300,7 @@ impl Walk {
     fn start_background(&mut self, block: &blocks::Block) {
         let out = self.path().join(format!(".node-{}.log", block.line));
         let err = self.path().join(format!(".node-{}.err", block.line));
-        let child = self
-            .command(block, &out, &err)
-            .spawn()
-            .expect("bash");
+        let child = self.command(block, &out, &err).spawn().expect("bash");
         self.background.push((block.line, child));
     }
 
@@ -450,7 +444,10 @@ fn run_shell_steps(walk: &mut Walk, readme: &str) {
                 std::env::var_os("REQUIRE_PYTHON_EXAMPLE").is_none(),
                 "REQUIRE_PYTHON_EXAMPLE is set but no Python with grpcio: run scripts/setup.sh"
             );
-            eprintln!("no Python with grpcio (run scripts/setup.sh): README block {} was not run", block.line);
+            eprintln!(
+                "no Python with grpcio (run scripts/setup.sh): README block {} was not run",
+                block.line
+            );
             continue;
         }
         let (status, out, err) = walk.run(block);

@@ -310,7 +310,11 @@ async fn counter_on_every_node(
     if addrs.is_empty() {
         anyhow::bail!("no passing node in Consul to ask; or ask one node with --addr");
     }
-    let scheme = if node.tls.ca.is_some() { "https" } else { "http" };
+    let scheme = if node.tls.ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let mut answers = Vec::new();
     let mut failed = Vec::new();
     for addr in &addrs {

@@ -133,7 +133,11 @@ fn warn_now(port: &'static str, now: Instant) -> Option<u64> {
     warn_in(&mut last, port, now)
 }
 
-fn warn_in(last: &mut Vec<(&'static str, Instant, u64)>, port: &'static str, now: Instant) -> Option<u64> {
+fn warn_in(
+    last: &mut Vec<(&'static str, Instant, u64)>,
+    port: &'static str,
+    now: Instant,
+) -> Option<u64> {
     match last.iter_mut().find(|(p, _, _)| *p == port) {
         Some((_, at, left_out)) if now.duration_since(*at) < WARN_EVERY => {
             *left_out += 1;
@@ -160,13 +164,22 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(warn_in(&mut last, "grpc", t0), Some(0));
         for i in 1..=5 {
-            assert_eq!(warn_in(&mut last, "grpc", t0 + Duration::from_secs(i)), None);
+            assert_eq!(
+                warn_in(&mut last, "grpc", t0 + Duration::from_secs(i)),
+                None
+            );
         }
         // Another port has its own budget.
-        assert_eq!(warn_in(&mut last, "http", t0 + Duration::from_secs(1)), Some(0));
+        assert_eq!(
+            warn_in(&mut last, "http", t0 + Duration::from_secs(1)),
+            Some(0)
+        );
         // The next line after the period says how many were left out.
         assert_eq!(warn_in(&mut last, "grpc", t0 + WARN_EVERY), Some(5));
-        assert_eq!(warn_in(&mut last, "grpc", t0 + WARN_EVERY + Duration::from_secs(1)), None);
+        assert_eq!(
+            warn_in(&mut last, "grpc", t0 + WARN_EVERY + Duration::from_secs(1)),
+            None
+        );
     }
 
     #[test]
@@ -189,8 +202,14 @@ mod tests {
             std::io::ErrorKind::InvalidData,
             rustls::Error::NoCertificatesPresented,
         );
-        assert!(matches!(Failure::from_io(&wrapped), Failure::ClientCertificate(_)));
+        assert!(matches!(
+            Failure::from_io(&wrapped),
+            Failure::ClientCertificate(_)
+        ));
         let plain = std::io::Error::new(std::io::ErrorKind::InvalidData, "corrupt message");
-        assert_eq!(Failure::from_io(&plain), Failure::Other("corrupt message".into()));
+        assert_eq!(
+            Failure::from_io(&plain),
+            Failure::Other("corrupt message".into())
+        );
     }
 }
