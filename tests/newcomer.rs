@@ -29,7 +29,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use consul_testserver::{CheckTlsConfig, Config, TestConsul};
-use env::{kill_group, session_script, wait_bounded};
+use env::{kill_group, session_script, stop_group, wait_bounded};
 
 /// The walkthrough's heading in README.md.
 const SECTION: &str = "## A secure cluster end to end (ACLs and mTLS)";
@@ -353,11 +353,7 @@ impl Walk {
 impl Drop for Walk {
     fn drop(&mut self) {
         for (_, mut child) in self.background.drain(..) {
-            kill_group(&child, "TERM");
-            if wait_bounded(&mut child, Duration::from_secs(20)).is_none() {
-                kill_group(&child, "KILL");
-                let _ = child.wait();
-            }
+            stop_group(&mut child);
         }
         if let Some((runtime, consul)) = self.consul.take() {
             runtime.block_on(consul.shutdown());

@@ -237,11 +237,7 @@ impl DocEnv {
 impl Drop for DocEnv {
     fn drop(&mut self) {
         for (_, mut child) in self.background.drain(..) {
-            kill_group(&child, "TERM");
-            if wait_bounded(&mut child, Duration::from_secs(20)).is_none() {
-                kill_group(&child, "KILL");
-                let _ = child.wait();
-            }
+            stop_group(&mut child);
         }
         if let Some(mut node) = self.node.take() {
             stop_child(&mut node);
@@ -278,6 +274,16 @@ pub fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus>
             Ok(None) if start.elapsed() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => return None,
         }
+    }
+}
+
+/// SIGTERM to the process group `child` leads, a bounded wait for the
+/// clean stop, then SIGKILL.
+pub fn stop_group(child: &mut Child) {
+    kill_group(child, "TERM");
+    if wait_bounded(child, Duration::from_secs(20)).is_none() {
+        kill_group(child, "KILL");
+        let _ = child.wait();
     }
 }
 
