@@ -37,7 +37,8 @@
 //!   `server/console/changes.rs`), the health monitor
 //!   ([`server::health`]), request bounds ([`server::request_size`]), TLS
 //!   ([`server::tls`]), the connection listener ([`server::listener`],
-//!   with its per-peer limits in `server/listener/table.rs`), the admin
+//!   with its per-peer limits in `server/listener/table.rs` and its TLS
+//!   handshakes in `server/listener/handshake.rs`), the admin
 //!   service (`idgen.v1.Admin`, `server/admin/`, one file per concern:
 //!   `server/admin/auth.rs` and its per-peer throttle
 //!   `server/admin/auth_throttle.rs`, `server/admin/tags.rs`,

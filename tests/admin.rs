@@ -1024,6 +1024,27 @@ async fn the_cli_manages_tags_and_steps_and_fails_on_a_wrong_token() {
     );
 }
 
+/// `admin strict keys` lists the tombstones after the live keys, with
+/// their last values (`books/b`, deleted after handing out 1).
+fn strict_keys_lists_the_tombstone_of_books_b(cli: &dyn Fn(&[&str]) -> (bool, String)) {
+    let (ok_, out) = cli(&["keys", "books"]);
+    assert!(
+        ok_ && out.contains("deleted keys (tombstones")
+            && out.contains("books/b\tdeleted, last value 1"),
+        "{out}"
+    );
+    let (ok_, out) = cli(&["keys", "books", "--json"]);
+    assert!(ok_, "{out}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    let tombstones = v["tombstones"].as_array().expect("tombstones");
+    assert!(
+        tombstones
+            .iter()
+            .any(|t| t["key"] == "books/b" && t["value"] == "1"),
+        "{v}"
+    );
+}
+
 /// The limits end to end on a real node: auto-created and admin-created
 /// tags past `segment.max_tags`, and strict keys past
 /// `strict.max_keys_per_namespace`, answer RESOURCE_EXHAUSTED naming the
@@ -1158,6 +1179,7 @@ async fn limits_refuse_the_next_tag_or_key_and_deleting_frees_a_slot() {
     ids.gen_ids(gen(Mode::Strict, "books/c", 1)).await.unwrap();
     let (ok_, out) = cli(&["delete", "books/b"]);
     assert!(!ok_ && out.contains("NOT_FOUND"), "{out}");
+    strict_keys_lists_the_tombstone_of_books_b(&cli);
 
     // Counted, with the limit's config key as the only label.
     let metrics = reqwest::get(format!("http://{}/metrics", node.http))

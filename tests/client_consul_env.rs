@@ -229,6 +229,15 @@ async fn the_cli_uses_consuls_variables_and_formatted_ids_work_through_discovery
     .await
     .unwrap();
     assert!(ok && out.contains("used "), "{out}");
+    // A per-node counter: with --discover every node answers under its
+    // address, never one arbitrary node for all.
+    for node in &nodes {
+        assert!(
+            out.contains(&format!("node {}\n", node.grpc)),
+            "node {} missing: {out}",
+            node.grpc
+        );
+    }
     // Per-node format: each node shows its own counter; the one that
     // served prints its period as the day's start time.
     let mut outs = Vec::new();

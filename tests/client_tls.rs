@@ -407,3 +407,57 @@ async fn a_v1_certificate_is_named_as_such_everywhere() {
         .to_string();
     assert!(err.contains(V1), "client crate: {err}");
 }
+
+/// A client certificate the node refuses (here: none sent to a node with
+/// `client_required`) is a WARN naming the peer and the cause, and a burst
+/// of them writes far fewer lines than refusals (rate-limited per port).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_client_certificate_is_a_rate_limited_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out) = dev_certs(dir.path(), &[]);
+    assert!(ok, "{out}");
+    let config = common::write_child_config(dir.path(), true);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&printed_config(&out));
+    std::fs::write(&config, text).unwrap();
+    let node = common::ChildServer::start(&config);
+    let ca = TlsConfig::from_ca_file(dir.path().join("pki/ca.pem")).unwrap();
+
+    const REFUSALS: usize = 5;
+    for _ in 0..REFUSALS {
+        let c = client(node.grpc, Some(ca.clone())).await;
+        c.gen_id(Mode::Snowflake, "")
+            .await
+            .expect_err("no client certificate, no ID");
+    }
+    let warned = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains("WARN") && l.contains("refused a client certificate"))
+            .map(str::to_owned)
+            .collect()
+    };
+    // The log line is written as the handshake fails: wait for it (bounded).
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        lines = warned(&node.log_text());
+        if !lines.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !lines.is_empty(),
+        "no WARN for the refused certificate:\n{}",
+        node.log_text()
+    );
+    assert!(
+        lines[0].contains("127.0.0.1:") && lines[0].contains("no certificate"),
+        "the peer and the cause: {}",
+        lines[0]
+    );
+    assert!(
+        lines.len() < REFUSALS,
+        "{} WARN lines for {REFUSALS} refusals: not rate-limited",
+        lines.len()
+    );
+}

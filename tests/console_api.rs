@@ -119,15 +119,26 @@ async fn the_console_api_needs_the_admin_token() {
             .unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     };
-    assert_eq!(
-        (status, error_of(&body).0),
-        (403, "PERMISSION_DENIED"),
-        "{body}"
-    );
+    assert_error((status, &body), 403, "PERMISSION_DENIED", "");
 
     let (status, _, _) = get(&server, "/admin/api/holders", Some(TOKEN)).await;
     assert_eq!(status, 200);
     server.stop().await;
+}
+
+/// A JSON POST of `body` with the token, from no origin.
+async fn post_json(server: &TestServer, path: &str, body: &str) -> (u16, Value) {
+    post(server, path, body, "application/json", None).await
+}
+
+/// `(got, body)` is an error with this HTTP `status` and gRPC `code`
+/// whose message says `says`.
+fn assert_error((got, body): (u16, &Value), status: u16, code: &str, says: &str) {
+    assert_eq!((got, error_of(body).0), (status, code), "{body}");
+    assert!(
+        error_of(body).1.contains(says),
+        "the message says {says:?}: {body}"
+    );
 }
 
 /// Calls the embedded backend cannot serve, bad bodies, a foreign origin,
@@ -136,37 +147,17 @@ async fn refusals_answer_with_the_reason(server: &TestServer) {
     let t = Some(TOKEN);
     // Calls the backend cannot serve: the gRPC service's own refusal.
     let (status, _, layout) = get(server, "/admin/api/layout", t).await;
-    assert_eq!(status, 400, "{layout}");
-    assert_eq!(error_of(&layout).0, "FAILED_PRECONDITION");
-    assert!(error_of(&layout).1.contains("embedded"), "{layout}");
-    let (status, r) = post(
-        server,
-        "/admin/api/release",
-        r#"{"kind": "worker", "datacenter": 0, "id": 0, "force": true}"#,
-        "application/json",
-        None,
-    )
-    .await;
-    assert_eq!(
-        (status, error_of(&r).0),
-        (400, "FAILED_PRECONDITION"),
-        "{r}"
+    assert_error((status, &layout), 400, "FAILED_PRECONDITION", "embedded");
+    let release = r#"{"kind": "worker", "datacenter": 0, "id": 0, "force": true}"#;
+    let (status, r) = post_json(server, "/admin/api/release", release).await;
+    assert_error((status, &r), 400, "FAILED_PRECONDITION", "embedded");
+    let (status, r) = post_json(server, "/admin/api/renew", r#"{"session": "abc"}"#).await;
+    assert_error(
+        (status, &r),
+        400,
+        "FAILED_PRECONDITION",
+        "no Consul session",
     );
-    assert!(error_of(&r).1.contains("embedded"), "{r}");
-    let (status, r) = post(
-        server,
-        "/admin/api/renew",
-        r#"{"session": "abc"}"#,
-        "application/json",
-        None,
-    )
-    .await;
-    assert_eq!(
-        (status, error_of(&r).0),
-        (400, "FAILED_PRECONDITION"),
-        "{r}"
-    );
-    assert!(error_of(&r).1.contains("no Consul session"), "{r}");
 
     // Bad bodies, each with the reason.
     let bad = [
@@ -180,26 +171,24 @@ async fn refusals_answer_with_the_reason(server: &TestServer) {
         ),
     ];
     for (body, says) in bad {
-        let (status, r) = post(server, "/admin/api/release", body, "application/json", None).await;
-        assert_eq!(status, 400, "{body}: {r}");
-        assert_eq!(error_of(&r).0, "INVALID_ARGUMENT", "{body}: {r}");
-        assert!(error_of(&r).1.contains(says), "{body}: {r}");
+        let (status, r) = post_json(server, "/admin/api/release", body).await;
+        assert_error((status, &r), 400, "INVALID_ARGUMENT", says);
     }
     let (status, r) = post(server, "/admin/api/release", "{}", "text/plain", None).await;
     assert_eq!(status, 415, "{r}");
     assert!(error_of(&r).1.contains("application/json"), "{r}");
+    let evil = Some("http://evil.example");
     let (status, r) = post(
         server,
         "/admin/api/renew",
         r#"{"session": "abc"}"#,
         "application/json",
-        Some("http://evil.example"),
+        evil,
     )
     .await;
-    assert_eq!((status, error_of(&r).0), (403, "PERMISSION_DENIED"), "{r}");
-    assert!(error_of(&r).1.contains("origin"), "{r}");
+    assert_error((status, &r), 403, "PERMISSION_DENIED", "origin");
     let (status, _, r) = get(server, "/admin/api/nope", t).await;
-    assert_eq!((status, error_of(&r).0), (404, "NOT_FOUND"), "{r}");
+    assert_error((status, &r), 404, "NOT_FOUND", "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,12 +343,7 @@ async fn the_page_is_served_with_a_strict_policy_and_only_when_admin_is_on() {
         "{text}"
     );
     let (status, _, body) = get(&off, "/admin/api/holders", Some("anything")).await;
-    assert_eq!(
-        (status, error_of(&body).0),
-        (403, "PERMISSION_DENIED"),
-        "{body}"
-    );
-    assert!(error_of(&body).1.contains("disabled"), "{body}");
+    assert_error((status, &body), 403, "PERMISSION_DENIED", "disabled");
     off.stop().await;
 }
 
@@ -634,8 +618,7 @@ async fn console_tags_keep_their_rules(server: &TestServer) {
         json!({"tag": "numbers", "initial": 5}),
     )
     .await;
-    assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
-    assert!(error_of(&r).1.contains("decimal string"), "{r}");
+    assert_error((status, &r), 400, "INVALID_ARGUMENT", "decimal string");
 
     // Editing the step leaves max_id where it is; a max_id below it is
     // the service's own refusal, verbatim.
@@ -664,11 +647,7 @@ async fn console_tags_keep_their_rules(server: &TestServer) {
         json!({"tag": "books", "max_id": initial.to_string()}),
     )
     .await;
-    assert_eq!(
-        (status, error_of(&r).0),
-        (400, "FAILED_PRECONDITION"),
-        "{r}"
-    );
+    assert_error((status, &r), 400, "FAILED_PRECONDITION", "");
 
     // Deleted, then created again from the console: it continues above.
     let (status, r) = console_change(server, "tags/delete", json!({"name": "books"})).await;
@@ -709,7 +688,7 @@ async fn console_strict_keeps_its_rules(server: &TestServer) {
         json!({"namespace": "inv", "step": 0}),
     )
     .await;
-    assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
+    assert_error((status, &r), 400, "INVALID_ARGUMENT", "");
     let first = ids_of(server, "mode=strict&tag=inv/a&count=3").await;
     let (status, _, keys) = get(server, "/admin/api/strict/keys?namespace=inv", Some(TOKEN)).await;
     assert_eq!(status, 200, "{keys}");
@@ -719,7 +698,7 @@ async fn console_strict_keeps_its_rules(server: &TestServer) {
     );
     assert_eq!(keys["tombstones"], json!([]), "{keys}");
     let (status, _, r) = get(server, "/admin/api/strict/keys", Some(TOKEN)).await;
-    assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
+    assert_error((status, &r), 400, "INVALID_ARGUMENT", "");
     let (status, r) = console_change(server, "strict/keys/delete", json!({"key": "inv/a"})).await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["last_value"], first[2].to_string());
@@ -780,7 +759,7 @@ async fn console_formats_keep_their_rules(server: &TestServer) {
         "{f}"
     );
     let (status, r) = console_change(server, "formats/create", json!({"definition": "clua"})).await;
-    assert_eq!((status, error_of(&r).0), (400, "INVALID_ARGUMENT"), "{r}");
+    assert_error((status, &r), 400, "INVALID_ARGUMENT", "");
     let (status, r) = console_change(server, "formats/delete", json!({"name": "clua"})).await;
     assert_eq!(status, 200, "{r}");
     let (status, r) = console_change(server, "formats/create", json!({"definition": def})).await;
@@ -808,7 +787,7 @@ async fn console_changes_keep_every_admin_rule_and_exact_values() {
         Some("http://evil.example"),
     )
     .await;
-    assert_eq!((status, error_of(&r).0), (403, "PERMISSION_DENIED"), "{r}");
+    assert_error((status, &r), 403, "PERMISSION_DENIED", "");
     let r = reqwest::Client::new()
         .post(server.url("/admin/api/tags/delete"))
         .bearer_auth("not-the-token")
@@ -827,7 +806,7 @@ async fn the_console_shows_the_node_it_runs_on() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(with_token(dir.path())).await;
     let (status, _, r) = get(&server, "/admin/api/node", None).await;
-    assert_eq!((status, error_of(&r).0), (401, "UNAUTHENTICATED"), "{r}");
+    assert_error((status, &r), 401, "UNAUTHENTICATED", "");
     let before = ids_of(&server, "mode=snowflake&count=7").await;
     assert_eq!(before.len(), 7);
     let (status, _, n) = get(&server, "/admin/api/node", Some(TOKEN)).await;

@@ -350,3 +350,62 @@ fn check_config_hides_the_testing_section_unless_it_is_set() {
         "a set [testing] is shown: {out}"
     );
 }
+
+/// SIGTERM with a client connection open that has sent nothing yet (an
+/// HTTP/2 preface on the gRPC port, or a TLS handshake on a TLS port) and
+/// `header_timeout` far above `shutdown_grace`: such a connection has no
+/// call in flight, so the node must drain at once, not wait the whole grace
+/// period and then report calls cut off.
+fn sigterm_with_a_silent_connection_drains(tls: bool) {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    if tls {
+        let pki = dir.path().join("pki");
+        let (ok, out) = common::run_idgen(&["tls", "dev-certs", pki.to_str().unwrap()]);
+        assert!(ok, "{out}");
+        let start = out.find("[server.tls]").expect("[server.tls] printed");
+        let end = out.find("[admin]").expect("[admin] printed");
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str(&out[start..end]);
+        std::fs::write(&config, text).unwrap();
+    }
+    let env = [
+        ("IDGEN_SERVER__HEADER_TIMEOUT", "60s"),
+        ("IDGEN_SERVER__SHUTDOWN_GRACE", "3s"),
+    ];
+    let mut server = ChildServer::try_start_env(&config, &[], &env).expect("node starts");
+    let silent = std::net::TcpStream::connect(server.grpc).expect("connect");
+    // Let the node accept it (a pause, not a measurement).
+    std::thread::sleep(Duration::from_millis(300));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let end = Instant::now() + Duration::from_secs(60);
+    let exited = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < end, "no exit: {}", server.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(silent);
+    let log = server.log_text();
+    assert!(exited.success(), "exit status {exited:?}: {log}");
+    assert!(
+        !log.contains("still in flight") && log.contains("\"drained\":true"),
+        "a silent connection held the stop until the grace period:\n{log}"
+    );
+}
+
+#[test]
+fn sigterm_with_a_connection_that_sent_no_preface_drains_at_once() {
+    sigterm_with_a_silent_connection_drains(false);
+}
+
+#[test]
+fn sigterm_with_a_connection_still_in_its_tls_handshake_drains_at_once() {
+    sigterm_with_a_silent_connection_drains(true);
+}

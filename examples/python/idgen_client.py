@@ -38,6 +38,14 @@ from idgen.v1 import idgen_pb2, idgen_pb2_grpc
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 
+# The demo's --mode names.
+MODES = {
+    "snowflake": idgen_pb2.MODE_SNOWFLAKE,
+    "segment": idgen_pb2.MODE_SEGMENT,
+    "lease": idgen_pb2.MODE_LEASE,
+    "strict": idgen_pb2.MODE_STRICT,
+}
+
 
 def _env_bool(name, env):
     value = env.get(name, "")
@@ -336,6 +344,9 @@ def main():
                    help="extra node addresses tried too (e.g. one that is down)")
     p.add_argument("--count", type=int, default=5000, help="prefetched IDs to take")
     p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--mode", action="append", default=[], metavar="MODE[:TAG]",
+                   help="also take 3 IDs of this mode: segment:TAG, lease, strict:NAMESPACE/KEY "
+                        "(repeat for several)")
     p.add_argument("--format", default=None,
                    help="also take --count formatted IDs of this format (and parse one)")
     p.add_argument("--param", action="append", default=[],
@@ -374,6 +385,20 @@ def main():
         "workers": workers,
     }
     ok = len(set(every)) == len(every)
+    if a.mode:
+        summary["modes"] = {}
+    for spec in a.mode:
+        name, _, tag = spec.partition(":")
+        mode = MODES.get(name)
+        if mode is None:
+            p.error(f"--mode {spec}: the mode is one of {', '.join(sorted(MODES))}")
+        # Strict values are one call each (never batched ahead of use).
+        if mode == idgen_pb2.MODE_STRICT:
+            ids = [client.gen_id(mode, tag) for _ in range(3)]
+        else:
+            ids = client.gen_ids(3, mode, tag)
+        summary["modes"][spec] = ids
+        ok = ok and len(set(ids)) == len(ids)
     if a.format:
         params = dict(kv.split("=", 1) for kv in a.param)
         formatted = []

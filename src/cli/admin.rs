@@ -624,7 +624,10 @@ async fn strict_namespaces(c: &mut Client) -> anyhow::Result<Out> {
     ))
 }
 
-/// `admin strict keys`: a namespace's live keys and their last values.
+/// `admin strict keys`: a namespace's live keys and their last values,
+/// then its deleted keys (tombstones) and the last value each handed out
+/// (the key used again continues above it). The store keeps no deletion
+/// time for a strict key, so none is shown.
 async fn strict_keys(c: &mut Client, namespace: &str) -> anyhow::Result<Out> {
     let r = c
         .list_strict_keys(proto::ListStrictKeysRequest {
@@ -642,13 +645,27 @@ async fn strict_keys(c: &mut Client, namespace: &str) -> anyhow::Result<Out> {
     for k in &r.keys {
         text.push_str(&format!("\n{}\t{}", k.key, k.value));
     }
-    let list: Vec<Value> = r
-        .keys
-        .iter()
-        .map(|k| json!({"key": k.key, "value": k.value.to_string()}))
-        .collect();
+    if !r.tombstones.is_empty() {
+        text.push_str(&format!(
+            "\n{} deleted keys (tombstones; used again, a key continues above its last value):",
+            r.tombstones.len()
+        ));
+        for k in &r.tombstones {
+            text.push_str(&format!("\n{}\tdeleted, last value {}", k.key, k.value));
+        }
+    }
+    let pairs = |keys: &[proto::StrictKeyValue]| -> Vec<Value> {
+        keys.iter()
+            .map(|k| json!({"key": k.key, "value": k.value.to_string()}))
+            .collect()
+    };
     Ok((
-        json!({"namespace": r.namespace, "keys": list, "max_keys": r.max_keys}),
+        json!({
+            "namespace": r.namespace,
+            "keys": pairs(&r.keys),
+            "max_keys": r.max_keys,
+            "tombstones": pairs(&r.tombstones),
+        }),
         text,
     ))
 }

@@ -69,7 +69,8 @@ pub enum FormatCommand {
     /// Show the durable record of a counter of format NAME: the period it
     /// is in (its start, printed as a time), the last value any node may
     /// have used in it, when the next period starts: GetFormatCounter.
-    /// Per-node formats show the counter of the node that answers.
+    /// Per-node formats show the counter of the node that answers; with
+    /// --discover consul every passing node answers under its address.
     Counter {
         /// The format's name.
         name: String,

@@ -269,21 +269,89 @@ pub async fn format_command(c: FormatCommand) -> anyhow::Result<()> {
             print_parsed(&parsed, node.json)
         }
         FormatCommand::Counter { name, param, node } => {
-            let counter = if node.discovery.discover.is_some() {
-                let client = discovered_client(&node.discovery, &node.tls, node.timeout).await?;
-                client.format_counter(&name, param).await?
-            } else {
-                let mut client =
-                    IdGenClient::new(channel(&node.addr, node.timeout, &node.tls).await?);
-                let request = proto::GetFormatCounterRequest {
-                    format: name,
-                    params: param.into_iter().collect(),
-                };
-                call(node.timeout, client.get_format_counter(request)).await?
+            let request = proto::GetFormatCounterRequest {
+                format: name,
+                params: param.into_iter().collect(),
             };
-            print_counter(&counter, node.json)
+            if node.discovery.discover.is_some() {
+                return counter_on_every_node(request, &node).await;
+            }
+            let counter = counter_on(&node.addr, request, &node).await?;
+            if node.json {
+                return Ok(outln!("{}", counter_json(&counter))?);
+            }
+            Ok(output::write(&counter_text(&counter))?)
         }
     }
+}
+
+/// GetFormatCounter on the node at `addr`.
+async fn counter_on(
+    addr: &str,
+    request: proto::GetFormatCounterRequest,
+    node: &super::args::FormatNodeArgs,
+) -> anyhow::Result<proto::GetFormatCounterResponse> {
+    let mut client = IdGenClient::new(channel(addr, node.timeout, &node.tls).await?);
+    call(node.timeout, client.get_format_counter(request)).await
+}
+
+/// `format counter --discover`: a counter may belong to a node (`{node}`)
+/// or to the token a node holds, so one arbitrary node's answer could be
+/// another counter than the one a reader means, or an unused one. Every
+/// passing node is asked and answers under its own address; the command
+/// fails (after printing the others) if a node could not answer.
+async fn counter_on_every_node(
+    request: proto::GetFormatCounterRequest,
+    node: &super::args::FormatNodeArgs,
+) -> anyhow::Result<()> {
+    let client = discovered_client(&node.discovery, &node.tls, node.timeout).await?;
+    let mut addrs = client.nodes();
+    addrs.sort();
+    if addrs.is_empty() {
+        anyhow::bail!("no passing node in Consul to ask; or ask one node with --addr");
+    }
+    let scheme = if node.tls.ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut answers = Vec::new();
+    let mut failed = Vec::new();
+    for addr in &addrs {
+        match counter_on(&format!("{scheme}://{addr}"), request.clone(), node).await {
+            Ok(counter) => answers.push((addr.clone(), counter)),
+            Err(e) => failed.push(format!("{addr}: {e:#}")),
+        }
+    }
+    if node.json {
+        let nodes: Vec<serde_json::Value> = answers
+            .iter()
+            .map(|(addr, c)| {
+                let mut v = counter_json(c);
+                v["node"] = addr.clone().into();
+                v
+            })
+            .collect();
+        outln!("{}", serde_json::json!({ "nodes": nodes }))?;
+    } else {
+        let mut out = String::new();
+        for (addr, counter) in &answers {
+            out.push_str(&format!("node {addr}\n"));
+            for line in counter_text(counter).lines() {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+        output::write(&out)?;
+    }
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} of {} nodes did not answer (a per-node counter is only on its node; ask it with --addr): {}",
+            failed.len(),
+            addrs.len(),
+            failed.join("; ")
+        );
+    }
+    Ok(())
 }
 
 /// The fields a formatted ID carries, one `name value` per line.
@@ -326,40 +394,45 @@ fn print_parsed(p: &proto::ParseFormattedResponse, json: bool) -> anyhow::Result
     Ok(output::write(&out)?)
 }
 
-/// A counter's record; the period's start and the next one's as times.
-fn print_counter(c: &proto::GetFormatCounterResponse, json: bool) -> anyhow::Result<()> {
-    let period = period_start(c);
-    let next = (c.next_period_start_ms != 0)
+/// A counter's record as JSON; the period's start and the next one's as
+/// times.
+fn counter_json(c: &proto::GetFormatCounterResponse) -> serde_json::Value {
+    serde_json::json!({
+        "used": c.used, "period": c.period, "period_start": period_start(c),
+        "last": c.last, "next_period_start_ms": c.next_period_start_ms,
+        "next_period_start": next_period_start(c), "token": c.token,
+    })
+}
+
+/// When the next period starts, as a time; none for a format that never
+/// resets.
+fn next_period_start(c: &proto::GetFormatCounterResponse) -> Option<String> {
+    (c.next_period_start_ms != 0)
         .then(|| jiff::Timestamp::from_millisecond(c.next_period_start_ms).ok())
         .flatten()
-        .map(|t| t.to_string());
-    if json {
-        let v = serde_json::json!({
-            "used": c.used, "period": c.period, "period_start": period,
-            "last": c.last, "next_period_start_ms": c.next_period_start_ms,
-            "next_period_start": next, "token": c.token,
-        });
-        return Ok(outln!("{v}")?);
-    }
+        .map(|t| t.to_string())
+}
+
+/// A counter's record, one `name value` per line.
+fn counter_text(c: &proto::GetFormatCounterResponse) -> String {
     if !c.used {
-        return Ok(outln!(
-            "used false (the counter never issued an ID: it starts at the format's min)"
-        )?);
+        return "used false (the counter never issued an ID: it starts at the format's min)\n"
+            .to_owned();
     }
     let mut out = format!(
         "used true\nperiod {}\nlast {}\n",
-        period
+        period_start(c)
             .as_deref()
             .unwrap_or("the only one (the format never resets)"),
         c.last
     );
-    if let Some(next) = next {
+    if let Some(next) = next_period_start(c) {
         out.push_str(&format!("next period {next}\n"));
     }
     if !c.token.is_empty() {
         out.push_str(&format!("token {}\n", c.token));
     }
-    Ok(output::write(&out)?)
+    out
 }
 
 /// The start of the counter's period: `period` is seconds of the format

@@ -32,6 +32,8 @@
 //! - **HTTP/1**: each request's headers (and the wait for the next request
 //!   on a kept-alive connection) must arrive within `header_timeout`;
 //!   header size is capped (431 past it).
+//! - **TLS handshakes** (`listener/handshake.rs`) must finish within
+//!   `header_timeout`; a refused client certificate is a rate-limited WARN.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -60,6 +62,7 @@ use super::tls::PeerCertificate;
 use crate::config::{AllowList, ConnectionSettings};
 use crate::metrics as m;
 
+mod handshake;
 mod table;
 
 pub(crate) use table::peer_key;
@@ -460,26 +463,15 @@ async fn serve_connection<S, B>(
         )
         .await;
     };
-    let failed = |reason: String| {
-        metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "port" => port).increment(1);
-        tracing::debug!(port, peer = ?info.remote_addr, reason, "TLS handshake failed");
-    };
-    match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
-        Ok(Ok(tls_stream)) => {
-            let peer = tls_stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(<[_]>::first)
-                .map(|leaf| PeerCertificate::from_der(leaf));
-            let info = (info, peer, refused);
-            serve_io(
-                tls_stream, info, activity, protocol, service, settings, port, stop,
-            )
-            .await;
-        }
-        Ok(Err(e)) => failed(e.to_string()),
-        Err(_) => failed("no handshake within server.header_timeout".into()),
+    let timeout = settings.header_timeout;
+    if let Some((tls_stream, peer)) =
+        handshake::accept(acceptor, stream, (timeout, stop.clone()), port, &info).await
+    {
+        let info = (info, peer, refused);
+        serve_io(
+            tls_stream, info, activity, protocol, service, settings, port, stop,
+        )
+        .await;
     }
 }
 
@@ -612,6 +604,12 @@ async fn drive<C>(
                 return;
             }
             _ = stop.wait_for(|s| *s), if !closing => {
+                // No HTTP/2 preface yet: no call to drain, and hyper cannot
+                // send a GOAWAY before it (it would wait for the preface,
+                // holding the stop for the whole grace period).
+                if deadlines.as_ref().is_some_and(|d| !d.activity.preface.load(Ordering::Acquire)) {
+                    return;
+                }
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }

@@ -237,11 +237,7 @@ impl DocEnv {
 impl Drop for DocEnv {
     fn drop(&mut self) {
         for (_, mut child) in self.background.drain(..) {
-            kill_group(&child, "TERM");
-            if wait_bounded(&mut child, Duration::from_secs(20)).is_none() {
-                kill_group(&child, "KILL");
-                let _ = child.wait();
-            }
+            stop_group(&mut child);
         }
         if let Some(mut node) = self.node.take() {
             stop_child(&mut node);
@@ -259,7 +255,7 @@ const SESSION_FILE: &str = ".doc-session.env";
 /// document: it starts with the variables earlier blocks exported and
 /// leaves its own exports for the next block (the working directory is not
 /// carried).
-fn session_script(block: &Block, dir: &Path) -> String {
+pub fn session_script(block: &Block, dir: &Path) -> String {
     let file = dir.join(SESSION_FILE);
     let file = file.display();
     format!(
@@ -270,7 +266,7 @@ fn session_script(block: &Block, dir: &Path) -> String {
 }
 
 /// Waits for `child` up to `deadline` (polling; `None` if it still runs).
-fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
+pub fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
     let start = Instant::now();
     loop {
         match child.try_wait() {
@@ -281,8 +277,18 @@ fn wait_bounded(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
     }
 }
 
+/// SIGTERM to the process group `child` leads, a bounded wait for the
+/// clean stop, then SIGKILL.
+pub fn stop_group(child: &mut Child) {
+    kill_group(child, "TERM");
+    if wait_bounded(child, Duration::from_secs(20)).is_none() {
+        kill_group(child, "KILL");
+        let _ = child.wait();
+    }
+}
+
 /// `signal` to the process group `child` leads.
-fn kill_group(child: &Child, signal: &str) {
+pub fn kill_group(child: &Child, signal: &str) {
     let _ = Command::new("kill")
         .args([&format!("-{signal}"), "--", &format!("-{}", child.id())])
         .status();
