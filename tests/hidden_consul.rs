@@ -147,8 +147,8 @@ async fn issue(node: SocketAddr, rounds: usize, count: u32) -> Result<Batch, Sta
 
 /// Rounds on both nodes at once.
 async fn both(a: SocketAddr, b: SocketAddr, rounds: usize) -> (Batch, Batch) {
-    let ta = tokio::spawn(issue(a, rounds, 50));
-    let tb = tokio::spawn(issue(b, rounds, 50));
+    let ta = tokio::spawn(issue(a, rounds, 100));
+    let tb = tokio::spawn(issue(b, rounds, 100));
     let (ra, rb) = (ta.await.unwrap(), tb.await.unwrap());
     (ra.expect("node A issues"), rb.expect("node B issues"))
 }

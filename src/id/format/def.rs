@@ -174,6 +174,7 @@ impl FormatDef {
             both(&self.template, template),
         )?;
         frozen("preset", &self.preset != preset, both(&self.preset, preset))?;
+        self.check_hide_update(*hide, hide_key.is_some(), new.hide_key_id())?;
         frozen("zone", &self.zone != zone, both(&self.zone, zone))?;
         let reset_of = |r: &Option<Reset>| r.unwrap_or(Reset::Never);
         frozen(
@@ -201,7 +202,6 @@ impl FormatDef {
             both(&self.scope_params, scope_params),
         )?;
         frozen("length", &self.length != length, both(&self.length, length))?;
-        self.check_hide_update(*hide, hide_key.is_some(), new.hide_key_id())?;
         frozen(
             "origin_year",
             &self.origin_year != origin_year,
