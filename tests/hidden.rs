@@ -365,7 +365,8 @@ async fn a_format_with_hide_true_never_repeats_across_kill_9_and_rotation() {
     assert_eq!((old.key_version, old.internal_seq), (Some(0), Some(7)));
 }
 
-const HIDDEN_ZONE: &str = "[lease]\nenabled = true\nzone = 5\nblock = 100\n[lease.hide]\nkey = \"tickets\"\n";
+const HIDDEN_ZONE: &str =
+    "[lease]\nenabled = true\nzone = 5\nblock = 100\n[lease.hide]\nkey = \"tickets\"\n";
 
 /// A hidden lease zone: refused before anything is reserved while its key
 /// is missing; then IDs that keep zone 5, carry the key version and are
@@ -379,7 +380,10 @@ async fn a_hidden_lease_zone_never_repeats_across_kill_9_and_rotation() {
     let mut c = node.client().await;
     let err = lease_ids(&mut c, 3).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("admin keys create tickets"), "{err:?}");
+    assert!(
+        err.message().contains("admin keys create tickets"),
+        "{err:?}"
+    );
     keys(&node, "create", "tickets").await;
     let mut all = lease_ids(&mut c, 500).await.unwrap();
     let version = |id: u64| (id >> 52) & 0xF;
@@ -408,7 +412,11 @@ async fn a_hidden_lease_zone_never_repeats_across_kill_9_and_rotation() {
     node.kill();
     // The zone is recorded hidden: stating it plain is refused.
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace("[lease.hide]\nkey = \"tickets\"\n", "")).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("[lease.hide]\nkey = \"tickets\"\n", ""),
+    )
+    .unwrap();
     let log = ChildServer::try_start_env(&config, &[], &ENV)
         .err()
         .expect("a plain node of a hidden zone must not start");

@@ -68,11 +68,15 @@ fn start(config: &Path) -> ChildServer {
 }
 
 async fn admin(node: SocketAddr) -> AdminClient<tonic::transport::Channel> {
-    AdminClient::connect(format!("http://{node}")).await.unwrap()
+    AdminClient::connect(format!("http://{node}"))
+        .await
+        .unwrap()
 }
 
 async fn client(node: SocketAddr) -> IdGenClient<tonic::transport::Channel> {
-    IdGenClient::connect(format!("http://{node}")).await.unwrap()
+    IdGenClient::connect(format!("http://{node}"))
+        .await
+        .unwrap()
 }
 
 /// Admin create or rotate of hide key `key` through `node`.
@@ -137,7 +141,8 @@ async fn issue(node: SocketAddr, rounds: usize, count: u32) -> Result<Batch, Sta
     let mut c = client(node).await;
     let mut b = Batch::default();
     for _ in 0..rounds {
-        b.segment.extend(numeric(&mut c, Mode::Segment, count).await?);
+        b.segment
+            .extend(numeric(&mut c, Mode::Segment, count).await?);
         b.lease.extend(numeric(&mut c, Mode::Lease, count).await?);
         b.orders.extend(formatted(&mut c, "orders", count).await?);
         b.tickets.extend(formatted(&mut c, "tickets", count).await?);
@@ -274,7 +279,11 @@ async fn two_consul_nodes_share_hidden_namespaces_through_rotation_and_kill_9() 
 
     // kill -9 A mid-run: B goes on alone; A comes back above everything.
     a.kill();
-    seen.add(&issue(b.grpc, 3, 50).await.expect("B serves while A is down"));
+    seen.add(
+        &issue(b.grpc, 3, 50)
+            .await
+            .expect("B serves while A is down"),
+    );
     let a = start(&a_config);
     let (from_a, from_b) = both(a.grpc, b.grpc, 4).await;
     seen.add(&from_a);

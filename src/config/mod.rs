@@ -265,16 +265,18 @@ impl LeaseModeSettings {
     /// The zone's largest token: lower for a hidden zone, whose key
     /// version takes the top of the token field.
     pub fn max_token(&self) -> u64 {
-        self.hide
-            .as_ref()
-            .map_or(crate::id::lease::MAX_TOKEN, crate::id::lease::ZoneHide::max_token)
+        self.hide.as_ref().map_or(
+            crate::id::lease::MAX_TOKEN,
+            crate::id::lease::ZoneHide::max_token,
+        )
     }
 
     /// Token bits of the zone (16, fewer when hidden).
     pub fn token_bits(&self) -> u32 {
-        self.hide
-            .as_ref()
-            .map_or(crate::id::lease::TOKEN_BITS, crate::id::lease::ZoneHide::token_bits)
+        self.hide.as_ref().map_or(
+            crate::id::lease::TOKEN_BITS,
+            crate::id::lease::ZoneHide::token_bits,
+        )
     }
 }
 

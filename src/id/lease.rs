@@ -216,7 +216,10 @@ impl ZoneRecord {
     pub fn describe(&self) -> String {
         match &self.hide {
             None => "plain".to_owned(),
-            Some(h) => format!("hidden with key {:?}, {} version bits", h.key, h.version_bits),
+            Some(h) => format!(
+                "hidden with key {:?}, {} version bits",
+                h.key, h.version_bits
+            ),
         }
     }
 }
@@ -496,18 +499,17 @@ mod tests {
             }),
         };
         // Nothing stored: write what the node declares.
-        assert_eq!(declare_zone(3, None, false, &hidden), Ok(Some(hidden.clone())));
+        assert_eq!(
+            declare_zone(3, None, false, &hidden),
+            Ok(Some(hidden.clone()))
+        );
         assert_eq!(declare_zone(3, None, true, &plain), Ok(Some(plain.clone())));
         // Used before the record existed: plain only.
         let e = declare_zone(3, None, true, &hidden).unwrap_err();
         assert!(e.to_string().contains("issued plain IDs before"), "{e}");
         // Stored: the same setting serves, any other is refused.
         assert_eq!(declare_zone(3, Some(&hidden), true, &hidden), Ok(None));
-        for (stored, wanted) in [
-            (&hidden, &plain),
-            (&plain, &hidden),
-            (&hidden, &other_bits),
-        ] {
+        for (stored, wanted) in [(&hidden, &plain), (&plain, &hidden), (&hidden, &other_bits)] {
             let e = declare_zone(3, Some(stored), false, wanted).unwrap_err();
             assert!(matches!(e, LeaseError::ZoneFrozen { zone: 3, .. }), "{e:?}");
             assert!(e.to_string().contains("frozen"), "{e}");

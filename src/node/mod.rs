@@ -33,6 +33,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::cluster::membership::{JoinError, Membership, SessionBound};
 use crate::config::{Backend, ClusterConfig, Config};
 use crate::error::Error;
+use crate::id::lease::ZoneRecord;
 use crate::id::Clock;
 use crate::metrics as m;
 /// Reads the config file's `[[formats]]` again (for SIGHUP reloads).
@@ -41,7 +42,6 @@ use crate::modes::format_catalog::FormatCatalog;
 pub use crate::modes::{decode_snowflake, Decoded, Issuer};
 use crate::server::tls;
 use crate::store::format::tokens::{ConsulFormatTokens, FormatTokens};
-use crate::id::lease::ZoneRecord;
 use crate::store::lease::{declare_consul_zone, ConsulLeaseTokens, LeaseTokenStore};
 use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::{PeriodicThread, StateFileWatch};

@@ -122,9 +122,11 @@ pub(super) fn template_of(
     max: u64,
 ) -> Result<Template, FormatError> {
     let origin = def.origin_year.unwrap_or(2000);
-    Template::parse_hiding(src, reset, max, origin, def.hide).map_err(|source| FormatError::Template {
-        format: def.name.clone(),
-        source,
+    Template::parse_hiding(src, reset, max, origin, def.hide).map_err(|source| {
+        FormatError::Template {
+            format: def.name.clone(),
+            source,
+        }
     })
 }
 

@@ -7,9 +7,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::LeaseTokenStore;
-use crate::consul::{
-    Consistency, ConsulClient, ConsulError, KvEntry, KvWrite, TxnOp, TxnOutcome,
-};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, KvWrite, TxnOp, TxnOutcome};
 use crate::id::lease::{
     check_zone, declare_zone, Block, LeaseError, TokenCounter, ZoneRecord, MAX_TOKEN,
 };

@@ -39,8 +39,8 @@ use redb::TableDefinition;
 use super::StoreError;
 use crate::id::lease::Block;
 
-pub use consul::{ConsulLeaseTokens, LeaseTokenRecord};
 pub use consul::declare_consul_zone;
+pub use consul::{ConsulLeaseTokens, LeaseTokenRecord};
 pub use embedded::{declare_embedded_zone, EmbeddedLeaseTokens};
 
 /// Where a node's lease blocks come from.

@@ -127,21 +127,33 @@ async fn a_zone_record_is_written_once_and_refuses_another_setting() {
     let client = crate::store::test_consul_client(consul.addr());
     let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
     assert_eq!(
-        declare_consul_zone(&client, &keys, 3, &hidden).await.unwrap(),
+        declare_consul_zone(&client, &keys, 3, &hidden)
+            .await
+            .unwrap(),
         hidden
     );
     assert_eq!(
-        declare_consul_zone(&client, &keys, 3, &hidden).await.unwrap(),
+        declare_consul_zone(&client, &keys, 3, &hidden)
+            .await
+            .unwrap(),
         hidden
     );
-    frozen(declare_consul_zone(&client, &keys, 3, &plain).await.unwrap_err());
+    frozen(
+        declare_consul_zone(&client, &keys, 3, &plain)
+            .await
+            .unwrap_err(),
+    );
     let other = ZoneRecord {
         hide: Some(ZoneHide {
             key: "tickets".into(),
             version_bits: 5,
         }),
     };
-    frozen(declare_consul_zone(&client, &keys, 3, &other).await.unwrap_err());
+    frozen(
+        declare_consul_zone(&client, &keys, 3, &other)
+            .await
+            .unwrap_err(),
+    );
     // A zone whose tokens have counters but no record: plain only.
     client
         .kv_put(
@@ -151,9 +163,15 @@ async fn a_zone_record_is_written_once_and_refuses_another_setting() {
         )
         .await
         .unwrap();
-    frozen(declare_consul_zone(&client, &keys, 7, &hidden).await.unwrap_err());
+    frozen(
+        declare_consul_zone(&client, &keys, 7, &hidden)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(
-        declare_consul_zone(&client, &keys, 7, &plain).await.unwrap(),
+        declare_consul_zone(&client, &keys, 7, &plain)
+            .await
+            .unwrap(),
         plain
     );
 }
