@@ -3,7 +3,8 @@
 //! every ID unique across kill -9, restarts and a key rotation; the shown
 //! values are not consecutive; an admin decodes the internal counter
 //! (audit-logged), an anonymous caller never sees it; a retired key
-//! refuses before anything is reserved.
+//! refuses before anything is reserved. A format with `hide = true` and a
+//! hidden lease zone do the same, and refuse to start plain afterwards.
 
 mod common;
 
@@ -262,4 +263,171 @@ async fn a_retired_key_refuses_and_reserves_nothing() {
         .insert("authorization", "Bearer wrong".parse().unwrap());
     let err = c.parse_formatted(bad).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+}
+
+/// The base config plus `extra` (TOML appended).
+fn config_with(dir: &Path, extra: &str) -> PathBuf {
+    let path = config(dir);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(extra);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn ids_of(c: &mut IdGenClient<Channel>, format: &str, n: u32) -> Vec<String> {
+    c.gen_formatted(proto::GenFormattedRequest {
+        format: format.into(),
+        params: Default::default(),
+        count: n,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("GenFormatted {format}: {e:?}"))
+    .into_inner()
+    .ids
+}
+
+async fn lease_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<u64>, tonic::Status> {
+    Ok(c.gen_ids(proto::GenIdsRequest {
+        mode: Mode::Lease as i32,
+        tag: String::new(),
+        count: n,
+    })
+    .await?
+    .into_inner()
+    .ids)
+}
+
+const TICKETS: &str = "[[formats]]\nname = \"tickets\"\ntemplate = \"T{seq:9}\"\nhide = true\n";
+
+/// `hide = true` shows `{seq:9}` as a version digit and 8 permuted digits,
+/// through kill -9, a rotation and restarts, never repeating; the admin
+/// reveals the counters; a restart that drops `hide` is refused.
+#[tokio::test]
+async fn a_format_with_hide_true_never_repeats_across_kill_9_and_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with(dir.path(), TICKETS);
+    let node = start(&config);
+    keys(&node, "create", "tickets").await;
+    let mut c = node.client().await;
+    let mut all: Vec<String> = ids_of(&mut c, "tickets", 500).await;
+    assert!(all.iter().all(|s| s.len() == 10 && s.starts_with("T0")));
+    let shown: Vec<u64> = all.iter().map(|s| s[1..].parse().unwrap()).collect();
+    assert!(consecutive_pairs(&shown) < 5, "tickets look consecutive");
+    let p = c
+        .parse_formatted(admin_req(proto::ParseFormattedRequest {
+            format: "tickets".into(),
+            id: all[41].clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((p.key_version, p.internal_seq), (Some(0), Some(41)));
+    node.kill();
+    let node = start(&config);
+    let mut c = node.client().await;
+    all.extend(ids_of(&mut c, "tickets", 500).await);
+    keys(&node, "rotate", "tickets").await;
+    let mut rotated = false;
+    for _ in 0..50 {
+        let batch = ids_of(&mut c, "tickets", 100).await;
+        rotated = batch.last().is_some_and(|s| s.starts_with("T1"));
+        all.extend(batch);
+        if rotated {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(rotated, "no ticket of key version 1 after the rotation");
+    node.kill();
+    // `hide` is frozen: the same format without it does not start.
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("hide = true\n", "")).unwrap();
+    let log = ChildServer::try_start_env(&config, &[], &ENV)
+        .err()
+        .expect("a node that drops hide = true must not start");
+    assert!(log.contains("hide"), "{log}");
+    std::fs::write(&config, text).unwrap();
+    let node = start(&config);
+    let mut c = node.client().await;
+    all.extend(ids_of(&mut c, "tickets", 500).await);
+    let mut seen = HashSet::new();
+    for id in &all {
+        assert!(seen.insert(id), "ticket {id} repeated");
+    }
+    let old = c
+        .parse_formatted(admin_req(proto::ParseFormattedRequest {
+            format: "tickets".into(),
+            id: all[7].clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((old.key_version, old.internal_seq), (Some(0), Some(7)));
+}
+
+const HIDDEN_ZONE: &str =
+    "[lease]\nenabled = true\nzone = 5\nblock = 100\n[lease.hide]\nkey = \"tickets\"\n";
+
+/// A hidden lease zone: refused before anything is reserved while its key
+/// is missing; then IDs that keep zone 5, carry the key version and are
+/// not consecutive, through kill -9 and a rotation, never repeating; a
+/// node that states the zone plain refuses to start.
+#[tokio::test]
+async fn a_hidden_lease_zone_never_repeats_across_kill_9_and_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with(dir.path(), HIDDEN_ZONE);
+    let node = start(&config);
+    let mut c = node.client().await;
+    let err = lease_ids(&mut c, 3).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("admin keys create tickets"),
+        "{err:?}"
+    );
+    keys(&node, "create", "tickets").await;
+    let mut all = lease_ids(&mut c, 500).await.unwrap();
+    let version = |id: u64| (id >> 52) & 0xF;
+    assert!(all.iter().all(|id| id >> 56 == 5 && version(*id) == 0));
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    assert!(consecutive_pairs(&sorted) < 5, "lease IDs look consecutive");
+    node.kill();
+    let node = start(&config);
+    let mut c = node.client().await;
+    all.extend(lease_ids(&mut c, 500).await.unwrap());
+    keys(&node, "rotate", "tickets").await;
+    // Bounded wait for the rotation to reach the hider (embedded: at once).
+    let mut rotated = false;
+    for _ in 0..50 {
+        let batch = lease_ids(&mut c, 100).await.unwrap();
+        assert!(batch.iter().all(|id| id >> 56 == 5 && version(*id) <= 1));
+        rotated = batch.last().is_some_and(|id| version(*id) == 1);
+        all.extend(batch);
+        if rotated {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(rotated, "no lease ID of key version 1 after the rotation");
+    node.kill();
+    // The zone is recorded hidden: stating it plain is refused.
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("[lease.hide]\nkey = \"tickets\"\n", ""),
+    )
+    .unwrap();
+    let log = ChildServer::try_start_env(&config, &[], &ENV)
+        .err()
+        .expect("a plain node of a hidden zone must not start");
+    assert!(log.contains("lease zone 5 is recorded as hidden"), "{log}");
+    std::fs::write(&config, text).unwrap();
+    let node = start(&config);
+    let mut c = node.client().await;
+    all.extend(lease_ids(&mut c, 500).await.unwrap());
+    let mut seen = HashSet::new();
+    for id in &all {
+        assert!(seen.insert(*id), "lease ID {id} repeated");
+    }
+    assert!(seen.len() >= 1600, "{} lease IDs", seen.len());
 }

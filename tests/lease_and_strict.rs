@@ -362,6 +362,7 @@ fn embedded_modes(dir: &Path) -> idgen::config::Config {
         zone: 3,
         token: Some(7),
         block: 50,
+        hide: None,
     });
     c.strict = Some(StrictModeSettings {
         default_step: 1,

@@ -101,6 +101,8 @@ fn definition(a: &FormatDefArgs) -> anyhow::Result<String> {
     set("step", a.step.map(Value::from));
     set("length", a.length.map(Value::from));
     set("description", a.description.clone().map(Value::from));
+    set("hide", a.hide.then_some(Value::from(true)));
+    set("hide_key", a.hide_key.clone().map(Value::from));
     if !a.scope_params.is_empty() {
         map.insert("scope_params".into(), json!(a.scope_params));
     }

@@ -558,6 +558,14 @@ pub struct FormatDefArgs {
     /// Free text for operators.
     #[arg(long)]
     pub description: Option<String>,
+    /// Hide every {seq:N} of the template (N >= 7) as {seq:N:hidden}:
+    /// shown through the hide key (`idgen admin keys create`). Frozen.
+    #[arg(long)]
+    pub hide: bool,
+    /// The hide key a hidden counter is shown through (default: the
+    /// format's name). Frozen.
+    #[arg(long)]
+    pub hide_key: Option<String>,
 }
 
 #[derive(Subcommand)]

@@ -553,6 +553,11 @@ pub struct LeaseSection {
     /// Sequences reserved per block (1 to 100000000); the next block is
     /// reserved when half of the current one is used.
     pub block: u64,
+    /// `[lease.hide]`: show this zone's IDs through hide key `key` with
+    /// `version_bits` (default 4) of key version. Recorded for the zone
+    /// the first time a node serves it, and frozen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hide: Option<crate::id::lease::ZoneHide>,
 }
 
 impl Default for LeaseSection {
@@ -562,6 +567,7 @@ impl Default for LeaseSection {
             zone: 0,
             token: None,
             block: 1000,
+            hide: None,
         }
     }
 }

@@ -247,7 +247,7 @@ pub struct SegmentModeSettings {
 }
 
 /// The validated `[lease]` section (lease mode is on).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseModeSettings {
     /// Zone, the top field of every lease ID.
     pub zone: u64,
@@ -257,6 +257,27 @@ pub struct LeaseModeSettings {
     pub token: Option<u64>,
     /// Sequences reserved per block.
     pub block: u64,
+    /// `[lease.hide]`: the zone's IDs shown through a hide key.
+    pub hide: Option<crate::id::lease::ZoneHide>,
+}
+
+impl LeaseModeSettings {
+    /// The zone's largest token: lower for a hidden zone, whose key
+    /// version takes the top of the token field.
+    pub fn max_token(&self) -> u64 {
+        self.hide.as_ref().map_or(
+            crate::id::lease::MAX_TOKEN,
+            crate::id::lease::ZoneHide::max_token,
+        )
+    }
+
+    /// Token bits of the zone (16, fewer when hidden).
+    pub fn token_bits(&self) -> u32 {
+        self.hide.as_ref().map_or(
+            crate::id::lease::TOKEN_BITS,
+            crate::id::lease::ZoneHide::token_bits,
+        )
+    }
 }
 
 /// The validated `[formatted]` section and `[[formats]]` (each compiled

@@ -61,6 +61,19 @@ pub enum LeaseError {
     /// The number cannot be a lease ID.
     #[error("{0} is not a lease ID: the top bit must be 0 and the sequence above 0")]
     NotALeaseId(u64),
+    /// A hidden zone's version width outside 1 to 8.
+    #[error("lease.hide.version_bits {0} is out of range: use 1 to 8 (2^bits key versions; the version takes the top bits of the 16-bit token field)")]
+    BadHideBits(u32),
+    /// The zone was recorded plain or hidden another way.
+    #[error("lease zone {zone} is recorded as {stored}, but this node declares it {wanted}: a zone's setting is frozen, since plain and hidden IDs (or two hidings) of one zone could be the same number; restore the recorded setting, or serve the new one in a zone no node used")]
+    ZoneFrozen {
+        /// Zone.
+        zone: u64,
+        /// The recorded setting.
+        stored: String,
+        /// This node's setting.
+        wanted: String,
+    },
     /// Every token of an embedded node's own range is used up.
     #[error("lease tokens {first} to {last} of zone {zone}, this node's own range, are all used up; set another lease.zone (a zone no other node uses with this worker id)")]
     RangeExhausted {
@@ -99,11 +112,26 @@ pub fn node_token_range(
     datacenter_bits: u8,
     worker_bits: u8,
 ) -> Option<(u64, u64)> {
+    node_token_range_in(datacenter, worker, datacenter_bits, worker_bits, TOKEN_BITS)
+}
+
+/// [`node_token_range`] over the tokens `0..2^token_bits` (a hidden zone
+/// has [`ZoneHide::token_bits`] of them).
+pub fn node_token_range_in(
+    datacenter: u64,
+    worker: u64,
+    datacenter_bits: u8,
+    worker_bits: u8,
+    token_bits: u32,
+) -> Option<(u64, u64)> {
     let node_bits = u32::from(datacenter_bits) + u32::from(worker_bits);
-    if node_bits > TOKEN_BITS || datacenter >> datacenter_bits != 0 || worker >> worker_bits != 0 {
+    if node_bits > token_bits.min(TOKEN_BITS)
+        || datacenter >> datacenter_bits != 0
+        || worker >> worker_bits != 0
+    {
         return None;
     }
-    let per_node = 1u64 << (TOKEN_BITS - node_bits);
+    let per_node = 1u64 << (token_bits - node_bits);
     let index = (datacenter << worker_bits) | worker;
     let first = index * per_node;
     Some((first, first + per_node - 1))
@@ -118,6 +146,121 @@ pub fn token_owner(token: u64, datacenter_bits: u8, worker_bits: u8) -> Option<(
     }
     let index = token >> (TOKEN_BITS - node_bits);
     Some((index >> worker_bits, index & ((1u64 << worker_bits) - 1)))
+}
+
+/// Bits of a lease ID below the zone: the token and the sequence, the
+/// internal value a hidden zone permutes.
+pub const BELOW_ZONE_BITS: u32 = TOKEN_BITS + SEQUENCE_BITS;
+/// Version-field widths a hidden zone may take.
+pub const ZONE_HIDE_VERSION_BITS: std::ops::RangeInclusive<u32> = 1..=8;
+
+/// How a hidden zone shows its IDs: `0 | zone | version | P_k(token |
+/// sequence)`, the key version in `version_bits` bits and a keyed
+/// permutation ([`crate::id::hide::IntHider`]) of the `56 - version_bits`
+/// bits below it. The version takes the top of the token field, so a
+/// hidden zone uses tokens `0..=`[`ZoneHide::max_token`] only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneHide {
+    /// The hide key id (`idgen admin keys create KEY`).
+    pub key: String,
+    /// Bits of key version in every ID (1 to 8, default 4):
+    /// `2^version_bits` keys over the zone's life.
+    #[serde(default = "default_zone_version_bits")]
+    pub version_bits: u32,
+}
+
+fn default_zone_version_bits() -> u32 {
+    4
+}
+
+impl ZoneHide {
+    /// Checks the version width.
+    pub fn check(&self) -> Result<(), LeaseError> {
+        if ZONE_HIDE_VERSION_BITS.contains(&self.version_bits) {
+            Ok(())
+        } else {
+            Err(LeaseError::BadHideBits(self.version_bits))
+        }
+    }
+
+    /// Bits the permutation covers: token and sequence minus the version.
+    pub fn domain_bits(&self) -> u32 {
+        BELOW_ZONE_BITS - self.version_bits
+    }
+
+    /// Token bits left to the zone.
+    pub fn token_bits(&self) -> u32 {
+        TOKEN_BITS - self.version_bits
+    }
+
+    /// The largest token a hidden zone uses.
+    pub fn max_token(&self) -> u64 {
+        (1u64 << self.token_bits()) - 1
+    }
+}
+
+/// A zone's durable declaration: plain or hidden, recorded the first time
+/// a node serves the zone and never changed (docs/ARCHITECTURE.md, "A
+/// lease zone is plain or hidden for good").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneRecord {
+    /// Hidden (and how), or plain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hide: Option<ZoneHide>,
+}
+
+impl ZoneRecord {
+    /// How the record reads in messages.
+    pub fn describe(&self) -> String {
+        match &self.hide {
+            None => "plain".to_owned(),
+            Some(h) => format!(
+                "hidden with key {:?}, {} version bits",
+                h.key, h.version_bits
+            ),
+        }
+    }
+}
+
+/// What a node declaring `wanted` for `zone` must do, given the record
+/// `stored` (if any) and whether any token of the zone has a counter
+/// (`used`: the zone issued IDs before records existed): `Ok(None)` to
+/// serve as recorded, `Ok(Some(record))` to write that record first
+/// (create-only), or the refusal. A zone that issued plain IDs is never
+/// hidden later, and a recorded setting never changes.
+pub fn declare_zone(
+    zone: u64,
+    stored: Option<&ZoneRecord>,
+    used: bool,
+    wanted: &ZoneRecord,
+) -> Result<Option<ZoneRecord>, LeaseError> {
+    match stored {
+        Some(s) if s == wanted => Ok(None),
+        Some(s) => Err(LeaseError::ZoneFrozen {
+            zone,
+            stored: s.describe(),
+            wanted: wanted.describe(),
+        }),
+        None if used && wanted.hide.is_some() => Err(LeaseError::ZoneFrozen {
+            zone,
+            stored: "plain (it issued plain IDs before)".to_owned(),
+            wanted: wanted.describe(),
+        }),
+        None => Ok(Some(wanted.clone())),
+    }
+}
+
+/// The internal value a hidden zone permutes: the token and sequence.
+pub fn below_zone(id: u64) -> u64 {
+    id & ((1u64 << BELOW_ZONE_BITS) - 1)
+}
+
+/// A hidden zone's shown ID: the zone on top of the permuted value.
+pub fn with_zone(zone: u64, shown: u64) -> u64 {
+    debug_assert!(zone <= MAX_ZONE && shown >> BELOW_ZONE_BITS == 0);
+    (zone << BELOW_ZONE_BITS) | shown
 }
 
 /// Checks a zone.
@@ -337,5 +480,83 @@ mod tests {
         assert_eq!(c.next_block(0, 65536, 1), Err(LeaseError::BadToken(65536)));
         assert_eq!(c.next_block(0, 0, 0), Err(LeaseError::BadBlock(0)));
         assert!(c.next_block(0, 0, MAX_BLOCK + 1).is_err());
+    }
+    /// A lease zone is plain or hidden for good: a zone's record is written once and never changes; a zone
+    /// that issued plain IDs before records existed is never hidden.
+    #[test]
+    fn a_zone_setting_is_recorded_once_and_frozen() {
+        let plain = ZoneRecord::default();
+        let hidden = ZoneRecord {
+            hide: Some(ZoneHide {
+                key: "tickets".into(),
+                version_bits: 4,
+            }),
+        };
+        let other_bits = ZoneRecord {
+            hide: Some(ZoneHide {
+                key: "tickets".into(),
+                version_bits: 3,
+            }),
+        };
+        // Nothing stored: write what the node declares.
+        assert_eq!(
+            declare_zone(3, None, false, &hidden),
+            Ok(Some(hidden.clone()))
+        );
+        assert_eq!(declare_zone(3, None, true, &plain), Ok(Some(plain.clone())));
+        // Used before the record existed: plain only.
+        let e = declare_zone(3, None, true, &hidden).unwrap_err();
+        assert!(e.to_string().contains("issued plain IDs before"), "{e}");
+        // Stored: the same setting serves, any other is refused.
+        assert_eq!(declare_zone(3, Some(&hidden), true, &hidden), Ok(None));
+        for (stored, wanted) in [(&hidden, &plain), (&plain, &hidden), (&hidden, &other_bits)] {
+            let e = declare_zone(3, Some(stored), false, wanted).unwrap_err();
+            assert!(matches!(e, LeaseError::ZoneFrozen { zone: 3, .. }), "{e:?}");
+            assert!(e.to_string().contains("frozen"), "{e}");
+        }
+        assert_eq!(
+            ZoneHide {
+                key: "k".into(),
+                version_bits: 9
+            }
+            .check(),
+            Err(LeaseError::BadHideBits(9))
+        );
+    }
+
+    /// A hidden zone's IDs keep their zone, never collide across
+    /// tokens, sequences or key versions, and reveal to what was issued.
+    #[test]
+    fn hidden_zone_ids_keep_the_zone_and_never_collide_across_versions() {
+        use crate::id::hide::{HideKey, IntHider};
+        let hide = ZoneHide {
+            key: "tickets".into(),
+            version_bits: 4,
+        };
+        assert_eq!((hide.domain_bits(), hide.max_token()), (52, 4095));
+        let keys = [HideKey::new(0, [1; 32]), HideKey::new(1, [2; 32])];
+        let refs: Vec<&HideKey> = keys.iter().collect();
+        let mut seen = std::collections::HashSet::new();
+        for active in [0, 1] {
+            let h = IntHider::new(&refs, active, hide.version_bits, hide.domain_bits()).unwrap();
+            for token in [0, 1, hide.max_token()] {
+                for seq in 1..=2_000 {
+                    let internal = compose(5, token, seq);
+                    let shown = with_zone(5, h.hide(below_zone(internal)).unwrap());
+                    assert!(shown < 1 << 63);
+                    assert_eq!(shown >> BELOW_ZONE_BITS, 5, "the zone is kept");
+                    assert!(seen.insert(shown), "{shown} shown twice");
+                    let (version, back) = h.reveal(below_zone(shown)).unwrap();
+                    assert_eq!((version, with_zone(5, back)), (active, internal));
+                }
+            }
+            // A token above the hidden zone's range is outside the domain.
+            let too_high = below_zone(compose(5, hide.max_token() + 1, 1));
+            assert!(h.hide(too_high).is_err());
+        }
+        // Hidden zone ranges: the same node slices over 12 token bits.
+        assert_eq!(node_token_range_in(0, 1, 5, 5, 12), Some((4, 7)));
+        assert_eq!(node_token_range_in(31, 31, 5, 5, 12), Some((4092, 4095)));
+        assert_eq!(node_token_range_in(0, 0, 7, 6, 12), None);
     }
 }

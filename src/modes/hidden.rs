@@ -1,5 +1,6 @@
 //! Hidden output: the hider a hidden namespace (a segment tag created with
-//! `hide`, a format with `{seq:N:hidden}`) shows its IDs through.
+//! `hide`, a format with `{seq:N:hidden}` or `hide = true`, a lease zone
+//! with `[lease.hide]`) shows its IDs through.
 //!
 //! A [`HiddenOutput`] is built once per namespace and rebuilt only when the
 //! key ring changed ([`HideKeyRings::subscribe`]), never per call: a call
@@ -225,7 +226,8 @@ fn fitting<'a>(keys: &[&'a HideKey], max: KeyVersion) -> Vec<&'a HideKey> {
         .collect()
 }
 
-/// The output of a hidden segment tag: [`IntHider`] over its widths.
+/// The output of a hidden segment tag or lease zone: [`IntHider`] over its
+/// widths.
 pub fn int_output(
     namespace: String,
     key_id: &str,

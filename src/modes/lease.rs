@@ -12,6 +12,11 @@
 //! fail with UNAVAILABLE until [`LeaseEngine::install`] puts a source under the
 //! new session in place. (The dropped blocks were already counted in the
 //! token's durable counter, so dropping them only leaves a gap.)
+//!
+//! A hidden zone ([`LeaseEngine::with_hide`]) shows each ID as `zone |
+//! version | P_k(token | sequence)`: the hider is checked before any ID is
+//! taken from a block (a missing or retired key refuses and takes
+//! nothing), and each ID is mapped after it was taken.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,10 +24,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::hidden::{HiddenOutput, Ready};
 use super::refill::{self, Refill};
 use crate::error::Error;
 use crate::id::buffer::{DoubleBuffer, Prefetch};
-use crate::id::lease::{Block, LeaseError};
+use crate::id::hide::IntHider;
+use crate::id::lease::{below_zone, with_zone, Block, LeaseError};
 use crate::metrics as m;
 use crate::store::lease::LeaseTokenStore;
 use crate::store::StoreError;
@@ -80,6 +87,8 @@ pub struct LeaseEngine {
     filled: Notify,
     issued: metrics::Counter,
     store_op: m::StoreOp,
+    /// A hidden zone's output, and the zone its IDs keep.
+    hide: Option<(u64, Arc<HiddenOutput<IntHider>>)>,
 }
 
 impl LeaseEngine {
@@ -98,6 +107,24 @@ impl LeaseEngine {
             filled: Notify::new(),
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => crate::id::Mode::Lease.as_str()),
             store_op: m::StoreOp::new(m::label::BACKEND_LEASE, m::label::OP_RESERVE_BLOCK),
+            hide: None,
+        }
+    }
+
+    /// Shows the IDs of `zone` (the zone every block of the source has)
+    /// through `output`: the zone's bits kept, the token and sequence
+    /// permuted under the key version.
+    pub fn with_hide(mut self, zone: u64, output: Arc<HiddenOutput<IntHider>>) -> Self {
+        self.hide = Some((zone, output));
+        self
+    }
+
+    /// The hider for one call, checked before anything is taken (`None`
+    /// for a plain zone).
+    fn hider(&self) -> Result<Option<(u64, Ready<'_, IntHider>)>, Error> {
+        match &self.hide {
+            None => Ok(None),
+            Some((zone, output)) => Ok(Some((*zone, output.ready()?))),
         }
     }
 
@@ -236,6 +263,14 @@ impl LeaseEngine {
 
     /// One ID, from memory when the current block has one.
     pub async fn take_one(self: &Arc<Self>) -> Result<u64, Error> {
+        let Some((zone, ready)) = self.hider()? else {
+            return self.take_one_plain().await;
+        };
+        let id = self.take_one_plain().await?;
+        Ok(with_zone(zone, ready.hide(below_zone(id))?))
+    }
+
+    async fn take_one_plain(self: &Arc<Self>) -> Result<u64, Error> {
         let (id, start_fetch) = {
             let mut st = self.state();
             if st.fenced {
@@ -252,7 +287,7 @@ impl LeaseEngine {
                 self.issued.increment(1);
                 Ok(id)
             }
-            None => Ok(self.take(1).await?[0]),
+            None => Ok(self.take_plain(1).await?[0]),
         }
     }
 
@@ -260,6 +295,17 @@ impl LeaseEngine {
     /// and then at most `max_wait`; IDs taken before a failure are dropped,
     /// never reused.
     pub async fn take(self: &Arc<Self>, count: usize) -> Result<Vec<u64>, Error> {
+        let Some((zone, ready)) = self.hider()? else {
+            return self.take_plain(count).await;
+        };
+        let mut ids = self.take_plain(count).await?;
+        for id in &mut ids {
+            *id = with_zone(zone, ready.hide(below_zone(*id))?);
+        }
+        Ok(ids)
+    }
+
+    async fn take_plain(self: &Arc<Self>, count: usize) -> Result<Vec<u64>, Error> {
         let ids = refill::take(
             self.as_ref(),
             count,
@@ -476,5 +522,76 @@ mod tests {
             ),
             "{e:?}"
         );
+    }
+    /// A lease zone is plain or hidden for good: a hidden zone whose key is
+    /// missing or retired refuses before any block is reserved; once the
+    /// key serves, its IDs keep the zone, never repeat, and reveal to
+    /// sequences that go on where they stopped (nothing was taken by the
+    /// refused calls), across a rotation.
+    #[tokio::test]
+    async fn a_hidden_zone_without_its_key_takes_nothing() {
+        use crate::id::lease::{below_zone, ZoneHide, BELOW_ZONE_BITS};
+        use crate::modes::hidden::int_output;
+        use crate::modes::hide_keys::HideKeyRings;
+        use crate::store::hide_keys::{HideKeyRecords, HideKeyStore, HideKeys, MasterKey};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "l").unwrap();
+        let records: Arc<dyn HideKeyRecords> = Arc::new(store);
+        let keys: Arc<dyn HideKeyStore> = Arc::new(HideKeys::new(
+            records,
+            Some(Arc::new(MasterKey::from_bytes([3; 32]))),
+        ));
+        let rings = HideKeyRings::load(keys).await.unwrap();
+        let hide = ZoneHide {
+            key: "tickets".into(),
+            version_bits: 4,
+        };
+        let output = int_output(
+            "lease zone 9".into(),
+            &hide.key,
+            Some(rings.clone()),
+            hide.version_bits,
+            hide.domain_bits(),
+        );
+        let src = MemSource::new(42);
+        let l = Arc::new(
+            LeaseEngine::new(
+                Arc::clone(&src) as Arc<dyn LeaseTokenStore>,
+                LeaseSettings {
+                    block: 100,
+                    max_wait: Duration::from_millis(300),
+                },
+            )
+            .with_hide(9, Arc::clone(&output)),
+        );
+        // No key: refused with the fix named, nothing reserved.
+        for _ in 0..3 {
+            let e = l.take(5).await.unwrap_err();
+            assert!(e.to_string().contains("admin keys create tickets"), "{e}");
+            assert!(l.take_one().await.is_err());
+        }
+        assert_eq!(src.reserves.load(Ordering::SeqCst), 0, "a block was taken");
+        rings.create("tickets", "test").await.unwrap();
+        let mut seen = HashSet::new();
+        let mut ids = l.take(10).await.unwrap();
+        ids.push(l.take_one().await.unwrap());
+        // Retired: refused, and the blocks in memory are not touched.
+        rings.retire("tickets", "test").await.unwrap();
+        assert!(l.take(3).await.is_err());
+        assert!(l.take_one().await.is_err());
+        rings.rotate("tickets", "test").await.unwrap();
+        ids.extend(l.take(10).await.unwrap());
+        let ready = output.ready().unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            assert!(seen.insert(*id), "{id} repeated");
+            assert_eq!(id >> BELOW_ZONE_BITS, 9, "the zone is kept");
+            let (version, internal) = ready.hider().reveal(below_zone(*id)).unwrap();
+            assert_eq!(version, u8::from(i >= 11), "key version of ID {i}");
+            let p = decompose((9 << BELOW_ZONE_BITS) | internal).unwrap();
+            assert_eq!((p.token, p.sequence), (42, i as u64 + 1));
+        }
+        // Hidden: the shown IDs are not consecutive.
+        assert!(ids.windows(2).filter(|w| w[1] == w[0] + 1).count() < 3);
     }
 }

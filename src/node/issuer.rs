@@ -59,7 +59,19 @@ pub(super) fn build_issuer(
             block: l.block,
             max_wait: config.server.max_wait,
         };
-        issuer = issuer.with_leases(Arc::new(LeaseEngine::new(source, settings)));
+        let mut leases = LeaseEngine::new(source, settings);
+        if let Some(h) = &l.hide {
+            let output = crate::modes::hidden::int_output(
+                format!("lease zone {}", l.zone),
+                &h.key,
+                stores.hide_keys.clone(),
+                h.version_bits,
+                h.domain_bits(),
+            );
+            leases = leases.with_hide(l.zone, output);
+            tracing::info!(zone = l.zone, key = %h.key, "lease zone hidden");
+        }
+        issuer = issuer.with_leases(Arc::new(leases));
     }
     if let Some(guard) = stores.state_file {
         issuer = issuer.with_state_file(guard);

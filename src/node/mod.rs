@@ -33,6 +33,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::cluster::membership::{JoinError, Membership, SessionBound};
 use crate::config::{Backend, ClusterConfig, Config};
 use crate::error::Error;
+use crate::id::lease::ZoneRecord;
 use crate::id::Clock;
 use crate::metrics as m;
 /// Reads the config file's `[[formats]]` again (for SIGHUP reloads).
@@ -41,7 +42,7 @@ use crate::modes::format_catalog::FormatCatalog;
 pub use crate::modes::{decode_snowflake, Decoded, Issuer};
 use crate::server::tls;
 use crate::store::format::tokens::{ConsulFormatTokens, FormatTokens};
-use crate::store::lease::{ConsulLeaseTokens, LeaseTokenStore};
+use crate::store::lease::{declare_consul_zone, ConsulLeaseTokens, LeaseTokenStore};
 use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::{PeriodicThread, StateFileWatch};
 use crate::store::strict::ConsulStrictStore;
@@ -182,22 +183,7 @@ impl Node {
                 owner,
             ))
         };
-        let lease: Option<Arc<dyn LeaseTokenStore>> = match &config.lease {
-            Some(l) => {
-                let (session, owner) = claimed.session();
-                Some(Arc::new(
-                    ConsulLeaseTokens::new(
-                        client.clone(),
-                        keys.clone(),
-                        l.zone,
-                        session.to_owned(),
-                        owner.clone(),
-                    )
-                    .map_err(Error::from)?,
-                ))
-            }
-            None => None,
-        };
+        let lease = consul_lease_source(&config, claimed, &client, &keys).await?;
         let stores = ModeStores {
             segment: Some(Arc::new(ConsulSegmentStore::new(
                 client.clone(),
@@ -235,7 +221,7 @@ impl Node {
                 .await?,
             ),
         };
-        let zone = config.lease.as_ref().map(|l| l.zone);
+        let zone = config.lease.as_ref().map(|l| (l.zone, l.max_token()));
         let deadline = membership.deadline();
         let mut node = Self::assemble(config, clock, membership, stores, (metrics, renewal))?;
         node.bound = session_held(&node.issuer, zone, (client, keys), format_tokens);
@@ -411,4 +397,38 @@ impl Node {
     pub fn issuer(&self) -> &Arc<Issuer> {
         &self.issuer
     }
+}
+
+/// Lease mode's token source on Consul, after the zone's setting is
+/// declared (recorded, or checked against the record): tokens of the zone
+/// up to its largest (lower for a hidden zone), under the claim's session.
+async fn consul_lease_source(
+    config: &Config,
+    claimed: &crate::cluster::supervisor::Cluster,
+    client: &crate::consul::ConsulClient,
+    keys: &crate::store::keys::ClusterKeys,
+) -> Result<Option<Arc<dyn LeaseTokenStore>>, Error> {
+    Ok(match &config.lease {
+        Some(l) => {
+            let record = ZoneRecord {
+                hide: l.hide.clone(),
+            };
+            declare_consul_zone(client, keys, l.zone, &record)
+                .await
+                .map_err(Error::from)?;
+            let (session, owner) = claimed.session();
+            Some(Arc::new(
+                ConsulLeaseTokens::new(
+                    client.clone(),
+                    keys.clone(),
+                    l.zone,
+                    session.to_owned(),
+                    owner.clone(),
+                )
+                .map_err(Error::from)?
+                .with_max_token(l.max_token()),
+            ))
+        }
+        None => None,
+    })
 }

@@ -20,6 +20,8 @@ struct SessionTokens {
     client: ConsulClient,
     keys: ClusterKeys,
     zone: u64,
+    /// The zone's largest token (lower for a hidden zone).
+    max_token: u64,
 }
 
 #[async_trait::async_trait]
@@ -31,7 +33,8 @@ impl SessionBound for SessionTokens {
             self.zone,
             session.to_owned(),
             owner.clone(),
-        )?;
+        )?
+        .with_max_token(self.max_token);
         self.leases.install(Arc::new(tokens));
         Ok(())
     }
@@ -83,20 +86,22 @@ impl SessionBound for SessionHeld {
 }
 
 /// What `issuer` holds under the worker lock's session: lease mode's
-/// token (in `zone`) and formatted mode's tokens, when enabled.
+/// token (in `zone`: the zone and its largest token) and formatted mode's
+/// tokens, when enabled.
 pub(super) fn session_held(
     issuer: &Issuer,
-    zone: Option<u64>,
+    zone: Option<(u64, u64)>,
     (client, keys): (ConsulClient, ClusterKeys),
     format_tokens: Arc<ConsulFormatTokens>,
 ) -> Option<Arc<dyn SessionBound>> {
     let mut held: Vec<Arc<dyn SessionBound>> = Vec::new();
-    if let (Some(zone), Some(leases)) = (zone, issuer.leases()) {
+    if let (Some((zone, max_token)), Some(leases)) = (zone, issuer.leases()) {
         held.push(Arc::new(SessionTokens {
             leases: Arc::clone(leases),
             client,
             keys,
             zone,
+            max_token,
         }));
     }
     if issuer.formats().is_some() {

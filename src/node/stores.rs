@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::modes::hide_keys::HideKeyRings;
 use crate::store::format::tokens::{EmbeddedFormatTokens, FormatTokens};
 use crate::store::hide_keys::{HideKeyRecords, HideKeys};
-use crate::store::lease::{EmbeddedLeaseTokens, LeaseTokenStore};
+use crate::store::lease::{declare_embedded_zone, EmbeddedLeaseTokens, LeaseTokenStore};
 use crate::store::reopen::StoreHealth;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::state_file::StateFileGuard;
@@ -101,7 +101,16 @@ pub(super) async fn open_embedded(
         .await
         .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
     let lease: Option<Arc<dyn LeaseTokenStore>> = match &config.lease {
-        Some(l) => Some(Arc::new(embedded_tokens(config, l.zone, l.token, &store)?)),
+        Some(l) => {
+            let record = crate::id::lease::ZoneRecord {
+                hide: l.hide.clone(),
+            };
+            let (zone_store, zone) = (store.clone(), l.zone);
+            tokio::task::spawn_blocking(move || declare_embedded_zone(&zone_store, zone, &record))
+                .await
+                .map_err(|e| Error::Setup(format!("lease zone declaration task: {e}")))??;
+            Some(Arc::new(embedded_tokens(config, l, &store)?))
+        }
         None => None,
     };
     if config.segment.is_some() || config.strict.is_some() {
@@ -148,17 +157,18 @@ pub(super) async fn open_embedded(
 /// derived from its datacenter and worker id.
 fn embedded_tokens(
     config: &Config,
-    zone: u64,
-    token: Option<u64>,
+    lease: &crate::config::LeaseModeSettings,
     store: &EmbeddedStore,
 ) -> Result<EmbeddedLeaseTokens, Error> {
+    let (zone, token) = (lease.zone, lease.token);
     // Validated config: the range exists and holds the token.
     let spec = config.layout.spec();
-    let range = crate::id::lease::node_token_range(
+    let range = crate::id::lease::node_token_range_in(
         config.node.datacenter_id,
         config.node.worker_id,
         spec.datacenter_bits,
         spec.worker_bits,
+        lease.token_bits(),
     )
     .ok_or_else(|| Error::Setup("lease mode: this layout leaves no token range per node".into()))?;
     tracing::info!(

@@ -194,6 +194,11 @@ impl ClusterKeys {
         format!("{}/lease/{zone}/", self.root)
     }
 
+    /// A lease zone's recorded setting (plain or hidden).
+    pub fn lease_zone(&self, zone: u64) -> String {
+        format!("{}/lease-zones/{zone}", self.root)
+    }
+
     /// The lock and counter of one lease token.
     pub fn lease(&self, zone: u64, token: u64) -> String {
         format!("{}/lease/{zone}/{token}", self.root)

@@ -46,6 +46,7 @@ pub fn all_modes_config(dir: &Path) -> Config {
         zone: 0,
         token: Some(0),
         block: 100,
+        hide: None,
     });
     c.strict = Some(idgen::config::StrictModeSettings {
         default_step: 1,

@@ -499,9 +499,22 @@ impl LeaseSection {
         }
         crate::id::lease::check_block(self.block)
             .map_err(|e| invalid("lease.block", e.to_string()))?;
+        if let Some(hide) = &self.hide {
+            hide.check()
+                .map_err(|e| invalid("lease.hide.version_bits", e.to_string()))?;
+            if !valid_hide_key_id(&hide.key) {
+                return Err(invalid(
+                    "lease.hide.key",
+                    format!(
+                        "hide key id {:?} is malformed; use [a-z0-9][a-z0-9_-]{{0,62}} (`idgen admin keys create KEY`)",
+                        hide.key
+                    ),
+                ));
+            }
+        }
         let mut settings = self.settings();
         if let Some((layout, node)) = embedded {
-            settings.token = Some(embedded_lease_token(layout, node, self.token)?);
+            settings.token = Some(embedded_lease_token(layout, node, self.token, &self.hide)?);
         }
         Ok(Some(settings))
     }
@@ -512,8 +525,19 @@ impl LeaseSection {
             zone: self.zone,
             token: self.token,
             block: self.block,
+            hide: self.hide.clone(),
         }
     }
+}
+
+/// A hide key id: `[a-z0-9][a-z0-9_-]{0,62}`, as `idgen admin keys` takes.
+fn valid_hide_key_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
 }
 
 /// The token an embedded node starts lease mode at: the first of its own
@@ -524,16 +548,24 @@ fn embedded_lease_token(
     layout: &Layout,
     node: &NodeSettings,
     explicit: Option<u64>,
+    hide: &Option<crate::id::lease::ZoneHide>,
 ) -> Result<u64, ConfigError> {
     let spec = layout.spec();
     let (dc, worker) = (node.datacenter_id, node.worker_id);
-    let Some((first, last)) =
-        crate::id::lease::node_token_range(dc, worker, spec.datacenter_bits, spec.worker_bits)
-    else {
+    let token_bits = hide
+        .as_ref()
+        .map_or(crate::id::lease::TOKEN_BITS, |h| h.token_bits());
+    let Some((first, last)) = crate::id::lease::node_token_range_in(
+        dc,
+        worker,
+        spec.datacenter_bits,
+        spec.worker_bits,
+        token_bits,
+    ) else {
         return Err(invalid(
             "lease.enabled",
             format!(
-                "lease mode on the embedded store gives every (datacenter, worker) its own range of the 65536 tokens, which needs layout datacenter_bits + worker_bits <= 16 (this layout has {} + {}); use store.backend = \"consul\" or a layout with fewer node bits",
+                "lease mode on the embedded store gives every (datacenter, worker) its own range of the 2^{token_bits} tokens (a hidden zone's version takes lease.hide.version_bits of the 16), which needs layout datacenter_bits + worker_bits <= {token_bits} (this layout has {} + {}); use store.backend = \"consul\", a layout with fewer node bits, or fewer version bits",
                 spec.datacenter_bits, spec.worker_bits
             ),
         ));

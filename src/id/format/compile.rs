@@ -3,7 +3,7 @@
 //! Lua rule, `idc`, `uniq64`) into the rule that renders its IDs.
 
 use super::period::{self, Reset, Zone};
-use super::preset::{self, IDC_TEMPLATE};
+use super::preset::{self, PresetName, IDC_TEMPLATE};
 use super::{FormatDef, FormatError, LuaLimits, LuaRule, Template, IDC_DEFAULT_MAX, ORIGIN_YEARS};
 
 /// What compiling a format's source gives: the rule, its reset, and its
@@ -77,6 +77,14 @@ pub(super) fn check_common_fields(def: &FormatDef) -> Result<(), FormatError> {
             "only a template with {seq:N:hidden} is shown through a key; hide the counter or drop hide_key",
         ));
     }
+    if def.hide && def.template.is_none() && def.preset != Some(PresetName::Idc) {
+        return Err(not_applicable(
+            def,
+            "hide",
+            "Lua and uniq64",
+            "only a template's decimal {seq:N} can be hidden; write the format as a template with {seq:N} (N >= 7), or drop hide",
+        ));
+    }
     if def.hides() && !valid_hide_key_id(def.hide_key_id()) {
         return Err(bad_counter(
             def,
@@ -114,9 +122,11 @@ pub(super) fn template_of(
     max: u64,
 ) -> Result<Template, FormatError> {
     let origin = def.origin_year.unwrap_or(2000);
-    Template::parse(src, reset, max, origin).map_err(|source| FormatError::Template {
-        format: def.name.clone(),
-        source,
+    Template::parse_hiding(src, reset, max, origin, def.hide).map_err(|source| {
+        FormatError::Template {
+            format: def.name.clone(),
+            source,
+        }
     })
 }
 

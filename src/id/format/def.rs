@@ -76,6 +76,11 @@ pub struct FormatDef {
     /// the template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hide_key: Option<String>,
+    /// Shows every `{seq:N}` of the template as if it were
+    /// `{seq:N:hidden}` (N >= 7). Frozen, like the template; a definition
+    /// stored without it is plain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hide: bool,
 }
 
 impl FormatDef {
@@ -97,6 +102,7 @@ impl FormatDef {
             origin_year: None,
             description: String::new(),
             hide_key: None,
+            hide: false,
         }
     }
 
@@ -142,6 +148,7 @@ impl FormatDef {
             origin_year,
             description: _,
             hide_key,
+            hide,
         } = new;
         let frozen = |field: &'static str, differs: bool, why: String| match differs {
             true => Err(self.frozen_field(field, why)),
@@ -167,6 +174,7 @@ impl FormatDef {
             both(&self.template, template),
         )?;
         frozen("preset", &self.preset != preset, both(&self.preset, preset))?;
+        self.check_hide_update(*hide, hide_key.is_some(), new.hide_key_id())?;
         frozen("zone", &self.zone != zone, both(&self.zone, zone))?;
         let reset_of = |r: &Option<Reset>| r.unwrap_or(Reset::Never);
         frozen(
@@ -195,23 +203,46 @@ impl FormatDef {
         )?;
         frozen("length", &self.length != length, both(&self.length, length))?;
         frozen(
-            "hide_key",
-            self.hide_key_id() != new.hide_key_id() && (self.hides() || hide_key.is_some()),
-            "the key decides which ID a counter value shows as; another key could show an ID already given".into(),
-        )?;
-        frozen(
             "origin_year",
             &self.origin_year != origin_year,
             both(&self.origin_year, origin_year),
         )
     }
 
-    /// Whether the format shows its counter through a hide key (its
-    /// template has `{seq:N:hidden}`).
+    /// The part of [`FormatDef::check_update`] for hiding: `hide` and the
+    /// key are frozen with the template.
+    fn check_hide_update(
+        &self,
+        hide: bool,
+        new_names_key: bool,
+        new_key_id: &str,
+    ) -> Result<(), FormatError> {
+        if self.hide != hide {
+            return Err(self.frozen_field(
+                "hide",
+                format!(
+                    "{} -> {hide}; plain and hidden counter values of one format could show as the same ID",
+                    self.hide
+                ),
+            ));
+        }
+        if self.hide_key_id() != new_key_id && (self.hides() || new_names_key) {
+            return Err(self.frozen_field(
+                "hide_key",
+                "the key decides which ID a counter value shows as; another key could show an ID already given".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the format shows its counter through a hide key (`hide =
+    /// true`, or its template has `{seq:N:hidden}`).
     pub fn hides(&self) -> bool {
-        self.template
-            .as_deref()
-            .is_some_and(|t| t.contains(":hidden}"))
+        self.hide
+            || self
+                .template
+                .as_deref()
+                .is_some_and(|t| t.contains(":hidden}"))
     }
 
     /// The hide key id of a hiding format: `hide_key`, or its name.

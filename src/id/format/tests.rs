@@ -888,3 +888,108 @@ fn templates_whose_periods_a_dst_fall_back_crosses_are_refused_like_idc() {
         FormatError::ClockGoesBack { .. }
     ));
 }
+
+/// `hide = true` compiles a template as if each `{seq:N}` were
+/// `{seq:N:hidden}` (docs/ARCHITECTURE.md, "`hide = true` hides every
+/// counter of a format"), and is frozen with the template: a format
+/// that issued plain IDs never starts showing hidden ones, or back.
+#[test]
+fn hide_true_hides_every_counter_and_is_frozen() {
+    let mut plain = FormatDef::template("inv", "INV{yyyy}{seq:8}", "UTC", Reset::Year);
+    plain.origin_year = Some(2026);
+    let hidden = FormatDef {
+        hide: true,
+        ..plain.clone()
+    };
+    let explicit = FormatDef {
+        template: Some("INV{yyyy}{seq:8:hidden}".into()),
+        ..plain.clone()
+    };
+    let (h, e, p) = (
+        compile(hidden.clone()).unwrap(),
+        compile(explicit).unwrap(),
+        compile(plain.clone()).unwrap(),
+    );
+    let ht = h.template().expect("a template");
+    assert!(ht.hidden_seq(), "hide = true must hide the counter");
+    assert_eq!(ht.seq_max(), 9_999_999, "one digit is the key version");
+    assert_eq!(h.counter().max, e.counter().max);
+    assert_eq!(h.counter().max, 9_999_999);
+    assert!(!p.template().unwrap().hidden_seq());
+    assert!(hidden.hides() && !plain.hides());
+    assert_eq!(hidden.hide_key_id(), "inv");
+    // Stored and read back: the flag survives; a definition without it
+    // reads as plain.
+    let json = serde_json::to_string(&hidden).unwrap();
+    assert!(json.contains("\"hide\":true"), "{json}");
+    assert_eq!(serde_json::from_str::<FormatDef>(&json).unwrap(), hidden);
+    let old_json = serde_json::to_string(&plain).unwrap();
+    assert!(!old_json.contains("hide"), "{old_json}");
+    // Frozen both ways, and its key with it.
+    for (from, to) in [(&plain, &hidden), (&hidden, &plain)] {
+        let err = from.check_update(to).unwrap_err();
+        assert!(
+            matches!(err, FormatError::Immutable { field: "hide", .. }),
+            "{err:?}"
+        );
+    }
+    let rekeyed = FormatDef {
+        hide_key: Some("other".into()),
+        ..hidden.clone()
+    };
+    assert!(matches!(
+        hidden.check_update(&rekeyed),
+        Err(FormatError::Immutable {
+            field: "hide_key",
+            ..
+        })
+    ));
+    let described = FormatDef {
+        description: "invoices".into(),
+        ..hidden.clone()
+    };
+    assert_eq!(hidden.check_update(&described), Ok(()));
+}
+
+/// A counter too narrow for FF1, a Lua rule and `uniq64` cannot be
+/// hidden: each is refused at definition time, naming what to do.
+#[test]
+fn hide_true_refuses_narrow_counters_and_other_kinds() {
+    let narrow = FormatDef {
+        hide: true,
+        ..orders()
+    };
+    let err = compile_err(narrow);
+    let text = err.to_string();
+    assert!(
+        text.contains("hide = true") && text.contains("7 to 18"),
+        "{text}"
+    );
+    let mut idc = orders();
+    idc.template = None;
+    idc.reset = None;
+    idc.preset = Some(PresetName::Idc);
+    idc.hide = true;
+    let text = compile_err(idc).to_string();
+    assert!(text.contains("hide = true"), "idc's seq:4: {text}");
+    let mut uniq = orders();
+    uniq.template = None;
+    uniq.reset = None;
+    uniq.preset = Some(PresetName::Uniq64);
+    uniq.hide = true;
+    let err = compile_err(uniq);
+    assert!(
+        matches!(err, FormatError::NotApplicable { field: "hide", .. }),
+        "{err:?}"
+    );
+    let lua = FormatDef {
+        hide: true,
+        ..lua_def("l", &l_rule(0))
+    };
+    let err = compile_err(lua);
+    assert!(
+        matches!(err, FormatError::NotApplicable { field: "hide", .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("drop hide"), "{err}");
+}

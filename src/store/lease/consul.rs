@@ -7,8 +7,10 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::LeaseTokenStore;
-use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
-use crate::id::lease::{check_zone, Block, LeaseError, TokenCounter, MAX_TOKEN};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, KvWrite, TxnOp, TxnOutcome};
+use crate::id::lease::{
+    check_zone, declare_zone, Block, LeaseError, TokenCounter, ZoneRecord, MAX_TOKEN,
+};
 use crate::store::keys::{ClusterKeys, OwnerInfo};
 use crate::store::StoreError;
 
@@ -85,7 +87,65 @@ fn txn_errors(errors: &[crate::consul::TxnError]) -> String {
         .join("; ")
 }
 
+/// Records `wanted` as `zone`'s setting under
+/// `<prefix>/<cluster>/lease-zones/<zone>` if the zone has none (a `cas=0`
+/// create: of two nodes declaring at once one writes, the other re-reads
+/// and compares), or checks it against the recorded one (see
+/// [`declare_zone`]). Returns the setting the zone serves with.
+pub async fn declare_consul_zone(
+    client: &ConsulClient,
+    keys: &ClusterKeys,
+    zone: u64,
+    wanted: &ZoneRecord,
+) -> Result<ZoneRecord, StoreError> {
+    check_zone(zone)?;
+    let key = keys.lease_zone(zone);
+    for _ in 0..5 {
+        let (entry, _) = client
+            .kv_get(&key, Consistency::Consistent)
+            .await
+            .map_err(consul_err)?;
+        let stored = match entry {
+            Some(e) => Some(serde_json::from_slice::<ZoneRecord>(&e.value).map_err(|err| {
+                StoreError::Backend(format!(
+                    "{key} is unreadable ({err}); it records whether lease zone {zone} is hidden: restore it from a backup"
+                ))
+            })?),
+            None => None,
+        };
+        let used = stored.is_none()
+            && !client
+                .kv_list(&keys.lease_dir(zone), Consistency::Consistent)
+                .await
+                .map_err(consul_err)?
+                .is_empty();
+        let Some(record) = declare_zone(zone, stored.as_ref(), used, wanted)? else {
+            return Ok(wanted.clone());
+        };
+        // Strings and integers: serialising cannot fail.
+        let value = serde_json::to_vec(&record).unwrap_or_default();
+        if client
+            .kv_put(&key, &value, KvWrite::Cas(0))
+            .await
+            .map_err(consul_err)?
+        {
+            tracing::info!(zone, setting = %record.describe(), "lease zone recorded");
+            return Ok(record);
+        }
+    }
+    Err(StoreError::Backend(format!(
+        "{key} kept changing while this node declared lease zone {zone}; start it again"
+    )))
+}
+
 impl ConsulLeaseTokens {
+    /// Only tokens `0..=max` of the zone (a hidden zone's, see
+    /// [`crate::id::lease::ZoneHide::max_token`]).
+    pub fn with_max_token(mut self, max: u64) -> Self {
+        self.max = max.min(MAX_TOKEN);
+        self
+    }
+
     /// Tokens of `zone`, locked with `session` (the worker id's session).
     pub fn new(
         client: ConsulClient,

@@ -4,10 +4,13 @@
 use async_trait::async_trait;
 use redb::ReadableTable;
 
-use super::{counter_key, LeaseTokenStore, LEASE};
+use super::{counter_key, LeaseTokenStore, LEASE, LEASE_ZONES};
 use std::sync::Mutex;
 
-use crate::id::lease::{check_token, check_zone, Block, LeaseError, TokenCounter, MAX_SEQUENCE};
+use crate::id::lease::{
+    check_token, check_zone, declare_zone, Block, LeaseError, TokenCounter, ZoneRecord,
+    MAX_SEQUENCE,
+};
 use crate::store::embedded::{backend_err, blocking, EmbeddedStore};
 use crate::store::StoreError;
 
@@ -137,6 +140,52 @@ impl EmbeddedLeaseTokens {
         self.store.commit(txn)?;
         *self.current() = token;
         Ok(block)
+    }
+}
+
+/// Records `wanted` as `zone`'s setting if the zone has none, or checks it
+/// against the one recorded (see [`declare_zone`]), in one write
+/// transaction: the record, the zone's counters and the write are one
+/// step. Returns the setting the zone serves with.
+pub fn declare_embedded_zone(
+    store: &EmbeddedStore,
+    zone: u64,
+    wanted: &ZoneRecord,
+) -> Result<ZoneRecord, StoreError> {
+    check_zone(zone)?;
+    let txn = store.begin_write()?;
+    let write = {
+        let zones = txn.open_table(LEASE_ZONES).map_err(backend_err)?;
+        let stored = match zones.get(zone.to_string().as_str()).map_err(backend_err)? {
+            Some(v) => Some(serde_json::from_str::<ZoneRecord>(v.value()).map_err(|e| {
+                StoreError::Backend(format!("lease zone {zone}'s record does not read: {e}"))
+            })?),
+            None => None,
+        };
+        let counters = txn.open_table(LEASE).map_err(backend_err)?;
+        let prefix = format!("{zone}/");
+        let used = counters
+            .range(prefix.as_str()..)
+            .map_err(backend_err)?
+            .next()
+            .transpose()
+            .map_err(backend_err)?
+            .is_some_and(|(k, _)| k.value().starts_with(&prefix));
+        declare_zone(zone, stored.as_ref(), used, wanted)?
+    };
+    match write {
+        None => Ok(wanted.clone()),
+        Some(record) => {
+            let text = serde_json::to_string(&record)
+                .map_err(|e| StoreError::Backend(format!("lease zone record: {e}")))?;
+            txn.open_table(LEASE_ZONES)
+                .map_err(backend_err)?
+                .insert(zone.to_string().as_str(), text.as_str())
+                .map_err(backend_err)?;
+            store.commit(txn)?;
+            tracing::info!(zone, setting = %record.describe(), "lease zone recorded");
+            Ok(record)
+        }
     }
 }
 

@@ -12,6 +12,10 @@
 //!   configured token and moves to the next one when a token is used up.
 //!   Counters live in the redb table `lease` (`"<zone>/<token>"` -> the
 //!   largest reserved sequence); one fsync'd transaction per block.
+//! - Zones: each zone's setting (plain, or hidden with a key) is recorded
+//!   once, the first time a node serves it (`lease_zones` table;
+//!   `<prefix>/<cluster>/lease-zones/<zone>`), and a node stating another
+//!   setting refuses to start ([`crate::id::lease::declare_zone`]).
 //! - Consul: `<prefix>/<cluster>/lease/<zone>/<token>` is both the lock and
 //!   the counter: its value is a [`LeaseTokenRecord`] (the holder and
 //!   `reserved`). The node takes the token with a txn `check-index` (or
@@ -35,8 +39,9 @@ use redb::TableDefinition;
 use super::StoreError;
 use crate::id::lease::Block;
 
+pub use consul::declare_consul_zone;
 pub use consul::{ConsulLeaseTokens, LeaseTokenRecord};
-pub use embedded::EmbeddedLeaseTokens;
+pub use embedded::{declare_embedded_zone, EmbeddedLeaseTokens};
 
 /// Where a node's lease blocks come from.
 #[async_trait]
@@ -60,6 +65,10 @@ pub trait LeaseTokenStore: Send + Sync + 'static {
 }
 
 pub(crate) const LEASE: TableDefinition<&str, u64> = TableDefinition::new("lease");
+/// Each lease zone's recorded setting (plain or hidden), JSON
+/// [`crate::id::lease::ZoneRecord`]; written once.
+/// Keyed by the zone's number as text.
+pub(crate) const LEASE_ZONES: TableDefinition<&str, &str> = TableDefinition::new("lease_zones");
 
 fn counter_key(zone: u64, token: u64) -> String {
     format!("{zone}/{token}")

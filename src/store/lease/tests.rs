@@ -85,3 +85,93 @@ async fn embedded_never_leaves_its_own_range() {
     assert_eq!(tokens.token(), Some(63));
     assert_eq!(tokens.counter(64).unwrap().reserved, 0, "never touched");
 }
+
+/// A lease zone is plain or hidden for good, on both backends: the first
+/// declaration is recorded, the same one passes again, any other is
+/// refused; a zone with counters but no record (used before records) is
+/// recorded plain and refuses to become hidden.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_record_is_written_once_and_refuses_another_setting() {
+    use crate::id::lease::{ZoneHide, ZoneRecord};
+    let plain = ZoneRecord::default();
+    let hidden = ZoneRecord {
+        hide: Some(ZoneHide {
+            key: "tickets".into(),
+            version_bits: 4,
+        }),
+    };
+    let frozen = |e: StoreError| {
+        assert!(
+            matches!(e, StoreError::Lease(LeaseError::ZoneFrozen { .. })),
+            "{e:?}"
+        )
+    };
+    // Embedded.
+    let (_dir, s) = store();
+    assert_eq!(declare_embedded_zone(&s, 3, &hidden).unwrap(), hidden);
+    assert_eq!(declare_embedded_zone(&s, 3, &hidden).unwrap(), hidden);
+    frozen(declare_embedded_zone(&s, 3, &plain).unwrap_err());
+    let used = EmbeddedLeaseTokens::new(s.clone(), 30, 0, (0, 63)).unwrap();
+    used.reserve(10).await.unwrap();
+    // Zone 3's record does not make zone 30 (a key "30/0") look recorded,
+    // and zone 30's counters do not make zone 3 look used.
+    frozen(declare_embedded_zone(&s, 30, &hidden).unwrap_err());
+    assert_eq!(declare_embedded_zone(&s, 30, &plain).unwrap(), plain);
+    frozen(declare_embedded_zone(&s, 30, &hidden).unwrap_err());
+    assert_eq!(declare_embedded_zone(&s, 4, &hidden).unwrap(), hidden);
+
+    // Consul.
+    let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
+        .await
+        .unwrap();
+    let client = crate::store::test_consul_client(consul.addr());
+    let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
+    assert_eq!(
+        declare_consul_zone(&client, &keys, 3, &hidden)
+            .await
+            .unwrap(),
+        hidden
+    );
+    assert_eq!(
+        declare_consul_zone(&client, &keys, 3, &hidden)
+            .await
+            .unwrap(),
+        hidden
+    );
+    frozen(
+        declare_consul_zone(&client, &keys, 3, &plain)
+            .await
+            .unwrap_err(),
+    );
+    let other = ZoneRecord {
+        hide: Some(ZoneHide {
+            key: "tickets".into(),
+            version_bits: 5,
+        }),
+    };
+    frozen(
+        declare_consul_zone(&client, &keys, 3, &other)
+            .await
+            .unwrap_err(),
+    );
+    // A zone whose tokens have counters but no record: plain only.
+    client
+        .kv_put(
+            &keys.lease(7, 0),
+            br#"{"instance":"old","reserved":10}"#,
+            crate::consul::KvWrite::Set,
+        )
+        .await
+        .unwrap();
+    frozen(
+        declare_consul_zone(&client, &keys, 7, &hidden)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        declare_consul_zone(&client, &keys, 7, &plain)
+            .await
+            .unwrap(),
+        plain
+    );
+}

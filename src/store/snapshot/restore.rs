@@ -18,7 +18,7 @@ use crate::store::embedded::{
 use crate::store::format::catalog::{StoredFormat, FORMAT_DEFS};
 use crate::store::format::counters::FORMATS_RESTORED_UNTIL;
 use crate::store::format::restore::{self as format_restore, FormatMargins, RestoredFormat};
-use crate::store::lease::LEASE;
+use crate::store::lease::{LEASE, LEASE_ZONES};
 use crate::store::segment::SEGMENTS;
 use crate::store::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
 use crate::store::StoreError;
@@ -330,6 +330,9 @@ fn fill(
         bump(v, crate::id::strict::MAX_VALUE)
     })?;
     copy_table(txn, &out, STRICT_NAMESPACES)?;
+    // Zones stay plain or hidden as their counters were used (never a
+    // restored hidden zone read as "used before records, so plain").
+    copy_table(txn, &out, LEASE_ZONES)?;
     // The live counts match the restored keys and tags one for one.
     copy_table(txn, &out, COUNTS)?;
     if let Ok(from) = txn.open_table(SEGMENTS) {

@@ -15,7 +15,7 @@ use crate::store::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, ME
 use crate::store::format::catalog::FORMAT_DEFS;
 use crate::store::format::counters::FORMATS;
 use crate::store::hide_keys::HIDE_KEYS;
-use crate::store::lease::LEASE;
+use crate::store::lease::{LEASE, LEASE_ZONES};
 use crate::store::segment::SEGMENTS;
 use crate::store::state_file::PeriodicThread;
 use crate::store::strict::{STRICT, STRICT_NAMESPACES, STRICT_TOMBSTONES};
@@ -23,7 +23,7 @@ use crate::store::StoreError;
 
 /// Tables a state file may hold; a snapshot copies each. A table not in
 /// this list makes the backup fail rather than silently leave it out.
-const KNOWN_TABLES: [&str; 11] = [
+const KNOWN_TABLES: [&str; 12] = [
     "meta",
     "hwm",
     "segments",
@@ -35,6 +35,7 @@ const KNOWN_TABLES: [&str; 11] = [
     "formats",
     "format_defs",
     "hide_keys",
+    "lease_zones",
 ];
 
 /// Takes snapshots of a running node's state file.
@@ -243,6 +244,8 @@ fn snapshot_bytes(
     copy_table(txn, &out, HWM)?;
     copy_table(txn, &out, SEGMENTS)?;
     copy_table(txn, &out, LEASE)?;
+    // Each zone's plain or hidden record, as the counters were used under.
+    copy_table(txn, &out, LEASE_ZONES)?;
     copy_table(txn, &out, STRICT)?;
     copy_table(txn, &out, STRICT_NAMESPACES)?;
     copy_table(txn, &out, STRICT_TOMBSTONES)?;

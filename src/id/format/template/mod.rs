@@ -194,6 +194,26 @@ pub enum TemplateError {
     },
 }
 
+/// Turns every `{seq:N}` into `{seq:N:hidden}` (a format's `hide =
+/// true`), refusing a counter too narrow for FF1.
+fn hide_every_seq(parts: &mut [(usize, Part)]) -> Result<(), TemplateError> {
+    for (column, part) in parts.iter_mut() {
+        if let Part::Field(Field::Seq(width)) = part {
+            if *width < MIN_HIDDEN_SEQ_WIDTH {
+                return Err(TemplateError::BadWidth {
+                    column: *column,
+                    field: "seq under hide = true (one key-version digit + at least 6 permuted digits, FF1's 10^6 minimum; widen it or drop hide)",
+                    width: width.to_string(),
+                    min: MIN_HIDDEN_SEQ_WIDTH,
+                    max: MAX_SEQ_WIDTH,
+                });
+            }
+            *part = Part::Field(Field::HiddenSeq(*width));
+        }
+    }
+    Ok(())
+}
+
 /// A validated template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
@@ -216,10 +236,26 @@ impl Template {
         counter_max: u64,
         origin_year: i32,
     ) -> Result<Template, TemplateError> {
+        Self::parse_hiding(source, reset, counter_max, origin_year, false)
+    }
+
+    /// [`Template::parse`], with every `{seq:N}` read as `{seq:N:hidden}`
+    /// when `hide_all` (a format's `hide = true`); a counter narrower than
+    /// [`MIN_HIDDEN_SEQ_WIDTH`] is then refused, naming its column.
+    pub fn parse_hiding(
+        source: &str,
+        reset: Reset,
+        counter_max: u64,
+        origin_year: i32,
+        hide_all: bool,
+    ) -> Result<Template, TemplateError> {
         if source.is_empty() {
             return Err(TemplateError::Empty);
         }
-        let parts = tokenize(source)?;
+        let mut parts = tokenize(source)?;
+        if hide_all {
+            hide_every_seq(&mut parts)?;
+        }
         let layout = Layout::scan(&parts)?;
         let Layout {
             time: t,
