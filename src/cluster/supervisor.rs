@@ -67,6 +67,12 @@ pub struct ClusterSpec {
     pub layout: Layout,
     /// The layout's preset name, recorded with it in Consul.
     pub layout_preset: String,
+    /// How the layout's IDs are hidden, recorded with it in Consul (empty:
+    /// not hidden).
+    pub layout_hide: String,
+    /// The layout the generator composes IDs under: `layout` itself, or a
+    /// hidden layout's effective layout.
+    pub generator_layout: Layout,
     /// High-water mark timing and the clock rules.
     pub hwm: HwmSettings,
     /// Stable instance name.
@@ -313,9 +319,14 @@ async fn claim(
     };
     // The cluster's layout first: a node on another layout must not even
     // take a worker id.
-    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, &spec.layout_preset)
-        .await
-        .map_err(Error::from)?;
+    let guard = ensure_layout(
+        client,
+        &spec.config.keys,
+        &spec.layout,
+        (&spec.layout_preset, &spec.layout_hide),
+    )
+    .await
+    .map_err(Error::from)?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -347,8 +358,14 @@ async fn claim(
             ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lock.session())
                 .with_layout(guard.clone()),
         );
-        let started =
-            HwmKeeper::start(store, lock.key(), spec.layout, Arc::clone(clock), spec.hwm).await;
+        let started = HwmKeeper::start(
+            store,
+            lock.key(),
+            spec.generator_layout,
+            Arc::clone(clock),
+            spec.hwm,
+        )
+        .await;
         let e = match started {
             Ok((_, keeper)) => {
                 return Ok(Claim {
@@ -576,7 +593,7 @@ async fn name_layout_change(
     let Ok(Ok(Some((record, _)))) = read else {
         return false;
     };
-    let mine = RecordedLayout::of(&spec.layout, &spec.layout_preset);
+    let mine = RecordedLayout::of(&spec.layout, &spec.layout_preset).with_hide(&spec.layout_hide);
     let Some(reason) = fence_reason(&record, &mine, seen) else {
         return false;
     };

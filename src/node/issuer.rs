@@ -30,6 +30,22 @@ pub(super) fn build_issuer(
         config.server.max_wait,
     )
     .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
+    if let Some(h) = &config.layout_hide {
+        let output = crate::modes::hidden::snowflake_output(
+            &h.key_id,
+            stores.hide_keys.clone(),
+            config.layout,
+            h.hiding,
+            h.version_bits,
+        );
+        issuer = issuer.with_hidden_snowflakes(crate::modes::snowflake::HiddenSnowflakes {
+            output,
+            public: config.layout,
+            hiding: h.hiding,
+            version_bits: h.version_bits,
+        });
+        tracing::info!(hide = %h.record_text(), "snowflake IDs are hidden");
+    }
     if let Some(s) = &config.segment {
         let store = stores
             .segment
