@@ -37,7 +37,7 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{
-    ensure_layout, fence_reason, read_layout, ClusterLayoutError, RecordedLayout,
+    ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
 };
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
 use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
@@ -305,6 +305,16 @@ impl RunningCluster {
     }
 }
 
+/// The cluster's layout record, checked against this node's layout and
+/// hiding (or recorded, by the first node).
+async fn layout_guard(spec: &ClusterSpec, client: &ConsulClient) -> Result<LayoutGuard, JoinError> {
+    let ids = (spec.layout_preset.as_str(), spec.layout_hide.as_str());
+    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, ids)
+        .await
+        .map_err(Error::from)?;
+    Ok(guard)
+}
+
 /// Claims an id and starts its generator; on a start-up refusal (clock
 /// behind the stored mark) the id is given back before failing.
 async fn claim(
@@ -319,14 +329,7 @@ async fn claim(
     };
     // The cluster's layout first: a node on another layout must not even
     // take a worker id.
-    let guard = ensure_layout(
-        client,
-        &spec.config.keys,
-        &spec.layout,
-        (&spec.layout_preset, &spec.layout_hide),
-    )
-    .await
-    .map_err(Error::from)?;
+    let guard = layout_guard(spec, client).await?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -358,14 +361,9 @@ async fn claim(
             ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lock.session())
                 .with_layout(guard.clone()),
         );
-        let started = HwmKeeper::start(
-            store,
-            lock.key(),
-            spec.generator_layout,
-            Arc::clone(clock),
-            spec.hwm,
-        )
-        .await;
+        let layout = spec.generator_layout;
+        let started =
+            HwmKeeper::start(store, lock.key(), layout, Arc::clone(clock), spec.hwm).await;
         let e = match started {
             Ok((_, keeper)) => {
                 return Ok(Claim {

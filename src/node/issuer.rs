@@ -17,19 +17,8 @@ use crate::store::format::tokens::FormatTokens;
 
 /// The issuer over `generator` with every enabled mode's engine, and the
 /// catalog of stored format definitions formatted mode serves from.
-pub(super) fn build_issuer(
-    config: &Config,
-    clock: &Arc<dyn Clock>,
-    generator: Arc<crate::id::Snowflake>,
-    stores: ModeStores,
-) -> Result<(Issuer, Option<Arc<FormatCatalog>>), Error> {
-    let mut issuer = Issuer::new(
-        generator,
-        Arc::clone(clock),
-        config.server.max_batch,
-        config.server.max_wait,
-    )
-    .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
+/// Shows snowflake IDs through the layout's hider when `layout.hide` is set.
+fn hide_snowflakes(config: &Config, stores: &ModeStores, mut issuer: Issuer) -> Issuer {
     if let Some(h) = &config.layout_hide {
         let output = crate::modes::hidden::snowflake_output(
             &h.key_id,
@@ -46,6 +35,23 @@ pub(super) fn build_issuer(
         });
         tracing::info!(hide = %h.record_text(), "snowflake IDs are hidden");
     }
+    issuer
+}
+
+pub(super) fn build_issuer(
+    config: &Config,
+    clock: &Arc<dyn Clock>,
+    generator: Arc<crate::id::Snowflake>,
+    stores: ModeStores,
+) -> Result<(Issuer, Option<Arc<FormatCatalog>>), Error> {
+    let mut issuer = Issuer::new(
+        generator,
+        Arc::clone(clock),
+        config.server.max_batch,
+        config.server.max_wait,
+    )
+    .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
+    issuer = hide_snowflakes(config, &stores, issuer);
     if let Some(s) = &config.segment {
         let store = stores
             .segment

@@ -353,6 +353,18 @@ pub fn fence_reason(record: &LayoutRecord, mine: &RecordedLayout, seen: u64) -> 
     ))
 }
 
+/// `admin layout set` refuses a hidden cluster: hidden IDs are not
+/// ordered by the numbers the change's floor compares.
+fn refuse_hidden(record: &LayoutRecord) -> Result<(), ClusterLayoutError> {
+    if record.layout.hide.is_empty() {
+        return Ok(());
+    }
+    Err(ClusterLayoutError::BadRequest(format!(
+        "the cluster's IDs are hidden ({}): `admin layout set` cannot yet prove a new layout's hidden IDs lie apart from the old ones; keep the layout, or move to a new cluster (new [consul] cluster name) with the layout you want",
+        record.layout.describe()
+    )))
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -639,12 +651,7 @@ pub async fn change_layout(
             return Err(ClusterLayoutError::Conflict { seen: g });
         }
     }
-    if !record.layout.hide.is_empty() {
-        return Err(ClusterLayoutError::BadRequest(format!(
-            "the cluster's IDs are hidden ({}): `admin layout set` cannot yet prove a new layout's hidden IDs lie apart from the old ones; keep the layout, or move to a new cluster (new [consul] cluster name) with the layout you want",
-            record.layout.describe()
-        )));
-    }
+    refuse_hidden(&record)?;
     if record.changing_to.is_none() && record.layout.spec() == target.spec() {
         return Err(ClusterLayoutError::BadRequest(format!(
             "the cluster already uses this layout ({}); nothing to change",
