@@ -207,7 +207,12 @@ fn layout_fields(stored: &str, configured: &str) -> String {
     a.iter()
         .zip(&b)
         .filter(|(x, y)| x != y)
-        .map(|(x, y)| format!("the file has {x}, this node has {y}"))
+        .map(
+            |(x, y)| match (x.strip_prefix("hide "), y.strip_prefix("hide ")) {
+                (Some(x), Some(y)) => format!("layout.hide: the file has {x}, this node has {y}"),
+                _ => format!("the file has {x}, this node has {y}"),
+            },
+        )
         .collect::<Vec<_>>()
         .join("; ")
 }
