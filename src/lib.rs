@@ -51,7 +51,8 @@
 //! - [`config`]: TOML + environment + CLI configuration (the file's
 //!   sections in `config/file.rs`, CIDR lists in `config/allow.rs`, the
 //!   `IDGEN_*` variables checked in `config/environment.rs`, the hide
-//!   master key's source in `config/hide.rs`), validated
+//!   master key's source in `config/hide.rs`, `[layout]` and the hiding
+//!   of snowflake IDs in `config/layout.rs`), validated
 //!   into typed settings per section (`config/validate/mod.rs`, with the
 //!   `[consul]` section in `config/validate/consul.rs`).
 //! - [`cluster`]: membership. [`cluster::membership::Membership`] is the

@@ -310,6 +310,34 @@ pub struct DecodeArgs {
     /// The mode the ID came from: snowflake or lease.
     #[arg(long, default_value = "snowflake")]
     pub mode: String,
+    /// Ask the node at this gRPC address (DecodeId) instead of decoding
+    /// offline: needed for a hidden layout (`layout.hide`), whose IDs only
+    /// a node with the key can reveal. host:port, http:// or https://
+    /// (with --ca).
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// With --addr: the node's admin token, so a hidden ID's internal
+    /// parts are shown (the node audit-logs it); without it the node gives
+    /// the public view. Prefer --admin-token-file or IDGEN_ADMIN__TOKEN.
+    #[arg(
+        long = "admin-token",
+        value_name = "TOKEN",
+        env = "IDGEN_ADMIN__TOKEN",
+        hide_env_values = true,
+        conflicts_with = "admin_token_file",
+        requires = "addr"
+    )]
+    pub admin_token: Option<String>,
+    /// A file holding the admin token (with --addr).
+    #[arg(long = "admin-token-file", value_name = "FILE", requires = "addr")]
+    pub admin_token_file: Option<PathBuf>,
+    /// TLS to the node (https:// --addr; --cert/--key: a client
+    /// certificate, which admin.client_cert_names may name as an admin).
+    #[command(flatten)]
+    pub tls: super::tls::TlsArgs,
+    /// Longest wait for the connection and the call (with --addr).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Args)]

@@ -36,6 +36,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         "config is valid: layout [{}], datacenter {}, worker {}, {backend}; {hide}",
         config.layout, config.node.datacenter_id, config.node.worker_id
     );
+    eprintln!("{}", time_left_line(&config));
     if config.store.state_path().is_some() {
         warn_one_node_formats(&config.formatted.formats);
     }
@@ -57,5 +58,19 @@ fn warn_one_node_formats(defs: &[FormatDef]) {
         .collect();
     if !cluster_wide.is_empty() {
         eprintln!("warning: {}", one_node_formats_warning(&cluster_wide));
+    }
+}
+
+/// How long the layout lasts, on the effective layout: a hidden opaque
+/// layout takes its key-version bits from the time, so it ends sooner.
+fn time_left_line(config: &idgen::config::Config) -> String {
+    let effective = config.generator_layout();
+    let years = effective.years_left(SystemClock.now_millis());
+    match &config.layout_hide {
+        Some(h) => format!(
+            "layout time left: {years:.1} years (hidden {}, effective layout [{effective}])",
+            h.record_text()
+        ),
+        None => format!("layout time left: {years:.1} years"),
     }
 }

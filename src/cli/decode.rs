@@ -1,11 +1,13 @@
-//! `idgen decode`: split an ID into its parts, offline, under the
-//! configured layout.
+//! `idgen decode`: split an ID into its parts, offline under the
+//! configured layout, or with `--addr` by the node (DecodeId): a hidden
+//! layout's IDs only a node with the key can reveal, and only to an admin.
 
 use anyhow::bail;
 
 use idgen::config::FileConfig;
 use idgen::id::{Clock, Mode, SystemClock};
-use idgen::modes::decode_snowflake;
+use idgen::modes::{decode_snowflake, Decoded};
+use idgen::proto::{self, id_gen_client::IdGenClient};
 
 use super::args::DecodeArgs;
 use super::output::outln;
@@ -16,17 +18,97 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<()> {
     let Ok(id) = a.id.parse::<u64>() else {
         bail!("{:?} is not a decimal 64-bit unsigned integer", a.id);
     };
+    if a.addr.is_some() {
+        return online(&a, id);
+    }
     let d = match Mode::parse(&a.mode)? {
         Mode::Snowflake => {
             let file = FileConfig::load(a.config.as_deref())?;
-            let layout = file.layout(SystemClock.now_millis())?;
+            let now = SystemClock.now_millis();
+            let layout = file.layout(now)?;
+            if !file.layout.hide.is_empty() {
+                bail!(
+                    "this config hides its snowflake IDs (layout.hide = {:?}): only a node with the key can decode them; use --addr NODE (and --admin-token for the internal parts)",
+                    file.layout.hide
+                );
+            }
             decode_snowflake(&layout, id)?
         }
         Mode::Lease => idgen::modes::decode_lease(id)?,
         other => bail!("mode {other} IDs are plain numbers with no fields to decode"),
     };
-    if a.json {
-        outln!("{}", serde_json::to_string(&d)?)?;
+    print(&d, a.json)
+}
+
+/// DecodeId at `--addr`, with the admin token when given.
+fn online(a: &DecodeArgs, id: u64) -> anyhow::Result<()> {
+    let mode = Mode::parse(&a.mode)?;
+    let token =
+        super::admin::admin_token_from(a.admin_token.as_deref(), a.admin_token_file.as_deref())?;
+    let addr = a.addr.clone().unwrap_or_default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let r = runtime.block_on(async {
+        let channel = super::client::channel(&addr, a.timeout, &a.tls).await?;
+        let mut client = IdGenClient::new(channel);
+        let mut request = tonic::Request::new(proto::DecodeIdRequest {
+            id,
+            mode: proto_mode(mode) as i32,
+        });
+        if let Some(t) = token {
+            let mut v =
+                tonic::metadata::MetadataValue::try_from(format!("Bearer {t}")).map_err(|_| {
+                    anyhow::anyhow!("the admin token has characters a header cannot carry")
+                })?;
+            v.set_sensitive(true);
+            request.metadata_mut().insert("authorization", v);
+        }
+        super::client::call(a.timeout, client.decode_id(request)).await
+    })?;
+    let d = Decoded {
+        id: r.id,
+        mode: mode.as_str(),
+        time: r.time,
+        unix_millis: r.unix_millis,
+        datacenter: u64::from(r.datacenter),
+        worker: u64::from(r.worker),
+        sequence: r.sequence,
+        zone: (mode == Mode::Lease).then_some(u64::from(r.zone)),
+        token: (mode == Mode::Lease).then_some(u64::from(r.token)),
+        hidden: match r.hidden.as_str() {
+            "sortable" => Some("sortable"),
+            "opaque" => Some("opaque"),
+            _ => None,
+        },
+        key_version: r.key_version,
+        internal_id: r.internal_id,
+    };
+    print(&d, a.json)
+}
+
+fn proto_mode(mode: Mode) -> proto::Mode {
+    match mode {
+        Mode::Lease => proto::Mode::Lease,
+        Mode::Segment => proto::Mode::Segment,
+        Mode::Strict => proto::Mode::Strict,
+        Mode::Snowflake => proto::Mode::Snowflake,
+    }
+}
+
+fn print(d: &Decoded, json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string(d)?)?;
+    } else if d.hidden.is_some() && d.internal_id.is_none() {
+        // The public view: what an anonymous caller may see.
+        outln!(
+            "id {}\nhidden {}\ntime {}\nkey version {}",
+            d.id,
+            d.hidden.unwrap_or_default(),
+            if d.time.is_empty() { "hidden" } else { &d.time },
+            d.key_version
+                .map_or_else(|| "hidden".to_owned(), |v| v.to_string())
+        )?;
     } else if let (Some(zone), Some(token)) = (d.zone, d.token) {
         outln!(
             "id {}\nzone {zone}\ntoken {token}\nsequence {}",
@@ -43,6 +125,12 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<()> {
             d.worker,
             d.sequence
         )?;
+        if let (Some(hidden), Some(internal)) = (d.hidden, d.internal_id) {
+            outln!(
+                "hidden {hidden}\nkey version {}\ninternal id {internal}",
+                d.key_version.unwrap_or_default()
+            )?;
+        }
     }
     Ok(())
 }

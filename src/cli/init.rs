@@ -24,7 +24,7 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
         bail!("idgen init creates the embedded state file; with store.backend = \"consul\" there is nothing to create (nodes claim worker ids at start)");
     };
     eprintln!("{INIT_WARNING}");
-    EmbeddedStore::create(state_path, &config.layout.to_string())?;
+    EmbeddedStore::create(state_path, &config.layout_record())?;
     outln!(
         "created state file {} for layout [{}]",
         state_path.display(),

@@ -123,7 +123,7 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
         );
     }
     let info = snapshot::inspect(&a.backup)?;
-    let layout = config.layout.to_string();
+    let layout = config.layout_record();
     if info.layout != layout {
         bail!(
             "backup {} was taken for layout [{}] but the config says [{layout}]; restore it with the config the node ran with",

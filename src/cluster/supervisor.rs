@@ -37,7 +37,7 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{
-    ensure_layout, fence_reason, read_layout, ClusterLayoutError, RecordedLayout,
+    ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
 };
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
 use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
@@ -67,6 +67,12 @@ pub struct ClusterSpec {
     pub layout: Layout,
     /// The layout's preset name, recorded with it in Consul.
     pub layout_preset: String,
+    /// How the layout's IDs are hidden, recorded with it in Consul (empty:
+    /// not hidden).
+    pub layout_hide: String,
+    /// The layout the generator composes IDs under: `layout` itself, or a
+    /// hidden layout's effective layout.
+    pub generator_layout: Layout,
     /// High-water mark timing and the clock rules.
     pub hwm: HwmSettings,
     /// Stable instance name.
@@ -299,6 +305,16 @@ impl RunningCluster {
     }
 }
 
+/// The cluster's layout record, checked against this node's layout and
+/// hiding (or recorded, by the first node).
+async fn layout_guard(spec: &ClusterSpec, client: &ConsulClient) -> Result<LayoutGuard, JoinError> {
+    let ids = (spec.layout_preset.as_str(), spec.layout_hide.as_str());
+    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, ids)
+        .await
+        .map_err(Error::from)?;
+    Ok(guard)
+}
+
 /// Claims an id and starts its generator; on a start-up refusal (clock
 /// behind the stored mark) the id is given back before failing.
 async fn claim(
@@ -313,9 +329,7 @@ async fn claim(
     };
     // The cluster's layout first: a node on another layout must not even
     // take a worker id.
-    let guard = ensure_layout(client, &spec.config.keys, &spec.layout, &spec.layout_preset)
-        .await
-        .map_err(Error::from)?;
+    let guard = layout_guard(spec, client).await?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -347,8 +361,9 @@ async fn claim(
             ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lock.session())
                 .with_layout(guard.clone()),
         );
+        let layout = spec.generator_layout;
         let started =
-            HwmKeeper::start(store, lock.key(), spec.layout, Arc::clone(clock), spec.hwm).await;
+            HwmKeeper::start(store, lock.key(), layout, Arc::clone(clock), spec.hwm).await;
         let e = match started {
             Ok((_, keeper)) => {
                 return Ok(Claim {
@@ -576,7 +591,7 @@ async fn name_layout_change(
     let Ok(Ok(Some((record, _)))) = read else {
         return false;
     };
-    let mine = RecordedLayout::of(&spec.layout, &spec.layout_preset);
+    let mine = RecordedLayout::of(&spec.layout, &spec.layout_preset).with_hide(&spec.layout_hide);
     let Some(reason) = fence_reason(&record, &mine, seen) else {
         return false;
     };

@@ -13,6 +13,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 use super::environment::check_environment;
+pub use super::layout::LayoutSection;
 use super::{invalid, ConfigError};
 use crate::cluster::worker_lock::WorkerLockSettings;
 
@@ -246,64 +247,6 @@ impl Default for StoreSection {
             path: PathBuf::from(DEFAULT_STATE_PATH),
             init_if_missing: false,
             max_unhealthy: Duration::from_secs(180),
-        }
-    }
-}
-
-/// `[layout]`: a preset, optionally with individual widths overridden.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LayoutSection {
-    /// `twitter` (41/5/5/12 of 1 ms), `sonyflake` (39 bits of 10 ms, 8/8
-    /// machine, 8 sequence) or `js53` (below 2^53).
-    pub preset: String,
-    /// RFC 3339 instant that time zero stands for.
-    pub epoch: String,
-    /// Length of one time unit (1 ms to 1 s); overrides the preset.
-    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
-    pub time_unit: Option<Duration>,
-    /// Width of the time field; overrides the preset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub time_bits: Option<u8>,
-    /// Width of the datacenter field; overrides the preset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub datacenter_bits: Option<u8>,
-    /// Width of the worker field; overrides the preset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub worker_bits: Option<u8>,
-    /// Width of the sequence field; overrides the preset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sequence_bits: Option<u8>,
-}
-
-impl LayoutSection {
-    /// The preset name, with `+overrides` when individual widths or the
-    /// time unit override it.
-    pub fn preset_name(&self) -> String {
-        let l = self;
-        let overridden = l.time_unit.is_some()
-            || l.time_bits.is_some()
-            || l.datacenter_bits.is_some()
-            || l.worker_bits.is_some()
-            || l.sequence_bits.is_some();
-        if overridden {
-            format!("{}+overrides", l.preset)
-        } else {
-            l.preset.clone()
-        }
-    }
-}
-
-impl Default for LayoutSection {
-    fn default() -> Self {
-        Self {
-            preset: "twitter".into(),
-            epoch: "2024-01-01T00:00:00Z".into(),
-            time_unit: None,
-            time_bits: None,
-            datacenter_bits: None,
-            worker_bits: None,
-            sequence_bits: None,
         }
     }
 }

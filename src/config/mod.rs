@@ -12,6 +12,7 @@ mod allow;
 mod environment;
 mod file;
 mod hide;
+mod layout;
 mod validate;
 
 #[cfg(test)]
@@ -37,6 +38,7 @@ pub use file::{
     STATE_FILE_NAME,
 };
 pub use hide::{HideSection, HideSettings, LoadedMasterKey};
+pub use layout::{LayoutHide, DEFAULT_HIDE_VERSION_BITS};
 pub use validate::check_log_filter;
 
 /// A config problem, naming the key and what is wrong with it.
@@ -85,6 +87,8 @@ pub struct Config {
     /// `+overrides` when widths or the time unit were set by hand; recorded
     /// with the layout in Consul for operators.
     pub layout_preset: String,
+    /// `layout.hide`: how snowflake IDs are hidden, if they are.
+    pub layout_hide: Option<LayoutHide>,
     /// `[hwm]` and `[clock]`: what the high-water mark keeper takes. The
     /// clock limits live here because the keeper is what enforces them
     /// (at start-up against the stored mark, and on every step back).
@@ -106,6 +110,21 @@ pub struct Config {
 }
 
 impl Config {
+    /// The layout the snowflake generator composes IDs under: the
+    /// effective (internal) layout of a hidden layout, else `layout`.
+    /// Time left, start-up and exhaustion checks use this one.
+    pub fn generator_layout(&self) -> Layout {
+        self.layout_hide
+            .as_ref()
+            .map_or(self.layout, |h| h.internal)
+    }
+
+    /// The layout as the state file records it: `layout` as text, plus
+    /// the hiding when set (so switching it is a layout change).
+    pub fn layout_record(&self) -> String {
+        layout_record(&self.layout, self.layout_hide.as_ref())
+    }
+
     /// Loads, overrides and validates in one go.
     pub fn load(
         path: Option<&Path>,
@@ -115,6 +134,15 @@ impl Config {
         let mut file = FileConfig::load(path)?;
         file.apply(overrides);
         file.validate(now_ms)
+    }
+}
+
+/// The state file's layout text for `layout` hidden by `hide`: the plain
+/// layout's text is unchanged, so existing state files still match.
+pub fn layout_record(layout: &Layout, hide: Option<&LayoutHide>) -> String {
+    match hide {
+        None => layout.to_string(),
+        Some(h) => format!("{layout} / hide {}", h.record_text()),
     }
 }
 

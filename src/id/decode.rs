@@ -30,10 +30,32 @@ pub struct Decoded {
     /// Token field (lease IDs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
+    /// How the ID is hidden (`sortable`, `opaque`; `layout.hide`); absent
+    /// for a plain ID. The parts above are then the internal ones for an
+    /// admin caller, and the public view (a sortable ID's time, nothing
+    /// for opaque) for anyone else.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<&'static str>,
+    /// The hide key version of a hidden ID (not for an anonymous opaque view).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_version: Option<u32>,
+    /// The internal ID behind a hidden one: admin callers only.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "opt_decimal"
+    )]
+    pub internal_id: Option<u64>,
 }
 
 fn as_decimal<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
+}
+
+fn opt_decimal<S: serde::Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
 }
 
 /// Splits a snowflake `id` under `layout`; used online and by `idgen decode`.
@@ -50,6 +72,9 @@ pub fn decode_snowflake(layout: &Layout, id: u64) -> Result<Decoded, DecodeError
         sequence: parts.sequence,
         zone: None,
         token: None,
+        hidden: None,
+        key_version: None,
+        internal_id: None,
     })
 }
 
@@ -66,5 +91,8 @@ pub fn decode_lease(id: u64) -> Result<Decoded, super::lease::LeaseError> {
         sequence: parts.sequence,
         zone: Some(parts.zone),
         token: Some(parts.token),
+        hidden: None,
+        key_version: None,
+        internal_id: None,
     })
 }

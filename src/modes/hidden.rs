@@ -22,7 +22,10 @@ use tokio::sync::watch;
 use super::hide_keys::HideKeyRings;
 use crate::error::Error;
 use crate::id::format::{Format, FormatError};
-use crate::id::hide::{DecimalHider, HideError, HideKey, IntHider, KeyVersion};
+use crate::id::hide::{
+    DecimalHider, HideError, HideKey, IntHider, KeyVersion, SnowflakeHider, SnowflakeHiding,
+};
+use crate::id::Layout;
 use crate::store::StoreError;
 
 /// A keyed permutation an engine shows internal values through.
@@ -48,6 +51,15 @@ impl Hider for DecimalHider {
     }
     fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
         DecimalHider::reveal(self, shown)
+    }
+}
+
+impl Hider for SnowflakeHider {
+    fn hide(&self, internal: u64) -> Result<u64, HideError> {
+        SnowflakeHider::hide(self, internal)
+    }
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
+        SnowflakeHider::reveal(self, shown)
     }
 }
 
@@ -248,6 +260,25 @@ pub fn int_output(
                 KeyVersion::MAX
             };
             IntHider::new(&fitting(keys, max), active, version_bits, domain_bits)
+        }),
+    )
+}
+
+/// The output of a hidden snowflake layout: [`SnowflakeHider`] over the
+/// public `layout` (the generator composes under its effective layout).
+pub fn snowflake_output(
+    key_id: &str,
+    rings: Option<HideKeyRings>,
+    layout: Layout,
+    hiding: SnowflakeHiding,
+    version_bits: u32,
+) -> Arc<HiddenOutput<SnowflakeHider>> {
+    HiddenOutput::new(
+        "the snowflake layout".into(),
+        key_id,
+        rings,
+        Box::new(move |keys, active| {
+            SnowflakeHider::new(keys, active, &layout, hiding, version_bits)
         }),
     )
 }

@@ -88,6 +88,13 @@ impl Issuer {
         })
     }
 
+    /// Shows snowflake IDs through `hidden` (`layout.hide`); the generator
+    /// composes them under its effective layout.
+    pub fn with_hidden_snowflakes(mut self, hidden: snowflake::HiddenSnowflakes) -> Self {
+        self.snowflakes.set_hidden(hidden);
+        self
+    }
+
     /// Serves segment mode through `segments`.
     pub fn with_segments(mut self, segments: Arc<SegmentEngine>) -> Self {
         self.segments = Some(segments);
@@ -357,8 +364,34 @@ impl Issuer {
         self.snowflakes.take(count as usize).await
     }
 
-    /// Splits `id` into its parts under the configured layout.
+    /// [`decode`](Self::decode) for a caller: with a hidden snowflake
+    /// layout, an admin caller (`who`) gets the internal parts, and the
+    /// answer is logged on `idgen::audit`; anyone else the public view.
+    pub fn decode_as(&self, mode: Mode, id: u64, who: Option<&str>) -> Result<Decoded, Error> {
+        let hidden = match (mode, self.snowflakes.hidden()) {
+            (Mode::Snowflake, Some(h)) => h,
+            _ => return self.decode(mode, id),
+        };
+        let decoded = hidden.decode(&self.layout, id, who.is_some())?;
+        if let (Some(who), Some(internal)) = (who, decoded.internal_id) {
+            tracing::info!(
+                target: "idgen::audit",
+                who,
+                id,
+                key_version = decoded.key_version,
+                internal,
+                "hidden snowflake ID decoded"
+            );
+        }
+        Ok(decoded)
+    }
+
+    /// Splits `id` into its parts under the configured layout (for a
+    /// hidden layout, the public view: see [`decode_as`](Self::decode_as)).
     pub fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
+        if let (Mode::Snowflake, Some(h)) = (mode, self.snowflakes.hidden()) {
+            return h.decode(&self.layout, id, false);
+        }
         match mode {
             Mode::Snowflake => Ok(decode_snowflake(&self.layout, id)?),
             // The layout is fixed: lease IDs decode on any node.

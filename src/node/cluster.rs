@@ -68,6 +68,12 @@ pub(super) fn cluster_spec(
         worker_id: config.node.worker_id,
         layout: config.layout,
         layout_preset: config.layout_preset.clone(),
+        layout_hide: config
+            .layout_hide
+            .as_ref()
+            .map(|h| h.record_text())
+            .unwrap_or_default(),
+        generator_layout: config.generator_layout(),
         hwm: config.hwm,
         instance: instance_id(config, advertise),
         advertise,

@@ -17,6 +17,27 @@ use crate::store::format::tokens::FormatTokens;
 
 /// The issuer over `generator` with every enabled mode's engine, and the
 /// catalog of stored format definitions formatted mode serves from.
+/// Shows snowflake IDs through the layout's hider when `layout.hide` is set.
+fn hide_snowflakes(config: &Config, stores: &ModeStores, mut issuer: Issuer) -> Issuer {
+    if let Some(h) = &config.layout_hide {
+        let output = crate::modes::hidden::snowflake_output(
+            &h.key_id,
+            stores.hide_keys.clone(),
+            config.layout,
+            h.hiding,
+            h.version_bits,
+        );
+        issuer = issuer.with_hidden_snowflakes(crate::modes::snowflake::HiddenSnowflakes {
+            output,
+            public: config.layout,
+            hiding: h.hiding,
+            version_bits: h.version_bits,
+        });
+        tracing::info!(hide = %h.record_text(), "snowflake IDs are hidden");
+    }
+    issuer
+}
+
 pub(super) fn build_issuer(
     config: &Config,
     clock: &Arc<dyn Clock>,
@@ -30,6 +51,7 @@ pub(super) fn build_issuer(
         config.server.max_wait,
     )
     .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
+    issuer = hide_snowflakes(config, &stores, issuer);
     if let Some(s) = &config.segment {
         let store = stores
             .segment

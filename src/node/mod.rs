@@ -253,7 +253,7 @@ impl Node {
         register_series(&config, store.backend());
         // Started on the renewal thread, so its renewal task lives there.
         let renewal = start_renewal()?;
-        let (layout, hwm) = (config.layout, config.hwm);
+        let (layout, hwm) = (config.generator_layout(), config.hwm);
         let membership = Membership::join_static(
             store,
             key,
@@ -373,7 +373,7 @@ impl Node {
         metrics::gauge!(m::LAYOUT_WORKER_IDS)
             .set(2f64.powi(i32::from(config.layout.spec().worker_bits)));
         metrics::gauge!(m::LAYOUT_TIME_LEFT).set(m::layout_time_left_seconds(
-            &config.layout,
+            &config.generator_layout(),
             clock.now_millis(),
         ));
         Ok(Self {

@@ -95,7 +95,7 @@ pub(super) async fn open_embedded(
     path: &std::path::Path,
     init: bool,
 ) -> Result<Embedded, Error> {
-    let layout_desc = config.layout.to_string();
+    let layout_desc = config.layout_record();
     let file = path.to_path_buf();
     let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&file, &layout_desc, init))
         .await

@@ -181,10 +181,11 @@ impl IdGen for IdGenService {
         request: Request<proto::DecodeIdRequest>,
     ) -> Result<Response<proto::DecodeIdResponse>, Status> {
         let started = Instant::now();
+        let who = self.admin_caller(&request)?;
         let req = request.into_inner();
         let result = mode_from_proto(req.mode)
             .map_err(Error::from)
-            .and_then(|mode| self.issuer.decode(mode, req.id));
+            .and_then(|mode| self.issuer.decode_as(mode, req.id, who.as_deref()));
         self.decode_id.observe(started, &result);
         result
             .map(|d| {
@@ -198,6 +199,9 @@ impl IdGen for IdGenService {
                     sequence: d.sequence,
                     zone: d.zone.unwrap_or(0) as u32,
                     token: d.token.unwrap_or(0) as u32,
+                    hidden: d.hidden.unwrap_or_default().to_owned(),
+                    key_version: d.key_version,
+                    internal_id: d.internal_id,
                 })
             })
             .map_err(|e| to_status(&e))

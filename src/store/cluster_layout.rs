@@ -55,6 +55,11 @@ pub struct RecordedLayout {
     pub worker_bits: u8,
     /// Width of the sequence field.
     pub sequence_bits: u8,
+    /// How the layout's IDs are hidden (`layout.hide`, its key and version
+    /// width, as text); empty: not hidden. Part of the layout: a node
+    /// whose hiding differs is refused like one with other widths.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hide: String,
 }
 
 impl RecordedLayout {
@@ -74,7 +79,36 @@ impl RecordedLayout {
             datacenter_bits: s.datacenter_bits,
             worker_bits: s.worker_bits,
             sequence_bits: s.sequence_bits,
+            hide: String::new(),
         }
+    }
+
+    /// The same record with the hiding `hide` (empty: not hidden).
+    pub fn with_hide(mut self, hide: &str) -> Self {
+        hide.clone_into(&mut self.hide);
+        self
+    }
+
+    /// Every field in which the two differ, named by config key: the
+    /// widths and epoch, and `layout.hide`. Empty when they make the
+    /// same IDs.
+    pub fn differences(&self, other: &RecordedLayout) -> Vec<LayoutDifference> {
+        let mut out = self.spec().differences(&other.spec());
+        if self.hide != other.hide {
+            let shown = |h: &str| {
+                if h.is_empty() {
+                    "off".to_owned()
+                } else {
+                    h.to_owned()
+                }
+            };
+            out.push(LayoutDifference {
+                field: "layout.hide",
+                left: shown(&self.hide),
+                right: shown(&other.hide),
+            });
+        }
+        out
     }
 
     /// The widths and epoch.
@@ -100,7 +134,11 @@ impl RecordedLayout {
             self.worker_bits,
             self.sequence_bits,
             epoch_text(self.epoch_ms)
-        )
+        ) + &if self.hide.is_empty() {
+            String::new()
+        } else {
+            format!(" / hide {}", self.hide)
+        }
     }
 }
 
@@ -302,7 +340,7 @@ pub fn fence_reason(record: &LayoutRecord, mine: &RecordedLayout, seen: u64) -> 
             record.generation
         ));
     }
-    if record.layout.spec() == mine.spec() {
+    if record.layout.differences(mine).is_empty() {
         return None;
     }
     Some(format!(
@@ -313,6 +351,18 @@ pub fn fence_reason(record: &LayoutRecord, mine: &RecordedLayout, seen: u64) -> 
         mine.describe(),
         record.layout.describe()
     ))
+}
+
+/// `admin layout set` refuses a hidden cluster: hidden IDs are not
+/// ordered by the numbers the change's floor compares.
+fn refuse_hidden(record: &LayoutRecord) -> Result<(), ClusterLayoutError> {
+    if record.layout.hide.is_empty() {
+        return Ok(());
+    }
+    Err(ClusterLayoutError::BadRequest(format!(
+        "the cluster's IDs are hidden ({}): `admin layout set` cannot yet prove a new layout's hidden IDs lie apart from the old ones; keep the layout, or move to a new cluster (new [consul] cluster name) with the layout you want",
+        record.layout.describe()
+    )))
 }
 
 fn now_ms() -> u64 {
@@ -355,10 +405,10 @@ pub async fn ensure_layout(
     client: &ConsulClient,
     keys: &ClusterKeys,
     layout: &Layout,
-    preset: &str,
+    (preset, hide): (&str, &str),
 ) -> Result<LayoutGuard, ClusterLayoutError> {
     let key = keys.layout();
-    let mine = RecordedLayout::of(layout, preset);
+    let mine = RecordedLayout::of(layout, preset).with_hide(hide);
     // Three rounds at most: absent -> create, or lose the race -> read;
     // a stale change rolled back -> read.
     for _ in 0..3 {
@@ -461,7 +511,7 @@ fn check(
             to: to.describe(),
         });
     }
-    let differences = record.layout.spec().differences(&mine.spec());
+    let differences = record.layout.differences(mine);
     if !differences.is_empty() {
         return Err(ClusterLayoutError::Mismatch {
             key: key.to_owned(),
@@ -601,6 +651,7 @@ pub async fn change_layout(
             return Err(ClusterLayoutError::Conflict { seen: g });
         }
     }
+    refuse_hidden(&record)?;
     if record.changing_to.is_none() && record.layout.spec() == target.spec() {
         return Err(ClusterLayoutError::BadRequest(format!(
             "the cluster already uses this layout ({}); nothing to change",
@@ -751,6 +802,44 @@ mod tests {
         let mut r2 = r.clone();
         r2.floor_id = u64::MAX >> 1;
         assert!(verify(&r2, &earlier, &marks, NOW, "k").is_err());
+    }
+
+    #[test]
+    fn a_hide_change_is_a_layout_difference() {
+        let layout = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
+        let plain = record(&layout);
+        let sortable = RecordedLayout::of(&layout, "twitter")
+            .with_hide("sortable with key \"k\", 2 version bits");
+        let opaque = RecordedLayout::of(&layout, "twitter")
+            .with_hide("opaque with key \"k\", 2 version bits");
+        // Hiding switched on over a plain record: refused, naming layout.hide.
+        let err = check("k", &plain, 7, &sortable).unwrap_err().to_string();
+        assert!(
+            err.contains("layout.hide") && err.contains("off") && err.contains("sortable"),
+            "{err}"
+        );
+        // Sortable switched to opaque, and hiding switched off: refused.
+        let mut hidden = plain.clone();
+        hidden.layout = sortable.clone();
+        assert!(check("k", &hidden, 7, &opaque)
+            .unwrap_err()
+            .to_string()
+            .contains("opaque"));
+        let off = RecordedLayout::of(&layout, "twitter");
+        assert!(check("k", &hidden, 7, &off).is_err());
+        // The same hiding passes, and a running node is not fenced by it.
+        assert!(check("k", &hidden, 7, &sortable).is_ok());
+        hidden.generation = 2;
+        assert_eq!(fence_reason(&hidden, &sortable, 1), None);
+        assert!(fence_reason(&hidden, &off, 1).is_some());
+        // An old record without the field reads as not hidden.
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(!json.contains("hide"));
+        let back: LayoutRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.layout.hide, "");
     }
 
     #[test]

@@ -189,12 +189,30 @@ fn layout_fields(stored: &str, configured: &str) -> String {
     let a: Vec<&str> = stored.split(" / ").collect();
     let b: Vec<&str> = configured.split(" / ").collect();
     if a.len() != b.len() {
+        // Only `layout.hide` adds a part (" / hide ..."): name it.
+        let hide = |v: &[&str]| {
+            v.iter()
+                .find_map(|s| s.strip_prefix("hide "))
+                .unwrap_or("off")
+                .to_owned()
+        };
+        let (x, y) = (hide(&a), hide(&b));
+        if x != y {
+            return format!(
+                "layout.hide: the file has {x}, this node has {y} (the file has [{stored}], this node has [{configured}])"
+            );
+        }
         return format!("the file has [{stored}], this node has [{configured}]");
     }
     a.iter()
         .zip(&b)
         .filter(|(x, y)| x != y)
-        .map(|(x, y)| format!("the file has {x}, this node has {y}"))
+        .map(
+            |(x, y)| match (x.strip_prefix("hide "), y.strip_prefix("hide ")) {
+                (Some(x), Some(y)) => format!("layout.hide: the file has {x}, this node has {y}"),
+                _ => format!("the file has {x}, this node has {y}"),
+            },
+        )
         .collect::<Vec<_>>()
         .join("; ")
 }

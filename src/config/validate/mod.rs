@@ -47,6 +47,7 @@ impl FileConfig {
             formatted: self.validate_formats(now_ms)?,
             admin: self.admin.validate(server.tls.as_ref())?,
             layout_preset: self.layout.preset_name(),
+            layout_hide: self.layout.hide_settings(&layout, now_ms)?,
             node,
             server,
             store,

@@ -110,6 +110,27 @@ impl SnowflakeHider {
         spec
     }
 
+    /// The layout a generator composes internal IDs under, for a hider of
+    /// `spec` with `hiding` and `version_bits`: for sortable
+    /// [`SnowflakeHider::internal_spec`]; for opaque the layout with
+    /// `version_bits` fewer time bits, whose every ID is at most
+    /// [`SnowflakeHider::max_internal`] (so its time runs out
+    /// `2^version_bits` times sooner, and a time-left check on it says
+    /// so). Computed without keys, so configuration can check it.
+    pub fn generator_spec(
+        spec: LayoutSpec,
+        hiding: SnowflakeHiding,
+        version_bits: u32,
+    ) -> LayoutSpec {
+        let bits = version_bits.min(u32::from(u8::MAX)) as u8;
+        let mut out = spec;
+        match hiding {
+            SnowflakeHiding::Sortable => out.sequence_bits = out.sequence_bits.saturating_sub(bits),
+            SnowflakeHiding::Opaque => out.time_bits = out.time_bits.saturating_sub(bits),
+        }
+        out
+    }
+
     /// The largest internal ID it can take: `2^(total_bits -
     /// version_bits) - 1` for both variants. For sortable that is the
     /// internal layout's last ID; for opaque it cuts the layout's time.

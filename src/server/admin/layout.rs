@@ -66,6 +66,9 @@ impl AdminService {
             datacenter_bits: width("datacenter_bits", r.datacenter_bits)?,
             worker_bits: width("worker_bits", r.worker_bits)?,
             sequence_bits: width("sequence_bits", r.sequence_bits)?,
+            // A hidden cluster's layout cannot be changed (change_layout
+            // refuses it), so the target is always plain.
+            ..Default::default()
         };
         let file = crate::config::FileConfig {
             layout: section.clone(),
