@@ -91,8 +91,36 @@ fn bench(c: &mut Criterion) {
             opaque.hide(black_box(x))
         })
     });
-    // Batches of 1,000 (a GenIds x1000), eight values side by side per AES
-    // call: time per ID with `Throughput::Elements`.
+    batches(&mut g, &int, &sortable, &opaque);
+    g.throughput(Throughput::Elements(1));
+    // The general FF1 of the fpe crate on 11 digits (what decimal_12
+    // permutes), for comparison: numeral strings, bignums, allocations.
+    let fpe = fpe::ff1::FF1::<aes::Aes256>::new(&[0x5A; 32], 10).expect("fpe FF1");
+    g.bench_function("fpe_ff1_11_digits", |b| {
+        b.iter(|| {
+            x = (x + 1) % 100_000_000_000;
+            let digits: Vec<u16> = (0..11)
+                .rev()
+                .map(|i| ((x / 10u64.pow(i)) % 10) as u16)
+                .collect();
+            fpe.encrypt(&[], &fpe::ff1::FlexibleNumeralString::from(digits))
+        })
+    });
+    g.finish();
+}
+
+/// Batches of 1,000 (a GenIds x1000), eight values side by side per AES
+/// call: time per ID with `Throughput::Elements`.
+fn batches(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    int: &IntHider,
+    sortable: &SnowflakeHider,
+    opaque: &SnowflakeHider,
+) {
+    let key = HideKey::new(1, [0x5A; 32]);
+    let keys = [&key];
+    let max = sortable.max_internal();
+    let mut x = 0u64;
     let mut batch = vec![0u64; 1000];
     let mut next = |batch: &mut [u64], max: u64| {
         for v in batch.iter_mut() {
@@ -126,21 +154,6 @@ fn bench(c: &mut Criterion) {
             opaque.hide_in_place(black_box(&mut batch))
         })
     });
-    g.throughput(Throughput::Elements(1));
-    // The general FF1 of the fpe crate on 11 digits (what decimal_12
-    // permutes), for comparison: numeral strings, bignums, allocations.
-    let fpe = fpe::ff1::FF1::<aes::Aes256>::new(&[0x5A; 32], 10).expect("fpe FF1");
-    g.bench_function("fpe_ff1_11_digits", |b| {
-        b.iter(|| {
-            x = (x + 1) % 100_000_000_000;
-            let digits: Vec<u16> = (0..11)
-                .rev()
-                .map(|i| ((x / 10u64.pow(i)) % 10) as u16)
-                .collect();
-            fpe.encrypt(&[], &fpe::ff1::FlexibleNumeralString::from(digits))
-        })
-    });
-    g.finish();
 }
 
 criterion_group!(benches, bench);
