@@ -1,6 +1,7 @@
 //! Hiding volume: nanoseconds per hidden ID for each hider, on one
 //! thread, against the plain (unhidden) baseline and the `fpe` crate's
-//! general FF1. Before the benches it checks, in this release build, that
+//! general FF1, and per ID in batches of 1,000 (`batch_1000_*`, the
+//! `hide_in_place` path a GenIds x1000 takes). Before the benches it checks, in this release build, that
 //! ten million random 63-bit values hide to ten million distinct IDs and
 //! reveal back (the debug unit test samples one million).
 //!
@@ -8,7 +9,7 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use idgen::id::hide::{DecimalHider, HideKey, IntHider, SnowflakeHider, SnowflakeHiding};
 use idgen::id::{Preset, DEFAULT_EPOCH_MS};
 
@@ -90,6 +91,8 @@ fn bench(c: &mut Criterion) {
             opaque.hide(black_box(x))
         })
     });
+    batches(&mut g, &int, &sortable, &opaque);
+    g.throughput(Throughput::Elements(1));
     // The general FF1 of the fpe crate on 11 digits (what decimal_12
     // permutes), for comparison: numeral strings, bignums, allocations.
     let fpe = fpe::ff1::FF1::<aes::Aes256>::new(&[0x5A; 32], 10).expect("fpe FF1");
@@ -104,6 +107,53 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// Batches of 1,000 (a GenIds x1000), eight values side by side per AES
+/// call: time per ID with `Throughput::Elements`.
+fn batches(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    int: &IntHider,
+    sortable: &SnowflakeHider,
+    opaque: &SnowflakeHider,
+) {
+    let key = HideKey::new(1, [0x5A; 32]);
+    let keys = [&key];
+    let max = sortable.max_internal();
+    let mut x = 0u64;
+    let mut batch = vec![0u64; 1000];
+    let mut next = |batch: &mut [u64], max: u64| {
+        for v in batch.iter_mut() {
+            x = x.wrapping_add(1);
+            *v = x % max;
+        }
+    };
+    g.throughput(Throughput::Elements(batch.len() as u64));
+    let decimal = DecimalHider::new(&keys, 1, 12).expect("decimal hider");
+    g.bench_function("batch_1000_decimal_12", |b| {
+        b.iter(|| {
+            next(&mut batch, decimal.capacity());
+            decimal.hide_in_place(black_box(&mut batch))
+        })
+    });
+    g.bench_function("batch_1000_int_63", |b| {
+        b.iter(|| {
+            next(&mut batch, int.capacity());
+            int.hide_in_place(black_box(&mut batch))
+        })
+    });
+    g.bench_function("batch_1000_snowflake_sortable", |b| {
+        b.iter(|| {
+            next(&mut batch, max);
+            sortable.hide_in_place(black_box(&mut batch))
+        })
+    });
+    g.bench_function("batch_1000_snowflake_opaque", |b| {
+        b.iter(|| {
+            next(&mut batch, max);
+            opaque.hide_in_place(black_box(&mut batch))
+        })
+    });
 }
 
 criterion_group!(benches, bench);

@@ -34,6 +34,9 @@ pub trait Hider: Send + Sync + 'static {
     fn hide(&self, internal: u64) -> Result<u64, HideError>;
     /// The key version and internal value behind `shown`.
     fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError>;
+    /// Shows every value of `values` in place, as `hide` would one by
+    /// one; on an error nothing is changed.
+    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError>;
 }
 
 impl Hider for IntHider {
@@ -43,6 +46,9 @@ impl Hider for IntHider {
     fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
         IntHider::reveal(self, shown)
     }
+    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
+        IntHider::hide_in_place(self, values)
+    }
 }
 
 impl Hider for DecimalHider {
@@ -51,6 +57,9 @@ impl Hider for DecimalHider {
     }
     fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
         DecimalHider::reveal(self, shown)
+    }
+    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
+        DecimalHider::hide_in_place(self, values)
     }
 }
 
@@ -218,12 +227,13 @@ impl<H: Hider> Ready<'_, H> {
             .map_err(|e| self.output.refusal(e.to_string()))
     }
 
-    /// Shows every value of `values` in place.
+    /// Shows every value of `values` in place, in one batch (the hiders
+    /// pipeline its AES calls); the same values as [`Ready::hide`] one by
+    /// one.
     pub fn hide_all(&self, values: &mut [u64]) -> Result<(), Error> {
-        for v in values {
-            *v = self.hide(*v)?;
-        }
-        Ok(())
+        self.hider()
+            .hide_in_place(values)
+            .map_err(|e| self.output.refusal(e.to_string()))
     }
 }
 

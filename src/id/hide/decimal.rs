@@ -1,6 +1,6 @@
 //! Fixed-width decimal fields: a version digit, then FF1 radix 10.
 
-use super::ff1::{aes256, Ff1Decimal, MAX_DIGITS, MIN_DIGITS};
+use super::ff1::{aes256, Ff1Decimal, LANES, MAX_DIGITS, MIN_DIGITS};
 use super::{HideError, HideKey, KeyVersion, Versions};
 use aes::Aes256;
 
@@ -84,6 +84,37 @@ impl DecimalHider {
         }
         let (version, ff1) = self.versions.active();
         Ok(u64::from(version) * self.capacity + ff1.encrypt(internal))
+    }
+
+    /// Hides every value of `values` in place: the same IDs as
+    /// [`DecimalHider::hide`] one by one, computed eight at a time so the
+    /// AES calls of a batch overlap (the path for `GenIds` of many IDs).
+    /// If any value is outside the domain, nothing is changed and the
+    /// error names the first such value.
+    pub fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
+        if let Some(&value) = values.iter().find(|&&v| v >= self.capacity) {
+            return Err(HideError::OutOfDomain {
+                value,
+                max: self.capacity - 1,
+            });
+        }
+        let (version, ff1) = self.versions.active();
+        let shift = u64::from(version) * self.capacity;
+        for chunk in values.chunks_mut(LANES) {
+            ff1.encrypt_lanes(chunk);
+            for v in chunk {
+                *v += shift;
+            }
+        }
+        Ok(())
+    }
+
+    /// The hidden IDs of `internal`, in order: [`DecimalHider::hide_in_place`]
+    /// on a copy.
+    pub fn hide_many(&self, internal: &[u64]) -> Result<Vec<u64>, HideError> {
+        let mut values = internal.to_vec();
+        self.hide_in_place(&mut values)?;
+        Ok(values)
     }
 
     /// The version and internal value of a shown field value.

@@ -2,6 +2,7 @@
 //! exactly the domain below.
 
 use super::feistel::{mask, Feistel, MAX_BITS};
+use super::ff1::LANES;
 use super::{HideError, HideKey, KeyVersion, Versions};
 
 /// The subkey label of the Feistel round function.
@@ -111,6 +112,38 @@ impl IntHider {
         }
         let (version, feistel) = self.versions.active();
         Ok((u64::from(version) << self.domain_bits) | feistel.encrypt(internal, 0))
+    }
+
+    /// Hides every value of `values` in place: the same IDs as
+    /// [`IntHider::hide`] one by one, computed eight at a time so the AES
+    /// calls of a batch overlap (the path for `GenIds` of many IDs). If
+    /// any value is outside the domain, nothing is changed and the error
+    /// names the first such value.
+    pub fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
+        if let Some(&value) = values.iter().find(|&&v| v >> self.domain_bits != 0) {
+            return Err(HideError::OutOfDomain {
+                value,
+                max: mask(self.domain_bits),
+            });
+        }
+        let (version, feistel) = self.versions.active();
+        let version = u64::from(version) << self.domain_bits;
+        let tweaks = [0; LANES];
+        for chunk in values.chunks_mut(LANES) {
+            feistel.encrypt_lanes(chunk, &tweaks[..chunk.len()]);
+            for v in chunk {
+                *v |= version;
+            }
+        }
+        Ok(())
+    }
+
+    /// The hidden IDs of `internal`, in order: [`IntHider::hide_in_place`]
+    /// on a copy.
+    pub fn hide_many(&self, internal: &[u64]) -> Result<Vec<u64>, HideError> {
+        let mut values = internal.to_vec();
+        self.hide_in_place(&mut values)?;
+        Ok(values)
     }
 
     /// The version and internal value of a shown ID.

@@ -2,7 +2,7 @@
 //! the Feistel's known answers, bijection on whole small domains,
 //! rotation without collisions, and volume hidden (chi-square).
 
-use super::ff1::{aes256, BlockCipher, Ff1Decimal};
+use super::ff1::{aes256, BlockCipher, Ff1Decimal, Modulus};
 use super::keys::hkdf_sha256_32;
 use super::{
     DecimalHider, HideError, HideKey, IntHider, KeyVersion, SnowflakeHider, SnowflakeHiding,
@@ -600,4 +600,157 @@ fn bad_widths_versions_and_values_are_refused_with_what_to_do() {
         "{}",
         years(sortable.end_ms())
     );
+}
+
+/// The remainders FF1's rounds take without a division agree with `%` on
+/// every modulus a half can have (10^3 to 10^10), at the edges and on
+/// random values, for `rem`, `add_rem` (y up to 2^96 - 1) and `sub_rem`.
+#[test]
+fn the_division_free_remainders_are_exact() {
+    let mut rng = fastrand::Rng::with_seed(96);
+    for m in (3..=10).map(|k| 10u64.pow(k)) {
+        let modulus = Modulus::new(m);
+        let edges = [0, 1, m - 1, m, m + 1, 2 * m - 1, u64::MAX, u64::MAX - 1];
+        for a in edges.into_iter().chain((0..20_000).map(|_| rng.u64(..))) {
+            assert_eq!(modulus.rem(a), a % m, "{a} mod {m}");
+        }
+        let top = (1u128 << 96) - 1;
+        let ys = [0, 1, top, top - 1, u128::from(u64::MAX), 1 << 64, 1 << 95];
+        let randoms: Vec<u128> = (0..20_000)
+            .map(|_| (u128::from(rng.u64(..)) << 32) | u128::from(rng.u32(..)))
+            .collect();
+        for y in ys.into_iter().chain(randoms) {
+            for a in [0, m - 1, rng.u64(..m)] {
+                let sum = (u128::from(a) + y) % u128::from(m);
+                assert_eq!(
+                    u128::from(modulus.add_rem(a, y)),
+                    sum,
+                    "({a} + {y}) mod {m}"
+                );
+                let y_mod = y % u128::from(m);
+                let diff = (u128::from(a) + u128::from(m) - y_mod) % u128::from(m);
+                assert_eq!(
+                    u128::from(modulus.sub_rem(a, y)),
+                    diff,
+                    "({a} - {y}) mod {m}"
+                );
+            }
+        }
+    }
+}
+
+/// Inputs for the batch test: every batch length from 0 to 19 (empty,
+/// a partial chunk, exactly 8, more than one chunk) at the domain's
+/// edges, then 1,000 random values below `max`, all at most `max`.
+fn batches(max: u64, rng: &mut fastrand::Rng) -> Vec<Vec<u64>> {
+    let mut out: Vec<Vec<u64>> = (0..20u64)
+        .map(|n| {
+            (0..n)
+                .map(|i| if i % 2 == 0 { i } else { max - i })
+                .collect()
+        })
+        .collect();
+    out.push((0..1_000).map(|_| rng.u64(..=max)).collect());
+    out
+}
+
+/// One hider seen two ways: one value at a time, and in place in a batch.
+struct BatchCase {
+    name: String,
+    /// The largest value it hides.
+    max: u64,
+    one: Hide<'static>,
+    all: Box<dyn Fn(&mut [u64]) -> Result<(), HideError>>,
+}
+
+/// A batch is hidden to exactly what one-by-one hiding gives, for every
+/// variant (several widths, both snowflake kinds, sortable inputs of many
+/// time units in one batch), so a `GenIds` of many IDs and single calls
+/// show one mapping; a batch with a value outside the domain is refused
+/// and left unchanged.
+#[test]
+fn batch_hiding_equals_one_by_one_for_every_variant() {
+    let (k0, k1) = (key(0, 11), key(1, 12));
+    let keys = [&k0, &k1];
+    let mut rng = fastrand::Rng::with_seed(8);
+    let mut cases: Vec<BatchCase> = Vec::new();
+    for digits in [7, 8, 12, 19] {
+        let h = DecimalHider::new(&keys, 1, digits).unwrap();
+        let max = h.capacity() - 1;
+        let h = std::rc::Rc::new(h);
+        let one = std::rc::Rc::clone(&h);
+        let all = std::rc::Rc::clone(&h);
+        assert_eq!(
+            h.hide_many(&[0, max]).unwrap(),
+            [h.hide(0).unwrap(), h.hide(max).unwrap()]
+        );
+        cases.push(BatchCase {
+            name: format!("decimal {digits}"),
+            max,
+            one: Box::new(move |x| one.hide(x)),
+            all: Box::new(move |v| all.hide_in_place(v)),
+        });
+    }
+    for (version_bits, domain_bits) in [(1, 20), (2, 33), (2, 61), (8, 55)] {
+        let h = std::rc::Rc::new(IntHider::new(&keys, 1, version_bits, domain_bits).unwrap());
+        let max = h.capacity() - 1;
+        let (one, all) = (std::rc::Rc::clone(&h), std::rc::Rc::clone(&h));
+        assert_eq!(h.hide_many(&[max]).unwrap(), [h.hide(max).unwrap()]);
+        cases.push(BatchCase {
+            name: format!("int {version_bits}+{domain_bits}"),
+            max,
+            one: Box::new(move |x| one.hide(x)),
+            all: Box::new(move |v| all.hide_in_place(v)),
+        });
+    }
+    for (name, layout) in [("twitter", twitter()), ("odd", layout(30, 3, 4, 10))] {
+        for hiding in [SnowflakeHiding::Sortable, SnowflakeHiding::Opaque] {
+            let h = SnowflakeHider::new(&keys, 1, &layout, hiding, 2).unwrap();
+            let h = std::rc::Rc::new(h);
+            let max = h.max_internal();
+            let (one, all) = (std::rc::Rc::clone(&h), std::rc::Rc::clone(&h));
+            assert_eq!(h.hide_many(&[max]).unwrap(), [h.hide(max).unwrap()]);
+            cases.push(BatchCase {
+                name: format!("snowflake {name} {hiding:?}"),
+                max,
+                one: Box::new(move |x| one.hide(x)),
+                all: Box::new(move |v| all.hide_in_place(v)),
+            });
+        }
+    }
+    // Every variant is checked and every failure named, not only the first.
+    let mut failures = Vec::new();
+    for BatchCase {
+        name,
+        max,
+        one,
+        all,
+    } in &cases
+    {
+        for batch in batches(*max, &mut rng) {
+            let expected: Vec<u64> = batch.iter().map(|&x| one(x).unwrap()).collect();
+            let mut got = batch.clone();
+            all(&mut got).unwrap();
+            if got != expected {
+                failures.push(format!(
+                    "{name}: a batch of {} hid differently",
+                    batch.len()
+                ));
+            }
+        }
+        let mut bad: Vec<u64> = (0..12).chain([max + 1]).collect();
+        let before = bad.clone();
+        let refused = all(&mut bad);
+        let out_of_domain = HideError::OutOfDomain {
+            value: max + 1,
+            max: *max,
+        };
+        if refused != Err(out_of_domain) || bad != before {
+            failures.push(format!(
+                "{name}: {refused:?}, the batch changed: {}",
+                bad != before
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
