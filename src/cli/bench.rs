@@ -28,6 +28,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         tag: a.tag.clone(),
         format: a.format.clone(),
         format_params: a.param.clone(),
+        small_callers: a.small_callers,
+        small_batch: a.small_batch,
     };
     let mut reports: Vec<(&str, BenchReport)> = Vec::new();
     if a.baseline {
