@@ -191,6 +191,7 @@ async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
         p99: Duration::ZERO,
         p999: Duration::ZERO,
         max: Duration::ZERO,
+        classes: Vec::new(),
     };
     let mut all = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     for t in tasks {
