@@ -334,9 +334,7 @@ impl Drop for Place<'_> {
         if !self.left {
             let mut st = self.inner.lock();
             st.shares.remove(self.ticket);
-            self.inner
-                .waiting
-                .store(st.shares.len(), Ordering::Release);
+            self.inner.waiting.store(st.shares.len(), Ordering::Release);
         }
     }
 }
@@ -407,7 +405,10 @@ mod tests {
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "not increasing");
         let ceiling = g.layout().max_id_at(unit_ms);
         for &id in ids {
-            assert!(id <= ceiling, "{id} is above the unit served ({unit_ms} ms)");
+            assert!(
+                id <= ceiling,
+                "{id} is above the unit served ({unit_ms} ms)"
+            );
             assert!(seen.insert(id), "{id} handed out twice");
         }
     }
@@ -473,7 +474,11 @@ mod tests {
             for (i, result) in done.drain(..) {
                 check(&result.unwrap(), want(i), &mut seen, &g, base + unit);
                 let latency = unit + 1 - since[i];
-                if i == 63 { small.push(latency) } else { large.push(latency) }
+                if i == 63 {
+                    small.push(latency)
+                } else {
+                    large.push(latency)
+                }
                 since[i] = unit + 1;
                 shares.push(Arc::clone(&g), Vec::new(), want(i), i, at);
             }
@@ -535,7 +540,10 @@ mod tests {
             let is_gone = |i: &usize| gone.borrow().contains(i);
             let end = shares.pass((base + unit) * 1000, at, is_gone, &mut done);
             for (i, result) in done.drain(..) {
-                assert!(!gone.borrow().contains(&i), "caller {i} went away yet was served");
+                assert!(
+                    !gone.borrow().contains(&i),
+                    "caller {i} went away yet was served"
+                );
                 check(&result.unwrap(), 1000, &mut seen, &g, base + unit);
                 served.insert(i);
             }

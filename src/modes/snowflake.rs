@@ -60,7 +60,9 @@ impl SnowflakeEngine {
             .queue(self.gate.generator(), Vec::with_capacity(1), 1)
             .await?;
         self.issued.increment(1);
-        ids.first().copied().ok_or(Error::WaitTimeout { waited_ms: 0 })
+        ids.first()
+            .copied()
+            .ok_or(Error::WaitTimeout { waited_ms: 0 })
     }
 
     /// `count` IDs, strictly increasing (the caller checked the gate).
