@@ -46,6 +46,8 @@ fn main() {
                 tag: String::new(),
                 format: None,
                 format_params: Vec::new(),
+                small_callers: 0,
+                small_batch: 0,
             };
             client.block_on(bench::run(&opts)).expect("bench run")
         };

@@ -101,6 +101,8 @@ fn unary_options(secs: u64) -> BenchOptions {
         tag: String::new(),
         format: None,
         format_params: Vec::new(),
+        small_callers: 0,
+        small_batch: 0,
     }
 }
 

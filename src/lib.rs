@@ -71,7 +71,9 @@
 //!   and dispatches it to one, checking [`modes::gate`]'s `IssueGate`
 //!   (fenced, lock deadline) once for snowflake, lease and formatted;
 //!   segment and lease refill through [`modes::refill`], snowflake
-//!   callers wait on [`modes::ticker`]; Lua rules run on
+//!   callers that want more than a time unit holds queue for
+//!   [`modes::fair_shares`], whose pump waits on [`modes::ticker`]; Lua
+//!   rules run on
 //!   [`modes::lua_pool`]'s threads, off the request runtime, under a
 //!   deadline; [`modes::hide_keys`] keeps the hide key rings fresh and
 //!   runs (and audits) their admin changes, and hidden namespaces show

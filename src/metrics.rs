@@ -309,7 +309,7 @@ fn describe_state() {
     );
     describe_counter!(
         SEQUENCE_EXHAUSTED_WAITS,
-        "Calls that waited for the next time unit because the sequence was used up."
+        "Calls that queued for a later time unit because the sequence was used up or other calls already waited for it."
     );
     describe_histogram!(
         STORE_WRITE_DURATION,

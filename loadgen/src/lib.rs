@@ -54,6 +54,27 @@ pub struct BenchOptions {
     pub format: Option<String>,
     /// Parameters of `format`.
     pub format_params: Vec<(String, String)>,
+    /// How many of the `concurrency` tasks ask for `small_batch` IDs
+    /// instead of `batch` (a mixed load: e.g. 63 x 1000 and 1 x 10); 0
+    /// for none. Each size is reported on its own.
+    pub small_callers: usize,
+    /// The batch of the `small_callers` tasks (0 or 1: unary `GenId`).
+    pub small_batch: u32,
+}
+
+/// The figures of the calls of one batch size in a mixed run.
+#[derive(Debug, Clone)]
+pub struct SizeClass {
+    /// The batch these calls asked for (1: unary).
+    pub batch: u32,
+    /// Calls that succeeded during the measured window.
+    pub calls: u64,
+    /// Median latency.
+    pub p50: Duration,
+    /// 99th percentile latency.
+    pub p99: Duration,
+    /// Largest latency.
+    pub max: Duration,
 }
 
 /// What a run measured.
@@ -77,6 +98,8 @@ pub struct BenchReport {
     pub p999: Duration,
     /// Largest latency.
     pub max: Duration,
+    /// Per batch size, when the run mixed sizes (empty otherwise).
+    pub classes: Vec<SizeClass>,
 }
 
 impl BenchReport {
@@ -92,6 +115,17 @@ impl BenchReport {
 
     /// A one-paragraph human summary.
     pub fn summary(&self, label: &str) -> String {
+        let mut text = self.overall(label);
+        for c in &self.classes {
+            text.push_str(&format!(
+                "\n  batch {}: {} calls; latency p50 {:?} p99 {:?} max {:?}",
+                c.batch, c.calls, c.p50, c.p99, c.max
+            ));
+        }
+        text
+    }
+
+    fn overall(&self, label: &str) -> String {
         format!(
             "{label}: {:.0} calls/s, {:.0} IDs/s over {:.1} s; latency p50 {:?} p99 {:?} p999 {:?} max {:?}; {} errors, {} order violations",
             self.calls_per_sec(),
@@ -121,6 +155,13 @@ impl BenchReport {
             "p99_us": self.p99.as_micros() as u64,
             "p999_us": self.p999.as_micros() as u64,
             "max_us": self.max.as_micros() as u64,
+            "classes": self.classes.iter().map(|c| serde_json::json!({
+                "batch": c.batch,
+                "calls": c.calls,
+                "p50_us": c.p50.as_micros() as u64,
+                "p99_us": c.p99.as_micros() as u64,
+                "max_us": c.max.as_micros() as u64,
+            })).collect::<Vec<_>>(),
         })
     }
 }
@@ -163,6 +204,7 @@ fn new_histogram() -> Histogram<u64> {
 }
 
 struct TaskResult {
+    batch: u32,
     hist: Histogram<u64>,
     calls: u64,
     ids: u64,
@@ -195,6 +237,11 @@ fn check_options(opts: &BenchOptions) -> Result<(), BenchError> {
             "connections and concurrency must be at least 1".into(),
         ));
     }
+    if opts.small_callers >= opts.concurrency && opts.small_callers > 0 {
+        return Err(BenchError::Options(
+            "small callers must leave at least one caller of the main batch".into(),
+        ));
+    }
     if opts.duration.is_zero() {
         return Err(BenchError::Options("duration must be above zero".into()));
     }
@@ -219,9 +266,14 @@ pub async fn run_on(
     let tasks: Vec<_> = (0..opts.concurrency)
         .map(|i| {
             let client = IdGenClient::new(channels[i % channels.len()].clone());
+            let batch = if i >= opts.concurrency - opts.small_callers {
+                opts.small_batch
+            } else {
+                opts.batch
+            };
             tokio::spawn(drive(
                 client,
-                (opts.batch, opts.mode, opts.tag.clone()),
+                (batch, opts.mode, opts.tag.clone()),
                 formatted_request(opts),
                 measure_from,
                 end,
@@ -229,12 +281,18 @@ pub async fn run_on(
         })
         .collect();
     let mut hist = new_histogram();
+    let mut by_batch: std::collections::BTreeMap<u32, (Histogram<u64>, u64)> = Default::default();
     let (mut calls, mut ids, mut errors, mut order_violations) = (0, 0, 0, 0);
     for t in tasks {
         let r = t
             .await
             .map_err(|e| BenchError::Options(format!("load task failed: {e}")))?;
         let _ = hist.add(&r.hist);
+        let class = by_batch
+            .entry(r.batch)
+            .or_insert_with(|| (new_histogram(), 0));
+        let _ = class.0.add(&r.hist);
+        class.1 += r.calls;
         calls += r.calls;
         ids += r.ids;
         errors += r.errors;
@@ -251,7 +309,27 @@ pub async fn run_on(
         p99: q(0.99),
         p999: q(0.999),
         max: Duration::from_nanos(hist.max()),
+        classes: size_classes(by_batch),
     })
+}
+
+/// Per-size figures of a mixed run; none when every call had one size.
+fn size_classes(
+    by_batch: std::collections::BTreeMap<u32, (Histogram<u64>, u64)>,
+) -> Vec<SizeClass> {
+    if by_batch.len() < 2 {
+        return Vec::new();
+    }
+    by_batch
+        .into_iter()
+        .map(|(batch, (h, calls))| SizeClass {
+            batch: batch.max(1),
+            calls,
+            p50: Duration::from_nanos(h.value_at_quantile(0.5)),
+            p99: Duration::from_nanos(h.value_at_quantile(0.99)),
+            max: Duration::from_nanos(h.max()),
+        })
+        .collect()
 }
 
 /// The `GenFormatted` request of a formatted run.
@@ -302,6 +380,7 @@ async fn drive(
     end: Instant,
 ) -> TaskResult {
     let mut r = TaskResult {
+        batch: call.0,
         hist: new_histogram(),
         calls: 0,
         ids: 0,

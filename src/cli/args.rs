@@ -371,6 +371,14 @@ pub struct BenchArgs {
     /// Call GenFormatted of this format instead (--batch is its count).
     #[arg(long)]
     pub format: Option<String>,
+    /// Of the --concurrency callers, this many ask for --small-batch
+    /// instead of --batch (a mixed load, e.g. 63 x 1000 and 1 x 10); each
+    /// size's latency is reported on its own.
+    #[arg(long, default_value_t = 0)]
+    pub small_callers: usize,
+    /// The batch of the --small-callers (1 = unary GenId).
+    #[arg(long, default_value_t = 10)]
+    pub small_batch: u32,
     /// A parameter of --format, `name=value` (repeat for several).
     #[arg(long, value_parser = parse_param, requires = "format")]
     pub param: Vec<(String, String)>,

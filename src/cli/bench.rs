@@ -28,6 +28,8 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         tag: a.tag.clone(),
         format: a.format.clone(),
         format_params: a.param.clone(),
+        small_callers: a.small_callers,
+        small_batch: a.small_batch,
     };
     let mut reports: Vec<(&str, BenchReport)> = Vec::new();
     if a.baseline {
@@ -189,6 +191,7 @@ async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
         p99: Duration::ZERO,
         p999: Duration::ZERO,
         max: Duration::ZERO,
+        classes: Vec::new(),
     };
     let mut all = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     for t in tasks {

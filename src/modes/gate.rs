@@ -99,6 +99,16 @@ impl IssueGate {
         self.reason.store(Some(Arc::new(reason)));
     }
 
+    /// Maps a generator refusal to the call's error, naming the fence
+    /// (and its reason) when the generator was closed by one.
+    pub fn refusal(&self, e: crate::id::GenError) -> Error {
+        if e == crate::id::GenError::Closed && self.is_fenced() {
+            self.fenced_error()
+        } else {
+            e.into()
+        }
+    }
+
     /// Refuses once the deadline has passed (also checked again within a
     /// snowflake batch after every wait: a batch may span the deadline).
     #[inline]
@@ -117,6 +127,14 @@ impl IssueGate {
     /// The generator of the worker id held now.
     pub fn generator(&self) -> Arc<Snowflake> {
         self.generator.load_full()
+    }
+
+    /// The generator held now, borrowed for one call's issue without
+    /// touching its reference count (shared by every thread: the unary
+    /// path's hottest cache line otherwise).
+    #[inline]
+    pub fn current(&self) -> arc_swap::Guard<Arc<Snowflake>> {
+        self.generator.load()
     }
 
     /// This node's number (datacenter and worker id) as formatted mode

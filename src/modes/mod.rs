@@ -16,6 +16,7 @@ use crate::store::reopen::StoreHealth;
 use crate::store::state_file::StateFileGuard;
 use crate::store::StoreError;
 
+pub mod fair_shares;
 pub mod format_catalog;
 pub mod formatted;
 pub mod gate;

@@ -1,24 +1,25 @@
 //! Snowflake mode serving: the lock-free generator of the worker id held
-//! now, and calls that found a time unit's sequence used up waiting
-//! (outside every lock) for the next unit.
+//! now, and calls that want more than the current time unit holds queued
+//! for fair shares of the next units ([`super::fair_shares`]).
 //!
 //! The generator lives in the [`IssueGate`]: in cluster mode it is replaced
 //! when the node loses its worker id and claims one again
 //! ([`IssueGate::fence`] closes the current one, calls fail with
 //! UNAVAILABLE from then on, and [`IssueGate::install`] puts the next one
 //! in place). The [`Issuer`](super::Issuer) checks the gate before a call
-//! reaches this engine; a batch checks the deadline again after every
-//! wait.
+//! reaches this engine; the fair-share pump checks the deadline again
+//! before every pass.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::fair_shares::FairShares;
 use super::gate::IssueGate;
 use super::hidden::{HiddenOutput, RevealError};
 use crate::error::Error;
 use crate::id::decode::{decode_snowflake, Decoded};
 use crate::id::hide::{HideError, SnowflakeHider, SnowflakeHiding};
-use crate::id::{Clock, GenError, Mode};
+use crate::id::{Clock, GenError, Mode, Snowflake};
 use crate::id::{DecodeError, Layout};
 use crate::metrics as m;
 
@@ -27,6 +28,7 @@ pub struct SnowflakeEngine {
     gate: Arc<IssueGate>,
     clock: Arc<dyn Clock>,
     max_wait: Duration,
+    shares: FairShares,
     issued: metrics::Counter,
     waits: metrics::Counter,
     /// A hidden layout's output: IDs are reserved under the generator's
@@ -115,6 +117,7 @@ impl SnowflakeEngine {
     /// call waits at most `max_wait` without progress.
     pub fn new(gate: Arc<IssueGate>, clock: Arc<dyn Clock>, max_wait: Duration) -> Self {
         Self {
+            shares: FairShares::new(Arc::clone(&gate), Arc::clone(&clock)),
             gate,
             clock,
             max_wait,
@@ -134,35 +137,39 @@ impl SnowflakeEngine {
         self.hidden.as_ref()
     }
 
-    /// Maps a generator refusal, naming fencing when that is the cause.
-    fn refusal(&self, e: GenError) -> Error {
-        if e == GenError::Closed && self.gate.is_fenced() {
-            self.gate.fenced_error()
-        } else {
-            e.into()
-        }
-    }
-
     /// One ID (the caller checked the gate). A hidden layout's key is
     /// checked first, so a refusal reserves nothing; the ID is mapped
     /// after it was reserved.
     pub async fn take_one(&self) -> Result<u64, Error> {
         let ready = self.hidden.as_ref().map(|h| h.output.ready()).transpose()?;
-        // The common case: no Vec, no wait.
-        let id = match self.gate.generator().next_id(self.clock.now_micros()) {
-            Ok(id) => id,
-            Err(GenError::Exhausted { .. }) => {
-                let mut out = Vec::with_capacity(1);
-                self.fill(&mut out, 1).await?;
-                out[0]
-            }
-            Err(e) => return Err(self.refusal(e)),
-        };
-        self.issued.increment(1);
+        let id = self.reserve_one().await?;
         match ready {
             Some(ready) => ready.hide(id),
             None => Ok(id),
         }
+    }
+
+    /// One internal ID: straight from the generator when nobody waits and
+    /// the unit has room (no Vec), else through the fair-share queue.
+    async fn reserve_one(&self) -> Result<u64, Error> {
+        if self.shares.is_idle() {
+            match self.gate.current().next_id(self.clock.now_micros()) {
+                Ok(id) => {
+                    self.issued.increment(1);
+                    return Ok(id);
+                }
+                Err(GenError::Exhausted { .. }) => {}
+                Err(e) => return Err(self.gate.refusal(e)),
+            }
+        }
+        let ids = self
+            .queue(self.gate.generator(), Vec::with_capacity(1), 1)
+            .await?;
+        self.issued.increment(1);
+        ids.first()
+            .copied()
+            .ok_or(Error::WaitTimeout { waited_ms: 0 })
+    }
     }
 
     /// `count` IDs, strictly increasing (the caller checked the gate).
@@ -172,7 +179,17 @@ impl SnowflakeEngine {
     pub async fn take(&self, count: usize) -> Result<Vec<u64>, Error> {
         let ready = self.hidden.as_ref().map(|h| h.output.ready()).transpose()?;
         let mut out = Vec::with_capacity(count);
-        self.fill(&mut out, count).await?;
+        let generator = self.gate.generator();
+        if self.shares.is_idle() {
+            match generator.reserve(self.clock.now_micros(), count as u64) {
+                Ok(r) => generator.extend_ids(r, &mut out),
+                Err(GenError::Exhausted { .. }) => {}
+                Err(e) => return Err(self.gate.refusal(e)),
+            }
+        }
+        if out.len() < count {
+            out = self.queue(generator, out, count).await?;
+        }
         self.issued.increment(count as u64);
         if let Some(ready) = ready {
             ready.hide_all(&mut out)?;
@@ -181,47 +198,19 @@ impl SnowflakeEngine {
         Ok(out)
     }
 
-    /// Reserves until `out` holds `count` IDs, waiting between time units.
-    /// IDs reserved before a failure are dropped, never reused.
-    async fn fill(&self, out: &mut Vec<u64>, count: usize) -> Result<(), Error> {
-        // `max_wait` bounds each stretch without progress, not the whole
-        // batch: a large batch legitimately spans many time units.
-        let mut stalled_since: Option<Instant> = None;
-        let mut waited = false;
-        // One generator per call, so a batch is strictly increasing even if
-        // the node is fenced and re-claims meanwhile (the call then fails).
-        let generator = self.gate.generator();
-        let ticker = self.gate.ticker();
-        while out.len() < count {
-            // Again on every round: a batch may span units, and the
-            // deadline (the gate was checked before the call came here).
-            self.gate.check_deadline()?;
-            let now = self.clock.now_micros();
-            match generator.reserve(now, (count - out.len()) as u64) {
-                Ok(r) => {
-                    generator.extend_ids(r, out);
-                    stalled_since = None;
-                }
-                Err(GenError::Exhausted { retry_after_micros }) => {
-                    self.waits.increment(1);
-                    let since = *stalled_since.get_or_insert_with(Instant::now);
-                    let stalled = since.elapsed();
-                    if stalled >= self.max_wait {
-                        return Err(Error::WaitTimeout {
-                            waited_ms: stalled.as_millis() as u64,
-                        });
-                    }
-                    ticker
-                        .wait_until(now + retry_after_micros, self.max_wait - stalled)
-                        .await;
-                    waited = true;
-                }
-                Err(e) => return Err(self.refusal(e)),
-            }
-        }
-        if waited {
-            ticker.pass_on();
-        }
-        Ok(())
+    /// Queues for fair shares until `out` (from `generator`) holds `count`
+    /// IDs. One generator per call, so a batch is strictly increasing even if the node is
+    /// fenced and re-claims meanwhile (the call then fails). IDs reserved
+    /// before a failure are dropped, never reused.
+    async fn queue(
+        &self,
+        generator: Arc<Snowflake>,
+        out: Vec<u64>,
+        count: usize,
+    ) -> Result<Vec<u64>, Error> {
+        self.waits.increment(1);
+        self.shares
+            .wait_for(generator, out, count, self.max_wait)
+            .await
     }
 }

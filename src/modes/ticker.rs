@@ -4,10 +4,9 @@
 //! Tokio's timer has millisecond resolution, so a call told "retry in
 //! 300 us" would lose most of a millisecond's worth of IDs per wait. One
 //! dedicated thread instead sleeps until just before the earliest requested
-//! deadline, spins the last stretch (outside every lock), and then wakes the
-//! first waiter; each served waiter wakes the next, so callers are served in
-//! arrival order without a stampede. It idles on a condition variable when
-//! nobody waits.
+//! deadline, spins the last stretch (outside every lock), and then wakes one
+//! waiter: the fair-share pump ([`super::fair_shares`]), which serves every
+//! queued caller. It idles on a condition variable when nobody waits.
 //!
 //! The same thread keeps a [`CoarseClock`]: monotonic milliseconds updated
 //! at least every [`COARSE_TICK`], so the issue path can compare the
@@ -129,14 +128,6 @@ impl UnitTicker {
     }
 }
 
-impl UnitTicker {
-    /// Wakes the next waiter, if any: called by a woken caller that was
-    /// served in full, since the unit may have room for the next one too.
-    pub fn pass_on(&self) {
-        self.shared.wake_waiters.notify_one();
-    }
-}
-
 impl Drop for UnitTicker {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -185,9 +176,8 @@ fn tick_loop(s: &Shared) {
                 std::hint::spin_loop();
             }
         }
-        // Wake one waiter (FIFO); it passes the baton on if the new unit
-        // still has room (see `pass_on`). Waking every waiter at once would
-        // make dozens of calls race for a few thousand sequence numbers.
+        // Wake one waiter: the fair-share pump, which hands the new unit
+        // out to every queued caller.
         s.wake_waiters.notify_one();
     }
 }

@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use tonic::codegen::http;
 use tonic::Status;
@@ -47,24 +47,44 @@ pub struct RequestSize<S> {
 impl<S, B, R> tower::Service<http::Request<B>> for RequestSize<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<R>>,
-    S::Future: Send + 'static,
 {
     type Response = http::Response<R>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<http::Response<R>, S::Error>> + Send>>;
+    type Future = RequestSizeFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let limit = self.limit;
-        let response = self.inner.call(request);
-        Box::pin(async move {
-            let mut response = response.await?;
-            rewrite_too_large(response.headers_mut(), limit);
-            Ok(response)
-        })
+        RequestSizeFuture {
+            inner: self.inner.call(request),
+            limit: self.limit,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The inner service's answer, with a size refusal rewritten; a plain
+    /// wrapper, so a call costs no allocation here.
+    pub struct RequestSizeFuture<F> {
+        #[pin]
+        inner: F,
+        limit: usize,
+    }
+}
+
+impl<F, R, E> Future for RequestSizeFuture<F>
+where
+    F: Future<Output = Result<http::Response<R>, E>>,
+{
+    type Output = Result<http::Response<R>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut response = ready!(this.inner.poll(cx))?;
+        rewrite_too_large(response.headers_mut(), *this.limit);
+        Poll::Ready(Ok(response))
     }
 }
 
