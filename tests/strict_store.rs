@@ -538,17 +538,19 @@ async fn a_write_that_times_out_mid_batch_hands_out_nothing_and_values_continue_
         }));
     }
     let faults = consul.faults();
+    // While calls run on the cached index (writes only, no reads):
     tokio::time::sleep(Duration::from_millis(150)).await;
-    // Applied, but answered after the client gave up: outcome unknown.
-    faults.delay("agent-1", Some(Duration::from_millis(600)));
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    faults.delay("agent-1", None);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    // Never answered and never applied.
+    // never answered and never applied: values handed out here would be
+    // handed out again from the next read;
     faults.drop_requests("agent-1", true);
     tokio::time::sleep(Duration::from_millis(700)).await;
     faults.drop_requests("agent-1", false);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // applied, but answered after the client gave up: outcome unknown.
+    faults.delay("agent-1", Some(Duration::from_millis(600)));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    faults.delay("agent-1", None);
+    tokio::time::sleep(Duration::from_millis(400)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (mut calls, mut failed) = (Vec::new(), 0);
     for c in callers {
