@@ -192,9 +192,18 @@ pub(super) fn kick(kv: &Arc<StrictKv>) {
         }
         let kv = Arc::clone(kv);
         tokio::spawn(async move {
-            run(&kv, batch).await;
+            let lost = run(&kv, batch).await;
             kv.combiner.txn_done();
             kick(&kv);
+            if let Some((pause, lost)) = lost {
+                // Keys that lost a race wait out of the in-flight count, so
+                // other keys' txns go on meanwhile.
+                tokio::time::sleep(pause).await;
+                for (key, again) in lost {
+                    kv.combiner.release(key, again);
+                }
+                kick(&kv);
+            }
         });
     }
 }
@@ -223,8 +232,13 @@ fn copy_err(e: &StoreError) -> StoreError {
     }
 }
 
-/// One txn: plan every key, write, answer or requeue, release the keys.
-async fn run(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) {
+/// Keys that lost a race, with their calls, and the pause before they
+/// are planned again (from a fresh read).
+type Lost = (std::time::Duration, Vec<(StrictKey, Vec<Waiting>)>);
+
+/// One txn: plan every key, write, answer or requeue, release the keys
+/// (those that lost a race are returned, to be released after a pause).
+async fn run(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Option<Lost> {
     let mut ops = Vec::new();
     let mut planned = Vec::new();
     for b in plan_keys(kv, batch).await {
@@ -244,14 +258,14 @@ async fn run(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) {
         }
     }
     if planned.is_empty() {
-        return;
+        return None;
     }
     ops.extend(kv.keys.mark_check());
     let calls: usize = planned.iter().map(|p| p.calls.len()).sum();
     metrics::histogram!(m::STRICT_CONSUL_BATCH).record(calls as f64);
     match kv.client.txn(&ops).await {
         Ok(TxnOutcome::Committed(results)) => committed(kv, planned, &results),
-        Ok(TxnOutcome::RolledBack(errors)) => rolled_back(kv, planned, &ops, &errors).await,
+        Ok(TxnOutcome::RolledBack(errors)) => return rolled_back(kv, planned, &ops, &errors).await,
         Err(e) => {
             // Maybe applied: these values are never used, and every key is
             // read again (a gap at worst).
@@ -268,6 +282,7 @@ async fn run(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) {
             }
         }
     }
+    None
 }
 
 /// The write is durable: remember it, then hand out the values.
@@ -294,7 +309,12 @@ fn committed(kv: &StrictKv, planned: Vec<Planned>, results: &[KvEntry]) {
 
 /// Nothing was written and nothing is handed out. Keys whose ops failed
 /// are read again after a pause; the others are planned again at once.
-async fn rolled_back(kv: &StrictKv, planned: Vec<Planned>, ops: &[TxnOp], errors: &[TxnError]) {
+async fn rolled_back(
+    kv: &StrictKv,
+    planned: Vec<Planned>,
+    ops: &[TxnOp],
+    errors: &[TxnError],
+) -> Option<Lost> {
     if let Some(denied) = errors
         .iter()
         .find(|e| e.what.to_ascii_lowercase().contains("permission denied"))
@@ -311,7 +331,7 @@ async fn rolled_back(kv: &StrictKv, planned: Vec<Planned>, ops: &[TxnOp], errors
             }
             kv.combiner.release(p.key, Vec::new());
         }
-        return;
+        return None;
     }
     let mark_moved = kv.keys.mark_failed(ops, errors);
     if mark_moved {
@@ -325,7 +345,7 @@ async fn rolled_back(kv: &StrictKv, planned: Vec<Planned>, ops: &[TxnOp], errors
                 }
                 kv.combiner.release(p.key, Vec::new());
             }
-            return;
+            return None;
         }
     }
     let mut lost = Vec::new();
@@ -365,13 +385,7 @@ async fn rolled_back(kv: &StrictKv, planned: Vec<Planned>, ops: &[TxnOp], errors
             (p.key, again)
         })
         .collect();
-    if lost.is_empty() {
-        return;
-    }
-    tokio::time::sleep(STRICT_POLICY.pause(worst.saturating_sub(1))).await;
-    for (key, again) in lost {
-        kv.combiner.release(key, again);
-    }
+    (!lost.is_empty()).then(|| (STRICT_POLICY.pause(worst.saturating_sub(1)), lost))
 }
 
 /// Plans each key of `batch` (the reads run at once); a key none of
