@@ -464,7 +464,7 @@ async fn combined_calls_on_one_node_share_a_write_and_stay_linearizable() {
     let consul = TestConsul::start(raft_latency()).await.unwrap();
     let nodes = nodes(&consul, 1);
     let k = key("orders/combined");
-    let by_key = timed_calls(&nodes, &[k.clone()], 64, 10).await;
+    let by_key = timed_calls(&nodes, std::slice::from_ref(&k), 64, 10).await;
     check_keys(&nodes[0], &by_key).await;
     let txns = consul.request_count(None, "txn");
     // 640 calls; one write per txn would be 640 txns. With 64 callers
