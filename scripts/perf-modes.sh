@@ -12,9 +12,24 @@
 #     (scripts/pg-nextval-bench.sh, which installs PostgreSQL from Debian
 #     if needed); strict with 16 callers on the Consul test server.
 # Prints medians over the rounds. Usage:
-#   scripts/perf-modes.sh [seconds-per-run] [rounds]   (default 10 3)
+#   scripts/perf-modes.sh [--raft-write-ms MS] [--consistent-read-ms MS]
+#                         [seconds-per-run] [rounds]   (default 10 3)
+# The two flags set the test server's latency model (consul/README.md,
+# "The test server"): with them the strict-consul runs (c16 and c64) mean
+# something for a real Consul; without them Consul answers at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+consul_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --raft-write-ms | --consistent-read-ms)
+      [ $# -ge 2 ] || { echo "$1 needs milliseconds" >&2; exit 2; }
+      consul_args+=("$1" "$2")
+      shift 2
+      ;;
+    *) break ;;
+  esac
+done
 secs="${1:-10}"
 rounds="${2:-3}"
 cargo build --release --quiet --workspace
@@ -86,6 +101,7 @@ for r in json.load(sys.stdin):
   tps=$(bash scripts/pg-nextval-bench.sh 16 "$secs" 2>/dev/null | sed -n 's/^pg_nextval_tps=//p')
   echo "postgres-nextval-c16 ${tps:-0} ${tps:-0} 0 0 0"
   run strict-consul-c16 50861 strict perf/k 1 16
+  run strict-consul-c64 50861 strict perf/k 1 64
 done | tee "$work/results"
 python3 - "$work/results" <<'PY'
 import statistics, sys

@@ -89,7 +89,8 @@
 //!   `store/segment/consul.rs`); [`store::lease`] (lease-mode tokens,
 //!   `store/lease/embedded.rs`, `store/lease/consul.rs`);
 //!   [`store::strict`] (`store/strict/embedded.rs`,
-//!   `store/strict/consul.rs`); and [`store::format`] (formatted mode's
+//!   `store/strict/consul.rs`, and `store/strict/combine.rs`, which
+//!   combines a node's concurrent Consul calls into shared txns); and [`store::format`] (formatted mode's
 //!   [`store::format::counters`] with `store/format/counters/embedded.rs`
 //!   and `store/format/counters/consul.rs`, the definitions
 //!   [`store::format::catalog`] with `store/format/catalog/embedded.rs`

@@ -55,6 +55,8 @@ pub const SESSION_RENEW_AGE: &str = "idgen_consul_session_renew_age_seconds";
 pub const LEASE_TOKEN: &str = "idgen_lease_token";
 /// Requests per group commit of strict counters (embedded store).
 pub const STRICT_COMMIT_BATCH: &str = "idgen_strict_commit_batch";
+/// Strict calls answered by one Consul txn (node-local combining).
+pub const STRICT_CONSUL_BATCH: &str = "idgen_strict_consul_batch";
 /// Compare-and-set conflicts retried by strict calls (Consul).
 pub const STRICT_CONFLICTS: &str = "idgen_strict_conflicts_total";
 /// Admin calls, by method and status code.
@@ -175,6 +177,11 @@ pub fn install() -> Result<PrometheusHandle, String> {
                 .map_err(|e| e.to_string())?
                 .set_buckets_for_metric(
                     Matcher::Full(STRICT_COMMIT_BATCH.into()),
+                    COMMIT_BATCH_BUCKETS,
+                )
+                .map_err(|e| e.to_string())?
+                .set_buckets_for_metric(
+                    Matcher::Full(STRICT_CONSUL_BATCH.into()),
                     COMMIT_BATCH_BUCKETS,
                 )
                 .map_err(|e| e.to_string())?
@@ -378,6 +385,10 @@ fn describe_cluster() {
     describe_histogram!(
         STRICT_COMMIT_BATCH,
         "Strict calls made durable by one group commit of the embedded store."
+    );
+    describe_histogram!(
+        STRICT_CONSUL_BATCH,
+        "Strict calls answered by one Consul transaction of this node (calls on one key share a compare-and-set, several keys share the transaction)."
     );
     describe_counter!(
         STRICT_CONFLICTS,

@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::consul;
+use common::{assert_linearizable, consul, Call};
 use consul_testserver::{Config, Policy, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig, KvWrite};
 use idgen::id::strict::{Namespace, StrictKey, Values};
@@ -387,5 +387,216 @@ async fn a_call_that_always_loses_ends_contended_after_bounded_attempts() {
     consul.faults().delay("agent-1", None);
     let v = store.advance(&k, 1, 1).await.unwrap();
     assert_eq!(v.first, written + 1);
+    consul.shutdown().await;
+}
+
+/// The latency model of a Consul on good disks, as the README's strict
+/// figures use it: a Raft write commits after 2 ms (concurrent writes
+/// share a round), a consistent read waits 0.5 ms.
+fn raft_latency() -> Config {
+    Config {
+        raft_write_delay: Duration::from_millis(2),
+        consistent_read_delay: Duration::from_micros(500),
+        ..Config::default()
+    }
+}
+
+/// `tasks` callers per node, `calls` calls each, the call `c` of task `t`
+/// on `keys[(t * 7 + c) % keys.len()]`, recorded with their times; errors
+/// fail the test.
+async fn timed_calls(
+    nodes: &[Arc<ConsulStrictStore>],
+    keys: &[StrictKey],
+    tasks: usize,
+    calls: usize,
+) -> HashMap<StrictKey, Vec<Call>> {
+    let keys = Arc::new(keys.to_vec());
+    let mut handles = Vec::new();
+    for node in nodes {
+        for t in 0..tasks {
+            let (node, keys) = (Arc::clone(node), Arc::clone(&keys));
+            handles.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                for c in 0..calls {
+                    let k = &keys[(t * 7 + c) % keys.len()];
+                    let count = 1 + ((t + c) % 3) as u64;
+                    let start = Instant::now();
+                    let v = node.advance(k, 1, count).await.expect("strict call");
+                    let end = Instant::now();
+                    assert_eq!(v.count(), count);
+                    got.push((
+                        k.clone(),
+                        Call {
+                            start,
+                            end,
+                            first: v.first,
+                            last: v.last,
+                        },
+                    ));
+                }
+                got
+            }));
+        }
+    }
+    let mut by_key: HashMap<StrictKey, Vec<Call>> = HashMap::new();
+    for h in handles {
+        for (k, call) in h.await.unwrap() {
+            by_key.entry(k).or_default().push(call);
+        }
+    }
+    by_key
+}
+
+/// Every key's calls are linearizable and, no write having failed, its
+/// values are exactly 1..=max, which the store holds.
+async fn check_keys(node: &ConsulStrictStore, by_key: &HashMap<StrictKey, Vec<Call>>) {
+    for (k, calls) in by_key {
+        assert_linearizable(calls);
+        let total: u64 = calls.iter().map(|c| c.last - c.first + 1).sum();
+        let max = calls.iter().map(|c| c.last).max().unwrap();
+        assert_eq!(max, total, "{k}: values 1..={total} with no gaps");
+        assert_eq!(node.current(k).await.unwrap(), max, "{k}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn combined_calls_on_one_node_share_a_write_and_stay_linearizable() {
+    let consul = TestConsul::start(raft_latency()).await.unwrap();
+    let nodes = nodes(&consul, 1);
+    let k = key("orders/combined");
+    let by_key = timed_calls(&nodes, std::slice::from_ref(&k), 64, 10).await;
+    check_keys(&nodes[0], &by_key).await;
+    let txns = consul.request_count(None, "txn");
+    // 640 calls; one write per txn would be 640 txns. With 64 callers
+    // waiting while a write commits, most txns answer many calls.
+    assert!(txns * 4 <= 640, "{txns} txns for 640 calls");
+    println!("one node, c64, one key: 640 calls in {txns} txns");
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_on_one_and_many_keys_with_raft_latency_stay_linearizable() {
+    let consul = TestConsul::start(raft_latency()).await.unwrap();
+    let nodes = nodes(&consul, 3);
+    let one = timed_calls(&nodes, &[key("orders/hot")], 16, 10).await;
+    check_keys(&nodes[1], &one).await;
+
+    let many: Vec<StrictKey> = (0..100).map(|i| key(&format!("orders/k{i}"))).collect();
+    let before = consul.request_count(None, "txn");
+    let by_key = timed_calls(&nodes, &many, 16, 10).await;
+    assert!(by_key.len() >= 90, "{} keys used", by_key.len());
+    check_keys(&nodes[2], &by_key).await;
+    let txns = consul.request_count(None, "txn") - before;
+    // 480 calls on up to 100 keys from 3 nodes: keys share txns.
+    assert!(txns < 480, "{txns} txns for 480 calls");
+    println!("three nodes, c16 each: 100 keys, 480 calls in {txns} txns");
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_times_out_mid_batch_hands_out_nothing_and_values_continue_above() {
+    let consul = TestConsul::start(raft_latency()).await.unwrap();
+    let agent = consul.add_agent("agent-1").await.unwrap();
+    let store = Arc::new(ConsulStrictStore::new(
+        ConsulClient::new(ConsulConfig {
+            address: format!("http://{agent}"),
+            timeout: Duration::from_millis(300),
+            retries: 0,
+            ..ConsulConfig::default()
+        })
+        .unwrap(),
+        keys(),
+    ));
+    let k = key("orders/faulty");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for t in 0..16u64 {
+        let (store, k, stop) = (Arc::clone(&store), k.clone(), Arc::clone(&stop));
+        callers.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (Vec::new(), 0u32);
+            // Bounded by count, whatever the faults do.
+            for c in 0..400u64 {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let start = Instant::now();
+                match store.advance(&k, 1, 1 + (t + c) % 3).await {
+                    Ok(v) => ok.push(Call {
+                        start,
+                        end: Instant::now(),
+                        first: v.first,
+                        last: v.last,
+                    }),
+                    Err(StoreError::Backend(msg)) => {
+                        assert!(msg.contains("orders/faulty"), "{msg}");
+                        failed += 1;
+                    }
+                    Err(e) => panic!("unexpected error: {e:?}"),
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    let faults = consul.faults();
+    // While calls run on the cached index (writes only, no reads):
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // never answered and never applied: values handed out here would be
+    // handed out again from the next read;
+    faults.drop_requests("agent-1", true);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    faults.drop_requests("agent-1", false);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // applied, but answered after the client gave up: outcome unknown.
+    faults.delay("agent-1", Some(Duration::from_millis(600)));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    faults.delay("agent-1", None);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (mut calls, mut failed) = (Vec::new(), 0);
+    for c in callers {
+        let (ok, f) = c.await.unwrap();
+        calls.extend(ok);
+        failed += f;
+    }
+    assert!(failed > 0, "the faults failed no call");
+    assert_linearizable(&calls);
+    let max = calls.iter().map(|c| c.last).max().unwrap();
+    // A late write may have landed: a gap above max, never below.
+    let v = store.advance(&k, 1, 1).await.unwrap();
+    assert!(v.first > max, "{v:?} after {max}");
+    println!(
+        "{} calls got values, {failed} failed with the write's outcome unknown",
+        calls.len()
+    );
+    consul.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_batch_is_one_round_trip_and_a_foreign_write_is_read_again() {
+    let consul = TestConsul::start(Config::default()).await.unwrap();
+    let store = &nodes(&consul, 1)[0];
+    let k = key("orders/cached");
+    assert_eq!(store.advance(&k, 1, 1).await.unwrap().first, 1);
+    let (reads, txns) = (
+        consul.request_count(None, "kv"),
+        consul.request_count(None, "txn"),
+    );
+    for i in 2..=11 {
+        let v = store.advance(&k, 1, 1).await.unwrap();
+        assert_eq!(v.first, i);
+    }
+    // Ten calls, ten txns and not one read: the cached index is used.
+    assert_eq!(consul.request_count(None, "kv"), reads);
+    assert_eq!(consul.request_count(None, "txn"), txns + 10);
+    // Another writer moves the key: the cas on the cached index fails,
+    // the key is read again, and values continue above the other write.
+    let other = consul::client(&consul, Duration::from_secs(2), 0);
+    assert!(other
+        .kv_put("idgen/test/strict/orders/cached", b"1000", KvWrite::Set)
+        .await
+        .unwrap());
+    let v = store.advance(&k, 1, 2).await.unwrap();
+    assert_eq!((v.first, v.last), (1001, 1002));
+    assert_eq!(consul.request_count(None, "txn"), txns + 12);
     consul.shutdown().await;
 }

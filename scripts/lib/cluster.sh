@@ -15,7 +15,8 @@ trap stop_children EXIT
 
 start_consul() { # [binary directory, default target/release]
   local dir="${1:-target/release}"
-  "$dir/consul-testserver" --listen 127.0.0.1:0 > "$work/consul.out" &
+  # consul_args (an array, optional): more flags, e.g. the latency model.
+  "$dir/consul-testserver" --listen 127.0.0.1:0 ${consul_args[@]+"${consul_args[@]}"} > "$work/consul.out" &
   pids+=($!)
   for _ in $(seq 1 200); do
     grep -q "listening on" "$work/consul.out" 2>/dev/null && break

@@ -9,6 +9,7 @@ use crate::acl::{Access, AclTable, Policy};
 use crate::config::Config;
 use crate::counters::RequestCounters;
 use crate::faults::FaultTable;
+use crate::latency::Latency;
 use crate::state::ClusterState;
 
 /// Shared by every agent listener, handler and background task.
@@ -29,6 +30,8 @@ pub(crate) struct Cluster {
     pub(crate) counters: RequestCounters,
     /// Turns true (or closes) when the server shuts down.
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// The Raft write and consistent read latency model.
+    pub(crate) latency: Latency,
 }
 
 impl Cluster {
@@ -37,6 +40,7 @@ impl Cluster {
         state.set_check_reap_interval(config.check_reap_interval, std::time::Instant::now());
         let (index, _) = watch::channel(state.index);
         Cluster {
+            latency: Latency::new(config.raft_write_delay, config.consistent_read_delay),
             acl: Mutex::new(AclTable::new(config.acl_master_token.clone())),
             config,
             state: Mutex::new(state),

@@ -44,6 +44,15 @@ pub struct Config {
     /// What gRPC checks with `GRPCUseTLS` trust and present (Consul's
     /// `enable_agent_tls_for_checks` with the agent's CA and certificate).
     pub check_tls: CheckTlsConfig,
+    /// How long a Raft write (KV and txn writes, session create and
+    /// destroy, snapshot restore) takes to commit; concurrent writes share
+    /// one commit round (see the `latency` module). Zero (the default):
+    /// at once. Consul's docs put a write at a few ms on good disks.
+    pub raft_write_delay: Duration,
+    /// How long a `?consistent` read waits for the leader to confirm it
+    /// still leads (one round of heartbeats to a quorum). Zero (the
+    /// default): at once.
+    pub consistent_read_delay: Duration,
 }
 
 /// The agents' HTTPS certificate, PEM, and optionally the CA that client
@@ -101,6 +110,8 @@ impl Default for Config {
             check_reap_interval: Duration::from_secs(30),
             https: None,
             check_tls: CheckTlsConfig::default(),
+            raft_write_delay: Duration::ZERO,
+            consistent_read_delay: Duration::ZERO,
         }
     }
 }

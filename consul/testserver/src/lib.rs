@@ -58,6 +58,8 @@
 //! - `listener`: the accept loop and connections of one agent, including
 //!   closing and reopening the socket for the `refuse` fault.
 //! - `timers`: the task that fires session and check deadlines.
+//! - `latency`: the Raft write and consistent read latency model
+//!   ([`Config::raft_write_delay`], [`Config::consistent_read_delay`]).
 //! - `grpc_probe`: the tasks that run gRPC health checks.
 //! - `faults`, `counters`, `acl`, `config`, `duration`: fault switches,
 //!   request counters, token policies, settings, Go duration strings.
@@ -90,6 +92,7 @@ mod duration;
 mod faults;
 mod grpc_probe;
 mod http;
+mod latency;
 mod listener;
 mod state;
 mod timers;

@@ -6,6 +6,7 @@
 //!                   [--session-ttl-min 10s] [--check-reap-interval 30s]
 //!                   [--https-cert FILE --https-key FILE [--https-client-ca FILE]]
 //!                   [--check-ca FILE [--check-cert FILE --check-key FILE]]
+//!                   [--raft-write-ms 2] [--consistent-read-ms 0.5]
 //! ```
 //!
 //! Prints `listening on <addr>` as its first line, then serves until
@@ -32,7 +33,10 @@ const USAGE: &str = concat!(
     "  --https-cert FILE, --https-key FILE  serve HTTPS with this PEM certificate and key\n",
     "  --https-client-ca FILE          require client certificates from this CA (verify_incoming)\n",
     "  --check-ca FILE                 CA that gRPC checks with GRPCUseTLS trust\n",
-    "  --check-cert FILE, --check-key FILE  client certificate those checks present",
+    "  --check-cert FILE, --check-key FILE  client certificate those checks present\n",
+    "  --raft-write-ms MS              a Raft write commits after MS ms (concurrent writes share\n",
+    "                                  a commit round; default 0)\n",
+    "  --consistent-read-ms MS         a ?consistent read waits MS ms (default 0)",
 );
 
 #[derive(Debug)]
@@ -49,6 +53,15 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         consul_testserver::parse_go_duration(&value)
             .filter(|d| !d.is_zero())
             .ok_or_else(|| format!("{flag} {value:?}: not a positive duration such as 10s"))
+    };
+    let millis = |flag: &str, value: Option<String>| -> Result<Duration, String> {
+        let value = value.ok_or_else(|| format!("{flag} needs milliseconds such as 2 or 0.5"))?;
+        value
+            .parse::<f64>()
+            .ok()
+            .filter(|ms| ms.is_finite() && (0.0..=10_000.0).contains(ms))
+            .map(|ms| Duration::from_secs_f64(ms / 1000.0))
+            .ok_or_else(|| format!("{flag} {value:?}: not milliseconds from 0 to 10000"))
     };
     let file = |flag: &str, value: Option<String>| -> Result<Vec<u8>, String> {
         let path = value.ok_or_else(|| format!("{flag} needs a file"))?;
@@ -76,6 +89,10 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--session-ttl-min" => config.min_ttl = duration(&arg, args.next())?,
             "--check-reap-interval" => {
                 config.check_reap_interval = duration(&arg, args.next())?;
+            }
+            "--raft-write-ms" => config.raft_write_delay = millis(&arg, args.next())?,
+            "--consistent-read-ms" => {
+                config.consistent_read_delay = millis(&arg, args.next())?;
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
@@ -178,16 +195,27 @@ mod tests {
             "500ms",
             "--acl-token",
             "t",
+            "--raft-write-ms",
+            "2",
+            "--consistent-read-ms",
+            "0.5",
         ])
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(args.config.min_ttl, Duration::from_secs(1));
         assert_eq!(args.config.check_reap_interval, Duration::from_millis(500));
         assert_eq!(args.config.acl_master_token.as_deref(), Some("t"));
+        assert_eq!(args.config.raft_write_delay, Duration::from_millis(2));
+        assert_eq!(
+            args.config.consistent_read_delay,
+            Duration::from_micros(500)
+        );
         for bad in [
             &["--session-ttl-min"][..],
             &["--session-ttl-min", "soon"],
             &["--check-reap-interval", "0s"],
             &["--nope"],
+            &["--raft-write-ms", "-1"],
+            &["--consistent-read-ms", "fast"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

@@ -2,16 +2,16 @@
 //! counter as a decimal string, `strict-namespaces/<namespace>` a
 //! namespace's step, `strict-deleted/<namespace>/<key>` a tombstone.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::combine::{self, Combiner, Waiting};
 use super::{StrictLimits, StrictStore};
-use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnError, TxnOp};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnOp};
 use crate::id::strict::StrictError;
-use crate::id::strict::{advance, check_step, Namespace, StrictKey, Values};
+use crate::id::strict::{check_step, Namespace, StrictKey, Values};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
 use crate::store::keys::ClusterKeys;
@@ -47,15 +47,29 @@ fn preview(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..bytes.len().min(40)]).into_owned()
 }
 
-/// Strict counters in Consul KV.
+/// Strict counters in Consul KV. Concurrent calls on this node are
+/// combined (see `combine.rs`): one write per key per txn, several keys
+/// per txn.
 pub struct ConsulStrictStore {
-    client: ConsulClient,
-    keys: ClusterKeys,
-    /// One call per key at a time on this node; an entry lives only while
-    /// a call on its key runs or waits.
-    turns: Mutex<HashMap<StrictKey, Arc<tokio::sync::Mutex<()>>>>,
-    conflicts: metrics::Counter,
+    kv: Arc<StrictKv>,
+}
+
+/// What the store and its txn tasks share (not nameable outside
+/// `store::strict`).
+pub struct StrictKv {
+    pub(super) client: ConsulClient,
+    pub(super) keys: ClusterKeys,
+    pub(super) conflicts: metrics::Counter,
     limits: StrictLimits,
+    pub(super) combiner: Combiner,
+}
+
+impl std::ops::Deref for ConsulStrictStore {
+    type Target = StrictKv;
+
+    fn deref(&self) -> &StrictKv {
+        &self.kv
+    }
 }
 
 impl std::fmt::Debug for ConsulStrictStore {
@@ -63,31 +77,6 @@ impl std::fmt::Debug for ConsulStrictStore {
         f.debug_struct("ConsulStrictStore")
             .field("keys", &self.keys)
             .finish()
-    }
-}
-
-/// This node's turn on one key; dropping it lets the next call in and
-/// forgets the key when no call is waiting.
-struct KeyTurn<'a> {
-    turns: &'a Mutex<HashMap<StrictKey, Arc<tokio::sync::Mutex<()>>>>,
-    key: StrictKey,
-    lock: Arc<tokio::sync::Mutex<()>>,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl Drop for KeyTurn<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-        // Clones are only made under this lock: two references (the map's
-        // and ours) mean no other call holds or waits for this key.
-        if Arc::strong_count(&self.lock) == 2
-            && turns
-                .get(&self.key)
-                .is_some_and(|l| Arc::ptr_eq(l, &self.lock))
-        {
-            turns.remove(&self.key);
-        }
     }
 }
 
@@ -104,14 +93,18 @@ impl ConsulStrictStore {
     /// moment may overshoot them by a few.
     pub fn with_limits(client: ConsulClient, keys: ClusterKeys, limits: StrictLimits) -> Self {
         Self {
-            client,
-            keys,
-            turns: Mutex::new(HashMap::new()),
-            conflicts: metrics::counter!(m::STRICT_CONFLICTS),
-            limits,
+            kv: Arc::new(StrictKv {
+                client,
+                keys,
+                conflicts: metrics::counter!(m::STRICT_CONFLICTS),
+                limits,
+                combiner: Combiner::default(),
+            }),
         }
     }
+}
 
+impl StrictKv {
     /// Refuses to create `key` past the limits: counts the live keys of
     /// its namespace, and when it has none, the namespaces with live keys.
     async fn check_limits(&self, key: &StrictKey) -> Result<(), StoreError> {
@@ -182,23 +175,34 @@ impl ConsulStrictStore {
         }
     }
 
-    async fn turn(&self, key: &StrictKey) -> KeyTurn<'_> {
-        let lock = {
-            let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(turns.entry(key.clone()).or_default())
-        };
-        let guard = Arc::clone(&lock).lock_owned().await;
-        KeyTurn {
-            turns: &self.turns,
-            key: key.clone(),
-            lock,
-            guard: Some(guard),
+    /// The value a batch on `key` (Consul key `kv_key`) starts from, the
+    /// ModifyIndex its `cas` expects, and for a key that is not live the
+    /// check that its tombstone does not move: always from a fresh read,
+    /// checked against what this node wrote there.
+    pub(super) async fn read_for_write(
+        &self,
+        key: &StrictKey,
+        kv_key: &str,
+    ) -> Result<(u64, u64, Option<TxnOp>), StoreError> {
+        let floor = self.keys.written().written(kv_key);
+        let (mut value, index) = self.read_counter(key).await?;
+        let mut tomb = None;
+        if index == 0 {
+            // Not live: this batch creates the key, above its tombstone,
+            // and only if no delete moved the tombstone meanwhile.
+            self.check_limits(key).await?;
+            let (last, tomb_index) = self.read_tombstone(key).await?;
+            value = last;
+            tomb = Some(self.tombstone_unchanged(key, tomb_index));
         }
+        // The live counter, or the tombstone of a deleted key: below
+        // this node's own write, the store was rolled back.
+        self.keys
+            .written()
+            .check("strict", kv_key, floor, (0, value))?;
+        Ok((value, index, tomb))
     }
 
-    /// The counter and its ModifyIndex, from a quorum-confirmed read;
-    /// `(0, 0)` for a key never used (and a write with index 0 creates it
-    /// only if it is still absent).
     async fn read_counter(&self, key: &StrictKey) -> Result<(u64, u64), StoreError> {
         let kv_key = self.keys.strict(key.as_str());
         let (entry, _) = self
@@ -262,15 +266,22 @@ impl ConsulStrictStore {
 impl StrictStore for ConsulStrictStore {
     async fn advance(&self, key: &StrictKey, step: u64, count: u64) -> Result<Values, StoreError> {
         check_step(step)?;
-        let _turn = self.turn(key).await;
-        let call = Advance {
-            store: self,
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.combiner.push(
             key,
-            kv_key: self.keys.strict(key.as_str()),
-            step,
-            count,
-        };
-        compare_and_set(&self.client, &self.keys, STRICT_POLICY, &call).await
+            Waiting {
+                step,
+                count,
+                lost: 0,
+                reply,
+            },
+        );
+        combine::kick(&self.kv);
+        answer.await.map_err(|_| {
+            StoreError::Backend(format!(
+                "strict key {key}: the write was abandoned (the node is stopping); no values were handed out, retry"
+            ))
+        })?
     }
 
     async fn current(&self, key: &StrictKey) -> Result<u64, StoreError> {
@@ -293,13 +304,15 @@ impl StrictStore for ConsulStrictStore {
     }
 
     async fn delete_key(&self, key: &StrictKey) -> Result<u64, StoreError> {
-        let _turn = self.turn(key).await;
         let delete = Delete {
-            store: self,
+            store: &self.kv,
             key,
             kv_key: self.keys.strict(key.as_str()),
         };
-        compare_and_set(&self.client, &self.keys, STRICT_POLICY, &delete).await
+        let deleted = compare_and_set(&self.client, &self.keys, STRICT_POLICY, &delete).await;
+        // Whatever happened, the key is read again before its next write.
+        self.combiner.forget(key);
+        deleted
     }
 
     async fn namespace_step(&self, ns: &Namespace) -> Result<Option<u64>, StoreError> {
@@ -360,99 +373,15 @@ impl StrictStore for ConsulStrictStore {
 
 /// The policy of strict calls: [`MAX_STRICT_ATTEMPTS`], pauses growing
 /// to [`MAX_STRICT_BACKOFF`].
-const STRICT_POLICY: CasPolicy = CasPolicy {
+pub(super) const STRICT_POLICY: CasPolicy = CasPolicy {
     attempts: MAX_STRICT_ATTEMPTS,
     max_pause: MAX_STRICT_BACKOFF,
 };
 
-/// One strict call on `key`, always planned from a fresh read: after a
-/// lost race or an unknown outcome the counter may have moved (even by
-/// this node's own late write).
-struct Advance<'a> {
-    store: &'a ConsulStrictStore,
-    key: &'a StrictKey,
-    kv_key: String,
-    step: u64,
-    count: u64,
-}
-
-#[async_trait]
-impl CasWrite for Advance<'_> {
-    type Output = Values;
-
-    async fn plan(&self) -> Result<Attempt<Values>, StoreError> {
-        let (store, key) = (self.store, self.key);
-        let floor = store.keys.written().written(&self.kv_key);
-        let (mut value, index) = store.read_counter(key).await?;
-        let mut ops = Vec::with_capacity(3);
-        if index == 0 {
-            // Not live: this call creates the key, above its tombstone,
-            // and only if no delete moved the tombstone meanwhile.
-            store.check_limits(key).await?;
-            let (last, tomb_index) = store.read_tombstone(key).await?;
-            value = last;
-            ops.push(store.tombstone_unchanged(key, tomb_index));
-        }
-        // The live counter, or the tombstone of a deleted key: below
-        // this node's own write, the store was rolled back.
-        store
-            .keys
-            .written()
-            .check("strict", &self.kv_key, floor, (0, value))?;
-        let values = advance(key, value, self.step, self.count)?;
-        ops.push(TxnOp::Cas {
-            key: self.kv_key.clone(),
-            value: values.last.to_string().into_bytes(),
-            index,
-        });
-        Ok(Attempt {
-            ops,
-            key: self.kv_key.clone(),
-            level: (0, values.last),
-            value: values,
-        })
-    }
-
-    fn refused(&self, _ops: &[TxnOp], errors: &[TxnError]) -> Option<StoreError> {
-        // ACL denials come back as rolled-back txns too: retrying cannot
-        // help those.
-        let denied = errors
-            .iter()
-            .find(|e| e.what.to_ascii_lowercase().contains("permission denied"))?;
-        Some(StoreError::Backend(format!(
-            "strict key {}: Consul refused the write of {} ({}); check that the ACL token has the policy in consul/acl-policy.hcl",
-            self.key, self.kv_key, denied.what
-        )))
-    }
-
-    fn lost(&self, mark_moved: bool) {
-        if !mark_moved {
-            // Another node moved the counter first: read again.
-            self.store.conflicts.increment(1);
-        }
-    }
-
-    fn unknown(&self, e: ConsulError) -> StoreError {
-        // Maybe applied: these values are never used, and the next call
-        // reads whatever landed (a gap at worst).
-        StoreError::Backend(format!(
-            "strict key {}: the write of its counter failed ({e}); no values were handed out, retry",
-            self.key
-        ))
-    }
-
-    fn contended(&self, attempts: u32) -> StoreError {
-        StoreError::Contended(format!(
-            "strict key {}: lost the compare-and-set race {attempts} times in a row; too many nodes write it at once: retry later, ask for more values per call (count), or spread the load over more keys",
-            self.key
-        ))
-    }
-}
-
 /// The admin delete of a live strict key: the counter goes and the
 /// tombstone (never lowered) takes its value, both or neither.
 struct Delete<'a> {
-    store: &'a ConsulStrictStore,
+    store: &'a StrictKv,
     key: &'a StrictKey,
     kv_key: String,
 }

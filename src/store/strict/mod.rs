@@ -59,6 +59,7 @@
 //! restoring an old backup) makes values repeat; an unreadable one is an
 //! error naming the key, never a reset to 0.
 
+mod combine;
 mod consul;
 mod embedded;
 #[cfg(test)]

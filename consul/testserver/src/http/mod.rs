@@ -616,6 +616,11 @@ async fn handle(
     } else {
         Bytes::new()
     };
+    agent
+        .cluster
+        .latency
+        .wait(endpoint, &method, query.has("consistent"))
+        .await;
     let req = ApiRequest {
         method,
         rest,

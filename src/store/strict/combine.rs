@@ -1,0 +1,470 @@
+//! Node-local combining of strict calls on Consul (ARCHITECTURE rules 22
+//! and 23).
+//!
+//! Every call waits in its key's queue. A key with waiting calls and no
+//! txn in flight is *ready*; a txn takes ready keys in the order they
+//! became ready, as many as fit in one Consul txn (64 ops: the node's mark
+//! check, one `cas` per key, and a tombstone check for a key that may be
+//! created), and takes every call waiting on each. At most
+//! [`MAX_TXNS_IN_FLIGHT`] txns run at once, so keys that become ready
+//! meanwhile share the next one.
+//!
+//! A txn plans each key from the value and ModifyIndex this node last
+//! wrote ([`Cached`]: no read) or from a consistent read, cuts the calls'
+//! ranges from it in arrival order, and writes the last value with a `cas`
+//! on that index. Only a committed txn answers its calls with values. A
+//! rolled-back txn answers nothing: keys whose ops failed lost a race (or
+//! were moved by this node's late write) and are read again after a
+//! jittered pause, their calls first in the queue; the other keys are
+//! planned again at once. A txn whose outcome is unknown fails all its
+//! calls and forgets what it knew of its keys.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::oneshot;
+
+use super::consul::{StrictKv, STRICT_POLICY};
+use crate::consul::{KvEntry, TxnError, TxnOp, TxnOutcome};
+use crate::id::strict::{advance, StrictKey, Values};
+use crate::metrics as m;
+use crate::store::StoreError;
+
+/// Most operations in one Consul txn (docs/CONSUL.md).
+const MAX_TXN_OPS: usize = 64;
+
+/// Most txns of strict calls one node has in flight at once. Keys that
+/// become ready while this many run share the next txn.
+pub(super) const MAX_TXNS_IN_FLIGHT: usize = 4;
+
+/// Where a waiting call's answer goes.
+pub(super) type Reply = oneshot::Sender<Result<Values, StoreError>>;
+
+/// One call waiting for its values.
+#[derive(Debug)]
+pub(super) struct Waiting {
+    pub(super) step: u64,
+    pub(super) count: u64,
+    /// Races its txns lost so far.
+    pub(super) lost: u32,
+    pub(super) reply: Reply,
+}
+
+/// A key's value and ModifyIndex as this node's last committed write left
+/// them. A `cas` on `index` succeeds only while the key still holds
+/// `value` (rule 23).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Cached {
+    pub(super) value: u64,
+    pub(super) index: u64,
+}
+
+/// The queues and the cache of one store.
+#[derive(Debug, Default)]
+pub(super) struct Combiner {
+    queue: Mutex<Queue>,
+    cache: Mutex<HashMap<StrictKey, Cached>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Calls per key, in arrival order.
+    waiting: HashMap<StrictKey, VecDeque<Waiting>>,
+    /// Keys with waiting calls and no txn in flight, in the order they
+    /// became so.
+    ready: VecDeque<StrictKey>,
+    /// Keys with a txn in flight (or pausing after a lost race).
+    busy: HashSet<StrictKey>,
+    in_flight: usize,
+}
+
+/// The calls of one key taken into one txn.
+#[derive(Debug)]
+struct KeyBatch {
+    key: StrictKey,
+    calls: Vec<Waiting>,
+    cached: Option<Cached>,
+}
+
+/// One key's part of a planned txn.
+#[derive(Debug)]
+struct Planned {
+    key: StrictKey,
+    kv_key: String,
+    /// The ModifyIndex the `cas` expects (0: the key must not exist).
+    index: u64,
+    /// For a key being created: the check that its tombstone did not move.
+    tomb: Option<TxnOp>,
+    /// Its ops in the txn: `ops[first..end]`.
+    first: usize,
+    end: usize,
+    /// The value the `cas` writes: the last of the batch.
+    last: u64,
+    calls: Vec<(Waiting, Values)>,
+}
+
+impl Combiner {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cache(&self) -> MutexGuard<'_, HashMap<StrictKey, Cached>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets what this node knew of `key` (after a delete, a lost race,
+    /// an unknown outcome).
+    pub(super) fn forget(&self, key: &StrictKey) {
+        self.cache().remove(key);
+    }
+
+    /// Queues a call on `key`.
+    pub(super) fn push(&self, key: &StrictKey, call: Waiting) {
+        let mut q = self.queue();
+        let calls = q.waiting.entry(key.clone()).or_default();
+        let was_empty = calls.is_empty();
+        calls.push_back(call);
+        if was_empty && !q.busy.contains(key) {
+            q.ready.push_back(key.clone());
+        }
+    }
+
+    /// The next txn's keys and calls, marked busy; empty when nothing is
+    /// ready or [`MAX_TXNS_IN_FLIGHT`] txns run.
+    fn take(&self) -> Vec<KeyBatch> {
+        let cache = self.cache();
+        let mut q = self.queue();
+        let mut out = Vec::new();
+        if q.in_flight >= MAX_TXNS_IN_FLIGHT {
+            return out;
+        }
+        // The mark check takes one op.
+        let mut ops = 1;
+        while let Some(key) = q.ready.front() {
+            let cached = cache.get(key).copied();
+            // A key not known live may be created: a tombstone check too.
+            let cost = if cached.is_some() { 1 } else { 2 };
+            if ops + cost > MAX_TXN_OPS {
+                break;
+            }
+            ops += cost;
+            let Some(key) = q.ready.pop_front() else {
+                break;
+            };
+            let calls = q.waiting.remove(&key).unwrap_or_default().into();
+            q.busy.insert(key.clone());
+            out.push(KeyBatch { key, calls, cached });
+        }
+        if !out.is_empty() {
+            q.in_flight += 1;
+        }
+        out
+    }
+
+    /// Ends `key`'s turn: `again` (calls of a rolled-back txn) go back to
+    /// the front of its queue, in their order.
+    fn release(&self, key: StrictKey, again: Vec<Waiting>) {
+        let mut q = self.queue();
+        q.busy.remove(&key);
+        let calls = q.waiting.entry(key.clone()).or_default();
+        for call in again.into_iter().rev() {
+            calls.push_front(call);
+        }
+        if calls.is_empty() {
+            q.waiting.remove(&key);
+        } else {
+            q.ready.push_back(key);
+        }
+    }
+
+    fn txn_done(&self) {
+        let mut q = self.queue();
+        q.in_flight = q.in_flight.saturating_sub(1);
+    }
+}
+
+/// Starts txns for the ready keys, as many as may run.
+pub(super) fn kick(kv: &Arc<StrictKv>) {
+    loop {
+        let batch = kv.combiner.take();
+        if batch.is_empty() {
+            return;
+        }
+        let kv = Arc::clone(kv);
+        tokio::spawn(async move {
+            let lost = run(&kv, batch).await;
+            kv.combiner.txn_done();
+            kick(&kv);
+            if let Some((pause, lost)) = lost {
+                // Keys that lost a race wait out of the in-flight count, so
+                // other keys' txns go on meanwhile.
+                tokio::time::sleep(pause).await;
+                for (key, again) in lost {
+                    kv.combiner.release(key, again);
+                }
+                kick(&kv);
+            }
+        });
+    }
+}
+
+/// The same error for each caller of a batch.
+fn copy_err(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Contended(s) => StoreError::Contended(s.clone()),
+        StoreError::LockLost(s) => StoreError::LockLost(s.clone()),
+        StoreError::Strict(s) => StoreError::Strict(s.clone()),
+        StoreError::Regressed {
+            kind,
+            key,
+            stored,
+            wrote,
+        } => StoreError::Regressed {
+            kind,
+            key: key.clone(),
+            stored: stored.clone(),
+            wrote: wrote.clone(),
+        },
+        other => StoreError::Backend(match other {
+            StoreError::Backend(s) => s.clone(),
+            e => e.to_string(),
+        }),
+    }
+}
+
+/// Keys that lost a race, with their calls, and the pause before they
+/// are planned again (from a fresh read).
+type Lost = (std::time::Duration, Vec<(StrictKey, Vec<Waiting>)>);
+
+/// One txn: plan every key, write, answer or requeue, release the keys
+/// (those that lost a race are returned, to be released after a pause).
+async fn run(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Option<Lost> {
+    let mut ops = Vec::new();
+    let mut planned = Vec::new();
+    for b in plan_keys(kv, batch).await {
+        match b {
+            Ok(mut p) => {
+                p.first = ops.len();
+                ops.extend(p.tomb.take());
+                ops.push(TxnOp::Cas {
+                    key: p.kv_key.clone(),
+                    value: p.last.to_string().into_bytes(),
+                    index: p.index,
+                });
+                p.end = ops.len();
+                planned.push(p);
+            }
+            Err(key) => kv.combiner.release(key, Vec::new()),
+        }
+    }
+    if planned.is_empty() {
+        return None;
+    }
+    ops.extend(kv.keys.mark_check());
+    let calls: usize = planned.iter().map(|p| p.calls.len()).sum();
+    metrics::histogram!(m::STRICT_CONSUL_BATCH).record(calls as f64);
+    match kv.client.txn(&ops).await {
+        Ok(TxnOutcome::Committed(results)) => committed(kv, planned, &results),
+        Ok(TxnOutcome::RolledBack(errors)) => return rolled_back(kv, planned, &ops, &errors).await,
+        Err(e) => {
+            // Maybe applied: these values are never used, and every key is
+            // read again (a gap at worst).
+            for p in planned {
+                kv.combiner.forget(&p.key);
+                let error = StoreError::Backend(format!(
+                    "strict key {}: the write of its counter failed ({e}); no values were handed out, retry",
+                    p.key
+                ));
+                for (call, _) in p.calls {
+                    let _ = call.reply.send(Err(copy_err(&error)));
+                }
+                kv.combiner.release(p.key, Vec::new());
+            }
+        }
+    }
+    None
+}
+
+/// The write is durable: remember it, then hand out the values.
+fn committed(kv: &StrictKv, planned: Vec<Planned>, results: &[KvEntry]) {
+    for p in planned {
+        kv.keys.written().wrote(&p.kv_key, (0, p.last));
+        match results.iter().find(|e| e.key == p.kv_key) {
+            Some(e) => kv.combiner.cache().insert(
+                p.key.clone(),
+                Cached {
+                    value: p.last,
+                    index: e.modify_index,
+                },
+            ),
+            None => kv.combiner.cache().remove(&p.key),
+        };
+        for (call, values) in p.calls {
+            // A caller that left meanwhile leaves a gap, not a repeat.
+            let _ = call.reply.send(Ok(values));
+        }
+        kv.combiner.release(p.key, Vec::new());
+    }
+}
+
+/// Nothing was written and nothing is handed out. Keys whose ops failed
+/// are read again after a pause; the others are planned again at once.
+async fn rolled_back(
+    kv: &StrictKv,
+    planned: Vec<Planned>,
+    ops: &[TxnOp],
+    errors: &[TxnError],
+) -> Option<Lost> {
+    if let Some(denied) = errors
+        .iter()
+        .find(|e| e.what.to_ascii_lowercase().contains("permission denied"))
+    {
+        // ACL denials come back as rolled-back txns too: retrying cannot
+        // help those.
+        for p in planned {
+            let error = StoreError::Backend(format!(
+                "strict key {}: Consul refused the write of {} ({}); check that the ACL token has the policy in consul/acl-policy.hcl",
+                p.key, p.kv_key, denied.what
+            ));
+            for (call, _) in p.calls {
+                let _ = call.reply.send(Err(copy_err(&error)));
+            }
+            kv.combiner.release(p.key, Vec::new());
+        }
+        return None;
+    }
+    let mark_moved = kv.keys.mark_failed(ops, errors);
+    if mark_moved {
+        // This node's mark moved (its keeper, or a restore): re-read it;
+        // every key is read again too.
+        if let Err(e) = kv.keys.recheck_mark(&kv.client).await {
+            for p in planned {
+                kv.combiner.forget(&p.key);
+                for (call, _) in p.calls {
+                    let _ = call.reply.send(Err(copy_err(&e)));
+                }
+                kv.combiner.release(p.key, Vec::new());
+            }
+            return None;
+        }
+    }
+    let mut lost = Vec::new();
+    for p in planned {
+        let failed = errors
+            .iter()
+            .any(|e| (p.first..p.end).contains(&e.op_index));
+        if failed || mark_moved {
+            kv.combiner.forget(&p.key);
+        }
+        if failed && !mark_moved {
+            // Another node (or this node's late write) moved the key.
+            kv.conflicts.increment(1);
+            lost.push(p);
+        } else {
+            let again = p.calls.into_iter().map(|(c, _)| c).collect();
+            kv.combiner.release(p.key, again);
+        }
+    }
+    let mut worst = 0;
+    let lost: Vec<(StrictKey, Vec<Waiting>)> = lost
+        .into_iter()
+        .map(|p| {
+            let mut again = Vec::new();
+            for (mut call, _) in p.calls {
+                call.lost += 1;
+                if call.lost >= STRICT_POLICY.attempts {
+                    let _ = call.reply.send(Err(StoreError::Contended(format!(
+                        "strict key {}: lost the compare-and-set race {} times in a row; too many nodes write it at once: retry later, ask for more values per call (count), or spread the load over more keys",
+                        p.key, call.lost
+                    ))));
+                } else {
+                    worst = worst.max(call.lost);
+                    again.push(call);
+                }
+            }
+            (p.key, again)
+        })
+        .collect();
+    (!lost.is_empty()).then(|| (STRICT_POLICY.pause(worst.saturating_sub(1)), lost))
+}
+
+/// Plans each key of `batch` (the reads run at once); a key none of
+/// whose calls gets values comes back as `Err(key)`, its calls answered.
+async fn plan_keys(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Vec<Result<Planned, StrictKey>> {
+    let mut reads = tokio::task::JoinSet::new();
+    let mut out = Vec::with_capacity(batch.len());
+    for (i, mut b) in batch.into_iter().enumerate() {
+        // A caller that gave up needs no values: do not burn them.
+        b.calls.retain(|c| !c.reply.is_closed());
+        if b.calls.is_empty() {
+            out.push((i, Err(b.key)));
+            continue;
+        }
+        let kv_key = kv.keys.strict(b.key.as_str());
+        match b.cached {
+            Some(c) => out.push((i, cut(b, kv_key, c.value, c.index, None))),
+            None => {
+                let kv = Arc::clone(kv);
+                reads.spawn(async move {
+                    let start = kv.read_for_write(&b.key, &kv_key).await;
+                    (i, b, kv_key, start)
+                });
+            }
+        }
+    }
+    while let Some(read) = reads.join_next().await {
+        let Ok((i, b, kv_key, start)) = read else {
+            // A read task that panicked dropped its calls' senders (the
+            // callers see an error); its key stays busy.
+            continue;
+        };
+        match start {
+            Ok((value, index, tomb)) => out.push((i, cut(b, kv_key, value, index, tomb))),
+            Err(e) => {
+                for call in b.calls {
+                    let _ = call.reply.send(Err(copy_err(&e)));
+                }
+                out.push((i, Err(b.key)));
+            }
+        }
+    }
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Cuts the calls' ranges from `value` in arrival order; a call that
+/// cannot advance (the key used up) fails alone.
+fn cut(
+    b: KeyBatch,
+    kv_key: String,
+    value: u64,
+    index: u64,
+    tomb: Option<TxnOp>,
+) -> Result<Planned, StrictKey> {
+    let mut last = value;
+    let mut calls = Vec::with_capacity(b.calls.len());
+    for call in b.calls {
+        match advance(&b.key, last, call.step, call.count) {
+            Ok(values) => {
+                last = values.last;
+                calls.push((call, values));
+            }
+            Err(e) => {
+                let _ = call.reply.send(Err(e.into()));
+            }
+        }
+    }
+    if calls.is_empty() {
+        return Err(b.key);
+    }
+    Ok(Planned {
+        key: b.key,
+        kv_key,
+        index,
+        tomb,
+        first: 0,
+        end: 0,
+        last,
+        calls,
+    })
+}
