@@ -3,8 +3,10 @@
 #   - starts the Consul-compatible test server and three idgen nodes in
 #     cluster mode (release build), all on loopback;
 #   - runs client/examples/load.rs (the client found through Consul, with
-#     prefetch) on 1 and 2 threads: IDs/s, and p50/p99/p99.9/max of single
-#     next_id calls, refill stalls included;
+#     prefetch) on 1 and 2 threads, with one refill at a time and with up to
+#     6 in flight (the default), alternating: IDs/s, p50/p99/p99.9/max of
+#     single next_id calls, refill stalls included, and the histogram of
+#     calls that waited over 1 ms;
 #   - runs Redis INCR with `redis-benchmark -t incr -c 50` against Debian's
 #     redis-server started on a loopback port (installed if missing) and
 #     stopped after, once without persistence and once with appendfsync
@@ -65,9 +67,11 @@ for _ in $(seq 1 100); do
 done
 echo "== consul test server on $consul; 3 idgen nodes passing"
 
-echo "== client with prefetch (snowflake), ${secs}s per run"
+echo "== client with prefetch (snowflake), ${secs}s per run; refills_in_flight 1 is one refill at a time (the client before it kept ahead)"
 for t in 1 2; do
-  "$load" --consul "http://$consul" --threads "$t" --seconds "$secs" --mode prefetch
+  for r in 1 6; do
+    "$load" --consul "http://$consul" --threads "$t" --seconds "$secs" --mode prefetch --refills-in-flight "$r"
+  done
 done
 echo "== client, one GenId call per ID (no prefetch), 2 threads"
 "$load" --consul "http://$consul" --threads 2 --seconds "$secs" --mode call

@@ -163,14 +163,20 @@ for r in $(seq 1 "$rounds"); do
     row postgres-nextval-c16 "$(sed -n 's/^pg_nextval_tps=//p' "$work/pg.out")" calls/s
     row postgres-update-c16 "$(sed -n 's/^pg_update_tps=//p' "$work/pg.out")" calls/s
   fi
-  "$load" --consul "http://$consul" --threads 1 --seconds "$secs" --mode prefetch > "$work/load.json"
-  python3 - "$work/load.json" >> "$results" <<'PY'
+  # The client as it is (up to 6 refills in flight) and with one refill at
+  # a time (as before it kept ahead), alternating.
+  for refills in 6 1; do
+    "$load" --consul "http://$consul" --threads 1 --seconds "$secs" --mode prefetch \
+      --refills-in-flight "$refills" > "$work/load.json"
+    python3 - "$work/load.json" "$refills" >> "$results" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+suffix = "" if sys.argv[2] != "1" else "-one-refill"
 waits = sum(r["stalls_over_1ms"].values())
-print(f"client-prefetch-1t\t{r['ids_per_sec']}\tIDs/s\t{r['p50_us']}\t{r['p99_us']}")
-print(f"client-waits-over-1ms-per-10M\t{waits * 10_000_000 / max(r['ids'], 1):.1f}\tcount\t\t")
+print(f"client-prefetch-1t{suffix}\t{r['ids_per_sec']}\tIDs/s\t{r['p50_us']}\t{r['p99_us']}")
+print(f"client-waits-over-1ms-per-10M{suffix}\t{waits * 10_000_000 / max(r['ids'], 1):.1f}\tcount\t\t")
 PY
+  done
   if [ "$smoke" = 0 ] || redis_installed; then
     # redis-benchmark counts requests, not seconds: sized to take about
     # $secs each on a 2-core machine (fsync'd INCR is ~50x slower).

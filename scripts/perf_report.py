@@ -47,9 +47,11 @@ FIGURES = {
     "formatted-c64": ("GenFormatted `orders`, 1 x 64", ["plain-unary-c64"]),
     "client-prefetch-1t": (
         "Client with prefetch, 1 thread, 3 nodes via Consul",
-        ["redis-incr-c50-fsync-no", "redis-incr-c50-fsync-always"],
+        ["client-prefetch-1t-one-refill", "redis-incr-c50-fsync-no", "redis-incr-c50-fsync-always"],
     ),
+    "client-prefetch-1t-one-refill": ("Same, one refill at a time (refills_in_flight = 1)", []),
     "client-waits-over-1ms-per-10M": ("Client next_id calls waiting over 1 ms, per 10 M IDs", []),
+    "client-waits-over-1ms-per-10M-one-refill": ("Same, one refill at a time", []),
     "redis-incr-c50-fsync-no": ("Redis INCR, redis-benchmark -c 50, no persistence", []),
     "redis-incr-c50-fsync-always": ("Redis INCR, -c 50, appendfsync always", []),
 }
