@@ -217,6 +217,11 @@ def main(argv):
     if argv[:1] == ["--update-readme"]:
         report = json.load(open(argv[2]))
         check(report)
+        if report["smoke"]:
+            raise SystemExit(
+                "perf_report: a --smoke report (one second, one round, debug build) is not for the README: "
+                "run scripts/perf-report.sh [secs] [rounds] --update-readme on a quiet machine"
+            )
         update_readme(argv[1], report)
         return
     args = {"results": argv[0], "out": argv[1]}
