@@ -298,6 +298,10 @@ impl Prefetcher {
                             return Ok(id);
                         }
                         if !inner.advance() {
+                            if inner.in_flight.load(Ordering::Acquire) > 0 {
+                                // Another refill may still land in time.
+                                continue;
+                            }
                             return Err(e);
                         }
                     }
