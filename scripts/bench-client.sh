@@ -3,11 +3,14 @@
 #   - starts the Consul-compatible test server and three idgen nodes in
 #     cluster mode (release build), all on loopback;
 #   - runs client/examples/load.rs (the client found through Consul, with
-#     prefetch) on 1 and 2 threads: IDs/s, and p50/p99/p99.9/max of single
-#     next_id calls, refill stalls included;
+#     prefetch) on 1 and 2 threads, with one refill at a time and with up to
+#     6 in flight (the default), alternating: IDs/s, p50/p99/p99.9/max of
+#     single next_id calls, refill stalls included, and the histogram of
+#     calls that waited over 1 ms;
 #   - runs Redis INCR with `redis-benchmark -t incr -c 50` against Debian's
 #     redis-server started on a loopback port (installed if missing) and
-#     stopped after;
+#     stopped after, once without persistence and once with appendfsync
+#     always (scripts/lib/redis.sh);
 #   - failover: kills (SIGKILL) a node while the load runs, once with
 #     prefetch and once with one call per ID, and prints the histogram of
 #     calls that took over 1 ms (the stalls) and the longest one, against
@@ -19,9 +22,12 @@ secs="${1:-5}"
 cargo build --release --quiet --workspace --bins --example load
 bin=target/release/idgen
 load=target/release/examples/load
-work=$(mktemp -d)
+# On disk, not tmpfs: Redis's appendfsync always must really fsync.
+work=$(mktemp -d "${PERF_TMPDIR:-/var/tmp}/idgen-bench-client.XXXXXX")
 # shellcheck source=lib/cluster.sh
 source scripts/lib/cluster.sh
+# shellcheck source=lib/redis.sh
+source scripts/lib/redis.sh
 start_consul
 
 declare -A node_pid
@@ -61,28 +67,18 @@ for _ in $(seq 1 100); do
 done
 echo "== consul test server on $consul; 3 idgen nodes passing"
 
-echo "== client with prefetch (snowflake), ${secs}s per run"
+echo "== client with prefetch (snowflake), ${secs}s per run; refills_in_flight 1 is one refill at a time (the client before it kept ahead)"
 for t in 1 2; do
-  "$load" --consul "http://$consul" --threads "$t" --seconds "$secs" --mode prefetch
+  for r in 1 6; do
+    "$load" --consul "http://$consul" --threads "$t" --seconds "$secs" --mode prefetch --refills-in-flight "$r"
+  done
 done
 echo "== client, one GenId call per ID (no prefetch), 2 threads"
 "$load" --consul "http://$consul" --threads 2 --seconds "$secs" --mode call
 
-echo "== Redis INCR (redis-benchmark -t incr -c 50)"
-if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
-  SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
-fi
-redis-server --port 16379 --bind 127.0.0.1 --save "" --appendonly no --daemonize no > "$work/redis.log" &
-redis_pid=$!
-pids+=($redis_pid)
-for _ in $(seq 1 100); do
-  redis-cli -p 16379 ping >/dev/null 2>&1 && break
-  sleep 0.05
-done
-redis-benchmark -p 16379 -t incr -c 50 -n 500000 -q 2>&1 | tr "\r" "\n" | grep "requests per second" || true
-kill -TERM "$redis_pid"; wait "$redis_pid" 2>/dev/null || true
+echo "== Redis INCR (redis-benchmark -t incr -c 50 -n 500000), plain and with appendfsync always"
+echo "INCR, no persistence: $(redis_incr_bench no 50 500000) requests per second"
+echo "INCR, appendfsync always (fsync'd per write, like strict): $(redis_incr_bench always 50 500000) requests per second"
 
 echo "== failover: SIGKILL of a node under load (deadline 2 s)"
 for mode in prefetch call; do

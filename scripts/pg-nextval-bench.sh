@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# pg-nextval-bench.sh — PostgreSQL `SELECT nextval()` throughput, as a
-# reference point for idgen's strict mode.
+# pg-nextval-bench.sh — PostgreSQL `SELECT nextval()` throughput, and a
+# durable-per-call counter (`UPDATE counters SET v = v + 1 WHERE k = $1
+# RETURNING v`), as reference points for idgen's strict mode.
 #
 # Usage: scripts/pg-nextval-bench.sh [clients=16] [seconds=10]
 #
@@ -9,9 +10,15 @@
 #   per call, from <clients> connections over TCP on 127.0.0.1, for <seconds>
 #   seconds, against a throw-away cluster (initdb into a mktemp dir, stopped
 #   and deleted on exit). The figure reported is pgbench's tps "without
-#   initial connection time", i.e. IDs handed out per second. Output: the
-#   pgbench summary, a few `info:` lines (PostgreSQL version, nproc, WAL
-#   written per transaction), and as the very last line:
+#   initial connection time", i.e. IDs handed out per second. Then the
+#   same for `UPDATE counters SET v = v + 1 WHERE k = :k RETURNING v` on
+#   one row (one hot key, like one strict key): every call writes WAL and
+#   gets a transaction id, so with synchronous_commit = on every commit
+#   waits for its WAL fsync (group commit shares one fsync among the
+#   commits waiting at that moment) — durable per call, like strict mode.
+#   Output: both pgbench summaries, a few `info:` lines (PostgreSQL
+#   version, nproc, WAL written per transaction), and as the last lines:
+#       pg_update_tps=<number>
 #       pg_nextval_tps=<number>
 #
 # Server settings: fsync=on and synchronous_commit=on (both PostgreSQL's
@@ -313,6 +320,10 @@ psql_val() { psql_do -At "$@"; }
 
 psql_do -d postgres -c "CREATE DATABASE $DB"
 psql_do -d "$DB" -c "CREATE SEQUENCE bench_seq"
+psql_do -d "$DB" -c "CREATE TABLE counters (k int PRIMARY KEY, v bigint NOT NULL); INSERT INTO counters VALUES (1, 0)"
+UPDATE_SCRIPT="$WORK/update.sql"
+printf '%s\n' '\set k 1' 'UPDATE counters SET v = v + 1 WHERE k = :k RETURNING v;' >"$UPDATE_SCRIPT"
+((IS_ROOT)) && chown "$RUN_USER" "$UPDATE_SCRIPT"
 
 SCRIPT="$WORK/nextval.sql"
 printf '%s\n' "SELECT nextval('bench_seq');" >"$SCRIPT"
@@ -359,4 +370,22 @@ if [[ -n "$TXNS" && "$TXNS" -gt 0 ]]; then
         echo "info: wal_fsyncs~=$((SYNC_AFTER - SYNC_BEFORE)) txns_per_wal_fsync~=$(awk -v s="$((SYNC_AFTER - SYNC_BEFORE))" -v t="$TXNS" 'BEGIN { if (s > 0) printf "%.1f", t / s; else print "inf" }')"
     fi
 fi
+
+# ---------------------------------------------------------------------------
+# The durable-per-call peer: UPDATE ... RETURNING on one row.
+# ---------------------------------------------------------------------------
+log "pgbench: $CLIENTS clients, $THREADS threads, ${DURATION}s, UPDATE counters SET v = v + 1 WHERE k = :k RETURNING v"
+as_pg "$PGBENCH" -n -M prepared -c "$CLIENTS" -j "$THREADS" -T "$DURATION" \
+    -f "$UPDATE_SCRIPT" -h 127.0.0.1 -p "$PORT" -U "$PGSUPER" "$DB" \
+    >"$WORK/pgbench-update.out" 2>&1 || {
+    cat "$WORK/pgbench-update.out" >&2
+    die "pgbench (UPDATE ... RETURNING) failed"
+}
+cat "$WORK/pgbench-update.out"
+UPDATE_TPS="$(awk '/^tps = / && /\((without initial connection time|excluding connections establishing)\)/ { print $3; exit }' \
+    "$WORK/pgbench-update.out")"
+[[ -n "$UPDATE_TPS" ]] || UPDATE_TPS="$(awk '/^tps = / { print $3; exit }' "$WORK/pgbench-update.out")"
+[[ "$UPDATE_TPS" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "could not parse tps from the UPDATE pgbench output"
+echo "info: counters.v=$(psql_val -d "$DB" -c 'SELECT v FROM counters WHERE k = 1') (one per committed UPDATE)"
+echo "pg_update_tps=$UPDATE_TPS"
 echo "pg_nextval_tps=$TPS"

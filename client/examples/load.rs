@@ -23,6 +23,8 @@ struct Args {
     prefetch: bool,
     deadline: Duration,
     check_distinct: bool,
+    /// `PrefetchConfig::refills_in_flight`; 1 = one refill at a time.
+    refills_in_flight: u32,
 }
 
 fn args() -> Result<Args, String> {
@@ -33,6 +35,7 @@ fn args() -> Result<Args, String> {
         prefetch: true,
         deadline: Duration::from_secs(2),
         check_distinct: false,
+        refills_in_flight: PrefetchConfig::default().refills_in_flight,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -53,6 +56,11 @@ fn args() -> Result<Args, String> {
                 }
             }
             "--check-distinct" => a.check_distinct = true,
+            "--refills-in-flight" => {
+                a.refills_in_flight = v()?
+                    .parse()
+                    .map_err(|e| format!("--refills-in-flight: {e}"))?
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -75,7 +83,10 @@ fn main() {
             .consul(ConsulDiscovery::new(&a.consul).wait(Duration::from_secs(5)))
             .deadline(a.deadline)
             .set_aside(Duration::from_millis(500))
-            .prefetch(PrefetchConfig::default()),
+            .prefetch(PrefetchConfig {
+                refills_in_flight: a.refills_in_flight,
+                ..PrefetchConfig::default()
+            }),
     )
     .unwrap_or_else(|e| {
         eprintln!("load: {e}");
@@ -102,9 +113,10 @@ fn main() {
     let stalls = stalls(&h);
     let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     println!(
-        "{{\"mode\": \"{}\", \"threads\": {}, \"ids\": {total}, \"ids_per_sec\": {:.0}, \"errors\": {errors}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"p999_us\": {:.3}, \"max_ms\": {:.3}, \"distinct\": {}, \"stalls_over_1ms\": {{{}}}}}",
+        "{{\"mode\": \"{}\", \"threads\": {}, \"refills_in_flight\": {}, \"ids\": {total}, \"ids_per_sec\": {:.0}, \"errors\": {errors}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"p999_us\": {:.3}, \"max_ms\": {:.3}, \"distinct\": {}, \"stalls_over_1ms\": {{{}}}}}",
         if a.prefetch { "prefetch" } else { "call" },
         a.threads,
+        a.refills_in_flight,
         total as f64 / elapsed,
         us(0.5),
         us(0.99),

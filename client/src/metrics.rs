@@ -20,6 +20,8 @@ pub const BUFFER_DEPTH: &str = "idgen_client_buffer_depth";
 pub const BATCH_SIZE: &str = "idgen_client_batch_size";
 /// Prefetched IDs thrown away unused, by `reason` (`age`, `shutdown`); they are gaps, never repeats.
 pub const DISCARDED: &str = "idgen_client_ids_discarded_total";
+/// Refills a prefetch buffer may have in flight at once now, by `mode` and `tag` (grows while callers wait at the largest batch).
+pub const REFILL_LANES: &str = "idgen_client_refill_lanes";
 /// Calls to `next_id` that found the buffer empty and waited for a refill.
 pub const STALLS: &str = "idgen_client_buffer_stalls_total";
 /// Seconds since the node list was last read from Consul.

@@ -1,5 +1,14 @@
 //! Prefetching: a local buffer of IDs per (mode, tag), refilled in the
 //! background with `GenIds` before it runs dry.
+//!
+//! A buffer keeps ahead of a fast reader with several refills in flight
+//! at once ("lanes"): each is one `GenIds` call to the node with the fewest
+//! calls in flight (power of two choices), so the lanes spread over the
+//! nodes. A buffer starts with one lane; callers that had to wait double
+//! the batch and, once it is at `max_batch`, add a lane, up to
+//! [`PrefetchConfig::refills_in_flight`]. Each answer is its own block, so
+//! the order within one node's block is kept; blocks are served in the
+//! order they arrived.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +43,13 @@ pub struct PrefetchConfig {
     /// A batch that took longer than this to use up halves the next one
     /// (default 30 s): IDs should not sit unused.
     pub shrink_after: Duration,
+    /// The most refills in flight at once (default 6: two per node of a
+    /// 3-node cluster, so each node always has the next batch in hand).
+    /// A buffer starts with one; each time callers had to wait while the
+    /// batch was already at `max_batch` it adds one, and it drops one when
+    /// IDs aged out or a batch took over `shrink_after` to use. 1 gives
+    /// the one-refill-at-a-time behaviour. At most 64.
+    pub refills_in_flight: u32,
 }
 
 impl Default for PrefetchConfig {
@@ -45,6 +61,7 @@ impl Default for PrefetchConfig {
             low_water: 0.5,
             max_snowflake_age: Duration::from_secs(5),
             shrink_after: Duration::from_secs(30),
+            refills_in_flight: 6,
         }
     }
 }
@@ -66,9 +83,18 @@ impl PrefetchConfig {
         if self.max_snowflake_age.is_zero() {
             return Err("prefetch max_snowflake_age must be above zero".into());
         }
+        if !(1..=MAX_REFILLS_IN_FLIGHT).contains(&self.refills_in_flight) {
+            return Err(format!(
+                "prefetch refills_in_flight must be between 1 and {MAX_REFILLS_IN_FLIGHT}, got {}",
+                self.refills_in_flight
+            ));
+        }
         Ok(())
     }
 }
+
+/// The largest [`PrefetchConfig::refills_in_flight`] accepted.
+const MAX_REFILLS_IN_FLIGHT: u32 = 64;
 
 /// The last refill's outcome, for callers waiting on it.
 #[derive(Debug, Clone, Default)]
@@ -102,7 +128,10 @@ struct Inner {
     config: PrefetchConfig,
     batch: AtomicU32,
     max_batch: AtomicU32,
-    refilling: AtomicBool,
+    /// Refills started and not yet landed.
+    in_flight: AtomicU32,
+    /// How many refills may be in flight now (1..=config.refills_in_flight).
+    lanes: AtomicU32,
     /// A caller found the buffer empty since the last refill started.
     stalled: AtomicBool,
     refilled: watch::Sender<Refilled>,
@@ -138,13 +167,15 @@ impl Prefetcher {
             max_batch: AtomicU32::new(config.max_batch),
             config,
             batch: AtomicU32::new(batch),
-            refilling: AtomicBool::new(false),
+            in_flight: AtomicU32::new(0),
+            lanes: AtomicU32::new(1),
             stalled: AtomicBool::new(false),
             refilled: watch::Sender::new(Refilled::default()),
             served_since: Mutex::new(Instant::now()),
             labels,
         };
         metrics::gauge!(m::BATCH_SIZE, &inner.labels).set(f64::from(batch));
+        metrics::gauge!(m::REFILL_LANES, &inner.labels).set(1.0);
         Self {
             inner: Arc::new(inner),
         }
@@ -164,7 +195,8 @@ impl Prefetcher {
             config: PrefetchConfig::default(),
             batch: AtomicU32::new(1),
             max_batch: AtomicU32::new(1),
-            refilling: AtomicBool::new(false),
+            in_flight: AtomicU32::new(0),
+            lanes: AtomicU32::new(1),
             stalled: AtomicBool::new(false),
             refilled: watch::Sender::new(Refilled::default()),
             served_since: Mutex::new(Instant::now()),
@@ -199,6 +231,8 @@ impl Prefetcher {
     #[cold]
     fn next_block(&self) -> Option<crate::buffer::Claimed> {
         if self.inner.buffer.has_queued() && self.inner.advance() {
+            // A block went into service: keep the lanes busy.
+            self.inner.start_refills(false);
             self.inner.buffer.try_claim()
         } else {
             None
@@ -206,8 +240,8 @@ impl Prefetcher {
     }
 
     /// The next ID: from memory when the buffer holds one (no lock, no
-    /// wait), else after the refill in flight (one per buffer; every
-    /// caller arriving meanwhile waits on the same one), within the
+    /// wait), else after the next refill lands (every caller arriving
+    /// meanwhile waits for the refills already in flight), within the
     /// client's deadline.
     pub async fn next_id(&self) -> Result<u64, Error> {
         match self.try_next() {
@@ -239,7 +273,7 @@ impl Prefetcher {
                 counted = true;
             }
             inner.stalled.store(true, Ordering::Relaxed);
-            inner.request_refill();
+            inner.start_refills(true);
             // A refill may have landed between the checks above and the
             // subscription: look once more before sleeping.
             if let Some(id) = self.try_next() {
@@ -264,6 +298,10 @@ impl Prefetcher {
                             return Ok(id);
                         }
                         if !inner.advance() {
+                            if inner.in_flight.load(Ordering::Acquire) > 0 {
+                                // Another refill may still land in time.
+                                continue;
+                            }
                             return Err(e);
                         }
                     }
@@ -296,6 +334,12 @@ impl Prefetcher {
     pub fn batch_size(&self) -> u32 {
         self.inner.batch.load(Ordering::Relaxed)
     }
+
+    /// Refills in flight right now (at most
+    /// [`PrefetchConfig::refills_in_flight`]).
+    pub fn refills_in_flight(&self) -> u32 {
+        self.inner.in_flight.load(Ordering::Relaxed)
+    }
 }
 
 fn low_water(batch: u32, fraction: f64) -> usize {
@@ -309,18 +353,59 @@ impl Inner {
         let Advanced { ready, discarded } = self.buffer.advance();
         if discarded > 0 {
             metrics::counter!(m::DISCARDED, "reason" => "age").increment(discarded as u64);
-            // IDs sat unused until they aged out: ask for fewer.
-            self.resize(|b| b / 2);
+            // IDs sat unused until they aged out: fetch less ahead.
+            self.shrink();
         }
         if ready {
             let mut since = self.served_since.lock().unwrap_or_else(|e| e.into_inner());
             if since.elapsed() > self.config.shrink_after {
-                self.resize(|b| b / 2);
+                self.shrink();
             }
             *since = Instant::now();
             metrics::gauge!(m::BUFFER_DEPTH, &self.labels).set(self.buffer.depth() as f64);
         }
         ready
+    }
+
+    /// Callers had to wait: a larger batch, or once the batch is at its
+    /// largest, one more refill in flight.
+    fn grow(&self) {
+        let batch = self.batch.load(Ordering::Relaxed);
+        if batch < self.max_batch.load(Ordering::Relaxed) {
+            self.resize(|b| b.saturating_mul(2));
+        } else {
+            self.set_lanes(|l| l + 1);
+        }
+    }
+
+    /// IDs sat unused: one refill in flight fewer, or once down to one,
+    /// half the batch.
+    fn shrink(&self) {
+        if self.lanes.load(Ordering::Relaxed) > 1 {
+            self.set_lanes(|l| l - 1);
+        } else {
+            self.resize(|b| b / 2);
+        }
+    }
+
+    fn set_lanes(&self, f: impl Fn(u32) -> u32) {
+        let old = self.lanes.load(Ordering::Relaxed);
+        let new = f(old).clamp(1, self.config.refills_in_flight.max(1));
+        if new != old {
+            self.lanes.store(new, Ordering::Relaxed);
+            metrics::gauge!(m::REFILL_LANES, &self.labels).set(f64::from(new));
+            tracing::debug!(mode = ?self.mode, tag = %self.tag, lanes = new, "prefetch refills in flight changed");
+        }
+    }
+
+    /// Whether the IDs held plus those on their way (`in_flight` batches)
+    /// are below what this buffer keeps ahead: the low-water mark of one
+    /// batch, plus one whole batch for every lane beyond the first.
+    fn wants_more(&self, in_flight: u32) -> bool {
+        let batch = self.batch.load(Ordering::Relaxed) as usize;
+        let lanes = self.lanes.load(Ordering::Relaxed).max(1) as usize;
+        let ahead = low_water(batch as u32, self.config.low_water) + (lanes - 1) * batch;
+        self.buffer.depth() + in_flight as usize * batch < ahead
     }
 
     fn resize(&self, f: impl Fn(u32) -> u32) {
@@ -336,13 +421,32 @@ impl Inner {
         }
     }
 
-    /// Starts a refill unless one is in flight.
+    /// A claim crossed the low-water mark: start a refill if none is in
+    /// flight, and more while the buffer is below what it keeps ahead.
     fn request_refill(self: &Arc<Self>) {
+        self.start_refills(true);
+    }
+
+    /// Starts refills while fewer than `lanes` are in flight and the
+    /// buffer wants more; `asked`: a caller needs one, so start one when
+    /// none is in flight whatever the depth. The count only moves by
+    /// compare-and-swap, so concurrent callers never exceed the lanes.
+    fn start_refills(self: &Arc<Self>, asked: bool) {
         let Some(runtime) = &self.runtime else { return };
-        if self.refilling.swap(true, Ordering::AcqRel) {
-            return;
+        let lanes = self.lanes.load(Ordering::Relaxed).max(1);
+        for _ in 0..lanes {
+            let n = self.in_flight.load(Ordering::Acquire);
+            if n >= lanes || !((asked && n == 0) || self.wants_more(n)) {
+                return;
+            }
+            if self
+                .in_flight
+                .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                runtime.spawn(Arc::clone(self).refill());
+            }
         }
-        runtime.spawn(Arc::clone(self).refill());
     }
 
     async fn refill(self: Arc<Self>) {
@@ -351,50 +455,58 @@ impl Inner {
         };
         if self.stalled.swap(false, Ordering::Relaxed) {
             // Callers found the buffer empty: fetch further ahead.
-            self.resize(|b| b.saturating_mul(2));
+            self.grow();
         }
         let span = tracing::debug_span!("idgen.refill", mode = ?self.mode, tag = %self.tag);
-        let result = async {
-            loop {
-                let count = self.batch.load(Ordering::Relaxed);
-                let (mode, tag) = (self.mode as i32, self.tag.clone());
-                let got = caller
-                    .call("GenIds", Retry::Idempotent, |mut c, left| {
-                        let mut req = tonic::Request::new(GenIdsRequest {
-                            mode,
-                            tag: tag.clone(),
-                            count,
-                        });
-                        req.set_timeout(left);
-                        async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
-                    })
-                    .await;
-                match got {
-                    Err(Error::Status {
-                        code: tonic::Code::InvalidArgument,
-                        message,
-                    }) => match server_max_batch(&message) {
-                        Some(max) if max < count && max > 0 => {
-                            tracing::info!(
-                                max_batch = max,
-                                "the server's max batch is lower than the client's: using it"
-                            );
-                            self.max_batch.store(max, Ordering::Relaxed);
-                            self.resize(|b| b.min(max));
-                        }
-                        _ => {
-                            return Err(Error::Status {
-                                code: tonic::Code::InvalidArgument,
-                                message,
-                            })
-                        }
-                    },
-                    other => return other,
-                }
+        let result = self.fetch(&caller).instrument(span).await;
+        self.land(result);
+    }
+
+    /// One `GenIds` call (with the client's retries), lowering the batch
+    /// to the server's limit if the server says it is too large.
+    async fn fetch(&self, caller: &Caller) -> Result<Vec<u64>, Error> {
+        loop {
+            let count = self.batch.load(Ordering::Relaxed);
+            let (mode, tag) = (self.mode as i32, self.tag.clone());
+            let got = caller
+                .call("GenIds", Retry::Idempotent, |mut c, left| {
+                    let mut req = tonic::Request::new(GenIdsRequest {
+                        mode,
+                        tag: tag.clone(),
+                        count,
+                    });
+                    req.set_timeout(left);
+                    async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
+                })
+                .await;
+            match got {
+                Err(Error::Status {
+                    code: tonic::Code::InvalidArgument,
+                    message,
+                }) => match server_max_batch(&message) {
+                    Some(max) if max < count && max > 0 => {
+                        tracing::info!(
+                            max_batch = max,
+                            "the server's max batch is lower than the client's: using it"
+                        );
+                        self.max_batch.store(max, Ordering::Relaxed);
+                        self.resize(|b| b.min(max));
+                    }
+                    _ => {
+                        return Err(Error::Status {
+                            code: tonic::Code::InvalidArgument,
+                            message,
+                        })
+                    }
+                },
+                other => return other,
             }
         }
-        .instrument(span)
-        .await;
+    }
+
+    /// Queues what a refill got (or hands its error to the waiting
+    /// callers) and counts the refill as landed.
+    fn land(self: &Arc<Self>, result: Result<Vec<u64>, Error>) {
         let outcome = match result {
             Ok(ids) if !ids.is_empty() => {
                 let block = Arc::new(Block::new(ids));
@@ -424,8 +536,14 @@ impl Inner {
         if let Some(e) = &outcome {
             tracing::warn!(mode = ?self.mode, tag = %self.tag, error = %e, "prefetch refill failed");
         }
-        self.refilling.store(false, Ordering::Release);
+        let landed = outcome.is_none();
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.refilled.send_replace(Refilled { error: outcome });
+        if landed {
+            // Keep the other lanes busy; after an error, the next caller
+            // that finds the buffer low starts the next attempt.
+            self.start_refills(false);
+        }
     }
 }
 

@@ -165,4 +165,25 @@ mod tests {
             assert_eq!(asks, 1, "refill asked {asks} times for one block");
         });
     }
+
+    /// Two refills in flight land at once (several refills per buffer,
+    /// to different nodes) while a caller claims and replaces blocks:
+    /// every ID of every block is handed out once, none is lost.
+    #[test]
+    fn two_refills_landing_at_once_lose_and_repeat_nothing() {
+        model(|| {
+            let buf = Arc::new(IdBuffer::new(1));
+            buf.push(Arc::new(Block::new(vec![1])));
+            let (b2, b3) = (Arc::clone(&buf), Arc::clone(&buf));
+            let first = thread::spawn(move || b2.push(Arc::new(Block::new(vec![2]))));
+            let second = thread::spawn(move || b3.push(Arc::new(Block::new(vec![3]))));
+            let mut all = drain(&buf, 3);
+            first.join().unwrap();
+            second.join().unwrap();
+            all.extend(drain(&buf, 3));
+            assert_distinct(&all);
+            all.sort_unstable();
+            assert_eq!(all, vec![1, 2, 3], "an ID was lost");
+        });
+    }
 }

@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Every figure of the README's Performance table in one run, with its
+# baseline from the same run, written to target/perf/report.md and
+# target/perf/report.json (medians over the rounds, ratios against the
+# baselines, the machine: nproc, CPU model, load average before and after,
+# the commit and the date).
+#
+# Figures (each round runs all of them in turn, so the machine's noise
+# hits a figure and its baseline alike):
+#   - single node: unary GenId and GenIds x1000 (1 connection x 64), each
+#     alternating with a bare tonic counter server (`idgen bench --baseline`);
+#   - modes: segment and lease GenIds x1000 on an embedded node;
+#   - strict: unary, 16 callers, embedded (fsync'd) against bare tonic,
+#     and on the Consul test server; its peers PostgreSQL `nextval` and
+#     `UPDATE ... RETURNING` with synchronous_commit = on
+#     (scripts/pg-nextval-bench.sh);
+#   - client vs Redis: client/examples/load.rs (one thread, prefetch, 3
+#     nodes found through Consul) against `redis-benchmark -t incr -c 50`,
+#     plain and with appendfsync always (scripts/lib/redis.sh);
+#   - TLS: unary GenId on a TLS 1.3 node (`idgen tls dev-certs`) against a
+#     plaintext node;
+#   - formatted: GenFormatted (the README's `orders` format) against GenId.
+#
+# Usage: scripts/perf-report.sh [secs] [rounds] [--smoke] [--update-readme]
+#   secs    seconds per measured run (default 5), rounds (default 3)
+#   --smoke one second per figure, one round, the debug build the tests
+#           already made, peers only where already installed (CI checks the
+#           report is produced and well formed; it asserts no figure)
+#   --update-readme  rewrite the README's Performance table (between
+#           `<!-- perf-table:begin -->` and `<!-- perf-table:end -->`)
+#           from this report
+# Environment: PERF_PROFILE=debug|release (default release; debug with
+# --smoke), PERF_TMPDIR (default /var/tmp: on disk, so fsyncs are real).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+secs=5 rounds=3 smoke=0 update_readme=0
+positional=()
+for a in "$@"; do
+  case "$a" in
+    --smoke) smoke=1 ;;
+    --update-readme) update_readme=1 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -*) echo "perf-report: unknown option $a (see --help)" >&2; exit 2 ;;
+    *) positional+=("$a") ;;
+  esac
+done
+[ "${#positional[@]}" -gt 0 ] && secs="${positional[0]}"
+[ "${#positional[@]}" -gt 1 ] && rounds="${positional[1]}"
+[ "${#positional[@]}" -gt 2 ] && { echo "perf-report: at most [secs] [rounds]" >&2; exit 2; }
+if [ "$smoke" = 1 ]; then secs=1 rounds=1; fi
+[[ "$secs" =~ ^[1-9][0-9]*$ && "$rounds" =~ ^[1-9][0-9]*$ ]] || {
+  echo "perf-report: secs and rounds are whole numbers above 0, got '$secs' '$rounds'" >&2; exit 2; }
+profile="${PERF_PROFILE:-release}"
+[ "$smoke" = 1 ] && profile="${PERF_PROFILE:-debug}"
+warmup=2; [ "$smoke" = 1 ] && warmup=0
+
+if [ "$profile" = release ]; then
+  cargo build --release --quiet --workspace --bins --example load
+  dir=target/release
+else
+  cargo build --quiet --workspace --bins --example load
+  dir=target/debug
+fi
+bin="$dir/idgen"
+load="$dir/examples/load"
+out=target/perf
+mkdir -p "$out"
+work=$(mktemp -d "${PERF_TMPDIR:-/var/tmp}/idgen-perf-report.XXXXXX")
+# shellcheck source=lib/cluster.sh
+source scripts/lib/cluster.sh
+# shellcheck source=lib/redis.sh
+source scripts/lib/redis.sh
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+start_consul "$dir"
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# node NAME BACKEND [TLS-DIR]: starts a node on free ports, sets $grpc.
+node() {
+  local name=$1 backend=$2 tls=${3:-} http
+  grpc=$(free_port); http=$(free_port)
+  {
+    printf '[node]\ninstance_id = "%s"\n[server]\n' "$name"
+    printf 'grpc_listen = "127.0.0.1:%s"\nhttp_listen = "127.0.0.1:%s"\n' "$grpc" "$http"
+    if [ -n "$tls" ]; then
+      printf '[server.tls]\ncert = "%s/node.pem"\nkey = "%s/node-key.pem"\n' "$tls" "$tls"
+    fi
+    printf '[store]\nbackend = "%s"\npath = "%s/%s.redb"\ninit_if_missing = true\n' "$backend" "$work" "$name"
+    printf '[consul]\naddress = "http://%s"\ncluster = "perf-report"\ncheck_interval = "1s"\n' "$consul"
+    printf '[segment]\nenabled = true\nauto_create = true\ndefault_step = 1000000\nmax_step = 100000000\n'
+    printf '[lease]\nenabled = true\nblock = 10000000\n[strict]\nenabled = true\n'
+    printf '[formatted]\nblock = 1000\n'
+    printf '[[formats]]\nname = "orders"\ntemplate = "{yyyy}{MM}{dd}{param:biz:2:digits}{token:2:digits}{seq:8}"\nzone = "Asia/Shanghai"\nreset = "day"\n'
+    printf '[log]\nlevel = "warn"\n'
+  } > "$work/$name.toml"
+  "$bin" serve --config "$work/$name.toml" > "$work/$name.log" 2>&1 &
+  pids+=($!)
+  local scheme=http; [ -n "$tls" ] && scheme=https
+  for _ in $(seq 1 1000); do
+    curl -fsk -o /dev/null "$scheme://127.0.0.1:$http/readyz" && return 0
+    sleep 0.02
+  done
+  echo "perf-report: node $name did not become ready:" >&2
+  tail -20 "$work/$name.log" >&2
+  exit 1
+}
+
+"$bin" tls dev-certs "$work/certs" > /dev/null
+node single embedded; single=$grpc
+node tls embedded "$work/certs"; tls=$grpc
+node c1 consul; c1=$grpc
+node c2 consul
+node c3 consul
+for _ in $(seq 1 200); do
+  n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")
+  [ "$n" = 3 ] && break
+  sleep 0.1
+done
+
+results="$work/results"
+: > "$results"
+# row FIGURE VALUE UNIT [P50_US P99_US]: one measurement of one round.
+row() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" "${5:-}" >> "$results"; }
+
+# bench NAME ADDR [idgen bench flags...]: rows NAME (and bare-NAME with
+# --baseline), calls/s or IDs/s with p50 and p99.
+bench() {
+  local name=$1 addr=$2; shift 2
+  "$bin" bench --addr "$addr" --connections 1 --duration "${secs}s" --warmup "${warmup}s" \
+    --rounds 1 --json "$@" > "$work/bench.json"
+  python3 - "$name" "$work/bench.json" >> "$results" <<'PY'
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+for r in json.load(open(path)):
+    label = name if not r["label"].startswith("bare") else "bare-" + name
+    batch = r["ids"] / r["calls"] if r["calls"] else 1
+    value, unit = (r["ids_per_sec"], "IDs/s") if batch > 1.5 else (r["calls_per_sec"], "calls/s")
+    if r["errors"]:
+        print(f"{label}-errors\t{r['errors']}\tcount\t\t")
+    print(f"{label}\t{value:.0f}\t{unit}\t{r['p50_us']}\t{r['p99_us']}")
+PY
+}
+
+have_pg() { command -v pgbench >/dev/null || ls /usr/lib/postgresql/*/bin/pgbench >/dev/null 2>&1; }
+
+for r in $(seq 1 "$rounds"); do
+  echo "== round $r of $rounds (${secs}s per run)"
+  bench unary-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1 --baseline
+  bench genids-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --baseline
+  bench segment-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag perf
+  bench lease-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode lease
+  bench strict-embedded-c16 "http://127.0.0.1:$single" --concurrency 16 --mode strict --tag perf/k --baseline
+  bench strict-consul-c16 "http://127.0.0.1:$c1" --concurrency 16 --mode strict --tag perf/k
+  bench tls-unary-c64 "https://127.0.0.1:$tls" --concurrency 64 --ca "$work/certs/ca.pem"
+  bench plain-unary-c64 "http://127.0.0.1:$single" --concurrency 64
+  bench formatted-c64 "http://127.0.0.1:$single" --concurrency 64 --format orders --param biz=07
+  if [ "$smoke" = 0 ] || have_pg; then
+    bash scripts/pg-nextval-bench.sh 16 "$secs" > "$work/pg.out" 2> "$work/pg.err" || {
+      echo "perf-report: pg-nextval-bench.sh failed:" >&2; tail -5 "$work/pg.err" >&2; exit 1; }
+    row postgres-nextval-c16 "$(sed -n 's/^pg_nextval_tps=//p' "$work/pg.out")" calls/s
+    row postgres-update-c16 "$(sed -n 's/^pg_update_tps=//p' "$work/pg.out")" calls/s
+  fi
+  # The client as it is (up to 6 refills in flight) and with one refill at
+  # a time (as before it kept ahead), alternating.
+  for refills in 6 1; do
+    "$load" --consul "http://$consul" --threads 1 --seconds "$secs" --mode prefetch \
+      --refills-in-flight "$refills" > "$work/load.json"
+    python3 - "$work/load.json" "$refills" >> "$results" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+suffix = "" if sys.argv[2] != "1" else "-one-refill"
+waits = sum(r["stalls_over_1ms"].values())
+print(f"client-prefetch-1t{suffix}\t{r['ids_per_sec']}\tIDs/s\t{r['p50_us']}\t{r['p99_us']}")
+print(f"client-waits-over-1ms-per-10M{suffix}\t{waits * 10_000_000 / max(r['ids'], 1):.1f}\tcount\t\t")
+PY
+  done
+  if [ "$smoke" = 0 ] || redis_installed; then
+    # redis-benchmark counts requests, not seconds: sized to take about
+    # $secs each on a 2-core machine (fsync'd INCR is ~50x slower).
+    row redis-incr-c50-fsync-no "$(redis_incr_bench no 50 $((secs * 100000)))" calls/s
+    row redis-incr-c50-fsync-always "$(redis_incr_bench always 50 $((secs * 2000)))" calls/s
+  fi
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+python3 scripts/perf_report.py "$results" "$out" \
+  --secs "$secs" --rounds "$rounds" --profile "$profile" --smoke "$smoke" \
+  --load-before "$load_before" --load-after "$load_after" \
+  --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo -dirty)"
+echo "== wrote $out/report.md and $out/report.json"
+cat "$out/report.md"
+if [ "$update_readme" = 1 ]; then
+  python3 scripts/perf_report.py --update-readme README.md "$out/report.json"
+  echo "== README.md Performance table rewritten from $out/report.json"
+fi
