@@ -70,6 +70,9 @@ impl Hider for SnowflakeHider {
     fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
         SnowflakeHider::reveal(self, shown)
     }
+    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
+        SnowflakeHider::hide_in_place(self, values)
+    }
 }
 
 /// Builds a hider from every version of a ring and its active version.

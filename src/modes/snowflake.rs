@@ -170,7 +170,6 @@ impl SnowflakeEngine {
             .copied()
             .ok_or(Error::WaitTimeout { waited_ms: 0 })
     }
-    }
 
     /// `count` IDs, strictly increasing (the caller checked the gate).
     /// Hidden IDs are mapped after reservation and then sorted: a sortable

@@ -654,13 +654,16 @@ fn batches(max: u64, rng: &mut fastrand::Rng) -> Vec<Vec<u64>> {
     out
 }
 
+/// A hider's batch form: hides a slice in place.
+type HideAll = Box<dyn Fn(&mut [u64]) -> Result<(), HideError>>;
+
 /// One hider seen two ways: one value at a time, and in place in a batch.
 struct BatchCase {
     name: String,
     /// The largest value it hides.
     max: u64,
     one: Hide<'static>,
-    all: Box<dyn Fn(&mut [u64]) -> Result<(), HideError>>,
+    all: HideAll,
 }
 
 /// A batch is hidden to exactly what one-by-one hiding gives, for every

@@ -1,5 +1,5 @@
-//! Node-local combining of strict calls on Consul (ARCHITECTURE rules 22
-//! and 23).
+//! Node-local combining of strict calls on Consul (ARCHITECTURE rules 27
+//! and 28).
 //!
 //! Every call waits in its key's queue. A key with waiting calls and no
 //! txn in flight is *ready*; a txn takes ready keys in the order they
@@ -52,7 +52,7 @@ pub(super) struct Waiting {
 
 /// A key's value and ModifyIndex as this node's last committed write left
 /// them. A `cas` on `index` succeeds only while the key still holds
-/// `value` (rule 23).
+/// `value` (rule 28).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Cached {
     pub(super) value: u64,
