@@ -23,7 +23,7 @@ export REQUIRE_PYTHON_EXAMPLE=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace 2>&1 | tee "$log" || status=$?
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
 # One closing line for the whole cargo run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"

@@ -50,6 +50,11 @@ pub const WATCH_WAIT: Duration = Duration::from_secs(60);
 /// The least time between two of those queries after one that found a
 /// change.
 pub const WATCH_GAP: Duration = Duration::from_millis(500);
+
+/// The least time between two reloads a call naming an unknown format
+/// starts ([`FormatCatalog::reload_on_miss`]): a typo repeated by many
+/// callers costs one store read per gap, not one per call.
+pub const MISS_RELOAD_GAP: Duration = Duration::from_secs(1);
 /// The least time between two queries after one that woke without a
 /// change to the definitions, or failed. Consul wakes a query on a folder
 /// with no key (no format yet) at every KV write in the cluster, such as
@@ -107,6 +112,8 @@ pub struct FormatCatalog {
     config_source: Mutex<Option<ConfigSource>>,
     /// One reload (or admin change and its reload) at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// When a call naming an unknown format last started a reload.
+    last_miss: Mutex<Option<std::time::Instant>>,
 }
 
 /// The status kind of a definition refused at the admin API: a bad
@@ -135,6 +142,28 @@ impl FormatCatalog {
             config_defs: Mutex::new(config),
             config_source: Mutex::new(None),
             reloading: tokio::sync::Mutex::new(()),
+            last_miss: Mutex::new(None),
+        }
+    }
+
+    /// A call named a format this node does not serve: another node may
+    /// have just defined it, and the watch would learn of it only within
+    /// about a second. Reloads now, at most once per [`MISS_RELOAD_GAP`];
+    /// a call inside the gap waits for a reload in progress, if any.
+    pub async fn reload_on_miss(&self) {
+        let start = {
+            let mut last = self.last_miss.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            let start = last.is_none_or(|t| now.duration_since(t) >= MISS_RELOAD_GAP);
+            if start {
+                *last = Some(now);
+            }
+            start
+        };
+        if start {
+            log_reload("unknown format", self.reload("unknown format").await);
+        } else {
+            drop(self.reloading.lock().await);
         }
     }
 

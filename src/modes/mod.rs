@@ -48,6 +48,9 @@ pub struct Issuer {
     leases: Option<Arc<LeaseEngine>>,
     strict: Option<Arc<StrictEngine>>,
     formats: Option<Arc<formatted::FormattedEngine>>,
+    /// The catalog the formats come from: asked to reload when a call
+    /// names a format this node does not know yet.
+    catalog: Option<Arc<format_catalog::FormatCatalog>>,
     state_file: Option<Arc<StateFileGuard>>,
     store_health: Option<Arc<StoreHealth>>,
     layout: Layout,
@@ -83,6 +86,7 @@ impl Issuer {
             leases: None,
             strict: None,
             formats: None,
+            catalog: None,
             state_file: None,
             store_health: None,
             max_batch,
@@ -222,6 +226,28 @@ impl Issuer {
         self
     }
 
+    /// Formatted mode over `catalog`'s engine; a call naming a format
+    /// this node does not serve yet has the catalog reload first (another
+    /// node may have just defined it).
+    pub fn with_catalog(self, catalog: Arc<format_catalog::FormatCatalog>) -> Self {
+        let mut issuer = self.with_formats(Arc::clone(catalog.formats()));
+        issuer.catalog = Some(catalog);
+        issuer
+    }
+
+    /// Makes sure this node knows format `name` if any node defined it:
+    /// when it serves no such format, the catalog reloads (at most once
+    /// per [`format_catalog::MISS_RELOAD_GAP`]) instead of waiting for its
+    /// watch. Call before a formatted call.
+    pub async fn learn_format(&self, name: &str) {
+        let (Some(catalog), Some(formats)) = (&self.catalog, &self.formats) else {
+            return;
+        };
+        if formats.get(name).is_err() {
+            catalog.reload_on_miss().await;
+        }
+    }
+
     /// Formatted mode's engine, when formats are defined.
     pub fn formats(&self) -> Option<&Arc<formatted::FormattedEngine>> {
         self.formats.as_ref()
@@ -242,6 +268,7 @@ impl Issuer {
         count: u64,
     ) -> Result<formatted::Issued, Error> {
         self.check_state_file()?;
+        self.learn_format(name).await;
         let formats = self.formats_for(name)?;
         self.gate.check()?;
         formats
@@ -278,6 +305,7 @@ impl Issuer {
         params: &[(String, String)],
     ) -> Result<Option<formatted::CounterView>, Error> {
         let node = self.gate.node_number();
+        self.learn_format(name).await;
         self.formats_for(name)?.counter(name, params, node).await
     }
 

@@ -121,7 +121,7 @@ pub(super) fn build_issuer(
         stores.hide_keys,
     )?;
     if let Some(catalog) = &catalog {
-        issuer = issuer.with_formats(Arc::clone(catalog.formats()));
+        issuer = issuer.with_catalog(Arc::clone(catalog));
     }
     Ok((issuer, catalog))
 }

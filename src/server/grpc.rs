@@ -229,6 +229,7 @@ impl IdGen for IdGenService {
         let started = Instant::now();
         let who = self.admin_caller(&request)?;
         let req = request.into_inner();
+        self.issuer.learn_format(&req.format).await;
         let result = self
             .issuer
             .parse_formatted(&req.format, &req.id)

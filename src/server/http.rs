@@ -264,6 +264,7 @@ async fn parse_formatted(
     RawQuery(raw): RawQuery,
 ) -> Response {
     let started = Instant::now();
+    s.issuer.learn_format(&name).await;
     let result =
         parse_query::<ParseQuery>(raw).and_then(|q| s.issuer.parse_formatted(&name, &q.id));
     s.rpc.parse.observe(started, &result);
