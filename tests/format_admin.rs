@@ -507,7 +507,10 @@ async fn consul_a_format_created_on_one_node_is_served_by_another() {
     // At once, before node 2's watch can have reloaded: a call naming a
     // format a node does not know has its catalog reload first.
     let on_two = gen(&nodes[1], "shared", 4).await;
-    all_new(&mut seen, &on_two.expect("node 2 serves a format node 1 just created"));
+    all_new(
+        &mut seen,
+        &on_two.expect("node 2 serves a format node 1 just created"),
+    );
     all_new(&mut seen, &gen(&nodes[0], "shared", 4).await.unwrap());
     for _ in 0..5 {
         for n in &nodes {
@@ -522,7 +525,10 @@ async fn consul_a_format_created_on_one_node_is_served_by_another() {
     a1.create_format(create(&l_rule("crule", 0))).await.unwrap();
     let mut lua_ids = HashSet::new();
     let on_two = gen(&nodes[1], "crule", 100).await;
-    all_new(&mut lua_ids, &on_two.expect("node 2 serves the rule at once"));
+    all_new(
+        &mut lua_ids,
+        &on_two.expect("node 2 serves the rule at once"),
+    );
     all_new(&mut lua_ids, &gen(&nodes[0], "crule", 100).await.unwrap());
     let refused = a2
         .update_format(update(&l_rule("crule", 150)))
