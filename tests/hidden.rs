@@ -47,29 +47,7 @@ fn start(config: &Path) -> ChildServer {
 
 /// Admin `<verb>HideKey` of `key` on `node`.
 async fn keys(node: &ChildServer, verb: &str, key: &str) {
-    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
-        .await
-        .unwrap();
-    let key_id = key.to_owned();
-    let done = match verb {
-        "create" => {
-            admin
-                .create_hide_key(admin_req(proto::CreateHideKeyRequest { key_id }))
-                .await
-        }
-        "rotate" => {
-            admin
-                .rotate_hide_key(admin_req(proto::RotateHideKeyRequest { key_id }))
-                .await
-        }
-        "retire" => {
-            admin
-                .retire_hide_key(admin_req(proto::RetireHideKeyRequest { key_id }))
-                .await
-        }
-        other => panic!("no verb {other}"),
-    };
-    done.unwrap_or_else(|e| panic!("{verb} hide key {key}: {e:?}"));
+    common::hide_key(node, TOKEN, verb, key).await;
 }
 
 async fn segment_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<u64>, tonic::Status> {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{write_child_config, ChildServer};
-use idgen::proto::{self, admin_client::AdminClient, id_gen_client::IdGenClient, Mode};
+use idgen::proto::{self, id_gen_client::IdGenClient, Mode};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -53,29 +53,7 @@ fn start(config: &Path) -> ChildServer {
 
 /// Admin `<verb>HideKey` of [`KEY`] on `node`.
 async fn keys(node: &ChildServer, verb: &str) {
-    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
-        .await
-        .unwrap();
-    let key_id = KEY.to_owned();
-    let done = match verb {
-        "create" => {
-            admin
-                .create_hide_key(admin_req(proto::CreateHideKeyRequest { key_id }))
-                .await
-        }
-        "rotate" => {
-            admin
-                .rotate_hide_key(admin_req(proto::RotateHideKeyRequest { key_id }))
-                .await
-        }
-        "retire" => {
-            admin
-                .retire_hide_key(admin_req(proto::RetireHideKeyRequest { key_id }))
-                .await
-        }
-        other => panic!("no verb {other}"),
-    };
-    done.unwrap_or_else(|e| panic!("{verb} hide key {KEY}: {e:?}"));
+    common::hide_key(node, TOKEN, verb, KEY).await;
 }
 
 async fn gen_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<u64>, tonic::Status> {

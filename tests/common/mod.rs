@@ -588,3 +588,46 @@ pub fn write_format_cluster_config(dir: &Path, name: &str, consul: SocketAddr) -
     std::fs::write(&path, text).expect("write the config");
     path
 }
+
+/// Admin `<verb>HideKey` (`create`, `rotate` or `retire`) of `key` on
+/// `node`, with admin `token`; panics naming the call if it is refused.
+pub async fn hide_key(node: &ChildServer, token: &str, verb: &str, key: &str) {
+    use idgen::proto::admin_client::AdminClient;
+    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
+        .await
+        .unwrap();
+    let key_id = key.to_owned();
+    let done = match verb {
+        "create" => admin
+            .create_hide_key(tonic_req(
+                token,
+                idgen::proto::CreateHideKeyRequest { key_id },
+            ))
+            .await
+            .map(drop),
+        "rotate" => admin
+            .rotate_hide_key(tonic_req(
+                token,
+                idgen::proto::RotateHideKeyRequest { key_id },
+            ))
+            .await
+            .map(drop),
+        "retire" => admin
+            .retire_hide_key(tonic_req(
+                token,
+                idgen::proto::RetireHideKeyRequest { key_id },
+            ))
+            .await
+            .map(drop),
+        other => panic!("no verb {other}"),
+    };
+    done.unwrap_or_else(|e| panic!("{verb} hide key {key}: {e:?}"));
+}
+
+/// `msg` with admin `token` as its bearer credential.
+fn tonic_req<T>(token: &str, msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    let bearer = format!("Bearer {token}").parse().unwrap();
+    r.metadata_mut().insert("authorization", bearer);
+    r
+}
