@@ -778,25 +778,56 @@ async fn a_config_entry_must_agree_with_the_stored_definition() {
 /// Lua rule's load-time checks run it thousands of times) does not leave
 /// the format stored but unserved: the change runs to its end on its own
 /// task, and the node serves the format without a reload or a restart.
+///
+/// The client gives up only once the node is compiling the rule (its
+/// compile thread shows in `/proc`): a deadline the client sets may run out
+/// before the node even reads the request on a loaded machine, and then
+/// there is no create to finish.
+#[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_caller_gave_up_is_still_served() {
     let dir = tempfile::tempdir().unwrap();
     let config = embedded_config(dir.path(), "");
     let node = ChildServer::start(&config);
     let mut a = admin(&node).await;
-    let mut req = create(&l_rule("gaveup", 0));
-    // Sent as grpc-timeout: the server drops the handler's future then.
-    req.set_timeout(Duration::from_millis(1));
-    if let Err(e) = a.create_format(req).await {
-        assert!(
-            matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
-            "{e:?}"
-        );
+    // A rule that costs a few hundred instructions a call, so that its
+    // load-time checks keep the compile thread busy long enough to be seen.
+    let mut def = l_rule("gaveup", 0);
+    def.lua = def.lua.map(|l| {
+        l.replace(
+            "function create_id(counter, now, salt) return",
+            "function create_id(counter, now, salt) local x = 0 for i = 1, 300 do x = x + i end return",
+        )
+    });
+    let call = tokio::spawn(async move { a.create_format(create(&def)).await });
+    let pid = node.child.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !compile_thread_runs(pid) && !call.is_finished() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Compiling a Lua rule runs its load-time checks (up to 10^5 calls);
-    // a debug build on a loaded machine took over 60 s once: the bound is
+    // Dropping the call resets the stream: the node drops the handler.
+    call.abort();
+    let gave_up = call.await;
+    assert!(
+        gave_up.as_ref().is_err_and(|e| e.is_cancelled()),
+        "the create finished before its caller gave up: the test proves nothing; {gave_up:?}"
+    );
+    // The create compiles the rule twice (checked, then installed); a
+    // debug build on a loaded machine took over 60 s once: the bound is
     // generous, the assertion is only that it ends served.
     let served = eventually(240, async || gen(&node, "gaveup", 2).await.ok()).await;
     let ids = served.expect("the created format was never served");
     assert_eq!(ids.len(), 2, "{ids:?}");
+}
+
+/// Whether process `pid` has a thread compiling formats.
+#[cfg(target_os = "linux")]
+fn compile_thread_runs(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("comm"))
+            .is_ok_and(|c| c.trim() == idgen::modes::formatted::COMPILE_THREAD)
+    })
 }
