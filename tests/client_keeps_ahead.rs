@@ -52,7 +52,17 @@ async fn draw(
     tasks: usize,
     stop: &Arc<AtomicBool>,
 ) -> (Vec<u64>, Vec<String>, u32) {
-    let most = Arc::new(AtomicU32::new(0));
+    draw_counting(p, tasks, stop, Arc::new(AtomicU32::new(0))).await
+}
+
+/// [`draw`], keeping the most refills seen in flight in `most` as it goes
+/// (a test may wait on it).
+async fn draw_counting(
+    p: &Prefetcher,
+    tasks: usize,
+    stop: &Arc<AtomicBool>,
+    most: Arc<AtomicU32>,
+) -> (Vec<u64>, Vec<String>, u32) {
     let handles: Vec<_> = (0..tasks)
         .map(|_| {
             let (p, stop, most) = (p.clone(), Arc::clone(stop), Arc::clone(&most));
@@ -183,13 +193,16 @@ async fn a_buffer_drained_or_dropped_with_refills_in_flight_repeats_nothing() {
     let first = builder().build().await.unwrap();
     let p = first.prefetcher(Mode::Segment, "dropped").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    let most = Arc::new(AtomicU32::new(0));
     let run = {
-        let (p, stop) = (p.clone(), Arc::clone(&stop));
-        tokio::spawn(async move { draw(&p, 4, &stop).await })
+        let (p, stop, most) = (p.clone(), Arc::clone(&stop), Arc::clone(&most));
+        tokio::spawn(async move { draw_counting(&p, 4, &stop, most).await })
     };
-    // Draw until the buffer runs several refills at once (bounded: 20 s).
+    // Draw until the drawing tasks saw several refills at once (bounded:
+    // 20 s). What this loop itself sees is another moment: waiting on it
+    // once stopped the draw before the tasks had seen any overlap.
     for _ in 0..400 {
-        if p.refills_in_flight() > 1 {
+        if most.load(Ordering::Relaxed) > 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
