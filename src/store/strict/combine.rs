@@ -392,6 +392,8 @@ async fn rolled_back(
 /// whose calls gets values comes back as `Err(key)`, its calls answered.
 async fn plan_keys(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Vec<Result<Planned, StrictKey>> {
     let mut reads = tokio::task::JoinSet::new();
+    // The key each read task plans, for a task that panics.
+    let mut reading = HashMap::new();
     let mut out = Vec::with_capacity(batch.len());
     for (i, mut b) in batch.into_iter().enumerate() {
         // A caller that gave up needs no values: do not burn them.
@@ -405,18 +407,29 @@ async fn plan_keys(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Vec<Result<Plann
             Some(c) => out.push((i, cut(b, kv_key, c.value, c.index, None))),
             None => {
                 let kv = Arc::clone(kv);
-                reads.spawn(async move {
+                let key = b.key.clone();
+                let task = reads.spawn(async move {
+                    #[cfg(test)]
+                    panic_once_on(&b.key);
                     let start = kv.read_for_write(&b.key, &kv_key).await;
                     (i, b, kv_key, start)
                 });
+                reading.insert(task.id(), (i, key));
             }
         }
     }
     while let Some(read) = reads.join_next().await {
-        let Ok((i, b, kv_key, start)) = read else {
-            // A read task that panicked dropped its calls' senders (the
-            // callers see an error); its key stays busy.
-            continue;
+        let (i, b, kv_key, start) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                // A read task that panicked dropped its calls' senders
+                // (the callers see an error); its key is freed for the
+                // next calls.
+                if let Some((i, key)) = reading.remove(&e.id()) {
+                    out.push((i, Err(key)));
+                }
+                continue;
+            }
         };
         match start {
             Ok((value, index, tomb)) => out.push((i, cut(b, kv_key, value, index, tomb))),
@@ -430,6 +443,20 @@ async fn plan_keys(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Vec<Result<Plann
     }
     out.sort_by_key(|(i, _)| *i);
     out.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The key whose first read panics, for the test of a panicking read.
+#[cfg(test)]
+pub(super) const PANICS_ON_FIRST_READ: &str = "combiner/panics-on-first-read";
+
+#[cfg(test)]
+fn panic_once_on(key: &StrictKey) {
+    static PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if key.as_str() == PANICS_ON_FIRST_READ
+        && !PANICKED.swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
+        panic!("the test's panicking read of {key}");
+    }
 }
 
 /// Cuts the calls' ranges from `value` in arrival order; a call that

@@ -321,3 +321,31 @@ fn backoff_stays_under_its_cap() {
         assert!(d <= Duration::from_millis(5 << attempt.min(5)));
     }
 }
+
+/// A read task that panics while planning a combined txn fails its own
+/// calls and frees its key: the next call on the key is served (it used to
+/// wait forever, the key marked busy), and its values follow the ones
+/// committed before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_read_frees_its_key() {
+    let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
+        .await
+        .unwrap();
+    let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
+    let store = ConsulStrictStore::new(crate::store::test_consul_client(consul.addr()), keys);
+    let k = key(combine::PANICS_ON_FIRST_READ);
+    let first = store.advance(&k, 1, 1).await;
+    assert!(
+        matches!(&first, Err(StoreError::Backend(m)) if m.contains("no values were handed out")),
+        "{first:?}"
+    );
+    let bound = Duration::from_secs(30);
+    for expected in 1..=3 {
+        let v = tokio::time::timeout(bound, store.advance(&k, 1, 1))
+            .await
+            .expect("the key was freed after the panicking read")
+            .unwrap();
+        assert_eq!(v.first, expected, "{v:?}");
+    }
+    consul.shutdown().await;
+}
