@@ -138,7 +138,9 @@ fn not_issuing_reason(s: &HttpState) -> Option<String> {
     None
 }
 
-fn node_json(s: &HttpState) -> Value {
+/// This node's status: what `/admin/api/node` answers and what its status
+/// record publishes.
+pub(super) fn node_json(s: &HttpState) -> Value {
     let (instance, address) = s.admin.node_identity();
     let generator = s.issuer.generator();
     let spec = generator.layout().spec();
