@@ -619,7 +619,8 @@ pub const CONSOLE_NODE_METHOD: &str = "ConsoleNode";
 /// The `method` label of the admin console's view of every node
 /// (`/admin/api/cluster`: the status records in Consul KV).
 pub const CONSOLE_CLUSTER_METHOD: &str = "ConsoleCluster";
-/// Writes of this node's status record to Consul KV, by `result`.
+/// Writes of this node's status record to Consul KV, by `result`
+/// (registered at zero by the task that writes them, on Consul only).
 pub const STATUS_WRITES: &str = "idgen_status_record_writes_total";
 
 /// Creates, at zero, every counter, gauge and histogram series whose label
@@ -700,9 +701,6 @@ pub fn register(s: Series) {
         }
         counter!(FENCINGS).increment(0);
         counter!(WORKER_IDS_SKIPPED).increment(0);
-        for result in ["ok", "error"] {
-            counter!(STATUS_WRITES, "result" => result).increment(0);
-        }
         for endpoint in CONSUL_ENDPOINTS {
             counter!(CONSUL_ERRORS, "endpoint" => *endpoint).increment(0);
         }

@@ -294,13 +294,28 @@ mod tests {
     #[test]
     fn a_record_reads_as_reporting_stale_or_stopped() {
         let now = 100_000;
-        assert_eq!(report(&record("a", RUNNING, now - 2_000), now).0, "reporting");
-        assert_eq!(report(&record("a", RUNNING, now - 15_000), now).0, "reporting");
+        assert_eq!(
+            report(&record("a", RUNNING, now - 2_000), now).0,
+            "reporting"
+        );
+        assert_eq!(
+            report(&record("a", RUNNING, now - 15_000), now).0,
+            "reporting"
+        );
         let (state, text) = report(&record("a", RUNNING, now - 15_001), now);
-        assert_eq!((state, text.as_str()), ("not_reporting", "not reporting for 15 s"));
-        assert_eq!(report(&record("a", STOPPED, now - 99_000), now).0, "stopped");
+        assert_eq!(
+            (state, text.as_str()),
+            ("not_reporting", "not reporting for 15 s")
+        );
+        assert_eq!(
+            report(&record("a", STOPPED, now - 99_000), now).0,
+            "stopped"
+        );
         // A writer's clock ahead of the reader's is "0 s ago", not a panic.
-        assert_eq!(report(&record("a", RUNNING, now + 9_000), now).0, "reporting");
+        assert_eq!(
+            report(&record("a", RUNNING, now + 9_000), now).0,
+            "reporting"
+        );
     }
 
     #[test]
@@ -312,11 +327,20 @@ mod tests {
             ("z".to_owned(), Err("expected value".to_owned())),
         ];
         let health = [
-            entry("b", &[("passing", "Agent alive"), ("critical", "connection refused")]),
+            entry(
+                "b",
+                &[
+                    ("passing", "Agent alive"),
+                    ("critical", "connection refused"),
+                ],
+            ),
             entry("c", &[("passing", "Agent alive"), ("passing", "SERVING")]),
         ];
         let rows = join(records, &health, now);
-        let names: Vec<&str> = rows.iter().map(|r| r["instance"].as_str().unwrap()).collect();
+        let names: Vec<&str> = rows
+            .iter()
+            .map(|r| r["instance"].as_str().unwrap())
+            .collect();
         assert_eq!(names, ["a", "b", "c", "z"]);
         assert_eq!(rows[0]["report"]["state"], "stopped");
         assert_eq!(rows[0]["consul"]["status"], "not registered");

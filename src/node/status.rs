@@ -117,6 +117,11 @@ impl StatusTask {
     /// says whether and where to publish).
     pub(super) fn start(state: HttpState) -> Self {
         let (stop, rx) = watch::channel(false);
+        if state.cluster.board().is_some() {
+            for result in ["ok", "error"] {
+                metrics::counter!(m::STATUS_WRITES, "result" => result).increment(0);
+            }
+        }
         Self {
             stop,
             task: tokio::spawn(run(state, rx)),

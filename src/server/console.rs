@@ -344,6 +344,7 @@ async fn tags(State(s): State<HttpState>, request: Request) -> Response {
                         "tag": t.tag, "max_id": t.max_id.to_string(), "step": t.step,
                         "next": t.max_id.saturating_add(1).to_string(),
                         "description": t.description, "created": t.created, "updated": t.updated,
+                        "hide": changes::hide_json(t.hide.as_ref()),
                     })
                 })
                 .collect();

@@ -95,8 +95,10 @@ async fn view(s: HttpState) -> Result<Value, Status> {
             "cannot read the cluster's status from Consul: {e}; check that this node reaches its Consul agent (its log and idgen_consul_errors_total), then refresh"
         ))
     })?;
-    Ok(json!({"backend": "consul", "nodes": nodes, "this": board.instance(),
-              "interval_ms": STATUS_INTERVAL.as_millis()}))
+    Ok(
+        json!({"backend": "consul", "nodes": nodes, "this": board.instance(),
+              "interval_ms": STATUS_INTERVAL.as_millis()}),
+    )
 }
 
 /// `GET /admin/api/cluster`: every node's status (a 503 JSON error when
