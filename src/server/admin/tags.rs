@@ -74,7 +74,7 @@ impl AdminService {
             )),
             Some(k) if k.active().is_none() => Err(refusal(
                 ErrorKind::Precondition,
-                format!("hide key {key:?} is retired: it makes no new IDs; name an active key (`idgen admin keys list`)"),
+                format!("hide key {key:?} is retired: it makes no new IDs; rotate it to a new active version first (`idgen admin keys rotate {key}`) or name an active key (`idgen admin keys list`)"),
             )),
             Some(_) => Ok(()),
         }
