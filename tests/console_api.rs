@@ -937,9 +937,33 @@ fn consul_node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildSer
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_nodes_status_is_in_each_console_on_consul() {
     let consul = common::test_consul().await;
+    // Records of instances gone for over a day are pruned at a node's
+    // start; one silent for an hour stays (and reads "not reporting").
+    let kv = common::consul::default_client(&consul);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for (name, age_ms) in [("ghost", 25 * 3_600_000), ("recent", 3_600_000)] {
+        let record = json!({"instance": name, "state": "running", "rate": null,
+                            "written_ms": now_ms - age_ms, "interval_ms": 5000});
+        let key = format!("idgen/test/nodes/{name}");
+        let set = idgen::consul::KvWrite::Set;
+        assert!(kv
+            .kv_put(&key, record.to_string().as_bytes(), set)
+            .await
+            .unwrap());
+    }
     let dir = tempfile::tempdir().unwrap();
     let a = consul_node(dir.path(), "n0", consul.addr());
     let b = consul_node(dir.path(), "n1", consul.addr());
+    let view = view_until(a.http, "the day-old record pruned", |v| {
+        row_of(v, "ghost").is_none()
+    })
+    .await;
+    let recent = row_of(&view, "recent").expect("the hour-old record stays");
+    assert_eq!(recent["report"]["state"], "not_reporting", "{view}");
+    assert_eq!(recent["consul"]["status"], "not registered", "{view}");
     let (status, r) = cluster_view(a.http, None).await;
     assert_error((status, &r), 401, "UNAUTHENTICATED", "");
     let (status, r) = cluster_view(a.http, Some("not-the-token")).await;
@@ -1027,6 +1051,10 @@ async fn every_nodes_status_is_in_each_console_on_consul() {
             && row_of(v, "n2").is_some_and(|r| r["report"]["state"] == "reporting")
     })
     .await;
-    assert_eq!(view["nodes"].as_array().map(Vec::len), Some(3), "{view}");
+    assert_eq!(
+        view["nodes"].as_array().map(Vec::len),
+        Some(4),
+        "n0-n2 and recent: {view}"
+    );
     c.terminate();
 }
