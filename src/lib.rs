@@ -26,7 +26,8 @@
 //!   (`node/stores.rs`), the Issuer (`node/issuer.rs`), the cluster spec
 //!   (`node/cluster.rs`) and what the worker lock's session holds
 //!   (`node/session_bound.rs`); serving and ordered shutdown
-//!   (`node/lifecycle.rs`); the process pieces: [`node::renewal`] (the
+//!   (`node/lifecycle.rs`); the status record it publishes
+//!   (`node/status.rs`); the process pieces: [`node::renewal`] (the
 //!   thread that keeps marks and the worker lock alive whatever the
 //!   request load), [`node::shutdown`] (SIGTERM/SIGINT) and
 //!   [`node::systemd`] (readiness, stopping and watchdog notices).
@@ -34,7 +35,8 @@
 //!   `idgen.v1.IdGen`, health, reflection), HTTP ([`server::http`]:
 //!   `/metrics`, `/healthz`, `/readyz`, `/v1/...`), the admin console
 //!   ([`server::console`], at `/admin/`, with its node view and changes in
-//!   `server/console/changes.rs`), the health monitor
+//!   `server/console/changes.rs` and every node's status in
+//!   `server/console/cluster.rs`), the health monitor
 //!   ([`server::health`]), request bounds ([`server::request_size`]), TLS
 //!   ([`server::tls`]), the connection listener ([`server::listener`],
 //!   with its per-peer limits in `server/listener/table.rs` and its TLS
@@ -61,8 +63,9 @@
 //!   [`cluster::supervisor`] renews, fences the Issuer's gate and
 //!   re-claims, [`cluster::registration`] registers the node with a gRPC
 //!   health check, [`cluster::holders`] reads and releases the holders of
-//!   worker ids and tokens for the admin API; [`cluster::settings`] holds
-//!   the validated `[consul]` section.
+//!   worker ids and tokens for the admin API, [`cluster::status`] each
+//!   node's status record in Consul KV (advisory, for the console);
+//!   [`cluster::settings`] holds the validated `[consul]` section.
 //! - [`modes`]: the engines that serve each mode from its store
 //!   ([`modes::snowflake`], [`modes::segment`], [`modes::lease`],
 //!   [`modes::strict`], [`modes::formatted`] for formatted IDs, with

@@ -353,6 +353,10 @@ fn describe_serving() {
         CONSUL_ERRORS,
         "Failed Consul HTTP requests (each attempt), by endpoint."
     );
+    describe_counter!(
+        STATUS_WRITES,
+        "Writes of this node's status record to Consul KV (what every node's console shows), by result: ok or error."
+    );
     describe_gauge!(
         FENCED,
         "1 while the node is fenced: its worker lock ran out, so it issues nothing until it claims an id again."
@@ -610,6 +614,15 @@ pub const CONSOLE_FORMATS_METHOD: &str = "ConsoleFormats";
 /// (`/admin/api/node`: readiness, fencing, version, layout, IDs issued).
 pub const CONSOLE_NODE_METHOD: &str = "ConsoleNode";
 
+// ---- Every node's status in the console ------------------------------------
+
+/// The `method` label of the admin console's view of every node
+/// (`/admin/api/cluster`: the status records in Consul KV).
+pub const CONSOLE_CLUSTER_METHOD: &str = "ConsoleCluster";
+/// Writes of this node's status record to Consul KV, by `result`
+/// (registered at zero by the task that writes them, on Consul only).
+pub const STATUS_WRITES: &str = "idgen_status_record_writes_total";
+
 /// Creates, at zero, every counter, gauge and histogram series whose label
 /// values are known at start-up, so rules such as
 /// `increase(idgen_store_errors_total[5m]) > 0` or `idgen_fenced == 1`
@@ -651,6 +664,7 @@ pub fn register(s: Series) {
     }
     counter!(ADMIN_CALLS, "method" => CONSOLE_FORMATS_METHOD, "code" => "OK").increment(0);
     counter!(ADMIN_CALLS, "method" => CONSOLE_NODE_METHOD, "code" => "OK").increment(0);
+    counter!(ADMIN_CALLS, "method" => CONSOLE_CLUSTER_METHOD, "code" => "OK").increment(0);
     let mut store_ops = vec![(s.backend, "store_hwm")];
     if s.segment {
         store_ops.push(("segment", "take_range"));

@@ -2,9 +2,11 @@
 //! nodes on the Consul test server; Debian's `chromium`, driven by
 //! playwright-core (`tests/console/console.test.js`), logs in with a wrong
 //! token (refused) then the right one, sees the three nodes with their
-//! worker ids, renews a session by hand, SIGKILLs one node, releases its
-//! worker id through the confirmation dialog and sees it free; then walks
-//! the console's changes (tags, a Lua format, strict steps, the released
+//! worker ids and each one's published status (ready, version, layout,
+//! rate, Consul's check), renews a session by hand, SIGKILLs one node,
+//! releases its worker id through the confirmation dialog and sees it free
+//! and its status row dead; then walks the console's changes (tags, a
+//! hidden tag and a refused one, a Lua format, strict steps, the released
 //! filter, auto-refresh; see `tests/console/console.test.js`). Last, a
 //! deleted strict key is listed as a tombstone on Consul.
 //!
@@ -78,8 +80,12 @@ fn node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
     let mut text = std::fs::read_to_string(&path).unwrap();
     text.push_str(FORMATS);
     std::fs::write(&path, text).unwrap();
-    ChildServer::start(&path)
+    ChildServer::try_start_env(&path, &[], &[("IDGEN_HIDE_MASTER_KEY", MASTER)])
+        .unwrap_or_else(|log| panic!("{name} did not become ready: {log}"))
 }
+
+/// The hide master key the nodes share (hidden tags need one).
+const MASTER: &str = "202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f";
 
 fn ok<T>(msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
@@ -171,6 +177,7 @@ async fn the_console_releases_a_dead_nodes_worker_id_in_chromium() {
         .map(|h| h.session.clone())
         .expect("n2 holds its worker id");
     assert!(consul.sessions().iter().any(|s| s.id == n2_session));
+    common::hide_key(&nodes[0], TOKEN, "create", "console-key").await;
     let victim = &nodes[2];
     let status = run_script(&[
         (
@@ -181,6 +188,7 @@ async fn the_console_releases_a_dead_nodes_worker_id_in_chromium() {
         ("IDGEN_NODES", names.join(",")),
         ("IDGEN_KILL", format!("n2:{}", victim.child.id())),
         ("IDGEN_RENEW", "n1".into()),
+        ("IDGEN_HIDE_KEY", "console-key".into()),
         ("CHROMIUM", chromium()),
     ]);
     assert!(status.success(), "the browser script failed: {status}");

@@ -830,3 +830,231 @@ async fn the_console_shows_the_node_it_runs_on() {
     );
     server.stop().await;
 }
+
+/// `GET /admin/api/cluster` on the node at `http`, with `token` if given.
+async fn cluster_view(http: std::net::SocketAddr, token: Option<&str>) -> (u16, Value) {
+    let mut req = reqwest::Client::new().get(format!("http://{http}/admin/api/cluster"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("HTTP answer");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The row of `instance` in a cluster view.
+fn row_of<'a>(view: &'a Value, instance: &str) -> Option<&'a Value> {
+    view["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["instance"] == instance)
+}
+
+/// Polls the cluster view of the node at `http` (at most 150 times, 200 ms
+/// apart: generous for a loaded machine) until `want` holds of it.
+async fn view_until(
+    http: std::net::SocketAddr,
+    what: &str,
+    want: impl Fn(&Value) -> bool,
+) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..150 {
+        let (status, view) = cluster_view(http, Some(TOKEN)).await;
+        if status == 200 && want(&view) {
+            return view;
+        }
+        last = view;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("{what}: never seen; last view {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_console_lists_exactly_this_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(with_token(dir.path())).await;
+    let (status, r) = cluster_view(server.http, None).await;
+    assert_error((status, &r), 401, "UNAUTHENTICATED", "");
+    let (status, r) = cluster_view(server.http, Some("not-the-token")).await;
+    assert_error((status, &r), 403, "PERMISSION_DENIED", "admin.token");
+    let (status, view) = cluster_view(server.http, Some(TOKEN)).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["backend"], "embedded", "{view}");
+    let (_, _, this) = get(&server, "/admin/api/node", Some(TOKEN)).await;
+    let nodes = view["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 1, "{view}");
+    let n = &nodes[0];
+    assert_eq!(n["instance"], this["instance"], "{view}");
+    assert_eq!(
+        (&n["ready"], &n["fenced"], &n["version"]),
+        (
+            &json!(true),
+            &json!(false),
+            &json!(env!("CARGO_PKG_VERSION"))
+        ),
+        "{view}"
+    );
+    assert_eq!(n["report"]["state"], "reporting", "{view}");
+    assert!(n["layout"]["worker_bits"].as_u64().is_some(), "{view}");
+
+    // A hidden tag from the console names a missing key in its refusal.
+    let (status, r) = console_change(
+        &server,
+        "tags/create",
+        json!({"tag": "hid", "hide_key": "no-such-key"}),
+    )
+    .await;
+    assert_error((status, &r), 400, "FAILED_PRECONDITION", "no-such-key");
+    assert!(error_of(&r).1.contains("idgen admin keys create"), "{r}");
+    let (status, r) = console_change(
+        &server,
+        "tags/update",
+        json!({"tag": "hid", "hide_key": "k"}),
+    )
+    .await;
+    assert_error((status, &r), 400, "INVALID_ARGUMENT", "hide_key");
+    server.stop().await;
+}
+
+const MASTER: &str = "202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f";
+
+fn consul_node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
+    let token = format!("\"{TOKEN}\"");
+    let config = write_cluster_config(
+        dir,
+        name,
+        consul,
+        &[("admin", "token", &token), ("segment", "enabled", "true")],
+    );
+    ChildServer::try_start_env(&config, &[], &[("IDGEN_HIDE_MASTER_KEY", MASTER)])
+        .unwrap_or_else(|log| panic!("{name} did not become ready: {log}"))
+}
+
+/// Every node's status on Consul: each node's console lists every node
+/// (ready, version, layout, rate, Consul's check); a node killed shows
+/// as not reporting or failing its check, one stopped cleanly as stopped;
+/// a hidden tag is created through the console.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_nodes_status_is_in_each_console_on_consul() {
+    let consul = common::test_consul().await;
+    // Records of instances gone for over a day are pruned at a node's
+    // start; one silent for an hour stays (and reads "not reporting").
+    let kv = common::consul::default_client(&consul);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for (name, age_ms) in [("ghost", 25 * 3_600_000), ("recent", 3_600_000)] {
+        let record = json!({"instance": name, "state": "running", "rate": null,
+                            "written_ms": now_ms - age_ms, "interval_ms": 5000});
+        let key = format!("idgen/test/nodes/{name}");
+        let set = idgen::consul::KvWrite::Set;
+        assert!(kv
+            .kv_put(&key, record.to_string().as_bytes(), set)
+            .await
+            .unwrap());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = consul_node(dir.path(), "n0", consul.addr());
+    let b = consul_node(dir.path(), "n1", consul.addr());
+    let view = view_until(a.http, "the day-old record pruned", |v| {
+        row_of(v, "ghost").is_none()
+    })
+    .await;
+    let recent = row_of(&view, "recent").expect("the hour-old record stays");
+    assert_eq!(recent["report"]["state"], "not_reporting", "{view}");
+    assert_eq!(recent["consul"]["status"], "not registered", "{view}");
+    let (status, r) = cluster_view(a.http, None).await;
+    assert_error((status, &r), 401, "UNAUTHENTICATED", "");
+    let (status, r) = cluster_view(a.http, Some("not-the-token")).await;
+    assert_error((status, &r), 403, "PERMISSION_DENIED", "");
+
+    let both_up = |v: &Value| {
+        ["n0", "n1"].iter().all(|n| {
+            row_of(v, n).is_some_and(|r| {
+                r["report"]["state"] == "reporting"
+                    && r["ready"] == true
+                    && r["fenced"] == false
+                    && r["consul"]["status"] == "passing"
+            })
+        })
+    };
+    let view = view_until(a.http, "n0 and n1 ready and passing", both_up).await;
+    assert_eq!(view["backend"], "consul", "{view}");
+    for n in ["n0", "n1"] {
+        let r = row_of(&view, n).unwrap();
+        assert_eq!(r["version"], env!("CARGO_PKG_VERSION"), "{view}");
+        assert!(r["layout"]["sequence_bits"].as_u64().is_some(), "{view}");
+        assert!(
+            r.get("rate").is_some() && r.get("node_number").is_some(),
+            "{view}"
+        );
+    }
+    // B's issue rate, from its own counters, once it wrote twice.
+    let mut c = b.client().await;
+    let req = proto::GenIdsRequest {
+        mode: proto::Mode::Snowflake as i32,
+        count: 100,
+        ..Default::default()
+    };
+    c.gen_ids(req).await.unwrap();
+    view_until(a.http, "n1 reports a rate and its IDs", |v| {
+        row_of(v, "n1").is_some_and(|r| {
+            r["rate"].is_number() && r["issued"]["snowflake"].as_f64() >= Some(100.0)
+        })
+    })
+    .await;
+
+    // A hidden tag from the console; a missing key is refused by name.
+    common::hide_key(&a, TOKEN, "create", "console-key").await;
+    let create = |body: Value| {
+        reqwest::Client::new()
+            .post(format!("http://{}/admin/api/tags/create", a.http))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+    };
+    let r = create(json!({"tag": "hid", "hide_key": "console-key"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["tag"]["hide"]["key"], "console-key", "{body}");
+    let r = create(json!({"tag": "hid2", "hide_key": "missing-key"}))
+        .await
+        .unwrap();
+    assert_ne!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert!(error_of(&body).1.contains("missing-key"), "{body}");
+    common::hide_key(&a, TOKEN, "create", "old-key").await;
+    common::hide_key(&a, TOKEN, "retire", "old-key").await;
+    let r = create(json!({"tag": "hid3", "hide_key": "old-key"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(error_of(&body).1.contains("retired"), "{body}");
+
+    // kill -9 B: A's view shows it silent or failing its Consul check.
+    b.kill();
+    view_until(a.http, "n1 not reporting or failing its check", |v| {
+        row_of(v, "n1").is_some_and(|r| {
+            r["report"]["state"] == "not_reporting" || r["consul"]["status"] != "passing"
+        })
+    })
+    .await;
+    // A stopped cleanly: a third node's view says so.
+    assert!(a.terminate().success());
+    let c = consul_node(dir.path(), "n2", consul.addr());
+    let view = view_until(c.http, "n0 stopped, n2 reporting", |v| {
+        row_of(v, "n0").is_some_and(|r| r["report"]["state"] == "stopped")
+            && row_of(v, "n2").is_some_and(|r| r["report"]["state"] == "reporting")
+    })
+    .await;
+    assert_eq!(
+        view["nodes"].as_array().map(Vec::len),
+        Some(4),
+        "n0-n2 and recent: {view}"
+    );
+    c.terminate();
+}

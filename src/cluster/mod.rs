@@ -9,11 +9,13 @@
 //! health check so clients find only nodes that are issuing IDs.
 //! [`holders`] reads who holds each worker id and token of a Consul
 //! cluster, and force-releases or renews a holder's session for the
-//! admin API.
+//! admin API. [`status`] publishes each node's status to Consul KV and
+//! reads every node's back, with Consul's health, for the console.
 
 pub mod holders;
 pub mod membership;
 pub mod registration;
 pub mod settings;
+pub mod status;
 pub mod supervisor;
 pub mod worker_lock;

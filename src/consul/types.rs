@@ -512,6 +512,8 @@ pub struct ServiceEntry {
     pub meta: BTreeMap<String, String>,
     /// Every check's status (`passing`, `warning`, `critical`).
     pub check_statuses: Vec<String>,
+    /// Every check's last output, in the order of `check_statuses`.
+    pub check_outputs: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -552,6 +554,8 @@ struct RawService {
 struct RawCheck {
     #[serde(rename = "Status", default)]
     status: String,
+    #[serde(rename = "Output", default)]
+    output: Option<String>,
 }
 
 impl RawHealthEntry {
@@ -569,7 +573,12 @@ impl RawHealthEntry {
             address,
             port: self.service.port,
             meta: self.service.meta.unwrap_or_default(),
-            check_statuses: self.checks.into_iter().map(|c| c.status).collect(),
+            check_statuses: self.checks.iter().map(|c| c.status.clone()).collect(),
+            check_outputs: self
+                .checks
+                .into_iter()
+                .map(|c| c.output.unwrap_or_default())
+                .collect(),
         }
     }
 }

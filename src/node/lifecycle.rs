@@ -26,6 +26,8 @@ struct FrontEnds {
     /// Reloads the TLS certificate when its files change or on SIGHUP.
     reload: Option<JoinHandle<()>>,
     stop: watch::Sender<bool>,
+    /// Measures the issue rate and publishes this node's status.
+    status: super::status::StatusTask,
 }
 
 async fn wait_stop(mut rx: watch::Receiver<bool>) {
@@ -90,14 +92,18 @@ impl Node {
         monitor_stop.notify_one();
         let _ = monitor.await;
         state.drain().await;
-        let drained = fronts.drain(&config).await;
+        let (drained, status) = fronts.drain(&config).await;
         // Closing the generator and storing the final mark happen together;
         // in a cluster the lock is released and the service deregistered
         // after that.
         for task in format_watch {
             task.abort();
         }
-        let final_hwm_ms = running.finish().await?;
+        let final_hwm_ms = running.finish().await;
+        // The record every console shows: "stopped", even when the final
+        // mark failed (the node stops either way).
+        status.finish().await;
+        let final_hwm_ms = final_hwm_ms?;
         drop(rate_sampling);
         drop(state_watch);
         // Last: nothing renews once the mark is final and the lock gone.
@@ -164,21 +170,23 @@ impl Node {
             ),
             wait_stop(stop_rx.clone()),
         ));
-        let router = http::router(http::HttpState {
+        let http_state = http::HttpState {
             issuer: Arc::clone(&self.issuer),
             metrics: self.metrics.clone(),
             ready: Arc::clone(&state.ready),
             live: Arc::clone(&state.live),
             rpc: Arc::new(http::HttpMetrics::default()),
             admin: admin_service,
-        });
+            cluster: self.cluster_status(),
+        };
+        let status = super::status::StatusTask::start(http_state.clone());
         let http = tokio::spawn(listener::serve(
             http,
             listener::Port::Http,
             config.server.connections,
             http_tls,
             config.server.allow.clone(),
-            router,
+            http::router(http_state),
             wait_stop(stop_rx),
         ));
         let metrics = self.metrics.clone();
@@ -195,7 +203,30 @@ impl Node {
             upkeep,
             reload,
             stop,
+            status,
         })
+    }
+
+    /// Where the console finds every node's status: the Consul folder of
+    /// status records, or this node alone on the embedded store.
+    fn cluster_status(&self) -> crate::server::console::ClusterStatus {
+        let board = match (self.membership.consul(), &self.config.store.backend) {
+            (Some(client), crate::config::Backend::Consul(cc)) => {
+                let advertise = self
+                    .config
+                    .node
+                    .advertise
+                    .unwrap_or(self.config.server.grpc_listen);
+                Some(crate::cluster::status::StatusBoard::new(
+                    client.clone(),
+                    cc.keys.clone(),
+                    cc.service.clone(),
+                    instance_id(&self.config, advertise),
+                ))
+            }
+            _ => None,
+        };
+        crate::server::console::ClusterStatus::new(board)
     }
 
     /// The format reload triggers besides the admin API: SIGHUP, and in
@@ -283,8 +314,9 @@ fn acceptors(config: &Config) -> Result<Acceptors, ServeError> {
 
 impl FrontEnds {
     /// Stops accepting and waits for in-flight calls, at most
-    /// `server.shutdown_grace`; returns whether every call finished.
-    async fn drain(mut self, config: &Config) -> bool {
+    /// `server.shutdown_grace`; returns whether every call finished, and
+    /// the status task (stopped last, with its "stopped" record).
+    async fn drain(mut self, config: &Config) -> (bool, super::status::StatusTask) {
         let _ = self.stop.send(true);
         let grace = config.server.shutdown_grace;
         let drained = tokio::time::timeout(grace, async {
@@ -306,6 +338,6 @@ impl FrontEnds {
         if let Some(reload) = self.reload {
             reload.abort();
         }
-        drained
+        (drained, self.status)
     }
 }

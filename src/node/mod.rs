@@ -13,6 +13,8 @@
 //! - `cluster.rs`: what a Consul node joins with;
 //! - `session_bound.rs`: what lives under the worker lock's session;
 //! - `lifecycle.rs`: serving, and shutdown in order;
+//! - `status.rs`: the issue rate, and on Consul this node's status record
+//!   every node's console shows;
 //! - [`renewal`]: the thread that keeps marks and the worker lock alive;
 //! - [`shutdown`]: SIGTERM/SIGINT; [`systemd`]: readiness, stopping and
 //!   watchdog notices.
@@ -23,6 +25,7 @@ mod lifecycle;
 pub mod renewal;
 mod session_bound;
 pub mod shutdown;
+mod status;
 mod stores;
 pub mod systemd;
 

@@ -50,6 +50,9 @@ use crate::proto::admin_server::Admin;
 use crate::proto::{self, HolderKind};
 
 mod changes;
+mod cluster;
+
+pub use cluster::{node_view, now_ms, ClusterStatus};
 
 const INDEX_HTML: &str = include_str!("console/index.html");
 const CONSOLE_JS: &str = include_str!("console/console.js");
@@ -82,6 +85,7 @@ pub fn routes() -> Router<HttpState> {
         .route("/admin/api/release", post(release))
         .route("/admin/api/renew", post(renew))
         .merge(changes::routes())
+        .route("/admin/api/cluster", get(cluster::cluster))
         .route("/admin/api/hide-keys", get(hide_keys).post(change_hide_key))
         .route("/admin/api/{*rest}", get(no_endpoint).post(no_endpoint))
         .layer(axum::middleware::map_response(secure_headers))
@@ -178,7 +182,7 @@ async fn no_endpoint() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "NOT_FOUND",
-        "no such console endpoint; see GET /admin/api/node, /holders, /tags, /strict, /strict/keys?namespace=NS, /layout, /formats, /hide-keys and POST /admin/api/release, /renew, /hide-keys, /tags/create, /tags/update, /tags/delete, /formats/create, /formats/update, /formats/delete, /strict/step, /strict/keys/delete",
+        "no such console endpoint; see GET /admin/api/node, /cluster, /holders, /tags, /strict, /strict/keys?namespace=NS, /layout, /formats, /hide-keys and POST /admin/api/release, /renew, /hide-keys, /tags/create, /tags/update, /tags/delete, /formats/create, /formats/update, /formats/delete, /strict/step, /strict/keys/delete",
     )
 }
 
@@ -340,6 +344,7 @@ async fn tags(State(s): State<HttpState>, request: Request) -> Response {
                         "tag": t.tag, "max_id": t.max_id.to_string(), "step": t.step,
                         "next": t.max_id.saturating_add(1).to_string(),
                         "description": t.description, "created": t.created, "updated": t.updated,
+                        "hide": changes::hide_json(t.hide.as_ref()),
                     })
                 })
                 .collect();

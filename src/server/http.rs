@@ -39,6 +39,8 @@ pub struct HttpState {
     /// The admin service the gRPC port serves; the console's JSON API
     /// calls it (`server::console`).
     pub admin: Arc<super::admin::AdminService>,
+    /// Every node's status for the console (`/admin/api/cluster`).
+    pub cluster: super::console::ClusterStatus,
 }
 
 /// Latency metrics of the JSON endpoints.

@@ -6,9 +6,12 @@
 //   IDGEN_NODES        the instance names, comma-separated
 //   IDGEN_KILL         "<instance>:<pid>": the node to SIGKILL mid-test
 //   IDGEN_RENEW        an instance whose session to renew by hand
+//   IDGEN_HIDE_KEY     a hide key that exists (for a hidden tag)
 //   CHROMIUM           the browser (default /usr/bin/chromium)
-// Then it walks the console's changes: the node's own state, the released
-// filter, a tag created, edited and deleted, a Lua format created and its
+// Then it walks the console's changes: every node's status row (and the
+// killed node's going silent), the node's own state, the released filter,
+// a tag created, edited and deleted, a hidden tag created (and one with a
+// missing key refused), a Lua format created and its
 // code shown, a strict step set (and a refused one), and auto-refresh
 // showing a counter moved by an ID issued meanwhile.
 // Exit code 0 only if every step was seen in the page.
@@ -78,6 +81,67 @@ async function thisNodeAndFilters(page, victim) {
   check(await released.isVisible(), "the filter shows only released rows");
   check(await page.locator('#holders tr.holder[data-state="alive"]').first().isHidden(), "held rows hidden");
   await page.selectOption("#holder-filter", "all");
+}
+
+// Index of a nodes-table column (see index.html).
+const NODE_COL = { report: 2, ready: 3, fenced: 4, version: 5, layout: 6, number: 7, issued: 8, rate: 9, consul: 10, workers: 11, holderState: 14 };
+
+// Every node has a status row: reporting, ready, not fenced, its version,
+// layout and Consul's check passing.
+async function nodeStatusRows(page, nodes) {
+  for (const n of nodes) {
+    const sel = `#nodes tr.node[data-instance="${n}"]`;
+    await waitCell(page, sel, NODE_COL.report, /^reported \d+ s ago$/, `node ${n} reports its status`);
+    const c = await cells(page.locator(sel));
+    check(c[NODE_COL.ready] === "yes" && c[NODE_COL.fenced] === "no", `node ${n} is ready and not fenced`);
+    check(/^\d+\.\d+\.\d+/.test(c[NODE_COL.version]) && /^\d+\/\d+\/\d+\/\d+, unit/.test(c[NODE_COL.layout]), `node ${n} shows its version and layout bits`);
+    check(/^\d+$/.test(c[NODE_COL.number]) && /^\d+$/.test(c[NODE_COL.issued]), `node ${n} shows its node number and IDs issued`);
+    check(/IDs\/s|next report/.test(c[NODE_COL.rate]), `node ${n} shows its issue rate`);
+    await refreshUntil(page, sel, (c) => /^passing/.test(c[NODE_COL.consul] || ""), `node ${n}'s Consul check passes`);
+  }
+}
+
+// Refreshes the page (at most 100 times, 200 ms apart) until the row's
+// cells satisfy `want`.
+async function refreshUntil(page, sel, want, what) {
+  let last = null;
+  for (let i = 0; i < 100; i += 1) {
+    const c = await cells(page.locator(sel));
+    last = c;
+    if (want(c)) {
+      check(true, what);
+      return c;
+    }
+    await page.click("#refresh");
+    await page.waitForTimeout(200);
+  }
+  throw new Error(`check failed: ${what} (last ${JSON.stringify(last)})`);
+}
+
+// After a SIGKILL: refreshing (bounded) until the node's row shows its
+// Consul check failing or its status silent.
+async function deadNodeRow(page, victim) {
+  const sel = `#nodes tr.node[data-instance="${victim}"]`;
+  const dead = (c) => /^(critical|not registered)/.test(c[NODE_COL.consul] || "") || /^not reporting/.test(c[NODE_COL.report] || "");
+  const c = await refreshUntil(page, sel, dead, `killed ${victim}: its row shows its Consul check failing or its status silent`);
+  console.log(`   (${c[NODE_COL.consul]} / ${c[NODE_COL.report]})`);
+}
+
+// A hidden tag from the form; a missing key is refused with the
+// service's own words.
+async function hiddenTag(page, key) {
+  const row = '#tags tr.tag[data-tag="hidden-tag"]';
+  await page.fill("#tag-name", "hidden-tag");
+  await page.fill("#tag-hide-key", key);
+  await page.click("#tag-submit");
+  await waitCell(page, row, 4, `hidden (key ${key})`, "a hidden tag is created from the form");
+  await page.fill("#tag-name", "hidden-bad");
+  await page.fill("#tag-hide-key", "no-such-key");
+  await page.click("#tag-submit");
+  await page.locator("#action-error").filter({ hasText: "no-such-key" }).waitFor({ timeout: STEP_MS });
+  check(/does not exist/.test(await page.locator("#action-error").textContent()), "a missing hide key is refused, the service's reason shown");
+  check((await page.locator('#tags tr.tag[data-tag="hidden-bad"]').count()) === 0, "no tag was created with it");
+  await page.click("#tag-cancel");
 }
 
 // Create a tag, edit its step, delete it.
@@ -183,8 +247,10 @@ async function run(page) {
   check((await page.locator("#nodes tr.node").count()) === nodes.length, `${nodes.length} nodes listed`);
   for (const n of nodes) {
     const cells = await page.locator(`#nodes tr.node[data-instance="${n}"] td`).allTextContents();
-    check(/^\d+\/\d+$/.test(cells[2]) && cells[5] === "alive", `node ${n} shows worker id ${cells[2]}, session alive`);
+    const worker = cells[NODE_COL.workers];
+    check(/^\d+\/\d+$/.test(worker) && cells[NODE_COL.holderState] === "alive", `node ${n} shows worker id ${worker}, session alive`);
   }
+  await nodeStatusRows(page, nodes);
   check((await page.locator("#backend").textContent()) === "consul", "backend consul");
   check(!page.url().includes(token), "the token is not in the URL");
   check((await page.context().cookies()).length === 0, "no cookie is set");
@@ -226,8 +292,10 @@ async function run(page) {
   check((await freed.locator("td").last().textContent()) === "free", `${victim}'s worker id is free`);
   check((await page.locator("#action-error").textContent()) === "", "no action error");
 
+  await deadNodeRow(page, victim);
   await thisNodeAndFilters(page, victim);
   await tagActions(page);
+  await hiddenTag(page, env("IDGEN_HIDE_KEY"));
   await formatActions(page);
   await strictActions(page);
   await autoRefresh(page, url);

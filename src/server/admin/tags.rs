@@ -63,6 +63,23 @@ impl AdminService {
         })
     }
 
+    /// Refuses a hidden tag whose key does not exist or is retired: such
+    /// a tag would be created and then refuse every call.
+    async fn check_hide_key(&self, key: &str) -> Result<(), Status> {
+        let keys = self.deps.hide_keys.list().await.map_err(store_status)?;
+        match keys.iter().find(|k| k.key_id == key) {
+            None => Err(refusal(
+                ErrorKind::Precondition,
+                format!("hide key {key:?} does not exist: create it first (`idgen admin keys create {key}`, or the console's hide keys), then create the tag"),
+            )),
+            Some(k) if k.active().is_none() => Err(refusal(
+                ErrorKind::Precondition,
+                format!("hide key {key:?} is retired: it makes no new IDs; rotate it to a new active version first (`idgen admin keys rotate {key}`) or name an active key (`idgen admin keys list`)"),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
     pub(super) async fn create_tag(
         &self,
         r: proto::CreateTagRequest,
@@ -77,6 +94,9 @@ impl AdminService {
         let step = check_step(step).map_err(|e| store_status(e.into()))?;
         let initial = check_max_id(r.initial).map_err(|e| store_status(e.into()))?;
         check_description(&r.description)?;
+        if let Some(h) = &r.hide {
+            self.check_hide_key(&h.key).await?;
+        }
         let record = TagRecord::new(initial, step, &r.description, self.now_ms())
             .and_then(|rec| rec.with_hide(&tag, tag_hide(r.hide)))
             .map_err(|e| store_status(e.into()))?;

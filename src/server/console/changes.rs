@@ -138,7 +138,9 @@ fn not_issuing_reason(s: &HttpState) -> Option<String> {
     None
 }
 
-fn node_json(s: &HttpState) -> Value {
+/// This node's status: what `/admin/api/node` answers and what its status
+/// record publishes.
+pub(super) fn node_json(s: &HttpState) -> Value {
     let (instance, address) = s.admin.node_identity();
     let generator = s.issuer.generator();
     let spec = generator.layout().spec();
@@ -235,13 +237,25 @@ struct TagBody {
     initial: Option<Value>,
     #[serde(default)]
     max_id: Option<Value>,
+    /// Creates a hidden tag with this hide key (`idgen admin keys create`);
+    /// empty or absent: a plain tag.
+    #[serde(default)]
+    hide_key: Option<String>,
 }
 
 fn tag_json(t: Option<&proto::SegmentTag>) -> Value {
     t.map_or(Value::Null, |t| {
         json!({"tag": t.tag, "max_id": t.max_id.to_string(), "step": t.step,
-               "description": t.description, "updated": t.updated})
+               "description": t.description, "updated": t.updated, "hide": hide_json(t.hide.as_ref())})
     })
+}
+
+/// A tag's hiding as JSON (`null` for a plain tag).
+pub(super) fn hide_json(h: Option<&proto::TagHide>) -> Value {
+    h.map_or(
+        Value::Null,
+        |h| json!({"key": h.key, "version_bits": h.version_bits, "domain_bits": h.domain_bits}),
+    )
 }
 
 fn only_for(what: &str, field: &str, given: bool) -> Result<(), Refused> {
@@ -258,13 +272,23 @@ fn only_for(what: &str, field: &str, given: bool) -> Result<(), Refused> {
 async fn create_tag(State(s): State<HttpState>, request: Request) -> Response {
     let to_msg = |b: TagBody| {
         only_for("a tag creation (use initial)", "max_id", b.max_id.is_some())?;
+        // A hidden tag: the admin call checks the key (missing or retired
+        // is its error, shown verbatim); default version and domain bits.
+        let hide = b
+            .hide_key
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
+            .map(|key| proto::TagHide {
+                key,
+                version_bits: 0,
+                domain_bits: 0,
+            });
         Ok(proto::CreateTagRequest {
             tag: b.tag,
             step: b.step.unwrap_or(0),
             description: b.description.unwrap_or_default(),
             initial: exact_u64("initial", b.initial.as_ref())?.unwrap_or(0),
-            // Hidden tags are created with `idgen admin tags create --hide-key`.
-            hide: None,
+            hide,
         })
     };
     change(
@@ -279,6 +303,11 @@ async fn create_tag(State(s): State<HttpState>, request: Request) -> Response {
 async fn update_tag(State(s): State<HttpState>, request: Request) -> Response {
     let to_msg = |b: TagBody| {
         only_for("a tag change (use max_id)", "initial", b.initial.is_some())?;
+        only_for(
+            "a tag change (hiding is fixed when a tag is created)",
+            "hide_key",
+            b.hide_key.is_some(),
+        )?;
         Ok(proto::UpdateTagRequest {
             tag: b.tag,
             step: b.step,

@@ -123,11 +123,63 @@ let thisNode = null;
 let lastReading = null;
 let rateText = "";
 
+// What /admin/api/cluster said last: every node's published status.
+let clusterView = null;
+// The holders read last (the nodes table merges them in).
+let lastHolders = [];
+
+function layoutBits(l) {
+  if (!l) return "";
+  return l.time_bits + "/" + l.datacenter_bits + "/" + l.worker_bits + "/" + l.sequence_bits + ", unit " + l.time_unit_ms + " ms";
+}
+
+function rateWords(rate) {
+  return rate === null || rate === undefined ? "(at its next report)" : Number(rate).toFixed(1) + " IDs/s";
+}
+
+function field(text, name, className) {
+  const e = el("span", text, className);
+  e.dataset.field = name;
+  return e;
+}
+
+// The status cells of one node from its published record (empty when it
+// publishes none).
+function statusCells(n) {
+  if (!n) return ["", "", "", "", "", "", "", "", ""];
+  const report = n.report || {};
+  const issuing = n.ready && !n.fenced;
+  const fenced = n.fenced === undefined ? "" : n.fenced ? "yes" : "no";
+  const why = n.reason ? fenced + ": " + n.reason : fenced;
+  const consul = n.consul ? n.consul.status + (n.consul.output ? ": " + n.consul.output : "") : "(embedded store)";
+  const consulClass = n.consul ? "state state-" + (n.consul.status === "passing" ? "alive" : "released") : "";
+  return [
+    field(report.text || "", "report", "state report-" + (report.state || "unknown")),
+    field(n.ready === undefined ? "" : n.ready ? "yes" : "no", "ready", issuing ? "state-alive" : "state-released"),
+    field(why, "fenced"),
+    field(n.version || "", "version"),
+    field(layoutBits(n.layout), "layout"),
+    field(n.node_number === undefined ? "" : n.node_number, "node_number"),
+    field(n.issued ? String(sumIssued(n.issued)) : "", "issued"),
+    field(n.report ? rateWords(n.rate) : "", "rate"),
+    field(consul, "consul", consulClass),
+  ];
+}
+
+// One row per node: its published status (from /admin/api/cluster)
+// merged with what the holders show of it.
 function nodeRows(holders) {
   const nodes = new Map();
+  const blank = (instance, address) => ({ instance, address, workers: [], tokens: [], sessions: new Set(), states: new Set(), ttl: 0, status: null });
+  for (const s of (clusterView && clusterView.nodes) || []) {
+    const n = blank(s.instance, s.address || "");
+    n.status = s;
+    nodes.set(s.instance, n);
+  }
   for (const h of holders) {
-    if (!nodes.has(h.instance)) nodes.set(h.instance, { instance: h.instance, address: h.address, workers: [], tokens: [], sessions: new Set(), states: new Set(), ttl: 0 });
+    if (!nodes.has(h.instance)) nodes.set(h.instance, blank(h.instance, h.address));
     const n = nodes.get(h.instance);
+    if (!n.address) n.address = h.address;
     if (h.kind === "worker") n.workers.push(holderParts(h)[1]);
     else if (h.kind === "format_token") n.tokens.push(h.space + "/" + h.rendered);
     else n.tokens.push(holderParts(h)[1]);
@@ -136,7 +188,7 @@ function nodeRows(holders) {
     n.ttl = Math.max(n.ttl, h.session_ttl_ms);
   }
   const rows = [];
-  for (const n of nodes.values()) {
+  for (const n of [...nodes.values()].sort((a, b) => (a.instance < b.instance ? -1 : a.instance > b.instance ? 1 : 0))) {
     const actions = document.createElement("span");
     for (const s of n.sessions) {
       const b = el("button", "Renew session", "renew");
@@ -144,13 +196,29 @@ function nodeRows(holders) {
       b.addEventListener("click", () => renew(s));
       actions.appendChild(b);
     }
-    const here = thisNode && thisNode.instance === n.instance ? nodeSummary(thisNode) : "";
-    const tr = row([n.instance, n.address, n.workers.join(", "), n.tokens.join(", "), [...n.sessions].join(", "), stateCell([...n.states].join(", ")), seconds(n.ttl), here, actions]);
+    const name = thisNode && thisNode.instance === n.instance ? n.instance + " (this node)" : n.instance;
+    const holderState = n.states.size ? stateCell([...n.states].join(", ")) : "";
+    const tr = row([name, n.address].concat(statusCells(n.status), [n.workers.join(", "), n.tokens.join(", "), [...n.sessions].join(", "), holderState, seconds(n.ttl), actions]));
     tr.dataset.instance = n.instance;
+    tr.dataset.report = n.status && n.status.report ? n.status.report.state : "none";
     tr.classList.add("node");
     rows.push(tr);
   }
   return rows;
+}
+
+async function loadCluster() {
+  const r = await api("cluster");
+  if (!r.ok) {
+    clusterView = null;
+    $("nodes-note").textContent = "Every node's status could not be read (" + r.error.code + "): " + r.error.message;
+    return;
+  }
+  clusterView = r.data;
+  const every = (r.data.interval_ms / 1000).toFixed(0);
+  $("nodes-note").textContent = r.data.backend === "consul"
+    ? "Each node publishes its status to Consul every " + every + " s; a node silent for 3 of those is \"not reporting\". The Consul column is Consul's own check of it."
+    : "The embedded store serves one node: this one.";
 }
 
 function holderRows(holders, backend) {
@@ -194,6 +262,7 @@ async function loadHolders() {
   const r = await api("holders");
   if (!r.ok) return r;
   $("backend").textContent = r.data.backend;
+  lastHolders = r.data.holders;
   fill("nodes", nodeRows(r.data.holders));
   fill("holders", holderRows(r.data.holders, r.data.backend));
   applyHolderFilter();
@@ -215,11 +284,6 @@ function updateRate(node) {
     rateText = "(rate at the next refresh)";
   }
   lastReading = { instance: node.instance, at: now, total };
-}
-
-function nodeSummary(n) {
-  const state = n.fenced ? "fenced" : n.ready ? "ready" : "not ready";
-  return state + ", v" + n.version + ", " + rateText;
 }
 
 async function loadNode() {
@@ -278,7 +342,8 @@ function tagRow(t) {
   const actions = document.createElement("span");
   actions.appendChild(button("Edit", "edit-tag", () => editTag(t)));
   actions.appendChild(button("Delete", "delete-tag danger", () => deleteTag(t.tag)));
-  const tr = row([t.tag, t.max_id, t.next, t.step, t.description, t.updated, actions]);
+  const hidden = t.hide ? "hidden (key " + t.hide.key + ")" : "plain";
+  const tr = row([t.tag, t.max_id, t.next, t.step, hidden, t.description, t.updated, actions]);
   tr.dataset.tag = t.tag;
   tr.classList.add("tag");
   return tr;
@@ -410,8 +475,8 @@ async function load() {
   if (readError) setActionError("");
   readError = false;
   showConsole();
-  await loadNode();
-  fill("nodes", nodeRows(r.data.holders)); // again, marking this node
+  await Promise.all([loadNode(), loadCluster()]);
+  fill("nodes", nodeRows(lastHolders)); // again, with every node's status
   await Promise.all([loadTags(), loadFormats(), loadStrict(), loadLayout()]);
   return true;
 }
@@ -456,6 +521,7 @@ function resetTagForm() {
   $("tag-form-title").textContent = "Create a tag";
   $("tag-value-label").textContent = "Initial (first ID is one above)";
   $("tag-value").placeholder = "0";
+  $("tag-hide-key").disabled = false;
   $("tag-submit").textContent = "Create";
   formDone(f);
 }
@@ -470,6 +536,8 @@ function editTag(t) {
   $("tag-form-title").textContent = "Edit tag " + t.tag;
   $("tag-value-label").textContent = "Raise max_id to (leave empty to keep " + t.max_id + ")";
   $("tag-value").placeholder = t.max_id;
+  $("tag-hide-key").value = t.hide ? t.hide.key : "";
+  $("tag-hide-key").disabled = true;
   $("tag-submit").textContent = "Save";
   $("tag-form").dataset.dirty = "1";
   $("tag-step").focus();
@@ -491,6 +559,8 @@ async function submitTag() {
   const value = $("tag-value").value.trim();
   // 64-bit values go as decimal strings: a Number rounds above 2^53.
   if (value !== "") body[update ? "max_id" : "initial"] = value;
+  const hideKey = $("tag-hide-key").value.trim();
+  if (!update && hideKey !== "") body.hide_key = hideKey;
   const ok = await submit((update ? "Saving" : "Creating") + " tag " + body.tag, update ? "tags/update" : "tags/create", body);
   if (ok) resetTagForm();
 }
