@@ -367,7 +367,7 @@ async fn rotate(node: &ChildServer, key: &str, force: bool) -> Result<u32, tonic
 
 /// A rotation whose new version a namespace using the key cannot hold is
 /// refused with FAILED_PRECONDITION naming it (a `{seq:8:hidden}` format
-/// holds versions 0 to 9, a lease zone with 1 version bit 0 and 1), and
+/// holds versions 0 to 9, a lease zone or tag with 1 version bit 0 and 1), and
 /// the namespace keeps issuing; `force` (`--force`) rotates anyway, after
 /// which that namespace refuses and its old IDs still reveal.
 #[tokio::test]
@@ -375,8 +375,10 @@ async fn a_rotation_past_a_hidden_format_field_is_refused_unless_forced() {
     let dir = tempfile::tempdir().unwrap();
     let zone = "[lease]\nenabled = true\nzone = 6\nblock = 100\n\
                 [lease.hide]\nkey = \"narrow\"\nversion_bits = 1\n";
-    let text =
-        format!("[[formats]]\nname = \"orders\"\ntemplate = \"ORD{{seq:8:hidden}}\"\n{zone}");
+    let text = format!(
+        "[segment]\nenabled = true\n\
+         [[formats]]\nname = \"orders\"\ntemplate = \"ORD{{seq:8:hidden}}\"\n{zone}"
+    );
     let node = start(&config(dir.path(), &text));
     for key in ["orders", "narrow"] {
         common::hide_key(&node, TOKEN, "create", key).await;
@@ -438,5 +440,32 @@ async fn a_rotation_past_a_hidden_format_field_is_refused_unless_forced() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("lease zone 6"), "{}", err.message());
     assert_eq!(lease_ids(&mut c, 3).await.len(), 3, "the zone still issues");
+
+    // A hidden tag with 1 version bit likewise.
+    common::hide_key(&node, TOKEN, "create", "tagged").await;
+    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
+        .await
+        .unwrap();
+    admin
+        .create_tag(admin_req(proto::CreateTagRequest {
+            tag: "items".into(),
+            hide: Some(proto::TagHide {
+                key: "tagged".into(),
+                version_bits: 1,
+                domain_bits: 40,
+            }),
+            ..Default::default()
+        }))
+        .await
+        .expect("create hidden tag");
+    assert_eq!(rotate(&node, "tagged", false).await.unwrap(), 1);
+    let err = rotate(&node, "tagged", false).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("segment tag \"items\"")
+            && err.message().contains("versions 0 to 1"),
+        "{}",
+        err.message()
+    );
     node.kill();
 }
