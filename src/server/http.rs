@@ -181,12 +181,12 @@ async fn gen_ids(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Respons
 /// are presented and fail are refused as the console refuses them (401,
 /// 403, 429), never answered with the public view, so a typo in a token
 /// shows.
-fn admin_caller(s: &HttpState, request: Request) -> Result<Option<String>, Response> {
+fn admin_caller(s: &HttpState, request: Request) -> Result<Option<String>, Box<Response>> {
     let (parts, _) = request.into_parts();
     let call = super::console::admin_request(&parts.headers, &parts.extensions, ());
     s.admin
         .admin_caller(&call)
-        .map_err(|status| super::console::status_response(&status))
+        .map_err(|status| Box::new(super::console::status_response(&status)))
 }
 
 /// `GET /v1/decode?id=N[&mode=M]`: the parts of an ID; a hidden one's
@@ -195,7 +195,7 @@ async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery, request: Re
     let started = Instant::now();
     let who = match admin_caller(&s, request) {
         Ok(who) => who,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let result = (|| {
         let q: DecodeQuery = parse_query(raw)?;
@@ -293,7 +293,7 @@ async fn parse_formatted(
     let started = Instant::now();
     let who = match admin_caller(&s, request) {
         Ok(who) => who,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     s.issuer.learn_format(&name).await;
     let result = parse_query::<ParseQuery>(raw)
