@@ -373,7 +373,9 @@ async fn rotate(node: &ChildServer, key: &str, force: bool) -> Result<u32, tonic
 #[tokio::test]
 async fn a_rotation_past_a_hidden_format_field_is_refused_unless_forced() {
     let dir = tempfile::tempdir().unwrap();
-    let zone = "[lease]\nenabled = true\nzone = 6\nblock = 100\n\
+    // A hidden layout on key `narrow` too, with 1 version bit.
+    let zone = "[layout]\nhide = \"sortable\"\nhide_key = \"narrow\"\nhide_version_bits = 1\n\
+                [lease]\nenabled = true\nzone = 6\nblock = 100\n\
                 [lease.hide]\nkey = \"narrow\"\nversion_bits = 1\n";
     let text = format!(
         "[segment]\nenabled = true\n\
@@ -438,7 +440,9 @@ async fn a_rotation_past_a_hidden_format_field_is_refused_unless_forced() {
     assert_eq!(rotate(&node, "narrow", false).await.unwrap(), 1);
     let err = rotate(&node, "narrow", false).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("lease zone 6"), "{}", err.message());
+    for part in ["lease zone 6", "the snowflake layout"] {
+        assert!(err.message().contains(part), "{part:?}: {}", err.message());
+    }
     assert_eq!(lease_ids(&mut c, 3).await.len(), 3, "the zone still issues");
 
     // A hidden tag with 1 version bit likewise.

@@ -111,7 +111,8 @@ impl AdminService {
 
     /// The narrowest version field among the namespaces this node serves
     /// under `key_id` (formats with a hidden counter, live hidden segment
-    /// tags, its hidden lease zone), naming those that have it; `None`
+    /// tags, its hidden snowflake layout and lease zone), naming those
+    /// that have it; `None`
     /// when no namespace limits the key below what the store allows.
     async fn version_limit(&self, key_id: &str) -> Result<Option<VersionLimit>, Status> {
         let mut users: Vec<(KeyVersion, String)> = Vec::new();
@@ -135,6 +136,11 @@ impl AdminService {
                         h.version_bits,
                     ));
                 }
+            }
+        }
+        if let Some((key, bits)) = &self.deps.node.layout_hide {
+            if key == key_id {
+                users.push(within_bits("the snowflake layout".to_owned(), *bits));
             }
         }
         if let Some((zone, key, bits)) = self.deps.node.lease.as_ref().and_then(|l| l.hide_key()) {
