@@ -240,6 +240,17 @@ async fn hidden_ids_reveal_to_admins_over_grpc_http_and_the_cli() {
         );
     }
     assert!(!log.contains(TOKEN), "the admin token was logged");
+    let metrics = reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (mode, at_least) in [("lease", 8.0), ("formatted", 5.0)] {
+        let name = format!("idgen_hidden_reveals_total{{mode=\"{mode}\"}}");
+        let n = common::metric(&metrics, &name).unwrap_or_default();
+        assert!(n >= at_least, "{name} = {n}");
+    }
 
     cli_reveal(&node, &ids[2], seqs[2]);
     node.kill();

@@ -309,6 +309,8 @@ impl Issuer {
                     internal,
                     "hidden ID decoded"
                 );
+                metrics::counter!(crate::metrics::HIDDEN_REVEALS, "mode" => "formatted")
+                    .increment(1);
             }
         }
         Ok((parsed, view))
@@ -437,6 +439,7 @@ impl Issuer {
                 "hidden {} ID decoded",
                 decoded.mode
             );
+            metrics::counter!(crate::metrics::HIDDEN_REVEALS, "mode" => decoded.mode).increment(1);
         }
         Ok(decoded)
     }
