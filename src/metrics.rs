@@ -164,6 +164,9 @@ pub const HIDE_KEY_ROTATIONS: &str = "idgen_hide_key_rotations_total";
 /// Gauge: hide key ids by state (`active`: one version issues; `retired`:
 /// decode-only).
 pub const HIDE_KEYS: &str = "idgen_hide_keys";
+/// Counter: hidden IDs revealed to admin callers, by `mode` (`snowflake`,
+/// `lease`, `formatted`); each is also audit-logged.
+pub const HIDDEN_REVEALS: &str = "idgen_hidden_reveals_total";
 
 static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
@@ -212,6 +215,10 @@ fn describe_hide_keys() {
     describe_gauge!(
         HIDE_KEYS,
         "Hide key ids this node loaded, by state: active (one version issues new IDs) or retired (decode-only)."
+    );
+    describe_counter!(
+        HIDDEN_REVEALS,
+        "Hidden IDs whose internal value this node revealed to an admin caller (DecodeId, ParseFormatted and their HTTP routes), by mode; each one is audit-logged."
     );
 }
 

@@ -220,6 +220,29 @@ async fn the_cli_uses_consuls_variables_and_formatted_ids_work_through_discovery
     assert!(ok, "{out}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
     assert!(v["node"].is_u64() && v["seq"].is_u64(), "{v}");
+    // With an admin token, `--discover` asks the passing nodes by address
+    // with it (the client crate sends none): these nodes have the admin
+    // API off, so each refuses it, and the command says so.
+    let reveal = args(&[
+        "format",
+        "parse",
+        "orders-py",
+        &id,
+        "--discover",
+        "consul",
+        "--admin-token",
+        "some-token",
+    ]);
+    let (ok, out) = tokio::task::spawn_blocking({
+        let e = with_token();
+        move || run(reveal, e)
+    })
+    .await
+    .unwrap();
+    assert!(
+        !ok && out.contains("no passing node answered") && out.contains("admin API is disabled"),
+        "{out}"
+    );
 
     let counter = args(&["format", "counter", "orders-py", "--discover", "consul"]);
     let (ok, out) = tokio::task::spawn_blocking({

@@ -89,7 +89,10 @@ async fn key(node: SocketAddr, verb: &str, key: &str) {
             .await
             .map(drop),
         _ => a
-            .rotate_hide_key(admin_req(proto::RotateHideKeyRequest { key_id }))
+            .rotate_hide_key(admin_req(proto::RotateHideKeyRequest {
+                key_id,
+                force: false,
+            }))
             .await
             .map(drop),
     };

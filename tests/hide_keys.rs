@@ -111,6 +111,7 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
     let unknown = c
         .rotate_hide_key(ok(proto::RotateHideKeyRequest {
             key_id: "nope".into(),
+            force: false,
         }))
         .await
         .expect_err("unknown");
@@ -118,6 +119,7 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
     let anonymous = c
         .rotate_hide_key(proto::RotateHideKeyRequest {
             key_id: "orders".into(),
+            force: false,
         })
         .await
         .expect_err("no token");
@@ -392,6 +394,7 @@ async fn backup_and_restore_keep_every_hide_key_version() {
     }
     c.rotate_hide_key(ok(proto::RotateHideKeyRequest {
         key_id: "orders".into(),
+        force: false,
     }))
     .await
     .expect("rotate");
@@ -455,6 +458,7 @@ async fn backup_and_restore_keep_every_hide_key_version() {
         .await
         .rotate_hide_key(ok(proto::RotateHideKeyRequest {
             key_id: "orders".into(),
+            force: false,
         }))
         .await
         .expect("rotate after restore")

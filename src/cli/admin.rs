@@ -66,6 +66,19 @@ pub fn admin_token_from(
     Ok(Some(t.to_owned()))
 }
 
+/// `request` carrying `authorization: Bearer <token>` (marked sensitive)
+/// when a token is given: a non-admin call (DecodeId, ParseFormatted) that
+/// asks the node to reveal a hidden ID.
+pub fn with_bearer<T>(mut request: Request<T>, token: Option<&str>) -> anyhow::Result<Request<T>> {
+    if let Some(t) = token {
+        let mut v = MetadataValue::try_from(format!("Bearer {t}"))
+            .map_err(|_| anyhow::anyhow!("the admin token has characters a header cannot carry"))?;
+        v.set_sensitive(true);
+        request.metadata_mut().insert("authorization", v);
+    }
+    Ok(request)
+}
+
 async fn connect(a: &AdminArgs) -> anyhow::Result<Client> {
     connect_to(&a.addr, admin_token(a)?, a.timeout, &a.tls).await
 }

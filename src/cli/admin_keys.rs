@@ -20,10 +20,11 @@ pub async fn run(c: &mut Client, cmd: &KeysCommand) -> anyhow::Result<Out> {
             })
             .await,
         ),
-        KeysCommand::Rotate { key_id } => (
+        KeysCommand::Rotate { key_id, force } => (
             "rotated",
             c.rotate_hide_key(proto::RotateHideKeyRequest {
                 key_id: key_id.clone(),
+                force: *force,
             })
             .await,
         ),

@@ -64,6 +64,8 @@ pub enum FormatCommand {
         /// The ID, as `idgen gen --format NAME` printed it.
         id: String,
         #[command(flatten)]
+        admin: RevealArgs,
+        #[command(flatten)]
         node: FormatNodeArgs,
     },
     /// Show the durable record of a counter of format NAME: the period it
@@ -81,6 +83,27 @@ pub enum FormatCommand {
         #[command(flatten)]
         node: FormatNodeArgs,
     },
+}
+
+/// The admin credential a call sends so that a hidden ID's internal value
+/// is revealed (the node audit-logs it); without one the node gives the
+/// public view.
+#[derive(Args)]
+pub struct RevealArgs {
+    /// The node's admin token, so a hidden counter's internal value is
+    /// shown. Prefer --admin-token-file or IDGEN_ADMIN__TOKEN: a command
+    /// line is visible to other users.
+    #[arg(
+        long = "admin-token",
+        value_name = "TOKEN",
+        env = "IDGEN_ADMIN__TOKEN",
+        hide_env_values = true,
+        conflicts_with = "admin_token_file"
+    )]
+    pub admin_token: Option<String>,
+    /// A file holding the admin token.
+    #[arg(long = "admin-token-file", value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// Which node `idgen format` asks, and how it prints.
@@ -499,10 +522,16 @@ pub enum KeysCommand {
         key_id: String,
     },
     /// Add the next version as active; the previous one becomes
-    /// decode-only (IDs made with it still decode).
+    /// decode-only (IDs made with it still decode). Refused when the new
+    /// version is above what a namespace using the key can hold (a
+    /// format's hidden counter holds versions 0 to 9), naming it.
     Rotate {
         /// The key id.
         key_id: String,
+        /// Rotate even past what a namespace using the key can hold: that
+        /// namespace then refuses to issue for good (its IDs still decode).
+        #[arg(long)]
+        force: bool,
     },
     /// Make the active version decode-only without a successor: hidden
     /// namespaces using the key refuse to issue until it is rotated.

@@ -52,18 +52,11 @@ fn online(a: &DecodeArgs, id: u64) -> anyhow::Result<()> {
     let r = runtime.block_on(async {
         let channel = super::client::channel(&addr, a.timeout, &a.tls).await?;
         let mut client = IdGenClient::new(channel);
-        let mut request = tonic::Request::new(proto::DecodeIdRequest {
+        let request = tonic::Request::new(proto::DecodeIdRequest {
             id,
             mode: proto_mode(mode) as i32,
         });
-        if let Some(t) = token {
-            let mut v =
-                tonic::metadata::MetadataValue::try_from(format!("Bearer {t}")).map_err(|_| {
-                    anyhow::anyhow!("the admin token has characters a header cannot carry")
-                })?;
-            v.set_sensitive(true);
-            request.metadata_mut().insert("authorization", v);
-        }
+        let request = super::admin::with_bearer(request, token.as_deref())?;
         super::client::call(a.timeout, client.decode_id(request)).await
     })?;
     let d = Decoded {
@@ -75,10 +68,13 @@ fn online(a: &DecodeArgs, id: u64) -> anyhow::Result<()> {
         worker: u64::from(r.worker),
         sequence: r.sequence,
         zone: (mode == Mode::Lease).then_some(u64::from(r.zone)),
-        token: (mode == Mode::Lease).then_some(u64::from(r.token)),
+        // A hidden zone's public view has no token.
+        token: (mode == Mode::Lease && (r.hidden.is_empty() || r.internal_id.is_some()))
+            .then_some(u64::from(r.token)),
         hidden: match r.hidden.as_str() {
             "sortable" => Some("sortable"),
             "opaque" => Some("opaque"),
+            "zone" => Some("zone"),
             _ => None,
         },
         key_version: r.key_version,
@@ -99,6 +95,13 @@ fn proto_mode(mode: Mode) -> proto::Mode {
 fn print(d: &Decoded, json: bool) -> anyhow::Result<()> {
     if json {
         outln!("{}", serde_json::to_string(d)?)?;
+    } else if let (Some(hidden), None, Some(zone)) = (d.hidden, d.internal_id, d.zone) {
+        // A hidden lease zone's public view: the zone and key version.
+        outln!(
+            "id {}\nhidden {hidden}\nzone {zone}\nkey version {}",
+            d.id,
+            d.key_version.unwrap_or_default()
+        )?;
     } else if d.hidden.is_some() && d.internal_id.is_none() {
         // The public view: what an anonymous caller may see.
         outln!(
@@ -115,6 +118,7 @@ fn print(d: &Decoded, json: bool) -> anyhow::Result<()> {
             d.id,
             d.sequence
         )?;
+        print_revealed(d)?;
     } else {
         outln!(
             "id {}\ntime {} ({} ms)\ndatacenter {}\nworker {}\nsequence {}",
@@ -125,12 +129,18 @@ fn print(d: &Decoded, json: bool) -> anyhow::Result<()> {
             d.worker,
             d.sequence
         )?;
-        if let (Some(hidden), Some(internal)) = (d.hidden, d.internal_id) {
-            outln!(
-                "hidden {hidden}\nkey version {}\ninternal id {internal}",
-                d.key_version.unwrap_or_default()
-            )?;
-        }
+        print_revealed(d)?;
+    }
+    Ok(())
+}
+
+/// What an admin was shown of a hidden ID, after its internal parts.
+fn print_revealed(d: &Decoded) -> anyhow::Result<()> {
+    if let (Some(hidden), Some(internal)) = (d.hidden, d.internal_id) {
+        outln!(
+            "hidden {hidden}\nkey version {}\ninternal id {internal}",
+            d.key_version.unwrap_or_default()
+        )?;
     }
     Ok(())
 }

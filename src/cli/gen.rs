@@ -256,15 +256,25 @@ async fn formatted(a: &GenArgs, format: &str) -> anyhow::Result<Vec<String>> {
 /// the passing nodes with `--discover consul`.
 pub async fn format_command(c: FormatCommand) -> anyhow::Result<()> {
     match c {
-        FormatCommand::Parse { name, id, node } => {
-            let parsed = if node.discovery.discover.is_some() {
-                let client = discovered_client(&node.discovery, &node.tls, node.timeout).await?;
-                client.parse_formatted(&name, &id).await?
-            } else {
-                let mut client =
-                    IdGenClient::new(channel(&node.addr, node.timeout, &node.tls).await?);
-                let request = proto::ParseFormattedRequest { format: name, id };
-                call(node.timeout, client.parse_formatted(request)).await?
+        FormatCommand::Parse {
+            name,
+            id,
+            admin,
+            node,
+        } => {
+            let token = super::admin::admin_token_from(
+                admin.admin_token.as_deref(),
+                admin.admin_token_file.as_deref(),
+            )?;
+            let request = proto::ParseFormattedRequest { format: name, id };
+            let parsed = match (node.discovery.discover.is_some(), token) {
+                (true, None) => {
+                    let client =
+                        discovered_client(&node.discovery, &node.tls, node.timeout).await?;
+                    client.parse_formatted(&request.format, &request.id).await?
+                }
+                (true, Some(token)) => parse_on_a_node(request, &token, &node).await?,
+                (false, token) => parse_on(&node.addr, request, token.as_deref(), &node).await?,
             };
             print_parsed(&parsed, node.json)
         }
@@ -283,6 +293,56 @@ pub async fn format_command(c: FormatCommand) -> anyhow::Result<()> {
             Ok(output::write(&counter_text(&counter))?)
         }
     }
+}
+
+/// ParseFormatted on the node at `addr`, with the admin token when given
+/// (a hidden counter's internal value is then revealed).
+async fn parse_on(
+    addr: &str,
+    request: proto::ParseFormattedRequest,
+    token: Option<&str>,
+    node: &super::args::FormatNodeArgs,
+) -> anyhow::Result<proto::ParseFormattedResponse> {
+    let mut client = IdGenClient::new(channel(addr, node.timeout, &node.tls).await?);
+    let request = super::admin::with_bearer(tonic::Request::new(request), token)?;
+    call(node.timeout, client.parse_formatted(request)).await
+}
+
+/// `format parse --discover` with an admin token: the client crate sends
+/// no credentials, so the passing nodes are asked one at a time, by
+/// address, until one answers.
+async fn parse_on_a_node(
+    request: proto::ParseFormattedRequest,
+    token: &str,
+    node: &super::args::FormatNodeArgs,
+) -> anyhow::Result<proto::ParseFormattedResponse> {
+    let mut failed = Vec::new();
+    for addr in passing_nodes(node).await? {
+        match parse_on(&addr, request.clone(), Some(token), node).await {
+            Ok(parsed) => return Ok(parsed),
+            Err(e) => failed.push(format!("{addr}: {e:#}")),
+        }
+    }
+    anyhow::bail!("no passing node answered: {}", failed.join("; "))
+}
+
+/// The URLs of the passing nodes Consul lists, sorted; an error when none.
+async fn passing_nodes(node: &super::args::FormatNodeArgs) -> anyhow::Result<Vec<String>> {
+    let client = discovered_client(&node.discovery, &node.tls, node.timeout).await?;
+    let mut addrs = client.nodes();
+    addrs.sort();
+    if addrs.is_empty() {
+        anyhow::bail!("no passing node in Consul to ask; or ask one node with --addr");
+    }
+    let scheme = if node.tls.ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    Ok(addrs
+        .into_iter()
+        .map(|a| format!("{scheme}://{a}"))
+        .collect())
 }
 
 /// GetFormatCounter on the node at `addr`.
@@ -304,21 +364,16 @@ async fn counter_on_every_node(
     request: proto::GetFormatCounterRequest,
     node: &super::args::FormatNodeArgs,
 ) -> anyhow::Result<()> {
-    let client = discovered_client(&node.discovery, &node.tls, node.timeout).await?;
-    let mut addrs = client.nodes();
-    addrs.sort();
-    if addrs.is_empty() {
-        anyhow::bail!("no passing node in Consul to ask; or ask one node with --addr");
-    }
-    let scheme = if node.tls.ca.is_some() {
-        "https"
-    } else {
-        "http"
-    };
+    let urls = passing_nodes(node).await?;
     let mut answers = Vec::new();
     let mut failed = Vec::new();
-    for addr in &addrs {
-        match counter_on(&format!("{scheme}://{addr}"), request.clone(), node).await {
+    for url in &urls {
+        // Answers are named by host:port, as Consul lists them.
+        let addr = url
+            .split_once("://")
+            .map_or(url.as_str(), |(_, a)| a)
+            .to_owned();
+        match counter_on(url, request.clone(), node).await {
             Ok(counter) => answers.push((addr.clone(), counter)),
             Err(e) => failed.push(format!("{addr}: {e:#}")),
         }
@@ -347,7 +402,7 @@ async fn counter_on_every_node(
         anyhow::bail!(
             "{} of {} nodes did not answer (a per-node counter is only on its node; ask it with --addr): {}",
             failed.len(),
-            addrs.len(),
+            urls.len(),
             failed.join("; ")
         );
     }
@@ -373,6 +428,9 @@ fn print_parsed(p: &proto::ParseFormattedResponse, json: bool) -> anyhow::Result
     put("token", p.token.map(Into::into));
     put("seq", Some(p.seq.into()));
     put("check", p.check.clone().map(Into::into));
+    // A hidden counter: its key version, and to an admin its internal value.
+    put("key_version", p.key_version.map(Into::into));
+    put("internal_seq", p.internal_seq.map(Into::into));
     let mut params: Vec<(&String, &String)> = p.params.iter().collect();
     params.sort();
     if json {

@@ -20,7 +20,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use crate::metrics as m;
-use crate::store::hide_keys::{HideKeyInfo, HideKeyRing, HideKeyState, HideKeyStore};
+use crate::store::hide_keys::{HideKeyInfo, HideKeyRing, HideKeyState, HideKeyStore, VersionLimit};
 use crate::store::StoreError;
 
 /// How long one blocking query for changed key records waits.
@@ -156,7 +156,18 @@ impl HideKeyRings {
 
     /// Rotates `key_id` (a new active version), audited as done by `who`.
     pub async fn rotate(&self, key_id: &str, who: &str) -> Result<HideKeyInfo, StoreError> {
-        let info = self.inner.store.rotate(key_id).await?;
+        self.rotate_within(key_id, who, None).await
+    }
+
+    /// [`rotate`](Self::rotate), refused when the new version is above
+    /// `limit` (the narrowest field of the namespaces using the key).
+    pub async fn rotate_within(
+        &self,
+        key_id: &str,
+        who: &str,
+        limit: Option<VersionLimit>,
+    ) -> Result<HideKeyInfo, StoreError> {
+        let info = self.inner.store.rotate_within(key_id, limit).await?;
         metrics::counter!(m::HIDE_KEY_ROTATIONS, "key_id" => key_id.to_owned()).increment(1);
         self.changed_by("rotate", who, &info).await;
         Ok(info)

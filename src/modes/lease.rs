@@ -24,12 +24,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::hidden::{HiddenOutput, Ready};
+use super::hidden::{HiddenOutput, Ready, RevealError};
 use super::refill::{self, Refill};
 use crate::error::Error;
 use crate::id::buffer::{DoubleBuffer, Prefetch};
+use crate::id::decode::{decode_lease, Decoded};
 use crate::id::hide::IntHider;
-use crate::id::lease::{below_zone, with_zone, Block, LeaseError};
+use crate::id::lease::{below_zone, with_zone, Block, LeaseError, ZoneHide, BELOW_ZONE_BITS};
 use crate::metrics as m;
 use crate::store::lease::LeaseTokenStore;
 use crate::store::StoreError;
@@ -88,7 +89,18 @@ pub struct LeaseEngine {
     issued: metrics::Counter,
     store_op: m::StoreOp,
     /// A hidden zone's output, and the zone its IDs keep.
-    hide: Option<(u64, Arc<HiddenOutput<IntHider>>)>,
+    hide: Option<HiddenZone>,
+}
+
+/// What a hidden zone's IDs show in `hidden` when decoded: the zone stays
+/// in clear, the token and sequence are permuted.
+pub const HIDDEN_ZONE: &str = "zone";
+
+/// A hidden zone: its number, its version width and its output.
+struct HiddenZone {
+    zone: u64,
+    version_bits: u32,
+    output: Arc<HiddenOutput<IntHider>>,
 }
 
 impl LeaseEngine {
@@ -112,11 +124,28 @@ impl LeaseEngine {
     }
 
     /// Shows the IDs of `zone` (the zone every block of the source has)
-    /// through `output`: the zone's bits kept, the token and sequence
-    /// permuted under the key version.
-    pub fn with_hide(mut self, zone: u64, output: Arc<HiddenOutput<IntHider>>) -> Self {
-        self.hide = Some((zone, output));
+    /// through `output`, built for `hide`: the zone's bits kept, the token
+    /// and sequence permuted under the key version.
+    pub fn with_hide(
+        mut self,
+        zone: u64,
+        hide: &ZoneHide,
+        output: Arc<HiddenOutput<IntHider>>,
+    ) -> Self {
+        self.hide = Some(HiddenZone {
+            zone,
+            version_bits: hide.version_bits,
+            output,
+        });
         self
+    }
+
+    /// A hidden zone's number, hide key id and version width (`None` for
+    /// a plain zone): a rotation of the key must stay within the width.
+    pub fn hide_key(&self) -> Option<(u64, &str, u32)> {
+        self.hide
+            .as_ref()
+            .map(|h| (h.zone, h.output.key_id(), h.version_bits))
     }
 
     /// The hider for one call, checked before anything is taken (`None`
@@ -124,8 +153,49 @@ impl LeaseEngine {
     fn hider(&self) -> Result<Option<(u64, Ready<'_, IntHider>)>, Error> {
         match &self.hide {
             None => Ok(None),
-            Some((zone, output)) => Ok(Some((*zone, output.ready()?))),
+            Some(h) => Ok(Some((h.zone, h.output.ready()?))),
         }
+    }
+
+    /// The parts of lease `id`. An ID of this node's hidden zone
+    /// (`[lease.hide]`) decodes with `hidden = "zone"`: for an admin
+    /// caller (`reveal`) the zone, token and sequence of the internal ID
+    /// behind it, with its key version and `internal_id` (a retired
+    /// version still reveals); for anyone else the zone and key version
+    /// only, never the permuted bits read as a token and sequence. Any
+    /// other lease ID decodes as a plain one.
+    pub fn decode(&self, id: u64, reveal: bool) -> Result<Decoded, Error> {
+        let public = decode_lease(id).map_err(StoreError::from)?;
+        let Some(h) = self.hide.as_ref().filter(|h| public.zone == Some(h.zone)) else {
+            return Ok(public);
+        };
+        if !reveal {
+            let version = below_zone(id) >> (BELOW_ZONE_BITS - h.version_bits);
+            return Ok(Decoded {
+                hidden: Some(HIDDEN_ZONE),
+                key_version: Some(version as u32),
+                token: None,
+                sequence: 0,
+                ..public
+            });
+        }
+        let (version, internal) = h.output.reveal(below_zone(id)).map_err(|e| match e {
+            RevealError::Refused(e) => e,
+            RevealError::Hide(e) => Error::Hidden {
+                namespace: format!("lease zone {}", h.zone),
+                key: h.output.key_id().to_owned(),
+                reason: e.to_string(),
+            },
+        })?;
+        let internal_id = with_zone(h.zone, internal);
+        let parts = decode_lease(internal_id).map_err(StoreError::from)?;
+        Ok(Decoded {
+            id,
+            hidden: Some(HIDDEN_ZONE),
+            key_version: Some(u32::from(version)),
+            internal_id: Some(internal_id),
+            ..parts
+        })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -563,7 +633,7 @@ mod tests {
                     max_wait: Duration::from_millis(300),
                 },
             )
-            .with_hide(9, Arc::clone(&output)),
+            .with_hide(9, &hide, Arc::clone(&output)),
         );
         // No key: refused with the fix named, nothing reserved.
         for _ in 0..3 {

@@ -285,16 +285,35 @@ impl Issuer {
         self.formats_for(name)?.parse(name, id)
     }
 
-    /// What the shown counter `seq` of a `{seq:N:hidden}` format reveals:
-    /// its key version, and the internal counter only when `reveal` (the
-    /// caller is an admin). `None`: the format does not hide.
-    pub fn hidden_formatted(
+    /// [`parse_formatted`](Self::parse_formatted) for a caller, with the
+    /// view of a hidden counter (`{seq:N:hidden}`, `hide = true`; `None`
+    /// for a plain format): its key version to anyone, and the internal
+    /// counter only to an admin caller (`who`), logged on `idgen::audit`.
+    pub fn parse_formatted_as(
         &self,
         name: &str,
-        seq: u64,
-        reveal: bool,
-    ) -> Result<Option<formatted::HiddenView>, Error> {
-        self.formats_for(name)?.hidden_view(name, seq, reveal)
+        id: &str,
+        who: Option<&str>,
+    ) -> Result<(crate::id::format::ParsedId, Option<formatted::HiddenView>), Error> {
+        let formats = self.formats_for(name)?;
+        let parsed = formats.parse(name, id)?;
+        let view = formats.hidden_view(name, parsed.seq, who.is_some())?;
+        if let (Some(who), Some(v)) = (who, view) {
+            if let Some(internal) = v.internal {
+                tracing::info!(
+                    target: "idgen::audit",
+                    who,
+                    format = %name,
+                    id = %id,
+                    key_version = v.key_version,
+                    internal,
+                    "hidden ID decoded"
+                );
+                metrics::counter!(crate::metrics::HIDDEN_REVEALS, "mode" => "formatted")
+                    .increment(1);
+            }
+        }
+        Ok((parsed, view))
     }
 
     /// A counter's durable record (`GetFormatCounter`); per-node formats
@@ -393,40 +412,42 @@ impl Issuer {
         self.snowflakes.take(count as usize).await
     }
 
-    /// [`decode`](Self::decode) for a caller: with a hidden snowflake
-    /// layout, an admin caller (`who`) gets the internal parts, and the
-    /// answer is logged on `idgen::audit`; anyone else the public view.
+    /// [`decode`](Self::decode) for a caller: an ID of a hidden snowflake
+    /// layout or of this node's hidden lease zone gives an admin caller
+    /// (`who`) the internal parts, and the answer is logged on
+    /// `idgen::audit`; anyone else gets the public view.
     pub fn decode_as(&self, mode: Mode, id: u64, who: Option<&str>) -> Result<Decoded, Error> {
-        let hidden = match (mode, self.snowflakes.hidden()) {
-            (Mode::Snowflake, Some(h)) => h,
-            _ => return self.decode(mode, id),
+        let reveal = who.is_some();
+        let decoded = match (mode, self.snowflakes.hidden(), &self.leases) {
+            (Mode::Snowflake, Some(h), _) => h.decode(&self.layout, id, reveal)?,
+            (Mode::Snowflake, None, _) => decode_snowflake(&self.layout, id)?,
+            (Mode::Lease, _, Some(leases)) => leases.decode(id, reveal)?,
+            // The layout is fixed: lease IDs decode on any node.
+            (Mode::Lease, _, None) => decode_lease(id).map_err(crate::store::StoreError::from)?,
+            (Mode::Segment | Mode::Strict, _, _) => {
+                return Err(RequestError::NothingToDecode(mode).into())
+            }
         };
-        let decoded = hidden.decode(&self.layout, id, who.is_some())?;
         if let (Some(who), Some(internal)) = (who, decoded.internal_id) {
             tracing::info!(
                 target: "idgen::audit",
                 who,
+                mode = decoded.mode,
                 id,
                 key_version = decoded.key_version,
                 internal,
-                "hidden snowflake ID decoded"
+                "hidden {} ID decoded",
+                decoded.mode
             );
+            metrics::counter!(crate::metrics::HIDDEN_REVEALS, "mode" => decoded.mode).increment(1);
         }
         Ok(decoded)
     }
 
-    /// Splits `id` into its parts under the configured layout (for a
-    /// hidden layout, the public view: see [`decode_as`](Self::decode_as)).
+    /// Splits `id` into its parts under the configured layout: the public
+    /// view of a hidden ID (see [`decode_as`](Self::decode_as)).
     pub fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
-        if let (Mode::Snowflake, Some(h)) = (mode, self.snowflakes.hidden()) {
-            return h.decode(&self.layout, id, false);
-        }
-        match mode {
-            Mode::Snowflake => Ok(decode_snowflake(&self.layout, id)?),
-            // The layout is fixed: lease IDs decode on any node.
-            Mode::Lease => Ok(decode_lease(id).map_err(crate::store::StoreError::from)?),
-            Mode::Segment | Mode::Strict => Err(RequestError::NothingToDecode(mode).into()),
-        }
+        self.decode_as(mode, id, None)
     }
 }
 

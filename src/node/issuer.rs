@@ -90,7 +90,7 @@ pub(super) fn build_issuer(
                 h.version_bits,
                 h.domain_bits(),
             );
-            leases = leases.with_hide(l.zone, output);
+            leases = leases.with_hide(l.zone, h, output);
             tracing::info!(zone = l.zone, key = %h.key, "lease zone hidden");
         }
         issuer = issuer.with_leases(Arc::new(leases));

@@ -271,6 +271,10 @@ impl Node {
                 lease: issuer.leases().cloned(),
                 lease_zone: config.lease.as_ref().map(|l| l.zone),
                 formats: issuer.formats().cloned(),
+                layout_hide: config
+                    .layout_hide
+                    .as_ref()
+                    .map(|h| (h.key_id.clone(), h.version_bits)),
             },
             clock: Arc::clone(&self.clock),
             snapshots: self.snapshots.clone(),

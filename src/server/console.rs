@@ -174,7 +174,7 @@ impl IntoResponse for Refused {
     }
 }
 
-fn status_response(s: &Status) -> Response {
+pub(super) fn status_response(s: &Status) -> Response {
     error(http_status(s.code()), code_name(s.code()), s.message())
 }
 
@@ -189,7 +189,7 @@ async fn no_endpoint() -> Response {
 /// `msg` as a tonic request carrying what the HTTP request proves: its
 /// `Authorization` header, the peer address, the verified client
 /// certificate.
-fn admin_request<T>(
+pub(super) fn admin_request<T>(
     headers: &HeaderMap,
     extensions: &axum::http::Extensions,
     msg: T,
@@ -605,7 +605,7 @@ async fn change_hide_key(State(s): State<HttpState>, request: Request) -> Respon
             s.admin.create_hide_key(admin_request(h, x, m)).await
         }
         "rotate" => {
-            let m = proto::RotateHideKeyRequest { key_id };
+            let m = proto::RotateHideKeyRequest { key_id, force: false };
             s.admin.rotate_hide_key(admin_request(h, x, m)).await
         }
         "retire" => {

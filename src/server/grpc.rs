@@ -111,33 +111,6 @@ impl IdGenService {
     }
 }
 
-/// Adds the hidden counter's view to a parsed ID, for `who` (an admin:
-/// the internal value too, audit-logged) or anonymous.
-fn hidden_parse(
-    issuer: &Issuer,
-    req: &proto::ParseFormattedRequest,
-    parsed: &mut proto::ParseFormattedResponse,
-    who: Option<&str>,
-) -> Result<(), Error> {
-    let Some(view) = issuer.hidden_formatted(&req.format, parsed.seq, who.is_some())? else {
-        return Ok(());
-    };
-    parsed.key_version = Some(u32::from(view.key_version));
-    parsed.internal_seq = view.internal;
-    if let (Some(who), Some(internal)) = (who, view.internal) {
-        tracing::info!(
-            target: "idgen::audit",
-            who,
-            format = %req.format,
-            id = %req.id,
-            key_version = view.key_version,
-            internal,
-            "hidden ID decoded"
-        );
-    }
-    Ok(())
-}
-
 #[tonic::async_trait]
 impl IdGen for IdGenService {
     async fn gen_id(
@@ -232,11 +205,14 @@ impl IdGen for IdGenService {
         self.issuer.learn_format(&req.format).await;
         let result = self
             .issuer
-            .parse_formatted(&req.format, &req.id)
-            .and_then(|p| {
+            .parse_formatted_as(&req.format, &req.id, who.as_deref())
+            .map(|(p, view)| {
                 let mut parsed = parsed_message(p);
-                hidden_parse(&self.issuer, &req, &mut parsed, who.as_deref())?;
-                Ok(parsed)
+                if let Some(view) = view {
+                    parsed.key_version = Some(u32::from(view.key_version));
+                    parsed.internal_seq = view.internal;
+                }
+                parsed
             });
         self.parse_formatted.observe(started, &result);
         result.map(Response::new).map_err(|e| to_status(&e))

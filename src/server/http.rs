@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -175,8 +175,30 @@ async fn gen_ids(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Respons
     }
 }
 
-async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response {
+/// The admin caller of an HTTP request that presents admin credentials
+/// (`Authorization: Bearer <admin token>`, or a client certificate named
+/// in `admin.client_cert_names`), checked exactly as the console's API
+/// checks them: `admin.allow`, the token, the certificate, the throttle.
+/// `Ok(None)` for an anonymous caller (the public view); credentials that
+/// are presented and fail are refused as the console refuses them (401,
+/// 403, 429), never answered with the public view, so a typo in a token
+/// shows.
+fn admin_caller(s: &HttpState, request: Request) -> Result<Option<String>, Box<Response>> {
+    let (parts, _) = request.into_parts();
+    let call = super::console::admin_request(&parts.headers, &parts.extensions, ());
+    s.admin
+        .admin_caller(&call)
+        .map_err(|status| Box::new(super::console::status_response(&status)))
+}
+
+/// `GET /v1/decode?id=N[&mode=M]`: the parts of an ID; a hidden one's
+/// internal parts for an admin caller ([`admin_caller`]), audit-logged.
+async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery, request: Request) -> Response {
     let started = Instant::now();
+    let who = match admin_caller(&s, request) {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
     let result = (|| {
         let q: DecodeQuery = parse_query(raw)?;
         let id: u64 = q.id.parse().map_err(|_| {
@@ -185,7 +207,8 @@ async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response
                 q.id
             ))
         })?;
-        s.issuer.decode(parse_mode(q.mode.as_deref())?, id)
+        s.issuer
+            .decode_as(parse_mode(q.mode.as_deref())?, id, who.as_deref())
     })();
     s.rpc.decode.observe(started, &result);
     match result {
@@ -260,23 +283,33 @@ struct ParseQuery {
     id: String,
 }
 
+/// `GET /v1/formatted/<name>/parse?id=ID`: the fields of a formatted ID;
+/// a hidden counter's key version to anyone, its internal value to an
+/// admin caller ([`admin_caller`]), audit-logged.
 async fn parse_formatted(
     State(s): State<HttpState>,
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
+    request: Request,
 ) -> Response {
     let started = Instant::now();
+    let who = match admin_caller(&s, request) {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
     s.issuer.learn_format(&name).await;
-    let result =
-        parse_query::<ParseQuery>(raw).and_then(|q| s.issuer.parse_formatted(&name, &q.id));
+    let result = parse_query::<ParseQuery>(raw)
+        .and_then(|q| s.issuer.parse_formatted_as(&name, &q.id, who.as_deref()));
     s.rpc.parse.observe(started, &result);
     match result {
-        Ok(p) => Json(json!({
+        Ok((p, view)) => Json(json!({
             "year": p.year, "month": p.month, "day": p.day, "hour": p.hour,
             "minute": p.minute, "second": p.second, "unix_seconds": p.unix_s,
             "node": p.node, "token": p.token, "seq": p.seq,
             "params": p.params.into_iter().collect::<std::collections::BTreeMap<_, _>>(),
             "check": p.check,
+            "key_version": view.map(|v| v.key_version),
+            "internal_seq": view.and_then(|v| v.internal),
         }))
         .into_response(),
         Err(e) => ApiError(e).into_response(),

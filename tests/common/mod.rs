@@ -608,7 +608,10 @@ pub async fn hide_key(node: &ChildServer, token: &str, verb: &str, key: &str) {
         "rotate" => admin
             .rotate_hide_key(tonic_req(
                 token,
-                idgen::proto::RotateHideKeyRequest { key_id },
+                idgen::proto::RotateHideKeyRequest {
+                    key_id,
+                    force: false,
+                },
             ))
             .await
             .map(drop),

@@ -97,13 +97,19 @@ impl AdminService {
             return Ok(None);
         }
         let peer = request.remote_addr().map(|p| p.ip());
+        let port = if request.extensions().get::<super::ViaHttp>().is_some() {
+            "http"
+        } else {
+            "grpc"
+        };
         if let Some(ip) = peer.filter(|ip| !self.deps.allow.allows(*ip)) {
+            crate::server::listener::count_refusal(port, "admin", &ip.to_string());
             return Err(refusal(
                 ErrorKind::Denied,
                 format!("peer {ip} is not in this node's admin.allow: call without admin credentials for the public view"),
             ));
         }
-        self.authenticate(request, "grpc", peer)?;
+        self.authenticate(request, port, peer)?;
         let via = match named_cert {
             Some(p) => format!("client certificate {:?}", p.names),
             None => "admin token".to_owned(),

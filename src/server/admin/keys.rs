@@ -3,12 +3,24 @@
 //! serves a change at once and every change is audit-logged with the
 //! caller. Replies carry versions and states, never key material.
 
+use std::sync::Arc;
+
 use tonic::{Request, Status};
 
 use super::{rfc3339, store_status, AdminService};
+use crate::id::hide::KeyVersion;
 use crate::proto;
 use crate::server::tls::PeerCertificate;
-use crate::store::hide_keys::HideKeyInfo;
+use crate::store::hide_keys::{HideKeyInfo, VersionLimit};
+
+/// A namespace `what` whose version field has `bits` bits.
+fn within_bits(what: String, bits: u32) -> (KeyVersion, String) {
+    let max = ((1u32 << bits.min(8)) - 1) as KeyVersion;
+    (
+        max,
+        format!("{what} ({bits} version bits, versions 0 to {max})"),
+    )
+}
 
 /// Who made an admin call, for the audit log: the client certificate's
 /// first name, or "admin token" (never the token itself), and the peer.
@@ -65,10 +77,11 @@ fn changed(info: HideKeyInfo) -> proto::HideKeyChangeResponse {
 }
 
 /// A change of one key, as [`HideKeyRings`](crate::modes::hide_keys::HideKeyRings) makes it.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum KeyAction {
     Create,
-    Rotate,
+    /// Within the limit, if any.
+    Rotate(Option<VersionLimit>),
     Retire,
 }
 
@@ -86,7 +99,67 @@ impl AdminService {
         who: String,
         r: proto::RotateHideKeyRequest,
     ) -> Result<proto::HideKeyChangeResponse, Status> {
-        self.change_hide_key(KeyAction::Rotate, r.key_id, who).await
+        let limit = if r.force {
+            tracing::warn!(key_id = %r.key_id, %who, "hide key rotated with force: namespaces whose field cannot hold the new version stop issuing");
+            None
+        } else {
+            self.version_limit(&r.key_id).await?
+        };
+        self.change_hide_key(KeyAction::Rotate(limit), r.key_id, who)
+            .await
+    }
+
+    /// The narrowest version field among the namespaces this node serves
+    /// under `key_id` (formats with a hidden counter, live hidden segment
+    /// tags, its hidden snowflake layout and lease zone), naming those
+    /// that have it; `None`
+    /// when no namespace limits the key below what the store allows.
+    async fn version_limit(&self, key_id: &str) -> Result<Option<VersionLimit>, Status> {
+        let mut users: Vec<(KeyVersion, String)> = Vec::new();
+        let formats = self.deps.formats.as_ref().map(|c| Arc::clone(c.formats()));
+        if let Some(formats) = formats.or_else(|| self.deps.node.formats.clone()) {
+            for (name, format) in formats.table().iter() {
+                if let Some(t) = format.template().filter(|t| t.hidden_seq()) {
+                    if format.def().hide_key_id() == key_id {
+                        let field = format!("a hidden counter of {} digits", t.seq_width());
+                        users.push((9, format!("format {name:?} ({field}, versions 0 to 9)")));
+                    }
+                }
+            }
+        }
+        if let Some(segments) = &self.deps.segments {
+            let listing = segments.list_tags().await.map_err(store_status)?;
+            for (tag, record) in &listing.tags {
+                if let Some(h) = record.hide.as_ref().filter(|h| h.key == key_id) {
+                    users.push(within_bits(
+                        format!("segment tag {:?}", tag.as_str()),
+                        h.version_bits,
+                    ));
+                }
+            }
+        }
+        if let Some((key, bits)) = &self.deps.node.layout_hide {
+            if key == key_id {
+                users.push(within_bits("the snowflake layout".to_owned(), *bits));
+            }
+        }
+        if let Some((zone, key, bits)) = self.deps.node.lease.as_ref().and_then(|l| l.hide_key()) {
+            if key == key_id {
+                users.push(within_bits(format!("lease zone {zone}"), bits));
+            }
+        }
+        let Some(max) = users.iter().map(|(max, _)| *max).min() else {
+            return Ok(None);
+        };
+        let holders: Vec<String> = users
+            .into_iter()
+            .filter(|(m, _)| *m == max)
+            .map(|(_, what)| what)
+            .collect();
+        Ok(Some(VersionLimit {
+            max,
+            holders: holders.join(", "),
+        }))
     }
 
     pub(super) async fn retire_hide_key(
@@ -109,7 +182,7 @@ impl AdminService {
         let info = tokio::spawn(async move {
             match action {
                 KeyAction::Create => rings.create(&key_id, &who).await,
-                KeyAction::Rotate => rings.rotate(&key_id, &who).await,
+                KeyAction::Rotate(limit) => rings.rotate_within(&key_id, &who, limit).await,
                 KeyAction::Retire => rings.retire(&key_id, &who).await,
             }
         })

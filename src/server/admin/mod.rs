@@ -118,6 +118,9 @@ pub struct NodeFacts {
     pub lease_zone: Option<u64>,
     /// Formatted mode, when formats are defined (its tokens).
     pub formats: Option<Arc<crate::modes::formatted::FormattedEngine>>,
+    /// A hidden snowflake layout's hide key id and version width
+    /// (`layout.hide_key`, `layout.hide_version_bits`).
+    pub layout_hide: Option<(String, u32)>,
 }
 
 /// The admin service.

@@ -225,6 +225,18 @@ pub enum HideKeyError {
     /// Every version number is used.
     #[error("hide key {0} has used every version up to {MAX_VERSION}; create a new key id and point the namespaces at it")]
     VersionsUsedUp(String),
+    /// A rotation would make a version a namespace using the key cannot
+    /// hold (`idgen admin keys rotate --force` skips this check).
+    #[error("rotating hide key {key_id} would make version {next}, and {holders} cannot hold it, so it would refuse to issue for good (versions only go up); point it at a new key id (create one with `idgen admin keys create NEW_KEY`), or rotate anyway with `idgen admin keys rotate --force {key_id}` (RotateHideKey force = true)")]
+    PastNarrowField {
+        /// The key id.
+        key_id: String,
+        /// The version the rotation would have made.
+        next: KeyVersion,
+        /// The namespaces that cannot hold it, each with its field and
+        /// the versions it holds.
+        holders: String,
+    },
     /// A stored version does not open with this node's master key.
     #[error("hide key {key_id} version {version} cannot be unwrapped with this node's master key: every node must use the same master key (hide.master_key_file or IDGEN_HIDE_MASTER_KEY); fix the key and restart")]
     WrongMasterKey {
@@ -251,9 +263,10 @@ impl HideKeyError {
             Self::NotFound(_) => ErrorKind::NotFound,
             Self::Exists(_) => ErrorKind::AlreadyExists,
             Self::VersionsUsedUp(_) => ErrorKind::Exhausted,
-            Self::NoMasterKey | Self::WrongMasterKey { .. } | Self::BadMasterKey { .. } => {
-                ErrorKind::Precondition
-            }
+            Self::PastNarrowField { .. }
+            | Self::NoMasterKey
+            | Self::WrongMasterKey { .. }
+            | Self::BadMasterKey { .. } => ErrorKind::Precondition,
         }
     }
 }
@@ -506,7 +519,16 @@ pub trait HideKeyStore: Send + Sync + 'static {
     /// Makes key id `key_id` with version 0 active.
     async fn create(&self, key_id: &str) -> Result<HideKeyInfo, StoreError>;
     /// Adds version `max + 1` as active and retires the previous active.
-    async fn rotate(&self, key_id: &str) -> Result<HideKeyInfo, StoreError>;
+    async fn rotate(&self, key_id: &str) -> Result<HideKeyInfo, StoreError> {
+        self.rotate_within(key_id, None).await
+    }
+    /// [`rotate`](Self::rotate), refused when `max + 1` is above `limit`
+    /// (decided on the record as read, in the same atomic change).
+    async fn rotate_within(
+        &self,
+        key_id: &str,
+        limit: Option<VersionLimit>,
+    ) -> Result<HideKeyInfo, StoreError>;
     /// Retires the active version without a successor (decode-only).
     async fn retire(&self, key_id: &str) -> Result<HideKeyInfo, StoreError>;
     /// Every key id and its versions (never material).
@@ -641,9 +663,26 @@ fn not_found(key_id: &str) -> StoreError {
     StoreError::HideKey(HideKeyError::NotFound(key_id.to_owned()))
 }
 
+/// The largest version the namespaces using a key can hold, and which
+/// they are: a rotation past it is refused
+/// ([`HideKeyError::PastNarrowField`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionLimit {
+    /// The largest version every one of them holds.
+    pub max: KeyVersion,
+    /// The namespaces whose fields hold at most `max`, with their fields,
+    /// as a refusal names them.
+    pub holders: String,
+}
+
 /// `record` rotated: a new active version above every existing one, the
-/// previous active retired.
-fn rotated(master: &MasterKey, record: &StoredHideKey) -> Result<StoredHideKey, StoreError> {
+/// previous active retired; refused when the new version is above
+/// `limit`.
+fn rotated(
+    master: &MasterKey,
+    record: &StoredHideKey,
+    limit: Option<&VersionLimit>,
+) -> Result<StoredHideKey, StoreError> {
     let top = record.versions.iter().map(|v| v.version).max();
     let next = match top {
         None => 0,
@@ -654,6 +693,13 @@ fn rotated(master: &MasterKey, record: &StoredHideKey) -> Result<StoredHideKey, 
         }
         Some(v) => v + 1,
     };
+    if let Some(limit) = limit.filter(|l| next > l.max) {
+        return Err(StoreError::HideKey(HideKeyError::PastNarrowField {
+            key_id: record.key_id.clone(),
+            next,
+            holders: limit.holders.clone(),
+        }));
+    }
     let mut out = record.clone();
     for v in &mut out.versions {
         v.state = HideKeyState::Retired;
@@ -679,13 +725,17 @@ impl HideKeyStore for HideKeys {
         Ok(self.records.change(key_id, change).await?.info())
     }
 
-    async fn rotate(&self, key_id: &str) -> Result<HideKeyInfo, StoreError> {
+    async fn rotate_within(
+        &self,
+        key_id: &str,
+        limit: Option<VersionLimit>,
+    ) -> Result<HideKeyInfo, StoreError> {
         check_key_id(key_id)?;
         let master = self.master()?;
         let id = key_id.to_owned();
         let change: KeyChange = Arc::new(move |existing| match existing {
             None => Err(not_found(&id)),
-            Some(r) => rotated(&master, r),
+            Some(r) => rotated(&master, r, limit.as_ref()),
         });
         Ok(self.records.change(key_id, change).await?.info())
     }

@@ -195,3 +195,48 @@ fn merge_keeps_every_version_and_the_more_retired_state() {
     assert_eq!(old.versions.len(), 3);
     assert_eq!(old.info().active(), Some(2), "one active: the highest");
 }
+
+/// A rotation whose new version is above the limit (the narrowest field
+/// of the namespaces using the key) is refused as FAILED_PRECONDITION
+/// naming them and the fix, and writes nothing; without a limit (forced)
+/// it rotates as before.
+#[tokio::test]
+async fn a_rotation_past_the_limit_is_refused_and_writes_nothing() {
+    let (_dir, keys) = embedded();
+    keys.create("orders").await.expect("create");
+    let limit = || {
+        Some(VersionLimit {
+            max: 2,
+            holders: "format \"orders\" (versions 0 to 2)".into(),
+        })
+    };
+    for want in 1..=2 {
+        let info = keys.rotate_within("orders", limit()).await.expect("fits");
+        assert_eq!(info.active(), Some(want));
+    }
+    for _ in 0..2 {
+        let e = keys
+            .rotate_within("orders", limit())
+            .await
+            .expect_err("version 3 is past the limit");
+        assert_eq!(e.kind(), ErrorKind::Precondition, "{e}");
+        let text = e.to_string();
+        for part in [
+            "version 3",
+            "format \"orders\"",
+            "--force",
+            "admin keys create",
+        ] {
+            assert!(text.contains(part), "{part:?} missing: {text}");
+        }
+    }
+    let info = keys.list().await.expect("list");
+    assert_eq!(
+        info[0].versions.len(),
+        3,
+        "a refused rotation wrote nothing"
+    );
+    assert_eq!(info[0].active(), Some(2), "the active version is unchanged");
+    let info = keys.rotate_within("orders", None).await.expect("forced");
+    assert_eq!(info.active(), Some(3));
+}
