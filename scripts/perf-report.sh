@@ -152,11 +152,15 @@ results="$work/results"
 row() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" "${5:-}" >> "$results"; }
 
 # bench NAME ADDR [idgen bench flags...]: rows NAME (and bare-NAME with
-# --baseline), calls/s or IDs/s with p50 and p99.
+# --baseline), calls/s or IDs/s with p50 and p99. With unordered=1, IDs
+# that do not rise within a caller (hidden IDs: their order is hidden
+# too) are expected: `idgen bench` still writes its report, then exits 1
+# over the "order violations", which is not a failure here.
 bench() {
   local name=$1 addr=$2; shift 2
+  rm -f "$work/bench.json"
   "$bin" bench --addr "$addr" --connections 1 --duration "${secs}s" --warmup "${warmup}s" \
-    --rounds 1 --json "$@" > "$work/bench.json"
+    --rounds 1 --json "$@" > "$work/bench.json" || [ "${unordered:-0}" = 1 ]
   python3 - "$name" "$work/bench.json" >> "$results" <<'PY'
 import json, sys
 name, path = sys.argv[1], sys.argv[2]
@@ -175,9 +179,9 @@ have_pg() { command -v pgbench >/dev/null || ls /usr/lib/postgresql/*/bin/pgbenc
 # hidden_figures: each hidden figure right after its plain twin.
 hidden_figures() {
   bench seq10-x1000-c64 "http://127.0.0.1:$seq10" --concurrency 64 --batch 1000
-  bench hidden-sortable-x1000-c64 "http://127.0.0.1:$hidden" --concurrency 64 --batch 1000
+  unordered=1 bench hidden-sortable-x1000-c64 "http://127.0.0.1:$hidden" --concurrency 64 --batch 1000
   bench plain-tag-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag plain-perf
-  bench hidden-tag-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag hidden-perf
+  unordered=1 bench hidden-tag-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag hidden-perf
 }
 
 for r in $(seq 1 "$rounds"); do
