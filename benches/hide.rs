@@ -5,6 +5,11 @@
 //! ten million random 63-bit values hide to ten million distinct IDs and
 //! reveal back (the debug unit test samples one million).
 //!
+//! The `floor_*` benches are what a single ID cannot go below without
+//! changing the permutation: ten dependent AES blocks (AES-256 for FF1,
+//! AES-128 for the Feistel), through the `aes` crate block by block and
+//! with the AES-NI instructions inline (x86-64 with AES-NI only).
+//!
 //! `cargo bench --bench hide -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
@@ -92,6 +97,7 @@ fn bench(c: &mut Criterion) {
         })
     });
     batches(&mut g, &int, &sortable, &opaque);
+    floors(&mut g);
     g.throughput(Throughput::Elements(1));
     // The general FF1 of the fpe crate on 11 digits (what decimal_12
     // permutes), for comparison: numeral strings, bignums, allocations.
@@ -154,6 +160,69 @@ fn batches(
             opaque.hide_in_place(black_box(&mut batch))
         })
     });
+}
+
+/// Ten dependent AES blocks: the floor of one hidden ID.
+fn floors(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    use aes::cipher::{BlockEncrypt, KeyInit};
+    g.throughput(Throughput::Elements(1));
+    let aes256 = aes::Aes256::new(&[0x5A; 32].into());
+    let aes128 = aes::Aes128::new(&[0x5A; 16].into());
+    let mut x = 0u8;
+    g.bench_function("floor_aes256_x10_crate", |b| {
+        b.iter(|| {
+            x = x.wrapping_add(1);
+            let mut block = black_box([x; 16]).into();
+            for _ in 0..10 {
+                aes256.encrypt_block(&mut block);
+            }
+            block
+        })
+    });
+    g.bench_function("floor_aes128_x10_crate", |b| {
+        b.iter(|| {
+            x = x.wrapping_add(1);
+            let mut block = black_box([x; 16]).into();
+            for _ in 0..10 {
+                aes128.encrypt_block(&mut block);
+            }
+            block
+        })
+    });
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("aes") {
+        for (name, rounds) in [
+            ("floor_aes256_x10_inline", 14),
+            ("floor_aes128_x10_inline", 10),
+        ] {
+            g.bench_function(name, |b| {
+                b.iter(|| {
+                    x = x.wrapping_add(1);
+                    // SAFETY: AES-NI was detected above.
+                    unsafe { inline_chain(black_box(u128::from(x)), rounds) }
+                })
+            });
+        }
+    }
+}
+
+/// Ten dependent AES blocks of `rounds` rounds (14: AES-256, 10:
+/// AES-128) with AES-NI inline, under fixed round keys (the key schedule
+/// does not change the time). Safety: the processor must have AES-NI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "aes")]
+unsafe fn inline_chain(block: u128, rounds: usize) -> u128 {
+    use std::arch::x86_64::{__m128i, _mm_aesenc_si128, _mm_aesenclast_si128, _mm_xor_si128};
+    let keys: [__m128i; 15] = std::array::from_fn(|i| std::mem::transmute(i as u128 * 0x0101_0101));
+    let mut b: __m128i = std::mem::transmute(block);
+    for _ in 0..10 {
+        b = _mm_xor_si128(b, keys[0]);
+        for key in &keys[1..rounds] {
+            b = _mm_aesenc_si128(b, *key);
+        }
+        b = _mm_aesenclast_si128(b, keys[rounds]);
+    }
+    std::mem::transmute(b)
 }
 
 criterion_group!(benches, bench);

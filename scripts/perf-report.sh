@@ -20,12 +20,19 @@
 #   - TLS: unary GenId on a TLS 1.3 node (`idgen tls dev-certs`) against a
 #     plaintext node;
 #   - formatted: GenFormatted (the README's `orders` format) against GenId.
+#   - hiding volume: GenIds x1000 of a hidden snowflake node (`[layout]
+#     hide = "sortable"`, 2 version bits, so 1,024 IDs per ms) against a
+#     plain node of the same internal layout (`sequence_bits = 10`) and
+#     the plain twitter node, and a hidden segment tag against a plain one
+#     (same step, same node), each right after its plain twin.
 #
-# Usage: scripts/perf-report.sh [secs] [rounds] [--smoke] [--update-readme]
+# Usage: scripts/perf-report.sh [secs] [rounds] [--smoke] [--hidden-only] [--update-readme]
 #   secs    seconds per measured run (default 5), rounds (default 3)
 #   --smoke one second per figure, one round, the debug build the tests
 #           already made, peers only where already installed (CI checks the
 #           report is produced and well formed; it asserts no figure)
+#   --hidden-only  only the hiding-volume figures and their plain twins
+#           (a partial report: never written to the README)
 #   --update-readme  rewrite the README's Performance table (between
 #           `<!-- perf-table:begin -->` and `<!-- perf-table:end -->`)
 #           from this report
@@ -34,13 +41,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-secs=5 rounds=3 smoke=0 update_readme=0
+secs=5 rounds=3 smoke=0 update_readme=0 hidden_only=0
 positional=()
 for a in "$@"; do
   case "$a" in
     --smoke) smoke=1 ;;
     --update-readme) update_readme=1 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    --hidden-only) hidden_only=1 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     -*) echo "perf-report: unknown option $a (see --help)" >&2; exit 2 ;;
     *) positional+=("$a") ;;
   esac
@@ -72,15 +80,21 @@ source scripts/lib/cluster.sh
 # shellcheck source=lib/redis.sh
 source scripts/lib/redis.sh
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+# Hidden namespaces: every node unwraps its hide keys with this master key
+# (made up for this run), and the admin token creates the keys and tags.
+IDGEN_HIDE_MASTER_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+export IDGEN_HIDE_MASTER_KEY
+admin_token=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 start_consul "$dir"
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
-# node NAME BACKEND [TLS-DIR]: starts a node on free ports, sets $grpc.
+# node NAME BACKEND [TLS-DIR] [EXTRA-TOML]: starts a node on free ports,
+# sets $grpc.
 node() {
-  local name=$1 backend=$2 tls=${3:-} http
+  local name=$1 backend=$2 tls=${3:-} extra=${4:-} http
   grpc=$(free_port); http=$(free_port)
   {
     printf '[node]\ninstance_id = "%s"\n[server]\n' "$name"
@@ -94,7 +108,8 @@ node() {
     printf '[lease]\nenabled = true\nblock = 10000000\n[strict]\nenabled = true\n'
     printf '[formatted]\nblock = 1000\n'
     printf '[[formats]]\nname = "orders"\ntemplate = "{yyyy}{MM}{dd}{param:biz:2:digits}{token:2:digits}{seq:8}"\nzone = "Asia/Shanghai"\nreset = "day"\n'
-    printf '[log]\nlevel = "warn"\n'
+    printf '[log]\nlevel = "warn"\n[admin]\ntoken = "%s"\n' "$admin_token"
+    printf '%b' "$extra"
   } > "$work/$name.toml"
   "$bin" serve --config "$work/$name.toml" > "$work/$name.log" 2>&1 &
   pids+=($!)
@@ -110,15 +125,26 @@ node() {
 
 "$bin" tls dev-certs "$work/certs" > /dev/null
 node single embedded; single=$grpc
-node tls embedded "$work/certs"; tls=$grpc
-node c1 consul; c1=$grpc
-node c2 consul
-node c3 consul
-for _ in $(seq 1 200); do
-  n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")
-  [ "$n" = 3 ] && break
-  sleep 0.1
-done
+# The hidden snowflake node, and a plain one with its internal layout
+# (twitter with 2 of the 12 sequence bits given to the key version).
+node hidden embedded "" '[layout]\nhide = "sortable"\nhide_key = "perf"\nhide_version_bits = 2\n'; hidden=$grpc
+node seq10 embedded "" '[layout]\nsequence_bits = 10\n'; seq10=$grpc
+admin() { "$bin" admin --addr "http://127.0.0.1:$1" --token "$admin_token" "${@:2}" > /dev/null; }
+admin "$hidden" keys create perf
+admin "$single" keys create perf
+admin "$single" tags create hidden-perf --step 1000000 --hide-key perf
+admin "$single" tags create plain-perf --step 1000000
+if [ "$hidden_only" = 0 ]; then
+  node tls embedded "$work/certs"; tls=$grpc
+  node c1 consul; c1=$grpc
+  node c2 consul
+  node c3 consul
+  for _ in $(seq 1 200); do
+    n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")
+    [ "$n" = 3 ] && break
+    sleep 0.1
+  done
+fi
 
 results="$work/results"
 : > "$results"
@@ -126,11 +152,15 @@ results="$work/results"
 row() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" "${5:-}" >> "$results"; }
 
 # bench NAME ADDR [idgen bench flags...]: rows NAME (and bare-NAME with
-# --baseline), calls/s or IDs/s with p50 and p99.
+# --baseline), calls/s or IDs/s with p50 and p99. With unordered=1, IDs
+# that do not rise within a caller (hidden IDs: their order is hidden
+# too) are expected: `idgen bench` still writes its report, then exits 1
+# over the "order violations", which is not a failure here.
 bench() {
   local name=$1 addr=$2; shift 2
+  rm -f "$work/bench.json"
   "$bin" bench --addr "$addr" --connections 1 --duration "${secs}s" --warmup "${warmup}s" \
-    --rounds 1 --json "$@" > "$work/bench.json"
+    --rounds 1 --json "$@" > "$work/bench.json" || [ "${unordered:-0}" = 1 ]
   python3 - "$name" "$work/bench.json" >> "$results" <<'PY'
 import json, sys
 name, path = sys.argv[1], sys.argv[2]
@@ -146,11 +176,25 @@ PY
 
 have_pg() { command -v pgbench >/dev/null || ls /usr/lib/postgresql/*/bin/pgbench >/dev/null 2>&1; }
 
+# hidden_figures: each hidden figure right after its plain twin.
+hidden_figures() {
+  bench seq10-x1000-c64 "http://127.0.0.1:$seq10" --concurrency 64 --batch 1000
+  unordered=1 bench hidden-sortable-x1000-c64 "http://127.0.0.1:$hidden" --concurrency 64 --batch 1000
+  bench plain-tag-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag plain-perf
+  unordered=1 bench hidden-tag-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag hidden-perf
+}
+
 for r in $(seq 1 "$rounds"); do
   echo "== round $r of $rounds (${secs}s per run)"
+  if [ "$hidden_only" = 1 ]; then
+    bench genids-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000
+    hidden_figures
+    continue
+  fi
   bench unary-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1 --baseline
   bench genids-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --baseline
   bench segment-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag perf
+  hidden_figures
   bench lease-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode lease
   bench strict-embedded-c16 "http://127.0.0.1:$single" --concurrency 16 --mode strict --tag perf/k --baseline
   bench strict-consul-c16 "http://127.0.0.1:$c1" --concurrency 16 --mode strict --tag perf/k
@@ -187,7 +231,7 @@ done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 python3 scripts/perf_report.py "$results" "$out" \
-  --secs "$secs" --rounds "$rounds" --profile "$profile" --smoke "$smoke" \
+  --secs "$secs" --rounds "$rounds" --profile "$profile" --smoke "$smoke" --hidden-only "$hidden_only" \
   --load-before "$load_before" --load-after "$load_after" \
   --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo -dirty)"
 echo "== wrote $out/report.md and $out/report.json"

@@ -4,7 +4,7 @@ report.json, checks a report is well formed, and rewrites the README's
 Performance table from a report.
 
   perf_report.py RESULTS OUTDIR --secs S --rounds R --profile P --smoke 0|1
-                 --load-before L --load-after L --commit C
+                 --load-before L --load-after L --commit C [--hidden-only 0|1]
   perf_report.py --check REPORT.json
   perf_report.py --update-readme README.md REPORT.json
 
@@ -54,6 +54,19 @@ FIGURES = {
     "client-waits-over-1ms-per-10M-one-refill": ("Same, one refill at a time", []),
     "redis-incr-c50-fsync-no": ("Redis INCR, redis-benchmark -c 50, no persistence", []),
     "redis-incr-c50-fsync-always": ("Redis INCR, -c 50, appendfsync always", []),
+    "seq10-x1000-c64": (
+        "GenIds x1000 snowflake, plain, sequence_bits = 10 (cap 1.024 M IDs/s), 1 x 64",
+        [],
+    ),
+    "hidden-sortable-x1000-c64": (
+        "GenIds x1000 hidden snowflake (sortable, 2 version bits: cap 1.024 M IDs/s), 1 x 64",
+        ["seq10-x1000-c64", "genids-x1000-c64"],
+    ),
+    "plain-tag-x1000-c64": ("Segment GenIds x1000, plain tag, step 10^6, 1 x 64", []),
+    "hidden-tag-x1000-c64": (
+        "Segment GenIds x1000, hidden tag (4 version bits, 40 domain bits), 1 x 64",
+        ["plain-tag-x1000-c64"],
+    ),
 }
 
 REQUIRED = ["date", "commit", "machine", "secs", "rounds", "profile", "smoke", "figures"]
@@ -132,6 +145,7 @@ def build(args):
         "rounds": int(args["rounds"]),
         "profile": args["profile"],
         "smoke": args["smoke"] == "1",
+        "hidden_only": args.get("hidden_only", "0") == "1",
         "figures": figures,
     }
 
@@ -158,7 +172,8 @@ def table(report):
     lines.append("")
     lines.append(
         f"`scripts/perf-report.sh {report['secs']} {report['rounds']}`"
-        f"{' --smoke' if report['smoke'] else ''}, {report['profile']} build, commit {report['commit']}, "
+        f"{' --smoke' if report['smoke'] else ''}{' --hidden-only' if report.get('hidden_only') else ''}"
+        f", {report['profile']} build, commit {report['commit']}, "
         f"{report['date']}; {m['nproc']} x {m['cpu_model']}, load average {m['load_before']} before, "
         f"{m['load_after']} after; medians of {report['rounds']} round(s)."
     )
@@ -190,7 +205,10 @@ def check(report):
                 g["name"] == b and g["median"] > 0 for g in report["figures"]
             ):
                 raise SystemExit(f"perf_report: figure {f['name']} lacks its ratio against {b}")
-    for need in ("unary-c64", "bare-unary-c64", "strict-embedded-c16", "client-prefetch-1t"):
+    needed = ["genids-x1000-c64", "hidden-sortable-x1000-c64", "hidden-tag-x1000-c64"]
+    if not report.get("hidden_only"):
+        needed += ["unary-c64", "bare-unary-c64", "strict-embedded-c16", "client-prefetch-1t"]
+    for need in needed:
         if need not in names:
             raise SystemExit(f"perf_report: the report lacks figure {need}")
 
@@ -217,6 +235,11 @@ def main(argv):
     if argv[:1] == ["--update-readme"]:
         report = json.load(open(argv[2]))
         check(report)
+        if report.get("hidden_only"):
+            raise SystemExit(
+                "perf_report: a --hidden-only report has only the hiding figures; run the whole "
+                "scripts/perf-report.sh [secs] [rounds] --update-readme for the README's table"
+            )
         if report["smoke"]:
             raise SystemExit(
                 "perf_report: a --smoke report (one second, one round, debug build) is not for the README: "

@@ -139,7 +139,8 @@
 //!   and load-time checks (`id/format/lua/validate.rs`)), hiding volume
 //!   ([`id::hide`]: keys and their subkeys in `id/hide/keys.rs`, FF1
 //!   radix 10 in `id/hide/ff1.rs`, the keyed Feistel network in
-//!   `id/hide/feistel.rs`, and the hiders in `id/hide/decimal.rs`,
+//!   `id/hide/feistel.rs`, one value's chain of AES blocks with AES-NI
+//!   inline in `id/hide/aes_chain.rs`, and the hiders in `id/hide/decimal.rs`,
 //!   `id/hide/int.rs` and `id/hide/snowflake.rs`), and the kind
 //!   every error says it is ([`id::ErrorKind`], `id/kind.rs`).
 //! - [`proto`]: the `idgen-proto` crate (`proto/`), generated from

@@ -60,7 +60,7 @@ use crate::id::hide::DecimalHider;
 use crate::id::{check_count, Clock};
 use crate::metrics as m;
 pub use crate::modes::hidden::HiddenView;
-use crate::modes::hidden::{FormatHiders, Ready};
+use crate::modes::hidden::{shown_all, FormatHiders, Ready};
 use crate::modes::hide_keys::HideKeyRings;
 use crate::modes::lua_pool::{LuaPool, LuaPoolSettings};
 use crate::store::format::counters::{
@@ -550,13 +550,12 @@ impl FormattedEngine {
                 .map(|text| Rendered { text, number: None })
                 .collect());
         }
+        // Hidden in one batch (rule 25), then rendered value by value.
+        let shown = shown_all(hider.as_ref(), taken.iter().map(|&(value, _)| value))?;
         taken
-            .into_iter()
-            .map(|(value, at)| {
-                let shown = match &hider {
-                    Some(hider) => hider.hide(value)?,
-                    None => value,
-                };
+            .iter()
+            .zip(shown)
+            .map(|(&(_, at), shown)| {
                 Ok(format
                     .render(at, shown, ids, bound)
                     .map_err(StoreError::from)?)

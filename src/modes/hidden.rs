@@ -240,6 +240,21 @@ impl<H: Hider> Ready<'_, H> {
     }
 }
 
+/// The values shown for `internal`, in order: for a hidden namespace all
+/// of them hidden in one batch ([`Ready::hide_all`], so a GenFormatted of
+/// many IDs pipelines its AES calls like a GenIds), for a plain one the
+/// values themselves. Either every value is shown or the call is refused.
+pub fn shown_all<H: Hider>(
+    hider: Option<&Ready<'_, H>>,
+    internal: impl Iterator<Item = u64>,
+) -> Result<Vec<u64>, Error> {
+    let mut values: Vec<u64> = internal.collect();
+    if let Some(hider) = hider {
+        hider.hide_all(&mut values)?;
+    }
+    Ok(values)
+}
+
 /// The keys of a ring whose versions a field holding versions `0..=max`
 /// can carry. A ring may hold more (its key id also serves a wider field,
 /// or was rotated past this one): no ID of this field carries such a
@@ -441,6 +456,76 @@ impl<H: Hider> HiddenOutput<H> {
 mod tests {
     use super::*;
     use crate::store::hide_keys::{HideKeys, MasterKey};
+
+    /// A GenFormatted of many IDs of a `{seq:N:hidden}` format hides its
+    /// counters in one batch ([`shown_all`], rule 25): for every width a
+    /// format takes (7 to 18 digits, FF1 over 6 to 17), batches of 1 to
+    /// 100 IDs, partial and whole lanes of eight, show exactly what the
+    /// single path ([`Ready::hide`]) shows for the counters 0, 1, 2, ...
+    /// in turn, so no batch maps a value to another value's ID.
+    #[tokio::test]
+    async fn a_formatted_batch_shows_what_one_by_one_hiding_shows() {
+        use crate::id::format::{FormatDef, Reset};
+        use crate::modes::formatted::{FormatSettings, FormattedEngine};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(
+            crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "test")
+                .expect("state file"),
+        );
+        let master = Arc::new(MasterKey::from_bytes([5; 32]));
+        let keys = HideKeys::new(store.clone(), Some(master));
+        let rings = HideKeyRings::load(Arc::new(keys)).await.expect("rings");
+        rings.create("k", "test").await.expect("create");
+        let widths = 7..=18u32;
+        let defs: Vec<FormatDef> = widths
+            .clone()
+            .map(|w| FormatDef {
+                hide_key: Some("k".into()),
+                ..FormatDef::template(
+                    &format!("f{w}"),
+                    &format!("H{{seq:{w}:hidden}}"),
+                    "UTC",
+                    Reset::Never,
+                )
+            })
+            .collect();
+        let settings = FormatSettings {
+            block: 50,
+            max_behind_ms: 1_000,
+            max_batch: 1_000,
+            lua: Default::default(),
+            max_scope_values: 3,
+        };
+        let clock = Arc::new(crate::id::ManualClock::at_millis(1_780_000_000_000));
+        let engine = FormattedEngine::new(&defs, store, clock, settings, 0)
+            .expect("engine")
+            .with_hide_rings(rings.clone());
+        for w in widths {
+            let mut shown = Vec::new();
+            for n in [1, 7, 8, 9, 19, 100] {
+                let issued = engine
+                    .generate(&format!("f{w}"), &[], n, 0)
+                    .await
+                    .expect("issue");
+                assert_eq!(issued.ids.len() as u64, n);
+                shown.extend(
+                    issued
+                        .ids
+                        .iter()
+                        .map(|r| r.text[1..].parse::<u64>().expect("digits")),
+                );
+            }
+            let single = decimal_output("format".into(), "k", Some(rings.clone()), w);
+            let single = single.ready().expect("the key serves");
+            for (i, s) in shown.iter().enumerate() {
+                let one = single.hide(i as u64).expect("hide");
+                assert_eq!(
+                    *s, one,
+                    "width {w}: counter {i} shown as {s} in a batch, {one} alone"
+                );
+            }
+        }
+    }
 
     /// A key rotated past what a hidden decimal field holds (versions 0 to
     /// 9) stops that field issuing for good, and says so without sending

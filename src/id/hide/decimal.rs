@@ -1,5 +1,6 @@
 //! Fixed-width decimal fields: a version digit, then FF1 radix 10.
 
+use super::aes_chain::AesChain;
 use super::ff1::{aes256, Ff1Decimal, LANES, MAX_DIGITS, MIN_DIGITS};
 use super::{HideError, HideKey, KeyVersion, Versions};
 use aes::Aes256;
@@ -53,7 +54,7 @@ impl DecimalHider {
         let n = digits - 1;
         let versions = Versions::build(keys, active, 9, |key| {
             let subkey = key.subkey(FF1_LABEL);
-            Ff1Decimal::new(aes256(&subkey.0), n, &[])
+            Ff1Decimal::new(aes256(&subkey.0), n, &[]).with_chain(AesChain::aes256(&subkey.0))
         })?;
         Ok(Self {
             versions,

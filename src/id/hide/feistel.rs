@@ -15,10 +15,12 @@
 //! (round, width, tweak) is an independent pseudorandom function.
 //!
 //! One value's ten rounds are ten dependent AES calls, so its cost is
-//! ten AES latencies. [`Feistel::encrypt_lanes`] runs up to [`LANES`]
+//! at least ten AES latencies; they run through [`AesChain`], with AES-NI
+//! inline where the processor has it. [`Feistel::encrypt_lanes`] runs up to [`LANES`]
 //! values side by side with one AES call per round for all of them, which
 //! the processor pipelines: a batch costs a fraction of that per value.
 
+use super::aes_chain::AesChain;
 use super::ff1::LANES;
 use aes::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
 use aes::{Aes128, Block};
@@ -30,7 +32,10 @@ pub(super) const MAX_BITS: u32 = 63;
 
 /// A Feistel permutation of `0..2^bits`, keyed, tweakable per call.
 pub(super) struct Feistel {
+    /// The round function's cipher for batches (eight blocks per call).
     cipher: Aes128,
+    /// The same key for single values' chains of ten blocks.
+    chain: AesChain,
     /// Bits of the left half (`bits / 2`) and of the right half.
     u: u32,
     v: u32,
@@ -51,10 +56,12 @@ impl Feistel {
     /// the first 16 bytes of `subkey`.
     pub(super) fn new(subkey: &[u8; 32], bits: u32) -> Self {
         debug_assert!((2..=MAX_BITS).contains(&bits));
-        let cipher = Aes128::new(GenericArray::from_slice(&subkey[..16]));
+        let key: [u8; 16] = std::array::from_fn(|i| subkey[i]);
+        let cipher = Aes128::new(GenericArray::from_slice(&key));
         let u = bits / 2;
         Self {
             cipher,
+            chain: AesChain::aes128(&key),
             u,
             v: bits - u,
         }
@@ -65,11 +72,16 @@ impl Feistel {
     /// bits (8..12; a half has at most 32), the round, the width, zeros.
     #[inline]
     fn input(&self, i: u8, half: u64, tweak: u64) -> Block {
-        let word = u128::from(tweak)
+        self.input_word(i, half, tweak).to_le_bytes().into()
+    }
+
+    /// [`Feistel::input`] as a little-endian number.
+    #[inline]
+    fn input_word(&self, i: u8, half: u64, tweak: u64) -> u128 {
+        u128::from(tweak)
             | u128::from(half as u32) << 64
             | u128::from(i) << 96
-            | u128::from(self.u + self.v) << 104;
-        word.to_le_bytes().into()
+            | u128::from(self.u + self.v) << 104
     }
 
     /// The round function's `m`-bit output from its encrypted block.
@@ -78,14 +90,6 @@ impl Feistel {
         let mut out = [0u8; 8];
         out.copy_from_slice(&block[..8]);
         u64::from_le_bytes(out) & mask(m)
-    }
-
-    /// The round function for round `i` on the half `half`, `m` bits.
-    #[inline]
-    fn f(&self, i: u8, m: u32, half: u64, tweak: u64) -> u64 {
-        let mut block = self.input(i, half, tweak);
-        self.cipher.encrypt_block(&mut block);
-        Self::output(&block, m)
     }
 
     fn width(&self, i: u8) -> u32 {
@@ -100,11 +104,17 @@ impl Feistel {
     #[inline]
     pub(super) fn encrypt(&self, x: u64, tweak: u64) -> u64 {
         let (mut a, mut b) = (x >> self.v, x & mask(self.v));
-        for i in 0..ROUNDS {
-            let c = a ^ self.f(i, self.width(i), b, tweak);
+        let first = self.input_word(0, b, tweak);
+        self.chain.run(ROUNDS, first, |i, r| {
+            // The round function's output: the block's low bytes.
+            let c = a ^ (r as u64 & mask(self.width(i)));
             a = b;
             b = c;
-        }
+            match i + 1 {
+                ROUNDS => 0,
+                next => self.input_word(next, b, tweak),
+            }
+        });
         (a << self.v) | b
     }
 
@@ -146,11 +156,18 @@ impl Feistel {
     #[inline]
     pub(super) fn decrypt(&self, x: u64, tweak: u64) -> u64 {
         let (mut a, mut b) = (x >> self.v, x & mask(self.v));
-        for i in (0..ROUNDS).rev() {
-            let c = b ^ self.f(i, self.width(i), a, tweak);
+        let first = self.input_word(ROUNDS - 1, a, tweak);
+        self.chain.run(ROUNDS, first, |step, r| {
+            // The rounds backwards: step 0 undoes round 9.
+            let i = ROUNDS - 1 - step;
+            let c = b ^ (r as u64 & mask(self.width(i)));
             b = a;
             a = c;
-        }
+            match i {
+                0 => 0,
+                i => self.input_word(i - 1, a, tweak),
+            }
+        });
         (a << self.v) | b
     }
 }

@@ -10,11 +10,20 @@
 //! `(A + y) mod 10^m` needs no 128-bit division either ([`Modulus`]:
 //! multiplications by a reciprocal computed at construction).
 //!
+//! One value's ten rounds are a chain: each AES input needs the previous
+//! round's output. So the work between two AES calls is kept short and
+//! branch-free: a round's input block is one 128-bit XOR of a per-round
+//! constant (the CBC-MAC state, the tweak's last bytes and the round
+//! number, all fixed at construction) with the half, `y` is one shift of
+//! the output block, and `(A + y) mod 10^m` is one fold and one
+//! reciprocal multiplication ([`Modulus::add_rem`]).
+//!
 //! [`Ff1Decimal::encrypt_lanes`] runs up to [`LANES`] values side by
 //! side, one AES call per round for all of them, so the processor
 //! pipelines their blocks: what a batch (`GenIds` of many IDs) costs per
 //! ID is a fraction of one value's chain of ten dependent AES calls.
 
+use super::aes_chain::AesChain;
 use aes::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
 use aes::{Aes128, Aes192, Aes256, Block};
 
@@ -67,7 +76,9 @@ pub(super) fn aes256(key: &[u8; 32]) -> Aes256 {
 /// Remainders modulo one `m` (`10^3..=10^10`, below 2^34) without a
 /// division instruction: Lemire, Kaser and Kurz's direct remainder
 /// ("Faster remainder by direct computation", 2019) with the reciprocal
-/// `ceil(2^128 / m)`, exact for every 64-bit dividend.
+/// `c = ceil(2^128 / m)`. Their theorem makes it exact for every
+/// dividend below `2^N` when `N + ceil(log2 m) <= 128`: with `m < 2^34`,
+/// every dividend below 2^94 ([`Modulus::rem_wide`]).
 #[derive(Clone, Copy)]
 pub(super) struct Modulus {
     m: u64,
@@ -88,11 +99,19 @@ impl Modulus {
         }
     }
 
-    /// `a mod m`.
-    #[inline]
+    /// `a mod m` (for tests: the rounds use [`Modulus::add_rem`]).
+    #[cfg(test)]
     pub(super) fn rem(self, a: u64) -> u64 {
-        let low = self.reciprocal.wrapping_mul(u128::from(a));
-        // The top 64 bits of the 192-bit product `low * m`.
+        self.rem_wide(u128::from(a))
+    }
+
+    /// `n mod m` for `n < 2^94` (the theorem's bound for `m < 2^34`).
+    #[inline]
+    pub(super) fn rem_wide(self, n: u128) -> u64 {
+        debug_assert!(n >> 94 == 0);
+        let low = self.reciprocal.wrapping_mul(n);
+        // The top bits (above 2^128) of `low * m`, m < 2^34: both partial
+        // products stay below 2^98.
         let m = u128::from(self.m);
         let bottom = ((low & u128::from(u64::MAX)) * m) >> 64;
         let top = (low >> 64) * m;
@@ -100,15 +119,14 @@ impl Modulus {
     }
 
     /// `(a + y) mod m` for `a < m` and `y < 2^96` (FF1's `y` is at most
-    /// 12 bytes here). With `y = hi * 2^64 + lo`, `hi * r64` is below
-    /// 2^66; its top bits times `r64` and the three remainders sum below
-    /// `7m < 2^37`, so every step fits its integer.
+    /// 12 bytes here). With `y = hi * 2^64 + lo` and `r64 = 2^64 mod m`,
+    /// `a + y` is congruent to `hi * r64 + lo + a`, which is below
+    /// `2^32 * 2^34 + 2^64 + 2^34 < 2^67`: one [`Modulus::rem_wide`].
     #[inline]
     pub(super) fn add_rem(self, a: u64, y: u128) -> u64 {
         debug_assert!(a < self.m && y >> 96 == 0);
-        let t = (y >> 64) * u128::from(self.r64);
-        let sum = ((t >> 64) as u64) * self.r64 + self.rem(t as u64) + self.rem(y as u64) + a;
-        self.rem(sum)
+        let folded = (y >> 64) * u128::from(self.r64) + (y & u128::from(u64::MAX)) + u128::from(a);
+        self.rem_wide(folded)
     }
 
     /// `(b - y) mod m` for `b < m` and `y < 2^96`.
@@ -126,18 +144,25 @@ impl Modulus {
 /// FF1 radix 10 over exactly `n` digits, with one key and one tweak.
 pub(super) struct Ff1Decimal<C> {
     cipher: C,
+    /// The same key for single values' chains of ten blocks, with AES-NI
+    /// inline where the processor has it ([`Ff1Decimal::with_chain`]).
+    chain: Option<AesChain>,
     /// `10^u` and `10^v`, for `u` digits in the left half `A` and `v`
     /// in the right half `B`.
     pow_u: Modulus,
     pow_v: Modulus,
-    /// Bytes of `NUM(B)` in `Q` (the standard's `b`), and of `y` (`d`).
-    b: usize,
-    d: usize,
-    /// The CBC-MAC state after `P` and every block of `Q` but the last.
-    state: [u8; 16],
-    /// The last block of `Q` with zeros where the round number and
-    /// `NUM(B)` go.
-    last: [u8; 16],
+    /// Bits of `NUM(B)` in `Q` (8 times the standard's `b`): the round
+    /// number sits just above them.
+    num_bits: u32,
+    /// `128 - 8d`: `y = NUM(S)` is the encrypted block's first `d` bytes,
+    /// the block read as a big-endian number shifted right this far.
+    y_shift: u32,
+    /// Round `i`'s CBC-MAC input before `NUM(B)`, as a big-endian number:
+    /// the state after `P` and every block of `Q` but the last, XOR the
+    /// last block of `Q` with the round number `i` in place and zeros
+    /// where `NUM(B)` goes. Adding `NUM(B)` is one XOR, since it fills
+    /// only the zeros.
+    round_base: [u128; ROUNDS as usize],
 }
 
 impl<C: BlockCipher> Ff1Decimal<C> {
@@ -188,43 +213,66 @@ impl<C: BlockCipher> Ff1Decimal<C> {
         }
         let mut last = [0u8; 16];
         last.copy_from_slice(tail);
+        xor(&mut last, &state);
+        let base = u128::from_be_bytes(last);
+        // b <= 5 bytes (10^10 < 2^40), so the round number's byte and
+        // NUM(B) lie inside the block.
+        let num_bits = 8 * b as u32;
         Self {
             cipher,
+            chain: None,
             pow_u: Modulus::new(10u64.pow(u)),
             pow_v: Modulus::new(pow_v),
-            b,
-            d,
-            state,
-            last,
+            num_bits,
+            y_shift: 128 - 8 * d as u32,
+            round_base: std::array::from_fn(|i| base ^ ((i as u128) << num_bits)),
         }
     }
 
-    /// The last CBC-MAC block of round `i` over the half `half`, before
-    /// its encryption.
+    /// Single values (`encrypt`, `decrypt`) run their ten blocks through
+    /// `chain`, which must hold the same key as the cipher (the known
+    /// answers check it).
+    pub(super) fn with_chain(mut self, chain: AesChain) -> Self {
+        self.chain = Some(chain);
+        self
+    }
+
+    /// The last CBC-MAC block of round `i` over the half `half` (below
+    /// `10^v`, so it fits its `b` bytes), before its encryption, as a
+    /// big-endian number.
+    #[inline]
+    fn round_word(&self, i: u8, half: u64) -> u128 {
+        debug_assert!(u128::from(half) >> self.num_bits == 0);
+        self.round_base[usize::from(i)] ^ u128::from(half)
+    }
+
+    /// [`Ff1Decimal::round_word`] as bytes.
     #[inline]
     fn round_block(&self, i: u8, half: u64) -> [u8; 16] {
-        let mut block = self.last;
-        block[15 - self.b] = i;
-        block[16 - self.b..].copy_from_slice(&half.to_be_bytes()[8 - self.b..]);
-        xor(&mut block, &self.state);
-        block
+        self.round_word(i, half).to_be_bytes()
+    }
+
+    /// One value's ten dependent blocks (see [`AesChain::run`]; blocks
+    /// here are little-endian numbers): through the chain when there is
+    /// one, else block by block through the cipher.
+    #[inline]
+    fn rounds(&self, first: u128, mut next: impl FnMut(u8, u128) -> u128) {
+        if let Some(chain) = &self.chain {
+            return chain.run(ROUNDS, first, next);
+        }
+        let mut block = first;
+        for i in 0..ROUNDS {
+            let mut bytes = block.to_le_bytes();
+            self.cipher.encrypt(&mut bytes);
+            block = next(i, u128::from_le_bytes(bytes));
+        }
     }
 
     /// The round value `y = NUM(S)` from the encrypted block `R`.
     #[inline]
-    fn num_s(&self, r: &[u8]) -> u128 {
+    fn num_s(&self, r: &[u8; 16]) -> u128 {
         // d <= 16 here, so S is the first d bytes of R.
-        let mut s = [0u8; 16];
-        s[16 - self.d..].copy_from_slice(&r[..self.d]);
-        u128::from_be_bytes(s)
-    }
-
-    /// The round value `y = NUM(S)` for round `i` over the half `half`.
-    #[inline]
-    fn y(&self, i: u8, half: u64) -> u128 {
-        let mut block = self.round_block(i, half);
-        self.cipher.encrypt(&mut block);
-        self.num_s(&block)
+        u128::from_be_bytes(*r) >> self.y_shift
     }
 
     fn modulus(&self, i: u8) -> Modulus {
@@ -239,11 +287,18 @@ impl<C: BlockCipher> Ff1Decimal<C> {
     #[inline]
     pub(super) fn encrypt(&self, x: u64) -> u64 {
         let (mut a, mut b) = (x / self.pow_v.m, x % self.pow_v.m);
-        for i in 0..ROUNDS {
-            let c = self.modulus(i).add_rem(a, self.y(i, b));
+        // Blocks are little-endian numbers in `rounds`, big-endian here.
+        let first = self.round_word(0, b).swap_bytes();
+        self.rounds(first, |i, r| {
+            let y = r.swap_bytes() >> self.y_shift;
+            let c = self.modulus(i).add_rem(a, y);
             a = b;
             b = c;
-        }
+            match i + 1 {
+                ROUNDS => 0,
+                next => self.round_word(next, b).swap_bytes(),
+            }
+        });
         a * self.pow_v.m + b
     }
 
@@ -267,7 +322,7 @@ impl<C: BlockCipher> Ff1Decimal<C> {
             self.cipher.encrypt_many(blocks);
             let m = self.modulus(i);
             for ((a, b), block) in left.iter_mut().zip(right.iter_mut()).zip(blocks.iter()) {
-                let c = m.add_rem(*a, self.num_s(block));
+                let c = m.add_rem(*a, self.num_s(&(*block).into()));
                 *a = *b;
                 *b = c;
             }
@@ -281,11 +336,18 @@ impl<C: BlockCipher> Ff1Decimal<C> {
     #[inline]
     pub(super) fn decrypt(&self, x: u64) -> u64 {
         let (mut a, mut b) = (x / self.pow_v.m, x % self.pow_v.m);
-        for i in (0..ROUNDS).rev() {
-            let c = self.modulus(i).sub_rem(b, self.y(i, a));
+        let first = self.round_word(ROUNDS - 1, a).swap_bytes();
+        self.rounds(first, |step, r| {
+            // The rounds backwards: step 0 undoes round 9.
+            let i = ROUNDS - 1 - step;
+            let c = self.modulus(i).sub_rem(b, r.swap_bytes() >> self.y_shift);
             b = a;
             a = c;
-        }
+            match i {
+                0 => 0,
+                i => self.round_word(i - 1, a).swap_bytes(),
+            }
+        });
         a * self.pow_v.m + b
     }
 

@@ -35,6 +35,7 @@
 //! times; what they cannot read is how many IDs were issued between two
 //! of theirs. `docs/ARCHITECTURE.md` ("Hiding volume") states the costs.
 
+mod aes_chain;
 mod decimal;
 mod feistel;
 mod ff1;
