@@ -416,6 +416,11 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// The IDs are hidden (a hidden snowflake layout or segment tag), so
+    /// their order is hidden too: IDs that do not rise within a caller are
+    /// counted but do not fail the run.
+    #[arg(long)]
+    pub unordered: bool,
     /// Finding the nodes through Consul instead of --addr.
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
