@@ -25,10 +25,7 @@ const MASTER: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c
 const ENV: [(&str, &str); 1] = [("IDGEN_HIDE_MASTER_KEY", MASTER)];
 
 fn admin_req<T>(msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
-    r
+    common::tonic_req(TOKEN, msg)
 }
 
 /// An embedded node with the admin token and `extra` (TOML) appended.
@@ -51,26 +48,11 @@ const HIDDEN: &str = "[[formats]]\nname = \"orders\"\ntemplate = \"ORD{seq:8:hid
      [lease]\nenabled = true\nzone = 5\nblock = 100\n[lease.hide]\nkey = \"tickets\"\n";
 
 async fn lease_ids(c: &mut IdGenClient<Channel>, n: u32) -> Vec<u64> {
-    c.gen_ids(proto::GenIdsRequest {
-        mode: Mode::Lease as i32,
-        tag: String::new(),
-        count: n,
-    })
-    .await
-    .expect("lease IDs")
-    .into_inner()
-    .ids
+    common::lease_ids(c, n).await.expect("lease IDs")
 }
 
 async fn orders(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<String>, tonic::Status> {
-    Ok(c.gen_formatted(proto::GenFormattedRequest {
-        format: "orders".into(),
-        params: Default::default(),
-        count: n,
-    })
-    .await?
-    .into_inner()
-    .ids)
+    common::formatted_ids(c, "orders", n).await
 }
 
 /// DecodeId of lease `id`, as the admin or anonymously.

@@ -11,7 +11,7 @@ mod common;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use common::{write_child_config, ChildServer};
+use common::{lease_ids, write_child_config, ChildServer};
 use idgen::proto::{self, admin_client::AdminClient, id_gen_client::IdGenClient, Mode};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -23,10 +23,7 @@ const ENV: [(&str, &str); 1] = [("IDGEN_HIDE_MASTER_KEY", MASTER)];
 
 /// A request carrying the admin token.
 fn admin_req<T>(msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
-    r
+    common::tonic_req(TOKEN, msg)
 }
 
 fn config(dir: &Path) -> PathBuf {
@@ -62,14 +59,7 @@ async fn segment_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<u64>, t
 }
 
 async fn formatted_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<String>, tonic::Status> {
-    Ok(c.gen_formatted(proto::GenFormattedRequest {
-        format: "orders".into(),
-        params: Default::default(),
-        count: n,
-    })
-    .await?
-    .into_inner()
-    .ids)
+    common::formatted_ids(c, "orders", n).await
 }
 
 /// ParseFormatted of `id`, as the admin or anonymously.
@@ -253,26 +243,9 @@ fn config_with(dir: &Path, extra: &str) -> PathBuf {
 }
 
 async fn ids_of(c: &mut IdGenClient<Channel>, format: &str, n: u32) -> Vec<String> {
-    c.gen_formatted(proto::GenFormattedRequest {
-        format: format.into(),
-        params: Default::default(),
-        count: n,
-    })
-    .await
-    .unwrap_or_else(|e| panic!("GenFormatted {format}: {e:?}"))
-    .into_inner()
-    .ids
-}
-
-async fn lease_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<u64>, tonic::Status> {
-    Ok(c.gen_ids(proto::GenIdsRequest {
-        mode: Mode::Lease as i32,
-        tag: String::new(),
-        count: n,
-    })
-    .await?
-    .into_inner()
-    .ids)
+    common::formatted_ids(c, format, n)
+        .await
+        .unwrap_or_else(|e| panic!("GenFormatted {format}: {e:?}"))
 }
 
 const TICKETS: &str = "[[formats]]\nname = \"tickets\"\ntemplate = \"T{seq:9}\"\nhide = true\n";

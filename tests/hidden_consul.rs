@@ -31,10 +31,7 @@ const ZONE: u64 = 9;
 const KEY_PROPAGATION: Duration = Duration::from_secs(30);
 
 fn admin_req<T>(msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
-    r
+    common::tonic_req(TOKEN, msg)
 }
 
 fn node_config(dir: &Path, name: &str, consul: SocketAddr) -> PathBuf {

@@ -26,10 +26,7 @@ const ENV: [(&str, &str); 1] = [("IDGEN_HIDE_MASTER_KEY", MASTER)];
 const KEY: &str = "ids";
 
 fn admin_req<T>(msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
-    r
+    common::tonic_req(TOKEN, msg)
 }
 
 /// A config in `dir` with `[layout] hide = hide` (empty: plain).

@@ -628,9 +628,37 @@ pub async fn hide_key(node: &ChildServer, token: &str, verb: &str, key: &str) {
 }
 
 /// `msg` with admin `token` as its bearer credential.
-fn tonic_req<T>(token: &str, msg: T) -> tonic::Request<T> {
+pub fn tonic_req<T>(token: &str, msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     let bearer = format!("Bearer {token}").parse().unwrap();
     r.metadata_mut().insert("authorization", bearer);
     r
+}
+
+/// `n` IDs of format `format` (GenFormatted, no parameters).
+pub async fn formatted_ids(
+    c: &mut IdGenClient<Channel>,
+    format: &str,
+    n: u32,
+) -> Result<Vec<String>, tonic::Status> {
+    Ok(c.gen_formatted(idgen::proto::GenFormattedRequest {
+        format: format.into(),
+        params: Default::default(),
+        count: n,
+    })
+    .await?
+    .into_inner()
+    .ids)
+}
+
+/// `n` lease IDs (GenIds in lease mode).
+pub async fn lease_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<u64>, tonic::Status> {
+    Ok(c.gen_ids(idgen::proto::GenIdsRequest {
+        mode: idgen::proto::Mode::Lease as i32,
+        tag: String::new(),
+        count: n,
+    })
+    .await?
+    .into_inner()
+    .ids)
 }
