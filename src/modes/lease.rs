@@ -369,9 +369,11 @@ impl LeaseEngine {
             return self.take_plain(count).await;
         };
         let mut ids = self.take_plain(count).await?;
-        for id in &mut ids {
-            *id = with_zone(zone, ready.hide(below_zone(*id))?);
-        }
+        // One batch: the hider pipelines its AES calls. On an error nothing
+        // is shown and the IDs taken are dropped, never reused.
+        ids.iter_mut().for_each(|id| *id = below_zone(*id));
+        ready.hide_all(&mut ids)?;
+        ids.iter_mut().for_each(|id| *id = with_zone(zone, *id));
         Ok(ids)
     }
 

@@ -80,9 +80,11 @@ impl AdminService {
         let def = parse_definition(&r.definition_json)?;
         check_description(&def.description)?;
         let fresh = r.fresh;
-        let (written, reload) = to_the_end(async move { catalog.create(def, fresh).await })
-            .await
-            .map_err(|e| to_status(&e))?;
+        let (written, reload) = to_the_end(format!("create {}", def.name), async move {
+            catalog.create(def, fresh).await
+        })
+        .await
+        .map_err(|e| to_status(&e))?;
         let catalog = self.catalog()?;
         self.warn_one_node_format(catalog, &written.def.name);
         Ok(proto::CreateFormatResponse {
@@ -121,9 +123,11 @@ impl AdminService {
         check_description(&def.description)?;
         let previous = catalog.store().get(&def.name).await.map_err(store_status)?;
         let catalog = Arc::clone(catalog);
-        let (written, reload) = to_the_end(async move { catalog.update(def).await })
-            .await
-            .map_err(|e| to_status(&e))?;
+        let (written, reload) = to_the_end(format!("update {}", def.name), async move {
+            catalog.update(def).await
+        })
+        .await
+        .map_err(|e| to_status(&e))?;
         Ok(proto::UpdateFormatResponse {
             format: Some(self.format_message(&written)),
             previous: previous.map(|p| self.format_message(&p)),
@@ -169,9 +173,11 @@ impl AdminService {
     ) -> Result<proto::DeleteFormatResponse, Status> {
         let catalog = Arc::clone(self.catalog()?);
         let name = r.name.clone();
-        let (tombstone, reload) = to_the_end(async move { catalog.delete(&name).await })
-            .await
-            .map_err(|e| to_status(&e))?;
+        let (tombstone, reload) = to_the_end(format!("delete {name}"), async move {
+            catalog.delete(&name).await
+        })
+        .await
+        .map_err(|e| to_status(&e))?;
         Ok(proto::DeleteFormatResponse {
             format: Some(self.format_message(&tombstone)),
             note: format!(

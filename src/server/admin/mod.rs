@@ -295,13 +295,38 @@ fn unreadable(records: Vec<(String, String)>) -> Vec<proto::UnreadableRecord> {
 /// Runs a format change to its end on its own task. A caller past its
 /// deadline drops the gRPC handler's future; dropped between storing a
 /// definition and installing it, a created format stayed stored but
-/// unserved on the embedded store (nothing else reloads there).
+/// unserved on the embedded store (nothing else reloads there). A change
+/// whose caller went away logs how it ended (`what` names it), since no
+/// one else will hear of it.
 async fn to_the_end<T: Send + 'static>(
+    what: String,
     change: impl Future<Output = Result<T, Error>> + Send + 'static,
 ) -> Result<T, Error> {
-    tokio::spawn(change)
-        .await
-        .unwrap_or_else(|e| Err(Error::Setup(format!("the format change stopped: {e}"))))
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let result = change.await;
+        let outcome = match &result {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        };
+        if tx.send(result).is_err() {
+            match outcome {
+                Ok(()) => {
+                    tracing::info!(change = what, "format change done after its caller gave up")
+                }
+                Err(error) => tracing::warn!(
+                    change = what,
+                    error,
+                    "format change failed after its caller gave up"
+                ),
+            }
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(Error::Setup(
+            "the format change stopped (it panicked)".to_owned(),
+        ))
+    })
 }
 
 /// The `idgen.v1.Admin` trait, one line per RPC: each runs its handler
