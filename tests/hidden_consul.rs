@@ -311,3 +311,131 @@ async fn two_consul_nodes_share_hidden_namespaces_through_rotation_and_kill_9() 
     assert!(seen.segment.len() >= 1500 && seen.lease.len() >= 1500);
     assert!(seen.orders.len() >= 1500 && seen.tickets.len() >= 1500);
 }
+
+/// A rotation through one node is refused when another node's hidden
+/// lease zone, set only in that node's config file, cannot hold the new
+/// version: the zone's node publishes it in its status record, and the
+/// refusal names the zone, the node and `--force`; `force` rotates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_past_another_nodes_hidden_lease_zone_is_refused_unless_forced() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let zone = ZONE.to_string();
+    // Node A: a hidden lease zone on key `narrow` with one version bit
+    // (versions 0 and 1). Node B: no hidden namespace of its own.
+    let a_path = write_cluster_config(
+        dir.path(),
+        "a",
+        consul.addr(),
+        &[
+            ("admin", "token", &token),
+            ("lease", "enabled", "true"),
+            ("lease", "zone", &zone),
+            ("lease", "block", "100"),
+        ],
+    );
+    let mut text = std::fs::read_to_string(&a_path).unwrap();
+    text.push_str("[lease.hide]\nkey = \"narrow\"\nversion_bits = 1\n");
+    std::fs::write(&a_path, text).unwrap();
+    let b_path = write_cluster_config(
+        dir.path(),
+        "b",
+        consul.addr(),
+        &[("admin", "token", &token)],
+    );
+    let a = start(&a_path);
+    let b = start(&b_path);
+    common::hide_key(&b, TOKEN, "create", "narrow").await;
+    // A's record names its zone (written at start, then every 5 s).
+    let mut published = false;
+    for _ in 0..300 {
+        let view: serde_json::Value = reqwest::Client::new()
+            .get(format!("http://{}/admin/api/cluster", b.http))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or_default();
+        published = view["nodes"].as_array().is_some_and(|rows| {
+            rows.iter().any(|r| {
+                r["hides"].as_array().is_some_and(|h| {
+                    h.iter().any(|u| {
+                        u["key"] == "narrow" && u["namespace"] == format!("lease zone {ZONE}")
+                    })
+                })
+            })
+        });
+        if published {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(published, "node A never published its hidden lease zone");
+    let rotate = async |force: bool| {
+        admin(b.grpc)
+            .await
+            .rotate_hide_key(admin_req(proto::RotateHideKeyRequest {
+                key_id: "narrow".into(),
+                force,
+            }))
+            .await
+            .map(|r| r.into_inner().key.and_then(|k| k.active))
+    };
+    assert_eq!(
+        rotate(false).await.unwrap(),
+        Some(1),
+        "version 1 fits one bit"
+    );
+    let err = rotate(false).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    for part in [
+        "version 2",
+        &format!("lease zone {ZONE} of node "),
+        "versions 0 to 1",
+        "--force",
+    ] {
+        assert!(err.message().contains(part), "{part:?}: {}", err.message());
+    }
+    // Node A issues under version 1 once its key watch has seen it (the
+    // version bit sits just under the zone's 8 bits).
+    let mut c = client(a.grpc).await;
+    let deadline = std::time::Instant::now() + KEY_PROPAGATION;
+    loop {
+        // Refused until A's key watch has seen the key at all.
+        let ids = numeric(&mut c, Mode::Lease, 3).await;
+        if ids
+            .as_ref()
+            .is_ok_and(|ids| ids.iter().all(|id| (id >> 55) & 1 == 1))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node A never used version 1: {ids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Forced: version 2, which zone A cannot show, so its calls are
+    // refused (rule 19) instead of issuing under a version it cannot hold.
+    assert_eq!(rotate(true).await.unwrap(), Some(2), "force rotates");
+    let deadline = std::time::Instant::now() + KEY_PROPAGATION;
+    let refused = loop {
+        match numeric(&mut c, Mode::Lease, 3).await {
+            Err(e) => break e,
+            Ok(ids) => assert!(
+                std::time::Instant::now() < deadline,
+                "zone A went on issuing after version 2: {ids:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    drop((a, b));
+}

@@ -14,7 +14,11 @@
 //!
 //! The records are advisory: nothing reads them to decide what to issue,
 //! so a lost, stale or forged record can mislead an operator, never
-//! repeat an ID.
+//! repeat an ID. One check reads them besides the console: a hide key's
+//! rotation ([`HideUse`]) refuses a version that a hidden lease zone or
+//! snowflake layout of another node cannot hold (rule 30); a missing
+//! record can let such a rotation through, and that namespace then
+//! refuses its calls (rule 19), it never repeats an ID.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -42,6 +46,22 @@ pub const RUNNING: &str = "running";
 /// The `state` of the record a node writes on a clean shutdown.
 pub const STOPPED: &str = "stopped";
 
+/// A namespace a node shows IDs of under a hide key, that only the node
+/// itself knows of (its hidden lease zone and hidden snowflake layout are
+/// set in its own config file, not in the store): published so a rotation
+/// through any node can check that every such namespace holds the new
+/// version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HideUse {
+    /// The hide key id.
+    pub key: String,
+    /// The namespace, as an operator names it ("lease zone 9", "the
+    /// snowflake layout").
+    pub namespace: String,
+    /// Its version field's width in bits.
+    pub version_bits: u32,
+}
+
 /// One node's published status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusRecord {
@@ -60,6 +80,10 @@ pub struct StatusRecord {
     /// How often the node writes (ms), so readers judge staleness by the
     /// writer's interval.
     pub interval_ms: u64,
+    /// The namespaces only this node knows of that show IDs under a hide
+    /// key (absent in records of older nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hides: Vec<HideUse>,
 }
 
 impl StatusRecord {
@@ -156,6 +180,21 @@ impl StatusBoard {
     }
 }
 
+/// Every readable status record of the cluster `keys` name, read
+/// consistently (a rotation's check must not miss a record a stale
+/// follower lacks).
+pub async fn records(
+    client: &ConsulClient,
+    keys: &ClusterKeys,
+) -> Result<Vec<StatusRecord>, ConsulError> {
+    let dir = format!("{}nodes/", keys.root_dir());
+    let entries = client.kv_list(&dir, Consistency::Consistent).await?;
+    Ok(entries
+        .iter()
+        .filter_map(|e| serde_json::from_slice::<StatusRecord>(&e.value).ok())
+        .collect())
+}
+
 /// How a record reads at `now_ms`: (`state`, words) where state is
 /// `reporting`, `not_reporting` or `stopped`.
 pub fn report(r: &StatusRecord, now_ms: u64) -> (&'static str, String) {
@@ -234,6 +273,7 @@ pub fn join(
                 row.insert("state".into(), json!(r.state));
                 row.insert("rate".into(), json!(r.rate));
                 row.insert("written_ms".into(), json!(r.written_ms));
+                row.insert("hides".into(), json!(r.hides));
                 row.insert("report".into(), json!({"state": state, "text": text, "age_ms": now_ms.saturating_sub(r.written_ms)}));
                 row
             }
@@ -274,6 +314,7 @@ mod tests {
             rate: Some(2.5),
             written_ms,
             interval_ms: 5000,
+            hides: vec![],
         }
     }
 

@@ -63,6 +63,7 @@ fn record(state: &HttpState, label: &str, rate: Option<f64>) -> StatusRecord {
         rate,
         written_ms: now_ms(),
         interval_ms: u64::try_from(STATUS_INTERVAL.as_millis()).unwrap_or(u64::MAX),
+        hides: state.admin.local_hide_uses(),
     }
 }
 

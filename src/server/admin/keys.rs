@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tonic::{Request, Status};
 
 use super::{rfc3339, store_status, AdminService};
+use crate::cluster::status::HideUse;
 use crate::id::hide::KeyVersion;
 use crate::proto;
 use crate::server::tls::PeerCertificate;
@@ -109,11 +110,34 @@ impl AdminService {
             .await
     }
 
-    /// The narrowest version field among the namespaces this node serves
+    /// This node's hidden namespaces that only its config file names: its
+    /// hidden snowflake layout and hidden lease zone (published in its
+    /// status record on Consul, for other nodes' rotation checks).
+    pub fn local_hide_uses(&self) -> Vec<HideUse> {
+        let mut uses = Vec::new();
+        if let Some((key, bits)) = &self.deps.node.layout_hide {
+            uses.push(HideUse {
+                key: key.clone(),
+                namespace: "the snowflake layout".to_owned(),
+                version_bits: *bits,
+            });
+        }
+        if let Some((zone, key, bits)) = self.deps.node.lease.as_ref().and_then(|l| l.hide_key()) {
+            uses.push(HideUse {
+                key: key.to_owned(),
+                namespace: format!("lease zone {zone}"),
+                version_bits: bits,
+            });
+        }
+        uses
+    }
+
+    /// The narrowest version field among the namespaces that show IDs
     /// under `key_id` (formats with a hidden counter, live hidden segment
-    /// tags, its hidden snowflake layout and lease zone), naming those
-    /// that have it; `None`
-    /// when no namespace limits the key below what the store allows.
+    /// tags, this node's hidden snowflake layout and lease zone, and on
+    /// Consul those every other node published in its status record),
+    /// naming those that have it; `None` when no namespace limits the key
+    /// below what the store allows.
     async fn version_limit(&self, key_id: &str) -> Result<Option<VersionLimit>, Status> {
         let mut users: Vec<(KeyVersion, String)> = Vec::new();
         let formats = self.deps.formats.as_ref().map(|c| Arc::clone(c.formats()));
@@ -138,14 +162,29 @@ impl AdminService {
                 }
             }
         }
-        if let Some((key, bits)) = &self.deps.node.layout_hide {
-            if key == key_id {
-                users.push(within_bits("the snowflake layout".to_owned(), *bits));
+        for u in self.local_hide_uses() {
+            if u.key == key_id {
+                users.push(within_bits(u.namespace, u.version_bits));
             }
         }
-        if let Some((zone, key, bits)) = self.deps.node.lease.as_ref().and_then(|l| l.hide_key()) {
-            if key == key_id {
-                users.push(within_bits(format!("lease zone {zone}"), bits));
+        // Other nodes' hidden lease zones and layouts are in their own
+        // config files: each publishes them in its status record.
+        if let Some((client, keys)) = &self.deps.cluster {
+            let records = crate::cluster::status::records(client, keys)
+                .await
+                .map_err(|e| {
+                    Status::unavailable(format!(
+                        "cannot read the other nodes' status records from Consul to check which of their hidden lease zones and snowflake layouts use key {key_id:?}: {e}; retry, or rotate with --force if you know that none of them holds fewer versions"
+                    ))
+                })?;
+            for r in records
+                .iter()
+                .filter(|r| r.instance() != self.deps.node.instance)
+            {
+                for u in r.hides.iter().filter(|u| u.key == key_id) {
+                    let what = format!("{} of node {}", u.namespace, r.instance());
+                    users.push(within_bits(what, u.version_bits));
+                }
             }
         }
         let Some(max) = users.iter().map(|(max, _)| *max).min() else {
