@@ -466,3 +466,81 @@ async fn a_rotation_past_a_hidden_format_field_is_refused_unless_forced() {
     );
     node.kill();
 }
+
+/// The client crate reveals hidden IDs when built with the admin token
+/// (`ClientBuilder::admin_token`): `decode_id` of a hidden lease ID
+/// answers its internal ID, `parse_formatted` of a hidden counter its
+/// internal counter; the same client without the token gets the public
+/// view, a wrong token is refused as PERMISSION_DENIED, and a token a header
+/// cannot carry is refused when the client is built.
+#[tokio::test]
+async fn the_client_crate_reveals_with_the_admin_token_only() {
+    use idgen_client::{Client, Error};
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&config(dir.path(), HIDDEN));
+    for key in ["orders", "tickets"] {
+        common::hide_key(&node, TOKEN, "create", key).await;
+    }
+    let build = async |token: Option<&str>| {
+        let mut b = Client::builder().endpoints([node.grpc.to_string()]);
+        if let Some(t) = token {
+            b = b.admin_token(t);
+        }
+        b.build().await
+    };
+    let admin = build(Some(TOKEN)).await.expect("client with the token");
+    let anon = build(None).await.expect("client without");
+    let wrong = build(Some("not-the-token"))
+        .await
+        .expect("client, wrong token");
+    assert!(
+        !format!("{admin:?}").contains(TOKEN),
+        "the token shows in Debug"
+    );
+
+    // Lease: the client makes the IDs (no token sent), then decodes them.
+    let ids = admin.gen_ids(Mode::Lease, "", 4).await.expect("lease IDs");
+    let mut internal = Vec::new();
+    for id in &ids {
+        let seen = admin.decode_id(*id, Mode::Lease).await.expect("decode");
+        assert_eq!((seen.hidden.as_str(), seen.zone), ("zone", 5));
+        internal.push(seen.internal_id.expect("the admin sees the internal ID"));
+        let public = anon.decode_id(*id, Mode::Lease).await.expect("decode");
+        assert_eq!(
+            (public.hidden.as_str(), public.internal_id, public.sequence),
+            ("zone", None, 0),
+            "the public view"
+        );
+        let refused = wrong.decode_id(*id, Mode::Lease).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    }
+    assert!(
+        internal.windows(2).all(|w| w[1] == w[0] + 1),
+        "the internal IDs of one batch are consecutive: {internal:?}"
+    );
+
+    // Formatted: the internal counter of a hidden `{seq:8:hidden}`.
+    let made = admin
+        .gen_formatted("orders", Vec::<(String, String)>::new(), 3)
+        .await
+        .expect("orders");
+    let mut seqs = Vec::new();
+    for id in &made.ids {
+        let seen = admin.parse_formatted("orders", id).await.expect("parse");
+        assert_eq!(seen.key_version, Some(0));
+        seqs.push(seen.internal_seq.expect("the admin sees the counter"));
+        let public = anon.parse_formatted("orders", id).await.expect("parse");
+        assert_eq!((public.key_version, public.internal_seq), (Some(0), None));
+    }
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+
+    // Each reveal is audit-logged by the node; the public views are not.
+    let log = node.log_text();
+    assert_eq!(log.matches("hidden lease ID decoded").count(), 4, "{log}");
+    for bad in ["", "two\nlines"] {
+        match build(Some(bad)).await {
+            Err(Error::Config(why)) => assert!(why.contains("admin token"), "{why}"),
+            other => panic!("token {bad:?} must be refused at build: {other:?}"),
+        }
+    }
+}

@@ -12,8 +12,8 @@
 //! ```
 
 use crate::{
-    Client, ClientBuilder, Error, GenFormattedResponse, GetFormatCounterResponse, Mode,
-    ParseFormattedResponse, Prefetcher,
+    Client, ClientBuilder, DecodeIdResponse, Error, GenFormattedResponse, GetFormatCounterResponse,
+    Mode, ParseFormattedResponse, Prefetcher,
 };
 
 /// A [`Client`] with blocking methods.
@@ -62,6 +62,11 @@ impl BlockingClient {
     pub fn parse_formatted(&self, format: &str, id: &str) -> Result<ParseFormattedResponse, Error> {
         self.runtime
             .block_on(self.client.parse_formatted(format, id))
+    }
+
+    /// See [`Client::decode_id`].
+    pub fn decode_id(&self, id: u64, mode: Mode) -> Result<DecodeIdResponse, Error> {
+        self.runtime.block_on(self.client.decode_id(id, mode))
     }
 
     /// See [`Client::format_counter`].

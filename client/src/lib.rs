@@ -71,9 +71,10 @@ use std::time::Duration;
 
 use idgen_proto::id_gen_client::IdGenClient;
 use idgen_proto::{
-    GenFormattedRequest, GenIdRequest, GenIdsRequest, GetFormatCounterRequest,
+    DecodeIdRequest, GenFormattedRequest, GenIdRequest, GenIdsRequest, GetFormatCounterRequest,
     ParseFormattedRequest,
 };
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::Channel;
 
 use crate::call::{CallSettings, Caller, Retry};
@@ -85,8 +86,18 @@ use crate::nodes::{NodeSet, NodeSettings};
 pub use crate::prefetch::{PrefetchConfig, Prefetcher};
 pub use crate::tls::TlsConfig;
 pub use idgen_proto::{
-    GenFormattedResponse, GetFormatCounterResponse, Mode, ParseFormattedResponse,
+    DecodeIdResponse, GenFormattedResponse, GetFormatCounterResponse, Mode, ParseFormattedResponse,
 };
+
+/// The nodes' admin token, kept out of `Debug` output.
+#[derive(Clone)]
+struct AdminToken(String);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
 
 /// Builds a [`Client`].
 #[derive(Debug, Clone)]
@@ -101,6 +112,7 @@ pub struct ClientBuilder {
     backoff_max: Duration,
     prefetch: PrefetchConfig,
     tls: Option<TlsConfig>,
+    admin_token: Option<AdminToken>,
 }
 
 impl Default for ClientBuilder {
@@ -116,6 +128,7 @@ impl Default for ClientBuilder {
             backoff_max: Duration::from_millis(100),
             prefetch: PrefetchConfig::default(),
             tls: None,
+            admin_token: None,
         }
     }
 }
@@ -185,6 +198,19 @@ impl ClientBuilder {
         self
     }
 
+    /// The nodes' admin token (their `admin.token`), sent as
+    /// `authorization: Bearer <token>` with [`Client::decode_id`] and
+    /// [`Client::parse_formatted`] only, never with calls that make IDs:
+    /// with it, a hidden ID decodes to its internal value and parts (the
+    /// node audit-logs each reveal); without it, callers get the public
+    /// view. Use TLS ([`tls`](Self::tls)) when the token crosses a
+    /// network. Nodes that check client certificates instead reveal to
+    /// the certificate given in [`TlsConfig`] without a token.
+    pub fn admin_token(mut self, token: impl Into<String>) -> Self {
+        self.admin_token = Some(AdminToken(token.into()));
+        self
+    }
+
     /// Starts the client: with Consul, asks for the nodes once (and fails
     /// if Consul cannot answer), then watches in the background. Must run
     /// inside a tokio runtime.
@@ -203,6 +229,7 @@ impl ClientBuilder {
             ));
         }
         self.prefetch.validate().map_err(Error::Config)?;
+        let admin = self.admin_token.as_ref().map(bearer).transpose()?;
         let tls = self.tls.as_ref().map(TlsConfig::build).transpose()?;
         let nodes = Arc::new(NodeSet::new(NodeSettings {
             connect_timeout: self.connect_timeout,
@@ -238,6 +265,7 @@ impl ClientBuilder {
         });
         Ok(Client {
             caller,
+            admin,
             prefetch: self.prefetch,
             runtime: tokio::runtime::Handle::current(),
             prefetchers: Arc::new(Mutex::new(HashMap::new())),
@@ -250,6 +278,8 @@ impl ClientBuilder {
 #[derive(Debug, Clone)]
 pub struct Client {
     caller: Arc<Caller>,
+    /// `Bearer <admin token>`, marked sensitive (never in `Debug`).
+    admin: Option<AsciiMetadataValue>,
     prefetch: PrefetchConfig,
     runtime: tokio::runtime::Handle,
     prefetchers: Arc<Mutex<HashMap<(Mode, String), Prefetcher>>>,
@@ -354,20 +384,51 @@ impl Client {
     }
 
     /// The fields of formatted ID `id` of `format` (`ParseFormatted`):
-    /// time fields, node or token, counter, parameters.
+    /// time fields, node or token, counter, parameters. Of a hidden
+    /// counter, the internal counter and key version too when the client
+    /// has the [admin token](ClientBuilder::admin_token).
     pub async fn parse_formatted(
         &self,
         format: &str,
         id: &str,
     ) -> Result<ParseFormattedResponse, Error> {
-        let req = || ParseFormattedRequest {
-            format: format.to_owned(),
-            id: id.to_owned(),
+        let req = || {
+            self.authorized(ParseFormattedRequest {
+                format: format.to_owned(),
+                id: id.to_owned(),
+            })
         };
-        self.unary("ParseFormatted", req, |mut c, req| async move {
+        self.unary_request("ParseFormatted", req, |mut c, req| async move {
             c.parse_formatted(req).await.map(|r| r.into_inner())
         })
         .await
+    }
+
+    /// The parts of `id`, made in `mode` (`DecodeId`; `Mode::Unspecified`
+    /// means snowflake), under the answering node's layout. Of a hidden
+    /// ID, the internal ID and its parts too when the client has the
+    /// [admin token](ClientBuilder::admin_token); the public view
+    /// otherwise.
+    pub async fn decode_id(&self, id: u64, mode: Mode) -> Result<DecodeIdResponse, Error> {
+        let req = || {
+            self.authorized(DecodeIdRequest {
+                id,
+                mode: mode as i32,
+            })
+        };
+        self.unary_request("DecodeId", req, |mut c, req| async move {
+            c.decode_id(req).await.map(|r| r.into_inner())
+        })
+        .await
+    }
+
+    /// `message` as a request carrying the admin token, when there is one.
+    fn authorized<T>(&self, message: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(message);
+        if let Some(admin) = &self.admin {
+            req.metadata_mut().insert("authorization", admin.clone());
+        }
+        req
     }
 
     /// A counter's durable record (`GetFormatCounter`): whether it was
@@ -401,9 +462,23 @@ impl Client {
     where
         Fut: std::future::Future<Output = Result<Resp, tonic::Status>>,
     {
+        self.unary_request(method, || tonic::Request::new(request()), send)
+            .await
+    }
+
+    /// [`unary`](Self::unary) with a whole request (metadata included).
+    async fn unary_request<Req, Resp, Fut>(
+        &self,
+        method: &'static str,
+        request: impl Fn() -> tonic::Request<Req>,
+        send: impl Fn(IdGenClient<Channel>, tonic::Request<Req>) -> Fut,
+    ) -> Result<Resp, Error>
+    where
+        Fut: std::future::Future<Output = Result<Resp, tonic::Status>>,
+    {
         self.caller
             .call(method, Retry::Idempotent, |c, left| {
-                let mut req = tonic::Request::new(request());
+                let mut req = request();
                 req.set_timeout(left);
                 send(c, req)
             })
@@ -414,6 +489,21 @@ impl Client {
     pub fn nodes(&self) -> Vec<String> {
         self.caller.nodes.addrs()
     }
+}
+
+/// `Bearer <token>` as a sensitive header value; a token a header cannot
+/// carry is refused.
+fn bearer(token: &AdminToken) -> Result<AsciiMetadataValue, Error> {
+    if token.0.trim().is_empty() {
+        return Err(Error::Config("the admin token is empty".into()));
+    }
+    let mut value = MetadataValue::try_from(format!("Bearer {}", token.0)).map_err(|_| {
+        Error::Config(
+            "the admin token cannot be sent in a header: it must be visible ASCII (no line breaks or control characters)".into(),
+        )
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 /// A format's parameters as the request carries them.
