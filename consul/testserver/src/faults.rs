@@ -67,6 +67,9 @@ impl AgentFaults {
 pub(crate) struct FaultTable {
     agents: Mutex<HashMap<String, Arc<AgentFaults>>>,
     sessions_paused: AtomicBool,
+    /// A key written one higher just before every txn that checks it:
+    /// [`Faults::write_before_each_txn`].
+    pub(crate) rewritten_before_txn: Mutex<Option<String>>,
 }
 
 impl FaultTable {
@@ -80,6 +83,14 @@ impl FaultTable {
 
     pub(crate) fn sessions_paused(&self) -> bool {
         self.sessions_paused.load(Ordering::SeqCst)
+    }
+
+    /// The key to rewrite before a txn, when armed.
+    pub(crate) fn rewritten_before_txn(&self) -> Option<String> {
+        self.rewritten_before_txn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -157,6 +168,20 @@ impl Faults {
             .agent(agent)
             .state
             .send_modify(|s| s.drop_requests = on);
+    }
+
+    /// Before every txn that has an op on `key` (a decimal number, such as
+    /// a high-water mark), writes `key` one higher (a new ModifyIndex), as
+    /// a writer that always lands between a client's read and its txn
+    /// would: every `check-index` or `cas` on the key then fails. `None`
+    /// turns it off.
+    pub fn write_before_each_txn(&self, key: Option<&str>) {
+        *self
+            .cluster
+            .faults
+            .rewritten_before_txn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = key.map(str::to_owned);
     }
 
     /// Stops session TTL expiry cluster-wide, like a leader whose timers

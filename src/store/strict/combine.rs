@@ -47,6 +47,9 @@ pub(super) struct Waiting {
     pub(super) count: u64,
     /// Races its txns lost so far.
     pub(super) lost: u32,
+    /// Txns of it that failed only because this node's high-water mark
+    /// moved meanwhile (bounded by [`MAX_MARK_MOVES`]).
+    pub(super) mark_moves: u32,
     pub(super) reply: Reply,
 }
 
@@ -232,6 +235,10 @@ fn copy_err(e: &StoreError) -> StoreError {
     }
 }
 
+/// How many txns of one call may fail only on this node's mark check
+/// before the call is answered with an error.
+pub(super) const MAX_MARK_MOVES: u32 = 8;
+
 /// Keys that lost a race, with their calls, and the pause before they
 /// are planned again (from a fresh read).
 type Lost = (std::time::Duration, Vec<(StrictKey, Vec<Waiting>)>);
@@ -360,6 +367,9 @@ async fn rolled_back(
             // Another node (or this node's late write) moved the key.
             kv.conflicts.increment(1);
             lost.push(p);
+        } else if mark_moved {
+            let again = after_mark_move(&p.key, p.calls);
+            kv.combiner.release(p.key, again);
         } else {
             let again = p.calls.into_iter().map(|(c, _)| c).collect();
             kv.combiner.release(p.key, again);
@@ -386,6 +396,26 @@ async fn rolled_back(
         })
         .collect();
     (!lost.is_empty()).then(|| (STRICT_POLICY.pause(worst.saturating_sub(1)), lost))
+}
+
+/// The calls of `key` to plan again after a txn that failed only on this
+/// node's mark check; a call that failed so [`MAX_MARK_MOVES`] times is
+/// answered instead (its mark keeps moving between the re-read and the
+/// write, which its keeper's one write a second never does for long).
+fn after_mark_move(key: &StrictKey, calls: Vec<(Waiting, Values)>) -> Vec<Waiting> {
+    let mut again = Vec::new();
+    for (mut call, _) in calls {
+        call.mark_moves += 1;
+        if call.mark_moves >= MAX_MARK_MOVES {
+            let _ = call.reply.send(Err(StoreError::Contended(format!(
+                "strict key {key}: this node's high-water mark moved during each of its last {} writes; no values were handed out, retry (and check what writes the mark besides this node)",
+                call.mark_moves
+            ))));
+        } else {
+            again.push(call);
+        }
+    }
+    again
 }
 
 /// Plans each key of `batch` (the reads run at once); a key none of

@@ -273,6 +273,7 @@ impl StrictStore for ConsulStrictStore {
                 step,
                 count,
                 lost: 0,
+                mark_moves: 0,
                 reply,
             },
         );

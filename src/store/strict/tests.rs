@@ -349,3 +349,43 @@ async fn a_panicking_read_frees_its_key() {
     }
     consul.shutdown().await;
 }
+
+/// A strict call whose txns keep failing only on this node's mark check
+/// (the mark rewritten between every re-read and write, which its keeper's
+/// one write a second never does for long) is answered with an error
+/// after [`combine::MAX_MARK_MOVES`] txns instead of retrying for ever;
+/// nothing was handed out, so once the mark holds still the key's next
+/// value is its first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_that_keeps_moving_fails_the_call_after_a_bound() {
+    use crate::consul::{Consistency, KvWrite};
+    let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
+        .await
+        .unwrap();
+    let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
+    let client = crate::store::test_consul_client(consul.addr());
+    let mark = "idgen/test/hwm/0/0";
+    client.kv_put(mark, b"1000", KvWrite::Set).await.unwrap();
+    let (entry, _) = client.kv_get(mark, Consistency::Consistent).await.unwrap();
+    keys.mark_at(mark, entry.unwrap().modify_index);
+    let store = ConsulStrictStore::new(client, keys);
+    consul.faults().write_before_each_txn(Some(mark));
+    let k = key("books/b1");
+    let bound = Duration::from_secs(30);
+    let failed = tokio::time::timeout(bound, store.advance(&k, 1, 1))
+        .await
+        .expect("the call ends while the mark keeps moving");
+    assert!(
+        matches!(&failed, Err(StoreError::Contended(m)) if m.contains("high-water mark moved")),
+        "{failed:?}"
+    );
+    let txns = consul.request_count(None, "txn");
+    assert!(
+        txns >= u64::from(combine::MAX_MARK_MOVES),
+        "only {txns} txns"
+    );
+    consul.faults().write_before_each_txn(None);
+    let v = store.advance(&k, 1, 1).await.unwrap();
+    assert_eq!(v.first, 1, "a value was handed out by the failed call");
+    consul.shutdown().await;
+}

@@ -93,6 +93,14 @@ pub(super) fn handle(agent: &AgentContext, req: ApiRequest) -> ApiResult {
     }
 
     let now = std::time::Instant::now();
+    let rewrite = agent
+        .cluster
+        .faults
+        .rewritten_before_txn()
+        .filter(|k| ops.iter().any(|op| op.key == *k));
+    if let Some(key) = rewrite {
+        agent.cluster.write(|st| st.rewrite(&key));
+    }
     match agent.cluster.write(|st| st.txn(&ops, now)) {
         Ok(results) => {
             let results: Value = if results.is_empty() {

@@ -90,6 +90,26 @@ fn without_value(entry: &KvEntry) -> KvEntry {
 }
 
 impl ClusterState {
+    /// Writes `key`, a decimal number, again one higher, at a new index
+    /// (a fault, [`Faults::write_before_each_txn`](crate::Faults::write_before_each_txn)):
+    /// a write of the same value would not move its ModifyIndex. Nothing
+    /// when it does not exist or holds no decimal number.
+    pub(crate) fn rewrite(&mut self, key: &str) {
+        let Some(e) = self.kv.get(key) else {
+            return;
+        };
+        let Some(n) = std::str::from_utf8(&e.value)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+        else {
+            return;
+        };
+        let flags = e.flags;
+        self.index += 1;
+        self.kv
+            .set(self.index, key, (n + 1).to_string().into_bytes(), flags);
+    }
+
     /// Runs `ops` against a copy of the KV table and keeps it only if all of
     /// them succeed. Every write gets the same new index, like one raft
     /// entry. Errors are collected for every failing operation.
