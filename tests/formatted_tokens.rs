@@ -760,16 +760,7 @@ async fn an_operator_force_releases_a_live_nodes_format_token_and_nothing_repeat
     let max_before = before.iter().map(|id| seq(id, 6)).max().unwrap();
 
     // The console lists it as a format token, by space and rendering.
-    let http = reqwest::Client::new();
-    let holders: serde_json::Value = http
-        .get(format!("http://{}/admin/api/holders", node.http))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let holders = common::admin_json(node.http, "/admin/api/holders", TOKEN).await;
     let listed = holders["holders"]
         .as_array()
         .unwrap()
@@ -816,7 +807,7 @@ async fn an_operator_force_releases_a_live_nodes_format_token_and_nothing_repeat
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "never claimed: {e:?}");
-    let r = http
+    let r = reqwest::Client::new()
         .post(format!("http://{}/admin/api/release", node.http))
         .bearer_auth(TOKEN)
         .json(&serde_json::json!({"kind": "format_token", "space": "digits-7", "id": 1}))

@@ -350,15 +350,7 @@ async fn a_rotation_past_another_nodes_hidden_lease_zone_is_refused_unless_force
     // A's record names its zone (written at start, then every 5 s).
     let mut published = false;
     for _ in 0..300 {
-        let view: serde_json::Value = reqwest::Client::new()
-            .get(format!("http://{}/admin/api/cluster", b.http))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or_default();
+        let view = common::admin_json(b.http, "/admin/api/cluster", TOKEN).await;
         published = view["nodes"].as_array().is_some_and(|rows| {
             rows.iter().any(|r| {
                 r["hides"].as_array().is_some_and(|h| {

@@ -662,3 +662,18 @@ pub async fn lease_ids(c: &mut IdGenClient<Channel>, n: u32) -> Result<Vec<u64>,
     .into_inner()
     .ids)
 }
+
+/// `GET http://<http><path>` with the admin token as a bearer, as JSON
+/// (`Null` for a body that is not JSON).
+#[allow(dead_code)]
+pub async fn admin_json(http: SocketAddr, path: &str, token: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("http://{http}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("HTTP answer")
+        .json()
+        .await
+        .unwrap_or_default()
+}
