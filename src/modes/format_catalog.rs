@@ -28,7 +28,10 @@
 //!   each admin change, on SIGHUP (re-reading the config file first), and
 //!   in Consul when the stored definitions change (a blocking query on
 //!   their folder, [`FormatCatalog::watch_consul`]), so a format created
-//!   through one node is served by every node within moments. Counters
+//!   through one node is served by every node within moments; and before
+//!   a call naming a format the node does not serve
+//!   ([`FormatCatalog::reload_on_miss`]), so it is served from the first
+//!   call. Counters
 //!   live in the store, keyed by format name and scope, so they carry on
 //!   across reloads.
 
@@ -51,9 +54,10 @@ pub const WATCH_WAIT: Duration = Duration::from_secs(60);
 /// change.
 pub const WATCH_GAP: Duration = Duration::from_millis(500);
 
-/// The least time between two reloads a call naming an unknown format
-/// starts ([`FormatCatalog::reload_on_miss`]): a typo repeated by many
-/// callers costs one store read per gap, not one per call.
+/// The least time between two reloads calls naming an unknown format
+/// start ([`FormatCatalog::reload_on_miss`]): a typo repeated by many
+/// callers costs one store read per gap, not one per call, and each such
+/// call waits at most this long for a reload that started after it came.
 pub const MISS_RELOAD_GAP: Duration = Duration::from_secs(1);
 /// The least time between two queries after one that woke without a
 /// change to the definitions, or failed. Consul wakes a query on a folder
@@ -112,8 +116,12 @@ pub struct FormatCatalog {
     config_source: Mutex<Option<ConfigSource>>,
     /// One reload (or admin change and its reload) at a time.
     reloading: tokio::sync::Mutex<()>,
-    /// When a call naming an unknown format last started a reload.
-    last_miss: Mutex<Option<std::time::Instant>>,
+    /// When a call naming an unknown format last started a reload; held
+    /// while that reload runs.
+    last_miss: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Reloads [`reload_on_miss`](Self::reload_on_miss) started (tests).
+    #[cfg(test)]
+    miss_reloads: std::sync::atomic::AtomicU32,
 }
 
 /// The status kind of a definition refused at the admin API: a bad
@@ -142,29 +150,48 @@ impl FormatCatalog {
             config_defs: Mutex::new(config),
             config_source: Mutex::new(None),
             reloading: tokio::sync::Mutex::new(()),
-            last_miss: Mutex::new(None),
+            last_miss: tokio::sync::Mutex::new(None),
+            #[cfg(test)]
+            miss_reloads: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
     /// A call named a format this node does not serve: another node may
     /// have just defined it, and the watch would learn of it only within
-    /// about a second. Reloads now, at most once per [`MISS_RELOAD_GAP`];
-    /// a call inside the gap waits for a reload in progress, if any.
+    /// about a second. Returns once a reload that started after the call
+    /// came has ended, so a format created anywhere before the call is
+    /// served by it. Such reloads start at most once per
+    /// [`MISS_RELOAD_GAP`]: a call inside the gap waits for the reload at
+    /// its end (at most the gap), which every call waiting meanwhile
+    /// shares.
     pub async fn reload_on_miss(&self) {
-        let start = {
-            let mut last = self.last_miss.lock().unwrap_or_else(|e| e.into_inner());
-            let now = std::time::Instant::now();
-            let start = last.is_none_or(|t| now.duration_since(t) >= MISS_RELOAD_GAP);
-            if start {
-                *last = Some(now);
+        let came = tokio::time::Instant::now();
+        let next = {
+            let mut last = self.last_miss.lock().await;
+            match *last {
+                // A reload that started after this call came has ended
+                // (its starter held the lock until then).
+                Some(t) if t >= came => return,
+                Some(t) if came < t + MISS_RELOAD_GAP => t + MISS_RELOAD_GAP,
+                _ => return self.miss_reload(&mut last).await,
             }
-            start
         };
-        if start {
-            log_reload("unknown format", self.reload("unknown format").await);
-        } else {
-            drop(self.reloading.lock().await);
+        tokio::time::sleep_until(next).await;
+        let mut last = self.last_miss.lock().await;
+        if last.is_some_and(|t| t >= came) {
+            return;
         }
+        self.miss_reload(&mut last).await;
+    }
+
+    /// The reload of [`reload_on_miss`](Self::reload_on_miss), started now,
+    /// with its start time recorded and the lock held until it ends.
+    async fn miss_reload(&self, last: &mut Option<tokio::time::Instant>) {
+        *last = Some(tokio::time::Instant::now());
+        #[cfg(test)]
+        self.miss_reloads
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        log_reload("unknown format", self.reload("unknown format").await);
     }
 
     /// Where SIGHUP re-reads the config file's `[[formats]]` from.
@@ -584,5 +611,81 @@ fn log_reload(trigger: &'static str, result: Result<Reloaded, ReloadError>) {
             error = %e,
             "formats reload failed; the previous formats are still served"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::format::Reset;
+    use crate::id::SystemClock;
+    use crate::modes::formatted::FormatSettings;
+    use crate::modes::lua_pool::LuaPoolSettings;
+    use crate::store::EmbeddedStore;
+
+    fn catalog(dir: &std::path::Path) -> (EmbeddedStore, FormatCatalog) {
+        let store = EmbeddedStore::create(&dir.join("s.redb"), "layout").unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let settings = FormatSettings {
+            block: 10,
+            max_behind_ms: 1_000,
+            max_batch: 100,
+            max_scope_values: 3,
+            lua: LuaPoolSettings::default(),
+        };
+        let counters = Arc::new(store.clone());
+        let formats = FormattedEngine::new(&[], counters, Arc::clone(&clock), settings, 0).unwrap();
+        let defs: Arc<dyn FormatCatalogStore> = Arc::new(store.clone());
+        (
+            store,
+            FormatCatalog::new(defs, Arc::new(formats), clock, Vec::new()),
+        )
+    }
+
+    /// As another node would: the definition stored, this node not told.
+    async fn stored_elsewhere(store: &EmbeddedStore, name: &str) {
+        let now = SystemClock.now_millis();
+        let def = FormatDef::template(name, "{seq:6}", "UTC", Reset::Never)
+            .stamped(now as i64)
+            .unwrap();
+        let record = StoredFormat {
+            def,
+            deleted: false,
+            source: DefSource::Admin,
+            created_ms: now,
+            updated_ms: now,
+            fresh: false,
+        };
+        FormatCatalogStore::create(store, &record).await.unwrap();
+    }
+
+    /// A call naming a format stored (by another node) after the last
+    /// miss reload, inside that reload's gap, is served once it returns:
+    /// it waits for a reload that started after it came. Calls waiting in
+    /// one gap share that one reload.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_miss_inside_the_gap_waits_for_a_reload_that_sees_its_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, catalog) = catalog(dir.path());
+        let catalog = Arc::new(catalog);
+        catalog.reload_on_miss().await; // a typo: the gap starts now
+        stored_elsewhere(&store, "later").await;
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let c = Arc::clone(&catalog);
+                tokio::spawn(async move { c.reload_on_miss().await })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap();
+        }
+        assert!(
+            catalog.formats().get("later").is_ok(),
+            "the format stored before the calls is served when they return"
+        );
+        let reloads = catalog
+            .miss_reloads
+            .load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(reloads, 2, "the typo's reload, then one for the 8 calls");
     }
 }
