@@ -620,19 +620,12 @@ mod tests {
     use crate::id::format::Reset;
     use crate::id::SystemClock;
     use crate::modes::formatted::FormatSettings;
-    use crate::modes::lua_pool::LuaPoolSettings;
     use crate::store::EmbeddedStore;
 
     fn catalog(dir: &std::path::Path) -> (EmbeddedStore, FormatCatalog) {
         let store = EmbeddedStore::create(&dir.join("s.redb"), "layout").unwrap();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let settings = FormatSettings {
-            block: 10,
-            max_behind_ms: 1_000,
-            max_batch: 100,
-            max_scope_values: 3,
-            lua: LuaPoolSettings::default(),
-        };
+        let settings = FormatSettings::for_tests(10, 100, 3);
         let counters = Arc::new(store.clone());
         let formats = FormattedEngine::new(&[], counters, Arc::clone(&clock), settings, 0).unwrap();
         let defs: Arc<dyn FormatCatalogStore> = Arc::new(store.clone());

@@ -87,6 +87,21 @@ pub struct FormatSettings {
     pub max_scope_values: u64,
 }
 
+#[cfg(test)]
+impl FormatSettings {
+    /// Settings for tests: `block`, `max_batch` and `max_scope_values` as
+    /// given, a clock allowed 1 s behind, the default Lua pool.
+    pub(crate) fn for_tests(block: u64, max_batch: u32, max_scope_values: u64) -> Self {
+        Self {
+            block,
+            max_behind_ms: 1_000,
+            max_batch,
+            lua: LuaPoolSettings::default(),
+            max_scope_values,
+        }
+    }
+}
+
 /// A counter unused this long (ms, the format clock) leaves memory; its
 /// durable record stays, and its next call reserves above it.
 pub const EVICT_IDLE_MS: i64 = 10 * 60 * 1000;
@@ -847,13 +862,7 @@ mod tests {
             inner,
             blocks: Mutex::new(Vec::new()),
         });
-        let settings = FormatSettings {
-            block: 100,
-            max_behind_ms: 1_000,
-            max_batch: 1_000,
-            lua: LuaPoolSettings::default(),
-            max_scope_values: 3,
-        };
+        let settings = FormatSettings::for_tests(100, 1_000, 3);
         let formats = FormattedEngine::new(&[def], store.clone(), clock, settings, 3).unwrap();
         (dir, store, formats)
     }
@@ -917,13 +926,7 @@ mod scope_tests {
             scope_params: vec!["app".into()],
             ..FormatDef::template("apps", "{param:app:4:digits}{seq:6}", "UTC", Reset::Never)
         };
-        let settings = FormatSettings {
-            block: 10,
-            max_behind_ms: 1_000,
-            max_batch: 100,
-            max_scope_values: 3,
-            lua: LuaPoolSettings::default(),
-        };
+        let settings = FormatSettings::for_tests(10, 100, 3);
         let formats = FormattedEngine::new(&[def], Arc::new(store), clock, settings, 0).unwrap();
         (dir, formats)
     }

@@ -489,13 +489,7 @@ mod tests {
                 )
             })
             .collect();
-        let settings = FormatSettings {
-            block: 50,
-            max_behind_ms: 1_000,
-            max_batch: 1_000,
-            lua: Default::default(),
-            max_scope_values: 3,
-        };
+        let settings = FormatSettings::for_tests(50, 1_000, 3);
         let clock = Arc::new(crate::id::ManualClock::at_millis(1_780_000_000_000));
         let engine = FormattedEngine::new(&defs, store, clock, settings, 0)
             .expect("engine")

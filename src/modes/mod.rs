@@ -517,13 +517,7 @@ mod tests {
                 max_wait: Duration::from_secs(5),
             },
         ));
-        let settings = formatted::FormatSettings {
-            block: 10,
-            max_behind_ms: 1_000,
-            max_batch: 100,
-            lua: lua_pool::LuaPoolSettings::default(),
-            max_scope_values: 10,
-        };
+        let settings = formatted::FormatSettings::for_tests(10, 100, 10);
         let def = FormatDef::template("order", "{seq:6}", "UTC", Reset::Never);
         let clock: Arc<dyn Clock> = Arc::new(crate::id::SystemClock);
         let formats =
