@@ -124,7 +124,7 @@ impl StatusBoard {
     }
 
     fn dir(&self) -> String {
-        format!("{}nodes/", self.keys.root_dir())
+        self.keys.status_dir()
     }
 
     /// Writes this node's record (a plain set, sent once, bounded by the
@@ -187,8 +187,9 @@ pub async fn records(
     client: &ConsulClient,
     keys: &ClusterKeys,
 ) -> Result<Vec<StatusRecord>, ConsulError> {
-    let dir = format!("{}nodes/", keys.root_dir());
-    let entries = client.kv_list(&dir, Consistency::Consistent).await?;
+    let entries = client
+        .kv_list(&keys.status_dir(), Consistency::Consistent)
+        .await?;
     Ok(entries
         .iter()
         .filter_map(|e| serde_json::from_slice::<StatusRecord>(&e.value).ok())

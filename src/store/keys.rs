@@ -134,6 +134,12 @@ impl ClusterKeys {
         format!("{}/regression", self.root)
     }
 
+    /// The folder of every node's status record (with trailing `/`):
+    /// `nodes/<instance>` (`crate::cluster::status`).
+    pub fn status_dir(&self) -> String {
+        format!("{}/nodes/", self.root)
+    }
+
     /// Everything of the cluster (with trailing `/`).
     pub fn root_dir(&self) -> String {
         format!("{}/", self.root)

@@ -364,7 +364,11 @@ async fn a_mark_that_keeps_moving_fails_the_call_after_a_bound() {
         .unwrap();
     let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
     let client = crate::store::test_consul_client(consul.addr());
-    let mark = "idgen/test/hwm/0/0";
+    let mark = keys.hwm(crate::store::WorkerKey {
+        datacenter: 0,
+        worker: 0,
+    });
+    let mark = mark.as_str();
     client.kv_put(mark, b"1000", KvWrite::Set).await.unwrap();
     let (entry, _) = client.kv_get(mark, Consistency::Consistent).await.unwrap();
     keys.mark_at(mark, entry.unwrap().modify_index);
