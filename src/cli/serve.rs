@@ -76,12 +76,6 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     // started", never an abrupt default-action exit.
     let mut stop =
         Box::pin(idgen::node::shutdown::signal().context("cannot install signal handlers")?);
-    // SIGHUP's default action ends the process, and the reload watchers
-    // subscribe only once the node serves: take it over before "ready", so
-    // a reload asked for right after start is not a kill.
-    #[cfg(unix)]
-    let _hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("cannot install the SIGHUP handler")?;
     if a.test_clock_offset_ms != 0 {
         tracing::warn!(
             offset_ms = a.test_clock_offset_ms,
