@@ -15,7 +15,10 @@ mod doc_commands {
 }
 
 use std::collections::BTreeSet;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use doc_commands::blocks::{shell_blocks, Block};
 use doc_commands::env::DocEnv;
@@ -145,27 +148,81 @@ fn run_document(doc: &str) -> (Vec<String>, usize) {
 /// How many times a document runs when a port it serves on was taken.
 const PORT_ATTEMPTS: usize = 3;
 
+/// The loopback ports the docs serve on: the development node's, the
+/// Consul walkthrough's three nodes' and the Consul agent's.
+const DOC_PORTS: [u16; 7] = [50051, 50052, 50053, 9464, 9465, 9466, 8500];
+
+/// How long an attempt waits for its ports to become free: longer than
+/// Linux's TIME_WAIT (60 s, fixed in the kernel).
+const PORT_WAIT: Duration = Duration::from_secs(75);
+
 /// Whether a failure is a port the docs serve on being held by something
-/// else on the machine. The docs' ports (50051, 9464, 8500...) lie in
-/// Linux's ephemeral range, so any outgoing connection (even one of the
-/// document's own nodes to Consul) can hold one for a moment.
+/// else on the machine. The docs' gRPC ports (50051-50053) lie in Linux's
+/// ephemeral range, so an outgoing connection (a `curl` of an earlier
+/// block, one of the document's own nodes talking to Consul) can take one.
+/// Once such a connection closes, its port stays in TIME_WAIT for 60 s,
+/// and no listener can bind it meanwhile, SO_REUSEADDR or not.
 fn port_taken(failure: &str) -> bool {
     failure.contains("Address already in use") || failure.contains(") is taken (")
 }
 
-/// [`run_document`], run again in a fresh environment (at most
+/// The [`DOC_PORTS`] `text` names as `127.0.0.1:<port>`.
+fn doc_ports(text: &str) -> Vec<u16> {
+    DOC_PORTS
+        .into_iter()
+        .filter(|port| text.contains(&format!("127.0.0.1:{port}")))
+        .collect()
+}
+
+/// Waits, at most `limit`, until every port of `ports` can be listened on;
+/// returns those still taken then, each with what `ss` says holds it.
+fn wait_for_free(ports: &[u16], limit: Duration) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        let taken: Vec<u16> = ports
+            .iter()
+            .copied()
+            .filter(|port| TcpListener::bind(("127.0.0.1", *port)).is_err())
+            .collect();
+        if taken.is_empty() || start.elapsed() >= limit {
+            return taken.iter().map(|port| holder(*port)).collect();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// `port` with the sockets `ss` lists on it (for the failure message).
+fn holder(port: u16) -> String {
+    let filter = format!("sport = :{port}");
+    let ss = Command::new("ss").args(["-tanp", &filter]).output();
+    match ss {
+        Ok(out) => format!("{port}:\n{}", String::from_utf8_lossy(&out.stdout)),
+        Err(e) => format!("{port} (ss: {e})"),
+    }
+}
+
+/// [`run_document`], each attempt once the document's ports are free (or
+/// after [`PORT_WAIT`]), run again in a fresh environment (at most
 /// [`PORT_ATTEMPTS`] times in all) while a failure is only a taken port:
 /// a document that itself serves twice on one port fails every attempt.
 fn run_document_retrying(doc: &str) -> (Vec<String>, usize) {
+    let text = std::fs::read_to_string(repo().join(doc)).expect("document");
+    let ports = doc_ports(&text);
     let mut attempt = 1;
     loop {
+        let taken = wait_for_free(&ports, PORT_WAIT);
+        if !taken.is_empty() {
+            eprintln!(
+                "{doc}: ports still taken after {PORT_WAIT:?}:\n{}",
+                taken.join("\n")
+            );
+        }
         let (failures, ran) = run_document(doc);
         if attempt == PORT_ATTEMPTS || !failures.iter().any(|f| port_taken(f)) {
             return (failures, ran);
         }
         eprintln!("{doc}: a port it serves on was taken; running it again (attempt {attempt})");
         attempt += 1;
-        std::thread::sleep(std::time::Duration::from_secs(2));
     }
 }
 
@@ -324,4 +381,34 @@ fn only_a_taken_port_runs_a_document_again() {
     assert!(!port_taken(
         "failed (exit status: 1)\nerror: unknown format"
     ));
+}
+
+#[test]
+fn the_ports_a_document_serves_on_are_waited_for_and_time_wait_is_named() {
+    let text = "idgen gen --addr http://127.0.0.1:50052 -n 5\ncurl 127.0.0.1:8500/v1/kv";
+    assert_eq!(doc_ports(text), [50052, 8500]);
+    // A listener that goes away within the wait: the wait ends free.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
+    let port = listener.local_addr().expect("addr").port();
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(listener);
+    });
+    let taken = wait_for_free(&[port], Duration::from_secs(30));
+    assert!(taken.is_empty(), "{taken:?}");
+    closer.join().expect("closer");
+    // A client connection that closed first leaves its port in TIME_WAIT
+    // for 60 s, and no listener can bind it meanwhile (CI once lost all
+    // three attempts of consul/README.md to 50052 held so): the wait
+    // names the port and what holds it.
+    let server = TcpListener::bind("127.0.0.1:0").expect("server");
+    let client = std::net::TcpStream::connect(server.local_addr().expect("addr")).expect("connect");
+    let port = client.local_addr().expect("client addr").port();
+    let (accepted, _) = server.accept().expect("accept");
+    drop(client);
+    std::thread::sleep(Duration::from_millis(100));
+    drop(accepted);
+    let taken = wait_for_free(&[port], Duration::from_millis(300));
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert!(taken[0].starts_with(&format!("{port}:")), "{taken:?}");
 }

@@ -136,12 +136,15 @@ async fn readme_snippet() -> Result<SnippetIds, Box<dyn std::error::Error>> {
     })
 }
 
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+/// `count` distinct ports nothing listens on right now (all held until
+/// all are chosen, so the kernel cannot hand one out twice).
+fn free_ports(count: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("a free port").port())
+        .collect()
 }
 
 /// Python with grpcio (the virtualenv `scripts/setup.sh` makes), if any.
@@ -182,7 +185,8 @@ impl Walk {
             .expect("link idgen");
         let ports = README_PORTS
             .iter()
-            .map(|p| (p.to_string(), free_port().to_string()))
+            .zip(free_ports(README_PORTS.len()))
+            .map(|(from, to)| (from.to_string(), to.to_string()))
             .collect();
         Self {
             dir,

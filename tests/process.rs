@@ -59,7 +59,10 @@ async fn kill_9_and_restart_never_repeats() {
     }
 }
 
-#[tokio::test]
+// Multi-threaded (see a_sighup_right_after_ready_does_not_end_the_node):
+// the drain does not wait out its grace for this
+// test's idle connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_zero_with_the_final_mark_written() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_child_config(dir.path(), true);
@@ -320,6 +323,39 @@ async fn sigterm_during_a_lua_reload_exits_promptly_after_idgen_stopped() {
         )
     });
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// A SIGHUP (a reload) right after "ready" reloads and never ends the
+/// node. SIGHUP's default action is to end the process, and the reload
+/// watchers subscribe only once the node serves, just after "ready": until
+/// start-up took SIGHUP over before "ready", a reload asked for at once
+/// killed the node (found as a CI failure of the test above).
+// Multi-threaded: the test's gRPC connection must answer the node's
+// GOAWAY while `terminate` blocks this thread, or the drain waits out its
+// grace for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_right_after_ready_does_not_end_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_child_config(dir.path(), true);
+    let mut server = ChildServer::start(&config);
+    let pid = server.child.id() as i32;
+    for _ in 0..3 {
+        // SAFETY: kill(2) on our own child's pid, which `server` keeps
+        // from being reaped until it is dropped.
+        let sent = unsafe { libc::kill(pid, libc::SIGHUP) };
+        assert_eq!(sent, 0, "kill -HUP {pid}");
+    }
+    let ids = take(&server, 10).await;
+    assert_eq!(ids.len(), 10);
+    assert!(
+        server.child.try_wait().expect("wait").is_none(),
+        "the node ended after SIGHUP: {}",
+        server.log_text()
+    );
+    let log = std::sync::Arc::clone(&server.log);
+    assert!(server.terminate().success());
+    let log = log.lock().expect("log").join("\n");
+    assert!(log.contains("drained\":true"), "{log}");
 }
 
 /// `[testing]` is for idgen's own test suite only: `check-config` leaves
