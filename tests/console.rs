@@ -68,7 +68,7 @@ reset = "day"
 /// lock-delay, every mode the console shows, and the admin token.
 fn node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
     let token = format!("\"{TOKEN}\"");
-    let set: &[(&str, &str, &str)] = &[
+    let mut set: Vec<(&str, &str, &str)> = vec![
         ("admin", "token", &token),
         ("consul", "session_ttl", "\"60s\""),
         ("lease", "enabled", "true"),
@@ -76,13 +76,24 @@ fn node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {
         ("segment", "enabled", "true"),
         ("strict", "enabled", "true"),
     ];
-    let path = write_cluster_config(dir, name, consul, set);
+    if name == HIDDEN_NODE {
+        // A zone's plain or hidden setting is frozen: a zone of its own.
+        set.push(("lease", "zone", "1"));
+    }
+    let path = write_cluster_config(dir, name, consul, &set);
     let mut text = std::fs::read_to_string(&path).unwrap();
     text.push_str(FORMATS);
+    if name == HIDDEN_NODE {
+        text.push_str("[lease.hide]\nkey = \"console-key\"\n");
+    }
     std::fs::write(&path, text).unwrap();
     ChildServer::try_start_env(&path, &[], &[("IDGEN_HIDE_MASTER_KEY", MASTER)])
         .unwrap_or_else(|log| panic!("{name} did not become ready: {log}"))
 }
+
+/// The node whose lease zone is hidden (with `console-key`): the console
+/// shows what it hides with.
+const HIDDEN_NODE: &str = "n1";
 
 /// The hide master key the nodes share (hidden tags need one).
 const MASTER: &str = "202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f";
@@ -143,6 +154,8 @@ async fn the_console_releases_a_dead_nodes_worker_id_in_chromium() {
         .iter()
         .map(|n| node(dir.path(), n, consul.addr()))
         .collect();
+    // Before any lease ID: the hidden node's zone needs its key.
+    common::hide_key(&nodes[0], TOKEN, "create", "console-key").await;
     let mut seen = HashSet::new();
     for n in &nodes {
         issue(n, &mut seen).await;
@@ -177,7 +190,6 @@ async fn the_console_releases_a_dead_nodes_worker_id_in_chromium() {
         .map(|h| h.session.clone())
         .expect("n2 holds its worker id");
     assert!(consul.sessions().iter().any(|s| s.id == n2_session));
-    common::hide_key(&nodes[0], TOKEN, "create", "console-key").await;
     let victim = &nodes[2];
     let status = run_script(&[
         (
@@ -189,6 +201,7 @@ async fn the_console_releases_a_dead_nodes_worker_id_in_chromium() {
         ("IDGEN_KILL", format!("n2:{}", victim.child.id())),
         ("IDGEN_RENEW", "n1".into()),
         ("IDGEN_HIDE_KEY", "console-key".into()),
+        ("IDGEN_HIDDEN_NODE", HIDDEN_NODE.into()),
         ("CHROMIUM", chromium()),
     ]);
     assert!(status.success(), "the browser script failed: {status}");

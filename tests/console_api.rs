@@ -872,7 +872,14 @@ async fn view_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedded_console_lists_exactly_this_node() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(with_token(dir.path())).await;
+    let mut config = with_token(dir.path());
+    if let Some(lease) = config.lease.as_mut() {
+        lease.hide = Some(idgen::id::lease::ZoneHide {
+            key: "zone-key".into(),
+            version_bits: 3,
+        });
+    }
+    let server = TestServer::start(config).await;
     let (status, r) = cluster_view(server.http, None).await;
     assert_error((status, &r), 401, "UNAUTHENTICATED", "");
     let (status, r) = cluster_view(server.http, Some("not-the-token")).await;
@@ -896,6 +903,13 @@ async fn the_embedded_console_lists_exactly_this_node() {
     );
     assert_eq!(n["report"]["state"], "reporting", "{view}");
     assert!(n["layout"]["worker_bits"].as_u64().is_some(), "{view}");
+    // What it hides with, as a Consul node publishes it (the console's
+    // "Hidden with" column).
+    assert_eq!(
+        n["hides"],
+        json!([{"key": "zone-key", "namespace": "lease zone 0", "version_bits": 3}]),
+        "{view}"
+    );
 
     // A hidden tag from the console names a missing key in its refusal.
     let (status, r) = console_change(

@@ -29,6 +29,13 @@ pub const WATCH_WAIT: Duration = Duration::from_secs(60);
 /// a failure): never a busy loop.
 pub const WATCH_GAP: Duration = Duration::from_millis(500);
 
+/// The least time between two re-reads started by calls that named a key
+/// this node does not have, or has only retired
+/// ([`HideKeyRings::refresh_on_miss`]): a missing key asked for by many
+/// callers costs one store read per gap, and each such call waits at most
+/// this long for a re-read that started after it came.
+pub const MISS_REFRESH_GAP: Duration = Duration::from_secs(1);
+
 /// The tracing target of every audit event (key changes here; decodes of
 /// hidden IDs too).
 pub const AUDIT_TARGET: &str = "idgen::audit";
@@ -53,6 +60,12 @@ struct Inner {
     changed: watch::Sender<u64>,
     /// One refresh at a time, so an older read never overwrites a newer.
     refreshing: tokio::sync::Mutex<()>,
+    /// When a call for a missing key last started a re-read; held while
+    /// that re-read runs.
+    last_miss: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Re-reads [`HideKeyRings::refresh_on_miss`] started (tests).
+    #[cfg(test)]
+    miss_refreshes: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for HideKeyRings {
@@ -75,6 +88,9 @@ impl HideKeyRings {
                 shape: std::sync::Mutex::default(),
                 changed,
                 refreshing: tokio::sync::Mutex::new(()),
+                last_miss: tokio::sync::Mutex::new(None),
+                #[cfg(test)]
+                miss_refreshes: std::sync::atomic::AtomicU32::new(0),
             }),
         }
     }
@@ -90,6 +106,58 @@ impl HideKeyRings {
     /// The current ring of `key_id`, if it exists and could be unwrapped.
     pub fn current(&self, key_id: &str) -> Option<Arc<HideKeyRing>> {
         self.inner.rings.load().get(key_id).cloned()
+    }
+
+    /// Whether `key_id` has an active version here (it can hide IDs).
+    pub fn issues(&self, key_id: &str) -> bool {
+        self.current(key_id).is_some_and(|r| r.active.is_some())
+    }
+
+    /// Re-reads the rings for a call that found its key missing or
+    /// retired here: created or rotated through another node moments ago,
+    /// it is served from that first call instead of after this node's
+    /// watch. Such re-reads start at most once per [`MISS_REFRESH_GAP`];
+    /// a call inside the gap waits, at most the rest of it, for one that
+    /// starts after it came, and every call waiting in one gap shares it.
+    pub async fn refresh_on_miss(&self) {
+        let came = tokio::time::Instant::now();
+        let next = {
+            let mut last = self.inner.last_miss.lock().await;
+            match *last {
+                // A re-read that started after this call came has ended
+                // (its starter held the lock until then).
+                Some(t) if t >= came => return,
+                Some(t) if came < t + MISS_REFRESH_GAP => t + MISS_REFRESH_GAP,
+                _ => return self.miss_refresh(&mut last).await,
+            }
+        };
+        tokio::time::sleep_until(next).await;
+        let mut last = self.inner.last_miss.lock().await;
+        if last.is_some_and(|t| t >= came) {
+            return;
+        }
+        self.miss_refresh(&mut last).await;
+    }
+
+    /// The re-read of [`refresh_on_miss`](Self::refresh_on_miss), started
+    /// now, its start recorded and the lock held until it ends.
+    async fn miss_refresh(&self, last: &mut Option<tokio::time::Instant>) {
+        *last = Some(tokio::time::Instant::now());
+        #[cfg(test)]
+        self.inner
+            .miss_refreshes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(error = %e, "hide keys not re-read for a call naming a missing key");
+        }
+    }
+
+    /// Re-reads [`refresh_on_miss`](Self::refresh_on_miss) started.
+    #[cfg(test)]
+    pub(crate) fn miss_refreshes(&self) -> u32 {
+        self.inner
+            .miss_refreshes
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// A receiver whose value moves on every change of a ring (a new

@@ -666,4 +666,92 @@ mod tests {
         // Hidden: the shown IDs are not consecutive.
         assert!(ids.windows(2).filter(|w| w[1] == w[0] + 1).count() < 3);
     }
+
+    /// A hide key created through another node moments ago (this node's
+    /// rings were loaded before it and no watch runs) is served from the
+    /// first call: the refusal re-reads the rings once and the call goes
+    /// on, having taken nothing the first time. A key that exists nowhere
+    /// is still refused, after one re-read the concurrent calls share.
+    #[tokio::test]
+    async fn a_hide_key_created_through_another_node_is_served_from_the_first_call() {
+        use crate::id::lease::ZoneHide;
+        use crate::id::{Preset, StartPlan, SystemClock, DEFAULT_EPOCH_MS};
+        use crate::modes::hidden::int_output;
+        use crate::modes::hide_keys::HideKeyRings;
+        use crate::modes::Issuer;
+        use crate::store::hide_keys::{HideKeyRecords, HideKeyStore, HideKeys, MasterKey};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "l").unwrap();
+        let keys = || -> Arc<dyn HideKeyStore> {
+            let records: Arc<dyn HideKeyRecords> = Arc::new(store.clone());
+            Arc::new(HideKeys::new(
+                records,
+                Some(Arc::new(MasterKey::from_bytes([3; 32]))),
+            ))
+        };
+        let here = HideKeyRings::load(keys()).await.unwrap();
+        let elsewhere = HideKeyRings::load(keys()).await.unwrap();
+        let issuer_for = |key: &str, src: &Arc<MemSource>| {
+            let hide = ZoneHide {
+                key: key.into(),
+                version_bits: 4,
+            };
+            let output = int_output(
+                "lease zone 9".into(),
+                &hide.key,
+                Some(here.clone()),
+                hide.version_bits,
+                hide.domain_bits(),
+            );
+            let engine = LeaseEngine::new(
+                Arc::clone(src) as Arc<dyn LeaseTokenStore>,
+                LeaseSettings {
+                    block: 100,
+                    max_wait: Duration::from_millis(300),
+                },
+            )
+            .with_hide(9, &hide, output);
+            let clock: Arc<dyn crate::id::Clock> = Arc::new(SystemClock);
+            let now_ms = clock.now_millis();
+            let layout = Preset::Twitter
+                .spec(DEFAULT_EPOCH_MS)
+                .validate(now_ms)
+                .unwrap();
+            let plan = StartPlan::new(&layout, now_ms, None, 0).unwrap();
+            let g = crate::id::Snowflake::new(layout, 0, 1, 1000, plan, now_ms + 600_000);
+            Issuer::new(Arc::new(g.unwrap()), clock, 100, Duration::from_secs(1))
+                .unwrap()
+                .with_leases(Arc::new(engine))
+                .with_hide_keys(here.clone())
+        };
+        let src = MemSource::new(42);
+        let issuer = issuer_for("tickets", &src);
+        elsewhere.create("tickets", "test").await.unwrap();
+        assert!(!here.issues("tickets"), "this node has not read it yet");
+        let ids = issuer.gen_ids(crate::id::Mode::Lease, "", 5).await.unwrap();
+        assert_eq!(ids.len(), 5);
+        assert!(issuer.gen_id(crate::id::Mode::Lease, "").await.is_ok());
+        assert_eq!(src.reserves.load(Ordering::SeqCst), 1, "one block in all");
+
+        // A key nobody created: refused with the fix named, one shared re-read.
+        let src = MemSource::new(43);
+        let missing = Arc::new(issuer_for("nowhere", &src));
+        let before = here.miss_refreshes();
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let issuer = Arc::clone(&missing);
+                tokio::spawn(async move { issuer.gen_ids(crate::id::Mode::Lease, "", 5).await })
+            })
+            .collect();
+        for call in calls {
+            let e = call.await.unwrap().unwrap_err();
+            assert!(e.to_string().contains("admin keys create nowhere"), "{e}");
+        }
+        assert!(
+            here.miss_refreshes() - before <= 2,
+            "the calls share the re-reads"
+        );
+        assert_eq!(src.reserves.load(Ordering::SeqCst), 0, "a block was taken");
+    }
 }

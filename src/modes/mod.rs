@@ -53,6 +53,9 @@ pub struct Issuer {
     catalog: Option<Arc<format_catalog::FormatCatalog>>,
     state_file: Option<Arc<StateFileGuard>>,
     store_health: Option<Arc<StoreHealth>>,
+    /// The hide key rings: re-read when a call is refused for a key this
+    /// node does not have yet.
+    hide_keys: Option<hide_keys::HideKeyRings>,
     layout: Layout,
     max_batch: u32,
 }
@@ -89,8 +92,41 @@ impl Issuer {
             catalog: None,
             state_file: None,
             store_health: None,
+            hide_keys: None,
             max_batch,
         })
+    }
+
+    /// Re-reads `rings` when a call is refused for a hide key this node
+    /// does not have, or has only retired (the call then runs once more).
+    pub fn with_hide_keys(mut self, rings: hide_keys::HideKeyRings) -> Self {
+        self.hide_keys = Some(rings);
+        self
+    }
+
+    /// `call`, and once more after the hide key rings were re-read when it
+    /// was refused for a key this node does not have or has only retired
+    /// (created or rotated through another node moments ago): served from
+    /// the first call, not after this node's watch. Every engine refuses a
+    /// hidden namespace before it takes any value, so the first attempt
+    /// took nothing.
+    async fn learning_hide_keys<T, F, Fut>(&self, call: F) -> Result<T, Error>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let first = call().await;
+        let (Err(Error::Hidden { key, .. }), Some(rings)) = (&first, &self.hide_keys) else {
+            return first;
+        };
+        if rings.issues(key) {
+            return first;
+        }
+        rings.refresh_on_miss().await;
+        if !rings.issues(key) {
+            return first;
+        }
+        call().await
     }
 
     /// Shows snowflake IDs through `hidden` (`layout.hide`); the generator
@@ -270,10 +306,13 @@ impl Issuer {
         self.check_state_file()?;
         self.learn_format(name).await;
         let formats = self.formats_for(name)?;
-        self.gate.check()?;
-        formats
-            .generate(name, params, count, self.gate.node_number())
-            .await
+        self.learning_hide_keys(|| async {
+            self.gate.check()?;
+            formats
+                .generate(name, params, count, self.gate.node_number())
+                .await
+        })
+        .await
     }
 
     /// Splits an ID of format `name` into its fields (`ParseFormatted`).
@@ -368,6 +407,11 @@ impl Issuer {
 
     /// One ID.
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
+        self.learning_hide_keys(|| self.gen_id_once(mode, tag))
+            .await
+    }
+
+    async fn gen_id_once(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
         self.check_state_file()?;
         match mode {
             Mode::Segment => {
@@ -390,6 +434,11 @@ impl Issuer {
     /// `count` IDs, strictly increasing.
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u64) -> Result<Vec<u64>, Error> {
         let count = check_count(count, self.max_batch)?;
+        self.learning_hide_keys(|| self.gen_ids_once(mode, tag, count))
+            .await
+    }
+
+    async fn gen_ids_once(&self, mode: Mode, tag: &str, count: u32) -> Result<Vec<u64>, Error> {
         self.check_state_file()?;
         match mode {
             Mode::Segment => {

@@ -17,8 +17,13 @@ use crate::store::format::tokens::FormatTokens;
 
 /// The issuer over `generator` with every enabled mode's engine, and the
 /// catalog of stored format definitions formatted mode serves from.
-/// Shows snowflake IDs through the layout's hider when `layout.hide` is set.
-fn hide_snowflakes(config: &Config, stores: &ModeStores, mut issuer: Issuer) -> Issuer {
+/// Gives the issuer the hide key rings (re-read when a call names a key
+/// this node does not have yet), and shows snowflake IDs through the
+/// layout's hider when `layout.hide` is set.
+fn hiding(config: &Config, stores: &ModeStores, mut issuer: Issuer) -> Issuer {
+    if let Some(rings) = &stores.hide_keys {
+        issuer = issuer.with_hide_keys(rings.clone());
+    }
     if let Some(h) = &config.layout_hide {
         let output = crate::modes::hidden::snowflake_output(
             &h.key_id,
@@ -51,7 +56,7 @@ pub(super) fn build_issuer(
         config.server.max_wait,
     )
     .map_err(|e| Error::Setup(format!("cannot start the ticker thread: {e}")))?;
-    issuer = hide_snowflakes(config, &stores, issuer);
+    issuer = hiding(config, &stores, issuer);
     if let Some(s) = &config.segment {
         let store = stores
             .segment

@@ -334,7 +334,7 @@ impl FrontEnds {
         .await
         .is_ok();
         if !drained {
-            tracing::warn!(grace = %humantime::format_duration(grace), "calls still in flight after the grace period; closing anyway");
+            tracing::warn!(grace = %humantime::format_duration(grace), "connections still open after the grace period (calls in flight, or clients that did not answer the shutdown notice); closing anyway");
             self.grpc.abort();
             self.http.abort();
         }

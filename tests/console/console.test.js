@@ -7,6 +7,7 @@
 //   IDGEN_KILL         "<instance>:<pid>": the node to SIGKILL mid-test
 //   IDGEN_RENEW        an instance whose session to renew by hand
 //   IDGEN_HIDE_KEY     a hide key that exists (for a hidden tag)
+//   IDGEN_HIDDEN_NODE  the node whose lease zone is hidden with that key
 //   CHROMIUM           the browser (default /usr/bin/chromium)
 // Then it walks the console's changes: every node's status row (and the
 // killed node's going silent), the node's own state, the released filter,
@@ -84,7 +85,7 @@ async function thisNodeAndFilters(page, victim) {
 }
 
 // Index of a nodes-table column (see index.html).
-const NODE_COL = { report: 2, ready: 3, fenced: 4, version: 5, layout: 6, number: 7, issued: 8, rate: 9, consul: 10, workers: 11, holderState: 14 };
+const NODE_COL = { report: 2, ready: 3, fenced: 4, version: 5, layout: 6, number: 7, issued: 8, rate: 9, consul: 10, hides: 11, workers: 12, holderState: 15 };
 
 // Every node has a status row: reporting, ready, not fenced, its version,
 // layout and Consul's check passing.
@@ -98,6 +99,12 @@ async function nodeStatusRows(page, nodes) {
     check(/^\d+$/.test(c[NODE_COL.number]) && /^\d+$/.test(c[NODE_COL.issued]), `node ${n} shows its node number and IDs issued`);
     check(/IDs\/s|next report/.test(c[NODE_COL.rate]), `node ${n} shows its issue rate`);
     await refreshUntil(page, sel, (c) => /^passing/.test(c[NODE_COL.consul] || ""), `node ${n}'s Consul check passes`);
+    const hides = (await cells(page.locator(sel)))[NODE_COL.hides];
+    if (n === env("IDGEN_HIDDEN_NODE")) {
+      check(/^console-key: lease zone \d+ \(4 version bits\)$/.test(hides), `node ${n} shows the key its lease zone is hidden with (${hides})`);
+    } else {
+      check(hides === "", `node ${n} hides nothing (${hides})`);
+    }
   }
 }
 

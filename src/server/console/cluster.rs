@@ -82,6 +82,7 @@ fn this_node_only(s: &HttpState) -> Value {
         json!({"state": "reporting", "text": "this node (embedded store: it has no peers)", "age_ms": 0}),
     );
     row.insert("consul".into(), Value::Null);
+    row.insert("hides".into(), json!(s.admin.local_hide_uses()));
     Value::Object(row)
 }
 

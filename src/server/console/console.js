@@ -143,10 +143,16 @@ function field(text, name, className) {
   return e;
 }
 
+// The hide keys a node hides IDs with, each with the namespace it hides
+// ("k2: lease zone 9 (4 version bits)"); "" when it hides nothing.
+function hideUses(hides) {
+  return (hides || []).map((u) => u.key + ": " + u.namespace + " (" + u.version_bits + " version bits)").join(", ");
+}
+
 // The status cells of one node from its published record (empty when it
 // publishes none).
 function statusCells(n) {
-  if (!n) return ["", "", "", "", "", "", "", "", ""];
+  if (!n) return ["", "", "", "", "", "", "", "", "", ""];
   const report = n.report || {};
   const issuing = n.ready && !n.fenced;
   const fenced = n.fenced === undefined ? "" : n.fenced ? "yes" : "no";
@@ -163,6 +169,7 @@ function statusCells(n) {
     field(n.issued ? String(sumIssued(n.issued)) : "", "issued"),
     field(n.report ? rateWords(n.rate) : "", "rate"),
     field(consul, "consul", consulClass),
+    field(hideUses(n.hides), "hides"),
   ];
 }
 
