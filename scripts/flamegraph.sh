@@ -40,15 +40,8 @@ out=target/perf
 mkdir -p "$out"
 # On disk, not tmpfs: the fsyncs must be real.
 work=$(mktemp -d "${PERF_TMPDIR:-/var/tmp}/idgen-flame.XXXXXX")
-node_pid=""
-stop() {
-  if [ -n "$node_pid" ]; then
-    kill "$node_pid" 2>/dev/null || true
-    wait "$node_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap stop EXIT
+# shellcheck source=lib/cluster.sh
+source scripts/lib/cluster.sh
 cat > "$work/node.toml" <<TOML
 [node]
 instance_id = "flame"
@@ -59,21 +52,13 @@ http_listen = "127.0.0.1:50872"
 backend = "embedded"
 path = "$work/state.redb"
 init_if_missing = true
-[segment]
-enabled = true
-auto_create = true
-default_step = 1000000
-max_step = 100000000
-[lease]
-enabled = true
-block = 10000000
-[strict]
-enabled = true
+$(perf_mode_sections)
 [log]
 level = "error"
 TOML
 "$node_bin" serve --config "$work/node.toml" &
 node_pid=$!
+pids+=("$node_pid")
 for _ in $(seq 1 500); do
   curl -fs -o /dev/null "http://127.0.0.1:50872/readyz" && break
   sleep 0.01

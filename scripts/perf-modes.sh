@@ -54,16 +54,7 @@ init_if_missing = true
 [consul]
 address = "http://$consul"
 cluster = "perf"
-[segment]
-enabled = true
-auto_create = true
-default_step = 1000000
-max_step = 100000000
-[lease]
-enabled = true
-block = 10000000
-[strict]
-enabled = true
+$(perf_mode_sections)
 [log]
 level = "warn"
 TOML

@@ -25,3 +25,20 @@ start_consul() { # [binary directory, default target/release]
   consul=$(sed -n 's/^listening on //p' "$work/consul.out" | head -1)
   [ -n "$consul" ] || { echo "consul-testserver did not start" >&2; exit 1; }
 }
+
+# The [segment], [lease] and [strict] sections of the perf scripts' nodes
+# (large steps and blocks: the store's round trips are not what they time).
+perf_mode_sections() {
+  cat <<TOML
+[segment]
+enabled = true
+auto_create = true
+default_step = 1000000
+max_step = 100000000
+[lease]
+enabled = true
+block = 10000000
+[strict]
+enabled = true
+TOML
+}

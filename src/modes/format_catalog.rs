@@ -116,12 +116,8 @@ pub struct FormatCatalog {
     config_source: Mutex<Option<ConfigSource>>,
     /// One reload (or admin change and its reload) at a time.
     reloading: tokio::sync::Mutex<()>,
-    /// When a call naming an unknown format last started a reload; held
-    /// while that reload runs.
-    last_miss: tokio::sync::Mutex<Option<tokio::time::Instant>>,
-    /// Reloads [`reload_on_miss`](Self::reload_on_miss) started (tests).
-    #[cfg(test)]
-    miss_reloads: std::sync::atomic::AtomicU32,
+    /// The reloads of calls naming an unknown format.
+    misses: super::miss::MissReloads,
 }
 
 /// The status kind of a definition refused at the admin API: a bad
@@ -150,9 +146,7 @@ impl FormatCatalog {
             config_defs: Mutex::new(config),
             config_source: Mutex::new(None),
             reloading: tokio::sync::Mutex::new(()),
-            last_miss: tokio::sync::Mutex::new(None),
-            #[cfg(test)]
-            miss_reloads: std::sync::atomic::AtomicU32::new(0),
+            misses: super::miss::MissReloads::new(MISS_RELOAD_GAP),
         }
     }
 
@@ -165,33 +159,11 @@ impl FormatCatalog {
     /// its end (at most the gap), which every call waiting meanwhile
     /// shares.
     pub async fn reload_on_miss(&self) {
-        let came = tokio::time::Instant::now();
-        let next = {
-            let mut last = self.last_miss.lock().await;
-            match *last {
-                // A reload that started after this call came has ended
-                // (its starter held the lock until then).
-                Some(t) if t >= came => return,
-                Some(t) if came < t + MISS_RELOAD_GAP => t + MISS_RELOAD_GAP,
-                _ => return self.miss_reload(&mut last).await,
-            }
-        };
-        tokio::time::sleep_until(next).await;
-        let mut last = self.last_miss.lock().await;
-        if last.is_some_and(|t| t >= came) {
-            return;
-        }
-        self.miss_reload(&mut last).await;
-    }
-
-    /// The reload of [`reload_on_miss`](Self::reload_on_miss), started now,
-    /// with its start time recorded and the lock held until it ends.
-    async fn miss_reload(&self, last: &mut Option<tokio::time::Instant>) {
-        *last = Some(tokio::time::Instant::now());
-        #[cfg(test)]
-        self.miss_reloads
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        log_reload("unknown format", self.reload("unknown format").await);
+        self.misses
+            .reload_for(|| async {
+                log_reload("unknown format", self.reload("unknown format").await);
+            })
+            .await;
     }
 
     /// Where SIGHUP re-reads the config file's `[[formats]]` from.
@@ -676,9 +648,7 @@ mod tests {
             catalog.formats().get("later").is_ok(),
             "the format stored before the calls is served when they return"
         );
-        let reloads = catalog
-            .miss_reloads
-            .load(std::sync::atomic::Ordering::SeqCst);
+        let reloads = catalog.misses.started();
         assert_eq!(reloads, 2, "the typo's reload, then one for the 8 calls");
     }
 }

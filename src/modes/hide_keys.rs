@@ -60,12 +60,8 @@ struct Inner {
     changed: watch::Sender<u64>,
     /// One refresh at a time, so an older read never overwrites a newer.
     refreshing: tokio::sync::Mutex<()>,
-    /// When a call for a missing key last started a re-read; held while
-    /// that re-read runs.
-    last_miss: tokio::sync::Mutex<Option<tokio::time::Instant>>,
-    /// Re-reads [`HideKeyRings::refresh_on_miss`] started (tests).
-    #[cfg(test)]
-    miss_refreshes: std::sync::atomic::AtomicU32,
+    /// The re-reads of calls for a missing or retired key.
+    misses: super::miss::MissReloads,
 }
 
 impl std::fmt::Debug for HideKeyRings {
@@ -88,9 +84,7 @@ impl HideKeyRings {
                 shape: std::sync::Mutex::default(),
                 changed,
                 refreshing: tokio::sync::Mutex::new(()),
-                last_miss: tokio::sync::Mutex::new(None),
-                #[cfg(test)]
-                miss_refreshes: std::sync::atomic::AtomicU32::new(0),
+                misses: super::miss::MissReloads::new(MISS_REFRESH_GAP),
             }),
         }
     }
@@ -120,44 +114,20 @@ impl HideKeyRings {
     /// a call inside the gap waits, at most the rest of it, for one that
     /// starts after it came, and every call waiting in one gap shares it.
     pub async fn refresh_on_miss(&self) {
-        let came = tokio::time::Instant::now();
-        let next = {
-            let mut last = self.inner.last_miss.lock().await;
-            match *last {
-                // A re-read that started after this call came has ended
-                // (its starter held the lock until then).
-                Some(t) if t >= came => return,
-                Some(t) if came < t + MISS_REFRESH_GAP => t + MISS_REFRESH_GAP,
-                _ => return self.miss_refresh(&mut last).await,
-            }
-        };
-        tokio::time::sleep_until(next).await;
-        let mut last = self.inner.last_miss.lock().await;
-        if last.is_some_and(|t| t >= came) {
-            return;
-        }
-        self.miss_refresh(&mut last).await;
-    }
-
-    /// The re-read of [`refresh_on_miss`](Self::refresh_on_miss), started
-    /// now, its start recorded and the lock held until it ends.
-    async fn miss_refresh(&self, last: &mut Option<tokio::time::Instant>) {
-        *last = Some(tokio::time::Instant::now());
-        #[cfg(test)]
         self.inner
-            .miss_refreshes
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        if let Err(e) = self.refresh().await {
-            tracing::warn!(error = %e, "hide keys not re-read for a call naming a missing key");
-        }
+            .misses
+            .reload_for(|| async {
+                if let Err(e) = self.refresh().await {
+                    tracing::warn!(error = %e, "hide keys not re-read for a call naming a missing key");
+                }
+            })
+            .await;
     }
 
     /// Re-reads [`refresh_on_miss`](Self::refresh_on_miss) started.
     #[cfg(test)]
     pub(crate) fn miss_refreshes(&self) -> u32 {
-        self.inner
-            .miss_refreshes
-            .load(std::sync::atomic::Ordering::SeqCst)
+        self.inner.misses.started()
     }
 
     /// A receiver whose value moves on every change of a ring (a new

@@ -675,10 +675,8 @@ mod tests {
     #[tokio::test]
     async fn a_hide_key_created_through_another_node_is_served_from_the_first_call() {
         use crate::id::lease::ZoneHide;
-        use crate::id::{Preset, StartPlan, SystemClock, DEFAULT_EPOCH_MS};
         use crate::modes::hidden::int_output;
         use crate::modes::hide_keys::HideKeyRings;
-        use crate::modes::Issuer;
         use crate::store::hide_keys::{HideKeyRecords, HideKeyStore, HideKeys, MasterKey};
 
         let dir = tempfile::tempdir().unwrap();
@@ -712,16 +710,8 @@ mod tests {
                 },
             )
             .with_hide(9, &hide, output);
-            let clock: Arc<dyn crate::id::Clock> = Arc::new(SystemClock);
-            let now_ms = clock.now_millis();
-            let layout = Preset::Twitter
-                .spec(DEFAULT_EPOCH_MS)
-                .validate(now_ms)
-                .unwrap();
-            let plan = StartPlan::new(&layout, now_ms, None, 0).unwrap();
-            let g = crate::id::Snowflake::new(layout, 0, 1, 1000, plan, now_ms + 600_000);
-            Issuer::new(Arc::new(g.unwrap()), clock, 100, Duration::from_secs(1))
-                .unwrap()
+            crate::modes::tests::issuer()
+                .0
                 .with_leases(Arc::new(engine))
                 .with_hide_keys(here.clone())
         };

@@ -24,6 +24,7 @@ pub mod hidden;
 pub mod hide_keys;
 pub mod lease;
 pub mod lua_pool;
+pub mod miss;
 pub mod refill;
 pub mod segment;
 pub mod snowflake;
@@ -501,11 +502,12 @@ impl Issuer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::id::{Preset, StartPlan, SystemClock, DEFAULT_EPOCH_MS};
 
-    fn issuer() -> (Issuer, Arc<Snowflake>) {
+    /// An issuer over a fresh Twitter-layout generator (node 1).
+    pub(crate) fn issuer() -> (Issuer, Arc<Snowflake>) {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let now_ms = clock.now_millis();
         let layout = Preset::Twitter
