@@ -80,7 +80,9 @@
 //!   [`modes::lua_pool`]'s threads, off the request runtime, under a
 //!   deadline; [`modes::hide_keys`] keeps the hide key rings fresh and
 //!   runs (and audits) their admin changes, and hidden namespaces show
-//!   their IDs through [`modes::hidden`]'s hiders, kept current with them.
+//!   their IDs through [`modes::hidden`]'s hiders, kept current with them;
+//!   a call naming a format or hide key this node does not know yet
+//!   re-reads the store once a second at most ([`modes::miss`]).
 //! - [`error`]: the request-path crate error.
 //! - [`store`]: durable state, one folder per mode, each with its trait
 //!   in `mod.rs`, the embedded redb impl in `embedded.rs` and the Consul
