@@ -102,6 +102,12 @@ impl HideKeyRings {
         self.inner.rings.load().get(key_id).cloned()
     }
 
+    /// Whether this node holds the master key (without it no key opens,
+    /// and re-reading the store cannot help).
+    pub fn has_master(&self) -> bool {
+        self.inner.store.has_master()
+    }
+
     /// Whether `key_id` has an active version here (it can hide IDs).
     pub fn issues(&self, key_id: &str) -> bool {
         self.current(key_id).is_some_and(|r| r.active.is_some())

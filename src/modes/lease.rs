@@ -681,16 +681,14 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "l").unwrap();
-        let keys = || -> Arc<dyn HideKeyStore> {
+        let keys = |master: Option<Arc<MasterKey>>| -> Arc<dyn HideKeyStore> {
             let records: Arc<dyn HideKeyRecords> = Arc::new(store.clone());
-            Arc::new(HideKeys::new(
-                records,
-                Some(Arc::new(MasterKey::from_bytes([3; 32]))),
-            ))
+            Arc::new(HideKeys::new(records, master))
         };
-        let here = HideKeyRings::load(keys()).await.unwrap();
-        let elsewhere = HideKeyRings::load(keys()).await.unwrap();
-        let issuer_for = |key: &str, src: &Arc<MemSource>| {
+        let master = || Some(Arc::new(MasterKey::from_bytes([3; 32])));
+        let here = HideKeyRings::load(keys(master())).await.unwrap();
+        let elsewhere = HideKeyRings::load(keys(master())).await.unwrap();
+        let issuer_for = |key: &str, rings: &HideKeyRings, src: &Arc<MemSource>| {
             let hide = ZoneHide {
                 key: key.into(),
                 version_bits: 4,
@@ -698,7 +696,7 @@ mod tests {
             let output = int_output(
                 "lease zone 9".into(),
                 &hide.key,
-                Some(here.clone()),
+                Some(rings.clone()),
                 hide.version_bits,
                 hide.domain_bits(),
             );
@@ -713,10 +711,10 @@ mod tests {
             crate::modes::tests::issuer()
                 .0
                 .with_leases(Arc::new(engine))
-                .with_hide_keys(here.clone())
+                .with_hide_keys(rings.clone())
         };
         let src = MemSource::new(42);
-        let issuer = issuer_for("tickets", &src);
+        let issuer = issuer_for("tickets", &here, &src);
         elsewhere.create("tickets", "test").await.unwrap();
         assert!(!here.issues("tickets"), "this node has not read it yet");
         let ids = issuer.gen_ids(crate::id::Mode::Lease, "", 5).await.unwrap();
@@ -726,7 +724,7 @@ mod tests {
 
         // A key nobody created: refused with the fix named, one shared re-read.
         let src = MemSource::new(43);
-        let missing = Arc::new(issuer_for("nowhere", &src));
+        let missing = Arc::new(issuer_for("nowhere", &here, &src));
         let before = here.miss_refreshes();
         let calls: Vec<_> = (0..8)
             .map(|_| {
@@ -742,6 +740,18 @@ mod tests {
             here.miss_refreshes() - before <= 2,
             "the calls share the re-reads"
         );
+        assert_eq!(src.reserves.load(Ordering::SeqCst), 0, "a block was taken");
+
+        // A node without the master key: no re-read can help, so none is
+        // made, and the refusal names the master key, not the key id.
+        let blind = HideKeyRings::load(keys(None)).await.unwrap();
+        let src = MemSource::new(44);
+        let e = issuer_for("tickets", &blind, &src)
+            .gen_ids(crate::id::Mode::Lease, "", 5)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("IDGEN_HIDE_MASTER_KEY"), "{e}");
+        assert_eq!(blind.miss_refreshes(), 0);
         assert_eq!(src.reserves.load(Ordering::SeqCst), 0, "a block was taken");
     }
 }

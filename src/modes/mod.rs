@@ -120,7 +120,7 @@ impl Issuer {
         let (Err(Error::Hidden { key, .. }), Some(rings)) = (&first, &self.hide_keys) else {
             return first;
         };
-        if rings.issues(key) {
+        if rings.issues(key) || !rings.has_master() {
             return first;
         }
         rings.refresh_on_miss().await;

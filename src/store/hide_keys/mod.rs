@@ -516,6 +516,12 @@ pub trait HideKeyRecords: Send + Sync + 'static {
 /// The hide key operations, as the admin API and issuers see them.
 #[async_trait]
 pub trait HideKeyStore: Send + Sync + 'static {
+    /// Whether this node holds the master key the keys are sealed with
+    /// (without it, no key unwraps and no hidden namespace issues).
+    fn has_master(&self) -> bool {
+        true
+    }
+
     /// Makes key id `key_id` with version 0 active.
     async fn create(&self, key_id: &str) -> Result<HideKeyInfo, StoreError>;
     /// Adds version `max + 1` as active and retires the previous active.
@@ -711,6 +717,10 @@ fn rotated(
 
 #[async_trait]
 impl HideKeyStore for HideKeys {
+    fn has_master(&self) -> bool {
+        self.master.is_some()
+    }
+
     async fn create(&self, key_id: &str) -> Result<HideKeyInfo, StoreError> {
         check_key_id(key_id)?;
         let master = self.master()?;
