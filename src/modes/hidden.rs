@@ -138,9 +138,8 @@ impl<H: Hider> HiddenOutput<H> {
 
     fn hider_now(&self) -> Result<H, String> {
         let key = &self.key_id;
-        let no_master = "this node has no hide keys loaded; set hide.master_key_file or IDGEN_HIDE_MASTER_KEY and restart it";
         let Some(rings) = self.rings.as_ref().filter(|r| r.has_master()) else {
-            return Err(no_master.into());
+            return Err("this node has no hide keys loaded; set hide.master_key_file or IDGEN_HIDE_MASTER_KEY and restart it".into());
         };
         let Some(ring) = rings.current(key) else {
             return Err(format!(

@@ -504,6 +504,35 @@ mod tests {
         ))
     }
 
+    /// A lease engine over `source` (blocks of 100) whose zone 9 is
+    /// hidden with `key` (4 version bits) from `rings`, and that output.
+    fn hidden_zone(
+        source: &Arc<MemSource>,
+        key: &str,
+        rings: &crate::modes::hide_keys::HideKeyRings,
+    ) -> (LeaseEngine, Arc<HiddenOutput<IntHider>>) {
+        let hide = crate::id::lease::ZoneHide {
+            key: key.into(),
+            version_bits: 4,
+        };
+        let output = crate::modes::hidden::int_output(
+            "lease zone 9".into(),
+            &hide.key,
+            Some(rings.clone()),
+            hide.version_bits,
+            hide.domain_bits(),
+        );
+        let engine = LeaseEngine::new(
+            Arc::clone(source) as Arc<dyn LeaseTokenStore>,
+            LeaseSettings {
+                block: 100,
+                max_wait: Duration::from_millis(300),
+            },
+        )
+        .with_hide(9, &hide, Arc::clone(&output));
+        (engine, output)
+    }
+
     #[tokio::test]
     async fn ids_decode_to_the_token_and_never_repeat() {
         let src = MemSource::new(42);
@@ -602,8 +631,7 @@ mod tests {
     /// refused calls), across a rotation.
     #[tokio::test]
     async fn a_hidden_zone_without_its_key_takes_nothing() {
-        use crate::id::lease::{below_zone, ZoneHide, BELOW_ZONE_BITS};
-        use crate::modes::hidden::int_output;
+        use crate::id::lease::{below_zone, BELOW_ZONE_BITS};
         use crate::modes::hide_keys::HideKeyRings;
         use crate::store::hide_keys::{HideKeyRecords, HideKeyStore, HideKeys, MasterKey};
 
@@ -615,28 +643,9 @@ mod tests {
             Some(Arc::new(MasterKey::from_bytes([3; 32]))),
         ));
         let rings = HideKeyRings::load(keys).await.unwrap();
-        let hide = ZoneHide {
-            key: "tickets".into(),
-            version_bits: 4,
-        };
-        let output = int_output(
-            "lease zone 9".into(),
-            &hide.key,
-            Some(rings.clone()),
-            hide.version_bits,
-            hide.domain_bits(),
-        );
         let src = MemSource::new(42);
-        let l = Arc::new(
-            LeaseEngine::new(
-                Arc::clone(&src) as Arc<dyn LeaseTokenStore>,
-                LeaseSettings {
-                    block: 100,
-                    max_wait: Duration::from_millis(300),
-                },
-            )
-            .with_hide(9, &hide, Arc::clone(&output)),
-        );
+        let (engine, output) = hidden_zone(&src, "tickets", &rings);
+        let l = Arc::new(engine);
         // No key: refused with the fix named, nothing reserved.
         for _ in 0..3 {
             let e = l.take(5).await.unwrap_err();
@@ -674,8 +683,6 @@ mod tests {
     /// is still refused, after one re-read the concurrent calls share.
     #[tokio::test]
     async fn a_hide_key_created_through_another_node_is_served_from_the_first_call() {
-        use crate::id::lease::ZoneHide;
-        use crate::modes::hidden::int_output;
         use crate::modes::hide_keys::HideKeyRings;
         use crate::store::hide_keys::{HideKeyRecords, HideKeyStore, HideKeys, MasterKey};
 
@@ -689,25 +696,7 @@ mod tests {
         let here = HideKeyRings::load(keys(master())).await.unwrap();
         let elsewhere = HideKeyRings::load(keys(master())).await.unwrap();
         let issuer_for = |key: &str, rings: &HideKeyRings, src: &Arc<MemSource>| {
-            let hide = ZoneHide {
-                key: key.into(),
-                version_bits: 4,
-            };
-            let output = int_output(
-                "lease zone 9".into(),
-                &hide.key,
-                Some(rings.clone()),
-                hide.version_bits,
-                hide.domain_bits(),
-            );
-            let engine = LeaseEngine::new(
-                Arc::clone(src) as Arc<dyn LeaseTokenStore>,
-                LeaseSettings {
-                    block: 100,
-                    max_wait: Duration::from_millis(300),
-                },
-            )
-            .with_hide(9, &hide, output);
+            let (engine, _) = hidden_zone(src, key, rings);
             crate::modes::tests::issuer()
                 .0
                 .with_leases(Arc::new(engine))
