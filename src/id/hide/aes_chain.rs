@@ -56,24 +56,38 @@ impl AesChain {
     }
 
     /// Runs `rounds` dependent blocks: encrypts `first`, hands the
-    /// encryption of round `i`'s block to `next(i, encrypted)`, and
-    /// encrypts what it returns as round `i + 1`'s block (what the last
-    /// round's `next` returns is not used). A block is its 16 bytes read
-    /// as a little-endian `u128` (byte 0 lowest).
+    /// encryption of round `i`'s block and the running `state` to
+    /// `next(i, encrypted, state)`, which returns round `i + 1`'s block
+    /// and the new state (the last round's block is not used); returns
+    /// the last state. A block is its 16 bytes read as a little-endian
+    /// `u128` (byte 0 lowest). The state is passed by value so a round's
+    /// halves stay in registers instead of going through memory between
+    /// two AES calls.
     #[inline]
-    pub(super) fn run(&self, rounds: u8, first: u128, next: impl FnMut(u8, u128) -> u128) {
+    pub(super) fn run<S: Copy>(
+        &self,
+        rounds: u8,
+        first: u128,
+        state: S,
+        next: impl FnMut(u8, u128, S) -> (u128, S),
+    ) -> S {
         #[cfg(target_arch = "x86_64")]
         if let Some(keys) = &self.ni {
             // SAFETY: `ni` is only Some when the processor has AES-NI
             // (checked in `RoundKeys::aes128` / `aes256`).
-            unsafe { ni::run(keys, rounds, first, next) };
-            return;
+            return unsafe { ni::run(keys, rounds, first, state, next) };
         }
-        self.run_soft(rounds, first, next);
+        self.run_soft(rounds, first, state, next)
     }
 
     /// [`AesChain::run`] through the `aes` crate, block by block.
-    pub(super) fn run_soft(&self, rounds: u8, first: u128, mut next: impl FnMut(u8, u128) -> u128) {
+    pub(super) fn run_soft<S: Copy>(
+        &self,
+        rounds: u8,
+        first: u128,
+        mut state: S,
+        mut next: impl FnMut(u8, u128, S) -> (u128, S),
+    ) -> S {
         let mut block = first;
         for i in 0..rounds {
             let mut bytes = GenericArray::from(block.to_le_bytes());
@@ -81,8 +95,16 @@ impl AesChain {
                 Soft::Aes128(c) => c.encrypt_block(&mut bytes),
                 Soft::Aes256(c) => c.encrypt_block(&mut bytes),
             }
-            block = next(i, u128::from_le_bytes(bytes.into()));
+            (block, state) = next(i, u128::from_le_bytes(bytes.into()), state);
         }
+        state
+    }
+
+    /// The expanded round keys when this processor has AES-NI (for the
+    /// Feistel's wide batch path).
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn ni_keys(&self) -> Option<&ni::RoundKeys> {
+        self.ni.as_ref()
     }
 
     /// Whether chains run on AES-NI here (for tests and the bench).
@@ -96,14 +118,14 @@ impl AesChain {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod ni {
+pub(super) mod ni {
     use std::arch::x86_64::{
         __m128i, _mm_aesenc_si128, _mm_aesenclast_si128, _mm_aeskeygenassist_si128,
         _mm_loadu_si128, _mm_shuffle_epi32, _mm_slli_si128, _mm_xor_si128,
     };
 
     /// An expanded key: 11 round keys (AES-128) or 15 (AES-256).
-    pub(super) struct RoundKeys {
+    pub(in super::super) struct RoundKeys {
         keys: [__m128i; 15],
         /// 10 or 14.
         rounds: usize,
@@ -120,6 +142,11 @@ mod ni {
     }
 
     impl RoundKeys {
+        /// The round keys in order: 11 (AES-128) or 15 (AES-256).
+        pub(in super::super) fn keys(&self) -> &[__m128i] {
+            &self.keys[..=self.rounds]
+        }
+
         /// AES-128's schedule of `key`, or `None` without AES-NI.
         pub(super) fn aes128(key: &[u8; 16]) -> Option<Self> {
             if !std::arch::is_x86_feature_detected!("aes") {
@@ -206,29 +233,50 @@ mod ni {
         RoundKeys { keys, rounds: 14 }
     }
 
-    /// See [`super::AesChain::run`].
+    /// See [`super::AesChain::run`]: the key size picks a loop whose
+    /// rounds are unrolled.
     ///
     /// # Safety
     /// The processor must have AES-NI.
     #[target_feature(enable = "aes")]
-    pub(super) unsafe fn run(
+    pub(super) unsafe fn run<S: Copy>(
         keys: &RoundKeys,
         rounds: u8,
         first: u128,
-        mut next: impl FnMut(u8, u128) -> u128,
-    ) {
-        let k = &keys.keys;
-        let last = keys.rounds;
+        state: S,
+        next: impl FnMut(u8, u128, S) -> (u128, S),
+    ) -> S {
+        if keys.rounds == 10 {
+            chain::<10, S>(&keys.keys, rounds, first, state, next)
+        } else {
+            chain::<14, S>(&keys.keys, rounds, first, state, next)
+        }
+    }
+
+    /// The chain under an `NR`-round AES (10: AES-128, 14: AES-256).
+    ///
+    /// # Safety
+    /// The processor must have AES-NI.
+    #[inline]
+    #[target_feature(enable = "aes")]
+    unsafe fn chain<const NR: usize, S: Copy>(
+        k: &[__m128i; 15],
+        rounds: u8,
+        first: u128,
+        mut state: S,
+        mut next: impl FnMut(u8, u128, S) -> (u128, S),
+    ) -> S {
         let mut block = first;
         for i in 0..rounds {
             // A u128 and an __m128i are both 16 bytes, byte 0 lowest.
             let mut b = std::mem::transmute::<u128, __m128i>(block);
             b = _mm_xor_si128(b, k[0]);
-            for key in &k[1..last] {
+            for key in &k[1..NR] {
                 b = _mm_aesenc_si128(b, *key);
             }
-            b = _mm_aesenclast_si128(b, k[last]);
-            block = next(i, std::mem::transmute::<__m128i, u128>(b));
+            b = _mm_aesenclast_si128(b, k[NR]);
+            (block, state) = next(i, std::mem::transmute::<__m128i, u128>(b), state);
         }
+        state
     }
 }

@@ -8,7 +8,9 @@
 //! through the CBC-MAC once at construction, so each of the ten rounds
 //! costs one AES block encryption and no allocation. The round's
 //! `(A + y) mod 10^m` needs no 128-bit division either ([`Modulus`]:
-//! multiplications by a reciprocal computed at construction).
+//! multiplications by a reciprocal computed at construction; up to 18
+//! digits `y` is 8 bytes and the remainder is by a constant power of
+//! ten, [`Modulus::add_rem64`]).
 //!
 //! One value's ten rounds are a chain: each AES input needs the previous
 //! round's output. So the work between two AES calls is kept short and
@@ -82,6 +84,10 @@ pub(super) fn aes256(key: &[u8; 32]) -> Aes256 {
 #[derive(Clone, Copy)]
 pub(super) struct Modulus {
     m: u64,
+    /// `k` when `m = 10^k` (3 to 9): [`Modulus::add_rem64`] then takes
+    /// the remainder by a constant the compiler turns into two
+    /// multiplications. 0 otherwise.
+    pow10: u32,
     /// `ceil(2^128 / m)` (m is no power of two).
     reciprocal: u128,
     /// `2^64 mod m`.
@@ -92,8 +98,14 @@ impl Modulus {
     /// The modulus `m`, `1 < m < 2^34`.
     pub(super) fn new(m: u64) -> Self {
         debug_assert!(m > 1 && m < 1 << 34);
+        let k = m.ilog10();
         Self {
             m,
+            pow10: if 10u64.pow(k) == m && (3..=9).contains(&k) {
+                k
+            } else {
+                0
+            },
             reciprocal: u128::MAX / u128::from(m) + 1,
             r64: ((1u128 << 64) % u128::from(m)) as u64,
         }
@@ -139,6 +151,46 @@ impl Modulus {
             b + self.m - y
         }
     }
+
+    /// `y mod m` for a 64-bit `y`: by a constant when `m` is `10^3` to
+    /// `10^9` (one predictable branch picks it), else [`Modulus::rem_wide`].
+    #[inline]
+    fn rem64(self, y: u64) -> u64 {
+        match self.pow10 {
+            3 => y % 1_000,
+            4 => y % 10_000,
+            5 => y % 100_000,
+            6 => y % 1_000_000,
+            7 => y % 10_000_000,
+            8 => y % 100_000_000,
+            9 => y % 1_000_000_000,
+            _ => self.rem_wide(u128::from(y)),
+        }
+    }
+
+    /// `(a + y) mod m` for `a < m` and a 64-bit `y` (FF1's `y` when it
+    /// is 8 bytes, up to 18 digits): shorter than [`Modulus::add_rem`].
+    #[inline]
+    pub(super) fn add_rem64(self, a: u64, y: u64) -> u64 {
+        debug_assert!(a < self.m);
+        let c = a + self.rem64(y);
+        if c >= self.m {
+            c - self.m
+        } else {
+            c
+        }
+    }
+
+    /// `(b - y) mod m` for `b < m` and a 64-bit `y`.
+    #[inline]
+    pub(super) fn sub_rem64(self, b: u64, y: u64) -> u64 {
+        let y = self.rem64(y);
+        if b >= y {
+            b - y
+        } else {
+            b + self.m - y
+        }
+    }
 }
 
 /// FF1 radix 10 over exactly `n` digits, with one key and one tweak.
@@ -157,12 +209,18 @@ pub(super) struct Ff1Decimal<C> {
     /// `128 - 8d`: `y = NUM(S)` is the encrypted block's first `d` bytes,
     /// the block read as a big-endian number shifted right this far.
     y_shift: u32,
+    /// Whether `d` is 8 (up to 18 digits): `y` is then the block's first
+    /// 8 bytes, a `u64`, and the rounds take [`Modulus::add_rem64`].
+    y64: bool,
     /// Round `i`'s CBC-MAC input before `NUM(B)`, as a big-endian number:
     /// the state after `P` and every block of `Q` but the last, XOR the
     /// last block of `Q` with the round number `i` in place and zeros
     /// where `NUM(B)` goes. Adding `NUM(B)` is one XOR, since it fills
     /// only the zeros.
     round_base: [u128; ROUNDS as usize],
+    /// The same blocks as little-endian numbers (the chain's form), so a
+    /// round's input is one byte swap of the half and one XOR.
+    round_base_le: [u128; ROUNDS as usize],
 }
 
 impl<C: BlockCipher> Ff1Decimal<C> {
@@ -225,7 +283,9 @@ impl<C: BlockCipher> Ff1Decimal<C> {
             pow_v: Modulus::new(pow_v),
             num_bits,
             y_shift: 128 - 8 * d as u32,
+            y64: d == 8,
             round_base: std::array::from_fn(|i| base ^ ((i as u128) << num_bits)),
+            round_base_le: std::array::from_fn(|i| (base ^ ((i as u128) << num_bits)).swap_bytes()),
         }
     }
 
@@ -246,6 +306,15 @@ impl<C: BlockCipher> Ff1Decimal<C> {
         self.round_base[usize::from(i)] ^ u128::from(half)
     }
 
+    /// [`Ff1Decimal::round_word`] as a little-endian number: the half
+    /// (at most 5 bytes) fills the block's last bytes, the top of the
+    /// little-endian number, byte-reversed.
+    #[inline]
+    fn round_word_le(&self, i: u8, half: u64) -> u128 {
+        debug_assert!(u128::from(half) >> self.num_bits == 0);
+        self.round_base_le[usize::from(i)] ^ (u128::from(half.swap_bytes()) << 64)
+    }
+
     /// [`Ff1Decimal::round_word`] as bytes.
     #[inline]
     fn round_block(&self, i: u8, half: u64) -> [u8; 16] {
@@ -256,16 +325,22 @@ impl<C: BlockCipher> Ff1Decimal<C> {
     /// here are little-endian numbers): through the chain when there is
     /// one, else block by block through the cipher.
     #[inline]
-    fn rounds(&self, first: u128, mut next: impl FnMut(u8, u128) -> u128) {
+    fn rounds(
+        &self,
+        first: u128,
+        mut state: (u64, u64),
+        mut next: impl FnMut(u8, u128, (u64, u64)) -> (u128, (u64, u64)),
+    ) -> (u64, u64) {
         if let Some(chain) = &self.chain {
-            return chain.run(ROUNDS, first, next);
+            return chain.run(ROUNDS, first, state, next);
         }
         let mut block = first;
         for i in 0..ROUNDS {
             let mut bytes = block.to_le_bytes();
             self.cipher.encrypt(&mut bytes);
-            block = next(i, u128::from_le_bytes(bytes));
+            (block, state) = next(i, u128::from_le_bytes(bytes), state);
         }
+        state
     }
 
     /// The round value `y = NUM(S)` from the encrypted block `R`.
@@ -286,18 +361,20 @@ impl<C: BlockCipher> Ff1Decimal<C> {
     /// Encrypts `x < 10^n` (the digit string `x` zero-padded to `n`).
     #[inline]
     pub(super) fn encrypt(&self, x: u64) -> u64 {
-        let (mut a, mut b) = (x / self.pow_v.m, x % self.pow_v.m);
-        // Blocks are little-endian numbers in `rounds`, big-endian here.
-        let first = self.round_word(0, b).swap_bytes();
-        self.rounds(first, |i, r| {
-            let y = r.swap_bytes() >> self.y_shift;
-            let c = self.modulus(i).add_rem(a, y);
-            a = b;
-            b = c;
-            match i + 1 {
+        let (a, b) = (x / self.pow_v.m, x % self.pow_v.m);
+        let first = self.round_word_le(0, b);
+        let (a, b) = self.rounds(first, (a, b), |i, r, (a, b)| {
+            // Blocks are little-endian: the first 8 bytes are `r as u64`.
+            let c = if self.y64 {
+                self.modulus(i).add_rem64(a, (r as u64).swap_bytes())
+            } else {
+                self.modulus(i).add_rem(a, r.swap_bytes() >> self.y_shift)
+            };
+            let block = match i + 1 {
                 ROUNDS => 0,
-                next => self.round_word(next, b).swap_bytes(),
-            }
+                next => self.round_word_le(next, c),
+            };
+            (block, (b, c))
         });
         a * self.pow_v.m + b
     }
@@ -322,6 +399,8 @@ impl<C: BlockCipher> Ff1Decimal<C> {
             self.cipher.encrypt_many(blocks);
             let m = self.modulus(i);
             for ((a, b), block) in left.iter_mut().zip(right.iter_mut()).zip(blocks.iter()) {
+                // Branch-free for the batch: the lanes' multiplications
+                // overlap, so the reciprocal costs no more than a constant.
                 let c = m.add_rem(*a, self.num_s(&(*block).into()));
                 *a = *b;
                 *b = c;
@@ -335,18 +414,21 @@ impl<C: BlockCipher> Ff1Decimal<C> {
     /// Decrypts what [`Ff1Decimal::encrypt`] produced.
     #[inline]
     pub(super) fn decrypt(&self, x: u64) -> u64 {
-        let (mut a, mut b) = (x / self.pow_v.m, x % self.pow_v.m);
-        let first = self.round_word(ROUNDS - 1, a).swap_bytes();
-        self.rounds(first, |step, r| {
+        let (a, b) = (x / self.pow_v.m, x % self.pow_v.m);
+        let first = self.round_word_le(ROUNDS - 1, a);
+        let (a, b) = self.rounds(first, (a, b), |step, r, (a, b)| {
             // The rounds backwards: step 0 undoes round 9.
             let i = ROUNDS - 1 - step;
-            let c = self.modulus(i).sub_rem(b, r.swap_bytes() >> self.y_shift);
-            b = a;
-            a = c;
-            match i {
+            let c = if self.y64 {
+                self.modulus(i).sub_rem64(b, (r as u64).swap_bytes())
+            } else {
+                self.modulus(i).sub_rem(b, r.swap_bytes() >> self.y_shift)
+            };
+            let block = match i {
                 0 => 0,
-                i => self.round_word(i - 1, a).swap_bytes(),
-            }
+                i => self.round_word_le(i - 1, c),
+            };
+            (block, (c, a))
         });
         a * self.pow_v.m + b
     }

@@ -1,8 +1,7 @@
 //! Integers of up to 63 bits: version bits on top, a Feistel network of
 //! exactly the domain below.
 
-use super::feistel::{mask, Feistel, MAX_BITS};
-use super::ff1::LANES;
+use super::feistel::{mask, Feistel, LANES, MAX_BITS};
 use super::{HideError, HideKey, KeyVersion, Versions};
 
 /// The subkey label of the Feistel round function.
@@ -115,7 +114,7 @@ impl IntHider {
     }
 
     /// Hides every value of `values` in place: the same IDs as
-    /// [`IntHider::hide`] one by one, computed eight at a time so the AES
+    /// [`IntHider::hide`] one by one, computed sixteen at a time so the AES
     /// calls of a batch overlap (the path for `GenIds` of many IDs). If
     /// any value is outside the domain, nothing is changed and the error
     /// names the first such value.

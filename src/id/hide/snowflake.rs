@@ -1,7 +1,6 @@
 //! Snowflake IDs, hidden two ways: sortable (time kept) or opaque.
 
-use super::feistel::{mask, Feistel};
-use super::ff1::LANES;
+use super::feistel::{mask, Feistel, LANES};
 use super::int::feistels;
 use super::{HideError, HideKey, KeyVersion, Versions};
 use crate::id::layout::{Layout, LayoutSpec};
@@ -178,7 +177,7 @@ impl SnowflakeHider {
     }
 
     /// Hides every internal ID of `ids` in place: the same IDs as
-    /// [`SnowflakeHider::hide`] one by one, computed eight at a time so
+    /// [`SnowflakeHider::hide`] one by one, computed sixteen at a time so
     /// the AES calls of a batch overlap (the path for `GenIds` of many
     /// IDs). If any ID is above [`SnowflakeHider::max_internal`], nothing
     /// is changed and the error names the first such ID.

@@ -110,16 +110,25 @@ fn the_inline_aes_chain_matches_the_aes_crate() {
         let first = u128::from(rng.u64(..)) << 64 | u128::from(rng.u64(..));
         let (mut inline, mut soft) = (Vec::new(), Vec::new());
         // Each next block depends on the last output, as in FF1.
-        chain.run(10, first, |i, r| {
+        // The state counts the rounds and sums their outputs' low bits.
+        let inline_state = chain.run(10, first, (0u32, 0u64), |i, r, (n, sum)| {
             inline.push(r);
-            r.rotate_left(u32::from(i) + 1)
+            (
+                r.rotate_left(u32::from(i) + 1),
+                (n + 1, sum.wrapping_add(r as u64)),
+            )
         });
-        chain.run_soft(10, first, |i, r| {
+        let soft_state = chain.run_soft(10, first, (0u32, 0u64), |i, r, (n, sum)| {
             soft.push(r);
-            r.rotate_left(u32::from(i) + 1)
+            (
+                r.rotate_left(u32::from(i) + 1),
+                (n + 1, sum.wrapping_add(r as u64)),
+            )
         });
         assert_eq!(inline.len(), 10);
         assert_eq!(inline, soft, "key {k32:02x?}");
+        assert_eq!(inline_state, soft_state);
+        assert_eq!(inline_state.0, 10);
     }
 }
 
@@ -344,6 +353,44 @@ fn the_feistel_permutes_every_small_width_exactly() {
             assert!(!seen[y as usize], "{bits} bits: {y} twice");
             seen[y as usize] = true;
             assert_eq!(feistel.decrypt(y, 99), x);
+        }
+    }
+}
+
+/// The Feistel's batch path gives exactly what one value at a time
+/// gives, through both batch paths (the VAES registers where this
+/// processor has them, the `aes` crate's eight blocks otherwise), on
+/// every width from 2 to 63 bits, every batch length up to 16 and
+/// random tweaks (a sortable snowflake's per-millisecond tweaks).
+#[test]
+fn the_feistel_batch_paths_match_one_value_at_a_time() {
+    use super::feistel::{mask, Feistel, LANES};
+    let mut rng = fastrand::Rng::with_seed(63);
+    let wide_here = Feistel::new(&[1; 32], 20).wide();
+    eprintln!("the wide (VAES) batch path runs on this processor: {wide_here}");
+    for bits in 2..=63u32 {
+        let key: [u8; 32] = std::array::from_fn(|_| rng.u8(..));
+        for feistel in [
+            Feistel::new(&key, bits),
+            Feistel::new(&key, bits).without_wide(),
+        ] {
+            for n in 0..=LANES {
+                let xs: Vec<u64> = (0..n).map(|_| rng.u64(..) & mask(bits)).collect();
+                let tweaks: Vec<u64> = (0..n).map(|_| rng.u64(..)).collect();
+                let expected: Vec<u64> = xs
+                    .iter()
+                    .zip(&tweaks)
+                    .map(|(&x, &t)| feistel.encrypt(x, t))
+                    .collect();
+                let mut got = xs.clone();
+                feistel.encrypt_lanes(&mut got, &tweaks);
+                assert_eq!(
+                    got,
+                    expected,
+                    "{bits} bits, {n} lanes, wide path {}",
+                    feistel.wide()
+                );
+            }
         }
     }
 }
@@ -679,7 +726,8 @@ fn bad_widths_versions_and_values_are_refused_with_what_to_do() {
 /// The remainders FF1's rounds take without a division agree with `%` on
 /// every modulus a half can have (10^3 to 10^10), at the edges and on
 /// random values, for `rem`, `rem_wide` (up to 2^94 - 1), `add_rem` (y up
-/// to 2^96 - 1) and `sub_rem`.
+/// to 2^96 - 1), `sub_rem`, and their 64-bit forms `add_rem64` and
+/// `sub_rem64` (by a constant for 10^3 to 10^9).
 #[test]
 fn the_division_free_remainders_are_exact() {
     let mut rng = fastrand::Rng::with_seed(96);
@@ -722,16 +770,43 @@ fn the_division_free_remainders_are_exact() {
                     diff,
                     "({a} - {y}) mod {m}"
                 );
+                // The 64-bit forms, on the low 64 bits of y.
+                let y64 = y as u64;
+                let wide = u128::from(y64);
+                let sum = (u128::from(a) + wide) % u128::from(m);
+                assert_eq!(
+                    u128::from(modulus.add_rem64(a, y64)),
+                    sum,
+                    "({a} + {y64}) mod {m}"
+                );
+                let diff = (u128::from(a) + u128::from(m) - wide % u128::from(m)) % u128::from(m);
+                assert_eq!(
+                    u128::from(modulus.sub_rem64(a, y64)),
+                    diff,
+                    "({a} - {y64}) mod {m}"
+                );
             }
         }
     }
+    // A modulus that is no power of ten takes the reciprocal in the
+    // 64-bit forms too.
+    let m = 999_983;
+    let modulus = Modulus::new(m);
+    let ys: Vec<u64> = (0..20_000).map(|_| rng.u64(..)).collect();
+    for y in [0, 1, u64::MAX, u64::MAX - 1].into_iter().chain(ys) {
+        let a = rng.u64(..m);
+        assert_eq!(
+            modulus.add_rem64(a, y),
+            ((u128::from(a) + u128::from(y)) % u128::from(m)) as u64
+        );
+    }
 }
 
-/// Inputs for the batch test: every batch length from 0 to 19 (empty,
-/// a partial chunk, exactly 8, more than one chunk) at the domain's
+/// Inputs for the batch test: every batch length from 0 to 35 (empty,
+/// partial chunks, exactly 8 and 16, more than one chunk) at the domain's
 /// edges, then 1,000 random values below `max`, all at most `max`.
 fn batches(max: u64, rng: &mut fastrand::Rng) -> Vec<Vec<u64>> {
-    let mut out: Vec<Vec<u64>> = (0..20u64)
+    let mut out: Vec<Vec<u64>> = (0..36u64)
         .map(|n| {
             (0..n)
                 .map(|i| if i % 2 == 0 { i } else { max - i })
