@@ -24,6 +24,7 @@
 #     hide = "sortable"`, 2 version bits, so 1,024 IDs per ms) against a
 #     plain node of the same internal layout (`sequence_bits = 10`) and
 #     the plain twitter node, and a hidden segment tag against a plain one
+#     and against a plain one whose IDs are as wide
 #     (same step, same node), each right after its plain twin.
 #
 # Usage: scripts/perf-report.sh [secs] [rounds] [--smoke] [--hidden-only] [--update-readme]
@@ -134,6 +135,10 @@ admin "$hidden" keys create perf
 admin "$single" keys create perf
 admin "$single" tags create hidden-perf --step 1000000 --hide-key perf
 admin "$single" tags create plain-perf --step 1000000
+# A plain twin whose IDs are as wide as the hidden tag's (40 bits: six
+# bytes on the wire, like the hidden ones): the hidden tag against it is
+# the permutation's cost alone, against plain-perf also the wider IDs'.
+admin "$single" tags create plain-wide-perf --step 1000000 --initial 549755813888
 if [ "$hidden_only" = 0 ]; then
   node tls embedded "$work/certs"; tls=$grpc
   node c1 consul; c1=$grpc
@@ -179,6 +184,7 @@ hidden_figures() {
   bench seq10-x1000-c64 "http://127.0.0.1:$seq10" --concurrency 64 --batch 1000
   bench hidden-sortable-x1000-c64 "http://127.0.0.1:$hidden" --concurrency 64 --batch 1000 --unordered
   bench plain-tag-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag plain-perf
+  bench plain-wide-tag-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag plain-wide-perf
   bench hidden-tag-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag hidden-perf --unordered
 }
 

@@ -63,9 +63,13 @@ FIGURES = {
         ["seq10-x1000-c64", "genids-x1000-c64"],
     ),
     "plain-tag-x1000-c64": ("Segment GenIds x1000, plain tag, step 10^6, 1 x 64", []),
+    "plain-wide-tag-x1000-c64": (
+        "Segment GenIds x1000, plain tag whose IDs start at 2^39 (as wide on the wire as the hidden tag's), 1 x 64",
+        [],
+    ),
     "hidden-tag-x1000-c64": (
         "Segment GenIds x1000, hidden tag (4 version bits, 40 domain bits), 1 x 64",
-        ["plain-tag-x1000-c64"],
+        ["plain-tag-x1000-c64", "plain-wide-tag-x1000-c64"],
     ),
 }
 
