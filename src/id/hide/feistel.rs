@@ -15,8 +15,10 @@
 //! (round, width, tweak) is an independent pseudorandom function.
 //!
 //! One value's ten rounds are ten dependent AES calls, so its cost is
-//! at least ten AES latencies; they run through [`AesChain`], with AES-NI
-//! inline where the processor has it. [`Feistel::encrypt_lanes`] runs up
+//! at least ten AES latencies. With AES-NI the whole chain stays in
+//! 128-bit registers ([`one`]); elsewhere, and for reveals, it runs
+//! through [`AesChain`] (AES-NI inline where the processor has it, else
+//! the `aes` crate). [`Feistel::encrypt_lanes`] runs up
 //! to [`LANES`] values side by side, which the processor pipelines: a
 //! batch costs a fraction of that per value. With VAES and AVX2 (checked
 //! at run time) the whole round runs in 256-bit registers, two blocks per
@@ -116,6 +118,12 @@ impl Feistel {
     /// Permutes `x < 2^bits` under `tweak`.
     #[inline]
     pub(super) fn encrypt(&self, x: u64, tweak: u64) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(keys) = self.chain.ni_keys() {
+            // SAFETY: the chain has AES-NI round keys only where the
+            // processor has AES-NI.
+            return unsafe { one::encrypt(keys.keys(), self.u, self.v, x, tweak) };
+        }
         let (a, b) = (x >> self.v, x & mask(self.v));
         let first = self.input_word(0, b, tweak);
         let (a, b) = self.chain.run(ROUNDS, first, (a, b), |i, r, (a, b)| {
@@ -213,6 +221,59 @@ impl Feistel {
             (block, (c, a))
         });
         (a << self.v) | b
+    }
+}
+
+/// One value's ten rounds in 128-bit registers with AES-NI: the halves
+/// stay in the vector unit, so between two AES calls a round costs a
+/// mask, two XORs and a byte shift (no moves to and from general
+/// registers). The halves sit in the low 64 bits of their register; the
+/// input block is the half shifted into bits 64 to 96, XOR the round's
+/// constant block (tweak, round, width) already whitened with round key
+/// 0. The result is exactly [`super::Feistel::encrypt`]'s chain through
+/// [`AesChain`](super::AesChain).
+#[cfg(target_arch = "x86_64")]
+mod one {
+    use super::{mask, ROUNDS};
+    use std::arch::x86_64::{
+        __m128i, _mm_aesenc_si128, _mm_aesenclast_si128, _mm_and_si128, _mm_cvtsi128_si64,
+        _mm_set_epi64x, _mm_slli_si128, _mm_xor_si128,
+    };
+
+    /// Permutes `x` (below `2^(u + v)`) under `tweak` with AES-128's
+    /// eleven round `keys`.
+    ///
+    /// # Safety
+    /// The processor must have AES-NI.
+    #[target_feature(enable = "aes")]
+    pub(super) unsafe fn encrypt(keys: &[__m128i], u: u32, v: u32, x: u64, tweak: u64) -> u64 {
+        debug_assert!(keys.len() == 11);
+        let k: [__m128i; 11] = std::array::from_fn(|r| keys[r]);
+        let width = u64::from(u + v) << 40;
+        // `_mm_set_epi64x` takes the high 64 bits first.
+        let base: [__m128i; ROUNDS as usize] = std::array::from_fn(|i| {
+            let constant = ((i as u64) << 32) | width;
+            _mm_xor_si128(_mm_set_epi64x(constant as i64, tweak as i64), k[0])
+        });
+        let masks = [
+            _mm_set_epi64x(0, mask(u) as i64),
+            _mm_set_epi64x(0, mask(v) as i64),
+        ];
+        let mut a = _mm_set_epi64x(0, (x >> v) as i64);
+        let mut b = _mm_set_epi64x(0, (x & mask(v)) as i64);
+        for (i, base) in base.iter().enumerate() {
+            let mut s = _mm_xor_si128(_mm_slli_si128::<8>(b), *base);
+            for key in &k[1..10] {
+                s = _mm_aesenc_si128(s, *key);
+            }
+            s = _mm_aesenclast_si128(s, k[10]);
+            // Even rounds yield `u` bits, odd rounds `v`.
+            let c = _mm_xor_si128(a, _mm_and_si128(s, masks[i % 2]));
+            a = b;
+            b = c;
+        }
+        let (a, b) = (_mm_cvtsi128_si64(a) as u64, _mm_cvtsi128_si64(b) as u64);
+        (a << v) | b
     }
 }
 
