@@ -67,7 +67,7 @@ fn bench(c: &mut Criterion) {
             layout.compose(black_box(x) >> 22, 0, x & 4095)
         })
     });
-    for digits in [10u32, 12, 18] {
+    for digits in [10u32, 12, 18, 19] {
         let hider = DecimalHider::new(&keys, 1, digits).expect("decimal hider");
         let capacity = hider.capacity();
         g.bench_function(format!("decimal_{digits}"), |b| {
@@ -115,8 +115,9 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-/// Batches of 1,000 (a GenIds x1000), eight values side by side per AES
-/// call: time per ID with `Throughput::Elements`.
+/// Batches of 1,000 (a GenIds x1000), values side by side (sixteen on
+/// the VAES path, else eight per AES call): time per ID with
+/// `Throughput::Elements`.
 fn batches(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     int: &IntHider,

@@ -382,7 +382,6 @@ async fn pump(inner: Arc<Inner>) {
 }
 
 #[cfg(test)]
-#[cfg(test)]
 mod tests {
     use super::*;
     use crate::id::{Preset, StartPlan, SystemClock, DEFAULT_EPOCH_MS};

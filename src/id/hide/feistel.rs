@@ -124,6 +124,13 @@ impl Feistel {
             // processor has AES-NI.
             return unsafe { one::encrypt(keys.keys(), self.u, self.v, x, tweak) };
         }
+        self.encrypt_chain(x, tweak)
+    }
+
+    /// [`Feistel::encrypt`] through [`AesChain`]: the path without
+    /// AES-NI or off x86-64 (and, in tests, a second path to hold `one`
+    /// against).
+    pub(super) fn encrypt_chain(&self, x: u64, tweak: u64) -> u64 {
         let (a, b) = (x >> self.v, x & mask(self.v));
         let first = self.input_word(0, b, tweak);
         let (a, b) = self.chain.run(ROUNDS, first, (a, b), |i, r, (a, b)| {

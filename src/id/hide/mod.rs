@@ -27,8 +27,10 @@
 //! and retired) and the active version, and then `hide` and `reveal` take
 //! `&self`, allocate nothing and are safe to share between threads. For
 //! many values at once, `hide_in_place` (and `hide_many`, which returns a
-//! new `Vec`) gives the same IDs as `hide` one by one, eight side by side
-//! per AES call, so a batch costs a fraction of what single calls do.
+//! new `Vec`) gives the same IDs as `hide` one by one, computed side by
+//! side (sixteen in 256-bit VAES registers for integers and snowflakes
+//! where the processor has them, else eight per AES call), so a batch
+//! costs a fraction of what single calls do.
 //!
 //! What hiding does not do: it is not encryption of a secret. Anyone with
 //! many IDs still sees their number and, for sortable snowflakes, their

@@ -357,38 +357,100 @@ fn the_feistel_permutes_every_small_width_exactly() {
     }
 }
 
-/// The Feistel's batch path gives exactly what one value at a time
-/// gives, through both batch paths (the VAES registers where this
-/// processor has them, the `aes` crate's eight blocks otherwise), on
-/// every width from 2 to 63 bits, every batch length up to 16 and
-/// random tweaks (a sortable snowflake's per-millisecond tweaks).
+/// Every Feistel path gives the network's definition, written out here
+/// with the `aes` crate block by block: one value in 128-bit registers
+/// (`one`, where the processor has AES-NI), one value through the AES
+/// chain (what a node without AES-NI, or off x86-64, computes), and both
+/// batch paths (the VAES registers where the processor has them, the
+/// `aes` crate's eight blocks otherwise), on every width from 2 to 63
+/// bits, every batch length up to 16, values and tweaks at their edges
+/// (a tweak's top bit set: a sortable snowflake's time unit) and random
+/// ones; each output reveals back.
 #[test]
-fn the_feistel_batch_paths_match_one_value_at_a_time() {
+fn every_feistel_path_equals_the_definition() {
     use super::feistel::{mask, Feistel, LANES};
-    let mut rng = fastrand::Rng::with_seed(63);
+    use aes::cipher::BlockEncrypt;
+    fn definition(key: &[u8; 32], bits: u32, x: u64, tweak: u64) -> u64 {
+        let aes = Aes128::new(GenericArray::from_slice(&key[..16]));
+        let (u, v) = (bits / 2, bits - bits / 2);
+        let (mut a, mut b) = (x >> v, x & mask(v));
+        for i in 0..10u8 {
+            // tweak | half (32 bits) | round | width, little-endian.
+            let mut block = [0u8; 16];
+            block[..8].copy_from_slice(&tweak.to_le_bytes());
+            block[8..12].copy_from_slice(&(b as u32).to_le_bytes());
+            block[12] = i;
+            block[13] = bits as u8;
+            let mut block = GenericArray::from(block);
+            aes.encrypt_block(&mut block);
+            let out = u64::from_le_bytes(std::array::from_fn(|k| block[k]));
+            let c = a ^ (out & mask(if i % 2 == 0 { u } else { v }));
+            (a, b) = (b, c);
+        }
+        (a << v) | b
+    }
+    let mut rng = fastrand::Rng::with_seed(2063);
     let wide_here = Feistel::new(&[1; 32], 20).wide();
     eprintln!("the wide (VAES) batch path runs on this processor: {wide_here}");
+    let tweak_edges = [
+        0,
+        1,
+        u64::MAX,
+        1 << 63,
+        (1 << 63) - 1,
+        0xFF00_0000_0000_00FF,
+    ];
     for bits in 2..=63u32 {
         let key: [u8; 32] = std::array::from_fn(|_| rng.u8(..));
+        let (max, v) = (mask(bits), bits - bits / 2);
+        let value_edges = [
+            0,
+            1,
+            max,
+            max - 1,
+            mask(v),
+            (mask(v) + 1) & max,
+            max ^ mask(v),
+            max >> 1,
+        ];
         for feistel in [
             Feistel::new(&key, bits),
             Feistel::new(&key, bits).without_wide(),
         ] {
             for n in 0..=LANES {
-                let xs: Vec<u64> = (0..n).map(|_| rng.u64(..) & mask(bits)).collect();
-                let tweaks: Vec<u64> = (0..n).map(|_| rng.u64(..)).collect();
+                let xs: Vec<u64> = (0..n)
+                    .map(|k| match k % 3 {
+                        0 => value_edges[(k + n) % value_edges.len()],
+                        _ => rng.u64(..) & max,
+                    })
+                    .collect();
+                let tweaks: Vec<u64> = (0..n)
+                    .map(|k| match k % 2 {
+                        0 => tweak_edges[(k + bits as usize) % tweak_edges.len()],
+                        _ => rng.u64(..),
+                    })
+                    .collect();
                 let expected: Vec<u64> = xs
                     .iter()
                     .zip(&tweaks)
-                    .map(|(&x, &t)| feistel.encrypt(x, t))
+                    .map(|(&x, &t)| definition(&key, bits, x, t))
                     .collect();
+                for ((&x, &t), &want) in xs.iter().zip(&tweaks).zip(&expected) {
+                    assert_eq!(
+                        feistel.encrypt(x, t),
+                        want,
+                        "one: {bits} bits x={x} t={t:#x}"
+                    );
+                    let chain = feistel.encrypt_chain(x, t);
+                    assert_eq!(chain, want, "chain: {bits} bits x={x} t={t:#x}");
+                    assert_eq!(feistel.decrypt(want, t), x, "decrypt: {bits} bits");
+                }
                 let mut got = xs.clone();
                 feistel.encrypt_lanes(&mut got, &tweaks);
+                let wide = feistel.wide();
                 assert_eq!(
-                    got,
-                    expected,
-                    "{bits} bits, {n} lanes, wide path {}",
-                    feistel.wide()
+                    got, expected,
+                    "lanes: {bits} bits, {n} lanes, wide path {wide}"
                 );
             }
         }
