@@ -212,14 +212,11 @@ pub(super) struct Ff1Decimal<C> {
     /// Whether `d` is 8 (up to 18 digits): `y` is then the block's first
     /// 8 bytes, a `u64`, and the rounds take [`Modulus::add_rem64`].
     y64: bool,
-    /// Round `i`'s CBC-MAC input before `NUM(B)`, as a big-endian number:
-    /// the state after `P` and every block of `Q` but the last, XOR the
-    /// last block of `Q` with the round number `i` in place and zeros
-    /// where `NUM(B)` goes. Adding `NUM(B)` is one XOR, since it fills
-    /// only the zeros.
-    round_base: [u128; ROUNDS as usize],
-    /// The same blocks as little-endian numbers (the chain's form), so a
-    /// round's input is one byte swap of the half and one XOR.
+    /// Round `i`'s CBC-MAC input before `NUM(B)`, as a little-endian
+    /// number (the chain's form): the state after `P` and every block of
+    /// `Q` but the last, XOR the last block of `Q` with the round number
+    /// `i` in place and zeros where `NUM(B)` goes. Adding `NUM(B)` is one
+    /// byte swap of the half and one XOR, since it fills only the zeros.
     round_base_le: [u128; ROUNDS as usize],
 }
 
@@ -284,7 +281,6 @@ impl<C: BlockCipher> Ff1Decimal<C> {
             num_bits,
             y_shift: 128 - 8 * d as u32,
             y64: d == 8,
-            round_base: std::array::from_fn(|i| base ^ ((i as u128) << num_bits)),
             round_base_le: std::array::from_fn(|i| (base ^ ((i as u128) << num_bits)).swap_bytes()),
         }
     }
@@ -299,26 +295,18 @@ impl<C: BlockCipher> Ff1Decimal<C> {
 
     /// The last CBC-MAC block of round `i` over the half `half` (below
     /// `10^v`, so it fits its `b` bytes), before its encryption, as a
-    /// big-endian number.
-    #[inline]
-    fn round_word(&self, i: u8, half: u64) -> u128 {
-        debug_assert!(u128::from(half) >> self.num_bits == 0);
-        self.round_base[usize::from(i)] ^ u128::from(half)
-    }
-
-    /// [`Ff1Decimal::round_word`] as a little-endian number: the half
-    /// (at most 5 bytes) fills the block's last bytes, the top of the
-    /// little-endian number, byte-reversed.
+    /// little-endian number: the half (at most 5 bytes) fills the block's
+    /// last bytes, the top of the little-endian number, byte-reversed.
     #[inline]
     fn round_word_le(&self, i: u8, half: u64) -> u128 {
         debug_assert!(u128::from(half) >> self.num_bits == 0);
         self.round_base_le[usize::from(i)] ^ (u128::from(half.swap_bytes()) << 64)
     }
 
-    /// [`Ff1Decimal::round_word`] as bytes.
+    /// [`Ff1Decimal::round_word_le`] as bytes.
     #[inline]
     fn round_block(&self, i: u8, half: u64) -> [u8; 16] {
-        self.round_word(i, half).to_be_bytes()
+        self.round_word_le(i, half).to_le_bytes()
     }
 
     /// One value's ten dependent blocks (see [`AesChain::run`]; blocks
