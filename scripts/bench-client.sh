@@ -6,7 +6,8 @@
 #     prefetch) on 1 and 2 threads, with one refill at a time and with up to
 #     6 in flight (the default), alternating: IDs/s, p50/p99/p99.9/max of
 #     single next_id calls, refill stalls included, and the histogram of
-#     calls that waited over 1 ms;
+#     calls that waited over 1 ms; then one thread paced at 6 M IDs/s (an
+#     application's steady load) for the waits on a refill;
 #   - runs Redis INCR with `redis-benchmark -t incr -c 50` against Debian's
 #     redis-server started on a loopback port (installed if missing) and
 #     stopped after, once without persistence and once with appendfsync
@@ -73,6 +74,8 @@ for t in 1 2; do
     "$load" --consul "http://$consul" --threads "$t" --seconds "$secs" --mode prefetch --refills-in-flight "$r"
   done
 done
+echo "== client paced at 6 M IDs/s on one thread (steady state, 1 s warm-up left out): buffer_waits_over_1ms are the calls that waited over 1 ms for a refill"
+"$load" --consul "http://$consul" --threads 1 --seconds "$secs" --warmup 1 --rate 6000000 --mode prefetch
 echo "== client, one GenId call per ID (no prefetch), 2 threads"
 "$load" --consul "http://$consul" --threads 2 --seconds "$secs" --mode call
 

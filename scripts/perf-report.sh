@@ -15,7 +15,8 @@
 #     `UPDATE ... RETURNING` with synchronous_commit = on
 #     (scripts/pg-nextval-bench.sh);
 #   - client vs Redis: client/examples/load.rs (one thread, prefetch, 3
-#     nodes found through Consul) against `redis-benchmark -t incr -c 50`,
+#     nodes found through Consul; flat out, and paced at 6 M IDs/s for the
+#     waits on a refill) against `redis-benchmark -t incr -c 50`,
 #     plain and with appendfsync always (scripts/lib/redis.sh);
 #   - TLS: unary GenId on a TLS 1.3 node (`idgen tls dev-certs`) against a
 #     plaintext node;
@@ -211,18 +212,26 @@ for r in $(seq 1 "$rounds"); do
     row postgres-nextval-c16 "$(sed -n 's/^pg_nextval_tps=//p' "$work/pg.out")" calls/s
     row postgres-update-c16 "$(sed -n 's/^pg_update_tps=//p' "$work/pg.out")" calls/s
   fi
-  # The client as it is (up to 6 refills in flight) and with one refill at
-  # a time (as before it kept ahead), alternating.
-  for refills in 6 1; do
-    "$load" --consul "http://$consul" --threads 1 --seconds "$secs" --mode prefetch \
-      --refills-in-flight "$refills" > "$work/load.json"
-    python3 - "$work/load.json" "$refills" >> "$results" <<'PY'
+  # The client in steady state (a warm-up second left out): as fast as
+  # one thread can take IDs, as it is (up to 6 refills in flight) and with
+  # one refill at a time (as before it kept ahead), and paced at 6 M IDs/s
+  # (an application's steady load), where the waits for a refill are the
+  # figure: calls that found the buffer empty and waited over 1 ms.
+  for run in 6 1 paced; do
+    refills=$run rate=0
+    [ "$run" = paced ] && refills=6 rate=6000000
+    "$load" --consul "http://$consul" --threads 1 --seconds "$secs" --warmup "$warmup" \
+      --mode prefetch --refills-in-flight "$refills" --rate "$rate" > "$work/load.json"
+    python3 - "$work/load.json" "$run" >> "$results" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-suffix = "" if sys.argv[2] != "1" else "-one-refill"
-waits = sum(r["stalls_over_1ms"].values())
+suffix = {"6": "", "1": "-one-refill", "paced": "-paced-6M"}[sys.argv[2]]
+per_10m = lambda n: f"{n * 10_000_000 / max(r['ids'], 1):.1f}"
+waits = sum(r["buffer_waits_over_1ms"].values())
+stalls = sum(r["stalls_over_1ms"].values())
 print(f"client-prefetch-1t{suffix}\t{r['ids_per_sec']}\tIDs/s\t{r['p50_us']}\t{r['p99_us']}")
-print(f"client-waits-over-1ms-per-10M{suffix}\t{waits * 10_000_000 / max(r['ids'], 1):.1f}\tcount\t\t")
+print(f"client-waits-over-1ms-per-10M{suffix}\t{per_10m(waits)}\tcount\t\t")
+print(f"client-calls-over-1ms-per-10M{suffix}\t{per_10m(stalls)}\tcount\t\t")
 PY
   done
   if [ "$smoke" = 0 ] || redis_installed; then

@@ -75,7 +75,7 @@
 //!   (fenced, lock deadline) once for snowflake, lease and formatted;
 //!   segment and lease refill through [`modes::refill`], snowflake
 //!   callers that want more than a time unit holds queue for
-//!   [`modes::fair_shares`], whose pump waits on [`modes::ticker`]; Lua
+//!   [`modes::fair_shares`], whose pump runs on [`modes::ticker`]'s thread; Lua
 //!   rules run on
 //!   [`modes::lua_pool`]'s threads, off the request runtime, under a
 //!   deadline; [`modes::hide_keys`] keeps the hide key rings fresh and

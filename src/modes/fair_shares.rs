@@ -5,7 +5,7 @@
 //! default). While callers want less than that, each takes its positions
 //! straight from the generator ([`super::snowflake`]'s fast path). Once a
 //! call finds the unit used up, or finds others already waiting, it queues
-//! here, and one pump task serves the queue by deficit round robin:
+//! here, and one pump serves the queue by deficit round robin:
 //!
 //! * each turn a caller gets at most [`FAIR_QUANTUM`] positions, then goes
 //!   to the back of the queue;
@@ -24,17 +24,20 @@
 //! See "Fair shares" in docs/ARCHITECTURE.md.
 //!
 //! The queue itself ([`Shares`]) is plain data driven with explicit times,
-//! tested without a runtime; [`FairShares`] adds the pump, which waits for
-//! the next unit on the gate's ticker outside every lock.
+//! tested without a runtime; [`FairShares`] adds the pump: each pass runs
+//! on the gate's ticker thread at the start of a unit ([`UnitJob`]), so a
+//! unit is handed out on time even when every runtime worker is busy, and
+//! the wait for the next unit happens outside every lock.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::gate::IssueGate;
+use super::ticker::{UnitJob, Wake};
 use crate::error::Error;
 use crate::id::{Clock, GenError, Snowflake};
 
@@ -213,7 +216,8 @@ type Reply = oneshot::Sender<Result<Vec<u64>, Error>>;
 
 struct State {
     shares: Shares<Reply>,
-    /// Whether a pump task runs (it stops when the queue empties).
+    /// Whether the ticker thread runs passes (it stops when the queue
+    /// empties).
     pumping: bool,
 }
 
@@ -238,19 +242,21 @@ pub struct FairShares {
 }
 
 impl FairShares {
-    /// A queue serving from `gate`'s generators, reading `clock`.
+    /// A queue serving from `gate`'s generators, reading `clock`; its
+    /// passes run on the gate's ticker thread.
     pub fn new(gate: Arc<IssueGate>, clock: Arc<dyn Clock>) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                state: Mutex::new(State {
-                    shares: Shares::default(),
-                    pumping: false,
-                }),
-                waiting: AtomicUsize::new(0),
-                gate,
-                clock,
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                shares: Shares::default(),
+                pumping: false,
             }),
-        }
+            waiting: AtomicUsize::new(0),
+            gate,
+            clock,
+        });
+        let job: Weak<dyn UnitJob> = Arc::downgrade(&inner) as Weak<dyn UnitJob>;
+        inner.gate.ticker().add_job(job);
+        Self { inner }
     }
 
     /// Whether nobody waits: then a caller may take positions straight
@@ -282,7 +288,7 @@ impl FairShares {
             (ticket, spawn)
         };
         if spawn {
-            tokio::spawn(pump(Arc::clone(inner)));
+            inner.gate.ticker().run_jobs_now();
         }
         let mut place = Place {
             inner,
@@ -296,7 +302,7 @@ impl FairShares {
                     place.left = true;
                     return result;
                 }
-                // The pump went away with the runtime: the node stops.
+                // The reply was dropped unsent: the node stops.
                 Ok(Err(_)) => return Err(inner.gate.refusal(GenError::Closed)),
                 Err(_) => {}
             }
@@ -339,17 +345,20 @@ impl Drop for Place<'_> {
     }
 }
 
-/// Serves the queue unit by unit until it is empty: each pass checks the
-/// lock deadline first, then hands out the unit's positions; replies are
-/// sent and the next unit awaited outside the lock.
-async fn pump(inner: Arc<Inner>) {
-    let ticker = Arc::clone(inner.gate.ticker());
-    let mut done: Vec<Finished<Reply>> = Vec::new();
-    loop {
-        let deadline = inner.gate.check_deadline();
-        let now = inner.clock.now_micros();
+/// One pass of the pump, run by the gate's ticker thread at each unit's
+/// start: checks the lock deadline first, then hands out the unit's
+/// positions; replies are sent outside the lock. Asks to run again when
+/// the next unit starts (or after [`RECHECK`]) while anybody waits.
+impl UnitJob for Inner {
+    fn run(&self) -> Option<Wake> {
+        let mut done: Vec<Finished<Reply>> = Vec::new();
+        let deadline = self.gate.check_deadline();
+        let now = self.clock.now_micros();
         let (end, refused) = {
-            let mut st = inner.lock();
+            let mut st = self.lock();
+            if !st.pumping {
+                return None;
+            }
             let (end, refused) = match deadline {
                 Ok(()) => (
                     st.shares
@@ -358,25 +367,24 @@ async fn pump(inner: Arc<Inner>) {
                 ),
                 Err(_) => (PassEnd::Empty, st.shares.drain()),
             };
-            inner.waiting.store(st.shares.len(), Ordering::Release);
+            self.waiting.store(st.shares.len(), Ordering::Release);
             if end == PassEnd::Empty {
                 st.pumping = false;
             }
             (end, refused)
         };
         for reply in refused {
-            let _ = reply.send(Err(inner.gate.fenced_error()));
+            let _ = reply.send(Err(self.gate.fenced_error()));
         }
-        for (reply, result) in done.drain(..) {
-            let _ = reply.send(result.map_err(|e| inner.gate.refusal(e)));
+        for (reply, result) in done {
+            let _ = reply.send(result.map_err(|e| self.gate.refusal(e)));
         }
         match end {
-            PassEnd::Empty => return,
-            PassEnd::Wait { retry_after_micros } => {
-                ticker
-                    .wait_until(now.saturating_add(retry_after_micros), RECHECK)
-                    .await;
-            }
+            PassEnd::Empty => None,
+            PassEnd::Wait { retry_after_micros } => Some(Wake {
+                at_micros: now.saturating_add(retry_after_micros),
+                limit: RECHECK,
+            }),
         }
     }
 }

@@ -4,19 +4,20 @@
 //! Tokio's timer has millisecond resolution, so a call told "retry in
 //! 300 us" would lose most of a millisecond's worth of IDs per wait. One
 //! dedicated thread instead sleeps until just before the earliest requested
-//! deadline, spins the last stretch (outside every lock), and then wakes one
-//! waiter: the fair-share pump ([`super::fair_shares`]), which serves every
-//! queued caller. It idles on a condition variable when nobody waits.
+//! time, spins the last stretch (outside every lock), and then runs its
+//! jobs itself: the fair-share pass ([`super::fair_shares`]), which hands
+//! the new unit out to every queued caller. A job run here does not wait
+//! for a runtime worker, so a unit is used even while the workers are all
+//! busy. The thread idles on a condition variable when nobody waits.
 //!
 //! The same thread keeps a [`CoarseClock`]: monotonic milliseconds updated
 //! at least every [`COARSE_TICK`], so the issue path can compare the
 //! fencing deadline with one atomic load instead of reading a clock.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
-
-use tokio::sync::Notify;
 
 use crate::id::Clock;
 
@@ -65,16 +66,78 @@ impl CoarseClock {
     }
 }
 
+/// Work the ticker thread does itself at a unit boundary: the fair-share
+/// pass ([`super::fair_shares`]). Running it here rather than waking an
+/// async task means a new unit is handed out on time even while every
+/// runtime worker is busy (a task woken from outside the runtime can wait
+/// behind dozens of others); the replies it sends wake their callers as
+/// usual.
+pub trait UnitJob: Send + Sync {
+    /// Does the work due now; returns when to run next, or `None` when
+    /// there is nothing left to do (until [`UnitTicker::run_jobs_now`]).
+    fn run(&self) -> Option<Wake>;
+}
+
+/// When the ticker thread should run its jobs next.
+#[derive(Debug, Clone, Copy)]
+pub struct Wake {
+    /// The clock time ([`Clock::now_micros`]) to run at.
+    pub at_micros: u64,
+    /// Run after this long at the latest, whatever the clock reads (on the
+    /// monotonic clock, so a wall-clock step back cannot stretch it).
+    pub limit: Duration,
+}
+
+/// A pending run: at the clock time, or at the instant, whichever comes
+/// first.
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    at_micros: u64,
+    by: Instant,
+}
+
+impl Due {
+    fn of(wake: Wake) -> Self {
+        Self {
+            at_micros: wake.at_micros,
+            by: Instant::now() + wake.limit.min(MAX_TICK),
+        }
+    }
+
+    /// The earlier of two requests, on both clocks.
+    fn merge(self, other: Option<Due>) -> Self {
+        match other {
+            None => self,
+            Some(o) => Self {
+                at_micros: self.at_micros.min(o.at_micros),
+                by: self.by.min(o.by),
+            },
+        }
+    }
+}
+
 struct Shared {
     coarse: CoarseClock,
-    next: Mutex<Option<u64>>,
+    next: Mutex<Option<Due>>,
     wake_thread: Condvar,
-    wake_waiters: Notify,
+    jobs: Mutex<Vec<Weak<dyn UnitJob>>>,
     clock: Arc<dyn Clock>,
     stop: AtomicBool,
 }
 
-/// Wakes async callers at a given clock time with microsecond precision.
+impl Shared {
+    /// Asks the thread to run the jobs at `due` (or earlier, if already
+    /// asked for earlier).
+    fn request(&self, due: Due) {
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        *next = Some(due.merge(*next));
+        drop(next);
+        self.wake_thread.notify_one();
+    }
+}
+
+/// Runs [`UnitJob`]s at given clock times with microsecond precision, on
+/// one dedicated thread.
 pub struct UnitTicker {
     shared: Arc<Shared>,
 }
@@ -86,7 +149,7 @@ impl UnitTicker {
             coarse: CoarseClock::new(),
             next: Mutex::new(None),
             wake_thread: Condvar::new(),
-            wake_waiters: Notify::new(),
+            jobs: Mutex::new(Vec::new()),
             clock,
             stop: AtomicBool::new(false),
         });
@@ -102,29 +165,22 @@ impl UnitTicker {
         &self.shared.coarse
     }
 
-    /// Waits until the clock reads `deadline_micros`, or at most `limit`
-    /// (measured on the monotonic clock, so a wall-clock step back cannot
-    /// stretch it). May also return early (another caller's hand-off, or a
-    /// wake-up left over from a moment with no waiters): the caller
-    /// re-checks its condition afterwards.
-    pub async fn wait_until(&self, deadline_micros: u64, limit: Duration) {
-        let s = &self.shared;
-        let now = s.clock.now_micros();
-        if now >= deadline_micros || limit.is_zero() {
-            return;
-        }
-        let notified = s.wake_waiters.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        {
-            let mut next = s.next.lock().unwrap_or_else(PoisonError::into_inner);
-            *next = Some(next.map_or(deadline_micros, |d| d.min(deadline_micros)));
-        }
-        s.wake_thread.notify_one();
-        // A safety net in case the thread is starved: never oversleep by
-        // more than a millisecond, and never past `limit`.
-        let remaining = Duration::from_micros(deadline_micros - now) + Duration::from_millis(1);
-        let _ = tokio::time::timeout(remaining.min(limit), notified).await;
+    /// Adds a job; the thread drops it once it is gone (held weakly, so
+    /// the job's owner decides its lifetime).
+    pub fn add_job(&self, job: Weak<dyn UnitJob>) {
+        self.shared
+            .jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(job);
+    }
+
+    /// Runs every job as soon as the thread gets to it.
+    pub fn run_jobs_now(&self) {
+        self.shared.request(Due {
+            at_micros: 0,
+            by: Instant::now(),
+        });
     }
 }
 
@@ -140,9 +196,13 @@ impl Drop for UnitTicker {
     }
 }
 
+/// The ticker thread: idles on the condition variable (advancing the
+/// coarse clock) until a run is due, sleeps until just before it, spins
+/// the last stretch, runs the jobs and takes the earliest next run they
+/// ask for.
 fn tick_loop(s: &Shared) {
     loop {
-        let deadline = {
+        let due = {
             let mut next = s.next.lock().unwrap_or_else(PoisonError::into_inner);
             loop {
                 s.coarse.advance();
@@ -159,54 +219,196 @@ fn tick_loop(s: &Shared) {
                     .0;
             }
         };
-        let started = Instant::now();
+        let until = due.by.min(Instant::now() + MAX_TICK);
         loop {
             s.coarse.advance();
             let now = s.clock.now_micros();
-            if now >= deadline || started.elapsed() > MAX_TICK {
+            let left = until.saturating_duration_since(Instant::now());
+            if now >= due.at_micros || left.is_zero() {
                 break;
             }
-            let remaining = deadline - now;
-            if remaining > SPIN_MICROS {
-                let nap = Duration::from_micros(remaining - SPIN_MICROS)
-                    .min(MAX_TICK.saturating_sub(started.elapsed()))
-                    .min(COARSE_TICK);
+            let remaining = Duration::from_micros(due.at_micros - now).min(left);
+            if remaining > Duration::from_micros(SPIN_MICROS) {
+                let nap = (remaining - Duration::from_micros(SPIN_MICROS)).min(COARSE_TICK);
                 std::thread::sleep(nap);
             } else {
                 std::hint::spin_loop();
             }
         }
-        // Wake one waiter: the fair-share pump, which hands the new unit
-        // out to every queued caller.
-        s.wake_waiters.notify_one();
+        s.coarse.advance();
+        if let Some(next) = run_jobs(s) {
+            let mut pending = s.next.lock().unwrap_or_else(PoisonError::into_inner);
+            *pending = Some(next.merge(*pending));
+        }
     }
+}
+
+/// Runs every live job once; returns the earliest next run asked for.
+///
+/// A job that panics is dropped (its callers then time out) rather than
+/// taking the thread down: the thread also keeps the coarse clock that
+/// the fencing deadline is checked on, which must never stop.
+fn run_jobs(s: &Shared) -> Option<Due> {
+    let jobs: Vec<Arc<dyn UnitJob>> = {
+        let mut jobs = s.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        jobs.retain(|j| j.strong_count() > 0);
+        jobs.iter().filter_map(Weak::upgrade).collect()
+    };
+    let mut next: Option<Due> = None;
+    for job in &jobs {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| job.run())) {
+            Ok(Some(wake)) => next = Some(Due::of(wake).merge(next)),
+            Ok(None) => {}
+            Err(_) => {
+                tracing::error!(
+                    "a unit job (the fair-share pump) panicked and was dropped: snowflake calls that wait for the next millisecond will time out; restart the node"
+                );
+                let mut all = s.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+                all.retain(|j| !std::ptr::addr_eq(j.as_ptr(), Arc::as_ptr(job)));
+            }
+        }
+    }
+    next
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::id::SystemClock;
+    use std::sync::mpsc;
 
-    #[tokio::test]
-    async fn wakes_at_or_after_the_deadline() {
+    /// A job that reports the clock and instant of every run and asks for
+    /// the next run from a script of (offset from now in us, limit).
+    struct Probe {
+        clock: Arc<dyn Clock>,
+        runs: Mutex<mpsc::Sender<(u64, Instant)>>,
+        script: Mutex<Vec<(u64, Duration)>>,
+    }
+
+    impl UnitJob for Probe {
+        fn run(&self) -> Option<Wake> {
+            let now = self.clock.now_micros();
+            let _ = self.runs.lock().unwrap().send((now, Instant::now()));
+            let (offset, limit) = self.script.lock().unwrap().pop()?;
+            Some(Wake {
+                at_micros: now + offset,
+                limit,
+            })
+        }
+    }
+
+    fn probe(
+        clock: Arc<dyn Clock>,
+        script: Vec<(u64, Duration)>,
+    ) -> (Arc<Probe>, mpsc::Receiver<(u64, Instant)>) {
+        let (tx, rx) = mpsc::channel();
+        let job = Arc::new(Probe {
+            clock,
+            runs: Mutex::new(tx),
+            script: Mutex::new(script),
+        });
+        (job, rx)
+    }
+
+    fn add(ticker: &UnitTicker, job: &Arc<Probe>) {
+        let weak: Weak<dyn UnitJob> = Arc::downgrade(job) as Weak<dyn UnitJob>;
+        ticker.add_job(weak);
+    }
+
+    #[test]
+    fn runs_a_job_now_then_never_before_the_time_it_asks_for() {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ticker = UnitTicker::new(Arc::clone(&clock)).unwrap();
-        let limit = Duration::from_secs(1);
+        let (job, runs) = probe(Arc::clone(&clock), vec![(700, Duration::from_secs(1)); 20]);
+        add(&ticker, &job);
+        ticker.run_jobs_now();
+        let wait = Duration::from_secs(10);
+        let (mut at, _) = runs.recv_timeout(wait).expect("the first run");
         for _ in 0..20 {
-            let deadline = clock.now_micros() + 700;
-            // The contract: a wake may come early (a stale permit); the
-            // caller re-checks. It takes at most a couple of rounds.
-            let mut rounds = 0;
-            while clock.now_micros() < deadline {
-                ticker.wait_until(deadline, limit).await;
-                rounds += 1;
-                assert!(rounds <= 3, "woken early {rounds} times");
+            let (now, _) = runs.recv_timeout(wait).expect("a run it asked for");
+            assert!(now >= at + 700, "ran at {now}, asked for {}", at + 700);
+            at = now;
+        }
+        // The script is over: the job asks for nothing and is not run again
+        // until asked.
+        assert!(runs.recv_timeout(Duration::from_millis(50)).is_err());
+        ticker.run_jobs_now();
+        assert!(runs.recv_timeout(wait).is_ok());
+    }
+
+    #[test]
+    fn a_clock_that_never_gets_there_is_bounded_by_the_limit() {
+        let clock = Arc::new(crate::id::ManualClock::at_millis(1_000));
+        let ticker = UnitTicker::new(clock.clone()).unwrap();
+        let (job, runs) = probe(clock.clone(), vec![(4_000_000, Duration::from_millis(30))]);
+        add(&ticker, &job);
+        ticker.run_jobs_now();
+        let wait = Duration::from_secs(10);
+        let (_, first) = runs.recv_timeout(wait).expect("the first run");
+        let (now, second) = runs.recv_timeout(wait).expect("the run at the limit");
+        assert!(second.duration_since(first) >= Duration::from_millis(30));
+        assert_eq!(now, 1_000_000, "the manual clock did not move");
+    }
+
+    /// A job that panics on every run.
+    struct Panics(Mutex<mpsc::Sender<()>>);
+
+    impl UnitJob for Panics {
+        fn run(&self) -> Option<Wake> {
+            let _ = self.0.lock().unwrap().send(());
+            panic!("a bug in a job");
+        }
+    }
+
+    #[test]
+    fn a_panicking_job_is_dropped_and_the_thread_lives_on() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let ticker = UnitTicker::new(Arc::clone(&clock)).unwrap();
+        let (tx, panics) = mpsc::channel();
+        let bad = Arc::new(Panics(Mutex::new(tx)));
+        let weak: Weak<dyn UnitJob> = Arc::downgrade(&bad) as Weak<dyn UnitJob>;
+        ticker.add_job(weak);
+        let (good, runs) = probe(Arc::clone(&clock), Vec::new());
+        add(&ticker, &good);
+        let wait = Duration::from_secs(10);
+        ticker.run_jobs_now();
+        panics.recv_timeout(wait).expect("the bad job ran");
+        runs.recv_timeout(wait).expect("the good job ran beside it");
+        // Asked again: only the good job runs; the thread is alive.
+        ticker.run_jobs_now();
+        runs.recv_timeout(wait).expect("the good job ran again");
+        assert!(panics.try_recv().is_err(), "the panicking job was dropped");
+        // The coarse clock (the fencing deadline's) still advances.
+        let at = ticker.coarse().now_ms();
+        let mut moved = false;
+        for _ in 0..400 {
+            std::thread::sleep(Duration::from_millis(5));
+            if ticker.coarse().now_ms() > at {
+                moved = true;
+                break;
             }
         }
-        // A deadline in the past returns at once.
-        let started = std::time::Instant::now();
-        ticker.wait_until(0, limit).await;
-        assert!(started.elapsed() < Duration::from_millis(100));
+        assert!(moved, "the coarse clock stopped");
+    }
+
+    #[test]
+    fn a_dropped_job_is_not_run() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let ticker = UnitTicker::new(Arc::clone(&clock)).unwrap();
+        let (job, runs) = probe(Arc::clone(&clock), Vec::new());
+        add(&ticker, &job);
+        drop(job);
+        ticker.run_jobs_now();
+        // The sender went with the job: no run can report.
+        assert!(matches!(
+            runs.recv_timeout(Duration::from_secs(1)),
+            Err(mpsc::RecvTimeoutError::Disconnected)
+        ));
+        // A new job on the same ticker still runs.
+        let (job, runs) = probe(Arc::clone(&clock), Vec::new());
+        add(&ticker, &job);
+        ticker.run_jobs_now();
+        assert!(runs.recv_timeout(Duration::from_secs(10)).is_ok());
     }
 
     #[test]
@@ -233,17 +435,5 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(reached, "coarse clock stuck at {}", c.now_ms());
-    }
-
-    #[tokio::test]
-    async fn a_clock_that_never_gets_there_is_bounded_by_the_limit() {
-        let clock = Arc::new(crate::id::ManualClock::at_millis(1_000));
-        let ticker = UnitTicker::new(clock.clone()).unwrap();
-        let started = std::time::Instant::now();
-        ticker
-            .wait_until(5_000_000, Duration::from_millis(30))
-            .await;
-        assert!(started.elapsed() >= Duration::from_millis(30));
-        assert!(clock.now_micros() < 5_000_000);
     }
 }
