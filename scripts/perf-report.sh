@@ -10,7 +10,7 @@
 #   - single node: unary GenId and GenIds x1000 (1 connection x 64), each
 #     alternating with a bare tonic counter server (`idgen bench --baseline`);
 #   - modes: segment and lease GenIds x1000 on an embedded node;
-#   - strict: unary, 16 callers, embedded (fsync'd) against bare tonic,
+#   - strict: unary, 16 and 64 callers, embedded (fsync'd) against bare tonic,
 #     and on the Consul test server; its peers PostgreSQL `nextval` and
 #     `UPDATE ... RETURNING` with synchronous_commit = on
 #     (scripts/pg-nextval-bench.sh);
@@ -202,6 +202,7 @@ for r in $(seq 1 "$rounds"); do
   hidden_figures
   bench lease-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode lease
   bench strict-embedded-c16 "http://127.0.0.1:$single" --concurrency 16 --mode strict --tag perf/k --baseline
+  bench strict-embedded-c64 "http://127.0.0.1:$single" --concurrency 64 --mode strict --tag perf/k --baseline
   bench strict-consul-c16 "http://127.0.0.1:$c1" --concurrency 16 --mode strict --tag perf/k
   bench tls-unary-c64 "https://127.0.0.1:$tls" --concurrency 64 --ca "$work/certs/ca.pem"
   bench plain-unary-c64 "http://127.0.0.1:$single" --concurrency 64

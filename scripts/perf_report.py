@@ -33,6 +33,8 @@ FIGURES = {
         ["bare-strict-embedded-c16", "postgres-nextval-c16", "postgres-update-c16"],
     ),
     "bare-strict-embedded-c16": ("Bare tonic counter, unary, 16 callers", []),
+    "strict-embedded-c64": ("Strict unary, 64 callers, embedded (fsync'd)", ["bare-strict-embedded-c64"]),
+    "bare-strict-embedded-c64": ("Bare tonic counter, unary, 64 callers", []),
     "strict-consul-c16": (
         "Strict unary, 16 callers, Consul test server",
         ["postgres-update-c16", "redis-incr-c50-fsync-always"],
