@@ -3,14 +3,17 @@
 # and strict mode against PostgreSQL `SELECT nextval()`:
 #   - one embedded node (state file on disk, every commit fsync'd) with
 #     segment, lease and strict enabled;
-#   - the Consul-compatible test server as a process and one cluster node
-#     with strict enabled;
+#   - the Consul-compatible test server as a process and three cluster
+#     nodes with strict enabled;
 #   - `idgen bench`: segment and lease GenIds x1000 (1 connection x 64 in
 #     flight); strict unary GenId with 16 callers (1 connection x 16) on the
 #     embedded node (alternating with a bare tonic counter server under the
 #     same load, the gRPC ceiling) and with PostgreSQL nextval via pgbench -c 16
 #     (scripts/pg-nextval-bench.sh, which installs PostgreSQL from Debian
-#     if needed); strict with 16 callers on the Consul test server.
+#     if needed); strict with 16 and 64 callers on one cluster node of the
+#     Consul test server, and with 48 callers spread over all 3 cluster
+#     nodes through the client (`--discover consul`), on one key and on
+#     100 keys (`--keys 100`).
 # Prints medians over the rounds. Usage:
 #   scripts/perf-modes.sh [--raft-write-ms MS] [--consistent-read-ms MS]
 #                         [seconds-per-run] [rounds]   (default 10 3)
@@ -69,11 +72,25 @@ TOML
 }
 node single 50851 50852 embedded
 node cluster 50861 50862 consul
-echo "embedded node and cluster node (consul test server on $consul) serving"
+node cluster2 50863 50864 consul
+node cluster3 50865 50866 consul
+for _ in $(seq 1 200); do
+  n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")
+  [ "$n" = 3 ] && break
+  sleep 0.1
+done
+echo "embedded node and 3 cluster nodes (consul test server on $consul) serving"
 
 run() { # label port mode tag batch concurrency
   "$bin" bench --addr "http://127.0.0.1:$2" --connections 1 --concurrency "$6" \
     --mode "$3" --tag "$4" --batch "$5" --duration "${secs}s" --warmup 2s --json \
+    | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('$1', r['calls_per_sec'], r['ids_per_sec'], r['p99_us'], r['errors'], r['order_violations'])"
+}
+# cluster LABEL TAG KEYS CONCURRENCY: strict through the client to all 3
+# cluster nodes (found through Consul), on one key or spread over KEYS.
+cluster() {
+  "$bin" bench --discover consul --consul "http://$consul" --concurrency "$4" \
+    --mode strict --tag "$2" --keys "$3" --duration "${secs}s" --warmup 2s --json \
     | python3 -c "import json,sys; r=json.load(sys.stdin)[0]; print('$1', r['calls_per_sec'], r['ids_per_sec'], r['p99_us'], r['errors'], r['order_violations'])"
 }
 for r in $(seq 1 "$rounds"); do
@@ -93,6 +110,8 @@ for r in json.load(sys.stdin):
   echo "postgres-nextval-c16 ${tps:-0} ${tps:-0} 0 0 0"
   run strict-consul-c16 50861 strict perf/k 1 16
   run strict-consul-c64 50861 strict perf/k 1 64
+  cluster strict-consul-3nodes-c48-1key perf/k 1 48
+  cluster strict-consul-3nodes-c48-100keys perf/m 100 48
 done | tee "$work/results"
 python3 - "$work/results" <<'PY'
 import statistics, sys

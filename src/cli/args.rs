@@ -391,6 +391,12 @@ pub struct BenchArgs {
     /// Tag (segment mode) or `namespace/key` (strict mode).
     #[arg(long, default_value = "")]
     pub tag: String,
+    /// With --discover: spread the calls over this many tags or keys,
+    /// `<tag>-0` to `<tag>-<N-1>`, each caller moving on to the next one
+    /// after every call (e.g. strict on 100 keys from a whole cluster).
+    /// 1: every call on --tag itself.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000), requires = "discover")]
+    pub keys: u32,
     /// Call GenFormatted of this format instead (--batch is its count).
     #[arg(long)]
     pub format: Option<String>,

@@ -112,12 +112,34 @@ fn print_medians(reports: &[(&str, BenchReport)], rounds: usize) -> std::io::Res
 /// and its latency histogram (µs).
 type TaskOutcome = (u64, u64, u64, hdrhistogram::Histogram<u64>);
 
+/// The tags one load task of [`run_discovered`] calls on: `tag` itself
+/// (one key), or `tag-0` to `tag-<keys-1>`, task `i` starting at `i` and
+/// moving on by the number of tasks after each call, so the tasks cover
+/// every key evenly.
+struct Spread {
+    tag: String,
+    keys: u32,
+    at: u64,
+    step: u64,
+}
+
+impl Spread {
+    fn next_tag(&mut self) -> String {
+        if self.keys <= 1 {
+            return self.tag.clone();
+        }
+        let tag = format!("{}-{}", self.tag, self.at % u64::from(self.keys));
+        self.at = self.at.wrapping_add(self.step);
+        tag
+    }
+}
+
 /// One load task of [`run_discovered`]: one call at a time until `until`,
 /// counting only calls started after `measure_from`.
 async fn discovered_task(
     client: idgen_client::Client,
     mode: idgen_client::Mode,
-    tag: String,
+    tags: Spread,
     batch: u32,
     measure_from: std::time::Instant,
     until: std::time::Instant,
@@ -125,11 +147,13 @@ async fn discovered_task(
     let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
         .expect("histogram bounds");
     let (mut calls, mut ids, mut errors) = (0u64, 0u64, 0u64);
+    let mut tags = tags;
     loop {
         let t = std::time::Instant::now();
         if t >= until {
             break;
         }
+        let tag = tags.next_tag();
         let got = if batch <= 1 {
             client.gen_id(mode, &tag).await.map(|_| 1)
         } else {
@@ -170,12 +194,18 @@ async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
     let measure_from = start + a.warmup;
     let until = measure_from + a.duration;
     let tasks: Vec<_> = (0..a.concurrency.max(1))
-        .map(|_| {
-            let (client, tag, batch) = (client.clone(), a.tag.clone(), a.batch);
+        .map(|i| {
+            let (client, batch) = (client.clone(), a.batch);
+            let tags = Spread {
+                tag: a.tag.clone(),
+                keys: a.keys,
+                at: i as u64,
+                step: a.concurrency.max(1) as u64,
+            };
             tokio::spawn(discovered_task(
                 client,
                 mode,
-                tag,
+                tags,
                 batch,
                 measure_from,
                 until,
@@ -214,4 +244,42 @@ async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
         outln!("{}", report.summary(&label))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Spread;
+    use std::collections::HashMap;
+
+    fn spread(tag: &str, keys: u32, task: u64, tasks: u64) -> Spread {
+        Spread {
+            tag: tag.into(),
+            keys,
+            at: task,
+            step: tasks,
+        }
+    }
+
+    #[test]
+    fn one_key_is_the_tag_itself() {
+        let mut s = spread("orders/k", 1, 3, 48);
+        assert_eq!(s.next_tag(), "orders/k");
+        assert_eq!(s.next_tag(), "orders/k");
+    }
+
+    #[test]
+    fn the_tasks_cover_every_key_evenly() {
+        let (keys, tasks) = (100u32, 48u64);
+        let mut spreads: Vec<Spread> = (0..tasks).map(|i| spread("o/m", keys, i, tasks)).collect();
+        let mut seen: HashMap<String, u32> = HashMap::new();
+        // 25 calls per task: 1,200 calls, 12 per key.
+        for _ in 0..25 {
+            for s in &mut spreads {
+                *seen.entry(s.next_tag()).or_default() += 1;
+            }
+        }
+        assert_eq!(seen.len(), keys as usize);
+        assert!(seen.values().all(|&n| n == 12), "{seen:?}");
+        assert!(seen.contains_key("o/m-0") && seen.contains_key("o/m-99"));
+    }
 }
