@@ -12,7 +12,7 @@ use tonic::Code;
 use tracing::Instrument;
 
 use crate::metrics as m;
-use crate::nodes::{Node, NodeSet};
+use crate::nodes::{Node, NodeSet, Route};
 use crate::Error;
 
 /// Deadline and backoff of calls.
@@ -54,6 +54,21 @@ impl Caller {
         &self,
         method: &'static str,
         retry: Retry,
+        op: F,
+    ) -> Result<T, Error>
+    where
+        F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        self.call_routed(method, retry, Route::Spread, op).await
+    }
+
+    /// [`Caller::call`], choosing each node by `route`.
+    pub(crate) async fn call_routed<T, F, Fut>(
+        &self,
+        method: &'static str,
+        retry: Retry,
+        route: Route,
         mut op: F,
     ) -> Result<T, Error>
     where
@@ -61,7 +76,7 @@ impl Caller {
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let span = tracing::debug_span!("idgen.call", method, attempts = tracing::field::Empty);
-        let result = self.attempts(retry, &mut op).instrument(span).await;
+        let result = self.attempts(retry, route, &mut op).instrument(span).await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         metrics::counter!(m::CALLS, "method" => method, "outcome" => outcome).increment(1);
         result
@@ -69,7 +84,7 @@ impl Caller {
 
     /// The loop of [`Caller::call`]: one attempt after another, inside the
     /// span that records how many it took.
-    async fn attempts<T, F, Fut>(&self, retry: Retry, op: &mut F) -> Result<T, Error>
+    async fn attempts<T, F, Fut>(&self, retry: Retry, route: Route, op: &mut F) -> Result<T, Error>
     where
         F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
@@ -84,7 +99,7 @@ impl Caller {
             if left.is_zero() {
                 return Err(Error::DeadlineExceeded { deadline, last });
             }
-            let (node, in_flight) = match self.nodes.pick(&tried) {
+            let (node, in_flight) = match self.nodes.pick(&tried, route) {
                 Some(picked) => picked,
                 None if tried.is_empty() => return Err(Error::NoNodes),
                 None => {

@@ -37,12 +37,14 @@
 //!   [`PrefetchConfig::max_snowflake_age`], and requests that a node may
 //!   have served but whose answer never arrived.
 //! - Strict calls are never prefetched and are retried on another node
-//!   only when the request provably did not reach a node.
+//!   only when the request provably did not reach a node. Calls on one
+//!   strict key go to one node while it is up (rendezvous hashing on the
+//!   key), which combines them into shared writes.
 //!
 //! # Layout
 //! - `call`: one call with node choice, retry, backoff and deadline.
-//! - `nodes`: the node set, power of two choices, setting nodes aside and
-//!   probing their health.
+//! - `nodes`: the node set, power of two choices (or a strict key's own
+//!   node), setting nodes aside and probing their health.
 //! - `discovery`: static lists and the Consul watch; `consul_env`:
 //!   Consul's own environment variables ([`ConsulEnv`]).
 //! - `buffer`: the lock-free ID buffer; `prefetch`: its refills and
@@ -82,6 +84,7 @@ pub use crate::consul_env::{ConsulEnv, DEFAULT_CONSUL_ADDR};
 use crate::discovery::ConsulWatch;
 pub use crate::discovery::{ConsulDiscovery, ConsulTls};
 pub use crate::error::Error;
+use crate::nodes::Route;
 use crate::nodes::{NodeSet, NodeSettings};
 pub use crate::prefetch::{PrefetchConfig, Prefetcher};
 pub use crate::tls::TlsConfig;
@@ -296,7 +299,7 @@ impl Client {
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
         let retry = retry_for(mode);
         self.caller
-            .call("GenId", retry, |mut c, left| {
+            .call_routed("GenId", retry, route_for(mode, tag), |mut c, left| {
                 let mut req = tonic::Request::new(GenIdRequest {
                     mode: mode as i32,
                     tag: tag.to_owned(),
@@ -312,7 +315,7 @@ impl Client {
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u32) -> Result<Vec<u64>, Error> {
         let retry = retry_for(mode);
         self.caller
-            .call("GenIds", retry, |mut c, left| {
+            .call_routed("GenIds", retry, route_for(mode, tag), |mut c, left| {
                 let mut req = tonic::Request::new(GenIdsRequest {
                     mode: mode as i32,
                     tag: tag.to_owned(),
@@ -521,5 +524,18 @@ fn retry_for(mode: Mode) -> Retry {
         Retry::OnlyIfNotSent
     } else {
         Retry::Idempotent
+    }
+}
+
+/// Strict calls on one key go to the key's node (rendezvous hashing over
+/// the nodes in use): that node combines them into shared writes, where
+/// calls spread over the cluster would race each other's writes on the
+/// same key and retry. Values stay linearizable whichever node serves
+/// them; this is only about throughput. Other modes spread the load.
+fn route_for(mode: Mode, tag: &str) -> Route {
+    if mode == Mode::Strict {
+        Route::Key(nodes::key_hash(tag))
+    } else {
+        Route::Spread
     }
 }

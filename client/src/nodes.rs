@@ -29,6 +29,36 @@ pub(crate) struct Node {
     probing: AtomicBool,
 }
 
+/// How a call chooses its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Any node: spread the load (power of two choices).
+    Spread,
+    /// The node of this key hash ([`key_hash`]): strict calls on one key
+    /// go to one node, which combines them into shared writes instead of
+    /// racing the other nodes' writes on the same key.
+    Key(u64),
+}
+
+/// FNV-1a of `s`: a hash every client computes alike (no per-process
+/// seed), so clients in different processes send a key to the same node.
+pub(crate) fn key_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The rendezvous (highest random weight) score of node `addr` for `key`:
+/// the node with the highest score serves the key; when it leaves, only
+/// its keys move, each to its own next node.
+fn rendezvous(key: u64, addr: &str) -> u64 {
+    // splitmix64's finaliser over the pair, so nearby hashes spread.
+    let mut z = key ^ key_hash(addr).rotate_left(29);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Counts a call in flight on a node for as long as it lives.
 pub(crate) struct InFlight(Arc<Node>);
 
@@ -136,10 +166,13 @@ impl NodeSet {
         }
     }
 
-    /// Power of two choices: two random nodes among those in use and not
-    /// in `tried`, the one with fewer calls in flight. Falls back to set
-    /// aside nodes when no other is left.
-    pub(crate) fn pick(&self, tried: &[Arc<Node>]) -> Option<(Arc<Node>, InFlight)> {
+    /// A node among those in use and not in `tried` (falling back to set
+    /// aside nodes when no other is left): for [`Route::Spread`], power of
+    /// two choices (two random ones, the one with fewer calls in flight);
+    /// for [`Route::Key`], the key's own node by rendezvous hashing, so
+    /// every call on one key goes to one node while it is up, and the next
+    /// one in the key's order when it is not.
+    pub(crate) fn pick(&self, tried: &[Arc<Node>], route: Route) -> Option<(Arc<Node>, InFlight)> {
         let nodes = self.nodes.load();
         let now = self.now_ms();
         let fresh = |n: &&Arc<Node>| !tried.iter().any(|t| Arc::ptr_eq(t, n));
@@ -151,10 +184,14 @@ impl NodeSet {
         if candidates.is_empty() {
             candidates = nodes.iter().filter(fresh).collect();
         }
-        let chosen = match candidates.len() {
-            0 => return None,
-            1 => candidates[0],
-            len => {
+        let chosen = match (candidates.len(), route) {
+            (0, _) => return None,
+            (1, _) => candidates[0],
+            (_, Route::Key(key)) => candidates
+                .iter()
+                .copied()
+                .max_by_key(|n| rendezvous(key, &n.addr))?,
+            (len, Route::Spread) => {
                 let a = fastrand::usize(..len);
                 let mut b = fastrand::usize(..len - 1);
                 if b >= a {
@@ -226,5 +263,86 @@ async fn probe(set: Weak<NodeSet>, node: Weak<Node>, interval: Duration) {
             tracing::info!(node = %node.addr, "idgen node serving again: back in use");
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(addrs: &[&str]) -> NodeSet {
+        let set = NodeSet::new(NodeSettings {
+            connect_timeout: Duration::from_millis(200),
+            set_aside: Duration::from_secs(60),
+            tls: None,
+        });
+        let addrs: Vec<String> = addrs.iter().map(|a| (*a).to_owned()).collect();
+        set.replace(&addrs).expect("addresses");
+        set
+    }
+
+    fn addr_of(set: &NodeSet, tried: &[Arc<Node>], route: Route) -> Arc<Node> {
+        set.pick(tried, route).expect("a node").0
+    }
+
+    const NODES: [&str; 3] = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"];
+
+    #[tokio::test]
+    async fn a_strict_key_goes_to_one_node_and_keys_spread_over_all() {
+        let nodes = set(&NODES);
+        let mut per_node: HashMap<String, usize> = HashMap::new();
+        for i in 0..300 {
+            let route = Route::Key(key_hash(&format!("orders/k{i}")));
+            let first = addr_of(&nodes, &[], route);
+            for _ in 0..5 {
+                assert_eq!(
+                    addr_of(&nodes, &[], route).addr,
+                    first.addr,
+                    "key {i} moved"
+                );
+            }
+            *per_node.entry(first.addr.clone()).or_default() += 1;
+        }
+        assert_eq!(per_node.len(), 3, "{per_node:?}");
+        assert!(per_node.values().all(|&n| n >= 50), "{per_node:?}");
+        // The same answer in another client: the hash has no seed.
+        let other = set(&[NODES[2], NODES[0], NODES[1]]);
+        let route = Route::Key(key_hash("orders/k7"));
+        assert_eq!(
+            addr_of(&nodes, &[], route).addr,
+            addr_of(&other, &[], route).addr
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_fails_over_in_its_own_order_and_only_its_node_moves_keys() {
+        let nodes = set(&NODES);
+        let route = Route::Key(key_hash("flights/lh400"));
+        let first = addr_of(&nodes, &[], route);
+        let second = addr_of(&nodes, std::slice::from_ref(&first), route);
+        assert_ne!(first.addr, second.addr);
+        // Tried both: the third node.
+        let third = addr_of(&nodes, &[first.clone(), second.clone()], route);
+        assert!(third.addr != first.addr && third.addr != second.addr);
+        // Without the first node, its keys move to their next node and
+        // every other key stays where it was.
+        let rest: Vec<&str> = NODES.iter().copied().filter(|a| *a != first.addr).collect();
+        let smaller = set(&rest);
+        for i in 0..200 {
+            let route = Route::Key(key_hash(&format!("k{i}")));
+            let before = addr_of(&nodes, &[], route).addr.clone();
+            let after = addr_of(&smaller, &[], route).addr.clone();
+            if before != first.addr {
+                assert_eq!(before, after, "key k{i} moved though its node stayed");
+            }
+        }
+    }
+
+    #[test]
+    fn the_key_hash_is_fnv_1a() {
+        // Published FNV-1a 64 test vectors: other clients can match it.
+        assert_eq!(key_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(key_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(key_hash("foobar"), 0x8594_4171_f739_67e8);
     }
 }
