@@ -61,11 +61,7 @@ TOML
 node c1 50861 50862
 node c2 50863 50864
 node c3 50865 50866
-for _ in $(seq 1 100); do
-  n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")
-  [ "$n" = 3 ] && break
-  sleep 0.1
-done
+wait_passing 3
 echo "== consul test server on $consul; 3 idgen nodes passing"
 
 echo "== client with prefetch (snowflake), ${secs}s per run; refills_in_flight 1 is one refill at a time (the client before it kept ahead)"

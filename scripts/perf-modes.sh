@@ -74,11 +74,7 @@ node single 50851 50852 embedded
 node cluster 50861 50862 consul
 node cluster2 50863 50864 consul
 node cluster3 50865 50866 consul
-for _ in $(seq 1 200); do
-  n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")
-  [ "$n" = 3 ] && break
-  sleep 0.1
-done
+wait_passing 3
 echo "embedded node and 3 cluster nodes (consul test server on $consul) serving"
 
 run() { # label port mode tag batch concurrency

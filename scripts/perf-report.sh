@@ -145,11 +145,7 @@ if [ "$hidden_only" = 0 ]; then
   node c1 consul; c1=$grpc
   node c2 consul
   node c3 consul
-  for _ in $(seq 1 200); do
-    n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))")
-    [ "$n" = 3 ] && break
-    sleep 0.1
-  done
+  wait_passing 3
 fi
 
 results="$work/results"

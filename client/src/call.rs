@@ -296,18 +296,10 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::nodes::NodeSettings;
 
     fn caller(nodes: &[&str]) -> Caller {
-        let set = NodeSet::new(NodeSettings {
-            connect_timeout: Duration::from_millis(200),
-            set_aside: Duration::from_secs(60),
-            tls: None,
-        });
-        let addrs: Vec<String> = nodes.iter().map(|a| (*a).to_owned()).collect();
-        set.replace(&addrs).expect("addresses");
         Caller {
-            nodes: Arc::new(set),
+            nodes: Arc::new(crate::nodes::test_set(nodes)),
             settings: CallSettings {
                 deadline: Duration::from_secs(2),
                 attempt_timeout: Duration::from_secs(2),

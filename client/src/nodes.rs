@@ -266,19 +266,26 @@ async fn probe(set: Weak<NodeSet>, node: Weak<Node>, interval: Duration) {
     }
 }
 
+/// A plaintext node set of `addrs` for tests (dialled lazily: nothing
+/// needs to listen).
+#[cfg(test)]
+pub(crate) fn test_set(addrs: &[&str]) -> NodeSet {
+    let set = NodeSet::new(NodeSettings {
+        connect_timeout: Duration::from_millis(200),
+        set_aside: Duration::from_secs(60),
+        tls: None,
+    });
+    let addrs: Vec<String> = addrs.iter().map(|a| (*a).to_owned()).collect();
+    set.replace(&addrs).expect("addresses");
+    set
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn set(addrs: &[&str]) -> NodeSet {
-        let set = NodeSet::new(NodeSettings {
-            connect_timeout: Duration::from_millis(200),
-            set_aside: Duration::from_secs(60),
-            tls: None,
-        });
-        let addrs: Vec<String> = addrs.iter().map(|a| (*a).to_owned()).collect();
-        set.replace(&addrs).expect("addresses");
-        set
+        test_set(addrs)
     }
 
     fn addr_of(set: &NodeSet, tried: &[Arc<Node>], route: Route) -> Arc<Node> {

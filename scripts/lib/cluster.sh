@@ -26,6 +26,19 @@ start_consul() { # [binary directory, default target/release]
   [ -n "$consul" ] || { echo "consul-testserver did not start" >&2; exit 1; }
 }
 
+# wait_passing N: waits (up to 30 s) until Consul lists N passing idgen
+# instances; fails the script if they never are.
+wait_passing() {
+  local n=
+  for _ in $(seq 1 300); do
+    n=$(curl -fs "http://$consul/v1/health/service/idgen?passing" | python3 -c "import json,sys; print(len(json.load(sys.stdin)))" || true)
+    [ "$n" = "$1" ] && return 0
+    sleep 0.1
+  done
+  echo "Consul lists ${n:-no} passing idgen instances, not $1" >&2
+  exit 1
+}
+
 # The [segment], [lease] and [strict] sections of the perf scripts' nodes
 # (large steps and blocks: the store's round trips are not what they time).
 perf_mode_sections() {
