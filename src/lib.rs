@@ -75,12 +75,11 @@
 //!   (fenced, lock deadline) once for snowflake, lease and formatted;
 //!   segment and lease refill through [`modes::refill`], snowflake
 //!   callers that want more than a time unit holds queue for
-//!   [`modes::fair_shares`], whose pump runs on [`modes::ticker`]'s thread; Lua
-//!   rules run on
-//!   [`modes::lua_pool`]'s threads, off the request runtime, under a
-//!   deadline; [`modes::hide_keys`] keeps the hide key rings fresh and
-//!   runs (and audits) their admin changes, and hidden namespaces show
-//!   their IDs through [`modes::hidden`]'s hiders, kept current with them;
+//!   [`modes::fair_shares`], whose pump runs on [`modes::ticker`]'s
+//!   thread; Lua rules run on [`modes::lua_pool`]'s threads, off the
+//!   request runtime, under a deadline; [`modes::hide_keys`] keeps the
+//!   hide key rings fresh and runs (and audits) their admin changes, and
+//!   hidden namespaces show their IDs through [`modes::hidden`]'s hiders, kept current with them;
 //!   a call naming a format or hide key this node does not know yet
 //!   re-reads the store once a second at most ([`modes::miss`]).
 //! - [`error`]: the request-path crate error.

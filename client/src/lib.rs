@@ -84,8 +84,7 @@ pub use crate::consul_env::{ConsulEnv, DEFAULT_CONSUL_ADDR};
 use crate::discovery::ConsulWatch;
 pub use crate::discovery::{ConsulDiscovery, ConsulTls};
 pub use crate::error::Error;
-use crate::nodes::Route;
-use crate::nodes::{NodeSet, NodeSettings};
+use crate::nodes::{NodeSet, NodeSettings, Route};
 pub use crate::prefetch::{PrefetchConfig, Prefetcher};
 pub use crate::tls::TlsConfig;
 pub use idgen_proto::{

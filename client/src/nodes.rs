@@ -284,10 +284,6 @@ pub(crate) fn test_set(addrs: &[&str]) -> NodeSet {
 mod tests {
     use super::*;
 
-    fn set(addrs: &[&str]) -> NodeSet {
-        test_set(addrs)
-    }
-
     fn addr_of(set: &NodeSet, tried: &[Arc<Node>], route: Route) -> Arc<Node> {
         set.pick(tried, route).expect("a node").0
     }
@@ -296,7 +292,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_strict_key_goes_to_one_node_and_keys_spread_over_all() {
-        let nodes = set(&NODES);
+        let nodes = test_set(&NODES);
         let mut per_node: HashMap<String, usize> = HashMap::new();
         for i in 0..300 {
             let route = Route::Key(key_hash(&format!("orders/k{i}")));
@@ -313,7 +309,7 @@ mod tests {
         assert_eq!(per_node.len(), 3, "{per_node:?}");
         assert!(per_node.values().all(|&n| n >= 50), "{per_node:?}");
         // The same answer in another client: the hash has no seed.
-        let other = set(&[NODES[2], NODES[0], NODES[1]]);
+        let other = test_set(&[NODES[2], NODES[0], NODES[1]]);
         let route = Route::Key(key_hash("orders/k7"));
         assert_eq!(
             addr_of(&nodes, &[], route).addr,
@@ -323,7 +319,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_fails_over_in_its_own_order_and_only_its_node_moves_keys() {
-        let nodes = set(&NODES);
+        let nodes = test_set(&NODES);
         let route = Route::Key(key_hash("flights/lh400"));
         let first = addr_of(&nodes, &[], route);
         let second = addr_of(&nodes, std::slice::from_ref(&first), route);
@@ -334,7 +330,7 @@ mod tests {
         // Without the first node, its keys move to their next node and
         // every other key stays where it was.
         let rest: Vec<&str> = NODES.iter().copied().filter(|a| *a != first.addr).collect();
-        let smaller = set(&rest);
+        let smaller = test_set(&rest);
         for i in 0..200 {
             let route = Route::Key(key_hash(&format!("k{i}")));
             let before = addr_of(&nodes, &[], route).addr.clone();

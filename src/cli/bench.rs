@@ -139,7 +139,7 @@ impl Spread {
 async fn discovered_task(
     client: idgen_client::Client,
     mode: idgen_client::Mode,
-    tags: Spread,
+    mut tags: Spread,
     batch: u32,
     measure_from: std::time::Instant,
     until: std::time::Instant,
@@ -147,7 +147,6 @@ async fn discovered_task(
     let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
         .expect("histogram bounds");
     let (mut calls, mut ids, mut errors) = (0u64, 0u64, 0u64);
-    let mut tags = tags;
     loop {
         let t = std::time::Instant::now();
         if t >= until {
