@@ -136,9 +136,55 @@ async fn readme_snippet() -> Result<SnippetIds, Box<dyn std::error::Error>> {
     })
 }
 
-/// `count` distinct ports nothing listens on right now (all held until
-/// all are chosen, so the kernel cannot hand one out twice).
+/// `count` distinct ports nothing listens on right now, below the
+/// kernel's ephemeral range where it can tell (`ip_local_port_range`).
+///
+/// The walkthrough binds them seconds later, after other blocks ran. A
+/// port from the ephemeral range (what binding port 0 gives) can be taken
+/// meanwhile as the source port of any outgoing connection on the machine,
+/// and the node then fails with "Address already in use"; ports below the
+/// range are never handed out that way. Ports given once are not given
+/// again in this process (the tests run in parallel).
 fn free_ports(count: usize) -> Vec<u16> {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some((lo, hi)) = below_ephemeral() else {
+        return ephemeral_ports(count);
+    };
+    let mut rng = fastrand::Rng::new();
+    let mut held = Vec::new();
+    for _ in 0..10_000 {
+        if held.len() == count {
+            break;
+        }
+        let port = rng.u16(lo..hi);
+        if given.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            given.push(port);
+            held.push(l);
+        }
+    }
+    assert_eq!(held.len(), count, "no {count} free ports in {lo}..{hi}");
+    held.iter()
+        .map(|l| l.local_addr().expect("a free port").port())
+        .collect()
+}
+
+/// Up to 10,000 ports just below the ephemeral range, if it is known and
+/// leaves room below it.
+fn below_ephemeral() -> Option<(u16, u16)> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let low: u16 = range.split_whitespace().next()?.parse().ok()?;
+    (low >= 3024).then(|| (low.saturating_sub(10_000).max(2048), low))
+}
+
+/// `count` distinct ports from the kernel (port 0), all held until all are
+/// chosen so it cannot hand one out twice.
+fn ephemeral_ports(count: usize) -> Vec<u16> {
     let held: Vec<TcpListener> = (0..count)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
         .collect();
