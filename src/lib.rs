@@ -111,7 +111,8 @@
 //!   ([`store::keys`]), the one Consul compare-and-set loop
 //!   ([`store::cas`]), the cluster's layout record
 //!   ([`store::cluster_layout`]), what the node wrote per key
-//!   ([`store::regression`]) and the cluster-wide skip-ahead after a
+//!   ([`store::regression`]), the highest Consul index it saw under the
+//!   cluster's keys ([`store::cluster_index`]) and the cluster-wide skip-ahead after a
 //!   snapshot restore ([`store::skip_ahead`]).
 //! - [`consul`]: a thin Consul HTTP client (KV, sessions, txn, agent,
 //!   health) with timeouts, safe retries and typed errors; the API's

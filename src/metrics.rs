@@ -141,7 +141,8 @@ pub const BUILD_INFO: &str = "idgen_build_info";
 pub const STORE_REGRESSIONS: &str = "idgen_store_regressions_total";
 /// The `kind` label values of [`STORE_REGRESSIONS`]: the Consul counters
 /// the store checks against what this node wrote.
-pub const STORE_REGRESSION_KINDS: [&str; 5] = ["segment", "strict", "lease", "format", "hwm"];
+pub const STORE_REGRESSION_KINDS: [&str; 6] =
+    ["segment", "strict", "lease", "format", "hwm", "index"];
 
 /// Bucket bounds of every `_seconds` histogram. A unary call answered from
 /// memory takes 5 to 50 us, so the low end is fine-grained: with a first
@@ -286,7 +287,7 @@ fn describe_state() {
     );
     describe_counter!(
         STORE_REGRESSIONS,
-        "Consul reads that found a counter or high-water mark below what this node wrote itself (Consul state rolled back, as by a snapshot restore), by kind (segment, strict, lease, format, hwm); the node refuses that counter until `idgen admin skip-ahead` moves it above."
+        "Consul reads that found a counter or high-water mark below what this node wrote itself (Consul state rolled back, as by a snapshot restore), by kind (segment, strict, lease, format, hwm; index: the cluster's Consul index below the highest this node saw); the node refuses that counter until `idgen admin skip-ahead` moves it above."
     );
     describe_counter!(
         STORE_WRITE_FAULTS,
@@ -573,6 +574,7 @@ pub const CONSUL_ENDPOINTS: &[&str] = &[
     "health/service",
     "kv/delete",
     "kv/get",
+    "kv/keys",
     "kv/list",
     "kv/put",
     "session/create",

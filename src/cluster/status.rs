@@ -130,6 +130,13 @@ impl StatusBoard {
     /// Writes this node's record (a plain set, sent once, bounded by the
     /// client's `consul.timeout`).
     pub async fn publish(&self, record: &StatusRecord) -> Result<(), ConsulError> {
+        // This write raises the cluster's index too: a restore this node
+        // can see is recorded before it does (rule 15).
+        let _ = self
+            .keys
+            .index()
+            .probe(&self.client, self.keys.written())
+            .await;
         let key = format!("{}{}", self.dir(), self.instance);
         let value = serde_json::to_vec(record).unwrap_or_default();
         self.client.kv_put(&key, &value, KvWrite::Set).await?;

@@ -315,6 +315,18 @@ async fn layout_guard(spec: &ClusterSpec, client: &ConsulClient) -> Result<Layou
     Ok(guard)
 }
 
+/// Before this node writes anything under the cluster's keys: is the
+/// cluster's Consul index below the one this node saved (a snapshot
+/// restore, or Consul rebuilt empty, while it was down)? A detection is
+/// recorded for the whole cluster; the node starts either way (snowflake
+/// has its own rule), and its counter modes refuse.
+async fn check_cluster_index(spec: &ClusterSpec, client: &ConsulClient) {
+    let keys = &spec.config.keys;
+    keys.written()
+        .attach(client, keys.regression(), spec.instance.clone());
+    keys.start_index(client).await;
+}
+
 /// Claims an id and starts its generator; on a start-up refusal (clock
 /// behind the stored mark) the id is given back before failing.
 async fn claim(
@@ -327,6 +339,7 @@ async fn claim(
         address: spec.advertise.to_string(),
         since_ms: clock.now_millis(),
     };
+    check_cluster_index(spec, client).await;
     // The cluster's layout first: a node on another layout must not even
     // take a worker id.
     let guard = layout_guard(spec, client).await?;

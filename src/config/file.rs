@@ -325,6 +325,12 @@ pub struct ConsulSection {
     pub token_file: PathBuf,
     /// KV prefix; keys live under `<prefix>/<cluster>/`.
     pub prefix: String,
+    /// A local file where the node keeps the highest Consul index it saw
+    /// under `<prefix>/<cluster>/`, so that after a restart it still
+    /// notices a snapshot restore (or a Consul rebuilt empty). Empty: not
+    /// kept (a WARN at start); `$STATE_DIRECTORY/consul-index.json` under
+    /// systemd's `StateDirectory=`.
+    pub index_file: PathBuf,
     /// Cluster name: nodes sharing it share worker ids and marks.
     pub cluster: String,
     /// Consul service name.
@@ -379,6 +385,7 @@ impl Default for ConsulSection {
             token: String::new(),
             token_file: PathBuf::new(),
             prefix: "idgen".into(),
+            index_file: PathBuf::new(),
             cluster: "default".into(),
             service: "idgen".into(),
             worker: WorkerClaim::Auto,
@@ -687,6 +694,10 @@ impl FileConfig {
         // the environment and --state still win over it.
         if let Some(dir) = state_directory(std::env::var_os("STATE_DIRECTORY"))? {
             fig = fig.merge(Serialized::default("store.path", dir.join(STATE_FILE_NAME)));
+            fig = fig.merge(Serialized::default(
+                "consul.index_file",
+                dir.join(CONSUL_INDEX_FILE_NAME),
+            ));
         }
         if let Some(path) = path {
             if !path.exists() {
@@ -730,6 +741,7 @@ impl FileConfig {
             ("consul.cert_file", &mut consul.cert_file),
             ("consul.key_file", &mut consul.key_file),
             ("consul.token_file", &mut consul.token_file),
+            ("consul.index_file", &mut consul.index_file),
             ("admin.token_file", &mut self.admin.token_file),
         ] {
             *path = super::environment::expand_path(key, path, &lookup)?;
@@ -774,6 +786,9 @@ impl FileConfig {
 /// The state file's default path, absolute so that it does not depend on
 /// the directory the service happens to start in.
 pub const DEFAULT_STATE_PATH: &str = "/var/lib/idgen/idgen.redb";
+
+/// `consul.index_file`'s name inside `$STATE_DIRECTORY`.
+pub const CONSUL_INDEX_FILE_NAME: &str = "consul-index.json";
 
 /// The state file's name inside `$STATE_DIRECTORY`.
 pub const STATE_FILE_NAME: &str = "idgen.redb";

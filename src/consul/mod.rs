@@ -588,6 +588,30 @@ impl ConsulClient {
         }
     }
 
+    /// Lists the names under `prefix` up to the first `separator` after
+    /// it (Consul's `?keys&separator=`), and `X-Consul-Index`: for a
+    /// prefix, the highest ModifyIndex under it (deleted keys' tombstones
+    /// included), which a snapshot restore takes back.
+    pub async fn kv_keys(
+        &self,
+        prefix: &str,
+        separator: &str,
+        consistency: Consistency,
+    ) -> Result<(Vec<String>, u64), ConsulError> {
+        const EP: &str = "kv/keys";
+        let mut query = consistency.query();
+        query.push(("keys", String::new()));
+        query.push(("separator", separator.to_owned()));
+        let r = self
+            .call(Call::new(Method::GET, EP, format!("kv/{prefix}")).query(query))
+            .await?;
+        match r.status.as_u16() {
+            404 => Ok((Vec::new(), r.index)),
+            200 => Ok((Self::decode(EP, &r.body)?, r.index)),
+            _ => Err(Self::unexpected(EP, &r)),
+        }
+    }
+
     /// Writes `value` to `key` as `how` says; `true` if applied. Sent once,
     /// whatever `how` is (see [`ConsulError::outcome_unknown`]).
     pub async fn kv_put(

@@ -2,9 +2,11 @@
 //! (segment takes, strict calls, format counter reservations).
 //!
 //! Each attempt plans its write from a read ([`CasWrite::plan`]: the txn
-//! ops, with a `cas` on the ModifyIndex the read returned), and the loop
-//! appends this node's mark check ([`ClusterKeys::mark_check`]) and sends
-//! the txn. Why a counter never repeats a value or goes back:
+//! ops, with a `cas` on the ModifyIndex the read returned); the loop then
+//! checks the cluster's Consul index ([`ClusterKeys::before_write`]: not
+//! below the highest this node saw, no regression record), appends the
+//! record's `check-not-exists` and this node's mark check
+//! ([`ClusterKeys::mark_check`]), and sends the txn. Why a counter never repeats a value or goes back:
 //!
 //! - **Committed**: the write is durable and was made on the index the
 //!   plan read, so no other write came in between; the values reach the
@@ -116,14 +118,21 @@ pub async fn compare_and_set<W: CasWrite>(
 ) -> Result<W::Output, StoreError> {
     for attempt in 0..policy.attempts {
         let mut planned = write.plan().await?;
-        planned.ops.extend(keys.mark_check());
+        // After the plan's reads: the cluster's index and record.
+        let guards = keys.before_write(client, &planned.key, true).await?;
+        planned.ops.extend(guards);
         match client.txn(&planned.ops).await {
             Ok(TxnOutcome::Committed(results)) => {
                 keys.written().wrote(&planned.key, planned.level);
+                keys.index().committed(&results);
                 write.committed(&planned, &results);
                 return Ok(planned.value);
             }
             Ok(TxnOutcome::RolledBack(errors)) => {
+                if keys.record_failed(&planned.ops, &errors) {
+                    write.lost(false);
+                    return Err(keys.refused_by_record(&planned.key).await);
+                }
                 if let Some(refusal) = write.refused(&planned.ops, &errors) {
                     return Err(refusal);
                 }

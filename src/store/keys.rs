@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::cluster_index::ClusterIndex;
 use super::regression::WrittenValues;
 use super::{StoreError, WorkerKey};
 use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp};
@@ -24,6 +25,8 @@ use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp};
 pub struct ClusterKeys {
     root: String,
     written: Arc<WrittenValues>,
+    /// The highest Consul index this node saw under `root/`.
+    index: Arc<ClusterIndex>,
     /// This node's own high-water mark key and the ModifyIndex of its last
     /// acknowledged write (or passing read) of it: every counter txn checks
     /// it (see [`mark_check`](Self::mark_check)).
@@ -46,6 +49,11 @@ impl ClusterKeys {
         Self {
             root: format!("{}/{}", prefix.trim_matches('/'), cluster),
             written: Arc::default(),
+            index: Arc::new(ClusterIndex::new(&format!(
+                "{}/{}",
+                prefix.trim_matches('/'),
+                cluster
+            ))),
             mark: Arc::default(),
         }
     }
@@ -120,6 +128,71 @@ impl ClusterKeys {
     /// What this node wrote under these keys (see [`WrittenValues`]).
     pub fn written(&self) -> &WrittenValues {
         &self.written
+    }
+
+    /// The same keys, with the cluster's index saved to `file`
+    /// (`consul.index_file`) so a restarted node still knows it.
+    pub fn with_index_file(mut self, file: Option<std::path::PathBuf>) -> Self {
+        self.index = Arc::new(ClusterIndex::new(&self.root).with_file(file));
+        self
+    }
+
+    /// The highest Consul index this node saw under these keys (see
+    /// [`ClusterIndex`]).
+    pub fn index(&self) -> &Arc<ClusterIndex> {
+        &self.index
+    }
+
+    /// At start, before this node writes anything here: compares the
+    /// cluster's index with the one this node saved, and starts the pulse
+    /// that keeps it fresh.
+    pub async fn start_index(&self, client: &ConsulClient) {
+        self.index.start(client, &self.written).await;
+    }
+
+    /// What every counter write does before its txn is sent: refused
+    /// while the cluster record is known; when the write was planned from
+    /// a read (`read`), the cluster's index is checked after that read
+    /// ([`ClusterIndex::probe`]). Returns the ops the txn ends with: the
+    /// record must not exist, then this node's mark check
+    /// ([`mark_check`](Self::mark_check), last).
+    pub async fn before_write(
+        &self,
+        client: &ConsulClient,
+        key: &str,
+        read: bool,
+    ) -> Result<Vec<TxnOp>, StoreError> {
+        self.written.cluster_gate("counter", key)?;
+        if read {
+            self.index.probe(client, &self.written).await?;
+        }
+        let mut ops = vec![TxnOp::CheckNotExists {
+            key: self.regression(),
+        }];
+        ops.extend(self.mark_check());
+        Ok(ops)
+    }
+
+    /// Whether a rolled-back txn failed on the `check-not-exists` of the
+    /// cluster record that [`before_write`](Self::before_write) added.
+    pub fn record_failed(&self, ops: &[TxnOp], errors: &[TxnError]) -> bool {
+        let record = self.regression();
+        errors.iter().any(|e| {
+            matches!(ops.get(e.op_index), Some(TxnOp::CheckNotExists { key }) if *key == record)
+        })
+    }
+
+    /// The refusal of a write whose txn found the cluster record: reads
+    /// it (so this node refuses every counter from now on) and names it.
+    pub async fn refused_by_record(&self, key: &str) -> StoreError {
+        self.written.refresh().await;
+        match self.written.cluster_gate("counter", key) {
+            Err(e) => e,
+            Ok(()) => StoreError::Contended(format!(
+                "{key}: not written: the cluster regression record {} existed when this write was sent (a snapshot restore was detected) and is gone now (a skip-ahead ran); retry",
+                self.regression()
+            )),
+        }
     }
 
     /// The record of the last `idgen admin skip-ahead`, which also floors

@@ -10,6 +10,7 @@
 //! lock).
 
 pub mod cas;
+pub mod cluster_index;
 pub mod cluster_layout;
 pub(crate) mod counts;
 pub mod embedded;
@@ -131,6 +132,19 @@ pub enum StoreError {
         /// What this node wrote.
         wrote: String,
     },
+    /// The Consul index of the cluster's keys is below the highest this
+    /// node saw there (or had saved before a restart): the Consul state
+    /// was rolled back, and counters other nodes moved since the snapshot
+    /// read as they were before.
+    #[error("the Consul index of {dir} is {index}, below {seen} that this node already saw there: the Consul state was rolled back (a snapshot restore, or Consul rebuilt empty?), and any counter may now read below what was issued since, so every node refuses segment, strict, lease and formatted IDs (this node wrote the cluster record {dir}regression). Run `idgen admin skip-ahead --margin <N>` once (N above the number of IDs issued since the snapshot; see docs/OPERATIONS.md, \"Restoring a Consul snapshot\"); nodes resume once it has run. Meanwhile snowflake IDs are still served")]
+    IndexWentBack {
+        /// `<prefix>/<cluster>/`.
+        dir: String,
+        /// The index read now.
+        index: u64,
+        /// The highest index this node had seen.
+        seen: u64,
+    },
     /// The cluster record of a regression exists: some node read a
     /// counter below its own write, so every node refuses its Consul
     /// counter modes until a skip-ahead deletes the record.
@@ -165,6 +179,7 @@ impl StoreError {
             | Self::Contended(_)
             | Self::LockLost(_)
             | Self::Regressed { .. }
+            | Self::IndexWentBack { .. }
             | Self::ClusterRegressed { .. } => ErrorKind::Unavailable,
         }
     }

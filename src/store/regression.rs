@@ -53,7 +53,8 @@ pub struct RegressionRecord {
 struct Reporter {
     client: ConsulClient,
     key: String,
-    node: String,
+    /// The instance name until a worker id is claimed, then `dc/worker`.
+    node: Mutex<String>,
 }
 
 /// A stored level, compared as a pair: formatted-mode counters are (period
@@ -71,6 +72,10 @@ pub struct WrittenValues {
     cluster: Mutex<Option<RegressionRecord>>,
     /// A record this node could not write yet (retried at each refresh).
     pending: Mutex<Option<RegressionRecord>>,
+    /// How many times the record was read gone after it was there (a
+    /// skip-ahead ran): the cluster's index starts a new baseline then
+    /// ([`ClusterIndex`](super::cluster_index::ClusterIndex)).
+    clears: std::sync::atomic::AtomicU64,
 }
 
 fn shown(kind: &str, level: Level) -> String {
@@ -122,12 +127,17 @@ impl WrittenValues {
     }
 
     /// Reports regressions to, and reads the cluster record from, `key`
-    /// (the first call wins); `node` names this node in the record.
+    /// (the first call wins); `node` names this node in the record (a
+    /// later call renames it: the instance at start, then its worker id).
     pub fn attach(&self, client: &ConsulClient, key: String, node: String) {
+        if let Some(r) = self.reporter.get() {
+            *r.node.lock().unwrap_or_else(PoisonError::into_inner) = node;
+            return;
+        }
         let _ = self.reporter.set(Reporter {
             client: client.clone(),
             key,
-            node,
+            node: Mutex::new(node),
         });
     }
 
@@ -169,7 +179,13 @@ impl WrittenValues {
             }
         }
         match r.client.kv_get(&r.key, Consistency::Consistent).await {
-            Ok((None, _)) => self.set_cluster(None),
+            Ok((None, _)) => {
+                let was = self.cluster().take().is_some();
+                if was && self.pending().is_none() {
+                    self.clears
+                        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                }
+            }
             Ok((Some(e), _)) => {
                 let record =
                     serde_json::from_slice(&e.value).unwrap_or_else(|_| RegressionRecord {
@@ -210,7 +226,11 @@ impl WrittenValues {
             return;
         };
         let record = RegressionRecord {
-            node: r.node.clone(),
+            node: r
+                .node
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
             key: key.to_owned(),
             stored: stored.to_owned(),
             wrote: wrote.to_owned(),
@@ -227,9 +247,39 @@ impl WrittenValues {
         }
     }
 
+    /// How many times the cluster record was read gone after this node
+    /// knew it (each a skip-ahead's end).
+    pub fn clears(&self) -> u64 {
+        self.clears.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether the cluster record is known to exist (as last read, or
+    /// detected by this node).
+    pub fn has_record(&self) -> bool {
+        self.cluster().is_some()
+    }
+
+    /// Refuses this node's Consul counters because the cluster's index
+    /// went below `seen`, the highest this node had seen under `dir`: the
+    /// state was rolled back (a snapshot restore). Counted, logged and
+    /// queued as the cluster record like a counter read below a write;
+    /// the caller writes it at once ([`refresh`](Self::refresh)).
+    pub fn index_went_back(&self, dir: &str, index: u64, seen: u64) -> StoreError {
+        metrics::counter!(m::STORE_REGRESSIONS, "kind" => "index").increment(1);
+        tracing::error!(dir, index, seen, "the Consul index of the cluster's keys went below the highest this node saw: the Consul state was rolled back (a snapshot restore?); refusing every counter mode");
+        self.report(dir, &format!("index {index}"), &format!("index {seen}"));
+        StoreError::IndexWentBack {
+            dir: dir.to_owned(),
+            index,
+            seen,
+        }
+    }
+
     /// Refuses every read of a counter mode while the cluster record
-    /// exists (the `hwm` kind keeps its own rule).
-    fn cluster_gate(&self, kind: &'static str, key: &str) -> Result<(), StoreError> {
+    /// exists (the `hwm` kind keeps its own rule): every Consul counter
+    /// write checks it before it is sent, whether it was planned from a
+    /// read or from what this node cached.
+    pub fn cluster_gate(&self, kind: &'static str, key: &str) -> Result<(), StoreError> {
         if kind == "hwm" {
             return Ok(());
         }

@@ -339,6 +339,7 @@ pub fn write_cluster_config(
     use std::collections::BTreeMap;
     let consul_url = format!("\"http://{consul}\"");
     let name_value = format!("\"{name}\"");
+    let index_file = format!("\"{}\"", dir.join(format!("{name}.index.json")).display());
     let mut sections: BTreeMap<&str, BTreeMap<&str, String>> = BTreeMap::new();
     let defaults: &[(&str, &str, &str)] = &[
         ("node", "instance_id", &name_value),
@@ -348,6 +349,7 @@ pub fn write_cluster_config(
         ("store", "backend", "\"consul\""),
         ("consul", "address", &consul_url),
         ("consul", "cluster", "\"test\""),
+        ("consul", "index_file", &index_file),
         ("consul", "session_ttl", "\"2s\""),
         ("testing", "consul_session_ttl_min", "\"1s\""),
         ("consul", "lock_delay", "\"2s\""),

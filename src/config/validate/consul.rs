@@ -39,7 +39,9 @@ impl ConsulSection {
             check_tls_server_name: Some(self.check_tls_server_name.trim())
                 .filter(|n| !n.is_empty())
                 .map(str::to_owned),
-            keys: ClusterKeys::new(prefix, &self.cluster),
+            keys: ClusterKeys::new(prefix, &self.cluster).with_index_file(
+                Some(self.index_file.clone()).filter(|p| !p.as_os_str().is_empty()),
+            ),
             service: self.service.clone(),
             static_worker: self.worker == WorkerClaim::Static,
             lock,

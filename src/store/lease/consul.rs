@@ -318,7 +318,7 @@ impl ConsulLeaseTokens {
                 owner: self.owner.clone(),
                 reserved,
             };
-            let ops = [
+            let mut ops = vec![
                 check,
                 TxnOp::Lock {
                     key: key.clone(),
@@ -326,8 +326,14 @@ impl ConsulLeaseTokens {
                     session: self.session.clone(),
                 },
             ];
+            // Planned from the listing: the cluster's index after it.
+            ops.extend(self.keys.before_write(&self.client, &key, true).await?);
             match self.client.txn(&ops).await.map_err(consul_err)? {
+                TxnOutcome::RolledBack(errors) if self.keys.record_failed(&ops, &errors) => {
+                    return Err(self.keys.refused_by_record(&key).await);
+                }
                 TxnOutcome::Committed(results) => {
+                    self.keys.index().committed(&results);
                     // The check's own result comes first, the write's last.
                     let index = results
                         .iter()
@@ -424,7 +430,8 @@ impl ConsulLeaseTokens {
             },
             write,
         ];
-        ops.extend(self.keys.mark_check());
+        // This node's own token at the index it wrote: no read to check.
+        ops.extend(self.keys.before_write(&self.client, &key, false).await?);
         let mut outcome = self.client.txn(&ops).await;
         // This node's mark moved under the check (its keeper): re-read it
         // (a restore is refused there) and try once more.
@@ -438,7 +445,11 @@ impl ConsulLeaseTokens {
         }
         match outcome {
             // The check's own result comes first, the write's last.
+            Ok(TxnOutcome::RolledBack(errors)) if self.keys.record_failed(&ops, &errors) => {
+                Err(self.keys.refused_by_record(&key).await)
+            }
             Ok(TxnOutcome::Committed(results)) => {
+                self.keys.index().committed(&results);
                 self.keys.written().wrote(&key, (0, record_reserved));
                 Ok(results
                     .iter()

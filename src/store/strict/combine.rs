@@ -228,6 +228,22 @@ fn copy_err(e: &StoreError) -> StoreError {
             stored: stored.clone(),
             wrote: wrote.clone(),
         },
+        StoreError::IndexWentBack { dir, index, seen } => StoreError::IndexWentBack {
+            dir: dir.clone(),
+            index: *index,
+            seen: *seen,
+        },
+        StoreError::ClusterRegressed {
+            key,
+            record,
+            node,
+            found,
+        } => StoreError::ClusterRegressed {
+            key: key.clone(),
+            record: record.clone(),
+            node: node.clone(),
+            found: found.clone(),
+        },
         other => StoreError::Backend(match other {
             StoreError::Backend(s) => s.clone(),
             e => e.to_string(),
@@ -248,7 +264,8 @@ type Lost = (std::time::Duration, Vec<(StrictKey, Vec<Waiting>)>);
 async fn run(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Option<Lost> {
     let mut ops = Vec::new();
     let mut planned = Vec::new();
-    for b in plan_keys(kv, batch).await {
+    let (plans, read) = plan_keys(kv, batch).await;
+    for b in plans {
         match b {
             Ok(mut p) => {
                 p.first = ops.len();
@@ -267,11 +284,30 @@ async fn run(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Option<Lost> {
     if planned.is_empty() {
         return None;
     }
-    ops.extend(kv.keys.mark_check());
+    // The cluster record (cached plans too) and, after the reads, the
+    // cluster's index; then the record's check and the mark check.
+    match kv
+        .keys
+        .before_write(&kv.client, &planned[0].kv_key, read)
+        .await
+    {
+        Ok(guards) => ops.extend(guards),
+        Err(e) => {
+            fail_all(kv, planned, &e);
+            return None;
+        }
+    }
     let calls: usize = planned.iter().map(|p| p.calls.len()).sum();
     metrics::histogram!(m::STRICT_CONSUL_BATCH).record(calls as f64);
     match kv.client.txn(&ops).await {
-        Ok(TxnOutcome::Committed(results)) => committed(kv, planned, &results),
+        Ok(TxnOutcome::Committed(results)) => {
+            kv.keys.index().committed(&results);
+            committed(kv, planned, &results)
+        }
+        Ok(TxnOutcome::RolledBack(errors)) if kv.keys.record_failed(&ops, &errors) => {
+            let e = kv.keys.refused_by_record(&planned[0].kv_key).await;
+            fail_all(kv, planned, &e);
+        }
         Ok(TxnOutcome::RolledBack(errors)) => return rolled_back(kv, planned, &ops, &errors).await,
         Err(e) => {
             // Maybe applied: these values are never used, and every key is
@@ -290,6 +326,18 @@ async fn run(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Option<Lost> {
         }
     }
     None
+}
+
+/// Nothing was written: every call of the batch gets `e`, and every key
+/// is read again next time.
+fn fail_all(kv: &StrictKv, planned: Vec<Planned>, e: &StoreError) {
+    for p in planned {
+        kv.combiner.forget(&p.key);
+        for (call, _) in p.calls {
+            let _ = call.reply.send(Err(copy_err(e)));
+        }
+        kv.combiner.release(p.key, Vec::new());
+    }
 }
 
 /// The write is durable: remember it, then hand out the values.
@@ -420,11 +468,17 @@ fn after_mark_move(key: &StrictKey, calls: Vec<(Waiting, Values)>) -> Vec<Waitin
 
 /// Plans each key of `batch` (the reads run at once); a key none of
 /// whose calls gets values comes back as `Err(key)`, its calls answered.
-async fn plan_keys(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Vec<Result<Planned, StrictKey>> {
+/// Plans every key of `batch` (from its cached write, or a read), and
+/// says whether any key was read.
+async fn plan_keys(
+    kv: &Arc<StrictKv>,
+    batch: Vec<KeyBatch>,
+) -> (Vec<Result<Planned, StrictKey>>, bool) {
     let mut reads = tokio::task::JoinSet::new();
     // The key each read task plans, for a task that panics.
     let mut reading = HashMap::new();
     let mut out = Vec::with_capacity(batch.len());
+    let mut spawned = 0usize;
     for (i, mut b) in batch.into_iter().enumerate() {
         // A caller that gave up needs no values: do not burn them.
         b.calls.retain(|c| !c.reply.is_closed());
@@ -445,6 +499,7 @@ async fn plan_keys(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Vec<Result<Plann
                     (i, b, kv_key, start)
                 });
                 reading.insert(task.id(), (i, key));
+                spawned += 1;
             }
         }
     }
@@ -472,7 +527,8 @@ async fn plan_keys(kv: &Arc<StrictKv>, batch: Vec<KeyBatch>) -> Vec<Result<Plann
         }
     }
     out.sort_by_key(|(i, _)| *i);
-    out.into_iter().map(|(_, p)| p).collect()
+    let read = spawned > 0;
+    (out.into_iter().map(|(_, p)| p).collect(), read)
 }
 
 /// The key whose first read panics, for the test of a panicking read.

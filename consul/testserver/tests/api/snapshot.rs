@@ -115,3 +115,33 @@ async fn snapshots_need_a_management_token_and_a_real_archive() {
     assert_eq!(root.get("kv/k").await.status, 200, "nothing changed");
     assert_eq!(root.get("snapshot").await.status, 200);
 }
+
+/// What idgen's restore detection reads (ARCHITECTURE rule 15, "the
+/// cluster's index"): a `?keys&separator=/` listing of a prefix answers
+/// with the highest ModifyIndex under it (Consul `kvsListKeysTxn`), a
+/// delete's tombstone included; a restore takes it back to the
+/// snapshot's, and the next write lands above every earlier index.
+#[tokio::test]
+async fn a_prefix_listing_index_goes_back_at_a_restore_and_on_with_the_next_write() {
+    let (_consul, api) = start().await;
+    assert_eq!(api.put("kv/idgen/test/a", "1").await.text, "true");
+    assert_eq!(api.put("kv/other/x", "1").await.text, "true");
+    let listing = api.get("kv/idgen/test/?keys&separator=/&consistent").await;
+    assert_eq!(listing.status, 200, "{}", listing.text);
+    let a = api.entry("idgen/test/a").await["ModifyIndex"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(listing.index, a, "the prefix's own highest index");
+    let save = api.get("snapshot").await;
+    let archive = save.text.clone().into_bytes();
+    assert_eq!(api.put("kv/idgen/test/b/c", "2").await.text, "true");
+    assert_eq!(api.delete("kv/idgen/test/b/c").await.status, 200);
+    let seen = api.get("kv/idgen/test/?keys&separator=/").await.index;
+    assert!(seen > a, "a delete's tombstone counts: {seen} > {a}");
+    assert_eq!(api.put("snapshot", archive).await.status, 200);
+    let after = api.get("kv/idgen/test/?keys&separator=/").await.index;
+    assert_eq!(after, a, "the restore takes it back");
+    assert_eq!(api.put("kv/idgen/test/a", "2").await.text, "true");
+    let next = api.get("kv/idgen/test/?keys&separator=/").await.index;
+    assert!(next > seen, "the next write lands above: {next} > {seen}");
+}
