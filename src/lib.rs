@@ -33,7 +33,8 @@
 //!   [`node::systemd`] (readiness, stopping and watchdog notices).
 //! - [`server`]: the front ends only: gRPC ([`server::grpc`]:
 //!   `idgen.v1.IdGen`, health, reflection), HTTP ([`server::http`]:
-//!   `/metrics`, `/healthz`, `/readyz`, `/v1/...`), the admin console
+//!   `/metrics`, `/healthz`, `/readyz`, `/v1/...`, with CORS for browsers
+//!   in [`server::cors`]), the admin console
 //!   ([`server::console`], at `/admin/`, with its node view and changes in
 //!   `server/console/changes.rs` and every node's status in
 //!   `server/console/cluster.rs`), the health monitor
@@ -51,7 +52,8 @@
 //!   [`server::status`], where error kinds become gRPC codes and HTTP
 //!   statuses.
 //! - [`config`]: TOML + environment + CLI configuration (the file's
-//!   sections in `config/file.rs`, CIDR lists in `config/allow.rs`, the
+//!   sections in `config/file.rs`, CIDR lists in `config/allow.rs`, CORS
+//!   origins in `config/cors.rs`, the
 //!   `IDGEN_*` variables checked in `config/environment.rs`, the hide
 //!   master key's source in `config/hide.rs`, `[layout]` and the hiding
 //!   of snowflake IDs in `config/layout.rs`), validated

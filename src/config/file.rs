@@ -176,6 +176,17 @@ pub struct ServerSection {
     /// Peer networks (CIDR, IPv4 or IPv6) allowed on both ports; others
     /// get PERMISSION_DENIED / 403 on every call. Empty: all.
     pub allow: Vec<String>,
+    /// `[server.http]`: the HTTP API's browser settings.
+    pub http: HttpSection,
+}
+
+/// `[server.http]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSection {
+    /// Web origins (`https://app.example.com`) a browser page may call the
+    /// `/v1/` endpoints from (CORS), or `["*"]` for any. Empty: none.
+    pub cors_allow_origins: Vec<String>,
 }
 
 /// `[server.tls]`: TLS (rustls) on the gRPC and HTTP ports. Both files
@@ -218,6 +229,7 @@ impl Default for ServerSection {
             insecure: false,
             tls: TlsSection::default(),
             allow: Vec::new(),
+            http: HttpSection::default(),
         }
     }
 }

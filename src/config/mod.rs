@@ -9,6 +9,7 @@
 //! `config/idgen.example.toml` documents every key.
 
 mod allow;
+mod cors;
 mod environment;
 mod file;
 mod hide;
@@ -29,11 +30,12 @@ use crate::id::Layout;
 use crate::store::hwm::HwmSettings;
 
 pub use allow::{AllowList, Cidr};
+pub use cors::CorsOrigins;
 pub use environment::{expand_path, CREDENTIALS_DIRECTORY, NON_CONFIG_VARIABLES};
 pub use file::{
     state_directory, AdminSection, BackendKind, ClockSection, ConsulSection, FileConfig,
-    FormattedSection, HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat, LogSection,
-    NodeSection, Overrides, SegmentSection, ServerSection, StoreSection, StrictSection,
+    FormattedSection, HttpSection, HwmSection, LayoutSection, LeaseSection, LogColor, LogFormat,
+    LogSection, NodeSection, Overrides, SegmentSection, ServerSection, StoreSection, StrictSection,
     TestingSection, TlsSection, WorkerClaim, CONSUL_SESSION_TTL_MIN, DEFAULT_STATE_PATH,
     STATE_FILE_NAME,
 };
@@ -181,6 +183,9 @@ pub struct ServerSettings {
     pub tls: Option<TlsSettings>,
     /// Peers allowed on both ports (`server.allow`); empty: all.
     pub allow: AllowList,
+    /// Web origins a browser may call the HTTP API's `/v1/` from
+    /// (`server.http.cors_allow_origins`).
+    pub cors: CorsOrigins,
     /// Plaintext was allowed on a non-loopback address
     /// (`server.insecure = true`); the node warns at start.
     pub insecure: bool,

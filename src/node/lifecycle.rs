@@ -178,6 +178,7 @@ impl Node {
             rpc: Arc::new(http::HttpMetrics::default()),
             admin: admin_service,
             cluster: self.cluster_status(),
+            cors: Arc::new(config.server.cors.clone()),
         };
         let status = super::status::StatusTask::start(http_state.clone());
         let http = tokio::spawn(listener::serve(

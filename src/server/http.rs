@@ -41,6 +41,8 @@ pub struct HttpState {
     pub admin: Arc<super::admin::AdminService>,
     /// Every node's status for the console (`/admin/api/cluster`).
     pub cluster: super::console::ClusterStatus,
+    /// Origins a browser may call `/v1/` from (`super::cors`).
+    pub cors: Arc<crate::config::CorsOrigins>,
 }
 
 /// Latency metrics of the JSON endpoints.
@@ -66,15 +68,23 @@ impl Default for HttpMetrics {
 
 /// The HTTP routes.
 pub fn router(state: HttpState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    // The JSON API, which browsers on `server.http.cors_allow_origins`
+    // may call (the console's `/admin/` API never).
+    let api = Router::new()
         .route("/v1/id", get(gen_id))
         .route("/v1/ids", get(gen_ids))
         .route("/v1/decode", get(decode))
         .route("/v1/formatted/{name}", get(gen_formatted))
         .route("/v1/formatted/{name}/parse", get(parse_formatted))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state.cors),
+            super::cors::cors,
+        ));
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(api)
         .merge(super::console::routes())
         .fallback(not_found)
         .layer(axum::middleware::map_response(no_store))

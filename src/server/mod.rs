@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod console;
+pub mod cors;
 pub mod grpc;
 pub mod health;
 pub mod http;

@@ -69,6 +69,10 @@ pub struct Attempt<T> {
     pub level: Level,
     /// What the caller gets once the write is durable.
     pub value: T,
+    /// Whether the plan read the store (then the cluster's index is
+    /// checked before the write, [`ClusterKeys::before_write`]); `false`
+    /// for a plan on this node's own cached write.
+    pub read: bool,
 }
 
 /// One counter write, as the loop needs it.
@@ -119,7 +123,9 @@ pub async fn compare_and_set<W: CasWrite>(
     for attempt in 0..policy.attempts {
         let mut planned = write.plan().await?;
         // After the plan's reads: the cluster's index and record.
-        let guards = keys.before_write(client, &planned.key, true).await?;
+        let guards = keys
+            .before_write(client, &planned.key, planned.read)
+            .await?;
         planned.ops.extend(guards);
         match client.txn(&planned.ops).await {
             Ok(TxnOutcome::Committed(results)) => {

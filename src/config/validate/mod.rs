@@ -13,8 +13,9 @@ use super::file::{
 };
 use super::{
     invalid, AdminSettings, AdminToken, AllowList, Backend, BackendKind, Config, ConfigError,
-    ConnectionSettings, FormattedSettings, LeaseModeSettings, LogSettings, NodeSettings,
-    SegmentModeSettings, ServerSettings, StoreSettings, StrictModeSettings, TlsSettings,
+    ConnectionSettings, CorsOrigins, FormattedSettings, LeaseModeSettings, LogSettings,
+    NodeSettings, SegmentModeSettings, ServerSettings, StoreSettings, StrictModeSettings,
+    TlsSettings,
 };
 use crate::id::{Layout, LayoutSpec, Preset};
 use crate::store::hwm::HwmSettings;
@@ -188,8 +189,11 @@ impl ServerSection {
             ));
         }
         let allow = AllowList::parse(&self.allow).map_err(|e| invalid("server.allow", e))?;
+        let cors = CorsOrigins::parse(&self.http.cors_allow_origins)
+            .map_err(|e| invalid("server.http.cors_allow_origins", e))?;
         Ok(ServerSettings {
             allow,
+            cors,
             insecure: exposed && tls.is_none(),
             tls,
             grpc_listen,

@@ -100,6 +100,7 @@ impl CasWrite for ChangeWrite<'_> {
             key,
             level: (i64::from(top), written.versions.len() as u64),
             value: written,
+            read: true,
         })
     }
 

@@ -283,6 +283,7 @@ impl CasWrite for Take<'_> {
     async fn plan(&self) -> Result<Attempt<(Range, TagRecord)>, StoreError> {
         let (store, tag) = (self.store, self.tag);
         let cached = store.known().get(tag).cloned();
+        let read = cached.is_none();
         let (record, index) = match cached {
             Some(c) => c,
             None => store
@@ -306,6 +307,7 @@ impl CasWrite for Take<'_> {
             key: self.key.clone(),
             level: (0, next.max_id),
             value: (range, next),
+            read,
         })
     }
 
@@ -423,6 +425,7 @@ impl CasWrite for AdminWrite<'_> {
             key: self.key.clone(),
             level: (0, written.max_id),
             value: written,
+            read: true,
         })
     }
 

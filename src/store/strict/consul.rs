@@ -418,6 +418,7 @@ impl CasWrite for Delete<'_> {
             key: self.kv_key.clone(),
             level: (0, last),
             value,
+            read: true,
         })
     }
 

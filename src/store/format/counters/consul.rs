@@ -193,6 +193,7 @@ impl CasWrite for Reservation<'_> {
             key: self.path.clone(),
             level: (planned.record.period.0, planned.record.last),
             value: planned,
+            read: true,
         })
     }
 
