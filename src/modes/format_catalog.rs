@@ -24,18 +24,7 @@
 //!   ([`FormattedEngine::compile_table`], off the runtime; one served unchanged
 //!   keeps its compiled format); only when all of them compiled and
 //!   validated is it installed ([`FormattedEngine::install`]). A failure keeps the
-//!   table in use and says which format failed and why.
-//! - **Lua checks, once, off the lock.** A Lua rule's load-time checks
-//!   (up to `formatted.lua_check_budget` of rendering, see
-//!   [`crate::id::format::lua`]) run when its definition is created or
-//!   first stored from the config file, and the record keeps their check
-//!   key ([`StoredFormat::lua_checked`]): a reload or a restart loading a
-//!   record whose key matches compiles the rule without them. Compiling
-//!   happens before the `reloading` lock is taken; under it a reload only
-//!   reads the definitions and installs formats already compiled
-//!   (`commit`), so one slow rule never holds up another format's change
-//!   or reload. An admin change installs the definition it compiled, not
-//!   compiled again. Reloads run after
+//!   table in use and says which format failed and why. Reloads run after
 //!   each admin change, on SIGHUP (re-reading the config file first), and
 //!   in Consul when the stored definitions change (a blocking query on
 //!   their folder, [`FormatCatalog::watch_consul`]), so a format created
@@ -45,6 +34,18 @@
 //!   call. Counters
 //!   live in the store, keyed by format name and scope, so they carry on
 //!   across reloads.
+//! - **Lua checks, once, off the lock.** A Lua rule's load-time checks
+//!   (within `formatted.lua_check_budget`, see [`crate::id::format::lua`])
+//!   run when its definition is created or first stored from the config
+//!   file, and the record keeps their check key
+//!   ([`StoredFormat::lua_checked`]): a reload or a restart loading a
+//!   record whose key matches compiles the rule without them. Compiling
+//!   happens before the `reloading` lock is taken; under it a reload only
+//!   reads the definitions and installs formats already compiled
+//!   (`commit`), so one slow rule never holds up another format's change
+//!   or reload. An admin change installs the definition it compiled, not
+//!   compiled again; a definition stored meanwhile by someone else waits
+//!   for the reload its own write starts.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
