@@ -118,6 +118,9 @@ pub const LUA_DEADLINE_EXCEEDED: &str = "idgen_lua_deadline_exceeded_total";
 /// Lua rule calls stuck past their deadline in a library function, whose
 /// thread was set aside, by `format`.
 pub const LUA_STUCK_CALLS: &str = "idgen_lua_stuck_calls_total";
+/// Lua rules whose load-time checks ran (a stored rule that passed them
+/// is not checked again).
+pub const LUA_CHECKS: &str = "idgen_lua_checks_total";
 /// Lua worker threads set aside and still running a stuck call.
 pub const LUA_WORKERS_ASIDE: &str = "idgen_lua_workers_aside";
 /// Formatted-mode counters held in memory, by `format`.
@@ -232,6 +235,10 @@ fn describe_lua() {
     describe_counter!(
         LUA_STUCK_CALLS,
         "Lua rule calls still running at twice formatted.lua_deadline inside a library function, by format; each answered FAILED_PRECONDITION and cost a thread until it returns (a rule is quarantined after 3)."
+    );
+    describe_counter!(
+        LUA_CHECKS,
+        "Lua rules whose load-time checks ran, each within formatted.lua_check_budget: at a create, and at a load of a stored rule without a matching record of passing them (a restart with rules already checked adds none)."
     );
     describe_gauge!(
         LUA_WORKERS_ASIDE,
@@ -661,6 +668,7 @@ pub fn register(s: Series) {
     }
     if s.formatted {
         gauge!(LUA_WORKERS_ASIDE).set(0.0);
+        counter!(LUA_CHECKS).increment(0);
     }
     for kind in ["tolerated", "refused"] {
         counter!(CLOCK_STEP_BACK_EVENTS, "kind" => kind).increment(0);

@@ -3,7 +3,7 @@
 //! starting anything.
 
 use idgen::config::{Backend, FileConfig};
-use idgen::id::format::{Format, FormatDef, LuaLimits, Scope};
+use idgen::id::format::{Format, FormatDef, LoadChecks, LuaLimits, Scope};
 use idgen::id::{Clock, SystemClock};
 use idgen::store::format::counters::one_node_formats_warning;
 
@@ -16,6 +16,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     file.apply(&a.overrides());
     let config = file.validate(SystemClock.now_millis())?;
     log_filter(&config)?;
+    check_lua_rules(&config)?;
     // The hide master key: read (never printed) so a bad one fails here
     // as it would at start.
     let hide = match config.hide.master_key()? {
@@ -43,6 +44,24 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs each config Lua rule's load-time checks under
+/// `formatted.lua_check_budget`. Validation skips them (a node runs them
+/// once, when it first stores the entry), so without this a rule the node
+/// would refuse at start would pass here.
+fn check_lua_rules(config: &idgen::config::Config) -> anyhow::Result<()> {
+    let now = SystemClock.now_millis() as i64;
+    let limits = LuaLimits {
+        check_budget: config.formatted.lua_check_budget,
+        ..LuaLimits::default()
+    };
+    let lua = config.formatted.formats.iter().enumerate();
+    for (i, def) in lua.filter(|(_, d)| d.lua.is_some()) {
+        Format::compile(def.clone(), now, limits)
+            .map_err(|e| anyhow::anyhow!("formats: entry {} ({:?}): {e}", i + 1, def.name))?;
+    }
+    Ok(())
+}
+
 /// Names the config's formats whose counter is cluster-wide: on the
 /// embedded store they serve one node only. (Formats made with the admin
 /// API live in the state file; the node names those at start-up.)
@@ -51,7 +70,7 @@ fn warn_one_node_formats(defs: &[FormatDef]) {
     let cluster_wide: Vec<String> = defs
         .iter()
         .filter(|d| {
-            Format::compile((*d).clone(), now, LuaLimits::default())
+            Format::compile_with((*d).clone(), now, LuaLimits::default(), LoadChecks::Skip)
                 .is_ok_and(|f| f.scope() == Scope::Cluster)
         })
         .map(|d| d.name.clone())

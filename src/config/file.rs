@@ -579,6 +579,11 @@ pub struct FormattedSection {
     pub lua_deadline: Duration,
     /// Threads Lua rules run on (1 to 64), off the request runtime.
     pub lua_workers: usize,
+    /// Wall-clock time loading one Lua rule may take, its load-time checks
+    /// included (100ms to 10m). A rule whose checks do not finish within
+    /// it is refused (INVALID_ARGUMENT at CreateFormat) naming this key.
+    #[serde(with = "humantime_serde")]
+    pub lua_check_budget: Duration,
     /// Most counters one format keeps (1 to 1000000): each new value of a
     /// format's `scope_params` adds one, durably and for good (a counter is
     /// never deleted: a new one for a used value could repeat its IDs).
@@ -593,6 +598,7 @@ impl Default for FormattedSection {
             block: 100,
             lua_deadline: Duration::from_millis(50),
             lua_workers: 4,
+            lua_check_budget: crate::id::format::lua::DEFAULT_CHECK_BUDGET,
             max_scope_values: 10_000,
         }
     }

@@ -314,7 +314,8 @@ impl LeaseModeSettings {
 }
 
 /// The validated `[formatted]` section and `[[formats]]` (each compiled
-/// once at validation, so a format that could repeat stops the start).
+/// at validation, so a broken format stops the start; a Lua rule's checks
+/// run when the entry is first stored, `modes::format_catalog`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FormattedSettings {
     /// Counter values reserved per durable write.
@@ -325,6 +326,8 @@ pub struct FormattedSettings {
     pub lua_deadline: Duration,
     /// Threads Lua rules run on.
     pub lua_workers: usize,
+    /// How long loading one Lua rule, its checks included, may take.
+    pub lua_check_budget: Duration,
     /// Most counters one format keeps (`formatted.max_scope_values`).
     pub max_scope_values: u64,
 }
@@ -338,6 +341,7 @@ impl Default for FormattedSettings {
             formats: Vec::new(),
             lua_deadline: file.lua_deadline,
             lua_workers: file.lua_workers,
+            lua_check_budget: file.lua_check_budget,
             max_scope_values: file.max_scope_values,
         }
     }

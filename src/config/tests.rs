@@ -642,6 +642,30 @@ fn the_lua_deadline_and_workers_default_and_are_range_checked() {
 }
 
 #[test]
+fn the_lua_check_budget_defaults_and_is_range_checked() {
+    let toml_text = "[formatted]\nlua_check_budget = \"2s\"\n";
+    let f: FileConfig = figment::Figment::from(figment::providers::Toml::string(toml_text))
+        .extract()
+        .unwrap();
+    assert_eq!(
+        f.validate(NOW).unwrap().formatted.lua_check_budget,
+        Duration::from_secs(2)
+    );
+    let d: FileConfig = figment::Figment::from(figment::providers::Toml::string(""))
+        .extract()
+        .unwrap();
+    assert_eq!(
+        d.validate(NOW).unwrap().formatted.lua_check_budget,
+        crate::id::format::lua::DEFAULT_CHECK_BUDGET
+    );
+    for bad in [Duration::from_millis(99), Duration::from_secs(601)] {
+        let mut g = f.clone();
+        g.formatted.lua_check_budget = bad;
+        assert_eq!(err_key(&g), "formatted.lua_check_budget");
+    }
+}
+
+#[test]
 fn hide_on_strict_is_refused_with_what_to_use_instead() {
     let f = read("[strict]\nenabled = true\nhide = { key = \"k\" }\n").unwrap();
     let err = f.validate(NOW).unwrap_err().to_string();

@@ -34,17 +34,31 @@
 //!   call. Counters
 //!   live in the store, keyed by format name and scope, so they carry on
 //!   across reloads.
+//! - **Lua checks, once, off the lock.** A Lua rule's load-time checks
+//!   (within `formatted.lua_check_budget`, see [`crate::id::format::lua`])
+//!   run when its definition is created or first stored from the config
+//!   file, and the record keeps their check key
+//!   ([`StoredFormat::lua_checked`]): a reload or a restart loading a
+//!   record whose key matches compiles the rule without them. Compiling
+//!   happens before the `reloading` lock is taken; under it a reload only
+//!   reads the definitions and installs formats already compiled
+//!   (`commit`), so one slow rule never holds up another format's change
+//!   or reload. An admin change installs the definition it compiled, not
+//!   compiled again; a definition stored meanwhile by someone else waits
+//!   for the reload its own write starts.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::id::format::FormatDef;
 use crate::id::format::FormatError;
+use crate::id::format::{FormatDef, LoadChecks};
 use crate::id::{Clock, ErrorKind};
 use crate::metrics as m;
 use crate::modes::formatted::{CompileFailure, CompiledFormats, FormattedEngine};
-use crate::store::format::catalog::{DefChange, DefSource, FormatCatalogStore, StoredFormat};
+use crate::store::format::catalog::{
+    DefChange, DefListing, DefSource, FormatCatalogStore, StoredFormat,
+};
 use crate::store::StoreError;
 
 /// How long one blocking query for changed definitions waits before it
@@ -114,7 +128,9 @@ pub struct FormatCatalog {
     config_defs: Mutex<Vec<FormatDef>>,
     /// Re-reads the config file on SIGHUP; `None`: keeps `config_defs`.
     config_source: Mutex<Option<ConfigSource>>,
-    /// One reload (or admin change and its reload) at a time.
+    /// One install of a new table at a time ([`Self::commit`]): held
+    /// while the stored definitions are read and the table built from
+    /// formats already compiled, never across a compile.
     reloading: tokio::sync::Mutex<()>,
     /// The reloads of calls naming an unknown format.
     misses: super::miss::MissReloads,
@@ -191,10 +207,9 @@ impl FormatCatalog {
     /// Start-up: the config file's entries into the store, then the first
     /// table. Any failure stops the start.
     pub async fn start(&self) -> Result<Reloaded, ReloadError> {
-        let _one = self.reloading.lock().await;
         let config = self.config_defs();
         let result = match self.apply_config(&config).await {
-            Ok(()) => self.reload_locked().await,
+            Ok(prepared) => self.reload_with(prepared).await,
             Err(e) => Err(e),
         };
         count("start", &result);
@@ -204,8 +219,7 @@ impl FormatCatalog {
     /// Reload for `trigger` (`admin`, `watch`): the stored definitions,
     /// compiled and installed if all of them compile.
     pub async fn reload(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
-        let _one = self.reloading.lock().await;
-        let result = self.reload_locked().await;
+        let result = self.reload_with(CompiledFormats::new()).await;
         count(trigger, &result);
         result
     }
@@ -213,13 +227,12 @@ impl FormatCatalog {
     /// SIGHUP: the config file read again (when it can be), its entries
     /// applied to the store, then a reload.
     pub async fn reload_config(&self, trigger: &'static str) -> Result<Reloaded, ReloadError> {
-        let _one = self.reloading.lock().await;
-        let result = self.reload_config_locked().await;
+        let result = self.reload_config_now().await;
         count(trigger, &result);
         result
     }
 
-    async fn reload_config_locked(&self) -> Result<Reloaded, ReloadError> {
+    async fn reload_config_now(&self) -> Result<Reloaded, ReloadError> {
         let source = self
             .config_source
             .lock()
@@ -239,12 +252,12 @@ impl FormatCatalog {
                 })?,
             None => self.config_defs(),
         };
-        self.apply_config(&config).await?;
+        let prepared = self.apply_config(&config).await?;
         *self
             .config_defs
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = config;
-        self.reload_locked().await
+        self.reload_with(prepared).await
     }
 
     fn config_defs(&self) -> Vec<FormatDef> {
@@ -254,14 +267,25 @@ impl FormatCatalog {
             .clone()
     }
 
-    /// Writes the config file's entries to the store (see the module doc).
-    pub async fn apply_config(&self, config: &[FormatDef]) -> Result<(), ReloadError> {
+    /// Writes the config file's entries to the store (see the module doc);
+    /// returns those it compiled (a new entry's Lua rule is checked here,
+    /// once: the config file was read without its checks), for the reload
+    /// that follows to serve.
+    pub async fn apply_config(&self, config: &[FormatDef]) -> Result<CompiledFormats, ReloadError> {
+        let mut prepared = CompiledFormats::new();
         for (i, def) in config.iter().enumerate() {
             let name = def.name.as_str();
             let entry = format!("the config file's [[formats]] entry {} ({name:?})", i + 1);
             let fail = |e: &Error| ReloadError::from_error(Some(name), e);
             let stored = self.defs.get(name).await.map_err(|e| fail(&e.into()))?;
             let Some(stored) = stored else {
+                let compiled = self
+                    .compile_one(def.clone(), LoadChecks::Run)
+                    .await
+                    .map_err(|f| {
+                        ReloadError::new(Some(name), format!("{entry}: {}", f.1), f.1.kind())
+                    })?;
+                prepared.extend(compiled);
                 let record = self.record(def.clone(), DefSource::Config);
                 self.defs
                     .create(&record)
@@ -286,7 +310,8 @@ impl FormatCatalog {
             if wanted == stored.def {
                 continue;
             }
-            self.update_stored(&wanted, DefSource::Config)
+            let (_, compiled) = self
+                .update_stored(&wanted, DefSource::Config)
                 .await
                 .map_err(|e| {
                     ReloadError::new(
@@ -299,14 +324,18 @@ impl FormatCatalog {
                         e.kind(),
                     )
                 })?;
+            prepared.extend(compiled);
             tracing::info!(format = name, "format updated from the config file");
         }
-        Ok(())
+        Ok(prepared)
     }
 
+    /// A new record of `def`, stamped as having passed its Lua rule's
+    /// checks: call only once they did.
     fn record(&self, def: FormatDef, source: DefSource) -> StoredFormat {
         let now = self.now_ms();
         StoredFormat {
+            lua_checked: def.lua_check_key(self.formats.lua_limits()),
             def,
             deleted: false,
             source,
@@ -316,9 +345,17 @@ impl FormatCatalog {
         }
     }
 
-    /// Compiles every live stored definition and installs the table if
-    /// all of them compile. Call with `reloading` held.
-    async fn reload_locked(&self) -> Result<Reloaded, ReloadError> {
+    /// Whether loading `def` runs its Lua rule's checks: not when the
+    /// record says it passed them under the key it has now (`stamp`).
+    fn checks_for(&self, def: &FormatDef, stamp: Option<&str>) -> LoadChecks {
+        match (def.lua_check_key(self.formats.lua_limits()), stamp) {
+            (Some(key), Some(stamp)) if key == stamp => LoadChecks::Skip,
+            _ => LoadChecks::Run,
+        }
+    }
+
+    /// The stored definitions, or why they cannot all be read.
+    async fn listing(&self) -> Result<DefListing, ReloadError> {
         let listing = self
             .defs
             .list()
@@ -331,21 +368,70 @@ impl FormatCatalog {
                 ErrorKind::Unavailable,
             ));
         }
-        let old = self.formats.table();
-        // A definition served unchanged keeps its compiled format: only new
-        // and changed ones are compiled (a Lua rule's checks are costly).
-        let (same, fresh): (Vec<FormatDef>, Vec<FormatDef>) = listing
+        Ok(listing)
+    }
+
+    /// A reload: every live stored definition that neither the table
+    /// served nor `prepared` has as stored is compiled, off the lock (a
+    /// Lua rule's checks, when its record does not say they passed, can
+    /// take up to `formatted.lua_check_budget`), then the whole is
+    /// committed ([`commit`](Self::commit)).
+    async fn reload_with(&self, mut prepared: CompiledFormats) -> Result<Reloaded, ReloadError> {
+        let listing = self.listing().await?;
+        let served = self.formats.table();
+        let compiled_as_stored = |table: &CompiledFormats, def: &FormatDef| {
+            table.get(&def.name).is_some_and(|f| f.def() == def)
+        };
+        let fresh: Vec<(FormatDef, LoadChecks)> = listing
             .live()
-            .map(|f| f.def.clone())
-            .partition(|d| old.get(&d.name).is_some_and(|o| o.def() == d));
-        let mut table = self
-            .compile(fresh)
+            .filter(|r| {
+                !compiled_as_stored(&served, &r.def) && !compiled_as_stored(&prepared, &r.def)
+            })
+            .map(|r| {
+                (
+                    r.def.clone(),
+                    self.checks_for(&r.def, r.lua_checked.as_deref()),
+                )
+            })
+            .collect();
+        let compiled = self
+            .formats
+            .compile_table(fresh)
             .await
             .map_err(|f| ReloadError::from_error(Some(&f.0), &f.1))?;
-        for def in same {
-            if let Some(f) = old.get(&def.name) {
-                table.insert(def.name, Arc::clone(f));
+        prepared.extend(compiled);
+        self.commit(&prepared).await
+    }
+
+    /// Installs the live stored definitions, read under the `reloading`
+    /// lock, each as served now or as compiled in `prepared`; no Lua runs
+    /// under the lock. One stored after `prepared` was compiled (by a
+    /// concurrent change or another node) is left as served, or out if
+    /// new: the reload that its write starts serves it.
+    async fn commit(&self, prepared: &CompiledFormats) -> Result<Reloaded, ReloadError> {
+        let _one = self.reloading.lock().await;
+        let listing = self.listing().await?;
+        let old = self.formats.table();
+        let mut table = CompiledFormats::new();
+        let mut pending = Vec::new();
+        for def in listing.live().map(|r| &r.def) {
+            let compiled = [old.get(&def.name), prepared.get(&def.name)]
+                .into_iter()
+                .flatten()
+                .find(|f| f.def() == def)
+                .or_else(|| {
+                    pending.push(def.name.clone());
+                    old.get(&def.name)
+                });
+            if let Some(f) = compiled {
+                table.insert(def.name.clone(), Arc::clone(f));
             }
+        }
+        if !pending.is_empty() {
+            tracing::debug!(
+                formats = ?pending,
+                "stored formats not compiled by this reload; the reload after their change serves them"
+            );
         }
         for (name, new) in &table {
             if let Some(old) = old.get(name) {
@@ -368,11 +454,17 @@ impl FormatCatalog {
         Ok(Reloaded { formats, changed })
     }
 
-    /// Compiles `defs` on a thread of its own: a Lua rule's load-time
-    /// checks render up to about a million IDs, which must not hold a
-    /// worker of the runtime that serves requests, nor the process exit.
-    async fn compile(&self, defs: Vec<FormatDef>) -> Result<CompiledFormats, CompileFailure> {
-        self.formats.compile_table(&defs).await
+    /// Compiles `def` on a thread of its own, its Lua rule's checks run
+    /// or skipped as `checks` says: they render up to about 110,000 IDs,
+    /// which must not hold a worker of the runtime that serves requests,
+    /// nor the process exit, nor (called before the lock is taken) any
+    /// other change or reload.
+    async fn compile_one(
+        &self,
+        def: FormatDef,
+        checks: LoadChecks,
+    ) -> Result<CompiledFormats, CompileFailure> {
+        self.formats.compile_table(vec![(def, checks)]).await
     }
 
     /// `CreateFormat`: checked, stamped with its origin year, compiled on
@@ -390,32 +482,30 @@ impl FormatCatalog {
         let def = def
             .stamped(self.now_ms() as i64)
             .map_err(|e| refused(StoreError::from(e)))?;
-        self.compile(vec![def.clone()])
+        let prepared = self
+            .compile_one(def.clone(), LoadChecks::Run)
             .await
             .map_err(|f| refused(f.1))?;
-        let _one = self.reloading.lock().await;
         let record = StoredFormat {
             fresh,
             ..self.record(def, DefSource::Admin)
         };
         let written = self.defs.create(&record).await?;
         tracing::info!(format = written.def.name, fresh, "format created");
-        Ok((written, self.reload_after_change().await))
+        Ok((written, self.commit_after_change(&prepared).await))
     }
 
     /// `UpdateFormat`: refused unless [`FormatDef::check_update`] allows
     /// it (the error names the field).
     pub async fn update(&self, def: FormatDef) -> Result<(StoredFormat, Reloaded), Error> {
-        let _one = self.reloading.lock().await;
-        let written = self.update_stored(&def, DefSource::Admin).await?;
+        let (written, prepared) = self.update_stored(&def, DefSource::Admin).await?;
         tracing::info!(format = written.def.name, "format updated");
-        Ok((written, self.reload_after_change().await))
+        Ok((written, self.commit_after_change(&prepared).await))
     }
 
     /// `DeleteFormat`: a tombstone; the name is never used again.
     pub async fn delete(&self, name: &str) -> Result<(StoredFormat, Reloaded), Error> {
         crate::id::format::check_name(name).map_err(|e| refused(StoreError::from(e)))?;
-        let _one = self.reloading.lock().await;
         let now = self.now_ms();
         let change: DefChange = Arc::new(move |r: &StoredFormat| {
             Ok(StoredFormat {
@@ -430,13 +520,19 @@ impl FormatCatalog {
             format = name,
             "format deleted (tombstone: the name is never used again)"
         );
-        Ok((written, self.reload_after_change().await))
+        Ok((
+            written,
+            self.commit_after_change(&CompiledFormats::new()).await,
+        ))
     }
 
-    /// The reload after an admin change: the change is stored whatever it
-    /// says, so a failure is reported, not returned as the call's error.
-    async fn reload_after_change(&self) -> Reloaded {
-        let result = self.reload_locked().await;
+    /// The reload after an admin change: the table as stored, with the
+    /// changed definition as the change compiled it (`prepared`: compiled
+    /// once per change, never again under the lock). The change is stored
+    /// whatever this says, so a failure is reported, not returned as the
+    /// call's error.
+    async fn commit_after_change(&self, prepared: &CompiledFormats) -> Reloaded {
+        let result = self.commit(prepared).await;
         count("admin", &result);
         result.unwrap_or_else(|e| Reloaded {
             formats: self.formats.names(),
@@ -445,29 +541,39 @@ impl FormatCatalog {
     }
 
     /// Replaces the stored live definition of `def.name` by `def`, checked
-    /// against what is stored (in the store's compare-and-set).
+    /// against what is stored (in the store's compare-and-set); returns
+    /// what was written and the new definition compiled.
     async fn update_stored(
         &self,
         def: &FormatDef,
         source: DefSource,
-    ) -> Result<StoredFormat, Error> {
+    ) -> Result<(StoredFormat, CompiledFormats), Error> {
         crate::id::format::check_name(&def.name).map_err(|e| refused(StoreError::from(e)))?;
         // Checked against what is stored before the new definition is
         // compiled (new Lua code is never run for a refused update), and
         // again in the compare-and-set below.
+        let (mut compiled_def, mut checks) = (def.clone(), LoadChecks::Run);
         if let Some(stored) = self.defs.get(&def.name).await? {
             if !stored.deleted {
-                let new = inherit_origin(def.clone(), &stored.def);
+                compiled_def = inherit_origin(def.clone(), &stored.def);
                 stored
                     .def
-                    .check_update(&new)
+                    .check_update(&compiled_def)
                     .map_err(|e| refused(StoreError::from(e)))?;
+                // A Lua rule cannot change (check_update), so its checks
+                // passed already unless the record predates its key.
+                checks = self.checks_for(&compiled_def, stored.lua_checked.as_deref());
             }
         }
         // Compiled here too, so a broken rule is refused before any write.
-        self.compile(vec![def.clone()])
+        let prepared = self
+            .compile_one(compiled_def, checks)
             .await
             .map_err(|f| refused(f.1))?;
+        // The key of checks that passed: the compare-and-set below keeps
+        // the rule, zone, length and step (check_update), so it is the
+        // written definition's too.
+        let lua_checked = def.lua_check_key(self.formats.lua_limits());
         let (new, now) = (def.clone(), self.now_ms());
         let change: DefChange = Arc::new(move |r: &StoredFormat| {
             let new = inherit_origin(new.clone(), &r.def);
@@ -479,9 +585,11 @@ impl FormatCatalog {
                 created_ms: r.created_ms,
                 updated_ms: now,
                 fresh: r.fresh,
+                lua_checked: lua_checked.clone(),
             })
         });
-        Ok(self.defs.change(&def.name, change).await?)
+        let written = self.defs.change(&def.name, change).await?;
+        Ok((written, prepared))
     }
 
     /// Watches the Consul definitions for changes made through other nodes
@@ -596,23 +704,53 @@ mod tests {
 
     fn catalog(dir: &std::path::Path) -> (EmbeddedStore, FormatCatalog) {
         let store = EmbeddedStore::create(&dir.join("s.redb"), "layout").unwrap();
+        let catalog = catalog_on(&store);
+        (store, catalog)
+    }
+
+    /// A catalog serving nothing yet over `store`: a node (re)starting.
+    fn catalog_on(store: &EmbeddedStore) -> FormatCatalog {
+        catalog_with(store, crate::id::format::lua::DEFAULT_CHECK_BUDGET)
+    }
+
+    /// [`catalog_on`] with a Lua check budget of `budget`.
+    fn catalog_with(store: &EmbeddedStore, budget: Duration) -> FormatCatalog {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let settings = FormatSettings::for_tests(10, 100, 3);
+        let settings = FormatSettings {
+            lua_check_budget: budget,
+            ..FormatSettings::for_tests(10, 100, 3)
+        };
         let counters = Arc::new(store.clone());
         let formats = FormattedEngine::new(&[], counters, Arc::clone(&clock), settings, 0).unwrap();
         let defs: Arc<dyn FormatCatalogStore> = Arc::new(store.clone());
-        (
-            store,
-            FormatCatalog::new(defs, Arc::new(formats), clock, Vec::new()),
-        )
+        FormatCatalog::new(defs, Arc::new(formats), clock, Vec::new())
+    }
+
+    /// A Lua format `name` whose IDs start with `prefix`.
+    fn lua_def(name: &str, prefix: &str) -> FormatDef {
+        let mut def = FormatDef::template(name, "", "UTC", Reset::Never);
+        (def.template, def.reset) = (None, None);
+        def.lua = Some(format!(
+            "function min_counter() return 0 end\nfunction max_counter() return 999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt) return string.format('{prefix}%04d', counter) end\n"
+        ));
+        def
+    }
+
+    /// How many Lua rules' checks the catalog's engine ran.
+    fn checks_run(catalog: &FormatCatalog) -> u64 {
+        catalog.formats().check_runs().runs()
     }
 
     /// As another node would: the definition stored, this node not told.
     async fn stored_elsewhere(store: &EmbeddedStore, name: &str) {
+        let def = FormatDef::template(name, "{seq:6}", "UTC", Reset::Never);
+        store_def(store, def).await;
+    }
+
+    /// `def` stored as a node of an earlier version would: no check key.
+    async fn store_def(store: &EmbeddedStore, def: FormatDef) {
         let now = SystemClock.now_millis();
-        let def = FormatDef::template(name, "{seq:6}", "UTC", Reset::Never)
-            .stamped(now as i64)
-            .unwrap();
+        let def = def.stamped(now as i64).unwrap();
         let record = StoredFormat {
             def,
             deleted: false,
@@ -620,6 +758,7 @@ mod tests {
             created_ms: now,
             updated_ms: now,
             fresh: false,
+            lua_checked: None,
         };
         FormatCatalogStore::create(store, &record).await.unwrap();
     }
@@ -650,5 +789,135 @@ mod tests {
         );
         let reloads = catalog.misses.started();
         assert_eq!(reloads, 2, "the typo's reload, then one for the 8 calls");
+    }
+
+    /// Issue 32, item 8: a created Lua rule is checked once. Before, the
+    /// reload after the create compiled and checked it again (2 runs),
+    /// under the lock every other change and reload waits for.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_created_lua_rule_is_checked_once_and_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_store, catalog) = catalog(dir.path());
+        let (written, reloaded) = catalog.create(lua_def("rule", "R"), false).await.unwrap();
+        assert_eq!(checks_run(&catalog), 1);
+        assert_eq!(reloaded.changed, vec!["rule".to_owned()]);
+        assert!(catalog.formats().get("rule").is_ok());
+        let key = written.def.lua_check_key(catalog.formats().lua_limits());
+        assert!(key.is_some() && written.lua_checked == key, "{written:?}");
+        // An update (the description) keeps the key and checks nothing.
+        let mut described = lua_def("rule", "R");
+        described.description = "orders".into();
+        let (updated, _) = catalog.update(described).await.unwrap();
+        assert_eq!(checks_run(&catalog), 1);
+        assert_eq!(updated.lua_checked, key);
+        assert_eq!(
+            catalog.formats().get("rule").unwrap().def().description,
+            "orders"
+        );
+    }
+
+    /// Issue 32, item 8: the slow rule of the issue is refused at
+    /// CreateFormat within the budget, as a bad argument naming the budget
+    /// and what to do, and nothing is stored.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rule_too_slow_to_check_is_refused_at_create_naming_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = catalog(dir.path());
+        let catalog = catalog_with(&store, Duration::from_millis(300));
+        let mut slow = lua_def("slow", "S");
+        slow.lua = Some("function min_counter() return 0 end\nfunction max_counter() return 999 end\nfunction reset_seconds() return 0 end\nfunction create_id(counter, now, salt)\n  local t = {string.byte(string.rep('ba', 50000), 1, -1)}\n  table.sort(t)\n  return string.format('%04d', counter)\nend\n".into());
+        let err = catalog.create(slow, false).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::BadRequest, "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains("formatted.lua_check_budget (300 ms)")
+                && message.contains("make create_id cheaper"),
+            "{message}"
+        );
+        assert!(catalog.store().get("slow").await.unwrap().is_none());
+    }
+
+    /// Issue 32, item 8: a rule's checks hold no lock. While a reload checks
+    /// a stored rule (held here until released, standing in for a slow
+    /// rule), another format is created and served, and another reload
+    /// completes. Before, the reload checked under the `reloading` lock
+    /// and the create waited for it: the create never finished while the
+    /// check was held (the bound below turns that wait into a failure).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rule_being_checked_holds_up_no_other_create_or_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, catalog) = catalog(dir.path());
+        let catalog = Arc::new(catalog);
+        store_def(&store, lua_def("held", "H")).await;
+        let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let first = std::sync::atomic::AtomicBool::new(true);
+        *catalog.formats().check_runs().before.lock().unwrap() =
+            Some(Arc::new(move |name: &str| {
+                if name == "held" && first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    let _ = entered_tx.send(());
+                    let _ = released.lock().unwrap().recv();
+                }
+            }));
+        let held = tokio::spawn({
+            let catalog = Arc::clone(&catalog);
+            async move { catalog.reload("watch").await }
+        });
+        entered.recv().await.expect("the held rule's check began");
+        let bound = Duration::from_secs(60);
+        let others = async {
+            let created = catalog.create(lua_def("quick", "Q"), false).await;
+            let reloaded = catalog.reload("admin").await;
+            (created, reloaded)
+        };
+        let (created, reloaded) = tokio::time::timeout(bound, others)
+            .await
+            .expect("another create and reload finish while a rule is being checked");
+        assert_eq!(created.unwrap().1.changed, vec!["quick".to_owned()]);
+        assert!(catalog.formats().get("quick").is_ok());
+        // The other reload checked the held rule itself (not held then).
+        assert!(reloaded.unwrap().formats.contains(&"held".to_owned()));
+        release.send(()).unwrap();
+        let done = held.await.unwrap().unwrap();
+        assert_eq!(done.formats, vec!["held".to_owned(), "quick".to_owned()]);
+    }
+
+    /// Issue 32, item 8: a restart does not check again a stored rule that
+    /// passed its checks (its record keeps their key); a record whose key
+    /// does not match (no key: stored before keys; another: other checks
+    /// or limits) is checked again, once, and served. Before, every start
+    /// checked every stored rule (29 s per 1,000 values of the issue's).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_checks_only_rules_without_a_matching_check_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, catalog) = catalog(dir.path());
+        catalog
+            .create(lua_def("checked", "C"), false)
+            .await
+            .unwrap();
+        assert_eq!(checks_run(&catalog), 1);
+        let restarted = catalog_on(&store);
+        restarted.start().await.unwrap();
+        assert_eq!(checks_run(&restarted), 0, "nothing checked again");
+        assert!(restarted.formats().get("checked").is_ok());
+        // Another key, and none: both checked again at the next start.
+        let other = Arc::new(|r: &StoredFormat| {
+            Ok(StoredFormat {
+                lua_checked: Some(format!("sha256:{}", "0".repeat(64))),
+                ..r.clone()
+            })
+        });
+        FormatCatalogStore::change(&store, "checked", other)
+            .await
+            .unwrap();
+        store_def(&store, lua_def("legacy", "L")).await;
+        let restarted = catalog_on(&store);
+        let served = restarted.start().await.unwrap();
+        assert_eq!(checks_run(&restarted), 2);
+        assert_eq!(
+            served.formats,
+            vec!["checked".to_owned(), "legacy".to_owned()]
+        );
     }
 }

@@ -54,7 +54,8 @@ use arc_swap::ArcSwap;
 use crate::error::Error;
 use crate::id::format::FormatError;
 use crate::id::format::{
-    CounterRecord, Format, FormatDef, LuaLimits, NodeIds, ParsedId, PeriodKey, Rendered, Scope,
+    CounterRecord, Format, FormatDef, LoadChecks, LuaLimits, NodeIds, ParsedId, PeriodKey,
+    Rendered, Scope,
 };
 use crate::id::hide::DecimalHider;
 use crate::id::{check_count, Clock};
@@ -85,6 +86,19 @@ pub struct FormatSettings {
     /// Most counters one format keeps in the store, checked when a new
     /// scope value arrives (`formatted.max_scope_values`).
     pub max_scope_values: u64,
+    /// Wall-clock time loading one Lua rule may take, its load-time checks
+    /// included (`formatted.lua_check_budget`).
+    pub lua_check_budget: std::time::Duration,
+}
+
+impl FormatSettings {
+    /// The limits every Lua rule is loaded under.
+    pub fn lua_limits(&self) -> LuaLimits {
+        LuaLimits {
+            check_budget: self.lua_check_budget,
+            ..LuaLimits::default()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +112,7 @@ impl FormatSettings {
             max_batch,
             lua: LuaPoolSettings::default(),
             max_scope_values,
+            lua_check_budget: crate::id::format::lua::DEFAULT_CHECK_BUDGET,
         }
     }
 }
@@ -199,6 +214,51 @@ pub struct FormattedEngine {
     store_op: m::StoreOp,
     /// The outputs of `{seq:N:hidden}` formats.
     hiders: FormatHiders,
+    /// The Lua rules' load-time checks this engine ran.
+    checks: Arc<CheckRuns>,
+}
+
+/// Counts the Lua rules whose load-time checks ran
+/// (`idgen_lua_checks_total`): at a create, at an update of a definition
+/// stored without its check key, and at a load of a stored definition
+/// whose check key does not match. Tests read it to see that a restart
+/// checks nothing already checked, and can hold a check until released.
+#[derive(Default)]
+pub struct CheckRuns {
+    runs: std::sync::atomic::AtomicU64,
+    /// Tests: called with the format's name just before its checks run,
+    /// on the compiling thread.
+    #[cfg(test)]
+    pub(crate) before: Mutex<Option<CheckHook>>,
+}
+
+/// Tests: what [`CheckRuns`] calls before a check.
+#[cfg(test)]
+pub(crate) type CheckHook = Arc<dyn Fn(&str) + Send + Sync>;
+
+impl CheckRuns {
+    /// How many rules' checks ran.
+    pub fn runs(&self) -> u64 {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn starting(&self, name: &str) {
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!(m::LUA_CHECKS).increment(1);
+        #[cfg(test)]
+        {
+            let hook = self
+                .before
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            if let Some(hook) = hook {
+                hook(name);
+            }
+        }
+        #[cfg(not(test))]
+        let _ = name;
+    }
 }
 
 /// A counter as `GetFormatCounter` shows it.
@@ -231,7 +291,11 @@ impl FormattedEngine {
         settings: FormatSettings,
         node: u64,
     ) -> Result<Self, Error> {
-        let formats = compile_all(defs, clock.now_millis() as i64, node).map_err(|f| f.1)?;
+        let checks = Arc::new(CheckRuns::default());
+        let defs: Vec<(FormatDef, LoadChecks)> =
+            defs.iter().map(|d| (d.clone(), LoadChecks::Run)).collect();
+        let at = (clock.now_millis() as i64, node);
+        let formats = compile_all(&defs, at, settings.lua_limits(), &checks).map_err(|f| f.1)?;
         Ok(Self {
             store,
             clock,
@@ -246,6 +310,7 @@ impl FormattedEngine {
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "formatted"),
             store_op: m::StoreOp::new(m::label::BACKEND_FORMAT, m::label::OP_RESERVE_COUNTER),
             hiders: FormatHiders::default(),
+            checks,
         })
     }
 
@@ -351,21 +416,34 @@ impl FormattedEngine {
     }
 
     /// Compiles `defs` into a table, each checked as at start-up (and
-    /// against this node's number when per node). Nothing is served from
-    /// it until [`install`](Self::install). The error names the format.
-    /// Runs on a thread of its own ([`off_runtime`]): compiling a Lua rule
-    /// runs it.
+    /// against this node's number when per node), a Lua rule's load-time
+    /// checks run or skipped as its [`LoadChecks`] says. Nothing is served
+    /// from it until [`install`](Self::install). The error names the
+    /// format. Runs on a thread of its own ([`off_runtime`]): compiling a
+    /// Lua rule runs it.
     pub async fn compile_table(
         &self,
-        defs: &[FormatDef],
+        defs: Vec<(FormatDef, LoadChecks)>,
     ) -> Result<CompiledFormats, CompileFailure> {
-        let (defs, now, node) = (defs.to_vec(), self.clock.now_millis() as i64, self.node);
-        off_runtime(move || compile_all(&defs, now, node))
+        let at = (self.clock.now_millis() as i64, self.node);
+        let (limits, checks) = (self.lua_limits(), Arc::clone(&self.checks));
+        off_runtime(move || compile_all(&defs, at, limits, &checks))
             .await
             .unwrap_or_else(|e| {
                 let why = format!("compiling the formats failed: {e}");
                 Err(Box::new((String::new(), Error::Setup(why))))
             })
+    }
+
+    /// The limits Lua rules are loaded under (a stored rule's check key
+    /// is taken under them).
+    pub fn lua_limits(&self) -> LuaLimits {
+        self.settings.lua_limits()
+    }
+
+    /// The Lua rules' load-time checks this engine ran.
+    pub fn check_runs(&self) -> &CheckRuns {
+        &self.checks
     }
 
     /// The table served now.
@@ -696,8 +774,6 @@ impl FormattedEngine {
     }
 }
 
-/// Compiles every definition at `now` for node `node`; the first failure
-/// with the name of the format that failed.
 /// Name of the threads [`off_runtime`] starts.
 pub const COMPILE_THREAD: &str = "idgen-compile";
 
@@ -722,13 +798,24 @@ pub async fn off_runtime<T: Send + 'static>(
         .map_err(|_| "the compile thread stopped without an answer (it panicked)".to_owned())
 }
 
-fn compile_all(defs: &[FormatDef], now: i64, node: u64) -> Result<CompiledFormats, CompileFailure> {
+/// Compiles every definition at `now` for node `node` under `limits`
+/// (counting the Lua checks run in `runs`); the first failure with the
+/// name of the format that failed.
+fn compile_all(
+    defs: &[(FormatDef, LoadChecks)],
+    (now, node): (i64, u64),
+    limits: LuaLimits,
+    runs: &CheckRuns,
+) -> Result<CompiledFormats, CompileFailure> {
     let mut formats = HashMap::new();
-    for def in defs {
+    for (def, checks) in defs {
         let failed = |e: crate::id::format::FormatError| {
             Box::new((def.name.clone(), StoreError::from(e).into()))
         };
-        let format = Format::compile(def.clone(), now, LuaLimits::default()).map_err(failed)?;
+        if def.lua.is_some() && *checks == LoadChecks::Run {
+            runs.starting(&def.name);
+        }
+        let format = Format::compile_with(def.clone(), now, limits, *checks).map_err(failed)?;
         if format.scope() == Scope::Node {
             // The token is leased later; only the node must fit here.
             format.check_node(node_ids(node, Some(0))).map_err(failed)?;

@@ -162,6 +162,7 @@ fn format_catalog(
             deadline: config.formatted.lua_deadline,
         },
         max_scope_values: config.formatted.max_scope_values,
+        lua_check_budget: config.formatted.lua_check_budget,
     };
     let formats = crate::modes::formatted::FormattedEngine::new(
         &[],

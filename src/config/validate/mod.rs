@@ -619,6 +619,16 @@ impl FileConfig {
                 format!("must be 1 to 64, got {}", self.formatted.lua_workers),
             ));
         }
+        let budget = self.formatted.lua_check_budget;
+        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&budget) {
+            return Err(invalid(
+                "formatted.lua_check_budget",
+                format!(
+                    "must be 100ms to 10m, got {}",
+                    humantime::format_duration(budget)
+                ),
+            ));
+        }
         if !(1..=1_000_000).contains(&self.formatted.max_scope_values) {
             return Err(invalid(
                 "formatted.max_scope_values",
@@ -629,11 +639,18 @@ impl FileConfig {
             ));
         }
         let mut seen = std::collections::HashSet::new();
+        let limits = crate::id::format::LuaLimits {
+            check_budget: budget,
+            ..Default::default()
+        };
         for (i, def) in self.formats.iter().enumerate() {
-            crate::id::format::Format::compile(
+            // A Lua rule's checks run once, when the entry is first stored
+            // (`modes::format_catalog`), not at every start.
+            crate::id::format::Format::compile_with(
                 def.clone(),
                 now_ms as i64,
-                crate::id::format::LuaLimits::default(),
+                limits,
+                crate::id::format::LoadChecks::Skip,
             )
             .map_err(|e| invalid("formats", format!("entry {} ({:?}): {e}", i + 1, def.name)))?;
             if !seen.insert(def.name.as_str()) {
@@ -652,6 +669,7 @@ impl FileConfig {
             formats: self.formats.clone(),
             lua_deadline: deadline,
             lua_workers: self.formatted.lua_workers,
+            lua_check_budget: budget,
             max_scope_values: self.formatted.max_scope_values,
         })
     }

@@ -9,8 +9,8 @@ use super::period::{decide, next_period_start, PeriodDecision, PeriodKey, Reset,
 use super::preset::{self, PresetName, Uniq64};
 use super::{
     check_name, BoundParams, CivilFields, CounterBlock, CounterRange, CounterRecord, FormatDef,
-    FormatError, LuaLimits, LuaRule, ParseError, ParsedId, RenderError, Scope, Template,
-    TokenSpace, FORMAT_DEF_VERSION, MAX_BLOCK_GROWTH, MAX_FREE_PARAM_LEN,
+    FormatError, LoadChecks, LuaLimits, LuaRule, ParseError, ParsedId, RenderError, Scope,
+    Template, TokenSpace, FORMAT_DEF_VERSION, MAX_BLOCK_GROWTH, MAX_FREE_PARAM_LEN,
 };
 
 /// One rendered ID.
@@ -78,6 +78,18 @@ impl Format {
     /// Validates `def` and compiles it. `now_ms` is when (Unix ms): a Lua
     /// rule is test-run at that time and in the next period.
     pub fn compile(def: FormatDef, now_ms: i64, limits: LuaLimits) -> Result<Format, FormatError> {
+        Self::compile_with(def, now_ms, limits, LoadChecks::Run)
+    }
+
+    /// [`compile`](Self::compile), running a Lua rule's load-time checks
+    /// or not as `checks` says (a stored definition that passed them
+    /// skips them; see [`super::lua`]).
+    pub fn compile_with(
+        def: FormatDef,
+        now_ms: i64,
+        limits: LuaLimits,
+        checks: LoadChecks,
+    ) -> Result<Format, FormatError> {
         check_name(&def.name)?;
         if def.version > FORMAT_DEF_VERSION {
             return Err(FormatError::FutureVersion {
@@ -89,7 +101,7 @@ impl Format {
         check_common_fields(&def)?;
         let (kind, reset, min, max) = match (&def.template, &def.lua, def.preset) {
             (Some(src), _, _) => compile_template(&def, src)?,
-            (None, Some(code), _) => compile_lua(&def, code, &zone, limits, now_ms)?,
+            (None, Some(code), _) => compile_lua(&def, code, &zone, limits, now_ms, checks)?,
             (None, None, Some(PresetName::Idc)) => compile_idc(&def)?,
             (None, None, Some(PresetName::Uniq64)) => compile_uniq64(&def)?,
             (None, None, None) => return Err(FormatError::NoSource(def.name.clone())),

@@ -116,6 +116,19 @@ impl FormatDef {
         Ok(self)
     }
 
+    /// The key of the load-time checks of this definition's Lua rule under
+    /// `limits` ([`super::check_key`]); `None` when it has no Lua rule.
+    pub fn lua_check_key(&self, limits: super::LuaLimits) -> Option<String> {
+        let source = self.lua.as_deref()?;
+        Some(super::check_key(
+            source,
+            &self.zone,
+            self.length,
+            self.step,
+            limits,
+        ))
+    }
+
     /// The one rule for changing a stored format (admin `UpdateFormat`, a
     /// config file entry at start or SIGHUP, a reload that finds another
     /// definition than the one served): a format's rendering is frozen.

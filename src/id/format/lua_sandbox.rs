@@ -60,8 +60,10 @@ pub const MAX_TABLE_ITEMS: u64 = 100_000;
 pub const STRIDE: u32 = 100;
 
 /// Lua code run once per state: the guards, the read-only base
-/// environment, `now`'s maker and the per-call runner.
-const PRELUDE: &str = r##"
+/// environment, `now`'s maker and the per-call runner. Part of a rule's
+/// check key ([`super::lua::check_key`]): the checks a rule passed hold
+/// for the sandbox they ran in.
+pub(super) const PRELUDE: &str = r##"
 local rep, setmt, getmt, rawget, rawlen, type, error, tonumber, tostring, select, ipairs =
     string.rep, setmetatable, getmetatable, rawget, rawlen, type, error, tonumber, tostring, select, ipairs
 local strlen, format, find, byte = string.len, string.format, string.find, string.byte

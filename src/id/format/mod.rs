@@ -42,7 +42,7 @@ pub use compiled::{Bound, Format, NodeIds, Rendered};
 pub use counter::{CounterBlock, CounterRange, CounterRecord, Scope};
 pub use def::FormatDef;
 pub use error::FormatError;
-pub use lua::{Deadline, LuaError, LuaLimits, LuaRule};
+pub use lua::{check_key, Deadline, LoadChecks, LuaError, LuaLimits, LuaRule};
 pub use period::{
     decide, next_period_start, period_key, PeriodDecision, PeriodError, PeriodKey, PeriodStep,
     Reset, Zone,

@@ -526,6 +526,7 @@ mod tests {
             created_ms: 5000,
             updated_ms: 5000,
             fresh,
+            lua_checked: None,
         };
         let refused = store
             .create(&record("small", "S{seq:2}", false))

@@ -24,7 +24,11 @@
 //!
 //! The whole scan is bounded by [`SCAN_INSTRUCTIONS`] Lua instructions
 //! (counted, so deterministic, not timed): a costly rule is scanned over a
-//! shorter prefix of the same sample order. A sample is not a proof; a
+//! shorter prefix of the same sample order. Instructions do not bound
+//! time spent in library functions, so the load as a whole also has a
+//! wall-clock budget ([`super::LuaLimits::check_budget`]): a rule whose
+//! checks do not finish within it is refused
+//! ([`super::LuaError::CheckBudget`]), never half checked. A sample is not a proof; a
 //! rule whose IDs repeat only for inputs never sampled still loads, and
 //! its author answers for that.
 
@@ -52,6 +56,10 @@ pub const SPREAD: u64 = 50_000;
 /// Lua instructions the counter scan may spend in all (a simple rule
 /// needs about 30 per call, so its whole scan fits many times over).
 pub const SCAN_INSTRUCTIONS: u64 = 100_000_000;
+/// The version of these checks, part of a rule's check key
+/// ([`super::check_key`]): bump it when a check changes, so that rules
+/// stored as having passed the old checks are checked again.
+pub const CHECKS_VERSION: u32 = 1;
 /// The pseudo-random spread's seed: fixed, so the sample is the same on
 /// every node and every load.
 const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -217,8 +225,9 @@ impl LuaRule {
     ) -> Result<(), LuaError> {
         let id = match self.create_id(counter, at_ms, salt) {
             Ok(id) => id,
-            // A salted call that fails issues nothing.
-            Err(_) if salt.is_some() => return Ok(()),
+            // A salted call that fails issues nothing; but a load past its
+            // budget stops here.
+            Err(e) if salt.is_some() && !matches!(e, LuaError::CheckBudget { .. }) => return Ok(()),
             Err(e) => return Err(e),
         };
         let period = period_key(at_ms, &self.zone, self.reset).map_err(|e| LuaError::Period {

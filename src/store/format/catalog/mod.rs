@@ -73,6 +73,13 @@ pub struct StoredFormat {
     /// ([`crate::store::format::restore`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fresh: bool,
+    /// The check key ([`crate::id::format::check_key`]) of the load-time
+    /// checks this definition's Lua rule passed when it was stored: a node
+    /// loading it under the same key skips them (a restart does not render
+    /// every stored rule's hundred thousand IDs again). `None`, or another
+    /// key (a changed sandbox, limits or checks): checked again at load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lua_checked: Option<String>,
 }
 
 /// What listing the definitions found.

@@ -12,6 +12,7 @@ fn record(name: &str, template: &str) -> StoredFormat {
         created_ms: 1,
         updated_ms: 1,
         fresh: false,
+        lua_checked: None,
     }
 }
 
@@ -20,7 +21,10 @@ async fn contract(store: &dyn FormatCatalogStore) {
     let a = record("orders", "{yyyy}{MM}{dd}{seq:4}");
     store.create(&a).await.unwrap();
     store
-        .create(&record("b", "{yyyy}{MM}{dd}{seq:2}"))
+        .create(&StoredFormat {
+            lua_checked: Some("sha256:ab".into()),
+            ..record("b", "{yyyy}{MM}{dd}{seq:2}")
+        })
         .await
         .unwrap();
     assert!(matches!(
@@ -30,6 +34,12 @@ async fn contract(store: &dyn FormatCatalogStore) {
     let listed = store.list().await.unwrap();
     let names: Vec<&str> = listed.formats.iter().map(|f| f.def.name.as_str()).collect();
     assert_eq!(names, ["b", "orders"], "sorted by name");
+    // A Lua rule's check key is kept with its definition.
+    let checked = StoredFormat {
+        lua_checked: Some("sha256:ab".into()),
+        ..record("b", "{yyyy}{MM}{dd}{seq:2}")
+    };
+    assert_eq!(store.get("b").await.unwrap(), Some(checked));
     let changed = store
         .change(
             "orders",
