@@ -83,6 +83,13 @@ pub enum Error {
         /// What is wrong and the fix.
         reason: String,
     },
+    /// A value that tells how many IDs a hidden namespace issued (a hidden
+    /// format's counter) was asked for without admin credentials.
+    #[error("{what} is shown only to admin callers, since it tells how many IDs were issued: call with the node's admin token (`authorization: Bearer <token>`; idgen format counter --admin-token-file FILE or IDGEN_ADMIN__TOKEN) or a client certificate named in its admin.client_cert_names")]
+    AdminOnly {
+        /// What was asked for (`the counter of hidden format "inv"`).
+        what: String,
+    },
     /// A call waited too long for the sequence to free up.
     #[error("waited {waited_ms} ms for a free sequence number without success; the node is overloaded or its high-water mark is stuck, retry on another node")]
     WaitTimeout {
@@ -115,6 +122,7 @@ impl Error {
             Self::Setup(_) => ErrorKind::Internal,
             Self::LayoutChanged(_) => ErrorKind::Precondition,
             Self::Hidden { .. } => ErrorKind::Precondition,
+            Self::AdminOnly { .. } => ErrorKind::Unauthenticated,
             Self::Consul(_)
             | Self::Fenced
             | Self::SegmentUnavailable { .. }

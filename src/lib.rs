@@ -103,7 +103,8 @@
 //!   and `store/format/catalog/consul.rs`, [`store::format::tokens`], and
 //!   the restore margins [`store::format::restore`]); [`store::hide_keys`]
 //!   (hide keys sealed with the master key, `store/hide_keys/embedded.rs`,
-//!   `store/hide_keys/consul.rs`). Backend plumbing:
+//!   `store/hide_keys/consul.rs`; the master key's fingerprint stored with
+//!   them, `store/hide_keys/fingerprint.rs`). Backend plumbing:
 //!   the state file's database handle ([`store::embedded`]), its guard,
 //!   backups and healing ([`store::state_file`], [`store::snapshot`]:
 //!   `store/snapshot/take.rs`, `store/snapshot/rates.rs`,

@@ -222,7 +222,7 @@ fn describe_hide_keys() {
     );
     describe_counter!(
         HIDDEN_REVEALS,
-        "Hidden IDs whose internal value this node revealed to an admin caller (DecodeId, ParseFormatted and their HTTP routes), by mode; each one is audit-logged."
+        "Hidden IDs (and hidden format counters) whose internal value this node revealed to an admin caller (DecodeId, ParseFormatted, GetFormatCounter, their HTTP routes and the console), by mode; each one is audit-logged."
     );
 }
 

@@ -4,7 +4,9 @@
 //! with `Authorization: Bearer` (the internal value for the right token,
 //! audit-logged; the public view without a header; the console's refusal
 //! for a wrong token or a peer outside `admin.allow`, never the public
-//! view); `idgen format parse --admin-token`; and `admin keys rotate`
+//! view); `idgen format parse --admin-token`; hidden formats' counters
+//! (GetFormatCounter, the console, `idgen format counter`) for admins
+//! only; and `admin keys rotate`
 //! refusing a version a namespace using the key cannot hold unless
 //! `--force`.
 
@@ -236,6 +238,122 @@ async fn hidden_ids_reveal_to_admins_over_grpc_http_and_the_cli() {
 
     cli_reveal(&node, &ids[2], seqs[2]);
     node.kill();
+}
+
+/// A hidden format `orders` and a plain one, `plain`.
+const COUNTERS: &str = "[[formats]]\nname = \"orders\"\ntemplate = \"ORD{seq:8:hidden}\"\n\
+     [[formats]]\nname = \"plain\"\ntemplate = \"P{seq:6}\"\n";
+
+/// GetFormatCounter of `format`, anonymously or with `token`.
+async fn counter(
+    c: &mut IdGenClient<Channel>,
+    format: &str,
+    token: Option<&str>,
+) -> Result<proto::GetFormatCounterResponse, tonic::Status> {
+    let msg = proto::GetFormatCounterRequest {
+        format: format.into(),
+        params: Default::default(),
+    };
+    let req = match token {
+        Some(t) => common::tonic_req(t, msg),
+        None => tonic::Request::new(msg),
+    };
+    Ok(c.get_format_counter(req).await?.into_inner())
+}
+
+/// A hidden format's counter is its internal value (how many IDs it
+/// issued), so GetFormatCounter answers it only to admin credentials:
+/// anonymous callers get UNAUTHENTICATED naming the admin token, a wrong
+/// token PERMISSION_DENIED; the console on the HTTP port shows it to the
+/// admin only; `idgen format counter` needs `--admin-token`; each read is
+/// audit-logged and counted. A plain format's counter stays public
+/// (issue 32, item 4: after 26,201 IDs a stranger read `last: 27207`).
+#[tokio::test]
+async fn a_hidden_formats_counter_is_shown_to_admins_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&config(dir.path(), COUNTERS));
+    common::hide_key(&node, TOKEN, "create", "orders").await;
+    let mut c = node.client().await;
+    orders(&mut c, 5).await.expect("orders");
+    common::formatted_ids(&mut c, "plain", 3)
+        .await
+        .expect("plain");
+
+    let err = counter(&mut c, "orders", None).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    for part in [
+        "hidden format \"orders\"",
+        "admin token",
+        "admin.client_cert_names",
+    ] {
+        assert!(err.message().contains(part), "{part:?}: {}", err.message());
+    }
+    let err = counter(&mut c, "orders", Some("wrong")).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let admin = counter(&mut c, "orders", Some(TOKEN)).await.expect("admin");
+    assert!(admin.used && admin.last >= 5, "{admin:?}");
+    let plain = counter(&mut c, "plain", None)
+        .await
+        .expect("plain is public");
+    assert!(plain.used && plain.last >= 3, "{plain:?}");
+
+    // The console (HTTP port): admin only, and the admin sees the counter.
+    let (status, body) = get(node.http, "/admin/api/formats", None).await;
+    assert_eq!(status, 401, "{body}");
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, body) = get(node.http, "/admin/api/formats", Some(&bearer)).await;
+    assert_eq!(status, 200, "{body}");
+    let shown = body["formats"]
+        .as_array()
+        .and_then(|l| l.iter().find(|f| f["name"] == "orders"))
+        .map(|f| f["current"].clone())
+        .unwrap_or_default();
+    assert_eq!(shown["last"], admin.last.to_string(), "{body}");
+
+    cli_counter(&node, admin.last);
+    let log = node.log_text();
+    assert_eq!(
+        log.matches("hidden format counter read").count(),
+        3,
+        "gRPC, console and CLI admin reads, each audit-logged: {log}"
+    );
+    assert!(
+        log.contains("idgen::audit") && !log.contains(TOKEN),
+        "{log}"
+    );
+    let metrics = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let name = "idgen_hidden_reveals_total{mode=\"formatted\"}";
+    assert_eq!(common::metric(&metrics, name), Some(3.0), "{metrics}");
+    node.kill();
+}
+
+/// `idgen format counter` of a hidden format fails without the admin
+/// token (saying so) and prints the counter with it; a plain format's
+/// needs none.
+fn cli_counter(node: &ChildServer, last: u64) {
+    let addr = format!("http://{}", node.grpc);
+    let run = |name: &str, extra: &[&str]| {
+        let mut args = vec!["format", "counter", name, "--addr", &addr, "--json"];
+        args.extend_from_slice(extra);
+        run_idgen_with_env(&args, &[])
+    };
+    let (ok, out) = run("orders", &[]);
+    assert!(
+        !ok && out.contains("UNAUTHENTICATED") && out.contains("--admin-token-file"),
+        "{out}"
+    );
+    let (ok, out) = run("orders", &["--admin-token", TOKEN]);
+    assert!(ok, "{out}");
+    let line = out.lines().last().unwrap_or_default();
+    let json: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(json["last"], last, "{out}");
+    let (ok, out) = run("plain", &[]);
+    assert!(ok, "{out}");
 }
 
 /// `idgen format parse --admin-token` (or IDGEN_ADMIN__TOKEN, or the
@@ -533,6 +651,17 @@ async fn the_client_crate_reveals_with_the_admin_token_only() {
         assert_eq!((public.key_version, public.internal_seq), (Some(0), None));
     }
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    // The hidden format's counter: to the admin client only.
+    let counter = admin
+        .format_counter("orders", Vec::<(String, String)>::new())
+        .await
+        .expect("the admin reads the hidden counter");
+    assert!(counter.used && counter.last >= seqs[2], "{counter:?}");
+    let refused = anon
+        .format_counter("orders", Vec::<(String, String)>::new())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
 
     // Each reveal is audit-logged by the node; the public views are not.
     let log = node.log_text();

@@ -39,7 +39,7 @@ impl Running {
     /// The token this node holds for format `name`, as IDs render it.
     async fn token(&self, name: &str) -> String {
         self.issuer
-            .format_counter(name, &[])
+            .format_counter(name, &[], None)
             .await
             .expect("counter")
             .expect("counter used")

@@ -2,7 +2,8 @@
 //! admin API and `idgen admin keys` on the embedded store; two admins
 //! rotating at once on Consul get distinct versions and one active; a
 //! Consul node sees another's rotation; a missing, malformed or wrong
-//! master key is a clear error; key material never appears in replies,
+//! master key is a clear error, and a Consul node with the wrong one can
+//! neither change keys nor restart (both master key fingerprints named); key material never appears in replies,
 //! logs or /metrics; a backup and restore keep every version.
 
 mod common;
@@ -272,7 +273,10 @@ async fn missing_malformed_and_wrong_master_keys_are_clear_errors() {
     let log = ChildServer::try_start(&config(dir.path(), Some(&other)), &[])
         .err()
         .expect("a wrong master key stops the node");
-    assert!(log.contains("cannot be unwrapped"), "{log}");
+    // Named by both fingerprints: the one stored with the keys, its own.
+    for fingerprint in [MASTER, [7u8; 32]].map(|k| MasterKey::from_bytes(k).fingerprint()) {
+        assert!(log.contains(&fingerprint), "{fingerprint}: {log}");
+    }
     // A key file others can read: check-config warns.
     let cfg = config(dir.path(), Some(&master_text()));
     let file = dir.path().join("hide-master-key");
@@ -300,6 +304,100 @@ fn consul_keys(consul: &consul_testserver::TestConsul) -> (HideKeys, ConsulHideK
         Some(Arc::new(MasterKey::from_bytes(MASTER))),
     );
     (keys, records)
+}
+
+/// A Consul node's config with the admin token; its master key comes
+/// from the environment.
+fn consul_config(dir: &Path, name: &str, consul: std::net::SocketAddr) -> PathBuf {
+    let token = format!("\"{TOKEN}\"");
+    common::write_cluster_config(dir, name, consul, &[("admin", "token", &token)])
+}
+
+/// Issue 32, item 5: node W holds the wrong master key and starts on a
+/// fresh Consul cluster before any key exists, beside node R with the
+/// right one. Once R made the first key, W can neither create a key nor
+/// rotate or retire R's (FAILED_PRECONDITION naming both fingerprints),
+/// nothing it tried is stored, and W does not start again, naming both
+/// fingerprints in its log; R starts again and its key rotates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consul_node_with_the_wrong_master_key_cannot_manage_keys_or_restart() {
+    let consul = common::consul::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let wrong_key = [0x33u8; 32];
+    let env = |key: [u8; 32]| base64::engine::general_purpose::STANDARD.encode(key);
+    let (right_env, wrong_env) = (env(MASTER), env(wrong_key));
+    let ours = MasterKey::from_bytes(MASTER).fingerprint();
+    let theirs = MasterKey::from_bytes(wrong_key).fingerprint();
+    let (r_cfg, w_cfg) = (
+        consul_config(dir.path(), "r", consul.addr()),
+        consul_config(dir.path(), "w", consul.addr()),
+    );
+    let start = |cfg: &Path, key: &str| {
+        ChildServer::try_start_env(cfg, &[], &[("IDGEN_HIDE_MASTER_KEY", key)])
+    };
+    let w = start(&w_cfg, &wrong_env).expect("no key yet: W starts");
+    let r = start(&r_cfg, &right_env).expect("R starts");
+    admin(&r)
+        .await
+        .create_hide_key(ok(proto::CreateHideKeyRequest {
+            key_id: "bkey".into(),
+        }))
+        .await
+        .expect("R makes the first key");
+    let mut wa = admin(&w).await;
+    let refusals = [
+        wa.create_hide_key(ok(proto::CreateHideKeyRequest {
+            key_id: "ckey".into(),
+        }))
+        .await
+        .map(drop),
+        wa.rotate_hide_key(ok(proto::RotateHideKeyRequest {
+            key_id: "bkey".into(),
+            force: false,
+        }))
+        .await
+        .map(drop),
+        wa.retire_hide_key(ok(proto::RetireHideKeyRequest {
+            key_id: "bkey".into(),
+        }))
+        .await
+        .map(drop),
+    ];
+    for refused in refusals {
+        let e = refused.expect_err("W changes no key");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        for part in [&ours, &theirs] {
+            assert!(e.message().contains(part.as_str()), "{part}: {e:?}");
+        }
+    }
+    let listed = admin(&r)
+        .await
+        .list_hide_keys(ok(proto::ListHideKeysRequest {}))
+        .await
+        .expect("list")
+        .into_inner()
+        .keys;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(states(&listed[0]), vec![(0, "active".to_owned())]);
+
+    w.kill();
+    let log = start(&w_cfg, &wrong_env)
+        .err()
+        .expect("W with the wrong master key does not start");
+    for part in [&ours, &theirs] {
+        assert!(log.contains(part.as_str()), "{part}: {log}");
+    }
+    r.kill();
+    let r = start(&r_cfg, &right_env).expect("R starts again");
+    admin(&r)
+        .await
+        .rotate_hide_key(ok(proto::RotateHideKeyRequest {
+            key_id: "bkey".into(),
+            force: false,
+        }))
+        .await
+        .expect("R rotates");
+    r.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -201,11 +201,12 @@ impl ClientBuilder {
     }
 
     /// The nodes' admin token (their `admin.token`), sent as
-    /// `authorization: Bearer <token>` with [`Client::decode_id`] and
-    /// [`Client::parse_formatted`] only, never with calls that make IDs:
-    /// with it, a hidden ID decodes to its internal value and parts (the
-    /// node audit-logs each reveal); without it, callers get the public
-    /// view. Use TLS ([`tls`](Self::tls)) when the token crosses a
+    /// `authorization: Bearer <token>` with [`Client::decode_id`],
+    /// [`Client::parse_formatted`] and [`Client::format_counter`] only,
+    /// never with calls that make IDs: with it, a hidden ID decodes to its
+    /// internal value and parts and a hidden format's counter is shown
+    /// (the node audit-logs each reveal); without it, callers get the
+    /// public view and no hidden counter. Use TLS ([`tls`](Self::tls)) when the token crosses a
     /// network. Nodes that check client certificates instead reveal to
     /// the certificate given in [`TlsConfig`] without a token.
     pub fn admin_token(mut self, token: impl Into<String>) -> Self {
@@ -436,18 +437,23 @@ impl Client {
     /// A counter's durable record (`GetFormatCounter`): whether it was
     /// used, the start of the period it is in, the last value any node may
     /// have used. `params` are the format's scope parameters. Per-node
-    /// formats show the counter of the node that answers.
+    /// formats show the counter of the node that answers. A hidden
+    /// format's counter tells how many IDs it issued: nodes answer it only
+    /// to a client with the [admin token](ClientBuilder::admin_token)
+    /// (UNAUTHENTICATED otherwise).
     pub async fn format_counter(
         &self,
         format: &str,
         params: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
     ) -> Result<GetFormatCounterResponse, Error> {
         let params = param_map(params);
-        let req = || GetFormatCounterRequest {
-            format: format.to_owned(),
-            params: params.clone(),
+        let req = || {
+            self.authorized(GetFormatCounterRequest {
+                format: format.to_owned(),
+                params: params.clone(),
+            })
         };
-        self.unary("GetFormatCounter", req, |mut c, req| async move {
+        self.unary_request("GetFormatCounter", req, |mut c, req| async move {
             c.get_format_counter(req).await.map(|r| r.into_inner())
         })
         .await

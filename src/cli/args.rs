@@ -73,6 +73,8 @@ pub enum FormatCommand {
     /// have used in it, when the next period starts: GetFormatCounter.
     /// Per-node formats show the counter of the node that answers; with
     /// --discover consul every passing node answers under its address.
+    /// A hidden format's counter (`{seq:N:hidden}`, `hide = true`) tells
+    /// how many IDs it issued: it needs the admin token.
     Counter {
         /// The format's name.
         name: String,
@@ -81,13 +83,15 @@ pub enum FormatCommand {
         #[arg(long, value_parser = parse_param)]
         param: Vec<(String, String)>,
         #[command(flatten)]
+        admin: RevealArgs,
+        #[command(flatten)]
         node: FormatNodeArgs,
     },
 }
 
 /// The admin credential a call sends so that a hidden ID's internal value
 /// is revealed (the node audit-logs it); without one the node gives the
-/// public view.
+/// public view of an ID, and refuses a hidden format's counter.
 #[derive(Args)]
 pub struct RevealArgs {
     /// The node's admin token, so a hidden counter's internal value is

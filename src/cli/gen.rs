@@ -278,15 +278,24 @@ pub async fn format_command(c: FormatCommand) -> anyhow::Result<()> {
             };
             print_parsed(&parsed, node.json)
         }
-        FormatCommand::Counter { name, param, node } => {
+        FormatCommand::Counter {
+            name,
+            param,
+            admin,
+            node,
+        } => {
+            let token = super::admin::admin_token_from(
+                admin.admin_token.as_deref(),
+                admin.admin_token_file.as_deref(),
+            )?;
             let request = proto::GetFormatCounterRequest {
                 format: name,
                 params: param.into_iter().collect(),
             };
             if node.discovery.discover.is_some() {
-                return counter_on_every_node(request, &node).await;
+                return counter_on_every_node(request, token.as_deref(), &node).await;
             }
-            let counter = counter_on(&node.addr, request, &node).await?;
+            let counter = counter_on(&node.addr, request, token.as_deref(), &node).await?;
             if node.json {
                 return Ok(outln!("{}", counter_json(&counter))?);
             }
@@ -345,13 +354,16 @@ async fn passing_nodes(node: &super::args::FormatNodeArgs) -> anyhow::Result<Vec
         .collect())
 }
 
-/// GetFormatCounter on the node at `addr`.
+/// GetFormatCounter on the node at `addr`, with the admin token when
+/// given (a hidden format's counter needs it).
 async fn counter_on(
     addr: &str,
     request: proto::GetFormatCounterRequest,
+    token: Option<&str>,
     node: &super::args::FormatNodeArgs,
 ) -> anyhow::Result<proto::GetFormatCounterResponse> {
     let mut client = IdGenClient::new(channel(addr, node.timeout, &node.tls).await?);
+    let request = super::admin::with_bearer(tonic::Request::new(request), token)?;
     call(node.timeout, client.get_format_counter(request)).await
 }
 
@@ -362,6 +374,7 @@ async fn counter_on(
 /// fails (after printing the others) if a node could not answer.
 async fn counter_on_every_node(
     request: proto::GetFormatCounterRequest,
+    token: Option<&str>,
     node: &super::args::FormatNodeArgs,
 ) -> anyhow::Result<()> {
     let urls = passing_nodes(node).await?;
@@ -373,7 +386,7 @@ async fn counter_on_every_node(
             .split_once("://")
             .map_or(url.as_str(), |(_, a)| a)
             .to_owned();
-        match counter_on(url, request.clone(), node).await {
+        match counter_on(url, request.clone(), token, node).await {
             Ok(counter) => answers.push((addr.clone(), counter)),
             Err(e) => failed.push(format!("{addr}: {e:#}")),
         }

@@ -358,7 +358,7 @@ impl FormatHiders {
     /// The output `format` shows its counter through (`None` for a plain
     /// format), built once per format, key and width.
     pub fn output(&self, format: &Format) -> Option<Arc<HiddenOutput<DecimalHider>>> {
-        let t = format.template().filter(|t| t.hidden_seq())?;
+        let t = format.template().filter(|_| format.hides_counter())?;
         let def = format.def();
         let id = (
             def.name.clone(),

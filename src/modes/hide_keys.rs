@@ -89,9 +89,11 @@ impl HideKeyRings {
         }
     }
 
-    /// Rings over `store`, loaded once: a stored key that does not open
-    /// with this node's master key is an error here, at start.
+    /// Rings over `store`, loaded once: a master key whose fingerprint is
+    /// not the one stored with the keys, or a stored key that does not
+    /// open with it, is an error here, at start.
     pub async fn load(store: Arc<dyn HideKeyStore>) -> Result<Self, StoreError> {
+        store.check_master().await?;
         let rings = Self::new(store);
         rings.refresh().await?;
         Ok(rings)

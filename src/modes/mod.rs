@@ -357,15 +357,39 @@ impl Issuer {
     }
 
     /// A counter's durable record (`GetFormatCounter`); per-node formats
-    /// show this node's counter.
+    /// show this node's counter. A hidden format's record is its internal
+    /// value (how many IDs it issued, which hiding exists to keep from
+    /// strangers), so it is answered only to an admin caller (`who`),
+    /// logged on `idgen::audit` like a decode, and refused as
+    /// [`Error::AdminOnly`] to anyone else before anything is read.
     pub async fn format_counter(
         &self,
         name: &str,
         params: &[(String, String)],
+        who: Option<&str>,
     ) -> Result<Option<formatted::CounterView>, Error> {
         let node = self.gate.node_number();
         self.learn_format(name).await;
-        self.formats_for(name)?.counter(name, params, node).await
+        let formats = self.formats_for(name)?;
+        let hidden = formats.get(name)?.hides_counter();
+        if hidden && who.is_none() {
+            return Err(Error::AdminOnly {
+                what: format!("the counter of hidden format {name:?}"),
+            });
+        }
+        let view = formats.counter(name, params, node).await?;
+        if let (true, Some(who)) = (hidden, who) {
+            tracing::info!(
+                target: "idgen::audit",
+                who,
+                format = %name,
+                period = view.as_ref().map(|v| v.record.period.0),
+                last = view.as_ref().map(|v| v.record.last),
+                "hidden format counter read"
+            );
+            metrics::counter!(crate::metrics::HIDDEN_REVEALS, "mode" => "formatted").increment(1);
+        }
+        Ok(view)
     }
 
     /// The generator in use now.

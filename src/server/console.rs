@@ -414,9 +414,10 @@ async fn layout(State(s): State<HttpState>, request: Request) -> Response {
 
 /// A format's counter now (its durable record: the period it is in and the
 /// last value any node may have used in it), or why it cannot be read
-/// without parameters.
-async fn current_counter(issuer: &crate::modes::Issuer, name: &str) -> Value {
-    match issuer.format_counter(name, &[]).await {
+/// without parameters. `who` is the console's admin caller: a hidden
+/// format's counter is read as theirs, audit-logged.
+async fn current_counter(issuer: &crate::modes::Issuer, name: &str, who: &str) -> Value {
+    match issuer.format_counter(name, &[], Some(who)).await {
         Ok(Some(c)) => json!({
             "used": true, "period": c.record.period.0, "last": c.record.last.to_string(),
             "next_period_start_ms": c.next_period_start_ms, "token": c.token,
@@ -428,7 +429,7 @@ async fn current_counter(issuer: &crate::modes::Issuer, name: &str) -> Value {
 
 /// The formats this node serves as its engine compiled them, each with
 /// its allowed range and its current counter.
-async fn format_list(issuer: std::sync::Arc<crate::modes::Issuer>) -> Value {
+async fn format_list(issuer: std::sync::Arc<crate::modes::Issuer>, who: String) -> Value {
     let Some(formats) = issuer.formats() else {
         return json!({"enabled": false, "formats": []});
     };
@@ -454,7 +455,7 @@ async fn format_list(issuer: std::sync::Arc<crate::modes::Issuer>) -> Value {
             "reset": format!("{:?}", f.reset()).to_lowercase(),
             "numeric": f.numeric(),
             "counter": {"min": counter.min.to_string(), "max": counter.max.to_string(), "step": counter.step},
-            "current": current_counter(&issuer, &name).await,
+            "current": current_counter(&issuer, &name, &who).await,
         }));
     }
     json!({"enabled": true, "formats": list})
@@ -465,10 +466,12 @@ async fn formats(State(s): State<HttpState>, request: Request) -> Response {
     let (parts, _) = request.into_parts();
     let r = admin_request(&parts.headers, &parts.extensions, ());
     let issuer = std::sync::Arc::clone(&s.issuer);
+    // Used only once `call` has checked the credentials.
+    let who = s.admin.caller_name(&r);
     let result = s
         .admin
         .call(crate::metrics::CONSOLE_FORMATS_METHOD, r, |()| async move {
-            Ok(format_list(issuer).await)
+            Ok(format_list(issuer, who).await)
         })
         .await;
     match result {

@@ -223,9 +223,13 @@ impl IdGen for IdGenService {
         request: Request<proto::GetFormatCounterRequest>,
     ) -> Result<Response<proto::GetFormatCounterResponse>, Status> {
         let started = Instant::now();
+        let who = self.admin_caller(&request)?;
         let req = request.into_inner();
         let params = sorted_params(req.params);
-        let result = self.issuer.format_counter(&req.format, &params).await;
+        let result = self
+            .issuer
+            .format_counter(&req.format, &params, who.as_deref())
+            .await;
         self.format_counter.observe(started, &result);
         result
             .map(|c| {

@@ -294,6 +294,13 @@ impl ClusterKeys {
         format!("{}/format-tokens/{space}/", self.root)
     }
 
+    /// The fingerprint of the master key the hide keys are sealed with
+    /// (`store::hide_keys`, `fingerprint.rs`); beside `hide-keys/`, not in
+    /// it, so listing the keys never reads it as one.
+    pub fn hide_master_fingerprint(&self) -> String {
+        format!("{}/hide-master-fingerprint", self.root)
+    }
+
     /// The cluster's layout record.
     pub fn layout(&self) -> String {
         format!("{}/layout", self.root)

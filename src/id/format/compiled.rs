@@ -195,6 +195,13 @@ impl Format {
         }
     }
 
+    /// Whether the counter is shown through a hide key (`{seq:N:hidden}`
+    /// or `hide = true`): its internal value, which tells how many IDs
+    /// were issued, is then for admin callers only.
+    pub fn hides_counter(&self) -> bool {
+        self.template().is_some_and(Template::hidden_seq)
+    }
+
     /// Whether IDs come back as numbers too (some or all of them).
     pub fn numeric(&self) -> bool {
         match &self.kind {

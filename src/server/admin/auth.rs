@@ -110,12 +110,26 @@ impl AdminService {
             ));
         }
         self.authenticate(request, port, peer)?;
+        Ok(Some(self.caller_name(request)))
+    }
+
+    /// How the audit log names the caller of `request` (its credential and
+    /// peer, never the token), for a request whose credentials were
+    /// checked: [`admin_caller`](Self::admin_caller), or an admin call
+    /// that got past [`call`](Self::call)'s checks.
+    pub fn caller_name<Req>(&self, request: &Request<Req>) -> String {
+        let named_cert = request
+            .extensions()
+            .get::<PeerCertificate>()
+            .filter(|p| p.any_in(&self.deps.client_cert_names));
         let via = match named_cert {
             Some(p) => format!("client certificate {:?}", p.names),
             None => "admin token".to_owned(),
         };
-        let from = peer.map_or_else(|| "unknown peer".to_owned(), |ip| ip.to_string());
-        Ok(Some(format!("{via} from {from}")))
+        let from = request
+            .remote_addr()
+            .map_or_else(|| "unknown peer".to_owned(), |a| a.ip().to_string());
+        format!("{via} from {from}")
     }
 
     /// Checks the credentials of `request` unless its peer has failed too

@@ -1,13 +1,14 @@
 //! Hide key records in Consul KV: `<prefix>/<cluster>/hide-keys/<key_id>`
 //! holds the JSON, written through
-//! [`compare_and_set`](crate::store::cas::compare_and_set).
+//! [`compare_and_set`](crate::store::cas::compare_and_set); the master
+//! key's fingerprint in `<prefix>/<cluster>/hide-master-fingerprint`.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{decode, encode, HideKeyRecords, KeyChange, StoredHideKey};
-use crate::consul::{Consistency, ConsulClient, ConsulError, TxnOp};
+use super::{decode, encode, fingerprint, HideKeyRecords, KeyChange, StoredHideKey};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnOp};
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
 use crate::store::keys::ClusterKeys;
 use crate::store::StoreError;
@@ -155,5 +156,38 @@ impl HideKeyRecords for ConsulHideKeyRecords {
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?;
         Ok(next)
+    }
+
+    async fn master_fingerprint(&self) -> Result<Option<String>, StoreError> {
+        let key = self.keys.hide_master_fingerprint();
+        let (entry, _) = self
+            .client
+            .kv_get(&key, Consistency::Consistent)
+            .await
+            .map_err(|e| StoreError::Backend(format!("cannot read {key}: {e}")))?;
+        entry
+            .map(|e| fingerprint::parse(&key, &String::from_utf8_lossy(&e.value)))
+            .transpose()
+    }
+
+    async fn claim_master_fingerprint(&self, mine: &str) -> Result<String, StoreError> {
+        let key = self.keys.hide_master_fingerprint();
+        // Index 0: only if no node wrote one yet. A refusal or an unknown
+        // outcome is settled by reading what is there.
+        match self
+            .client
+            .kv_put(&key, mine.as_bytes(), KvWrite::Cas(0))
+            .await
+        {
+            Ok(true) => return Ok(mine.to_owned()),
+            Ok(false) => {}
+            Err(e) if e.outcome_unknown() => {}
+            Err(e) => return Err(StoreError::Backend(format!("cannot write {key}: {e}"))),
+        }
+        self.master_fingerprint().await?.ok_or_else(|| {
+            StoreError::Backend(format!(
+                "{key} was neither written nor found (a concurrent delete?); retry the key change"
+            ))
+        })
     }
 }

@@ -1,13 +1,14 @@
 //! Hide key records in the embedded state file: table `hide_keys` (key id
-//! -> JSON), one redb write transaction per change.
+//! -> JSON), one redb write transaction per change; the master key's
+//! fingerprint in the `meta` table.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redb::ReadableTable;
 
-use super::{decode, encode, HideKeyRecords, KeyChange, StoredHideKey, HIDE_KEYS};
-use crate::store::embedded::{backend_err, blocking, EmbeddedStore};
+use super::{decode, encode, fingerprint, HideKeyRecords, KeyChange, StoredHideKey, HIDE_KEYS};
+use crate::store::embedded::{backend_err, blocking, EmbeddedStore, META};
 use crate::store::StoreError;
 
 impl EmbeddedStore {
@@ -59,6 +60,41 @@ impl EmbeddedStore {
         self.commit(txn)?;
         Ok(written)
     }
+
+    fn master_fingerprint_blocking(&self) -> Result<Option<String>, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let meta = txn.open_table(META).map_err(backend_err)?;
+        let value = meta.get(fingerprint::META_KEY).map_err(backend_err)?;
+        value
+            .map(|v| fingerprint::parse("the state file's meta table", v.value()))
+            .transpose()
+    }
+
+    fn claim_master_fingerprint_blocking(&self, mine: &str) -> Result<String, StoreError> {
+        let txn = self.begin_write()?;
+        let stored = {
+            let mut meta = txn.open_table(META).map_err(backend_err)?;
+            let existing = meta
+                .get(fingerprint::META_KEY)
+                .map_err(backend_err)?
+                .map(|v| v.value().to_owned());
+            match existing {
+                Some(text) => Some(fingerprint::parse("the state file's meta table", &text)?),
+                None => {
+                    meta.insert(fingerprint::META_KEY, mine)
+                        .map_err(backend_err)?;
+                    None
+                }
+            }
+        };
+        match stored {
+            Some(stored) => Ok(stored),
+            None => {
+                self.commit(txn)?;
+                Ok(mine.to_owned())
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -83,5 +119,15 @@ impl HideKeyRecords for EmbeddedStore {
         // rings after every change itself.
         tokio::time::sleep(wait).await;
         Ok(index)
+    }
+
+    async fn master_fingerprint(&self) -> Result<Option<String>, StoreError> {
+        let this = self.clone();
+        blocking(move || this.master_fingerprint_blocking()).await
+    }
+
+    async fn claim_master_fingerprint(&self, fingerprint: &str) -> Result<String, StoreError> {
+        let (this, mine) = (self.clone(), fingerprint.to_owned());
+        blocking(move || this.claim_master_fingerprint_blocking(&mine)).await
     }
 }

@@ -22,9 +22,15 @@
 //! no change removes a version, and a version's state only moves from
 //! active to retired. Records are never deleted by idgen: IDs made with a
 //! retired version must stay decodable.
+//!
+//! Why no node seals with another master key: the master key's fingerprint
+//! is stored with the keys when the first one is made (`fingerprint.rs`),
+//! and every change, and every start, is refused to a node whose own
+//! fingerprint differs.
 
 mod consul;
 mod embedded;
+mod fingerprint;
 #[cfg(test)]
 mod tests;
 
@@ -245,6 +251,15 @@ pub enum HideKeyError {
         /// The version that did not open.
         version: KeyVersion,
     },
+    /// This node's master key is not the one the stored keys are sealed
+    /// with: its fingerprint differs from the one stored with them.
+    #[error("this node's hide master key has fingerprint {this_node}, but the hide keys stored here were sealed with the master key of fingerprint {stored} (recorded with them), so nothing it seals would open on the other nodes: give this node the master key whose fingerprint is {stored} (each node logs its own at start, \"hide master key fingerprint\") in hide.master_key_file or IDGEN_HIDE_MASTER_KEY, and restart it; no key was changed")]
+    MasterMismatch {
+        /// The fingerprint stored with the keys.
+        stored: String,
+        /// This node's own.
+        this_node: String,
+    },
     /// A master key that is not 32 bytes or cannot be read.
     #[error("hide master key {source_name}: {detail}")]
     BadMasterKey {
@@ -266,6 +281,7 @@ impl HideKeyError {
             Self::PastNarrowField { .. }
             | Self::NoMasterKey
             | Self::WrongMasterKey { .. }
+            | Self::MasterMismatch { .. }
             | Self::BadMasterKey { .. } => ErrorKind::Precondition,
         }
     }
@@ -511,6 +527,15 @@ pub trait HideKeyRecords: Send + Sync + 'static {
     /// blocking query; embedded: `wait` passes, as only this process
     /// writes them) and returns the index to wait on next.
     async fn wait_change(&self, index: u64, wait: std::time::Duration) -> Result<u64, StoreError>;
+
+    /// The fingerprint of the master key the records are sealed with, as
+    /// stored beside them (`None`: never written; see `fingerprint.rs`).
+    async fn master_fingerprint(&self) -> Result<Option<String>, StoreError>;
+
+    /// Stores `fingerprint` unless one is stored already, atomically with
+    /// that check; returns the one stored afterwards (this one, or the one
+    /// another node wrote first).
+    async fn claim_master_fingerprint(&self, fingerprint: &str) -> Result<String, StoreError>;
 }
 
 /// The hide key operations, as the admin API and issuers see them.
@@ -520,6 +545,12 @@ pub trait HideKeyStore: Send + Sync + 'static {
     /// (without it, no key unwraps and no hidden namespace issues).
     fn has_master(&self) -> bool {
         true
+    }
+
+    /// Refuses (at start) a master key whose fingerprint is not the one
+    /// stored with the keys, naming both.
+    async fn check_master(&self) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// Makes key id `key_id` with version 0 active.
@@ -629,13 +660,15 @@ fn unwrap_record(master: &MasterKey, record: &StoredHideKey) -> Result<HideKeyRi
 
 /// Merges the `hide_keys` table of a backup (`from`) into a state file's
 /// (`to`), record by record with [`StoredHideKey::merge`]: a version either
-/// holds is kept, its state the more retired of the two.
+/// holds is kept, its state the more retired of the two. The backup's
+/// master key fingerprint comes along.
 pub(crate) fn merge_table(
     from: &redb::ReadTransaction,
     to: &redb::WriteTransaction,
 ) -> Result<usize, StoreError> {
     use crate::store::embedded::backend_err;
     use redb::ReadableTable;
+    fingerprint::copy_for_restore(from, to)?;
     let source = match from.open_table(HIDE_KEYS) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
@@ -721,9 +754,13 @@ impl HideKeyStore for HideKeys {
         self.master.is_some()
     }
 
+    async fn check_master(&self) -> Result<(), StoreError> {
+        self.check_stored_fingerprint().await
+    }
+
     async fn create(&self, key_id: &str) -> Result<HideKeyInfo, StoreError> {
         check_key_id(key_id)?;
-        let master = self.master()?;
+        let master = self.checked_master().await?;
         let id = key_id.to_owned();
         let change: KeyChange = Arc::new(move |existing| match existing {
             Some(_) => Err(StoreError::HideKey(HideKeyError::Exists(id.clone()))),
@@ -741,7 +778,7 @@ impl HideKeyStore for HideKeys {
         limit: Option<VersionLimit>,
     ) -> Result<HideKeyInfo, StoreError> {
         check_key_id(key_id)?;
-        let master = self.master()?;
+        let master = self.checked_master().await?;
         let id = key_id.to_owned();
         let change: KeyChange = Arc::new(move |existing| match existing {
             None => Err(not_found(&id)),
@@ -752,6 +789,11 @@ impl HideKeyStore for HideKeys {
 
     async fn retire(&self, key_id: &str) -> Result<HideKeyInfo, StoreError> {
         check_key_id(key_id)?;
+        // Retiring seals nothing, so a node without a master key may do it;
+        // one with a master key that is not the keys' may not.
+        if self.master.is_some() {
+            self.checked_master().await?;
+        }
         let id = key_id.to_owned();
         let change: KeyChange = Arc::new(move |existing| {
             let mut r = existing.cloned().ok_or_else(|| not_found(&id))?;

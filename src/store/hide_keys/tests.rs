@@ -240,3 +240,174 @@ async fn a_rotation_past_the_limit_is_refused_and_writes_nothing() {
     let info = keys.rotate_within("orders", None).await.expect("forced");
     assert_eq!(info.active(), Some(3));
 }
+
+/// The master key of a node that holds the wrong one.
+fn wrong_master() -> Arc<MasterKey> {
+    Arc::new(MasterKey::from_bytes([8u8; 32]))
+}
+
+/// On the records `records` (one backend, shared by two nodes): a node
+/// with the wrong master key, running before any key existed, cannot
+/// create, rotate or retire once the right node made the first key, and
+/// would not start; nothing it tried was written (issue 32, item 5: it
+/// created and rotated keys the right node could not open).
+async fn a_wrong_master_is_refused_on(records: Arc<dyn HideKeyRecords>) {
+    let right = HideKeys::new(Arc::clone(&records), Some(master()));
+    let wrong = HideKeys::new(Arc::clone(&records), Some(wrong_master()));
+    let (ours, theirs) = (master().fingerprint(), wrong_master().fingerprint());
+    assert_ne!(ours, theirs);
+    assert_eq!(ours.len(), 16, "{ours}");
+    wrong
+        .check_master()
+        .await
+        .expect("nothing stored yet: it starts");
+    right.create("bkey").await.expect("the first key");
+    assert_eq!(
+        records.master_fingerprint().await.expect("read"),
+        Some(ours.clone()),
+        "written with the first key"
+    );
+    let refusals = [
+        ("create", wrong.create("ckey").await.map(|_| ())),
+        ("rotate", wrong.rotate("bkey").await.map(|_| ())),
+        ("retire", wrong.retire("bkey").await.map(|_| ())),
+        ("start", wrong.check_master().await),
+    ];
+    for (what, refused) in refusals {
+        let e = refused.expect_err(what);
+        assert_eq!(e.kind(), ErrorKind::Precondition, "{what}: {e}");
+        let text = e.to_string();
+        for part in [&ours, &theirs, "hide.master_key_file", "restart"] {
+            assert!(text.contains(part), "{what}: {part:?} missing: {text}");
+        }
+    }
+    let list = right.list().await.expect("list");
+    assert_eq!(list.len(), 1, "no key made by the wrong node: {list:?}");
+    assert_eq!(
+        (list[0].versions.len(), list[0].active()),
+        (1, Some(0)),
+        "nothing rotated or retired by the wrong node: {list:?}"
+    );
+    right.check_master().await.expect("the right node starts");
+    assert_eq!(
+        right.rotate("bkey").await.expect("rotate").active(),
+        Some(1)
+    );
+}
+
+/// Keys made before fingerprints (none stored): a node whose master key
+/// does not open every stored version cannot change anything or record
+/// itself; the first change from the right node records the right
+/// fingerprint, after which the wrong node is refused by it.
+async fn an_old_ring_gets_its_fingerprint_on(
+    records: Arc<dyn HideKeyRecords>,
+    forget: impl std::future::Future<Output = ()>,
+) {
+    let right = HideKeys::new(Arc::clone(&records), Some(master()));
+    let wrong = HideKeys::new(Arc::clone(&records), Some(wrong_master()));
+    right.create("akey").await.expect("create");
+    right.rotate("akey").await.expect("rotate");
+    forget.await;
+    assert_eq!(records.master_fingerprint().await.expect("read"), None);
+    wrong
+        .check_master()
+        .await
+        .expect("nothing to compare at start");
+    for refused in [
+        wrong.rotate("akey").await.map(|_| ()),
+        wrong.create("zkey").await.map(|_| ()),
+    ] {
+        let e = refused.expect_err("the wrong master opens no stored key");
+        assert!(e.to_string().contains("cannot be unwrapped"), "{e}");
+    }
+    assert_eq!(
+        records.master_fingerprint().await.expect("read"),
+        None,
+        "a master that opens no key never records itself"
+    );
+    assert_eq!(right.list().await.expect("list").len(), 1, "no zkey");
+    right
+        .create("zkey")
+        .await
+        .expect("the right node's first change");
+    assert_eq!(
+        records.master_fingerprint().await.expect("read"),
+        Some(master().fingerprint()),
+        "backfilled"
+    );
+    let e = wrong
+        .check_master()
+        .await
+        .expect_err("now refused at start");
+    assert!(e.to_string().contains(&master().fingerprint()), "{e}");
+}
+
+fn embedded_records(dir: &std::path::Path) -> crate::store::EmbeddedStore {
+    crate::store::EmbeddedStore::create(&dir.join("state.redb"), "test layout").expect("state file")
+}
+
+#[tokio::test]
+async fn a_wrong_master_cannot_change_embedded_keys_or_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    a_wrong_master_is_refused_on(Arc::new(embedded_records(dir.path()))).await;
+}
+
+#[tokio::test]
+async fn an_embedded_ring_from_before_fingerprints_gets_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = embedded_records(dir.path());
+    let forget = {
+        let store = store.clone();
+        async move {
+            let txn = store.db().begin_write().expect("write");
+            txn.open_table(crate::store::embedded::META)
+                .expect("meta")
+                .remove(fingerprint::META_KEY)
+                .expect("remove");
+            txn.commit().expect("commit");
+        }
+    };
+    an_old_ring_gets_its_fingerprint_on(Arc::new(store), forget).await;
+}
+
+fn consul_records(consul: &consul_testserver::TestConsul, cluster: &str) -> ConsulHideKeyRecords {
+    ConsulHideKeyRecords::new(
+        crate::store::test_consul_client(consul.addr()),
+        crate::store::keys::ClusterKeys::new("idgen", cluster),
+    )
+}
+
+/// On Consul as on the state file; and on a fresh cluster two nodes with
+/// different master keys creating keys at once: exactly one succeeds, the
+/// other is refused naming both fingerprints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_master_cannot_change_consul_keys_or_start() {
+    let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
+        .await
+        .expect("test consul");
+    a_wrong_master_is_refused_on(Arc::new(consul_records(&consul, "wrong"))).await;
+    let records = consul_records(&consul, "old");
+    let forget = {
+        let (client, key) = (
+            crate::store::test_consul_client(consul.addr()),
+            crate::store::keys::ClusterKeys::new("idgen", "old").hide_master_fingerprint(),
+        );
+        async move {
+            client.kv_delete(&key, None).await.expect("delete");
+        }
+    };
+    an_old_ring_gets_its_fingerprint_on(Arc::new(records), forget).await;
+    for round in 0..4 {
+        let records: Arc<dyn HideKeyRecords> =
+            Arc::new(consul_records(&consul, &format!("race-{round}")));
+        let right = HideKeys::new(Arc::clone(&records), Some(master()));
+        let wrong = HideKeys::new(Arc::clone(&records), Some(wrong_master()));
+        let (a, b) = tokio::join!(right.create("one"), wrong.create("two"));
+        let won = usize::from(a.is_ok()) + usize::from(b.is_ok());
+        assert_eq!(won, 1, "round {round}: {a:?} {b:?}");
+        let e = a.err().or(b.err()).expect("one refused");
+        assert!(e.to_string().contains("fingerprint"), "{e}");
+        assert_eq!(records.all().await.expect("all").len(), 1, "round {round}");
+    }
+    consul.shutdown().await;
+}
