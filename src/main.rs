@@ -39,7 +39,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(a) => cli::serve::run(a).await,
         Command::Init(a) => cli::init::run(a),
         Command::Gen(a) => cli::gen::run(a).await,
-        Command::Decode(a) => cli::decode::run(a),
+        Command::Decode(a) => cli::decode::run(a).await,
         Command::Bench(a) => cli::bench::run(a).await,
         Command::Admin(a) => cli::admin::run(a).await,
         Command::CheckConfig(a) => cli::check::run(a),

@@ -220,3 +220,107 @@ fn has_long_fraction(text: &str) -> bool {
                 > 4
     })
 }
+
+/// 32 bytes, hex: the master key a hidden node seals its hide keys with.
+const MASTER: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+/// `idgen decode ID --addr NODE` (the README's way to decode a hidden ID)
+/// against the real binary: a plain ID decodes as it does offline, with
+/// and without the admin token; a hidden sortable ID gives the public view
+/// without the token and, with it (flag, file or IDGEN_ADMIN__TOKEN), the
+/// internal ID, whose fields are the ones the node printed; a wrong token
+/// is refused, never answered with the public view.
+#[test]
+fn decode_with_addr_asks_the_node_plain_and_hidden_with_and_without_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = ChildServer::start(&config(dir.path()));
+    let addr = plain.grpc.to_string();
+    let (ok, id) = run_idgen(&["gen", "--addr", &addr]);
+    assert!(ok, "{id}");
+    let id = id.trim();
+    let (ok, offline) = run_idgen(&["decode", id]);
+    assert!(ok, "{offline}");
+    for token in [&[][..], &["--admin-token", "cli-test-token"][..]] {
+        let mut args = vec!["decode", id, "--addr", &addr];
+        args.extend_from_slice(token);
+        let (ok, online) = run_idgen(&args);
+        assert!(ok, "{args:?}: {online}");
+        assert_eq!(
+            online, offline,
+            "{args:?}: the node's fields are the layout's"
+        );
+    }
+
+    let hidden_dir = tempfile::tempdir().unwrap();
+    let path = config(hidden_dir.path());
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("[layout]\nhide = \"sortable\"\nhide_key = \"ids\"\n");
+    std::fs::write(&path, text).unwrap();
+    let hidden = ChildServer::try_start_env(&path, &[], &[("IDGEN_HIDE_MASTER_KEY", MASTER)])
+        .unwrap_or_else(|log| panic!("the hidden node did not start: {log}"));
+    let addr = hidden.grpc.to_string();
+    let token = ("IDGEN_ADMIN__TOKEN", "cli-test-token");
+    let (ok, out) = run_idgen_with_env(
+        &["admin", "--addr", &addr, "keys", "create", "ids"],
+        &[token],
+    );
+    assert!(ok, "{out}");
+    let (ok, id) = run_idgen(&["gen", "--addr", &addr]);
+    assert!(ok, "{id}");
+    let id = id.trim();
+
+    let (ok, public) = run_idgen(&["decode", id, "--addr", &addr]);
+    assert!(ok, "{public}");
+    assert!(
+        public.contains("hidden sortable") && public.contains("key version 0"),
+        "{public}"
+    );
+    assert!(!public.contains("internal id"), "anonymous: {public}");
+
+    let token_file = hidden_dir.path().join("admin-token");
+    std::fs::write(&token_file, "cli-test-token\n").unwrap();
+    let token_file = token_file.to_string_lossy().into_owned();
+    let flag = vec![
+        "decode",
+        id,
+        "--addr",
+        &addr,
+        "--admin-token",
+        "cli-test-token",
+    ];
+    let file = vec![
+        "decode",
+        id,
+        "--addr",
+        &addr,
+        "--admin-token-file",
+        &token_file,
+    ];
+    let env = vec!["decode", id, "--addr", &addr];
+    let mut revealed = Vec::new();
+    for (args, env) in [(flag, None), (file, None), (env, Some(token))] {
+        let (ok, out) = run_idgen_with_env(&args, env.as_slice());
+        assert!(ok, "{args:?}: {out}");
+        revealed.push(out);
+    }
+    assert!(revealed.iter().all(|r| *r == revealed[0]), "{revealed:?}");
+    let admin = &revealed[0];
+    let internal = admin
+        .lines()
+        .find_map(|l| l.strip_prefix("internal id "))
+        .unwrap_or_else(|| panic!("no internal id in {admin}"));
+    assert_ne!(internal, id, "the internal ID is not the shown one");
+    // The internal fields: this node's worker and datacenter (0), and the
+    // time the public view shows (sortable keeps it).
+    let time = public
+        .lines()
+        .find(|l| l.starts_with("time "))
+        .unwrap_or_else(|| panic!("no time in the sortable public view {public}"));
+    for line in [time, "datacenter 0", "worker 0", "key version 0"] {
+        assert!(admin.contains(line), "{line:?} not in {admin}");
+    }
+    let (ok, out) = run_idgen(&["decode", id, "--addr", &addr, "--admin-token", "wrong"]);
+    assert!(!ok, "a wrong token is refused: {out}");
+    assert!(!out.contains("hidden sortable"), "{out}");
+}
+
