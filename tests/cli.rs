@@ -132,6 +132,67 @@ fn the_admin_token_has_one_variable_name_on_both_sides() {
     assert!(!ok && out.contains("UNAUTHENTICATED"), "{out}");
 }
 
+/// With `IDGEN_ADMIN__TOKEN` exported (as the Admin API section says), a
+/// token flag on the command line wins over it for every command that
+/// takes one: `--token-file`/`--admin-token-file` are not refused as a
+/// conflict with a `--token` nobody typed, and `--token` replaces the
+/// variable; offline `decode` ignores it.
+#[test]
+fn a_token_flag_on_the_command_line_wins_over_the_exported_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&config(dir.path()));
+    let addr = node.grpc.to_string();
+    let right = dir.path().join("right-token");
+    std::fs::write(&right, "cli-test-token\n").unwrap();
+    let right = right.to_string_lossy().into_owned();
+    let wrong_env = [("IDGEN_ADMIN__TOKEN", "not-the-token")];
+    let right_env = [("IDGEN_ADMIN__TOKEN", "cli-test-token")];
+    let (ok, id) = run_idgen(&["gen", "--addr", &addr]);
+    assert!(ok, "{id}");
+    let id = id.trim();
+    let parse = ["format", "parse", "no-such-format", "X1", "--addr", &addr];
+    let mut parse_with_file = parse.to_vec();
+    parse_with_file.extend(["--admin-token-file", &right]);
+    for (args, env, succeeds) in [
+        (
+            vec!["admin", "--addr", &addr, "--token-file", &right, "holders"],
+            &wrong_env,
+            true,
+        ),
+        (
+            vec!["admin", "--addr", &addr, "holders", "--token-file", &right],
+            &wrong_env,
+            true,
+        ),
+        (
+            vec!["decode", id, "--addr", &addr, "--admin-token-file", &right],
+            &wrong_env,
+            true,
+        ),
+        (vec!["decode", id], &right_env, true),
+        // No such format: the node's NOT_FOUND, not a refused command line.
+        (parse_with_file, &wrong_env, false),
+    ] {
+        let (ok, out) = run_idgen_with_env(&args, env);
+        assert!(
+            !out.contains("cannot be used with") && !out.contains("required"),
+            "{args:?}: {out}"
+        );
+        assert_eq!(ok, succeeds, "{args:?}: {out}");
+        if !succeeds {
+            assert!(out.contains("NOT_FOUND"), "{args:?}: {out}");
+        }
+    }
+    let (ok, out) = run_idgen_with_env(
+        &["admin", "--addr", &addr, "--token", "wrong", "holders"],
+        &right_env,
+    );
+    assert!(
+        !ok && out.contains("PERMISSION_DENIED"),
+        "--token wins: {out}"
+    );
+}
+
 /// Logs piped to a file or a collector carry no colour codes and no Rust
 /// debug forms (`Some(..)`, `None`, long float tails), in text and JSON.
 #[test]

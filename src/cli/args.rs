@@ -92,12 +92,10 @@ pub enum FormatCommand {
 pub struct RevealArgs {
     /// The node's admin token, so a hidden counter's internal value is
     /// shown. Prefer --admin-token-file or IDGEN_ADMIN__TOKEN: a command
-    /// line is visible to other users.
+    /// line is visible to other users. Either flag wins over the variable.
     #[arg(
         long = "admin-token",
         value_name = "TOKEN",
-        env = "IDGEN_ADMIN__TOKEN",
-        hide_env_values = true,
         conflicts_with = "admin_token_file"
     )]
     pub admin_token: Option<String>,
@@ -197,12 +195,11 @@ pub struct BackupArgs {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// The node's admin token (its admin.token). Prefer --token-file or
-    /// the environment (IDGEN_ADMIN__TOKEN).
+    /// the environment (IDGEN_ADMIN__TOKEN); either flag wins over the
+    /// variable.
     #[arg(
         long = "token",
         value_name = "TOKEN",
-        env = "IDGEN_ADMIN__TOKEN",
-        hide_env_values = true,
         conflicts_with = "admin_token_file"
     )]
     pub admin_token: Option<String>,
@@ -341,12 +338,11 @@ pub struct DecodeArgs {
     pub addr: Option<String>,
     /// With --addr: the node's admin token, so a hidden ID's internal
     /// parts are shown (the node audit-logs it); without it the node gives
-    /// the public view. Prefer --admin-token-file or IDGEN_ADMIN__TOKEN.
+    /// the public view. Prefer --admin-token-file or IDGEN_ADMIN__TOKEN;
+    /// either flag wins over the variable.
     #[arg(
         long = "admin-token",
         value_name = "TOKEN",
-        env = "IDGEN_ADMIN__TOKEN",
-        hide_env_values = true,
         conflicts_with = "admin_token_file",
         requires = "addr"
     )]
@@ -450,13 +446,12 @@ pub struct AdminArgs {
     /// The server's admin token (its admin.token). Prefer --token-file or
     /// the environment (IDGEN_ADMIN__TOKEN, the same variable the server
     /// reads; the older IDGEN_ADMIN_TOKEN still works, with a warning): a
-    /// command line is visible to other users.
+    /// command line is visible to other users. Either flag wins over the
+    /// variables.
     #[arg(
         long = "token",
         value_name = "TOKEN",
         global = true,
-        env = "IDGEN_ADMIN__TOKEN",
-        hide_env_values = true,
         conflicts_with = "admin_token_file"
     )]
     pub admin_token: Option<String>,
