@@ -5,8 +5,11 @@
 mod common;
 
 use std::collections::HashSet;
+use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use common::{idgen_bin, run_idgen, run_idgen_with_env, ChildServer};
 
@@ -383,5 +386,135 @@ fn decode_with_addr_asks_the_node_plain_and_hidden_with_and_without_the_token() 
     let (ok, out) = run_idgen(&["decode", id, "--addr", &addr, "--admin-token", "wrong"]);
     assert!(!ok, "a wrong token is refused: {out}");
     assert!(!out.contains("hidden sortable"), "{out}");
+}
+
+/// `idgen gen -n N` with stdout and stderr piped to the test; N is far
+/// more than the test reads (the node's max_batch of 100 makes it 200,000
+/// calls).
+fn spawn_gen(addr: &str) -> Child {
+    Command::new(idgen_bin())
+        .args(["gen", "--addr", addr, "-n", "20000000"])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn idgen gen")
+}
+
+/// The child's stdout, chunk by chunk, from a reader thread (closed at
+/// EOF).
+fn stdout_chunks(child: &mut Child) -> Receiver<Vec<u8>> {
+    let mut stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Everything `rx` carries until its thread ends (bounded: 20 s).
+fn drain(rx: &Receiver<Vec<u8>>, into: &mut Vec<u8>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(chunk) => into.extend(chunk),
+            Err(RecvTimeoutError::Disconnected) => return,
+            Err(RecvTimeoutError::Timeout) => panic!("stdout still open after 20 s"),
+        }
+    }
+}
+
+/// The child's exit status and stderr, waiting at most 20 s.
+fn finish(mut child: Child) -> (std::process::ExitStatus, String) {
+    for _ in 0..400 {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut err).expect("stderr");
+            }
+            return (status, err);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("idgen gen still running 20 s after it was told to stop");
+}
+
+/// The first chunk of output, within 20 s: IDs are printed as they
+/// arrive, not after the last call.
+fn first_output(rx: &Receiver<Vec<u8>>) -> Vec<u8> {
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("no ID printed within 20 s: the IDs are not streamed")
+}
+
+/// Every line of `out` is a whole ID; returns how many.
+fn whole_id_lines(out: &[u8]) -> usize {
+    let text = String::from_utf8_lossy(out);
+    assert!(
+        text.ends_with('\n'),
+        "a cut line: {:?}",
+        &text[text.len().saturating_sub(40)..]
+    );
+    for line in text.lines() {
+        line.parse::<u64>()
+            .unwrap_or_else(|_| panic!("not a whole ID: {line:?}"));
+    }
+    text.lines().count()
+}
+
+/// The N of "printed N of M IDs" in `stderr`.
+fn printed_count(stderr: &str) -> usize {
+    let rest = stderr
+        .split("printed ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no count of printed IDs in {stderr:?}"));
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().unwrap_or_else(|_| panic!("{stderr:?}"))
+}
+
+/// A reader that stops early (`idgen gen -n 20000000 | head`): the IDs
+/// come as they are taken, and the closed pipe ends the command with
+/// status 0 and nothing on stderr.
+#[test]
+fn gen_streams_its_ids_and_a_reader_that_stops_early_ends_it_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&config(dir.path()));
+    let mut child = spawn_gen(&node.grpc.to_string());
+    let rx = stdout_chunks(&mut child);
+    let first = first_output(&rx);
+    assert!(String::from_utf8_lossy(&first).lines().count() > 0);
+    // The reader goes away, as `head` does after its lines.
+    drop(rx);
+    let (status, err) = finish(child);
+    assert!(status.success(), "{status}: {err}");
+    assert!(err.is_empty(), "a closed pipe is not an error: {err}");
+}
+
+/// Ctrl-C during a long `idgen gen`: every line printed is a whole ID,
+/// stderr says how many were printed and that is the number of lines, and
+/// the status is 130 (ended by SIGINT).
+#[test]
+fn ctrl_c_during_gen_keeps_whole_lines_and_says_how_many_were_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&config(dir.path()));
+    let mut child = spawn_gen(&node.grpc.to_string());
+    let rx = stdout_chunks(&mut child);
+    let mut out = first_output(&rx);
+    let pid = i32::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on the child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    drain(&rx, &mut out);
+    let (status, err) = finish(child);
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted (SIGINT)"), "{err}");
+    let lines = whole_id_lines(&out);
+    assert_eq!(printed_count(&err), lines, "{err}");
 }
 

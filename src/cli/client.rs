@@ -159,9 +159,18 @@ pub async fn call<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> anyhow::Result<T> {
+    call_status(timeout, fut).await?.map_err(status_error)
+}
+
+/// [`call`] that hands the node's refusal back as it is, for a caller
+/// that acts on it (a smaller batch); only the deadline is an error.
+pub async fn call_status<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> anyhow::Result<Result<T, tonic::Status>> {
     match tokio::time::timeout(timeout, fut).await {
-        Ok(Ok(response)) => Ok(response.into_inner()),
-        Ok(Err(status)) => Err(status_error(status)),
+        Ok(Ok(response)) => Ok(Ok(response.into_inner())),
+        Ok(Err(status)) => Ok(Err(status)),
         Err(_) => bail!(
             "DEADLINE_EXCEEDED: no answer within {} (--timeout)",
             humantime::format_duration(timeout)
