@@ -388,6 +388,29 @@ fn decode_with_addr_asks_the_node_plain_and_hidden_with_and_without_the_token() 
     assert!(!out.contains("hidden sortable"), "{out}");
 }
 
+/// `idgen gen --addr` at the node's HTTP port (with and without
+/// `http://`) names it as the HTTP/1.1 port and the gRPC port to use,
+/// instead of "UNKNOWN: transport error" or "CANCELLED: operation was
+/// canceled".
+#[test]
+fn gen_at_the_http_port_says_it_is_the_http_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&config(dir.path()));
+    let http = node.http.to_string();
+    let url = format!("http://{http}");
+    for args in [
+        vec!["gen", "--addr", &http],
+        vec!["gen", "--addr", &url, "-n", "5"],
+    ] {
+        let (ok, out) = run_idgen(&args);
+        assert!(!ok, "{args:?}: {out}");
+        assert!(
+            out.contains("speaks HTTP/1.1, not gRPC") && out.contains("server.grpc_listen"),
+            "{args:?}: {out}"
+        );
+    }
+}
+
 /// `idgen gen -n N` with stdout and stderr piped to the test; N is far
 /// more than the test reads (the node's max_batch of 100 makes it 200,000
 /// calls).
@@ -518,3 +541,25 @@ fn ctrl_c_during_gen_keeps_whole_lines_and_says_how_many_were_printed() {
     assert_eq!(printed_count(&err), lines, "{err}");
 }
 
+/// The node shuts down during a long `idgen gen`: the IDs taken before
+/// are printed whole, and the error says the node went away (shutting
+/// down or restarting), what was tried and how many IDs were printed,
+/// instead of "UNAVAILABLE: tcp connect error".
+#[test]
+fn a_node_that_shuts_down_mid_run_is_named_and_the_printed_ids_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ChildServer::start(&config(dir.path()));
+    let mut child = spawn_gen(&node.grpc.to_string());
+    let rx = stdout_chunks(&mut child);
+    let mut out = first_output(&rx);
+    assert!(node.terminate().success());
+    drain(&rx, &mut out);
+    let (status, err) = finish(child);
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("went away during the run") && err.contains("1 attempt on 1 node"),
+        "{err}"
+    );
+    let lines = whole_id_lines(&out);
+    assert_eq!(printed_count(&err), lines, "{err}");
+}
