@@ -284,9 +284,9 @@ pub struct GenArgs {
     /// another node.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// How many IDs. More than --batch are fetched in several calls; if
-    /// one fails (with --discover), the IDs obtained before it are printed
-    /// and the error says how many.
+    /// How many IDs. More than --batch are fetched in several calls, each
+    /// printed as it returns; after a failed call or Ctrl-C (exit status
+    /// 130) the IDs printed so far stay and stderr says how many.
     #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub count: u32,
     /// Most IDs asked for in one call (the server's server.max_batch,
