@@ -26,6 +26,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         // The reader went away (`idgen decode ID | head -1`): done.
         Err(e) if cli::output::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        // Ctrl-C: what was done is said, and the status is a shell's for
+        // a process SIGINT ended.
+        Err(e) if e.chain().any(|c| c.is::<cli::output::Interrupted>()) => {
+            eprintln!("{e:#}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -39,7 +45,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(a) => cli::serve::run(a).await,
         Command::Init(a) => cli::init::run(a),
         Command::Gen(a) => cli::gen::run(a).await,
-        Command::Decode(a) => cli::decode::run(a),
+        Command::Decode(a) => cli::decode::run(a).await,
         Command::Bench(a) => cli::bench::run(a).await,
         Command::Admin(a) => cli::admin::run(a).await,
         Command::CheckConfig(a) => cli::check::run(a),

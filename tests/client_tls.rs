@@ -1,6 +1,7 @@
 //! The idgen-client crate over TLS: calls to TLS nodes, client
 //! certificates for nodes that require them, the server-name override,
-//! and clear failures when one side speaks TLS and the other does not.
+//! and clear failures when one side speaks TLS and the other does not, or
+//! the address is the node's HTTP/1.1 port.
 
 mod common;
 
@@ -35,6 +36,38 @@ async fn client(addr: std::net::SocketAddr, tls: Option<TlsConfig>) -> Client {
         b = b.tls(tls);
     }
     b.build().await.expect("client builds")
+}
+
+/// Pointed at the node's HTTP port, the client's error names it (an
+/// HTTP/1.1 port, use the gRPC one) and what was tried, instead of
+/// "the connection broke; the node may speak TLS".
+#[tokio::test]
+async fn the_client_names_the_http_port_and_what_it_tried() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestServer::start(test_config(dir.path())).await;
+    let err = client(node.http, None)
+        .await
+        .gen_id(Mode::Snowflake, "")
+        .await
+        .expect_err("gRPC to the HTTP port fails");
+    let text = err.to_string();
+    assert!(
+        text.contains("speaks HTTP/1.1, not gRPC") && text.contains("server.grpc_listen"),
+        "the error names the HTTP port: {text}"
+    );
+    assert!(!text.contains("may speak TLS"), "{text}");
+    let Error::DeadlineExceeded {
+        attempts, nodes, ..
+    } = err
+    else {
+        panic!("every attempt failed until the deadline: {text}");
+    };
+    assert_eq!(nodes, 1, "{text}");
+    assert!(
+        text.contains(&format!("after {attempts} attempt")) && text.contains("on 1 node"),
+        "{text}"
+    );
+    node.stop().await;
 }
 
 /// 200 IDs, strictly increasing from one node.

@@ -92,12 +92,13 @@ impl Caller {
         let deadline = self.settings.deadline;
         let started = Instant::now();
         let mut tried: Vec<Arc<Node>> = Vec::new();
+        let mut tally = Tally::default();
         let mut last = String::from("none");
         let mut attempt: u32 = 0;
         loop {
             let left = deadline.saturating_sub(started.elapsed());
             if left.is_zero() {
-                return Err(Error::DeadlineExceeded { deadline, last });
+                return Err(tally.deadline_exceeded(deadline, last));
             }
             let (node, in_flight) = match self.nodes.pick(&tried, route) {
                 Some(picked) => picked,
@@ -113,6 +114,7 @@ impl Caller {
             };
             let client = IdGenClient::new(node.channel.clone());
             let budget = left.min(self.settings.attempt_timeout);
+            tally.sent(&node);
             let outcome = tokio::time::timeout(budget, op(client, budget)).await;
             drop(in_flight);
             let status = match outcome {
@@ -125,7 +127,7 @@ impl Caller {
                 }
                 Ok(Err(status)) => status,
                 Err(_) if budget < left => {
-                    last = self.stalled(&node, budget, retry)?;
+                    last = self.stalled(&node, budget, retry, &tally)?;
                     tried.push(node);
                     attempt += 1;
                     continue;
@@ -135,17 +137,19 @@ impl Caller {
                     // than the failure before it (often the reason, such
                     // as a TLS mismatch): keep both.
                     let timed_out = format!("{} did not answer in time", node.addr);
-                    return Err(Error::DeadlineExceeded {
+                    return Err(tally.deadline_exceeded(
                         deadline,
-                        last: if tried.is_empty() && attempt == 0 {
+                        if tried.is_empty() && attempt == 0 {
                             timed_out
                         } else {
                             format!("{timed_out}; before that, {last}")
                         },
-                    });
+                    ));
                 }
             };
-            last = self.refused(&node, status, retry)?;
+            let left = deadline.saturating_sub(started.elapsed());
+            let http1 = self.speaks_http1(&node, &status, &mut tally, left).await;
+            last = self.refused(&node, status, retry, http1)?;
             tried.push(node);
             let left = deadline.saturating_sub(started.elapsed());
             self.backoff(attempt, left).await;
@@ -153,24 +157,54 @@ impl Caller {
         }
     }
 
+    /// Whether `node` failed with `status` because its address is an
+    /// HTTP/1.1 port: asked of a plaintext connection that broke under the
+    /// call (a refused one never reached a server), once per node and call,
+    /// within the time `left`.
+    async fn speaks_http1(
+        &self,
+        node: &Node,
+        status: &tonic::Status,
+        tally: &mut Tally,
+        left: Duration,
+    ) -> bool {
+        let plaintext = matches!(self.nodes.tls_use(), crate::tls::TlsUse::Plaintext);
+        if !plaintext || !is_transport(status) || never_sent(status) {
+            return false;
+        }
+        if let Some((_, known)) = tally.http1.iter().find(|(addr, _)| *addr == node.addr) {
+            return *known;
+        }
+        let timeout = left.min(Duration::from_secs(1));
+        let http1 = crate::port_probe::speaks_http1_async(&node.addr, timeout).await;
+        tally.http1.push((node.addr.clone(), http1));
+        http1
+    }
+
     /// The attempt's share ran out, not the deadline: the node stalled.
     /// Another node may answer; an idempotent call goes there (`Ok`: what
     /// to report if none does), a strict one may have taken a value and is
     /// not sent again (`Err`).
-    fn stalled(&self, node: &Arc<Node>, budget: Duration, retry: Retry) -> Result<String, Error> {
+    fn stalled(
+        &self,
+        node: &Arc<Node>,
+        budget: Duration,
+        retry: Retry,
+        tally: &Tally,
+    ) -> Result<String, Error> {
         let status = tonic::Status::deadline_exceeded(format!(
             "{} did not answer within the attempt timeout of {budget:?}",
             node.addr
         ));
         Arc::clone(&self.nodes).set_aside(node);
         if retry == Retry::OnlyIfNotSent {
-            return Err(Error::DeadlineExceeded {
-                deadline: self.settings.deadline,
-                last: format!(
+            return Err(tally.deadline_exceeded(
+                self.settings.deadline,
+                format!(
                     "{}; a strict call is not sent twice (the node may have taken a value)",
                     status.message()
                 ),
-            });
+            ));
         }
         metrics::counter!(m::RETRIES).increment(1);
         Ok(status.message().to_owned())
@@ -184,6 +218,7 @@ impl Caller {
         node: &Arc<Node>,
         status: tonic::Status,
         retry: Retry,
+        http1: bool,
     ) -> Result<String, Error> {
         let transport = is_transport(&status);
         let elsewhere = status.code() == Code::Unavailable || transport || retry_elsewhere(&status);
@@ -198,7 +233,7 @@ impl Caller {
             return Err(if transport {
                 Error::Transport {
                     node: node.addr.clone(),
-                    cause: describe(&status, self.nodes.tls_use()),
+                    cause: describe(&status, self.nodes.tls_use(), http1),
                 }
             } else {
                 status.into()
@@ -209,7 +244,7 @@ impl Caller {
         Ok(format!(
             "{}: {}",
             node.addr,
-            describe(&status, self.nodes.tls_use())
+            describe(&status, self.nodes.tls_use(), http1)
         ))
     }
 
@@ -227,12 +262,10 @@ impl Caller {
     }
 }
 
-/// The status came from the connection (reset, refused, closed), not
-/// from a node's answer: the client builds those with a source error,
-/// while a node's answer is decoded from its trailers and has none.
 /// The status's code and message, with the innermost cause of a transport
-/// failure and a hint when it is a TLS mismatch.
-fn describe(status: &tonic::Status, tls: crate::tls::TlsUse) -> String {
+/// failure and what it likely means: an HTTP/1.1 port when `http1` (the
+/// probe said so), else a TLS mismatch or a refused connection.
+fn describe(status: &tonic::Status, tls: crate::tls::TlsUse, http1: bool) -> String {
     let mut cause = None;
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {
@@ -242,10 +275,48 @@ fn describe(status: &tonic::Status, tls: crate::tls::TlsUse) -> String {
     let Some(cause) = cause else {
         return format!("{:?} {}", status.code(), status.message());
     };
-    let words = crate::tls::failure_words(&cause, tls);
+    let words = if http1 {
+        crate::port_probe::HTTP1_WORDS
+    } else {
+        crate::tls::failure_words(&cause, tls)
+    };
     format!("{words} ({cause})")
 }
 
+/// What one call tried, for the error that ends it.
+#[derive(Default)]
+struct Tally {
+    /// Attempts sent to a node.
+    attempts: u32,
+    /// The distinct nodes they went to.
+    nodes: Vec<String>,
+    /// Nodes probed for HTTP/1.1 in this call, and the answer.
+    http1: Vec<(String, bool)>,
+}
+
+impl Tally {
+    /// An attempt goes to `node`.
+    fn sent(&mut self, node: &Node) {
+        self.attempts += 1;
+        if !self.nodes.contains(&node.addr) {
+            self.nodes.push(node.addr.clone());
+        }
+    }
+
+    /// The call ran out of time, with `last` as what went wrong before.
+    fn deadline_exceeded(&self, deadline: Duration, last: String) -> Error {
+        Error::DeadlineExceeded {
+            deadline,
+            last,
+            attempts: self.attempts,
+            nodes: self.nodes.len(),
+        }
+    }
+}
+
+/// The status came from the connection (reset, refused, closed), not
+/// from a node's answer: the client builds those with a source error,
+/// while a node's answer is decoded from its trailers and has none.
 fn is_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some()
 }
@@ -368,9 +439,22 @@ mod tests {
                 }
             })
             .await;
-        let Err(Error::DeadlineExceeded { last, .. }) = result else {
-            panic!("the deadline passed: {result:?}");
+        let e = result.expect_err("the deadline passed");
+        let text = e.to_string();
+        let Error::DeadlineExceeded {
+            last,
+            attempts,
+            nodes,
+            ..
+        } = e
+        else {
+            panic!("the deadline passed: {text}");
         };
+        assert_eq!(nodes, 1, "{text}");
+        assert!(
+            text.contains(&format!("after {attempts} attempts on 1 node ")) && attempts >= 2,
+            "the error says what was tried: {text}"
+        );
         assert!(last.contains("did not answer in time"), "{last}");
         assert!(
             last.contains("does not speak TLS"),
@@ -429,12 +513,12 @@ mod tests {
 
     #[test]
     fn transport_failures_are_told_in_words() {
-        let text = describe(&refused(), crate::tls::TlsUse::Plaintext);
+        let text = describe(&refused(), crate::tls::TlsUse::Plaintext, false);
         assert!(text.starts_with("connection refused"), "{text}");
         assert!(!text.contains("Unknown"), "{text}");
         let e = Error::Transport {
             node: "10.0.0.1:50051".into(),
-            cause: describe(&reset_after_send(), crate::tls::TlsUse::Plaintext),
+            cause: describe(&reset_after_send(), crate::tls::TlsUse::Plaintext, false),
         };
         let text = e.to_string();
         assert!(

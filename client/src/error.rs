@@ -10,12 +10,19 @@ pub enum Error {
     #[error("no idgen node is known: check the endpoint list or the Consul service name, tag and datacenter")]
     NoNodes,
     /// The call's deadline passed before any node answered.
-    #[error("no node answered within the deadline of {deadline:?} (last error: {last})")]
+    #[error("no node answered within the deadline of {deadline:?}{} (last error: {last})", tried(*attempts, *nodes))]
     DeadlineExceeded {
         /// The configured per-call deadline.
         deadline: Duration,
         /// The last error seen, or `none` if no attempt finished.
         last: String,
+        /// How many attempts were made (0: the wait was for something
+        /// else, such as a prefetch refill). Said with the error because
+        /// "one attempt on one node" and "40 attempts on 3 nodes" call for
+        /// different fixes (the address, or the cluster).
+        attempts: u32,
+        /// How many distinct nodes those attempts went to.
+        nodes: usize,
     },
     /// A node answered with an error that retrying on another node cannot
     /// fix (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...), or a
@@ -49,6 +56,19 @@ pub enum Error {
     /// Consul could not be asked for the nodes at start-up.
     #[error("Consul discovery failed: {0}")]
     Discovery(String),
+}
+
+/// " after N attempts on M nodes", or nothing when no attempt was made.
+fn tried(attempts: u32, nodes: usize) -> String {
+    if attempts == 0 {
+        return String::new();
+    }
+    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+    format!(
+        " after {} on {}",
+        plural(attempts as usize, "attempt"),
+        plural(nodes, "node")
+    )
 }
 
 impl Error {

@@ -50,6 +50,8 @@
 //! - `buffer`: the lock-free ID buffer; `prefetch`: its refills and
 //!   adaptive batch size.
 //! - `tls`: dialling nodes over TLS ([`TlsConfig`]).
+//! - `port_probe`: what a port that failed a call speaks (an HTTP/1.1
+//!   port is named as such: [`speaks_http1`]).
 //! - [`blocking`]: the same client for code without an async runtime.
 //! - [`metrics`]: metric names.
 
@@ -63,6 +65,7 @@ mod discovery;
 mod error;
 pub mod metrics;
 mod nodes;
+mod port_probe;
 mod prefetch;
 mod sync;
 mod tls;
@@ -85,6 +88,7 @@ use crate::discovery::ConsulWatch;
 pub use crate::discovery::{ConsulDiscovery, ConsulTls};
 pub use crate::error::Error;
 use crate::nodes::{NodeSet, NodeSettings, Route};
+pub use crate::port_probe::speaks_http1;
 pub use crate::prefetch::{PrefetchConfig, Prefetcher};
 pub use crate::tls::TlsConfig;
 pub use idgen_proto::{

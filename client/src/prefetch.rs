@@ -288,6 +288,8 @@ impl Prefetcher {
                     return Err(Error::DeadlineExceeded {
                         deadline,
                         last: "waiting for a prefetch refill".into(),
+                        attempts: 0,
+                        nodes: 0,
                     })
                 }
                 Ok(Err(_)) => return Err(Error::NoNodes),

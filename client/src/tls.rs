@@ -276,7 +276,7 @@ pub(crate) fn failure_words(cause: &str, tls: TlsUse) -> &'static str {
         _ => {}
     }
     if has(&["refused"]) {
-        return "connection refused: nothing listens there (is idgen serving at this address?)";
+        return "connection refused: nothing listens there (is idgen serving at this address? A node that is shutting down or restarting refuses connections too)";
     }
     if has(&["timed out", "timeout", "elapsed"]) {
         return "timed out connecting: the node or its network does not answer";

@@ -34,36 +34,52 @@ impl Interceptor for Bearer {
 /// An admin client that sends the admin token with every call.
 pub type Client = AdminClient<InterceptedService<Channel, Bearer>>;
 
-/// The admin token from --token / IDGEN_ADMIN__TOKEN or --token-file (or the
-/// deprecated IDGEN_ADMIN_TOKEN).
+/// The admin token from --token, --token-file, IDGEN_ADMIN__TOKEN or the
+/// deprecated IDGEN_ADMIN_TOKEN.
 fn admin_token(a: &AdminArgs) -> anyhow::Result<Option<String>> {
     admin_token_from(a.admin_token.as_deref(), a.admin_token_file.as_deref())
 }
 
-/// The admin token given inline, or read from a file.
+/// The admin token: the inline flag, else the file flag, else the
+/// environment. The variable is read here rather than by clap, because
+/// clap counts a variable as a given flag: `IDGEN_ADMIN__TOKEN` exported
+/// (as the Admin API section says) then made every `--token-file` a
+/// conflict with a `--token` nobody typed. A flag on the command line is
+/// the caller's choice for this one call, so it wins over the variable.
 pub fn admin_token_from(
     token: Option<&str>,
     token_file: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<String>> {
+    token_from(token, token_file, |name| std::env::var(name).ok())
+}
+
+/// [`admin_token_from`] with the environment as `var`.
+fn token_from(
+    token: Option<&str>,
+    token_file: Option<&std::path::Path>,
+    var: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<String>> {
     if let Some(t) = token {
         return Ok(Some(t.trim().to_owned()));
     }
-    let Some(path) = token_file else {
-        return Ok(match std::env::var("IDGEN_ADMIN_TOKEN") {
-            Ok(t) if !t.trim().is_empty() => {
-                eprintln!("warning: IDGEN_ADMIN_TOKEN is deprecated; set IDGEN_ADMIN__TOKEN, the name the server reads too");
-                Some(t.trim().to_owned())
-            }
-            _ => None,
-        });
-    };
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read --token-file {}", path.display()))?;
-    let t = text.trim();
-    if t.is_empty() {
-        bail!("--token-file {} is empty", path.display());
+    if let Some(path) = token_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the admin token file {}", path.display()))?;
+        let t = text.trim();
+        if t.is_empty() {
+            bail!("the admin token file {} is empty", path.display());
+        }
+        return Ok(Some(t.to_owned()));
     }
-    Ok(Some(t.to_owned()))
+    // An empty variable is no token, as an unset one.
+    let set = |name: &str| var(name).filter(|t| !t.trim().is_empty());
+    if let Some(t) = set("IDGEN_ADMIN__TOKEN") {
+        return Ok(Some(t.trim().to_owned()));
+    }
+    Ok(set("IDGEN_ADMIN_TOKEN").map(|t| {
+        eprintln!("warning: IDGEN_ADMIN_TOKEN is deprecated; set IDGEN_ADMIN__TOKEN, the name the server reads too");
+        t.trim().to_owned()
+    }))
 }
 
 /// `request` carrying `authorization: Bearer <token>` (marked sensitive)
@@ -756,4 +772,36 @@ async fn set_layout(c: &mut Client, request: proto::SetLayoutRequest) -> anyhow:
             r.old_max_id, r.new_first_id
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_from;
+
+    /// The environment of a shell that exported both variables.
+    fn exported(name: &str) -> Option<String> {
+        match name {
+            "IDGEN_ADMIN__TOKEN" => Some("from-env".into()),
+            "IDGEN_ADMIN_TOKEN" => Some("from-old-env".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_flag_wins_over_the_environment_and_the_new_variable_over_the_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let got = |flag, path| token_from(flag, path, exported).unwrap();
+        assert_eq!(got(Some("from-flag"), None).as_deref(), Some("from-flag"));
+        assert_eq!(got(None, Some(&file)).as_deref(), Some("from-file"));
+        assert_eq!(got(None, None).as_deref(), Some("from-env"));
+        let old_only = |name: &str| exported(name).filter(|_| name == "IDGEN_ADMIN_TOKEN");
+        assert_eq!(
+            token_from(None, None, old_only).unwrap().as_deref(),
+            Some("from-old-env")
+        );
+        let blank = |_: &str| Some("  ".to_owned());
+        assert_eq!(token_from(None, None, blank).unwrap(), None);
+    }
 }

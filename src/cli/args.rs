@@ -96,12 +96,10 @@ pub enum FormatCommand {
 pub struct RevealArgs {
     /// The node's admin token, so a hidden counter's internal value is
     /// shown. Prefer --admin-token-file or IDGEN_ADMIN__TOKEN: a command
-    /// line is visible to other users.
+    /// line is visible to other users. Either flag wins over the variable.
     #[arg(
         long = "admin-token",
         value_name = "TOKEN",
-        env = "IDGEN_ADMIN__TOKEN",
-        hide_env_values = true,
         conflicts_with = "admin_token_file"
     )]
     pub admin_token: Option<String>,
@@ -201,12 +199,11 @@ pub struct BackupArgs {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// The node's admin token (its admin.token). Prefer --token-file or
-    /// the environment (IDGEN_ADMIN__TOKEN).
+    /// the environment (IDGEN_ADMIN__TOKEN); either flag wins over the
+    /// variable.
     #[arg(
         long = "token",
         value_name = "TOKEN",
-        env = "IDGEN_ADMIN__TOKEN",
-        hide_env_values = true,
         conflicts_with = "admin_token_file"
     )]
     pub admin_token: Option<String>,
@@ -291,9 +288,9 @@ pub struct GenArgs {
     /// another node.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// How many IDs. More than --batch are fetched in several calls; if
-    /// one fails (with --discover), the IDs obtained before it are printed
-    /// and the error says how many.
+    /// How many IDs. More than --batch are fetched in several calls, each
+    /// printed as it returns; after a failed call or Ctrl-C (exit status
+    /// 130) the IDs printed so far stay and stderr says how many.
     #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub count: u32,
     /// Most IDs asked for in one call (the server's server.max_batch,
@@ -345,12 +342,11 @@ pub struct DecodeArgs {
     pub addr: Option<String>,
     /// With --addr: the node's admin token, so a hidden ID's internal
     /// parts are shown (the node audit-logs it); without it the node gives
-    /// the public view. Prefer --admin-token-file or IDGEN_ADMIN__TOKEN.
+    /// the public view. Prefer --admin-token-file or IDGEN_ADMIN__TOKEN;
+    /// either flag wins over the variable.
     #[arg(
         long = "admin-token",
         value_name = "TOKEN",
-        env = "IDGEN_ADMIN__TOKEN",
-        hide_env_values = true,
         conflicts_with = "admin_token_file",
         requires = "addr"
     )]
@@ -454,13 +450,12 @@ pub struct AdminArgs {
     /// The server's admin token (its admin.token). Prefer --token-file or
     /// the environment (IDGEN_ADMIN__TOKEN, the same variable the server
     /// reads; the older IDGEN_ADMIN_TOKEN still works, with a warning): a
-    /// command line is visible to other users.
+    /// command line is visible to other users. Either flag wins over the
+    /// variables.
     #[arg(
         long = "token",
         value_name = "TOKEN",
         global = true,
-        env = "IDGEN_ADMIN__TOKEN",
-        hide_env_values = true,
         conflicts_with = "admin_token_file"
     )]
     pub admin_token: Option<String>,

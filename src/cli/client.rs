@@ -53,9 +53,16 @@ pub(super) fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
     cause.to_string()
 }
 
+/// The URL this process dialed, to name it when a call fails later.
+static DIALED: OnceLock<String> = OnceLock::new();
+
 /// The plaintext address this process dialed, to explain a failed call
 /// when the node turns out to speak TLS.
 static PLAINTEXT_DIAL: OnceLock<(String, u16)> = OnceLock::new();
+
+/// Set once a node answered a call of this process: a connection that
+/// fails after that is a node that went away mid-run, not a wrong address.
+static ANSWERED: OnceLock<()> = OnceLock::new();
 
 /// Set when this process dialed a node over TLS without `--cert`, to
 /// explain a connection the node closed after the handshake.
@@ -73,6 +80,7 @@ pub async fn channel(addr: &str, timeout: Duration, tls: &TlsArgs) -> anyhow::Re
     let hint =
         "is `idgen serve` running there? Start it, or pass --addr with the node's gRPC address";
     let parsed = url::Url::parse(&url)?;
+    let _ = DIALED.set(url.clone());
     if parsed.scheme() == "https" {
         let config = tls.client_config()?;
         if tls.cert.is_none() {
@@ -118,17 +126,49 @@ pub async fn channel(addr: &str, timeout: Duration, tls: &TlsArgs) -> anyhow::Re
 /// as what to do.
 fn tls_hint() -> Option<String> {
     let (host, port) = PLAINTEXT_DIAL.get()?;
-    let shown = if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host.clone()
-    };
+    let shown = bracketed(host);
     super::tls::speaks_tls(host, *port, Duration::from_secs(2)).then(|| {
         format!("the node speaks TLS and this client spoke plaintext; use https://{shown}:{port} with --ca <file>")
     })
 }
 
-/// A gRPC status as every command prints it: `CODE: message`.
+/// An IPv6 host in brackets, for `host:port`.
+fn bracketed(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// When a plaintext call broke under way (the connection was made, so
+/// something listens): whether that port is an HTTP/1.1 server, said as
+/// what to do. gRPC needs HTTP/2, and hyper only reports the HTTP/1.1
+/// server's reply as a connection that closed ("transport error",
+/// "operation was canceled"), so the port is asked (one short request).
+fn http1_hint() -> Option<String> {
+    let (host, port) = PLAINTEXT_DIAL.get()?;
+    let addr = format!("{}:{port}", bracketed(host));
+    idgen_client::speaks_http1(&addr, Duration::from_secs(2)).then(|| {
+        format!("{addr} speaks HTTP/1.1, not gRPC (HTTP/2): --addr is probably the node's HTTP port (server.http_listen, 9464 by default); pass its gRPC port (server.grpc_listen, 50051 by default)")
+    })
+}
+
+/// A connection that failed after the node had answered this process:
+/// the node went away during the run (shut down, draining, restarting),
+/// said with the one attempt on the one node `--addr` names.
+fn gone_hint(s: &tonic::Status) -> Option<String> {
+    ANSWERED.get()?;
+    let url = DIALED.get()?;
+    Some(format!(
+        "the node at {url} went away during the run ({}): it is shutting down (draining) or restarting; 1 attempt on 1 node (--addr); run again once it is back, or use --discover consul to move to another node",
+        root_cause(s)
+    ))
+}
+
+/// A gRPC status as every command prints it: `CODE: message`, and for a
+/// failed connection its cause and the likely reason (a TLS node, an
+/// HTTP/1.1 port, a node that went away).
 pub fn status_error(s: tonic::Status) -> anyhow::Error {
     // A transport failure on a plaintext connection may be a TLS node
     // (the connection closed under the call: UNAVAILABLE, UNKNOWN,
@@ -141,14 +181,28 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
     if let Some(words) = super::tls::refused_identity(&s, TLS_WITHOUT_CERT.get().is_some()) {
         return anyhow::anyhow!("UNAVAILABLE: {words}");
     }
+    let connection = std::error::Error::source(&s).is_some();
     if transport {
         if let Some(tls) = tls_hint() {
             return anyhow::anyhow!("UNAVAILABLE: {tls}");
         }
     }
+    if transport && connection {
+        if let Some(words) = http1_hint().or_else(|| gone_hint(&s)) {
+            return anyhow::anyhow!("UNAVAILABLE: {words}");
+        }
+    }
     // What tonic answers when the channel's own timeout fires.
     if s.code() == tonic::Code::Cancelled && s.message().contains("Timeout expired") {
         return anyhow::anyhow!("DEADLINE_EXCEEDED: no answer within the --timeout");
+    }
+    if connection {
+        return anyhow::anyhow!(
+            "{}: {} ({})",
+            code_name(s.code()),
+            s.message(),
+            root_cause(&s)
+        );
     }
     anyhow::anyhow!("{}: {}", code_name(s.code()), s.message())
 }
@@ -159,9 +213,21 @@ pub async fn call<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> anyhow::Result<T> {
+    call_status(timeout, fut).await?.map_err(status_error)
+}
+
+/// [`call`] that hands the node's refusal back as it is, for a caller
+/// that acts on it (a smaller batch); only the deadline is an error.
+pub async fn call_status<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> anyhow::Result<Result<T, tonic::Status>> {
     match tokio::time::timeout(timeout, fut).await {
-        Ok(Ok(response)) => Ok(response.into_inner()),
-        Ok(Err(status)) => Err(status_error(status)),
+        Ok(Ok(response)) => {
+            let _ = ANSWERED.set(());
+            Ok(Ok(response.into_inner()))
+        }
+        Ok(Err(status)) => Ok(Err(status)),
         Err(_) => bail!(
             "DEADLINE_EXCEEDED: no answer within {} (--timeout)",
             humantime::format_duration(timeout)

@@ -13,13 +13,15 @@ use super::args::DecodeArgs;
 use super::output::outln;
 
 /// Prints the ID's fields (time, datacenter, worker, sequence; or zone,
-/// token, sequence for lease IDs).
-pub fn run(a: DecodeArgs) -> anyhow::Result<()> {
+/// token, sequence for lease IDs). Async because `--addr` calls a node on
+/// `main`'s runtime: a runtime of its own here would be nested in that one,
+/// which tokio refuses with a panic.
+pub async fn run(a: DecodeArgs) -> anyhow::Result<()> {
     let Ok(id) = a.id.parse::<u64>() else {
         bail!("{:?} is not a decimal 64-bit unsigned integer", a.id);
     };
     if a.addr.is_some() {
-        return online(&a, id);
+        return online(&a, id).await;
     }
     let d = match Mode::parse(&a.mode)? {
         Mode::Snowflake => {
@@ -41,24 +43,19 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<()> {
 }
 
 /// DecodeId at `--addr`, with the admin token when given.
-fn online(a: &DecodeArgs, id: u64) -> anyhow::Result<()> {
+async fn online(a: &DecodeArgs, id: u64) -> anyhow::Result<()> {
     let mode = Mode::parse(&a.mode)?;
     let token =
         super::admin::admin_token_from(a.admin_token.as_deref(), a.admin_token_file.as_deref())?;
     let addr = a.addr.clone().unwrap_or_default();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let r = runtime.block_on(async {
-        let channel = super::client::channel(&addr, a.timeout, &a.tls).await?;
-        let mut client = IdGenClient::new(channel);
-        let request = tonic::Request::new(proto::DecodeIdRequest {
-            id,
-            mode: proto_mode(mode) as i32,
-        });
-        let request = super::admin::with_bearer(request, token.as_deref())?;
-        super::client::call(a.timeout, client.decode_id(request)).await
-    })?;
+    let channel = super::client::channel(&addr, a.timeout, &a.tls).await?;
+    let mut client = IdGenClient::new(channel);
+    let request = tonic::Request::new(proto::DecodeIdRequest {
+        id,
+        mode: proto_mode(mode) as i32,
+    });
+    let request = super::admin::with_bearer(request, token.as_deref())?;
+    let r = super::client::call(a.timeout, client.decode_id(request)).await?;
     let d = Decoded {
         id: r.id,
         mode: mode.as_str(),

@@ -1,120 +1,152 @@
-//! `idgen gen`: ask a running node for IDs.
+//! `idgen gen`: ask a running node for IDs, printing each batch as it
+//! arrives.
+
+use std::cell::Cell;
+use std::fmt::Display;
+use std::future::Future;
 
 use idgen::proto::{self, id_gen_client::IdGenClient};
 
 use super::args::{DiscoveryArgs, FormatCommand, GenArgs};
-use super::client::{call, channel, status_error};
-use super::output::{self, outln};
+use super::client::{call, call_status, channel, status_error};
+use super::output::{self, outln, IdStream, Interrupt, Interrupted};
 
 /// Prints `--count` IDs, one per line or as JSON, fetched in calls of at
-/// most `--batch` (or the server's own maximum, if lower).
+/// most `--batch` (or the server's own maximum, if lower). Each batch is
+/// printed and flushed when it arrives, so a Ctrl-C or a failed call
+/// keeps every ID printed so far, and the error says how many.
 pub async fn run(a: GenArgs) -> anyhow::Result<()> {
+    let mut out = IdStream::new(a.json);
+    let result = take_all(&a, &mut out).await;
+    end(a.count, out, result).map(drop)
+}
+
+/// Ends the output and tells what happened: the IDs a failure or a
+/// Ctrl-C stopped short are counted, since each printed one was issued
+/// and must not be lost to the user's view of the run.
+fn end<W: std::io::Write>(
+    count: u32,
+    out: IdStream<W>,
+    result: anyhow::Result<()>,
+) -> anyhow::Result<W> {
+    let printed = out.printed();
+    let error = match result {
+        Ok(()) => return Ok(out.finish()?),
+        // The reader went away (`| head`): nothing more to say.
+        Err(e) if output::is_broken_pipe(&e) => return Err(e),
+        Err(e) => e,
+    };
+    // Close the JSON object over what was printed; a reader gone by now
+    // is reported as such (a quiet exit).
+    out.finish()?;
+    if printed == 0 && !error.is::<Interrupted>() {
+        return Err(error);
+    }
+    let when = if error.is::<Interrupted>() {
+        "; the call in flight was abandoned"
+    } else {
+        " before this failure"
+    };
+    Err(error.context(format!("printed {printed} of {count} IDs{when}")))
+}
+
+/// Fetches the IDs from wherever `a` says, into `out`.
+async fn take_all(a: &GenArgs, out: &mut IdStream) -> anyhow::Result<()> {
     if let Some(format) = &a.format {
         if a.discovery.discover.is_some() {
-            let (ids, failure) = formatted_from_cluster(&a, format).await;
-            return print_partial(&a, ids, failure);
+            // Plain calls (no prefetch: periods and rules decide each ID
+            // when it is taken), spread over the passing nodes with
+            // failover.
+            let client = discovered_client(&a.discovery, &a.tls, a.timeout).await?;
+            return stream(a, out, |count| {
+                let client = client.clone();
+                let params = a.param.clone();
+                async move { Ok(client.gen_formatted(format, params, count).await?.ids) }
+            })
+            .await;
         }
-        let ids = formatted(&a, format).await?;
-        return print_strings(&a, ids);
+        let client = IdGenClient::new(channel(&a.addr, a.timeout, &a.tls).await?);
+        let params: std::collections::HashMap<String, String> = a.param.iter().cloned().collect();
+        return stream(a, out, |count| {
+            let mut client = client.clone();
+            let request = proto::GenFormattedRequest {
+                format: format.clone(),
+                params: params.clone(),
+                count,
+            };
+            async move { Ok(call(a.timeout, client.gen_formatted(request)).await?.ids) }
+        })
+        .await;
     }
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
     if a.discovery.discover.is_some() {
-        let (ids, failure) = from_cluster(&a, mode).await;
-        let ids = ids.iter().map(u64::to_string).collect();
-        return print_partial(&a, ids, failure);
+        return from_cluster(a, mode, out).await;
     }
-    let ids = from_node(&a, mode).await?;
-    print(&a, ids)
+    from_node(a, mode, out).await
 }
 
-/// IDs obtained before a failure are printed, then the error says how
-/// many: they were issued, and dropping them would only waste them (the
-/// contract stated in `idgen gen --help`).
-fn print_partial(
-    a: &GenArgs,
-    ids: Vec<String>,
-    failure: Option<anyhow::Error>,
-) -> anyhow::Result<()> {
-    let printed = ids.len();
-    if failure.is_none() || printed > 0 {
-        print_strings(a, ids)?;
-    }
-    match failure {
-        None => Ok(()),
-        Some(e) if printed > 0 => Err(e.context(format!(
-            "printed the {printed} of {} IDs obtained before this failure",
-            a.count
-        ))),
-        Some(e) => Err(e),
-    }
+/// Asks `take` for at most `--batch` IDs at a time until `--count` are
+/// printed, each batch written and flushed before the next call; a Ctrl-C
+/// ends it with [`Interrupted`] between batches or during a call.
+async fn stream<T, F, Fut>(a: &GenArgs, out: &mut IdStream, take: F) -> anyhow::Result<()>
+where
+    T: Display,
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = anyhow::Result<Vec<T>>>,
+{
+    stream_to(a.count, a.batch, out, take).await
 }
 
-/// `--format` with `--discover consul`: plain calls (no prefetch: periods
-/// and rules decide each ID when it is taken) spread over the passing
-/// nodes, each moving to another node when one is unavailable.
-async fn formatted_from_cluster(a: &GenArgs, format: &str) -> (Vec<String>, Option<anyhow::Error>) {
-    let client = match discovered_client(&a.discovery, &a.tls, a.timeout).await {
-        Ok(c) => c,
-        Err(e) => return (Vec::new(), Some(e)),
-    };
-    collect(a.count, a.batch, |count| {
-        let client = client.clone();
-        let params = a.param.clone();
-        async move {
-            client
-                .gen_formatted(format, params, count)
-                .await
-                .map(|r| r.ids)
+/// [`stream`] of `total` IDs in calls of at most `batch` into any writer.
+async fn stream_to<W, T, F, Fut>(
+    total: u32,
+    batch: u32,
+    out: &mut IdStream<W>,
+    mut take: F,
+) -> anyhow::Result<()>
+where
+    W: std::io::Write,
+    T: Display,
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = anyhow::Result<Vec<T>>>,
+{
+    let mut interrupt = Interrupt::new()?;
+    let total = u64::from(total);
+    while out.printed() < total {
+        let count = u32::try_from((total - out.printed()).min(u64::from(batch)))?;
+        let ids = tokio::select! {
+            biased;
+            () = interrupt.recv() => return Err(Interrupted.into()),
+            taken = take(count) => taken?,
+        };
+        if ids.is_empty() {
+            anyhow::bail!("the node answered a call for {count} IDs with none");
         }
-    })
-    .await
+        out.batch(&ids)?;
+    }
+    Ok(())
 }
 
 /// `--discover consul`: through the idgen-client crate, which spreads the
 /// calls over the passing nodes and retries another node when one fails.
-/// Returns the IDs obtained, and the error that stopped it early, if any.
-async fn from_cluster(a: &GenArgs, mode: i32) -> (Vec<u64>, Option<anyhow::Error>) {
-    let client = match discovered_client(&a.discovery, &a.tls, a.timeout).await {
-        Ok(c) => c,
-        Err(e) => return (Vec::new(), Some(e)),
-    };
+async fn from_cluster(a: &GenArgs, mode: i32, out: &mut IdStream) -> anyhow::Result<()> {
+    let client = discovered_client(&a.discovery, &a.tls, a.timeout).await?;
     let Ok(mode) = idgen_client::Mode::try_from(mode) else {
-        return (
-            Vec::new(),
-            Some(anyhow::anyhow!("mode {mode} is not known to the client")),
-        );
+        anyhow::bail!("mode {mode} is not known to the client");
     };
-    collect(a.count, a.batch, |count| {
+    stream(a, out, |count| {
         let client = client.clone();
         let tag = a.tag.clone();
         async move {
-            if count == 1 {
-                client.gen_id(mode, &tag).await.map(|id| vec![id])
+            Ok(if count == 1 {
+                vec![client.gen_id(mode, &tag).await?]
             } else {
-                client.gen_ids(mode, &tag, count).await
-            }
+                client.gen_ids(mode, &tag, count).await?
+            })
         }
     })
     .await
-}
-
-/// Fetches `total` IDs in calls of at most `batch`; on a failure, keeps
-/// what the calls before it returned.
-async fn collect<T, F, Fut>(total: u32, batch: u32, mut fetch: F) -> (Vec<T>, Option<anyhow::Error>)
-where
-    F: FnMut(u32) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<T>, idgen_client::Error>>,
-{
-    let mut ids = Vec::with_capacity(total as usize);
-    while ids.len() < total as usize {
-        let count = (total - ids.len() as u32).min(batch);
-        match fetch(count).await {
-            Ok(got) => ids.extend(got),
-            Err(e) => return (ids, Some(e.into())),
-        }
-    }
-    (ids, None)
 }
 
 /// A client of the nodes Consul lists as passing for `--service`, set up
@@ -181,75 +213,39 @@ fn consul_discovery(
     Ok(discovery.service(&d.service))
 }
 
-/// One node at `--addr`.
-async fn from_node(a: &GenArgs, mode: i32) -> anyhow::Result<Vec<u64>> {
-    let mut client = IdGenClient::new(channel(&a.addr, a.timeout, &a.tls).await?);
-    let ids = if a.count == 1 {
-        let request = proto::GenIdRequest {
-            mode,
-            tag: a.tag.clone(),
-        };
-        vec![call(a.timeout, client.gen_id(request)).await?.id]
-    } else {
-        let mut ids = Vec::with_capacity(a.count as usize);
-        let mut batch = a.batch;
-        while ids.len() < a.count as usize {
-            let count = (a.count - ids.len() as u32).min(batch);
-            let request = proto::GenIdsRequest {
-                mode,
-                tag: a.tag.clone(),
-                count,
-            };
-            match client.gen_ids(request).await {
-                Ok(r) => ids.extend(r.into_inner().ids),
-                // The server's server.max_batch is below --batch: it says
-                // its maximum (and reserved nothing), so ask again in
-                // calls of that size.
-                Err(s) if server_max_batch(&s).is_some_and(|max| max < count) => {
-                    batch = server_max_batch(&s).unwrap_or(1);
+/// One node at `--addr`. A server whose `server.max_batch` is below
+/// `--batch` says its maximum (and reserves nothing): the calls continue
+/// at that size.
+async fn from_node(a: &GenArgs, mode: i32, out: &mut IdStream) -> anyhow::Result<()> {
+    let client = IdGenClient::new(channel(&a.addr, a.timeout, &a.tls).await?);
+    let most = Cell::new(a.batch);
+    stream(a, out, |count| {
+        let mut client = client.clone();
+        let tag = a.tag.clone();
+        let most = &most;
+        async move {
+            if a.count == 1 {
+                let request = proto::GenIdRequest { mode, tag };
+                return Ok(vec![call(a.timeout, client.gen_id(request)).await?.id]);
+            }
+            loop {
+                let count = count.min(most.get());
+                let request = proto::GenIdsRequest {
+                    mode,
+                    tag: tag.clone(),
+                    count,
+                };
+                match call_status(a.timeout, client.gen_ids(request)).await? {
+                    Ok(r) => return Ok(r.ids),
+                    Err(s) if server_max_batch(&s).is_some_and(|max| max < count) => {
+                        most.set(server_max_batch(&s).unwrap_or(1));
+                    }
+                    Err(s) => return Err(status_error(s)),
                 }
-                Err(s) => return Err(status_error(s)),
             }
         }
-        ids
-    };
-    Ok(ids)
-}
-
-fn print(a: &GenArgs, ids: Vec<u64>) -> anyhow::Result<()> {
-    print_strings(a, ids.iter().map(u64::to_string).collect())
-}
-
-fn print_strings(a: &GenArgs, ids: Vec<String>) -> anyhow::Result<()> {
-    if a.json {
-        outln!("{}", serde_json::json!({ "ids": ids }))?;
-    } else {
-        let mut out = String::with_capacity(ids.len() * 20);
-        for id in ids {
-            out.push_str(&id);
-            out.push('\n');
-        }
-        output::write(&out)?;
-    }
-    Ok(())
-}
-
-/// `--format`: formatted IDs from the node at `--addr`, in calls of at
-/// most `--batch`.
-async fn formatted(a: &GenArgs, format: &str) -> anyhow::Result<Vec<String>> {
-    let mut client = IdGenClient::new(channel(&a.addr, a.timeout, &a.tls).await?);
-    let params: std::collections::HashMap<String, String> = a.param.iter().cloned().collect();
-    let mut ids = Vec::with_capacity(a.count as usize);
-    while ids.len() < a.count as usize {
-        let count = (a.count - ids.len() as u32).min(a.batch);
-        let request = proto::GenFormattedRequest {
-            format: format.to_owned(),
-            params: params.clone(),
-            count,
-        };
-        ids.extend(call(a.timeout, client.gen_formatted(request)).await?.ids);
-    }
-    Ok(ids)
+    })
+    .await
 }
 
 /// `idgen format parse|counter`: one call to the node at `--addr`, or to
@@ -585,31 +581,51 @@ mod tests {
         assert!(e.contains("plaintext http://"), "{e}");
     }
 
+    /// Batches are printed as they arrive: a call that fails midway leaves
+    /// the IDs of the calls before it printed (JSON closed over them), and
+    /// the error says how many.
     #[tokio::test]
-    async fn a_failure_midway_keeps_the_ids_obtained_before_it() {
-        let mut calls = 0;
-        let (ids, failure) = collect(10, 3, |count| {
-            calls += 1;
-            let n = calls;
-            async move {
-                if n == 3 {
-                    return Err(idgen_client::Error::Transport {
-                        node: "10.0.0.1:50051".into(),
-                        cause: "connection refused".into(),
-                    });
+    async fn a_failure_midway_keeps_the_ids_printed_before_it_and_counts_them() {
+        for json in [false, true] {
+            let mut out = IdStream::to(Vec::new(), json);
+            let mut calls = 0;
+            let result = stream_to(10, 3, &mut out, |count| {
+                calls += 1;
+                let n = calls;
+                async move {
+                    if n == 3 {
+                        return Err(idgen_client::Error::Transport {
+                            node: "10.0.0.1:50051".into(),
+                            cause: "connection refused".into(),
+                        }
+                        .into());
+                    }
+                    Ok((0..u64::from(count))
+                        .map(|i| u64::from(n as u32) * 100 + i)
+                        .collect::<Vec<_>>())
                 }
-                Ok((0..u64::from(count))
-                    .map(|i| u64::from(n as u32) * 100 + i)
-                    .collect())
-            }
+            })
+            .await;
+            let e = end(10, out, result).expect_err("the third call failed");
+            let text = format!("{e:#}");
+            assert!(
+                text.contains("10.0.0.1:50051") && text.contains("printed 6 of 10 IDs"),
+                "{text}"
+            );
+        }
+        let mut out = IdStream::to(Vec::new(), false);
+        let result = stream_to(4, 3, &mut out, |count| async move {
+            Ok(vec![7; count as usize])
         })
         .await;
-        assert_eq!(ids, vec![100, 101, 102, 200, 201, 202]);
-        let e = failure.expect("the third call failed");
-        assert!(e.to_string().contains("10.0.0.1:50051"), "{e}");
-        let (ids, failure) =
-            collect(4, 3, |count| async move { Ok(vec![7; count as usize]) }).await;
-        assert_eq!(ids.len(), 4);
-        assert!(failure.is_none());
+        let printed = end(4, out, result).expect("all four");
+        assert_eq!(String::from_utf8_lossy(&printed), "7\n7\n7\n7\n");
+        let mut out = IdStream::to(Vec::new(), true);
+        let result = stream_to(2, 1, &mut out, |_| async move { Ok(vec![7]) }).await;
+        let printed = end(2, out, result).expect("both");
+        assert_eq!(
+            String::from_utf8_lossy(&printed),
+            "{\"ids\":[\"7\",\"7\"]}\n"
+        );
     }
 }

@@ -1,0 +1,77 @@
+//! What a port that failed a gRPC call speaks, to name the likely cause.
+//!
+//! gRPC runs over HTTP/2. Pointed at an HTTP/1.1 server (idgen's own HTTP
+//! port, `server.http_listen`, is the usual one), the HTTP/2 client only
+//! sees the connection close under its call ("transport error",
+//! "operation was canceled"), the same words a TLS node gives a plaintext
+//! client. One plain HTTP/1.1 request tells them apart: an HTTP/1.1
+//! server answers it with a status line, a gRPC node with an HTTP/2
+//! SETTINGS frame, a TLS node with an alert.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// What to do when a node's address turned out to be an HTTP/1.1 port.
+pub(crate) const HTTP1_WORDS: &str = "that port speaks HTTP/1.1, not gRPC (HTTP/2): it is probably the node's HTTP port (server.http_listen, 9464 by default); use its gRPC port (server.grpc_listen, 50051 by default)";
+
+/// Whether `addr` (`host:port`, IPv6 hosts in brackets) answers a plain
+/// HTTP/1.1 request with an HTTP/1.x status line. For explaining a failed
+/// call only: one short connection, bounded by `timeout` per step; any
+/// failure of the probe itself is "no". Public so that tools dialling a
+/// node themselves (the `idgen` command) give the same explanation.
+pub fn speaks_http1(addr: &str, timeout: Duration) -> bool {
+    let probe = || -> Option<bool> {
+        let sock_addr = addr.to_socket_addrs().ok()?.next()?;
+        let mut sock = TcpStream::connect_timeout(&sock_addr, timeout).ok()?;
+        sock.set_read_timeout(Some(timeout)).ok()?;
+        sock.set_write_timeout(Some(timeout)).ok()?;
+        let request = format!("GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        sock.write_all(request.as_bytes()).ok()?;
+        let mut head = [0u8; 7];
+        sock.read_exact(&mut head).ok()?;
+        Some(&head == b"HTTP/1.")
+    };
+    probe().unwrap_or(false)
+}
+
+/// [`speaks_http1`] off the async runtime's worker threads.
+pub(crate) async fn speaks_http1_async(addr: &str, timeout: Duration) -> bool {
+    let addr = addr.to_owned();
+    tokio::task::spawn_blocking(move || speaks_http1(&addr, timeout))
+        .await
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that answers every connection with `reply` once.
+    fn server(reply: &'static [u8]) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            if let Ok((mut conn, _)) = listener.accept() {
+                let mut buf = [0u8; 256];
+                let _ = conn.read(&mut buf);
+                let _ = conn.write_all(reply);
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn an_http1_status_line_is_http1_and_an_http2_settings_frame_is_not() {
+        let http1 = server(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n");
+        assert!(speaks_http1(&http1, Duration::from_secs(2)));
+        // What a gRPC node answers first: an HTTP/2 SETTINGS frame.
+        let grpc = server(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
+        assert!(!speaks_http1(&grpc, Duration::from_secs(2)));
+        // Nothing listening.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        assert!(!speaks_http1(&gone, Duration::from_secs(2)));
+    }
+}
