@@ -236,8 +236,8 @@ pub struct StoreSection {
     /// A copy of the state file rewritten (synced, then renamed into
     /// place) after every write and before that write's IDs are handed
     /// out, so it is never behind what the node issued: restoring from it
-    /// needs no margin. Embedded only; best on another disk.
-    pub mirror_path: Option<PathBuf>,
+    /// needs no margin. Embedded only; best on another disk. Empty: none.
+    pub mirror_path: PathBuf,
     /// How long the node may be unable to issue (its store cannot write,
     /// or it is fenced) before `/healthz` fails too, so an orchestrator
     /// restarts it. Readiness fails at once either way.
@@ -251,7 +251,7 @@ impl Default for StoreSection {
             backend: BackendKind::Embedded,
             path: PathBuf::from(DEFAULT_STATE_PATH),
             init_if_missing: false,
-            mirror_path: None,
+            mirror_path: PathBuf::new(),
             max_unhealthy: Duration::from_secs(180),
         }
     }

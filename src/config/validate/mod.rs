@@ -315,22 +315,21 @@ impl StoreSection {
                 if self.path.as_os_str().is_empty() {
                     return Err(invalid("store.path", "must not be empty"));
                 }
-                if let Some(mirror) = &self.mirror_path {
-                    if mirror.as_os_str().is_empty() || mirror == &self.path {
-                        return Err(invalid(
-                            "store.mirror_path",
-                            "must name a file other than store.path (best on another disk)",
-                        ));
-                    }
+                let mirror = &self.mirror_path;
+                if mirror == &self.path {
+                    return Err(invalid(
+                        "store.mirror_path",
+                        "must name a file other than store.path (best on another disk)",
+                    ));
                 }
                 Backend::Embedded {
                     path: self.path.clone(),
                     init_if_missing: self.init_if_missing,
-                    mirror_path: self.mirror_path.clone(),
+                    mirror_path: (!mirror.as_os_str().is_empty()).then(|| mirror.clone()),
                 }
             }
             BackendKind::Consul => {
-                if self.mirror_path.is_some() {
+                if !self.mirror_path.as_os_str().is_empty() {
                     return Err(invalid(
                         "store.mirror_path",
                         "is for the embedded backend; in Consul mode back up Consul (`consul snapshot save`)",
