@@ -108,7 +108,8 @@
 //!   the state file's database handle ([`store::embedded`]), its guard,
 //!   backups and healing ([`store::state_file`], [`store::snapshot`]:
 //!   `store/snapshot/take.rs`, `store/snapshot/rates.rs`,
-//!   `store/snapshot/restore.rs`; [`store::reopen`]; the test-only
+//!   `store/snapshot/mirror.rs`, `store/snapshot/restore.rs`;
+//!   [`store::reopen`]; the test-only
 //!   disk-full hook [`store::fault_hook`]); record counts against their
 //!   limits (`store/counts.rs`); every Consul key path
 //!   ([`store::keys`]), the one Consul compare-and-set loop

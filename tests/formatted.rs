@@ -417,6 +417,7 @@ async fn a_restored_state_file_never_repeats_counters_used_after_the_backup() {
     config.store.backend = idgen::config::Backend::Embedded {
         path: restored,
         init_if_missing: false,
+        mirror_path: None,
     };
     let node = start(config, clock.clone()).await;
     let after = node.gen("orders", &[], 150).await;

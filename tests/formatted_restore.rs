@@ -1,7 +1,8 @@
 //! Formatted counters through a lost state file, with the real binary:
 //! IDs issued, `idgen state backup` from the running node, more IDs,
-//! kill -9, the file removed, `idgen state restore` with the *suggested*
-//! margins, a restart. Nothing issued before is issued again, and no
+//! kill -9, the file removed, `idgen state restore` (refused without
+//! margins, then with each format's own margin as the operator states
+//! it), a restart. Nothing issued before is issued again, and no
 //! counter is pushed into exhaustion by a margin sized for another mode
 //! (segment's step): narrow, never-resetting and new formats and new scope
 //! values keep issuing, and a format too narrow for its margin is named.
@@ -133,41 +134,36 @@ async fn backup(node: &ChildServer, file: &Path) {
     assert!(ok, "{out}");
 }
 
-/// `idgen state restore` as an operator runs it: first without
-/// `--skip-ahead` (refused, with the suggestion), then with the suggested
-/// margin. Returns the restore's output.
-async fn restore_with_suggested_margin(config: &Path, file: &Path) -> String {
+/// `idgen state restore` as an operator runs it: first without margins
+/// (refused: a backup cannot know what was issued after it, so the tool
+/// names the margins to state and proposes none), then with the margins
+/// the operator states from what they know the node issued after the
+/// backup. Returns the restore's output.
+async fn restore_with_stated_margins(config: &Path, file: &Path, margins: &[&str]) -> String {
     let (cfg, file) = (config.to_str().unwrap(), file.to_str().unwrap());
     let (ok, out) = idgen(&["state", "restore", file, "--config", cfg]).await;
     assert!(!ok, "{out}");
-    let margin: u64 = out
-        .split("suggested: --skip-ahead ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|m| m.parse().ok())
-        .unwrap_or_else(|| panic!("no suggestion in: {out}"));
-    assert!(out.contains("format inv: moves by"), "{out}");
-    let (ok, out) = idgen(&[
-        "state",
-        "restore",
-        file,
-        "--config",
-        cfg,
-        "--skip-ahead",
-        &margin.to_string(),
-    ])
-    .await;
+    assert!(
+        out.contains("cannot know") && out.contains("--format-skip-ahead NAME=N for format(s)"),
+        "{out}"
+    );
+    assert!(out.contains("format inv: "), "what it knows of inv: {out}");
+    assert!(!out.contains("suggested"), "no margin proposed: {out}");
+    let mut a = vec!["state", "restore", file, "--config", cfg];
+    a.extend_from_slice(margins);
+    let (ok, out) = idgen(&a).await;
     assert!(ok, "{out}");
-    eprintln!("suggested --skip-ahead {margin}; restore said:\n{out}");
+    eprintln!("restore {margins:?} said:\n{out}");
     out
 }
 
 /// Case 2 as reported: `INV{seq:10}`, 30,000 IDs, a backup, 20,000 more,
-/// kill -9, the state file lost, a restore with the suggested margin: the
-/// next 5,000 IDs repeat none of the 50,000 (with segment's margin alone,
+/// kill -9, the state file lost, a restore with the format's own stated
+/// margin (the 20,000 issued after the backup, and two blocks): the next
+/// 5,000 IDs repeat none of the 50,000 (with segment's margin alone,
 /// 1,000, every one of them was a repeat).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restore_with_the_suggested_margin_repeats_no_formatted_id() {
+async fn a_restore_with_the_formats_own_margin_repeats_no_formatted_id() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), false);
     let file = dir.path().join("inv.snapshot");
@@ -183,9 +179,18 @@ async fn a_restore_with_the_suggested_margin_repeats_no_formatted_id() {
     node.kill();
     std::fs::remove_file(dir.path().join("state.redb")).unwrap();
 
-    let out = restore_with_suggested_margin(&config, &file).await;
+    // inv issued 20,000 after the backup; the other formats, nothing.
+    let margins = [
+        "--skip-ahead",
+        "1000",
+        "--format-skip-ahead",
+        "inv=33000",
+        "--format-skip-ahead",
+        "100",
+    ];
+    let out = restore_with_stated_margins(&config, &file, &margins).await;
     assert!(
-        out.contains("format inv: 1 counters moved forward"),
+        out.contains("format inv: 1 counters moved forward by 33000"),
         "{out}"
     );
     let node = ChildServer::start(&config);
@@ -252,7 +257,10 @@ async fn with_segment_on_narrow_and_new_formatted_counters_keep_issuing() {
     node.kill();
     std::fs::remove_file(dir.path().join("state.redb")).unwrap();
 
-    let out = restore_with_suggested_margin(&config, &file).await;
+    // Segment's margin covers ranges of up to 1,000,000; every format's,
+    // the 500 or fewer values each issued after the backup.
+    let margins = ["--skip-ahead", "2000000", "--format-skip-ahead", "1000"];
+    let out = restore_with_stated_margins(&config, &file, &margins).await;
     assert!(
         out.contains("warning: format tiny:") && out.contains("new format"),
         "the narrow format is named with what to do: {out}"
@@ -319,7 +327,10 @@ async fn a_format_created_again_after_a_restore_repeats_nothing() {
     node.kill();
     std::fs::remove_file(dir.path().join("state.redb")).unwrap();
 
-    let out = restore_with_suggested_margin(&config, &file).await;
+    // The operator knows formats were created after the backup: a bare N
+    // is their margin too.
+    let margins = ["--skip-ahead", "1000", "--format-skip-ahead", "1000"];
+    let out = restore_with_stated_margins(&config, &file, &margins).await;
     assert!(out.contains("--fresh"), "{out}");
     let node = ChildServer::start(&config);
     create_format(&node, LATE, false).await.unwrap();

@@ -220,22 +220,29 @@ pub struct BackupArgs {
 
 #[derive(Args)]
 pub struct RestoreArgs {
-    /// The snapshot written by `idgen state backup`.
+    /// The snapshot written by `idgen state backup`, or the node's mirror
+    /// (`store.mirror_path`).
     pub backup: PathBuf,
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Move every segment max_id, lease token counter and strict counter
-    /// forward by this many IDs/values. Must exceed what the node handed
-    /// out after the snapshot; run without it for a suggestion.
+    /// Move every segment max_id and lease token counter forward by this
+    /// many IDs. It must cover what the node handed out after the backup,
+    /// which the backup cannot know: you state it (required, except for a
+    /// mirror or rescue snapshot, which need none).
     #[arg(long)]
     pub skip_ahead: Option<u64>,
+    /// Move every strict counter (and deleted key) forward by this many
+    /// values: strict values count calls, not IDs, so they have their own
+    /// margin. Required when the backup holds strict keys or strict mode
+    /// is on (except for a mirror or rescue snapshot).
+    #[arg(long)]
+    pub strict_skip_ahead: Option<u64>,
     /// Formatted counters: move format NAME's counters by N (`NAME=N`), or
-    /// every format's not named (`N`); repeatable. Without it each format
-    /// moves by the margin suggested from its own rate and block size
-    /// (formats are narrow: --skip-ahead, sized for segment ranges, could
-    /// use a `{seq:6}` counter up). A bare N is also the margin of formats
-    /// created after the restore that the backup does not define (default:
-    /// the largest suggested margin, at least two blocks).
+    /// every format's not named (`N`); repeatable. Required for every
+    /// format the backup defines (except for a mirror or rescue snapshot).
+    /// A bare N is also the margin of formats created after the restore
+    /// that the backup does not define (default: the largest margin given,
+    /// at least 10,000).
     #[arg(long = "format-skip-ahead", value_name = "[NAME=]N")]
     pub format_skip_ahead: Vec<String>,
 }

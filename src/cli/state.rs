@@ -80,7 +80,8 @@ async fn fetch_from_node(a: &BackupArgs) -> anyhow::Result<Vec<u8>> {
 }
 
 /// What the written snapshot holds: when and for which layout it was
-/// taken, and the fastest-moving counters (the margin a restore needs).
+/// taken, the rates at that moment (information only), and what a
+/// restore from it will need.
 fn print_backup(file: &Path, size: usize) -> anyhow::Result<()> {
     let info = snapshot::inspect(file)?;
     let taken = std::time::UNIX_EPOCH + Duration::from_millis(info.taken_at_ms);
@@ -90,16 +91,18 @@ fn print_backup(file: &Path, size: usize) -> anyhow::Result<()> {
         humantime::format_rfc3339_millis(taken),
         info.layout
     );
+    if info.taken_after_loss {
+        println!("rescue snapshot: the node's state file was lost and it had stopped issuing; this covers everything it handed out (stop the node, then `idgen state restore`)");
+        return Ok(());
+    }
     let mut fastest: Vec<(&String, &f64)> = info
         .rates
         .iter()
         .filter(|(k, r)| !k.starts_with("hwm/") && **r > 0.0)
         .collect();
     fastest.sort_by(|x, y| y.1.total_cmp(x.1));
-    if info.taken_after_loss {
-        println!("rescue snapshot: the node's state file was lost and it had stopped issuing; this covers everything it handed out (stop the node, then `idgen state restore`)");
-    } else if !info.rates_known {
-        println!("issue rates: not recorded (offline backup)");
+    if !info.rates_known {
+        println!("issue rates: {}", info.rates_note);
     } else if fastest.is_empty() {
         println!("issue rates: no counter was moving");
     } else {
@@ -107,12 +110,15 @@ fn print_backup(file: &Path, size: usize) -> anyhow::Result<()> {
             println!("issue rate {k}: {r:.1}/s");
         }
     }
+    println!("the node keeps issuing after this backup and nothing here bounds how much: a restore from it needs margins you state (what the node issues from now until it stops). A restore that needs none: set store.mirror_path");
     Ok(())
 }
 
 /// Recreates a lost state file from a snapshot, every counter moved
-/// forward: segment, lease and strict by `--skip-ahead`, each format's by
-/// its own margin.
+/// forward: segment and lease by `--skip-ahead`, strict by
+/// `--strict-skip-ahead`, each format's by its own margin. A backup cannot
+/// know what was issued after it, so without the margins it refuses and
+/// says what it knows; a mirror or rescue snapshot needs none.
 pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
     let (config, state_path) = embedded_config(&a.config, "restore")?;
     let now_ms = SystemClock.now_millis();
@@ -131,39 +137,17 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
             info.layout
         );
     }
-    let suggestion = snapshot::suggest(&info, now_ms);
-    let formats = format_restore::suggest_formats(&info, now_ms, config.formatted.block);
-    let Some(skip) = a.skip_ahead else {
-        bail!(
-            "--skip-ahead is required: every segment, lease and strict counter must move past what the node handed out after this snapshot (each format's counters move by that format's own margin instead).\nsuggested: --skip-ahead {} ({}){}",
-            suggestion.margin,
-            suggestion.explanation,
-            format_lines(&formats)
-        );
+    let margins = if info.is_current() {
+        current_margins(&a, &info)?
+    } else {
+        stated_margins(&a, &info, &config, now_ms)?
     };
-    if skip < suggestion.margin {
-        eprintln!(
-            "warning: --skip-ahead {skip} is below the suggested {} ({})",
-            suggestion.margin, suggestion.explanation
-        );
-    }
-    let mut margins = format_margins(&a.format_skip_ahead, &formats)?;
-    let new_margin = margins
-        .default
-        .unwrap_or_else(|| format_restore::new_format_margin(&formats, config.formatted.block));
-    margins.default = Some(new_margin);
     // Every worker's mark moves to at least now + reserve: a restart right
     // after a crash still starts above every ID the lost file covered.
     let hwm_floor_ms = now_ms.saturating_add(config.hwm.reserve.as_millis() as u64);
-    let r = snapshot::restore_with_formats(
-        &a.backup,
-        &state_path,
-        &layout,
-        (skip, &margins),
-        hwm_floor_ms,
-    )?;
+    let r = snapshot::restore_with(&a.backup, &state_path, &layout, &margins, hwm_floor_ms)?;
     println!(
-        "restored {} from {} (taken {} ago): {} segment tags, {} lease token counters and {} strict counters moved forward by {skip}; counters the snapshot did not hold start above {}; {} high-water marks raised to at least {} ms",
+        "restored {} from {} (taken {} ago): {} segment tags and {} lease token counters moved forward by {}, {} strict counters by {}; tags and tokens the snapshot did not hold start above {}, strict keys above {}; {} high-water marks raised to at least {} ms",
         state_path.display(),
         a.backup.display(),
         humantime::format_duration(Duration::from_secs(
@@ -171,63 +155,127 @@ pub fn restore(a: RestoreArgs) -> anyhow::Result<()> {
         )),
         r.segments,
         r.lease_tokens,
+        margins.skip_ahead,
         r.strict_keys,
+        margins.strict,
         r.floor,
+        r.strict_floor,
         r.hwm_marks,
         r.hwm_floor_ms
     );
-    print_formats(&r, new_margin);
+    print_formats(&r, margins.formats.default.unwrap_or(0));
     Ok(())
 }
 
-/// The suggested margin of each format, one line each.
-fn format_lines(formats: &[format_restore::FormatSuggestion]) -> String {
-    let mut out = String::new();
-    for f in formats {
-        let fit = match f.fits {
-            Some(false) => " (does not fit its counter: see the restore report)",
-            _ => "",
-        };
-        out.push_str(&format!(
-            "\nformat {}: moves by {}{fit} ({}); override with --format-skip-ahead {}=<N>",
-            f.name, f.margin, f.explanation, f.name
+/// A mirror or rescue snapshot holds every reservation whose IDs anyone
+/// saw: every counter continues above its value, so the margins are 0
+/// (exact), or what the operator adds.
+fn current_margins(
+    a: &RestoreArgs,
+    info: &snapshot::SnapshotInfo,
+) -> anyhow::Result<snapshot::Margins> {
+    let what = if info.mirror {
+        "a mirror (store.mirror_path), rewritten after every reservation and before its IDs were handed out"
+    } else {
+        "a rescue snapshot, taken by the node after its state file was lost, when it had stopped issuing (if another node ran on a new file at that path meanwhile, stop it and add what it handed out with the margins)"
+    };
+    println!("{} is {what}: it holds every reservation whose IDs were handed out, so every counter continues above its value, with no margin (exact: 0)", a.backup.display());
+    let mut formats =
+        format_restore::FormatMargins::parse(&a.format_skip_ahead).map_err(anyhow::Error::msg)?;
+    known_formats(&formats, info)?;
+    // It holds every format the node created too: none is missing.
+    formats.default = Some(formats.default.unwrap_or(0));
+    Ok(snapshot::Margins {
+        skip_ahead: a.skip_ahead.unwrap_or(0),
+        strict: a.strict_skip_ahead.unwrap_or(0),
+        formats,
+    })
+}
+
+/// The margins of a restore from a backup, as the operator stated them;
+/// refuses, saying what the backup knows, when one is missing.
+fn stated_margins(
+    a: &RestoreArgs,
+    info: &snapshot::SnapshotInfo,
+    config: &Config,
+    now_ms: u64,
+) -> anyhow::Result<snapshot::Margins> {
+    let mut formats =
+        format_restore::FormatMargins::parse(&a.format_skip_ahead).map_err(anyhow::Error::msg)?;
+    known_formats(&formats, info)?;
+    let mut missing = Vec::new();
+    if a.skip_ahead.is_none() {
+        missing.push("--skip-ahead N: segment tags and lease tokens, in IDs".to_owned());
+    }
+    let strict_used =
+        config.strict.is_some() || info.counters.keys().any(|k| k.starts_with("strict/"));
+    if a.strict_skip_ahead.is_none() && strict_used {
+        missing.push("--strict-skip-ahead N: strict keys, in values (calls, not IDs)".to_owned());
+    }
+    let unset: Vec<&str> = info
+        .format_defs
+        .iter()
+        .map(|d| d.name.as_str())
+        .filter(|n| formats.default.is_none() && !formats.per_format.contains_key(*n))
+        .collect();
+    if !unset.is_empty() {
+        missing.push(format!(
+            "--format-skip-ahead NAME=N for format(s) {}, in counter values (or a bare N for every format)",
+            unset.join(", ")
         ));
     }
+    if !missing.is_empty() {
+        bail!("{}", refusal(a, info, now_ms, &missing));
+    }
+    let skip = a.skip_ahead.unwrap_or(0);
+    formats.default = Some(format_restore::new_format_margin(&formats));
+    Ok(snapshot::Margins {
+        skip_ahead: skip,
+        strict: a.strict_skip_ahead.unwrap_or(skip),
+        formats,
+    })
+}
+
+/// Why a restore from a backup without margins is refused, and what the
+/// backup knows: never a margin, since nothing in it bounds what was
+/// issued after it.
+fn refusal(
+    a: &RestoreArgs,
+    info: &snapshot::SnapshotInfo,
+    now_ms: u64,
+    missing: &[String],
+) -> String {
+    let mut out = format!(
+        "{} is a backup: idgen cannot know how much the node handed out after it was taken (rates measured before a backup do not bound what came after), so it will not propose a margin. State margins that cover everything the node issued from the backup until it stopped (a larger margin only wastes numbers; a smaller one repeats IDs):",
+        a.backup.display()
+    );
+    for m in missing {
+        out.push_str(&format!("\n  {m}"));
+    }
+    out.push_str("\nWhat the backup knows:");
+    for line in snapshot::facts(info, now_ms) {
+        out.push_str(&format!("\n  {line}"));
+    }
+    for f in format_restore::format_facts(info, now_ms) {
+        out.push_str(&format!("\n  {}", f.line()));
+    }
+    out.push_str("\nA restore that needs no margin: from the node's mirror (store.mirror_path), written before every reservation's IDs were handed out, or from a rescue snapshot of a node that lost its file while running.");
     out
 }
 
-/// The margin of every format: the operator's (`--format-skip-ahead`),
-/// else the suggested one. Refuses a name the snapshot does not define.
-fn format_margins(
-    given: &[String],
-    suggested: &[format_restore::FormatSuggestion],
-) -> anyhow::Result<format_restore::FormatMargins> {
-    let given = format_restore::FormatMargins::parse(given).map_err(anyhow::Error::msg)?;
+/// Refuses a `--format-skip-ahead NAME=N` for a format the snapshot does
+/// not define.
+fn known_formats(
+    given: &format_restore::FormatMargins,
+    info: &snapshot::SnapshotInfo,
+) -> anyhow::Result<()> {
     for name in given.per_format.keys() {
-        if !suggested.iter().any(|s| &s.name == name) {
-            let known: Vec<&str> = suggested.iter().map(|s| s.name.as_str()).collect();
+        if !info.format_defs.iter().any(|d| &d.name == name) {
+            let known: Vec<&str> = info.format_defs.iter().map(|d| d.name.as_str()).collect();
             bail!("--format-skip-ahead {name}=...: the snapshot defines no format {name:?} (it defines {known:?})");
         }
     }
-    let mut margins = format_restore::FormatMargins::default();
-    for s in suggested {
-        let margin = given
-            .per_format
-            .get(&s.name)
-            .copied()
-            .or(given.default)
-            .unwrap_or(s.margin);
-        if margin < s.margin {
-            eprintln!(
-                "warning: format {}: --format-skip-ahead {margin} is below the suggested {} ({})",
-                s.name, s.margin, s.explanation
-            );
-        }
-        margins.per_format.insert(s.name.clone(), margin);
-    }
-    // A bare N is also the margin of formats created after the restore.
-    margins.default = given.default;
-    Ok(margins)
+    Ok(())
 }
 
 /// What the restore did to formatted counters; formats whose counter

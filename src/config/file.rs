@@ -245,6 +245,11 @@ pub struct StoreSection {
     /// Create the state file when it is missing. For development only: in
     /// production a missing file means lost state, which must stop start-up.
     pub init_if_missing: bool,
+    /// A copy of the state file rewritten (synced, then renamed into
+    /// place) after every write and before that write's IDs are handed
+    /// out, so it is never behind what the node issued: restoring from it
+    /// needs no margin. Embedded only; best on another disk. Empty: none.
+    pub mirror_path: PathBuf,
     /// How long the node may be unable to issue (its store cannot write,
     /// or it is fenced) before `/healthz` fails too, so an orchestrator
     /// restarts it. Readiness fails at once either way.
@@ -258,6 +263,7 @@ impl Default for StoreSection {
             backend: BackendKind::Embedded,
             path: PathBuf::from(DEFAULT_STATE_PATH),
             init_if_missing: false,
+            mirror_path: PathBuf::new(),
             max_unhealthy: Duration::from_secs(180),
         }
     }

@@ -248,6 +248,14 @@ impl StoreSettings {
             Backend::Consul(_) => None,
         }
     }
+
+    /// The embedded state file's mirror (`store.mirror_path`), if set.
+    pub fn mirror_path(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Embedded { mirror_path, .. } => mirror_path.as_deref(),
+            Backend::Consul(_) => None,
+        }
+    }
 }
 
 /// Where durable state lives.
@@ -259,6 +267,9 @@ pub enum Backend {
         path: PathBuf,
         /// Create the state file if missing (development only).
         init_if_missing: bool,
+        /// Where the node keeps a current copy of the state file, if set
+        /// (`store.mirror_path`).
+        mirror_path: Option<PathBuf>,
     },
     /// Consul: claimed worker ids, marks in KV, service registration.
     Consul(Box<ClusterConfig>),

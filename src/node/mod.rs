@@ -155,6 +155,7 @@ impl Node {
             Backend::Embedded {
                 path,
                 init_if_missing,
+                ..
             } => {
                 let file = (path.clone(), *init_if_missing);
                 Ok(Self::start_embedded(config, file, clock, metrics).await?)
@@ -246,7 +247,7 @@ impl Node {
             stores,
             guard,
             snapshots,
-        } = open_embedded(&config, &path, init).await?;
+        } = open_embedded(&config, &path, init, Arc::clone(&clock)).await?;
         let interval = (config.hwm.renew_interval / 2).min(std::time::Duration::from_millis(100));
         let key = WorkerKey {
             datacenter: config.node.datacenter_id,

@@ -94,12 +94,22 @@ pub(super) async fn open_embedded(
     config: &Config,
     path: &std::path::Path,
     init: bool,
+    clock: Arc<dyn crate::id::Clock>,
 ) -> Result<Embedded, Error> {
     let layout_desc = config.layout_record();
     let file = path.to_path_buf();
-    let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&file, &layout_desc, init))
-        .await
-        .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
+    let mirror = config.store.mirror_path().map(std::path::Path::to_path_buf);
+    // The mirror is set before anything is reserved, so every reservation
+    // of this run is in it before its IDs are handed out (rule 11).
+    let store = tokio::task::spawn_blocking(move || {
+        let store = EmbeddedStore::open(&file, &layout_desc, init)?;
+        match mirror {
+            Some(m) => store.with_mirror(&m, clock),
+            None => Ok(store),
+        }
+    })
+    .await
+    .map_err(|e| Error::Setup(format!("store open task: {e}")))??;
     let lease: Option<Arc<dyn LeaseTokenStore>> = match &config.lease {
         Some(l) => {
             let record = crate::id::lease::ZoneRecord {

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use redb::{Database, ReadableDatabase, TableDefinition};
 
 use super::reopen::{DbRef, ReopeningDatabase, StoreHealth, WriteTxn};
+use super::snapshot::{AdminMoves, Mirror};
 use super::state_file::StateFileGuard;
 use super::StoreError;
+use crate::id::Clock;
 
 /// File-wide facts recorded by `idgen init`.
 pub(crate) const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
@@ -20,6 +22,12 @@ pub(crate) const FORMAT_VERSION: &str = "1";
 /// backup did not hold (a lease token, strict key or segment tag first
 /// used after it) start above it instead of at zero.
 pub(crate) const RESTORE_FLOOR: &str = "restore_floor";
+
+/// The `meta` key of the floor of strict keys the backup did not hold:
+/// strict values count calls, not IDs, so a restore moves them by a margin
+/// of their own (`--strict-skip-ahead`). Files restored before it have
+/// only [`RESTORE_FLOOR`], which then applies to strict keys too.
+pub(crate) const RESTORE_FLOOR_STRICT: &str = "restore_floor_strict";
 
 pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
@@ -34,6 +42,11 @@ pub struct EmbeddedStore {
     path: PathBuf,
     guard: Arc<StateFileGuard>,
     floor: u64,
+    strict_floor: u64,
+    /// The current copy kept at `store.mirror_path`, if set.
+    mirror: Option<Arc<Mirror>>,
+    /// Counter moves made by admin calls, left out of issue rates.
+    admin_moves: Arc<AdminMoves>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -82,7 +95,7 @@ impl EmbeddedStore {
             txn.open_table(HWM).map_err(backend_err)?;
         }
         txn.commit().map_err(backend_err)?;
-        Ok(Self::serving(db, path, guard, 0))
+        Ok(Self::serving(db, path, guard, (0, 0)))
     }
 
     /// Opens an existing state file and checks it was made for `layout`.
@@ -115,7 +128,7 @@ impl EmbeddedStore {
             )));
         }
         let (db, guard) = open_db(path, file)?;
-        let (stored, floor) = {
+        let (stored, floors) = {
             let txn = db.begin_read().map_err(backend_err)?;
             let meta = txn.open_table(META).map_err(|e| {
                 StoreError::Backend(format!(
@@ -126,18 +139,11 @@ impl EmbeddedStore {
             let version = meta.get("format_version").map_err(backend_err)?;
             check_format_version(path, version.as_ref().map(|v| v.value()))?;
             let layout = meta.get("layout").map_err(backend_err)?;
-            let floor = match meta.get(RESTORE_FLOOR).map_err(backend_err)? {
-                Some(v) => v.value().parse::<u64>().map_err(|e| {
-                    StoreError::Backend(format!(
-                        "state file {}: unreadable {RESTORE_FLOOR} ({e}); restore it from a backup",
-                        path.display()
-                    ))
-                })?,
-                None => 0,
-            };
+            let floor = read_floor(&meta, RESTORE_FLOOR, path)?.unwrap_or(0);
+            let strict_floor = read_floor(&meta, RESTORE_FLOOR_STRICT, path)?.unwrap_or(floor);
             (
                 layout.map(|v| v.value().to_owned()).unwrap_or_default(),
-                floor,
+                (floor, strict_floor),
             )
         };
         if stored != layout {
@@ -147,17 +153,36 @@ impl EmbeddedStore {
                 configured: layout.to_owned(),
             });
         }
-        Ok(Self::serving(db, path, guard, floor))
+        Ok(Self::serving(db, path, guard, floors))
     }
 
-    fn serving(db: Database, path: &Path, guard: StateFileGuard, floor: u64) -> Self {
+    fn serving(
+        db: Database,
+        path: &Path,
+        guard: StateFileGuard,
+        (floor, strict_floor): (u64, u64),
+    ) -> Self {
         let guard = Arc::new(guard);
         Self {
             db: Arc::new(ReopeningDatabase::new(db, Arc::clone(&guard))),
             path: path.to_owned(),
             guard,
             floor,
+            strict_floor,
+            mirror: None,
+            admin_moves: Arc::default(),
         }
+    }
+
+    /// Keeps a current copy of the file at `mirror` from now on (see
+    /// [`Mirror`]): refuses a file behind a mirror already there, writes
+    /// the first copy, then rewrites it after every commit. Call it right
+    /// after opening, before anything is reserved.
+    pub fn with_mirror(mut self, mirror: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        let m = Mirror::new(mirror, &self.path, clock);
+        m.start(&self.db())?;
+        self.mirror = Some(Arc::new(m));
+        Ok(self)
     }
 
     /// The file's path.
@@ -188,6 +213,18 @@ impl EmbeddedStore {
         self.floor
     }
 
+    /// Counter moves made by admin calls since the node started, which the
+    /// backup's rate sampler leaves out.
+    pub(crate) fn admin_moves(&self) -> &AdminMoves {
+        &self.admin_moves
+    }
+
+    /// Where strict keys missing from the file start (see
+    /// [`RESTORE_FLOOR_STRICT`]).
+    pub(crate) fn strict_floor(&self) -> u64 {
+        self.strict_floor
+    }
+
     /// Begins a write, after checking that the path still names the file
     /// this node opened (a deleted or replaced file refuses every write).
     /// Fails at once while a write error is being healed.
@@ -198,16 +235,38 @@ impl EmbeddedStore {
 
     /// Commits durably, then checks the file again: a commit that landed
     /// in a file deleted meanwhile reports an error, so what it reserved
-    /// is never handed out. A failed commit starts the reopen.
+    /// is never handed out. A failed commit starts the reopen. With a
+    /// mirror, returns only once the mirror holds the commit (rule 11).
     pub(crate) fn commit(&self, txn: WriteTxn) -> Result<(), StoreError> {
         self.db.commit(txn)?;
-        self.guard.check()
+        self.guard.check()?;
+        match &self.mirror {
+            Some(mirror) => mirror.after_commit(&self.db()),
+            None => Ok(()),
+        }
     }
 
     /// Test hook: fails the database in service as a write error would.
     #[cfg(test)]
     pub(crate) fn inject_write_fault(&self, why: &str) {
         self.db.inject_fault(why);
+    }
+}
+
+/// A restore floor recorded in `meta` under `key`, if any.
+fn read_floor(
+    meta: &redb::ReadOnlyTable<&str, &str>,
+    key: &str,
+    path: &Path,
+) -> Result<Option<u64>, StoreError> {
+    match meta.get(key).map_err(backend_err)? {
+        Some(v) => v.value().parse::<u64>().map(Some).map_err(|e| {
+            StoreError::Backend(format!(
+                "state file {}: unreadable {key} ({e}); restore it from a backup",
+                path.display()
+            ))
+        }),
+        None => Ok(None),
     }
 }
 

@@ -61,7 +61,7 @@ impl fmt::Display for WorkerKey {
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// The state file does not exist and may not be created implicitly.
-    #[error("state file {path} does not exist. It holds this node's snowflake high-water mark and its segment, lease and strict counters; without it the node could hand out IDs it handed out before, so it will not start. To recover, restore the latest backup: `idgen state restore <backup-file> --config <file> --skip-ahead <margin>` (run it without --skip-ahead first: it prints a margin suggested from the backup's age and recorded issue rates). Do not run `idgen init` to get past this error: it creates an empty file, which restarts segment, lease and strict counters and repeats their IDs; it is only for a node that has never issued any")]
+    #[error("state file {path} does not exist. It holds this node's snowflake high-water mark and its segment, lease and strict counters; without it the node could hand out IDs it handed out before, so it will not start. To recover, restore the node's mirror if store.mirror_path was set (`idgen state restore <mirror-file> --config <file>`: exact, no margin), else the latest backup: `idgen state restore <backup-file> --config <file> --skip-ahead <margin> --strict-skip-ahead <margin> --format-skip-ahead <margin>`, with margins covering what the node issued after the backup, which the backup cannot know (run it without them first: it prints what the backup knows). Do not run `idgen init` to get past this error: it creates an empty file, which restarts segment, lease and strict counters and repeats their IDs; it is only for a node that has never issued any")]
     Missing {
         /// The path that was looked for.
         path: String,

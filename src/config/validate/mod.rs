@@ -319,12 +319,26 @@ impl StoreSection {
                 if self.path.as_os_str().is_empty() {
                     return Err(invalid("store.path", "must not be empty"));
                 }
+                let mirror = &self.mirror_path;
+                if mirror == &self.path {
+                    return Err(invalid(
+                        "store.mirror_path",
+                        "must name a file other than store.path (best on another disk)",
+                    ));
+                }
                 Backend::Embedded {
                     path: self.path.clone(),
                     init_if_missing: self.init_if_missing,
+                    mirror_path: (!mirror.as_os_str().is_empty()).then(|| mirror.clone()),
                 }
             }
             BackendKind::Consul => {
+                if !self.mirror_path.as_os_str().is_empty() {
+                    return Err(invalid(
+                        "store.mirror_path",
+                        "is for the embedded backend; in Consul mode back up Consul (`consul snapshot save`)",
+                    ));
+                }
                 let ttl_min = testing.consul_session_ttl_min;
                 if ttl_min < Duration::from_secs(1) || ttl_min > CONSUL_SESSION_TTL_MIN {
                     return Err(invalid(

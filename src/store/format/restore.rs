@@ -1,13 +1,15 @@
 //! Formatted-mode counters through `idgen state restore`: a margin per
-//! format, sized from that format's own rates and block sizes.
+//! format, stated by the operator.
 //!
-//! Segment, lease and strict counters move by `--skip-ahead`, which is
-//! sized for them (a segment range can be millions of IDs). Formatted
-//! counters are narrow and differ per format (`{seq:4}` holds 10,000
-//! values a period, `{seq:10}` ten billion), so each format gets its own
-//! margin: twice what its fastest counter moved since the snapshot at its
-//! recorded rate, plus two of the largest blocks such a counter reserves.
-//! The operator can override it (`--format-skip-ahead NAME=N`).
+//! Segment and lease counters move by `--skip-ahead`, strict ones by
+//! `--strict-skip-ahead`. Formatted counters are narrow and differ per
+//! format (`{seq:4}` holds 10,000 values a period, `{seq:10}` ten
+//! billion), so each format gets its own margin (`--format-skip-ahead
+//! NAME=N`, or `N` for every format). Nothing in a backup bounds what a
+//! format issued after it, so restore never proposes one: it reports what
+//! it knows ([`format_facts`]: the highest counter, the room above it, the
+//! rate at backup time as information) and the operator states the
+//! margin; a current copy (a mirror) needs none.
 //!
 //! Every counter the snapshot holds moves forward by its format's margin,
 //! capped at the format's max (a counter pushed past its max is used up in
@@ -82,18 +84,37 @@ impl FormatMargins {
     }
 }
 
-/// The margin suggested for one format's counters.
+/// What a restore can tell the operator about one format of a snapshot,
+/// to state its margin by: never a margin itself.
 #[derive(Debug, Clone)]
-pub struct FormatSuggestion {
+pub struct FormatFacts {
     /// The format.
     pub name: String,
-    /// The suggested margin, in counter values.
-    pub margin: u64,
-    /// Whether its counter can hold the margin (`None`: the definition no
-    /// longer compiles, bounds unknown).
-    pub fits: Option<bool>,
-    /// How it was worked out.
-    pub explanation: String,
+    /// Its counters in the snapshot.
+    pub counters: usize,
+    /// The highest value any of them had reserved.
+    pub highest: u64,
+    /// Its counter's `(min, max, step)`, if the definition compiles.
+    pub range: Option<(u64, u64, u64)>,
+    /// Its fastest counter's rate when the snapshot was taken, per second.
+    pub rate: f64,
+}
+
+impl FormatFacts {
+    /// One line for the operator.
+    pub fn line(&self) -> String {
+        let range = match self.range {
+            Some((min, max, step)) => format!(
+                " of {min}..={max} step {step} (room for {} more in that period)",
+                max.saturating_sub(self.highest)
+            ),
+            None => String::new(),
+        };
+        format!(
+            "format {}: {} counters, the highest at {}{range}; rate when taken {:.1}/s (information only)",
+            self.name, self.counters, self.highest, self.rate
+        )
+    }
 }
 
 /// A format's bounds after compiling its stored definition at `now_ms`.
@@ -134,58 +155,29 @@ fn fits(format: &Format, margin: u64) -> bool {
         .is_some_and(|v| v <= c.max)
 }
 
-/// Suggests a margin for each format the snapshot holds, restored at
-/// `now_ms`; `base_block` is `formatted.block` when the snapshot does not
-/// record it.
-pub fn suggest_formats(info: &SnapshotInfo, now_ms: u64, base_block: u64) -> Vec<FormatSuggestion> {
-    let age_s = now_ms.saturating_sub(info.taken_at_ms) as f64 / 1000.0;
-    let base = if info.formatted_block > 0 {
-        info.formatted_block
-    } else {
-        base_block.max(1)
-    };
-    let rates_count = info.rates_known && !info.taken_after_loss;
+/// What the snapshot says of each format it defines ([`FormatFacts`]),
+/// compiled at `now_ms`.
+pub fn format_facts(info: &SnapshotInfo, now_ms: u64) -> Vec<FormatFacts> {
     info.format_defs
         .iter()
         .map(|def| {
-            let compiled = compile(def, now_ms);
-            let step = compiled.as_ref().map_or(def.step, |f| f.counter().step).max(1);
-            let largest = compiled
-                .as_ref()
-                .map_or(base.saturating_mul(crate::id::format::MAX_BLOCK_GROWTH), |f| {
-                    f.largest_block(base)
-                });
-            let (rate, fastest) = if rates_count {
-                format_rate(info, &def.name)
-            } else {
-                (0.0, String::new())
-            };
-            let moved = (2.0 * rate * age_s).ceil();
-            let moved = if moved.is_finite() && moved < 1e18 { moved as u64 } else { u64::MAX / 4 };
-            // A busy counter's blocks grow with its rate (doubling while
-            // used up within a second), up to the largest block.
-            let busy = (4.0 * rate / step as f64).ceil();
-            let busy = if busy.is_finite() && busy < 1e18 { busy as u64 } else { u64::MAX / 4 };
-            // A counter never reserves less than `base` (see `modes::formatted`).
-            let block = busy.max(base).min(largest.max(base));
-            let lump = block.saturating_mul(step).saturating_mul(2);
-            let margin = moved.saturating_add(lump).div_ceil(100).saturating_mul(100).max(100);
-            let how = if info.taken_after_loss {
-                "a rescue snapshot holds every block the node reserved".to_owned()
-            } else if !info.rates_known {
-                "the snapshot records no rates: add what this format issued after it".to_owned()
-            } else if rate > 0.0 {
-                format!("its fastest counter ({fastest}) moved {rate:.1}/s: 2 x {rate:.1}/s x {age_s:.0} s = {moved}")
-            } else {
-                "none of its counters was moving".to_owned()
-            };
-            FormatSuggestion {
+            let prefix = format!("format/{}/", def.name);
+            let values: Vec<u64> = info
+                .counters
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .map(|(_, v)| *v)
+                .collect();
+            let range = compile(def, now_ms).map(|f| {
+                let c = f.counter();
+                (c.min, c.max, c.step)
+            });
+            FormatFacts {
                 name: def.name.clone(),
-                margin,
-                fits: compiled.as_ref().map(|f| fits(f, margin)),
-                explanation: format!(
-                    "{how}, plus two blocks of {block} x step {step} = {lump}, rounded up to {margin}"
-                ),
+                counters: values.len(),
+                highest: values.iter().copied().max().unwrap_or(0),
+                range,
+                rate: format_rate(info, &def.name).0,
             }
         })
         .collect()
@@ -323,24 +315,19 @@ pub(crate) struct MovedFormats {
 pub const NEW_FORMAT_MIN_MARGIN: u64 = 10_000;
 
 /// The margin of formats created after the restore that the snapshot does
-/// not define: nothing records how much such a format issued, so the
-/// largest margin suggested for a format of the snapshot, at least two
-/// blocks of `base_block` (what a new counter reserves first) rounded up
-/// to a hundred, and at least [`NEW_FORMAT_MIN_MARGIN`]. The operator
-/// overrides it with `--format-skip-ahead N`.
-pub fn new_format_margin(suggested: &[FormatSuggestion], base_block: u64) -> u64 {
-    let least = base_block
-        .max(1)
-        .saturating_mul(2)
-        .div_ceil(100)
-        .saturating_mul(100)
-        .max(NEW_FORMAT_MIN_MARGIN);
-    suggested
-        .iter()
-        .map(|s| s.margin)
-        .max()
-        .unwrap_or(0)
-        .max(least)
+/// not define: nothing records how much such a format issued, so the bare
+/// `--format-skip-ahead N` the operator gave, else the largest margin they
+/// gave any format, at least [`NEW_FORMAT_MIN_MARGIN`].
+pub fn new_format_margin(given: &FormatMargins) -> u64 {
+    given.default.unwrap_or_else(|| {
+        given
+            .per_format
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(NEW_FORMAT_MIN_MARGIN)
+    })
 }
 
 /// On a restored state file, records the floor of `record`, a format
@@ -450,21 +437,27 @@ mod tests {
             taken_at_ms: 0,
             layout: "L".into(),
             rates_known: true,
+            rates_note: "measured".into(),
             rates: rates.iter().map(|(k, r)| ((*k).to_owned(), *r)).collect(),
-            counters: Counters::new(),
+            counters: Counters::from([
+                ("format/inv/cluster/_".to_owned(), 20_099),
+                ("format/daily/cluster/_".to_owned(), 700),
+            ]),
             largest_step: 1_000_000,
             lease_block: 0,
             floor: 0,
+            strict_floor: 0,
             taken_after_loss: false,
+            mirror: false,
             formatted_block: 100,
             format_defs: defs,
         }
     }
 
-    /// Each format's margin comes from its own counters' rates and block
-    /// size, not from segment's step; a format too narrow for it is said.
+    /// Each format's facts come from its own counters: the highest, the
+    /// room above it in its counter, and the rate as information.
     #[test]
-    fn each_format_gets_a_margin_from_its_own_rate_and_blocks() {
+    fn each_format_reports_its_own_highest_counter_and_room() {
         let defs = vec![
             FormatDef::template("inv", "INV{seq:10}", "UTC", Reset::Never),
             FormatDef::template("daily", "{yyyy}{MM}{dd}{seq:6}", "UTC", Reset::Day),
@@ -478,16 +471,25 @@ mod tests {
             ],
             defs,
         );
-        let s = suggest_formats(&info, 10_000, 100);
-        let by = |n: &str| s.iter().find(|f| f.name == n).unwrap().clone();
-        // 2 x 1000/s x 10 s = 20000, plus 2 blocks of 4000 (4 x the rate).
-        assert_eq!(by("inv").margin, 28_000, "{}", by("inv").explanation);
-        assert_eq!(by("inv").fits, Some(true));
-        // 2 x 10/s x 10 s = 200, plus 2 blocks of 100.
-        assert_eq!(by("daily").margin, 400, "{}", by("daily").explanation);
-        // No rate, two blocks of 100: more than T{seq:2} holds.
-        assert_eq!(by("tiny").margin, 200);
-        assert_eq!(by("tiny").fits, Some(false));
+        let f = format_facts(&info, 10_000);
+        let by = |n: &str| f.iter().find(|f| f.name == n).unwrap().line();
+        assert_eq!(
+            by("inv"),
+            "format inv: 1 counters, the highest at 20099 of 0..=9999999999 step 1 (room for 9999979900 more in that period); rate when taken 1000.0/s (information only)"
+        );
+        assert!(
+            by("daily").contains("room for 999299 more"),
+            "{}",
+            by("daily")
+        );
+        assert!(by("tiny").contains("0 counters"), "{}", by("tiny"));
+        // The margin of formats the snapshot does not define: the bare N,
+        // else the largest given, at least 10,000.
+        let given = FormatMargins::parse(&["inv=50000".into()]).unwrap();
+        assert_eq!(new_format_margin(&given), 50_000);
+        assert_eq!(new_format_margin(&FormatMargins::default()), 10_000);
+        let bare = FormatMargins::parse(&["70".into()]).unwrap();
+        assert_eq!(new_format_margin(&bare), 70);
     }
 
     #[test]

@@ -51,13 +51,14 @@ impl EmbeddedStore {
         revive: bool,
     ) -> Result<TagRecord, StoreError> {
         let txn = self.begin_write()?;
-        let (written, live) = {
+        let (written, live, before) = {
             let mut counts = counts::open(&txn)?;
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let old = match table.get(tag.as_str()).map_err(backend_err)? {
                 Some(v) => Some(decode(tag, v.value())?),
                 None => None,
             };
+            let before = old.as_ref().map_or(0, |r| r.max_id);
             let written = match old {
                 Some(old) if !old.deleted => {
                     return Err(StoreError::Segment(SegmentError::TagExists(
@@ -99,9 +100,15 @@ impl EmbeddedStore {
                 .insert(tag.as_str(), encode(&written).as_slice())
                 .map_err(backend_err)?;
             let live = counts::add(&mut counts, counts::SEGMENT_TAGS, 1)?;
-            (written, live)
+            (written, live, before)
         };
-        self.commit(txn)?;
+        // The max_id a tag is created with (its start, a floor, a
+        // tombstone's) was never issued: not an issue rate.
+        let moved = written.max_id.saturating_sub(before);
+        self.admin_moves()
+            .record(&format!("segment/{}", tag.as_str()), moved, || {
+                self.commit(txn)
+            })?;
         metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
         Ok(written)
     }
@@ -116,7 +123,7 @@ impl EmbeddedStore {
         change: impl FnOnce(&TagRecord) -> Result<TagRecord, StoreError>,
     ) -> Result<TagRecord, StoreError> {
         let txn = self.begin_write()?;
-        let written = {
+        let (written, before) = {
             let mut counts = counts::open(&txn)?;
             let mut table = txn.open_table(SEGMENTS).map_err(backend_err)?;
             let record = live_record(&table, tag)?;
@@ -128,9 +135,15 @@ impl EmbeddedStore {
                 let live = counts::add(&mut counts, counts::SEGMENT_TAGS, live_delta)?;
                 metrics::gauge!(m::SEGMENT_TAGS).set(live as f64);
             }
-            written
+            (written, record.max_id)
         };
-        self.commit(txn)?;
+        // An admin raise of max_id (`tags update --max-id`) issued nothing:
+        // recorded so the backup's rates leave it out.
+        let moved = written.max_id.saturating_sub(before);
+        self.admin_moves()
+            .record(&format!("segment/{}", tag.as_str()), moved, || {
+                self.commit(txn)
+            })?;
         Ok(written)
     }
 

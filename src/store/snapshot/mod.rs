@@ -12,23 +12,33 @@
 //!
 //! Restoring is a recovery, not a rollback: everything handed out between
 //! the snapshot and the loss of the file must never be handed out again,
-//! and the snapshot does not know it. [`restore()`] therefore moves every
-//! segment `max_id`, lease token counter and strict counter forward by a
-//! margin the operator gives (`--skip-ahead`), records that margin as the
-//! floor for counters the snapshot did not hold yet, and raises every
-//! high-water mark to the time of the restore plus the reserve. The margin
-//! must exceed what the node handed out after the snapshot;
-//! [`Suggestion`] derives one from the snapshot's age and recorded rates.
+//! and a backup does not know it. No rate measured before a backup bounds
+//! what the node issued after it, so [`restore_with()`] moves every
+//! segment `max_id` and lease token counter forward by a margin the
+//! operator states (`--skip-ahead`), strict counters by one of their own
+//! (`--strict-skip-ahead`: strict values count calls, not IDs), records
+//! those margins as the floors of counters the snapshot did not hold yet,
+//! and raises every high-water mark to the time of the restore plus the
+//! reserve. Without the margins, `idgen state restore` refuses and reports
+//! what the backup knows ([`facts`]), never a margin of its own.
 //! Formatted counters move by a margin per format instead
 //! ([`crate::store::format::restore`]).
 //!
+//! A current copy needs no margin: the mirror ([`Mirror`],
+//! `store.mirror_path`) is rewritten after every commit and before that
+//! commit's IDs are handed out, and a rescue snapshot is taken after the
+//! node stopped issuing; each holds every reservation whose IDs anyone
+//! saw, so restoring it with margin 0 is exact.
+//!
 //! The parts: `take.rs` writes a backup ([`SnapshotSource`],
 //! [`take_offline`], [`write_snapshot_file`]); `rates.rs` samples how fast
-//! counters move and works out the margin to suggest ([`RateSampler`],
-//! [`suggest`]); `restore.rs` reads a backup back ([`inspect`]) and writes
-//! a new state file from it with every counter moved forward and the
-//! floors set ([`restore()`], [`restore_with_formats`]).
+//! counters move, leaving admin moves out ([`RateSampler`],
+//! [`AdminMoves`]), and says what a backup knows ([`facts`]); `mirror.rs`
+//! keeps the current copy ([`Mirror`]); `restore.rs` reads a snapshot back
+//! ([`inspect`]) and writes a new state file from it with every counter
+//! moved forward and the floors set ([`restore()`], [`restore_with`]).
 
+mod mirror;
 mod rates;
 mod restore;
 mod take;
@@ -40,10 +50,11 @@ use redb::{ReadTransaction, ReadableTable, TableDefinition};
 use super::embedded::backend_err;
 use super::StoreError;
 
+pub use mirror::Mirror;
 pub use rates::{
-    suggest, Counters, RateSampler, Suggestion, MAX_TRACKED_COUNTERS, RATE_WINDOW_MS, SAMPLE_EVERY,
+    facts, AdminMoves, Counters, RateSampler, MAX_TRACKED_COUNTERS, RATE_WINDOW_MS, SAMPLE_EVERY,
 };
-pub use restore::{inspect, restore, restore_with_formats, RestoreReport, SnapshotInfo};
+pub use restore::{inspect, restore, restore_with, Margins, RestoreReport, SnapshotInfo};
 pub use take::{take_offline, write_snapshot_file, SnapshotSource};
 
 /// What a snapshot says about itself.

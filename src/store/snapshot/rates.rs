@@ -1,8 +1,11 @@
-//! How fast counters move: samples of every counter while the node runs,
-//! the rates a backup records, and the margin suggested from them when
-//! restoring.
+//! How fast counters move: samples of every counter while the node runs
+//! (admin moves left out, [`AdminMoves`]) and the rates a backup records;
+//! and what a restore can tell the operator about a backup ([`facts`]).
+//! Rates are information only: measured before the backup, they bound
+//! nothing issued after it, so no margin is derived from them.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
 
 use redb::{ReadTransaction, ReadableTable};
 
@@ -32,8 +35,7 @@ pub const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(10)
 pub type Counters = BTreeMap<String, u64>;
 
 /// Most counters a running node samples one by one; beyond that only the
-/// kinds' totals are kept (their rates bound every counter's from above,
-/// so the suggested margin stays safe, only larger).
+/// kinds' totals are kept (their rates bound every counter's from above).
 pub const MAX_TRACKED_COUNTERS: usize = 10_000;
 
 /// Every counter `txn` sees, one by one up to `limit` of them, and each
@@ -148,97 +150,130 @@ impl RateSampler {
     }
 }
 
-/// A margin suggested for restoring a snapshot now.
-#[derive(Debug, Clone)]
-pub struct Suggestion {
-    /// The suggested `--skip-ahead`.
-    pub margin: u64,
-    /// How it was worked out, for the operator.
-    pub explanation: String,
+/// Counter moves made by admin calls (a segment tag created with a
+/// `max_id`, or raised by `idgen admin tags update --max-id`), kept so the
+/// rate sampler counts only what was issued: an admin raise of a million
+/// is not a million IDs a second.
+///
+/// An admin write commits while holding the lock and records its move
+/// before releasing it, and the sampler opens its read transaction under
+/// the same lock, so a sample either sees the moved value with the move
+/// recorded, or neither.
+#[derive(Debug, Default)]
+pub struct AdminMoves {
+    moved: Mutex<BTreeMap<String, u64>>,
 }
 
-/// Suggests a margin: twice what the fastest counter (segment, lease or
-/// strict) could have moved since the snapshot at its recorded rate, plus
-/// two of the largest reservations a node makes at once (a segment range
-/// at the largest step, a lease block), rounded up to a thousand.
-pub fn suggest(info: &SnapshotInfo, now_ms: u64) -> Suggestion {
-    let age_s = now_ms.saturating_sub(info.taken_at_ms) as f64 / 1000.0;
-    // Per kind: the fastest single counter when counters were sampled one
-    // by one, else the kind's total (an upper bound for each of them).
-    let mut fastest = String::new();
-    let mut rate = 0.0f64;
-    for kind in ["segment", "lease", "strict"] {
-        let prefix = format!("{kind}/");
-        let total_key = format!("{kind}/*");
-        let each: Vec<(&String, &f64)> = info
-            .rates
-            .iter()
-            .filter(|(k, _)| k.starts_with(&prefix) && **k != total_key)
-            .collect();
-        let candidates: Vec<(&String, &f64)> = if each.is_empty() {
-            info.rates.get_key_value(&total_key).into_iter().collect()
-        } else {
-            each
+impl AdminMoves {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+        self.moved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `commit`, an admin write moving counter `key` (as in
+    /// [`Counters`]) forward by `by`, and records the move if it
+    /// committed.
+    pub(crate) fn record<T, E>(
+        &self,
+        key: &str,
+        by: u64,
+        commit: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut moved = self.lock();
+        let out = commit()?;
+        if by > 0 {
+            let m = moved.entry(key.to_owned()).or_insert(0);
+            *m = m.wrapping_add(by);
+        }
+        Ok(out)
+    }
+
+    /// Every counter `db` holds now (see [`read_counters`]) less the admin
+    /// moves, so differences between two reads are what was issued.
+    pub(crate) fn issued_counters(
+        &self,
+        db: &crate::store::reopen::DbRef,
+        limit: usize,
+    ) -> Result<(ReadTransaction, Counters), StoreError> {
+        let (txn, moved) = {
+            let moved = self.lock();
+            (db.begin_read().map_err(backend_err)?, moved.clone())
         };
-        for (k, r) in candidates {
-            if *r > rate {
-                fastest = k.clone();
-                rate = *r;
+        let mut counters = read_counters(&txn, limit)?;
+        for (key, by) in moved {
+            if let Some(v) = counters.get_mut(&key) {
+                *v = v.wrapping_sub(by);
+            }
+            let kind = key.split('/').next().unwrap_or_default();
+            if let Some(total) = counters.get_mut(&format!("{kind}/*")) {
+                *total = total.wrapping_sub(by);
             }
         }
+        Ok((txn, counters))
     }
-    let moved = (2.0 * rate * age_s).ceil();
-    let moved = if moved.is_finite() && moved < 1e18 {
-        moved as u64
+}
+
+/// What a restore knows about a snapshot, one line each, for the operator
+/// who states the margins: its age, the rates it recorded (information
+/// only: a rate measured before the backup bounds nothing issued after
+/// it), and each kind's highest counter with the room left above it. It
+/// never proposes a margin.
+pub fn facts(info: &SnapshotInfo, now_ms: u64) -> Vec<String> {
+    let age = std::time::Duration::from_secs(now_ms.saturating_sub(info.taken_at_ms) / 1000);
+    let taken = std::time::UNIX_EPOCH + std::time::Duration::from_millis(info.taken_at_ms);
+    let mut lines = vec![format!(
+        "taken {} ago ({})",
+        humantime::format_duration(age),
+        humantime::format_rfc3339_millis(taken)
+    )];
+    let mut moving: Vec<(&String, &f64)> = info
+        .rates
+        .iter()
+        .filter(|(k, r)| !k.starts_with("hwm/") && **r > 0.0)
+        .collect();
+    moving.sort_by(|x, y| y.1.total_cmp(x.1));
+    let rates = if !info.rates_known {
+        info.rates_note.clone()
+    } else if moving.is_empty() {
+        "no counter was moving".to_owned()
     } else {
-        u64::MAX / 4
+        let top: Vec<String> = moving
+            .iter()
+            .take(5)
+            .map(|(k, r)| format!("{k} {r:.1}/s"))
+            .collect();
+        top.join(", ")
     };
-    let lump = 2 * info.largest_step.max(info.lease_block).max(1);
-    let raw = moved.saturating_add(lump);
-    let margin = raw.div_ceil(1000).saturating_mul(1000).max(1000);
-    let age = humantime::format_duration(std::time::Duration::from_secs(age_s as u64));
-    // A rescue snapshot holds everything the node issued: nothing moved
-    // after it, whatever its age.
-    let (rate, moved, raw, margin) = if info.taken_after_loss {
-        (
-            0.0,
-            0,
-            lump,
-            lump.div_ceil(1000).saturating_mul(1000).max(1000),
-        )
-    } else {
-        (rate, moved, raw, margin)
-    };
-    let mut explanation = if info.taken_after_loss {
-        format!(
-            "a rescue snapshot, taken by the node after its state file was lost, when it had stopped issuing: it holds every reservation the node made; two of the largest reservations (2 x {}) = {margin} for good measure. If another node ran on a new file at that path meanwhile, stop it and add what it handed out",
-            lump / 2
-        )
-    } else if info.rates_known {
-        if rate > 0.0 {
-            format!(
-                "the snapshot is {age} old; its fastest counter ({fastest}) moved {rate:.1}/s when it was taken: 2 x {rate:.1}/s x {age_s:.0} s = {moved}, plus two of the largest reservations (2 x {}) = {raw}, rounded up to {margin}",
-                lump / 2
-            )
-        } else {
-            format!(
-                "the snapshot is {age} old and no counter was moving when it was taken; two of the largest reservations (2 x {}) = {margin}",
-                lump / 2
-            )
+    lines.push(format!(
+        "issue rates when it was taken (information only: they do not bound what was issued after it): {rates}"
+    ));
+    let kinds = [
+        ("segment", "tags", crate::id::segment::MAX_SEGMENT_ID),
+        ("lease", "token counters", crate::id::lease::MAX_SEQUENCE),
+        ("strict", "keys", crate::id::strict::MAX_VALUE),
+    ];
+    for (kind, what, max) in kinds {
+        let prefix = format!("{kind}/");
+        let values: Vec<u64> = info
+            .counters
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix) && !k.ends_with("/*"))
+            .map(|(_, v)| *v)
+            .collect();
+        if let Some(highest) = values.iter().max() {
+            lines.push(format!(
+                "{kind}: {} {what}, the highest at {highest} (room for {} more above it)",
+                values.len(),
+                max.saturating_sub(*highest)
+            ));
         }
-    } else {
-        format!(
-            "the snapshot records no issue rates (taken offline, or within a second of the node's start); {margin} covers only two of the largest reservations (2 x {}). Add what the node handed out after the snapshot (IDs per second x seconds it ran since, per segment tag, lease token or strict key)",
-            lump / 2
-        )
-    };
-    explanation.push_str(
-        ". A larger margin only wastes numbers; a smaller one can repeat IDs handed out after the snapshot",
-    );
-    Suggestion {
-        margin,
-        explanation,
     }
+    if info.largest_step > 0 || info.lease_block > 0 {
+        lines.push(format!(
+            "one reservation: a segment range of up to {} IDs, a lease block of {} (a margin must cover what was handed out, and a reservation can be handed out in part)",
+            info.largest_step, info.lease_block
+        ));
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -247,7 +282,7 @@ mod tests {
     use crate::store::embedded::EmbeddedStore;
 
     #[test]
-    fn past_the_cap_only_totals_are_sampled_and_suggest_uses_them() {
+    fn past_the_cap_only_totals_are_sampled() {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
         let txn = store.begin_write().unwrap();
@@ -265,30 +300,70 @@ mod tests {
         let capped = read_counters(&read, 2).unwrap();
         assert_eq!(capped.get("strict/a/2"), None);
         assert_eq!(capped.get("strict/*"), Some(&60));
-        // Suggest: the fastest single counter when there are some, else the
-        // kind's total.
-        let mut info = SnapshotInfo {
+    }
+
+    /// `idgen admin tags update --max-id` (and a tag's creation) moves a
+    /// counter without issuing anything: the sampler leaves it out, so a
+    /// raise by a million is not read as a million IDs a second.
+    #[tokio::test]
+    async fn admin_moves_are_not_issue_rates() {
+        use crate::id::segment::{Tag, TagUpdate};
+        use crate::store::SegmentStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
+        let tag = Tag::parse("orders").unwrap();
+        store
+            .create_tag(&tag, &TagRecord::new(500, 100, "", 0).unwrap())
+            .await
+            .unwrap();
+        let mut sampler = RateSampler::default();
+        let read = |store: &EmbeddedStore| {
+            store
+                .admin_moves()
+                .issued_counters(&store.db(), usize::MAX)
+                .unwrap()
+                .1
+        };
+        sampler.record(0, read(&store));
+        store.take_range(&tag, 100, 0).await.unwrap();
+        let update = TagUpdate {
+            max_id: Some(1_000_600),
+            ..TagUpdate::default()
+        };
+        store.update_tag(&tag, &update, 0).await.unwrap();
+        store.take_range(&tag, 100, 0).await.unwrap();
+        let rates = sampler.rates(10_000, &read(&store));
+        // 200 IDs taken in 10 s; the raise of 1,000,000 is not counted.
+        assert_eq!(rates.get("segment/orders").copied(), Some(20.0));
+        assert_eq!(rates.get("segment/*").copied(), Some(20.0));
+    }
+
+    #[test]
+    fn facts_give_rates_as_information_and_never_a_margin() {
+        let info = SnapshotInfo {
             taken_at_ms: 0,
             layout: "L".into(),
             rates_known: true,
-            rates: BTreeMap::from([
-                ("strict/a/1".to_owned(), 10.0),
-                ("strict/a/2".to_owned(), 30.0),
-                ("strict/*".to_owned(), 40.0),
-            ]),
-            counters: Counters::new(),
+            rates_note: "measured".into(),
+            rates: BTreeMap::from([("lease/0/0".to_owned(), 30.0)]),
+            counters: Counters::from([("lease/0/0".to_owned(), 400)]),
             largest_step: 0,
-            lease_block: 0,
+            lease_block: 200,
             floor: 0,
+            strict_floor: 0,
             taken_after_loss: false,
+            mirror: false,
             formatted_block: 0,
             format_defs: Vec::new(),
         };
-        // 2 x 30/s x 100 s + 2 = 6002 -> 7000.
-        assert_eq!(suggest(&info, 100_000).margin, 7000);
-        info.rates.retain(|k, _| k == "strict/*");
-        // 2 x 40/s x 100 s + 2 = 8002 -> 9000.
-        assert_eq!(suggest(&info, 100_000).margin, 9000);
+        let text = facts(&info, 100_000).join("\n");
+        assert!(text.contains("taken 1m 40s ago"), "{text}");
+        assert!(
+            text.contains("information only") && text.contains("lease/0/0 30.0/s"),
+            "{text}"
+        );
+        assert!(text.contains("the highest at 400"), "{text}");
+        assert!(!text.contains("--skip-ahead"), "{text}");
     }
 
     #[test]

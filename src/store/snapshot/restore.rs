@@ -13,7 +13,7 @@ use crate::id::format::FormatDef;
 use crate::id::segment::TagRecord;
 use crate::store::counts::COUNTS;
 use crate::store::embedded::{
-    backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR,
+    backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META, RESTORE_FLOOR, RESTORE_FLOOR_STRICT,
 };
 use crate::store::format::catalog::{StoredFormat, FORMAT_DEFS};
 use crate::store::format::counters::FORMATS_RESTORED_UNTIL;
@@ -32,6 +32,8 @@ pub struct SnapshotInfo {
     pub layout: String,
     /// Whether rates were measured (a running node's backup).
     pub rates_known: bool,
+    /// What the backup says of its rates ("measured", or why not).
+    pub rates_note: String,
     /// Per counter, its rate per second when the snapshot was taken.
     pub rates: BTreeMap<String, f64>,
     /// Every counter's value in the snapshot.
@@ -42,13 +44,26 @@ pub struct SnapshotInfo {
     pub lease_block: u64,
     /// The floor of an earlier restore, carried along.
     pub floor: u64,
+    /// The strict floor of an earlier restore, carried along.
+    pub strict_floor: u64,
     /// A rescue snapshot: taken by the node after its state file was
     /// deleted or replaced, when it had stopped issuing for good.
     pub taken_after_loss: bool,
+    /// A mirror (`store.mirror_path`): rewritten after every commit and
+    /// before that commit's IDs were handed out.
+    pub mirror: bool,
     /// The node's `formatted.block` (0 if unknown).
     pub formatted_block: u64,
     /// The live format definitions the snapshot holds.
     pub format_defs: Vec<FormatDef>,
+}
+
+impl SnapshotInfo {
+    /// Whether the snapshot holds every reservation whose IDs anyone saw
+    /// (a mirror, or a rescue snapshot), so a restore needs no margin.
+    pub fn is_current(&self) -> bool {
+        self.mirror || self.taken_after_loss
+    }
 }
 
 fn not_a_snapshot(path: &Path, why: impl std::fmt::Display) -> StoreError {
@@ -91,19 +106,24 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
         .get("taken_at_ms")
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| not_a_snapshot(path, "no taken_at_ms"))?;
-    let (layout, floor) = {
+    let (layout, floor, strict_floor) = {
         let t = txn.open_table(META).map_err(|e| not_a_snapshot(path, e))?;
         let layout = t
             .get("layout")
             .map_err(backend_err)?
             .map(|v| v.value().to_owned())
             .ok_or_else(|| not_a_snapshot(path, "no layout"))?;
-        let floor = t
-            .get(RESTORE_FLOOR)
-            .map_err(backend_err)?
-            .and_then(|v| v.value().parse().ok())
-            .unwrap_or(0);
-        (layout, floor)
+        let floor_of = |key: &str| -> Result<Option<u64>, StoreError> {
+            Ok(t.get(key)
+                .map_err(backend_err)?
+                .and_then(|v| v.value().parse().ok()))
+        };
+        let floor = floor_of(RESTORE_FLOOR)?.unwrap_or(0);
+        (
+            layout,
+            floor,
+            floor_of(RESTORE_FLOOR_STRICT)?.unwrap_or(floor),
+        )
     };
     let rates = snapshot_rates(&txn)?;
     let counters = read_counters(&txn, usize::MAX)?;
@@ -120,12 +140,15 @@ pub fn inspect(path: &Path) -> Result<SnapshotInfo, StoreError> {
         taken_at_ms,
         layout,
         rates_known: info.get("rates").map(String::as_str) == Some("measured"),
+        rates_note: info.get("rates").cloned().unwrap_or_default(),
         rates,
         counters,
         largest_step,
         lease_block: num("lease_block"),
         floor,
+        strict_floor,
         taken_after_loss: info.contains_key("taken_after_loss"),
+        mirror: info.get("current").map(String::as_str) == Some(super::mirror::MIRROR),
         formatted_block: num("formatted_block"),
         format_defs: live_format_defs(&txn)?,
     })
@@ -205,11 +228,28 @@ pub struct RestoreReport {
     pub hwm_marks: usize,
     /// The mark every worker starts above, Unix ms.
     pub hwm_floor_ms: u64,
-    /// The floor of counters the snapshot did not hold.
+    /// The floor of segment tags and lease tokens the snapshot did not
+    /// hold.
     pub floor: u64,
+    /// The floor of strict keys the snapshot did not hold.
+    pub strict_floor: u64,
     /// Per format the snapshot defines: its margin, and whether its
     /// counter could hold it.
     pub formats: Vec<RestoredFormat>,
+}
+
+/// How far a restore moves each kind of counter: margins the operator
+/// states (nothing in a backup bounds what was issued after it), or 0 for
+/// a current copy ([`SnapshotInfo::is_current`]).
+#[derive(Debug, Clone, Default)]
+pub struct Margins {
+    /// Segment tags and lease tokens (`--skip-ahead`).
+    pub skip_ahead: u64,
+    /// Strict keys (`--strict-skip-ahead`): strict values count calls, so
+    /// their margin is their own.
+    pub strict: u64,
+    /// Formatted counters, per format (`--format-skip-ahead`).
+    pub formats: FormatMargins,
 }
 
 /// Restores the snapshot at `backup` into a new state file at `target`
@@ -224,23 +264,21 @@ pub fn restore(
     skip_ahead: u64,
     hwm_floor_ms: u64,
 ) -> Result<RestoreReport, StoreError> {
-    restore_with_formats(
-        backup,
-        target,
-        layout,
-        (skip_ahead, &FormatMargins::default()),
-        hwm_floor_ms,
-    )
+    let margins = Margins {
+        skip_ahead,
+        strict: skip_ahead,
+        formats: FormatMargins::default(),
+    };
+    restore_with(backup, target, layout, &margins, hwm_floor_ms)
 }
 
-/// [`restore`], with formatted counters moved by their own margins
-/// (`formats`, see [`crate::store::format::restore`]) instead of
-/// `skip_ahead`.
-pub fn restore_with_formats(
+/// [`restore`], with strict and formatted counters moved by their own
+/// margins (see [`Margins`] and [`crate::store::format::restore`]).
+pub fn restore_with(
     backup: &Path,
     target: &Path,
     layout: &str,
-    (skip_ahead, formats): (u64, &FormatMargins),
+    margins: &Margins,
     hwm_floor_ms: u64,
 ) -> Result<RestoreReport, StoreError> {
     if target.exists() {
@@ -264,7 +302,7 @@ pub fn restore_with_formats(
     let tmp = temp_beside(target)?;
     let result = (|| {
         let store = EmbeddedStore::create(&tmp, layout)?;
-        let report = fill(&txn, &store, &info, (skip_ahead, formats), hwm_floor_ms)?;
+        let report = fill(&txn, &store, &info, margins, hwm_floor_ms)?;
         drop(store);
         std::fs::hard_link(&tmp, target).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
@@ -285,11 +323,13 @@ fn fill(
     txn: &ReadTransaction,
     store: &EmbeddedStore,
     info: &SnapshotInfo,
-    (skip, margins): (u64, &FormatMargins),
+    margins: &Margins,
     hwm_floor_ms: u64,
 ) -> Result<RestoreReport, StoreError> {
     let out = store.begin_write()?;
+    let (skip, strict) = (margins.skip_ahead, margins.strict);
     let floor = info.floor.saturating_add(skip);
+    let strict_floor = info.strict_floor.saturating_add(strict);
     let mut report = RestoreReport {
         segments: 0,
         lease_tokens: 0,
@@ -298,60 +338,52 @@ fn fill(
         hwm_marks: 0,
         hwm_floor_ms,
         floor,
+        strict_floor,
         formats: Vec::new(),
     };
-    {
-        let mut meta = out.open_table(META).map_err(backend_err)?;
-        meta.insert(RESTORE_FLOOR, floor.to_string().as_str())
-            .map_err(backend_err)?;
-        meta.insert(
-            "restored_from_taken_at_ms",
-            info.taken_at_ms.to_string().as_str(),
-        )
-        .map_err(backend_err)?;
-        meta.insert("restored_skip_ahead", skip.to_string().as_str())
-            .map_err(backend_err)?;
+    let restored = [
+        (RESTORE_FLOOR, floor),
+        (RESTORE_FLOOR_STRICT, strict_floor),
+        ("restored_from_taken_at_ms", info.taken_at_ms),
+        ("restored_skip_ahead", skip),
+        ("restored_strict_skip_ahead", strict),
         // Formatted counters in periods up to this instant may have been
         // used after the snapshot: they start above the floor, not at
         // their minimum (see `store::format`).
-        meta.insert(FORMATS_RESTORED_UNTIL, hwm_floor_ms.to_string().as_str())
-            .map_err(backend_err)?;
+        (FORMATS_RESTORED_UNTIL, hwm_floor_ms),
+    ];
+    {
+        let mut meta = out.open_table(META).map_err(backend_err)?;
+        for (key, value) in restored {
+            meta.insert(key, value.to_string().as_str())
+                .map_err(backend_err)?;
+        }
     }
     let bump = |v: u64, max: u64| v.saturating_add(skip).min(max);
     report.hwm_marks = move_u64(txn, &out, HWM, |v| v.max(hwm_floor_ms))?;
     report.lease_tokens = move_u64(txn, &out, LEASE, |v| {
         bump(v, crate::id::lease::MAX_SEQUENCE)
     })?;
-    report.strict_keys = move_u64(txn, &out, STRICT, |v| bump(v, crate::id::strict::MAX_VALUE))?;
+    let bump_strict = |v: u64| v.saturating_add(strict).min(crate::id::strict::MAX_VALUE);
+    report.strict_keys = move_u64(txn, &out, STRICT, bump_strict)?;
     // Deleted keys' last values move too: a key used again continues
     // above its tombstone, which must be above anything handed out after
     // the snapshot.
-    move_u64(txn, &out, STRICT_TOMBSTONES, |v| {
-        bump(v, crate::id::strict::MAX_VALUE)
-    })?;
+    move_u64(txn, &out, STRICT_TOMBSTONES, bump_strict)?;
     copy_table(txn, &out, STRICT_NAMESPACES)?;
     // Zones stay plain or hidden as their counters were used (never a
     // restored hidden zone read as "used before records, so plain").
     copy_table(txn, &out, LEASE_ZONES)?;
     // The live counts match the restored keys and tags one for one.
     copy_table(txn, &out, COUNTS)?;
-    if let Ok(from) = txn.open_table(SEGMENTS) {
-        let mut to = out.open_table(SEGMENTS).map_err(backend_err)?;
-        for item in from.iter().map_err(backend_err)? {
-            let (k, v) = item.map_err(backend_err)?;
-            let mut record: TagRecord = serde_json::from_slice(v.value()).map_err(|e| {
-                StoreError::Backend(format!("segment record {} unreadable: {e}", k.value()))
-            })?;
-            // Tombstones too: a tag created again continues above them.
-            record.max_id = bump(record.max_id, crate::id::segment::MAX_SEGMENT_ID);
-            let bytes = serde_json::to_vec(&record).map_err(backend_err)?;
-            to.insert(k.value(), bytes.as_slice())
-                .map_err(backend_err)?;
-            report.segments += 1;
-        }
-    }
-    let moved =
-        format_restore::move_counters(txn, &out, &info.format_defs, (margins, skip), hwm_floor_ms)?;
+    report.segments = move_segments(txn, &out, skip)?;
+    let moved = format_restore::move_counters(
+        txn,
+        &out,
+        &info.format_defs,
+        (&margins.formats, skip),
+        hwm_floor_ms,
+    )?;
     report.format_counters = moved.counters;
     report.formats = moved.formats;
     // Definitions and tombstones as they were: a deleted name stays
@@ -363,6 +395,35 @@ fn fill(
     crate::store::hide_keys::merge_table(txn, &out)?;
     store.commit(out)?;
     Ok(report)
+}
+
+/// Moves every segment record's `max_id` (tombstones too: a tag created
+/// again continues above them) forward by `skip`.
+fn move_segments(
+    txn: &ReadTransaction,
+    out: &redb::WriteTransaction,
+    skip: u64,
+) -> Result<usize, StoreError> {
+    let Ok(from) = txn.open_table(SEGMENTS) else {
+        return Ok(0);
+    };
+    let mut to = out.open_table(SEGMENTS).map_err(backend_err)?;
+    let mut n = 0;
+    for item in from.iter().map_err(backend_err)? {
+        let (k, v) = item.map_err(backend_err)?;
+        let mut record: TagRecord = serde_json::from_slice(v.value()).map_err(|e| {
+            StoreError::Backend(format!("segment record {} unreadable: {e}", k.value()))
+        })?;
+        record.max_id = record
+            .max_id
+            .saturating_add(skip)
+            .min(crate::id::segment::MAX_SEGMENT_ID);
+        let bytes = serde_json::to_vec(&record).map_err(backend_err)?;
+        to.insert(k.value(), bytes.as_slice())
+            .map_err(backend_err)?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 fn move_u64(
@@ -388,13 +449,14 @@ fn move_u64(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{suggest, write_snapshot_file, SnapshotSource};
+    use super::super::{write_snapshot_file, SnapshotSource};
     use super::*;
     use crate::id::segment::Tag;
     use crate::store::lease::EmbeddedLeaseTokens;
     use crate::store::lease::LeaseTokenStore;
     use crate::store::SegmentStore;
     use crate::store::{HwmStore, WorkerKey};
+    use std::sync::Arc;
 
     const KEY: WorkerKey = WorkerKey {
         datacenter: 0,
@@ -430,9 +492,7 @@ mod tests {
         assert!(info.rates_known);
         // 50 lease sequences in 10 s.
         assert_eq!(info.rates.get("lease/0/0").copied(), Some(5.0));
-        let s = suggest(&info, 71_000);
-        // 2 x 5/s x 60 s = 600, plus 2 x 50 = 700, rounded up: 1000.
-        assert_eq!(s.margin, 1000, "{}", s.explanation);
+        assert!(!info.is_current(), "a backup is not a current copy");
 
         // Refusals: existing target, wrong layout, not a snapshot.
         assert!(matches!(
@@ -489,5 +549,98 @@ mod tests {
         assert_eq!(restored.advance(&key, 1, 1).await.unwrap().first, 1_006);
         assert_eq!(restored.advance(&live, 1, 1).await.unwrap().first, 1_004);
         assert_eq!(restored.list_keys(&key.namespace()).await.unwrap().len(), 2);
+    }
+
+    /// Strict keys move by their own margin, not the segment/lease one, and
+    /// a key the snapshot did not hold starts above the strict floor.
+    #[tokio::test]
+    async fn strict_keys_move_by_their_own_margin() {
+        use crate::id::strict::StrictKey;
+        use crate::store::strict::{EmbeddedStrictStore, StrictStore};
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
+        let strict = EmbeddedStrictStore::new(store.clone());
+        let key = StrictKey::parse("chat/room1").unwrap();
+        assert_eq!(strict.advance(&key, 1, 56).await.unwrap().last, 56);
+        let bytes = SnapshotSource::new(store.clone(), 50, 0)
+            .take(1_000)
+            .unwrap();
+        let backup = dir.path().join("b.snap");
+        write_snapshot_file(&backup, &bytes).unwrap();
+        drop((strict, store));
+        let target = dir.path().join("restored.redb");
+        let margins = Margins {
+            skip_ahead: 2_000_000,
+            strict: 100,
+            formats: FormatMargins::default(),
+        };
+        let r = restore_with(&backup, &target, "L", &margins, 0).unwrap();
+        assert_eq!((r.floor, r.strict_floor), (2_000_000, 100));
+        let restored = EmbeddedStrictStore::new(EmbeddedStore::open(&target, "L", false).unwrap());
+        assert_eq!(restored.advance(&key, 1, 1).await.unwrap().first, 157);
+        let new = StrictKey::parse("chat/room2").unwrap();
+        assert_eq!(restored.advance(&new, 1, 1).await.unwrap().first, 101);
+    }
+
+    /// A mirror holds every commit before it returns: after reservations
+    /// of every counter kind, the mirror on disk is a current snapshot, and
+    /// a restore from it with no margin continues above every value
+    /// handed out.
+    #[tokio::test]
+    async fn a_mirror_holds_every_reservation_and_restores_with_no_margin() {
+        use crate::id::strict::StrictKey;
+        use crate::id::SystemClock;
+        use crate::store::strict::{EmbeddedStrictStore, StrictStore};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let mirror = dir.path().join("mirror/s.mirror");
+        let store = EmbeddedStore::create(&path, "L")
+            .unwrap()
+            .with_mirror(&mirror, Arc::new(SystemClock))
+            .unwrap();
+        assert!(inspect(&mirror).unwrap().mirror, "written at once");
+        let tag = Tag::parse("orders").unwrap();
+        store
+            .create_tag(&tag, &TagRecord::new(0, 10, "", 0).unwrap())
+            .await
+            .unwrap();
+        let tokens = EmbeddedLeaseTokens::new(store.clone(), 0, 0, (0, 63)).unwrap();
+        let strict = EmbeddedStrictStore::new(store.clone());
+        let key = StrictKey::parse("chat/room1").unwrap();
+        let mut last = (0, 0, 0);
+        for _ in 0..5 {
+            last.0 = store.take_range(&tag, 10, 0).await.unwrap().last;
+            last.1 = tokens.reserve(50).await.unwrap().last;
+            last.2 = strict.advance(&key, 1, 3).await.unwrap().last;
+            // After each commit returned, the mirror already holds it.
+            let info = inspect(&mirror).unwrap();
+            assert!(info.is_current());
+            assert_eq!(info.counters.get("segment/orders"), Some(&last.0));
+            assert_eq!(info.counters.get("lease/0/0"), Some(&last.1));
+            assert_eq!(info.counters.get("strict/chat/room1"), Some(&last.2));
+        }
+        drop((tokens, strict, store));
+        std::fs::remove_file(&path).unwrap();
+        let r = restore_with(&mirror, &path, "L", &Margins::default(), 0).unwrap();
+        assert_eq!(r.floor, 0);
+        let restored = EmbeddedStore::open(&path, "L", false).unwrap();
+        assert_eq!(
+            restored.take_range(&tag, 10, 0).await.unwrap().first,
+            last.0 + 1
+        );
+        let tokens = EmbeddedLeaseTokens::new(restored.clone(), 0, 0, (0, 63)).unwrap();
+        assert_eq!(tokens.reserve(1).await.unwrap().first, last.1 + 1);
+        let strict = EmbeddedStrictStore::new(restored.clone());
+        assert_eq!(strict.advance(&key, 1, 1).await.unwrap().first, last.2 + 1);
+        drop((tokens, strict, restored));
+
+        // A state file behind its mirror (re-created by `idgen init`) is
+        // refused: starting would overwrite the copy that knows.
+        std::fs::remove_file(&path).unwrap();
+        let fresh = EmbeddedStore::create(&path, "L").unwrap();
+        let e = fresh
+            .with_mirror(&mirror, Arc::new(SystemClock))
+            .unwrap_err();
+        assert!(e.to_string().contains("behind its mirror"), "{e}");
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use redb::{ReadTransaction, ReadableDatabase, TableHandle};
 
-use super::rates::{read_counters, RateSampler, MAX_TRACKED_COUNTERS, SAMPLE_EVERY};
+use super::rates::{RateSampler, MAX_TRACKED_COUNTERS, SAMPLE_EVERY};
 use super::{copy_table, temp_beside, SNAPSHOT, SNAPSHOT_KIND, SNAPSHOT_RATES};
 use crate::store::counts::COUNTS;
 use crate::store::embedded::{backend_err, EmbeddedStore, FORMAT_VERSION, HWM, META};
@@ -43,7 +43,7 @@ const KNOWN_TABLES: [&str; 12] = [
 pub struct SnapshotSource {
     store: EmbeddedStore,
     sampler: Arc<Mutex<RateSampler>>,
-    /// Facts of the node's config that size the suggested margin.
+    /// Facts of the node's config the restore reports (block sizes).
     extra: BTreeMap<String, String>,
 }
 
@@ -57,7 +57,7 @@ impl std::fmt::Debug for SnapshotSource {
 
 impl SnapshotSource {
     /// A source for `store`; `lease_block` and `segment_max_step` (0 when
-    /// the mode is off) size the margin restore suggests.
+    /// the mode is off) are reported by restore.
     pub fn new(store: EmbeddedStore, lease_block: u64, segment_max_step: u64) -> Self {
         let extra = BTreeMap::from([
             ("lease_block".to_owned(), lease_block.to_string()),
@@ -70,8 +70,7 @@ impl SnapshotSource {
         }
     }
 
-    /// Records `formatted.block`, which sizes the margins restore suggests
-    /// for formatted counters.
+    /// Records `formatted.block`, which restore reports.
     pub fn with_formatted_block(mut self, block: u64) -> Self {
         self.extra
             .insert("formatted_block".to_owned(), block.to_string());
@@ -81,8 +80,10 @@ impl SnapshotSource {
     /// Samples every counter now (a read transaction); called every
     /// [`SAMPLE_EVERY`] while serving.
     pub fn sample(&self, now_ms: u64) -> Result<(), StoreError> {
-        let txn = self.store.db().begin_read().map_err(backend_err)?;
-        let counters = read_counters(&txn, MAX_TRACKED_COUNTERS)?;
+        let (_, counters) = self
+            .store
+            .admin_moves()
+            .issued_counters(&self.store.db(), MAX_TRACKED_COUNTERS)?;
         self.sampler
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -117,12 +118,13 @@ impl SnapshotSource {
     /// holds the file it wrote, and every block, range or value it handed
     /// out was committed to it first (and nothing was handed out after the
     /// loss was seen), so this rescue snapshot covers everything the node
-    /// issued. It is marked as such and restore suggests a margin without
-    /// rates for it.
+    /// issued. It is marked as such and restore needs no margin for it.
     pub fn take(&self, now_ms: u64) -> Result<Vec<u8>, StoreError> {
         let lost = self.store.guard().lost_error();
-        let txn = self.store.db().begin_read().map_err(backend_err)?;
-        let counters = read_counters(&txn, MAX_TRACKED_COUNTERS)?;
+        let (txn, counters) = self
+            .store
+            .admin_moves()
+            .issued_counters(&self.store.db(), MAX_TRACKED_COUNTERS)?;
         let rates = self
             .sampler
             .lock()
@@ -130,7 +132,7 @@ impl SnapshotSource {
             .rates(now_ms, &counters);
         let mut info = self.extra.clone();
         let measured = if rates.is_empty() {
-            "unknown (taken within a second of the node's start)"
+            "not measured yet (taken within a second of the node's start)"
         } else {
             "measured"
         };
@@ -165,7 +167,10 @@ pub fn take_offline(path: &Path, now_ms: u64) -> Result<Vec<u8>, StoreError> {
     })?;
     let txn = db.begin_read().map_err(backend_err)?;
     let info = BTreeMap::from([
-        ("rates".to_owned(), "unknown (offline backup)".to_owned()),
+        (
+            "rates".to_owned(),
+            "not recorded (offline backup)".to_owned(),
+        ),
         ("source".to_owned(), path.display().to_string()),
     ]);
     snapshot_bytes(&txn, now_ms, info, &BTreeMap::new())
@@ -221,7 +226,7 @@ impl redb::StorageBackend for VecBackend {
 
 /// Copies every table `txn` sees into a new in-memory redb file with the
 /// snapshot's own tables, and returns its bytes.
-fn snapshot_bytes(
+pub(super) fn snapshot_bytes(
     txn: &ReadTransaction,
     now_ms: u64,
     mut info: BTreeMap<String, String>,

@@ -176,8 +176,9 @@ pub(super) fn apply_batch<'a>(
     asks: impl IntoIterator<Item = &'a Ask>,
     limits: StrictLimits,
 ) -> Result<Vec<Result<Values, StoreError>>, StoreError> {
-    // A key the restored backup did not hold starts above the restore floor.
-    let floor = store.floor().min(crate::id::strict::MAX_VALUE);
+    // A key the restored backup did not hold starts above the restore's
+    // strict floor.
+    let floor = store.strict_floor().min(crate::id::strict::MAX_VALUE);
     let txn = store.begin_write()?;
     let mut outcomes = Vec::new();
     let mut created = false;
