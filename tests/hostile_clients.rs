@@ -884,3 +884,100 @@ async fn admin_token_guessing_is_throttled_per_peer_and_logged_once_per_block() 
         "{metrics}"
     );
 }
+
+/// `n` admin calls with a wrong token from `local` on one connection,
+/// refused checked (PERMISSION_DENIED) or unchecked (RESOURCE_EXHAUSTED);
+/// returns how many were refused unchecked.
+async fn guesses_from(grpc: SocketAddr, local: std::net::IpAddr, n: usize) -> usize {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .local_address(Some(local))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect from {local}: {e}"));
+    let mut attacker = idgen::proto::admin_client::AdminClient::new(channel);
+    let mut throttled = 0;
+    for i in 0..n {
+        let e = list_tags_with(&mut attacker, &format!("guess-{local}-{i}"))
+            .await
+            .expect_err("a wrong token is refused");
+        match e.code() {
+            tonic::Code::PermissionDenied => {}
+            tonic::Code::ResourceExhausted => throttled += 1,
+            other => panic!("unexpected {other:?} from {local}: {e:?}"),
+        }
+    }
+    throttled
+}
+
+/// Issue 32 item 7, end to end: 4,096 addresses of 127.1.0.0/16 guess
+/// once each (filling the throttle's table; the unit tests in
+/// `admin/auth_throttle.rs` drive the full 20 guesses an address with an
+/// injected clock), then 29 more keep guessing, shut out after their
+/// guesses, while the admin, from an address that never failed (outside
+/// the attacked /16, and inside an attacked /24), presents the right
+/// token: it is served every time (it used to get RESOURCE_EXHAUSTED,
+/// sharing the overflow's block).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_admin_throttle_table_still_lets_the_right_token_in() {
+    const TOKEN: &str = "the-right-admin-token";
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(config_with(dir.path(), |f| {
+        f.admin.token = TOKEN.into();
+        f.segment.enabled = true;
+    }))
+    .await;
+    let grpc = server.grpc;
+    let address = |i: u32| std::net::IpAddr::from([127, 1, (i / 200) as u8, (i % 200) as u8]);
+    // Eight callers at a time, each address on its own connection.
+    let fill = (0..8u32).map(|lane| {
+        tokio::spawn(async move {
+            let mut throttled = 0;
+            for i in (lane..4096).step_by(8) {
+                throttled += guesses_from(grpc, address(i), 1).await;
+            }
+            throttled
+        })
+    });
+    let mut throttled = 0;
+    for lane in fill {
+        throttled += lane.await.unwrap();
+    }
+    assert_eq!(throttled, 0, "a first guess was refused unchecked");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let more = {
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            let mut throttled = 0;
+            loop {
+                for i in 4096..4096 + 29 {
+                    throttled += guesses_from(grpc, address(i), 21).await;
+                }
+                if stop.load(Ordering::SeqCst) {
+                    return throttled;
+                }
+            }
+        })
+    };
+    for admin in ["127.0.0.1", "127.1.0.250"] {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .local_address(Some(admin.parse().unwrap()))
+            .connect()
+            .await
+            .unwrap();
+        let mut client = idgen::proto::admin_client::AdminClient::new(channel);
+        for call in 0..5 {
+            list_tags_with(&mut client, TOKEN)
+                .await
+                .unwrap_or_else(|e| panic!("call {call} from {admin}, right token: {e:?}"));
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let throttled = more.await.unwrap();
+    assert!(
+        throttled >= 29,
+        "the 29 guessing addresses were not shut out: {throttled} refusals"
+    );
+    server.stop().await;
+}
