@@ -40,8 +40,9 @@
 //!   `server/console/cluster.rs`), the health monitor
 //!   ([`server::health`]), request bounds ([`server::request_size`]), TLS
 //!   ([`server::tls`]), the connection listener ([`server::listener`],
-//!   with its per-peer limits in `server/listener/table.rs` and its TLS
-//!   handshakes in `server/listener/handshake.rs`), the admin
+//!   with its per-peer limits in `server/listener/table.rs`, its TLS
+//!   handshakes in `server/listener/handshake.rs` and the deadline on
+//!   request bodies in `server/listener/body.rs`), the admin
 //!   service (`idgen.v1.Admin`, `server/admin/`, one file per concern:
 //!   `server/admin/auth.rs` and its per-peer throttle
 //!   `server/admin/auth_throttle.rs`, `server/admin/tags.rs`,

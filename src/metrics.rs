@@ -132,6 +132,9 @@ pub const CONNECTIONS_TIMED_OUT: &str = "idgen_connections_timed_out_total";
 /// Connections closed to make room for a new one, by `port` and `limit`
 /// (`peer` or `port`).
 pub const CONNECTIONS_EVICTED: &str = "idgen_connections_evicted_total";
+/// Calls answered early because their request did not arrive in full
+/// within `server.request_body_timeout` of their headers, by `port`.
+pub const REQUESTS_STALLED: &str = "idgen_requests_stalled_total";
 /// Failed admin authentications (wrong or missing token or certificate),
 /// by `port`.
 pub const ADMIN_AUTH_FAILURES: &str = "idgen_admin_auth_failures_total";
@@ -250,7 +253,11 @@ fn describe_lua() {
 fn describe_hostile_peers() {
     describe_counter!(
         CONNECTIONS_EVICTED,
-        "Connections closed to let a new one in, by port and limit: peer (the peer had server.max_connections_per_peer open) or port (the port had its maximum open); only connections waiting for request headers or the HTTP/2 preface are closed."
+        "Connections closed to let a new one in, by port and limit: peer (the peer had server.max_connections_per_peer open) or port (the port had its maximum open); only connections waiting for request headers, the HTTP/2 preface or the bodies of all their open calls are closed."
+    );
+    describe_counter!(
+        REQUESTS_STALLED,
+        "Calls answered before their handler ran because their request body did not arrive in full within server.request_body_timeout of their headers (DEADLINE_EXCEEDED on gRPC, 408 on HTTP), by port; their connections are closed first to make room from then on."
     );
     describe_counter!(
         ADMIN_AUTH_FAILURES,

@@ -201,6 +201,7 @@ async fn an_embedded_node_exports_every_series_at_zero_before_any_request() {
         for name in [
             "idgen_admin_auth_failures_total",
             "idgen_admin_auth_throttled_total",
+            "idgen_requests_stalled_total",
         ] {
             assert_sample(&text, &format!("{name}{{port=\"{port}\"}}"), "0");
         }

@@ -152,6 +152,12 @@ pub struct ServerSection {
     /// kept-alive HTTP connection).
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
+    /// Deadline from a call's request headers to its complete request
+    /// (an HTTP/2 stream's END_STREAM, an HTTP/1 body's last byte). A call
+    /// still short of it is answered DEADLINE_EXCEEDED (408 on HTTP), and
+    /// its connection is closed first to make room from then on.
+    #[serde(with = "humantime_serde")]
+    pub request_body_timeout: Duration,
     /// A gRPC connection with no call in progress for this long is closed
     /// (GOAWAY first, so clients reconnect cleanly).
     #[serde(with = "humantime_serde")]
@@ -221,6 +227,7 @@ impl Default for ServerSection {
             http_max_connections: 128,
             max_connections_per_peer: 64,
             header_timeout: Duration::from_secs(10),
+            request_body_timeout: Duration::from_secs(5),
             grpc_idle_timeout: Duration::from_secs(300),
             grpc_keepalive_interval: Duration::from_secs(30),
             grpc_keepalive_timeout: Duration::from_secs(10),

@@ -217,6 +217,8 @@ pub struct ConnectionSettings {
     pub max_connections_per_peer: usize,
     /// HTTP/2 preface and HTTP/1 request header deadline.
     pub header_timeout: Duration,
+    /// Deadline from a call's headers to its complete request.
+    pub request_body_timeout: Duration,
     /// gRPC connection idle deadline.
     pub grpc_idle_timeout: Duration,
     /// HTTP/2 ping interval on gRPC connections.

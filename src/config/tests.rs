@@ -392,9 +392,10 @@ fn connection_bounds_are_checked_and_name_their_key() {
         .connections;
     assert_eq!(c.grpc_max_connections, 768);
     assert_eq!(c.header_timeout, Duration::from_secs(10));
+    assert_eq!(c.request_body_timeout, Duration::from_secs(5));
     assert_eq!(c.max_connections_per_peer, 64);
     type Break = fn(&mut ServerSection);
-    let cases: [(&str, Break); 7] = [
+    let cases: [(&str, Break); 8] = [
         ("server.grpc_max_connections", |s| {
             s.grpc_max_connections = 0
         }),
@@ -403,6 +404,9 @@ fn connection_bounds_are_checked_and_name_their_key() {
         }),
         ("server.header_timeout", |s| {
             s.header_timeout = Duration::from_millis(10)
+        }),
+        ("server.request_body_timeout", |s| {
+            s.request_body_timeout = Duration::ZERO
         }),
         ("server.grpc_keepalive_timeout", |s| {
             s.grpc_keepalive_timeout = Duration::from_secs(3600)

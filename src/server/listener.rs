@@ -32,6 +32,12 @@
 //! - **HTTP/1**: each request's headers (and the wait for the next request
 //!   on a kept-alive connection) must arrive within `header_timeout`;
 //!   header size is capped (431 past it).
+//! - **Request bodies** (`listener/body.rs`): a connection whose open
+//!   calls all wait for their request bodies counts as waiting (closed
+//!   first to make room, as above), and a body not in full
+//!   `request_body_timeout` after its headers is answered at once
+//!   (DEADLINE_EXCEEDED, or 408 on HTTP/1), so streams held open without
+//!   END_STREAM cannot fill the port (rule 34 in ARCHITECTURE).
 //! - **TLS handshakes** (`listener/handshake.rs`) must finish within
 //!   `header_timeout`; a refused client certificate is a rate-limited WARN.
 
@@ -62,9 +68,11 @@ use super::tls::PeerCertificate;
 use crate::config::{AllowList, ConnectionSettings};
 use crate::metrics as m;
 
+mod body;
 mod handshake;
 mod table;
 
+pub use body::RequestBody;
 pub(crate) use table::peer_key;
 use table::{Admission, ConnectionTable, Limit};
 
@@ -115,7 +123,7 @@ pub async fn serve<S, B>(
     service: S,
     shutdown: impl Future<Output = ()>,
 ) where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + Sync
@@ -278,6 +286,7 @@ impl PortMetrics {
         metrics::counter!(m::ADMIN_AUTH_FAILURES, "port" => label).increment(0);
         metrics::counter!(m::ADMIN_AUTH_THROTTLED, "port" => label).increment(0);
         metrics::counter!(m::PEER_REFUSALS, "port" => label, "list" => "server").increment(0);
+        metrics::counter!(m::REQUESTS_STALLED, "port" => label).increment(0);
         for reason in ["preface", "header", "idle", "keepalive"] {
             metrics::counter!(m::CONNECTIONS_TIMED_OUT, "port" => label, "reason" => reason)
                 .increment(0);
@@ -393,7 +402,7 @@ impl EvictionLog {
                 peer = %peer,
                 limit = setting,
                 closed = self.since_log,
-                "closed connections that had not sent their request headers to make room for new ones (a slow-header flood? logged at most every 10 s; see idgen_connections_evicted_total)"
+                "closed connections that had not sent their request headers or bodies to make room for new ones (a slow-header or held-stream flood? logged at most every 10 s; see idgen_connections_evicted_total)"
             );
             self.since_log = 0;
             self.logged = Some(Instant::now());
@@ -448,7 +457,7 @@ async fn serve_connection<S, B>(
     port: &'static str,
     stop: watch::Receiver<bool>,
 ) where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -486,7 +495,7 @@ async fn serve_io<I, S, B>(
     port: &'static str,
     stop: watch::Receiver<bool>,
 ) where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+    S: tower::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -508,6 +517,7 @@ async fn serve_io<I, S, B>(
                 info,
                 peer,
                 refused,
+                body_timeout: settings.request_body_timeout,
             });
             let conn = builder.serve_connection(io, service);
             let deadlines = Deadlines {
@@ -524,6 +534,7 @@ async fn serve_io<I, S, B>(
                 info,
                 peer,
                 refused,
+                body_timeout: settings.request_body_timeout,
             });
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             drive(conn, None, port, stop).await;
@@ -643,14 +654,23 @@ async fn drive<C>(
     }
 }
 
-/// What the deadlines of one HTTP/2 connection watch: whether the preface
-/// has arrived, and the calls in progress.
+/// What the deadlines and the connection table watch on one connection:
+/// whether the HTTP/2 preface has arrived, the calls in progress, and
+/// which of them still wait for their request body (`listener/body.rs`).
 struct Activity {
     accepted: Instant,
     preface: AtomicBool,
     open: AtomicUsize,
     /// Milliseconds after `accepted` when the last call ended.
     idle_since_ms: AtomicU64,
+    /// Open calls whose request body has not arrived in full.
+    pending: AtomicUsize,
+    /// Milliseconds after `accepted` since when some call has waited for
+    /// its body (set when `pending` rises from 0).
+    pending_since_ms: AtomicU64,
+    /// One more than the milliseconds after `accepted` of the first call
+    /// whose body stalled; 0: none has.
+    stalled_ms: AtomicU64,
 }
 
 impl Activity {
@@ -660,24 +680,74 @@ impl Activity {
             preface: AtomicBool::new(false),
             open: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
+            pending: AtomicUsize::new(0),
+            pending_since_ms: AtomicU64::new(0),
+            stalled_ms: AtomicU64::new(0),
         }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.accepted + Duration::from_millis(ms)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.accepted.elapsed().as_millis() as u64
     }
 
     fn idle_since(&self) -> Instant {
-        self.accepted + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire))
+        self.at(self.idle_since_ms.load(Ordering::Acquire))
     }
 
-    /// Since when the connection has waited for its request headers
-    /// (HTTP/1: no request in progress, whether before the first or
-    /// between two) or its HTTP/2 preface (gRPC); `None` while it is being
-    /// served. What `listener/table.rs` closes first to make room.
+    /// A call began whose body is still to come.
+    fn body_pending(&self) {
+        if self.pending.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.pending_since_ms
+                .store(self.now_ms(), Ordering::Release);
+        }
+    }
+
+    /// A body counted by [`body_pending`](Self::body_pending) ended (or
+    /// was dropped).
+    fn body_arrived(&self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A call's body stalled: from now on the connection counts as
+    /// waiting whenever it serves no call.
+    fn body_stalled(&self) {
+        let _ = self.stalled_ms.compare_exchange(
+            0,
+            self.now_ms() + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Since when the connection has waited without being served: for its
+    /// HTTP/2 preface (gRPC), its request headers (HTTP/1: no request in
+    /// progress, whether before the first or between two), or the bodies
+    /// of all its open calls; a gRPC connection whose call once stalled
+    /// waits from that stall whenever it serves no call. `None` while it
+    /// serves a call (or, on gRPC, is merely idle). What
+    /// `listener/table.rs` closes first to make room (rule 34).
     fn waiting_since(&self, port: Port) -> Option<Instant> {
-        if self.open.load(Ordering::Acquire) > 0 {
+        let open = self.open.load(Ordering::Acquire);
+        let pending = self.pending.load(Ordering::Acquire);
+        if open > pending {
             return None;
         }
+        let body = (pending > 0).then(|| self.at(self.pending_since_ms.load(Ordering::Acquire)));
         match port {
-            Port::Grpc => (!self.preface.load(Ordering::Acquire)).then_some(self.accepted),
-            Port::Http => Some(self.idle_since()),
+            Port::Grpc if !self.preface.load(Ordering::Acquire) => Some(self.accepted),
+            Port::Grpc => {
+                let stalled = match self.stalled_ms.load(Ordering::Acquire) {
+                    0 => None,
+                    ms => Some(self.at(ms - 1)),
+                };
+                body.into_iter().chain(stalled).min()
+            }
+            Port::Http if open == 0 => Some(self.idle_since()),
+            Port::Http => body,
         }
     }
 }
@@ -760,8 +830,9 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The gRPC service of one connection: counts calls in progress (until
 /// their response body is sent, so a streaming call keeps the connection
-/// busy), gives handlers the peer address (as tonic's own server does) and
-/// honours the caller's `grpc-timeout`.
+/// busy), gives handlers the peer address (as tonic's own server does),
+/// honours the caller's `grpc-timeout` and answers a call whose request
+/// stalls (`listener/body.rs`) with DEADLINE_EXCEEDED.
 #[derive(Clone)]
 struct Tracked<S> {
     inner: S,
@@ -770,11 +841,13 @@ struct Tracked<S> {
     peer: Option<PeerCertificate>,
     /// The peer is not in `server.allow`.
     refused: bool,
+    /// `server.request_body_timeout`.
+    body_timeout: Duration,
 }
 
 impl<S, B> tower::Service<Request<Incoming>> for Tracked<S>
 where
-    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    S: tower::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
     S::Future: Send + 'static,
     B: Default + Send + 'static,
 {
@@ -800,9 +873,10 @@ where
         if let Some(peer) = &self.peer {
             request.extensions_mut().insert(peer.clone());
         }
+        let (request, arrived) = watch_body(request, &self.activity);
         let response = self.inner.call(request);
-        Box::pin(async move {
-            let response = match deadline {
+        let answer = async move {
+            Ok::<Response<B>, Infallible>(match deadline {
                 None => response.await?,
                 Some(d) => match tokio::time::timeout(d, response).await {
                     Ok(response) => response?,
@@ -812,10 +886,46 @@ where
                     ))
                     .into_http(),
                 },
+            })
+        };
+        let (activity, limit) = (Arc::clone(&self.activity), self.body_timeout);
+        Box::pin(async move {
+            let response = match arrived {
+                None => answer.await?,
+                Some(arrived) => tokio::select! {
+                    biased;
+                    response = answer => response?,
+                    () = body::stalled(arrived, limit) => {
+                        count_stall(&activity, "grpc");
+                        tonic::Status::deadline_exceeded(body::stalled_message(limit)).into_http()
+                    }
+                },
             };
             Ok(response.map(|inner| TrackedBody { inner, _call: call }))
         })
     }
+}
+
+/// `request` with its body watched for its end (`listener/body.rs`), and
+/// the flag that end sets unless the body came with the headers.
+fn watch_body(
+    request: Request<Incoming>,
+    activity: &Arc<Activity>,
+) -> (Request<RequestBody>, Option<body::Arrived>) {
+    let (parts, incoming) = request.into_parts();
+    let (body, arrived) = RequestBody::watch(incoming, activity);
+    (Request::from_parts(parts, body), arrived)
+}
+
+/// A call's request stalled: its connection is marked, the stall counted
+/// in `idgen_requests_stalled_total{port}`.
+fn count_stall(activity: &Activity, port: &'static str) {
+    activity.body_stalled();
+    metrics::counter!(m::REQUESTS_STALLED, "port" => port).increment(1);
+    tracing::debug!(
+        port,
+        "answered a call whose request did not arrive in full in time"
+    );
 }
 
 /// A response body that keeps its call counted until it is sent (or
@@ -871,7 +981,8 @@ fn grpc_timeout(headers: &hyper::HeaderMap) -> Option<Duration> {
 
 /// The HTTP service of one connection: handlers may read the peer
 /// address; requests in progress (until their response is sent) are
-/// counted, so a connection serving one is never closed to make room.
+/// counted, so a connection serving one is never closed to make room; a
+/// request whose body stalls (`listener/body.rs`) is answered 408.
 #[derive(Clone)]
 struct WithConnectInfo<S> {
     inner: S,
@@ -880,11 +991,13 @@ struct WithConnectInfo<S> {
     peer: Option<PeerCertificate>,
     /// The peer is not in `server.allow`: 403 to every request.
     refused: bool,
+    /// `server.request_body_timeout`.
+    body_timeout: Duration,
 }
 
 impl<S, B> tower::Service<Request<Incoming>> for WithConnectInfo<S>
 where
-    S: tower::Service<Request<Incoming>, Response = Response<B>>,
+    S: tower::Service<Request<RequestBody>, Response = Response<B>>,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Default + Send + 'static,
@@ -915,9 +1028,26 @@ where
         if let Some(peer) = &self.peer {
             request.extensions_mut().insert(peer.clone());
         }
+        let (request, arrived) = watch_body(request, &self.activity);
         let response = self.inner.call(request);
+        let (activity, limit) = (Arc::clone(&self.activity), self.body_timeout);
         Box::pin(async move {
-            let response = response.await?;
+            let response = match arrived {
+                None => response.await?,
+                Some(arrived) => tokio::select! {
+                    biased;
+                    response = response => response?,
+                    () = body::stalled(arrived, limit) => {
+                        count_stall(&activity, "http");
+                        let mut response = Response::new(B::default());
+                        *response.status_mut() = hyper::StatusCode::REQUEST_TIMEOUT;
+                        if let Ok(v) = hyper::header::HeaderValue::from_str(&body::stalled_message(limit)) {
+                            response.headers_mut().insert("x-idgen-error", v);
+                        }
+                        response
+                    }
+                },
+            };
             Ok(response.map(|inner| TrackedBody { inner, _call: call }))
         })
     }

@@ -260,6 +260,12 @@ impl ServerSection {
                 ms(600_000),
             ),
             (
+                "server.request_body_timeout",
+                self.request_body_timeout,
+                ms(100),
+                ms(600_000),
+            ),
+            (
                 "server.grpc_idle_timeout",
                 self.grpc_idle_timeout,
                 ms(100),
@@ -297,6 +303,7 @@ impl ServerSection {
             http_max_connections: self.http_max_connections as usize,
             max_connections_per_peer: self.max_connections_per_peer as usize,
             header_timeout: self.header_timeout,
+            request_body_timeout: self.request_body_timeout,
             grpc_idle_timeout: self.grpc_idle_timeout,
             grpc_keepalive_interval: self.grpc_keepalive_interval,
             grpc_keepalive_timeout: self.grpc_keepalive_timeout,

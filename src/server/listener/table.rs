@@ -228,6 +228,7 @@ mod tests {
             http_max_connections: max,
             max_connections_per_peer: per_peer,
             header_timeout: std::time::Duration::from_secs(10),
+            request_body_timeout: std::time::Duration::from_secs(5),
             grpc_idle_timeout: std::time::Duration::from_secs(10),
             grpc_keepalive_interval: std::time::Duration::from_secs(10),
             grpc_keepalive_timeout: std::time::Duration::from_secs(10),
@@ -286,6 +287,73 @@ mod tests {
             t2.admit(peer, Arc::new(Activity::new())),
             Admission::Refused(Limit::Peer)
         ));
+    }
+
+    /// A gRPC connection past its preface, with `calls` open of which
+    /// `held` wait for their bodies (since `held_ms` after it was
+    /// accepted).
+    fn grpc_conn(calls: usize, held: usize, held_ms: u64) -> Arc<Activity> {
+        let a = Arc::new(Activity::new());
+        a.preface.store(true, Ordering::Release);
+        a.open.store(calls, Ordering::Release);
+        for _ in 0..held {
+            a.body_pending();
+        }
+        a.pending_since_ms.store(held_ms, Ordering::Release);
+        a
+    }
+
+    fn admitted(table: &Arc<ConnectionTable>, a: &Arc<Activity>) -> (Slot, Arc<Notify>) {
+        match table.admit(v4("10.0.0.1"), Arc::clone(a)) {
+            Admission::Admitted { slot, evict, .. } => (slot, evict),
+            Admission::Refused(limit) => panic!("refused at the {limit:?} limit"),
+        }
+    }
+
+    /// Rule 34: streams held open without their bodies make a connection
+    /// waiting (it used to count as busy, so a port full of them refused
+    /// everyone); the one held longest gives way first, one serving a
+    /// call never does, and one whose call stalled gives way while idle.
+    #[tokio::test]
+    async fn a_port_full_of_held_streams_gives_up_the_longest_held_one() {
+        let table = ConnectionTable::new(Port::Grpc, &limits(3, 10));
+        let older = grpc_conn(1, 1, 0);
+        let serving = grpc_conn(2, 1, 0);
+        let newer = grpc_conn(1, 1, 60_000);
+        let (_a, older_evict) = admitted(&table, &older);
+        let (_b, _) = admitted(&table, &serving);
+        let (_c, newer_evict) = admitted(&table, &newer);
+        let busy = || grpc_conn(1, 0, 0);
+        let (_d, _) = admitted(&table, &busy());
+        let told = |n: &Arc<Notify>| {
+            let n = Arc::clone(n);
+            async move {
+                tokio::time::timeout(std::time::Duration::from_secs(5), n.notified())
+                    .await
+                    .is_ok()
+            }
+        };
+        assert!(
+            told(&older_evict).await,
+            "the longest-held connection stayed"
+        );
+        let (_e, _) = admitted(&table, &busy());
+        assert!(told(&newer_evict).await, "the other held connection stayed");
+        // Only the connection serving a call is left of the first three.
+        assert!(matches!(
+            table.admit(v4("10.0.0.2"), busy()),
+            Admission::Refused(Limit::Port)
+        ));
+        // Idle: not waiting, unless a call of it once stalled.
+        let idle = grpc_conn(0, 0, 0);
+        assert_eq!(idle.waiting_since(Port::Grpc), None);
+        idle.body_stalled();
+        assert!(idle.waiting_since(Port::Grpc).is_some());
+        // A body that arrives makes the connection busy again.
+        let arriving = grpc_conn(1, 1, 0);
+        assert!(arriving.waiting_since(Port::Grpc).is_some());
+        arriving.body_arrived();
+        assert_eq!(arriving.waiting_since(Port::Grpc), None);
     }
 
     #[test]
