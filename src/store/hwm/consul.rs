@@ -114,14 +114,6 @@ impl HwmStore for ConsulHwmStore {
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
         self.watch_regression(key).await;
-        // Before the mark moves the cluster's index on: a restore this
-        // node can see is recorded first (snowflake goes on either way,
-        // under its own rule).
-        let _ = self
-            .keys
-            .index()
-            .probe(&self.client, self.keys.written())
-            .await;
         let known = self.known().get(&key).copied();
         let index = match known {
             Some(i) => i,
