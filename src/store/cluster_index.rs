@@ -126,16 +126,6 @@ impl ClusterIndex {
         self
     }
 
-    /// `<prefix>/<cluster>/`.
-    pub fn dir(&self) -> &str {
-        &self.dir
-    }
-
-    /// The file `seen` is saved to, if any.
-    pub fn file(&self) -> Option<&PathBuf> {
-        self.file.as_ref()
-    }
-
     /// The highest index seen so far.
     pub fn seen(&self) -> u64 {
         self.seen.load(Ordering::Acquire)
