@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every figure of the README's Performance table in one run, with its
+# Every figure of docs/PERFORMANCE.md's table in one run, with its
 # baseline from the same run, written to target/perf/report.md and
 # target/perf/report.json (medians over the rounds, ratios against the
 # baselines, the machine: nproc, CPU model, load average before and after,
@@ -20,7 +20,7 @@
 #     plain and with appendfsync always (scripts/lib/redis.sh);
 #   - TLS: unary GenId on a TLS 1.3 node (`idgen tls dev-certs`) against a
 #     plaintext node;
-#   - formatted: GenFormatted (the README's `orders` format) against GenId.
+#   - formatted: GenFormatted (the development config's `orders` format) against GenId.
 #   - hiding volume: GenIds x1000 of a hidden snowflake node (`[layout]
 #     hide = "sortable"`, 2 version bits, so 1,024 IDs per ms) against a
 #     plain node of the same internal layout (`sequence_bits = 10`) and
@@ -34,8 +34,8 @@
 #           already made, peers only where already installed (CI checks the
 #           report is produced and well formed; it asserts no figure)
 #   --hidden-only  only the hiding-volume figures and their plain twins
-#           (a partial report: never written to the README)
-#   --update-readme  rewrite the README's Performance table (between
+#           (a partial report: never written to the docs)
+#   --update-readme  rewrite docs/PERFORMANCE.md's table (between
 #           `<!-- perf-table:begin -->` and `<!-- perf-table:end -->`)
 #           from this report
 # Environment: PERF_PROFILE=debug|release (default release; debug with
@@ -247,6 +247,6 @@ python3 scripts/perf_report.py "$results" "$out" \
 echo "== wrote $out/report.md and $out/report.json"
 cat "$out/report.md"
 if [ "$update_readme" = 1 ]; then
-  python3 scripts/perf_report.py --update-readme README.md "$out/report.json"
-  echo "== README.md Performance table rewritten from $out/report.json"
+  python3 scripts/perf_report.py --update-readme docs/PERFORMANCE.md "$out/report.json"
+  echo "== docs/PERFORMANCE.md table rewritten from $out/report.json"
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the README's performance figures for a single node:
+# Reproduces docs/PERFORMANCE.md's figures for a single node:
 #   - start-to-serving time (process start until /readyz answers 200),
 #   - `idgen bench --baseline` for unary GenId (1 connection x 64 in flight)
 #     and GenIds batches of 1000, against a bare tonic counter server,

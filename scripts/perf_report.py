@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Turns scripts/perf-report.sh's measurements into report.md and
-report.json, checks a report is well formed, and rewrites the README's
+report.json, checks a report is well formed, and rewrites docs/PERFORMANCE.md's
 Performance table from a report.
 
   perf_report.py RESULTS OUTDIR --secs S --rounds R --profile P --smoke 0|1
                  --load-before L --load-after L --commit C [--hidden-only 0|1]
   perf_report.py --check REPORT.json
-  perf_report.py --update-readme README.md REPORT.json
+  perf_report.py --update-readme docs/PERFORMANCE.md REPORT.json
 
 RESULTS has one line per measurement: figure, value, unit, p50 us, p99 us
 (tab-separated). Figures are reported as medians over the rounds; a ratio
@@ -264,11 +264,11 @@ def main(argv):
         if report.get("hidden_only"):
             raise SystemExit(
                 "perf_report: a --hidden-only report has only the hiding figures; run the whole "
-                "scripts/perf-report.sh [secs] [rounds] --update-readme for the README's table"
+                "scripts/perf-report.sh [secs] [rounds] --update-readme for docs/PERFORMANCE.md's table"
             )
         if report["smoke"]:
             raise SystemExit(
-                "perf_report: a --smoke report (one second, one round, debug build) is not for the README: "
+                "perf_report: a --smoke report (one second, one round, debug build) is not for docs/PERFORMANCE.md: "
                 "run scripts/perf-report.sh [secs] [rounds] --update-readme on a quiet machine"
             )
         update_readme(argv[1], report)

@@ -288,7 +288,7 @@ fn has_long_fraction(text: &str) -> bool {
 /// 32 bytes, hex: the master key a hidden node seals its hide keys with.
 const MASTER: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
-/// `idgen decode ID --addr NODE` (the README's way to decode a hidden ID)
+/// `idgen decode ID --addr NODE` (docs/HIDING.md's way to decode a hidden ID)
 /// against the real binary: a plain ID decodes as it does offline, with
 /// and without the admin token; a hidden sortable ID gives the public view
 /// without the token and, with it (flag, file or IDGEN_ADMIN__TOKEN), the

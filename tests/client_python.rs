@@ -147,7 +147,7 @@ async fn run_example(
     (out.status.success(), summary, text)
 }
 
-/// The README's walkthrough with ACLs on: without a token the example is
+/// docs/CLUSTER.md's secure walkthrough, with ACLs on: without a token the example is
 /// refused (403, saying which variable to set); with CONSUL_HTTP_TOKEN, or
 /// CONSUL_HTTP_TOKEN_FILE, and CONSUL_HTTP_ADDR without a scheme, it finds
 /// the nodes, and takes formatted IDs (distinct), parses one and reads the
@@ -233,7 +233,7 @@ async fn the_python_example_uses_consuls_token_variables_and_takes_formatted_ids
     consul.shutdown().await;
 }
 
-/// TLS to idgen itself, as the example's README section shows it: `--ca`
+/// TLS to idgen itself, as docs/CLIENTS.md shows it: `--ca`
 /// (grpc.ssl_channel_credentials) and `--tls-server-name` for a node whose
 /// certificate names a host while it is dialled by IP address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

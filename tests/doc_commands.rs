@@ -149,8 +149,11 @@ fn run_document(doc: &str) -> (Vec<String>, usize) {
 const PORT_ATTEMPTS: usize = 3;
 
 /// The loopback ports the docs serve on: the development node's, the
-/// Consul walkthrough's three nodes' and the Consul agent's.
-const DOC_PORTS: [u16; 7] = [50051, 50052, 50053, 9464, 9465, 9466, 8500];
+/// Consul walkthrough's three nodes', the README tour's three nodes' and
+/// the Consul agent's.
+const DOC_PORTS: [u16; 13] = [
+    50051, 50052, 50053, 9464, 9465, 9466, 50061, 50062, 50063, 9471, 9472, 9473, 8500,
+];
 
 /// How long an attempt waits for its ports to become free: longer than
 /// Linux's TIME_WAIT (60 s, fixed in the kernel).
@@ -327,7 +330,7 @@ fn every_metric_name_in_docs_alerts_and_dashboard_is_declared() {
         declared.len() > 40,
         "too few names parsed from src/metrics.rs: {declared:?}"
     );
-    // The client crate's own metrics (README, "Client (Rust)").
+    // The client crate's own metrics (docs/CLIENTS.md, "Client (Rust)").
     declared.extend(declared_names(&repo().join("client/src/metrics.rs")));
     let mut unknown = Vec::new();
     for file in metric_sources() {

@@ -1,8 +1,8 @@
-//! The README's newcomer path with Consul ACLs and mutual TLS on, as
-//! written: README.md, "A secure cluster end to end (ACLs and mTLS)".
+//! The newcomer's path with Consul ACLs and mutual TLS on, as written:
+//! docs/CLUSTER.md, "A secure cluster end to end (ACLs and mTLS)".
 //!
 //! Its shell blocks run in order, verbatim but for their ports (the
-//! README's 8500, 50051, 50052, 9464 and 9465 become free ones, so no
+//! walkthrough's 8500, 50051, 50052, 9464 and 9465 become free ones, so no
 //! other process on the machine can hold them), in a temporary directory
 //! that links the repository: `idgen tls dev-certs`, the config, two
 //! `idgen serve` nodes (in the background), the admin calls with the
@@ -10,9 +10,9 @@
 //! Consul emulator stands in for the agent of consul/README.md's steps 1
 //! and 2: ACLs on (its master token in `data/idgen.token`), gRPC checks
 //! over TLS trusting the walkthrough's CA and presenting its client
-//! certificate (`enable_agent_tls_for_checks`). Then README's Rust snippet
-//! ("Client (Rust)"), which [`readme_snippet`] holds verbatim (checked
-//! against README.md), runs in the same directory with the same Consul
+//! certificate (`enable_agent_tls_for_checks`). Then the Rust snippet of
+//! docs/CLIENTS.md ("Client (Rust)"), which [`readme_snippet`] holds
+//! verbatim (checked against that page), runs in the same directory with the same Consul
 //! variables. Every mode, formatted included, must answer in all three.
 
 #[path = "doc_commands/blocks.rs"]
@@ -31,14 +31,18 @@ use std::time::{Duration, Instant};
 use consul_testserver::{CheckTlsConfig, Config, TestConsul};
 use env::{kill_group, session_script, stop_group, wait_bounded};
 
-/// The walkthrough's heading in README.md.
+/// The page holding the walkthrough.
+const WALK_DOC: &str = "docs/CLUSTER.md";
+/// The walkthrough's heading in [`WALK_DOC`].
 const SECTION: &str = "## A secure cluster end to end (ACLs and mTLS)";
+/// The page holding the Rust snippet the walkthrough's step 8 runs.
+const SNIPPET_DOC: &str = "docs/CLIENTS.md";
 /// The Consul emulator's ACL master token (what `data/idgen.token` holds).
 const MASTER_TOKEN: &str = "newcomer-master-token";
-/// The README's fixed ports, each replaced by a free one.
-const README_PORTS: [&str; 4] = ["50051", "50052", "9464", "9465"];
-/// The README's Consul address.
-const README_CONSUL: &str = "127.0.0.1:8500";
+/// The walkthrough's fixed ports, each replaced by a free one.
+const WALK_PORTS: [&str; 4] = ["50051", "50052", "9464", "9465"];
+/// The walkthrough's Consul address.
+const WALK_CONSUL: &str = "127.0.0.1:8500";
 /// A generous bound on one block (they take seconds), not an assertion.
 const BLOCK_DEADLINE: Duration = Duration::from_secs(180);
 /// A generous bound for the nodes to show as passing in Consul.
@@ -48,17 +52,18 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The text of the README section headed `heading`, up to the next `## `.
+/// The text of the section of `doc` (a page's text) headed `heading`, up
+/// to the next `## `.
 fn section<'a>(readme: &'a str, heading: &str) -> &'a str {
     let start = readme
         .find(&format!("\n{heading}\n"))
-        .unwrap_or_else(|| panic!("README.md has no section {heading:?}"));
+        .unwrap_or_else(|| panic!("no section {heading:?} in {WALK_DOC} or {SNIPPET_DOC}"));
     let rest = &readme[start + 1..];
     let end = rest[3..].find("\n## ").map_or(rest.len(), |e| e + 4);
     &rest[..end]
 }
 
-/// README's Rust snippet: the one ```rust block of "Client (Rust)".
+/// The Rust snippet: the one ```rust block of docs/CLIENTS.md's "Client (Rust)".
 fn readme_rust_snippet(readme: &str) -> String {
     let client = section(readme, "## Client (Rust)");
     let start = client
@@ -85,7 +90,7 @@ fn snippet_in_this_file() -> String {
         .collect()
 }
 
-/// What README's snippet got, for the assertions.
+/// What the Rust snippet got, for the assertions.
 struct SnippetIds {
     snowflake: u64,
     segment: u64,
@@ -96,7 +101,7 @@ struct SnippetIds {
     counter_last: u64,
 }
 
-/// README.md's Rust snippet, verbatim between the markers (the test
+/// docs/CLIENTS.md's Rust snippet, verbatim between the markers (the test
 /// compares them), in the async fn the walkthrough's step 8 describes.
 #[rustfmt::skip]
 async fn readme_snippet() -> Result<SnippetIds, Box<dyn std::error::Error>> {
@@ -208,8 +213,8 @@ fn python_venv() -> Option<PathBuf> {
 /// The walkthrough's directory, processes and Consul.
 struct Walk {
     dir: tempfile::TempDir,
-    /// README port -> the free port used instead (placeholders first, so a
-    /// free port containing a README port is never replaced again).
+    /// walkthrough port -> the free port used instead (placeholders first, so a
+    /// free port containing a walkthrough port is never replaced again).
     ports: Vec<(String, String)>,
     venv: Option<PathBuf>,
     background: Vec<(usize, Child)>,
@@ -229,9 +234,9 @@ impl Walk {
         std::fs::create_dir(dir.path().join("bin")).expect("bin");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_idgen"), dir.path().join("bin/idgen"))
             .expect("link idgen");
-        let ports = README_PORTS
+        let ports = WALK_PORTS
             .iter()
-            .zip(free_ports(README_PORTS.len()))
+            .zip(free_ports(WALK_PORTS.len()))
             .map(|(from, to)| (from.to_string(), to.to_string()))
             .collect();
         Self {
@@ -251,9 +256,9 @@ impl Walk {
         self.consul.as_ref().expect("consul started").1.addr()
     }
 
-    /// `script` with the README's addresses replaced by this walk's.
+    /// `script` with the walkthrough's addresses replaced by this walk's.
     fn localize(&self, script: &str) -> String {
-        let mut text = script.replace(README_CONSUL, "\u{1}consul\u{1}");
+        let mut text = script.replace(WALK_CONSUL, "\u{1}consul\u{1}");
         for (i, (from, _)) in self.ports.iter().enumerate() {
             text = text.replace(from.as_str(), &format!("\u{1}{i}\u{1}"));
         }
@@ -362,7 +367,9 @@ impl Walk {
                 let log = std::fs::read_to_string(self.path().join(format!(".node-{line}.{ext}")))
                     .unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(15).collect();
-                text.push_str(&format!("--- node of README block {line} ({ext}) ---\n"));
+                text.push_str(&format!(
+                    "--- node of {WALK_DOC} block {line} ({ext}) ---\n"
+                ));
                 for l in tail.into_iter().rev() {
                     text.push_str(l);
                     text.push('\n');
@@ -387,7 +394,7 @@ impl Walk {
                 .find_map(|(line, child)| Some((*line, child.try_wait().ok()??)));
             if let Some((line, status)) = exited {
                 panic!(
-                    "the node of README block {line} exited ({status}):\n{}",
+                    "the node of {WALK_DOC} block {line} exited ({status}):\n{}",
                     self.node_logs()
                 );
             }
@@ -465,7 +472,7 @@ fn check_python_output(out: &str) {
 /// still running) for the Rust step.
 fn run_shell_steps(walk: &mut Walk, readme: &str) {
     let text = section(readme, SECTION);
-    // Lines before the section, so failures name README.md's own lines.
+    // Lines before the section, so failures name the page's own lines.
     let before = readme[..text.as_ptr() as usize - readme.as_ptr() as usize]
         .lines()
         .count();
@@ -473,7 +480,7 @@ fn run_shell_steps(walk: &mut Walk, readme: &str) {
     assert!(steps.len() >= 6, "the walkthrough's blocks: {steps:?}");
     let mut pending_nodes = 0;
     for block in &steps {
-        if walk.consul.is_none() && block.text.contains(README_CONSUL) {
+        if walk.consul.is_none() && block.text.contains(WALK_CONSUL) {
             walk.start_consul();
         }
         if block.text.contains("idgen serve") {
@@ -491,7 +498,7 @@ fn run_shell_steps(walk: &mut Walk, readme: &str) {
                 "REQUIRE_PYTHON_EXAMPLE is set but no Python with grpcio: run scripts/setup.sh"
             );
             eprintln!(
-                "no Python with grpcio (run scripts/setup.sh): README block {} was not run",
+                "no Python with grpcio (run scripts/setup.sh): {WALK_DOC} block {} was not run",
                 block.line
             );
             continue;
@@ -499,7 +506,7 @@ fn run_shell_steps(walk: &mut Walk, readme: &str) {
         let (status, out, err) = walk.run(block);
         assert!(
             status.is_some_and(|s| s.success()),
-            "README.md:{} failed ({status:?}):\n{}\n--- stdout ---\n{out}\n--- stderr ---\n{err}\n{}",
+            "{WALK_DOC}:{} failed ({status:?}):\n{}\n--- stdout ---\n{out}\n--- stderr ---\n{err}\n{}",
             before + block.line,
             walk.localize(&block.script()),
             walk.node_logs()
@@ -515,17 +522,19 @@ fn run_shell_steps(walk: &mut Walk, readme: &str) {
 }
 
 #[test]
-fn the_readme_walkthrough_gets_every_mode_over_acls_and_mtls_in_cli_python_and_rust() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+fn the_secure_walkthrough_gets_every_mode_over_acls_and_mtls_in_cli_python_and_rust() {
+    let read = |doc: &str| {
+        std::fs::read_to_string(repo().join(doc)).unwrap_or_else(|e| panic!("{doc}: {e}"))
+    };
     assert_eq!(
         snippet_in_this_file(),
-        readme_rust_snippet(&readme),
-        "readme_snippet in tests/newcomer.rs must be README's Rust snippet verbatim"
+        readme_rust_snippet(&read(SNIPPET_DOC)),
+        "readme_snippet in tests/newcomer.rs must be {SNIPPET_DOC}'s Rust snippet verbatim"
     );
     let mut walk = Walk::new();
-    run_shell_steps(&mut walk, &readme);
+    run_shell_steps(&mut walk, &read(WALK_DOC));
 
-    // Step 8: README's snippet, in the walk's directory with the
+    // Step 8: the Rust snippet, in the walk's directory with the
     // walkthrough's Consul variables (this test binary's only test that
     // touches the environment or the working directory).
     std::env::set_current_dir(walk.path()).expect("cd");
@@ -535,7 +544,7 @@ fn the_readme_walkthrough_gets_every_mode_over_acls_and_mtls_in_cli_python_and_r
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let got = runtime
         .block_on(readme_snippet())
-        .unwrap_or_else(|e| panic!("README's Rust snippet: {e}\n{}", walk.node_logs()));
+        .unwrap_or_else(|e| panic!("{SNIPPET_DOC}'s Rust snippet: {e}\n{}", walk.node_logs()));
     std::env::set_current_dir(repo()).expect("cd back");
     assert!(got.snowflake > 0 && got.lease > 0);
     assert!(got.segment >= 1, "segment {}", got.segment);

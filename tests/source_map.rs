@@ -1,27 +1,18 @@
-//! The source tree's maps and its layer order, checked so they cannot go
+//! The source tree's map and its layer order, checked so they cannot go
 //! stale.
 //!
-//! **Every file is on both maps.** Each `.rs` file under `src/` must be
-//! named in the `# Layout` section of the crate doc (`src/lib.rs`) and in
-//! the module map of `docs/ARCHITECTURE.md` (its first fenced block after
-//! `## The module map`):
+//! **Every file is on the one map.** Each `.rs` file under `src/` must be
+//! named in the module map of `docs/SOURCE-MAP.md` (its first fenced block
+//! after `## The module map`), by its path from `src/`, or by its path
+//! from the top-level entry it is listed under (`cas.rs` under `store/`,
+//! `format/lua.rs` under `id/`); a `mod.rs` by its folder (`store/`,
+//! `format/` under `id/`). Files that only tests compile are exempt: a
+//! file named `tests.rs` or under a `tests/` folder. Other files under
+//! `src/` (the console's page and assets) are named by their folder. The
+//! crate doc's `# Layout` (`src/lib.rs`) is a pointer to that map and
+//! names no file, so there is one map to keep.
 //!
-//! - in the crate doc, by its path from `src/` (`store/cas.rs`, also
-//!   written `src/store/cas.rs`), or by its module path
-//!   (`store::cas`, usually inside an intra-doc link such as
-//!   [`store::cas`] or `[store::cas::CasLoop]`); a folder's `mod.rs` is
-//!   named by the folder's path (`store/`) or module path (`store`);
-//! - in the module map, by its path from `src/`, or by its path from the
-//!   top-level entry it is listed under (`cas.rs` under `store/`,
-//!   `format/lua.rs` under `id/`); a `mod.rs` by its folder (`store/`,
-//!   `format/` under `id/`).
-//!
-//! Exempt: `src/lib.rs` in the crate doc (it is that map), and files that
-//! only tests compile: a file named `tests.rs` or under a `tests/` folder.
-//! Other files under `src/` (the console's page and assets) are named by
-//! their folder.
-//!
-//! **Imports point down.** docs/ARCHITECTURE.md's "Layer order" lists the
+//! **Imports point down.** docs/SOURCE-MAP.md's "Layer order" lists the
 //! layers top to bottom; a file may name (`use crate::x`, `crate::x::...`,
 //! `super::` out of its own top-level module) only modules of its own
 //! layer or below. Comments are not read, so a doc link may point up.
@@ -123,14 +114,6 @@ fn names(hay: &str, needle: &str, left_stop: &[char]) -> bool {
     false
 }
 
-/// The module path of a file (`store/cas.rs` -> `store::cas`,
-/// `store/mod.rs` -> `store`).
-fn module_path(file: &str) -> String {
-    let stem = file.trim_end_matches(".rs");
-    let stem = stem.strip_suffix("/mod").unwrap_or(stem);
-    stem.replace('/', "::")
-}
-
 /// What a `mod.rs` is named by: its folder, `store/`; anything else by its
 /// own path.
 fn map_name(file: &str) -> String {
@@ -160,13 +143,16 @@ fn crate_doc_layout() -> String {
     rest[..end].join("\n")
 }
 
-/// docs/ARCHITECTURE.md's module map, as (top-level entry, its text).
-fn architecture_map() -> Vec<(String, String)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md");
-    let text = fs::read_to_string(path).expect("read docs/ARCHITECTURE.md");
+/// The one map of the code.
+const MAP: &str = "docs/SOURCE-MAP.md";
+
+/// docs/SOURCE-MAP.md's module map, as (top-level entry, its text).
+fn module_map() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MAP);
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {MAP}: {e}"));
     let after = text
         .split_once("## The module map")
-        .expect("docs/ARCHITECTURE.md has `## The module map`")
+        .unwrap_or_else(|| panic!("{MAP} has `## The module map`"))
         .1;
     let block = after
         .split("```")
@@ -199,16 +185,7 @@ fn architecture_map() -> Vec<(String, String)> {
     entries
 }
 
-fn named_in_crate_doc(doc: &str, file: &str) -> bool {
-    if file == "lib.rs" {
-        return true;
-    }
-    names(doc, &map_name(file), &['/', ':'])
-        || names(doc, file, &['/', ':'])
-        || names(doc, &module_path(file), &['/', ':'])
-}
-
-fn named_in_architecture(map: &[(String, String)], file: &str) -> bool {
+fn named_in_map(map: &[(String, String)], file: &str) -> bool {
     let whole = map_name(file);
     map.iter().any(|(entry, text)| {
         if *entry == whole || *entry == file {
@@ -224,30 +201,60 @@ fn named_in_architecture(map: &[(String, String)], file: &str) -> bool {
     })
 }
 
+/// The files of `files` (paths from `src/`) that `map` does not name,
+/// each with what to write.
+fn missing_from_map(map: &[(String, String)], files: &[String]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|f| !test_only(f) && !named_in_map(map, f))
+        .map(|f| {
+            format!(
+                "src/{f}: not in {MAP}'s module map (name it `{}` under its folder)",
+                map_name(f)
+            )
+        })
+        .collect()
+}
+
 #[test]
-fn every_src_file_is_named_in_the_crate_doc_and_the_module_map() {
-    let doc = crate_doc_layout();
-    let map = architecture_map();
-    let mut missing = Vec::new();
-    for file in rust_files().iter().filter(|f| !test_only(f)) {
-        if !named_in_crate_doc(&doc, file) {
-            missing.push(format!(
-                "src/{file}: not in src/lib.rs's Layout (name it `{}` or `{}`)",
-                map_name(file),
-                module_path(file)
-            ));
-        }
-        if !named_in_architecture(&map, file) {
-            missing.push(format!(
-                "src/{file}: not in docs/ARCHITECTURE.md's module map (name it `{}` under its folder)",
-                map_name(file)
-            ));
-        }
-    }
+fn every_src_file_is_named_in_the_module_map() {
+    let missing = missing_from_map(&module_map(), &rust_files());
     assert!(
         missing.is_empty(),
-        "files missing from the maps:\n{}",
+        "files missing from the map:\n{}",
         missing.join("\n")
+    );
+}
+
+#[test]
+fn a_file_missing_from_the_map_is_named() {
+    // The map as it stands, and one src/ file more that it does not name.
+    let mut files = rust_files();
+    files.push("store/not_on_the_map.rs".to_string());
+    let missing = missing_from_map(&module_map(), &files);
+    assert_eq!(
+        missing,
+        [format!(
+            "src/store/not_on_the_map.rs: not in {MAP}'s module map (name it `store/not_on_the_map.rs` under its folder)"
+        )]
+    );
+}
+
+#[test]
+fn the_crate_doc_points_to_the_one_map_and_names_no_file() {
+    let doc = crate_doc_layout();
+    assert!(
+        doc.contains(MAP),
+        "src/lib.rs's `# Layout` must point to {MAP}:\n{doc}"
+    );
+    let named: Vec<String> = rust_files()
+        .into_iter()
+        .filter(|f| !test_only(f) && f != "lib.rs" && f != "main.rs")
+        .filter(|f| names(&doc, f, &['/', ':']))
+        .collect();
+    assert!(
+        named.is_empty(),
+        "src/lib.rs's `# Layout` names files, a second map to keep; name them in {MAP} only: {named:?}"
     );
 }
 
@@ -260,7 +267,6 @@ fn the_map_rules_see_what_they_should() {
     assert!(names("[`store::cas::CasLoop`]", "store::cas", &['/', ':']));
     assert!(names("see src/store/cas.rs.", "store/cas.rs", &['/', ':']));
     assert!(names("[`crate::store::cas`]", "store::cas", &['/', ':']));
-    assert_eq!(module_path("store/mod.rs"), "store");
     assert_eq!(map_name("id/format/mod.rs"), "id/format/");
     assert!(test_only("config/tests.rs"));
     assert!(test_only("id/format/lua/validate/tests.rs"));
@@ -557,7 +563,7 @@ fn imports_point_down_the_layer_order() {
     }
     assert!(
         bad.is_empty(),
-        "imports that run up the layer order (docs/ARCHITECTURE.md, \"Layer order\"):\n{}",
+        "imports that run up the layer order (docs/SOURCE-MAP.md, \"Layer order\"):\n{}",
         bad.join("\n")
     );
     let stale: Vec<_> = ALLOWED_UP

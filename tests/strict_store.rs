@@ -390,7 +390,7 @@ async fn a_call_that_always_loses_ends_contended_after_bounded_attempts() {
     consul.shutdown().await;
 }
 
-/// The latency model of a Consul on good disks, as the README's strict
+/// The latency model of a Consul on good disks, as docs/PERFORMANCE.md's strict
 /// figures use it: a Raft write commits after 2 ms (concurrent writes
 /// share a round), a consistent read waits 0.5 ms.
 fn raft_latency() -> Config {

@@ -746,8 +746,8 @@ async fn layout(c: &mut Client, cmd: &LayoutCommand) -> anyhow::Result<Out> {
     }
 }
 
-/// What `admin layout set` without `--yes` prints (docs/OPERATIONS.md,
-/// "Changing the cluster layout", has the same steps).
+/// What `admin layout set` without `--yes` prints (docs/OPERATIONS.md#changing-the-cluster-layout
+/// has the same steps).
 const LAYOUT_PROCEDURE: &str = "changing the cluster layout fences every node still on the old layout: they stop issuing (clients get FAILED_PRECONDITION naming the change) until each is restarted with the new [layout]. It is a maintenance procedure:
   1. drain: point clients at nodes you will restart first, or accept that IDs pause until step 3;
   2. set: idgen admin layout set ... --yes (refused, changing nothing, if the new layout could repeat an ID);

@@ -516,7 +516,7 @@ pub enum AdminCommand {
     /// themselves.
     SkipAhead {
         /// How far: above the number of IDs any one counter handed out
-        /// between the snapshot and the restore (docs/OPERATIONS.md shows
+        /// between the snapshot and the restore (docs/BACKUP.md shows
         /// how to read it off the metrics).
         #[arg(long)]
         margin: u64,
@@ -655,7 +655,7 @@ pub enum LayoutCommand {
     /// Show the recorded layout, its generation and earlier layouts.
     Get,
     /// Change the cluster's layout: a maintenance procedure, not a routine
-    /// command (docs/OPERATIONS.md, "Changing the cluster layout").
+    /// command (docs/OPERATIONS.md#changing-the-cluster-layout).
     /// Accepted only when the new layout's first ID is above every ID
     /// issued so far (every stored high-water mark is checked); every node
     /// still on the old layout is then fenced until it is restarted with

@@ -11,7 +11,7 @@ use super::output::outln;
 
 /// Printed by every `idgen init`: an empty state file is right for a new
 /// node only.
-const INIT_WARNING: &str = "warning: `idgen init` creates an EMPTY state file: segment, lease, strict and formatted counters start again from their initial values, and it holds no stored formats. Use it only for a node that has never issued IDs. If this node's state file was lost, do not init: restore its mirror or latest backup with `idgen state restore <file> --config <file>` (a backup needs margins you state: --skip-ahead etc.; see README, Backup and recovery), or the node hands out IDs it handed out before.";
+const INIT_WARNING: &str = "warning: `idgen init` creates an EMPTY state file: segment, lease, strict and formatted counters start again from their initial values, and it holds no stored formats. Use it only for a node that has never issued IDs. If this node's state file was lost, do not init: restore its mirror or latest backup with `idgen state restore <file> --config <file>` (a backup needs margins you state: --skip-ahead etc.; see docs/BACKUP.md), or the node hands out IDs it handed out before.";
 
 /// Creates the state file named by the config; refuses to overwrite one.
 pub fn run(a: ConfigArgs) -> anyhow::Result<()> {

@@ -201,7 +201,7 @@ impl ZoneHide {
 }
 
 /// A zone's durable declaration: plain or hidden, recorded the first time
-/// a node serves the zone and never changed (docs/ARCHITECTURE.md, "A
+/// a node serves the zone and never changed (docs/SAFETY-RULES-18-25.md, rule 23, "A
 /// lease zone is plain or hidden for good").
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

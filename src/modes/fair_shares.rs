@@ -21,7 +21,8 @@
 //! the logical clock, the step-back and layout rules), is appended to
 //! exactly one caller's list in the order reserved, and that list is sent
 //! once, or dropped with a caller that went away (never handed to another).
-//! See "Fair shares" in docs/ARCHITECTURE.md.
+//! See docs/SNOWFLAKE.md, "At saturation: fair shares", and rule 26 in
+//! docs/SAFETY-RULES-26-ON.md.
 //!
 //! The queue itself ([`Shares`]) is plain data driven with explicit times,
 //! tested without a runtime; [`FairShares`] adds the pump: each pass runs

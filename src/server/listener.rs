@@ -37,7 +37,7 @@
 //!   first to make room, as above), and a body not in full
 //!   `request_body_timeout` after its headers is answered at once
 //!   (DEADLINE_EXCEEDED, or 408 on HTTP/1), so streams held open without
-//!   END_STREAM cannot fill the port (rule 34 in ARCHITECTURE).
+//!   END_STREAM cannot fill the port (rule 34 in docs/SAFETY-RULES-26-ON.md).
 //! - **TLS handshakes** (`listener/handshake.rs`) must finish within
 //!   `header_timeout`; a refused client certificate is a rate-limited WARN.
 

@@ -15,7 +15,7 @@
 //! nodes saw after the snapshot. Consul's blocking-query docs say the
 //! same: an index that goes backwards means a restore.
 //!
-//! The rule (ARCHITECTURE rule 15, "the cluster's index never goes back"):
+//! The rule (docs/SAFETY-RULES-11-17.md, rule 15, "the cluster's index never goes back"):
 //!
 //! - Every node keeps `seen`, the highest such index it has read, raised
 //!   by its own committed writes (their ModifyIndex) and by a pulse that
@@ -33,7 +33,7 @@
 //!   the first stays), which stops every node's counter modes until
 //!   `idgen admin skip-ahead` has moved every counter and deletes it.
 //!
-//! What remains (ARCHITECTURE states it with the measured window): a
+//! What remains (rule 15 states it with the measured window): a
 //! write committed between the restore and every node's next pulse or
 //! probe raises the index above `seen` again, so a restore is missed when
 //! (a) no node saw any write made after the snapshot (then nothing after

@@ -334,7 +334,7 @@ pub fn fence_reason(record: &LayoutRecord, mine: &RecordedLayout, seen: u64) -> 
     let at = epoch_text(record.recorded_ms);
     if let Some(to) = &record.changing_to {
         return Some(format!(
-            "the cluster layout is being changed from {} to {} (marked at {at}{by}, generation {}); this node runs the old layout and is fenced: once the change is recorded, restart it with the new [layout] (`idgen admin layout get` prints it); see docs/OPERATIONS.md, \"Changing the cluster layout\"",
+            "the cluster layout is being changed from {} to {} (marked at {at}{by}, generation {}); this node runs the old layout and is fenced: once the change is recorded, restart it with the new [layout] (`idgen admin layout get` prints it); see docs/OPERATIONS.md#changing-the-cluster-layout",
             mine.describe(),
             to.describe(),
             record.generation
@@ -344,7 +344,7 @@ pub fn fence_reason(record: &LayoutRecord, mine: &RecordedLayout, seen: u64) -> 
         return None;
     }
     Some(format!(
-        "the cluster layout changed from {} to {} (recorded at {at}{by}, generation {}); this node runs {} and is fenced until it restarts with layout {}: set [layout] to it (`idgen admin layout get` prints it) and restart; see docs/OPERATIONS.md, \"Changing the cluster layout\"",
+        "the cluster layout changed from {} to {} (recorded at {at}{by}, generation {}); this node runs {} and is fenced until it restarts with layout {}: set [layout] to it (`idgen admin layout get` prints it) and restart; see docs/OPERATIONS.md#changing-the-cluster-layout",
         mine.describe(),
         record.layout.describe(),
         record.generation,

@@ -121,7 +121,7 @@ pub enum StoreError {
     /// A Consul read found a counter below what this node wrote to it: the
     /// store was rolled back (a snapshot restore). Issuing from it could
     /// repeat IDs, so the node refuses until the key is above its write.
-    #[error("Consul key {key} holds {stored}, below {wrote} that this node wrote to it itself: the Consul state was rolled back (a snapshot restore?), and issuing from it could repeat {kind} IDs, so this node refuses it. Move every counter forward once with `idgen admin skip-ahead --margin <N>` (N above the number of IDs issued since the snapshot; see docs/OPERATIONS.md, \"Restoring a Consul snapshot\"); this node resumes by itself once the key is above {wrote}. Meanwhile call another node")]
+    #[error("Consul key {key} holds {stored}, below {wrote} that this node wrote to it itself: the Consul state was rolled back (a snapshot restore?), and issuing from it could repeat {kind} IDs, so this node refuses it. Move every counter forward once with `idgen admin skip-ahead --margin <N>` (N above the number of IDs issued since the snapshot; see docs/BACKUP.md#restoring-a-consul-snapshot); this node resumes by itself once the key is above {wrote}. Meanwhile call another node")]
     Regressed {
         /// The counter's mode (`segment`, `strict`, `lease`, `format`, `hwm`).
         kind: &'static str,
@@ -136,7 +136,7 @@ pub enum StoreError {
     /// node saw there (or had saved before a restart): the Consul state
     /// was rolled back, and counters other nodes moved since the snapshot
     /// read as they were before.
-    #[error("the Consul index of {dir} is {index}, below {seen} that this node already saw there: the Consul state was rolled back (a snapshot restore, or Consul rebuilt empty?), and any counter may now read below what was issued since, so every node refuses segment, strict, lease and formatted IDs (this node wrote the cluster record {dir}regression). Run `idgen admin skip-ahead --margin <N>` once (N above the number of IDs issued since the snapshot; see docs/OPERATIONS.md, \"Restoring a Consul snapshot\"); nodes resume once it has run. Meanwhile snowflake IDs are still served")]
+    #[error("the Consul index of {dir} is {index}, below {seen} that this node already saw there: the Consul state was rolled back (a snapshot restore, or Consul rebuilt empty?), and any counter may now read below what was issued since, so every node refuses segment, strict, lease and formatted IDs (this node wrote the cluster record {dir}regression). Run `idgen admin skip-ahead --margin <N>` once (N above the number of IDs issued since the snapshot; see docs/BACKUP.md#restoring-a-consul-snapshot); nodes resume once it has run. Meanwhile snowflake IDs are still served")]
     IndexWentBack {
         /// `<prefix>/<cluster>/`.
         dir: String,
@@ -148,7 +148,7 @@ pub enum StoreError {
     /// The cluster record of a regression exists: some node read a
     /// counter below its own write, so every node refuses its Consul
     /// counter modes until a skip-ahead deletes the record.
-    #[error("Consul key {key} not used: the cluster record {record} says the node holding worker {node} read {found} below what it wrote there itself (the Consul state was rolled back, a snapshot restore?), so every node refuses segment, strict, lease and formatted IDs: issuing could repeat IDs handed out since the snapshot. Run `idgen admin skip-ahead --margin <N>` once (N above the number of IDs issued since the snapshot; see docs/OPERATIONS.md, \"Restoring a Consul snapshot\"); it deletes the record and nodes resume within one hwm.renew_interval")]
+    #[error("Consul key {key} not used: the cluster record {record} says the node holding worker {node} read {found} below what it wrote there itself (the Consul state was rolled back, a snapshot restore?), so every node refuses segment, strict, lease and formatted IDs: issuing could repeat IDs handed out since the snapshot. Run `idgen admin skip-ahead --margin <N>` once (N above the number of IDs issued since the snapshot; see docs/BACKUP.md#restoring-a-consul-snapshot); it deletes the record and nodes resume within one hwm.renew_interval")]
     ClusterRegressed {
         /// The key this call would have read.
         key: String,

@@ -315,8 +315,8 @@ fn port_free(addr: &str, what: &str) -> Result<(), String> {
     })
 }
 
-/// `idgen serve --config config/dev.toml` in `dir` (the README's Quick
-/// start), once `/readyz` answers 200.
+/// `idgen serve --config config/dev.toml` in `dir` (the README's "Two
+/// commands"), once `/readyz` answers 200.
 fn start_node(dir: &Path, path_var: &str) -> Result<Child, String> {
     port_free(NODE_GRPC, "the dev node's gRPC port")?;
     port_free(NODE_HTTP, "the dev node's HTTP port")?;

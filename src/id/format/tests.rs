@@ -890,8 +890,8 @@ fn templates_whose_periods_a_dst_fall_back_crosses_are_refused_like_idc() {
 }
 
 /// `hide = true` compiles a template as if each `{seq:N}` were
-/// `{seq:N:hidden}` (docs/ARCHITECTURE.md, "`hide = true` hides every
-/// counter of a format"), and is frozen with the template: a format
+/// `{seq:N:hidden}` (docs/SAFETY-RULES-18-25.md, rule 22, "`hide = true` hides
+/// every counter of a format"), and is frozen with the template: a format
 /// that issued plain IDs never starts showing hidden ones, or back.
 #[test]
 fn hide_true_hides_every_counter_and_is_frozen() {

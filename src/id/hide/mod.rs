@@ -35,7 +35,7 @@
 //! What hiding does not do: it is not encryption of a secret. Anyone with
 //! many IDs still sees their number and, for sortable snowflakes, their
 //! times; what they cannot read is how many IDs were issued between two
-//! of theirs. `docs/ARCHITECTURE.md` ("Hiding volume") states the costs.
+//! of theirs. `docs/HIDING.md` states the costs.
 
 mod aes_chain;
 mod decimal;

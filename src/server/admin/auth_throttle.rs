@@ -8,7 +8,7 @@
 //! gets at most 20 guesses a second and far fewer over time. Successful
 //! calls are never counted.
 //!
-//! Only a peer's *own* block refuses it (rule 35 in ARCHITECTURE): a peer
+//! Only a peer's *own* block refuses it (rule 35 in docs/SAFETY-RULES-26-ON.md): a peer
 //! that has not failed is always checked, whatever other peers did, so the
 //! right token from an address the node has no block for always works.
 //! Only failures make a peer tracked; [`AuthThrottle::gate`] never adds

@@ -70,7 +70,7 @@ impl AdminService {
         };
         if r.margin == 0 {
             return Err(refusal(ErrorKind::BadRequest,
-                "give --margin N above the number of IDs any one counter handed out between the Consul snapshot and its restore (see docs/OPERATIONS.md, \"Restoring a Consul snapshot\")",
+                "give --margin N above the number of IDs any one counter handed out between the Consul snapshot and its restore (see docs/BACKUP.md#restoring-a-consul-snapshot)",
             ));
         }
         let reserve_ms = u64::try_from(self.deps.hwm_reserve.as_millis()).unwrap_or(u64::MAX);

@@ -10,7 +10,7 @@
 //! decimal strings and are parsed exactly: a JSON number is refused, since
 //! a browser's JavaScript rounds any integer above 2^53, and a tag created
 //! with its initial value rounded down would repeat IDs its previous
-//! system handed out (ARCHITECTURE rule 17).
+//! system handed out (rule 17, docs/SAFETY-RULES-11-17.md).
 
 use std::future::Future;
 use std::sync::atomic::Ordering;

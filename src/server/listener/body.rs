@@ -4,7 +4,7 @@
 //! without END_STREAM, an HTTP/1 request short of its Content-Length)
 //! holds a connection without being served: tonic starts a unary or
 //! server-streaming handler only once the whole request is in. Such a call
-//! is *waiting for its body* (rule 34 in ARCHITECTURE):
+//! is *waiting for its body* (rule 34 in docs/SAFETY-RULES-26-ON.md):
 //!
 //! - while every open call of a connection waits for its body, the
 //!   connection counts as waiting, like one that has not sent its headers

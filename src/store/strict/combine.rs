@@ -1,4 +1,4 @@
-//! Node-local combining of strict calls on Consul (ARCHITECTURE rules 27
+//! Node-local combining of strict calls on Consul (docs/SAFETY-RULES-26-ON.md, rules 27
 //! and 28).
 //!
 //! Every call waits in its key's queue. A key with waiting calls and no

@@ -116,7 +116,7 @@ async fn snapshots_need_a_management_token_and_a_real_archive() {
     assert_eq!(root.get("snapshot").await.status, 200);
 }
 
-/// What idgen's restore detection reads (ARCHITECTURE rule 15, "the
+/// What idgen's restore detection reads (docs/SAFETY-RULES-11-17.md, rule 15, "the
 /// cluster's index"): a `?keys&separator=/` listing of a prefix answers
 /// with the highest ModifyIndex under it (Consul `kvsListKeysTxn`), a
 /// delete's tombstone included; a restore takes it back to the
