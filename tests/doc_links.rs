@@ -108,8 +108,8 @@ fn destinations(line: &str) -> Vec<String> {
     let line = without_code_spans(line);
     let mut found = Vec::new();
     let trimmed = line.trim_start();
-    if trimmed.starts_with('[') {
-        if let Some((label, dest)) = trimmed[1..].split_once("]:") {
+    if let Some(rest) = trimmed.strip_prefix('[') {
+        if let Some((label, dest)) = rest.split_once("]:") {
             if !label.contains(']') {
                 if let Some(dest) = dest.split_whitespace().next() {
                     found.push(dest.trim_matches(['<', '>']).to_string());
