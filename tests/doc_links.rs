@@ -3,6 +3,8 @@
 //! folders) must name a file or folder that exists, and its `#anchor` a
 //! heading of that page, as GitHub renders it (its slug rules below).
 //! The test fails once, naming every dead link with its file and line.
+//! And every page of `docs/` is linked from its index, `docs/README.md`,
+//! and stays about 600 lines at most.
 //!
 //! Pages moved, split and merged over time (the README's sections became
 //! `docs/` pages): a link that still points at the old place is the
@@ -299,6 +301,66 @@ fn every_relative_link_and_anchor_in_the_docs_resolves() {
          lowercase, punctuation dropped, spaces as -):\n{}",
         dead.len(),
         dead.join("\n")
+    );
+}
+
+/// The most lines a docs page may have: "about 600", with room for a
+/// rule or a runbook section before the page must be split.
+const MAX_PAGE_LINES: usize = 640;
+
+/// The pages of `root`'s docs/ that docs/README.md does not link, and
+/// those longer than [`MAX_PAGE_LINES`], each with what to do.
+fn index_problems(root: &Path) -> Vec<String> {
+    let docs = root.join("docs");
+    let index_text = std::fs::read_to_string(docs.join("README.md"))
+        .unwrap_or_else(|e| panic!("docs/README.md, the index: {e}"));
+    let linked: BTreeSet<String> = prose_lines(&index_text)
+        .into_iter()
+        .flat_map(|(_, line)| destinations(line))
+        .map(|d| d.split('#').next().unwrap_or_default().to_string())
+        .collect();
+    let mut problems = Vec::new();
+    for file in markdown_files(&docs) {
+        let name = file.display().to_string();
+        let text = std::fs::read_to_string(docs.join(&file)).unwrap_or_default();
+        if name != "README.md" && !linked.contains(&name) {
+            problems.push(format!(
+                "docs/{name}: not linked from docs/README.md (the index)"
+            ));
+        }
+        let lines = text.lines().count();
+        if lines > MAX_PAGE_LINES {
+            problems.push(format!(
+                "docs/{name}: {lines} lines, over {MAX_PAGE_LINES}: split it by topic"
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_docs_page_is_in_the_index_and_about_600_lines_at_most() {
+    let problems = index_problems(&repo());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn a_page_left_out_of_the_index_or_too_long_is_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let docs = dir.path().join("docs");
+    std::fs::create_dir_all(&docs).expect("docs/");
+    std::fs::write(docs.join("README.md"), "# Index\n\n- [A](A.md#top)\n").expect("index");
+    std::fs::write(docs.join("A.md"), "# Top\n").expect("A");
+    std::fs::write(docs.join("B.md"), "# B\n".repeat(MAX_PAGE_LINES + 1)).expect("B");
+    assert_eq!(
+        index_problems(dir.path()),
+        [
+            "docs/B.md: not linked from docs/README.md (the index)".to_string(),
+            format!(
+                "docs/B.md: {} lines, over {MAX_PAGE_LINES}: split it by topic",
+                MAX_PAGE_LINES + 1
+            ),
+        ]
     );
 }
 
