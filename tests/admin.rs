@@ -553,17 +553,29 @@ async fn strict_steps_are_set_read_listed_and_used() {
         .ids;
     assert_eq!(w, [v[1] + 5, v[1] + 10, v[1] + 15]);
     c.set_strict_step(ok(set_step("chats", 2))).await.unwrap();
+    // A namespace in use without a stored step is listed too, with the
+    // default step it counts with.
+    ids.gen_ids(gen(Mode::Strict, "aardvarks/a1", 1))
+        .await
+        .unwrap();
     let l = c
         .list_strict_namespaces(ok(proto::ListStrictNamespacesRequest {}))
         .await
         .unwrap()
         .into_inner();
-    let listed: Vec<(String, u64)> = l
+    let listed: Vec<(&str, u64, bool)> = l
         .namespaces
-        .into_iter()
-        .map(|n| (n.namespace, n.step))
+        .iter()
+        .map(|n| (n.namespace.as_str(), n.step, n.step_stored))
         .collect();
-    assert_eq!(listed, [("books".to_owned(), 5), ("chats".to_owned(), 2)]);
+    assert_eq!(
+        listed,
+        [
+            ("aardvarks", 1, false),
+            ("books", 5, true),
+            ("chats", 2, true)
+        ]
+    );
     assert_eq!(l.default_step, 1);
 
     for (req, what) in [

@@ -257,7 +257,7 @@ async fn every_console_endpoint_answers_in_its_shape() {
     assert_eq!(status, 200, "{strict}");
     assert_eq!(
         strict["namespaces"],
-        json!([{"namespace": "books", "step": 5}])
+        json!([{"namespace": "books", "step": 5, "step_stored": true}])
     );
     assert_eq!(strict["default_step"], 1);
 
@@ -798,6 +798,66 @@ async fn console_changes_keep_every_admin_rule_and_exact_values() {
     assert_eq!(r.status().as_u16(), 403);
     let (_, _, tags) = get(&server, "/admin/api/tags", Some(TOKEN)).await;
     assert_eq!(tags["tags"][0]["tag"], "books", "still there: {tags}");
+    server.stop().await;
+}
+
+/// The formats the console lists, by name.
+async fn console_format(server: &TestServer, name: &str) -> Value {
+    let (status, _, f) = get(server, "/admin/api/formats", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{f}");
+    f["formats"]
+        .as_array()
+        .and_then(|l| l.iter().find(|f| f["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no format {name}: {f}"))
+}
+
+/// A format's "counter now" names its period as its IDs render it (the
+/// raw key, civil seconds, only beside it), and a scoped format shows
+/// how many counters it stores, never an error about missing parameters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn format_counters_show_their_period_and_scoped_ones_their_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(with_token(dir.path())).await;
+    let defs = [
+        json!({"name": "daily", "template": "D{yyyy}{MM}{dd}{seq:6}", "reset": "day", "zone": "Asia/Shanghai"}),
+        json!({"name": "shops", "template": "S{param:shop:3:digits}{seq:6}", "scope_params": ["shop"]}),
+    ];
+    for def in defs {
+        let (status, r) =
+            console_change(&server, "formats/create", json!({"definition": def})).await;
+        assert_eq!(status, 200, "{r}");
+    }
+    let shops = console_format(&server, "shops").await;
+    assert_eq!(
+        shops["current"],
+        json!({"scoped": true, "scope_params": ["shop"], "counters": 0}),
+        "{shops}"
+    );
+    for query in [
+        "daily?count=2",
+        "shops?count=1&param.shop=001",
+        "shops?count=1&param.shop=002",
+    ] {
+        let r = reqwest::get(server.url(&format!("/v1/formatted/{query}")))
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{query}: {}", r.status());
+        let issued: Value = r.json().await.unwrap();
+        if query.starts_with("daily") {
+            // The period is the day the ID renders (Shanghai's, not UTC's).
+            let id = issued["ids"][0].as_str().unwrap_or_default().to_owned();
+            let daily = console_format(&server, "daily").await;
+            let c = &daily["current"];
+            let day = format!("{}-{}-{}", &id[1..5], &id[5..7], &id[7..9]);
+            assert_eq!(c["period_label"], json!(day), "{daily}");
+            let last = c["last"].as_str().and_then(|l| l.parse::<u64>().ok());
+            assert!(c["period"].is_i64() && last >= Some(2), "{daily}");
+        }
+    }
+    let shops = console_format(&server, "shops").await;
+    assert_eq!(shops["current"]["counters"], 2, "{shops}");
+    assert!(shops["current"].get("error").is_none(), "{shops}");
     server.stop().await;
 }
 

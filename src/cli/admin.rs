@@ -631,7 +631,7 @@ async fn strict(c: &mut Client, cmd: &StrictCommand) -> anyhow::Result<Out> {
     })
 }
 
-/// `admin strict list`: namespaces with a stored step.
+/// `admin strict list`: namespaces with a stored step or a live key.
 async fn strict_namespaces(c: &mut Client) -> anyhow::Result<Out> {
     let r = c
         .list_strict_namespaces(proto::ListStrictNamespacesRequest {})
@@ -640,12 +640,13 @@ async fn strict_namespaces(c: &mut Client) -> anyhow::Result<Out> {
         .into_inner();
     let mut text = format!("default step {}", r.default_step);
     for n in &r.namespaces {
-        text.push_str(&format!("\n{}\tstep {}", n.namespace, n.step));
+        let default = if n.step_stored { "" } else { " (default)" };
+        text.push_str(&format!("\n{}\tstep {}{default}", n.namespace, n.step));
     }
     let list: Vec<Value> = r
         .namespaces
         .iter()
-        .map(|n| json!({"namespace": n.namespace, "step": n.step}))
+        .map(|n| json!({"namespace": n.namespace, "step": n.step, "step_stored": n.step_stored}))
         .collect();
     Ok((
         json!({"namespaces": list, "default_step": r.default_step}),

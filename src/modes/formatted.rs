@@ -272,6 +272,22 @@ pub struct CounterView {
     pub token: Option<String>,
 }
 
+/// A format's counters as the console lists them
+/// ([`FormattedEngine::counter_overview`]).
+#[derive(Debug, Clone)]
+pub enum CounterOverview {
+    /// An unscoped format's one counter (`None`: never used).
+    Single(Option<CounterView>),
+    /// A scoped format: its scope parameters and how many counters the
+    /// store holds for it.
+    Scoped {
+        /// The format's `scope_params`.
+        params: Vec<String>,
+        /// Stored counters, every scope value, node and token.
+        counters: u64,
+    },
+}
+
 /// One answered `GenFormatted` call.
 #[derive(Debug, Clone)]
 pub struct Issued {
@@ -750,8 +766,37 @@ impl FormattedEngine {
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .map_err(StoreError::from)?;
-        let token = self.token_for(&format).await?.map(|t| t.token);
-        let key = Self::key(&format, bound.scope_key(), node, token);
+        self.counter_of(&format, bound.scope_key(), node).await
+    }
+
+    /// Every counter of format `name` at a glance, for the console: the one
+    /// counter of an unscoped format (read without the caller's
+    /// parameters: a template's free `{param}` fields never split its
+    /// counter), or how many counters a scoped format stores (one per
+    /// scope value, node and token), since no single one is "the" counter.
+    pub async fn counter_overview(&self, name: &str, node: u64) -> Result<CounterOverview, Error> {
+        let format = self.format(name)?;
+        let params = &format.def().scope_params;
+        if params.is_empty() {
+            let view = self.counter_of(&format, String::new(), node).await?;
+            return Ok(CounterOverview::Single(view));
+        }
+        Ok(CounterOverview::Scoped {
+            params: params.clone(),
+            counters: self.store.count_counters(format.name()).await?,
+        })
+    }
+
+    /// The counter of `format` for the scope key `scope` (see
+    /// [`FormattedEngine::counter`]).
+    async fn counter_of(
+        &self,
+        format: &Format,
+        scope: String,
+        node: u64,
+    ) -> Result<Option<CounterView>, Error> {
+        let token = self.token_for(format).await?.map(|t| t.token);
+        let key = Self::key(format, scope, node, token);
         let Some(record) = self.store.load(&key).await? else {
             return Ok(None);
         };

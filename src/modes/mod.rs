@@ -392,6 +392,37 @@ impl Issuer {
         Ok(view)
     }
 
+    /// Every counter of format `name` at a glance (the console's "Counter
+    /// now"): [`FormattedEngine::counter_overview`](formatted::FormattedEngine::counter_overview),
+    /// read by the admin `who` and audit-logged for a hidden format like
+    /// [`Issuer::format_counter`].
+    pub async fn format_counter_overview(
+        &self,
+        name: &str,
+        who: &str,
+    ) -> Result<formatted::CounterOverview, Error> {
+        let node = self.gate.node_number();
+        self.learn_format(name).await;
+        let formats = self.formats_for(name)?;
+        let overview = formats.counter_overview(name, node).await?;
+        if formats.get(name)?.hides_counter() {
+            let view = match &overview {
+                formatted::CounterOverview::Single(v) => v.as_ref(),
+                formatted::CounterOverview::Scoped { .. } => None,
+            };
+            tracing::info!(
+                target: "idgen::audit",
+                who,
+                format = %name,
+                period = view.map(|v| v.record.period.0),
+                last = view.map(|v| v.record.last),
+                "hidden format counter read"
+            );
+            metrics::counter!(crate::metrics::HIDDEN_REVEALS, "mode" => "formatted").increment(1);
+        }
+        Ok(overview)
+    }
+
     /// The generator in use now.
     pub fn generator(&self) -> Arc<Snowflake> {
         self.gate.generator()

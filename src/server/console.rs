@@ -368,7 +368,7 @@ async fn strict(State(s): State<HttpState>, request: Request) -> Response {
             let namespaces: Vec<Value> = n
                 .namespaces
                 .iter()
-                .map(|n| json!({"namespace": n.namespace, "step": n.step}))
+                .map(|n| json!({"namespace": n.namespace, "step": n.step, "step_stored": n.step_stored}))
                 .collect();
             json!({"namespaces": namespaces, "default_step": n.default_step})
         },
@@ -412,17 +412,30 @@ async fn layout(State(s): State<HttpState>, request: Request) -> Response {
     .await
 }
 
-/// A format's counter now (its durable record: the period it is in and the
-/// last value any node may have used in it), or why it cannot be read
-/// without parameters. `who` is the console's admin caller: a hidden
-/// format's counter is read as theirs, audit-logged.
-async fn current_counter(issuer: &crate::modes::Issuer, name: &str, who: &str) -> Value {
-    match issuer.format_counter(name, &[], Some(who)).await {
-        Ok(Some(c)) => json!({
-            "used": true, "period": c.record.period.0, "last": c.record.last.to_string(),
-            "next_period_start_ms": c.next_period_start_ms, "token": c.token,
+/// A format's counter now (its durable record: the period it is in, named
+/// as its IDs render it, and the last value any node may have used in it);
+/// for a scoped format, how many counters it stores. `who` is the
+/// console's admin caller: a hidden format's counter is read as theirs,
+/// audit-logged. A failed read is an `error` beside the counter, never in
+/// its place.
+async fn current_counter(
+    issuer: &crate::modes::Issuer,
+    name: &str,
+    reset: crate::id::format::Reset,
+    who: &str,
+) -> Value {
+    use crate::modes::formatted::CounterOverview;
+    match issuer.format_counter_overview(name, who).await {
+        Ok(CounterOverview::Single(Some(c))) => json!({
+            "used": true, "period": c.record.period.0,
+            "period_label": c.record.period.label(reset),
+            "last": c.record.last.to_string(),
+            "next_period_start_ms": c.next_period_start_ms, "format_token": c.token,
         }),
-        Ok(None) => json!({"used": false}),
+        Ok(CounterOverview::Single(None)) => json!({"used": false}),
+        Ok(CounterOverview::Scoped { params, counters }) => {
+            json!({"scoped": true, "scope_params": params, "counters": counters})
+        }
         Err(e) => json!({"error": e.to_string()}),
     }
 }
@@ -455,7 +468,7 @@ async fn format_list(issuer: std::sync::Arc<crate::modes::Issuer>, who: String) 
             "reset": format!("{:?}", f.reset()).to_lowercase(),
             "numeric": f.numeric(),
             "counter": {"min": counter.min.to_string(), "max": counter.max.to_string(), "step": counter.step},
-            "current": current_counter(&issuer, &name, &who).await,
+            "current": current_counter(&issuer, &name, f.reset(), &who).await,
         }));
     }
     json!({"enabled": true, "formats": list})
@@ -588,12 +601,16 @@ async fn hide_keys(State(s): State<HttpState>, request: Request) -> Response {
 }
 
 /// `POST /admin/api/hide-keys`: `{"action": "create"|"rotate"|"retire",
-/// "key_id": "..."}`.
+/// "key_id": "...", "force": false}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HideKeyBody {
     action: String,
     key_id: String,
+    /// A rotation past what a namespace using the key can hold
+    /// (`idgen admin keys rotate --force`); only with `rotate`.
+    #[serde(default)]
+    force: bool,
 }
 
 async fn change_hide_key(State(s): State<HttpState>, request: Request) -> Response {
@@ -602,13 +619,24 @@ async fn change_hide_key(State(s): State<HttpState>, request: Request) -> Respon
         Err(r) => return r.into_response(),
     };
     let (h, x, key_id) = (&parts.headers, &parts.extensions, body.key_id);
+    if body.force && body.action != "rotate" {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            format!(
+                "force applies to a rotation only, not to {:?}: leave it out",
+                body.action
+            ),
+        );
+    }
     let r = match body.action.as_str() {
         "create" => {
             let m = proto::CreateHideKeyRequest { key_id };
             s.admin.create_hide_key(admin_request(h, x, m)).await
         }
         "rotate" => {
-            let m = proto::RotateHideKeyRequest { key_id, force: false };
+            let force = body.force;
+            let m = proto::RotateHideKeyRequest { key_id, force };
             s.admin.rotate_hide_key(admin_request(h, x, m)).await
         }
         "retire" => {

@@ -14,7 +14,11 @@
 // a tag created, edited and deleted, a hidden tag created (and one with a
 // missing key refused), a Lua format created and its
 // code shown, a strict step set (and a refused one), and auto-refresh
-// showing a counter moved by an ID issued meanwhile.
+// showing a counter moved by an ID issued meanwhile (its period named as
+// its IDs render it), a scoped format's counters, a namespace with keys
+// and no stored step, the hide keys panel (create, rotate, retire with
+// their confirmations, a refusal shown), a restarted node's row showing
+// only its new worker id, and the nodes table fitting 1280 px.
 // Exit code 0 only if every step was seen in the page.
 "use strict";
 
@@ -106,6 +110,59 @@ async function nodeStatusRows(page, nodes) {
       check(hides === "", `node ${n} hides nothing (${hides})`);
     }
   }
+}
+
+// The page at 1280x800 has no horizontal scroll bar, and the nodes table
+// fits its card (scrollWidth within clientWidth, measured by Chromium).
+async function fitsAt1280(page) {
+  const m = await page.evaluate(() => {
+    const box = document.getElementById("nodes").parentElement;
+    const doc = document.documentElement;
+    return { page: [doc.scrollWidth, doc.clientWidth], card: [box.scrollWidth, box.clientWidth] };
+  });
+  check(m.page[0] <= m.page[1] && m.card[0] <= m.card[1], `at 1280x800 the page and the nodes table fit (page ${m.page}, card ${m.card})`);
+}
+
+// The hide keys panel: the existing key with what uses it; a key created,
+// rotated (cancel first: nothing changes), retired only once its id is
+// typed; a refused create shows the service's reason.
+async function hideKeysPanel(page, existing) {
+  const rowOf = (id) => `#hide-keys tr.hide-key[data-key="${id}"]`;
+  await waitCell(page, rowOf(existing), 1, "0", `hide key ${existing} is listed, version 0 active`);
+  const used = (await cells(page.locator(rowOf(existing))))[3];
+  check(/tag hidden-tag/.test(used) && /n1: lease zone 1/.test(used), `it names what uses it (${used})`);
+  await page.fill("#hide-key-id", "console-new");
+  await page.click("#hide-key-submit");
+  await waitCell(page, rowOf("console-new"), 2, /^0 active \(/, "a hide key created from the form");
+  const rotate = page.locator(`${rowOf("console-new")} button.rotate-key`);
+  await rotate.click();
+  const dialog = page.locator("#key-confirm");
+  await dialog.waitFor({ state: "visible", timeout: STEP_MS });
+  check(/Version 1 becomes active/.test(await dialog.textContent()), "the rotation names the next version");
+  await page.click("#key-confirm-cancel");
+  await dialog.waitFor({ state: "hidden", timeout: STEP_MS });
+  check((await cells(page.locator(rowOf("console-new"))))[1] === "0", "cancel rotates nothing");
+  await rotate.click();
+  await dialog.waitFor({ state: "visible", timeout: STEP_MS });
+  await page.click("#key-confirm-ok");
+  await waitCell(page, rowOf("console-new"), 2, /^0 retired .*, 1 active /, "rotated: version 1 active, 0 decode-only");
+  await page.locator(`${rowOf("console-new")} button.retire-key`).click();
+  await dialog.waitFor({ state: "visible", timeout: STEP_MS });
+  check(await page.locator("#key-confirm-ok").isDisabled(), "retiring needs the key id typed");
+  await page.fill("#key-confirm-typed", "console-ne");
+  check(await page.locator("#key-confirm-ok").isDisabled(), "a wrong id keeps it refused");
+  await page.fill("#key-confirm-typed", "console-new");
+  check(await page.locator("#key-confirm-ok").isEnabled(), "the typed id enables it");
+  await page.click("#key-confirm-ok");
+  await waitCell(page, rowOf("console-new"), 1, /^none/, "retired: no active version");
+  await page.fill("#hide-key-id", "console-new");
+  await page.click("#hide-key-submit");
+  await page.locator("#action-error").filter({ hasText: "already exists" }).waitFor({ timeout: STEP_MS });
+  check(true, "creating it again is refused, the service's reason shown");
+  await page.fill("#hide-key-id", "");
+  await page.locator("#hide-key-id").blur();
+  await page.evaluate(() => delete document.getElementById("hide-key-form").dataset.dirty);
+  await page.click("#refresh");
 }
 
 // Refreshes the page (at most 100 times, 200 ms apart) until the row's
@@ -222,9 +279,18 @@ async function autoRefresh(page, url) {
   await page.locator("#tag-name").blur();
   const issued = await fetch(new URL("/v1/formatted/orders?count=3", url));
   check(issued.ok, "three orders IDs issued");
-  await waitCell(page, row, 7, /^last \d+/, "auto-refresh shows the orders counter moved");
+  const ids = (await issued.json()).ids;
+  const day = `${ids[0].slice(0, 4)}-${ids[0].slice(4, 6)}-${ids[0].slice(6, 8)}`;
+  await waitCell(page, row, 7, new RegExp(`^last \\d+ \\(period ${day}\\)$`), `auto-refresh shows the orders counter moved, its period named ${day}`);
+  const title = await page.locator(`${row} td`).nth(7).locator("span").getAttribute("title");
+  check(/^stored period key \d+ /.test(title || ""), `the raw period key on hover (${title})`);
   check(/^last /.test(await page.locator("#refresh-state").textContent()), "refreshed in place");
   await waitCell(page, '#node tr[data-field="rate"]', 1, /IDs\/s/, "this node's issue rate is shown");
+  const shops = '#formats tr.format[data-format="shops"]';
+  for (const shop of ["001", "002"]) {
+    check((await fetch(new URL(`/v1/formatted/shops?count=1&param.shop=${shop}`, url))).ok, `a shops ID for shop ${shop}`);
+  }
+  await waitCell(page, shops, 7, "per scope (shop): 2 counters", "a scoped format shows its counters, not an error");
   await page.uncheck("#auto-refresh");
 }
 
@@ -247,7 +313,8 @@ async function run(page) {
   check(await page.locator("#console").isHidden(), "a wrong token shows an error and no console");
   check((await page.evaluate(() => sessionStorage.getItem("idgen-admin-token"))) === null, "a refused token is not kept");
 
-  // The right token: the three nodes, each with its worker id.
+  // The right token: the three nodes, each with its one worker id (n1
+  // was restarted: its old session still holds its old one).
   await page.fill("#token", token);
   await page.click("#login-button");
   await page.locator("#nodes tr.node").nth(nodes.length - 1).waitFor({ timeout: STEP_MS });
@@ -255,9 +322,10 @@ async function run(page) {
   for (const n of nodes) {
     const cells = await page.locator(`#nodes tr.node[data-instance="${n}"] td`).allTextContents();
     const worker = cells[NODE_COL.workers];
-    check(/^\d+\/\d+$/.test(worker) && cells[NODE_COL.holderState] === "alive", `node ${n} shows worker id ${worker}, session alive`);
+    check(/^\d+\/\d+$/.test(worker) && cells[NODE_COL.holderState] === "alive", `node ${n} shows one worker id ${worker}, session alive`);
   }
   await nodeStatusRows(page, nodes);
+  await fitsAt1280(page);
   check((await page.locator("#backend").textContent()) === "consul", "backend consul");
   check(!page.url().includes(token), "the token is not in the URL");
   check((await page.context().cookies()).length === 0, "no cookie is set");
@@ -265,6 +333,8 @@ async function run(page) {
   check((await page.locator("#layout").textContent()).includes("generation"), "the layout is shown");
   check((await page.locator("#tags tbody tr").count()) >= 1, "segment tags are shown");
   check((await page.locator("#strict tbody tr").count()) >= 1, "strict namespaces are shown");
+  await waitCell(page, '#strict tr.namespace[data-namespace="nostep"]', 1, "1 (default)", "a namespace with keys and no stored step is listed");
+  await waitCell(page, '#formats tr.format[data-format="shops"]', 7, "per scope (shop): 0 counters", "a scoped format shows its counters, not an error");
   check((await page.locator("#formats").textContent()).includes("{yyyy}{MM}{dd}{seq:8}"), "the formats are shown");
 
   // Manual renewal of a live node's session.
@@ -303,6 +373,7 @@ async function run(page) {
   await thisNodeAndFilters(page, victim);
   await tagActions(page);
   await hiddenTag(page, env("IDGEN_HIDE_KEY"));
+  await hideKeysPanel(page, env("IDGEN_HIDE_KEY"));
   await formatActions(page);
   await strictActions(page);
   await autoRefresh(page, url);
@@ -332,6 +403,7 @@ async function run(page) {
       ],
     });
     const page = context.pages()[0] || (await context.newPage());
+    await page.setViewportSize({ width: 1280, height: 800 });
     const problems = [];
     page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
     page.on("console", (m) => {

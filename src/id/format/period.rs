@@ -219,6 +219,39 @@ impl PeriodKey {
     }
 }
 
+impl PeriodKey {
+    /// The period as a reader names it, on the zone's own calendar (the
+    /// key is already local wall time): `2026-12-06` for a day,
+    /// `2026-12` for a month, `2026` for a year, `2026-12-06 13:00` for an
+    /// hour, the start `2026-12-06 13:20:00` of an `N`-second period. The
+    /// stored number (civil seconds since 1970) means nothing to an
+    /// operator reading a counter; this is what the IDs of that period
+    /// render.
+    pub fn label(self, reset: Reset) -> String {
+        let Some(dt) = self.civil_start() else {
+            return if self == PeriodKey::FOREVER {
+                "the only period (reset never)".to_owned()
+            } else {
+                format!("period {}", self.0)
+            };
+        };
+        let (y, m, d) = (dt.year(), dt.month(), dt.day());
+        match reset {
+            Reset::Never => "the only period (reset never)".to_owned(),
+            Reset::Year => format!("{y:04}"),
+            Reset::Month => format!("{y:04}-{m:02}"),
+            Reset::Day => format!("{y:04}-{m:02}-{d:02}"),
+            Reset::Hour => format!("{y:04}-{m:02}-{d:02} {:02}:00", dt.hour()),
+            Reset::Seconds(n) => format!(
+                "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} (a {n} s period)",
+                dt.hour(),
+                dt.minute(),
+                dt.second()
+            ),
+        }
+    }
+}
+
 impl fmt::Display for PeriodKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.civil_start() {
@@ -455,6 +488,33 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_period_is_labelled_as_its_ids_render_it() {
+        // 1796515200: 2026-12-06T00:00 on the zone's wall clock.
+        let key = PeriodKey(1_796_515_200);
+        assert_eq!(key.label(Reset::Day), "2026-12-06");
+        assert_eq!(key.label(Reset::Month), "2026-12");
+        assert_eq!(key.label(Reset::Year), "2026");
+        assert_eq!(
+            PeriodKey(1_796_515_200 + 13 * 3600).label(Reset::Hour),
+            "2026-12-06 13:00"
+        );
+        assert_eq!(
+            PeriodKey(1_796_515_200 + 1200).label(Reset::Seconds(600)),
+            "2026-12-06 00:20:00 (a 600 s period)"
+        );
+        assert_eq!(
+            PeriodKey::FOREVER.label(Reset::Never),
+            "the only period (reset never)"
+        );
+        // In a zone east of UTC the key is still its local day.
+        let zone = Zone::get("Asia/Shanghai").unwrap();
+        // 2026-12-05T16:00Z: already 2026-12-06 00:00 in Shanghai (+08).
+        let at = 1_796_486_400_000;
+        let key = period_key(at, &zone, Reset::Day).unwrap();
+        assert_eq!(key.label(Reset::Day), "2026-12-06");
+    }
 
     fn ms(s: &str) -> i64 {
         s.parse::<Timestamp>().unwrap().as_millisecond()

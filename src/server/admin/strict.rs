@@ -125,17 +125,34 @@ impl AdminService {
         &self,
     ) -> Result<proto::ListStrictNamespacesResponse, Status> {
         let strict = self.strict()?;
-        let mut namespaces = strict.store().namespaces().await.map_err(store_status)?;
-        namespaces.sort();
-        Ok(proto::ListStrictNamespacesResponse {
-            namespaces: namespaces
+        let default_step = strict.default_step();
+        let stored = strict.store().namespaces().await.map_err(store_status)?;
+        // Most namespaces never get a stored step: those with live keys are
+        // listed too, with the default step they count with.
+        let with_keys = strict
+            .store()
+            .key_namespaces()
+            .await
+            .map_err(store_status)?;
+        let mut all: std::collections::BTreeMap<String, (u64, bool)> = with_keys
+            .into_iter()
+            .map(|ns| (ns.to_string(), (default_step, false)))
+            .collect();
+        all.extend(
+            stored
                 .into_iter()
-                .map(|(ns, step)| proto::StrictNamespace {
-                    namespace: ns.to_string(),
+                .map(|(ns, step)| (ns.to_string(), (step, true))),
+        );
+        Ok(proto::ListStrictNamespacesResponse {
+            namespaces: all
+                .into_iter()
+                .map(|(namespace, (step, step_stored))| proto::StrictNamespace {
+                    namespace,
                     step,
+                    step_stored,
                 })
                 .collect(),
-            default_step: strict.default_step(),
+            default_step,
         })
     }
 }

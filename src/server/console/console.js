@@ -70,12 +70,14 @@ function seconds(ms) {
   return ms ? (ms / 1000).toFixed(1) + " s" : "";
 }
 
-// What a holder holds, as [kind, which]: a worker id is datacenter/worker,
-// a lease token zone/token, a format token space/rendered (its number).
+// What a holder holds, as [kind, which]: the kind by its API name
+// (worker, lease_token, format_token: one word, one meaning), a worker id
+// as datacenter/worker, a lease token as zone/token, a format token as
+// space/rendered (its number).
 function holderParts(h) {
-  if (h.kind === "worker") return ["worker id", h.datacenter + "/" + h.id];
-  if (h.kind === "format_token") return ["format token", h.space + "/" + h.rendered + " (" + h.id + ")"];
-  return ["lease token", h.zone + "/" + h.id];
+  if (h.kind === "worker") return ["worker", h.datacenter + "/" + h.id];
+  if (h.kind === "format_token") return ["format_token", h.space + "/" + h.rendered + " (" + h.id + ")"];
+  return ["lease_token", h.zone + "/" + h.id];
 }
 
 function holderName(h) {
@@ -173,11 +175,43 @@ function statusCells(n) {
   ];
 }
 
+// A session id shortened for the nodes table (the full id on hover and
+// in the holders table below).
+function shortSession(s) {
+  const e = el("span", s.length > 8 ? s.slice(0, 8) + "\u2026" : s);
+  e.title = s;
+  return e;
+}
+
+// The holders of one instance that belong to the node running now. A
+// restarted (or re-claiming) node holds a new worker id under a new
+// session while its old session may live on until its TTL: the row shows
+// the worker id the node reports (its node number) and what that session
+// holds, never the old and new ids mixed. With no report, the newest live
+// session; with nothing live, what it held (a dead node's released ids).
+function currentHolders(held, status) {
+  const live = held.filter((h) => h.state !== "released" && h.state !== "gone");
+  if (!live.length) return held;
+  let session = null;
+  if (status && status.layout && status.node_number !== undefined) {
+    const bits = status.layout.worker_bits;
+    const dc = Math.floor(status.node_number / 2 ** bits);
+    const worker = status.node_number % 2 ** bits;
+    const mine = live.find((h) => h.kind === "worker" && h.datacenter === dc && h.id === worker);
+    if (mine) session = mine.session;
+  }
+  if (session === null) {
+    const workers = live.filter((h) => h.kind === "worker").sort((a, b) => (a.since < b.since ? 1 : a.since > b.since ? -1 : 0));
+    session = workers.length ? workers[0].session : live[0].session;
+  }
+  return live.filter((h) => h.session === session);
+}
+
 // One row per node: its published status (from /admin/api/cluster)
 // merged with what the holders show of it.
 function nodeRows(holders) {
   const nodes = new Map();
-  const blank = (instance, address) => ({ instance, address, workers: [], tokens: [], sessions: new Set(), states: new Set(), ttl: 0, status: null });
+  const blank = (instance, address) => ({ instance, address, held: [], workers: [], tokens: [], sessions: new Set(), states: new Set(), ttl: 0, status: null });
   for (const s of (clusterView && clusterView.nodes) || []) {
     const n = blank(s.instance, s.address || "");
     n.status = s;
@@ -185,14 +219,18 @@ function nodeRows(holders) {
   }
   for (const h of holders) {
     if (!nodes.has(h.instance)) nodes.set(h.instance, blank(h.instance, h.address));
-    const n = nodes.get(h.instance);
-    if (!n.address) n.address = h.address;
-    if (h.kind === "worker") n.workers.push(holderParts(h)[1]);
-    else if (h.kind === "format_token") n.tokens.push(h.space + "/" + h.rendered);
-    else n.tokens.push(holderParts(h)[1]);
-    if (h.session) n.sessions.add(h.session);
-    n.states.add(h.state);
-    n.ttl = Math.max(n.ttl, h.session_ttl_ms);
+    nodes.get(h.instance).held.push(h);
+  }
+  for (const n of nodes.values()) {
+    for (const h of currentHolders(n.held, n.status)) {
+      if (!n.address) n.address = h.address;
+      if (h.kind === "worker") n.workers.push(holderParts(h)[1]);
+      else if (h.kind === "format_token") n.tokens.push("format_token " + h.space + "/" + h.rendered);
+      else n.tokens.push("lease_token " + holderParts(h)[1]);
+      if (h.session) n.sessions.add(h.session);
+      n.states.add(h.state);
+      n.ttl = Math.max(n.ttl, h.session_ttl_ms);
+    }
   }
   const rows = [];
   for (const n of [...nodes.values()].sort((a, b) => (a.instance < b.instance ? -1 : a.instance > b.instance ? 1 : 0))) {
@@ -205,7 +243,9 @@ function nodeRows(holders) {
     }
     const name = thisNode && thisNode.instance === n.instance ? n.instance + " (this node)" : n.instance;
     const holderState = n.states.size ? stateCell([...n.states].join(", ")) : "";
-    const tr = row([name, n.address].concat(statusCells(n.status), [n.workers.join(", "), n.tokens.join(", "), [...n.sessions].join(", "), holderState, seconds(n.ttl), actions]));
+    const sessions = document.createElement("span");
+    for (const s of n.sessions) sessions.appendChild(shortSession(s));
+    const tr = row([name, n.address].concat(statusCells(n.status), [n.workers.join(", "), n.tokens.join(", "), sessions, holderState, seconds(n.ttl), actions]));
     tr.dataset.instance = n.instance;
     tr.dataset.report = n.status && n.status.report ? n.status.report.state : "none";
     tr.classList.add("node");
@@ -331,8 +371,12 @@ function note(id, r) {
   $(id).textContent = r.ok ? "" : r.error.message;
 }
 
+// The tags read last (the hide keys panel names the hidden ones).
+let lastTags = [];
+
 async function loadTags() {
   const r = await api("tags");
+  lastTags = r.ok ? r.data.tags : [];
   note("tags-note", r);
   fill("tags", r.ok ? r.data.tags.map(tagRow) : []);
   if (r.ok && r.data.unreadable.length) $("tags-note").textContent = r.data.unreadable.length + " record(s) unreadable: " + r.data.unreadable.map((u) => u.key + ": " + u.error).join("; ");
@@ -356,14 +400,28 @@ function tagRow(t) {
   return tr;
 }
 
-// The counter of a format now, in words.
-function counterNow(c) {
+// The counter of a format now, in words: the period named as its IDs
+// render it (the stored key on hover), a scoped format's number of
+// counters, or "unreadable" with the reason on hover and in the note
+// (an error is never shown as if it were the counter).
+function counterNow(f) {
+  const c = f.current;
   if (!c) return "";
-  if (c.error) return c.error;
+  if (c.error) {
+    const e = el("span", "unreadable", "warn");
+    e.title = c.error;
+    return e;
+  }
+  if (c.scoped) {
+    const n = c.counters === 1 ? "1 counter" : c.counters + " counters";
+    return "per scope (" + c.scope_params.join(", ") + "): " + n;
+  }
   if (!c.used) return "unused";
-  let text = "last " + c.last + " (period " + c.period + ")";
-  if (c.token) text += ", token " + c.token;
-  return text;
+  let text = "last " + c.last + " (period " + c.period_label + ")";
+  if (c.format_token) text += ", format_token " + c.format_token;
+  const e = el("span", text);
+  e.title = "stored period key " + c.period + " (seconds of " + f.zone + " wall time since 1970-01-01)";
+  return e;
 }
 
 function formatCode(f) {
@@ -386,7 +444,7 @@ function formatRow(f) {
   actions.appendChild(button("Edit", "edit-format", () => editFormat(f)));
   actions.appendChild(button("Delete", "delete-format danger", () => deleteFormat(f.name)));
   const range = f.counter.min + ".." + f.counter.max + " step " + f.counter.step;
-  const tr = row([f.name, f.kind, el("code", text), f.scope, f.zone, f.reset, range, counterNow(f.current), actions]);
+  const tr = row([f.name, f.kind, el("code", text), f.scope, f.zone, f.reset, range, counterNow(f), actions]);
   tr.dataset.format = f.name;
   tr.classList.add("format");
   return tr;
@@ -397,6 +455,8 @@ async function loadFormats() {
   note("formats-note", r);
   if (r.ok && !r.data.enabled) $("formats-note").textContent = "formatted mode is not configured on this node ([[formats]] in its config)";
   fill("formats", r.ok ? r.data.formats.map(formatRow) : []);
+  const unreadable = r.ok ? r.data.formats.filter((f) => f.current && f.current.error) : [];
+  if (unreadable.length) $("formats-note").textContent = "Counters not read: " + unreadable.map((f) => f.name + ": " + f.current.error).join("; ");
   const shown = $("format-code").dataset.format;
   const again = r.ok && r.data.formats.find((f) => f.name === shown);
   if (again) showCode(again);
@@ -405,7 +465,7 @@ async function loadFormats() {
 async function loadStrict() {
   const r = await api("strict");
   note("strict-note", r);
-  if (r.ok) $("strict-note").textContent = "default step " + r.data.default_step + "; namespaces with a stored step:";
+  if (r.ok) $("strict-note").textContent = "default step " + r.data.default_step + "; every namespace with a stored step or a live key:";
   fill("strict", r.ok ? r.data.namespaces.map(namespaceRow) : []);
   if ($("keys-namespace").dataset.listed) await loadKeys($("keys-namespace").dataset.listed);
 }
@@ -413,7 +473,7 @@ async function loadStrict() {
 function namespaceRow(n) {
   const actions = document.createElement("span");
   actions.appendChild(button("Keys", "list-keys", () => loadKeys(n.namespace)));
-  const tr = row([n.namespace, n.step, actions]);
+  const tr = row([n.namespace, n.step_stored ? String(n.step) : n.step + " (default)", actions]);
   tr.dataset.namespace = n.namespace;
   tr.classList.add("namespace");
   return tr;
@@ -461,6 +521,91 @@ async function loadLayout() {
   ]);
 }
 
+// What uses hide key `id`, as far as this console sees: hidden segment
+// tags, and what each node publishes it hides (its lease zone, layout).
+function hideKeyUsers(id) {
+  const users = lastTags.filter((t) => t.hide && t.hide.key === id).map((t) => "tag " + t.tag);
+  for (const n of (clusterView && clusterView.nodes) || []) {
+    for (const u of n.hides || []) if (u.key === id) users.push(n.instance + ": " + u.namespace);
+  }
+  return users.join(", ");
+}
+
+function hideKeyRow(k) {
+  const versions = k.versions.map((v) => v.version + " " + v.state + " (" + v.created + ")").join(", ");
+  const actions = document.createElement("span");
+  actions.appendChild(button("Rotate", "rotate-key", () => confirmKey("rotate", k)));
+  if (k.active !== null && k.active !== undefined) actions.appendChild(button("Retire", "retire-key danger", () => confirmKey("retire", k)));
+  const active = k.active === null || k.active === undefined ? "none (retired: rotate it to issue again)" : String(k.active);
+  const tr = row([k.key_id, active, versions, hideKeyUsers(k.key_id), actions]);
+  tr.dataset.key = k.key_id;
+  tr.classList.add("hide-key");
+  return tr;
+}
+
+async function loadHideKeys() {
+  const r = await api("hide-keys");
+  note("hide-keys-note", r);
+  if (r.ok && !r.data.keys.length) $("hide-keys-note").textContent = "No hide keys yet: create one below (or idgen admin keys create KEY_ID).";
+  fill("hide-keys", r.ok ? r.data.keys.map(hideKeyRow) : []);
+}
+
+async function submitHideKey() {
+  const keyId = $("hide-key-id").value.trim();
+  const ok = await submit("Creating hide key " + keyId, "hide-keys", { action: "create", key_id: keyId });
+  if (ok) {
+    $("hide-key-form").reset();
+    formDone($("hide-key-form"));
+  }
+}
+
+// Asks before a rotation or a retirement, as `idgen admin keys` makes
+// each a deliberate act: a rotation names what follows (and a forced one,
+// like --force, needs the key id typed); a retirement stops every
+// namespace using the key from issuing, so it always needs the key id
+// typed. Resolves to the confirmed body, or null.
+let keyPending = null;
+
+function typedMatches() {
+  const d = keyPending;
+  const needsTyping = d && (d.action === "retire" || $("key-confirm-force").checked);
+  $("key-confirm-typed-row").classList.toggle("hidden", !needsTyping);
+  $("key-confirm-ok").disabled = Boolean(needsTyping && $("key-confirm-typed").value !== d.key.key_id);
+}
+
+function confirmKey(action, k) {
+  keyPending = { action, key: k };
+  const next = k.versions.length ? Math.max(...k.versions.map((v) => v.version)) + 1 : 0;
+  const users = hideKeyUsers(k.key_id) || "none this console sees";
+  if (action === "rotate") {
+    $("key-confirm-title").textContent = "Rotate hide key " + k.key_id + "?";
+    $("key-confirm-text").textContent = "Version " + next + " becomes active; version " + (k.active === null || k.active === undefined ? "(none)" : k.active) + " becomes decode-only (its IDs still decode). Used by: " + users + ". Refused, changing nothing, if a namespace using the key cannot hold version " + next + ".";
+    $("key-confirm-ok").textContent = "Rotate";
+  } else {
+    $("key-confirm-title").textContent = "Retire hide key " + k.key_id + "?";
+    $("key-confirm-text").textContent = "Version " + k.active + " becomes decode-only with no successor: every namespace using the key (" + users + ") refuses to issue until the key is rotated. IDs already issued still decode.";
+    $("key-confirm-ok").textContent = "Retire";
+  }
+  $("key-confirm-force").checked = false;
+  $("key-confirm-force-row").classList.toggle("hidden", action !== "rotate");
+  $("key-confirm-typed").value = "";
+  $("key-confirm-typed-label").textContent = "Type the key id (" + k.key_id + ") to confirm";
+  typedMatches();
+  $("key-confirm").returnValue = "";
+  $("key-confirm").showModal();
+}
+
+async function keyConfirmed() {
+  const d = keyPending;
+  keyPending = null;
+  if (!d || $("key-confirm").returnValue !== "ok") return;
+  const body = { action: d.action, key_id: d.key.key_id };
+  if (d.action === "rotate" && $("key-confirm-force").checked) body.force = true;
+  if ((d.action === "retire" || body.force) && $("key-confirm-typed").value !== d.key.key_id) return;
+  const verb = d.action === "rotate" ? "Rotating" : "Retiring";
+  await submit(verb + " hide key " + d.key.key_id, "hide-keys", body);
+}
+
 // Whether the error line shows a failed read (cleared by the next good
 // read) rather than a refused change (kept until the next action, so an
 // auto-refresh never hides it).
@@ -485,6 +630,7 @@ async function load() {
   await Promise.all([loadNode(), loadCluster()]);
   fill("nodes", nodeRows(lastHolders)); // again, with every node's status
   await Promise.all([loadTags(), loadFormats(), loadStrict(), loadLayout()]);
+  await loadHideKeys(); // after the tags: it names the hidden ones
   return true;
 }
 
@@ -686,6 +832,7 @@ function wireForms() {
     ["tag-form", submitTag],
     ["format-form", submitFormat],
     ["strict-form", submitStrict],
+    ["hide-key-form", submitHideKey],
   ];
   for (const [id, run] of forms) {
     $(id).addEventListener("input", () => { $(id).dataset.dirty = "1"; });
@@ -760,6 +907,9 @@ document.addEventListener("DOMContentLoaded", () => {
     load();
   });
   wireForms();
+  $("key-confirm").addEventListener("close", keyConfirmed);
+  $("key-confirm-typed").addEventListener("input", typedMatches);
+  $("key-confirm-force").addEventListener("change", typedMatches);
   $("confirm").addEventListener("close", () => {
     const h = pending;
     pending = null;

@@ -349,6 +349,32 @@ impl StrictStore for ConsulStrictStore {
         }
     }
 
+    async fn key_namespaces(&self) -> Result<Vec<Namespace>, StoreError> {
+        // One name per namespace folder (`?keys&separator=/`), not every key.
+        let dir = self.keys.strict("");
+        let (folders, _) = self
+            .client
+            .kv_keys(&dir, "/", Consistency::Consistent)
+            .await
+            .map_err(|e| {
+                StoreError::Backend(format!("cannot list the strict namespaces with keys: {e}"))
+            })?;
+        let mut out = Vec::with_capacity(folders.len());
+        for folder in folders {
+            let name = folder.strip_prefix(dir.as_str()).unwrap_or(&folder);
+            let Some(name) = name.strip_suffix('/') else {
+                continue; // a key outside any namespace folder is no namespace
+            };
+            out.push(Namespace::parse(name).map_err(|e| {
+                StoreError::Backend(format!(
+                    "Consul folder {folder} is not a strict namespace ({e}); delete it or restore the folder from a backup"
+                ))
+            })?);
+        }
+        out.sort();
+        Ok(out)
+    }
+
     async fn namespaces(&self) -> Result<Vec<(Namespace, u64)>, StoreError> {
         let dir = self.keys.strict_namespaces_dir();
         let entries = self

@@ -354,6 +354,34 @@ impl EmbeddedStore {
         self.commit(txn)
     }
 
+    /// The namespaces of the live keys: one range lookup per namespace
+    /// (after `ns/...` the next one starts at `ns0`, `'0'` following `'/'`).
+    fn list_key_namespaces(&self) -> Result<Vec<Namespace>, StoreError> {
+        let txn = self.db().begin_read().map_err(backend_err)?;
+        let table = match txn.open_table(STRICT) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(backend_err(e)),
+        };
+        let mut out = Vec::new();
+        let mut from = String::new();
+        loop {
+            let mut range = table.range(from.as_str()..).map_err(backend_err)?;
+            let Some(entry) = range.next() else { break };
+            let (name, _) = entry.map_err(backend_err)?;
+            let key = StrictKey::parse(name.value()).map_err(|e| {
+                StoreError::Backend(format!(
+                    "the state file holds a bad strict key ({e}); restore it from a backup"
+                ))
+            })?;
+            from = format!("{}0", key.namespace_str());
+            out.push(key.namespace());
+        }
+        // Key order is not name order ("a-b/x" sorts before "a/x").
+        out.sort();
+        Ok(out)
+    }
+
     fn list_namespaces(&self) -> Result<Vec<(Namespace, u64)>, StoreError> {
         let txn = self.db().begin_read().map_err(backend_err)?;
         let table = match txn.open_table(STRICT_NAMESPACES) {
@@ -430,6 +458,11 @@ impl StrictStore for EmbeddedStrictStore {
         check_step(step)?;
         let (this, ns) = (self.store.clone(), ns.clone());
         blocking(move || this.write_namespace_step(&ns, step)).await
+    }
+
+    async fn key_namespaces(&self) -> Result<Vec<Namespace>, StoreError> {
+        let this = self.store.clone();
+        blocking(move || this.list_key_namespaces()).await
     }
 
     async fn namespaces(&self) -> Result<Vec<(Namespace, u64)>, StoreError> {

@@ -93,6 +93,11 @@ pub trait StrictStore: Send + Sync + 'static {
     /// Every namespace with a configured step, sorted by name.
     async fn namespaces(&self) -> Result<Vec<(Namespace, u64)>, StoreError>;
 
+    /// Every namespace with at least one live key, sorted by name: with
+    /// [`StrictStore::namespaces`], every namespace in use (most never get
+    /// a stored step and count with the default one).
+    async fn key_namespaces(&self) -> Result<Vec<Namespace>, StoreError>;
+
     /// The live keys of `ns` and their last values, sorted by key.
     async fn list_keys(&self, ns: &Namespace) -> Result<Vec<(StrictKey, u64)>, StoreError>;
 

@@ -274,6 +274,38 @@ async fn namespace_steps_round_trip_and_list_sorted() {
     assert_eq!(store.namespaces().await.unwrap(), expected);
 }
 
+/// Namespaces in use without a stored step are listed too (the console
+/// left them out): every namespace with a live key, once, sorted by name,
+/// and a namespace whose last key was deleted no more.
+async fn key_namespaces_are_listed(store: &dyn StrictStore) {
+    assert!(store.key_namespaces().await.unwrap().is_empty());
+    for k in ["a/x", "a/y", "a-b/z", "chats/1", "zeta/q"] {
+        store.advance(&key(k), 1, 1).await.unwrap();
+    }
+    store.set_namespace_step(&ns("books"), 3).await.unwrap();
+    let names = vec![ns("a"), ns("a-b"), ns("chats"), ns("zeta")];
+    assert_eq!(store.key_namespaces().await.unwrap(), names);
+    store.delete_key(&key("zeta/q")).await.unwrap();
+    assert_eq!(store.key_namespaces().await.unwrap(), names[..3].to_vec());
+}
+
+#[tokio::test]
+async fn namespaces_with_live_keys_are_listed_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store) = fresh(dir.path());
+    key_namespaces_are_listed(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_with_live_keys_are_listed_on_consul() {
+    let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
+        .await
+        .unwrap();
+    let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
+    let store = ConsulStrictStore::new(crate::store::test_consul_client(consul.addr()), keys);
+    key_namespaces_are_listed(&store).await;
+}
+
 #[test]
 fn dropping_the_store_stops_its_thread() {
     let dir = tempfile::tempdir().unwrap();
