@@ -110,7 +110,10 @@ impl Issuer {
     /// (created or rotated through another node moments ago): served from
     /// the first call, not after this node's watch. Every engine refuses a
     /// hidden namespace before it takes any value, so the first attempt
-    /// took nothing.
+    /// took nothing. A missing key waits for a re-read that started after
+    /// the call came (at most [`hide_keys::MISS_REFRESH_GAP`]); a retired
+    /// one re-reads only when no re-read started within that gap and is
+    /// otherwise refused at once.
     async fn learning_hide_keys<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
         F: Fn() -> Fut,
@@ -123,7 +126,11 @@ impl Issuer {
         if rings.issues(key) || !rings.has_master() {
             return first;
         }
-        rings.refresh_on_miss().await;
+        if rings.is_retired(key) {
+            rings.refresh_if_due().await;
+        } else {
+            rings.refresh_on_miss().await;
+        }
         if !rings.issues(key) {
             return first;
         }
@@ -456,7 +463,9 @@ impl Issuer {
         self.snowflakes.take_one().await
     }
 
-    /// `count` IDs, strictly increasing.
+    /// `count` IDs (fewer only at a segment tag's end, rule 37), in the
+    /// order `GenIdsResponse` documents per mode: a hidden namespace's are
+    /// not increasing.
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u64) -> Result<Vec<u64>, Error> {
         let count = check_count(count, self.max_batch)?;
         self.learning_hide_keys(|| self.gen_ids_once(mode, tag, count))

@@ -69,6 +69,10 @@ const FETCH_RETRY: Duration = Duration::from_millis(500);
 struct State {
     buffer: DoubleBuffer<Range>,
     step: u64,
+    /// Set when the store answered that the tag reached its largest ID:
+    /// no range will ever come again (rule 37), so a call takes what is
+    /// buffered and returns it instead of waiting.
+    end: Option<SegmentError>,
 }
 
 /// One tag's double buffer.
@@ -113,6 +117,7 @@ impl TagBuffer {
             state: Mutex::new(State {
                 buffer: DoubleBuffer::new(PREFETCH),
                 step: record.step,
+                end: None,
             }),
             filled: Notify::new(),
             used: AtomicBool::new(true),
@@ -184,6 +189,9 @@ impl TagBuffer {
                 Err(e) => {
                     st.buffer.fetch_failed(std::time::Instant::now());
                     self.store_op.failed();
+                    if let StoreError::Segment(end @ SegmentError::Exhausted { .. }) = &e {
+                        st.end = Some(end.clone());
+                    }
                     Err(Error::from(e))
                 }
             }
@@ -404,9 +412,13 @@ impl SegmentEngine {
         });
     }
 
-    /// `count` IDs of `tag`, strictly increasing. Waits on the store only
-    /// when both ranges are empty, and then at most `max_wait`; IDs taken
-    /// before a failure are dropped, never reused.
+    /// `count` IDs of `tag`: strictly increasing for a plain tag; a hidden
+    /// tag's are its increasing internal IDs shown through its keyed
+    /// permutation, so in no order. Waits on the store only when both
+    /// ranges are empty, and then at most `max_wait`; IDs taken before a
+    /// failure are dropped, never reused. At the end of the tag's ID space
+    /// (rule 37) the call returns the tag's last IDs, fewer than `count`,
+    /// and the next call is refused as exhausted.
     pub async fn take(self: &Arc<Self>, tag: &Tag, count: usize) -> Result<Vec<u64>, Error> {
         let buffer = self.buffer(tag).await?;
         // A hidden tag that cannot show IDs now is refused before any is
@@ -423,7 +435,7 @@ impl SegmentEngine {
         if let Some(hider) = &hider {
             hider.hide_all(&mut ids)?;
         }
-        self.issued.increment(count as u64);
+        self.issued.increment(ids.len() as u64);
         Ok(ids)
     }
 
@@ -532,6 +544,11 @@ impl Refill for TagRefill<'_> {
             .into());
         }
         Ok(())
+    }
+
+    fn ended(&self) -> Option<Error> {
+        let end = self.buffer.state().end.clone()?;
+        Some(StoreError::Segment(end).into())
     }
 
     fn timed_out(&self, max_wait: Duration) -> Error {
@@ -824,6 +841,42 @@ mod tests {
         assert!(seg.release(&tag, "deleted"));
         assert!(!seg.release(&tag, "deleted"));
         assert_eq!(seg.buffered_tags(), 0);
+    }
+
+    /// Rule 37 through the engine: a tag 2,500 IDs from its end, drained
+    /// in batches of 700, hands out exactly those 2,500 IDs, each once:
+    /// the batch that meets the end returns the IDs it took (the last
+    /// partial range included) instead of dropping them, and the call
+    /// after it is refused as exhausted (RESOURCE_EXHAUSTED), as is every
+    /// later one. (Issue 33: the partial range was never reserved and the
+    /// failing batch dropped what it held.)
+    #[tokio::test]
+    async fn a_tag_hands_out_every_id_to_its_end_then_refuses() {
+        let (store, _clock, seg, tag) = setup(1000);
+        let start = crate::id::segment::MAX_SEGMENT_ID - 2500;
+        store
+            .records
+            .lock()
+            .unwrap()
+            .insert(tag.clone(), TagRecord::new(start, 1000, "", T0).unwrap());
+        let mut got = Vec::new();
+        let end = loop {
+            match seg.take(&tag, 700).await {
+                Ok(ids) => {
+                    assert!(!ids.is_empty() && ids.len() <= 700);
+                    got.extend(ids);
+                }
+                Err(e) => break e,
+            }
+            assert!(got.len() <= 2500, "more IDs than the tag holds");
+        };
+        assert_eq!(end.kind(), crate::error::ErrorKind::Exhausted, "{end}");
+        assert!(end.to_string().contains("create a new tag"), "{end}");
+        let expected: Vec<u64> = (start + 1..=crate::id::segment::MAX_SEGMENT_ID).collect();
+        assert_eq!(got.len(), 2500, "IDs handed out before the end");
+        assert_eq!(got, expected, "every ID once, in order");
+        let again = seg.take_one(&tag).await.unwrap_err();
+        assert_eq!(again.kind(), crate::error::ErrorKind::Exhausted);
     }
 
     #[tokio::test]
