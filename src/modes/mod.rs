@@ -496,12 +496,26 @@ impl Issuer {
     }
 
     /// [`decode`](Self::decode) for a caller: an ID of a hidden snowflake
-    /// layout or of this node's hidden lease zone gives an admin caller
-    /// (`who`) the internal parts, and the answer is logged on
-    /// `idgen::audit`; anyone else gets the public view.
-    pub fn decode_as(&self, mode: Mode, id: u64, who: Option<&str>) -> Result<Decoded, Error> {
+    /// layout, of this node's hidden lease zone, or of hidden segment tag
+    /// `tag` (mode segment only) gives an admin caller (`who`) the internal
+    /// parts, and the answer is logged on `idgen::audit`; anyone else gets
+    /// the public view.
+    pub async fn decode_as(
+        &self,
+        mode: Mode,
+        id: u64,
+        tag: &str,
+        who: Option<&str>,
+    ) -> Result<Decoded, Error> {
         let reveal = who.is_some();
+        if !tag.is_empty() && mode != Mode::Segment {
+            return Err(RequestError::UnexpectedTag(mode).into());
+        }
         let decoded = match (mode, self.snowflakes.hidden(), &self.leases) {
+            (Mode::Segment, _, _) if !tag.is_empty() => {
+                let (segments, tag) = self.segments(mode, tag)?;
+                segments.decode(&tag, id, reveal).await?
+            }
             (Mode::Snowflake, Some(h), _) => h.decode(&self.layout, id, reveal)?,
             (Mode::Snowflake, None, _) => decode_snowflake(&self.layout, id)?,
             (Mode::Lease, _, Some(leases)) => leases.decode(id, reveal)?,
@@ -516,6 +530,7 @@ impl Issuer {
                 target: "idgen::audit",
                 who,
                 mode = decoded.mode,
+                tag = (!tag.is_empty()).then_some(tag),
                 id,
                 key_version = decoded.key_version,
                 internal,
@@ -529,8 +544,8 @@ impl Issuer {
 
     /// Splits `id` into its parts under the configured layout: the public
     /// view of a hidden ID (see [`decode_as`](Self::decode_as)).
-    pub fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
-        self.decode_as(mode, id, None)
+    pub async fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
+        self.decode_as(mode, id, "", None).await
     }
 }
 

@@ -28,15 +28,17 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::hidden::{self, HiddenOutput};
+use super::hidden::{self, HiddenOutput, RevealError};
 use super::hide_keys::HideKeyRings;
 use super::refill::{self, Refill};
 use crate::error::Error;
 use crate::id::buffer::{DoubleBuffer, Prefetch};
+use crate::id::decode::Decoded;
 use crate::id::hide::IntHider;
 use crate::id::segment::SegmentError;
-use crate::id::segment::{next_step, Range, Tag, TagRecord};
+use crate::id::segment::{next_step, Range, Tag, TagHide, TagRecord};
 use crate::id::Clock;
+use crate::id::RequestError;
 use crate::metrics as m;
 use crate::store::{SegmentStore, StoreError};
 
@@ -93,6 +95,9 @@ pub struct TagBuffer {
     store_op: m::StoreOp,
     /// A hidden tag's output (from its record's `hide`).
     hide: Option<Arc<HiddenOutput<IntHider>>>,
+    /// A hidden tag's widths and key (its record's `hide`): the public
+    /// view of a decode reads the key version with them.
+    hide_setting: Option<TagHide>,
 }
 
 impl TagBuffer {
@@ -102,15 +107,7 @@ impl TagBuffer {
         store_op: &m::StoreOp,
         rings: &Option<HideKeyRings>,
     ) -> Self {
-        let hide = record.hide.as_ref().map(|h| {
-            hidden::int_output(
-                format!("segment tag {:?}", tag.as_str()),
-                &h.key,
-                rings.clone(),
-                h.version_bits,
-                h.domain_bits,
-            )
-        });
+        let hide = record.hide.as_ref().map(|h| tag_output(&tag, h, rings));
         Self {
             tag,
             floor_step: record.step,
@@ -125,6 +122,7 @@ impl TagBuffer {
             deleted: AtomicBool::new(false),
             store_op: store_op.clone(),
             hide,
+            hide_setting: record.hide.clone(),
         }
     }
 
@@ -200,6 +198,24 @@ impl TagBuffer {
         outcome
     }
 }
+
+/// The output a hidden tag shows its IDs through.
+fn tag_output(
+    tag: &Tag,
+    hide: &TagHide,
+    rings: &Option<HideKeyRings>,
+) -> Arc<HiddenOutput<IntHider>> {
+    hidden::int_output(
+        format!("segment tag {:?}", tag.as_str()),
+        &hide.key,
+        rings.clone(),
+        hide.version_bits,
+        hide.domain_bits,
+    )
+}
+
+/// What `hidden` says of a hidden segment tag's decoded ID.
+pub const HIDDEN_TAG: &str = "tag";
 
 /// Serves segment mode for every tag this node has seen.
 pub struct SegmentEngine {
@@ -460,6 +476,77 @@ impl SegmentEngine {
             // `take` shows it (and checks the hider again).
             None => Ok(self.take(tag, 1).await?[0]),
         }
+    }
+
+    /// What `id` of hidden tag `tag` shows: its key version to anyone,
+    /// and with `reveal` (an admin caller) the internal value behind it,
+    /// undone with the version it carries: an ID of a rotated-out or
+    /// retired version still reveals (versions are kept decode-only, never
+    /// deleted); a version the key never had is refused naming it. Reads
+    /// the tag's record when this node holds no buffer of it (never
+    /// creates a tag); a plain tag is refused, its IDs have no parts.
+    pub async fn decode(&self, tag: &Tag, id: u64, reveal: bool) -> Result<Decoded, Error> {
+        let buffered = self
+            .tags
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(tag)
+            .cloned();
+        let (setting, output) = match buffered {
+            Some(b) => (b.hide_setting.clone(), b.hide.clone()),
+            None => {
+                let record = self.store.get_tag(tag).await?.ok_or_else(|| {
+                    StoreError::Segment(SegmentError::TagNotFound(tag.to_string()))
+                })?;
+                let output = record
+                    .hide
+                    .as_ref()
+                    .map(|h| tag_output(tag, h, &self.rings));
+                (record.hide, output)
+            }
+        };
+        let (Some(h), Some(output)) = (setting, output) else {
+            return Err(RequestError::PlainTag(tag.to_string()).into());
+        };
+        let bits = h.version_bits + h.domain_bits;
+        if id >> bits != 0 {
+            return Err(RequestError::NotTagId {
+                id,
+                tag: tag.to_string(),
+                bits,
+            }
+            .into());
+        }
+        let mut view = Decoded {
+            id,
+            mode: crate::id::Mode::Segment.as_str(),
+            time: String::new(),
+            unix_millis: 0,
+            datacenter: 0,
+            worker: 0,
+            sequence: 0,
+            zone: None,
+            token: None,
+            hidden: Some(HIDDEN_TAG),
+            key_version: Some((id >> h.domain_bits) as u32),
+            internal_id: None,
+        };
+        if !reveal {
+            return Ok(view);
+        }
+        let (version, internal) = output.reveal(id).map_err(|e| match e {
+            RevealError::Refused(e) => e,
+            RevealError::Hide(e) => RequestError::NotRevealed {
+                id,
+                tag: tag.to_string(),
+                key: h.key.clone(),
+                why: e.to_string(),
+            }
+            .into(),
+        })?;
+        view.key_version = Some(u32::from(version));
+        view.internal_id = Some(internal);
+        Ok(view)
     }
 
     fn fetch_in_background(self: &Arc<Self>, buffer: &Arc<TagBuffer>) {
