@@ -78,7 +78,11 @@ async fn grpc_bad_input_gets_the_right_code() {
         .into_inner()
         .id;
     let d = c
-        .decode_id(DecodeIdRequest { id, mode: 0 })
+        .decode_id(DecodeIdRequest {
+            id,
+            mode: 0,
+            tag: String::new(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -91,6 +95,7 @@ async fn grpc_bad_input_gets_the_right_code() {
         .decode_id(DecodeIdRequest {
             id: 1 << 63,
             mode: 0,
+            tag: String::new(),
         })
         .await
         .unwrap_err();

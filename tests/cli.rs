@@ -304,6 +304,12 @@ fn decode_with_addr_asks_the_node_plain_and_hidden_with_and_without_the_token() 
     let id = id.trim();
     let (ok, offline) = run_idgen(&["decode", id]);
     assert!(ok, "{offline}");
+    // The fields, without the note (stderr) naming the layout it assumed.
+    let offline: String = offline
+        .lines()
+        .filter(|l| !l.starts_with("note: no --config given"))
+        .map(|l| format!("{l}\n"))
+        .collect();
     for token in [&[][..], &["--admin-token", "cli-test-token"][..]] {
         let mut args = vec!["decode", id, "--addr", &addr];
         args.extend_from_slice(token);
@@ -562,4 +568,78 @@ fn a_node_that_shuts_down_mid_run_is_named_and_the_printed_ids_counted() {
     );
     let lines = whole_id_lines(&out);
     assert_eq!(printed_count(&err), lines, "{err}");
+}
+
+/// Offline `idgen decode` with no `--config` says which layout it decoded
+/// under and names `--config`: a `js53` ID read under the default layout
+/// gives plausible but wrong fields (issue 33: it printed them silently).
+/// With the node's config it decodes under `js53`, with no note.
+#[test]
+fn offline_decode_without_a_config_names_the_layout_it_assumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let js53 = dir.path().join("js53.toml");
+    std::fs::write(&js53, "[layout]\npreset = \"js53\"\n").unwrap();
+    let id = "12345678901";
+    let (ok, out) = run_idgen_with_env(&["decode", id], &[]);
+    assert!(ok, "{out}");
+    for part in [
+        "no --config given",
+        "default layout",
+        "js53",
+        "--config FILE",
+    ] {
+        assert!(out.contains(part), "{part:?}: {out}");
+    }
+    let (ok, out) = run_idgen_with_env(
+        &["decode", id, "--config", js53.to_str().unwrap(), "--json"],
+        &[],
+    );
+    assert!(ok && !out.contains("no --config given"), "{out}");
+}
+
+/// `idgen check-config` warns about a master key file every user can
+/// read, as `serve` does (the one check, `MasterKey::from_file`), and
+/// prints the warning after the settings, beside the summary, where a
+/// reader sees it (issue 33: it came first and scrolled away under the
+/// settings).
+#[cfg(unix)]
+#[test]
+fn check_config_warns_of_a_world_readable_master_key_after_the_settings() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("master.key");
+    std::fs::write(&key, "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cfg = config(dir.path());
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "[hide]\nmaster_key_file = \"{}\"\n",
+        key.display()
+    ));
+    std::fs::write(&cfg, text).unwrap();
+    // One file for both streams, so the order is the order a terminal shows.
+    let log = dir.path().join("out.txt");
+    let file = std::fs::File::create(&log).unwrap();
+    let status = Command::new(idgen_bin())
+        .args(["check-config", "--config", cfg.to_str().unwrap()])
+        .env_remove("IDGEN_HIDE_MASTER_KEY")
+        .stdout(Stdio::from(file.try_clone().unwrap()))
+        .stderr(Stdio::from(file))
+        .status()
+        .expect("run idgen");
+    let out = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{out}");
+    let warning = out
+        .find("is readable by every user")
+        .unwrap_or_else(|| panic!("no warning: {out}"));
+    assert!(out.contains("chmod 600"), "{out}");
+    let settings = out.find("[hide]").expect("the settings");
+    let summary = out.find("config is valid").expect("the summary");
+    assert!(
+        settings < warning && warning < summary,
+        "the warning comes after the settings, before the summary: {out}"
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (ok, out) = run_idgen(&["check-config", "--config", cfg.to_str().unwrap()]);
+    assert!(ok && !out.contains("readable by every user"), "{out}");
 }

@@ -66,6 +66,7 @@ async fn decode_lease(
     let msg = proto::DecodeIdRequest {
         id,
         mode: Mode::Lease as i32,
+        tag: String::new(),
     };
     let req = if admin {
         admin_req(msg)
@@ -453,7 +454,11 @@ async fn a_peer_outside_admin_allow_gets_no_admin_view() {
         (200, Some(id.to_string().as_str()))
     );
     let err = c
-        .decode_id(admin_req(proto::DecodeIdRequest { id, mode: 0 }))
+        .decode_id(admin_req(proto::DecodeIdRequest {
+            id,
+            mode: 0,
+            tag: String::new(),
+        }))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
@@ -672,4 +677,259 @@ async fn the_client_crate_reveals_with_the_admin_token_only() {
             other => panic!("token {bad:?} must be refused at build: {other:?}"),
         }
     }
+}
+
+/// DecodeId of a hidden segment tag's ID, as the admin or anonymously.
+async fn decode_tag(
+    c: &mut IdGenClient<Channel>,
+    id: u64,
+    tag: &str,
+    admin: bool,
+) -> Result<proto::DecodeIdResponse, tonic::Status> {
+    let msg = proto::DecodeIdRequest {
+        id,
+        mode: Mode::Segment as i32,
+        tag: tag.into(),
+    };
+    let req = if admin {
+        admin_req(msg)
+    } else {
+        tonic::Request::new(msg)
+    };
+    Ok(c.decode_id(req).await?.into_inner())
+}
+
+/// A hidden segment tag's IDs reveal to their owner (issue 33, item 2:
+/// DecodeId of one answered INVALID_ARGUMENT, whatever the token):
+/// DecodeId with the tag gives an admin the internal value and key version
+/// (audit-logged, counted) and anyone else the key version only; IDs of a
+/// rotated-out version, and of a retired key, still reveal; an ID whose
+/// version the key never had, a plain tag, an unknown tag and a tag with
+/// another mode are refused, each saying why. The same over HTTP
+/// (`/v1/decode?...&mode=segment&tag=users`) and with the documented
+/// command, `idgen decode ID --mode segment --tag users --addr NODE`.
+#[tokio::test]
+async fn a_hidden_tags_ids_reveal_to_admins_over_grpc_http_and_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&config(dir.path(), "[segment]\nenabled = true\n"));
+    common::hide_key(&node, TOKEN, "create", "users").await;
+    let mut admin = AdminClient::connect(format!("http://{}", node.grpc))
+        .await
+        .unwrap();
+    for (tag, hide) in [
+        (
+            "users",
+            Some(proto::TagHide {
+                key: "users".into(),
+                version_bits: 4,
+                domain_bits: 40,
+            }),
+        ),
+        ("plain", None),
+    ] {
+        admin
+            .create_tag(admin_req(proto::CreateTagRequest {
+                tag: tag.into(),
+                step: 100,
+                hide,
+                ..Default::default()
+            }))
+            .await
+            .expect("create tag");
+    }
+    let mut c = node.client().await;
+    let gen = |n| proto::GenIdsRequest {
+        mode: Mode::Segment as i32,
+        tag: "users".into(),
+        count: n,
+    };
+    let ids = c.gen_ids(gen(5)).await.expect("GenIds").into_inner().ids;
+    let mut internal = Vec::new();
+    for id in &ids {
+        let a = decode_tag(&mut c, *id, "users", true).await.expect("admin");
+        assert_eq!(
+            (a.mode, a.hidden.as_str(), a.key_version),
+            (Mode::Segment as i32, "tag", Some(0)),
+            "{a:?}"
+        );
+        internal.push(a.internal_id.expect("the admin sees the internal value"));
+        let p = decode_tag(&mut c, *id, "users", false).await.expect("anon");
+        assert_eq!(
+            (p.hidden.as_str(), p.key_version, p.internal_id),
+            ("tag", Some(0), None),
+            "{p:?}"
+        );
+    }
+    assert_eq!(internal, vec![1, 2, 3, 4, 5], "the tag's counter");
+
+    // Rotated: new IDs carry version 1, old ones still reveal; retired: too.
+    common::hide_key(&node, TOKEN, "rotate", "users").await;
+    let later = c.gen_ids(gen(1)).await.expect("GenIds").into_inner().ids[0];
+    let l = decode_tag(&mut c, later, "users", true)
+        .await
+        .expect("admin");
+    assert_eq!((l.key_version, l.internal_id), (Some(1), Some(6)), "{l:?}");
+    common::hide_key(&node, TOKEN, "retire", "users").await;
+    for (id, version, inner) in [(ids[0], 0, 1), (later, 1, 6)] {
+        let a = decode_tag(&mut c, id, "users", true)
+            .await
+            .expect("retired");
+        assert_eq!((a.key_version, a.internal_id), (Some(version), Some(inner)));
+    }
+    refused_tag_decodes(&mut c, ids[0]).await;
+
+    // HTTP /v1/decode with the tag.
+    let path = format!("/v1/decode?id={}&mode=segment&tag=users", ids[0]);
+    let (status, anon) = get(node.http, &path, None).await;
+    assert_eq!(status, 200, "{anon}");
+    assert_eq!(
+        (anon["hidden"].as_str(), &anon["key_version"]),
+        (Some("tag"), &Value::from(0))
+    );
+    assert!(anon.get("internal_id").is_none(), "{anon}");
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, body) = get(node.http, &path, Some(&bearer)).await;
+    assert_eq!(
+        (status, &body["internal_id"]),
+        (200, &Value::from("1")),
+        "{body}"
+    );
+    refusals(node.http, &path).await;
+
+    cli_tag_reveal(&node, ids[0]);
+    let log = node.log_text();
+    assert!(
+        log.contains("hidden segment ID decoded") && log.contains("\"tag\":\"users\""),
+        "no audit line naming the tag: {log}"
+    );
+    assert!(!log.contains(TOKEN), "the admin token was logged");
+    let metrics = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let name = "idgen_hidden_reveals_total{mode=\"segment\"}";
+    let n = common::metric(&metrics, name).unwrap_or_default();
+    assert!(n >= 10.0, "{name} = {n}");
+    node.kill();
+}
+
+/// What DecodeId refuses around hidden tags, each with its reason.
+async fn refused_tag_decodes(c: &mut IdGenClient<Channel>, id: u64) {
+    // Version 9 was never made: not an ID this tag showed.
+    let forged = (9u64 << 40) | 12345;
+    let e = decode_tag(c, forged, "users", true).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("key version 9"), "{e:?}");
+    let e = decode_tag(c, 1u64 << 50, "users", false).await.unwrap_err();
+    assert!(
+        e.code() == Code::InvalidArgument && e.message().contains("below 2^44"),
+        "{e:?}"
+    );
+    let e = decode_tag(c, id, "plain", true).await.unwrap_err();
+    assert!(
+        e.code() == Code::InvalidArgument && e.message().contains("is not hidden"),
+        "{e:?}"
+    );
+    let e = decode_tag(c, id, "nobody", true).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let e = decode_tag(c, id, "", true).await.unwrap_err();
+    assert!(
+        e.code() == Code::InvalidArgument && e.message().contains("--tag NAME"),
+        "{e:?}"
+    );
+    let msg = proto::DecodeIdRequest {
+        id,
+        mode: Mode::Lease as i32,
+        tag: "users".into(),
+    };
+    let e = c.decode_id(admin_req(msg)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let mut wrong = tonic::Request::new(proto::DecodeIdRequest {
+        id,
+        mode: Mode::Segment as i32,
+        tag: "users".into(),
+    });
+    wrong
+        .metadata_mut()
+        .insert("authorization", "Bearer wrong".parse().unwrap());
+    let e = c.decode_id(wrong).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+}
+
+/// The documented command, `idgen decode ID --mode segment --tag users
+/// --addr NODE`: the key version without a token, the internal value with
+/// `--admin-token-file` (text and JSON); offline it says to add --addr.
+/// `idgen admin tags get users --json` shows the tag's `hide`.
+fn cli_tag_reveal(node: &ChildServer, id: u64) {
+    let addr = format!("http://{}", node.grpc);
+    let id = id.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    let file = file.to_string_lossy().into_owned();
+    let decode = |extra: &[&str]| {
+        let mut args = vec![
+            "decode", &id, "--mode", "segment", "--tag", "users", "--addr", &addr,
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out) = run_idgen_with_env(&args, &[]);
+        assert!(ok, "{args:?}: {out}");
+        out
+    };
+    let anon = decode(&[]);
+    assert!(
+        anon.contains("tag users") && anon.contains("key version 0") && !anon.contains("internal"),
+        "{anon}"
+    );
+    let text = decode(&["--admin-token-file", &file]);
+    assert!(text.contains("internal id 1"), "{text}");
+    let json = decode(&["--admin-token-file", &file, "--json"]);
+    let line = json.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert_eq!(
+        (&v["tag"], &v["key_version"], &v["internal_id"]),
+        (&Value::from("users"), &Value::from(0), &Value::from("1")),
+        "{v}"
+    );
+    let (ok, out) = run_idgen_with_env(&["decode", &id, "--mode", "segment"], &[]);
+    assert!(!ok && out.contains("--addr NODE"), "{out}");
+
+    let (ok, out) = run_idgen_with_env(
+        &[
+            "admin",
+            "--addr",
+            &addr,
+            "--token-file",
+            &file,
+            "tags",
+            "get",
+            "users",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let line = out.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["tag"]["hide"]["key"], "users", "{v}");
+    assert_eq!(v["tag"]["hide"]["domain_bits"], 40, "{v}");
+    let (ok, out) = run_idgen_with_env(
+        &[
+            "admin",
+            "--addr",
+            &addr,
+            "--token-file",
+            &file,
+            "tags",
+            "get",
+            "users",
+        ],
+        &[],
+    );
+    assert!(
+        ok && out.contains("hide key users version_bits 4 domain_bits 40"),
+        "{out}"
+    );
 }

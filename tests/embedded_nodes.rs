@@ -81,6 +81,7 @@ async fn embedded_nodes_with_distinct_worker_ids_give_disjoint_lease_ids() {
             .decode_id(DecodeIdRequest {
                 id: ids[0],
                 mode: Mode::Lease as i32,
+                tag: String::new(),
             })
             .await
             .unwrap()

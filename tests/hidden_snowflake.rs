@@ -79,6 +79,7 @@ async fn decode(c: &mut IdGenClient<Channel>, id: u64, admin: bool) -> proto::De
     let msg = proto::DecodeIdRequest {
         id,
         mode: Mode::Snowflake as i32,
+        tag: String::new(),
     };
     let req = if admin {
         admin_req(msg)
@@ -299,6 +300,7 @@ async fn a_retired_layout_key_refuses_and_decode_is_for_admins() {
     let mut bad = tonic::Request::new(proto::DecodeIdRequest {
         id: first[0],
         mode: Mode::Snowflake as i32,
+        tag: String::new(),
     });
     bad.metadata_mut()
         .insert("authorization", "Bearer wrong".parse().unwrap());

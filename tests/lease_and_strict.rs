@@ -216,6 +216,7 @@ async fn lease_ids_from_three_cluster_nodes_are_distinct_and_decode_to_their_hol
         .decode_id(DecodeIdRequest {
             id,
             mode: Mode::Lease as i32,
+            tag: String::new(),
         })
         .await
         .unwrap()
@@ -488,6 +489,7 @@ async fn bad_lease_and_strict_requests_get_clear_errors() {
             .decode_id(DecodeIdRequest {
                 id,
                 mode: Mode::Lease as i32,
+                tag: String::new(),
             })
             .await
             .unwrap_err();
@@ -497,6 +499,7 @@ async fn bad_lease_and_strict_requests_get_clear_errors() {
         .decode_id(DecodeIdRequest {
             id: 5,
             mode: Mode::Strict as i32,
+            tag: String::new(),
         })
         .await
         .unwrap_err();

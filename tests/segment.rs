@@ -111,6 +111,7 @@ async fn bad_segment_requests_get_clear_errors() {
         .decode_id(DecodeIdRequest {
             id: 5,
             mode: Mode::Segment as i32,
+            tag: String::new(),
         })
         .await
         .unwrap_err();

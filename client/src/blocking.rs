@@ -69,6 +69,12 @@ impl BlockingClient {
         self.runtime.block_on(self.client.decode_id(id, mode))
     }
 
+    /// See [`Client::decode_segment_id`].
+    pub fn decode_segment_id(&self, tag: &str, id: u64) -> Result<DecodeIdResponse, Error> {
+        self.runtime
+            .block_on(self.client.decode_segment_id(tag, id))
+    }
+
     /// See [`Client::format_counter`].
     pub fn format_counter(
         &self,

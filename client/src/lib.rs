@@ -417,10 +417,29 @@ impl Client {
     /// [admin token](ClientBuilder::admin_token); the public view
     /// otherwise.
     pub async fn decode_id(&self, id: u64, mode: Mode) -> Result<DecodeIdResponse, Error> {
+        self.decode_request(id, mode, "").await
+    }
+
+    /// What `id` of hidden segment tag `tag` shows (`DecodeId` with mode
+    /// segment and the tag): `hidden = "tag"` and the `key_version` to
+    /// anyone; the `internal_id` (the tag's counter) too when the client
+    /// has the [admin token](ClientBuilder::admin_token), audit-logged by
+    /// the node. A plain tag's IDs have no parts: INVALID_ARGUMENT.
+    pub async fn decode_segment_id(&self, tag: &str, id: u64) -> Result<DecodeIdResponse, Error> {
+        self.decode_request(id, Mode::Segment, tag).await
+    }
+
+    async fn decode_request(
+        &self,
+        id: u64,
+        mode: Mode,
+        tag: &str,
+    ) -> Result<DecodeIdResponse, Error> {
         let req = || {
             self.authorized(DecodeIdRequest {
                 id,
                 mode: mode as i32,
+                tag: tag.to_owned(),
             })
         };
         self.unary_request("DecodeId", req, |mut c, req| async move {

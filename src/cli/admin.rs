@@ -129,6 +129,9 @@ pub fn failed(s: Status) -> anyhow::Error {
     super::client::status_error(s)
 }
 
+/// A tag as `--json` prints it: `hide` is `null` for a plain tag, so a
+/// script can tell the two apart (a hidden tag's IDs decode only with
+/// `idgen decode ID --mode segment --tag TAG --addr NODE`).
 fn tag_json(t: &proto::SegmentTag) -> Value {
     json!({
         "tag": t.tag,
@@ -137,12 +140,26 @@ fn tag_json(t: &proto::SegmentTag) -> Value {
         "description": t.description,
         "created": t.created,
         "updated": t.updated,
+        "hide": t.hide.as_ref().map(|h| json!({
+            "key": h.key,
+            "version_bits": h.version_bits,
+            "domain_bits": h.domain_bits,
+        })),
     })
 }
 
 fn tag_line(t: &proto::SegmentTag) -> String {
+    let hide = t.hide.as_ref().map_or_else(
+        || "none".to_owned(),
+        |h| {
+            format!(
+                "key {} version_bits {} domain_bits {}",
+                h.key, h.version_bits, h.domain_bits
+            )
+        },
+    );
     format!(
-        "{}\tmax_id {}\tstep {}\tcreated {}\tupdated {}\tdescription {:?}",
+        "{}\tmax_id {}\tstep {}\tcreated {}\tupdated {}\thide {hide}\tdescription {:?}",
         t.tag, t.max_id, t.step, t.created, t.updated, t.description
     )
 }

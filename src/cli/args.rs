@@ -338,9 +338,16 @@ pub struct DecodeArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// The mode the ID came from: snowflake or lease.
+    /// The mode the ID came from: snowflake, lease, or segment (with
+    /// --tag and --addr: a hidden tag's IDs).
     #[arg(long, default_value = "snowflake")]
     pub mode: String,
+    /// With --mode segment: the hidden segment tag the ID came from. Only
+    /// a node with the tag's key can undo the hiding, so it needs --addr;
+    /// the node shows the key version, and with the admin token the
+    /// internal value.
+    #[arg(long, requires = "addr")]
+    pub tag: Option<String>,
     /// Ask the node at this gRPC address (DecodeId) instead of decoding
     /// offline: needed for a hidden layout (`layout.hide`), whose IDs only
     /// a node with the key can reveal. host:port, http:// or https://

@@ -18,17 +18,20 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     log_filter(&config)?;
     check_lua_rules(&config)?;
     // The hide master key: read (never printed) so a bad one fails here
-    // as it would at start.
-    let hide = match config.hide.master_key()? {
-        Some((_, warning)) => {
-            if let Some(w) = warning {
-                eprintln!("warning: {w}");
-            }
-            "hide master key loaded"
-        }
-        None => "no hide master key (hide key admin calls are refused)",
+    // as it would at start, with the warning `serve` logs (one check,
+    // `MasterKey::from_file`), printed after the settings, beside the
+    // summary, where it is not scrolled away by them.
+    let (hide, key_warning) = match config.hide.master_key()? {
+        Some((_, warning)) => ("hide master key loaded", warning),
+        None => (
+            "no hide master key (hide key admin calls are refused)",
+            None,
+        ),
     };
     super::output::write(&file.redacted_toml()?)?;
+    if let Some(w) = key_warning {
+        eprintln!("warning: {w}");
+    }
     let backend = match &config.store.backend {
         Backend::Embedded { path, .. } => format!("embedded, state file {}", path.display()),
         Backend::Consul(c) => format!("consul at {}", c.client.address),

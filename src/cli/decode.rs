@@ -34,9 +34,18 @@ pub async fn run(a: DecodeArgs) -> anyhow::Result<()> {
                     file.layout.hide
                 );
             }
+            if a.config.is_none() && layout == FileConfig::default().layout(now)? {
+                // Nothing named a layout: say which one the fields below
+                // come from, since an ID of another layout (js53, a
+                // custom one) decodes to plausible but wrong fields.
+                eprintln!(
+                    "note: no --config given: decoded under the default layout [{layout}]; an ID made under another layout (js53, sonyflake, a custom one) decodes to wrong fields here. Pass --config FILE (or set IDGEN_CONFIG) naming the node's config, or ask the node with --addr NODE"
+                );
+            }
             decode_snowflake(&layout, id)?
         }
         Mode::Lease => idgen::modes::decode_lease(id)?,
+        Mode::Segment => bail!("mode segment IDs are plain numbers with no fields to decode; a hidden tag's ID decodes only on a node with its key: idgen decode ID --mode segment --tag TAG --addr NODE (add --admin-token-file FILE for the internal value)"),
         other => bail!("mode {other} IDs are plain numbers with no fields to decode"),
     };
     print(&d, a.json)
@@ -53,6 +62,7 @@ async fn online(a: &DecodeArgs, id: u64) -> anyhow::Result<()> {
     let request = tonic::Request::new(proto::DecodeIdRequest {
         id,
         mode: proto_mode(mode) as i32,
+        tag: a.tag.clone().unwrap_or_default(),
     });
     let request = super::admin::with_bearer(request, token.as_deref())?;
     let r = super::client::call(a.timeout, client.decode_id(request)).await?;
@@ -72,12 +82,43 @@ async fn online(a: &DecodeArgs, id: u64) -> anyhow::Result<()> {
             "sortable" => Some("sortable"),
             "opaque" => Some("opaque"),
             "zone" => Some("zone"),
+            "tag" => Some("tag"),
             _ => None,
         },
         key_version: r.key_version,
         internal_id: r.internal_id,
     };
-    print(&d, a.json)
+    match a.tag.as_deref() {
+        Some(tag) if d.hidden == Some("tag") => print_tag_id(&d, tag, a.json),
+        _ => print(&d, a.json),
+    }
+}
+
+/// A hidden segment tag's ID: the tag, its key version, and for an admin
+/// the internal value (the tag's counter).
+fn print_tag_id(d: &Decoded, tag: &str, json: bool) -> anyhow::Result<()> {
+    if json {
+        let mut v = serde_json::to_value(d)?;
+        if let Some(o) = v.as_object_mut() {
+            // Only the fields a tag's ID has.
+            for k in ["time", "unix_millis", "datacenter", "worker", "sequence"] {
+                o.remove(k);
+            }
+            o.insert("tag".into(), tag.into());
+        }
+        outln!("{v}")?;
+        return Ok(());
+    }
+    outln!(
+        "id {}\ntag {tag}\nhidden tag\nkey version {}",
+        d.id,
+        d.key_version
+            .map_or_else(|| "unknown".to_owned(), |v| v.to_string())
+    )?;
+    if let Some(internal) = d.internal_id {
+        outln!("internal id {internal}")?;
+    }
+    Ok(())
 }
 
 fn proto_mode(mode: Mode) -> proto::Mode {

@@ -12,7 +12,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use super::environment::check_environment;
+use super::environment::{check_environment, edit_distance};
 pub use super::layout::LayoutSection;
 use super::{invalid, ConfigError};
 use crate::cluster::worker_lock::WorkerLockSettings;
@@ -879,13 +879,49 @@ const ENUM_KEYS: [&str; 3] = ["store.backend", "log.format", "consul.worker"];
 /// A figment error as a [`ConfigError`]: a refused enum value names its
 /// key, everything else is a read error.
 fn read_error(e: figment::Error) -> ConfigError {
-    if let figment::error::Kind::Message(problem) = &e.kind {
-        let key = e.path.join(".");
-        if let Some(key) = ENUM_KEYS.into_iter().find(|k| *k == key) {
-            return invalid(key, problem.clone());
+    match &e.kind {
+        figment::error::Kind::Message(problem) => {
+            let key = e.path.join(".");
+            if let Some(key) = ENUM_KEYS.into_iter().find(|k| *k == key) {
+                return invalid(key, problem.clone());
+            }
         }
+        figment::error::Kind::UnknownField(field, expected) => {
+            return unknown_key(&e, field, expected);
+        }
+        _ => {}
     }
     ConfigError::Parse(e.to_string())
+}
+
+/// An unknown key as the user wrote it: the file it is in and its dotted
+/// key (`server.grpc_listn`, never figment's `default.` profile prefix),
+/// with the nearest key serde expected there, by the same distance the
+/// environment's "did you mean" uses. (The environment's typos are
+/// refused before the file is read: an unknown key here is the file's.)
+fn unknown_key(e: &figment::Error, field: &str, expected: &[&str]) -> ConfigError {
+    let mut path: Vec<&str> = e.path.iter().map(String::as_str).collect();
+    if path.last() != Some(&field) {
+        path.push(field);
+    }
+    let parent = path[..path.len() - 1].join(".");
+    let dotted = |k: &str| {
+        if parent.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{parent}.{k}")
+        }
+    };
+    let hint = expected
+        .iter()
+        .min_by_key(|k| edit_distance(field, k))
+        .map_or_else(String::new, |k| format!("; did you mean {}?", dotted(k)));
+    let place = match e.metadata.as_ref().and_then(|m| m.source.as_ref()) {
+        Some(figment::Source::File(file)) => format!("config file {}", file.display()),
+        Some(other) => other.to_string(),
+        None => "the config".to_owned(),
+    };
+    ConfigError::Parse(format!("{place}: unknown key {}{hint}", path.join(".")))
 }
 
 /// Declares a config enum read from and written as a lower-case word;

@@ -491,6 +491,37 @@ fn unknown_keys_and_missing_files_are_refused() {
     assert!(FileConfig::load(Some(&missing)).is_err());
 }
 
+/// An unknown key in the file is named as the user wrote it (file and
+/// dotted key, no `default.` profile prefix), with the nearest known key
+/// of that section, as the environment's typos are (issue 33: it read
+/// `unknown field ... for key "default.server.grpc_listn"`, no suggestion).
+#[test]
+fn an_unknown_file_key_is_named_as_written_with_the_nearest_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    for (text, key, nearest) in [
+        (
+            "[server]\ngrpc_listn = \"127.0.0.1:1\"\n",
+            "server.grpc_listn",
+            "server.grpc_listen",
+        ),
+        ("[node]\nworkerid = 3\n", "node.workerid", "node.worker_id"),
+        (
+            "[server.http]\ncors_allow_origin = []\n",
+            "server.http.cors_allow_origin",
+            "server.http.cors_allow_origins",
+        ),
+        ("[nod]\nworker_id = 3\n", "nod", "node"),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let msg = FileConfig::load(Some(&path)).unwrap_err().to_string();
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        assert!(msg.contains(&format!("unknown key {key};")), "{msg}");
+        assert!(msg.contains(&format!("did you mean {nearest}?")), "{msg}");
+        assert!(!msg.contains("default."), "{msg}");
+    }
+}
+
 fn vars(names: &[&str]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     names.iter().map(|n| (n.into(), "1".into())).collect()
 }

@@ -74,8 +74,34 @@ pub enum RequestError {
     #[error("mode strict needs a key in `tag`: <namespace>/<key>, e.g. books/moby-dick")]
     MissingKey,
     /// IDs of this mode carry no fields.
-    #[error("mode {0} IDs are plain numbers with no fields to decode")]
+    #[error("mode {0} IDs are plain numbers with no fields to decode{hint}", hint = if *.0 == Mode::Segment { "; an ID of a hidden tag decodes with its tag (tag=NAME, idgen decode ID --mode segment --tag NAME --addr NODE)" } else { "" })]
     NothingToDecode(Mode),
+    /// A hidden tag's ID that its key cannot undo (a key version the key
+    /// never had): not an ID the tag showed.
+    #[error("{id} cannot be revealed as an ID of segment tag {tag:?} (hide key {key:?}): {why}")]
+    NotRevealed {
+        /// The ID.
+        id: u64,
+        /// The tag.
+        tag: String,
+        /// Its hide key id.
+        key: String,
+        /// What the hider said.
+        why: String,
+    },
+    /// A segment tag named for a decode is not hidden.
+    #[error("segment tag {0:?} is not hidden: its IDs are the plain values themselves, with no fields to decode")]
+    PlainTag(String),
+    /// An ID that a hidden segment tag cannot have shown.
+    #[error("{id} is not an ID of hidden segment tag {tag:?}: its IDs are below 2^{bits}; check the ID and the tag")]
+    NotTagId {
+        /// The ID.
+        id: u64,
+        /// The tag.
+        tag: String,
+        /// Its version and domain bits together.
+        bits: u32,
+    },
     /// A tag was given where the mode takes none.
     #[error("mode {0} takes no tag; leave tag empty")]
     UnexpectedTag(Mode),

@@ -29,14 +29,15 @@ pub enum SegmentError {
     /// The step is zero or too large.
     #[error("step {0} is out of range: use 1 to 1000000000")]
     BadStep(u64),
-    /// The tag's ID space is used up.
-    #[error("tag {tag:?} is exhausted: max_id {max_id} + step {step} would pass {max}; create a new tag")]
+    /// The tag's ID space is used up: every ID up to its largest was
+    /// reserved (the last range may have been shorter than a step).
+    #[error("tag {tag:?} is exhausted: every ID up to its largest, {max}, was handed out (max_id {max_id}); create a new tag")]
     Exhausted {
         /// The tag.
         tag: String,
         /// Its current `max_id`.
         max_id: u64,
-        /// The step asked for.
+        /// The step the refused range asked for.
         step: u64,
         /// The largest allowed ID.
         max: u64,
@@ -306,6 +307,14 @@ impl TagRecord {
         })
     }
 
+    /// The largest ID the tag may hand out: a hidden tag's internal IDs
+    /// stay inside its permuted domain, a plain tag's below 2^63.
+    pub fn largest_id(&self) -> u64 {
+        self.hide
+            .as_ref()
+            .map_or(MAX_SEGMENT_ID, TagHide::max_internal)
+    }
+
     /// The record with `hide` set (checked).
     pub fn with_hide(mut self, tag: &Tag, hide: Option<TagHide>) -> Result<Self, SegmentError> {
         if let Some(h) = &hide {
@@ -384,7 +393,11 @@ impl TagRecord {
         })
     }
 
-    /// The range `(max_id, max_id + step]` and the record to write for it.
+    /// The range `(max_id, max_id + step]` and the record to write for it;
+    /// near the end of the tag's ID space the range stops at its largest
+    /// ID (rule 37: the last partial range is reserved like any other, so a
+    /// 2^20-domain hidden tag hands out all 1,048,575 IDs). Once `max_id`
+    /// is that largest ID, [`SegmentError::Exhausted`].
     pub fn next_range(
         &self,
         tag: &Tag,
@@ -392,21 +405,18 @@ impl TagRecord {
         now_ms: u64,
     ) -> Result<(Range, TagRecord), SegmentError> {
         let step = check_step(step)?;
-        // A hidden tag's internal IDs stay inside its permuted domain.
-        let max = self
-            .hide
-            .as_ref()
-            .map_or(MAX_SEGMENT_ID, TagHide::max_internal);
-        let last = self
-            .max_id
-            .checked_add(step)
-            .filter(|l| *l <= max)
-            .ok_or_else(|| SegmentError::Exhausted {
+        let max = self.largest_id();
+        if self.max_id >= max {
+            return Err(SegmentError::Exhausted {
                 tag: tag.to_string(),
                 max_id: self.max_id,
                 step,
                 max,
-            })?;
+            });
+        }
+        // Above max_id (checked just above), at most max: never an ID
+        // this record already reserved, never past the domain.
+        let last = self.max_id.saturating_add(step).min(max);
         let range = Range {
             first: self.max_id + 1,
             last,
@@ -546,12 +556,12 @@ mod tests {
             .unwrap()
             .with_hide(&tag, Some(small))
             .unwrap();
+        let (last, end) = r.next_range(&tag, 10, 2).unwrap();
+        assert_eq!((last.first, last.last), ((1 << 20) - 4, (1 << 20) - 1));
         assert!(matches!(
-            r.next_range(&tag, 10, 2),
+            end.next_range(&tag, 10, 3),
             Err(SegmentError::Exhausted { .. })
         ));
-        let (last, _) = r.next_range(&tag, 4, 2).unwrap();
-        assert_eq!(last.last, (1 << 20) - 1);
     }
 
     #[test]
@@ -585,6 +595,46 @@ mod tests {
         assert_eq!(r.max_id, 15_000);
         assert_eq!(r.step, 1000, "the configured step is kept");
         assert_eq!(r.updated_ms, 6);
+    }
+
+    /// Rule 37: a tag's last range is reserved even when it is shorter
+    /// than the step, so a hidden tag of 2^20 internal values hands out
+    /// every one of its 1,048,575 IDs (1 to 2^20 - 1), in disjoint
+    /// contiguous ranges, and only then answers `Exhausted`. (Issue 33:
+    /// with the last partial range refused it stopped at 1,048,000 with
+    /// steps of 4,000.)
+    #[test]
+    fn the_last_partial_range_is_reserved_then_the_tag_is_exhausted() {
+        let tag = Tag::parse("small").unwrap();
+        let hide = TagHide {
+            key: "k".into(),
+            version_bits: 4,
+            domain_bits: 20,
+        };
+        let mut r = TagRecord::new(0, 4000, "", 1)
+            .unwrap()
+            .with_hide(&tag, Some(hide))
+            .unwrap();
+        let mut handed = 0u64;
+        let mut last = 0u64;
+        loop {
+            match r.next_range(&tag, 4000, 2) {
+                Ok((range, next)) => {
+                    assert_eq!(range.first, last + 1, "contiguous, never overlapping");
+                    assert!(range.len() <= 4000);
+                    handed += range.len();
+                    last = range.last;
+                    r = next;
+                }
+                Err(e) => {
+                    assert!(matches!(e, SegmentError::Exhausted { .. }), "{e}");
+                    assert_eq!(e.kind(), ErrorKind::Exhausted);
+                    assert!(e.to_string().contains("create a new tag"), "{e}");
+                    break;
+                }
+            }
+        }
+        assert_eq!((handed, last, r.max_id), (1_048_575, 1_048_575, 1_048_575));
     }
 
     #[test]

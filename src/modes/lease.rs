@@ -743,4 +743,49 @@ mod tests {
         assert_eq!(blind.miss_refreshes(), 0);
         assert_eq!(src.reserves.load(Ordering::SeqCst), 0, "a block was taken");
     }
+
+    /// A call refused for a key this node holds only retired is refused at
+    /// once: five calls in a row start at most one re-read of the keys and
+    /// none waits for the re-read gap, and none takes a block. (Issue 33:
+    /// each call after the first waited about a second for a re-read.) A
+    /// rotation through another node is still served: the next re-read
+    /// that is due, or the watch, brings it.
+    #[tokio::test]
+    async fn a_call_for_a_retired_key_is_refused_at_once() {
+        use crate::modes::hide_keys::HideKeyRings;
+        use crate::store::hide_keys::{HideKeyRecords, HideKeyStore, HideKeys, MasterKey};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "l").unwrap();
+        let records: Arc<dyn HideKeyRecords> = Arc::new(store);
+        let keys: Arc<dyn HideKeyStore> = Arc::new(HideKeys::new(
+            records,
+            Some(Arc::new(MasterKey::from_bytes([3; 32]))),
+        ));
+        let rings = HideKeyRings::load(keys).await.unwrap();
+        rings.create("tickets", "test").await.unwrap();
+        rings.retire("tickets", "test").await.unwrap();
+        let src = MemSource::new(45);
+        let (engine, _) = hidden_zone(&src, "tickets", &rings);
+        let issuer = crate::modes::tests::issuer()
+            .0
+            .with_leases(Arc::new(engine))
+            .with_hide_keys(rings.clone());
+        let before = rings.miss_refreshes();
+        for _ in 0..5 {
+            let e = issuer
+                .gen_ids(crate::id::Mode::Lease, "", 5)
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("is retired"), "{e}");
+            assert!(e.to_string().contains("admin keys rotate tickets"), "{e}");
+        }
+        assert!(
+            rings.miss_refreshes() - before <= 1,
+            "{} re-reads for five refused calls",
+            rings.miss_refreshes() - before
+        );
+        assert_eq!(rings.miss_waits(), 0, "a refused call waited for the gap");
+        assert_eq!(src.reserves.load(Ordering::SeqCst), 0, "a block was taken");
+    }
 }

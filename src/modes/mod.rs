@@ -110,7 +110,10 @@ impl Issuer {
     /// (created or rotated through another node moments ago): served from
     /// the first call, not after this node's watch. Every engine refuses a
     /// hidden namespace before it takes any value, so the first attempt
-    /// took nothing.
+    /// took nothing. A missing key waits for a re-read that started after
+    /// the call came (at most [`hide_keys::MISS_REFRESH_GAP`]); a retired
+    /// one re-reads only when no re-read started within that gap and is
+    /// otherwise refused at once.
     async fn learning_hide_keys<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
         F: Fn() -> Fut,
@@ -123,7 +126,11 @@ impl Issuer {
         if rings.issues(key) || !rings.has_master() {
             return first;
         }
-        rings.refresh_on_miss().await;
+        if rings.is_retired(key) {
+            rings.refresh_if_due().await;
+        } else {
+            rings.refresh_on_miss().await;
+        }
         if !rings.issues(key) {
             return first;
         }
@@ -487,7 +494,9 @@ impl Issuer {
         self.snowflakes.take_one().await
     }
 
-    /// `count` IDs, strictly increasing.
+    /// `count` IDs (fewer only at a segment tag's end, rule 37), in the
+    /// order `GenIdsResponse` documents per mode: a hidden namespace's are
+    /// not increasing.
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u64) -> Result<Vec<u64>, Error> {
         let count = check_count(count, self.max_batch)?;
         self.learning_hide_keys(|| self.gen_ids_once(mode, tag, count))
@@ -518,12 +527,26 @@ impl Issuer {
     }
 
     /// [`decode`](Self::decode) for a caller: an ID of a hidden snowflake
-    /// layout or of this node's hidden lease zone gives an admin caller
-    /// (`who`) the internal parts, and the answer is logged on
-    /// `idgen::audit`; anyone else gets the public view.
-    pub fn decode_as(&self, mode: Mode, id: u64, who: Option<&str>) -> Result<Decoded, Error> {
+    /// layout, of this node's hidden lease zone, or of hidden segment tag
+    /// `tag` (mode segment only) gives an admin caller (`who`) the internal
+    /// parts, and the answer is logged on `idgen::audit`; anyone else gets
+    /// the public view.
+    pub async fn decode_as(
+        &self,
+        mode: Mode,
+        id: u64,
+        tag: &str,
+        who: Option<&str>,
+    ) -> Result<Decoded, Error> {
         let reveal = who.is_some();
+        if !tag.is_empty() && mode != Mode::Segment {
+            return Err(RequestError::UnexpectedTag(mode).into());
+        }
         let decoded = match (mode, self.snowflakes.hidden(), &self.leases) {
+            (Mode::Segment, _, _) if !tag.is_empty() => {
+                let (segments, tag) = self.segments(mode, tag)?;
+                segments.decode(&tag, id, reveal).await?
+            }
             (Mode::Snowflake, Some(h), _) => h.decode(&self.layout, id, reveal)?,
             (Mode::Snowflake, None, _) => decode_snowflake(&self.layout, id)?,
             (Mode::Lease, _, Some(leases)) => leases.decode(id, reveal)?,
@@ -538,6 +561,7 @@ impl Issuer {
                 target: "idgen::audit",
                 who,
                 mode = decoded.mode,
+                tag = (!tag.is_empty()).then_some(tag),
                 id,
                 key_version = decoded.key_version,
                 internal,
@@ -551,8 +575,8 @@ impl Issuer {
 
     /// Splits `id` into its parts under the configured layout: the public
     /// view of a hidden ID (see [`decode_as`](Self::decode_as)).
-    pub fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
-        self.decode_as(mode, id, None)
+    pub async fn decode(&self, mode: Mode, id: u64) -> Result<Decoded, Error> {
+        self.decode_as(mode, id, "", None).await
     }
 }
 

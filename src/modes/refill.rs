@@ -25,12 +25,30 @@ pub trait Refill: Sync {
     fn check_waiting(&self) -> Result<(), Error>;
     /// The answer once `max_wait` passed with no IDs.
     fn timed_out(&self, max_wait: Duration) -> Error;
+    /// Set once the store said no more IDs will ever come (a segment tag
+    /// reached its largest ID): the refusal to give when nothing is left.
+    fn ended(&self) -> Option<Error> {
+        None
+    }
+}
+
+/// The answer of a call that reached the end of its ID space (`end`):
+/// the IDs it already took, which are the last ones and reserved (rule
+/// 37), or `end` when it took none. Never drops what it took.
+fn at_end(out: Vec<u64>, end: Error) -> Result<Vec<u64>, Error> {
+    if out.is_empty() {
+        Err(end)
+    } else {
+        Ok(out)
+    }
 }
 
 /// `count` IDs from `refill`. Waits on the store only when both spans are
 /// empty, and then at most `max_wait`, looking again every `retry` (the
 /// pause after a failed fetch); IDs taken before a failure are dropped,
-/// never reused.
+/// never reused. At the end of the ID space ([`Refill::ended`]) the call
+/// returns the IDs it took, fewer than `count`, without waiting; the next
+/// call gets the end's refusal.
 pub async fn take<R: Refill>(
     refill: &R,
     count: usize,
@@ -57,9 +75,15 @@ pub async fn take<R: Refill>(
             }
             return Ok(out);
         }
+        if let Some(end) = refill.ended() {
+            return at_end(out, end);
+        }
         if start_fetch {
             // Both spans are empty and this call is the fetcher.
             if let Err(e) = refill.fetch().await {
+                if let Some(end) = refill.ended() {
+                    return at_end(out, end);
+                }
                 return Err(refill.fetch_failed(e));
             }
             continue;

@@ -28,15 +28,17 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::hidden::{self, HiddenOutput};
+use super::hidden::{self, HiddenOutput, RevealError};
 use super::hide_keys::HideKeyRings;
 use super::refill::{self, Refill};
 use crate::error::Error;
 use crate::id::buffer::{DoubleBuffer, Prefetch};
+use crate::id::decode::Decoded;
 use crate::id::hide::IntHider;
 use crate::id::segment::SegmentError;
-use crate::id::segment::{next_step, Range, Tag, TagRecord};
+use crate::id::segment::{next_step, Range, Tag, TagHide, TagRecord};
 use crate::id::Clock;
+use crate::id::RequestError;
 use crate::metrics as m;
 use crate::store::{SegmentStore, StoreError};
 
@@ -69,6 +71,10 @@ const FETCH_RETRY: Duration = Duration::from_millis(500);
 struct State {
     buffer: DoubleBuffer<Range>,
     step: u64,
+    /// Set when the store answered that the tag reached its largest ID:
+    /// no range will ever come again (rule 37), so a call takes what is
+    /// buffered and returns it instead of waiting.
+    end: Option<SegmentError>,
 }
 
 /// One tag's double buffer.
@@ -89,6 +95,9 @@ pub struct TagBuffer {
     store_op: m::StoreOp,
     /// A hidden tag's output (from its record's `hide`).
     hide: Option<Arc<HiddenOutput<IntHider>>>,
+    /// A hidden tag's widths and key (its record's `hide`): the public
+    /// view of a decode reads the key version with them.
+    hide_setting: Option<TagHide>,
 }
 
 impl TagBuffer {
@@ -98,21 +107,14 @@ impl TagBuffer {
         store_op: &m::StoreOp,
         rings: &Option<HideKeyRings>,
     ) -> Self {
-        let hide = record.hide.as_ref().map(|h| {
-            hidden::int_output(
-                format!("segment tag {:?}", tag.as_str()),
-                &h.key,
-                rings.clone(),
-                h.version_bits,
-                h.domain_bits,
-            )
-        });
+        let hide = record.hide.as_ref().map(|h| tag_output(&tag, h, rings));
         Self {
             tag,
             floor_step: record.step,
             state: Mutex::new(State {
                 buffer: DoubleBuffer::new(PREFETCH),
                 step: record.step,
+                end: None,
             }),
             filled: Notify::new(),
             used: AtomicBool::new(true),
@@ -120,6 +122,7 @@ impl TagBuffer {
             deleted: AtomicBool::new(false),
             store_op: store_op.clone(),
             hide,
+            hide_setting: record.hide.clone(),
         }
     }
 
@@ -184,6 +187,9 @@ impl TagBuffer {
                 Err(e) => {
                     st.buffer.fetch_failed(std::time::Instant::now());
                     self.store_op.failed();
+                    if let StoreError::Segment(end @ SegmentError::Exhausted { .. }) = &e {
+                        st.end = Some(end.clone());
+                    }
                     Err(Error::from(e))
                 }
             }
@@ -192,6 +198,24 @@ impl TagBuffer {
         outcome
     }
 }
+
+/// The output a hidden tag shows its IDs through.
+fn tag_output(
+    tag: &Tag,
+    hide: &TagHide,
+    rings: &Option<HideKeyRings>,
+) -> Arc<HiddenOutput<IntHider>> {
+    hidden::int_output(
+        format!("segment tag {:?}", tag.as_str()),
+        &hide.key,
+        rings.clone(),
+        hide.version_bits,
+        hide.domain_bits,
+    )
+}
+
+/// What `hidden` says of a hidden segment tag's decoded ID.
+pub const HIDDEN_TAG: &str = "tag";
 
 /// Serves segment mode for every tag this node has seen.
 pub struct SegmentEngine {
@@ -404,9 +428,13 @@ impl SegmentEngine {
         });
     }
 
-    /// `count` IDs of `tag`, strictly increasing. Waits on the store only
-    /// when both ranges are empty, and then at most `max_wait`; IDs taken
-    /// before a failure are dropped, never reused.
+    /// `count` IDs of `tag`: strictly increasing for a plain tag; a hidden
+    /// tag's are its increasing internal IDs shown through its keyed
+    /// permutation, so in no order. Waits on the store only when both
+    /// ranges are empty, and then at most `max_wait`; IDs taken before a
+    /// failure are dropped, never reused. At the end of the tag's ID space
+    /// (rule 37) the call returns the tag's last IDs, fewer than `count`,
+    /// and the next call is refused as exhausted.
     pub async fn take(self: &Arc<Self>, tag: &Tag, count: usize) -> Result<Vec<u64>, Error> {
         let buffer = self.buffer(tag).await?;
         // A hidden tag that cannot show IDs now is refused before any is
@@ -423,7 +451,7 @@ impl SegmentEngine {
         if let Some(hider) = &hider {
             hider.hide_all(&mut ids)?;
         }
-        self.issued.increment(count as u64);
+        self.issued.increment(ids.len() as u64);
         Ok(ids)
     }
 
@@ -448,6 +476,77 @@ impl SegmentEngine {
             // `take` shows it (and checks the hider again).
             None => Ok(self.take(tag, 1).await?[0]),
         }
+    }
+
+    /// What `id` of hidden tag `tag` shows: its key version to anyone,
+    /// and with `reveal` (an admin caller) the internal value behind it,
+    /// undone with the version it carries: an ID of a rotated-out or
+    /// retired version still reveals (versions are kept decode-only, never
+    /// deleted); a version the key never had is refused naming it. Reads
+    /// the tag's record when this node holds no buffer of it (never
+    /// creates a tag); a plain tag is refused, its IDs have no parts.
+    pub async fn decode(&self, tag: &Tag, id: u64, reveal: bool) -> Result<Decoded, Error> {
+        let buffered = self
+            .tags
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(tag)
+            .cloned();
+        let (setting, output) = match buffered {
+            Some(b) => (b.hide_setting.clone(), b.hide.clone()),
+            None => {
+                let record = self.store.get_tag(tag).await?.ok_or_else(|| {
+                    StoreError::Segment(SegmentError::TagNotFound(tag.to_string()))
+                })?;
+                let output = record
+                    .hide
+                    .as_ref()
+                    .map(|h| tag_output(tag, h, &self.rings));
+                (record.hide, output)
+            }
+        };
+        let (Some(h), Some(output)) = (setting, output) else {
+            return Err(RequestError::PlainTag(tag.to_string()).into());
+        };
+        let bits = h.version_bits + h.domain_bits;
+        if id >> bits != 0 {
+            return Err(RequestError::NotTagId {
+                id,
+                tag: tag.to_string(),
+                bits,
+            }
+            .into());
+        }
+        let mut view = Decoded {
+            id,
+            mode: crate::id::Mode::Segment.as_str(),
+            time: String::new(),
+            unix_millis: 0,
+            datacenter: 0,
+            worker: 0,
+            sequence: 0,
+            zone: None,
+            token: None,
+            hidden: Some(HIDDEN_TAG),
+            key_version: Some((id >> h.domain_bits) as u32),
+            internal_id: None,
+        };
+        if !reveal {
+            return Ok(view);
+        }
+        let (version, internal) = output.reveal(id).map_err(|e| match e {
+            RevealError::Refused(e) => e,
+            RevealError::Hide(e) => RequestError::NotRevealed {
+                id,
+                tag: tag.to_string(),
+                key: h.key.clone(),
+                why: e.to_string(),
+            }
+            .into(),
+        })?;
+        view.key_version = Some(u32::from(version));
+        view.internal_id = Some(internal);
+        Ok(view)
     }
 
     fn fetch_in_background(self: &Arc<Self>, buffer: &Arc<TagBuffer>) {
@@ -532,6 +631,11 @@ impl Refill for TagRefill<'_> {
             .into());
         }
         Ok(())
+    }
+
+    fn ended(&self) -> Option<Error> {
+        let end = self.buffer.state().end.clone()?;
+        Some(StoreError::Segment(end).into())
     }
 
     fn timed_out(&self, max_wait: Duration) -> Error {
@@ -824,6 +928,42 @@ mod tests {
         assert!(seg.release(&tag, "deleted"));
         assert!(!seg.release(&tag, "deleted"));
         assert_eq!(seg.buffered_tags(), 0);
+    }
+
+    /// Rule 37 through the engine: a tag 2,500 IDs from its end, drained
+    /// in batches of 700, hands out exactly those 2,500 IDs, each once:
+    /// the batch that meets the end returns the IDs it took (the last
+    /// partial range included) instead of dropping them, and the call
+    /// after it is refused as exhausted (RESOURCE_EXHAUSTED), as is every
+    /// later one. (Issue 33: the partial range was never reserved and the
+    /// failing batch dropped what it held.)
+    #[tokio::test]
+    async fn a_tag_hands_out_every_id_to_its_end_then_refuses() {
+        let (store, _clock, seg, tag) = setup(1000);
+        let start = crate::id::segment::MAX_SEGMENT_ID - 2500;
+        store
+            .records
+            .lock()
+            .unwrap()
+            .insert(tag.clone(), TagRecord::new(start, 1000, "", T0).unwrap());
+        let mut got = Vec::new();
+        let end = loop {
+            match seg.take(&tag, 700).await {
+                Ok(ids) => {
+                    assert!(!ids.is_empty() && ids.len() <= 700);
+                    got.extend(ids);
+                }
+                Err(e) => break e,
+            }
+            assert!(got.len() <= 2500, "more IDs than the tag holds");
+        };
+        assert_eq!(end.kind(), crate::error::ErrorKind::Exhausted, "{end}");
+        assert!(end.to_string().contains("create a new tag"), "{end}");
+        let expected: Vec<u64> = (start + 1..=crate::id::segment::MAX_SEGMENT_ID).collect();
+        assert_eq!(got.len(), 2500, "IDs handed out before the end");
+        assert_eq!(got, expected, "every ID once, in order");
+        let again = seg.take_one(&tag).await.unwrap_err();
+        assert_eq!(again.kind(), crate::error::ErrorKind::Exhausted);
     }
 
     #[tokio::test]

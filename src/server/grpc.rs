@@ -156,9 +156,14 @@ impl IdGen for IdGenService {
         let started = Instant::now();
         let who = self.admin_caller(&request)?;
         let req = request.into_inner();
-        let result = mode_from_proto(req.mode)
-            .map_err(Error::from)
-            .and_then(|mode| self.issuer.decode_as(mode, req.id, who.as_deref()));
+        let result = match mode_from_proto(req.mode) {
+            Ok(mode) => {
+                self.issuer
+                    .decode_as(mode, req.id, &req.tag, who.as_deref())
+                    .await
+            }
+            Err(e) => Err(Error::from(e)),
+        };
         self.decode_id.observe(started, &result);
         result
             .map(|d| {

@@ -127,6 +127,8 @@ struct IdQuery {
 struct DecodeQuery {
     id: String,
     mode: Option<String>,
+    /// A hidden segment tag's name (`mode=segment`).
+    tag: Option<String>,
 }
 
 fn parse_query<T: serde::de::DeserializeOwned>(raw: Option<String>) -> Result<T, Error> {
@@ -201,7 +203,7 @@ fn admin_caller(s: &HttpState, request: Request) -> Result<Option<String>, Box<R
         .map_err(|status| Box::new(super::console::status_response(&status)))
 }
 
-/// `GET /v1/decode?id=N[&mode=M]`: the parts of an ID; a hidden one's
+/// `GET /v1/decode?id=N[&mode=M][&tag=T]`: the parts of an ID; a hidden one's
 /// internal parts for an admin caller ([`admin_caller`]), audit-logged.
 async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery, request: Request) -> Response {
     let started = Instant::now();
@@ -209,7 +211,7 @@ async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery, request: Re
         Ok(who) => who,
         Err(refused) => return *refused,
     };
-    let result = (|| {
+    let result = async {
         let q: DecodeQuery = parse_query(raw)?;
         let id: u64 = q.id.parse().map_err(|_| {
             RequestError::BadQuery(format!(
@@ -217,9 +219,12 @@ async fn decode(State(s): State<HttpState>, RawQuery(raw): RawQuery, request: Re
                 q.id
             ))
         })?;
+        let tag = q.tag.as_deref().unwrap_or("");
         s.issuer
-            .decode_as(parse_mode(q.mode.as_deref())?, id, who.as_deref())
-    })();
+            .decode_as(parse_mode(q.mode.as_deref())?, id, tag, who.as_deref())
+            .await
+    }
+    .await;
     s.rpc.decode.observe(started, &result);
     match result {
         Ok(d) => Json(d).into_response(),
