@@ -37,8 +37,8 @@ use thiserror::Error;
 use super::layout::{Layout, LayoutError};
 
 mod uuids;
-pub use uuids::UuidReservation;
 use uuids::UuidPosition;
+pub use uuids::UuidReservation;
 
 /// Set in the state word once the generator is closed.
 const CLOSED: u64 = 1 << 63;

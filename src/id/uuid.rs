@@ -251,10 +251,8 @@ impl UuidLayout {
     /// node field would leave fewer than [`MIN_RANDOM_BITS`] random bits.
     pub fn of(layout: &Layout) -> Result<Self, UuidError> {
         let spec = layout.spec();
-        let (datacenter_bits, worker_bits) = (
-            u32::from(spec.datacenter_bits),
-            u32::from(spec.worker_bits),
-        );
+        let (datacenter_bits, worker_bits) =
+            (u32::from(spec.datacenter_bits), u32::from(spec.worker_bits));
         let node_bits = datacenter_bits + worker_bits;
         if node_bits > MAX_NODE_BITS {
             return Err(UuidError::NodeTooWide { node_bits });
@@ -281,8 +279,8 @@ impl UuidLayout {
     #[inline]
     pub fn compose(&self, unix_ms: u64, counter: u64, node: u64, random: u64) -> Uuid {
         let random_bits = self.random_bits();
-        let low48 = (u128::from(node) << random_bits)
-            | u128::from(random & ((1u64 << random_bits) - 1));
+        let low48 =
+            (u128::from(node) << random_bits) | u128::from(random & ((1u64 << random_bits) - 1));
         let counter = u128::from(counter);
         Uuid(
             (u128::from(unix_ms & TS_MAX) << 80)
@@ -310,7 +308,8 @@ impl UuidLayout {
         }
         let v = uuid.0;
         let random_bits = self.random_bits();
-        let node = ((v >> random_bits) & ((1 << (self.datacenter_bits + self.worker_bits)) - 1)) as u64;
+        let node =
+            ((v >> random_bits) & ((1 << (self.datacenter_bits + self.worker_bits)) - 1)) as u64;
         Ok(UuidParts {
             unix_ms: (v >> 80) as u64,
             counter: ((((v >> 64) & 0xfff) << COUNTER_LOW_BITS) | ((v >> 48) & 0x3fff)) as u64,

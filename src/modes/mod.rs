@@ -30,6 +30,7 @@ pub mod segment;
 pub mod snowflake;
 pub mod strict;
 pub mod ticker;
+pub mod uuid;
 
 use self::gate::IssueGate;
 use self::lease::LeaseEngine;

@@ -176,7 +176,10 @@ mod tests {
         assert!(all.windows(2).all(|w| w[0] < w[1]), "not increasing");
         assert_eq!(all[0].0, T0);
         assert_eq!(all[1000].0, T0 + 1);
-        assert!(all[1000].1 < super::COUNTER_START_LIMIT, "offset in the lower half");
+        assert!(
+            all[1000].1 < super::COUNTER_START_LIMIT,
+            "offset in the lower half"
+        );
     }
 
     #[test]
@@ -214,13 +217,18 @@ mod tests {
     #[test]
     fn nothing_above_the_mark_and_nothing_after_close() {
         let g = generator(T0, None);
-        let r = g.reserve_uuids((T0 + 2_000) * 1000, 1, 0).expect("below mark");
+        let r = g
+            .reserve_uuids((T0 + 2_000) * 1000, 1, 0)
+            .expect("below mark");
         assert!(matches!(
             g.reserve_uuids((T0 + 3_001) * 1000, 1, 0),
             Err(GenError::HwmReached { .. })
         ));
         assert_eq!(g.close(), r.unix_ms, "the final mark covers the last UUID");
-        assert_eq!(g.reserve_uuids((T0 + 3_000) * 1000, 1, 0), Err(GenError::Closed));
+        assert_eq!(
+            g.reserve_uuids((T0 + 3_000) * 1000, 1, 0),
+            Err(GenError::Closed)
+        );
     }
 
     #[test]
