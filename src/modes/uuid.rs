@@ -20,7 +20,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 
 use super::gate::IssueGate;
 use crate::error::Error;
-use crate::id::uuid::{Uuid, UuidError, UuidLayout};
+use crate::id::uuid::{Uuid, UuidLayout};
 use crate::id::{Clock, GenError, Snowflake, UuidReservation};
 use crate::metrics as m;
 
@@ -154,9 +154,42 @@ impl UuidEngine {
     }
 }
 
-/// Reads UUID text (canonical, 32 hex digits or ULID) for `DecodeUuid`.
-pub fn parse(text: &str) -> Result<Uuid, Error> {
-    Uuid::parse(text.trim()).map_err(|e: UuidError| Error::Uuid(e))
+/// A UUID split into its parts, for `DecodeUuid` and `/v1/decode/uuid`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DecodedUuid {
+    /// Canonical lowercase text.
+    pub uuid: String,
+    /// The same 128 bits as a ULID.
+    pub ulid: String,
+    /// RFC 3339 time with milliseconds, UTC.
+    pub time: String,
+    /// `unix_ts_ms`.
+    pub unix_millis: u64,
+    /// Datacenter field.
+    pub datacenter: u64,
+    /// Worker field.
+    pub worker: u64,
+    /// The per-millisecond counter.
+    pub counter: u64,
+}
+
+/// Reads UUID text (canonical, 32 hex digits or ULID) and splits it under
+/// the node layout `layout` (its datacenter and worker widths).
+pub fn decode(layout: &crate::id::Layout, text: &str) -> Result<DecodedUuid, Error> {
+    let uuid = Uuid::parse(text.trim())?;
+    let parts = UuidLayout::of(layout)?.decompose(uuid)?;
+    Ok(DecodedUuid {
+        uuid: uuid.to_string(),
+        ulid: uuid.to_ulid(),
+        time: humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + Duration::from_millis(parts.unix_ms),
+        )
+        .to_string(),
+        unix_millis: parts.unix_ms,
+        datacenter: parts.datacenter,
+        worker: parts.worker,
+        counter: parts.counter,
+    })
 }
 
 #[cfg(test)]
