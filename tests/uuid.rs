@@ -304,3 +304,59 @@ async fn bad_counts_and_text_are_invalid_arguments_naming_the_problem() {
     assert!(bad.text().await.unwrap().contains("format=ulid"));
     server.stop().await;
 }
+
+/// ULID and UUID text agree with python-ulid (an independent
+/// implementation, from PyPI via scripts/setup.sh): the same 128 bits both
+/// ways. Required where the test command runs (`REQUIRE_PYTHON_EXAMPLE`).
+#[tokio::test]
+async fn ulid_text_matches_an_independent_implementation() {
+    let python = std::env::var_os("IDGEN_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("idgen-py-venv/bin/python"));
+    let has_ulid = std::process::Command::new(&python)
+        .args(["-c", "import ulid"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_ulid {
+        assert!(
+            std::env::var_os("REQUIRE_PYTHON_EXAMPLE").is_none(),
+            "REQUIRE_PYTHON_EXAMPLE is set but {} has no python-ulid: run scripts/setup.sh",
+            python.display()
+        );
+        eprintln!("no Python with python-ulid (run scripts/setup.sh): not checked");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(test_config(dir.path())).await;
+    let mut c = server.client().await;
+    let mut sample = uuids(&mut c, 50).await;
+    sample.push(Uuid(u128::MAX >> 2));
+    sample.push(Uuid(0));
+    let lines: Vec<String> = sample
+        .iter()
+        .map(|u| format!("{} {}", u, u.to_ulid()))
+        .collect();
+    let script = "import sys, uuid\nfrom ulid import ULID\nfor line in sys.stdin:\n    text, ulid = line.split()\n    assert str(ULID.from_uuid(uuid.UUID(text))) == ulid, (text, ulid)\n    assert str(ULID.from_str(ulid).to_uuid()) == text, (text, ulid)\nprint('ok', end='')\n";
+    let mut child = std::process::Command::new(&python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(lines.join("\n").as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("python ends");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "ok",
+        "python-ulid disagrees: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.stop().await;
+}
