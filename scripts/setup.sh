@@ -20,8 +20,9 @@
 #     into tests/console/node_modules at the version package-lock.json
 #     pins (playwright-core never downloads a browser).
 #   - a virtualenv ${TMPDIR:-/tmp}/idgen-py-venv with grpcio, grpcio-tools
-#     and PyYAML from PyPI: the Python example client's test
-#     (tests/client_python.rs) and the Prometheus config check.
+#     PyYAML and python-ulid from PyPI: the Python example client's test
+#     (tests/client_python.rs), the Prometheus config check, and ULID text
+#     checked against an independent implementation (tests/uuid.rs).
 # protoc is NOT needed: the proto is compiled by protox, in Rust.
 set -euo pipefail
 
@@ -56,8 +57,8 @@ py_venv="${TMPDIR:-/tmp}/idgen-py-venv"
 if [ ! -x "$py_venv/bin/python" ]; then
   python3 -m venv "$py_venv"
 fi
-if ! "$py_venv/bin/python" -c "import grpc, grpc_tools, yaml" 2>/dev/null; then
-  "$py_venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools pyyaml
+if ! "$py_venv/bin/python" -c "import grpc, grpc_tools, yaml, ulid" 2>/dev/null; then
+  "$py_venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools pyyaml python-ulid
 fi
 
 # playwright-core for the console test, at the version package-lock.json

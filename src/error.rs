@@ -26,6 +26,9 @@ pub enum Error {
     /// The layout or node id is invalid.
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// UUID text that does not read, or a layout too wide for UUIDs.
+    #[error(transparent)]
+    Uuid(#[from] crate::id::UuidError),
     /// The node may not start (clock behind the stored mark).
     #[error(transparent)]
     Start(#[from] StartError),
@@ -116,6 +119,7 @@ impl Error {
             Self::Gen(e) => e.kind(),
             Self::Decode(_) => ErrorKind::BadRequest,
             Self::Layout(e) => e.kind(),
+            Self::Uuid(e) => e.kind(),
             Self::Start(e) => e.kind(),
             Self::Store(e) => e.kind(),
             Self::ClusterLayout(e) => e.kind(),

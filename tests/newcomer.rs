@@ -96,6 +96,7 @@ struct SnippetIds {
     segment: u64,
     lease: u64,
     strict: u64,
+    uuid: idgen_client::Uuid,
     invoices: Vec<String>,
     parsed_seq: u64,
     counter_last: u64,
@@ -125,6 +126,7 @@ async fn readme_snippet() -> Result<SnippetIds, Box<dyn std::error::Error>> {
     let order = ids.next_id().await?;                          // from memory
     let lease = client.gen_id(Mode::Lease, "").await?;         // clock-free
     let seat = client.gen_id(Mode::Strict, "flights/lh400").await?; // always a node
+    let uuid = client.gen_uuid().await?;                       // UUIDv7 (UUID.md)
     // Formatted IDs of a stored format, with its parameters (never prefetched):
     let invoices = client.gen_formatted("invoices", [("shop", "EU")], 3).await?;
     let fields = client.parse_formatted("invoices", &invoices.ids[0]).await?;
@@ -135,6 +137,7 @@ async fn readme_snippet() -> Result<SnippetIds, Box<dyn std::error::Error>> {
         segment: order,
         lease,
         strict: seat,
+        uuid,
         invoices: invoices.ids,
         parsed_seq: fields.seq,
         counter_last: counter.last,
@@ -550,6 +553,7 @@ fn the_secure_walkthrough_gets_every_mode_over_acls_and_mtls_in_cli_python_and_r
     assert!(got.segment >= 1, "segment {}", got.segment);
     // The CLI took the key's first strict value before: Rust's comes after.
     assert!(got.strict > 1, "strict {}", got.strict);
+    assert_eq!(got.uuid.0[6] >> 4, 7, "a version 7 UUID: {}", got.uuid);
     assert_eq!(got.invoices.len(), 3);
     let distinct: std::collections::BTreeSet<&String> = got.invoices.iter().collect();
     assert_eq!(distinct.len(), 3, "{:?}", got.invoices);

@@ -56,6 +56,13 @@ pub enum Error {
     /// Consul could not be asked for the nodes at start-up.
     #[error("Consul discovery failed: {0}")]
     Discovery(String),
+    /// A node answered something this client cannot read (a node of
+    /// another version, or a proxy in between).
+    #[error("a node's answer makes no sense: {what}")]
+    BadAnswer {
+        /// What was wrong with it.
+        what: String,
+    },
 }
 
 /// " after N attempts on M nodes", or nothing when no attempt was made.
@@ -81,6 +88,7 @@ impl Error {
             Error::DeadlineExceeded { .. } => tonic::Code::DeadlineExceeded,
             Error::Status { code, .. } => *code,
             Error::StrictNotPrefetchable | Error::Config(_) => tonic::Code::InvalidArgument,
+            Error::BadAnswer { .. } => tonic::Code::Internal,
         }
     }
 }

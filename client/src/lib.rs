@@ -69,6 +69,7 @@ mod port_probe;
 mod prefetch;
 mod sync;
 mod tls;
+mod uuid;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -76,8 +77,8 @@ use std::time::Duration;
 
 use idgen_proto::id_gen_client::IdGenClient;
 use idgen_proto::{
-    DecodeIdRequest, GenFormattedRequest, GenIdRequest, GenIdsRequest, GetFormatCounterRequest,
-    ParseFormattedRequest,
+    DecodeIdRequest, DecodeUuidRequest, GenFormattedRequest, GenIdRequest, GenIdsRequest,
+    GenUuidRequest, GenUuidsRequest, GetFormatCounterRequest, ParseFormattedRequest,
 };
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::Channel;
@@ -91,8 +92,10 @@ use crate::nodes::{NodeSet, NodeSettings, Route};
 pub use crate::port_probe::speaks_http1;
 pub use crate::prefetch::{PrefetchConfig, Prefetcher};
 pub use crate::tls::TlsConfig;
+pub use crate::uuid::Uuid;
 pub use idgen_proto::{
-    DecodeIdResponse, GenFormattedResponse, GetFormatCounterResponse, Mode, ParseFormattedResponse,
+    DecodeIdResponse, DecodeUuidResponse, GenFormattedResponse, GetFormatCounterResponse, Mode,
+    ParseFormattedResponse,
 };
 
 /// The nodes' admin token, kept out of `Debug` output.
@@ -444,6 +447,63 @@ impl Client {
         };
         self.unary_request("DecodeId", req, |mut c, req| async move {
             c.decode_id(req).await.map(|r| r.into_inner())
+        })
+        .await
+    }
+
+    /// One UUIDv7 (`GenUuid`): unique across the cluster, increasing per
+    /// node. Retried on another node like a snowflake call (any node's
+    /// UUIDs differ from every other node's).
+    pub async fn gen_uuid(&self) -> Result<Uuid, Error> {
+        let response = self
+            .unary(
+                "GenUuid",
+                || GenUuidRequest {},
+                |mut c, req| async move { c.gen_uuid(req).await.map(|r| r.into_inner()) },
+            )
+            .await?;
+        Uuid::from_slice(&response.uuid).ok_or_else(|| Error::BadAnswer {
+            what: format!("GenUuid answered {} bytes, not 16", response.uuid.len()),
+        })
+    }
+
+    /// `count` UUIDv7 in one call (`GenUuids`), strictly increasing.
+    pub async fn gen_uuids(&self, count: u32) -> Result<Vec<Uuid>, Error> {
+        let response = self
+            .unary(
+                "GenUuids",
+                || GenUuidsRequest {
+                    count,
+                    with_text: false,
+                },
+                |mut c, req| async move { c.gen_uuids(req).await.map(|r| r.into_inner()) },
+            )
+            .await?;
+        let bytes = &response.uuids;
+        if bytes.len() != count as usize * 16 {
+            return Err(Error::BadAnswer {
+                what: format!(
+                    "GenUuids for {count} UUIDs answered {} bytes, not {}",
+                    bytes.len(),
+                    count as usize * 16
+                ),
+            });
+        }
+        Ok(bytes
+            .chunks_exact(16)
+            .filter_map(Uuid::from_slice)
+            .collect())
+    }
+
+    /// The parts of a UUIDv7 (`DecodeUuid`): canonical text, 32 hex
+    /// digits or a ULID.
+    pub async fn decode_uuid(&self, text: &str) -> Result<DecodeUuidResponse, Error> {
+        let req = || DecodeUuidRequest {
+            text: text.to_owned(),
+            uuid: Vec::new(),
+        };
+        self.unary("DecodeUuid", req, |mut c, req| async move {
+            c.decode_uuid(req).await.map(|r| r.into_inner())
         })
         .await
     }

@@ -473,6 +473,41 @@ impl IdGen for CounterService {
     ) -> Result<Response<proto::GetFormatCounterResponse>, Status> {
         Err(Status::unimplemented("the baseline server only counts"))
     }
+
+    async fn gen_uuid(
+        &self,
+        _request: Request<proto::GenUuidRequest>,
+    ) -> Result<Response<proto::GenUuidResponse>, Status> {
+        let n = u128::from(self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        Ok(Response::new(proto::GenUuidResponse {
+            uuid: n.to_be_bytes().to_vec(),
+            text: String::new(),
+        }))
+    }
+
+    /// Counter values as 16-byte runs: the wire cost of a UUID batch.
+    async fn gen_uuids(
+        &self,
+        request: Request<proto::GenUuidsRequest>,
+    ) -> Result<Response<proto::GenUuidsResponse>, Status> {
+        let count = u64::from(request.into_inner().count.max(1));
+        let first = self.next.fetch_add(count, Ordering::Relaxed) + 1;
+        let mut uuids = Vec::with_capacity(count as usize * 16);
+        for n in first..first + count {
+            uuids.extend_from_slice(&u128::from(n).to_be_bytes());
+        }
+        Ok(Response::new(proto::GenUuidsResponse {
+            uuids,
+            texts: Vec::new(),
+        }))
+    }
+
+    async fn decode_uuid(
+        &self,
+        _request: Request<proto::DecodeUuidRequest>,
+    ) -> Result<Response<proto::DecodeUuidResponse>, Status> {
+        Err(Status::unimplemented("the baseline server only counts"))
+    }
 }
 
 /// Serves the baseline on `listener` until `shutdown` completes.

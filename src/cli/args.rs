@@ -319,6 +319,14 @@ pub struct GenArgs {
     /// template's `{param:..}` fields, scope parameters, a Lua `salt`.
     #[arg(long, value_parser = parse_param, requires = "format")]
     pub param: Vec<(String, String)>,
+    /// UUIDv7 instead of --mode (canonical 8-4-4-4-12 text): unique
+    /// across the cluster, increasing per node.
+    #[arg(long, conflicts_with_all = ["format", "tag"])]
+    pub uuid: bool,
+    /// UUIDv7 as ULID text (Crockford base32: the same 128 bits, sorting
+    /// the same).
+    #[arg(long, conflicts_with_all = ["format", "tag", "uuid"])]
+    pub ulid: bool,
     /// Print JSON (`{"ids": ["..."]}`) instead of one ID per line.
     #[arg(long)]
     pub json: bool,
@@ -329,7 +337,8 @@ pub struct GenArgs {
 
 #[derive(Args)]
 pub struct DecodeArgs {
-    /// The ID, in decimal.
+    /// The ID, in decimal; or a UUIDv7 (8-4-4-4-12, 32 hex digits or a
+    /// ULID), whose time, datacenter, worker and counter are printed.
     pub id: String,
     /// Config file whose layout to decode with (defaults otherwise);
     /// IDGEN_CONFIG names one too.

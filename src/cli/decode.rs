@@ -18,7 +18,13 @@ use super::output::outln;
 /// which tokio refuses with a panic.
 pub async fn run(a: DecodeArgs) -> anyhow::Result<()> {
     let Ok(id) = a.id.parse::<u64>() else {
-        bail!("{:?} is not a decimal 64-bit unsigned integer", a.id);
+        if idgen::id::Uuid::parse(a.id.trim()).is_ok() {
+            return uuid(&a).await;
+        }
+        bail!(
+            "{:?} is neither a decimal 64-bit unsigned integer nor a UUID (8-4-4-4-12, 32 hex digits or a 26-character ULID)",
+            a.id
+        );
     };
     if a.addr.is_some() {
         return online(&a, id).await;
@@ -180,5 +186,50 @@ fn print_revealed(d: &Decoded) -> anyhow::Result<()> {
             d.key_version.unwrap_or_default()
         )?;
     }
+    Ok(())
+}
+
+/// A UUIDv7's parts: offline under the configured layout's datacenter and
+/// worker widths, or with `--addr` by the node (DecodeUuid).
+async fn uuid(a: &DecodeArgs) -> anyhow::Result<()> {
+    let d = match &a.addr {
+        Some(addr) => {
+            let channel = super::client::channel(addr, a.timeout, &a.tls).await?;
+            let mut client = IdGenClient::new(channel);
+            let request = proto::DecodeUuidRequest {
+                text: a.id.clone(),
+                uuid: Vec::new(),
+            };
+            let r = super::client::call(a.timeout, client.decode_uuid(request)).await?;
+            idgen::modes::uuid::DecodedUuid {
+                uuid: r.uuid,
+                ulid: r.ulid,
+                time: r.time,
+                unix_millis: r.unix_millis,
+                datacenter: u64::from(r.datacenter),
+                worker: u64::from(r.worker),
+                counter: r.counter,
+            }
+        }
+        None => {
+            let file = FileConfig::load(a.config.as_deref())?;
+            let layout = file.layout(SystemClock.now_millis())?;
+            idgen::modes::uuid::decode(&layout, &a.id)?
+        }
+    };
+    if a.json {
+        outln!("{}", serde_json::to_string(&d)?)?;
+        return Ok(());
+    }
+    outln!(
+        "uuid {}\nulid {}\ntime {}\nunix_millis {}\ndatacenter {}\nworker {}\ncounter {}",
+        d.uuid,
+        d.ulid,
+        d.time,
+        d.unix_millis,
+        d.datacenter,
+        d.worker,
+        d.counter
+    )?;
     Ok(())
 }

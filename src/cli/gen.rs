@@ -78,12 +78,53 @@ async fn take_all(a: &GenArgs, out: &mut IdStream) -> anyhow::Result<()> {
         })
         .await;
     }
+    if a.uuid || a.ulid {
+        return uuids(a, out).await;
+    }
     let mode = idgen::id::Mode::parse(&a.mode)?;
     let mode = idgen::server::grpc::mode_to_proto(mode) as i32;
     if a.discovery.discover.is_some() {
         return from_cluster(a, mode, out).await;
     }
     from_node(a, mode, out).await
+}
+
+/// `--uuid`/`--ulid`: UUIDv7 from the node at `--addr`, or through the
+/// client crate with `--discover` (any node: every node's UUIDs differ).
+async fn uuids(a: &GenArgs, out: &mut IdStream) -> anyhow::Result<()> {
+    let text = |bytes: &[u8]| -> anyhow::Result<String> {
+        let uuid = idgen_client::Uuid::from_slice(bytes)
+            .ok_or_else(|| anyhow::anyhow!("the node answered a UUID of {} bytes", bytes.len()))?;
+        Ok(if a.ulid {
+            uuid.to_ulid()
+        } else {
+            uuid.to_string()
+        })
+    };
+    if a.discovery.discover.is_some() {
+        let client = discovered_client(&a.discovery, &a.tls, a.timeout).await?;
+        return stream(a, out, |count| {
+            let client = client.clone();
+            async move {
+                let got = client.gen_uuids(count).await?;
+                got.iter().map(|u| text(&u.0)).collect()
+            }
+        })
+        .await;
+    }
+    let client = IdGenClient::new(channel(&a.addr, a.timeout, &a.tls).await?);
+    stream(a, out, |count| {
+        let mut client = client.clone();
+        async move {
+            let request = proto::GenUuidsRequest {
+                count,
+                with_text: false,
+            };
+            let r = call(a.timeout, client.gen_uuids(request)).await?;
+            r.uuids.chunks(16).map(text).collect()
+        }
+    })
+    .await
 }
 
 /// Asks `take` for at most `--batch` IDs at a time until `--count` are

@@ -1,5 +1,6 @@
 //! The pure core: ID layouts, the snowflake generator, segment ranges,
-//! lease blocks, the double buffer both serve from, strict counters, the
+//! lease blocks, the double buffer both serve from, strict counters, UUIDv7
+//! bits and text, the
 //! formatted-ID rules (templates, periods, presets, sandboxed Lua) and the
 //! clock trait.
 //!
@@ -20,6 +21,7 @@ pub mod mode;
 pub mod segment;
 pub mod snowflake;
 pub mod strict;
+pub mod uuid;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use deadline::Deadline;
@@ -29,4 +31,7 @@ pub use layout::{
     DEFAULT_EPOCH_MS,
 };
 pub use mode::{check_count, Mode, RequestError};
-pub use snowflake::{GenError, Reservation, Snowflake, StartError, StartPlan, StepBackStats};
+pub use snowflake::{
+    GenError, Reservation, Snowflake, StartError, StartPlan, StepBackStats, UuidReservation,
+};
+pub use uuid::{Uuid, UuidError, UuidLayout, UuidParts};

@@ -30,10 +30,15 @@
 
 use super::kind::ErrorKind;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
 
 use thiserror::Error;
 
 use super::layout::{Layout, LayoutError};
+
+mod uuids;
+use uuids::UuidPosition;
+pub use uuids::UuidReservation;
 
 /// Set in the state word once the generator is closed.
 const CLOSED: u64 = 1 << 63;
@@ -247,6 +252,8 @@ pub struct Snowflake {
     tolerated: AtomicU64,
     refused: AtomicU64,
     last_back_ms: AtomicU64,
+    /// The last UUIDv7 position (`id::uuid`): same clock, mark and close.
+    uuid: Mutex<UuidPosition>,
 }
 
 impl Snowflake {
@@ -279,6 +286,7 @@ impl Snowflake {
             epoch_micros: layout.spec().epoch_ms * 1000,
             unit_micros: layout.time_unit_ms() * 1000,
             last: AtomicU64::new(last),
+            uuid: Mutex::new(UuidPosition::below(layout.unix_ms_of(plan.floor_units))),
             hwm: AtomicU64::new(layout.units_at(hwm_ms)),
             wall_high: AtomicU64::new(0),
             step_state: AtomicU8::new(STEP_NONE),
@@ -335,9 +343,12 @@ impl Snowflake {
     /// Stops issuing for good and returns the Unix ms of the highest time
     /// unit ever issued (the floor minus one if nothing was): the final
     /// high-water mark that is safe to store once nothing else can issue.
+    ///
+    /// UUIDs count too: the result covers the last UUID's millisecond.
     pub fn close(&self) -> u64 {
         let last = self.last.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
-        self.layout.unix_ms_of(last >> self.seq_bits)
+        let snowflake_ms = self.layout.unix_ms_of(last >> self.seq_bits);
+        snowflake_ms.max(self.close_uuids())
     }
 
     /// Applies the clock and high-water mark rules at `now_micros` without

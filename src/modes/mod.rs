@@ -30,6 +30,7 @@ pub mod segment;
 pub mod snowflake;
 pub mod strict;
 pub mod ticker;
+pub mod uuid;
 
 use self::gate::IssueGate;
 use self::lease::LeaseEngine;
@@ -45,6 +46,7 @@ pub struct Issuer {
     /// snowflake, lease and formatted call.
     gate: Arc<IssueGate>,
     snowflakes: SnowflakeEngine,
+    uuids: self::uuid::UuidEngine,
     segments: Option<Arc<SegmentEngine>>,
     leases: Option<Arc<LeaseEngine>>,
     strict: Option<Arc<StrictEngine>>,
@@ -84,7 +86,8 @@ impl Issuer {
         let gate = Arc::new(IssueGate::new(generator, Arc::clone(&clock))?);
         Ok(Self {
             layout: *gate.generator().layout(),
-            snowflakes: SnowflakeEngine::new(Arc::clone(&gate), clock, max_wait),
+            snowflakes: SnowflakeEngine::new(Arc::clone(&gate), Arc::clone(&clock), max_wait),
+            uuids: self::uuid::UuidEngine::new(Arc::clone(&gate), clock, max_wait),
             gate,
             segments: None,
             leases: None,
@@ -501,6 +504,22 @@ impl Issuer {
         let count = check_count(count, self.max_batch)?;
         self.learning_hide_keys(|| self.gen_ids_once(mode, tag, count))
             .await
+    }
+
+    /// Issues `count` UUIDv7 (`GenUuid`, `GenUuids`, `/v1/uuid`,
+    /// `/v1/uuids`): from the snowflake generator's clock and mark, refused
+    /// where a snowflake call is (state file lost, node fenced).
+    pub async fn gen_uuids(&self, count: u64) -> Result<Vec<crate::id::Uuid>, Error> {
+        let count = check_count(count, self.max_batch)?;
+        self.check_state_file()?;
+        self.gate.check()?;
+        self.uuids.take(count as usize).await
+    }
+
+    /// Splits UUID text (canonical, 32 hex digits or ULID) into its parts
+    /// under this node's layout (`DecodeUuid`, `/v1/decode/uuid`).
+    pub fn decode_uuid(&self, text: &str) -> Result<self::uuid::DecodedUuid, Error> {
+        self::uuid::decode(&self.layout, text)
     }
 
     async fn gen_ids_once(&self, mode: Mode, tag: &str, count: u32) -> Result<Vec<u64>, Error> {

@@ -75,6 +75,9 @@ pub struct IdGenService {
     gen_formatted: RpcMetric,
     parse_formatted: RpcMetric,
     format_counter: RpcMetric,
+    gen_uuid: RpcMetric,
+    gen_uuids: RpcMetric,
+    decode_uuid: RpcMetric,
 }
 
 impl IdGenService {
@@ -89,6 +92,9 @@ impl IdGenService {
             gen_formatted: RpcMetric::new("GenFormatted"),
             parse_formatted: RpcMetric::new("ParseFormatted"),
             format_counter: RpcMetric::new("GetFormatCounter"),
+            gen_uuid: RpcMetric::new("GenUuid"),
+            gen_uuids: RpcMetric::new("GenUuids"),
+            decode_uuid: RpcMetric::new("DecodeUuid"),
         }
     }
 }
@@ -250,6 +256,100 @@ impl IdGen for IdGenService {
                 })
             })
             .map_err(|e| to_status(&e))
+    }
+
+    async fn gen_uuid(
+        &self,
+        _request: Request<proto::GenUuidRequest>,
+    ) -> Result<Response<proto::GenUuidResponse>, Status> {
+        self.gen_uuid_inner().await.map(Response::new)
+    }
+
+    async fn gen_uuids(
+        &self,
+        request: Request<proto::GenUuidsRequest>,
+    ) -> Result<Response<proto::GenUuidsResponse>, Status> {
+        self.gen_uuids_inner(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn decode_uuid(
+        &self,
+        request: Request<proto::DecodeUuidRequest>,
+    ) -> Result<Response<proto::DecodeUuidResponse>, Status> {
+        self.decode_uuid_inner(request.into_inner())
+            .map(Response::new)
+    }
+}
+
+/// The UUID rpcs, apart so the trait impl above reads as the ID rpcs.
+impl IdGenService {
+    async fn gen_uuid_inner(&self) -> Result<proto::GenUuidResponse, Status> {
+        let started = Instant::now();
+        let result = self.issuer.gen_uuids(1).await;
+        self.gen_uuid.observe(started, &result);
+        let uuids = result.map_err(|e| to_status(&e))?;
+        let uuid = uuids
+            .first()
+            .ok_or_else(|| Status::internal("no UUID was issued"))?;
+        Ok(proto::GenUuidResponse {
+            uuid: uuid.to_bytes().to_vec(),
+            text: uuid.to_string(),
+        })
+    }
+
+    async fn gen_uuids_inner(
+        &self,
+        req: proto::GenUuidsRequest,
+    ) -> Result<proto::GenUuidsResponse, Status> {
+        let started = Instant::now();
+        let result = self.issuer.gen_uuids(u64::from(req.count)).await;
+        self.gen_uuids.observe(started, &result);
+        let uuids = result.map_err(|e| to_status(&e))?;
+        let mut bytes = Vec::with_capacity(uuids.len() * 16);
+        for u in &uuids {
+            bytes.extend_from_slice(&u.to_bytes());
+        }
+        Ok(proto::GenUuidsResponse {
+            uuids: bytes,
+            texts: if req.with_text {
+                uuids.iter().map(ToString::to_string).collect()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    fn decode_uuid_inner(
+        &self,
+        req: proto::DecodeUuidRequest,
+    ) -> Result<proto::DecodeUuidResponse, Status> {
+        let started = Instant::now();
+        let text = if req.uuid.is_empty() {
+            Ok(req.text)
+        } else {
+            <[u8; 16]>::try_from(req.uuid.as_slice())
+                .map(|b| crate::id::Uuid::from_bytes(b).to_string())
+                .map_err(|_| {
+                    Error::from(RequestError::BadQuery(format!(
+                        "uuid has {} bytes; a UUID has 16",
+                        req.uuid.len()
+                    )))
+                })
+        };
+        let result = text.and_then(|t| self.issuer.decode_uuid(&t));
+        self.decode_uuid.observe(started, &result);
+        let d = result.map_err(|e| to_status(&e))?;
+        Ok(proto::DecodeUuidResponse {
+            uuid: d.uuid,
+            ulid: d.ulid,
+            time: d.time,
+            unix_millis: d.unix_millis,
+            datacenter: d.datacenter as u32,
+            worker: d.worker as u32,
+            counter: d.counter,
+        })
     }
 }
 

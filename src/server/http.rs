@@ -21,6 +21,8 @@ use super::grpc::RpcMetric;
 use super::status::{code, code_name, http_status};
 use crate::modes::Issuer;
 
+mod uuid;
+
 /// What the HTTP handlers share.
 #[derive(Clone)]
 pub struct HttpState {
@@ -52,6 +54,9 @@ pub struct HttpMetrics {
     decode: RpcMetric,
     formatted: RpcMetric,
     parse: RpcMetric,
+    uuid: RpcMetric,
+    uuids: RpcMetric,
+    decode_uuid: RpcMetric,
 }
 
 impl Default for HttpMetrics {
@@ -62,6 +67,9 @@ impl Default for HttpMetrics {
             decode: RpcMetric::new("http_decode"),
             formatted: RpcMetric::new("http_formatted"),
             parse: RpcMetric::new("http_formatted_parse"),
+            uuid: RpcMetric::new("http_uuid"),
+            uuids: RpcMetric::new("http_uuids"),
+            decode_uuid: RpcMetric::new("http_uuid_decode"),
         }
     }
 }
@@ -76,6 +84,9 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/decode", get(decode))
         .route("/v1/formatted/{name}", get(gen_formatted))
         .route("/v1/formatted/{name}/parse", get(parse_formatted))
+        .route("/v1/uuid", get(uuid::gen_uuid))
+        .route("/v1/uuids", get(uuid::gen_uuids))
+        .route("/v1/uuid/decode", get(uuid::decode_uuid))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state.cors),
             super::cors::cors,
@@ -371,6 +382,6 @@ async fn readyz(State(s): State<HttpState>) -> Response {
 }
 
 async fn not_found() -> Response {
-    let body = json!({"error": {"code": "NOT_FOUND", "message": "no such endpoint; see /v1/id, /v1/ids?count=N, /v1/decode?id=N, /v1/formatted/<name>?count=N&param.<name>=<value>, /v1/formatted/<name>/parse?id=<id>, /metrics, /healthz, /readyz, /admin/ (the admin console)"}});
+    let body = json!({"error": {"code": "NOT_FOUND", "message": "no such endpoint; see /v1/id, /v1/ids?count=N, /v1/decode?id=N, /v1/formatted/<name>?count=N&param.<name>=<value>, /v1/formatted/<name>/parse?id=<id>, /v1/uuid, /v1/uuids?count=N, /v1/uuid/decode?uuid=<text>, /metrics, /healthz, /readyz, /admin/ (the admin console)"}});
     (StatusCode::NOT_FOUND, Json(body)).into_response()
 }
