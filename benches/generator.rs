@@ -13,6 +13,14 @@
 //!   check the issuer makes before every snowflake issue (one atomic load
 //!   of the ticker thread's coarse clock, one of the deadline, a compare):
 //!   its difference to `next_id` is what the check costs.
+//! * `uuid/*`: one UUIDv7 against one snowflake ID on the same uncapped
+//!   generator setup, in process (issue 36's target: a UUID at most 40 ns
+//!   above a snowflake ID). `generator_*` is the position alone
+//!   (`next_id` against `reserve_uuids` of one plus composing its bits
+//!   with a given random word); `issuer_*` is the whole in-process path a
+//!   call takes (`Issuer::gen_id` against `Issuer::gen_uuids(1)`: gate,
+//!   position, the per-thread AES-CTR random bits, the Vec), and
+//!   `issuer_*_1000` the same per ID in batches of 1000.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -23,7 +31,9 @@ use idgen::id::{
     Clock, Deadline, GenError, Layout, LayoutSpec, Preset, Snowflake, StartPlan, SystemClock,
     DEFAULT_EPOCH_MS,
 };
+use idgen::id::{Mode, UuidLayout};
 use idgen::modes::ticker::UnitTicker;
+use idgen::modes::Issuer;
 
 fn generator(layout: Layout) -> Snowflake {
     let now = SystemClock.now_millis();
@@ -152,5 +162,71 @@ fn uncapped(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, capped, uncapped);
+/// Times `iters` awaits of `call` on a current-thread runtime (one
+/// `block_on` for the lot, so the runtime adds nothing per call).
+fn timed<F, Fut, T>(rt: &tokio::runtime::Runtime, iters: u64, mut call: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, idgen::Error>>,
+{
+    rt.block_on(async {
+        let start = Instant::now();
+        for _ in 0..iters {
+            black_box(call().await.expect("issue"));
+        }
+        start.elapsed()
+    })
+}
+
+fn uuid(c: &mut Criterion) {
+    let mut group = c.benchmark_group("uuid");
+    group.throughput(Throughput::Elements(1));
+    let clock = SystemClock;
+    let g = generator(wide());
+    group.bench_function("generator_snowflake_one", |b| {
+        b.iter(|| black_box(g.next_id(clock.now_micros())))
+    });
+    let g2 = generator(wide());
+    let layout = UuidLayout::of(g2.layout()).expect("uuid layout");
+    let node = g2.node_number();
+    // A given random word (a Weyl sequence): the position and the bits
+    // alone; the issuer figures below add the real random source.
+    let mut word = 0u64;
+    group.bench_function("generator_uuid_one", |b| {
+        b.iter(|| {
+            word = word.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let r = g2
+                .reserve_uuids(clock.now_micros(), 1, word)
+                .expect("reserve");
+            black_box(layout.compose(r.unix_ms, r.first_counter, node, word))
+        })
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let issuer = Issuer::new(
+        Arc::new(generator(wide())),
+        Arc::new(SystemClock),
+        1000,
+        Duration::from_secs(1),
+    )
+    .expect("issuer");
+    group.bench_function("issuer_snowflake_one", |b| {
+        b.iter_custom(|iters| timed(&rt, iters, || issuer.gen_id(Mode::Snowflake, "")))
+    });
+    group.bench_function("issuer_uuid_one", |b| {
+        b.iter_custom(|iters| timed(&rt, iters, || issuer.gen_uuids(1)))
+    });
+    group.throughput(Throughput::Elements(1000));
+    group.bench_function("issuer_snowflake_1000", |b| {
+        b.iter_custom(|iters| timed(&rt, iters, || issuer.gen_ids(Mode::Snowflake, "", 1000)))
+    });
+    group.bench_function("issuer_uuid_1000", |b| {
+        b.iter_custom(|iters| timed(&rt, iters, || issuer.gen_uuids(1000)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, capped, uncapped, uuid);
 criterion_main!(benches);

@@ -48,6 +48,7 @@ fn main() {
                 format_params: Vec::new(),
                 small_callers: 0,
                 small_batch: 0,
+                uuid: false,
             };
             client.block_on(bench::run(&opts)).expect("bench run")
         };

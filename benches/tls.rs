@@ -103,6 +103,7 @@ fn unary_options(secs: u64) -> BenchOptions {
         format_params: Vec::new(),
         small_callers: 0,
         small_batch: 0,
+        uuid: false,
     }
 }
 

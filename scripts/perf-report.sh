@@ -9,6 +9,12 @@
 # hits a figure and its baseline alike):
 #   - single node: unary GenId and GenIds x1000 (1 connection x 64), each
 #     alternating with a bare tonic counter server (`idgen bench --baseline`);
+#   - UUIDv7: GenUuids x1000 (`idgen bench --uuid`, 1 x 64) right after
+#     GenIds x1000 on the same node, against a bare counter answering
+#     16-byte runs; and, release only (not with --smoke), criterion's one
+#     UUID against one snowflake ID in process (`cargo bench --bench
+#     generator -- uuid/issuer_`: Issuer::gen_uuids(1) against
+#     Issuer::gen_id, and per ID in batches of 1000), with the difference;
 #   - modes: segment and lease GenIds x1000 on an embedded node;
 #   - strict: unary, 16 and 64 callers, embedded (fsync'd) against bare tonic,
 #     and on the Consul test server; its peers PostgreSQL `nextval` and
@@ -50,7 +56,7 @@ for a in "$@"; do
     --smoke) smoke=1 ;;
     --update-readme) update_readme=1 ;;
     --hidden-only) hidden_only=1 ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
     -*) echo "perf-report: unknown option $a (see --help)" >&2; exit 2 ;;
     *) positional+=("$a") ;;
   esac
@@ -67,6 +73,7 @@ warmup=2; [ "$smoke" = 1 ] && warmup=0
 
 if [ "$profile" = release ]; then
   cargo build --release --quiet --workspace --bins --example load
+  [ "$smoke" = 1 ] || cargo bench --quiet --bench generator --no-run
   dir=target/release
 else
   cargo build --quiet --workspace --bins --example load
@@ -174,6 +181,28 @@ for r in json.load(open(path)):
 PY
 }
 
+# in_process: criterion's uuid group (one UUID and one snowflake ID
+# through the issuer, and per ID in batches of 1000): rows of medians in
+# ns, and the difference of the single ones (issue 36's target: a UUID at
+# most 40 ns above a snowflake ID).
+in_process() {
+  cargo bench --quiet --bench generator -- 'uuid/issuer_' \
+    --warm-up-time 1 --measurement-time "$secs" > "$work/criterion.out" 2>&1 || {
+    echo "perf-report: cargo bench --bench generator failed:" >&2; tail -5 "$work/criterion.out" >&2; exit 1; }
+  python3 - target/criterion/uuid >> "$results" <<'PY'
+import json, os, sys
+def median_ns(name):
+    with open(os.path.join(sys.argv[1], name, "new", "estimates.json")) as f:
+        return json.load(f)["median"]["point_estimate"]
+snowflake, uuid = median_ns("issuer_snowflake_one"), median_ns("issuer_uuid_one")
+print(f"snowflake-one-in-process\t{snowflake:.1f}\tns\t\t")
+print(f"uuid-one-in-process\t{uuid:.1f}\tns\t\t")
+print(f"uuid-minus-snowflake-one-in-process\t{uuid - snowflake:.1f}\tns\t\t")
+print(f"snowflake-x1000-in-process-per-id\t{median_ns('issuer_snowflake_1000') / 1000:.2f}\tns\t\t")
+print(f"uuid-x1000-in-process-per-id\t{median_ns('issuer_uuid_1000') / 1000:.2f}\tns\t\t")
+PY
+}
+
 have_pg() { command -v pgbench >/dev/null || ls /usr/lib/postgresql/*/bin/pgbench >/dev/null 2>&1; }
 
 # hidden_figures: each hidden figure right after its plain twin.
@@ -194,6 +223,8 @@ for r in $(seq 1 "$rounds"); do
   fi
   bench unary-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1 --baseline
   bench genids-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --baseline
+  bench uuid-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --uuid --baseline
+  [ "$smoke" = 0 ] && [ "$profile" = release ] && in_process
   bench segment-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode segment --tag perf
   hidden_figures
   bench lease-x1000-c64 "http://127.0.0.1:$single" --concurrency 64 --batch 1000 --mode lease

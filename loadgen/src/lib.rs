@@ -6,6 +6,8 @@
 //! call's latency in an HDR histogram. It also checks what it gets back:
 //! every call's IDs must be greater than the previous call's on the same
 //! task, so a duplicate or a counter going backwards shows up as an error.
+//! UUIDv7 runs (`GenUuid`, `GenUuids`) are checked the same way, in
+//! 128-bit big-endian order (the order of their bytes).
 //!
 //! The baseline server answers the same `idgen.v1.IdGen` rpcs with a plain
 //! atomic counter: the cost of tonic itself, which idgen is compared with.
@@ -60,6 +62,11 @@ pub struct BenchOptions {
     pub small_callers: usize,
     /// The batch of the `small_callers` tasks (0 or 1: unary `GenId`).
     pub small_batch: u32,
+    /// UUIDv7 instead of snowflake-style IDs: unary `GenUuid` for a batch
+    /// of 0 or 1, else `GenUuids` of `batch` (16 bytes a UUID on the wire,
+    /// against 8 for a `GenIds` ID, so the two runs show what the wider
+    /// ID costs). `mode` and `tag` are not sent.
+    pub uuid: bool,
 }
 
 /// The figures of the calls of one batch size in a mixed run.
@@ -245,6 +252,11 @@ fn check_options(opts: &BenchOptions) -> Result<(), BenchError> {
     if opts.duration.is_zero() {
         return Err(BenchError::Options("duration must be above zero".into()));
     }
+    if opts.uuid && opts.format.is_some() {
+        return Err(BenchError::Options(
+            "UUIDs or formatted IDs, not both: drop the format or the uuid option".into(),
+        ));
+    }
     Ok(())
 }
 
@@ -271,9 +283,15 @@ pub async fn run_on(
             } else {
                 opts.batch
             };
+            let call = Call {
+                batch,
+                mode: opts.mode,
+                tag: opts.tag.clone(),
+                uuid: opts.uuid,
+            };
             tokio::spawn(drive(
                 client,
-                (batch, opts.mode, opts.tag.clone()),
+                call,
                 formatted_request(opts),
                 measure_from,
                 end,
@@ -341,53 +359,152 @@ fn formatted_request(opts: &BenchOptions) -> Option<proto::GenFormattedRequest> 
     })
 }
 
+/// What each call of one load task asks for.
+struct Call {
+    /// The count (0 or 1: the unary rpc).
+    batch: u32,
+    mode: proto::Mode,
+    tag: String,
+    /// `GenUuid`/`GenUuids` instead of `GenId`/`GenIds`.
+    uuid: bool,
+}
+
+/// What one call returned, kept in its own width so the order check
+/// compares UUIDs as 128-bit numbers without widening every snowflake ID.
+enum Got {
+    /// Snowflake-style IDs (or, for a formatted run, 1..=n: counted only).
+    Ids(Vec<u64>),
+    /// UUIDs, 16 bytes each, big-endian: their byte order is their order.
+    Uuids(Vec<u8>),
+}
+
+impl Got {
+    fn len(&self) -> usize {
+        match self {
+            Got::Ids(ids) => ids.len(),
+            Got::Uuids(bytes) => bytes.len() / 16,
+        }
+    }
+}
+
 /// One call of a run: formatted IDs count (their order is not numeric).
 async fn one_call(
     client: &mut IdGenClient<Channel>,
-    (batch, mode, tag): &(u32, proto::Mode, String),
+    call: &Call,
     formatted: Option<&proto::GenFormattedRequest>,
-) -> Result<Vec<u64>, tonic::Status> {
+) -> Result<Got, tonic::Status> {
     if let Some(req) = formatted {
         let r = client.gen_formatted(req.clone()).await?.into_inner();
         // Counted, not ordered: a formatted ID is a string.
-        return Ok((1..=r.ids.len() as u64).collect());
+        return Ok(Got::Ids((1..=r.ids.len() as u64).collect()));
     }
-    if *batch <= 1 {
+    if call.uuid {
+        return uuid_call(client, call.batch).await.map(Got::Uuids);
+    }
+    if call.batch <= 1 {
         client
             .gen_id(proto::GenIdRequest {
-                mode: *mode as i32,
-                tag: tag.clone(),
+                mode: call.mode as i32,
+                tag: call.tag.clone(),
             })
             .await
-            .map(|resp| vec![resp.into_inner().id])
+            .map(|resp| Got::Ids(vec![resp.into_inner().id]))
     } else {
         client
             .gen_ids(proto::GenIdsRequest {
-                count: *batch,
-                mode: *mode as i32,
-                tag: tag.clone(),
+                count: call.batch,
+                mode: call.mode as i32,
+                tag: call.tag.clone(),
             })
             .await
-            .map(|resp| resp.into_inner().ids)
+            .map(|resp| Got::Ids(resp.into_inner().ids))
+    }
+}
+
+/// One `GenUuid` (batch 0 or 1) or `GenUuids` call: the UUIDs' bytes, or
+/// an error when they are not whole 16-byte UUIDs (a server bug the run
+/// must count, not hide).
+async fn uuid_call(
+    client: &mut IdGenClient<Channel>,
+    batch: u32,
+) -> Result<Vec<u8>, tonic::Status> {
+    let bytes = if batch <= 1 {
+        client
+            .gen_uuid(proto::GenUuidRequest {})
+            .await?
+            .into_inner()
+            .uuid
+    } else {
+        client
+            .gen_uuids(proto::GenUuidsRequest {
+                count: batch,
+                with_text: false,
+            })
+            .await?
+            .into_inner()
+            .uuids
+    };
+    let want = batch.max(1) as usize * 16;
+    if bytes.len() != want {
+        return Err(tonic::Status::data_loss(format!(
+            "asked for {} UUIDs ({want} bytes), got {} bytes",
+            batch.max(1),
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The last ID a task received, in the width of its calls.
+#[derive(Default)]
+struct Last {
+    id: u64,
+    uuid: u128,
+}
+
+impl Last {
+    /// How many of `got` are not greater than the one before (the first
+    /// against the previous call's last). Branch-free: hidden IDs come in
+    /// no order, and a mispredicted branch per ID would charge them for it.
+    fn violations(&mut self, got: &Got) -> u64 {
+        let mut bad = 0;
+        match got {
+            Got::Ids(ids) => {
+                for &id in ids {
+                    bad += u64::from(id <= self.id);
+                    self.id = id;
+                }
+            }
+            Got::Uuids(bytes) => {
+                for chunk in bytes.chunks_exact(16) {
+                    let mut b = [0u8; 16];
+                    b.copy_from_slice(chunk);
+                    let uuid = u128::from_be_bytes(b);
+                    bad += u64::from(uuid <= self.uuid);
+                    self.uuid = uuid;
+                }
+            }
+        }
+        bad
     }
 }
 
 async fn drive(
     mut client: IdGenClient<Channel>,
-    call: (u32, proto::Mode, String),
+    call: Call,
     formatted: Option<proto::GenFormattedRequest>,
     measure_from: Instant,
     end: Instant,
 ) -> TaskResult {
     let mut r = TaskResult {
-        batch: call.0,
+        batch: call.batch,
         hist: new_histogram(),
         calls: 0,
         ids: 0,
         errors: 0,
         order_violations: 0,
     };
-    let mut last = 0u64;
+    let mut last = Last::default();
     loop {
         let started = Instant::now();
         if started >= end {
@@ -395,18 +512,13 @@ async fn drive(
         }
         let result = one_call(&mut client, &call, formatted.as_ref()).await;
         if formatted.is_some() {
-            last = 0;
+            last = Last::default();
         }
         let finished = Instant::now();
         let measured = started >= measure_from && finished <= end;
         match result {
             Ok(got) => {
-                for &id in &got {
-                    // Branch-free: hidden IDs come in no order, and a
-                    // mispredicted branch per ID would charge them for it.
-                    r.order_violations += u64::from(id <= last);
-                    last = id;
-                }
+                r.order_violations += last.violations(&got);
                 if measured {
                     r.calls += 1;
                     r.ids += got.len() as u64;
@@ -574,5 +686,92 @@ impl Drop for BaselineServer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two UUIDs as one `GenUuids` answer's bytes.
+    fn uuids(values: &[u128]) -> Got {
+        Got::Uuids(values.iter().flat_map(|v| v.to_be_bytes()).collect())
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("test runtime")
+    }
+
+    #[test]
+    fn uuids_are_ordered_as_128_bit_numbers() {
+        // Equal first halves: only the second half (where a UUIDv7 keeps
+        // the low counter bits) decides.
+        let high = 0x0190_0000_0000_7000_u128 << 64;
+        let mut last = Last::default();
+        assert_eq!(last.violations(&uuids(&[high | 5, high | 6])), 0);
+        assert_eq!(last.violations(&uuids(&[high | 6])), 1, "a repeat");
+        assert_eq!(last.violations(&uuids(&[high | 4])), 1, "backwards");
+        // A larger first half wins whatever the second half holds.
+        let next = (0x0190_0000_0000_7001_u128 << 64) | 1;
+        assert_eq!(last.violations(&uuids(&[next])), 0);
+    }
+
+    #[test]
+    fn a_uuid_call_asks_for_uuids_and_gets_16_bytes_each() {
+        let server = BaselineServer::start(1).expect("baseline server");
+        runtime().block_on(async {
+            let channel = Endpoint::from_shared(format!("http://{}", server.addr))
+                .expect("url")
+                .connect()
+                .await
+                .expect("connect");
+            let mut client = IdGenClient::new(channel);
+            let mut call = Call {
+                batch: 3,
+                mode: proto::Mode::Snowflake,
+                tag: String::new(),
+                uuid: true,
+            };
+            let got = one_call(&mut client, &call, None).await.expect("GenUuids");
+            assert!(matches!(&got, Got::Uuids(b) if b.len() == 48), "3 UUIDs");
+            call.batch = 1;
+            let got = one_call(&mut client, &call, None).await.expect("GenUuid");
+            assert!(matches!(&got, Got::Uuids(b) if b.len() == 16), "1 UUID");
+            call.uuid = false;
+            let got = one_call(&mut client, &call, None).await.expect("GenId");
+            assert!(matches!(&got, Got::Ids(ids) if ids.len() == 1), "1 ID");
+        });
+    }
+
+    #[test]
+    fn a_uuid_run_counts_every_uuid_in_order() {
+        let server = BaselineServer::start(1).expect("baseline server");
+        let opts = BenchOptions {
+            target: format!("http://{}", server.addr),
+            connections: 1,
+            concurrency: 4,
+            duration: Duration::from_millis(300),
+            warmup: Duration::ZERO,
+            batch: 1000,
+            mode: proto::Mode::Snowflake,
+            tag: String::new(),
+            format: None,
+            format_params: Vec::new(),
+            small_callers: 0,
+            small_batch: 0,
+            uuid: true,
+        };
+        let report = runtime().block_on(run(&opts)).expect("run");
+        assert!(report.calls > 0, "{report:?}");
+        assert_eq!(report.ids, report.calls * 1000);
+        assert_eq!((report.errors, report.order_violations), (0, 0));
+        let both = BenchOptions {
+            format: Some("orders".into()),
+            ..opts
+        };
+        assert!(matches!(check_options(&both), Err(BenchError::Options(_))));
     }
 }

@@ -423,6 +423,10 @@ pub struct BenchArgs {
     /// Call GenFormatted of this format instead (--batch is its count).
     #[arg(long)]
     pub format: Option<String>,
+    /// UUIDv7 instead of --mode: GenUuid, or GenUuids with --batch (16
+    /// bytes a UUID on the wire); checked in 128-bit order like any run.
+    #[arg(long, conflicts_with_all = ["format", "tag"])]
+    pub uuid: bool,
     /// Of the --concurrency callers, this many ask for --small-batch
     /// instead of --batch (a mixed load, e.g. 63 x 1000 and 1 x 10); each
     /// size's latency is reported on its own.

@@ -31,6 +31,7 @@ pub async fn run(a: BenchArgs) -> anyhow::Result<()> {
         format_params: a.param.clone(),
         small_callers: a.small_callers,
         small_batch: a.small_batch,
+        uuid: a.uuid,
     };
     let mut reports: Vec<(&str, BenchReport)> = Vec::new();
     if a.baseline {
@@ -134,11 +135,36 @@ impl Spread {
     }
 }
 
+/// What the calls of [`run_discovered`] ask for: IDs of a mode, or UUIDs.
+#[derive(Clone, Copy)]
+enum Asked {
+    Ids(idgen_client::Mode),
+    Uuids,
+}
+
+/// One call of a `--discover` load task: how many IDs it returned.
+async fn discovered_call(
+    client: &idgen_client::Client,
+    asked: Asked,
+    tag: &str,
+    batch: u32,
+) -> Result<u64, idgen_client::Error> {
+    match asked {
+        Asked::Uuids if batch <= 1 => client.gen_uuid().await.map(|_| 1),
+        Asked::Uuids => client.gen_uuids(batch).await.map(|v| v.len() as u64),
+        Asked::Ids(mode) if batch <= 1 => client.gen_id(mode, tag).await.map(|_| 1),
+        Asked::Ids(mode) => client
+            .gen_ids(mode, tag, batch)
+            .await
+            .map(|v| v.len() as u64),
+    }
+}
+
 /// One load task of [`run_discovered`]: one call at a time until `until`,
 /// counting only calls started after `measure_from`.
 async fn discovered_task(
     client: idgen_client::Client,
-    mode: idgen_client::Mode,
+    asked: Asked,
     mut tags: Spread,
     batch: u32,
     measure_from: std::time::Instant,
@@ -153,14 +179,7 @@ async fn discovered_task(
             break;
         }
         let tag = tags.next_tag();
-        let got = if batch <= 1 {
-            client.gen_id(mode, &tag).await.map(|_| 1)
-        } else {
-            client
-                .gen_ids(mode, &tag, batch)
-                .await
-                .map(|v| v.len() as u64)
-        };
+        let got = discovered_call(&client, asked, &tag, batch).await;
         if t < measure_from {
             continue;
         }
@@ -188,6 +207,11 @@ async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
     let mode = idgen::server::grpc::mode_to_proto(idgen::id::Mode::parse(&a.mode)?);
     let mode = idgen_client::Mode::try_from(mode as i32)
         .map_err(|_| anyhow::anyhow!("mode {} is not known to the client", a.mode))?;
+    let asked = if a.uuid {
+        Asked::Uuids
+    } else {
+        Asked::Ids(mode)
+    };
     let nodes = client.nodes().len();
     let start = Instant::now();
     let measure_from = start + a.warmup;
@@ -203,7 +227,7 @@ async fn run_discovered(a: BenchArgs) -> anyhow::Result<()> {
             };
             tokio::spawn(discovered_task(
                 client,
-                mode,
+                asked,
                 tags,
                 batch,
                 measure_from,
