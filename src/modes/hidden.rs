@@ -23,57 +23,10 @@ use super::hide_keys::HideKeyRings;
 use crate::error::Error;
 use crate::id::format::{Format, FormatError};
 use crate::id::hide::{
-    DecimalHider, HideError, HideKey, IntHider, KeyVersion, SnowflakeHider, SnowflakeHiding,
+    DecimalHider, HideError, HideKey, Hider, IntHider, KeyVersion, SnowflakeHider, SnowflakeHiding,
 };
 use crate::id::Layout;
 use crate::store::StoreError;
-
-/// A keyed permutation an engine shows internal values through.
-pub trait Hider: Send + Sync + 'static {
-    /// The value shown for `internal`.
-    fn hide(&self, internal: u64) -> Result<u64, HideError>;
-    /// The key version and internal value behind `shown`.
-    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError>;
-    /// Shows every value of `values` in place, as `hide` would one by
-    /// one; on an error nothing is changed.
-    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError>;
-}
-
-impl Hider for IntHider {
-    fn hide(&self, internal: u64) -> Result<u64, HideError> {
-        IntHider::hide(self, internal)
-    }
-    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
-        IntHider::reveal(self, shown)
-    }
-    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
-        IntHider::hide_in_place(self, values)
-    }
-}
-
-impl Hider for DecimalHider {
-    fn hide(&self, internal: u64) -> Result<u64, HideError> {
-        DecimalHider::hide(self, internal)
-    }
-    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
-        DecimalHider::reveal(self, shown)
-    }
-    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
-        DecimalHider::hide_in_place(self, values)
-    }
-}
-
-impl Hider for SnowflakeHider {
-    fn hide(&self, internal: u64) -> Result<u64, HideError> {
-        SnowflakeHider::hide(self, internal)
-    }
-    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
-        SnowflakeHider::reveal(self, shown)
-    }
-    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
-        SnowflakeHider::hide_in_place(self, values)
-    }
-}
 
 /// Builds a hider from every version of a ring and its active version.
 pub type BuildHider<H> =
