@@ -38,7 +38,7 @@ use crate::id::segment::SegmentError;
 use crate::id::segment::{next_step, Range, Tag, TagRecord};
 use crate::id::Clock;
 use crate::metrics as m;
-use crate::store::{SegmentStore, StoreError};
+use crate::store::{CreateTag, SegmentStore, StoreError};
 
 /// Segment mode settings.
 #[derive(Debug, Clone, Copy)]
@@ -253,7 +253,7 @@ impl SegmentEngine {
                 match self
                     .store
                     // A deleted tag is refused, not re-created with defaults.
-                    .auto_create_tag(tag, &r, self.settings.max_tags)
+                    .create_tag(tag, &r, CreateTag::auto(self.settings.max_tags))
                     .await
                 {
                     Ok(_) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),
@@ -567,7 +567,12 @@ mod tests {
 
     #[async_trait]
     impl SegmentStore for MemStore {
-        async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
+        async fn create_tag(
+            &self,
+            tag: &Tag,
+            record: &TagRecord,
+            _: CreateTag,
+        ) -> Result<TagRecord, StoreError> {
             let mut r = self.records.lock().unwrap();
             if r.contains_key(tag) {
                 return Err(StoreError::Segment(SegmentError::TagExists(
@@ -575,7 +580,7 @@ mod tests {
                 )));
             }
             r.insert(tag.clone(), record.clone());
-            Ok(())
+            Ok(record.clone())
         }
         async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {
             Ok(self.records.lock().unwrap().get(tag).cloned())
