@@ -442,7 +442,7 @@ mod tests {
                 )
             })
             .collect();
-        let settings = FormatSettings::for_tests(50, 1_000, 3);
+        let settings = FormatSettings::for_tests(50, 3);
         let clock = Arc::new(crate::id::ManualClock::at_millis(1_780_000_000_000));
         let engine = FormattedEngine::new(&defs, store, clock, settings, 0)
             .expect("engine")
@@ -454,7 +454,7 @@ mod tests {
                     .generate(&format!("f{w}"), &[], n, 0)
                     .await
                     .expect("issue");
-                assert_eq!(issued.ids.len() as u64, n);
+                assert_eq!(issued.ids.len(), n as usize);
                 shown.extend(
                     issued
                         .ids
