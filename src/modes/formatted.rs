@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::id::format::FormatError;
 use crate::id::format::{
     CounterRecord, Format, FormatDef, LoadChecks, LuaLimits, NodeIds, ParsedId, PeriodKey,
@@ -351,7 +351,7 @@ impl FormattedEngine {
                     tracing::info!(format = %name, token = held.token, "format token held")
                 }
                 Ok(None) => {}
-                Err(Error::Store(StoreError::Format(e @ FormatError::NoToken { .. }))) => {
+                Err(Error::Refused(Refusal::Format(e @ FormatError::NoToken { .. }))) => {
                     tracing::warn!(error = %e, "no token for this format yet; its calls answer RESOURCE_EXHAUSTED until one is free")
                 }
                 Err(e) => return Err(e),

@@ -350,7 +350,7 @@ impl FormatHiders {
             }));
         }
         let (key_version, internal) = output.reveal(shown).map_err(|e| match e {
-            RevealError::Refused(e) => e,
+            RevealError::Refused(e) => *e,
             RevealError::Hide(e) => Error::from(StoreError::from(FormatError::BadCounter {
                 format: format.name().to_owned(),
                 why: format!("{shown} is not a counter this format showed: {e}"),
@@ -365,8 +365,9 @@ impl FormatHiders {
 
 /// Why a shown value could not be revealed.
 pub enum RevealError {
-    /// No ring to reveal with (missing key, no keys loaded).
-    Refused(Error),
+    /// No ring to reveal with (missing key, no keys loaded); boxed, as
+    /// the rare case, so the common `Hide` stays small.
+    Refused(Box<Error>),
     /// The value was not shown by this key (wrong width, unknown version).
     Hide(HideError),
 }
@@ -385,10 +386,10 @@ impl<H: Hider> HiddenOutput<H> {
             .as_ref()
             .and_then(|r| r.current(&self.key_id))
             .ok_or_else(|| {
-                RevealError::Refused(self.refusal(format!(
+                RevealError::Refused(Box::new(self.refusal(format!(
                     "hide key {:?} is not loaded on this node",
                     self.key_id
-                )))
+                ))))
             })?;
         let keys: Vec<&HideKey> = ring.keys.iter().collect();
         let newest = keys.iter().map(|k| k.version()).max().unwrap_or(0);

@@ -545,6 +545,7 @@ impl Issuer {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::error::Refusal;
     use crate::id::{Preset, StartPlan, SystemClock, DEFAULT_EPOCH_MS};
 
     /// An issuer over a fresh Twitter-layout generator (node 1).
@@ -678,6 +679,24 @@ pub(crate) mod tests {
             assert!(
                 matches!((&one, &batch), (Err(Error::Fenced), Err(Error::Fenced))),
                 "{mode}: {one:?} / {batch:?}"
+            );
+        }
+    }
+
+    /// Issue 34 item 5: a refusal by a mode's rules reaches the front
+    /// ends as [`Error::Refused`], not inside a `StoreError`, whether the
+    /// Issuer, an engine or the format itself refused.
+    #[tokio::test]
+    async fn a_formatted_refusal_reaches_the_front_ends_as_refused() {
+        let (_dir, issuer, _) = gated_issuer();
+        let unknown = issuer.gen_formatted("nope", &[], 1).await;
+        let bad = issuer.parse_formatted_as("order", "x", None).await;
+        let (plain, _) = self::issuer(); // no formatted mode
+        let none = plain.parse_formatted("order", "000001").await;
+        for r in [unknown.map(drop), bad.map(drop), none.map(drop)] {
+            assert!(
+                matches!(r, Err(Error::Refused(Refusal::Format(_)))),
+                "{r:?}"
             );
         }
     }

@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use super::hidden::{self, HiddenOutput};
 use super::hide_keys::HideKeyRings;
 use super::refill::{self, Refill};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::id::buffer::{DoubleBuffer, Prefetch};
 use crate::id::hide::IntHider;
 use crate::id::segment::SegmentError;
@@ -457,7 +457,7 @@ impl SegmentEngine {
                 .fetch(this.store.as_ref(), &this.settings, this.clock.as_ref())
                 .await;
             match fetched {
-                Err(Error::Store(StoreError::Segment(SegmentError::TagNotFound(_)))) => {
+                Err(Error::Refused(Refusal::Segment(SegmentError::TagNotFound(_)))) => {
                     // Deleted (maybe on another node): what is in memory
                     // was reserved and stays unique; the buffers go.
                     this.release(&buffer.tag, "deleted");
@@ -499,7 +499,7 @@ impl Refill for TagRefill<'_> {
         let tag = &self.buffer.tag;
         if matches!(
             e,
-            Error::Store(StoreError::Segment(SegmentError::TagNotFound(_)))
+            Error::Refused(Refusal::Segment(SegmentError::TagNotFound(_)))
         ) {
             // Deleted (maybe on another node): free its memory.
             self.segments.release(tag, "deleted");
@@ -509,7 +509,7 @@ impl Refill for TagRefill<'_> {
             // before the refusals moved into SegmentError: an existing tag
             // or a limit, which taking a range never raises, stays
             // "unavailable").
-            Error::Store(StoreError::Segment(ref s))
+            Error::Refused(Refusal::Segment(ref s))
                 if !matches!(
                     s,
                     SegmentError::TagExists(_) | SegmentError::LimitReached(_)
