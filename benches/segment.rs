@@ -15,7 +15,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use idgen::id::segment::{Tag, TagHide, TagRecord};
 use idgen::id::SystemClock;
 use idgen::modes::segment::{SegmentEngine, SegmentSettings};
-use idgen::store::{EmbeddedStore, SegmentStore};
+use idgen::store::{CreateTag, EmbeddedStore, SegmentStore};
 
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -28,7 +28,8 @@ fn bench(c: &mut Criterion) {
     let store =
         Arc::new(EmbeddedStore::create(&dir.path().join("s.redb"), "bench").expect("store"));
     let tag = Tag::parse("bench").expect("tag");
-    rt.block_on(store.create_tag(&tag, &TagRecord::new(0, 1_000_000, "", 1).expect("record")))
+    let plain = TagRecord::new(0, 1_000_000, "", 1).expect("record");
+    rt.block_on(store.create_tag(&tag, &plain, CreateTag::UNLIMITED))
         .expect("create tag");
     // A hidden tag, its key sealed with a throwaway master key.
     let hidden = Tag::parse("hidden").expect("tag");
@@ -49,10 +50,8 @@ fn bench(c: &mut Criterion) {
         version_bits: 4,
         domain_bits: 40,
     };
-    let record = TagRecord::new(0, 1_000_000, "", 1)
-        .and_then(|r| r.with_hide(&hidden, Some(hide)))
-        .expect("record");
-    rt.block_on(store.create_tag(&hidden, &record))
+    let record = plain.with_hide(&hidden, Some(hide)).expect("record");
+    rt.block_on(store.create_tag(&hidden, &record, CreateTag::UNLIMITED))
         .expect("create hidden tag");
     let engine = SegmentEngine::new(
         store,

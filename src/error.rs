@@ -32,9 +32,15 @@ pub enum Error {
     /// The node may not start (clock behind the stored mark).
     #[error(transparent)]
     Start(#[from] StartError),
-    /// The state store failed.
+    /// A mode's rules refused the request (unknown tag, strict key used
+    /// up, bad format parameters...): the one shape every domain refusal
+    /// reaches the front ends in, whichever layer found it.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Refused(#[from] Refusal),
+    /// The state store failed (disk, Consul, a lost state file, a rolled
+    /// back store); never a domain refusal, which is [`Error::Refused`].
+    #[error(transparent)]
+    Store(StoreError),
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] crate::consul::ConsulError),
@@ -101,11 +107,83 @@ pub enum Error {
     },
 }
 
+/// A refusal by a mode's rules. Stores find many of them in the same
+/// transaction that would write (a tag that exists, a counter used up),
+/// so they return them inside [`StoreError`]; converting to [`Error`]
+/// takes them out, so a front end sees one shape whoever refused.
+#[derive(Debug, Error)]
+pub enum Refusal {
+    /// Segment mode: a tag unknown, deleted, existing, badly named or
+    /// used up, or a limit reached.
+    #[error(transparent)]
+    Segment(#[from] crate::id::segment::SegmentError),
+    /// Strict mode: a key, step or request invalid, or the key used up.
+    #[error(transparent)]
+    Strict(#[from] crate::id::strict::StrictError),
+    /// Lease mode: a token's sequence used up, or no token free.
+    #[error(transparent)]
+    Lease(#[from] crate::id::lease::LeaseError),
+    /// Formatted mode: an unknown format, bad parameters, a counter used
+    /// up in its period, a Lua rule failing.
+    #[error(transparent)]
+    Format(#[from] crate::id::format::FormatError),
+    /// A hide key operation refused (bad key id, unknown or existing key,
+    /// no or wrong master key).
+    #[error(transparent)]
+    HideKey(#[from] crate::store::hide_keys::HideKeyError),
+}
+
+impl Refusal {
+    /// What kind of failure this is: the refusing mode's own kind.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Segment(e) => e.kind(),
+            Self::Strict(e) => e.kind(),
+            Self::Lease(e) => e.kind(),
+            Self::Format(e) => e.kind(),
+            Self::HideKey(e) => e.kind(),
+        }
+    }
+}
+
+impl From<StoreError> for Error {
+    /// Takes a domain refusal out of the store's error
+    /// ([`Error::Refused`]); the rest stays a store failure.
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Segment(e) => Self::Refused(e.into()),
+            StoreError::Strict(e) => Self::Refused(e.into()),
+            StoreError::Lease(e) => Self::Refused(e.into()),
+            StoreError::Format(e) => Self::Refused(e.into()),
+            StoreError::HideKey(e) => Self::Refused(e.into()),
+            e => Self::Store(e),
+        }
+    }
+}
+
+macro_rules! refusal_into_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Self {
+                Self::Refused(e.into())
+            }
+        }
+    )*};
+}
+
+refusal_into_error!(
+    crate::id::segment::SegmentError,
+    crate::id::strict::StrictError,
+    crate::id::lease::LeaseError,
+    crate::id::format::FormatError,
+    crate::store::hide_keys::HideKeyError
+);
+
 impl From<crate::store::hwm::KeeperStartError> for Error {
     fn from(e: crate::store::hwm::KeeperStartError) -> Self {
         use crate::store::hwm::KeeperStartError as K;
         match e {
-            K::Store(e) => Self::Store(e),
+            K::Store(e) => e.into(),
             K::Start(e) => Self::Start(e),
         }
     }
@@ -121,6 +199,7 @@ impl Error {
             Self::Layout(e) => e.kind(),
             Self::Uuid(e) => e.kind(),
             Self::Start(e) => e.kind(),
+            Self::Refused(e) => e.kind(),
             Self::Store(e) => e.kind(),
             Self::ClusterLayout(e) => e.kind(),
             Self::Setup(_) => ErrorKind::Internal,
@@ -134,5 +213,42 @@ impl Error {
             | Self::StrictUnavailable { .. }
             | Self::WaitTimeout { .. } => ErrorKind::Unavailable,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::format::FormatError;
+    use crate::id::lease::LeaseError;
+    use crate::id::segment::SegmentError;
+    use crate::id::strict::StrictError;
+    use crate::store::hide_keys::HideKeyError;
+
+    /// Issue 34 item 5: a store's domain refusal comes out of the
+    /// `StoreError` it travelled in, with its kind (so its gRPC code and
+    /// HTTP status) and its text unchanged; a store failure stays one.
+    #[test]
+    fn domain_refusals_reach_the_front_ends_in_one_shape() {
+        let refusals = [
+            StoreError::Segment(SegmentError::TagNotFound("t".into())),
+            StoreError::Strict(StrictError::BadStep(0)),
+            StoreError::Lease(LeaseError::BadZone(200)),
+            StoreError::Format(FormatError::NotFound("f".into())),
+            StoreError::HideKey(HideKeyError::NotFound("k".into())),
+        ];
+        for e in refusals {
+            let (kind, text) = (e.kind(), e.to_string());
+            let error = Error::from(e);
+            assert!(matches!(error, Error::Refused(_)), "{error:?}");
+            assert_eq!((error.kind(), error.to_string()), (kind, text));
+        }
+        let failure = Error::from(StoreError::Backend("disk".into()));
+        assert!(matches!(failure, Error::Store(_)), "{failure:?}");
+        let direct = Error::from(FormatError::NotFound("f".into()));
+        assert!(
+            matches!(direct, Error::Refused(Refusal::Format(_))),
+            "{direct:?}"
+        );
     }
 }

@@ -280,7 +280,11 @@ async fn presets_and_a_lua_rule_are_served_and_presets_parse_back() {
     assert!(u.numeric);
     let n = u.ids[1].number.expect("uniq64 is a number");
     assert_eq!(u.ids[1].text, n.to_string());
-    let parsed = node.issuer.parse_formatted("u64", &u.ids[1].text).unwrap();
+    let parsed = node
+        .issuer
+        .parse_formatted("u64", &u.ids[1].text)
+        .await
+        .unwrap();
     assert_eq!(
         (
             parsed.year,
@@ -297,7 +301,7 @@ async fn presets_and_a_lua_rule_are_served_and_presets_parse_back() {
     let i = node.issuer.gen_formatted("idc", &p, 2).await.unwrap();
     let text = &i.ids[0].text;
     assert_eq!(i.ids[0].number, Some(text.parse().unwrap()));
-    let parsed = node.issuer.parse_formatted("idc", text).unwrap();
+    let parsed = node.issuer.parse_formatted("idc", text).await.unwrap();
     assert_eq!(parsed.unix_s, Some(ms("2026-06-15T01:30:00Z") / 1000));
     assert_eq!((parsed.node, parsed.seq), (Some(0), 0));
     assert!(

@@ -323,7 +323,11 @@ async fn embedded_nodes_get_disjoint_tokens() {
             all_new(&mut seen, &dig);
         }
         let u = node.issuer.gen_formatted("u64", &[], 20).await.unwrap();
-        let parsed = node.issuer.parse_formatted("u64", &u.ids[0].text).unwrap();
+        let parsed = node
+            .issuer
+            .parse_formatted("u64", &u.ids[0].text)
+            .await
+            .unwrap();
         u64_tokens.push(parsed.token.expect("uniq64 token"));
         all_new(
             &mut seen,

@@ -18,7 +18,7 @@ use idgen::id::strict::{Namespace, StrictError, StrictKey};
 use idgen::id::LimitReached;
 use idgen::store::keys::ClusterKeys;
 use idgen::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictLimits, StrictStore};
-use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
+use idgen::store::{ConsulSegmentStore, CreateTag, EmbeddedStore, SegmentStore, StoreError};
 
 fn tag(name: &str) -> Tag {
     Tag::parse(name).unwrap()
@@ -64,12 +64,12 @@ async fn tag_limit_contract(store: &dyn SegmentStore) {
     const MAX: u64 = 3;
     for name in ["a", "b", "c"] {
         store
-            .create_tag_limited(&tag(name), &record(), MAX)
+            .create_tag(&tag(name), &record(), CreateTag::limited(MAX))
             .await
             .unwrap();
     }
     let err = store
-        .create_tag_limited(&tag("d"), &record(), MAX)
+        .create_tag(&tag("d"), &record(), CreateTag::limited(MAX))
         .await
         .unwrap_err();
     assert_limit(&err, "segment.max_tags");
@@ -86,23 +86,23 @@ async fn tag_limit_contract(store: &dyn SegmentStore) {
     // Deleting one frees a slot (its tombstone does not count)...
     store.delete_tag(&tag("a"), 3).await.unwrap();
     store
-        .create_tag_limited(&tag("d"), &record(), MAX)
+        .create_tag(&tag("d"), &record(), CreateTag::limited(MAX))
         .await
         .unwrap();
     let err = store
-        .create_tag_limited(&tag("e"), &record(), MAX)
+        .create_tag(&tag("e"), &record(), CreateTag::limited(MAX))
         .await
         .unwrap_err();
     assert_limit(&err, "segment.max_tags");
     // ...and reviving a deleted tag takes one: refused while full.
     let err = store
-        .create_tag_limited(&tag("a"), &record(), MAX)
+        .create_tag(&tag("a"), &record(), CreateTag::limited(MAX))
         .await
         .unwrap_err();
     assert_limit(&err, "segment.max_tags");
     store.delete_tag(&tag("b"), 4).await.unwrap();
     let again = store
-        .create_tag_limited(&tag("a"), &record(), MAX)
+        .create_tag(&tag("a"), &record(), CreateTag::limited(MAX))
         .await
         .unwrap();
     // Created again: above everything the old tag handed out.
@@ -186,12 +186,12 @@ async fn embedded_tag_limit_refuses_the_next_and_deleting_frees_a_slot() {
     drop(store);
     let store = EmbeddedStore::open(&path, "L", false).unwrap();
     let err = store
-        .create_tag_limited(&tag("z"), &record(), 3)
+        .create_tag(&tag("z"), &record(), CreateTag::limited(3))
         .await
         .unwrap_err();
     assert_limit(&err, "segment.max_tags");
     store
-        .create_tag_limited(&tag("z"), &record(), 4)
+        .create_tag(&tag("z"), &record(), CreateTag::limited(4))
         .await
         .unwrap();
 }

@@ -12,7 +12,7 @@ use consul_testserver::{Config, TestConsul};
 use idgen::id::segment::SegmentError;
 use idgen::id::segment::{Range, Tag, TagRecord};
 use idgen::store::keys::ClusterKeys;
-use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
+use idgen::store::{ConsulSegmentStore, CreateTag, EmbeddedStore, SegmentStore, StoreError};
 
 fn tag(name: &str) -> Tag {
     Tag::parse(name).unwrap()
@@ -68,9 +68,12 @@ async fn embedded_ranges_are_disjoint_gap_free_and_durable() {
         Err(StoreError::Segment(SegmentError::TagNotFound(_)))
     ));
     let record = TagRecord::new(1000, 100, "order numbers", 1).unwrap();
-    store.create_tag(&t, &record).await.unwrap();
+    store
+        .create_tag(&t, &record, CreateTag::UNLIMITED)
+        .await
+        .unwrap();
     assert!(matches!(
-        store.create_tag(&t, &record).await,
+        store.create_tag(&t, &record, CreateTag::UNLIMITED).await,
         Err(StoreError::Segment(SegmentError::TagExists(_)))
     ));
     let stores: Vec<Arc<dyn SegmentStore>> = vec![Arc::new(store.clone())];
@@ -103,12 +106,20 @@ async fn consul_ranges_from_three_nodes_are_disjoint_and_gap_free() {
         .collect();
     let t = tag("invoices");
     nodes[0]
-        .create_tag(&t, &TagRecord::new(0, 50, "", 1).unwrap())
+        .create_tag(
+            &t,
+            &TagRecord::new(0, 50, "", 1).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     assert!(matches!(
         nodes[1]
-            .create_tag(&t, &TagRecord::new(0, 50, "", 1).unwrap())
+            .create_tag(
+                &t,
+                &TagRecord::new(0, 50, "", 1).unwrap(),
+                CreateTag::UNLIMITED
+            )
             .await,
         Err(StoreError::Segment(SegmentError::TagExists(_)))
     ));
@@ -136,7 +147,11 @@ async fn a_consul_take_with_an_unknown_outcome_is_never_reused() {
         ConsulSegmentStore::new(consul::client(&consul, Duration::from_millis(300), 0), keys);
     let t = tag("slow");
     store
-        .create_tag(&t, &TagRecord::new(0, 10, "", 1).unwrap())
+        .create_tag(
+            &t,
+            &TagRecord::new(0, 10, "", 1).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     let first = store.take_range(&t, 10, 1).await.unwrap();
@@ -166,7 +181,11 @@ async fn a_consul_take_with_an_unknown_outcome_is_never_reused() {
 /// and that an explicit create continues above every old ID.
 async fn deleted_stays_deleted(store: &dyn SegmentStore, t: &Tag) {
     store
-        .create_tag(t, &TagRecord::new(0, 40, "kept settings", 1).unwrap())
+        .create_tag(
+            t,
+            &TagRecord::new(0, 40, "kept settings", 1).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     let taken = store.take_range(t, 40, 2).await.unwrap();
@@ -174,7 +193,11 @@ async fn deleted_stays_deleted(store: &dyn SegmentStore, t: &Tag) {
     assert_eq!(tombstone.max_id, taken.last);
     for _ in 0..2 {
         let err = store
-            .auto_create_tag(t, &TagRecord::new(0, 500, "auto-created", 6).unwrap(), 100)
+            .create_tag(
+                t,
+                &TagRecord::new(0, 500, "auto-created", 6).unwrap(),
+                CreateTag::auto(100),
+            )
             .await
             .unwrap_err();
         assert!(
@@ -199,7 +222,11 @@ async fn deleted_stays_deleted(store: &dyn SegmentStore, t: &Tag) {
     ));
     // An explicit create revives it above the old IDs.
     let revived = store
-        .create_tag_record(t, &TagRecord::new(0, 40, "again", 8).unwrap())
+        .create_tag(
+            t,
+            &TagRecord::new(0, 40, "again", 8).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     assert_eq!(revived.max_id, taken.last);
@@ -208,10 +235,10 @@ async fn deleted_stays_deleted(store: &dyn SegmentStore, t: &Tag) {
     // A never-deleted tag is still auto-created.
     let fresh = tag("fresh");
     let made = store
-        .auto_create_tag(
+        .create_tag(
             &fresh,
             &TagRecord::new(0, 500, "auto-created", 6).unwrap(),
-            100,
+            CreateTag::auto(100),
         )
         .await
         .unwrap();

@@ -718,7 +718,7 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let settings = FormatSettings {
             lua_check_budget: budget,
-            ..FormatSettings::for_tests(10, 100, 3)
+            ..FormatSettings::for_tests(10, 3)
         };
         let counters = Arc::new(store.clone());
         let formats = FormattedEngine::new(&[], counters, Arc::clone(&clock), settings, 0).unwrap();
@@ -789,6 +789,33 @@ mod tests {
         );
         let reloads = catalog.misses.started();
         assert_eq!(reloads, 2, "the typo's reload, then one for the 8 calls");
+    }
+
+    /// Issue 34 item 5: the Issuer's parse path learns a format another
+    /// node defined moments ago by itself, as issuing does. Before, each
+    /// front end called `learn_format` first and the Issuer's parse alone
+    /// refused the format as unknown.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parsing_learns_a_format_another_node_defined() {
+        for admin in [None, Some("ops")] {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, catalog) = catalog(dir.path());
+            let (issuer, _) = crate::modes::tests::issuer();
+            let issuer = issuer.with_catalog(Arc::new(catalog));
+            stored_elsewhere(&store, "later").await;
+            let (parsed, view) = issuer
+                .parse_formatted_as("later", "000042", admin)
+                .await
+                .expect("learned, then parsed");
+            assert_eq!((parsed.seq, view.is_none()), (42, true), "{admin:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (store, catalog) = catalog(dir.path());
+        let (issuer, _) = crate::modes::tests::issuer();
+        let issuer = issuer.with_catalog(Arc::new(catalog));
+        stored_elsewhere(&store, "later").await;
+        let parsed = issuer.parse_formatted("later", "000007").await;
+        assert_eq!(parsed.expect("learned, then parsed").seq, 7);
     }
 
     /// Issue 32, item 8: a created Lua rule is checked once. Before, the

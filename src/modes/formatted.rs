@@ -51,14 +51,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::id::format::FormatError;
 use crate::id::format::{
     CounterRecord, Format, FormatDef, LoadChecks, LuaLimits, NodeIds, ParsedId, PeriodKey,
     Rendered, Scope,
 };
 use crate::id::hide::DecimalHider;
-use crate::id::{check_count, Clock};
+use crate::id::Clock;
 use crate::metrics as m;
 pub use crate::modes::hidden::HiddenView;
 use crate::modes::hidden::{shown_all, FormatHiders, Ready};
@@ -78,8 +78,6 @@ pub struct FormatSettings {
     /// How far (ms) the wall clock may be behind the period a counter is in
     /// before calls are refused (`clock.max_backward`).
     pub max_behind_ms: u64,
-    /// Largest `count` per call (`server.max_batch`).
-    pub max_batch: u32,
     /// The threads Lua rules run on (`formatted.lua_workers`,
     /// `formatted.lua_deadline`).
     pub lua: LuaPoolSettings,
@@ -103,13 +101,12 @@ impl FormatSettings {
 
 #[cfg(test)]
 impl FormatSettings {
-    /// Settings for tests: `block`, `max_batch` and `max_scope_values` as
-    /// given, a clock allowed 1 s behind, the default Lua pool.
-    pub(crate) fn for_tests(block: u64, max_batch: u32, max_scope_values: u64) -> Self {
+    /// Settings for tests: `block` and `max_scope_values` as given, a
+    /// clock allowed 1 s behind, the default Lua pool.
+    pub(crate) fn for_tests(block: u64, max_scope_values: u64) -> Self {
         Self {
             block,
             max_behind_ms: 1_000,
-            max_batch,
             lua: LuaPoolSettings::default(),
             max_scope_values,
             lua_check_budget: crate::id::format::lua::DEFAULT_CHECK_BUDGET,
@@ -370,7 +367,7 @@ impl FormattedEngine {
                     tracing::info!(format = %name, token = held.token, "format token held")
                 }
                 Ok(None) => {}
-                Err(Error::Store(StoreError::Format(e @ FormatError::NoToken { .. }))) => {
+                Err(Error::Refused(Refusal::Format(e @ FormatError::NoToken { .. }))) => {
                     tracing::warn!(error = %e, "no token for this format yet; its calls answer RESOURCE_EXHAUSTED until one is free")
                 }
                 Err(e) => return Err(e),
@@ -560,14 +557,16 @@ impl FormattedEngine {
 
     /// Issues `count` IDs of format `name` for `params` on node `node`
     /// (this node's number, [`crate::id::Snowflake::node_number`]).
+    /// `count` was checked against `server.max_batch` by the Issuer, which
+    /// checks every mode's request (a `u32` here, as a checked batch is).
     pub async fn generate(
         &self,
         name: &str,
         params: &[(String, String)],
-        count: u64,
+        count: u32,
         node: u64,
     ) -> Result<Issued, Error> {
-        let count = u64::from(check_count(count, self.settings.max_batch)?);
+        let count = u64::from(count);
         let format = self.format(name)?;
         let bound = format
             .bind(params.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -994,7 +993,7 @@ mod tests {
             inner,
             blocks: Mutex::new(Vec::new()),
         });
-        let settings = FormatSettings::for_tests(100, 1_000, 3);
+        let settings = FormatSettings::for_tests(100, 3);
         let formats = FormattedEngine::new(&[def], store.clone(), clock, settings, 3).unwrap();
         (dir, store, formats)
     }
@@ -1058,12 +1057,12 @@ mod scope_tests {
             scope_params: vec!["app".into()],
             ..FormatDef::template("apps", "{param:app:4:digits}{seq:6}", "UTC", Reset::Never)
         };
-        let settings = FormatSettings::for_tests(10, 100, 3);
+        let settings = FormatSettings::for_tests(10, 3);
         let formats = FormattedEngine::new(&[def], Arc::new(store), clock, settings, 0).unwrap();
         (dir, formats)
     }
 
-    async fn seq(formats: &FormattedEngine, app: &str, n: u64) -> Result<Vec<u64>, Error> {
+    async fn seq(formats: &FormattedEngine, app: &str, n: u32) -> Result<Vec<u64>, Error> {
         let params = [("app".to_owned(), app.to_owned())];
         let issued = formats.generate("apps", &params, n, 0).await?;
         Ok(issued

@@ -23,57 +23,10 @@ use super::hide_keys::HideKeyRings;
 use crate::error::Error;
 use crate::id::format::{Format, FormatError};
 use crate::id::hide::{
-    DecimalHider, HideError, HideKey, IntHider, KeyVersion, SnowflakeHider, SnowflakeHiding,
+    DecimalHider, HideError, HideKey, Hider, IntHider, KeyVersion, SnowflakeHider, SnowflakeHiding,
 };
 use crate::id::Layout;
 use crate::store::StoreError;
-
-/// A keyed permutation an engine shows internal values through.
-pub trait Hider: Send + Sync + 'static {
-    /// The value shown for `internal`.
-    fn hide(&self, internal: u64) -> Result<u64, HideError>;
-    /// The key version and internal value behind `shown`.
-    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError>;
-    /// Shows every value of `values` in place, as `hide` would one by
-    /// one; on an error nothing is changed.
-    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError>;
-}
-
-impl Hider for IntHider {
-    fn hide(&self, internal: u64) -> Result<u64, HideError> {
-        IntHider::hide(self, internal)
-    }
-    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
-        IntHider::reveal(self, shown)
-    }
-    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
-        IntHider::hide_in_place(self, values)
-    }
-}
-
-impl Hider for DecimalHider {
-    fn hide(&self, internal: u64) -> Result<u64, HideError> {
-        DecimalHider::hide(self, internal)
-    }
-    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
-        DecimalHider::reveal(self, shown)
-    }
-    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
-        DecimalHider::hide_in_place(self, values)
-    }
-}
-
-impl Hider for SnowflakeHider {
-    fn hide(&self, internal: u64) -> Result<u64, HideError> {
-        SnowflakeHider::hide(self, internal)
-    }
-    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
-        SnowflakeHider::reveal(self, shown)
-    }
-    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
-        SnowflakeHider::hide_in_place(self, values)
-    }
-}
 
 /// Builds a hider from every version of a ring and its active version.
 pub type BuildHider<H> =
@@ -397,7 +350,7 @@ impl FormatHiders {
             }));
         }
         let (key_version, internal) = output.reveal(shown).map_err(|e| match e {
-            RevealError::Refused(e) => e,
+            RevealError::Refused(e) => *e,
             RevealError::Hide(e) => Error::from(StoreError::from(FormatError::BadCounter {
                 format: format.name().to_owned(),
                 why: format!("{shown} is not a counter this format showed: {e}"),
@@ -412,8 +365,9 @@ impl FormatHiders {
 
 /// Why a shown value could not be revealed.
 pub enum RevealError {
-    /// No ring to reveal with (missing key, no keys loaded).
-    Refused(Error),
+    /// No ring to reveal with (missing key, no keys loaded); boxed, as
+    /// the rare case, so the common `Hide` stays small.
+    Refused(Box<Error>),
     /// The value was not shown by this key (wrong width, unknown version).
     Hide(HideError),
 }
@@ -432,10 +386,10 @@ impl<H: Hider> HiddenOutput<H> {
             .as_ref()
             .and_then(|r| r.current(&self.key_id))
             .ok_or_else(|| {
-                RevealError::Refused(self.refusal(format!(
+                RevealError::Refused(Box::new(self.refusal(format!(
                     "hide key {:?} is not loaded on this node",
                     self.key_id
-                )))
+                ))))
             })?;
         let keys: Vec<&HideKey> = ring.keys.iter().collect();
         let newest = keys.iter().map(|k| k.version()).max().unwrap_or(0);
@@ -489,7 +443,7 @@ mod tests {
                 )
             })
             .collect();
-        let settings = FormatSettings::for_tests(50, 1_000, 3);
+        let settings = FormatSettings::for_tests(50, 3);
         let clock = Arc::new(crate::id::ManualClock::at_millis(1_780_000_000_000));
         let engine = FormattedEngine::new(&defs, store, clock, settings, 0)
             .expect("engine")
@@ -501,7 +455,7 @@ mod tests {
                     .generate(&format!("f{w}"), &[], n, 0)
                     .await
                     .expect("issue");
-                assert_eq!(issued.ids.len() as u64, n);
+                assert_eq!(issued.ids.len(), n as usize);
                 shown.extend(
                     issued
                         .ids

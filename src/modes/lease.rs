@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use super::hidden::{HiddenOutput, Ready, RevealError};
 use super::refill::{self, Refill};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::id::buffer::{DoubleBuffer, Prefetch};
 use crate::id::decode::{decode_lease, Decoded};
 use crate::id::hide::IntHider;
@@ -180,7 +180,7 @@ impl LeaseEngine {
             });
         }
         let (version, internal) = h.output.reveal(below_zone(id)).map_err(|e| match e {
-            RevealError::Refused(e) => e,
+            RevealError::Refused(e) => *e,
             RevealError::Hide(e) => Error::Hidden {
                 namespace: format!("lease zone {}", h.zone),
                 key: h.output.key_id().to_owned(),
@@ -432,7 +432,7 @@ impl Refill for LeaseEngine {
 /// RESOURCE_EXHAUSTED, the rest is UNAVAILABLE naming the cause.
 fn unavailable(e: Error) -> Error {
     match e {
-        Error::Store(StoreError::Lease(_)) | Error::Fenced | Error::LayoutChanged(_) => e,
+        Error::Refused(Refusal::Lease(_)) | Error::Fenced | Error::LayoutChanged(_) => e,
         other => Error::LeaseUnavailable {
             reason: other.to_string(),
         },
@@ -619,7 +619,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                Error::Store(StoreError::Lease(LeaseError::TokenExhausted { .. }))
+                Error::Refused(Refusal::Lease(LeaseError::TokenExhausted { .. }))
             ),
             "{e:?}"
         );

@@ -40,6 +40,15 @@ use self::strict::StrictEngine;
 use crate::id::format::FormatError;
 use crate::id::segment::Tag;
 
+/// Where a checked `GenId`/`GenIds` call goes ([`Issuer::route`]).
+enum Route<'a> {
+    Segment(&'a Arc<SegmentEngine>, Tag),
+    Lease(&'a Arc<LeaseEngine>),
+    /// The strict key is the call's tag.
+    Strict(&'a Arc<StrictEngine>),
+    Snowflake,
+}
+
 /// Issues IDs for requests: checks them and dispatches to the mode engines.
 pub struct Issuer {
     /// Whether this node still holds its worker id: checked once per
@@ -285,8 +294,9 @@ impl Issuer {
     /// Makes sure this node knows format `name` if any node defined it:
     /// when it serves no such format, the catalog reloads (at most once
     /// per [`format_catalog::MISS_RELOAD_GAP`]) instead of waiting for its
-    /// watch. Call before a formatted call.
-    pub async fn learn_format(&self, name: &str) {
+    /// watch. Every formatted call of the Issuer (issue, parse, counter)
+    /// runs it first, so the front ends never do.
+    async fn learn_format(&self, name: &str) {
         let (Some(catalog), Some(formats)) = (&self.catalog, &self.formats) else {
             return;
         };
@@ -319,6 +329,10 @@ impl Issuer {
         let formats = self.formats_for(name)?;
         self.learning_hide_keys(|| async {
             self.gate.check()?;
+            // Checked here like every mode's batch (after the gate, where
+            // the engine checked it before, so a call both fenced and too
+            // large is still refused as fenced).
+            let count = check_count(count, self.max_batch)?;
             formats
                 .generate(name, params, count, self.gate.node_number())
                 .await
@@ -326,12 +340,15 @@ impl Issuer {
         .await
     }
 
-    /// Splits an ID of format `name` into its fields (`ParseFormatted`).
-    pub fn parse_formatted(
+    /// Splits an ID of format `name` into its fields (`ParseFormatted`),
+    /// after learning the format if another node defined it moments ago
+    /// ([`learn_format`](Self::learn_format)), as issuing does.
+    pub async fn parse_formatted(
         &self,
         name: &str,
         id: &str,
     ) -> Result<crate::id::format::ParsedId, Error> {
+        self.learn_format(name).await;
         self.formats_for(name)?.parse(name, id)
     }
 
@@ -339,12 +356,14 @@ impl Issuer {
     /// view of a hidden counter (`{seq:N:hidden}`, `hide = true`; `None`
     /// for a plain format): its key version to anyone, and the internal
     /// counter only to an admin caller (`who`), logged on `idgen::audit`.
-    pub fn parse_formatted_as(
+    /// Learns the format first, so no front end has to.
+    pub async fn parse_formatted_as(
         &self,
         name: &str,
         id: &str,
         who: Option<&str>,
     ) -> Result<(crate::id::format::ParsedId, Option<formatted::HiddenView>), Error> {
+        self.learn_format(name).await;
         let formats = self.formats_for(name)?;
         let parsed = formats.parse(name, id)?;
         let view = formats.hidden_view(name, parsed.seq, who.is_some())?;
@@ -473,28 +492,15 @@ impl Issuer {
 
     /// One ID.
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
-        self.learning_hide_keys(|| self.gen_id_once(mode, tag))
-            .await
-    }
-
-    async fn gen_id_once(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
-        self.check_state_file()?;
-        match mode {
-            Mode::Segment => {
-                let (segments, tag) = self.segments(mode, tag)?;
-                return segments.take_one(&tag).await;
+        self.learning_hide_keys(|| async {
+            match self.route(mode, tag)? {
+                Route::Segment(segments, tag) => segments.take_one(&tag).await,
+                Route::Lease(leases) => leases.take_one().await,
+                Route::Strict(strict) => Ok(strict.take(tag, 1).await?.first),
+                Route::Snowflake => self.snowflakes.take_one().await,
             }
-            Mode::Lease => {
-                let leases = self.lease_mode(tag)?;
-                self.gate.check()?;
-                return leases.take_one().await;
-            }
-            Mode::Strict => return Ok(self.strict_mode(tag)?.take(tag, 1).await?.first),
-            Mode::Snowflake => {}
-        }
-        Self::check_mode(mode, tag)?;
-        self.gate.check()?;
-        self.snowflakes.take_one().await
+        })
+        .await
     }
 
     /// `count` IDs (fewer only at a segment tag's end, rule 37), in the
@@ -502,8 +508,17 @@ impl Issuer {
     /// not increasing.
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u64) -> Result<Vec<u64>, Error> {
         let count = check_count(count, self.max_batch)?;
-        self.learning_hide_keys(|| self.gen_ids_once(mode, tag, count))
-            .await
+        self.learning_hide_keys(|| async {
+            match self.route(mode, tag)? {
+                Route::Segment(segments, tag) => segments.take(&tag, count as usize).await,
+                Route::Lease(leases) => leases.take(count as usize).await,
+                Route::Strict(strict) => {
+                    Ok(strict.take(tag, u64::from(count)).await?.iter().collect())
+                }
+                Route::Snowflake => self.snowflakes.take(count as usize).await,
+            }
+        })
+        .await
     }
 
     /// Issues `count` UUIDv7 (`GenUuid`, `GenUuids`, `/v1/uuid`,
@@ -522,27 +537,29 @@ impl Issuer {
         self::uuid::decode(&self.layout, text)
     }
 
-    async fn gen_ids_once(&self, mode: Mode, tag: &str, count: u32) -> Result<Vec<u64>, Error> {
+    /// The one check of a `GenId`/`GenIds` call before any value is taken
+    /// (the count is checked before it): the state file is kept, the mode
+    /// is served here, the tag or strict key fits it, and the gate is open
+    /// for the gated modes. Both calls route through it, so a rule added
+    /// here holds for one ID and for a batch alike.
+    fn route(&self, mode: Mode, tag: &str) -> Result<Route<'_>, Error> {
         self.check_state_file()?;
         match mode {
             Mode::Segment => {
                 let (segments, tag) = self.segments(mode, tag)?;
-                return segments.take(&tag, count as usize).await;
+                return Ok(Route::Segment(segments, tag));
             }
             Mode::Lease => {
                 let leases = self.lease_mode(tag)?;
                 self.gate.check()?;
-                return leases.take(count as usize).await;
+                return Ok(Route::Lease(leases));
             }
-            Mode::Strict => {
-                let values = self.strict_mode(tag)?.take(tag, u64::from(count)).await?;
-                return Ok(values.iter().collect());
-            }
+            Mode::Strict => return Ok(Route::Strict(self.strict_mode(tag)?)),
             Mode::Snowflake => {}
         }
         Self::check_mode(mode, tag)?;
         self.gate.check()?;
-        self.snowflakes.take(count as usize).await
+        Ok(Route::Snowflake)
     }
 
     /// [`decode`](Self::decode) for a caller: an ID of a hidden snowflake
@@ -602,6 +619,7 @@ impl Issuer {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::error::Refusal;
     use crate::id::{Preset, StartPlan, SystemClock, DEFAULT_EPOCH_MS};
 
     /// An issuer over a fresh Twitter-layout generator (node 1).
@@ -666,7 +684,7 @@ pub(crate) mod tests {
                 max_wait: Duration::from_secs(5),
             },
         ));
-        let settings = formatted::FormatSettings::for_tests(10, 100, 10);
+        let settings = formatted::FormatSettings::for_tests(10, 10);
         let def = FormatDef::template("order", "{seq:6}", "UTC", Reset::Never);
         let clock: Arc<dyn Clock> = Arc::new(crate::id::SystemClock);
         let formats =
@@ -678,11 +696,110 @@ pub(crate) mod tests {
 
     /// Each gated mode's answer to one call: `Ok` or the error.
     async fn serve_each(issuer: &Issuer) -> [Result<(), Error>; 3] {
+        ask_each(issuer, 3).await
+    }
+
+    /// Each gated mode's answer to a call for `count` IDs.
+    async fn ask_each(issuer: &Issuer, count: u64) -> [Result<(), Error>; 3] {
         [
-            issuer.gen_ids(Mode::Snowflake, "", 3).await.map(drop),
-            issuer.gen_ids(Mode::Lease, "", 3).await.map(drop),
-            issuer.gen_formatted("order", &[], 3).await.map(drop),
+            issuer.gen_ids(Mode::Snowflake, "", count).await.map(drop),
+            issuer.gen_ids(Mode::Lease, "", count).await.map(drop),
+            issuer.gen_formatted("order", &[], count).await.map(drop),
         ]
+    }
+
+    /// Issue 34 item 5: `GenId` and `GenIds` pass one check
+    /// ([`Issuer::route`]), so every request one refuses, the other
+    /// refuses with the same error, in every mode.
+    #[tokio::test]
+    async fn one_id_and_a_batch_pass_the_same_check() {
+        let (_dir, issuer, _) = gated_issuer();
+        let refused = |mode, tag: &'static str, want: RequestError| (mode, tag, want);
+        let cases = [
+            refused(
+                Mode::Snowflake,
+                "t",
+                RequestError::UnexpectedTag(Mode::Snowflake),
+            ),
+            refused(Mode::Lease, "t", RequestError::UnexpectedTag(Mode::Lease)),
+            refused(
+                Mode::Segment,
+                "t",
+                RequestError::ModeNotEnabled(Mode::Segment),
+            ),
+            refused(
+                Mode::Strict,
+                "k",
+                RequestError::ModeNotEnabled(Mode::Strict),
+            ),
+        ];
+        for (mode, tag, want) in cases {
+            let one = issuer.gen_id(mode, tag).await.map(drop);
+            let batch = issuer.gen_ids(mode, tag, 2).await.map(drop);
+            let is_want = |r: &Result<_, Error>| matches!(r, Err(Error::Request(e)) if *e == want);
+            assert!(
+                is_want(&one) && is_want(&batch),
+                "{mode}: {one:?} / {batch:?}"
+            );
+        }
+        for mode in [Mode::Snowflake, Mode::Lease] {
+            assert!(issuer.gen_id(mode, "").await.is_ok(), "{mode}");
+            assert!(issuer.gen_ids(mode, "", 2).await.is_ok(), "{mode}");
+        }
+        issuer.gate().fence();
+        for mode in [Mode::Snowflake, Mode::Lease] {
+            let one = issuer.gen_id(mode, "").await;
+            let batch = issuer.gen_ids(mode, "", 2).await;
+            assert!(
+                matches!((&one, &batch), (Err(Error::Fenced), Err(Error::Fenced))),
+                "{mode}: {one:?} / {batch:?}"
+            );
+        }
+    }
+
+    /// Issue 34 item 5: a refusal by a mode's rules reaches the front
+    /// ends as [`Error::Refused`], not inside a `StoreError`, whether the
+    /// Issuer, an engine or the format itself refused.
+    #[tokio::test]
+    async fn a_formatted_refusal_reaches_the_front_ends_as_refused() {
+        let (_dir, issuer, _) = gated_issuer();
+        let unknown = issuer.gen_formatted("nope", &[], 1).await;
+        let bad = issuer.parse_formatted_as("order", "x", None).await;
+        let (plain, _) = self::issuer(); // no formatted mode
+        let none = plain.parse_formatted("order", "000001").await;
+        for r in [unknown.map(drop), bad.map(drop), none.map(drop)] {
+            assert!(
+                matches!(r, Err(Error::Refused(Refusal::Format(_)))),
+                "{r:?}"
+            );
+        }
+    }
+
+    /// Issue 34 item 5: the Issuer checks the batch size of every mode
+    /// against its own `max_batch` (100 here), formatted mode included.
+    /// Before, a formatted call was checked only by the engine, against
+    /// a limit of its own that the node's assembly had to keep equal.
+    #[tokio::test]
+    async fn the_issuer_checks_every_modes_batch_size() {
+        let (_dir, issuer, _) = gated_issuer();
+        for got in [0, 101, u64::MAX] {
+            for (mode, r) in ["snowflake", "lease", "formatted"]
+                .into_iter()
+                .zip(ask_each(&issuer, got).await)
+            {
+                let refused = matches!(
+                    r,
+                    Err(Error::Request(RequestError::BadCount { got: g, max: 100 })) if g == got
+                );
+                assert!(refused, "{mode}, {got}: {r:?}");
+            }
+        }
+        for (mode, r) in ["snowflake", "lease", "formatted"]
+            .into_iter()
+            .zip(ask_each(&issuer, 100).await)
+        {
+            assert!(r.is_ok(), "{mode}, the largest batch: {r:?}");
+        }
     }
 
     #[tokio::test]

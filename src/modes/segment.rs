@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use super::hidden::{self, HiddenOutput, RevealError};
 use super::hide_keys::HideKeyRings;
 use super::refill::{self, Refill};
-use crate::error::Error;
+use crate::error::{Error, Refusal};
 use crate::id::buffer::{DoubleBuffer, Prefetch};
 use crate::id::decode::Decoded;
 use crate::id::hide::IntHider;
@@ -40,7 +40,7 @@ use crate::id::segment::{next_step, Range, Tag, TagHide, TagRecord};
 use crate::id::Clock;
 use crate::id::RequestError;
 use crate::metrics as m;
-use crate::store::{SegmentStore, StoreError};
+use crate::store::{CreateTag, SegmentStore, StoreError};
 
 /// Segment mode settings.
 #[derive(Debug, Clone, Copy)]
@@ -277,7 +277,7 @@ impl SegmentEngine {
                 match self
                     .store
                     // A deleted tag is refused, not re-created with defaults.
-                    .auto_create_tag(tag, &r, self.settings.max_tags)
+                    .create_tag(tag, &r, CreateTag::auto(self.settings.max_tags))
                     .await
                 {
                     Ok(_) => tracing::info!(%tag, step = r.step, "segment tag auto-created"),
@@ -535,7 +535,7 @@ impl SegmentEngine {
             return Ok(view);
         }
         let (version, internal) = output.reveal(id).map_err(|e| match e {
-            RevealError::Refused(e) => e,
+            RevealError::Refused(e) => *e,
             RevealError::Hide(e) => RequestError::NotRevealed {
                 id,
                 tag: tag.to_string(),
@@ -556,7 +556,7 @@ impl SegmentEngine {
                 .fetch(this.store.as_ref(), &this.settings, this.clock.as_ref())
                 .await;
             match fetched {
-                Err(Error::Store(StoreError::Segment(SegmentError::TagNotFound(_)))) => {
+                Err(Error::Refused(Refusal::Segment(SegmentError::TagNotFound(_)))) => {
                     // Deleted (maybe on another node): what is in memory
                     // was reserved and stays unique; the buffers go.
                     this.release(&buffer.tag, "deleted");
@@ -598,7 +598,7 @@ impl Refill for TagRefill<'_> {
         let tag = &self.buffer.tag;
         if matches!(
             e,
-            Error::Store(StoreError::Segment(SegmentError::TagNotFound(_)))
+            Error::Refused(Refusal::Segment(SegmentError::TagNotFound(_)))
         ) {
             // Deleted (maybe on another node): free its memory.
             self.segments.release(tag, "deleted");
@@ -608,7 +608,7 @@ impl Refill for TagRefill<'_> {
             // before the refusals moved into SegmentError: an existing tag
             // or a limit, which taking a range never raises, stays
             // "unavailable").
-            Error::Store(StoreError::Segment(ref s))
+            Error::Refused(Refusal::Segment(ref s))
                 if !matches!(
                     s,
                     SegmentError::TagExists(_) | SegmentError::LimitReached(_)
@@ -671,7 +671,12 @@ mod tests {
 
     #[async_trait]
     impl SegmentStore for MemStore {
-        async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
+        async fn create_tag(
+            &self,
+            tag: &Tag,
+            record: &TagRecord,
+            _: CreateTag,
+        ) -> Result<TagRecord, StoreError> {
             let mut r = self.records.lock().unwrap();
             if r.contains_key(tag) {
                 return Err(StoreError::Segment(SegmentError::TagExists(
@@ -679,7 +684,7 @@ mod tests {
                 )));
             }
             r.insert(tag.clone(), record.clone());
-            Ok(())
+            Ok(record.clone())
         }
         async fn get_tag(&self, tag: &Tag) -> Result<Option<TagRecord>, StoreError> {
             Ok(self.records.lock().unwrap().get(tag).cloned())

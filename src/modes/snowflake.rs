@@ -89,7 +89,7 @@ impl HiddenSnowflakes {
             return Ok(view);
         }
         let (version, internal_id) = self.output.reveal(id).map_err(|e| match e {
-            RevealError::Refused(e) => e,
+            RevealError::Refused(e) => *e,
             RevealError::Hide(HideError::NotHidden { .. }) => Error::Decode(DecodeError {
                 id,
                 bits: self.public.total_bits(),

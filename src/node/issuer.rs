@@ -156,7 +156,6 @@ fn format_catalog(
     let settings = crate::modes::formatted::FormatSettings {
         block: config.formatted.block,
         max_behind_ms: config.hwm.max_backward.as_millis() as u64,
-        max_batch: config.server.max_batch,
         lua: crate::modes::lua_pool::LuaPoolSettings {
             workers: config.formatted.lua_workers,
             deadline: config.formatted.lua_deadline,

@@ -213,10 +213,10 @@ impl IdGen for IdGenService {
         let started = Instant::now();
         let who = self.admin_caller(&request)?;
         let req = request.into_inner();
-        self.issuer.learn_format(&req.format).await;
         let result = self
             .issuer
             .parse_formatted_as(&req.format, &req.id, who.as_deref())
+            .await
             .map(|(p, view)| {
                 let mut parsed = parsed_message(p);
                 if let Some(view) = view {

@@ -323,9 +323,14 @@ async fn parse_formatted(
         Ok(who) => who,
         Err(refused) => return *refused,
     };
-    s.issuer.learn_format(&name).await;
-    let result = parse_query::<ParseQuery>(raw)
-        .and_then(|q| s.issuer.parse_formatted_as(&name, &q.id, who.as_deref()));
+    let result = match parse_query::<ParseQuery>(raw) {
+        Ok(q) => {
+            s.issuer
+                .parse_formatted_as(&name, &q.id, who.as_deref())
+                .await
+        }
+        Err(e) => Err(e),
+    };
     s.rpc.parse.observe(started, &result);
     match result {
         Ok((p, view)) => Json(json!({

@@ -130,9 +130,9 @@ mod tests {
             code(&Error::Gen(GenError::TimeExhausted)),
             Code::ResourceExhausted
         );
-        let unknown = Error::Store(StoreError::Segment(SegmentError::TagNotFound("t".into())));
+        let unknown = Error::from(StoreError::Segment(SegmentError::TagNotFound("t".into())));
         assert_eq!(code(&unknown), Code::NotFound);
-        let bad = Error::Store(StoreError::Segment(SegmentError::BadTag("T".into())));
+        let bad = Error::from(StoreError::Segment(SegmentError::BadTag("T".into())));
         assert_eq!(code(&bad), Code::InvalidArgument);
         let gone = Error::Store(StoreError::Contended("busy".into()));
         assert_eq!(code(&gone), Code::Unavailable);

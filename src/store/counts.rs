@@ -116,7 +116,7 @@ mod tests {
     use super::*;
     use crate::id::segment::{SegmentError, Tag, TagRecord};
     use crate::id::strict::{StrictError, StrictKey};
-    use crate::store::segment::SegmentStore;
+    use crate::store::segment::{CreateTag, SegmentStore};
     use crate::store::strict::{EmbeddedStrictStore, StrictLimits, StrictStore};
     use crate::store::{EmbeddedStore, StoreError};
 
@@ -130,7 +130,11 @@ mod tests {
         for name in ["a", "b", "c"] {
             let t = Tag::parse(name).unwrap();
             store
-                .create_tag(&t, &TagRecord::new(0, 5, "", 1).unwrap())
+                .create_tag(
+                    &t,
+                    &TagRecord::new(0, 5, "", 1).unwrap(),
+                    CreateTag::UNLIMITED,
+                )
                 .await
                 .unwrap();
         }
@@ -164,10 +168,10 @@ mod tests {
 
         // And the limits hold against those counts.
         let err = store
-            .create_tag_limited(
+            .create_tag(
                 &Tag::parse("d").unwrap(),
                 &TagRecord::new(0, 5, "", 3).unwrap(),
-                2,
+                CreateTag::limited(2),
             )
             .await
             .unwrap_err();

@@ -35,7 +35,7 @@ use thiserror::Error;
 
 pub use embedded::EmbeddedStore;
 pub use hwm::{HwmKeeper, HwmStore};
-pub use segment::{ConsulSegmentStore, SegmentStore};
+pub use segment::{ConsulSegmentStore, CreateTag, SegmentStore};
 
 /// Identifies one snowflake worker in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

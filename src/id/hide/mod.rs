@@ -144,6 +144,56 @@ impl HideError {
     }
 }
 
+/// A keyed permutation an engine shows internal values through: one
+/// trait over the three hiders, so an engine's hidden output
+/// (`modes::hidden`) is written once for all of them. It lives here, with
+/// the hiders it covers, because it is pure: no I/O, no key ring.
+pub trait Hider: Send + Sync + 'static {
+    /// The value shown for `internal`.
+    fn hide(&self, internal: u64) -> Result<u64, HideError>;
+    /// The key version and internal value behind `shown`.
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError>;
+    /// Shows every value of `values` in place, as `hide` would one by
+    /// one; on an error nothing is changed.
+    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError>;
+}
+
+impl Hider for IntHider {
+    fn hide(&self, internal: u64) -> Result<u64, HideError> {
+        IntHider::hide(self, internal)
+    }
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
+        IntHider::reveal(self, shown)
+    }
+    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
+        IntHider::hide_in_place(self, values)
+    }
+}
+
+impl Hider for DecimalHider {
+    fn hide(&self, internal: u64) -> Result<u64, HideError> {
+        DecimalHider::hide(self, internal)
+    }
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
+        DecimalHider::reveal(self, shown)
+    }
+    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
+        DecimalHider::hide_in_place(self, values)
+    }
+}
+
+impl Hider for SnowflakeHider {
+    fn hide(&self, internal: u64) -> Result<u64, HideError> {
+        SnowflakeHider::hide(self, internal)
+    }
+    fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), HideError> {
+        SnowflakeHider::reveal(self, shown)
+    }
+    fn hide_in_place(&self, values: &mut [u64]) -> Result<(), HideError> {
+        SnowflakeHider::hide_in_place(self, values)
+    }
+}
+
 /// The ciphers of every key version a hider knows, indexed by version,
 /// and the active one. Built once; lookups are an index.
 struct Versions<C> {

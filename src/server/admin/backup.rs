@@ -56,7 +56,7 @@ impl AdminService {
         let taken = tokio::task::spawn_blocking(move || source.take(now_ms))
             .await
             .map_err(|e| refusal(ErrorKind::Internal, format!("backup task failed: {e}")))?;
-        taken.map_err(|e| to_status(&Error::Store(e)))
+        taken.map_err(|e| to_status(&Error::from(e)))
     }
 
     pub(super) async fn skip_ahead(
@@ -77,7 +77,7 @@ impl AdminService {
         let report =
             crate::store::skip_ahead::skip_ahead(client, keys, r.margin, self.now_ms(), reserve_ms)
                 .await
-                .map_err(|e| to_status(&Error::Store(e)))?;
+                .map_err(|e| to_status(&Error::from(e)))?;
         let record = report.record.unwrap_or_default();
         let message = report.summary(r.margin);
         tracing::warn!(margin = r.margin, %message, "skip-ahead");

@@ -189,7 +189,7 @@ fn store_status(e: StoreError) -> Status {
         StoreError::Segment(SegmentError::MaxIdBackwards { .. }) => {
             refusal(ErrorKind::Precondition, e.to_string())
         }
-        e => to_status(&Error::Store(e)),
+        e => to_status(&Error::from(e)),
     }
 }
 

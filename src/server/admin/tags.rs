@@ -12,7 +12,7 @@ use crate::id::segment::SegmentError;
 use crate::id::segment::{check_max_id, check_step, Tag, TagHide, TagRecord, TagUpdate};
 use crate::proto;
 use crate::server::status::refusal;
-use crate::store::{SegmentStore, StoreError};
+use crate::store::{CreateTag, SegmentStore, StoreError};
 
 /// The step of a tag created without one.
 pub const DEFAULT_TAG_STEP: u64 = 1000;
@@ -106,7 +106,7 @@ impl AdminService {
             .as_ref()
             .map_or(u64::MAX, |s| s.max_tags());
         let written = store
-            .create_tag_limited(&tag, &record, max_tags)
+            .create_tag(&tag, &record, CreateTag::limited(max_tags))
             .await
             .map_err(store_status)?;
         let note = if written.max_id > record.max_id {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{decode, encode, SegmentStore, TagListing, ADMIN_CAS_ATTEMPTS};
+use super::{decode, encode, CreateTag, SegmentStore, TagListing, ADMIN_CAS_ATTEMPTS};
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp};
 use crate::id::segment::SegmentError;
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
@@ -167,36 +167,16 @@ impl ConsulSegmentStore {
 
 #[async_trait]
 impl SegmentStore for ConsulSegmentStore {
-    async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
-        self.create_tag_record(tag, record).await.map(|_| ())
-    }
-
-    async fn create_tag_record(
+    async fn create_tag(
         &self,
         tag: &Tag,
         record: &TagRecord,
+        options: CreateTag,
     ) -> Result<TagRecord, StoreError> {
-        self.create(tag, record, true).await
-    }
-
-    async fn create_tag_limited(
-        &self,
-        tag: &Tag,
-        record: &TagRecord,
-        max_tags: u64,
-    ) -> Result<TagRecord, StoreError> {
-        self.check_limit(tag, max_tags).await?;
-        self.create_tag_record(tag, record).await
-    }
-
-    async fn auto_create_tag(
-        &self,
-        tag: &Tag,
-        record: &TagRecord,
-        max_tags: u64,
-    ) -> Result<TagRecord, StoreError> {
-        self.check_limit(tag, max_tags).await?;
-        self.create(tag, record, false).await
+        if let Some(max_tags) = options.max_tags {
+            self.check_limit(tag, max_tags).await?;
+        }
+        self.create(tag, record, options.revive_deleted).await
     }
 
     fn release(&self, tag: &Tag) {

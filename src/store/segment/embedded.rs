@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use redb::ReadableTable;
 
-use super::{decode, encode, SegmentStore, TagListing, SEGMENTS};
+use super::{decode, encode, CreateTag, SegmentStore, TagListing, SEGMENTS};
 use crate::id::segment::SegmentError;
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 use crate::metrics as m;
@@ -166,36 +166,16 @@ impl EmbeddedStore {
 
 #[async_trait]
 impl SegmentStore for EmbeddedStore {
-    async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError> {
-        self.create_tag_record(tag, record).await.map(|_| ())
-    }
-
-    async fn create_tag_record(
+    async fn create_tag(
         &self,
         tag: &Tag,
         record: &TagRecord,
-    ) -> Result<TagRecord, StoreError> {
-        self.create_tag_limited(tag, record, u64::MAX).await
-    }
-
-    async fn create_tag_limited(
-        &self,
-        tag: &Tag,
-        record: &TagRecord,
-        max_tags: u64,
+        options: CreateTag,
     ) -> Result<TagRecord, StoreError> {
         let (this, tag, record) = (self.clone(), tag.clone(), record.clone());
-        blocking(move || this.insert_tag(&tag, &record, max_tags, true)).await
-    }
-
-    async fn auto_create_tag(
-        &self,
-        tag: &Tag,
-        record: &TagRecord,
-        max_tags: u64,
-    ) -> Result<TagRecord, StoreError> {
-        let (this, tag, record) = (self.clone(), tag.clone(), record.clone());
-        blocking(move || this.insert_tag(&tag, &record, max_tags, false)).await
+        let max_tags = options.max_tags.unwrap_or(u64::MAX);
+        let revive = options.revive_deleted;
+        blocking(move || this.insert_tag(&tag, &record, max_tags, revive)).await
     }
 
     async fn list_tags(&self) -> Result<TagListing, StoreError> {

@@ -15,8 +15,8 @@
 //!   times.
 //!
 //! # Limits
-//! [`SegmentStore::create_tag_limited`] refuses a new (or revived) tag
-//! once `segment.max_tags` tags are live. The embedded store keeps the
+//! [`SegmentStore::create_tag`] with [`CreateTag::max_tags`] refuses a new
+//! (or revived) tag once `segment.max_tags` tags are live. The embedded store keeps the
 //! live count in the same write transaction as the records
 //! (`store::counts`); Consul counts by listing before the creating write,
 //! so nodes creating tags at the same moment may overshoot by a few.
@@ -29,7 +29,7 @@
 //! then reads as unknown, and creating it again continues above every ID
 //! the old tag may have handed out (the new record's `max_id` is raised to
 //! the tombstone's when it would start below). Auto-creation
-//! ([`SegmentStore::auto_create_tag`]) refuses a tombstone instead: a
+//! ([`CreateTag::auto`]) refuses a tombstone instead: a
 //! deleted tag stays deleted until an operator creates it again. In Consul every admin write
 //! is a txn `cas` on the ModifyIndex of a consistent read, so it never
 //! crosses a concurrent take; and it drops this node's cached record, so
@@ -49,12 +49,70 @@ use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 
 pub use consul::{ConsulSegmentStore, MAX_CAS_ATTEMPTS};
 
+/// How [`SegmentStore::create_tag`] creates a tag: one create with
+/// options, so the three ways a tag comes to be (a test or tool, an
+/// admin's create, auto-creation on first use) differ only here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateTag {
+    /// Refuse once this many live tags exist (`segment.max_tags`);
+    /// `None` creates without counting (and, in Consul, without listing).
+    pub max_tags: Option<u64>,
+    /// Whether a deleted tag is created again above its old `max_id` (an
+    /// explicit create) or refused (auto-creation: a deleted tag stays
+    /// deleted until an operator creates it again).
+    pub revive_deleted: bool,
+}
+
+impl CreateTag {
+    /// An explicit create with no limit (tests, tools).
+    pub const UNLIMITED: Self = Self {
+        max_tags: None,
+        revive_deleted: true,
+    };
+
+    /// An admin's create under `segment.max_tags`.
+    pub fn limited(max_tags: u64) -> Self {
+        Self {
+            max_tags: Some(max_tags),
+            revive_deleted: true,
+        }
+    }
+
+    /// Auto-creation (`segment.auto_create`) under `segment.max_tags`: a
+    /// deleted tag is refused, not revived.
+    pub fn auto(max_tags: u64) -> Self {
+        Self {
+            max_tags: Some(max_tags),
+            revive_deleted: false,
+        }
+    }
+}
+
+impl Default for CreateTag {
+    fn default() -> Self {
+        Self::UNLIMITED
+    }
+}
+
 /// Segment tag records and range reservations.
 #[async_trait]
 pub trait SegmentStore: Send + Sync + 'static {
-    /// Creates `tag` with `record`; [`SegmentError::TagExists`](crate::id::segment::SegmentError::TagExists) if it exists.
-    /// A deleted tag is created again above its old `max_id`.
-    async fn create_tag(&self, tag: &Tag, record: &TagRecord) -> Result<(), StoreError>;
+    /// Creates `tag` with `record` as `options` say and returns the
+    /// record written; [`SegmentError::TagExists`](crate::id::segment::SegmentError::TagExists)
+    /// if it exists. A deleted tag is created again above its old `max_id`
+    /// (the record written then has the higher `max_id`), or refused with
+    /// [`SegmentError::TagDeleted`](crate::id::segment::SegmentError::TagDeleted)
+    /// in the same write when [`CreateTag::revive_deleted`] is false.
+    /// With [`CreateTag::max_tags`] set, refused with
+    /// [`SegmentError::LimitReached`](crate::id::segment::SegmentError::LimitReached)
+    /// once that many live tags exist. Backends without tombstones or
+    /// limits (the in-memory test stores) create and echo `record`.
+    async fn create_tag(
+        &self,
+        tag: &Tag,
+        record: &TagRecord,
+        options: CreateTag,
+    ) -> Result<TagRecord, StoreError>;
 
     /// Reads a tag's record (strongest consistency the backend offers);
     /// `None` for an unknown or deleted tag.
@@ -64,48 +122,6 @@ pub trait SegmentStore: Send + Sync + 'static {
     /// durably reserved for the caller before it returns.
     /// [`SegmentError::TagNotFound`](crate::id::segment::SegmentError::TagNotFound) for an unknown or deleted tag.
     async fn take_range(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError>;
-
-    /// Like [`create_tag`](Self::create_tag), returning the record
-    /// written: its `max_id` is above `record`'s when a deleted tag by that
-    /// name had handed out more. Backends without admin support create
-    /// and echo `record`.
-    async fn create_tag_record(
-        &self,
-        tag: &Tag,
-        record: &TagRecord,
-    ) -> Result<TagRecord, StoreError> {
-        self.create_tag(tag, record).await?;
-        Ok(record.clone())
-    }
-
-    /// Like [`create_tag_record`](Self::create_tag_record), refused with
-    /// [`SegmentError::LimitReached`](crate::id::segment::SegmentError::LimitReached) when `max_tags` live tags exist
-    /// already (`segment.max_tags`). Backends without limit support create
-    /// without counting (the in-memory test stores).
-    async fn create_tag_limited(
-        &self,
-        tag: &Tag,
-        record: &TagRecord,
-        max_tags: u64,
-    ) -> Result<TagRecord, StoreError> {
-        let _ = max_tags;
-        self.create_tag_record(tag, record).await
-    }
-
-    /// Auto-creation (`segment.auto_create`): like
-    /// [`create_tag_limited`](Self::create_tag_limited), but a tag that
-    /// was deleted is refused with
-    /// [`SegmentError::TagDeleted`](crate::id::segment::SegmentError::TagDeleted)
-    /// in the same write that would create it: only an explicit create
-    /// revives a deleted tag. Backends without tombstones create.
-    async fn auto_create_tag(
-        &self,
-        tag: &Tag,
-        record: &TagRecord,
-        max_tags: u64,
-    ) -> Result<TagRecord, StoreError> {
-        self.create_tag_limited(tag, record, max_tags).await
-    }
 
     /// Drops what this store caches about `tag` (its buffers were
     /// released); the next take reads the record again.

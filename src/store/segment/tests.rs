@@ -20,11 +20,19 @@ fn update(step: Option<u64>, description: Option<&str>, max_id: Option<u64>) -> 
 async fn admin_contract(store: &dyn SegmentStore) {
     let (a, b) = (tag("b-orders"), tag("a-users"));
     store
-        .create_tag(&a, &TagRecord::new(100, 10, "orders", 1).unwrap())
+        .create_tag(
+            &a,
+            &TagRecord::new(100, 10, "orders", 1).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     store
-        .create_tag(&b, &TagRecord::new(0, 5, "", 1).unwrap())
+        .create_tag(
+            &b,
+            &TagRecord::new(0, 5, "", 1).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     let names = tag_names(store).await;
@@ -94,21 +102,33 @@ async fn recreate_contract(store: &dyn SegmentStore, a: &Tag, b: &Tag) {
     let (a, b) = (a.clone(), b.clone());
     // Created again: continues above the tombstone, whatever it asks.
     let again = store
-        .create_tag_record(&a, &TagRecord::new(0, 7, "again", 8).unwrap())
+        .create_tag(
+            &a,
+            &TagRecord::new(0, 7, "again", 8).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     assert_eq!((again.max_id, again.step, again.deleted), (510, 7, false));
     assert_eq!(store.take_range(&a, 7, 9).await.unwrap().first, 511);
     assert!(matches!(
         store
-            .create_tag(&a, &TagRecord::new(0, 7, "", 9).unwrap())
+            .create_tag(
+                &a,
+                &TagRecord::new(0, 7, "", 9).unwrap(),
+                CreateTag::UNLIMITED
+            )
             .await,
         Err(StoreError::Segment(SegmentError::TagExists(_)))
     ));
     // Asking for more than the tombstone's max_id is honoured.
     store.delete_tag(&b, 10).await.unwrap();
     let higher = store
-        .create_tag_record(&b, &TagRecord::new(1000, 5, "", 11).unwrap())
+        .create_tag(
+            &b,
+            &TagRecord::new(1000, 5, "", 11).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     assert_eq!(higher.max_id, 1000);
@@ -127,10 +147,59 @@ async fn embedded_admin_changes_never_move_ids_back() {
     let store = EmbeddedStore::open(&path, "L", false).unwrap();
     assert_eq!(store.get_tag(&tag("a-users")).await.unwrap(), None);
     let back = store
-        .create_tag_record(&tag("a-users"), &TagRecord::new(0, 5, "", 21).unwrap())
+        .create_tag(
+            &tag("a-users"),
+            &TagRecord::new(0, 5, "", 21).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     assert_eq!(back.max_id, 1000);
+}
+
+/// Issue 34 item 5: the one create says by its options what the four
+/// creates did by their names: an explicit create revives a deleted tag
+/// above its old IDs, auto-creation refuses it, a limit counts live tags.
+#[tokio::test]
+async fn create_options_say_how_a_tag_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
+    let t = tag("gone");
+    let record = |step| TagRecord::new(0, step, "", 1).unwrap();
+    assert_eq!(CreateTag::default(), CreateTag::UNLIMITED);
+    store
+        .create_tag(&t, &record(10), CreateTag::default())
+        .await
+        .unwrap();
+    let taken = store.take_range(&t, 10, 2).await.unwrap();
+    store.delete_tag(&t, 3).await.unwrap();
+    let auto = store.create_tag(&t, &record(10), CreateTag::auto(10)).await;
+    assert!(
+        matches!(
+            auto,
+            Err(StoreError::Segment(SegmentError::TagDeleted { .. }))
+        ),
+        "auto-creation leaves a deleted tag deleted: {auto:?}"
+    );
+    let limited = store
+        .create_tag(&t, &record(10), CreateTag::limited(1))
+        .await;
+    let revived = limited.expect("an explicit create revives it");
+    assert_eq!(revived.max_id, taken.last, "above every old ID");
+    let full = store
+        .create_tag(&tag("more"), &record(10), CreateTag::limited(1))
+        .await;
+    assert!(
+        matches!(
+            full,
+            Err(StoreError::Segment(SegmentError::LimitReached(_)))
+        ),
+        "one live tag of at most one: {full:?}"
+    );
+    let unlimited = store
+        .create_tag(&tag("more"), &record(10), CreateTag::UNLIMITED)
+        .await;
+    assert!(unlimited.is_ok(), "no limit: {unlimited:?}");
 }
 
 #[tokio::test]
@@ -138,7 +207,11 @@ async fn one_unreadable_record_is_reported_and_the_other_tags_still_list() {
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
     store
-        .create_tag(&tag("orders"), &TagRecord::new(0, 5, "", 1).unwrap())
+        .create_tag(
+            &tag("orders"),
+            &TagRecord::new(0, 5, "", 1).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     let txn = store.db().begin_write().unwrap();
@@ -173,7 +246,11 @@ async fn consul_admin_changes_never_move_ids_back() {
     let other = ConsulSegmentStore::new(client(), keys.clone());
     let t = tag("shared");
     store
-        .create_tag(&t, &TagRecord::new(0, 10, "", 1).unwrap())
+        .create_tag(
+            &t,
+            &TagRecord::new(0, 10, "", 1).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     assert_eq!(other.take_range(&t, 10, 1).await.unwrap().first, 1);
@@ -235,7 +312,11 @@ async fn a_take_retries_past_its_keepers_mark_write_and_refuses_a_mark_gone_back
     let store = ConsulSegmentStore::new(client.clone(), keys.clone());
     let t = tag("marked");
     store
-        .create_tag(&t, &TagRecord::new(0, 10, "", 1).unwrap())
+        .create_tag(
+            &t,
+            &TagRecord::new(0, 10, "", 1).unwrap(),
+            CreateTag::UNLIMITED,
+        )
         .await
         .unwrap();
     let mark = "idgen/test/hwm/0/1";

@@ -280,6 +280,7 @@ pub fn facts(info: &SnapshotInfo, now_ms: u64) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::store::embedded::EmbeddedStore;
+    use crate::store::CreateTag;
 
     #[test]
     fn past_the_cap_only_totals_are_sampled() {
@@ -313,7 +314,11 @@ mod tests {
         let store = EmbeddedStore::create(&dir.path().join("s.redb"), "L").unwrap();
         let tag = Tag::parse("orders").unwrap();
         store
-            .create_tag(&tag, &TagRecord::new(500, 100, "", 0).unwrap())
+            .create_tag(
+                &tag,
+                &TagRecord::new(500, 100, "", 0).unwrap(),
+                CreateTag::UNLIMITED,
+            )
             .await
             .unwrap();
         let mut sampler = RateSampler::default();

@@ -454,6 +454,7 @@ mod tests {
     use crate::id::segment::Tag;
     use crate::store::lease::EmbeddedLeaseTokens;
     use crate::store::lease::LeaseTokenStore;
+    use crate::store::CreateTag;
     use crate::store::SegmentStore;
     use crate::store::{HwmStore, WorkerKey};
     use std::sync::Arc;
@@ -471,7 +472,11 @@ mod tests {
         store.store_hwm(KEY, 5_000).await.unwrap();
         let tag = Tag::parse("orders").unwrap();
         store
-            .create_tag(&tag, &TagRecord::new(100, 10, "", 0).unwrap())
+            .create_tag(
+                &tag,
+                &TagRecord::new(100, 10, "", 0).unwrap(),
+                CreateTag::UNLIMITED,
+            )
             .await
             .unwrap();
         let tokens = EmbeddedLeaseTokens::new(store.clone(), 0, 0, (0, 63)).unwrap();
@@ -601,7 +606,11 @@ mod tests {
         assert!(inspect(&mirror).unwrap().mirror, "written at once");
         let tag = Tag::parse("orders").unwrap();
         store
-            .create_tag(&tag, &TagRecord::new(0, 10, "", 0).unwrap())
+            .create_tag(
+                &tag,
+                &TagRecord::new(0, 10, "", 0).unwrap(),
+                CreateTag::UNLIMITED,
+            )
             .await
             .unwrap();
         let tokens = EmbeddedLeaseTokens::new(store.clone(), 0, 0, (0, 63)).unwrap();
