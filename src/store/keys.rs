@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::cluster_index::ClusterIndex;
 use super::regression::WrittenValues;
-use super::{StoreError, WorkerKey};
-use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp};
+use super::{store_err, StoreError, WorkerKey};
+use crate::consul::{Consistency, ConsulClient, TxnError, TxnOp};
 
 /// Where a cluster's keys live: `<prefix>/<cluster>/...`, and what this
 /// node wrote under them ([`WrittenValues`]: every store built from clones
@@ -326,11 +326,6 @@ pub struct OwnerInfo {
     pub address: String,
     /// When the node claimed the id, Unix ms.
     pub since_ms: u64,
-}
-
-/// A Consul failure as a store failure.
-pub(crate) fn store_err(e: ConsulError) -> StoreError {
-    StoreError::Backend(e.to_string())
 }
 
 #[cfg(test)]

@@ -161,6 +161,13 @@ pub enum StoreError {
     },
 }
 
+/// A Consul failure as a store failure (beside [`StoreError`], so every
+/// Consul-backed store file maps it the same way without importing a
+/// sibling).
+pub(crate) fn store_err(e: crate::consul::ConsulError) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
 impl StoreError {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use super::HwmStore;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::store::cluster_layout::LayoutGuard;
-use crate::store::keys::{store_err, ClusterKeys};
-use crate::store::{StoreError, WorkerKey};
+use crate::store::keys::ClusterKeys;
+use crate::store::{store_err, StoreError, WorkerKey};
 
 /// High-water marks in Consul KV, written only while the worker lock is
 /// held by `session` (a txn with `check-session`).

@@ -4,7 +4,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::consul::{backoff, parse_decimal, parse_step};
+use super::combine::parse_decimal;
+use super::consul::{backoff, parse_step};
 use super::embedded::{apply_batch, Ask};
 use super::*;
 use crate::id::strict::{StrictError, MAX_VALUE};

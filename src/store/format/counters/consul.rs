@@ -61,7 +61,7 @@ impl ConsulFormatCounterStore {
         let read = match entry {
             None => (None, 0),
             Some(e) => {
-                let r = crate::store::skip_ahead::SkipAheadRecord::decode(&key, &e.value)?;
+                let r = crate::store::regression::SkipAheadRecord::decode(&key, &e.value)?;
                 let floor = RestoreFloor {
                     until_ms: r.until_ms,
                     floor: r.floor,
