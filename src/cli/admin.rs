@@ -5,34 +5,16 @@
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::interceptor::{InterceptedService, Interceptor};
-use tonic::transport::Channel;
-use tonic::{Request, Status};
+use tonic::metadata::MetadataValue;
+use tonic::Request;
 
 use idgen::proto::{self, admin_client::AdminClient, HolderKind};
 
 use super::args::{
     AdminArgs, AdminCommand, LayoutCommand, ReleaseArgs, StrictCommand, TagsCommand,
 };
+use super::client::{failed, Bearer, Client, Out};
 use super::output::outln;
-
-/// Adds `authorization: Bearer <admin token>` to every call (when one
-/// was given; without one the server answers UNAUTHENTICATED).
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(h) = &self.0 {
-            req.metadata_mut().insert("authorization", h.clone());
-        }
-        Ok(req)
-    }
-}
-
-/// An admin client that sends the admin token with every call.
-pub type Client = AdminClient<InterceptedService<Channel, Bearer>>;
 
 /// The admin token from --token, --token-file, IDGEN_ADMIN__TOKEN or the
 /// deprecated IDGEN_ADMIN_TOKEN.
@@ -105,7 +87,7 @@ pub async fn connect_to(
     addr: &str,
     admin_token: Option<String>,
     timeout: std::time::Duration,
-    tls: &super::tls::TlsArgs,
+    tls: &super::args::TlsArgs,
 ) -> anyhow::Result<Client> {
     let header = match admin_token {
         Some(t) => {
@@ -122,11 +104,6 @@ pub async fn connect_to(
     };
     let channel = super::client::channel(addr, timeout, tls).await?;
     Ok(AdminClient::with_interceptor(channel, Bearer(header)))
-}
-
-/// The gRPC code and message, for the error line.
-pub fn failed(s: Status) -> anyhow::Error {
-    super::client::status_error(s)
 }
 
 fn tag_json(t: &proto::SegmentTag) -> Value {
@@ -274,9 +251,6 @@ fn record_out(r: &proto::GetLayoutResponse) -> anyhow::Result<(Value, String)> {
 fn tag_of(t: Option<proto::SegmentTag>) -> anyhow::Result<proto::SegmentTag> {
     t.context("the server answered without the tag")
 }
-
-/// What a command prints: its JSON form and its text form.
-pub type Out = (Value, String);
 
 /// Runs one admin command and prints its answer.
 pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
