@@ -34,7 +34,8 @@
 //! - [`server`]: the front ends only: gRPC ([`server::grpc`]:
 //!   `idgen.v1.IdGen`, health, reflection), HTTP ([`server::http`]:
 //!   `/metrics`, `/healthz`, `/readyz`, `/v1/...`, with CORS for browsers
-//!   in [`server::cors`]), the admin console
+//!   in [`server::cors`]; the state its handlers and the console's share
+//!   in [`server::http_state`]), the admin console
 //!   ([`server::console`], at `/admin/`, with its node view and changes in
 //!   `server/console/changes.rs` and every node's status in
 //!   `server/console/cluster.rs`), the health monitor
