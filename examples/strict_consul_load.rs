@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::id::strict::StrictKey;
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterKeys;
 use idgen::store::strict::{ConsulStrictStore, StrictStore};
 
 fn arg(args: &[String], name: &str, default: f64) -> f64 {

@@ -114,7 +114,7 @@
 //!   [`store::reopen`]; the test-only
 //!   disk-full hook [`store::fault_hook`]); record counts against their
 //!   limits (`store/counts.rs`); every Consul key path
-//!   ([`store::keys`]), the one Consul compare-and-set loop
+//!   ([`store::kv_paths`]), the one Consul compare-and-set loop
 //!   ([`store::cas`]), the cluster's layout record
 //!   ([`store::cluster_layout`]), what the node wrote per key
 //!   ([`store::regression`]), the highest Consul index it saw under the

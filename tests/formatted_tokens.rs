@@ -20,7 +20,7 @@ use idgen::id::format::{FormatDef, PresetName, Reset};
 use idgen::id::{Clock, ErrorKind, ManualClock, SystemClock};
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, GenFormattedRequest, GetFormatCounterRequest, HolderKind};
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterKeys;
 
 use common::{start_node as start, Running};
 

@@ -21,7 +21,7 @@ use idgen::proto::{self};
 use idgen::store::hide_keys::{
     ConsulHideKeyRecords, HideKeyState, HideKeyStore, HideKeys, MasterKey,
 };
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterKeys;
 use tonic::transport::Channel;
 use tonic::Code;
 

@@ -14,7 +14,7 @@ use common::consul;
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, KvWrite, SessionBehavior, SessionSpec};
 use idgen::id::lease::{Block, MAX_SEQUENCE};
-use idgen::store::keys::{ClusterKeys, OwnerInfo};
+use idgen::store::kv_paths::{ClusterKeys, OwnerInfo};
 use idgen::store::lease::{ConsulLeaseTokens, LeaseTokenRecord, LeaseTokenStore};
 use idgen::store::StoreError;
 

@@ -16,7 +16,7 @@ use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::id::segment::{SegmentError, Tag, TagRecord};
 use idgen::id::strict::{Namespace, StrictError, StrictKey};
 use idgen::id::LimitReached;
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterKeys;
 use idgen::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictLimits, StrictStore};
 use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
 

@@ -11,7 +11,7 @@ use common::consul;
 use consul_testserver::{Config, TestConsul};
 use idgen::id::segment::SegmentError;
 use idgen::id::segment::{Range, Tag, TagRecord};
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterKeys;
 use idgen::store::{ConsulSegmentStore, EmbeddedStore, SegmentStore, StoreError};
 
 fn tag(name: &str) -> Tag {

@@ -8,7 +8,7 @@ use idgen::cluster::worker_lock::{WorkerLock, WorkerLockError, WorkerLockSetting
 use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::store::{
     hwm::ConsulHwmStore,
-    keys::{ClusterKeys, OwnerInfo},
+    kv_paths::{ClusterKeys, OwnerInfo},
 };
 use idgen::store::{HwmStore, WorkerKey};
 

@@ -6,7 +6,7 @@
 //! Nothing here can make an ID repeat: a forced release returns only after
 //! the destroyed session's lock-delay, which holds any new holder off until
 //! the old one has stopped issuing (its local deadline is at most
-//! min(TTL, lock-delay) after its last renew; `store::keys`). A renewal
+//! min(TTL, lock-delay) after its last renew; `store::kv_paths`). A renewal
 //! is sent only for a session read back from this cluster's keys.
 
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
 use crate::id::format::TokenSpace;
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterKeys, OwnerInfo};
 use crate::store::lease::LeaseTokenRecord;
 use crate::store::WorkerKey;
 

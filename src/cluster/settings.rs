@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 
 /// The validated `[consul]` section.
 #[derive(Debug, Clone)]

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, ServiceEntry};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 
 /// How often a node writes its status record: 3 nodes make 0.6 KV writes
 /// a second.

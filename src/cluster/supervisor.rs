@@ -42,7 +42,7 @@ use crate::store::cluster_layout::{
     ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
 };
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
-use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
+use crate::store::{hwm::ConsulHwmStore, kv_paths::OwnerInfo};
 use crate::store::{HwmKeeper, StoreError, WorkerKey};
 
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};

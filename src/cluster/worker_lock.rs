@@ -26,7 +26,7 @@ use thiserror::Error;
 use crate::consul::{
     Consistency, ConsulClient, ConsulError, KvWrite, SessionBehavior, SessionSpec,
 };
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterKeys, OwnerInfo};
 use crate::store::WorkerKey;
 
 /// Lock timing.

@@ -7,7 +7,7 @@ use crate::cluster::supervisor::ClusterSpec;
 use crate::config::{ClusterConfig, Config};
 use crate::error::Error;
 use crate::server::tls;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 
 /// The stable instance name: configured, or `<hostname>-<port>`.
 pub(crate) fn instance_id(config: &Config, advertise: SocketAddr) -> String {

@@ -9,7 +9,7 @@ use crate::consul::ConsulClient;
 use crate::modes::lease::LeaseEngine;
 use crate::modes::Issuer;
 use crate::store::format::tokens::{ConsulFormatTokens, FormatTokens};
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterKeys, OwnerInfo};
 use crate::store::lease::ConsulLeaseTokens;
 use crate::store::StoreError;
 

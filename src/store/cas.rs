@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::keys::ClusterKeys;
+use super::kv_paths::ClusterKeys;
 use super::regression::Level;
 use super::StoreError;
 use crate::consul::{ConsulClient, ConsulError, KvEntry, TxnError, TxnOp, TxnOutcome};

@@ -30,7 +30,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::keys::ClusterKeys;
+use super::kv_paths::ClusterKeys;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
 use crate::id::{epoch_text, Clock, Layout, LayoutDifference, LayoutSpec};
 

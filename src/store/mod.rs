@@ -18,7 +18,7 @@ pub mod fault_hook;
 pub mod format;
 pub mod hide_keys;
 pub mod hwm;
-pub mod keys;
+pub mod kv_paths;
 pub mod lease;
 pub mod regression;
 pub mod reopen;

@@ -25,7 +25,7 @@
 //! run cut short (an error names the key) can simply be run again.
 
 use super::format::counters::CounterRecordBytes;
-use super::keys::ClusterKeys;
+use super::kv_paths::ClusterKeys;
 use super::lease::LeaseTokenRecord;
 use super::regression::SkipAheadRecord;
 use super::StoreError;

@@ -10,7 +10,7 @@ use super::super::{invalid, ClusterConfig, ConfigError, WorkerClaim};
 use super::{check_duration, is_name, secret};
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::{ConsulConfig, ConsulTls, ConsulTlsFiles};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 
 impl ConsulSection {
     /// `session_ttl_min` is Consul's minimum session TTL (10 s unless a

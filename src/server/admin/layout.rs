@@ -11,7 +11,7 @@ use crate::error::{Error, ErrorKind};
 use crate::proto;
 use crate::server::status::{refusal, to_status};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 
 impl AdminService {
     fn cluster(&self) -> Result<&(ConsulClient, ClusterKeys), Status> {

@@ -45,7 +45,7 @@ use crate::modes::lease::LeaseEngine;
 use crate::modes::strict::StrictEngine;
 use crate::proto;
 use crate::proto::admin_server::{Admin, AdminServer};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
 

@@ -23,7 +23,7 @@ use super::counters::TokenLock;
 use crate::consul::ConsulClient;
 use crate::id::format::TokenSpace;
 use crate::id::lease::LeaseError;
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterKeys, OwnerInfo};
 use crate::store::lease::{ConsulLeaseTokens, LeaseTokenStore};
 use crate::store::StoreError;
 

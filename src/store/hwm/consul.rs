@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use super::HwmStore;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::store::cluster_layout::LayoutGuard;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::{store_err, StoreError, WorkerKey};
 
 /// High-water marks in Consul KV, written only while the worker lock is

@@ -11,7 +11,7 @@ use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, KvWrite, Tx
 use crate::id::lease::{
     check_zone, declare_zone, Block, LeaseError, TokenCounter, ZoneRecord, MAX_TOKEN,
 };
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterKeys, OwnerInfo};
 use crate::store::StoreError;
 
 /// The value of a token's key in Consul: who holds (or last held) it, and

@@ -14,7 +14,7 @@ use crate::id::segment::SegmentError;
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::StoreError;
 
 /// How often a take that lost a compare-and-set race is tried in all

@@ -1,7 +1,7 @@
 use super::*;
 use crate::consul::Consistency;
 use crate::id::segment::SegmentError;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::EmbeddedStore;
 
 fn tag(name: &str) -> Tag {

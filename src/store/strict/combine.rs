@@ -33,7 +33,7 @@ use crate::consul::{Consistency, ConsulClient, KvEntry, TxnError, TxnOp, TxnOutc
 use crate::id::strict::{advance, StrictKey, Values};
 use crate::metrics as m;
 use crate::store::cas::CasPolicy;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::StoreError;
 
 /// Most operations in one Consul txn (docs/CONSUL.md).

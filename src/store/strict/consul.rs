@@ -13,7 +13,7 @@ use crate::id::strict::StrictError;
 use crate::id::strict::{check_step, Namespace, StrictKey, Values};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasWrite};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::StoreError;
 
 /// A random pause before attempt `attempt + 1`: full jitter over a cap

@@ -7,7 +7,7 @@ use super::{
     check_creatable, decode, encode, live, DefChange, DefListing, FormatCatalogStore, StoredFormat,
 };
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::StoreError;
 
 /// How often an admin write that lost a compare-and-set race is tried.

@@ -1,7 +1,7 @@
 use super::*;
 use crate::id::format::FormatError;
 use crate::id::format::Reset;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::EmbeddedStore;
 
 fn record(name: &str, template: &str) -> StoredFormat {

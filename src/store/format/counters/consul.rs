@@ -14,7 +14,7 @@ use super::{
 use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp};
 use crate::id::format::CounterRecord;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterKeys;
 use crate::store::StoreError;
 
 /// all (jittered backoff growing to 160 ms).
