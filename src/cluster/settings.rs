@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
-use crate::store::kv_paths::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 
 /// The validated `[consul]` section.
 #[derive(Debug, Clone)]
@@ -15,7 +15,7 @@ pub struct ClusterConfig {
     /// How to reach the agent (address, token, timeouts).
     pub client: ConsulConfig,
     /// `<prefix>/<cluster>/`.
-    pub keys: ClusterKeys,
+    pub keys: ClusterPaths,
     /// Consul service name.
     pub service: String,
     /// Claim exactly `node.worker_id` instead of any free id.

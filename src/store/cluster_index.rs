@@ -73,7 +73,7 @@ struct Saved {
 
 /// The highest Consul index seen under `<prefix>/<cluster>/` (see the
 /// module doc). One per node, shared through
-/// [`ClusterKeys`](super::kv_paths::ClusterKeys).
+/// [`ClusterPaths`](super::kv_paths::ClusterPaths).
 #[derive(Debug)]
 pub struct ClusterIndex {
     dir: String,

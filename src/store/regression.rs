@@ -93,7 +93,7 @@ pub type Level = (i64, u64);
 
 /// The highest level this node wrote to each key (see the module doc).
 /// One per node, shared by every Consul store through
-/// [`ClusterKeys`](super::kv_paths::ClusterKeys).
+/// [`ClusterPaths`](super::kv_paths::ClusterPaths).
 #[derive(Debug, Default)]
 pub struct WrittenValues {
     values: Mutex<HashMap<String, Level>>,

@@ -25,7 +25,7 @@
 //! run cut short (an error names the key) can simply be run again.
 
 use super::format::counters::CounterRecordBytes;
-use super::kv_paths::ClusterKeys;
+use super::kv_paths::ClusterPaths;
 use super::lease::LeaseTokenRecord;
 use super::regression::SkipAheadRecord;
 use super::StoreError;
@@ -90,7 +90,7 @@ fn backend(what: &str, e: impl std::fmt::Display) -> StoreError {
 /// at least `now_ms + reserve_ms` (see the module doc).
 pub async fn skip_ahead(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     margin: u64,
     now_ms: u64,
     reserve_ms: u64,
@@ -143,7 +143,7 @@ pub async fn skip_ahead(
 /// Writes the run's record (a compare-and-set on the one it replaces).
 async fn write_record(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     margin: u64,
     now_ms: u64,
     until_ms: u64,

@@ -45,7 +45,7 @@ use crate::modes::lease::LeaseEngine;
 use crate::modes::strict::StrictEngine;
 use crate::proto;
 use crate::proto::admin_server::{Admin, AdminServer};
-use crate::store::kv_paths::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
 
@@ -88,7 +88,7 @@ pub struct AdminDeps {
     /// at once, and creations count against its `segment.max_tags`.
     pub segment_server: Option<Arc<crate::modes::segment::SegmentEngine>>,
     /// The Consul client and key layout, on the Consul backend.
-    pub cluster: Option<(ConsulClient, ClusterKeys)>,
+    pub cluster: Option<(ConsulClient, ClusterPaths)>,
     /// This node, for holders on the embedded backend.
     pub node: NodeFacts,
     /// Timestamps of admin writes, and this node's start time.

@@ -33,7 +33,7 @@ use crate::consul::{Consistency, ConsulClient, KvEntry, TxnError, TxnOp, TxnOutc
 use crate::id::strict::{advance, StrictKey, Values};
 use crate::metrics as m;
 use crate::store::cas::CasPolicy;
-use crate::store::kv_paths::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::StoreError;
 
 /// Most operations in one Consul txn (docs/CONSUL.md).
@@ -607,7 +607,7 @@ pub(super) const STRICT_POLICY: CasPolicy = CasPolicy {
 /// `store::strict`).
 pub struct StrictKv {
     pub(super) client: ConsulClient,
-    pub(super) keys: ClusterKeys,
+    pub(super) keys: ClusterPaths,
     pub(super) conflicts: metrics::Counter,
     pub(super) limits: StrictLimits,
     pub(super) combiner: Combiner,

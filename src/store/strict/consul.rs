@@ -13,7 +13,7 @@ use crate::id::strict::StrictError;
 use crate::id::strict::{check_step, Namespace, StrictKey, Values};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasWrite};
-use crate::store::kv_paths::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::StoreError;
 
 /// A random pause before attempt `attempt + 1`: full jitter over a cap
@@ -51,7 +51,7 @@ impl std::fmt::Debug for ConsulStrictStore {
 impl ConsulStrictStore {
     /// Counters under `keys`' `strict/` folder, steps under
     /// `strict-namespaces/`.
-    pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
+    pub fn new(client: ConsulClient, keys: ClusterPaths) -> Self {
         Self::with_limits(client, keys, StrictLimits::NONE)
     }
 
@@ -59,7 +59,7 @@ impl ConsulStrictStore {
     /// The limits are checked by listing before the creating write (Consul
     /// has no count a txn could check), so nodes creating keys at the same
     /// moment may overshoot them by a few.
-    pub fn with_limits(client: ConsulClient, keys: ClusterKeys, limits: StrictLimits) -> Self {
+    pub fn with_limits(client: ConsulClient, keys: ClusterPaths, limits: StrictLimits) -> Self {
         Self {
             kv: Arc::new(StrictKv {
                 client,

@@ -332,7 +332,7 @@ async fn a_panicking_read_frees_its_key() {
     let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
         .await
         .unwrap();
-    let keys = crate::store::kv_paths::ClusterKeys::new("idgen", "test");
+    let keys = crate::store::kv_paths::ClusterPaths::new("idgen", "test");
     let store = ConsulStrictStore::new(crate::store::test_consul_client(consul.addr()), keys);
     let k = key(combine::PANICS_ON_FIRST_READ);
     let first = store.advance(&k, 1, 1).await;
@@ -363,7 +363,7 @@ async fn a_mark_that_keeps_moving_fails_the_call_after_a_bound() {
     let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
         .await
         .unwrap();
-    let keys = crate::store::kv_paths::ClusterKeys::new("idgen", "test");
+    let keys = crate::store::kv_paths::ClusterPaths::new("idgen", "test");
     let client = crate::store::test_consul_client(consul.addr());
     let mark = keys.hwm(crate::store::WorkerKey {
         datacenter: 0,
