@@ -18,7 +18,7 @@
 //! - The binary: `src/main.rs` and `src/cli/` (`cli/mod.rs`, the flags in
 //!   `cli/args.rs`; the commands `cli/serve.rs`, `cli/init.rs`,
 //!   `cli/gen.rs`, `cli/decode.rs`, `cli/admin.rs`,
-//!   `cli/admin_formats.rs`, `cli/admin_keys.rs`, `cli/bench.rs`, `cli/check.rs`,
+//!   `cli/admin_formats.rs`, `cli/admin_hide_keys.rs`, `cli/bench.rs`, `cli/check.rs`,
 //!   `cli/state.rs`; `cli/client.rs` dials a node with `cli/tls.rs`'s
 //!   files; `cli/output.rs` prints). The `idgen bench` load generator is
 //!   the `idgen-loadgen` crate (`loadgen/`), outside the library.
@@ -49,7 +49,7 @@
 //!   `server/admin/auth_throttle.rs`, `server/admin/tags.rs`,
 //!   `server/admin/strict.rs`, `server/admin/holders.rs`,
 //!   `server/admin/layout.rs`, `server/admin/formats.rs`,
-//!   `server/admin/keys.rs` (hide keys),
+//!   `server/admin/hide_keys.rs` (hide keys),
 //!   `server/admin/backup.rs`), and
 //!   [`server::status`], where error kinds become gRPC codes and HTTP
 //!   statuses.

@@ -270,7 +270,7 @@ pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Strict(cmd) => strict(&mut c, cmd).await?,
         AdminCommand::Layout(cmd) => layout(&mut c, cmd).await?,
         AdminCommand::Formats(cmd) => super::admin_formats::run(&mut c, cmd).await?,
-        AdminCommand::Keys(cmd) => super::admin_keys::run(&mut c, cmd).await?,
+        AdminCommand::Keys(cmd) => super::admin_hide_keys::run(&mut c, cmd).await?,
         AdminCommand::SkipAhead { margin, .. } => skip_ahead(&mut c, *margin).await?,
     };
     if a.json {

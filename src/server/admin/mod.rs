@@ -53,16 +53,16 @@ mod auth;
 mod auth_throttle;
 mod backup;
 mod formats;
+mod hide_keys;
 mod holders;
-mod keys;
 mod layout;
 mod strict;
 mod tags;
 
 use auth_throttle::AuthThrottle;
 pub use backup::BackupStream;
+pub(crate) use hide_keys::key_json as hide_key_json;
 pub use holders::EMBEDDED_STATE;
-pub(crate) use keys::key_json as hide_key_json;
 pub use tags::DEFAULT_TAG_STEP;
 
 /// Longest tag description, in bytes.
@@ -375,7 +375,7 @@ macro_rules! admin_routes {
                     &self,
                     request: Request<proto::$req1>,
                 ) -> Result<Response<proto::$resp1>, Status> {
-                    let who = keys::caller(&request);
+                    let who = hide_keys::caller(&request);
                     self.call($name1, request, |r| AdminService::$rpc1(self, who, r)).await
                 }
             )*
