@@ -127,7 +127,7 @@ fn tag_line(t: &proto::SegmentTag) -> String {
 fn kind_name(kind: i32) -> &'static str {
     match HolderKind::try_from(kind) {
         Ok(HolderKind::Worker) => "worker",
-        Ok(HolderKind::LeaseToken) => "token",
+        Ok(HolderKind::LeaseToken) => "lease_token",
         Ok(HolderKind::FormatToken) => "format_token",
         _ => "unknown",
     }
@@ -425,15 +425,21 @@ async fn holders(c: &mut Client) -> anyhow::Result<Out> {
     ))
 }
 
+/// The holder kind `--kind` names: `lease-token` (as printed,
+/// `lease_token`; `token` is the older name, still accepted).
+fn holder_kind(kind: &str) -> anyhow::Result<HolderKind> {
+    Ok(match kind {
+        "worker" => HolderKind::Worker,
+        "lease-token" | "lease_token" | "token" => HolderKind::LeaseToken,
+        "format_token" | "format-token" => HolderKind::FormatToken,
+        other => bail!("--kind {other:?}: use worker, lease-token or format-token"),
+    })
+}
+
 /// `admin release`: free a worker id, lease token or format token held in
 /// Consul.
 async fn release(c: &mut Client, r: &ReleaseArgs, json: bool) -> anyhow::Result<Out> {
-    let kind = match r.kind.as_str() {
-        "worker" => HolderKind::Worker,
-        "token" | "lease_token" | "lease-token" => HolderKind::LeaseToken,
-        "format_token" | "format-token" => HolderKind::FormatToken,
-        other => bail!("--kind {other:?}: use worker, token or format-token"),
-    };
+    let kind = holder_kind(&r.kind)?;
     let which = |k: HolderKind| match k {
         HolderKind::Worker => "--datacenter",
         HolderKind::LeaseToken => "--zone",
@@ -751,6 +757,21 @@ async fn set_layout(c: &mut Client, request: proto::SetLayoutRequest) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::token_from;
+    use super::{holder_kind, kind_name, HolderKind};
+
+    /// The glossary's word: a lease-mode holder is printed `lease_token`
+    /// (as the console does), and `token`, its older name, still works as
+    /// input.
+    #[test]
+    fn a_lease_token_holder_is_named_lease_token_and_token_still_reads() {
+        assert_eq!(kind_name(HolderKind::LeaseToken as i32), "lease_token");
+        for given in ["lease-token", "lease_token", "token"] {
+            assert_eq!(holder_kind(given).unwrap(), HolderKind::LeaseToken);
+        }
+        assert_eq!(holder_kind("worker").unwrap(), HolderKind::Worker);
+        let err = holder_kind("lease").unwrap_err().to_string();
+        assert!(err.contains("lease-token"), "{err}");
+    }
 
     /// The environment of a shell that exported both variables.
     fn exported(name: &str) -> Option<String> {

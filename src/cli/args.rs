@@ -751,7 +751,8 @@ pub enum TagsCommand {
 
 #[derive(Args)]
 pub struct ReleaseArgs {
-    /// What to free: worker, token (a lease-mode token) or format-token.
+    /// What to free: worker, lease-token (a lease-mode holder; `token`,
+    /// its older name, is accepted too) or format-token.
     #[arg(long)]
     pub kind: String,
     /// The worker id or token number (for a format token, the `id`
