@@ -31,6 +31,7 @@ pub struct ClusterConfig {
     /// `consul.check_tls_server_name`: the gRPC check's `TLSServerName`
     /// when the node serves TLS; `None`: derived from the certificate.
     pub check_tls_server_name: Option<String>,
-    /// Longest pause between claim attempts after the lease was lost.
+    /// Longest pause between claim attempts after the claim was lost (its
+    /// Consul session ended).
     pub reclaim_backoff_max: Duration,
 }
