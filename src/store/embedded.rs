@@ -30,9 +30,9 @@ pub(crate) const RESTORE_FLOOR: &str = "restore_floor";
 /// only [`RESTORE_FLOOR`], which then applies to strict keys too.
 pub(crate) const RESTORE_FLOOR_STRICT: &str = "restore_floor_strict";
 
-pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
-}
+/// Defined beside [`StoreError`] (the snapshot files use it without
+/// importing this one); named here for the embedded stores.
+pub(super) use super::backend_err;
 
 /// A single-node state file. Every write is a redb transaction committed
 /// with immediate durability (fsync) before it returns. After a write

@@ -168,6 +168,11 @@ pub(crate) fn store_err(e: crate::consul::ConsulError) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+/// A redb failure as a store failure (the embedded store and its backups).
+pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
 impl StoreError {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {

@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition};
 
-use super::embedded::backend_err;
+use super::backend_err;
 use super::StoreError;
 
 pub use mirror::Mirror;
