@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::id::strict::StrictKey;
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterPaths;
 use idgen::store::strict::{ConsulStrictStore, StrictStore};
 
 fn arg(args: &[String], name: &str, default: f64) -> f64 {
@@ -57,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })?;
         let store = Arc::new(ConsulStrictStore::new(
             client,
-            ClusterKeys::new("idgen", "perf"),
+            ClusterPaths::new("idgen", "perf"),
         ));
         for t in 0..concurrency {
             let (store, keys) = (Arc::clone(&store), Arc::clone(&keys));

@@ -217,7 +217,7 @@ fn describe() {
 fn describe_hide_keys() {
     describe_counter!(
         HIDE_KEY_ROTATIONS,
-        "Hide key rotations made through this node's admin API, by key id."
+        "Hide key rotations made through this node's admin API, by hide key id."
     );
     describe_gauge!(
         HIDE_KEYS,
@@ -261,7 +261,7 @@ fn describe_hostile_peers() {
     );
     describe_counter!(
         ADMIN_AUTH_FAILURES,
-        "Admin calls whose token or client certificate was missing or wrong, by port."
+        "Admin calls whose admin token or client certificate was missing or wrong, by port."
     );
     describe_counter!(
         ADMIN_AUTH_THROTTLED,
@@ -414,7 +414,7 @@ fn describe_cluster() {
     );
     describe_histogram!(
         STRICT_CONSUL_BATCH,
-        "Strict calls answered by one Consul transaction of this node (calls on one key share a compare-and-set, several keys share the transaction)."
+        "Strict calls answered by one Consul transaction of this node (calls on one strict key share a compare-and-set, several strict keys share the transaction)."
     );
     describe_counter!(
         STRICT_CONFLICTS,
@@ -446,7 +446,7 @@ fn describe_cluster() {
     );
     describe_gauge!(
         STRICT_NAMESPACES,
-        "Strict namespaces holding live keys, as counted by this node (embedded: at every creation or deletion; Consul: when a key starts a new namespace)."
+        "Strict namespaces holding live strict keys, as counted by this node (embedded: at every creation or deletion; Consul: when a strict key starts a new namespace)."
     );
     describe_counter!(
         LIMIT_REFUSALS,
@@ -475,7 +475,7 @@ fn describe_cluster() {
     );
     describe_gauge!(
         FORMAT_COUNTERS_IN_MEMORY,
-        "Formatted-mode counters (format, scope value, node or token) this node holds in memory, by format; idle ones leave after ten minutes."
+        "Formatted-mode counters (format, scope value, node or format token) this node holds in memory, by format; idle ones leave after ten minutes."
     );
     describe_gauge!(CONNECTIONS_OPEN, "Client connections open, by port.");
     describe_counter!(

@@ -20,7 +20,7 @@ use idgen::id::format::{FormatDef, PresetName, Reset};
 use idgen::id::{Clock, ErrorKind, ManualClock, SystemClock};
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, GenFormattedRequest, GetFormatCounterRequest, HolderKind};
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterPaths;
 
 use common::{start_node as start, Running};
 
@@ -113,7 +113,7 @@ fn load(path: &Path) -> Config {
 /// longer locked, then out the test cluster's 2 s lock-delay.
 async fn wait_until_free(consul: &consul_testserver::TestConsul, space: &str, rendered: &str) {
     let number = u64::from_str_radix(rendered, 36).expect("an alnum token");
-    let key = ClusterKeys::new("idgen", "test").format_token_dir(space) + &number.to_string();
+    let key = ClusterPaths::new("idgen", "test").format_token_dir(space) + &number.to_string();
     let mut freed = false;
     for _ in 0..150 {
         if consul.kv_get(&key).is_some_and(|e| e.session.is_none()) {
@@ -140,7 +140,7 @@ async fn squat(consul: std::net::SocketAddr, space: &str, tokens: std::ops::Rang
         .await
         .unwrap();
     let id = session["ID"].as_str().expect("session id").to_owned();
-    let dir = ClusterKeys::new("idgen", "test").format_token_dir(space);
+    let dir = ClusterPaths::new("idgen", "test").format_token_dir(space);
     for t in tokens {
         let ok: bool = http
             .put(format!("http://{consul}/v1/kv/{dir}{t}?acquire={id}"))
@@ -244,7 +244,7 @@ reset = \"day\"
     }
 
     // One token of `one` freed: the next call takes it.
-    let key = ClusterKeys::new("idgen", "test").format_token_dir("digits-1") + "3";
+    let key = ClusterPaths::new("idgen", "test").format_token_dir("digits-1") + "3";
     assert!(release_token(consul.addr(), &key, &squatter, "squatter").await);
     let one = nodes[1].gen("one", 2).await;
     assert!(one.iter().all(|id| &id[8..9] == "3"), "{one:?}");
@@ -257,7 +257,7 @@ reset = \"day\"
         n.stop().await;
     }
     // A clean stop gives the tokens back.
-    let dir = ClusterKeys::new("idgen", "test").format_token_dir("alnum-2");
+    let dir = ClusterPaths::new("idgen", "test").format_token_dir("alnum-2");
     for t in 0..3 {
         let entry = consul.kv_get(&format!("{dir}{t}")).expect("token record");
         assert_eq!(entry.session, None, "token {t} released at shutdown");
@@ -607,7 +607,7 @@ async fn a_token_lock_taken_away_stops_its_counter_and_another_token_is_taken() 
     let before = node.gen("tok", 2).await;
     all_new(&mut seen, &before);
     assert_eq!(token_of(&before[0]), "00");
-    let key = ClusterKeys::new("idgen", "test").format_token_dir("alnum-2") + "0";
+    let key = ClusterPaths::new("idgen", "test").format_token_dir("alnum-2") + "0";
     let session = consul.kv_get(&key).and_then(|e| e.session).expect("held");
     assert!(release_token(consul.addr(), &key, &session, "n0").await);
     let _squatter = squat(consul.addr(), "alnum-2", 0..1).await;
@@ -636,7 +636,7 @@ async fn a_lost_session_takes_the_token_away_and_the_node_takes_one_again() {
     let before = node.gen("tok", 3).await;
     all_new(&mut seen, &before);
     assert_eq!(token_of(&before[0]), "00");
-    let dir_key = ClusterKeys::new("idgen", "test").format_token_dir("alnum-2");
+    let dir_key = ClusterPaths::new("idgen", "test").format_token_dir("alnum-2");
     let old = consul
         .kv_get(&format!("{dir_key}0"))
         .and_then(|e| e.session)

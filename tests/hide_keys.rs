@@ -21,7 +21,7 @@ use idgen::proto::{self};
 use idgen::store::hide_keys::{
     ConsulHideKeyRecords, HideKeyState, HideKeyStore, HideKeys, MasterKey,
 };
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterPaths;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -297,7 +297,7 @@ async fn missing_malformed_and_wrong_master_keys_are_clear_errors() {
 fn consul_keys(consul: &consul_testserver::TestConsul) -> (HideKeys, ConsulHideKeyRecords) {
     let records = ConsulHideKeyRecords::new(
         common::consul::default_client(consul),
-        ClusterKeys::new("idgen", "hide-test"),
+        ClusterPaths::new("idgen", "hide-test"),
     );
     let keys = HideKeys::new(
         Arc::new(records.clone()),

@@ -14,7 +14,7 @@ use common::consul;
 use consul_testserver::{Config, TestConsul};
 use idgen::consul::{ConsulClient, KvWrite, SessionBehavior, SessionSpec};
 use idgen::id::lease::{Block, MAX_SEQUENCE};
-use idgen::store::keys::{ClusterKeys, OwnerInfo};
+use idgen::store::kv_paths::{ClusterPaths, OwnerInfo};
 use idgen::store::lease::{ConsulLeaseTokens, LeaseTokenRecord, LeaseTokenStore};
 use idgen::store::StoreError;
 
@@ -51,7 +51,7 @@ async fn tokens(c: &ConsulClient, instance: &str) -> (ConsulLeaseTokens, String)
 fn tokens_in(c: &ConsulClient, instance: &str, s: String) -> ConsulLeaseTokens {
     ConsulLeaseTokens::new(
         c.clone(),
-        ClusterKeys::new("idgen", "test"),
+        ClusterPaths::new("idgen", "test"),
         2,
         s,
         owner(instance),

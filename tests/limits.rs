@@ -16,7 +16,7 @@ use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::id::segment::{SegmentError, Tag, TagRecord};
 use idgen::id::strict::{Namespace, StrictError, StrictKey};
 use idgen::id::LimitReached;
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterPaths;
 use idgen::store::strict::{ConsulStrictStore, EmbeddedStrictStore, StrictLimits, StrictStore};
 use idgen::store::{ConsulSegmentStore, CreateTag, EmbeddedStore, SegmentStore, StoreError};
 
@@ -55,8 +55,8 @@ async fn consul() -> TestConsul {
     TestConsul::start(Config::default()).await.unwrap()
 }
 
-fn keys() -> ClusterKeys {
-    ClusterKeys::new("idgen", "limits")
+fn keys() -> ClusterPaths {
+    ClusterPaths::new("idgen", "limits")
 }
 
 /// The tag limit's contract, the same on every backend (limit 3).

@@ -11,7 +11,7 @@ use common::consul;
 use consul_testserver::{Config, TestConsul};
 use idgen::id::segment::SegmentError;
 use idgen::id::segment::{Range, Tag, TagRecord};
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterPaths;
 use idgen::store::{ConsulSegmentStore, CreateTag, EmbeddedStore, SegmentStore, StoreError};
 
 fn tag(name: &str) -> Tag {
@@ -95,7 +95,7 @@ async fn embedded_ranges_are_disjoint_gap_free_and_durable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_ranges_from_three_nodes_are_disjoint_and_gap_free() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
-    let keys = ClusterKeys::new("idgen", "test");
+    let keys = ClusterPaths::new("idgen", "test");
     let nodes: Vec<Arc<dyn SegmentStore>> = (0..3)
         .map(|_| {
             Arc::new(ConsulSegmentStore::new(
@@ -142,7 +142,7 @@ async fn consul_ranges_from_three_nodes_are_disjoint_and_gap_free() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consul_take_with_an_unknown_outcome_is_never_reused() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
-    let keys = ClusterKeys::new("idgen", "test");
+    let keys = ClusterPaths::new("idgen", "test");
     let store =
         ConsulSegmentStore::new(consul::client(&consul, Duration::from_millis(300), 0), keys);
     let t = tag("slow");
@@ -254,7 +254,7 @@ async fn auto_create_refuses_a_deleted_tag_on_both_backends() {
     let consul = TestConsul::start(Config::default()).await.unwrap();
     let store = ConsulSegmentStore::new(
         consul::client(&consul, Duration::from_secs(2), 0),
-        ClusterKeys::new("idgen", "test"),
+        ClusterPaths::new("idgen", "test"),
     );
     deleted_stays_deleted(&store, &tag("gone")).await;
     consul.shutdown().await;

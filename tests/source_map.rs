@@ -114,6 +114,14 @@ fn names(hay: &str, needle: &str, left_stop: &[char]) -> bool {
     false
 }
 
+/// A file's module path from `src/`: `store/strict/mod.rs` ->
+/// `store::strict`.
+fn module_path(file: &str) -> String {
+    let stem = file.trim_end_matches(".rs");
+    let stem = stem.strip_suffix("/mod").unwrap_or(stem);
+    stem.replace('/', "::")
+}
+
 /// What a `mod.rs` is named by: its folder, `store/`; anything else by its
 /// own path.
 fn map_name(file: &str) -> String {
@@ -674,4 +682,517 @@ fn the_import_reader_sees_what_it_should() {
         [(2, "cluster".to_string()), (3, "store".to_string())]
     );
     assert!(layer_of("server") < layer_of("store"));
+}
+
+// ---- no import circle inside a folder ----
+
+/// A token of code that the path reader needs.
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Ident(String),
+    Sep,
+    Open,
+    Close,
+    Comma,
+    Star,
+    Other(char),
+}
+
+/// `code` (comments and strings already blanked) as tokens, each with
+/// its line number.
+fn tokens(code: &str) -> Vec<(usize, Tok)> {
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut line = 1;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '\n' {
+            line += 1;
+            i += 1;
+        } else if c.is_whitespace() {
+            i += 1;
+        } else if is_ident(c) {
+            let s: String = chars[i..].iter().take_while(|c| is_ident(**c)).collect();
+            i += s.len();
+            out.push((line, Tok::Ident(s)));
+        } else if c == ':' && chars.get(i + 1) == Some(&':') {
+            out.push((line, Tok::Sep));
+            i += 2;
+        } else {
+            let t = match c {
+                '{' => Tok::Open,
+                '}' => Tok::Close,
+                ',' => Tok::Comma,
+                '*' => Tok::Star,
+                c => Tok::Other(c),
+            };
+            out.push((line, t));
+            i += 1;
+        }
+    }
+    out
+}
+
+fn ident(t: Option<&(usize, Tok)>) -> Option<&str> {
+    match t {
+        Some((_, Tok::Ident(s))) => Some(s),
+        _ => None,
+    }
+}
+
+/// Reads one use tree at `i` (`a::b`, `a::{b, c::d}`, `a::*`,
+/// `a as b`) with `prefix` before it; pushes each path it names, with
+/// the name it binds (its alias or last segment), and returns the index
+/// after it.
+fn use_tree(
+    toks: &[(usize, Tok)],
+    mut i: usize,
+    prefix: &mut Vec<String>,
+    out: &mut Vec<(Vec<String>, String)>,
+) -> usize {
+    match toks.get(i).map(|t| &t.1) {
+        Some(Tok::Open) => {
+            i += 1;
+            while !matches!(toks.get(i).map(|t| &t.1), None | Some(Tok::Close)) {
+                let before = i;
+                i = use_tree(toks, i, prefix, out);
+                if matches!(toks.get(i).map(|t| &t.1), Some(Tok::Comma)) {
+                    i += 1;
+                } else if i == before {
+                    i += 1; // not a use tree: step over it
+                }
+            }
+            i + 1
+        }
+        Some(Tok::Star) => {
+            out.push((prefix.clone(), "*".to_string()));
+            i + 1
+        }
+        Some(Tok::Ident(name)) => {
+            let depth = prefix.len();
+            prefix.push(name.clone());
+            i += 1;
+            if matches!(toks.get(i).map(|t| &t.1), Some(Tok::Sep)) {
+                i = use_tree(toks, i + 1, prefix, out);
+            } else {
+                let mut bound = name.clone();
+                if ident(toks.get(i)) == Some("as") {
+                    bound = ident(toks.get(i + 1)).unwrap_or("_").to_string();
+                    i += 2;
+                }
+                out.push((prefix.clone(), bound));
+            }
+            prefix.truncate(depth);
+            i
+        }
+        _ => i,
+    }
+}
+
+/// One file's imports as read for the circle check.
+struct FileImports {
+    /// Each path named (`crate::`, `self::`, `super::` anywhere, and every
+    /// `use` path), resolved to segments from the crate root, with its line.
+    paths: Vec<(usize, Vec<String>)>,
+    /// Names a `use` brings into a module's scope, by module path:
+    /// (module path, bound name) -> the path it stands for.
+    bound: Vec<(Vec<String>, String, Vec<String>)>,
+}
+
+/// `path` as written in module `module`, from the crate root: `crate::`
+/// from the root, `self::` and `super::` from `module`, anything else
+/// from `module` (a child module; a path into another crate resolves to
+/// no file and is dropped later).
+fn absolute(module: &[String], path: &[String]) -> Vec<String> {
+    match path.first().map(String::as_str) {
+        Some("crate") => path[1..].to_vec(),
+        Some("self") => [module, &path[1..]].concat(),
+        Some("super") => {
+            let ups = path.iter().take_while(|s| *s == "super").count();
+            let base = &module[..module.len().saturating_sub(ups)];
+            [base, &path[ups..]].concat()
+        }
+        _ => [module, path].concat(),
+    }
+}
+
+/// Reads a file's paths. Inline modules move the `self`/`super` base;
+/// `#[cfg(test)]` items are skipped (tests are not part of the layout).
+fn read_imports(file: &str, code: &str) -> FileImports {
+    let toks = tokens(code);
+    let base: Vec<String> = module_path(file)
+        .split("::")
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let mut found = FileImports {
+        paths: Vec::new(),
+        bound: Vec::new(),
+    };
+    // Inline modules open: (name, brace depth at its `{`).
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < toks.len() {
+        let module: Vec<String> = base
+            .iter()
+            .cloned()
+            .chain(inline.iter().map(|(n, _)| n.clone()))
+            .collect();
+        let t = &toks[i].1;
+        if is_cfg_test(&toks, i) {
+            i = skip_item(&toks, i);
+            continue;
+        }
+        match t {
+            Tok::Open => depth += 1,
+            Tok::Close => {
+                depth = depth.saturating_sub(1);
+                if inline.last().is_some_and(|(_, d)| *d == depth) {
+                    inline.pop();
+                }
+            }
+            Tok::Ident(w) if w == "mod" => {
+                if let (Some(name), Some((_, Tok::Open))) =
+                    (ident(toks.get(i + 1)), toks.get(i + 2))
+                {
+                    inline.push((name.to_string(), depth));
+                    depth += 1;
+                    i += 3;
+                    continue;
+                }
+            }
+            Tok::Ident(w) if w == "use" => {
+                let mut named = Vec::new();
+                let next = use_tree(&toks, i + 1, &mut Vec::new(), &mut named);
+                for (path, bound) in named {
+                    let abs = absolute(&module, &path);
+                    found.paths.push((toks[i].0, abs.clone()));
+                    if bound != "*" {
+                        found.bound.push((module.clone(), bound, abs));
+                    }
+                }
+                i = next.max(i + 1);
+                continue;
+            }
+            Tok::Ident(w)
+                if (w == "crate" || w == "self" || w == "super")
+                    && matches!(toks.get(i + 1).map(|t| &t.1), Some(Tok::Sep))
+                    && !matches!(i.checked_sub(1).map(|p| &toks[p].1), Some(Tok::Sep)) =>
+            {
+                let mut named = Vec::new();
+                let next = use_tree(&toks, i, &mut Vec::new(), &mut named);
+                for (path, _) in named {
+                    found.paths.push((toks[i].0, absolute(&module, &path)));
+                }
+                i = next.max(i + 1);
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    found
+}
+
+/// `#[cfg(test)]` starts at `i`.
+fn is_cfg_test(toks: &[(usize, Tok)], i: usize) -> bool {
+    let want = [
+        Tok::Other('#'),
+        Tok::Other('['),
+        Tok::Ident("cfg".into()),
+        Tok::Other('('),
+        Tok::Ident("test".into()),
+        Tok::Other(')'),
+        Tok::Other(']'),
+    ];
+    toks.len() >= i + want.len() && toks[i..i + want.len()].iter().map(|t| &t.1).eq(want.iter())
+}
+
+/// The index after the item that starts at `i` (its attributes, then up
+/// to its `;` or its closing brace).
+fn skip_item(toks: &[(usize, Tok)], mut i: usize) -> usize {
+    let mut depth = 0;
+    while i < toks.len() {
+        match &toks[i].1 {
+            Tok::Open => depth += 1,
+            Tok::Close => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            Tok::Other(';') if depth == 0 => return i + 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    i
+}
+
+/// The sibling import graph of every folder: folder -> (sibling, sibling)
+/// -> where the first names the second (`file:line path`). A sibling is a
+/// file of the folder or a folder in it (all of whose files count as it);
+/// the folder's `mod.rs` is the folder itself, not a sibling.
+type FolderGraphs = BTreeMap<Vec<String>, BTreeMap<(String, String), BTreeSet<String>>>;
+
+fn folder_graphs(files: &[(String, String)]) -> FolderGraphs {
+    let modules: BTreeMap<Vec<String>, String> = files
+        .iter()
+        .map(|(f, _)| {
+            let m = module_path(f);
+            (
+                m.split("::")
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect(),
+                f.clone(),
+            )
+        })
+        .collect();
+    let read: Vec<(String, FileImports)> = files
+        .iter()
+        .map(|(f, src)| (f.clone(), read_imports(f, &code_only(src))))
+        .collect();
+    let mut bound: BTreeMap<(Vec<String>, String), Vec<String>> = BTreeMap::new();
+    for (_, imports) in &read {
+        for (module, name, path) in &imports.bound {
+            bound.insert((module.clone(), name.clone()), path.clone());
+        }
+    }
+    let mut graphs = FolderGraphs::new();
+    for (file, imports) in &read {
+        let from = module_path(file);
+        let from: Vec<String> = from
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        for (line, path) in &imports.paths {
+            let Some(to) = defining_module(&modules, &bound, path, 0) else {
+                continue;
+            };
+            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if common >= from.len() || common >= to.len() {
+                continue; // a module and its own parent or child
+            }
+            let is_file = |m: &[String]| {
+                let file = format!("{}.rs", m.join("/"));
+                modules.get(m).is_some_and(|f| *f == file)
+            };
+            if !is_file(&from[..=common]) || !is_file(&to[..=common]) {
+                continue; // a sibling folder (its `mod.rs`) is looked into on its own
+            }
+            graphs
+                .entry(from[..common].to_vec())
+                .or_default()
+                .entry((from[common].clone(), to[common].clone()))
+                .or_default()
+                .insert(format!("src/{file}:{line} {}", path.join("::")));
+        }
+    }
+    graphs
+}
+
+/// The module whose file defines what `path` names: the longest module
+/// prefix of the path, followed through a `use` there that binds the next
+/// name (a re-export), up to a few hops.
+fn defining_module(
+    modules: &BTreeMap<Vec<String>, String>,
+    bound: &BTreeMap<(Vec<String>, String), Vec<String>>,
+    path: &[String],
+    hops: usize,
+) -> Option<Vec<String>> {
+    let k = (1..=path.len())
+        .rev()
+        .find(|k| modules.contains_key(&path[..*k]))?;
+    let (module, rest) = path.split_at(k);
+    if let Some(name) = rest.first() {
+        if let Some(target) = bound.get(&(module.to_vec(), name.clone())) {
+            if hops < 8 && target.as_slice() != path {
+                let further = [target.as_slice(), &rest[1..]].concat();
+                if let Some(m) = defining_module(modules, bound, &further, hops + 1) {
+                    return Some(m);
+                }
+            }
+        }
+    }
+    Some(module.to_vec())
+}
+
+/// The strongly connected groups of more than one node (Tarjan).
+fn circles_of(edges: &BTreeMap<(String, String), BTreeSet<String>>) -> Vec<Vec<String>> {
+    let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (a, b) in edges.keys() {
+        next.entry(a).or_default().push(b);
+        next.entry(b).or_default();
+    }
+    struct Walk<'a> {
+        next: &'a BTreeMap<&'a str, Vec<&'a str>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'a>(w: &mut Walk<'a>, v: &'a str) {
+        let n = w.index.len();
+        w.index.insert(v, n);
+        w.low.insert(v, n);
+        w.stack.push(v);
+        let nexts = w.next[v].clone();
+        for u in nexts {
+            if !w.index.contains_key(u) {
+                visit(w, u);
+                let l = w.low[u].min(w.low[v]);
+                w.low.insert(v, l);
+            } else if w.stack.contains(&u) {
+                let l = w.index[u].min(w.low[v]);
+                w.low.insert(v, l);
+            }
+        }
+        if w.low[v] == w.index[v] {
+            let at = w.stack.iter().rposition(|x| *x == v).expect("on the stack");
+            let group: Vec<String> = w.stack.drain(at..).map(String::from).collect();
+            if group.len() > 1 {
+                w.out.push(group);
+            }
+        }
+    }
+    let mut w = Walk {
+        next: &next,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        out: Vec::new(),
+    };
+    for v in next.keys() {
+        if !w.index.contains_key(v) {
+            visit(&mut w, v);
+        }
+    }
+    for group in &mut w.out {
+        group.sort();
+    }
+    w.out.sort();
+    w.out
+}
+
+/// Every import circle inside a folder, each as a report naming its files
+/// and the imports that tie them.
+fn folder_circles(files: &[(String, String)]) -> Vec<String> {
+    let names: BTreeSet<&str> = files.iter().map(|(f, _)| f.as_str()).collect();
+    let mut reports = Vec::new();
+    for (folder, edges) in folder_graphs(files) {
+        let dir = folder.join("/");
+        let shown = |node: &str| {
+            let path = if dir.is_empty() {
+                node.to_string()
+            } else {
+                format!("{dir}/{node}")
+            };
+            if names.contains(format!("{path}.rs").as_str()) {
+                format!("src/{path}.rs")
+            } else {
+                format!("src/{path}/")
+            }
+        };
+        for group in circles_of(&edges) {
+            let mut report = format!(
+                "circle in src/{dir}/: {}",
+                group
+                    .iter()
+                    .map(|n| shown(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            for ((a, b), wheres) in &edges {
+                if group.contains(a) && group.contains(b) {
+                    let first = wheres.iter().next().map(String::as_str).unwrap_or("");
+                    report.push_str(&format!("\n    {} -> {}: {first}", shown(a), shown(b)));
+                }
+            }
+            reports.push(report);
+        }
+    }
+    reports
+}
+
+fn src_files_with_text() -> Vec<(String, String)> {
+    rust_files()
+        .into_iter()
+        .filter(|f| !test_only(f))
+        .map(|f| {
+            let src = fs::read_to_string(src_dir().join(&f)).expect("read a src file");
+            (f, src)
+        })
+        .collect()
+}
+
+/// Files of one folder never import each other in a loop: a shared piece
+/// lives in a leaf module or in the lower of the two files, so each folder
+/// reads bottom up.
+#[test]
+fn no_import_circle_inside_a_folder() {
+    let circles = folder_circles(&src_files_with_text());
+    assert!(
+        circles.is_empty(),
+        "{} import circle(s) inside a folder (move the shared piece to a leaf module \
+         or to the lower file; see docs/ARCHITECTURE.md, \"Layer order\"):\n{}",
+        circles.len(),
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_reader_finds_a_planted_circle() {
+    let file = |f: &str, src: &str| (f.to_string(), src.to_string());
+    let files = [
+        file(
+            "store/mod.rs",
+            "pub mod a;\npub mod b;\npub mod c;\npub mod d;\npub use c::Gamma;\n",
+        ),
+        // a -> b through a `super::` group, b -> c through the parent's
+        // re-export, c -> a through a full `crate::` path in code.
+        file("store/a.rs", "use super::{b::Beta, c};\n"),
+        file("store/b.rs", "use super::Gamma;\n"),
+        file(
+            "store/c.rs",
+            "fn f() { crate::store::a::alpha(); }\n\
+             #[cfg(test)]\nmod tests { use super::super::b; }\n",
+        ),
+        // A folder as one sibling, and a comment and a string that name b.
+        file("store/d/mod.rs", "pub mod e;\n"),
+        file(
+            "store/d/e.rs",
+            "// use crate::store::b;\nconst S: &str = \"crate::store::b\";\n",
+        ),
+    ];
+    let circles = folder_circles(&files);
+    assert_eq!(circles.len(), 1, "{circles:?}");
+    assert!(
+        circles[0]
+            .starts_with("circle in src/store/: src/store/a.rs, src/store/b.rs, src/store/c.rs"),
+        "{}",
+        circles[0]
+    );
+    // A sibling folder is looked into on its own: b <-> d/e.rs is no
+    // circle of src/store/'s files, while e.rs <-> f.rs inside d/ is one.
+    let with_folder = [
+        file("store/mod.rs", "pub mod b;\npub mod d;\n"),
+        file("store/b.rs", "use super::d::e::E;\n"),
+        file("store/d/mod.rs", "pub mod e;\npub mod f;\n"),
+        file(
+            "store/d/e.rs",
+            "use crate::store::b::B;\nuse super::f::F;\n",
+        ),
+        file("store/d/f.rs", "pub(crate) use super::e::E as Mine;\n"),
+    ];
+    let circles = folder_circles(&with_folder);
+    assert_eq!(circles.len(), 1, "{circles:?}");
+    assert!(
+        circles[0].starts_with("circle in src/store/d/: src/store/d/e.rs, src/store/d/f.rs"),
+        "{}",
+        circles[0]
+    );
 }

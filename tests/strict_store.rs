@@ -13,7 +13,7 @@ use common::{assert_linearizable, consul, Call};
 use consul_testserver::{Config, Policy, TestConsul};
 use idgen::consul::{ConsulClient, ConsulConfig, KvWrite};
 use idgen::id::strict::{Namespace, StrictKey, Values};
-use idgen::store::keys::ClusterKeys;
+use idgen::store::kv_paths::ClusterPaths;
 use idgen::store::strict::{ConsulStrictStore, StrictStore, MAX_STRICT_ATTEMPTS};
 use idgen::store::StoreError;
 
@@ -25,8 +25,8 @@ fn ns(s: &str) -> Namespace {
     Namespace::parse(s).unwrap()
 }
 
-fn keys() -> ClusterKeys {
-    ClusterKeys::new("idgen", "test")
+fn keys() -> ClusterPaths {
+    ClusterPaths::new("idgen", "test")
 }
 
 /// `n` stores, each with its own client (like `n` nodes).

@@ -8,7 +8,7 @@ use idgen::cluster::worker_lock::{WorkerLock, WorkerLockError, WorkerLockSetting
 use idgen::consul::{ConsulClient, ConsulConfig};
 use idgen::store::{
     hwm::ConsulHwmStore,
-    keys::{ClusterKeys, OwnerInfo},
+    kv_paths::{ClusterPaths, OwnerInfo},
 };
 use idgen::store::{HwmStore, WorkerKey};
 
@@ -49,8 +49,8 @@ fn fast() -> WorkerLockSettings {
     }
 }
 
-fn keys() -> ClusterKeys {
-    ClusterKeys::new("idgen", "test")
+fn keys() -> ClusterPaths {
+    ClusterPaths::new("idgen", "test")
 }
 
 async fn claim(

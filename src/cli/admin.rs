@@ -5,34 +5,16 @@
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::interceptor::{InterceptedService, Interceptor};
-use tonic::transport::Channel;
-use tonic::{Request, Status};
+use tonic::metadata::MetadataValue;
+use tonic::Request;
 
 use idgen::proto::{self, admin_client::AdminClient, HolderKind};
 
 use super::args::{
     AdminArgs, AdminCommand, LayoutCommand, ReleaseArgs, StrictCommand, TagsCommand,
 };
+use super::client::{failed, Bearer, Client, Out};
 use super::output::outln;
-
-/// Adds `authorization: Bearer <admin token>` to every call (when one
-/// was given; without one the server answers UNAUTHENTICATED).
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(h) = &self.0 {
-            req.metadata_mut().insert("authorization", h.clone());
-        }
-        Ok(req)
-    }
-}
-
-/// An admin client that sends the admin token with every call.
-pub type Client = AdminClient<InterceptedService<Channel, Bearer>>;
 
 /// The admin token from --token, --token-file, IDGEN_ADMIN__TOKEN or the
 /// deprecated IDGEN_ADMIN_TOKEN.
@@ -105,7 +87,7 @@ pub async fn connect_to(
     addr: &str,
     admin_token: Option<String>,
     timeout: std::time::Duration,
-    tls: &super::tls::TlsArgs,
+    tls: &super::args::TlsArgs,
 ) -> anyhow::Result<Client> {
     let header = match admin_token {
         Some(t) => {
@@ -122,11 +104,6 @@ pub async fn connect_to(
     };
     let channel = super::client::channel(addr, timeout, tls).await?;
     Ok(AdminClient::with_interceptor(channel, Bearer(header)))
-}
-
-/// The gRPC code and message, for the error line.
-pub fn failed(s: Status) -> anyhow::Error {
-    super::client::status_error(s)
 }
 
 /// A tag as `--json` prints it: `hide` is `null` for a plain tag, so a
@@ -167,7 +144,7 @@ fn tag_line(t: &proto::SegmentTag) -> String {
 fn kind_name(kind: i32) -> &'static str {
     match HolderKind::try_from(kind) {
         Ok(HolderKind::Worker) => "worker",
-        Ok(HolderKind::LeaseToken) => "token",
+        Ok(HolderKind::LeaseToken) => "lease_token",
         Ok(HolderKind::FormatToken) => "format_token",
         _ => "unknown",
     }
@@ -292,9 +269,6 @@ fn tag_of(t: Option<proto::SegmentTag>) -> anyhow::Result<proto::SegmentTag> {
     t.context("the server answered without the tag")
 }
 
-/// What a command prints: its JSON form and its text form.
-pub type Out = (Value, String);
-
 /// Runs one admin command and prints its answer.
 pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
     if let AdminCommand::SkipAhead {
@@ -313,7 +287,7 @@ pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Strict(cmd) => strict(&mut c, cmd).await?,
         AdminCommand::Layout(cmd) => layout(&mut c, cmd).await?,
         AdminCommand::Formats(cmd) => super::admin_formats::run(&mut c, cmd).await?,
-        AdminCommand::Keys(cmd) => super::admin_keys::run(&mut c, cmd).await?,
+        AdminCommand::Keys(cmd) => super::admin_hide_keys::run(&mut c, cmd).await?,
         AdminCommand::SkipAhead { margin, .. } => skip_ahead(&mut c, *margin).await?,
     };
     if a.json {
@@ -468,15 +442,21 @@ async fn holders(c: &mut Client) -> anyhow::Result<Out> {
     ))
 }
 
+/// The holder kind `--kind` names: `lease-token` (as printed,
+/// `lease_token`; `token` is the older name, still accepted).
+fn holder_kind(kind: &str) -> anyhow::Result<HolderKind> {
+    Ok(match kind {
+        "worker" => HolderKind::Worker,
+        "lease-token" | "lease_token" | "token" => HolderKind::LeaseToken,
+        "format_token" | "format-token" => HolderKind::FormatToken,
+        other => bail!("--kind {other:?}: use worker, lease-token or format-token"),
+    })
+}
+
 /// `admin release`: free a worker id, lease token or format token held in
 /// Consul.
 async fn release(c: &mut Client, r: &ReleaseArgs, json: bool) -> anyhow::Result<Out> {
-    let kind = match r.kind.as_str() {
-        "worker" => HolderKind::Worker,
-        "token" | "lease_token" | "lease-token" => HolderKind::LeaseToken,
-        "format_token" | "format-token" => HolderKind::FormatToken,
-        other => bail!("--kind {other:?}: use worker, token or format-token"),
-    };
+    let kind = holder_kind(&r.kind)?;
     let which = |k: HolderKind| match k {
         HolderKind::Worker => "--datacenter",
         HolderKind::LeaseToken => "--zone",
@@ -795,6 +775,21 @@ async fn set_layout(c: &mut Client, request: proto::SetLayoutRequest) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::token_from;
+    use super::{holder_kind, kind_name, HolderKind};
+
+    /// The glossary's word: a lease-mode holder is printed `lease_token`
+    /// (as the console does), and `token`, its older name, still works as
+    /// input.
+    #[test]
+    fn a_lease_token_holder_is_named_lease_token_and_token_still_reads() {
+        assert_eq!(kind_name(HolderKind::LeaseToken as i32), "lease_token");
+        for given in ["lease-token", "lease_token", "token"] {
+            assert_eq!(holder_kind(given).unwrap(), HolderKind::LeaseToken);
+        }
+        assert_eq!(holder_kind("worker").unwrap(), HolderKind::Worker);
+        let err = holder_kind("lease").unwrap_err().to_string();
+        assert!(err.contains("lease-token"), "{err}");
+    }
 
     /// The environment of a shell that exported both variables.
     fn exported(name: &str) -> Option<String> {

@@ -10,8 +10,8 @@ use serde_json::{json, Map, Value};
 use idgen::id::format::FormatDef;
 use idgen::proto;
 
-use super::admin::{failed, Client, Out};
 use super::args::{FormatDefArgs, FormatsCommand};
+use super::client::{failed, Client, Out};
 
 /// Runs one `admin formats` command.
 pub async fn run(c: &mut Client, cmd: &FormatsCommand) -> anyhow::Result<Out> {

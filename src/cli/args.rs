@@ -116,7 +116,7 @@ pub struct FormatNodeArgs {
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub addr: String,
     #[command(flatten)]
-    pub tls: super::tls::TlsArgs,
+    pub tls: TlsArgs,
     /// Longest wait for the connection and the call.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -193,7 +193,7 @@ pub struct BackupArgs {
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub addr: String,
     #[command(flatten)]
-    pub tls: super::tls::TlsArgs,
+    pub tls: TlsArgs,
     /// Longest wait for the connection and for the node to take the
     /// snapshot.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
@@ -289,7 +289,7 @@ pub struct GenArgs {
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub addr: String,
     #[command(flatten)]
-    pub tls: super::tls::TlsArgs,
+    pub tls: TlsArgs,
     /// Longest wait for the connection and for each call. With
     /// --discover, each node gets a third of it before the call moves to
     /// another node.
@@ -380,7 +380,7 @@ pub struct DecodeArgs {
     /// TLS to the node (https:// --addr; --cert/--key: a client
     /// certificate, which admin.client_cert_names may name as an admin).
     #[command(flatten)]
-    pub tls: super::tls::TlsArgs,
+    pub tls: TlsArgs,
     /// Longest wait for the connection and the call (with --addr).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -460,7 +460,7 @@ pub struct BenchArgs {
     /// TLS to the node (https:// --addr, or the nodes found with
     /// --discover).
     #[command(flatten)]
-    pub tls: super::tls::TlsArgs,
+    pub tls: TlsArgs,
 }
 
 #[derive(Args)]
@@ -470,7 +470,7 @@ pub struct AdminArgs {
     #[arg(long, global = true, default_value = "127.0.0.1:50051")]
     pub addr: String,
     #[command(flatten)]
-    pub tls: super::tls::TlsArgs,
+    pub tls: TlsArgs,
     /// Longest wait for the connection and for each call.
     #[arg(long, global = true, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -771,7 +771,8 @@ pub enum TagsCommand {
 
 #[derive(Args)]
 pub struct ReleaseArgs {
-    /// What to free: worker, token (a lease-mode token) or format-token.
+    /// What to free: worker, lease-token (a lease-mode holder; `token`,
+    /// its older name, is accepted too) or format-token.
     #[arg(long)]
     pub kind: String,
     /// The worker id or token number (for a format token, the `id`
@@ -888,4 +889,43 @@ fn parse_param(s: &str) -> Result<(String, String), String> {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .filter(|(k, _)| !k.is_empty())
         .ok_or_else(|| format!("{s:?} is not name=value"))
+}
+
+/// The TLS options of every command that dials a node (what they do
+/// with them is `tls.rs`'s).
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// CA certificate(s), PEM, that signed the node's certificate; needed
+    /// for https:// addresses.
+    #[arg(long = "ca", id = "tls_ca", value_name = "FILE", global = true)]
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain, PEM, for nodes that ask for one (mTLS).
+    #[arg(
+        long = "cert",
+        id = "tls_cert",
+        value_name = "FILE",
+        global = true,
+        requires = "tls_key"
+    )]
+    pub cert: Option<PathBuf>,
+    /// Private key of --cert, PEM.
+    #[arg(
+        long = "key",
+        id = "tls_key",
+        value_name = "FILE",
+        global = true,
+        requires = "tls_cert"
+    )]
+    pub key: Option<PathBuf>,
+    /// Check the node's certificate against this name instead of the
+    /// address's host: needed with `--discover` (Consul gives IP addresses)
+    /// when the certificates name a DNS name such as `idgen.internal`.
+    #[arg(
+        long = "tls-server-name",
+        id = "tls_server_name",
+        value_name = "NAME",
+        global = true,
+        requires = "tls_ca"
+    )]
+    pub server_name: Option<String>,
 }

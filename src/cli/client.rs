@@ -7,11 +7,17 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::bail;
+use serde_json::Value;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
 
+use idgen::proto::admin_client::AdminClient;
 use idgen::server::status::code_name;
 
-use super::tls::TlsArgs;
+use super::args::TlsArgs;
+use super::output::root_cause;
 
 /// The URL for `--addr`: `host:port` gets `http://` in front; a URL is
 /// taken as it is.
@@ -41,16 +47,6 @@ pub fn url(addr: &str) -> anyhow::Result<String> {
         bail!("--addr {addr:?} has no port; give host:port, e.g. 127.0.0.1:50051");
     }
     Ok(url)
-}
-
-/// The innermost cause of an error, which is the only part that says what
-/// happened ("Connection refused"); the outer layers repeat each other.
-pub(super) fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = error;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    cause.to_string()
 }
 
 /// The URL this process dialed, to name it when a call fails later.
@@ -234,6 +230,31 @@ pub async fn call_status<T>(
         ),
     }
 }
+
+/// Adds `authorization: Bearer <admin token>` to every call (when one
+/// was given; without one the server answers UNAUTHENTICATED).
+#[derive(Clone)]
+pub struct Bearer(pub(super) Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(h) = &self.0 {
+            req.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// An admin client that sends the admin token with every call.
+pub type Client = AdminClient<InterceptedService<Channel, Bearer>>;
+
+/// The gRPC code and message, for the error line.
+pub fn failed(s: Status) -> anyhow::Error {
+    status_error(s)
+}
+
+/// What a command prints: its JSON form and its text form.
+pub type Out = (Value, String);
 
 #[cfg(test)]
 mod tests {

@@ -199,7 +199,7 @@ async fn from_cluster(a: &GenArgs, mode: i32, out: &mut IdStream) -> anyhow::Res
 /// over TLS.
 pub(super) async fn discovered_client(
     d: &DiscoveryArgs,
-    tls: &super::tls::TlsArgs,
+    tls: &super::args::TlsArgs,
     deadline: std::time::Duration,
 ) -> anyhow::Result<idgen_client::Client> {
     let discovery = consul_discovery(d, idgen_client::ConsulEnv::from_env())?;

@@ -7,7 +7,7 @@
 
 pub mod admin;
 pub mod admin_formats;
-pub mod admin_keys;
+pub mod admin_hide_keys;
 pub mod args;
 pub mod bench;
 pub mod check;

@@ -138,3 +138,13 @@ impl Interrupt {
         }
     }
 }
+
+/// The innermost cause of an error, which is the only part that says what
+/// happened ("Connection refused"); the outer layers repeat each other.
+pub fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}

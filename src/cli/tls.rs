@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use clap::Args;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -19,43 +18,7 @@ use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
-/// The TLS options of every command that dials a node.
-#[derive(Args, Debug, Clone, Default)]
-pub struct TlsArgs {
-    /// CA certificate(s), PEM, that signed the node's certificate; needed
-    /// for https:// addresses.
-    #[arg(long = "ca", id = "tls_ca", value_name = "FILE", global = true)]
-    pub ca: Option<PathBuf>,
-    /// Client certificate chain, PEM, for nodes that ask for one (mTLS).
-    #[arg(
-        long = "cert",
-        id = "tls_cert",
-        value_name = "FILE",
-        global = true,
-        requires = "tls_key"
-    )]
-    pub cert: Option<PathBuf>,
-    /// Private key of --cert, PEM.
-    #[arg(
-        long = "key",
-        id = "tls_key",
-        value_name = "FILE",
-        global = true,
-        requires = "tls_cert"
-    )]
-    pub key: Option<PathBuf>,
-    /// Check the node's certificate against this name instead of the
-    /// address's host: needed with `--discover` (Consul gives IP addresses)
-    /// when the certificates name a DNS name such as `idgen.internal`.
-    #[arg(
-        long = "tls-server-name",
-        id = "tls_server_name",
-        value_name = "NAME",
-        global = true,
-        requires = "tls_ca"
-    )]
-    pub server_name: Option<String>,
-}
+use super::args::{DevCertsArgs, TlsArgs};
 
 impl TlsArgs {
     /// The rustls client configuration these options describe (ALPN h2).
@@ -169,7 +132,7 @@ pub async fn connect(
         }
     });
     endpoint.connect_with_connector(connector).await.map_err(|e| {
-        let cause = super::client::root_cause(&e);
+        let cause = super::output::root_cause(&e);
         let source: &(dyn std::error::Error + 'static) = &e;
         match rustls_error(source) {
             Some(rustls::Error::InvalidCertificate(c)) => anyhow!(
@@ -207,7 +170,7 @@ pub fn refused_identity(status: &tonic::Status, without_cert: bool) -> Option<St
     let canceled = status.code() == tonic::Code::Cancelled
         || status.message().contains("operation was canceled");
     if without_cert && (canceled || closed.iter().any(|w| has(w))) {
-        return Some(format!("the connection closed right after the TLS handshake ({}): if the node requires a client certificate (server.tls.client_required), pass --cert and --key", super::client::root_cause(status)));
+        return Some(format!("the connection closed right after the TLS handshake ({}): if the node requires a client certificate (server.tls.client_required), pass --cert and --key", super::output::root_cause(status)));
     }
     let refused = [
         "BadCertificate",
@@ -303,7 +266,7 @@ struct Issued {
 /// certificates, X.509 v3 with the right extended key usages, written to
 /// `args.dir`; prints what to put in the config and on client command
 /// lines. Checks every name and every file before it writes any.
-pub fn dev_certs(args: &super::args::DevCertsArgs) -> anyhow::Result<()> {
+pub fn dev_certs(args: &DevCertsArgs) -> anyhow::Result<()> {
     let mut clients = vec!["client".to_owned()];
     for name in &args.clients {
         check_client_name(name)?;

@@ -6,7 +6,7 @@
 //! Nothing here can make an ID repeat: a forced release returns only after
 //! the destroyed session's lock-delay, which holds any new holder off until
 //! the old one has stopped issuing (its local deadline is at most
-//! min(TTL, lock-delay) after its last renew; `store::keys`). A renewal
+//! min(TTL, lock-delay) after its last renew; `store::kv_paths`). A renewal
 //! is sent only for a session read back from this cluster's keys.
 
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, SessionInfo};
 use crate::id::format::TokenSpace;
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterPaths, OwnerInfo};
 use crate::store::lease::LeaseTokenRecord;
 use crate::store::WorkerKey;
 
@@ -48,7 +48,7 @@ impl std::fmt::Display for LockKey {
 
 impl LockKey {
     /// The KV key a holder's session locks.
-    pub fn key(self, keys: &ClusterKeys) -> String {
+    pub fn key(self, keys: &ClusterPaths) -> String {
         match self {
             Self::Worker(datacenter, worker) => keys.worker(WorkerKey { datacenter, worker }),
             Self::Token(zone, token) => keys.lease(zone, token),
@@ -155,7 +155,7 @@ impl Holder {
 /// of the cluster, as consistent reads.
 async fn held_keys(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
 ) -> Result<Vec<(LockKey, KvEntry)>, ConsulError> {
     let workers_dir = all_groups(&keys.workers_dir(0));
     let lease_dir = all_groups(&keys.lease_dir(0));
@@ -190,7 +190,7 @@ async fn held_keys(
 
 /// Every holder of the cluster, ordered by kind and number, with the state
 /// of its session.
-pub async fn list(client: &ConsulClient, keys: &ClusterKeys) -> Result<Vec<Holder>, ConsulError> {
+pub async fn list(client: &ConsulClient, keys: &ClusterPaths) -> Result<Vec<Holder>, ConsulError> {
     let entries = held_keys(client, keys).await?;
     // One node's worker id and token share a session: ask once.
     let mut sessions: HashMap<String, Option<SessionInfo>> = HashMap::new();
@@ -218,7 +218,7 @@ pub async fn list(client: &ConsulClient, keys: &ClusterKeys) -> Result<Vec<Holde
 /// cluster (no key).
 pub async fn find(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     held: LockKey,
 ) -> Result<Option<Holder>, ConsulError> {
     let (entry, _) = client
@@ -298,7 +298,7 @@ pub enum Renewal {
 /// a URL part.
 pub async fn renew(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     session: &str,
 ) -> Result<Renewal, ConsulError> {
     let held: Vec<Holder> = list(client, keys)
@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn holder_keys_parse() {
-        let keys = ClusterKeys::new("idgen", "prod");
+        let keys = ClusterPaths::new("idgen", "prod");
         let dir = all_groups(&keys.workers_dir(0));
         assert_eq!(dir, "idgen/prod/workers/");
         assert_eq!(all_groups(&keys.lease_dir(0)), "idgen/prod/lease/");

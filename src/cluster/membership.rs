@@ -8,57 +8,18 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
-
 use super::supervisor::{Cluster, ClusterSpec, RunningCluster};
+// Defined beside the supervisor that uses them, and named here too: a
+// node joins through this seam.
+pub use super::supervisor::{on_renewal_thread, JoinError, SessionBound};
 use crate::consul::ConsulClient;
 use crate::error::Error;
 use crate::id::{Clock, Layout, Snowflake};
 use crate::metrics as m;
 use crate::modes::gate::IssueGate;
 use crate::store::hwm::{HwmSettings, KeeperHandle};
-use crate::store::keys::OwnerInfo;
 use crate::store::{HwmKeeper, HwmStore, StoreError, WorkerKey};
 use tokio::runtime::Handle;
-
-/// What a node holds under its worker lock's session besides the lock
-/// (lease mode's token), built at assembly: moved to the new session
-/// after every re-claim, given back before the session is destroyed.
-#[async_trait]
-pub trait SessionBound: Send + Sync + 'static {
-    /// A new `session` holds the worker id: re-create what lived under the
-    /// old one.
-    fn moved(&self, session: &str, owner: &OwnerInfo) -> Result<(), StoreError>;
-    /// Shutdown: give it back while the session still exists.
-    async fn release(&self);
-}
-
-/// Why a node could not join the cluster (take its worker id and start
-/// its generator above the stored mark); nothing was issued.
-#[derive(Debug, thiserror::Error)]
-pub enum JoinError {
-    /// No worker id could be claimed in Consul.
-    #[error(transparent)]
-    WorkerLock(#[from] super::worker_lock::WorkerLockError),
-    /// Consul, the cluster's layout record, the store or the start-up rule
-    /// refused.
-    #[error(transparent)]
-    Node(#[from] Error),
-}
-
-/// Runs `f` on `runtime` (the node's renewal thread, where the claim's
-/// mark renewal and the supervisor then live) and waits for its result,
-/// from any runtime.
-pub async fn on_renewal_thread<F>(runtime: &Handle, f: F) -> Result<F::Output, Error>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    runtime
-        .spawn(f)
-        .await
-        .map_err(|e| Error::Setup(format!("renewal thread task failed: {e}")))
-}
 
 /// How a node holds its worker id and high-water mark.
 pub enum Membership {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::worker_lock::WorkerLockSettings;
 use crate::consul::ConsulConfig;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 
 /// The validated `[consul]` section.
 #[derive(Debug, Clone)]
@@ -15,7 +15,7 @@ pub struct ClusterConfig {
     /// How to reach the agent (address, token, timeouts).
     pub client: ConsulConfig,
     /// `<prefix>/<cluster>/`.
-    pub keys: ClusterKeys,
+    pub keys: ClusterPaths,
     /// Consul service name.
     pub service: String,
     /// Claim exactly `node.worker_id` instead of any free id.
@@ -31,6 +31,7 @@ pub struct ClusterConfig {
     /// `consul.check_tls_server_name`: the gRPC check's `TLSServerName`
     /// when the node serves TLS; `None`: derived from the certificate.
     pub check_tls_server_name: Option<String>,
-    /// Longest pause between claim attempts after the lease was lost.
+    /// Longest pause between claim attempts after the claim was lost (its
+    /// Consul session ended).
     pub reclaim_backoff_max: Duration,
 }

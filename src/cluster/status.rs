@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, ServiceEntry};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 
 /// How often a node writes its status record: 3 nodes make 0.6 KV writes
 /// a second.
@@ -101,7 +101,7 @@ impl StatusRecord {
 #[derive(Debug, Clone)]
 pub struct StatusBoard {
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
     service: String,
     instance: String,
 }
@@ -109,7 +109,12 @@ pub struct StatusBoard {
 impl StatusBoard {
     /// The board of the cluster `keys` name, whose nodes register as
     /// Consul service `service`; `instance` is this node.
-    pub fn new(client: ConsulClient, keys: ClusterKeys, service: String, instance: String) -> Self {
+    pub fn new(
+        client: ConsulClient,
+        keys: ClusterPaths,
+        service: String,
+        instance: String,
+    ) -> Self {
         Self {
             client,
             keys,
@@ -192,7 +197,7 @@ impl StatusBoard {
 /// follower lacks).
 pub async fn records(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
 ) -> Result<Vec<StatusRecord>, ConsulError> {
     let entries = client
         .kv_list(&keys.status_dir(), Consistency::Consistent)

@@ -27,6 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use tokio::runtime::Handle;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -40,13 +42,50 @@ use crate::store::cluster_layout::{
     ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
 };
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
-use crate::store::{hwm::ConsulHwmStore, keys::OwnerInfo};
-use crate::store::{HwmKeeper, WorkerKey};
+use crate::store::{hwm::ConsulHwmStore, kv_paths::OwnerInfo};
+use crate::store::{HwmKeeper, StoreError, WorkerKey};
 
-use super::membership::SessionBound;
-use super::membership::{on_renewal_thread, JoinError};
 use super::registration::{keep_current_registered, Registration, RegistrationSpec};
 use crate::modes::gate::IssueGate;
+
+/// What a node holds under its worker lock's session besides the lock
+/// (lease mode's token), built at assembly: moved to the new session
+/// after every re-claim, given back before the session is destroyed.
+#[async_trait]
+pub trait SessionBound: Send + Sync + 'static {
+    /// A new `session` holds the worker id: re-create what lived under the
+    /// old one.
+    fn moved(&self, session: &str, owner: &OwnerInfo) -> Result<(), StoreError>;
+    /// Shutdown: give it back while the session still exists.
+    async fn release(&self);
+}
+
+/// Why a node could not join the cluster (take its worker id and start
+/// its generator above the stored mark); nothing was issued.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// No worker id could be claimed in Consul.
+    #[error(transparent)]
+    WorkerLock(#[from] super::worker_lock::WorkerLockError),
+    /// Consul, the cluster's layout record, the store or the start-up rule
+    /// refused.
+    #[error(transparent)]
+    Node(#[from] Error),
+}
+
+/// Runs `f` on `runtime` (the node's renewal thread, where the claim's
+/// mark renewal and the supervisor then live) and waits for its result,
+/// from any runtime.
+pub async fn on_renewal_thread<F>(runtime: &Handle, f: F) -> Result<F::Output, Error>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    runtime
+        .spawn(f)
+        .await
+        .map_err(|e| Error::Setup(format!("renewal thread task failed: {e}")))
+}
 
 /// First pause between claim attempts after fencing; doubles up to
 /// `consul.reclaim_backoff_max`.

@@ -26,7 +26,7 @@ use thiserror::Error;
 use crate::consul::{
     Consistency, ConsulClient, ConsulError, KvWrite, SessionBehavior, SessionSpec,
 };
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterPaths, OwnerInfo};
 use crate::store::WorkerKey;
 
 /// Lock timing.
@@ -160,7 +160,7 @@ pub type DeadlineHook = Arc<dyn Fn(Instant) + Send + Sync>;
 /// A held worker id: the Consul session, the lock and the local deadline.
 pub struct WorkerLock {
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
     key: WorkerKey,
     session: String,
     owner: Vec<u8>,
@@ -186,7 +186,7 @@ impl WorkerLock {
     /// one in `0..=max_worker`.
     pub async fn claim(
         client: ConsulClient,
-        keys: ClusterKeys,
+        keys: ClusterPaths,
         datacenter: u64,
         max_worker: u64,
         owner: &OwnerInfo,
@@ -199,7 +199,7 @@ impl WorkerLock {
     /// Like [`WorkerLock::claim`], choosing the id by `choice`.
     pub async fn claim_with(
         client: ConsulClient,
-        keys: ClusterKeys,
+        keys: ClusterPaths,
         datacenter: u64,
         choice: WorkerChoice,
         owner: &OwnerInfo,
@@ -214,7 +214,7 @@ impl WorkerLock {
     /// free ones the answer is [`WorkerLockError::AllFreePoisoned`].
     pub async fn claim_skipping(
         client: ConsulClient,
-        keys: ClusterKeys,
+        keys: ClusterPaths,
         datacenter: u64,
         choice: WorkerChoice,
         owner: &OwnerInfo,
@@ -277,7 +277,7 @@ impl WorkerLock {
 
     async fn take_free_id(
         client: &ConsulClient,
-        keys: &ClusterKeys,
+        keys: &ClusterPaths,
         free: &FreeIds<'_>,
         owner: &OwnerInfo,
         session: &str,

@@ -3,7 +3,6 @@
 //! is refused with the nearest valid name. And `${CREDENTIALS_DIRECTORY}`
 //! in path keys, where systemd's `LoadCredential=` puts secrets.
 
-use super::file::{FileConfig, KEY_ALIASES};
 use super::ConfigError;
 
 /// `IDGEN_*` variables that are not config keys: read by the CLI (the
@@ -19,13 +18,16 @@ pub const NON_CONFIG_VARIABLES: &[&str] = &[
     "IDGEN_HIDE_MASTER_KEY",
 ];
 
-/// Refuses an environment variable under `prefix` that maps to no key,
-/// naming the nearest valid one.
+/// Refuses an environment variable under `prefix` that maps to no key of
+/// `keys` (`(section, key)`) or old name of `aliases`, naming the nearest
+/// valid one. The file layer passes its keys in, so this file needs
+/// nothing of it.
 pub(crate) fn check_environment(
     prefix: &str,
     vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    keys: &[(String, String)],
+    aliases: &[(&str, &str)],
 ) -> Result<(), ConfigError> {
-    let keys = FileConfig::keys();
     for (name, _) in vars {
         let Some(name) = name.to_str() else {
             let lossy = name.to_string_lossy().into_owned();
@@ -47,7 +49,7 @@ pub(crate) fn check_environment(
         let known = keys
             .iter()
             .any(|(section, key)| wanted == format!("{section}__{key}"))
-            || KEY_ALIASES.iter().any(|(old, _)| wanted == *old);
+            || aliases.iter().any(|(old, _)| wanted == *old);
         if known {
             continue;
         }

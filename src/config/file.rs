@@ -52,7 +52,7 @@ pub struct FileConfig {
     /// Logging.
     pub log: LogSection,
     /// Hiding volume: where the hide master key comes from.
-    pub hide: super::HideSection,
+    pub hide: super::hide::HideSection,
     /// For idgen's own test suite only; unsupported, and deliberately not
     /// in `config/idgen.example.toml`. Left out of the printed settings
     /// (`idgen check-config`) while at its defaults, so users are never
@@ -742,7 +742,12 @@ impl FileConfig {
         // Every IDGEN_* variable must name a key (or be one of the few
         // read by the CLI and scripts): a typo must never silently leave a
         // setting, such as the worker id, at its default.
-        check_environment(prefix, std::env::vars_os())?;
+        check_environment(
+            prefix,
+            std::env::vars_os(),
+            &FileConfig::keys(),
+            KEY_ALIASES,
+        )?;
         fig = fig.merge(
             Env::prefixed(prefix)
                 .filter(|key| key.as_str().contains("__"))

@@ -7,6 +7,7 @@ use std::time::Duration;
 use figment::providers::Format;
 
 use super::environment::check_environment;
+use super::file::KEY_ALIASES;
 use super::*;
 
 const NOW: u64 = 1_790_000_000_000;
@@ -529,7 +530,13 @@ fn vars(names: &[&str]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
 #[test]
 fn an_environment_variable_that_names_no_key_is_refused_with_the_nearest_key() {
     // One underscore instead of two: the old build ran as worker 0.
-    let err = check_environment("IDGEN_", vars(&["IDGEN_NODE_WORKER_ID"])).unwrap_err();
+    let err = check_environment(
+        "IDGEN_",
+        vars(&["IDGEN_NODE_WORKER_ID"]),
+        &FileConfig::keys(),
+        KEY_ALIASES,
+    )
+    .unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains("IDGEN_NODE_WORKER_ID maps to no config key"),
@@ -539,13 +546,23 @@ fn an_environment_variable_that_names_no_key_is_refused_with_the_nearest_key() {
         msg.contains("IDGEN_NODE__WORKER_ID (node.worker_id)"),
         "{msg}"
     );
-    let msg = check_environment("IDGEN_", vars(&["IDGEN_HWM__RESERV"]))
-        .unwrap_err()
-        .to_string();
+    let msg = check_environment(
+        "IDGEN_",
+        vars(&["IDGEN_HWM__RESERV"]),
+        &FileConfig::keys(),
+        KEY_ALIASES,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(msg.contains("IDGEN_HWM__RESERVE (hwm.reserve)"), "{msg}");
-    let msg = check_environment("IDGEN_", vars(&["IDGEN_NOPE__WORKER_ID"]))
-        .unwrap_err()
-        .to_string();
+    let msg = check_environment(
+        "IDGEN_",
+        vars(&["IDGEN_NOPE__WORKER_ID"]),
+        &FileConfig::keys(),
+        KEY_ALIASES,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(msg.contains("node.worker_id"), "{msg}");
 }
 
@@ -564,7 +581,7 @@ fn every_key_and_the_cli_variables_are_accepted_and_other_prefixes_ignored() {
         "XIDGEN_NODE_WORKER_ID".into(),
     ]);
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    check_environment("IDGEN_", vars(&refs)).unwrap();
+    check_environment("IDGEN_", vars(&refs), &FileConfig::keys(), KEY_ALIASES).unwrap();
 }
 
 #[test]

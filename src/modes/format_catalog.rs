@@ -603,7 +603,7 @@ impl FormatCatalog {
     pub async fn watch_consul(
         self: Arc<Self>,
         client: crate::consul::ConsulClient,
-        keys: crate::store::keys::ClusterKeys,
+        keys: crate::store::kv_paths::ClusterPaths,
     ) {
         let mut seen = None;
         let mut index = 0;

@@ -7,7 +7,7 @@ use crate::cluster::supervisor::ClusterSpec;
 use crate::config::{ClusterConfig, Config};
 use crate::error::Error;
 use crate::server::tls;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 
 /// The stable instance name: configured, or `<hostname>-<port>`.
 pub(crate) fn instance_id(config: &Config, advertise: SocketAddr) -> String {
@@ -40,7 +40,7 @@ pub(crate) fn instance_id(config: &Config, advertise: SocketAddr) -> String {
 pub(super) fn cluster_spec(
     config: &Config,
     cluster: ClusterConfig,
-) -> Result<(ClusterSpec, ClusterKeys), Error> {
+) -> Result<(ClusterSpec, ClusterPaths), Error> {
     let advertise = config.node.advertise.unwrap_or(config.server.grpc_listen);
     if advertise.ip().is_unspecified() || advertise.port() == 0 {
         return Err(Error::Setup(format!(

@@ -410,7 +410,7 @@ async fn consul_lease_source(
     config: &Config,
     claimed: &crate::cluster::supervisor::Cluster,
     client: &crate::consul::ConsulClient,
-    keys: &crate::store::keys::ClusterKeys,
+    keys: &crate::store::kv_paths::ClusterPaths,
 ) -> Result<Option<Arc<dyn LeaseTokenStore>>, Error> {
     Ok(match &config.lease {
         Some(l) => {

@@ -4,7 +4,7 @@
 //!
 //! It is a current-thread tokio runtime on its own named OS thread, so a
 //! node whose request runtime is saturated (every worker thread busy or
-//! blocked by calls) still renews its mark and its lease on time. Consul
+//! blocked by calls) still renews its mark and its session on time. Consul
 //! calls made here go through their own client (own connection pool), so
 //! no connection they use is driven by the request runtime either.
 //!

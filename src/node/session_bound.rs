@@ -9,7 +9,7 @@ use crate::consul::ConsulClient;
 use crate::modes::lease::LeaseEngine;
 use crate::modes::Issuer;
 use crate::store::format::tokens::{ConsulFormatTokens, FormatTokens};
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterPaths, OwnerInfo};
 use crate::store::lease::ConsulLeaseTokens;
 use crate::store::StoreError;
 
@@ -18,7 +18,7 @@ use crate::store::StoreError;
 struct SessionTokens {
     leases: Arc<LeaseEngine>,
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
     zone: u64,
     /// The zone's largest token (lower for a hidden zone).
     max_token: u64,
@@ -91,7 +91,7 @@ impl SessionBound for SessionHeld {
 pub(super) fn session_held(
     issuer: &Issuer,
     zone: Option<(u64, u64)>,
-    (client, keys): (ConsulClient, ClusterKeys),
+    (client, keys): (ConsulClient, ClusterPaths),
     format_tokens: Arc<ConsulFormatTokens>,
 ) -> Option<Arc<dyn SessionBound>> {
     let mut held: Vec<Arc<dyn SessionBound>> = Vec::new();

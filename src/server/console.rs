@@ -43,7 +43,7 @@ use tonic::transport::server::TcpConnectInfo;
 use tonic::Status;
 
 use super::admin::ViaHttp;
-use super::http::HttpState;
+use super::http_state::HttpState;
 use super::status::{code_name, http_status};
 use super::tls::PeerCertificate;
 use crate::proto::admin_server::Admin;
@@ -52,7 +52,8 @@ use crate::proto::{self, HolderKind};
 mod changes;
 mod cluster;
 
-pub use cluster::{node_view, now_ms, ClusterStatus};
+pub use super::http_state::ClusterStatus;
+pub use cluster::{node_view, now_ms};
 
 const INDEX_HTML: &str = include_str!("console/index.html");
 const CONSOLE_JS: &str = include_str!("console/console.js");

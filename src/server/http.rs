@@ -1,7 +1,7 @@
 //! The HTTP port: Prometheus metrics, liveness and readiness, and a small
 //! JSON API for callers without gRPC. IDs are decimal strings in JSON.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,69 +10,17 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::Error;
 use crate::id::{Mode, RequestError};
 
-use super::grpc::RpcMetric;
+// Defined in their own file: the console's routes take the same state.
+pub use super::http_state::{HttpMetrics, HttpState};
 use super::status::{code, code_name, http_status};
-use crate::modes::Issuer;
 
 mod uuid;
-
-/// What the HTTP handlers share.
-#[derive(Clone)]
-pub struct HttpState {
-    /// Issues IDs.
-    pub issuer: Arc<Issuer>,
-    /// Renders `/metrics`.
-    pub metrics: PrometheusHandle,
-    /// True while the node issues IDs (drives `/readyz`).
-    pub ready: Arc<AtomicBool>,
-    /// False once the node has been unable to issue (fenced, or its store
-    /// cannot write) for longer than `store.max_unhealthy` (drives
-    /// `/healthz`, so an orchestrator restarts it).
-    pub live: Arc<AtomicBool>,
-    /// Latency metrics of the JSON endpoints.
-    pub rpc: Arc<HttpMetrics>,
-    /// The admin service the gRPC port serves; the console's JSON API
-    /// calls it (`server::console`).
-    pub admin: Arc<super::admin::AdminService>,
-    /// Every node's status for the console (`/admin/api/cluster`).
-    pub cluster: super::console::ClusterStatus,
-    /// Origins a browser may call `/v1/` from (`super::cors`).
-    pub cors: Arc<crate::config::CorsOrigins>,
-}
-
-/// Latency metrics of the JSON endpoints.
-pub struct HttpMetrics {
-    id: RpcMetric,
-    ids: RpcMetric,
-    decode: RpcMetric,
-    formatted: RpcMetric,
-    parse: RpcMetric,
-    uuid: RpcMetric,
-    uuids: RpcMetric,
-    decode_uuid: RpcMetric,
-}
-
-impl Default for HttpMetrics {
-    fn default() -> Self {
-        Self {
-            id: RpcMetric::new("http_id"),
-            ids: RpcMetric::new("http_ids"),
-            decode: RpcMetric::new("http_decode"),
-            formatted: RpcMetric::new("http_formatted"),
-            parse: RpcMetric::new("http_formatted_parse"),
-            uuid: RpcMetric::new("http_uuid"),
-            uuids: RpcMetric::new("http_uuids"),
-            decode_uuid: RpcMetric::new("http_uuid_decode"),
-        }
-    }
-}
 
 /// The HTTP routes.
 pub fn router(state: HttpState) -> Router {

@@ -65,6 +65,7 @@ use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::TcpConnectInfo;
 
 use super::tls::PeerCertificate;
+pub use super::tls::Port;
 use crate::config::{AllowList, ConnectionSettings};
 use crate::metrics as m;
 
@@ -83,15 +84,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Length of the HTTP/2 client connection preface (RFC 9113 §3.4).
 const PREFACE_LEN: usize = 24;
 
-/// Which port a loop serves: the `port` label of the metrics and logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Port {
-    /// gRPC over HTTP/2 only.
-    Grpc,
-    /// The HTTP/1 port (metrics, health, JSON API).
-    Http,
-}
-
+// `Port` is defined beside the TLS settings that pick its ALPN protocol;
+// its labels, for the metrics and logs, are the listener's.
 impl Port {
     fn label(self) -> &'static str {
         match self {

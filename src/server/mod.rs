@@ -10,6 +10,7 @@ pub mod cors;
 pub mod grpc;
 pub mod health;
 pub mod http;
+pub mod http_state;
 pub mod listener;
 pub mod request_size;
 pub mod status;

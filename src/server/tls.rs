@@ -21,9 +21,18 @@ use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
-use super::listener::Port;
 use crate::config::TlsSettings;
 use crate::metrics as m;
+
+/// Which port a loop serves: the `port` label of the metrics and logs,
+/// and the ALPN protocol its TLS offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    /// gRPC over HTTP/2 only.
+    Grpc,
+    /// The HTTP/1 port (metrics, health, JSON API).
+    Http,
+}
 
 /// Why the certificate or key cannot be used.
 #[derive(Debug, Error)]

@@ -3,10 +3,10 @@
 //!
 //! Each attempt plans its write from a read ([`CasWrite::plan`]: the txn
 //! ops, with a `cas` on the ModifyIndex the read returned); the loop then
-//! checks the cluster's Consul index ([`ClusterKeys::before_write`]: not
+//! checks the cluster's Consul index ([`ClusterPaths::before_write`]: not
 //! below the highest this node saw, no regression record), appends the
 //! record's `check-not-exists` and this node's mark check
-//! ([`ClusterKeys::mark_check`]), and sends the txn. Why a counter never repeats a value or goes back:
+//! ([`ClusterPaths::mark_check`]), and sends the txn. Why a counter never repeats a value or goes back:
 //!
 //! - **Committed**: the write is durable and was made on the index the
 //!   plan read, so no other write came in between; the values reach the
@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::keys::ClusterKeys;
+use super::kv_paths::ClusterPaths;
 use super::regression::Level;
 use super::StoreError;
 use crate::consul::{ConsulClient, ConsulError, KvEntry, TxnError, TxnOp, TxnOutcome};
@@ -70,7 +70,7 @@ pub struct Attempt<T> {
     /// What the caller gets once the write is durable.
     pub value: T,
     /// Whether the plan read the store (then the cluster's index is
-    /// checked before the write, [`ClusterKeys::before_write`]); `false`
+    /// checked before the write, [`ClusterPaths::before_write`]); `false`
     /// for a plan on this node's own cached write.
     pub read: bool,
 }
@@ -116,7 +116,7 @@ pub trait CasWrite: Send + Sync {
 /// a value).
 pub async fn compare_and_set<W: CasWrite>(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     policy: CasPolicy,
     write: &W,
 ) -> Result<W::Output, StoreError> {

@@ -73,7 +73,7 @@ struct Saved {
 
 /// The highest Consul index seen under `<prefix>/<cluster>/` (see the
 /// module doc). One per node, shared through
-/// [`ClusterKeys`](super::keys::ClusterKeys).
+/// [`ClusterPaths`](super::kv_paths::ClusterPaths).
 #[derive(Debug)]
 pub struct ClusterIndex {
     dir: String,
@@ -188,7 +188,7 @@ impl ClusterIndex {
         let (names, index) = client
             .kv_keys(&self.dir, "/", Consistency::Consistent)
             .await
-            .map_err(super::keys::store_err)?;
+            .map_err(super::store_err)?;
         match self.judge(floor, index, &names) {
             Reading::Current => {
                 if written.has_record() {
@@ -253,7 +253,7 @@ impl ClusterIndex {
         let key = format!("{}skip-ahead", self.dir);
         match client.kv_get(&key, Consistency::Consistent).await {
             Ok((Some(e), _)) => {
-                super::skip_ahead::SkipAheadRecord::decode(&key, &e.value).map_or(0, |r| r.runs)
+                super::regression::SkipAheadRecord::decode(&key, &e.value).map_or(0, |r| r.runs)
             }
             _ => 0,
         }

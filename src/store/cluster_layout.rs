@@ -30,7 +30,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::keys::ClusterKeys;
+use super::kv_paths::ClusterPaths;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
 use crate::id::{epoch_text, Clock, Layout, LayoutDifference, LayoutSpec};
 
@@ -388,7 +388,7 @@ fn decode(entry: &KvEntry) -> Result<LayoutRecord, ClusterLayoutError> {
 /// Reads the record (consistent): `None` if the cluster has none yet.
 pub async fn read_layout(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
 ) -> Result<Option<(LayoutRecord, u64)>, ClusterLayoutError> {
     let (entry, _) = client
         .kv_get(&keys.layout(), Consistency::Consistent)
@@ -403,7 +403,7 @@ pub async fn read_layout(
 /// cluster has none. Returns what every mark write must check.
 pub async fn ensure_layout(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     layout: &Layout,
     (preset, hide): (&str, &str),
 ) -> Result<LayoutGuard, ClusterLayoutError> {
@@ -550,7 +550,7 @@ fn issued_bound(
 /// Reads every stored high-water mark (consistent): (`dc/worker`, ms).
 async fn stored_marks(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
 ) -> Result<Vec<(String, u64)>, ClusterLayoutError> {
     let dir = keys.hwm_dir();
     let entries = match client.kv_list(&dir, Consistency::Consistent).await {
@@ -632,7 +632,7 @@ fn verify(
 /// who asked, recorded for the fence reason of nodes on the old layout.
 pub async fn change_layout(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     (new, preset): (&Layout, &str),
     expect_generation: Option<u64>,
     clock: &dyn Clock,

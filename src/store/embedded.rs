@@ -5,14 +5,15 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
-use super::reopen::{DbRef, ReopeningDatabase, StoreHealth, WriteTxn};
+use super::reopen::{database_in, DbRef, ReopeningDatabase, StoreHealth, WriteTxn};
 use super::snapshot::{AdminMoves, Mirror};
 use super::state_file::StateFileGuard;
 use super::StoreError;
 use crate::id::Clock;
 
-/// File-wide facts recorded by `idgen init`.
-pub(crate) const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+/// File-wide facts recorded by `idgen init` (defined beside the reopen
+/// probe that writes into it).
+pub(crate) use super::reopen::META;
 /// High-water marks, keyed `"<datacenter>/<worker>"`, in Unix ms.
 pub(crate) const HWM: TableDefinition<&str, u64> = TableDefinition::new("hwm");
 
@@ -29,9 +30,9 @@ pub(crate) const RESTORE_FLOOR: &str = "restore_floor";
 /// only [`RESTORE_FLOOR`], which then applies to strict keys too.
 pub(crate) const RESTORE_FLOOR_STRICT: &str = "restore_floor_strict";
 
-pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
-}
+/// Defined beside [`StoreError`] (the snapshot files use it without
+/// importing this one); named here for the embedded stores.
+pub(super) use super::backend_err;
 
 /// A single-node state file. Every write is a redb transaction committed
 /// with immediate durability (fsync) before it returns. After a write
@@ -296,23 +297,6 @@ fn open_db(path: &Path, file: std::fs::File) -> Result<(Database, StateFileGuard
     })?;
     let guard = StateFileGuard::new(path, &meta);
     Ok((database_in(path, file)?, guard))
-}
-
-/// Opens the redb database in `file` (already opened at `path`).
-pub(super) fn database_in(path: &Path, file: std::fs::File) -> Result<Database, StoreError> {
-    let backend = redb::backends::FileBackend::new(file).map_err(|e| {
-        StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
-    })?;
-    let db = redb::Builder::new()
-        .create_with_backend(super::fault_hook::HookedFile(backend))
-        .map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
-                "state file {} is open in another idgen process (one node per state file; to back it up while it runs use `idgen state backup`)",
-                path.display()
-            )),
-            e => StoreError::Backend(format!("cannot open state file {}: {e}", path.display())),
-        })?;
-    Ok(db)
 }
 
 /// Runs a redb call on the blocking pool.

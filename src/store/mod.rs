@@ -18,7 +18,7 @@ pub mod fault_hook;
 pub mod format;
 pub mod hide_keys;
 pub mod hwm;
-pub mod keys;
+pub mod kv_paths;
 pub mod lease;
 pub mod regression;
 pub mod reopen;
@@ -159,6 +159,18 @@ pub enum StoreError {
         /// The key it found rolled back.
         found: String,
     },
+}
+
+/// A Consul failure as a store failure (beside [`StoreError`], so every
+/// Consul-backed store file maps it the same way without importing a
+/// sibling).
+pub(crate) fn store_err(e: crate::consul::ConsulError) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+/// A redb failure as a store failure (the embedded store and its backups).
+pub(super) fn backend_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
 }
 
 impl StoreError {

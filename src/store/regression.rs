@@ -48,6 +48,36 @@ pub struct RegressionRecord {
     pub at_ms: u64,
 }
 
+/// The record of the last skip-ahead (`<prefix>/<cluster>/skip-ahead`).
+/// It lives beside the regression record it clears: the regression check
+/// reads it (a run newer than a detection covers it), and the run in
+/// [`super::skip_ahead`] writes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkipAheadRecord {
+    /// When the run started, Unix ms.
+    pub at_ms: u64,
+    /// The run's margin.
+    pub margin: u64,
+    /// Formatted counters starting a period that begins at or before this
+    /// instant (Unix ms) start `floor` above their minimum.
+    pub until_ms: i64,
+    /// The sum of every run's margin.
+    pub floor: u64,
+    /// How many runs so far.
+    pub runs: u64,
+}
+
+impl SkipAheadRecord {
+    /// Reads a stored record; the error names `key`.
+    pub fn decode(key: &str, bytes: &[u8]) -> Result<Self, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::Backend(format!(
+                "{key} is unreadable ({e}); run `idgen admin skip-ahead` again to rewrite it"
+            ))
+        })
+    }
+}
+
 /// Where this node reports a regression and reads the cluster's record.
 #[derive(Debug)]
 struct Reporter {
@@ -63,7 +93,7 @@ pub type Level = (i64, u64);
 
 /// The highest level this node wrote to each key (see the module doc).
 /// One per node, shared by every Consul store through
-/// [`ClusterKeys`](super::keys::ClusterKeys).
+/// [`ClusterPaths`](super::kv_paths::ClusterPaths).
 #[derive(Debug, Default)]
 pub struct WrittenValues {
     values: Mutex<HashMap<String, Level>>,
@@ -214,8 +244,9 @@ impl WrittenValues {
         };
         let key = format!("{root}skip-ahead");
         match r.client.kv_get(&key, Consistency::Consistent).await {
-            Ok((Some(e), _)) => super::skip_ahead::SkipAheadRecord::decode(&key, &e.value)
-                .is_ok_and(|run| run.at_ms >= pending.at_ms),
+            Ok((Some(e), _)) => {
+                SkipAheadRecord::decode(&key, &e.value).is_ok_and(|run| run.at_ms >= pending.at_ms)
+            }
             _ => false,
         }
     }

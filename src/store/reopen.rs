@@ -20,17 +20,20 @@
 //! checks the device and inode against the [`StateFileGuard`]: a file that
 //! was deleted or replaced meanwhile marks the guard lost (final) instead.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use redb::{Database, ReadTransaction, WriteTransaction};
+use redb::{Database, ReadTransaction, TableDefinition, WriteTransaction};
 
-use super::embedded::META;
 use super::state_file::{identity, StateFileGuard};
 use super::StoreError;
 use crate::metrics as m;
+
+/// File-wide facts recorded by `idgen init`; the reopen probe writes
+/// into it, so it is defined here and re-exported by the embedded store.
+pub(crate) const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 
 /// Longest wait between two reopen attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -367,7 +370,7 @@ impl ReopeningDatabase {
                 self.path.display()
             )));
         }
-        super::embedded::database_in(&self.path, file)
+        database_in(&self.path, file)
     }
 }
 
@@ -445,6 +448,24 @@ impl StoreHealth {
             *last = error.to_owned();
         }
     }
+}
+
+/// Opens the redb database in `file` (already opened at `path`).
+/// The embedded store opens its file the same way.
+pub(super) fn database_in(path: &Path, file: std::fs::File) -> Result<Database, StoreError> {
+    let backend = redb::backends::FileBackend::new(file).map_err(|e| {
+        StoreError::Backend(format!("cannot open state file {}: {e}", path.display()))
+    })?;
+    let db = redb::Builder::new()
+        .create_with_backend(super::fault_hook::HookedFile(backend))
+        .map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend(format!(
+                "state file {} is open in another idgen process (one node per state file; to back it up while it runs use `idgen state backup`)",
+                path.display()
+            )),
+            e => StoreError::Backend(format!("cannot open state file {}: {e}", path.display())),
+        })?;
+    Ok(db)
 }
 
 #[cfg(test)]

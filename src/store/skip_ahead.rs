@@ -24,11 +24,10 @@
 //! Running it twice moves every counter twice: a gap, never a repeat. A
 //! run cut short (an error names the key) can simply be run again.
 
-use serde::{Deserialize, Serialize};
-
 use super::format::counters::CounterRecordBytes;
-use super::keys::ClusterKeys;
+use super::kv_paths::ClusterPaths;
 use super::lease::LeaseTokenRecord;
+use super::regression::SkipAheadRecord;
 use super::StoreError;
 use crate::consul::{Consistency, ConsulClient, KvEntry, TxnOp, TxnOutcome};
 use crate::id::segment::TagRecord;
@@ -36,33 +35,6 @@ use crate::id::segment::TagRecord;
 /// How often a key that a node changed under the run is re-read and tried
 /// again before the run gives up.
 const MAX_ATTEMPTS: u32 = 16;
-
-/// The record of the last skip-ahead (`<prefix>/<cluster>/skip-ahead`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SkipAheadRecord {
-    /// When the run started, Unix ms.
-    pub at_ms: u64,
-    /// The run's margin.
-    pub margin: u64,
-    /// Formatted counters starting a period that begins at or before this
-    /// instant (Unix ms) start `floor` above their minimum.
-    pub until_ms: i64,
-    /// The sum of every run's margin.
-    pub floor: u64,
-    /// How many runs so far.
-    pub runs: u64,
-}
-
-impl SkipAheadRecord {
-    /// Reads a stored record; the error names `key`.
-    pub fn decode(key: &str, bytes: &[u8]) -> Result<Self, StoreError> {
-        serde_json::from_slice(bytes).map_err(|e| {
-            StoreError::Backend(format!(
-                "{key} is unreadable ({e}); run `idgen admin skip-ahead` again to rewrite it"
-            ))
-        })
-    }
-}
 
 /// What one run moved.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -118,7 +90,7 @@ fn backend(what: &str, e: impl std::fmt::Display) -> StoreError {
 /// at least `now_ms + reserve_ms` (see the module doc).
 pub async fn skip_ahead(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     margin: u64,
     now_ms: u64,
     reserve_ms: u64,
@@ -171,7 +143,7 @@ pub async fn skip_ahead(
 /// Writes the run's record (a compare-and-set on the one it replaces).
 async fn write_record(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     margin: u64,
     now_ms: u64,
     until_ms: u64,

@@ -10,7 +10,7 @@ use super::super::{invalid, ClusterConfig, ConfigError, WorkerClaim};
 use super::{check_duration, is_name, secret};
 use crate::cluster::worker_lock::WorkerLockSettings;
 use crate::consul::{ConsulConfig, ConsulTls, ConsulTlsFiles};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 
 impl ConsulSection {
     /// `session_ttl_min` is Consul's minimum session TTL (10 s unless a
@@ -39,7 +39,7 @@ impl ConsulSection {
             check_tls_server_name: Some(self.check_tls_server_name.trim())
                 .filter(|n| !n.is_empty())
                 .map(str::to_owned),
-            keys: ClusterKeys::new(prefix, &self.cluster).with_index_file(
+            keys: ClusterPaths::new(prefix, &self.cluster).with_index_file(
                 Some(self.index_file.clone()).filter(|p| !p.as_os_str().is_empty()),
             ),
             service: self.service.clone(),

@@ -2,6 +2,7 @@
 //! every definition passes and the compilation of each kind (template,
 //! Lua rule, `idc`, `uniq64`) into the rule that renders its IDs.
 
+use super::def::template_of;
 use super::period::{self, Reset, Zone};
 use super::preset::{self, PresetName, IDC_TEMPLATE};
 use super::{
@@ -113,23 +114,6 @@ pub(super) fn check_common_fields(def: &FormatDef) -> Result<(), FormatError> {
         ));
     }
     Ok(())
-}
-
-/// Parses template `src` for `def` (years from `origin_year`, 2000 if
-/// unset), naming the format in the error.
-pub(super) fn template_of(
-    def: &FormatDef,
-    src: &str,
-    reset: Reset,
-    max: u64,
-) -> Result<Template, FormatError> {
-    let origin = def.origin_year.unwrap_or(2000);
-    Template::parse_hiding(src, reset, max, origin, def.hide).map_err(|source| {
-        FormatError::Template {
-            format: def.name.clone(),
-            source,
-        }
-    })
 }
 
 /// Compiles a template format; `max` defaults to the widest counter the

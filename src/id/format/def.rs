@@ -3,10 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::compile::template_of;
 use super::period::{Reset, Zone};
 use super::preset::{self, PresetName};
-use super::{FormatError, FORMAT_DEF_VERSION, IDC_DEFAULT_MAX};
+use super::{FormatError, Template, FORMAT_DEF_VERSION, IDC_DEFAULT_MAX};
 
 fn default_version() -> u32 {
     FORMAT_DEF_VERSION
@@ -291,6 +290,24 @@ impl FormatDef {
             (None, None) => None,
         }
     }
+}
+
+/// Parses template `src` for `def` (years from `origin_year`, 2000 if
+/// unset), naming the format in the error. Compiling uses it too; it
+/// lives with the definition it reads.
+pub(super) fn template_of(
+    def: &FormatDef,
+    src: &str,
+    reset: Reset,
+    max: u64,
+) -> Result<Template, FormatError> {
+    let origin = def.origin_year.unwrap_or(2000);
+    Template::parse_hiding(src, reset, max, origin, def.hide).map_err(|source| {
+        FormatError::Template {
+            format: def.name.clone(),
+            source,
+        }
+    })
 }
 
 /// A counter bound for a message: the number, or `unset`.

@@ -66,40 +66,12 @@ use mlua::{Function, Value};
 use thiserror::Error;
 
 use super::lua_sandbox::{CallGate, Meter, Sandbox, Trip};
+// Defined beside the sandbox that enforces them.
+pub use super::lua_sandbox::{LuaLimits, DEFAULT_CHECK_BUDGET};
 use super::period::{PeriodError, Reset, Zone, MAX_RESET_SECONDS};
 use super::template::MAX_ID_LEN;
 
 pub mod validate;
-
-/// The default of [`LuaLimits::check_budget`] (`formatted.lua_check_budget`).
-pub const DEFAULT_CHECK_BUDGET: Duration = Duration::from_secs(10);
-
-/// Per-rule limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LuaLimits {
-    /// Lua VM instructions one call may run (loading the rule included).
-    pub instructions: u64,
-    /// Bytes the rule's state may allocate.
-    pub memory_bytes: usize,
-    /// Wall-clock time loading the rule may take, its checks included
-    /// (`formatted.lua_check_budget`). The instruction budgets do not
-    /// bound it: a call can spend tens of milliseconds in a few library
-    /// calls (a sort of 100,000 items), and the checks make up to about
-    /// 110,000 calls.
-    pub check_budget: Duration,
-}
-
-impl Default for LuaLimits {
-    /// 200,000 instructions (a daily counter rule needs about 20), 8 MiB
-    /// and [`DEFAULT_CHECK_BUDGET`].
-    fn default() -> Self {
-        LuaLimits {
-            instructions: 200_000,
-            memory_bytes: 8 << 20,
-            check_budget: DEFAULT_CHECK_BUDGET,
-        }
-    }
-}
 
 /// Whether loading a rule runs its load-time checks ([`validate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

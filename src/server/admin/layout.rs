@@ -11,10 +11,10 @@ use crate::error::{Error, ErrorKind};
 use crate::proto;
 use crate::server::status::{refusal, to_status};
 use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 
 impl AdminService {
-    fn cluster(&self) -> Result<&(ConsulClient, ClusterKeys), Status> {
+    fn cluster(&self) -> Result<&(ConsulClient, ClusterPaths), Status> {
         self.deps.cluster.as_ref().ok_or_else(|| {
             refusal(ErrorKind::Precondition,
                 "the cluster layout lives in Consul: this server runs on the embedded store, whose state file records its layout at `idgen init` and refuses another one",

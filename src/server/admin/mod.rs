@@ -45,7 +45,7 @@ use crate::modes::lease::LeaseEngine;
 use crate::modes::strict::StrictEngine;
 use crate::proto;
 use crate::proto::admin_server::{Admin, AdminServer};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::snapshot::SnapshotSource;
 use crate::store::{SegmentStore, StoreError, WorkerKey};
 
@@ -53,16 +53,16 @@ mod auth;
 mod auth_throttle;
 mod backup;
 mod formats;
+mod hide_keys;
 mod holders;
-mod keys;
 mod layout;
 mod strict;
 mod tags;
 
 use auth_throttle::AuthThrottle;
 pub use backup::BackupStream;
+pub(crate) use hide_keys::key_json as hide_key_json;
 pub use holders::EMBEDDED_STATE;
-pub(crate) use keys::key_json as hide_key_json;
 pub use tags::DEFAULT_TAG_STEP;
 
 /// Longest tag description, in bytes.
@@ -88,7 +88,7 @@ pub struct AdminDeps {
     /// at once, and creations count against its `segment.max_tags`.
     pub segment_server: Option<Arc<crate::modes::segment::SegmentEngine>>,
     /// The Consul client and key layout, on the Consul backend.
-    pub cluster: Option<(ConsulClient, ClusterKeys)>,
+    pub cluster: Option<(ConsulClient, ClusterPaths)>,
     /// This node, for holders on the embedded backend.
     pub node: NodeFacts,
     /// Timestamps of admin writes, and this node's start time.
@@ -375,7 +375,7 @@ macro_rules! admin_routes {
                     &self,
                     request: Request<proto::$req1>,
                 ) -> Result<Response<proto::$resp1>, Status> {
-                    let who = keys::caller(&request);
+                    let who = hide_keys::caller(&request);
                     self.call($name1, request, |r| AdminService::$rpc1(self, who, r)).await
                 }
             )*

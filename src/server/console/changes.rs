@@ -28,7 +28,7 @@ use tonic::Status;
 use super::{admin_request, change_body, read_call, status_response, Refused};
 use crate::proto;
 use crate::proto::admin_server::Admin;
-use crate::server::http::HttpState;
+use crate::server::http_state::HttpState;
 
 /// The console's read and change routes beyond the first listings.
 pub(super) fn routes() -> Router<HttpState> {

@@ -7,7 +7,6 @@
 //! node's own. Authorized like every console call
 //! (`AdminService::call`, method `ConsoleCluster`).
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Request, State};
@@ -17,43 +16,8 @@ use serde_json::{json, Map, Value};
 use tonic::Status;
 
 use super::{admin_request, status_response};
-use crate::cluster::status::{StatusBoard, STATUS_INTERVAL};
-use crate::server::http::HttpState;
-
-/// Where the console finds every node's status: the Consul board (none on
-/// the embedded store), and this node's issue rate as its status task last
-/// measured it.
-#[derive(Debug, Clone, Default)]
-pub struct ClusterStatus {
-    board: Option<StatusBoard>,
-    rate: Arc<Mutex<Option<f64>>>,
-}
-
-impl ClusterStatus {
-    /// The view of a Consul cluster through `board`, or of this node alone
-    /// (`None`).
-    pub fn new(board: Option<StatusBoard>) -> Self {
-        Self {
-            board,
-            rate: Arc::default(),
-        }
-    }
-
-    /// The Consul board, when the node runs on Consul.
-    pub fn board(&self) -> Option<&StatusBoard> {
-        self.board.as_ref()
-    }
-
-    /// Records this node's issue rate (IDs a second over the last
-    /// interval).
-    pub fn set_rate(&self, rate: Option<f64>) {
-        *self.rate.lock().unwrap_or_else(PoisonError::into_inner) = rate;
-    }
-
-    fn rate(&self) -> Option<f64> {
-        *self.rate.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
+use crate::cluster::status::STATUS_INTERVAL;
+use crate::server::http_state::HttpState;
 
 /// Unix ms now by the system clock (status records are advisory: a clock
 /// step only misreports an age).

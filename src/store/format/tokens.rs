@@ -23,7 +23,7 @@ use super::counters::TokenLock;
 use crate::consul::ConsulClient;
 use crate::id::format::TokenSpace;
 use crate::id::lease::LeaseError;
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterPaths, OwnerInfo};
 use crate::store::lease::{ConsulLeaseTokens, LeaseTokenStore};
 use crate::store::StoreError;
 
@@ -140,7 +140,7 @@ impl FormatTokens for EmbeddedFormatTokens {
 /// A node's format tokens in Consul, under its worker id's session.
 pub struct ConsulFormatTokens {
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
     /// The session and owner info tokens are taken under now.
     session: Mutex<(String, OwnerInfo)>,
     spaces: Mutex<HashMap<TokenSpace, Arc<ConsulLeaseTokens>>>,
@@ -148,7 +148,7 @@ pub struct ConsulFormatTokens {
 
 impl ConsulFormatTokens {
     /// Tokens taken under `session` (the worker lock's).
-    pub fn new(client: ConsulClient, keys: ClusterKeys, session: &str, owner: &OwnerInfo) -> Self {
+    pub fn new(client: ConsulClient, keys: ClusterPaths, session: &str, owner: &OwnerInfo) -> Self {
         Self {
             client,
             keys,

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use super::{decode, encode, fingerprint, HideKeyRecords, KeyChange, StoredHideKey};
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnOp};
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::StoreError;
 
 /// How often an admin change that lost a compare-and-set race is tried.
@@ -23,12 +23,12 @@ const POLICY: CasPolicy = CasPolicy {
 #[derive(Clone)]
 pub struct ConsulHideKeyRecords {
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
 }
 
 impl ConsulHideKeyRecords {
     /// Records under `keys`' `hide-keys/` folder.
-    pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
+    pub fn new(client: ConsulClient, keys: ClusterPaths) -> Self {
         Self { client, keys }
     }
 

@@ -373,7 +373,7 @@ async fn an_embedded_ring_from_before_fingerprints_gets_one() {
 fn consul_records(consul: &consul_testserver::TestConsul, cluster: &str) -> ConsulHideKeyRecords {
     ConsulHideKeyRecords::new(
         crate::store::test_consul_client(consul.addr()),
-        crate::store::keys::ClusterKeys::new("idgen", cluster),
+        crate::store::kv_paths::ClusterPaths::new("idgen", cluster),
     )
 }
 
@@ -390,7 +390,7 @@ async fn a_wrong_master_cannot_change_consul_keys_or_start() {
     let forget = {
         let (client, key) = (
             crate::store::test_consul_client(consul.addr()),
-            crate::store::keys::ClusterKeys::new("idgen", "old").hide_master_fingerprint(),
+            crate::store::kv_paths::ClusterPaths::new("idgen", "old").hide_master_fingerprint(),
         );
         async move {
             client.kv_delete(&key, None).await.expect("delete");

@@ -9,14 +9,14 @@ use async_trait::async_trait;
 use super::HwmStore;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::store::cluster_layout::LayoutGuard;
-use crate::store::keys::{store_err, ClusterKeys};
-use crate::store::{StoreError, WorkerKey};
+use crate::store::kv_paths::ClusterPaths;
+use crate::store::{store_err, StoreError, WorkerKey};
 
 /// High-water marks in Consul KV, written only while the worker lock is
 /// held by `session` (a txn with `check-session`).
 pub struct ConsulHwmStore {
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
     session: String,
     /// The ModifyIndex each mark had when last read or written (0: absent);
     /// forgotten whenever an outcome is unknown, so the next write re-reads.
@@ -28,7 +28,7 @@ pub struct ConsulHwmStore {
 
 impl ConsulHwmStore {
     /// A store writing through the worker lock's `session`.
-    pub fn new(client: ConsulClient, keys: ClusterKeys, session: &str) -> Self {
+    pub fn new(client: ConsulClient, keys: ClusterPaths, session: &str) -> Self {
         Self {
             client,
             keys,

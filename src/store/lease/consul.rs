@@ -11,7 +11,7 @@ use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, KvWrite, Tx
 use crate::id::lease::{
     check_zone, declare_zone, Block, LeaseError, TokenCounter, ZoneRecord, MAX_TOKEN,
 };
-use crate::store::keys::{ClusterKeys, OwnerInfo};
+use crate::store::kv_paths::{ClusterPaths, OwnerInfo};
 use crate::store::StoreError;
 
 /// The value of a token's key in Consul: who holds (or last held) it, and
@@ -72,7 +72,7 @@ pub struct ConsulLeaseTokens {
     /// One reserve (or release) at a time.
     busy: tokio::sync::Mutex<()>,
     /// The cluster's keys, for what this node wrote to its tokens.
-    keys: ClusterKeys,
+    keys: ClusterPaths,
 }
 
 fn consul_err(e: ConsulError) -> StoreError {
@@ -94,7 +94,7 @@ fn txn_errors(errors: &[crate::consul::TxnError]) -> String {
 /// [`declare_zone`]). Returns the setting the zone serves with.
 pub async fn declare_consul_zone(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     zone: u64,
     wanted: &ZoneRecord,
 ) -> Result<ZoneRecord, StoreError> {
@@ -149,7 +149,7 @@ impl ConsulLeaseTokens {
     /// Tokens of `zone`, locked with `session` (the worker id's session).
     pub fn new(
         client: ConsulClient,
-        keys: ClusterKeys,
+        keys: ClusterPaths,
         zone: u64,
         session: String,
         owner: OwnerInfo,
@@ -174,7 +174,7 @@ impl ConsulLeaseTokens {
     /// apart from lease mode's zones.
     pub fn for_format_space(
         client: ConsulClient,
-        keys: &ClusterKeys,
+        keys: &ClusterPaths,
         space: &str,
         max: u64,
         session: String,

@@ -125,7 +125,7 @@ async fn a_zone_record_is_written_once_and_refuses_another_setting() {
         .await
         .unwrap();
     let client = crate::store::test_consul_client(consul.addr());
-    let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
+    let keys = crate::store::kv_paths::ClusterPaths::new("idgen", "test");
     assert_eq!(
         declare_consul_zone(&client, &keys, 3, &hidden)
             .await

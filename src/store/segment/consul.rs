@@ -14,7 +14,7 @@ use crate::id::segment::SegmentError;
 use crate::id::segment::{Range, Tag, TagRecord, TagUpdate};
 use crate::metrics as m;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::StoreError;
 
 /// How often a take that lost a compare-and-set race is tried in all
@@ -26,7 +26,7 @@ pub const MAX_CAS_ATTEMPTS: u32 = 32;
 /// Segment records in Consul KV.
 pub struct ConsulSegmentStore {
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
     /// Each tag's record and ModifyIndex as last read or written by this
     /// node; dropped after any failure, so the next take re-reads.
     known: Mutex<HashMap<Tag, (TagRecord, u64)>>,
@@ -37,7 +37,7 @@ pub struct ConsulSegmentStore {
 
 impl ConsulSegmentStore {
     /// Records under `keys`' `segments/` folder.
-    pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
+    pub fn new(client: ConsulClient, keys: ClusterPaths) -> Self {
         Self {
             client,
             keys,

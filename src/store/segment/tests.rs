@@ -1,7 +1,7 @@
 use super::*;
 use crate::consul::Consistency;
 use crate::id::segment::SegmentError;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::EmbeddedStore;
 
 fn tag(name: &str) -> Tag {
@@ -237,7 +237,7 @@ async fn consul_admin_changes_never_move_ids_back() {
         .await
         .unwrap();
     let client = || crate::store::test_consul_client(consul.addr());
-    let keys = ClusterKeys::new("idgen", "test");
+    let keys = ClusterPaths::new("idgen", "test");
     let store = ConsulSegmentStore::new(client(), keys.clone());
     assert!(store.list_tags().await.unwrap().tags.is_empty());
     admin_contract(&store).await;
@@ -308,7 +308,7 @@ async fn a_take_retries_past_its_keepers_mark_write_and_refuses_a_mark_gone_back
         .await
         .unwrap();
     let client = crate::store::test_consul_client(consul.addr());
-    let keys = ClusterKeys::new("idgen", "test");
+    let keys = ClusterPaths::new("idgen", "test");
     let store = ConsulSegmentStore::new(client.clone(), keys.clone());
     let t = tag("marked");
     store

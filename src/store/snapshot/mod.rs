@@ -33,9 +33,9 @@
 //! The parts: `take.rs` writes a backup ([`SnapshotSource`],
 //! [`take_offline`], [`write_snapshot_file`]); `rates.rs` samples how fast
 //! counters move, leaving admin moves out ([`RateSampler`],
-//! [`AdminMoves`]), and says what a backup knows ([`facts`]); `mirror.rs`
-//! keeps the current copy ([`Mirror`]); `restore.rs` reads a snapshot back
-//! ([`inspect`]) and writes a new state file from it with every counter
+//! [`AdminMoves`]); `mirror.rs` keeps the current copy ([`Mirror`]);
+//! `restore.rs` reads a snapshot back ([`inspect`]), says what a backup
+//! knows ([`facts`]) and writes a new state file from it with every counter
 //! moved forward and the floors set ([`restore()`], [`restore_with`]).
 
 mod mirror;
@@ -47,14 +47,14 @@ use std::path::{Path, PathBuf};
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition};
 
-use super::embedded::backend_err;
+use super::backend_err;
 use super::StoreError;
 
 pub use mirror::Mirror;
 pub use rates::{
-    facts, AdminMoves, Counters, RateSampler, MAX_TRACKED_COUNTERS, RATE_WINDOW_MS, SAMPLE_EVERY,
+    AdminMoves, Counters, RateSampler, MAX_TRACKED_COUNTERS, RATE_WINDOW_MS, SAMPLE_EVERY,
 };
-pub use restore::{inspect, restore, restore_with, Margins, RestoreReport, SnapshotInfo};
+pub use restore::{facts, inspect, restore, restore_with, Margins, RestoreReport, SnapshotInfo};
 pub use take::{take_offline, write_snapshot_file, SnapshotSource};
 
 /// What a snapshot says about itself.

@@ -1,6 +1,7 @@
 //! How fast counters move: samples of every counter while the node runs
-//! (admin moves left out, [`AdminMoves`]) and the rates a backup records;
-//! and what a restore can tell the operator about a backup ([`facts`]).
+//! (admin moves left out, [`AdminMoves`]) and the rates a backup records
+//! (what a restore tells the operator of them is `restore.rs`'s
+//! [`facts`](super::facts)).
 //! Rates are information only: measured before the backup, they bound
 //! nothing issued after it, so no margin is derived from them.
 
@@ -9,7 +10,6 @@ use std::sync::Mutex;
 
 use redb::{ReadTransaction, ReadableTable};
 
-use super::SnapshotInfo;
 use crate::id::segment::TagRecord;
 use crate::store::embedded::{backend_err, HWM};
 use crate::store::format::counters::{CounterRecordBytes, FORMATS};
@@ -212,70 +212,6 @@ impl AdminMoves {
     }
 }
 
-/// What a restore knows about a snapshot, one line each, for the operator
-/// who states the margins: its age, the rates it recorded (information
-/// only: a rate measured before the backup bounds nothing issued after
-/// it), and each kind's highest counter with the room left above it. It
-/// never proposes a margin.
-pub fn facts(info: &SnapshotInfo, now_ms: u64) -> Vec<String> {
-    let age = std::time::Duration::from_secs(now_ms.saturating_sub(info.taken_at_ms) / 1000);
-    let taken = std::time::UNIX_EPOCH + std::time::Duration::from_millis(info.taken_at_ms);
-    let mut lines = vec![format!(
-        "taken {} ago ({})",
-        humantime::format_duration(age),
-        humantime::format_rfc3339_millis(taken)
-    )];
-    let mut moving: Vec<(&String, &f64)> = info
-        .rates
-        .iter()
-        .filter(|(k, r)| !k.starts_with("hwm/") && **r > 0.0)
-        .collect();
-    moving.sort_by(|x, y| y.1.total_cmp(x.1));
-    let rates = if !info.rates_known {
-        info.rates_note.clone()
-    } else if moving.is_empty() {
-        "no counter was moving".to_owned()
-    } else {
-        let top: Vec<String> = moving
-            .iter()
-            .take(5)
-            .map(|(k, r)| format!("{k} {r:.1}/s"))
-            .collect();
-        top.join(", ")
-    };
-    lines.push(format!(
-        "issue rates when it was taken (information only: they do not bound what was issued after it): {rates}"
-    ));
-    let kinds = [
-        ("segment", "tags", crate::id::segment::MAX_SEGMENT_ID),
-        ("lease", "token counters", crate::id::lease::MAX_SEQUENCE),
-        ("strict", "keys", crate::id::strict::MAX_VALUE),
-    ];
-    for (kind, what, max) in kinds {
-        let prefix = format!("{kind}/");
-        let values: Vec<u64> = info
-            .counters
-            .iter()
-            .filter(|(k, _)| k.starts_with(&prefix) && !k.ends_with("/*"))
-            .map(|(_, v)| *v)
-            .collect();
-        if let Some(highest) = values.iter().max() {
-            lines.push(format!(
-                "{kind}: {} {what}, the highest at {highest} (room for {} more above it)",
-                values.len(),
-                max.saturating_sub(*highest)
-            ));
-        }
-    }
-    if info.largest_step > 0 || info.lease_block > 0 {
-        lines.push(format!(
-            "one reservation: a segment range of up to {} IDs, a lease block of {} (a margin must cover what was handed out, and a reservation can be handed out in part)",
-            info.largest_step, info.lease_block
-        ));
-    }
-    lines
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,34 +277,6 @@ mod tests {
         // 200 IDs taken in 10 s; the raise of 1,000,000 is not counted.
         assert_eq!(rates.get("segment/orders").copied(), Some(20.0));
         assert_eq!(rates.get("segment/*").copied(), Some(20.0));
-    }
-
-    #[test]
-    fn facts_give_rates_as_information_and_never_a_margin() {
-        let info = SnapshotInfo {
-            taken_at_ms: 0,
-            layout: "L".into(),
-            rates_known: true,
-            rates_note: "measured".into(),
-            rates: BTreeMap::from([("lease/0/0".to_owned(), 30.0)]),
-            counters: Counters::from([("lease/0/0".to_owned(), 400)]),
-            largest_step: 0,
-            lease_block: 200,
-            floor: 0,
-            strict_floor: 0,
-            taken_after_loss: false,
-            mirror: false,
-            formatted_block: 0,
-            format_defs: Vec::new(),
-        };
-        let text = facts(&info, 100_000).join("\n");
-        assert!(text.contains("taken 1m 40s ago"), "{text}");
-        assert!(
-            text.contains("information only") && text.contains("lease/0/0 30.0/s"),
-            "{text}"
-        );
-        assert!(text.contains("the highest at 400"), "{text}");
-        assert!(!text.contains("--skip-ahead"), "{text}");
     }
 
     #[test]

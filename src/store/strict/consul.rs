@@ -3,48 +3,26 @@
 //! namespace's step, `strict-deleted/<namespace>/<key>` a tombstone.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::combine::{self, Combiner, Waiting};
+use super::combine::{self, parse_decimal, preview, Combiner, StrictKv, Waiting, STRICT_POLICY};
 use super::{StrictLimits, StrictStore};
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite, TxnOp};
 use crate::id::strict::StrictError;
 use crate::id::strict::{check_step, Namespace, StrictKey, Values};
 use crate::metrics as m;
-use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
-use crate::store::keys::ClusterKeys;
+use crate::store::cas::{compare_and_set, Attempt, CasWrite};
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::StoreError;
 
-/// How often a strict call that lost a compare-and-set race is tried in
-/// all, with jittered backoff growing to [`MAX_STRICT_BACKOFF`] (about
-/// 1.5 s at worst), before it fails with [`StoreError::Contended`].
-pub const MAX_STRICT_ATTEMPTS: u32 = 16;
-
-/// The longest pause between two attempts of a strict call.
-pub const MAX_STRICT_BACKOFF: Duration = Duration::from_millis(100);
-
 /// A random pause before attempt `attempt + 1`: full jitter over a cap
-/// that doubles from 5 ms up to [`MAX_STRICT_BACKOFF`] (the loop in
+/// that doubles from 5 ms up to [`super::MAX_STRICT_BACKOFF`] (the loop in
 /// `store/cas.rs` takes it from [`STRICT_POLICY`]; this names it for the
 /// test of the cap).
 #[cfg(test)]
-pub(super) fn backoff(attempt: u32) -> Duration {
+pub(super) fn backoff(attempt: u32) -> std::time::Duration {
     STRICT_POLICY.pause(attempt)
-}
-
-/// A stored counter or step: plain ASCII digits.
-pub(super) fn parse_decimal(bytes: &[u8]) -> Option<u64> {
-    std::str::from_utf8(bytes)
-        .ok()
-        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|s| s.parse().ok())
-}
-
-/// The first bytes of a bad stored value, for an error message.
-fn preview(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(&bytes[..bytes.len().min(40)]).into_owned()
 }
 
 /// Strict counters in Consul KV. Concurrent calls on this node are
@@ -52,16 +30,6 @@ fn preview(bytes: &[u8]) -> String {
 /// per txn.
 pub struct ConsulStrictStore {
     kv: Arc<StrictKv>,
-}
-
-/// What the store and its txn tasks share (not nameable outside
-/// `store::strict`).
-pub struct StrictKv {
-    pub(super) client: ConsulClient,
-    pub(super) keys: ClusterKeys,
-    pub(super) conflicts: metrics::Counter,
-    limits: StrictLimits,
-    pub(super) combiner: Combiner,
 }
 
 impl std::ops::Deref for ConsulStrictStore {
@@ -83,7 +51,7 @@ impl std::fmt::Debug for ConsulStrictStore {
 impl ConsulStrictStore {
     /// Counters under `keys`' `strict/` folder, steps under
     /// `strict-namespaces/`.
-    pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
+    pub fn new(client: ConsulClient, keys: ClusterPaths) -> Self {
         Self::with_limits(client, keys, StrictLimits::NONE)
     }
 
@@ -91,7 +59,7 @@ impl ConsulStrictStore {
     /// The limits are checked by listing before the creating write (Consul
     /// has no count a txn could check), so nodes creating keys at the same
     /// moment may overshoot them by a few.
-    pub fn with_limits(client: ConsulClient, keys: ClusterKeys, limits: StrictLimits) -> Self {
+    pub fn with_limits(client: ConsulClient, keys: ClusterPaths, limits: StrictLimits) -> Self {
         Self {
             kv: Arc::new(StrictKv {
                 client,
@@ -101,127 +69,6 @@ impl ConsulStrictStore {
                 combiner: Combiner::default(),
             }),
         }
-    }
-}
-
-impl StrictKv {
-    /// Refuses to create `key` past the limits: counts the live keys of
-    /// its namespace, and when it has none, the namespaces with live keys.
-    async fn check_limits(&self, key: &StrictKey) -> Result<(), StoreError> {
-        if self.limits == StrictLimits::NONE {
-            return Ok(());
-        }
-        let list = |dir: String| async move {
-            self.client
-                .kv_list(&dir, Consistency::Consistent)
-                .await
-                .map_err(|e| {
-                    StoreError::Backend(format!(
-                        "strict key {key}: cannot count the live keys under {dir} ({e}); retry"
-                    ))
-                })
-        };
-        let in_ns = list(self.keys.strict(&format!("{}/", key.namespace_str())))
-            .await?
-            .len() as u64;
-        let namespaces = if in_ns == 0 {
-            let dir = self.keys.strict("");
-            let all = list(dir.clone()).await?;
-            let names: std::collections::BTreeSet<&str> = all
-                .iter()
-                .filter_map(|e| e.key.strip_prefix(dir.as_str()))
-                .filter_map(|k| k.split('/').next())
-                .collect();
-            metrics::gauge!(m::STRICT_KEYS).set(all.len() as f64);
-            metrics::gauge!(m::STRICT_NAMESPACES).set(names.len() as f64);
-            names.len() as u64
-        } else {
-            0
-        };
-        self.limits.check(key, in_ns, namespaces)
-    }
-
-    /// A deleted key's last value and the tombstone's ModifyIndex; `(0, 0)`
-    /// if the key was never deleted.
-    async fn read_tombstone(&self, key: &StrictKey) -> Result<(u64, u64), StoreError> {
-        let kv_key = self.keys.strict_tombstone(key.as_str());
-        let (entry, _) = self
-            .client
-            .kv_get(&kv_key, Consistency::Consistent)
-            .await
-            .map_err(|e| {
-                StoreError::Backend(format!("strict key {key}: cannot read its tombstone: {e}"))
-            })?;
-        let Some(entry) = entry else {
-            return Ok((0, 0));
-        };
-        let value = parse_decimal(&entry.value).ok_or_else(|| {
-            StoreError::Backend(format!(
-                "strict key {key}: the tombstone in Consul key {kv_key} is not a decimal number ({:?}); restore it from a backup (never lower it: values would repeat)",
-                preview(&entry.value)
-            ))
-        })?;
-        Ok((value, entry.modify_index))
-    }
-
-    /// The txn op that fails the write if the tombstone moved since it
-    /// was read at `index` (0: it did not exist).
-    fn tombstone_unchanged(&self, key: &StrictKey, index: u64) -> TxnOp {
-        let key = self.keys.strict_tombstone(key.as_str());
-        if index == 0 {
-            TxnOp::CheckNotExists { key }
-        } else {
-            TxnOp::CheckIndex { key, index }
-        }
-    }
-
-    /// The value a batch on `key` (Consul key `kv_key`) starts from, the
-    /// ModifyIndex its `cas` expects, and for a key that is not live the
-    /// check that its tombstone does not move: always from a fresh read,
-    /// checked against what this node wrote there.
-    pub(super) async fn read_for_write(
-        &self,
-        key: &StrictKey,
-        kv_key: &str,
-    ) -> Result<(u64, u64, Option<TxnOp>), StoreError> {
-        let floor = self.keys.written().written(kv_key);
-        let (mut value, index) = self.read_counter(key).await?;
-        let mut tomb = None;
-        if index == 0 {
-            // Not live: this batch creates the key, above its tombstone,
-            // and only if no delete moved the tombstone meanwhile.
-            self.check_limits(key).await?;
-            let (last, tomb_index) = self.read_tombstone(key).await?;
-            value = last;
-            tomb = Some(self.tombstone_unchanged(key, tomb_index));
-        }
-        // The live counter, or the tombstone of a deleted key: below
-        // this node's own write, the store was rolled back.
-        self.keys
-            .written()
-            .check("strict", kv_key, floor, (0, value))?;
-        Ok((value, index, tomb))
-    }
-
-    async fn read_counter(&self, key: &StrictKey) -> Result<(u64, u64), StoreError> {
-        let kv_key = self.keys.strict(key.as_str());
-        let (entry, _) = self
-            .client
-            .kv_get(&kv_key, Consistency::Consistent)
-            .await
-            .map_err(|e| {
-                StoreError::Backend(format!("strict key {key}: cannot read its counter: {e}"))
-            })?;
-        let Some(entry) = entry else {
-            return Ok((0, 0));
-        };
-        let value = parse_decimal(&entry.value).ok_or_else(|| {
-            StoreError::Backend(format!(
-                "strict key {key}: the counter in Consul key {kv_key} is not a decimal number ({:?}); restore it from a backup (never lower it: values would repeat)",
-                preview(&entry.value)
-            ))
-        })?;
-        Ok((value, entry.modify_index))
     }
 }
 
@@ -397,13 +244,6 @@ impl StrictStore for ConsulStrictStore {
         Ok(out)
     }
 }
-
-/// The policy of strict calls: [`MAX_STRICT_ATTEMPTS`], pauses growing
-/// to [`MAX_STRICT_BACKOFF`].
-pub(super) const STRICT_POLICY: CasPolicy = CasPolicy {
-    attempts: MAX_STRICT_ATTEMPTS,
-    max_pause: MAX_STRICT_BACKOFF,
-};
 
 /// The admin delete of a live strict key: the counter goes and the
 /// tombstone (never lowered) takes its value, both or neither.

@@ -71,7 +71,8 @@ use redb::TableDefinition;
 use super::StoreError;
 use crate::id::strict::{Namespace, StrictKey, Values};
 
-pub use consul::{ConsulStrictStore, MAX_STRICT_ATTEMPTS, MAX_STRICT_BACKOFF};
+pub use combine::{MAX_STRICT_ATTEMPTS, MAX_STRICT_BACKOFF};
+pub use consul::ConsulStrictStore;
 pub use embedded::EmbeddedStrictStore;
 
 /// Strict counters and namespace steps.

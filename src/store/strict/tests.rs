@@ -4,7 +4,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::consul::{backoff, parse_decimal, parse_step};
+use super::combine::parse_decimal;
+use super::consul::{backoff, parse_step};
 use super::embedded::{apply_batch, Ask};
 use super::*;
 use crate::id::strict::{StrictError, MAX_VALUE};
@@ -301,7 +302,7 @@ async fn namespaces_with_live_keys_are_listed_on_consul() {
     let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
         .await
         .unwrap();
-    let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
+    let keys = crate::store::kv_paths::ClusterPaths::new("idgen", "test");
     let store = ConsulStrictStore::new(crate::store::test_consul_client(consul.addr()), keys);
     key_namespaces_are_listed(&store).await;
 }
@@ -363,7 +364,7 @@ async fn a_panicking_read_frees_its_key() {
     let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
         .await
         .unwrap();
-    let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
+    let keys = crate::store::kv_paths::ClusterPaths::new("idgen", "test");
     let store = ConsulStrictStore::new(crate::store::test_consul_client(consul.addr()), keys);
     let k = key(combine::PANICS_ON_FIRST_READ);
     let first = store.advance(&k, 1, 1).await;
@@ -394,7 +395,7 @@ async fn a_mark_that_keeps_moving_fails_the_call_after_a_bound() {
     let consul = consul_testserver::TestConsul::start(consul_testserver::Config::default())
         .await
         .unwrap();
-    let keys = crate::store::keys::ClusterKeys::new("idgen", "test");
+    let keys = crate::store::kv_paths::ClusterPaths::new("idgen", "test");
     let client = crate::store::test_consul_client(consul.addr());
     let mark = keys.hwm(crate::store::WorkerKey {
         datacenter: 0,

@@ -1,7 +1,6 @@
 //! Check digits: one Luhn digit, or two ISO 7064 MOD 97-10 digits (as in
 //! IBAN), over what precedes the check field.
 
-use super::render::push_num;
 use super::syntax::CheckKind;
 
 /// The check digits of `payload` (what precedes the check field). Luhn
@@ -50,6 +49,23 @@ pub(super) fn check_value(kind: CheckKind, payload: &[u8]) -> (u64, usize) {
             }
             (98 - (r % 97 * 100) % 97, 2)
         }
+    }
+}
+
+/// Writes `v` in decimal, zero-padded to `width` digits (rendering's
+/// numeric fields use it too).
+pub(super) fn push_num(out: &mut String, v: u64, width: usize) {
+    let mut buf = [b'0'; 20];
+    let mut i = buf.len();
+    let mut v = v;
+    while v > 0 {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    let start = buf.len() - width.max(buf.len() - i);
+    for &b in &buf[start..] {
+        out.push(b as char);
     }
 }
 

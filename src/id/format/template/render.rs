@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use super::check_digit::check_value;
+use super::check_digit::{check_value, push_num};
 use super::syntax::{Charset, Field, Part};
 use super::{Template, ALNUM};
 use crate::id::format::period::{PeriodError, Zone};
@@ -313,21 +313,6 @@ impl Template {
         let mut out = String::with_capacity(self.len);
         self.render_into(&mut out, time, counter, node, token, params)?;
         Ok(out)
-    }
-}
-
-pub(super) fn push_num(out: &mut String, v: u64, width: usize) {
-    let mut buf = [b'0'; 20];
-    let mut i = buf.len();
-    let mut v = v;
-    while v > 0 {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-    }
-    let start = buf.len() - width.max(buf.len() - i);
-    for &b in &buf[start..] {
-        out.push(b as char);
     }
 }
 

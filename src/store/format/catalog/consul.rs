@@ -7,7 +7,7 @@ use super::{
     check_creatable, decode, encode, live, DefChange, DefListing, FormatCatalogStore, StoredFormat,
 };
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::StoreError;
 
 /// How often an admin write that lost a compare-and-set race is tried.
@@ -16,12 +16,12 @@ const CAS_ATTEMPTS: u32 = 8;
 /// Format definitions in Consul KV.
 pub struct ConsulFormatCatalogStore {
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
 }
 
 impl ConsulFormatCatalogStore {
     /// Definitions under `keys`' `format-defs/` folder.
-    pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
+    pub fn new(client: ConsulClient, keys: ClusterPaths) -> Self {
         Self { client, keys }
     }
 
@@ -110,7 +110,7 @@ impl FormatCatalogStore for ConsulFormatCatalogStore {
 /// a node can tell cheaply that another node changed them.
 pub async fn consul_fingerprint(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
 ) -> Result<Vec<(String, u64)>, StoreError> {
     Ok(consul_fingerprint_after(client, keys, None).await?.0)
 }
@@ -120,7 +120,7 @@ pub async fn consul_fingerprint(
 /// the index to wait on next.
 pub async fn consul_fingerprint_after(
     client: &ConsulClient,
-    keys: &ClusterKeys,
+    keys: &ClusterPaths,
     wait: Option<(u64, std::time::Duration)>,
 ) -> Result<(Vec<(String, u64)>, u64), StoreError> {
     let (entries, index) = client

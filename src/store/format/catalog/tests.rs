@@ -1,7 +1,7 @@
 use super::*;
 use crate::id::format::FormatError;
 use crate::id::format::Reset;
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::EmbeddedStore;
 
 fn record(name: &str, template: &str) -> StoredFormat {
@@ -114,7 +114,7 @@ async fn consul_definitions_are_shared_and_tombstones_final() {
         .await
         .unwrap();
     let client = || crate::store::test_consul_client(consul.addr());
-    let keys = ClusterKeys::new("idgen", "test");
+    let keys = ClusterPaths::new("idgen", "test");
     let store = ConsulFormatCatalogStore::new(client(), keys.clone());
     let before = consul_fingerprint(&client(), &keys).await.unwrap();
     contract(&store).await;

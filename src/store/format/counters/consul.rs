@@ -14,7 +14,7 @@ use super::{
 use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp};
 use crate::id::format::CounterRecord;
 use crate::store::cas::{compare_and_set, Attempt, CasPolicy, CasWrite};
-use crate::store::keys::ClusterKeys;
+use crate::store::kv_paths::ClusterPaths;
 use crate::store::StoreError;
 
 /// all (jittered backoff growing to 160 ms).
@@ -23,7 +23,7 @@ pub const MAX_CAS_ATTEMPTS: u32 = 32;
 /// Formatted-mode counters in Consul KV.
 pub struct ConsulFormatCounterStore {
     client: ConsulClient,
-    keys: ClusterKeys,
+    keys: ClusterPaths,
     /// The floor of the last `idgen admin skip-ahead` (`None`: none ran)
     /// and its record's ModifyIndex (0: absent), as last read; every
     /// reservation checks the record is unchanged in the same txn, and a
@@ -33,7 +33,7 @@ pub struct ConsulFormatCounterStore {
 
 impl ConsulFormatCounterStore {
     /// Records under `keys`' `formats/` folder.
-    pub fn new(client: ConsulClient, keys: ClusterKeys) -> Self {
+    pub fn new(client: ConsulClient, keys: ClusterPaths) -> Self {
         Self {
             client,
             keys,
@@ -61,7 +61,7 @@ impl ConsulFormatCounterStore {
         let read = match entry {
             None => (None, 0),
             Some(e) => {
-                let r = crate::store::skip_ahead::SkipAheadRecord::decode(&key, &e.value)?;
+                let r = crate::store::regression::SkipAheadRecord::decode(&key, &e.value)?;
                 let floor = RestoreFloor {
                     until_ms: r.until_ms,
                     floor: r.floor,

@@ -1,10 +1,10 @@
-//! Where a cluster's keys live in Consul KV ([`ClusterKeys`]: every key
-//! path of every mode, and what this node wrote under them), and what a
+//! Where a cluster's records live in Consul KV ([`ClusterPaths`]: every
+//! KV path of every mode, and what this node wrote under them), and what a
 //! lock's value says about its holder ([`OwnerInfo`]). The stores that
 //! read and write these keys are in each mode's folder
 //! (`store/<mode>/consul.rs`); high-water marks in [`crate::store::hwm`].
 //!
-//! Key layout under `<prefix>/<cluster>/` (docs/CONSUL.md has the full
+//! KV path layout under `<prefix>/<cluster>/` (docs/CONSUL.md has the full
 //! table): `workers/<dc>/<worker>` (the lock, holding [`OwnerInfo`]) and
 //! `hwm/<dc>/<worker>` (decimal Unix ms). The lock itself, and how a node
 //! fences, is [`crate::cluster::worker_lock`].
@@ -15,14 +15,14 @@ use serde::{Deserialize, Serialize};
 
 use super::cluster_index::ClusterIndex;
 use super::regression::WrittenValues;
-use super::{StoreError, WorkerKey};
-use crate::consul::{Consistency, ConsulClient, ConsulError, TxnError, TxnOp};
+use super::{store_err, StoreError, WorkerKey};
+use crate::consul::{Consistency, ConsulClient, TxnError, TxnOp};
 
-/// Where a cluster's keys live: `<prefix>/<cluster>/...`, and what this
+/// Where a cluster's KV paths live: `<prefix>/<cluster>/...`, and what this
 /// node wrote under them ([`WrittenValues`]: every store built from clones
-/// of one `ClusterKeys` shares it).
+/// of one `ClusterPaths` shares it).
 #[derive(Debug, Clone)]
-pub struct ClusterKeys {
+pub struct ClusterPaths {
     root: String,
     written: Arc<WrittenValues>,
     /// The highest Consul index this node saw under `root/`.
@@ -33,16 +33,16 @@ pub struct ClusterKeys {
     mark: Arc<Mutex<Option<(String, u64)>>>,
 }
 
-/// Two `ClusterKeys` are equal when they name the same keys.
-impl PartialEq for ClusterKeys {
+/// Two `ClusterPaths` are equal when they name the same keys.
+impl PartialEq for ClusterPaths {
     fn eq(&self, other: &Self) -> bool {
         self.root == other.root
     }
 }
 
-impl Eq for ClusterKeys {}
+impl Eq for ClusterPaths {}
 
-impl ClusterKeys {
+impl ClusterPaths {
     /// Keys under `<prefix>/<cluster>/`. Both must be `[a-z0-9_-]+`
     /// (prefix may contain `/`), checked by config.
     pub fn new(prefix: &str, cluster: &str) -> Self {
@@ -328,18 +328,13 @@ pub struct OwnerInfo {
     pub since_ms: u64,
 }
 
-/// A Consul failure as a store failure.
-pub(crate) fn store_err(e: ConsulError) -> StoreError {
-    StoreError::Backend(e.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn keys_follow_the_documented_layout() {
-        let k = ClusterKeys::new("idgen/", "prod");
+        let k = ClusterPaths::new("idgen/", "prod");
         let w = WorkerKey {
             datacenter: 2,
             worker: 7,

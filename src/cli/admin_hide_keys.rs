@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use idgen::proto;
 
-use super::admin::{failed, Client, Out};
 use super::args::KeysCommand;
+use super::client::{failed, Client, Out};
 
 /// Runs one `admin keys` command.
 pub async fn run(c: &mut Client, cmd: &KeysCommand) -> anyhow::Result<Out> {
