@@ -109,7 +109,7 @@ pub enum Error {
 
 /// A refusal by a mode's rules. Stores find many of them in the same
 /// transaction that would write (a tag that exists, a counter used up),
-/// so they return them inside [`StoreError`]; converting to [`Error`]
+/// so they return them inside [`StoreError`]; converting to [`enum@Error`]
 /// takes them out, so a front end sees one shape whoever refused.
 #[derive(Debug, Error)]
 pub enum Refusal {

@@ -342,7 +342,7 @@ impl Issuer {
 
     /// Splits an ID of format `name` into its fields (`ParseFormatted`),
     /// after learning the format if another node defined it moments ago
-    /// ([`learn_format`](Self::learn_format)), as issuing does.
+    /// (`learn_format`), as issuing does.
     pub async fn parse_formatted(
         &self,
         name: &str,

@@ -5,7 +5,7 @@
 //! a write its store acknowledged. Each mode's folder (`hwm/`, `segment/`,
 //! `lease/`, `strict/`, `format/`) holds its trait in `mod.rs`, the redb
 //! impl in `embedded.rs` (the state file, [`embedded`]: one node) and the
-//! Consul KV impl in `consul.rs` (keys in [`keys`], written through the
+//! Consul KV impl in `consul.rs` (KV paths in [`kv_paths`], written through the
 //! compare-and-set loop in [`cas`] only while this node holds its worker
 //! lock).
 
