@@ -304,7 +304,7 @@ pub struct GenArgs {
     /// 10,000 by default).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch: u32,
-    /// Mode: snowflake, segment, lease or strict.
+    /// Mode: snowflake, segment, lease or strict (UUIDv7: --uuid or --ulid).
     #[arg(long, default_value = "snowflake")]
     pub mode: String,
     /// Tag (segment) or key (strict).
