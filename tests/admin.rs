@@ -1031,7 +1031,7 @@ async fn the_cli_manages_tags_and_steps_and_fails_on_a_wrong_token() {
     assert!(!ok_ && out.contains("INVALID_ARGUMENT"), "{out}");
     let (ok_, out) = cli(&["--token", TOKEN, "release", "--kind", "disk", "--id", "1"]);
     assert!(
-        !ok_ && out.contains("use worker, token or format-token"),
+        !ok_ && out.contains("use worker, lease-token or format-token"),
         "{out}"
     );
 }
