@@ -22,7 +22,7 @@ pub async fn run(a: DecodeArgs) -> anyhow::Result<()> {
             return uuid(&a).await;
         }
         bail!(
-            "{:?} is neither a decimal 64-bit unsigned integer nor a UUID (8-4-4-4-12, 32 hex digits or a 26-character ULID)",
+            "{:?} is not a decimal 64-bit unsigned integer, nor a UUID (8-4-4-4-12, 32 hex digits or a 26-character ULID)",
             a.id
         );
     };
