@@ -532,7 +532,7 @@ impl Issuer {
     }
 
     /// Splits UUID text (canonical, 32 hex digits or ULID) into its parts
-    /// under this node's layout (`DecodeUuid`, `/v1/decode/uuid`).
+    /// under this node's layout (`DecodeUuid`, `/v1/uuid/decode`).
     pub fn decode_uuid(&self, text: &str) -> Result<self::uuid::DecodedUuid, Error> {
         self::uuid::decode(&self.layout, text)
     }

@@ -1,5 +1,5 @@
 //! UUIDv7 serving: positions from the snowflake generator the gate holds
-//! ([`Snowflake::reserve_uuids`]), composed under the node's
+//! ([`crate::id::Snowflake::reserve_uuids`]), composed under the node's
 //! [`UuidLayout`] with fresh random bits from a per-thread CSPRNG.
 //!
 //! # The random bits
@@ -21,7 +21,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use super::gate::IssueGate;
 use crate::error::Error;
 use crate::id::uuid::{Uuid, UuidLayout};
-use crate::id::{Clock, GenError, Snowflake, UuidReservation};
+use crate::id::{Clock, GenError};
 use crate::metrics as m;
 
 /// Blocks drawn from one key before a new one is drawn.
@@ -126,7 +126,9 @@ impl UuidEngine {
         let started = Instant::now();
         while out.len() < count {
             let want = (count - out.len()) as u64;
-            match self.reserve(&generator, want) {
+            // A failing random source is its own error, never "closed".
+            let offset = with_random(|random| random())?;
+            match generator.reserve_uuids(self.clock.now_micros(), want, offset) {
                 Ok(r) => with_random(|random| {
                     for c in r.counters() {
                         out.push(layout.compose(r.unix_ms, c, node, random()?));
@@ -147,14 +149,9 @@ impl UuidEngine {
         self.issued.increment(count as u64);
         Ok(out)
     }
-
-    fn reserve(&self, generator: &Snowflake, want: u64) -> Result<UuidReservation, GenError> {
-        let offset = with_random(|random| random()).map_err(|_| GenError::Closed)?;
-        generator.reserve_uuids(self.clock.now_micros(), want, offset)
-    }
 }
 
-/// A UUID split into its parts, for `DecodeUuid` and `/v1/decode/uuid`.
+/// A UUID split into its parts, for `DecodeUuid` and `/v1/uuid/decode`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DecodedUuid {
     /// Canonical lowercase text.
@@ -197,7 +194,7 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
-    use crate::id::{ManualClock, Preset, StartPlan, DEFAULT_EPOCH_MS};
+    use crate::id::{ManualClock, Preset, Snowflake, StartPlan, DEFAULT_EPOCH_MS};
 
     const T0: u64 = DEFAULT_EPOCH_MS + 10_000_000;
 
