@@ -820,7 +820,7 @@ async fn format_counters_show_their_period_and_scoped_ones_their_count() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(with_token(dir.path())).await;
     let defs = [
-        json!({"name": "daily", "template": "D{yyyy}{MM}{dd}{seq:6}", "reset": "day", "zone": "Asia/Shanghai"}),
+        json!({"name": "daily", "template": "D{yyyy}{MM}{dd}{seq:6}", "reset": "day", "time_zone": "Asia/Shanghai"}),
         json!({"name": "shops", "template": "S{param:shop:3:digits}{seq:6}", "scope_params": ["shop"]}),
     ];
     for def in defs {

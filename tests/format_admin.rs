@@ -125,9 +125,9 @@ async fn only_updates_that_keep_the_rendering_pass(
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().contains("template"), "{refused:?}");
     let mut zone = orders();
-    zone.zone = "UTC".into();
+    zone.time_zone = "UTC".into();
     let refused = a.update_format(update(&zone)).await.unwrap_err();
-    assert!(refused.message().contains("zone"), "{refused:?}");
+    assert!(refused.message().contains("time_zone"), "{refused:?}");
     // A smaller max is refused like any change to the rendering.
     let mut smaller = orders();
     smaller.max = Some(500_000);

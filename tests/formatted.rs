@@ -440,7 +440,7 @@ block = 20
 [[formats]]
 name = "orders"
 template = "{yyyy}{MM}{dd}{param:biz:2:digits}{seq:8}"
-zone = "Asia/Shanghai"
+time_zone = "Asia/Shanghai"
 reset = "day"
 
 [[formats]]

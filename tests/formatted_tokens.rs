@@ -448,13 +448,13 @@ async fn consul_restarts_before_and_after_midnight_never_repeat() {
 [[formats]]
 name = "orders"
 template = "{yyyy}{MM}{dd}{seq:6}"
-zone = "Asia/Shanghai"
+time_zone = "Asia/Shanghai"
 reset = "day"
 
 [[formats]]
 name = "tok"
 template = "{yyyy}{MM}{dd}{token:2:alnum}{seq:6}"
-zone = "Asia/Shanghai"
+time_zone = "Asia/Shanghai"
 reset = "day"
 "#;
     let set = [("formatted", "block", "100")];
@@ -515,7 +515,7 @@ const KILL_FORMATS: &str = r#"
 [[formats]]
 name = "orders"
 template = "{yyyy}{MM}{dd}{param:biz:2:digits}{seq:8}"
-zone = "Asia/Shanghai"
+time_zone = "Asia/Shanghai"
 reset = "day"
 
 [[formats]]

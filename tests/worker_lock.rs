@@ -266,3 +266,63 @@ async fn hwm_writes_with_unknown_outcome_are_reread_before_the_next() {
     lease.release().await.unwrap();
     consul.shutdown().await;
 }
+
+/// A restore that takes a node's own mark back below what it wrote (the
+/// value written by hand here, as a snapshot restore would put it back) is
+/// reported once, as the cluster regression record, and the node goes on
+/// from its own write rather than refusing: its next write puts the mark
+/// back above it. Before, every later read refused and reported again, so
+/// the record came back after a skip-ahead deleted it (a skip-ahead run
+/// moving the marks after that node's retry), stopping the cluster until
+/// another run.
+#[tokio::test]
+async fn a_mark_rolled_back_under_its_node_is_reported_once_and_rewritten_above_its_write() {
+    let consul = server().await;
+    let lease = claim(&consul, "a", 31).await.unwrap();
+    let key = lease.key();
+    let store = ConsulHwmStore::new(client(&consul), keys(), lease.session());
+    store.store_hwm(key, 10_000).await.unwrap();
+    let raw = client(&consul);
+    let hwm_key = format!("idgen/test/hwm/0/{}", key.worker);
+    raw.kv_put(&hwm_key, b"5000", idgen::consul::KvWrite::Set)
+        .await
+        .unwrap();
+
+    // Read at a restart of the keeper (the supervisor's path after the
+    // fenced write): the node's own write, never the rolled-back value.
+    assert_eq!(store.load_hwm(key).await.unwrap(), Some(10_000));
+    store.store_hwm(key, 12_000).await.unwrap();
+    // The detection was written as the cluster record (by the next
+    // refresh, which every mark read and write does).
+    store.load_hwm(key).await.unwrap();
+    let record = "idgen/test/regression";
+    let (found, _) = raw
+        .kv_get(record, idgen::consul::Consistency::Consistent)
+        .await
+        .unwrap();
+    let found = found.expect("the rollback was recorded");
+    let text = String::from_utf8_lossy(&found.value).to_string();
+    assert!(text.contains(&hwm_key) && text.contains("5000"), "{text}");
+
+    // A skip-ahead deletes the record; the node goes on and never writes
+    // it again, its mark being above its write since.
+    raw.kv_delete(record, None).await.unwrap();
+    for mark in [13_000, 14_000, 15_000] {
+        assert_eq!(store.load_hwm(key).await.unwrap(), Some(mark - 1_000));
+        store.store_hwm(key, mark).await.unwrap();
+    }
+    let (again, _) = raw
+        .kv_get(record, idgen::consul::Consistency::Consistent)
+        .await
+        .unwrap();
+    assert!(again.is_none(), "the record came back: {again:?}");
+    let stored = raw
+        .kv_get(&hwm_key, idgen::consul::Consistency::Consistent)
+        .await
+        .unwrap()
+        .0
+        .map(|e| String::from_utf8_lossy(&e.value).to_string());
+    assert_eq!(stored.as_deref(), Some("15000"));
+    lease.release().await.unwrap();
+    consul.shutdown().await;
+}

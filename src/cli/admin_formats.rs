@@ -94,7 +94,9 @@ fn definition(a: &FormatDefArgs) -> anyhow::Result<String> {
     };
     set("lua", lua.map(Value::from));
     set("preset", a.preset.clone().map(Value::from));
-    set("zone", a.zone.clone().map(Value::from));
+    // Sent under the key every release reads (a newer node also reads
+    // `time_zone`).
+    set("zone", a.time_zone.clone().map(Value::from));
     set("reset", a.reset.clone().map(Value::from));
     set("min", a.min.map(Value::from));
     set("max", a.max.map(Value::from));

@@ -636,9 +636,9 @@ pub struct FormatDefArgs {
     /// Preset: uniq64 or idc.
     #[arg(long)]
     pub preset: Option<String>,
-    /// IANA time zone, e.g. Asia/Shanghai.
-    #[arg(long)]
-    pub zone: Option<String>,
+    /// IANA time zone, e.g. Asia/Shanghai (`--zone` is the older name).
+    #[arg(long = "time-zone", alias = "zone")]
+    pub time_zone: Option<String>,
     /// Reset period: never, hour, day, month, year, or seconds (e.g. 600s).
     #[arg(long)]
     pub reset: Option<String>,

@@ -465,7 +465,7 @@ async fn format_list(issuer: std::sync::Arc<crate::modes::Issuer>, who: String) 
             "definition": def,
             "scope": f.scope(),
             "scope_params": def.scope_params,
-            "zone": f.zone().name(),
+            "time_zone": f.time_zone().name(),
             "reset": format!("{:?}", f.reset()).to_lowercase(),
             "numeric": f.numeric(),
             "counter": {"min": counter.min.to_string(), "max": counter.max.to_string(), "step": counter.step},

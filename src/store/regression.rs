@@ -270,8 +270,18 @@ impl WrittenValues {
                 .map_or(0, |d| d.as_millis() as u64),
         };
         // This node refuses at once; the record is written by the next
-        // refresh (the next mark renewal, about one renew interval).
-        self.set_cluster(Some(record.clone()));
+        // refresh (the next mark renewal, about one renew interval). A
+        // record this node already knows of stands for this detection too:
+        // queued again, it could be written after a skip-ahead running now
+        // deleted the known one, and stop the cluster until another run.
+        // If the known one is already gone, this node still refuses until
+        // its next read says so, and then detects again.
+        let mut cluster = self.cluster();
+        if cluster.is_some() {
+            return;
+        }
+        *cluster = Some(record.clone());
+        drop(cluster);
         let mut pending = self.pending();
         if pending.is_none() {
             *pending = Some(record);
@@ -391,6 +401,44 @@ mod tests {
             "a missing key"
         );
         assert_eq!(w.floors("f").len(), 1);
+    }
+
+    /// A detection made while this node knows of a record queues none:
+    /// queued, it would be written after a skip-ahead running meanwhile
+    /// deleted the known one (the run moves the key detected only later
+    /// in its pass), and stop the cluster until another run.
+    #[test]
+    fn a_detection_while_a_record_is_known_queues_no_second_record() {
+        let w = WrittenValues::default();
+        let client = crate::consul::ConsulClient::new(crate::consul::ConsulConfig {
+            address: "http://127.0.0.1:9".into(),
+            ..crate::consul::ConsulConfig::default()
+        })
+        .expect("a client; nothing is sent");
+        w.attach(&client, "idgen/test/regression".into(), "0/1".into());
+        w.wrote("idgen/test/hwm/0/1", (0, 500));
+        let known = RegressionRecord {
+            node: "0/0".into(),
+            key: "idgen/test/".into(),
+            stored: "index 3".into(),
+            wrote: "index 9".into(),
+            at_ms: 1,
+        };
+        w.set_cluster(Some(known.clone()));
+        let floor = w.written("idgen/test/hwm/0/1");
+        assert!(w
+            .check("hwm", "idgen/test/hwm/0/1", floor, (0, 400))
+            .is_err());
+        assert!(w.pending().is_none(), "a second record was queued");
+        assert_eq!(w.cluster().as_ref(), Some(&known), "the known one stays");
+        // With none known, the same detection is queued and refuses here.
+        w.set_cluster(None);
+        assert!(w
+            .check("hwm", "idgen/test/hwm/0/1", floor, (0, 400))
+            .is_err());
+        let queued = w.pending().clone().map(|r| r.key);
+        assert_eq!(queued.as_deref(), Some("idgen/test/hwm/0/1"));
+        assert!(w.has_record());
     }
 
     #[test]

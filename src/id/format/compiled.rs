@@ -97,7 +97,7 @@ impl Format {
                 version: def.version,
             });
         }
-        let zone = Zone::get(&def.zone)?;
+        let zone = Zone::get(&def.time_zone)?;
         check_common_fields(&def)?;
         let (kind, reset, min, max) = match (&def.template, &def.lua, def.preset) {
             (Some(src), _, _) => compile_template(&def, src)?,
@@ -155,8 +155,8 @@ impl Format {
         &self.def.name
     }
 
-    /// The zone.
-    pub fn zone(&self) -> &Zone {
+    /// The IANA time zone its periods and time fields are in.
+    pub fn time_zone(&self) -> &Zone {
         &self.zone
     }
 

@@ -11,7 +11,7 @@ fn default_version() -> u32 {
     FORMAT_DEF_VERSION
 }
 
-fn default_zone() -> String {
+fn default_time_zone() -> String {
     "UTC".to_owned()
 }
 
@@ -38,9 +38,13 @@ pub struct FormatDef {
     /// A preset: `uniq64` or `idc`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<PresetName>,
-    /// IANA time zone the time fields and periods are in.
-    #[serde(default = "default_zone")]
-    pub zone: String,
+    /// IANA time zone the time fields and periods are in. Read as
+    /// `time_zone` or, as before, `zone`; stored and shown as `zone` for
+    /// one more release, so that nodes of the release before (which
+    /// refuse unknown keys in a stored definition) still read what a
+    /// newer node stored during a rolling upgrade.
+    #[serde(rename = "zone", alias = "time_zone", default = "default_time_zone")]
+    pub time_zone: String,
     /// When the counter restarts. Templates: default `never`. Lua rules
     /// set it with `reset_seconds()`; presets have their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,14 +88,14 @@ pub struct FormatDef {
 
 impl FormatDef {
     /// A template definition with defaults.
-    pub fn template(name: &str, template: &str, zone: &str, reset: Reset) -> FormatDef {
+    pub fn template(name: &str, template: &str, time_zone: &str, reset: Reset) -> FormatDef {
         FormatDef {
             version: FORMAT_DEF_VERSION,
             name: name.to_owned(),
             template: Some(template.to_owned()),
             lua: None,
             preset: None,
-            zone: zone.to_owned(),
+            time_zone: time_zone.to_owned(),
             reset: Some(reset),
             min: None,
             max: None,
@@ -109,7 +113,7 @@ impl FormatDef {
     /// at `now_ms` when not given. Call once, when the format is created.
     pub fn stamped(mut self, now_ms: i64) -> Result<FormatDef, FormatError> {
         if self.origin_year.is_none() {
-            let zone = Zone::get(&self.zone)?;
+            let zone = Zone::get(&self.time_zone)?;
             self.origin_year = Some(i32::from(zone.civil(now_ms)?.year()));
         }
         Ok(self)
@@ -121,7 +125,7 @@ impl FormatDef {
         let source = self.lua.as_deref()?;
         Some(super::check_key(
             source,
-            &self.zone,
+            &self.time_zone,
             self.length,
             self.step,
             limits,
@@ -137,7 +141,7 @@ impl FormatDef {
     /// ID a counter value becomes, or which period it belongs to, so a
     /// change could render an ID already handed out: the Lua code (the
     /// rule's bounds and period come from it), template, preset, kind,
-    /// zone, reset, min, a smaller max, step, scope parameters, length,
+    /// time zone, reset, min, a smaller max, step, scope parameters, length,
     /// origin year and name. Effective values are compared (a template's
     /// `max` left out is its field's widest), so restating a default is
     /// not a change.
@@ -150,7 +154,7 @@ impl FormatDef {
             template,
             lua,
             preset,
-            zone,
+            time_zone,
             reset,
             min,
             max: _,
@@ -187,7 +191,8 @@ impl FormatDef {
         )?;
         frozen("preset", &self.preset != preset, both(&self.preset, preset))?;
         self.check_hide_update(*hide, hide_key.is_some(), new.hide_key_id())?;
-        frozen("zone", &self.zone != zone, both(&self.zone, zone))?;
+        let tz = (&self.time_zone, time_zone);
+        frozen("time_zone", tz.0 != tz.1, both(tz.0, tz.1))?;
         let reset_of = |r: &Option<Reset>| r.unwrap_or(Reset::Never);
         frozen(
             "reset",

@@ -120,9 +120,9 @@ pub enum FormatError {
         /// Why.
         source: TemplateError,
     },
-    /// The zone's wall clock goes back across a period boundary (a DST
+    /// The time zone's wall clock goes back across a period boundary (a DST
     /// fall-back under periods shorter than the shift).
-    #[error("format {format:?}: zone {zone} turns its wall clock back {back_s} s at {at} (a DST or offset change), across a boundary of its {reset} periods; periods are cut on the zone's wall clock, so its counter would be held in one period for that long. Use zone \"UTC\" (Unix-second fields such as {{unix_s}} render the same in any zone), or a reset the change stays inside (hour or longer for a one-hour DST shift)")]
+    #[error("format {format:?}: time zone {zone} turns its wall clock back {back_s} s at {at} (a DST or offset change), across a boundary of its {reset} periods; periods are cut on the time zone's wall clock, so its counter would be held in one period for that long. Use time_zone \"UTC\" (Unix-second fields such as {{unix_s}} render the same in any time zone), or a reset the change stays inside (hour or longer for a one-hour DST shift)")]
     ClockGoesBack {
         /// The format.
         format: String,

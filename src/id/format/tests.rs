@@ -94,9 +94,24 @@ fn definitions_round_trip_through_json_and_toml() {
     assert_eq!(toml::from_str::<FormatDef>(&toml_text).unwrap(), def);
     let minimal: FormatDef = toml::from_str("name = \"x\"\ntemplate = \"{seq:4}\"\n").unwrap();
     assert_eq!(
-        (minimal.version, minimal.zone.as_str(), minimal.step),
+        (minimal.version, minimal.time_zone.as_str(), minimal.step),
         (1, "UTC", 1)
     );
+    // The time zone is read as `time_zone` or, as every earlier release
+    // wrote it, `zone`; it is stored as `zone` for one more release, so a
+    // node of the release before (which refuses unknown keys in a stored
+    // definition) reads what this one stores during a rolling upgrade.
+    let old: FormatDef = serde_json::from_str(
+        r#"{"version":1,"name":"o","template":"{yyyy}{seq:4}","zone":"Asia/Shanghai","reset":"year"}"#,
+    )
+    .unwrap();
+    let new: FormatDef =
+        toml::from_str("name = \"o\"\ntemplate = \"{yyyy}{seq:4}\"\ntime_zone = \"Asia/Shanghai\"\nreset = \"year\"\n")
+            .unwrap();
+    assert_eq!((old.time_zone.as_str(), &old), ("Asia/Shanghai", &new));
+    let stored = serde_json::to_value(&new).unwrap();
+    assert_eq!(stored["zone"], "Asia/Shanghai", "{stored}");
+    assert!(stored.get("time_zone").is_none(), "{stored}");
     assert!(toml::from_str::<FormatDef>("name = \"x\"\ntemplat = \"{seq:4}\"\n").is_err());
     let lua: FormatDef =
         toml::from_str("name = \"o2o\"\nlua = \"...\"\nreset = \"900s\"\n").unwrap();
@@ -132,7 +147,7 @@ fn definitions_with_a_bad_name_a_future_version_or_an_unknown_zone_are_refused()
     ));
     assert!(matches!(
         compile_err(FormatDef {
-            zone: "Europe/Nowhere".into(),
+            time_zone: "Europe/Nowhere".into(),
             ..base.clone()
         }),
         FormatError::Period(PeriodError::UnknownZone(_))
@@ -291,7 +306,7 @@ fn a_formats_rendering_is_frozen_field_by_field() {
             |d| d.template = Some("X{yyyy}{MM}{dd}{seq:4}".into()),
             "template",
         ),
-        (|d| d.zone = "Asia/Shanghai".into(), "zone"),
+        (|d| d.time_zone = "Asia/Shanghai".into(), "time_zone"),
         (|d| d.reset = Some(Reset::Hour), "reset"),
         (|d| d.min = Some(1), "min"),
         (|d| d.max = Some(4999), "max"),

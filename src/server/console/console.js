@@ -420,7 +420,7 @@ function counterNow(f) {
   let text = "last " + c.last + " (period " + c.period_label + ")";
   if (c.format_token) text += ", format_token " + c.format_token;
   const e = el("span", text);
-  e.title = "stored period key " + c.period + " (seconds of " + f.zone + " wall time since 1970-01-01)";
+  e.title = "stored period key " + c.period + " (seconds of " + f.time_zone + " wall time since 1970-01-01)";
   return e;
 }
 
@@ -444,7 +444,7 @@ function formatRow(f) {
   actions.appendChild(button("Edit", "edit-format", () => editFormat(f)));
   actions.appendChild(button("Delete", "delete-format danger", () => deleteFormat(f.name)));
   const range = f.counter.min + ".." + f.counter.max + " step " + f.counter.step;
-  const tr = row([f.name, f.kind, el("code", text), f.scope, f.zone, f.reset, range, counterNow(f), actions]);
+  const tr = row([f.name, f.kind, el("code", text), f.scope, f.time_zone, f.reset, range, counterNow(f), actions]);
   tr.dataset.format = f.name;
   tr.classList.add("format");
   return tr;

@@ -10,6 +10,7 @@ use super::HwmStore;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::store::cluster_layout::LayoutGuard;
 use crate::store::kv_paths::ClusterPaths;
+use crate::store::regression::Level;
 use crate::store::{store_err, StoreError, WorkerKey};
 
 /// High-water marks in Consul KV, written only while the worker lock is
@@ -73,11 +74,9 @@ impl ConsulHwmStore {
             .await
             .map_err(store_err)?;
         let Some(entry) = entry else {
-            self.keys
-                .written()
-                .check("hwm", &hwm_key, floor, (i64::MIN, 0))?;
+            let own = self.own_mark(&hwm_key, floor, (i64::MIN, 0))?;
             self.known().insert(key, 0);
-            return Ok((None, 0));
+            return Ok((own, 0));
         };
         let text = String::from_utf8_lossy(&entry.value);
         let value = text.trim().parse().map_err(|_| {
@@ -86,13 +85,35 @@ impl ConsulHwmStore {
                 entry.key
             ))
         })?;
-        // A mark below this node's own write: the store was rolled back.
-        self.keys
-            .written()
-            .check("hwm", &hwm_key, floor, (0, value))?;
+        let value = self
+            .own_mark(&hwm_key, floor, (0, value))?
+            .map_or(value, |own| own.max(value));
         self.known().insert(key, entry.modify_index);
         self.keys.mark_at(&hwm_key, entry.modify_index);
         Ok((Some(value), entry.modify_index))
+    }
+
+    /// Checks a mark read as `stored` against `floor`, what this node
+    /// wrote there. Below it, the store was rolled back (a snapshot
+    /// restore): that is reported once, as every regression is (the
+    /// cluster record then stops the counter modes until a skip-ahead),
+    /// and the node's own write is the mark from then on. Only this node
+    /// writes this key and every ID it issued is below what it wrote, so
+    /// starting above that is exactly as safe as before the restore; the
+    /// next write puts the mark back above it. Refusing instead would keep
+    /// snowflake down, and would report again at every retry, rewriting
+    /// the record a skip-ahead running meanwhile deletes.
+    fn own_mark(
+        &self,
+        hwm_key: &str,
+        floor: Option<Level>,
+        stored: Level,
+    ) -> Result<Option<u64>, StoreError> {
+        match self.keys.written().check("hwm", hwm_key, floor, stored) {
+            Ok(()) => Ok(None),
+            Err(StoreError::Regressed { .. }) => Ok(floor.map(|(_, wrote)| wrote)),
+            Err(e) => Err(e),
+        }
     }
 }
 #[async_trait]
