@@ -298,7 +298,7 @@ fn tls_config(tls: &Value) -> Result<TlsConfig, Failure> {
 /// `next`: `count` IDs from the prefetching API, stopping at the first error.
 async fn next(c: &Client, req: &Value) -> Answer {
     let (mode, tag, count) = (mode(req)?, text(req, "tag")?, count(req)?);
-    let mut ids = Vec::with_capacity(count as usize);
+    let mut ids: Vec<String> = Vec::with_capacity(count as usize);
     for _ in 0..count {
         match c.next_id(mode, &tag).await {
             Ok(id) => ids.push(id.to_string()),

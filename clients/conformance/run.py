@@ -616,10 +616,12 @@ def run_scenario(args, lang, argv, lang_env, sc):
                 timer.join()
                 timer = None
             check(fixture.resolve(step.get("expect", {}), st["vars"]), answer, elapsed, st)
+        step_no = "final"
         final_checks(sc.get("final", {}), st)
         return True, ""
     except Fail as e:
-        where = f"step {step_no}: " if step_no else "fixture: "
+        where = "fixture: " if not step_no else (
+            "after the last step: " if step_no == "final" else f"step {step_no}: ")
         return False, where + str(e)
     finally:
         if driver:
@@ -688,7 +690,9 @@ def build_drivers(registry):
             res = subprocess.run(build, cwd=ROOT)
             if res.returncode != 0:
                 sys.exit(f"conformance: building the {lang} driver failed: {' '.join(build)}")
-        argv = shlex.split(spec["command"])
+        # {target}: cargo's target directory (CARGO_TARGET_DIR, else target/).
+        target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+        argv = shlex.split(spec["command"].replace("{target}", target))
         exe = argv[0] if os.path.isabs(argv[0]) else os.path.join(ROOT, argv[0])
         if not (shutil.which(argv[0]) or os.access(exe, os.X_OK)):
             sys.exit(f"conformance: the {lang} driver {argv[0]} is missing after its build")
