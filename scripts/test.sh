@@ -7,7 +7,8 @@
 # idgen uses, fetched from PyPI), the deployment files (promtool check
 # and unit tests of the alert rules, systemd-analyze verify, Kubernetes
 # manifests validated offline; scripts/check-deploy.sh), the client crate
-# against real nodes, the Python example client, the admin console in
+# against real nodes, every client's conformance driver (clients/conformance),
+# the Python example client, the admin console in
 # headless Chromium (tests/console.rs), the Prometheus scrape config
 # through Consul, and every shell block of the docs against real processes
 # (tests/doc_commands.rs, docs/CONTRIBUTING.md). Installs what it needs
@@ -27,4 +28,11 @@ cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
 # One closing line for the whole cargo run, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
+# The client conformance suite (docs/CONFORMANCE.md): every driver listed in
+# clients/conformance/drivers.json, built, against fresh 3-node fixtures; a
+# listed driver that cannot be built fails here (about 25 s per language).
+# The idgen binary is cargo test's build, consul-testserver consul-interop.sh's.
+bin_dir="${CARGO_TARGET_DIR:-target}/debug"
+python3 clients/conformance/run.py --idgen "$bin_dir/idgen" \
+  --consul-testserver "$bin_dir/consul-testserver" --registry || status=$?
 exit "$status"

@@ -576,6 +576,15 @@ impl Client {
             .await
     }
 
+    /// The node a strict call on `key` goes to now (rendezvous hashing
+    /// over the nodes in use, FNV-1a of the key; set-aside nodes skipped
+    /// while others are up), or `None` with no node known. Every idgen
+    /// client computes the same answer, so calls on one key meet on one
+    /// node whatever language makes them.
+    pub fn strict_node(&self, key: &str) -> Option<String> {
+        self.caller.nodes.key_node(key)
+    }
+
     /// The gRPC addresses of the nodes currently known.
     pub fn nodes(&self) -> Vec<String> {
         self.caller.nodes.addrs()

@@ -173,6 +173,21 @@ impl NodeSet {
     /// every call on one key goes to one node while it is up, and the next
     /// one in the key's order when it is not.
     pub(crate) fn pick(&self, tried: &[Arc<Node>], route: Route) -> Option<(Arc<Node>, InFlight)> {
+        let chosen = self.choose(tried, route)?;
+        chosen.outstanding.fetch_add(1, Ordering::Relaxed);
+        Some((Arc::clone(&chosen), InFlight(chosen)))
+    }
+
+    /// The address a strict call on `key` goes to now: the first node
+    /// [`NodeSet::pick`] would choose for it (so other code, such as the
+    /// conformance driver, tells exactly what calls do).
+    pub(crate) fn key_node(&self, key: &str) -> Option<String> {
+        self.choose(&[], Route::Key(key_hash(key)))
+            .map(|n| n.addr.clone())
+    }
+
+    /// [`NodeSet::pick`]'s choice, without counting a call in flight.
+    fn choose(&self, tried: &[Arc<Node>], route: Route) -> Option<Arc<Node>> {
         let nodes = self.nodes.load();
         let now = self.now_ms();
         let fresh = |n: &&Arc<Node>| !tried.iter().any(|t| Arc::ptr_eq(t, n));
@@ -205,8 +220,7 @@ impl NodeSet {
                 }
             }
         };
-        chosen.outstanding.fetch_add(1, Ordering::Relaxed);
-        Some((Arc::clone(chosen), InFlight(Arc::clone(chosen))))
+        Some(Arc::clone(chosen))
     }
 
     /// Sets a node aside after it answered UNAVAILABLE or could not be
@@ -289,6 +303,9 @@ mod tests {
     }
 
     const NODES: [&str; 3] = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"];
+    /// The node of key `orders/k7` among [`NODES`], as
+    /// clients/conformance/run.py computes it in Python.
+    const VECTOR_ORDERS_K7: &str = "10.0.0.2:50051";
 
     #[tokio::test]
     async fn a_strict_key_goes_to_one_node_and_keys_spread_over_all() {
@@ -339,6 +356,22 @@ mod tests {
                 assert_eq!(before, after, "key k{i} moved though its node stayed");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn key_node_names_the_node_a_strict_call_picks() {
+        let nodes = test_set(&NODES);
+        for i in 0..50 {
+            let key = format!("conf/k{i}");
+            let picked = addr_of(&nodes, &[], Route::Key(key_hash(&key)));
+            assert_eq!(nodes.key_node(&key), Some(picked.addr.clone()), "{key}");
+        }
+        // Cross-language vectors (clients/conformance checks other clients
+        // against these): FNV-1a 64 of the key, then the score per address.
+        assert_eq!(
+            nodes.key_node("orders/k7").as_deref(),
+            Some(VECTOR_ORDERS_K7)
+        );
     }
 
     #[test]
