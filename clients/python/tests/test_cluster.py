@@ -143,6 +143,9 @@ class ThreeNodes(unittest.TestCase):
             uuids = client.gen_uuids(50)
             self.assertEqual([u.version for u in uuids], [7] * 50)
             self.assertEqual(uuids, sorted(uuids))
+            prefetched = [client.next_uuid() for _ in range(3000)]
+            self.assertEqual(len(set(prefetched + uuids)), 3050)
+            self.assertEqual({u.version for u in prefetched}, {7})
 
     def test_asyncio_api(self):
         async def run():
@@ -152,6 +155,8 @@ class ThreeNodes(unittest.TestCase):
                 ids = [await client.next_id() for _ in range(2000)]
                 strict = await client.gen_id("strict", "py/async")
                 formatted = await client.gen_formatted("orders-py", {}, 2)
+                uuids = [await client.next_uuid() for _ in range(1500)]
+                self.assertEqual(len(set(uuids)), 1500)
                 return ids, strict, formatted
         ids, strict, formatted = asyncio.run(run())
         self.assertEqual(len(set(ids)), 2000)

@@ -76,6 +76,16 @@ class AsyncClient:
     async def reveal(self, tag: str, id: int) -> Dict[str, Any]:
         return await self._run(self._client.reveal, tag, id)
 
+    async def next_uuid(self) -> uuid.UUID:
+        """The next prefetched UUIDv7; waits (off the loop) only when the buffer is empty."""
+        p = self._client._prefetchers.get(("uuid", ""))
+        if p is not None and p.depth():
+            try:
+                return p._pop_now()
+            except IndexError:
+                pass
+        return await self._run(self._client.next_uuid)
+
     async def gen_uuids(self, count: int) -> List[uuid.UUID]:
         return await self._run(self._client.gen_uuids, count)
 

@@ -236,6 +236,28 @@ class Client:
                                  % (count, len(raw), 16 * count))
         return [_uuid.UUID(bytes=raw[i:i + 16]) for i in range(0, len(raw), 16)]
 
+    def next_uuid(self) -> _uuid.UUID:
+        """The next UUIDv7 from a prefetch buffer (refilled with GenUuids
+        like next_id's buffers; UUIDs still buffered at close are never
+        handed out)."""
+        p = self._prefetchers.get(("uuid", ""))
+        if p is None:
+            with self._lock:
+                p = self._prefetchers.get(("uuid", ""))
+                if p is None:
+                    def fetch(count: int, busy: set) -> List[_uuid.UUID]:
+                        answer = self._caller.call("GenUuids", pb.GenUuidsRequest(count=count),
+                                                   avoid=busy)[0]
+                        raw = answer.uuids
+                        if len(raw) != 16 * count:
+                            raise BadAnswerError("GenUuids for %d UUIDs answered %d bytes, not %d"
+                                                 % (count, len(raw), 16 * count))
+                        return [_uuid.UUID(bytes=raw[i:i + 16]) for i in range(0, len(raw), 16)]
+
+                    p = Prefetcher(self, "uuid", "", self._prefetch_config, fetch)
+                    self._prefetchers[("uuid", "")] = p
+        return p.next_id()
+
     def gen_uuid(self) -> _uuid.UUID:
         """One UUIDv7 (GenUuid)."""
         raw = self._caller.call("GenUuid", pb.GenUuidRequest())[0].uuid
