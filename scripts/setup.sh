@@ -20,9 +20,15 @@
 #     into tests/console/node_modules at the version package-lock.json
 #     pins (playwright-core never downloads a browser).
 #   - a virtualenv ${TMPDIR:-/tmp}/idgen-py-venv with grpcio, grpcio-tools
-#     PyYAML and python-ulid from PyPI: the Python example client's test
-#     (tests/client_python.rs), the Prometheus config check, and ULID text
-#     checked against an independent implementation (tests/uuid.rs).
+#     PyYAML and python-ulid from PyPI: the Prometheus config check, and
+#     ULID text checked against an independent implementation
+#     (tests/uuid.rs).
+#   - the Python client as a user installs it: the wheel of clients/python
+#     built (its build backend and grpcio-tools from PyPI) and installed
+#     with prometheus_client into a fresh virtualenv
+#     ${TMPDIR:-/tmp}/idgen-client-venv, remade whenever clients/python or
+#     the proto changed (scripts/python-client-venv.sh; for
+#     tests/client_python.rs, tests/newcomer.rs and the conformance suite).
 # protoc is NOT needed: the proto is compiled by protox, in Rust.
 set -euo pipefail
 
@@ -60,6 +66,10 @@ fi
 if ! "$py_venv/bin/python" -c "import grpc, grpc_tools, yaml, ulid" 2>/dev/null; then
   "$py_venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools pyyaml python-ulid
 fi
+
+# The Python client, built and installed as a user would (about a minute
+# when clients/python or the proto changed, nothing otherwise).
+bash "$(dirname "$0")/python-client-venv.sh"
 
 # playwright-core for the console test, at the version package-lock.json
 # pins; nothing to do when that version is installed already.

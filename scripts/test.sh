@@ -8,7 +8,7 @@
 # and unit tests of the alert rules, systemd-analyze verify, Kubernetes
 # manifests validated offline; scripts/check-deploy.sh), the client crate
 # against real nodes, every client's conformance driver (clients/conformance),
-# the Python example client, the admin console in
+# the Python client as installed, the admin console in
 # headless Chromium (tests/console.rs), the Prometheus scrape config
 # through Consul, and every shell block of the docs against real processes
 # (tests/doc_commands.rs, docs/CONTRIBUTING.md). Installs what it needs
@@ -19,7 +19,7 @@ bash scripts/setup.sh
 bash scripts/consul-interop.sh
 bash scripts/check-deploy.sh
 "${TMPDIR:-/tmp}/idgen-py-venv/bin/python" scripts/check_prometheus_config.py consul/prometheus.yml
-# The Python example client runs against a 3-node cluster (tests/client_python.rs).
+# The Python client's suite runs installed, against real nodes (tests/client_python.rs).
 export REQUIRE_PYTHON_EXAMPLE=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

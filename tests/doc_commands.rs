@@ -262,7 +262,9 @@ fn every_document_has_only_well_formed_markers() {
 }
 
 /// Every `idgen_...` token of `text` that is not a Rust path (`idgen_client::`),
-/// a file name (`idgen_client.py`) or a bare prefix (`idgen_client_...`).
+/// a file name (`idgen_client.py`), a bare prefix (`idgen_client_...`) or
+/// the Python client's package name (`idgen_client`, `python -m
+/// idgen_client`): the client's metrics all start `idgen_client_`.
 fn metric_tokens(text: &str) -> BTreeSet<String> {
     let bytes = text.as_bytes();
     let word = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_';
@@ -274,7 +276,8 @@ fn metric_tokens(text: &str) -> BTreeSet<String> {
         let end = start + bytes[start..].iter().take_while(|&&b| word(b)).count();
         let rest = &text[end..];
         let prefix_only = text[start..end].ends_with('_');
-        if prefix_only || ["::", ".py", ".rs"].iter().any(|s| rest.starts_with(s)) {
+        let package = &text[start..end] == "idgen_client";
+        if prefix_only || package || ["::", ".py", ".rs"].iter().any(|s| rest.starts_with(s)) {
             continue;
         }
         tokens.insert(text[start..end].to_string());
@@ -357,11 +360,16 @@ fn every_metric_name_in_docs_alerts_and_dashboard_is_declared() {
 #[test]
 fn metric_tokens_skip_paths_and_files_and_keep_suffixes() {
     let text = "`idgen_fenced` idgen_client::Client idgen_client.py my_idgen_x idgen_... \
-                rate(idgen_request_duration_seconds_bucket[5m]) idgen-py-venv";
+                rate(idgen_request_duration_seconds_bucket[5m]) idgen-py-venv \
+                python -m idgen_client idgen_client.metrics idgen_client_calls_total";
     let tokens: Vec<String> = metric_tokens(text).into_iter().collect();
     assert_eq!(
         tokens,
-        ["idgen_fenced", "idgen_request_duration_seconds_bucket"]
+        [
+            "idgen_client_calls_total",
+            "idgen_fenced",
+            "idgen_request_duration_seconds_bucket"
+        ]
     );
     let declared: BTreeSet<String> = ["idgen_request_duration_seconds".to_string()].into();
     assert!(is_declared(

@@ -201,11 +201,12 @@ fn ephemeral_ports(count: usize) -> Vec<u16> {
         .collect()
 }
 
-/// Python with grpcio (the virtualenv `scripts/setup.sh` makes), if any.
+/// Python with the client installed from its wheel (the virtualenv
+/// `scripts/setup.sh` makes), if any.
 fn python_venv() -> Option<PathBuf> {
-    let bin = std::env::temp_dir().join("idgen-py-venv/bin");
+    let bin = std::env::temp_dir().join("idgen-client-venv/bin");
     let ok = Command::new(bin.join("python"))
-        .args(["-c", "import grpc, grpc_tools"])
+        .args(["-c", "import idgen_client"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -498,10 +499,10 @@ fn run_shell_steps(walk: &mut Walk, readme: &str) {
         if block.text.contains("python") && walk.venv.is_none() {
             assert!(
                 std::env::var_os("REQUIRE_PYTHON_EXAMPLE").is_none(),
-                "REQUIRE_PYTHON_EXAMPLE is set but no Python with grpcio: run scripts/setup.sh"
+                "REQUIRE_PYTHON_EXAMPLE is set but no Python with idgen_client: run scripts/setup.sh"
             );
             eprintln!(
-                "no Python with grpcio (run scripts/setup.sh): {WALK_DOC} block {} was not run",
+                "no Python with idgen_client (run scripts/setup.sh): {WALK_DOC} block {} was not run",
                 block.line
             );
             continue;
@@ -517,7 +518,7 @@ fn run_shell_steps(walk: &mut Walk, readme: &str) {
         if block.text.contains("idgen gen --discover") {
             check_cli_output(&block.text, &out);
         }
-        if block.text.contains("idgen_client.py") {
+        if block.text.contains("python -m idgen_client") {
             check_python_output(&out);
         }
     }

@@ -82,13 +82,18 @@ impl DocEnv {
         self.dir.path()
     }
 
-    /// PATH for the blocks: the test's `idgen`, then the Python virtualenv
-    /// `scripts/setup.sh` makes (grpcio, grpcio-tools), then the caller's.
+    /// PATH for the blocks: the test's `idgen`, then the Python virtualenvs
+    /// `scripts/setup.sh` makes (the installed client; grpcio-tools), then
+    /// the caller's.
     fn path_var(&self) -> String {
-        let venv = std::env::temp_dir().join("idgen-py-venv/bin");
         let mut parts = vec![self.path().join("bin")];
-        if venv.is_dir() {
-            parts.push(venv);
+        // The Python client's virtualenv first (docs/CLIENT-PYTHON.md runs
+        // `python` with it), then the one with grpcio-tools.
+        for venv in ["idgen-client-venv/bin", "idgen-py-venv/bin"] {
+            let venv = std::env::temp_dir().join(venv);
+            if venv.is_dir() {
+                parts.push(venv);
+            }
         }
         let mut path = std::env::join_paths(parts)
             .map_or_else(|_| String::new(), |p| p.to_string_lossy().into_owned());

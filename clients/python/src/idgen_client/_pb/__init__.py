@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (made at build time from proto/idgen/v1/idgen.proto)."""

@@ -1,0 +1,254 @@
+"""Unit tests of the installed package (no cluster): the strict-key hash
+against the Rust crate's vectors, Consul's variables, error wordings,
+configuration errors and the prefetch buffer."""
+
+import os
+import tempfile
+import threading
+import time
+import unittest
+
+import idgen_client
+from idgen_client import _hash
+from idgen_client._prefetch import PrefetchConfig, Prefetcher
+
+NODES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
+# (key, FNV-1a 64, rendezvous score on NODES[0], the key's node), computed
+# by client/src/nodes.rs's own functions.
+RUST_VECTORS = [
+    ("orders/k7", 0xA70E14F6503096D3, 0x4503D92A15B59C20, "10.0.0.2:50051"),
+    ("flights/lh400", 0x769730A5AC3E6CA7, 0xCE4FE6009DC8DECC, "10.0.0.3:50051"),
+    ("", 0xCBF29CE484222325, 0xF9E8D6C069A7D0B8, "10.0.0.1:50051"),
+    ("ns/ü", 0x70505B89D18207EC, 0xAC713D4B514EEC08, "10.0.0.3:50051"),
+    ("orders/k0", 0xA70E19F650309F52, 0x0A2279491B9641D9, "10.0.0.3:50051"),
+    ("orders/k1", 0xA70E1AF65030A105, 0x9E40D4479670D806, "10.0.0.1:50051"),
+    ("orders/k2", 0xA70E17F650309BEC, 0x898CEC55E2716081, "10.0.0.3:50051"),
+    ("orders/k3", 0xA70E18F650309D9F, 0x801EFD8593864BAD, "10.0.0.1:50051"),
+]
+
+
+class Installed(unittest.TestCase):
+    def test_the_package_under_test_is_the_installed_one(self):
+        self.assertIn("site-packages", idgen_client.__file__)
+        from idgen_client._pb import idgen_pb2, idgen_pb2_grpc  # shipped in the wheel
+        self.assertTrue(hasattr(idgen_pb2_grpc, "IdGenStub"))
+        self.assertEqual(idgen_pb2.DESCRIPTOR.name, "idgen/v1/idgen.proto")
+        here = os.path.dirname(idgen_client.__file__)
+        self.assertTrue(os.path.exists(os.path.join(here, "py.typed")))
+
+
+class StrictKeyHash(unittest.TestCase):
+    def test_the_key_hash_is_fnv_1a(self):
+        # Published FNV-1a 64 vectors, as client/src/nodes.rs tests them.
+        self.assertEqual(_hash.key_hash(""), 0xCBF29CE484222325)
+        self.assertEqual(_hash.key_hash("a"), 0xAF63DC4C8601EC8C)
+        self.assertEqual(_hash.key_hash("foobar"), 0x85944171F73967E8)
+
+    def test_scores_and_routes_match_the_rust_crate_bit_for_bit(self):
+        for key, h, score, node in RUST_VECTORS:
+            self.assertEqual(_hash.key_hash(key), h, key)
+            self.assertEqual(_hash.rendezvous(h, NODES[0]), score, key)
+            self.assertEqual(_hash.route(key, NODES), node, key)
+            # No seed, no order: the same node from a list in another order.
+            self.assertEqual(_hash.route(key, list(reversed(NODES))), node, key)
+
+    def test_only_the_leaving_nodes_keys_move(self):
+        moved = 0
+        for i in range(200):
+            key = "k%d" % i
+            before = _hash.route(key, NODES)
+            after = _hash.route(key, NODES[1:])
+            if before != NODES[0]:
+                self.assertEqual(before, after, key)
+            else:
+                moved += 1
+        self.assertGreater(moved, 30)
+
+
+class ConsulVariables(unittest.TestCase):
+    def env(self, **v):
+        return idgen_client.ConsulEnv.from_env(v)
+
+    def test_the_address_follows_consuls_rules_for_schemes(self):
+        self.assertEqual(self.env().address(), "http://127.0.0.1:8500")
+        self.assertEqual(self.env(CONSUL_HTTP_ADDR="10.0.0.1:8500").address(),
+                         "http://10.0.0.1:8500")
+        self.assertEqual(self.env(CONSUL_HTTP_ADDR="https://c:8501").address(), "https://c:8501")
+        # CONSUL_HTTP_SSL=true is never undone by an http:// address.
+        self.assertEqual(self.env(CONSUL_HTTP_ADDR="http://c:8501",
+                                  CONSUL_HTTP_SSL="true").address(), "https://c:8501")
+        self.assertEqual(self.env(CONSUL_HTTP_SSL="1").address(), "https://127.0.0.1:8500")
+        self.assertEqual(self.env(CONSUL_HTTP_ADDR="").address(), "http://127.0.0.1:8500")
+        with self.assertRaisesRegex(ValueError, "unix://.*not supported"):
+            self.env(CONSUL_HTTP_ADDR="unix:///run/consul.sock").address()
+        with self.assertRaisesRegex(ValueError, "CONSUL_HTTP_SSL.*true or false"):
+            self.env(CONSUL_HTTP_SSL="yes").address()
+
+    def test_a_token_file_wins_over_the_token_unless_it_is_empty(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "token")
+            with open(path, "w") as f:
+                f.write(" from-file \n")
+            both = self.env(CONSUL_HTTP_TOKEN="plain", CONSUL_HTTP_TOKEN_FILE=path)
+            self.assertEqual(both.acl_token(), "from-file")
+            with open(path, "w") as f:
+                f.write("\n")
+            self.assertEqual(both.acl_token(), "plain")
+        self.assertIsNone(self.env().acl_token())
+        with self.assertRaisesRegex(ValueError, "CONSUL_HTTP_TOKEN_FILE=/nonexistent/t"):
+            self.env(CONSUL_HTTP_TOKEN_FILE="/nonexistent/t").acl_token()
+
+    def test_tls_settings_say_what_is_missing(self):
+        with self.assertRaisesRegex(ValueError, "CONSUL_CACERT"):
+            self.env().tls()
+        with self.assertRaisesRegex(ValueError, "CONSUL_CLIENT_KEY"):
+            self.env(CONSUL_CLIENT_CERT="/c.pem").tls()
+        with self.assertRaisesRegex(ValueError, "CONSUL_HTTP_SSL_VERIFY"):
+            self.env(CONSUL_HTTP_SSL_VERIFY="nope").tls()
+        self.env(CONSUL_HTTP_SSL_VERIFY="false").tls()  # checks off: no CA needed
+        with self.assertRaisesRegex(ValueError, "/nonexistent/ca.pem"):
+            self.env(CONSUL_CACERT="/nonexistent/ca.pem").tls()
+
+    def test_the_server_name_loses_its_port(self):
+        def name(v):
+            return self.env(CONSUL_TLS_SERVER_NAME=v).server_name()
+        self.assertEqual(name("consul.internal:8501"), "consul.internal")
+        self.assertEqual(name("consul.internal"), "consul.internal")
+        self.assertEqual(name("[::1]:8501"), "::1")
+        self.assertEqual(name("::1"), "::1")
+        self.assertEqual(name("fd00::8501"), "fd00::8501")
+        self.assertEqual(name("[fd00::1]"), "fd00::1")
+        self.assertIsNone(self.env().server_name())
+
+    def test_an_https_address_without_a_ca_is_a_config_error(self):
+        d = idgen_client.ConsulDiscovery(env=self.env(CONSUL_HTTP_ADDR="https://c:8501"))
+        with self.assertRaises(idgen_client.ConfigError) as e:
+            idgen_client.Client(consul=d)
+        self.assertEqual(e.exception.code, "CONFIG")
+        self.assertIn("CONSUL_CACERT", str(e.exception))
+
+
+class Errors(unittest.TestCase):
+    def test_wordings_match_the_rust_crate(self):
+        e = idgen_client.DeadlineExceededError(2.0, "x", 3, 1)
+        self.assertEqual(str(e), "no node answered within the deadline of 2s after 3 attempts "
+                                 "on 1 node (last error: x)")
+        e = idgen_client.DeadlineExceededError(0.5, "none", 0, 0)
+        self.assertEqual(str(e), "no node answered within the deadline of 500ms "
+                                 "(last error: none)")
+        e = idgen_client.StatusError("INVALID_ARGUMENT", "count 0")
+        self.assertEqual(str(e), "idgen answered InvalidArgument: count 0")
+        self.assertEqual(e.code, "INVALID_ARGUMENT")
+        self.assertTrue(str(idgen_client.NoNodesError()).startswith("no idgen node is known"))
+
+    def test_configuration_is_checked_before_any_call(self):
+        cases = [
+            dict(nodes=[], consul=idgen_client.ConsulDiscovery()),
+            dict(nodes=["a:1"], admin_token="line\nbreak"),
+            dict(nodes=["a:1"], admin_token=" "),
+            dict(nodes=["a:1"], deadline=0),
+            dict(nodes=["a:1"], prefetch=PrefetchConfig(size=10, low=10)),
+            dict(nodes=["a:1"], tls=idgen_client.TlsConfig(ca="/nonexistent/ca.pem")),
+            dict(nodes=["a:1"], tls=idgen_client.TlsConfig(ca="/etc/hostname", cert="c.pem")),
+        ]
+        for kwargs in cases:
+            nodes = kwargs.pop("nodes")
+            with self.assertRaises(idgen_client.ConfigError, msg=repr(kwargs)):
+                idgen_client.Client(nodes, **kwargs)
+
+    def test_strict_is_never_prefetched_and_an_empty_list_has_no_nodes(self):
+        with idgen_client.Client([]) as c:
+            with self.assertRaises(idgen_client.StrictNotPrefetchableError):
+                c.prefetcher("strict", "ns/k")
+            with self.assertRaises(idgen_client.NoNodesError):
+                c.gen_id()
+            with self.assertRaises(idgen_client.RevealRefusedError) as e:
+                c.reveal("t", 1)
+            self.assertEqual(e.exception.code, "PERMISSION_DENIED")
+            self.assertFalse(e.exception.sent)
+
+
+class _FakeClient:
+    deadline = 2.0
+    _metrics = idgen_client.Metrics()
+
+
+class PrefetchBuffer(unittest.TestCase):
+    def test_every_id_is_handed_out_once_across_threads_and_refills(self):
+        lock = threading.Lock()
+        counter = [0]
+        calls = [0]
+
+        def fetch(n, busy):
+            with lock:
+                start = counter[0]
+                counter[0] += n
+                calls[0] += 1
+            time.sleep(0.001)
+            return list(range(start, start + n))
+
+        p = Prefetcher(_FakeClient(), "segment", "t", PrefetchConfig(size=500, low=200), fetch)
+        got = []
+
+        def work():
+            mine = [p.next_id() for _ in range(5000)]
+            with lock:
+                got.extend(mine)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(len(got), 20000)
+        self.assertEqual(len(set(got)), 20000)
+        self.assertNotIn(None, got)
+        self.assertGreaterEqual(calls[0], 40)
+        p.close()
+
+    def test_one_thread_gets_ids_in_batch_order(self):
+        counter = [0]
+
+        def fetch(n, busy):
+            counter[0] += n
+            return list(range(counter[0] - n, counter[0]))
+
+        p = Prefetcher(_FakeClient(), "lease", "", PrefetchConfig(size=100, low=50,
+                                                                  max_refills=1), fetch)
+        got = [p.next_id() for _ in range(1000)]
+        self.assertEqual(got, sorted(got))
+        self.assertEqual(len(set(got)), 1000)
+        p.close()
+
+    def test_snowflake_ids_that_aged_are_thrown_away(self):
+        counter = [0]
+
+        def fetch(n, busy):
+            counter[0] += n
+            return list(range(counter[0] - n, counter[0]))
+
+        config = PrefetchConfig(size=100, low=10, max_snowflake_age=0.2, max_refills=1)
+        p = Prefetcher(_FakeClient(), "snowflake", "", config, fetch)
+        first = p.next_id()
+        self.assertEqual(first, 0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if p.next_id() >= 100:
+                break
+            time.sleep(0.1)
+        # The rest of the first batch aged out: the next ID is from a later batch.
+        self.assertGreaterEqual(p.next_id(), 100)
+        p.close()
+
+    def test_a_refill_error_reaches_the_waiting_caller(self):
+        def fetch(n, busy):
+            raise idgen_client.NoNodesError()
+
+        p = Prefetcher(_FakeClient(), "lease", "", PrefetchConfig(), fetch)
+        with self.assertRaises(idgen_client.NoNodesError):
+            p.next_id()
+        p.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
