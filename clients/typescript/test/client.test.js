@@ -1,0 +1,284 @@
+'use strict';
+// The client against a real cluster: three idgen nodes on the Consul
+// emulator (with ACLs), started by test/fixture.js.
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const net = require('node:net');
+const { execFileSync } = require('node:child_process');
+const { writeFileSync } = require('node:fs');
+const { join } = require('node:path');
+const { Client, DiscoveryError, StrictNotPrefetchableError, DeadlineExceededError, StatusError } = require('@idgen/client');
+const { Cluster, bin } = require('./fixture');
+
+const ACL = 'consul-master-token';
+const ADMIN = 'admin-token-for-tests';
+let cluster;
+let addrs;
+
+test.before(async () => {
+  cluster = new Cluster();
+  const masterKey = join(cluster.dir, 'hide-master-key');
+  writeFileSync(masterKey, 'ab'.repeat(32), { mode: 0o600 });
+  await cluster.start(3, {
+    acl: ACL,
+    set: [
+      ['admin', 'token', `"${ADMIN}"`],
+      ['hide', 'master_key_file', JSON.stringify(masterKey)],
+    ],
+  });
+  addrs = cluster.nodes.map((n) => n.grpc);
+});
+
+test.after(async () => {
+  await cluster?.stop();
+});
+
+/** Runs `idgen admin ...` against the first node. */
+function admin(...args) {
+  const env = { ...process.env, IDGEN_ADMIN__TOKEN: ADMIN };
+  return execFileSync(bin('IDGEN_BIN', 'idgen'), ['admin', '--addr', addrs[0], ...args], { env, encoding: 'utf8' });
+}
+
+/** A TCP listener that accepts connections and never answers (a stalled node). */
+async function blackhole() {
+  const sockets = [];
+  const server = net.createServer((s) => sockets.push(s));
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    addr: `127.0.0.1:${server.address().port}`,
+    sockets,
+    close: () => {
+      sockets.forEach((s) => s.destroy());
+      server.close();
+    },
+  };
+}
+
+/**
+ * An HTTP/2 server that takes every request and never answers (a node
+ * stopped after reading the call): `streams` counts the requests that
+ * reached it.
+ */
+async function stalledNode() {
+  const http2 = require('node:http2');
+  const streams = [];
+  const sessions = [];
+  const server = http2.createServer();
+  server.on('stream', (stream) => streams.push(stream));
+  server.on('session', (session) => sessions.push(session));
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    addr: `127.0.0.1:${server.address().port}`,
+    streams,
+    close: () => {
+      sessions.forEach((s) => s.destroy());
+      server.close();
+    },
+  };
+}
+
+/** A port nothing listens on. */
+async function deadPort() {
+  const server = net.createServer();
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  const addr = `127.0.0.1:${server.address().port}`;
+  await new Promise((r) => server.close(r));
+  return addr;
+}
+
+test('Consul discovery reads the ACL token from CONSUL_HTTP_TOKEN and is refused without it, naming the variable', async () => {
+  const env = { CONSUL_HTTP_ADDR: cluster.consulAddr, CONSUL_HTTP_TOKEN: ACL };
+  const client = await Client.connect({ consul: { env } });
+  try {
+    assert.deepEqual(client.nodes().sort(), [...addrs].sort());
+    const id = await client.genId('snowflake');
+    assert.equal(typeof id, 'bigint');
+  } finally {
+    client.close();
+  }
+  await assert.rejects(
+    Client.connect({ consul: { env: { CONSUL_HTTP_ADDR: `http://${cluster.consulAddr}` } } }),
+    (e) => e instanceof DiscoveryError && e.message.includes('CONSUL_HTTP_TOKEN') && e.message.includes('403'),
+  );
+  // The token file wins over the variable.
+  const file = join(cluster.dir, 'consul-token');
+  writeFileSync(file, `${ACL}\n`);
+  const fromFile = await Client.connect({
+    consul: { env: { CONSUL_HTTP_ADDR: cluster.consulAddr, CONSUL_HTTP_TOKEN: 'wrong', CONSUL_HTTP_TOKEN_FILE: file } },
+  });
+  assert.equal(fromFile.nodes().length, 3);
+  fromFile.close();
+});
+
+test('IDs are exact bigints above 2^53, and decode to the same decimal digits', async () => {
+  const client = await Client.connect({ endpoints: addrs });
+  try {
+    const { ids } = await client.genIdsFrom('snowflake', '', 5);
+    for (const id of ids) {
+      assert.equal(typeof id, 'bigint');
+      assert.ok(id > 2n ** 53n, `${id} is above 2^53 (the default layout's epoch makes it so)`);
+      const d = await client.decodeId(id);
+      assert.equal(d.id, id.toString());
+    }
+    // A segment tag starting above 2^53: every digit kept.
+    const start = 2n ** 60n + 7n;
+    admin('tags', 'create', 'above53', '--initial', start.toString());
+    const seg = await client.genIds('segment', 'above53', 3);
+    assert.deepEqual(seg, [start + 1n, start + 2n, start + 3n]);
+    await assert.rejects(client.decodeId(12345), /never a number/);
+  } finally {
+    client.close();
+  }
+});
+
+test('prefetch: no duplicate across refills, increasing within each node, a node killed -9 mid-run costs no error', async () => {
+  const extra = await new Cluster();
+  extra.consulAddr = cluster.consulAddr;
+  extra.acl = ACL;
+  // A fourth node of the same cluster, to kill without losing the others.
+  const victim = await extra.node('victim', [['admin', 'token', `"${ADMIN}"`]]);
+  const client = await Client.connect({
+    endpoints: [...addrs, victim.grpc],
+    deadlineMs: 3000,
+    attemptMs: 500,
+    prefetch: { batch: 200, maxBatch: 400 },
+  });
+  try {
+    const seen = new Set();
+    const take = async (n) => {
+      for (let i = 0; i < n; i++) {
+        const id = await client.nextId('snowflake');
+        const key = id.toString();
+        assert.ok(!seen.has(key), `duplicate ${key}`);
+        seen.add(key);
+      }
+    };
+    await take(5000);
+    const killed = extra.kill(victim);
+    await take(5000);
+    await killed;
+    await take(5000);
+    assert.equal(seen.size, 15000);
+    // Segment and lease buffers too.
+    const seg = new Set();
+    for (let i = 0; i < 3000; i++) seg.add((await client.nextId('segment', 'orders')).toString());
+    assert.equal(seg.size, 3000);
+    const lease = new Set();
+    for (let i = 0; i < 3000; i++) lease.add((await client.nextId('lease')).toString());
+    assert.equal(lease.size, 3000);
+    assert.throws(() => client.prefetcher('strict', 'a/b'), StrictNotPrefetchableError);
+  } finally {
+    client.close();
+    await extra.stop();
+  }
+});
+
+test('snowflake batches from one node increase; per node the IDs keep increasing across calls', async () => {
+  const client = await Client.connect({ endpoints: addrs });
+  try {
+    const last = new Map();
+    for (let i = 0; i < 30; i++) {
+      const { ids, node } = await client.genIdsFrom('snowflake', '', 50);
+      for (const id of ids) {
+        assert.ok(id > (last.get(node) ?? 0n), `${id} after ${last.get(node)} from ${node}`);
+        last.set(node, id);
+      }
+    }
+  } finally {
+    client.close();
+  }
+});
+
+test('strict calls go to the key\'s node, retried only when the request never left (refused connection)', async () => {
+  const dead = await deadPort();
+  const client = await Client.connect({ endpoints: [...addrs, dead], deadlineMs: 3000 });
+  try {
+    // Find a key whose node is the dead port: its call is retried on the next node.
+    let key;
+    for (let i = 0; i < 200 && !key; i++) if (client.strictNode(`ns/k${i}`) === dead) key = `ns/k${i}`;
+    assert.ok(key, 'a key whose node is the dead port');
+    assert.equal(await client.genId('strict', key), 1n);
+    // Another key goes to its own node every time.
+    const node = client.strictNode('ns/steady');
+    for (let i = 1n; i <= 3n; i++) {
+      const { ids, node: answered } = await client.genIdsFrom('strict', 'ns/steady', 1);
+      assert.deepEqual(ids, [i]);
+      assert.equal(answered, node);
+    }
+  } finally {
+    client.close();
+  }
+});
+
+test('a strict call that may have reached a node is never sent again: the error says sent, and no value was taken twice', async () => {
+  const hole = await stalledNode();
+  const client = await Client.connect({ endpoints: [...addrs, hole.addr], deadlineMs: 2000, attemptMs: 300 });
+  try {
+    let key;
+    for (let i = 0; i < 200 && !key; i++) if (client.strictNode(`once/k${i}`) === hole.addr) key = `once/k${i}`;
+    assert.ok(key, 'a key whose node is the stalled one');
+    await assert.rejects(client.genId('strict', key), (e) => {
+      assert.ok(e instanceof DeadlineExceededError, e.stack);
+      assert.equal(e.sent, true);
+      assert.equal(e.attempts, 1, e.message);
+      assert.match(e.message, /a strict call is not sent twice/);
+      return true;
+    });
+    assert.equal(hole.streams.length, 1, 'the stalled node received the call once');
+    // No real node took a value for the key: the first value is still 1.
+    const other = await Client.connect({ endpoints: addrs });
+    assert.equal(await other.genId('strict', key), 1n);
+    other.close();
+  } finally {
+    client.close();
+    hole.close();
+  }
+});
+
+test('a node that accepts and never answers costs one attempt budget: idempotent calls fail over within the deadline', async () => {
+  const hole = await blackhole();
+  const client = await Client.connect({ endpoints: [hole.addr, ...addrs], deadlineMs: 3000, attemptMs: 300 });
+  try {
+    for (let i = 0; i < 20; i++) assert.equal(typeof (await client.genId('snowflake')), 'bigint');
+    const only = await Client.connect({ endpoints: [hole.addr], deadlineMs: 600, attemptMs: 200 });
+    await assert.rejects(only.genId('snowflake'), (e) => e instanceof DeadlineExceededError && e.attempts >= 2);
+    only.close();
+  } finally {
+    client.close();
+    hole.close();
+  }
+});
+
+test('UUIDs are valid v7 and increase per call', async () => {
+  const client = await Client.connect({ endpoints: addrs });
+  try {
+    const uuids = await client.genUuids(100);
+    for (const u of uuids) assert.match(u, /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+    for (let i = 1; i < uuids.length; i++) assert.ok(uuids[i] > uuids[i - 1]);
+    const d = await client.decodeUuid(uuids[0]);
+    assert.equal(d.uuid, uuids[0]);
+  } finally {
+    client.close();
+  }
+});
+
+test('admin reveal of a hidden segment ID only with the admin token', async () => {
+  admin('keys', 'create', 'users');
+  admin('tags', 'create', 'users', '--hide-key', 'users');
+  const anon = await Client.connect({ endpoints: addrs });
+  const root = await Client.connect({ endpoints: addrs, adminToken: ADMIN });
+  try {
+    const [id] = await anon.genIds('segment', 'users', 1);
+    const publicView = await anon.decodeSegmentId('users', id);
+    assert.equal(publicView.hidden, 'tag');
+    assert.equal(publicView.internal_id, undefined);
+    const revealed = await root.decodeSegmentId('users', id);
+    assert.equal(revealed.internal_id, '1');
+  } finally {
+    anon.close();
+    root.close();
+  }
+  const wrong = await Client.connect({ endpoints: addrs, adminToken: 'not-the-token' });
+  await assert.rejects(wrong.decodeSegmentId('users', '1'), (e) => e instanceof StatusError && ['PERMISSION_DENIED', 'UNAUTHENTICATED'].includes(e.code));
+  wrong.close();
+});
