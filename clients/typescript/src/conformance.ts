@@ -11,26 +11,29 @@ import { IdgenError } from './errors';
 
 type Request = Record<string, unknown> & { id: number; op: string };
 
-/** Every field of a node's answer as a string (nested maps flattened as `name.key`). */
-function strings(obj: object, into: Record<string, string> = {}, prefix = ''): Record<string, string> {
+/** The fields of a node's answer that are set, as strings (`names` renames proto fields; a map field becomes `<prefix>.<key>`). */
+function strings(
+  obj: object,
+  names: Record<string, string> = {},
+  maps: Record<string, string> = {},
+): Record<string, string> {
+  const out: Record<string, string> = {};
   for (const [k, v] of Object.entries(obj)) {
     if (k.startsWith('_') || v === undefined || v === null) continue;
-    if (typeof v === 'object' && !Buffer.isBuffer(v) && !Array.isArray(v)) strings(v, into, `${prefix}${k}.`);
-    else into[`${prefix}${k}`] = String(v);
+    if (typeof v === 'object' && !Buffer.isBuffer(v) && !Array.isArray(v)) {
+      for (const [mk, mv] of Object.entries(v)) out[`${maps[k] ?? k}.${mk}`] = String(mv);
+    } else {
+      out[names[k] ?? k] = String(v);
+    }
   }
-  return into;
+  return out;
 }
 
-/** The decode answer with the protocol's names beside the proto's. */
+/** A DecodeId answer by the protocol's names (`internal_id` and `key_version` only when the node sent them). */
 function decoded(d: object): Record<string, string> {
-  const f = strings(d);
-  const alias: Record<string, string> = {
-    timestamp_ms: 'unix_millis',
-    datacenter_id: 'datacenter',
-    worker_id: 'worker',
-  };
-  for (const [name, from] of Object.entries(alias)) if (f[from] !== undefined) f[name] = f[from];
-  return f;
+  const all = strings(d, { unix_millis: 'timestamp_ms', datacenter: 'datacenter_id', worker: 'worker_id' });
+  const keep = ['id', 'timestamp_ms', 'datacenter_id', 'worker_id', 'sequence', 'zone', 'token', 'hidden', 'key_version', 'internal_id', 'time'];
+  return Object.fromEntries(Object.entries(all).filter(([k]) => keep.includes(k)));
 }
 
 class Driver {
@@ -56,13 +59,13 @@ class Driver {
         return { ids: f.ids };
       }
       case 'parse':
-        return { fields: strings(await this.c.parseFormatted(String(r.format), String(r.id))) };
+        return { fields: strings(await this.c.parseFormatted(String(r.format), String(r.value)), {}, { params: 'param' }) };
       case 'counter':
         return { counter: strings(await this.c.formatCounter(String(r.format), (r.params as Record<string, string>) ?? {})) };
       case 'decode':
-        return { fields: decoded(await this.c.decodeId(String(r.id), (r.mode as Mode) || 'snowflake')) };
+        return { fields: decoded(await this.c.decodeId(String(r.value), (r.mode as Mode) || 'snowflake')) };
       case 'reveal':
-        return { fields: decoded(await this.c.decodeSegmentId(String(r.tag), String(r.id))) };
+        return { fields: decoded(await this.c.decodeSegmentId(String(r.tag), String(r.value))) };
       case 'uuid':
         return { uuids: await this.c.genUuids(Number(r.count)) };
       case 'strict_route':

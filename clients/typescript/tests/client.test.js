@@ -25,6 +25,7 @@ test.before(async () => {
       ['admin', 'token', `"${ADMIN}"`],
       ['hide', 'master_key_file', JSON.stringify(masterKey)],
     ],
+    raw: '[[formats]]\nname = "invoices"\ntemplate = "INV-{param:shop:2:alnum}-{seq:6}"\nreset = "never"\nscope_params = ["shop"]\n',
   });
   addrs = cluster.nodes.map((n) => n.grpc);
 });
@@ -281,4 +282,24 @@ test('admin reveal of a hidden segment ID only with the admin token', async () =
   const wrong = await Client.connect({ endpoints: addrs, adminToken: 'not-the-token' });
   await assert.rejects(wrong.decodeSegmentId('users', '1'), (e) => e instanceof StatusError && ['PERMISSION_DENIED', 'UNAUTHENTICATED'].includes(e.code));
   wrong.close();
+});
+
+test('formatted IDs: generate, parse, counter', async () => {
+  const client = await Client.connect({ endpoints: addrs });
+  try {
+    const { ids, numeric } = await client.genFormatted('invoices', { shop: 'EU' }, 3);
+    assert.equal(numeric, false);
+    assert.equal(ids.length, 3);
+    assert.equal(new Set(ids).size, 3);
+    for (const id of ids) assert.match(id, /^INV-EU-\d{6}$/);
+    const fields = await client.parseFormatted('invoices', ids[2]);
+    assert.equal(fields.seq, String(Number(ids[2].slice(7))));
+    assert.equal(fields.params.shop, 'EU');
+    const counter = await client.formatCounter('invoices', { shop: 'EU' });
+    assert.equal(counter.used, true);
+    assert.ok(BigInt(counter.last) >= BigInt(fields.seq));
+    await assert.rejects(client.genFormatted('no-such-format'), (e) => e instanceof StatusError && e.code === 'NOT_FOUND');
+  } finally {
+    client.close();
+  }
 });

@@ -58,8 +58,11 @@ class Cluster {
     return this.consulAddr;
   }
 
-  /** Starts one idgen node on the Consul store; `set` adds config lines: [[section, key, value-as-TOML]]. */
-  async node(name, set = []) {
+  /**
+   * Starts one idgen node on the Consul store; `set` adds config lines
+   * ([[section, key, value-as-TOML]]), `raw` TOML text at the end.
+   */
+  async node(name, set = [], raw = '') {
     const sections = new Map();
     const put = (s, k, v) => {
       if (!sections.has(s)) sections.set(s, new Map());
@@ -99,7 +102,7 @@ class Cluster {
       for (const [k, v] of keys) text += `${k} = ${v}\n`;
     }
     const config = join(this.dir, `${name}.toml`);
-    writeFileSync(config, text);
+    writeFileSync(config, text + raw);
     const env = { ...process.env };
     delete env.RUST_LOG;
     // idgen reads IDGEN_<SECTION>__<KEY> and refuses any other IDGEN_ name.
@@ -119,9 +122,9 @@ class Cluster {
   }
 
   /** Starts the emulator and `n` nodes; resolves once Consul lists all of them as passing. */
-  async start(n = 3, { acl, set = [] } = {}) {
+  async start(n = 3, { acl, set = [], raw = '' } = {}) {
     await this.consul(acl);
-    for (let i = 0; i < n; i++) await this.node(`n${i}`, set);
+    for (let i = 0; i < n; i++) await this.node(`n${i}`, set, raw);
     await this.passing(n);
     return this;
   }
