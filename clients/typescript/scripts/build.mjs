@@ -4,7 +4,7 @@
 // proto-loader-gen-types (no protoc), then compiles src/ to CommonJS with
 // .d.ts files in dist/cjs and writes the ESM entry dist/esm/index.js.
 import { execFileSync } from 'node:child_process';
-import { cpSync, existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -15,6 +15,13 @@ const shipped = join(root, 'proto', 'idgen', 'v1', 'idgen.proto');
 const bin = (name) => join(root, 'node_modules', '.bin', name);
 const run = (cmd, args) => execFileSync(cmd, args, { cwd: root, stdio: 'inherit' });
 
+// The package's version follows the proto's (proto/Cargo.toml).
+const protoCargo = join(root, '..', '..', 'proto', 'Cargo.toml');
+if (existsSync(protoCargo)) {
+  const want = /^version = "([^"]+)"/m.exec(readFileSync(protoCargo, 'utf8'))?.[1];
+  const have = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')).version;
+  if (want !== have) throw new Error(`package.json version ${have} differs from proto/Cargo.toml's ${want}: set it to ${want}`);
+}
 if (existsSync(repoProto)) {
   mkdirSync(dirname(shipped), { recursive: true });
   cpSync(repoProto, shipped);
