@@ -7,7 +7,8 @@
 # idgen uses, fetched from PyPI), the deployment files (promtool check
 # and unit tests of the alert rules, systemd-analyze verify, Kubernetes
 # manifests validated offline; scripts/check-deploy.sh), the client crate
-# against real nodes, the Python example client, the admin console in
+# against real nodes, the Python example client, the npm package
+# (clients/typescript, packed and installed), the admin console in
 # headless Chromium (tests/console.rs), the Prometheus scrape config
 # through Consul, and every shell block of the docs against real processes
 # (tests/doc_commands.rs, docs/CONTRIBUTING.md). Installs what it needs
@@ -18,6 +19,12 @@ bash scripts/setup.sh
 bash scripts/consul-interop.sh
 bash scripts/check-deploy.sh
 "${TMPDIR:-/tmp}/idgen-py-venv/bin/python" scripts/check_prometheus_config.py consul/prometheus.yml
+# The npm package as a user installs it: packed, installed into a scratch
+# project, its tests (node --test) run there against three nodes on the
+# Consul test server (consul-interop.sh built it). About 30 s.
+cargo build --quiet --bin idgen
+IDGEN_BIN="$PWD/target/debug/idgen" CONSUL_TESTSERVER="$PWD/target/debug/consul-testserver" \
+  bash clients/typescript/scripts/packaged.sh "${TMPDIR:-/tmp}/idgen-ts-client" --test
 # The Python example client runs against a 3-node cluster (tests/client_python.rs).
 export REQUIRE_PYTHON_EXAMPLE=1
 log=$(mktemp)
