@@ -23,7 +23,7 @@ export interface PrefetchOptions {
   batch?: number;
   /** The largest batch; keep it at most the server's `server.max_batch` (default 10,000, the server's default). */
   maxBatch?: number;
-  /** Start a refill when fewer than this many IDs are left (default: half the current batch). */
+  /** Start a refill when fewer than this many IDs are left (default: half of the current batch times the refills allowed in flight). */
   lowWater?: number;
   /** The most refills in flight at once (default 6: two per node of a 3-node cluster). */
   refillsInFlight?: number;
@@ -135,8 +135,9 @@ export class Prefetcher {
     return undefined;
   }
 
+  /** The refill threshold: `lowWater`, else half of what the refills in flight bring (so a fast reader does not outrun them). */
   private low(): number {
-    return this.settings.lowWater ?? this.batch >> 1;
+    return this.settings.lowWater ?? (this.batch * this.lanes) >> 1;
   }
 
   private refillIfLow(): void {
