@@ -11,7 +11,7 @@
  * that had to wait doubles the batch up to `maxBatch` and, once there,
  * adds a refill in flight, up to `refillsInFlight`.
  */
-import { DeadlineExceededError, IdgenError } from './errors';
+import { DeadlineExceededError, IdgenError, StatusError } from './errors';
 import type { Caller } from './call';
 import { SPREAD } from './nodes';
 import type { Mode__Output as ProtoMode } from './gen/idgen/v1/Mode';
@@ -75,6 +75,17 @@ interface Waiter {
   timer: NodeJS.Timeout;
 }
 
+/**
+ * The node's batch limit from its refusal of a larger batch ("count must
+ * be between 1 and 500, got 1000; ..."), as the Rust crate reads it.
+ */
+export function serverMaxBatch(e: Error): number | undefined {
+  if (!(e instanceof StatusError) || e.code !== 'INVALID_ARGUMENT') return undefined;
+  const m = /between 1 and (\d+)/.exec(e.details);
+  const n = m ? Number(m[1]) : NaN;
+  return Number.isInteger(n) && n >= 1 ? n : undefined;
+}
+
 /** A prefetch buffer for one (mode, tag). IDs come out as bigint. */
 export class Prefetcher {
   private readonly blocks: Block[] = [];
@@ -83,6 +94,8 @@ export class Prefetcher {
   private inFlight = 0;
   private lanes = 1;
   private batch: number;
+  /** `maxBatch`, lowered to a node's `server.max_batch` when one says it is lower. */
+  private maxBatch: number;
   private readonly waiters: Waiter[] = [];
   private lastError: Error | undefined;
   private closed = false;
@@ -94,6 +107,7 @@ export class Prefetcher {
     private readonly settings: PrefetchSettings,
   ) {
     this.batch = settings.batch;
+    this.maxBatch = settings.maxBatch;
   }
 
   /** How many IDs are buffered now. */
@@ -146,8 +160,8 @@ export class Prefetcher {
 
   private wait(): Promise<bigint> {
     // A caller had to wait: more IDs per refill, then more refills at once.
-    if (this.batch < this.settings.maxBatch) {
-      this.batch = Math.min(this.batch * 2, this.settings.maxBatch);
+    if (this.batch < this.maxBatch) {
+      this.batch = Math.min(this.batch * 2, this.maxBatch);
     } else if (this.lanes < this.settings.refillsInFlight) {
       this.lanes++;
     }
@@ -188,6 +202,14 @@ export class Prefetcher {
       },
       (e: Error) => {
         this.inFlight--;
+        const limit = serverMaxBatch(e);
+        if (limit !== undefined && limit < count) {
+          // The node's server.max_batch is lower: ask for that much from now on.
+          this.maxBatch = limit;
+          this.batch = Math.min(this.batch, limit);
+          if (this.waiters.length > 0 || this.available < this.low()) this.refill();
+          return;
+        }
         this.lastError = e;
         if (this.inFlight === 0) this.failWaiters(e);
       },

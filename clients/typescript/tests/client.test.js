@@ -303,3 +303,19 @@ test('formatted IDs: generate, parse, counter', async () => {
     client.close();
   }
 });
+
+test('a node whose server.max_batch is below the prefetch batch: the buffer lowers its batch and goes on', async () => {
+  const small = new Cluster();
+  small.consulAddr = cluster.consulAddr;
+  small.acl = ACL;
+  const node = await small.node('small', [['server', 'max_batch', '300']]);
+  const client = await Client.connect({ endpoints: [node.grpc], prefetch: { batch: 1000 } });
+  try {
+    const seen = new Set();
+    for (let i = 0; i < 2000; i++) seen.add((await client.nextId('lease')).toString());
+    assert.equal(seen.size, 2000);
+  } finally {
+    client.close();
+    await small.stop();
+  }
+});
