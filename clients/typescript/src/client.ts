@@ -93,6 +93,7 @@ function protoMode(mode: Mode): ProtoMode {
 export class Client {
   private readonly prefetchers = new Map<string, Prefetcher>();
   private readonly abort = new AbortController();
+  private uuids: UuidBuffer | undefined;
 
   private constructor(
     private readonly caller: Caller,
@@ -295,6 +296,18 @@ export class Client {
     return out;
   }
 
+  /**
+   * The next UUIDv7 (canonical text) from a prefetch buffer refilled in
+   * the background with GenUuids (the prefetch options' batch and
+   * threshold). Each refill's UUIDs are served in order (increasing, from
+   * one node); buffered UUIDs are dropped on close (never repeated).
+   */
+  nextUuid(): Promise<string> {
+    if (this.caller.closed) return Promise.reject(new ClosedError());
+    this.uuids ??= new UuidBuffer((n) => this.genUuids(n), this.prefetch);
+    return this.uuids.next();
+  }
+
   /** The parts of a UUIDv7 (canonical text, 32 hex digits or a ULID). */
   async decodeUuid(text: string): Promise<DecodedUuid> {
     return (await this.caller.call(M.DecodeUuid, { text }, 'idempotent', SPREAD)).value;
@@ -315,6 +328,7 @@ export class Client {
     this.caller.closed = true;
     this.abort.abort();
     for (const p of this.prefetchers.values()) p.close(new ClosedError());
+    this.uuids?.close(new ClosedError());
     this.nodeSet.close();
   }
 
@@ -323,6 +337,61 @@ export class Client {
     const md = new grpc.Metadata();
     md.set('authorization', this.admin);
     return md;
+  }
+}
+
+/**
+ * UUIDs fetched ahead: refilled when fewer than the threshold are left,
+ * one refill at a time; callers that find it empty wait for the refill
+ * (its call has the client's deadline) and are served in order.
+ */
+class UuidBuffer {
+  private buffered: string[] = [];
+  private pos = 0;
+  private refilling: Promise<void> | undefined;
+  private closed: Error | undefined;
+
+  constructor(
+    private readonly fetch: (n: number) => Promise<string[]>,
+    private readonly settings: PrefetchSettings,
+  ) {}
+
+  async next(): Promise<string> {
+    for (;;) {
+      if (this.closed) throw this.closed;
+      if (this.pos < this.buffered.length) {
+        const u = this.buffered[this.pos++];
+        if (this.buffered.length - this.pos < this.low()) void this.refill().catch(() => undefined);
+        return u;
+      }
+      await this.refill();
+    }
+  }
+
+  private low(): number {
+    return this.settings.lowWater ?? this.settings.batch >> 1;
+  }
+
+  private refill(): Promise<void> {
+    this.refilling ??= this.fetch(this.settings.batch).then(
+      (uuids) => {
+        this.refilling = undefined;
+        if (this.closed) return;
+        this.buffered = this.buffered.slice(this.pos).concat(uuids);
+        this.pos = 0;
+      },
+      (e) => {
+        this.refilling = undefined;
+        throw e;
+      },
+    );
+    return this.refilling;
+  }
+
+  close(e: Error): void {
+    this.closed = e;
+    this.buffered = [];
+    this.pos = 0;
   }
 }
 

@@ -250,7 +250,7 @@ test('a node that accepts and never answers costs one attempt budget: idempotent
   }
 });
 
-test('UUIDs are valid v7 and increase per call', async () => {
+test('UUIDs are valid v7, increase per call, and come from a prefetch buffer once each', async () => {
   const client = await Client.connect({ endpoints: addrs });
   try {
     const uuids = await client.genUuids(100);
@@ -258,6 +258,14 @@ test('UUIDs are valid v7 and increase per call', async () => {
     for (let i = 1; i < uuids.length; i++) assert.ok(uuids[i] > uuids[i - 1]);
     const d = await client.decodeUuid(uuids[0]);
     assert.equal(d.uuid, uuids[0]);
+    // From the prefetch buffer: valid v7, none twice across refills.
+    const fetched = new Set();
+    for (let i = 0; i < 2500; i++) {
+      const u = await client.nextUuid();
+      assert.match(u, /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+      fetched.add(u);
+    }
+    assert.equal(fetched.size, 2500);
   } finally {
     client.close();
   }
