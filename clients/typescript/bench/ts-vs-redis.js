@@ -37,9 +37,11 @@ async function redisRound(redis, n) {
   const a = [];
   const r = [];
   for (let round = 1; round <= rounds; round++) {
+    const [w0, r0] = [ids.waits, ids.refills];
     a.push(await idgenRound(ids, 3_000_000));
+    const waited = `${ids.waits - w0} waits for a refill in ${ids.refills - r0} refills`;
     r.push(await redisRound(redis, 100_000));
-    console.log(`round ${round}: idgen ${Math.round(a.at(-1)).toLocaleString('en')} IDs/s, ioredis INCR ${Math.round(r.at(-1)).toLocaleString('en')} /s`);
+    console.log(`round ${round}: idgen ${Math.round(a.at(-1)).toLocaleString('en')} IDs/s, ioredis INCR ${Math.round(r.at(-1)).toLocaleString('en')} /s (idgen: ${waited})`);
   }
   const ma = median(a);
   const mr = median(r);

@@ -110,6 +110,11 @@ export class Prefetcher {
     this.maxBatch = settings.maxBatch;
   }
 
+  /** How many calls found the buffer empty and waited for a refill (a buffer that keeps ahead of its reader keeps this near 0). */
+  waits = 0;
+  /** How many refills landed. */
+  refills = 0;
+
   /** How many IDs are buffered now. */
   get buffered(): number {
     return this.available;
@@ -159,6 +164,7 @@ export class Prefetcher {
   }
 
   private wait(): Promise<bigint> {
+    this.waits++;
     // A caller had to wait: more IDs per refill, then more refills at once.
     if (this.batch < this.maxBatch) {
       this.batch = Math.min(this.batch * 2, this.maxBatch);
@@ -191,6 +197,7 @@ export class Prefetcher {
     this.caller.call(GEN_IDS, request, 'idempotent', SPREAD).then(
       ({ value }) => {
         this.inFlight--;
+        this.refills++;
         this.lastError = undefined;
         if (value.length > 0) {
           const expires = this.mode === 'MODE_SNOWFLAKE' ? Date.now() + this.settings.maxSnowflakeAgeMs : 0;
