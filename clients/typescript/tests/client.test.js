@@ -327,3 +327,32 @@ test('a node whose server.max_batch is below the prefetch batch: the buffer lowe
     await small.stop();
   }
 });
+
+test('the Consul watch follows the service: a node that joins is used without a restart', async () => {
+  const env = { CONSUL_HTTP_ADDR: cluster.consulAddr, CONSUL_HTTP_TOKEN: ACL };
+  const client = await Client.connect({ consul: { env } });
+  const more = new Cluster();
+  more.consulAddr = cluster.consulAddr;
+  more.acl = ACL;
+  try {
+    // Nodes earlier tests stopped may still be listed until Consul reaps them.
+    for (const a of addrs) assert.ok(client.nodes().includes(a), `${a} in ${client.nodes()}`);
+    const joined = await more.node('joined', [['admin', 'token', `"${ADMIN}"`]]);
+    let seen = false;
+    for (let i = 0; i < 300 && !seen; i++) {
+      seen = client.nodes().includes(joined.grpc);
+      if (!seen) await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.ok(seen, `the client learned of ${joined.grpc} from Consul: ${client.nodes()}`);
+    await more.kill(joined);
+    let gone = false;
+    for (let i = 0; i < 300 && !gone; i++) {
+      gone = !client.nodes().includes(joined.grpc);
+      if (!gone) await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.ok(gone, 'a node Consul no longer lists as passing leaves the set');
+  } finally {
+    client.close();
+    await more.stop();
+  }
+});

@@ -5,7 +5,8 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { execFileSync } = require('node:child_process');
 const { join } = require('node:path');
-const { Client, ConfigError, IdgenError } = require('@idgen/client');
+const { spawn } = require('node:child_process');
+const { Client, ConfigError, DiscoveryError, IdgenError } = require('@idgen/client');
 const { Cluster, bin } = require('./fixture');
 
 let cluster;
@@ -74,4 +75,35 @@ test('TLS files that are missing or not PEM are configuration errors naming them
   await assert.rejects(Client.connect(opts({ caFile: join(certs, 'nope.pem') })), (e) => e instanceof ConfigError && e.code === 'CONFIG' && /nope\.pem/.test(e.message));
   await assert.rejects(Client.connect(opts({ ca: 'not a certificate' })), (e) => e instanceof ConfigError && /PEM/.test(e.message));
   await assert.rejects(Client.connect(opts({ caFile: join(certs, 'ca.pem'), certFile: join(certs, 'client.pem') })), (e) => e instanceof ConfigError && /both/.test(e.message));
+});
+
+test('Consul over HTTPS: CONSUL_CACERT is used, its absence is named, a wrong CA is refused', async () => {
+  const proc = spawn(
+    bin('CONSUL_TESTSERVER', 'consul-testserver'),
+    ['--listen', '127.0.0.1:0', '--https-cert', join(certs, 'node.pem'), '--https-key', join(certs, 'node-key.pem')],
+    { stdio: ['ignore', 'pipe', 'ignore'] },
+  );
+  try {
+    const addr = await new Promise((resolve, reject) => {
+      proc.stdout.on('data', (d) => {
+        const m = /listening on (\S+)/.exec(String(d));
+        if (m) resolve(m[1]);
+      });
+      proc.on('exit', () => reject(new Error('consul-testserver exited')));
+    });
+    const env = { CONSUL_HTTP_ADDR: `https://${addr}`, CONSUL_CACERT: join(certs, 'ca.pem') };
+    const client = await Client.connect({ consul: { env } });
+    assert.deepEqual(client.nodes(), [], 'no idgen node registered there');
+    client.close();
+    await assert.rejects(
+      Client.connect({ consul: { env: { CONSUL_HTTP_ADDR: `https://${addr}` } } }),
+      (e) => e instanceof ConfigError && /CONSUL_CACERT/.test(e.message),
+    );
+    await assert.rejects(
+      Client.connect({ consul: { env: { CONSUL_HTTP_ADDR: addr, CONSUL_HTTP_SSL: 'true', CONSUL_CACERT: join(other, 'ca.pem') } } }),
+      (e) => e instanceof DiscoveryError && /CONSUL_CACERT/.test(e.message),
+    );
+  } finally {
+    proc.kill('SIGKILL');
+  }
 });
