@@ -37,5 +37,8 @@ if [ "${2:-}" = "--test" ]; then
   cp -r "$here/tests" "$dir/tests"
   export IDGEN_BIN="${IDGEN_BIN:-$repo/target/debug/idgen}"
   export CONSUL_TESTSERVER="${CONSUL_TESTSERVER:-$repo/target/debug/consul-testserver}"
+  # The types as a user's TypeScript sees them (ESM and CommonJS).
+  "$here/node_modules/.bin/tsc" -p tests/typecheck --typeRoots "$here/node_modules/@types"
+  echo "packaged: the installed package's types compile (tests/typecheck)"
   node --test tests/
 fi

@@ -8,7 +8,6 @@ import * as grpc from '@grpc/grpc-js';
 import {
   ClosedError,
   DeadlineExceededError,
-  IdgenError,
   NoNodesError,
   StatusError,
   TransportError,
@@ -208,4 +207,3 @@ export function isTransport(err: grpc.ServiceError): boolean {
   );
 }
 
-export { IdgenError };
