@@ -356,3 +356,39 @@ test('the Consul watch follows the service: a node that joins is used without a 
     await more.stop();
   }
 });
+
+test('the conformance driver (dist/conformance.js, the bin entry) answers the protocol line by line', async () => {
+  const { spawn } = require('node:child_process');
+  const { dirname } = require('node:path');
+  const driver = join(dirname(require.resolve('@idgen/client/package.json')), 'dist', 'conformance.js');
+  const child = spawn(process.execPath, [driver], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const requests = [
+    { id: 1, op: 'open', discovery: 'static', nodes: addrs, tls: null, prefetch: { size: 100, low: 20 }, deadline_ms: 2000, attempt_ms: 500, admin_token: null },
+    { id: 2, op: 'next', mode: 'snowflake', tag: '', count: 3 },
+    { id: 3, op: 'strict_route', key: 'orders/k7' },
+    { id: 4, op: 'gen', mode: 'segment', tag: 'above53', count: 1 },
+    { id: 5, op: 'decode', value: '387893054096281600', mode: 'snowflake' },
+    { id: 6, op: 'gen', mode: 'strict', tag: 'no such key', count: 1 },
+    { id: 7, op: 'close' },
+  ];
+  child.stdin.end(requests.map((r) => JSON.stringify(r)).join('\n') + '\n');
+  let out = '';
+  child.stdout.on('data', (d) => (out += d));
+  const code = await new Promise((resolve) => child.on('exit', resolve));
+  assert.equal(code, 0);
+  const answers = out.trim().split('\n').map((l) => JSON.parse(l));
+  assert.deepEqual(answers.map((a) => a.id), [1, 2, 3, 4, 5, 6, 7]);
+  assert.deepEqual(answers[0].nodes.sort(), [...addrs].sort());
+  assert.equal(answers[1].ids.length, 3);
+  assert.ok(answers[1].ids.every((id) => typeof id === 'string' && BigInt(id) > 2n ** 53n));
+  const direct = await Client.connect({ endpoints: addrs });
+  assert.equal(answers[2].node, direct.strictNode('orders/k7'));
+  direct.close();
+  assert.ok(BigInt(answers[3].ids[0]) > 2n ** 60n, 'the segment tag above 2^53 stays exact as a string');
+  assert.equal(answers[4].fields.id, '387893054096281600');
+  assert.equal(answers[4].fields.worker_id !== undefined, true);
+  assert.equal(answers[5].ok, false);
+  assert.equal(answers[5].code, 'INVALID_ARGUMENT');
+  assert.equal(answers[5].sent, true);
+  assert.deepEqual(answers[6], { id: 7, ok: true });
+});
