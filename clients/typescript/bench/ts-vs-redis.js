@@ -4,11 +4,14 @@
 // the same loop; run by scripts/bench-ts-client.sh, which starts both.
 // Prints one line per round and the medians and ratio at the end.
 //
-//   node ts-vs-redis.js NODE1,NODE2,NODE3 REDIS_PORT [ROUNDS]
+// Then one failover run: SIGKILL of one node (VICTIM_PID) under the
+// prefetch load; errors, duplicates and the longest nextId call.
+//
+//   node ts-vs-redis.js NODE1,NODE2,NODE3 REDIS_PORT ROUNDS VICTIM_PID
 const { Client } = require('@idgen/client');
 const Redis = require('ioredis');
 
-const [nodesArg, redisPort, roundsArg] = process.argv.slice(2);
+const [nodesArg, redisPort, roundsArg, victimArg] = process.argv.slice(2);
 const rounds = Number(roundsArg ?? 5);
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
@@ -25,6 +28,26 @@ async function redisRound(redis, n) {
   const start = process.hrtime.bigint();
   for (let i = 0; i < n; i++) await redis.incr('bench:id');
   return n / (Number(process.hrtime.bigint() - start) / 1e9);
+}
+
+/** 2 M IDs with a node killed -9 after the first 500 k: errors, duplicates, the longest call. */
+async function failover(ids, victim) {
+  const seen = new Set();
+  let errors = 0;
+  let longest = 0n;
+  for (let i = 0; i < 2_000_000; i++) {
+    if (i === 500_000) process.kill(victim, 'SIGKILL');
+    const t = process.hrtime.bigint();
+    try {
+      seen.add(await ids.nextId());
+    } catch {
+      errors++;
+    }
+    const took = process.hrtime.bigint() - t;
+    if (took > longest) longest = took;
+  }
+  const dups = 2_000_000 - errors - seen.size;
+  console.log(`failover (SIGKILL of one of 3 nodes under prefetch): ${errors} errors, ${dups} duplicates, longest nextId ${(Number(longest) / 1e6).toFixed(1)} ms`);
 }
 
 (async () => {
@@ -47,6 +70,7 @@ async function redisRound(redis, n) {
   const mr = median(r);
   console.log(`median: idgen prefetch ${Math.round(ma).toLocaleString('en')} IDs/s; ioredis INCR ${Math.round(mr).toLocaleString('en')} /s; ratio ${(ma / mr).toFixed(1)}x`);
   redis.disconnect();
+  if (victimArg) await failover(ids, Number(victimArg));
   client.close();
 })().catch((e) => {
   console.error(e);
