@@ -21,7 +21,8 @@ bash scripts/check-deploy.sh
 "${TMPDIR:-/tmp}/idgen-py-venv/bin/python" scripts/check_prometheus_config.py consul/prometheus.yml
 # The npm package as a user installs it: packed, installed into a scratch
 # project, its tests (node --test) run there against three nodes on the
-# Consul test server (consul-interop.sh built it). About 30 s.
+# Consul test server (consul-interop.sh built it). 30 s on a quiet
+# machine, 85 s at load average 30.
 cargo build --quiet --bin idgen
 IDGEN_BIN="$PWD/target/debug/idgen" CONSUL_TESTSERVER="$PWD/target/debug/consul-testserver" \
   bash clients/typescript/scripts/packaged.sh "${TMPDIR:-/tmp}/idgen-ts-client" --test
