@@ -31,7 +31,11 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/idgen-bench-ts.XXXXXX")
 pids=()
+cluster_pid=""
 cleanup() {
+  # Closing the cluster's stdin makes it stop its nodes and the emulator.
+  exec 3>&- 2>/dev/null || true
+  [ -n "$cluster_pid" ] && wait "$cluster_pid" 2>/dev/null || true
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
@@ -48,7 +52,7 @@ pids+=($!)
 
 mkfifo "$work/hold"
 node clients/typescript/bench/cluster.js <"$work/hold" >"$work/nodes" 2>"$work/cluster.log" &
-pids+=($!)
+cluster_pid=$!
 exec 3>"$work/hold"
 for _ in $(seq 1 600); do
   [ -s "$work/nodes" ] && break
@@ -68,4 +72,3 @@ done
 
 echo "nodes: $nodes; redis-server on 127.0.0.1:$redis_port; node $(node --version); $(nproc) cores"
 (cd "$work/app" && node ts-vs-redis.js "$nodes" "$redis_port" "$rounds" "$victim")
-exec 3>&-

@@ -176,12 +176,16 @@ export class Client {
     return client;
   }
 
-  /** Follows Consul until the client closes; the last known nodes stay in use while Consul cannot be reached. */
+  /**
+   * Follows Consul until the client closes; the last known nodes stay in
+   * use while Consul cannot be reached. Its timers and sockets do not keep
+   * the process alive (a client left open does not hang the exit).
+   */
   private async watch(agent: ConsulAgent, index: bigint): Promise<void> {
     const signal = this.abort.signal;
     while (!signal.aborted) {
       try {
-        const answer = await queryConsul(agent, index, signal);
+        const answer = await queryConsul(agent, index, signal, true);
         // An index that went backwards (Consul restored a snapshot) restarts the watch.
         index = answer.index < index ? 0n : answer.index;
         if (answer.addrs.length > 0 || this.nodeSet.size === 0) this.nodeSet.replace(answer.addrs);
@@ -434,12 +438,17 @@ export function uuidText(b: Uint8Array): string {
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
 }
 
+/** Sleeps `ms`, or less when `signal` aborts (its listener removed either way). */
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
-    const t = setTimeout(resolve, ms);
-    signal.addEventListener('abort', () => {
+    const done = () => {
       clearTimeout(t);
+      signal.removeEventListener('abort', done);
       resolve();
-    }, { once: true });
+    };
+    const t = setTimeout(done, ms);
+    // Discovery alone never keeps the process alive.
+    t.unref();
+    signal.addEventListener('abort', done, { once: true });
   });
 }

@@ -149,9 +149,15 @@ export interface ConsulAnswer {
 /**
  * One query, blocking on `index` when it is not 0 (never on 0: Consul's
  * rule, so the first query answers at once). Rejects with an Error that
- * says what to change (a 403 names the token).
+ * says what to change (a 403 names the token). `background`: the
+ * request's socket does not keep the process alive.
  */
-export function queryConsul(c: ConsulAgent, index: bigint, signal?: AbortSignal): Promise<ConsulAnswer> {
+export function queryConsul(
+  c: ConsulAgent,
+  index: bigint,
+  signal?: AbortSignal,
+  background = false,
+): Promise<ConsulAnswer> {
   const q = new URLSearchParams();
   q.set('passing', '');
   if (c.datacenter) q.set('dc', c.datacenter);
@@ -196,6 +202,8 @@ export function queryConsul(c: ConsulAgent, index: bigint, signal?: AbortSignal)
         resolve({ addrs, index: next });
       });
     });
+    // A background watch's socket does not keep the process alive.
+    if (background) req.on('socket', (s) => s.unref());
     req.on('timeout', () => req.destroy(new Error(`Consul at ${c.url} did not answer within ${timeout} ms`)));
     req.on('error', (e) => reject(new Error(sendError(c, e))));
   });

@@ -39,6 +39,15 @@ function firstLine(proc, stream, match, ms, what) {
   });
 }
 
+/** Every process a cluster started, killed when this process ends however it ends. */
+const started = new Set();
+process.on('exit', () => {
+  for (const p of started) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+});
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+  process.once(signal, () => process.exit(1));
+}
+
 class Cluster {
   constructor() {
     this.dir = mkdtempSync(join(tmpdir(), 'idgen-ts-test-'));
@@ -46,12 +55,19 @@ class Cluster {
     this.nodes = [];
   }
 
+  /** Records a started process (for stop() and for the exit handler). */
+  track(proc) {
+    this.procs.push(proc);
+    started.add(proc);
+    proc.on('exit', () => started.delete(proc));
+    return proc;
+  }
+
   /** Starts the Consul emulator (`acl`: its master token, or undefined for no ACLs). */
   async consul(acl) {
     const args = ['--listen', '127.0.0.1:0', '--session-ttl-min', '1s', '--check-reap-interval', '1s'];
     if (acl) args.push('--acl-token', acl);
-    const proc = spawn(bin('CONSUL_TESTSERVER', 'consul-testserver'), args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    this.procs.push(proc);
+    const proc = this.track(spawn(bin('CONSUL_TESTSERVER', 'consul-testserver'), args, { stdio: ['ignore', 'pipe', 'pipe'] }));
     proc.stderr.resume();
     this.consulAddr = await firstLine(proc, proc.stdout, (l) => /^listening on (\S+)/.exec(l)?.[1], 20000, 'consul-testserver');
     this.acl = acl;
@@ -107,8 +123,7 @@ class Cluster {
     delete env.RUST_LOG;
     // idgen reads IDGEN_<SECTION>__<KEY> and refuses any other IDGEN_ name.
     for (const k of Object.keys(env)) if (k.startsWith('IDGEN_')) delete env[k];
-    const proc = spawn(bin('IDGEN_BIN', 'idgen'), ['serve', '--config', config], { stdio: ['ignore', 'ignore', 'pipe'], env });
-    this.procs.push(proc);
+    const proc = this.track(spawn(bin('IDGEN_BIN', 'idgen'), ['serve', '--config', config], { stdio: ['ignore', 'ignore', 'pipe'], env }));
     const ready = await firstLine(
       proc,
       proc.stderr,
