@@ -29,6 +29,8 @@
 #     ${TMPDIR:-/tmp}/idgen-client-venv, remade whenever clients/python or
 #     the proto changed (scripts/python-client-venv.sh; for
 #     tests/client_python.rs, tests/newcomer.rs and the conformance suite).
+#   - clients/typescript/node_modules from its package-lock.json (`npm
+#     ci`): the npm package's build tools (scripts/test.sh packs it).
 # protoc is NOT needed: the proto is compiled by protox, in Rust.
 set -euo pipefail
 
@@ -79,6 +81,16 @@ have=$(node -e 'try { console.log(require(process.argv[1]).version) } catch (e) 
 if [ "$want" != "$have" ]; then
   echo "setup: npm ci in tests/console (playwright-core $want)"
   (cd "$console_dir" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The TypeScript client's build tools (typescript, @grpc/proto-loader's
+# proto-loader-gen-types) at the versions its package-lock.json pins;
+# clients/typescript/scripts/packaged.sh makes the same check.
+ts_dir="$(cd "$(dirname "$0")/.." && pwd)/clients/typescript"
+if ! cmp -s "$ts_dir/package-lock.json" "$ts_dir/node_modules/.package-lock.json.copy" 2>/dev/null; then
+  echo "setup: npm ci in clients/typescript"
+  (cd "$ts_dir" && npm ci --no-audit --no-fund --loglevel=error)
+  cp "$ts_dir/package-lock.json" "$ts_dir/node_modules/.package-lock.json.copy"
 fi
 
 echo "setup: ok ($(promtool --version 2>&1 | head -n1))"
