@@ -395,6 +395,10 @@ pub struct ConsulSection {
     /// worker lock was lost.
     #[serde(with = "humantime_serde")]
     pub reclaim_backoff_max: Duration,
+    /// The Consul datacenter whose KV registers every datacenter id of
+    /// the federation, so two Consul datacenters never share one. Empty:
+    /// the agent's `primary_datacenter`, else its own datacenter.
+    pub primary_datacenter: String,
 }
 
 impl Default for ConsulSection {
@@ -424,6 +428,7 @@ impl Default for ConsulSection {
             check_timeout: Duration::from_secs(2),
             deregister_critical_after: Duration::from_secs(60),
             reclaim_backoff_max: Duration::from_secs(5),
+            primary_datacenter: String::new(),
         }
     }
 }
