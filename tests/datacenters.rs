@@ -124,3 +124,33 @@ async fn a_running_node_whose_claim_is_another_datacenters_fences_at_its_next_ma
     assert!(b.log_text().contains("high-water mark not written"));
     b.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datacenter_on_another_layout_than_the_primarys_is_refused() {
+    let (dc1, dc2) = federation().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ChildServer::start(&config(dir.path(), "a", &dc1, 1));
+    // dc2 has no layout record of its own yet: without the primary's, it
+    // would record this one and issue on it.
+    let log = ChildServer::try_start_env(
+        &config(dir.path(), "b", &dc2, 2),
+        &[],
+        &[("IDGEN_LAYOUT__EPOCH", "2024-01-01T01:00:00Z")],
+    )
+    .err()
+    .expect("a layout other than the primary's must be refused");
+    assert!(
+        log.contains("layout.epoch: cluster has 2024-01-01T00:00:00Z"),
+        "{log}"
+    );
+    assert!(
+        dc2.sessions().is_empty(),
+        "a refused node takes no worker id"
+    );
+    // The same layout starts, and the primary holds the one record.
+    let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
+    assert!(dc1.kv_get("idgen/test/layout").is_some());
+    for node in [a, b] {
+        assert!(node.terminate().success());
+    }
+}

@@ -362,13 +362,20 @@ async fn layout_guard(spec: &ClusterSpec, client: &ConsulClient) -> Result<Layou
 /// What comes before a worker id is claimed: the cluster's index, the
 /// datacenter id (rule 39: it must be this Consul datacenter's, or every
 /// worker id under it could repeat another datacenter's IDs), then the
-/// layout (a node on another layout must not even take a worker id).
+/// layout (a node on another layout must not even take a worker id), in
+/// the primary when it is another datacenter, then in this one.
 async fn before_claim(
     spec: &ClusterSpec,
     client: &ConsulClient,
 ) -> Result<(DatacenterRegistry, LayoutGuard), JoinError> {
     check_cluster_index(spec, client).await;
     let registry = datacenter_claim(spec, client).await?;
+    if registry.is_remote() {
+        // One layout for the federation (rule 40): the primary's record,
+        // made by the first node of any datacenter, must match, before
+        // this datacenter records one of its own.
+        layout_guard(spec, registry.primary_client()).await?;
+    }
     let guard = layout_guard(spec, client).await?;
     Ok((registry, guard))
 }

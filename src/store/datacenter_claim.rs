@@ -126,6 +126,17 @@ impl DatacenterRegistry {
         })
     }
 
+    /// A client of the primary datacenter (`?dc=`; the local client when
+    /// the primary is the local datacenter).
+    pub fn primary_client(&self) -> &ConsulClient {
+        &self.primary
+    }
+
+    /// Whether the primary is another Consul datacenter than this node's.
+    pub fn is_remote(&self) -> bool {
+        self.primary_name != self.local
+    }
+
     /// The primary datacenter's name.
     pub fn primary(&self) -> &str {
         &self.primary_name
