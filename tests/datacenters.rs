@@ -17,7 +17,15 @@ use consul_testserver::TestConsul;
 /// A node of `consul` (one datacenter's agent) with `datacenter_id`.
 fn config(dir: &Path, name: &str, consul: &TestConsul, datacenter_id: u64) -> PathBuf {
     let id = datacenter_id.to_string();
-    write_cluster_config(dir, name, consul.addr(), &[("node", "datacenter_id", &id)])
+    write_cluster_config(
+        dir,
+        name,
+        consul.addr(),
+        &[
+            ("node", "datacenter_id", &id),
+            ("consul", "primary_datacenter", "\"dc1\""),
+        ],
+    )
 }
 
 /// The claim record of `id` as `consul` (one datacenter) holds it.

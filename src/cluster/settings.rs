@@ -35,7 +35,7 @@ pub struct ClusterConfig {
     /// Consul session ended).
     pub reclaim_backoff_max: Duration,
     /// `consul.primary_datacenter`: the Consul datacenter whose KV holds
-    /// the datacenter-id claims. `None`: the agent's `primary_datacenter`,
-    /// else its own datacenter.
+    /// the datacenter-id claims. `None`: the node's own Consul
+    /// datacenter.
     pub primary_datacenter: Option<String>,
 }

@@ -397,7 +397,8 @@ pub struct ConsulSection {
     pub reclaim_backoff_max: Duration,
     /// The Consul datacenter whose KV registers every datacenter id of
     /// the federation, so two Consul datacenters never share one. Empty:
-    /// the agent's `primary_datacenter`, else its own datacenter.
+    /// this node's own Consul datacenter (no registry across datacenters:
+    /// set it on every datacenter's nodes to name the primary).
     pub primary_datacenter: String,
 }
 

@@ -7,8 +7,7 @@
 //! worker ids of one number space and issue the same IDs. So every node
 //! first makes sure its datacenter id belongs to its own Consul datacenter:
 //! `<prefix>/<cluster>/datacenters/<id>` in the primary datacenter
-//! (`consul.primary_datacenter`; by default the agent's
-//! `primary_datacenter`, which is its own datacenter when none is set),
+//! (`consul.primary_datacenter`; by default the node's own datacenter),
 //! created once with a create-only write and read back `?consistent`. A
 //! node whose Consul datacenter is not the owner refuses to start, and a
 //! running one fences at its next mark renewal (the claim is read again
@@ -99,7 +98,8 @@ pub struct DatacenterRegistry {
 
 impl DatacenterRegistry {
     /// Finds this node's Consul datacenter and the primary (`configured`,
-    /// else the agent's `primary_datacenter`, else its own datacenter).
+    /// else its own datacenter: set, it is a decision of the operator,
+    /// since every renewal then needs the primary to answer).
     pub async fn connect(
         client: &ConsulClient,
         keys: &ClusterPaths,
@@ -107,9 +107,16 @@ impl DatacenterRegistry {
         id: u64,
     ) -> Result<Self, ConsulError> {
         let agent = client.agent_datacenters().await?;
+        if configured.is_none() && !agent.primary.is_empty() && agent.primary != agent.datacenter {
+            tracing::warn!(
+                datacenter = %agent.datacenter,
+                primary = %agent.primary,
+                "this Consul datacenter belongs to a federation, but consul.primary_datacenter is empty: datacenter ids are registered in this datacenter only, so another datacenter given the same node.datacenter_id would issue the same IDs; set consul.primary_datacenter = {:?} on every datacenter's nodes (docs/CLUSTER.md, Several datacenters)",
+                agent.primary
+            );
+        }
         let primary_name = configured
             .map(str::to_owned)
-            .or_else(|| Some(agent.primary.clone()).filter(|p| !p.is_empty()))
             .unwrap_or_else(|| agent.datacenter.clone());
         let primary = if primary_name == agent.datacenter {
             client.clone()

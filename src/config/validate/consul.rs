@@ -146,7 +146,7 @@ impl ConsulSection {
         if !primary.is_empty() && !is_name(primary, 64, false) {
             return Err(invalid(
                 "consul.primary_datacenter",
-                format!("{primary:?}: a Consul datacenter name, 1 to 64 of a-z 0-9 _ - (empty: the agent's primary_datacenter)"),
+                format!("{primary:?}: a Consul datacenter name, 1 to 64 of a-z 0-9 _ - (empty: this node's own Consul datacenter)"),
             ));
         }
         Ok(prefix)
