@@ -150,9 +150,9 @@ const PORT_ATTEMPTS: usize = 3;
 
 /// The loopback ports the docs serve on: the development node's, the
 /// Consul walkthrough's three nodes', the README tour's three nodes' and
-/// the Consul agent's.
-const DOC_PORTS: [u16; 13] = [
-    50051, 50052, 50053, 9464, 9465, 9466, 50061, 50062, 50063, 9471, 9472, 9473, 8500,
+/// the Consul agents' (two datacenters).
+const DOC_PORTS: [u16; 14] = [
+    50051, 50052, 50053, 9464, 9465, 9466, 50061, 50062, 50063, 9471, 9472, 9473, 8500, 8510,
 ];
 
 /// How long an attempt waits for its ports to become free: longer than

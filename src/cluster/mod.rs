@@ -7,6 +7,9 @@
 //! moment it may no longer be the holder and claims again, and
 //! [`registration`] registers the node as a Consul service with a gRPC
 //! health check so clients find only nodes that are issuing IDs.
+//! Before any of it, `store::datacenter_claim` registers the node's
+//! datacenter id in the primary Consul datacenter, so two Consul
+//! datacenters never share one.
 //! [`holders`] reads who holds each worker id and token of a Consul
 //! cluster, and force-releases or renews a holder's session for the
 //! admin API. [`status`] publishes each node's status to Consul KV and

@@ -34,4 +34,8 @@ pub struct ClusterConfig {
     /// Longest pause between claim attempts after the claim was lost (its
     /// Consul session ended).
     pub reclaim_backoff_max: Duration,
+    /// `consul.primary_datacenter`: the Consul datacenter whose KV holds
+    /// the datacenter-id claims. `None`: the node's own Consul
+    /// datacenter.
+    pub primary_datacenter: Option<String>,
 }

@@ -41,6 +41,7 @@ use crate::metrics as m;
 use crate::store::cluster_layout::{
     ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
 };
+use crate::store::datacenter_claim::DatacenterRegistry;
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
 use crate::store::{hwm::ConsulHwmStore, kv_paths::OwnerInfo};
 use crate::store::{HwmKeeper, StoreError, WorkerKey};
@@ -67,6 +68,10 @@ pub enum JoinError {
     /// No worker id could be claimed in Consul.
     #[error(transparent)]
     WorkerLock(#[from] super::worker_lock::WorkerLockError),
+    /// The datacenter id belongs to another Consul datacenter, or the
+    /// primary could not confirm it.
+    #[error(transparent)]
+    Datacenter(#[from] crate::store::datacenter_claim::DatacenterClaimError),
     /// Consul, the cluster's layout record, the store or the start-up rule
     /// refused.
     #[error(transparent)]
@@ -354,6 +359,45 @@ async fn layout_guard(spec: &ClusterSpec, client: &ConsulClient) -> Result<Layou
     Ok(guard)
 }
 
+/// What comes before a worker id is claimed: the cluster's index, the
+/// datacenter id (rule 39: it must be this Consul datacenter's, or every
+/// worker id under it could repeat another datacenter's IDs), then the
+/// layout (a node on another layout must not even take a worker id), in
+/// the primary when it is another datacenter, then in this one.
+async fn before_claim(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+) -> Result<(DatacenterRegistry, LayoutGuard), JoinError> {
+    check_cluster_index(spec, client).await;
+    let registry = datacenter_claim(spec, client).await?;
+    if registry.is_remote() {
+        // One layout for the federation (rule 40): the primary's record,
+        // made by the first node of any datacenter, must match, before
+        // this datacenter records one of its own.
+        layout_guard(spec, registry.primary_client()).await?;
+    }
+    let guard = layout_guard(spec, client).await?;
+    Ok((registry, guard))
+}
+
+/// The claim of this node's datacenter id in the primary Consul
+/// datacenter, made if there is none, refused if another owns it.
+async fn datacenter_claim(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+) -> Result<DatacenterRegistry, JoinError> {
+    let registry = DatacenterRegistry::connect(
+        client,
+        &spec.config.keys,
+        spec.config.primary_datacenter.as_deref(),
+        spec.datacenter,
+    )
+    .await
+    .map_err(Error::from)?;
+    registry.ensure(&spec.instance).await?;
+    Ok(registry)
+}
+
 /// Before this node writes anything under the cluster's keys: is the
 /// cluster's Consul index below the one this node saved (a snapshot
 /// restore, or Consul rebuilt empty, while it was down)? A detection is
@@ -378,10 +422,7 @@ async fn claim(
         address: spec.advertise.to_string(),
         since_ms: clock.now_millis(),
     };
-    check_cluster_index(spec, client).await;
-    // The cluster's layout first: a node on another layout must not even
-    // take a worker id.
-    let guard = layout_guard(spec, client).await?;
+    let (registry, guard) = before_claim(spec, client).await?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -411,7 +452,8 @@ async fn claim(
         );
         let store = Arc::new(
             ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lock.session())
-                .with_layout(guard.clone()),
+                .with_layout(guard.clone())
+                .with_datacenter(registry.clone()),
         );
         let layout = spec.generator_layout;
         let started =
@@ -606,6 +648,14 @@ async fn reclaim(
                             error = %e,
                             "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
                         )
+                    }
+                }
+                Err(JoinError::Datacenter(e)) => {
+                    // Rule 39: the refusals name the owner and the fix.
+                    let reason = e.to_string();
+                    if gate.fence_reason().as_deref() != Some(&reason) {
+                        tracing::error!(reason = %reason, "fenced: the datacenter id is not this Consul datacenter's");
+                        gate.set_fence_reason(reason);
                     }
                 }
                 Err(e) => tracing::warn!(

@@ -395,6 +395,11 @@ pub struct ConsulSection {
     /// worker lock was lost.
     #[serde(with = "humantime_serde")]
     pub reclaim_backoff_max: Duration,
+    /// The Consul datacenter whose KV registers every datacenter id of
+    /// the federation, so two Consul datacenters never share one. Empty:
+    /// this node's own Consul datacenter (no registry across datacenters:
+    /// set it on every datacenter's nodes to name the primary).
+    pub primary_datacenter: String,
 }
 
 impl Default for ConsulSection {
@@ -424,6 +429,7 @@ impl Default for ConsulSection {
             check_timeout: Duration::from_secs(2),
             deregister_critical_after: Duration::from_secs(60),
             reclaim_backoff_max: Duration::from_secs(5),
+            primary_datacenter: String::new(),
         }
     }
 }

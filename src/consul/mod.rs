@@ -238,6 +238,15 @@ enum Safety {
     Once,
 }
 
+/// What `/v1/agent/self` says about datacenters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDatacenters {
+    /// The agent's own Consul datacenter.
+    pub datacenter: String,
+    /// Its `primary_datacenter`; empty when not reported.
+    pub primary: String,
+}
+
 /// A Consul agent client. Cheap to clone (one connection pool).
 #[derive(Clone)]
 pub struct ConsulClient {
@@ -245,6 +254,10 @@ pub struct ConsulClient {
     base: String,
     acl_token: Option<String>,
     config: ConsulConfig,
+    /// `?dc=` sent with every request: another Consul datacenter, reached
+    /// through the local agent (Consul forwards the request to that
+    /// datacenter's servers). `None`: the agent's own.
+    datacenter: Option<String>,
 }
 
 impl fmt::Debug for ConsulClient {
@@ -292,6 +305,40 @@ impl ConsulClient {
             acl_token: config.acl_token.clone(),
             base,
             config,
+            datacenter: None,
+        })
+    }
+
+    /// The same agent and connections, every request sent with `?dc=dc`:
+    /// reads and writes go to that Consul datacenter's servers and raft
+    /// log (a session or lock there is that datacenter's). Agent endpoints
+    /// stay the local agent's.
+    pub fn in_datacenter(&self, dc: &str) -> Self {
+        Self {
+            datacenter: Some(dc.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// The datacenter set with [`in_datacenter`](Self::in_datacenter).
+    pub fn datacenter(&self) -> Option<&str> {
+        self.datacenter.as_deref()
+    }
+
+    /// `GET /v1/agent/self`: the local agent's Consul datacenter and its
+    /// `primary_datacenter` (empty when the agent does not report one).
+    pub async fn agent_datacenters(&self) -> Result<AgentDatacenters, ConsulError> {
+        const EP: &str = "agent/self";
+        let r = self
+            .call(Call::new(Method::GET, EP, "agent/self".into()))
+            .await?;
+        if r.status != StatusCode::OK {
+            return Err(Self::unexpected(EP, &r));
+        }
+        let raw: types::RawAgentSelf = Self::decode(EP, &r.body)?;
+        Ok(AgentDatacenters {
+            datacenter: raw.config.datacenter,
+            primary: raw.config.primary_datacenter.unwrap_or_default(),
         })
     }
 
@@ -360,6 +407,14 @@ impl ConsulClient {
         body: Option<Vec<u8>>,
         extra_timeout: Duration,
     ) -> Result<Reply, ConsulError> {
+        let with_dc;
+        let query = match &self.datacenter {
+            Some(dc) if !endpoint.starts_with("agent/") => {
+                with_dc = [query, &[("dc", dc.clone())]].concat();
+                with_dc.as_slice()
+            }
+            _ => query,
+        };
         let url = format!("{}/v1/{}{}", self.base, path, query_string(query));
         let mut req = self
             .http

@@ -660,3 +660,18 @@ mod tests {
         assert_eq!(e.check_statuses, vec!["passing"]);
     }
 }
+
+/// The part of `/v1/agent/self` idgen reads.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawAgentSelf {
+    #[serde(rename = "Config")]
+    pub(super) config: RawAgentConfig,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawAgentConfig {
+    #[serde(rename = "Datacenter", default)]
+    pub(super) datacenter: String,
+    #[serde(rename = "PrimaryDatacenter", default)]
+    pub(super) primary_datacenter: Option<String>,
+}

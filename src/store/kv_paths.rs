@@ -301,6 +301,22 @@ impl ClusterPaths {
         format!("{}/hide-master-fingerprint", self.root)
     }
 
+    /// The claim of datacenter id `id`, kept in the primary Consul
+    /// datacenter ([`super::datacenter_claim`]).
+    pub fn datacenter_claim(&self, id: u64) -> String {
+        format!("{}/datacenters/{id}", self.root)
+    }
+
+    /// The folder of every datacenter claim (with trailing `/`).
+    pub fn datacenter_claims_dir(&self) -> String {
+        format!("{}/datacenters/", self.root)
+    }
+
+    /// The cluster name: the last part of `<prefix>/<cluster>`.
+    pub fn cluster_name(&self) -> &str {
+        self.root.rsplit('/').next().unwrap_or(&self.root)
+    }
+
     /// The cluster's layout record.
     pub fn layout(&self) -> String {
         format!("{}/layout", self.root)

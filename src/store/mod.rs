@@ -13,6 +13,7 @@ pub mod cas;
 pub mod cluster_index;
 pub mod cluster_layout;
 pub(crate) mod counts;
+pub mod datacenter_claim;
 pub mod embedded;
 pub mod fault_hook;
 pub mod format;

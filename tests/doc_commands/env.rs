@@ -17,8 +17,11 @@ use super::blocks::Block;
 pub const NODE_GRPC: &str = "127.0.0.1:50051";
 /// The development node's HTTP address.
 pub const NODE_HTTP: &str = "127.0.0.1:9464";
-/// Where the docs' Consul agent listens.
+/// Where the docs' Consul agent listens (datacenter `dc1`, the primary).
 pub const CONSUL_ADDR: &str = "127.0.0.1:8500";
+/// Where the agent of the docs' second Consul datacenter, `dc2`, listens
+/// (docs/CLUSTER.md, "Several datacenters").
+pub const CONSUL_DC2_ADDR: &str = "127.0.0.1:8510";
 /// The Consul emulator's ACL master token (consul/README.md, "The test
 /// server").
 pub const CONSUL_TOKEN: &str = "dev-master-token";
@@ -42,7 +45,7 @@ pub struct Outcome {
 pub struct DocEnv {
     dir: tempfile::TempDir,
     node: Option<Child>,
-    consul: Option<(tokio::runtime::Runtime, TestConsul)>,
+    consul: Option<(tokio::runtime::Runtime, TestConsul, TestConsul)>,
     /// The running `background` blocks, by line.
     background: Vec<(usize, Child)>,
 }
@@ -247,7 +250,8 @@ impl Drop for DocEnv {
         if let Some(mut node) = self.node.take() {
             stop_child(&mut node);
         }
-        if let Some((runtime, consul)) = self.consul.take() {
+        if let Some((runtime, consul, dc2)) = self.consul.take() {
+            runtime.block_on(dc2.shutdown());
             runtime.block_on(consul.shutdown());
         }
     }
@@ -369,10 +373,12 @@ fn http_status(addr: &str, path: &str) -> Option<u16> {
 }
 
 /// The Consul emulator on [`CONSUL_ADDR`] with ACLs on (master token
-/// [`CONSUL_TOKEN`]), and `data/idgen.token` holding that token, as
-/// consul/README.md's walkthrough says to do against the test server.
-fn start_consul(dir: &Path) -> Result<(tokio::runtime::Runtime, TestConsul), String> {
+/// [`CONSUL_TOKEN`]), its second datacenter `dc2` on [`CONSUL_DC2_ADDR`],
+/// and `data/idgen.token` holding that token, as consul/README.md's
+/// walkthrough says to do against the test server.
+fn start_consul(dir: &Path) -> Result<(tokio::runtime::Runtime, TestConsul, TestConsul), String> {
     port_free(CONSUL_ADDR, "Consul's HTTP port")?;
+    port_free(CONSUL_DC2_ADDR, "the second Consul datacenter's HTTP port")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -384,12 +390,15 @@ fn start_consul(dir: &Path) -> Result<(tokio::runtime::Runtime, TestConsul), Str
     };
     let consul = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(CONSUL_ADDR).await?;
-        TestConsul::serve(config, listener).await
+        let dc1 = TestConsul::serve(config, listener).await?;
+        let listener = tokio::net::TcpListener::bind(CONSUL_DC2_ADDR).await?;
+        let dc2 = dc1.serve_linked_datacenter("dc2", listener).await?;
+        Ok::<_, std::io::Error>((dc1, dc2))
     });
-    let consul = consul.map_err(|e| format!("the Consul emulator on {CONSUL_ADDR}: {e}"))?;
+    let (consul, dc2) = consul.map_err(|e| format!("the Consul emulator on {CONSUL_ADDR}: {e}"))?;
     let data: PathBuf = dir.join("data");
     std::fs::create_dir_all(&data).map_err(|e| format!("data/: {e}"))?;
     std::fs::write(data.join("idgen.token"), CONSUL_TOKEN)
         .map_err(|e| format!("data/idgen.token: {e}"))?;
-    Ok((runtime, consul))
+    Ok((runtime, consul, dc2))
 }

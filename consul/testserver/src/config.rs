@@ -53,6 +53,14 @@ pub struct Config {
     /// still leads (one round of heartbeats to a quorum). Zero (the
     /// default): at once.
     pub consistent_read_delay: Duration,
+    /// The name of the datacenter [`TestConsul::start`](crate::TestConsul::start)
+    /// creates (Consul's `datacenter`, default `dc1`). More datacenters join
+    /// it with [`TestConsul::add_datacenter`](crate::TestConsul::add_datacenter).
+    pub datacenter: String,
+    /// Consul's `primary_datacenter`, which every agent of every linked
+    /// datacenter reports in `/v1/agent/self`. `None`: the first one,
+    /// [`Config::datacenter`].
+    pub primary_datacenter: Option<String>,
 }
 
 /// The agents' HTTPS certificate, PEM, and optionally the CA that client
@@ -112,6 +120,8 @@ impl Default for Config {
             check_tls: CheckTlsConfig::default(),
             raft_write_delay: Duration::ZERO,
             consistent_read_delay: Duration::ZERO,
+            datacenter: "dc1".to_owned(),
+            primary_datacenter: None,
         }
     }
 }

@@ -81,6 +81,13 @@ impl FaultTable {
             .clone()
     }
 
+    /// Every agent with fault switches: each started agent, and any armed
+    /// before it started.
+    pub(crate) fn agent_names(&self) -> Vec<String> {
+        let agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
+        agents.keys().cloned().collect()
+    }
+
     pub(crate) fn sessions_paused(&self) -> bool {
         self.sessions_paused.load(Ordering::SeqCst)
     }
@@ -208,5 +215,27 @@ impl Faults {
         let restarted = self.cluster.write(|st| st.leader_elected(now));
         self.cluster.wake_timers();
         restarted
+    }
+
+    /// Cuts this handle's datacenter off from every other linked one (a
+    /// WAN partition), or heals the cut: while on, a `?dc=` request from
+    /// here to another datacenter, or from another one to here, answers
+    /// 500 `Remote DC has no server currently reachable` (Consul's
+    /// `ErrDCNotAvailable`: the datacenter is known but none of its
+    /// servers answers) and is not applied. Requests for the local
+    /// datacenter are served as usual.
+    pub fn wan_partition(&self, on: bool) {
+        self.cluster.set_partitioned(on);
+    }
+
+    /// The whole datacenter down, or back: [`wan_partition`](Self::wan_partition)
+    /// plus [`refuse`](Self::refuse) on each of its agents, so neither its
+    /// own clients nor other datacenters reach it. Its state is kept, as
+    /// Consul servers restarting with their data would keep it.
+    pub fn datacenter_down(&self, on: bool) {
+        self.wan_partition(on);
+        for agent in self.cluster.faults.agent_names() {
+            self.refuse(&agent, on);
+        }
     }
 }

@@ -26,8 +26,13 @@
 //!   comes after a random pause of up to one interval, and critical
 //!   services are reaped by a loop every [`Config::check_reap_interval`]
 //!   (30 s), not at the moment they are due;
-//! - `?dc=` naming any datacenter but `dc1` answers 500 `No path to
-//!   datacenter`;
+//! - several datacenters ([`TestConsul::add_datacenter`]) each keep their
+//!   own KV, sessions, catalog and raft index; `?dc=NAME` serves a request
+//!   from NAME's state (a session for a node NAME does not know is
+//!   refused), an unknown NAME answers 500 `No path to datacenter`, and a
+//!   linked one that is cut off ([`Faults::wan_partition`],
+//!   [`Faults::datacenter_down`]) or shut down answers 500 `Remote DC has
+//!   no server currently reachable`, as Consul's `forwardDC` does;
 //! - `PUT /v1/snapshot` restores keys with the indexes they had when the
 //!   snapshot was taken (a client's cached ModifyIndex can match again),
 //!   moves the raft index past both, brings back the snapshot's sessions
@@ -73,14 +78,17 @@
 //!   serve both on two ports); a plaintext request gets Go's 400 answer.
 //! - `?token=` in the query string is ignored (idgen must send a header).
 //! - An agent's node always exists; nodes are not deregistered.
-//! - One datacenter, `dc1`; one server that is always the leader, except
-//!   for the faults. An election is instant: no leaderless window unless a
+//! - Datacenters live in one process and are linked at creation (no WAN
+//!   gossip, no `-join-wan`); ACL tokens are shared at once (Consul
+//!   replicates them from the primary with a lag). One server per
+//!   datacenter that is always the leader, except for the faults. An election is instant: no leaderless window unless a
 //!   test adds one with [`Faults::no_leader`].
 //! - ACLs are all-or-nothing per token policy (no default policy
 //!   `allow`): with ACLs on, a request without a known token is refused,
 //!   `/v1/status/leader` and `/v1/agent/self` included.
 //! - Besides Consul's API it serves a control API for out-of-process
-//!   tests, outside `/v1`: `PUT /_testserver/leader-election`.
+//!   tests, outside `/v1`: `PUT /_testserver/leader-election`,
+//!   `PUT /_testserver/wan-partition?on=true|false[&dc=NAME]`.
 
 #![warn(missing_docs)]
 
@@ -113,7 +121,7 @@ pub use state::catalog::{CheckInfo, HealthStatus, ServiceInfo};
 pub use state::kv::KvEntry;
 pub use state::session::{Behavior, SessionInfo};
 
-use cluster::Cluster;
+use cluster::{Cluster, Federation};
 use http::AgentContext;
 
 /// Parses a Go duration string (`"10s"`, `"1m30s"`, `"250ms"`), the form
@@ -155,11 +163,70 @@ impl TestConsul {
     /// (used by the binary for `--listen`).
     /// Fails on unusable [`Config::https`] PEM data.
     pub async fn serve(config: Config, listener: TcpListener) -> io::Result<TestConsul> {
+        let primary = config
+            .primary_datacenter
+            .clone()
+            .unwrap_or_else(|| config.datacenter.clone());
+        let federation = Arc::new(Federation::new(&primary, config.acl_master_token.clone()));
+        let name = config.datacenter.clone();
+        Self::serve_datacenter(config, &name, federation, listener).await
+    }
+
+    /// Starts another datacenter, `name`, linked with this one (and every
+    /// datacenter linked with it) as Consul's WAN federation links them:
+    /// its own KV, sessions, catalog and raft index, its first agent
+    /// `agent-0` on `127.0.0.1:0`, and the same settings and ACL tokens.
+    /// Requests with `?dc=name` to any linked agent are served by its
+    /// state. The returned handle is that datacenter's: its
+    /// [`faults`](Self::faults), [`add_agent`](Self::add_agent),
+    /// [`kv_get`](Self::kv_get) and [`shutdown`](Self::shutdown) act on it
+    /// alone. Fails if a running datacenter already has that name.
+    pub async fn add_datacenter(&self, name: &str) -> io::Result<TestConsul> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        self.serve_linked_datacenter(name, listener).await
+    }
+
+    /// [`add_datacenter`](Self::add_datacenter) with its first agent on
+    /// `listener` (used by the binary for `--datacenter NAME=ADDR`).
+    pub async fn serve_linked_datacenter(
+        &self,
+        name: &str,
+        listener: TcpListener,
+    ) -> io::Result<TestConsul> {
+        let mut config = self.inner.cluster.config.clone();
+        config.datacenter = name.to_owned();
+        let federation = Arc::clone(&self.inner.cluster.federation);
+        Self::serve_datacenter(config, name, federation, listener).await
+    }
+
+    async fn serve_datacenter(
+        config: Config,
+        name: &str,
+        federation: Arc<Federation>,
+        listener: TcpListener,
+    ) -> io::Result<TestConsul> {
+        if name.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a datacenter needs a name",
+            ));
+        }
         let tls = config.https.as_ref().map(tls::acceptor).transpose()?;
         crate::tls::probe_config(&config.check_tls)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("check TLS: {e}")))?;
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let cluster = Arc::new(Cluster::new(config, shutdown_rx));
+        let cluster = Arc::new(Cluster::new(
+            config,
+            name,
+            Arc::clone(&federation),
+            shutdown_rx,
+        ));
+        if !federation.link(&cluster) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("datacenter {name:?} already exists"),
+            ));
+        }
         let timer = tokio::spawn(timers::run(Arc::clone(&cluster)));
         let addr = listener.local_addr()?;
         let consul = TestConsul {
@@ -173,6 +240,11 @@ impl TestConsul {
         };
         consul.start_agent(FIRST_AGENT, listener)?;
         Ok(consul)
+    }
+
+    /// The name of this handle's datacenter.
+    pub fn datacenter(&self) -> &str {
+        &self.inner.cluster.datacenter
     }
 
     fn start_agent(&self, name: &str, listener: TcpListener) -> io::Result<SocketAddr> {

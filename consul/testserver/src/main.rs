@@ -36,13 +36,50 @@ const USAGE: &str = concat!(
     "  --check-cert FILE, --check-key FILE  client certificate those checks present\n",
     "  --raft-write-ms MS              a Raft write commits after MS ms (concurrent writes share\n",
     "                                  a commit round; default 0)\n",
-    "  --consistent-read-ms MS         a ?consistent read waits MS ms (default 0)",
+    "  --consistent-read-ms MS         a ?consistent read waits MS ms (default 0)\n",
+    "  --datacenter NAME               name of the first datacenter (default dc1)\n",
+    "  --primary-datacenter NAME       primary_datacenter every agent reports (default: the first)\n",
+    "  --add-datacenter NAME=ADDR      another datacenter in this process, linked with the first\n",
+    "                                  (?dc=NAME reaches it), its agent listening on ADDR (repeatable)",
 );
 
 #[derive(Debug)]
 struct Args {
     listen: SocketAddr,
     config: Config,
+    /// Further datacenters: name and listen address of their first agent.
+    more: Vec<(String, SocketAddr)>,
+}
+
+/// The datacenter flags; false if `arg` is not one of them.
+fn datacenter_flag(
+    arg: &str,
+    args: &mut impl Iterator<Item = String>,
+    config: &mut Config,
+    more_datacenters: &mut Vec<(String, SocketAddr)>,
+) -> Result<bool, String> {
+    match arg {
+        "--datacenter" => {
+            config.datacenter = args.next().ok_or("--datacenter needs a name")?;
+        }
+        "--primary-datacenter" => {
+            config.primary_datacenter =
+                Some(args.next().ok_or("--primary-datacenter needs a name")?);
+        }
+        "--add-datacenter" => {
+            let value = args.next().ok_or("--add-datacenter needs NAME=ADDR")?;
+            let (name, addr) = value
+                .split_once('=')
+                .filter(|(name, _)| !name.is_empty())
+                .ok_or_else(|| format!("--add-datacenter {value:?}: not NAME=ADDR"))?;
+            let addr = addr
+                .parse()
+                .map_err(|e| format!("--add-datacenter {value:?}: {e}"))?;
+            more_datacenters.push((name.to_owned(), addr));
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -69,6 +106,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     };
     let (mut cert, mut key, mut check_cert, mut check_key) = (None, None, None, None);
     let mut client_ca = None;
+    let mut more = Vec::new();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--https-cert" => cert = Some(file(&arg, args.next())?),
@@ -95,6 +133,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 config.consistent_read_delay = millis(&arg, args.next())?;
             }
             "-h" | "--help" => return Err(String::new()),
+            _ if datacenter_flag(&arg, &mut args, &mut config, &mut more)? => {}
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -119,7 +158,11 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         (None, None) => {}
         _ => return Err("--check-cert and --check-key go together".into()),
     }
-    Ok(Args { listen, config })
+    Ok(Args {
+        listen,
+        config,
+        more,
+    })
 }
 
 async fn wait_for_signal() -> std::io::Result<()> {
@@ -158,12 +201,32 @@ async fn main() -> ExitCode {
         }
     };
     println!("listening on {}", consul.addr());
+    let mut linked = Vec::new();
+    for (name, addr) in &args.more {
+        let started = match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => consul.serve_linked_datacenter(name, listener).await,
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(dc) => {
+                println!("datacenter {name} listening on {}", dc.addr());
+                linked.push(dc);
+            }
+            Err(e) => {
+                eprintln!("consul-testserver: datacenter {name} on {addr}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     // The parent reads this line through a pipe: flush it now.
     if let Err(e) = std::io::stdout().flush() {
         eprintln!("consul-testserver: stdout: {e}");
         return ExitCode::FAILURE;
     }
     let result = wait_for_signal().await;
+    for dc in linked {
+        dc.shutdown().await;
+    }
     consul.shutdown().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -216,6 +279,8 @@ mod tests {
             &["--nope"],
             &["--raft-write-ms", "-1"],
             &["--consistent-read-ms", "fast"],
+            &["--add-datacenter", "dc2"],
+            &["--add-datacenter", "=127.0.0.1:0"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

@@ -49,6 +49,9 @@ impl ConsulSection {
             check_timeout: self.check_timeout,
             deregister_after: self.deregister_critical_after,
             reclaim_backoff_max: self.reclaim_backoff_max,
+            primary_datacenter: Some(self.primary_datacenter.trim())
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
         })
     }
 
@@ -137,6 +140,13 @@ impl ConsulSection {
             return Err(invalid(
                 "consul.service",
                 format!("{:?}: use 1 to 64 of a-z 0-9 _ -", self.service),
+            ));
+        }
+        let primary = &self.primary_datacenter;
+        if !primary.is_empty() && !is_name(primary, 64, false) {
+            return Err(invalid(
+                "consul.primary_datacenter",
+                format!("{primary:?}: a Consul datacenter name, 1 to 64 of a-z 0-9 _ - (empty: this node's own Consul datacenter)"),
             ));
         }
         Ok(prefix)

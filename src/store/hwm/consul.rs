@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use super::HwmStore;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::store::cluster_layout::LayoutGuard;
+use crate::store::datacenter_claim::{DatacenterClaimError, DatacenterRegistry};
 use crate::store::kv_paths::ClusterPaths;
 use crate::store::regression::Level;
 use crate::store::{store_err, StoreError, WorkerKey};
@@ -25,6 +26,8 @@ pub struct ConsulHwmStore {
     /// The cluster layout this node checked at start: every write checks
     /// the record is unchanged, and no mark is read below its floor.
     layout: Option<LayoutGuard>,
+    /// This node's datacenter-id claim, read again before every mark write.
+    datacenter: Option<DatacenterRegistry>,
 }
 
 impl ConsulHwmStore {
@@ -36,6 +39,31 @@ impl ConsulHwmStore {
             session: session.to_owned(),
             known: Mutex::new(HashMap::new()),
             layout: None,
+            datacenter: None,
+        }
+    }
+
+    /// Checks the datacenter-id claim in the primary before every mark
+    /// write (rule 39): once the id is released or owned by another Consul
+    /// datacenter the write is refused and the node fences itself.
+    pub fn with_datacenter(mut self, registry: DatacenterRegistry) -> Self {
+        self.datacenter = Some(registry);
+        self
+    }
+
+    /// The claim check of [`with_datacenter`](Self::with_datacenter).
+    async fn check_datacenter(&self) -> Result<(), StoreError> {
+        let Some(registry) = &self.datacenter else {
+            return Ok(());
+        };
+        match registry.check().await {
+            Ok(_) => Ok(()),
+            Err(e @ DatacenterClaimError::PrimaryUnreachable { .. }) => Err(StoreError::Backend(
+                format!("high-water mark not written: {e}"),
+            )),
+            Err(e) => Err(StoreError::LockLost(format!(
+                "high-water mark not written: {e}"
+            ))),
         }
     }
 
@@ -135,6 +163,7 @@ impl HwmStore for ConsulHwmStore {
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
         self.watch_regression(key).await;
+        self.check_datacenter().await?;
         let known = self.known().get(&key).copied();
         let index = match known {
             Some(i) => i,

@@ -343,8 +343,8 @@ pub(super) fn agent_self(agent: &AgentContext, req: ApiRequest) -> ApiResult {
     let node_id = node_id(&agent.name);
     Ok(Reply::json(json!({
         "Config": {
-            "Datacenter": super::DATACENTER,
-            "PrimaryDatacenter": super::DATACENTER,
+            "Datacenter": agent.cluster.datacenter,
+            "PrimaryDatacenter": agent.cluster.federation.primary,
             "NodeName": agent.name,
             "NodeID": node_id,
             "Revision": "consul-testserver",
@@ -359,7 +359,7 @@ pub(super) fn agent_self(agent: &AgentContext, req: ApiRequest) -> ApiResult {
             "Addr": "127.0.0.1",
             "Port": 8301,
             "Tags": {
-                "dc": super::DATACENTER,
+                "dc": agent.cluster.datacenter,
                 "role": "consul",
                 "id": node_id,
                 "build": format!("{CONSUL_VERSION}:consul-testserver"),

@@ -91,3 +91,24 @@ pub(super) async fn catalog_services(agent: &AgentContext, req: ApiRequest) -> A
     .await;
     Ok(Reply::json(json!(services)).with_index(index))
 }
+
+/// `GET /v1/catalog/datacenters`: every linked datacenter, the local one
+/// first and the others by name, as Consul's `GetDatacentersByDistance`
+/// sorts them (the local one has no round trip; the emulator's others are
+/// all equally far). A partitioned datacenter stays listed: Consul keeps
+/// it until the WAN pool reaps its servers.
+pub(super) fn catalog_datacenters(agent: &AgentContext, req: ApiRequest) -> ApiResult {
+    require_method(&req, &[Method::GET])?;
+    let local = agent.cluster.datacenter.clone();
+    let names: Vec<String> = std::iter::once(local.clone())
+        .chain(
+            agent
+                .cluster
+                .federation
+                .names()
+                .into_iter()
+                .filter(|name| *name != local),
+        )
+        .collect();
+    Ok(Reply::json(json!(names)))
+}

@@ -57,14 +57,11 @@ const ENDPOINTS: &[&str] = &[
     "agent/checks",
     "health/service",
     "catalog/services",
+    "catalog/datacenters",
     "status/leader",
     "agent/self",
     "snapshot",
 ];
-
-/// The one datacenter of the test cluster; `?dc=` naming any other answers
-/// 500 `No path to datacenter`, as Consul does for an unknown one.
-pub(crate) const DATACENTER: &str = "dc1";
 
 /// What a handler needs to know about the agent it runs on.
 #[derive(Debug)]
@@ -578,11 +575,56 @@ fn control(agent: &AgentContext, rest: &str, request: &Request) -> Response {
             StatusCode::METHOD_NOT_ALLOWED,
             &format!("method {} not allowed", request.method()),
         ),
+        (&Method::PUT, "wan-partition") => wan_partition(agent, request),
+        (_, "wan-partition") => answer(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("method {} not allowed", request.method()),
+        ),
         _ => answer(
             StatusCode::NOT_FOUND,
             &format!("unknown control endpoint {CONTROL_PREFIX}{rest}"),
         ),
     }
+}
+
+/// `PUT /_testserver/wan-partition?on=true|false[&dc=NAME]`: runs
+/// [`Faults::wan_partition`](crate::Faults::wan_partition) on NAME (by
+/// default the agent's own datacenter); NAME may be any linked datacenter,
+/// so a partition can be healed through any agent. Answers
+/// `{"Datacenter": NAME, "Partitioned": on}`.
+fn wan_partition(agent: &AgentContext, request: &Request) -> Response {
+    let query = Query::parse(request.uri().query());
+    let bad = |text: String| {
+        finish(
+            StatusCode::BAD_REQUEST,
+            ReplyBody::Raw(text.into_bytes()),
+            None,
+        )
+    };
+    let on = match query.get("on") {
+        Some("true") => true,
+        Some("false") => false,
+        _ => return bad("wan-partition needs ?on=true or ?on=false".to_owned()),
+    };
+    let name = query
+        .get("dc")
+        .filter(|dc| !dc.is_empty())
+        .unwrap_or(&agent.cluster.datacenter)
+        .to_owned();
+    let target = if name == agent.cluster.datacenter {
+        Some(Arc::clone(&agent.cluster))
+    } else {
+        agent.cluster.federation.get(&name)
+    };
+    let Some(target) = target else {
+        return bad(format!("no datacenter {name:?} is linked"));
+    };
+    target.set_partitioned(on);
+    finish(
+        StatusCode::OK,
+        ReplyBody::Json(serde_json::json!({ "Datacenter": name, "Partitioned": on })),
+        None,
+    )
 }
 
 async fn handle(
@@ -597,13 +639,8 @@ async fn handle(
             "Cannot specify ?stale with ?consistent, conflicting semantics.".to_owned(),
         ));
     }
-    if let Some(dc) = query
-        .get("dc")
-        .filter(|dc| !dc.is_empty() && *dc != DATACENTER)
-    {
-        tracing::debug!(dc, "request for an unknown datacenter");
-        return Err(ApiError::Internal("No path to datacenter".to_owned()));
-    }
+    let forwarded = forward(agent, endpoint, query.get("dc").unwrap_or(""))?;
+    let agent = forwarded.as_ref();
     let access = agent
         .cluster
         .resolve_token(token_of(request.headers()).as_deref())
@@ -647,6 +684,7 @@ async fn handle(
         "agent/checks" => agent::checks(agent, req),
         "health/service" => health::service(agent, req).await,
         "catalog/services" => health::catalog_services(agent, req).await,
+        "catalog/datacenters" => health::catalog_datacenters(agent, req),
         "snapshot" => snapshot::handle(agent, req),
         "status/leader" => {
             require_method(&req, &[Method::GET])?;
@@ -656,6 +694,41 @@ async fn handle(
             "404 page not found: {endpoint}"
         ))),
     }
+}
+
+/// The context a request runs in: the agent's own datacenter, or, with
+/// `?dc=NAME`, NAME's state served through this agent, as a Consul server
+/// forwards the RPC (`forwardDC` in `agent/consul/rpc.go`): an unknown
+/// name answers 500 `No path to datacenter`, a linked one no server of
+/// which answers (partitioned, shut down) 500 `Remote DC has no server
+/// currently reachable`. The agent endpoints always describe the local
+/// agent; `?dc=` there is only checked.
+fn forward(agent: &AgentContext, endpoint: &str, dc: &str) -> Result<Arc<AgentContext>, ApiError> {
+    use crate::cluster::RouteError;
+    let target = agent
+        .cluster
+        .federation
+        .route(&agent.cluster, dc)
+        .map_err(|e| {
+            tracing::debug!(dc, ?e, "request for a datacenter out of reach");
+            ApiError::Internal(
+                match e {
+                    RouteError::NoPath => "No path to datacenter",
+                    RouteError::Unreachable => "Remote DC has no server currently reachable",
+                }
+                .to_owned(),
+            )
+        })?;
+    let cluster = if endpoint.starts_with("agent/") {
+        Arc::clone(&agent.cluster)
+    } else {
+        target
+    };
+    Ok(Arc::new(AgentContext {
+        name: agent.name.clone(),
+        cluster,
+        faults: Arc::clone(&agent.faults),
+    }))
 }
 
 pub(crate) fn require_method(req: &ApiRequest, allowed: &[Method]) -> Result<(), ApiError> {

@@ -4,6 +4,7 @@
 mod acl;
 mod agent;
 mod blocking;
+mod datacenters;
 mod faults;
 mod https;
 mod kv;
