@@ -171,7 +171,7 @@ pub const HIDE_KEY_ROTATIONS: &str = "idgen_hide_key_rotations_total";
 /// Gauge: hide key ids by state (`active`: one version issues; `retired`:
 /// decode-only).
 pub const HIDE_KEYS: &str = "idgen_hide_keys";
-/// Counter: hidden IDs revealed to admin callers, by `mode` (`snowflake`,
+/// Counter: hidden IDs revealed to admin callers, by `mode` (`snowflake`, `uuid`,
 /// `lease`, `formatted`); each is also audit-logged.
 pub const HIDDEN_REVEALS: &str = "idgen_hidden_reveals_total";
 
@@ -225,7 +225,7 @@ fn describe_hide_keys() {
     );
     describe_counter!(
         HIDDEN_REVEALS,
-        "Hidden IDs (and hidden format counters) whose internal value this node revealed to an admin caller (DecodeId, ParseFormatted, GetFormatCounter, their HTTP routes and the console), by mode; each one is audit-logged."
+        "Hidden IDs (and hidden format counters) whose internal value this node revealed to an admin caller (DecodeId, DecodeUuid, ParseFormatted, GetFormatCounter, their HTTP routes and the console), by mode; each one is audit-logged."
     );
 }
 

@@ -179,6 +179,84 @@ async fn kill_9_and_restart_uuids_only_go_up() {
     }
 }
 
+/// An embedded node in `dir` with worker id `worker` (its config path).
+fn node_config(dir: &std::path::Path, worker: u64) -> std::path::PathBuf {
+    let path = write_child_config(dir, true);
+    let mut text = std::fs::read_to_string(&path).expect("config written");
+    text.push_str(&format!("[node]\nworker_id = {worker}\n"));
+    std::fs::write(&path, text).expect("config written");
+    path
+}
+
+/// `n` UUIDs from the client's UUID prefetch buffer, as `idgen::id::Uuid`.
+async fn next_uuids(client: &idgen_client::Client, n: usize) -> Vec<Uuid> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let u = client.next_uuid().await.expect("next_uuid");
+        out.push(Uuid::from_bytes(u.0));
+    }
+    out
+}
+
+/// The client's UUID prefetch (`next_uuid`) over two nodes, with small
+/// batches (so dozens of refills) and node 1 killed -9 halfway: every UUID
+/// handed out is valid and unique, those of each node come out strictly
+/// increasing (one refill in flight, so batches arrive in issue order),
+/// and node 1 restarted on its state file issues only greater ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_uuid_across_refills_and_a_kill_9_is_unique_and_increasing_per_node() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a_config, b_config) = (node_config(a_dir.path(), 1), node_config(b_dir.path(), 2));
+    let (a, b) = (ChildServer::start(&a_config), ChildServer::start(&b_config));
+    let prefetch = idgen_client::PrefetchConfig {
+        initial_batch: 64,
+        min_batch: 16,
+        max_batch: 256,
+        refills_in_flight: 1,
+        ..idgen_client::PrefetchConfig::default()
+    };
+    let client = |nodes: Vec<String>| {
+        idgen_client::Client::builder()
+            .endpoints(nodes)
+            .deadline(std::time::Duration::from_secs(10))
+            .prefetch(prefetch.clone())
+            .build()
+    };
+    let c = client(vec![a.grpc.to_string(), b.grpc.to_string()])
+        .await
+        .expect("client");
+    let mut handed = next_uuids(&c, 5_000).await;
+    a.kill();
+    handed.extend(next_uuids(&c, 5_000).await);
+    drop(c);
+
+    let mut seen = HashSet::new();
+    let mut last = [Uuid(0); 3];
+    for u in &handed {
+        assert_eq!((u.version(), u.variant()), (7, 0b10), "{u}");
+        assert!(seen.insert(*u), "{u} handed out twice");
+        let worker = layout().decompose(*u).expect("decodes").worker as usize;
+        assert!(worker == 1 || worker == 2, "{u} from worker {worker}");
+        assert!(
+            *u > last[worker],
+            "worker {worker}: {u} after {}",
+            last[worker]
+        );
+        last[worker] = *u;
+    }
+    assert!(last[2] > Uuid(0), "node 2 served none after node 1 died");
+
+    let a = ChildServer::start(&a_config);
+    let c = client(vec![a.grpc.to_string()]).await.expect("client");
+    for u in next_uuids(&c, 1_000).await {
+        assert!(u > last[1], "node 1 after kill -9: {u} <= {}", last[1]);
+        assert!(seen.insert(u), "{u} handed out twice");
+    }
+    drop(c);
+    a.kill();
+    b.kill();
+}
+
 /// A hand-driven clock: a step back within clock.max_backward keeps UUIDs
 /// increasing (the logical millisecond carries on); a larger one refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

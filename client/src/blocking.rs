@@ -13,7 +13,7 @@
 
 use crate::{
     Client, ClientBuilder, DecodeIdResponse, Error, GenFormattedResponse, GetFormatCounterResponse,
-    Mode, ParseFormattedResponse, Prefetcher,
+    Mode, ParseFormattedResponse, Prefetcher, Uuid, UuidPrefetcher,
 };
 
 /// A [`Client`] with blocking methods.
@@ -103,6 +103,19 @@ impl BlockingClient {
         })
     }
 
+    /// See [`Client::next_uuid`].
+    pub fn next_uuid(&self) -> Result<Uuid, Error> {
+        self.uuid_prefetcher().next_uuid()
+    }
+
+    /// See [`Client::uuid_prefetcher`].
+    pub fn uuid_prefetcher(&self) -> BlockingUuidPrefetcher {
+        BlockingUuidPrefetcher {
+            prefetcher: self.client.uuid_prefetcher(),
+            runtime: self.runtime.handle().clone(),
+        }
+    }
+
     /// The async client underneath.
     pub fn client(&self) -> &Client {
         &self.client
@@ -128,6 +141,29 @@ impl BlockingPrefetcher {
 
     /// The async prefetcher underneath.
     pub fn prefetcher(&self) -> &Prefetcher {
+        &self.prefetcher
+    }
+}
+
+/// A [`UuidPrefetcher`] with a blocking `next_uuid`. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct BlockingUuidPrefetcher {
+    prefetcher: UuidPrefetcher,
+    runtime: tokio::runtime::Handle,
+}
+
+impl BlockingUuidPrefetcher {
+    /// The next UUID: from memory without a lock when the buffer holds
+    /// one, else blocks until the refill lands (within the deadline).
+    pub fn next_uuid(&self) -> Result<Uuid, Error> {
+        match self.prefetcher.try_next() {
+            Some(uuid) => Ok(uuid),
+            None => self.runtime.block_on(self.prefetcher.next_uuid()),
+        }
+    }
+
+    /// The async prefetcher underneath.
+    pub fn prefetcher(&self) -> &UuidPrefetcher {
         &self.prefetcher
     }
 }

@@ -1,6 +1,9 @@
-//! The lock-free ID buffer behind prefetching.
+//! The lock-free buffer behind prefetching, generic over what it holds
+//! (`u64` IDs from `GenIds`, UUIDs from `GenUuids`): the claim logic below
+//! never looks at an item, so one source file (and one loom model) serves
+//! both.
 //!
-//! IDs come in immutable blocks (one `GenIds` answer each). The block being
+//! Items come in immutable blocks (one `GenIds` or `GenUuids` answer each). The block being
 //! served is `current`; blocks fetched ahead wait in `queue`. Taking an ID
 //! is one atomic `fetch_add` on the current block's own cursor: the index
 //! it returns belongs to that caller alone, because a cursor only ever
@@ -24,10 +27,11 @@ use std::collections::VecDeque;
 
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Current, Mutex, Ordering};
 
-/// One batch of IDs, served front to back.
+/// One batch of items (IDs or UUIDs), served front to back. `T: Copy`:
+/// a claim copies its item out, so the block is never changed.
 #[derive(Debug)]
-pub(crate) struct Block {
-    ids: Vec<u64>,
+pub(crate) struct Block<T> {
+    ids: Vec<T>,
     /// The next index to hand out; grows past `ids.len()` when callers
     /// find the block exhausted.
     cursor: AtomicUsize,
@@ -37,9 +41,9 @@ pub(crate) struct Block {
     expired: AtomicBool,
 }
 
-impl Block {
+impl<T> Block<T> {
     /// A block serving `ids` in order.
-    pub(crate) fn new(ids: Vec<u64>) -> Self {
+    pub(crate) fn new(ids: Vec<T>) -> Self {
         Self {
             ids,
             cursor: AtomicUsize::new(0),
@@ -70,18 +74,18 @@ impl Block {
 
 /// What one claim got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Claimed {
-    /// The ID, this caller's alone.
-    pub id: u64,
+pub(crate) struct Claimed<T> {
+    /// The ID (or UUID), this caller's alone.
+    pub id: T,
     /// This claim crossed the low-water mark first: start a refill.
     pub refill: bool,
 }
 
 /// Blocks of IDs: the one being served and the ones fetched ahead.
 #[derive(Debug)]
-pub(crate) struct IdBuffer {
-    current: Current<Block>,
-    queue: Mutex<VecDeque<Arc<Block>>>,
+pub(crate) struct IdBuffer<T> {
+    current: Current<Block<T>>,
+    queue: Mutex<VecDeque<Arc<Block<T>>>>,
     /// `queue.len()`, readable without the lock.
     queued: AtomicUsize,
     /// Ask for a refill when fewer than this many IDs remain.
@@ -98,7 +102,7 @@ pub(crate) struct Advanced {
     pub discarded: usize,
 }
 
-impl IdBuffer {
+impl<T: Copy> IdBuffer<T> {
     /// An empty buffer.
     pub(crate) fn new(low_water: usize) -> Self {
         Self {
@@ -113,7 +117,7 @@ impl IdBuffer {
     /// exhausted or expired. No lock, no waiting: one load of the current
     /// block and one `fetch_add`.
     #[inline]
-    pub(crate) fn try_claim(&self) -> Option<Claimed> {
+    pub(crate) fn try_claim(&self) -> Option<Claimed<T>> {
         let block = self.current.load();
         if block.expired.load(Ordering::Relaxed) {
             return None;
@@ -130,7 +134,7 @@ impl IdBuffer {
     }
 
     /// Queues a freshly fetched block behind the others.
-    pub(crate) fn push(&self, block: Arc<Block>) {
+    pub(crate) fn push(&self, block: Arc<Block<T>>) {
         let mut queue = lock(&self.queue);
         queue.push_back(block);
         self.queued.store(queue.len(), Ordering::Relaxed);
@@ -177,7 +181,7 @@ impl IdBuffer {
     pub(crate) fn depth(&self) -> usize {
         let queue = lock(&self.queue);
         let current = self.current.load();
-        let live = |b: &Block| {
+        let live = |b: &Block<T>| {
             if b.expired.load(Ordering::Relaxed) {
                 0
             } else {

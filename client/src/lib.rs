@@ -21,11 +21,13 @@
 //! let id = client.gen_id(Mode::Snowflake, "").await?;
 //! // From a local buffer refilled in the background:
 //! let order_id = client.next_id(Mode::Segment, "orders").await?;
+//! // UUIDv7 the same way, from a buffer refilled with GenUuids:
+//! let key = client.next_uuid().await?;
 //! // Strict values always come from a node (never prefetched):
 //! let seat = client.gen_id(Mode::Strict, "flights/lh400").await?;
 //! // Formatted IDs (a format defined on the nodes), with its parameters:
 //! let numbers = client.gen_formatted("invoices", [("shop", "eu")], 3).await?;
-//! # let _ = (id, order_id, seat, numbers.ids); Ok(()) }
+//! # let _ = (id, order_id, key, seat, numbers.ids); Ok(()) }
 //! ```
 //!
 //! # Guarantees
@@ -47,8 +49,8 @@
 //!   node), setting nodes aside and probing their health.
 //! - `discovery`: static lists and the Consul watch; `consul_env`:
 //!   Consul's own environment variables ([`ConsulEnv`]).
-//! - `buffer`: the lock-free ID buffer; `prefetch`: its refills and
-//!   adaptive batch size.
+//! - `buffer`: the lock-free buffer (of IDs or UUIDs); `prefetch`: its
+//!   refills and adaptive batch size.
 //! - `tls`: dialling nodes over TLS ([`TlsConfig`]).
 //! - `port_probe`: what a port that failed a call speaks (an HTTP/1.1
 //!   port is named as such: [`speaks_http1`]).
@@ -72,7 +74,7 @@ mod tls;
 mod uuid;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use idgen_proto::id_gen_client::IdGenClient;
@@ -90,7 +92,7 @@ pub use crate::discovery::{ConsulDiscovery, ConsulTls};
 pub use crate::error::Error;
 use crate::nodes::{NodeSet, NodeSettings, Route};
 pub use crate::port_probe::speaks_http1;
-pub use crate::prefetch::{PrefetchConfig, Prefetcher};
+pub use crate::prefetch::{PrefetchConfig, Prefetcher, UuidPrefetcher};
 pub use crate::tls::TlsConfig;
 pub use crate::uuid::Uuid;
 pub use idgen_proto::{
@@ -209,7 +211,7 @@ impl ClientBuilder {
 
     /// The nodes' admin token (their `admin.token`), sent as
     /// `authorization: Bearer <token>` with [`Client::decode_id`],
-    /// [`Client::parse_formatted`] and [`Client::format_counter`] only,
+    /// [`Client::decode_uuid`], [`Client::parse_formatted`] and [`Client::format_counter`] only,
     /// never with calls that make IDs: with it, a hidden ID decodes to its
     /// internal value and parts and a hidden format's counter is shown
     /// (the node audit-logs each reveal); without it, callers get the
@@ -279,6 +281,7 @@ impl ClientBuilder {
             prefetch: self.prefetch,
             runtime: tokio::runtime::Handle::current(),
             prefetchers: Arc::new(Mutex::new(HashMap::new())),
+            uuid_prefetcher: Arc::new(OnceLock::new()),
         })
     }
 }
@@ -293,6 +296,8 @@ pub struct Client {
     prefetch: PrefetchConfig,
     runtime: tokio::runtime::Handle,
     prefetchers: Arc<Mutex<HashMap<(Mode, String), Prefetcher>>>,
+    /// The one UUID buffer, created on first use.
+    uuid_prefetcher: Arc<OnceLock<UuidPrefetcher>>,
 }
 
 impl Client {
@@ -367,6 +372,28 @@ impl Client {
             return self.gen_id(mode, tag).await;
         }
         self.prefetcher(mode, tag)?.next_id().await
+    }
+
+    /// The prefetch buffer of UUIDv7, created on first use (one per
+    /// client: UUIDs have no mode or tag).
+    pub fn uuid_prefetcher(&self) -> UuidPrefetcher {
+        self.uuid_prefetcher
+            .get_or_init(|| {
+                UuidPrefetcher::new(
+                    Arc::clone(&self.caller),
+                    self.runtime.clone(),
+                    self.prefetch.clone(),
+                )
+            })
+            .clone()
+    }
+
+    /// The next UUIDv7 from the client's UUID prefetch buffer (refilled
+    /// in the background with `GenUuids`, like [`Client::next_id`]). For
+    /// the fastest path keep the [`UuidPrefetcher`] from
+    /// [`Client::uuid_prefetcher`].
+    pub async fn next_uuid(&self) -> Result<Uuid, Error> {
+        self.uuid_prefetcher().next_uuid().await
     }
 
     /// `count` formatted IDs of `format` (`GenFormatted`), e.g. order
@@ -479,30 +506,22 @@ impl Client {
                 |mut c, req| async move { c.gen_uuids(req).await.map(|r| r.into_inner()) },
             )
             .await?;
-        let bytes = &response.uuids;
-        if bytes.len() != count as usize * 16 {
-            return Err(Error::BadAnswer {
-                what: format!(
-                    "GenUuids for {count} UUIDs answered {} bytes, not {}",
-                    bytes.len(),
-                    count as usize * 16
-                ),
-            });
-        }
-        Ok(bytes
-            .chunks_exact(16)
-            .filter_map(Uuid::from_slice)
-            .collect())
+        uuid::uuids_of(&response.uuids, count)
     }
 
     /// The parts of a UUIDv7 (`DecodeUuid`): canonical text, 32 hex
-    /// digits or a ULID.
+    /// digits or a ULID. Of a hidden layout's UUID, the internal UUID and
+    /// its parts too when the client has the
+    /// [admin token](ClientBuilder::admin_token); its time and key version
+    /// otherwise.
     pub async fn decode_uuid(&self, text: &str) -> Result<DecodeUuidResponse, Error> {
-        let req = || DecodeUuidRequest {
-            text: text.to_owned(),
-            uuid: Vec::new(),
+        let req = || {
+            self.authorized(DecodeUuidRequest {
+                text: text.to_owned(),
+                uuid: Vec::new(),
+            })
         };
-        self.unary("DecodeUuid", req, |mut c, req| async move {
+        self.unary_request("DecodeUuid", req, |mut c, req| async move {
             c.decode_uuid(req).await.map(|r| r.into_inner())
         })
         .await

@@ -1,5 +1,10 @@
 //! Prefetching: a local buffer of IDs per (mode, tag), refilled in the
-//! background with `GenIds` before it runs dry.
+//! background with `GenIds` before it runs dry, and one of UUIDs refilled
+//! with `GenUuids`.
+//!
+//! Both are one generic core ([`Buffered`] over an [`Item`]: `u64` or
+//! [`Uuid`]); only the call that fetches a batch differs. The public
+//! [`Prefetcher`] and [`UuidPrefetcher`] are thin handles on it.
 //!
 //! A buffer keeps ahead of a fast reader with several refills in flight
 //! at once ("lanes"): each is one `GenIds` call to the node with the fewest
@@ -10,17 +15,20 @@
 //! the order within one node's block is kept; blocks are served in the
 //! order they arrived.
 
+use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idgen_proto::{GenIdsRequest, Mode};
+use idgen_proto::{GenIdsRequest, GenUuidsRequest, Mode};
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::buffer::{Advanced, Block, IdBuffer};
 use crate::call::{Caller, Retry};
 use crate::metrics as m;
+use crate::uuid::{uuids_of, Uuid};
 use crate::Error;
 
 /// How prefetch buffers size and age their batches.
@@ -36,9 +44,9 @@ pub struct PrefetchConfig {
     pub max_batch: u32,
     /// Refill when fewer than this fraction of a batch is left (default 0.5).
     pub low_water: f64,
-    /// Snowflake IDs older than this (since they were received) are thrown
-    /// away unused, so their time stays close to the time of use (default
-    /// 5 s). Lease and segment IDs do not age.
+    /// Snowflake IDs and UUIDs older than this (since they were received)
+    /// are thrown away unused, so their time stays close to the time of
+    /// use (default 5 s). Lease and segment IDs do not age.
     pub max_snowflake_age: Duration,
     /// A batch that took longer than this to use up halves the next one
     /// (default 30 s): IDs should not sit unused.
@@ -102,6 +110,90 @@ struct Refilled {
     error: Option<Error>,
 }
 
+/// What a prefetch buffer holds, and the one call that fetches a batch of
+/// it: the only part of prefetching that differs between IDs and UUIDs.
+pub(crate) trait Item: Copy + Send + Sync + fmt::Debug + 'static {
+    /// What to fetch: (mode, tag) for IDs, nothing for UUIDs.
+    type Source: fmt::Debug + Send + Sync + 'static;
+
+    /// One batch of `count` from a node (with the client's retries).
+    fn fetch<'a>(
+        caller: &'a Caller,
+        source: &'a Self::Source,
+        count: u32,
+    ) -> impl Future<Output = Result<Vec<Self>, Error>> + Send + 'a;
+
+    /// Whether a batch carries its issue time, so it ages out after
+    /// [`PrefetchConfig::max_snowflake_age`].
+    fn ages(source: &Self::Source) -> bool;
+
+    /// The `mode` and `tag` metric labels.
+    fn labels(source: &Self::Source) -> [(&'static str, String); 2];
+}
+
+/// IDs of one (mode, tag), from `GenIds`.
+impl Item for u64 {
+    type Source = (Mode, String);
+
+    fn fetch<'a>(
+        caller: &'a Caller,
+        (mode, tag): &'a (Mode, String),
+        count: u32,
+    ) -> impl Future<Output = Result<Vec<u64>, Error>> + Send + 'a {
+        caller.call("GenIds", Retry::Idempotent, move |mut c, left| {
+            let mut req = tonic::Request::new(GenIdsRequest {
+                mode: *mode as i32,
+                tag: tag.clone(),
+                count,
+            });
+            req.set_timeout(left);
+            async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
+        })
+    }
+
+    fn ages((mode, _): &(Mode, String)) -> bool {
+        *mode == Mode::Snowflake || *mode == Mode::Unspecified
+    }
+
+    fn labels((mode, tag): &(Mode, String)) -> [(&'static str, String); 2] {
+        [
+            (
+                "mode",
+                mode.as_str_name().to_ascii_lowercase().replace("mode_", ""),
+            ),
+            ("tag", tag.clone()),
+        ]
+    }
+}
+
+/// UUIDv7 from `GenUuids`: they carry their issue time, so they age like
+/// snowflake IDs.
+impl Item for Uuid {
+    type Source = ();
+
+    async fn fetch(caller: &Caller, _: &(), count: u32) -> Result<Vec<Uuid>, Error> {
+        let bytes = caller
+            .call("GenUuids", Retry::Idempotent, |mut c, left| {
+                let mut req = tonic::Request::new(GenUuidsRequest {
+                    count,
+                    with_text: false,
+                });
+                req.set_timeout(left);
+                async move { c.gen_uuids(req).await.map(|r| r.into_inner().uuids) }
+            })
+            .await?;
+        uuids_of(&bytes, count)
+    }
+
+    fn ages(_: &()) -> bool {
+        true
+    }
+
+    fn labels(_: &()) -> [(&'static str, String); 2] {
+        [("mode", "uuid".into()), ("tag", String::new())]
+    }
+}
+
 /// A prefetch buffer for one (mode, tag). Cheap to clone (shared); all
 /// clones serve from the same buffer.
 ///
@@ -115,16 +207,49 @@ struct Refilled {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Prefetcher {
-    inner: Arc<Inner>,
+    buffered: Buffered<u64>,
+}
+
+/// A prefetch buffer of UUIDv7 (`GenUuids`), the UUID twin of
+/// [`Prefetcher`]: the same buffer, refills and batch sizing, with
+/// batches that age like snowflake IDs. Within one batch UUIDs increase;
+/// batches are served in the order they arrived. Cheap to clone (shared).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idgen_client::Error> {
+/// use idgen_client::Client;
+/// let client = Client::builder().endpoints(["127.0.0.1:50051"]).build().await?;
+/// let uuids = client.uuid_prefetcher();
+/// let uuid = uuids.next_uuid().await?; // from memory once the buffer is filled
+/// # let _ = uuid; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct UuidPrefetcher {
+    buffered: Buffered<Uuid>,
+}
+
+/// The generic core behind both handles: a shared buffer of `T` and its
+/// refills.
+#[derive(Debug)]
+pub(crate) struct Buffered<T: Item> {
+    inner: Arc<Inner<T>>,
+}
+
+// Derived `Clone` would ask `T: Clone` of the handle; only the `Arc` is cloned.
+impl<T: Item> Clone for Buffered<T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
 }
 
 #[derive(Debug)]
-struct Inner {
-    buffer: IdBuffer,
+struct Inner<T: Item> {
+    buffer: IdBuffer<T>,
     caller: Option<Arc<Caller>>,
     runtime: Option<tokio::runtime::Handle>,
-    mode: Mode,
-    tag: String,
+    source: T::Source,
     config: PrefetchConfig,
     batch: AtomicU32,
     max_batch: AtomicU32,
@@ -140,30 +265,22 @@ struct Inner {
     labels: [(&'static str, String); 2],
 }
 
-impl Prefetcher {
-    pub(crate) fn new(
+impl<T: Item> Buffered<T> {
+    fn new(
         caller: Arc<Caller>,
         runtime: tokio::runtime::Handle,
-        mode: Mode,
-        tag: String,
+        source: T::Source,
         config: PrefetchConfig,
     ) -> Self {
         let batch = config
             .initial_batch
             .clamp(config.min_batch, config.max_batch);
-        let labels = [
-            (
-                "mode",
-                mode.as_str_name().to_ascii_lowercase().replace("mode_", ""),
-            ),
-            ("tag", tag.clone()),
-        ];
+        let labels = T::labels(&source);
         let inner = Inner {
             buffer: IdBuffer::new(low_water(batch, config.low_water)),
             caller: Some(caller),
             runtime: Some(runtime),
-            mode,
-            tag,
+            source,
             max_batch: AtomicU32::new(config.max_batch),
             config,
             batch: AtomicU32::new(batch),
@@ -181,17 +298,14 @@ impl Prefetcher {
         }
     }
 
-    /// A buffer holding `ids` and connected to nothing: for benchmarks of
-    /// the in-memory path. Once `ids` are used up, `next_id` fails with
-    /// [`Error::NoNodes`].
-    #[doc(hidden)]
-    pub fn detached(ids: Vec<u64>) -> Self {
+    /// A buffer holding `ids` and connected to nothing (see
+    /// [`Prefetcher::detached`]).
+    fn detached(ids: Vec<T>, source: T::Source) -> Self {
         let inner = Inner {
             buffer: IdBuffer::new(0),
             caller: None,
             runtime: None,
-            mode: Mode::Segment,
-            tag: String::new(),
+            source,
             config: PrefetchConfig::default(),
             batch: AtomicU32::new(1),
             max_batch: AtomicU32::new(1),
@@ -209,13 +323,9 @@ impl Prefetcher {
         }
     }
 
-    /// The hot path: an ID from memory, or `None` when the buffer is empty
-    /// (then [`Prefetcher::next_id`] waits for the refill). Takes no lock
-    /// and never waits while the current block holds IDs (moving to the
-    /// next fetched block takes a short lock once per block); crossing the
-    /// low-water mark starts a background refill.
+    /// The hot path (see [`Prefetcher::try_next`]).
     #[inline]
-    pub fn try_next(&self) -> Option<u64> {
+    fn try_next(&self) -> Option<T> {
         let claimed = match self.inner.buffer.try_claim() {
             Some(c) => c,
             None => self.next_block()?,
@@ -229,7 +339,7 @@ impl Prefetcher {
     /// The current block is spent: put a queued one in service (a short
     /// lock, once per block) and claim from it.
     #[cold]
-    fn next_block(&self) -> Option<crate::buffer::Claimed> {
+    fn next_block(&self) -> Option<crate::buffer::Claimed<T>> {
         if self.inner.buffer.has_queued() && self.inner.advance() {
             // A block went into service: keep the lanes busy.
             self.inner.start_refills(false);
@@ -239,11 +349,8 @@ impl Prefetcher {
         }
     }
 
-    /// The next ID: from memory when the buffer holds one (no lock, no
-    /// wait), else after the next refill lands (every caller arriving
-    /// meanwhile waits for the refills already in flight), within the
-    /// client's deadline.
-    pub async fn next_id(&self) -> Result<u64, Error> {
+    /// The next item (see [`Prefetcher::next_id`]).
+    async fn next(&self) -> Result<T, Error> {
         match self.try_next() {
             Some(id) => Ok(id),
             None => self.next_slow().await,
@@ -251,7 +358,7 @@ impl Prefetcher {
     }
 
     #[cold]
-    async fn next_slow(&self) -> Result<u64, Error> {
+    async fn next_slow(&self) -> Result<T, Error> {
         let inner = &self.inner;
         let Some(caller) = &inner.caller else {
             return Err(Error::NoNodes);
@@ -312,11 +419,8 @@ impl Prefetcher {
         }
     }
 
-    /// Takes every ID still buffered, without starting a refill: for an
-    /// application that shuts down and wants to record or reuse what it
-    /// fetched (IDs merely dropped are gaps, never repeats). A refill
-    /// already in flight may still land afterwards.
-    pub fn drain(&self) -> Vec<u64> {
+    /// Every item still buffered (see [`Prefetcher::drain`]).
+    fn drain(&self) -> Vec<T> {
         let mut ids = Vec::new();
         loop {
             match self.inner.buffer.try_claim() {
@@ -327,20 +431,138 @@ impl Prefetcher {
         }
     }
 
+    fn depth(&self) -> usize {
+        self.inner.buffer.depth()
+    }
+
+    fn batch_size(&self) -> u32 {
+        self.inner.batch.load(Ordering::Relaxed)
+    }
+
+    fn refills_in_flight(&self) -> u32 {
+        self.inner.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+impl Prefetcher {
+    pub(crate) fn new(
+        caller: Arc<Caller>,
+        runtime: tokio::runtime::Handle,
+        mode: Mode,
+        tag: String,
+        config: PrefetchConfig,
+    ) -> Self {
+        Self {
+            buffered: Buffered::new(caller, runtime, (mode, tag), config),
+        }
+    }
+
+    /// A buffer holding `ids` and connected to nothing: for benchmarks of
+    /// the in-memory path. Once `ids` are used up, `next_id` fails with
+    /// [`Error::NoNodes`].
+    #[doc(hidden)]
+    pub fn detached(ids: Vec<u64>) -> Self {
+        Self {
+            buffered: Buffered::detached(ids, (Mode::Segment, String::new())),
+        }
+    }
+
+    /// The hot path: an ID from memory, or `None` when the buffer is empty
+    /// (then [`Prefetcher::next_id`] waits for the refill). Takes no lock
+    /// and never waits while the current block holds IDs (moving to the
+    /// next fetched block takes a short lock once per block); crossing the
+    /// low-water mark starts a background refill.
+    #[inline]
+    pub fn try_next(&self) -> Option<u64> {
+        self.buffered.try_next()
+    }
+
+    /// The next ID: from memory when the buffer holds one (no lock, no
+    /// wait), else after the next refill lands (every caller arriving
+    /// meanwhile waits for the refills already in flight), within the
+    /// client's deadline.
+    pub async fn next_id(&self) -> Result<u64, Error> {
+        self.buffered.next().await
+    }
+
+    /// Takes every ID still buffered, without starting a refill: for an
+    /// application that shuts down and wants to record or reuse what it
+    /// fetched (IDs merely dropped are gaps, never repeats). A refill
+    /// already in flight may still land afterwards.
+    pub fn drain(&self) -> Vec<u64> {
+        self.buffered.drain()
+    }
+
     /// IDs held in memory and not yet handed out.
     pub fn depth(&self) -> usize {
-        self.inner.buffer.depth()
+        self.buffered.depth()
     }
 
     /// The batch size the next refill asks for.
     pub fn batch_size(&self) -> u32 {
-        self.inner.batch.load(Ordering::Relaxed)
+        self.buffered.batch_size()
     }
 
     /// Refills in flight right now (at most
     /// [`PrefetchConfig::refills_in_flight`]).
     pub fn refills_in_flight(&self) -> u32 {
-        self.inner.in_flight.load(Ordering::Relaxed)
+        self.buffered.refills_in_flight()
+    }
+}
+
+impl UuidPrefetcher {
+    pub(crate) fn new(
+        caller: Arc<Caller>,
+        runtime: tokio::runtime::Handle,
+        config: PrefetchConfig,
+    ) -> Self {
+        Self {
+            buffered: Buffered::new(caller, runtime, (), config),
+        }
+    }
+
+    /// A buffer holding `uuids` and connected to nothing: for tests and
+    /// benchmarks of the in-memory path.
+    #[doc(hidden)]
+    pub fn detached(uuids: Vec<Uuid>) -> Self {
+        Self {
+            buffered: Buffered::detached(uuids, ()),
+        }
+    }
+
+    /// A UUID from memory, or `None` when the buffer is empty (the same
+    /// lock-free path as [`Prefetcher::try_next`]).
+    #[inline]
+    pub fn try_next(&self) -> Option<Uuid> {
+        self.buffered.try_next()
+    }
+
+    /// The next UUID: from memory when the buffer holds one, else after
+    /// the next refill lands, within the client's deadline (as
+    /// [`Prefetcher::next_id`]).
+    pub async fn next_uuid(&self) -> Result<Uuid, Error> {
+        self.buffered.next().await
+    }
+
+    /// Takes every UUID still buffered, without starting a refill (as
+    /// [`Prefetcher::drain`]; UUIDs merely dropped are gaps, never repeats).
+    pub fn drain(&self) -> Vec<Uuid> {
+        self.buffered.drain()
+    }
+
+    /// UUIDs held in memory and not yet handed out.
+    pub fn depth(&self) -> usize {
+        self.buffered.depth()
+    }
+
+    /// The batch size the next refill asks for.
+    pub fn batch_size(&self) -> u32 {
+        self.buffered.batch_size()
+    }
+
+    /// Refills in flight right now.
+    pub fn refills_in_flight(&self) -> u32 {
+        self.buffered.refills_in_flight()
     }
 }
 
@@ -348,7 +570,7 @@ fn low_water(batch: u32, fraction: f64) -> usize {
     (f64::from(batch) * fraction) as usize
 }
 
-impl Inner {
+impl<T: Item> Inner<T> {
     /// Puts the next block in service when the current one is spent.
     /// True when there are IDs to claim.
     fn advance(&self) -> bool {
@@ -396,7 +618,7 @@ impl Inner {
         if new != old {
             self.lanes.store(new, Ordering::Relaxed);
             metrics::gauge!(m::REFILL_LANES, &self.labels).set(f64::from(new));
-            tracing::debug!(mode = ?self.mode, tag = %self.tag, lanes = new, "prefetch refills in flight changed");
+            tracing::debug!(source = ?self.source, lanes = new, "prefetch refills in flight changed");
         }
     }
 
@@ -419,7 +641,7 @@ impl Inner {
             self.buffer
                 .set_low_water(low_water(new, self.config.low_water));
             metrics::gauge!(m::BATCH_SIZE, &self.labels).set(f64::from(new));
-            tracing::debug!(mode = ?self.mode, tag = %self.tag, batch = new, "prefetch batch resized");
+            tracing::debug!(source = ?self.source, batch = new, "prefetch batch resized");
         }
     }
 
@@ -459,28 +681,18 @@ impl Inner {
             // Callers found the buffer empty: fetch further ahead.
             self.grow();
         }
-        let span = tracing::debug_span!("idgen.refill", mode = ?self.mode, tag = %self.tag);
+        let span = tracing::debug_span!("idgen.refill", source = ?self.source);
         let result = self.fetch(&caller).instrument(span).await;
         self.land(result);
     }
 
-    /// One `GenIds` call (with the client's retries), lowering the batch
-    /// to the server's limit if the server says it is too large.
-    async fn fetch(&self, caller: &Caller) -> Result<Vec<u64>, Error> {
+    /// One `GenIds` (or `GenUuids`) call with the client's retries,
+    /// lowering the batch to the server's limit if the server says it is
+    /// too large.
+    async fn fetch(&self, caller: &Caller) -> Result<Vec<T>, Error> {
         loop {
             let count = self.batch.load(Ordering::Relaxed);
-            let (mode, tag) = (self.mode as i32, self.tag.clone());
-            let got = caller
-                .call("GenIds", Retry::Idempotent, |mut c, left| {
-                    let mut req = tonic::Request::new(GenIdsRequest {
-                        mode,
-                        tag: tag.clone(),
-                        count,
-                    });
-                    req.set_timeout(left);
-                    async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
-                })
-                .await;
+            let got = T::fetch(caller, &self.source, count).await;
             match got {
                 Err(Error::Status {
                     code: tonic::Code::InvalidArgument,
@@ -508,11 +720,11 @@ impl Inner {
 
     /// Queues what a refill got (or hands its error to the waiting
     /// callers) and counts the refill as landed.
-    fn land(self: &Arc<Self>, result: Result<Vec<u64>, Error>) {
+    fn land(self: &Arc<Self>, result: Result<Vec<T>, Error>) {
         let outcome = match result {
             Ok(ids) if !ids.is_empty() => {
                 let block = Arc::new(Block::new(ids));
-                if self.mode == Mode::Snowflake || self.mode == Mode::Unspecified {
+                if T::ages(&self.source) {
                     let weak = Arc::downgrade(&block);
                     let age = self.config.max_snowflake_age;
                     tokio::spawn(async move {
@@ -536,7 +748,7 @@ impl Inner {
         metrics::counter!(m::REFILLS, "mode" => self.labels[0].1.clone(), "outcome" => label)
             .increment(1);
         if let Some(e) = &outcome {
-            tracing::warn!(mode = ?self.mode, tag = %self.tag, error = %e, "prefetch refill failed");
+            tracing::warn!(source = ?self.source, error = %e, "prefetch refill failed");
         }
         let landed = outcome.is_none();
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -549,7 +761,7 @@ impl Inner {
     }
 }
 
-impl Drop for Inner {
+impl<T: Item> Drop for Inner<T> {
     fn drop(&mut self) {
         let left = self.buffer.depth();
         if left > 0 && self.caller.is_some() {

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::Error;
+
 /// A UUID from `GenUuid`/`GenUuids`: 16 big-endian bytes (byte order is
 /// issue order on a node). `Display` gives canonical lowercase 8-4-4-4-12
 /// text; [`Uuid::to_ulid`] the same 128 bits in Crockford base32.
@@ -28,6 +30,24 @@ impl Uuid {
             .map(|i| char::from(ALPHABET[((v >> (5 * (25 - i))) & 0x1f) as usize]))
             .collect()
     }
+}
+
+/// The `count` UUIDs of a `GenUuids` answer (16 bytes each); an answer of
+/// another length is a [`Error::BadAnswer`], never a short batch.
+pub(crate) fn uuids_of(bytes: &[u8], count: u32) -> Result<Vec<Uuid>, Error> {
+    if bytes.len() != count as usize * 16 {
+        return Err(Error::BadAnswer {
+            what: format!(
+                "GenUuids for {count} UUIDs answered {} bytes, not {}",
+                bytes.len(),
+                count as usize * 16
+            ),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(16)
+        .filter_map(Uuid::from_slice)
+        .collect())
 }
 
 impl fmt::Display for Uuid {

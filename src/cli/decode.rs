@@ -190,16 +190,22 @@ fn print_revealed(d: &Decoded) -> anyhow::Result<()> {
 }
 
 /// A UUIDv7's parts: offline under the configured layout's datacenter and
-/// worker widths, or with `--addr` by the node (DecodeUuid).
+/// worker widths, or with `--addr` by the node (DecodeUuid; a hidden
+/// layout's internal parts with the admin token).
 async fn uuid(a: &DecodeArgs) -> anyhow::Result<()> {
     let d = match &a.addr {
         Some(addr) => {
+            let token = super::admin::admin_token_from(
+                a.admin_token.as_deref(),
+                a.admin_token_file.as_deref(),
+            )?;
             let channel = super::client::channel(addr, a.timeout, &a.tls).await?;
             let mut client = IdGenClient::new(channel);
-            let request = proto::DecodeUuidRequest {
+            let request = tonic::Request::new(proto::DecodeUuidRequest {
                 text: a.id.clone(),
                 uuid: Vec::new(),
-            };
+            });
+            let request = super::admin::with_bearer(request, token.as_deref())?;
             let r = super::client::call(a.timeout, client.decode_uuid(request)).await?;
             idgen::modes::uuid::DecodedUuid {
                 uuid: r.uuid,
@@ -209,16 +215,38 @@ async fn uuid(a: &DecodeArgs) -> anyhow::Result<()> {
                 datacenter: u64::from(r.datacenter),
                 worker: u64::from(r.worker),
                 counter: r.counter,
+                hidden: (r.hidden == "sortable").then_some("sortable"),
+                key_version: r.key_version,
+                internal_uuid: (!r.internal_uuid.is_empty()).then_some(r.internal_uuid),
             }
         }
         None => {
             let file = FileConfig::load(a.config.as_deref())?;
+            if !file.layout.hide.is_empty() {
+                bail!(
+                    "this config hides its IDs (layout.hide = {:?}), UUIDs included: only a node with the key can decode them; use --addr NODE (and --admin-token-file FILE for the internal parts)",
+                    file.layout.hide
+                );
+            }
             let layout = file.layout(SystemClock.now_millis())?;
             idgen::modes::uuid::decode(&layout, &a.id)?
         }
     };
     if a.json {
         outln!("{}", serde_json::to_string(&d)?)?;
+        return Ok(());
+    }
+    if let (Some(hidden), None) = (d.hidden, &d.internal_uuid) {
+        // The public view of a hidden UUID: its time and key version only.
+        outln!(
+            "uuid {}\nulid {}\nhidden {hidden}\ntime {}\nunix_millis {}\nkey version {}",
+            d.uuid,
+            d.ulid,
+            d.time,
+            d.unix_millis,
+            d.key_version
+                .map_or_else(|| "?".to_owned(), |v| v.to_string())
+        )?;
         return Ok(());
     }
     outln!(
@@ -231,5 +259,11 @@ async fn uuid(a: &DecodeArgs) -> anyhow::Result<()> {
         d.worker,
         d.counter
     )?;
+    if let Some(internal) = &d.internal_uuid {
+        outln!(
+            "internal uuid {internal}\nkey version {}",
+            d.key_version.unwrap_or_default()
+        )?;
+    }
     Ok(())
 }

@@ -97,13 +97,26 @@ pub enum UuidError {
         /// `datacenter_bits + worker_bits`.
         node_bits: u32,
     },
+    /// The layout hides its snowflake IDs opaque, time included; a UUIDv7
+    /// shows its time, so it cannot be hidden that way.
+    #[error("this cluster's layout is hidden opaque (layout.hide = \"opaque\"), which hides when an ID was issued; a UUIDv7 shows its time, so this node issues no UUIDs. A cluster that serves UUIDs hides with layout.hide = \"sortable\" (time shown, count and node hidden), set before its first ID")]
+    OpaqueLayout,
+    /// A sortable hidden layout whose key version field would leave the
+    /// UUID counter narrower than 24 bits.
+    #[error("layout.hide_version_bits = {version_bits} would take {version_bits} of the UUID counter's 26 bits, leaving fewer than 24; this node issues no UUIDs. A cluster that serves hidden UUIDs needs layout.hide_version_bits = 1 or 2, set before its first ID")]
+    HideVersionTooWide {
+        /// `layout.hide_version_bits`.
+        version_bits: u32,
+    },
 }
 
 impl UuidError {
     /// What kind of failure this is (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::NodeTooWide { .. } => ErrorKind::Precondition,
+            Self::NodeTooWide { .. } | Self::OpaqueLayout | Self::HideVersionTooWide { .. } => {
+                ErrorKind::Precondition
+            }
             _ => ErrorKind::BadRequest,
         }
     }
@@ -261,6 +274,11 @@ impl UuidLayout {
             datacenter_bits,
             worker_bits,
         })
+    }
+
+    /// Width of the node field (datacenter and worker bits).
+    pub fn node_bits(&self) -> u32 {
+        self.datacenter_bits + self.worker_bits
     }
 
     /// How many random bits each UUID carries.

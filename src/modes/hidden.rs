@@ -24,8 +24,9 @@ use crate::error::Error;
 use crate::id::format::{Format, FormatError};
 use crate::id::hide::{
     DecimalHider, HideError, HideKey, Hider, IntHider, KeyVersion, SnowflakeHider, SnowflakeHiding,
+    UuidHider,
 };
-use crate::id::Layout;
+use crate::id::{Layout, UuidLayout};
 use crate::store::StoreError;
 
 /// Builds a hider from every version of a ring and its active version.
@@ -53,7 +54,9 @@ struct Built<H> {
     hider: Result<Arc<H>, String>,
 }
 
-impl<H: Hider> HiddenOutput<H> {
+// Key-ring tracking needs no `Hider`: the UUID hider (128-bit values)
+// is kept current the same way.
+impl<H: Send + Sync + 'static> HiddenOutput<H> {
     /// The output of `namespace` (as messages name it, e.g. `segment tag
     /// "orders"`) through key `key_id`. `rings` is `None` on a node with no
     /// hide keys loaded (no master key): every call is then refused.
@@ -169,12 +172,14 @@ pub struct Ready<'a, H> {
     output: &'a HiddenOutput<H>,
 }
 
-impl<H: Hider> Ready<'_, H> {
+impl<H> Ready<'_, H> {
     /// The hider itself.
     pub fn hider(&self) -> &H {
         &self.hider
     }
+}
 
+impl<H: Hider> Ready<'_, H> {
     /// Shows `internal`. A value outside the field's domain (the engines
     /// bound their counters to it, so never in practice) is refused.
     pub fn hide(&self, internal: u64) -> Result<u64, Error> {
@@ -260,6 +265,25 @@ pub fn snowflake_output(
         rings,
         Box::new(move |keys, active| {
             SnowflakeHider::new(keys, active, &layout, hiding, version_bits)
+        }),
+    )
+}
+
+/// The output of UUIDv7 on a sortable hidden layout: [`UuidHider`] over
+/// the node's UUID layout, with the layout's key and version width.
+pub fn uuid_output(
+    key_id: &str,
+    rings: Option<HideKeyRings>,
+    layout: UuidLayout,
+    version_bits: u32,
+) -> Arc<HiddenOutput<UuidHider>> {
+    HiddenOutput::new(
+        "UUIDs".into(),
+        key_id,
+        rings,
+        Box::new(move |keys, active| {
+            let max = ((1u32 << version_bits.min(8)) - 1) as KeyVersion;
+            UuidHider::new(&fitting(keys, max), active, &layout, version_bits)
         }),
     )
 }
@@ -378,8 +402,18 @@ impl<H: Hider> HiddenOutput<H> {
     /// field holds: then a hider is built for this call from the ring's
     /// newest version the field holds.
     pub fn reveal(&self, shown: u64) -> Result<(KeyVersion, u64), RevealError> {
+        self.revealer()?.reveal(shown).map_err(RevealError::Hide)
+    }
+}
+
+impl<H: Send + Sync + 'static> HiddenOutput<H> {
+    /// The hider to reveal with (see [`HiddenOutput::reveal`]): the one
+    /// in service, or one built for this call from the ring's newest
+    /// version the field holds when the key is retired or rotated past
+    /// the field.
+    pub fn revealer(&self) -> Result<Arc<H>, RevealError> {
         if let Ok(ready) = self.ready() {
-            return ready.hider().reveal(shown).map_err(RevealError::Hide);
+            return Ok(ready.hider);
         }
         let ring = self
             .rings
@@ -402,7 +436,7 @@ impl<H: Hider> HiddenOutput<H> {
             built => built,
         }
         .map_err(RevealError::Hide)?;
-        hider.reveal(shown).map_err(RevealError::Hide)
+        Ok(Arc::new(hider))
     }
 }
 

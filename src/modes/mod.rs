@@ -528,13 +528,48 @@ impl Issuer {
         let count = check_count(count, self.max_batch)?;
         self.check_state_file()?;
         self.gate.check()?;
-        self.uuids.take(count as usize).await
+        self.learning_hide_keys(|| self.uuids.take(count as usize))
+            .await
+    }
+
+    /// Shows UUIDs as `hiding` says (the layout's `hide`).
+    pub fn with_uuid_hiding(mut self, hiding: self::uuid::UuidHiding) -> Self {
+        self.uuids.set_hiding(hiding);
+        self
     }
 
     /// Splits UUID text (canonical, 32 hex digits or ULID) into its parts
-    /// under this node's layout (`DecodeUuid`, `/v1/uuid/decode`).
+    /// under this node's layout (`DecodeUuid`, `/v1/uuid/decode`): the
+    /// public view of a hidden UUID (see
+    /// [`decode_uuid_as`](Self::decode_uuid_as)).
     pub fn decode_uuid(&self, text: &str) -> Result<self::uuid::DecodedUuid, Error> {
-        self::uuid::decode(&self.layout, text)
+        self.decode_uuid_as(text, None)
+    }
+
+    /// [`decode_uuid`](Self::decode_uuid) for a caller: a UUID of a hidden
+    /// layout gives an admin caller (`who`) the internal UUID and its
+    /// parts, logged on `idgen::audit`; anyone else gets its time and key
+    /// version.
+    pub fn decode_uuid_as(
+        &self,
+        text: &str,
+        who: Option<&str>,
+    ) -> Result<self::uuid::DecodedUuid, Error> {
+        let uuid = crate::id::Uuid::parse(text.trim())?;
+        let decoded = self.uuids.decode(&self.layout, uuid, who.is_some())?;
+        if let (Some(who), Some(internal)) = (who, &decoded.internal_uuid) {
+            tracing::info!(
+                target: "idgen::audit",
+                who,
+                mode = "uuid",
+                uuid = %decoded.uuid,
+                key_version = decoded.key_version,
+                internal = %internal,
+                "hidden uuid decoded"
+            );
+            metrics::counter!(crate::metrics::HIDDEN_REVEALS, "mode" => "uuid").increment(1);
+        }
+        Ok(decoded)
     }
 
     /// The one check of a `GenId`/`GenIds` call before any value is taken

@@ -9,6 +9,15 @@
 //! derivation function): one block gives two UUIDs' random bits and
 //! counter offsets, at the cost of one AES round trip (AES-NI) instead of a
 //! system call per UUID. The key is drawn again every 2^32 blocks.
+//!
+//! # Hiding
+//! A layout hidden sortable (`layout.hide = "sortable"`) shows UUIDs
+//! through a [`UuidHider`] under the layout's key ([`UuidHiding`]): the
+//! generator reserves counters `version_bits` narrower, the hider writes
+//! the key version in clear at the top of the counter field and permutes
+//! the rest of the counter with the node bits, per millisecond. The key is
+//! checked before any position is reserved, so a refusal takes nothing. An
+//! opaque layout hides the time, which a UUIDv7 shows: it issues no UUIDs.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -19,8 +28,10 @@ use aes::Aes128;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use super::gate::IssueGate;
+use super::hidden::{HiddenOutput, RevealError};
 use crate::error::Error;
-use crate::id::uuid::{Uuid, UuidLayout};
+use crate::id::hide::{HideError, UuidHider};
+use crate::id::uuid::{Uuid, UuidError, UuidLayout, COUNTER_BITS};
 use crate::id::{Clock, GenError};
 use crate::metrics as m;
 
@@ -87,12 +98,33 @@ fn with_random<T>(
     })
 }
 
+/// How a node shows its UUIDs: it follows the layout's hiding.
+#[derive(Clone, Default)]
+pub enum UuidHiding {
+    /// Plain UUIDs (the layout is not hidden).
+    #[default]
+    Plain,
+    /// `layout.hide = "sortable"`: time in clear, counter and node
+    /// permuted under the layout's hide key.
+    Sortable {
+        /// The hider, kept current with the key ring.
+        output: Arc<HiddenOutput<UuidHider>>,
+        /// Bits of key version at the top of the counter field.
+        version_bits: u32,
+    },
+    /// The layout's hiding cannot hold a UUID (opaque hides the time; too
+    /// many version bits leave too narrow a counter): every call is
+    /// refused with this, before anything is reserved.
+    Refused(UuidError),
+}
+
 /// Serves UUIDv7.
 pub struct UuidEngine {
     gate: Arc<IssueGate>,
     clock: Arc<dyn Clock>,
     max_wait: Duration,
     issued: metrics::Counter,
+    hiding: UuidHiding,
 }
 
 impl UuidEngine {
@@ -105,7 +137,18 @@ impl UuidEngine {
             clock,
             max_wait,
             issued: metrics::counter!(m::IDS_ISSUED, "mode" => "uuid"),
+            hiding: UuidHiding::Plain,
         }
+    }
+
+    /// Shows UUIDs as `hiding` says (the layout's `hide`).
+    pub fn set_hiding(&mut self, hiding: UuidHiding) {
+        self.hiding = hiding;
+    }
+
+    /// How UUIDs are shown.
+    pub fn hiding(&self) -> &UuidHiding {
+        &self.hiding
     }
 
     /// The UUID layout of the generator held now: refused when the
@@ -118,7 +161,32 @@ impl UuidEngine {
     /// the count). One generator for the whole call, so the batch stays
     /// increasing even if the node is fenced meanwhile (the call then
     /// fails and what it reserved is dropped, never reused).
+    ///
+    /// Hidden UUIDs are shown after reservation and then sorted, so a
+    /// batch stays increasing (by time across milliseconds; within one the
+    /// order of the shown values is the permutation's).
     pub async fn take(&self, count: usize) -> Result<Vec<Uuid>, Error> {
+        let ready = match &self.hiding {
+            UuidHiding::Plain => None,
+            UuidHiding::Sortable { output, .. } => Some(output.ready()?),
+            UuidHiding::Refused(why) => return Err(Error::Uuid(why.clone())),
+        };
+        let counter_bits = ready
+            .as_ref()
+            .map_or(COUNTER_BITS, |r| r.hider().counter_bits());
+        let mut out = self.reserve(count, counter_bits).await?;
+        if let (Some(ready), UuidHiding::Sortable { output, .. }) = (ready, &self.hiding) {
+            ready
+                .hider()
+                .hide_in_place(&mut out)
+                .map_err(|e| hidden_refusal(output, &e))?;
+            out.sort_unstable();
+        }
+        Ok(out)
+    }
+
+    /// `count` internal UUIDs with counters below `2^counter_bits`.
+    async fn reserve(&self, count: usize, counter_bits: u32) -> Result<Vec<Uuid>, Error> {
         let generator = self.gate.generator();
         let layout = UuidLayout::of(generator.layout()).map_err(Error::Uuid)?;
         let node = generator.node_number();
@@ -128,7 +196,8 @@ impl UuidEngine {
             let want = (count - out.len()) as u64;
             // A failing random source is its own error, never "closed".
             let offset = with_random(|random| random())?;
-            match generator.reserve_uuids(self.clock.now_micros(), want, offset) {
+            let now = self.clock.now_micros();
+            match generator.reserve_uuid_counters(now, want, offset, counter_bits) {
                 Ok(r) => with_random(|random| {
                     for c in r.counters() {
                         out.push(layout.compose(r.unix_ms, c, node, random()?));
@@ -151,6 +220,15 @@ impl UuidEngine {
     }
 }
 
+/// A hidden-UUID failure as the call's refusal, naming the key.
+fn hidden_refusal(output: &HiddenOutput<UuidHider>, e: &HideError) -> Error {
+    Error::Hidden {
+        namespace: "UUIDs".into(),
+        key: output.key_id().to_owned(),
+        reason: e.to_string(),
+    }
+}
+
 /// A UUID split into its parts, for `DecodeUuid` and `/v1/uuid/decode`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DecodedUuid {
@@ -168,14 +246,63 @@ pub struct DecodedUuid {
     pub worker: u64,
     /// The per-millisecond counter.
     pub counter: u64,
+    /// `"sortable"` for a UUID of a hidden layout: without the admin token
+    /// its datacenter, worker and counter are 0 (hidden), its time and
+    /// `key_version` are shown; with it, they are the internal UUID's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<&'static str>,
+    /// The hide key version of a hidden UUID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_version: Option<u32>,
+    /// The internal UUID behind a hidden one: admin callers only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub internal_uuid: Option<String>,
 }
 
-/// Reads UUID text (canonical, 32 hex digits or ULID) and splits it under
-/// the node layout `layout` (its datacenter and worker widths).
-pub fn decode(layout: &crate::id::Layout, text: &str) -> Result<DecodedUuid, Error> {
-    let uuid = Uuid::parse(text.trim())?;
-    let parts = UuidLayout::of(layout)?.decompose(uuid)?;
-    Ok(DecodedUuid {
+impl UuidEngine {
+    /// The parts of `uuid` as this node shows them: a plain UUID's parts;
+    /// of a hidden one the time and key version, and for an admin caller
+    /// (`reveal`) the internal UUID and its parts too.
+    pub fn decode(
+        &self,
+        layout: &crate::id::Layout,
+        uuid: Uuid,
+        reveal: bool,
+    ) -> Result<DecodedUuid, Error> {
+        let uuid_layout = UuidLayout::of(layout)?;
+        let parts = uuid_layout.decompose(uuid)?;
+        let mut out = decoded(uuid, parts);
+        let UuidHiding::Sortable {
+            output,
+            version_bits,
+        } = &self.hiding
+        else {
+            return Ok(out);
+        };
+        // The public view needs no key: the version sits in clear at the
+        // top of the counter field.
+        out.hidden = Some("sortable");
+        out.key_version = Some((parts.counter >> (COUNTER_BITS - version_bits)) as u32);
+        (out.datacenter, out.worker, out.counter) = (0, 0, 0);
+        if !reveal {
+            return Ok(out);
+        }
+        let hider = output.revealer().map_err(|e| match e {
+            RevealError::Refused(e) => *e,
+            RevealError::Hide(e) => hidden_refusal(output, &e),
+        })?;
+        let (version, internal) = hider.reveal(uuid).map_err(|e| hidden_refusal(output, &e))?;
+        let p = uuid_layout.decompose(internal)?;
+        (out.datacenter, out.worker, out.counter) = (p.datacenter, p.worker, p.counter);
+        out.key_version = Some(u32::from(version));
+        out.internal_uuid = Some(internal.to_string());
+        Ok(out)
+    }
+}
+
+/// A plain UUID's parts.
+fn decoded(uuid: Uuid, parts: crate::id::UuidParts) -> DecodedUuid {
+    DecodedUuid {
         uuid: uuid.to_string(),
         ulid: uuid.to_ulid(),
         time: humantime::format_rfc3339_millis(
@@ -186,7 +313,18 @@ pub fn decode(layout: &crate::id::Layout, text: &str) -> Result<DecodedUuid, Err
         datacenter: parts.datacenter,
         worker: parts.worker,
         counter: parts.counter,
-    })
+        hidden: None,
+        key_version: None,
+        internal_uuid: None,
+    }
+}
+
+/// Reads UUID text (canonical, 32 hex digits or ULID) and splits it under
+/// the node layout `layout` (its datacenter and worker widths).
+pub fn decode(layout: &crate::id::Layout, text: &str) -> Result<DecodedUuid, Error> {
+    let uuid = Uuid::parse(text.trim())?;
+    let parts = UuidLayout::of(layout)?.decompose(uuid)?;
+    Ok(decoded(uuid, parts))
 }
 
 #[cfg(test)]
@@ -231,5 +369,66 @@ mod tests {
         }
         // 38 random bits: 20,020 draws practically never repeat.
         assert!(randoms.len() > all.len() - 5, "random bits repeat");
+    }
+
+    /// A sortable hidden engine across a key rotation: every UUID is
+    /// version 7, each batch strictly increasing and all distinct; each
+    /// reveals (admin decode) to an internal UUID of this node with a
+    /// counter below 2^24 and the key version it was shown with, and the
+    /// internal positions of a later call all lie above an earlier one's.
+    #[tokio::test]
+    async fn a_hidden_engine_issues_v7_uuids_that_reveal_to_increasing_positions() {
+        use crate::modes::hide_keys::HideKeyRings;
+        use crate::store::hide_keys::{HideKeys, MasterKey};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "test")
+            .expect("state file");
+        let keys = HideKeys::new(
+            Arc::new(store),
+            Some(Arc::new(MasterKey::from_bytes([5; 32]))),
+        );
+        let rings = HideKeyRings::load(Arc::new(keys)).await.expect("rings");
+        rings.create("k", "test").await.expect("create");
+        let clock = Arc::new(ManualClock::at_millis(T0));
+        let mut e = engine(Arc::clone(&clock));
+        let layout = *e.gate.current().layout();
+        let output = crate::modes::hidden::uuid_output(
+            "k",
+            Some(rings.clone()),
+            e.layout().expect("fits"),
+            2,
+        );
+        e.set_hiding(UuidHiding::Sortable {
+            output,
+            version_bits: 2,
+        });
+        let (mut seen, mut last_internal) = (HashSet::new(), Uuid(0));
+        for step in 0..12u64 {
+            if step == 6 {
+                rings.rotate("k", "test").await.expect("rotate");
+            }
+            clock.set_millis(T0 + step / 2);
+            let batch = e.take(300).await.expect("batch");
+            assert!(batch.windows(2).all(|w| w[0] < w[1]), "a batch increases");
+            let mut internal = Vec::new();
+            for u in batch {
+                assert_eq!((u.version(), u.variant()), (7, 0b10), "{u}");
+                assert!(seen.insert(u), "{u} twice");
+                let d = e.decode(&layout, u, true).expect("reveal");
+                assert_eq!((d.datacenter, d.worker), (3, 9));
+                assert!(d.counter < 1 << 24, "counter {} over 24 bits", d.counter);
+                assert_eq!(d.key_version, Some(u32::from(step >= 6)));
+                let public = e.decode(&layout, u, false).expect("public view");
+                assert_eq!(
+                    (public.counter, public.worker, public.internal_uuid),
+                    (0, 0, None)
+                );
+                assert_eq!(public.key_version, d.key_version);
+                internal.push(Uuid::parse(&d.internal_uuid.expect("admin view")).expect("uuid"));
+            }
+            internal.sort_unstable();
+            assert!(internal[0] > last_internal, "positions went back");
+            last_internal = internal[internal.len() - 1];
+        }
     }
 }

@@ -39,8 +39,49 @@ fn hiding(config: &Config, stores: &ModeStores, mut issuer: Issuer) -> Issuer {
             version_bits: h.version_bits,
         });
         tracing::info!(hide = %h.record_text(), "snowflake IDs are hidden");
+        issuer = issuer.with_uuid_hiding(uuid_hiding(config, stores, h));
     }
     issuer
+}
+
+/// How UUIDs follow the layout's hiding: sortable hides them the same way
+/// (time shown, counter and node permuted, the layout's key and version
+/// width); a hiding that cannot hold a UUIDv7 refuses UUID calls, and
+/// says so once at start-up. A layout too wide for UUIDs at all is
+/// refused by the engine itself ([`crate::id::UuidError::NodeTooWide`]).
+fn uuid_hiding(
+    config: &Config,
+    stores: &ModeStores,
+    h: &crate::config::LayoutHide,
+) -> crate::modes::uuid::UuidHiding {
+    use crate::id::hide::{SnowflakeHiding, MIN_HIDDEN_COUNTER_BITS};
+    use crate::id::uuid::{UuidError, COUNTER_BITS};
+    use crate::modes::uuid::UuidHiding;
+    let refused = match h.hiding {
+        SnowflakeHiding::Opaque => Some(UuidError::OpaqueLayout),
+        SnowflakeHiding::Sortable if COUNTER_BITS - h.version_bits < MIN_HIDDEN_COUNTER_BITS => {
+            Some(UuidError::HideVersionTooWide {
+                version_bits: h.version_bits,
+            })
+        }
+        SnowflakeHiding::Sortable => None,
+    };
+    if let Some(why) = refused {
+        tracing::warn!(reason = %why, "UUID calls will be refused");
+        return UuidHiding::Refused(why);
+    }
+    match crate::id::UuidLayout::of(&config.layout) {
+        Ok(layout) => UuidHiding::Sortable {
+            output: crate::modes::hidden::uuid_output(
+                &h.key_id,
+                stores.hide_keys.clone(),
+                layout,
+                h.version_bits,
+            ),
+            version_bits: h.version_bits,
+        },
+        Err(why) => UuidHiding::Refused(why),
+    }
 }
 
 pub(super) fn build_issuer(

@@ -278,7 +278,8 @@ impl IdGen for IdGenService {
         &self,
         request: Request<proto::DecodeUuidRequest>,
     ) -> Result<Response<proto::DecodeUuidResponse>, Status> {
-        self.decode_uuid_inner(request.into_inner())
+        let who = self.admin_caller(&request)?;
+        self.decode_uuid_inner(request.into_inner(), who.as_deref())
             .map(Response::new)
     }
 }
@@ -324,6 +325,7 @@ impl IdGenService {
     fn decode_uuid_inner(
         &self,
         req: proto::DecodeUuidRequest,
+        who: Option<&str>,
     ) -> Result<proto::DecodeUuidResponse, Status> {
         let started = Instant::now();
         let text = if req.uuid.is_empty() {
@@ -338,7 +340,7 @@ impl IdGenService {
                     )))
                 })
         };
-        let result = text.and_then(|t| self.issuer.decode_uuid(&t));
+        let result = text.and_then(|t| self.issuer.decode_uuid_as(&t, who));
         self.decode_uuid.observe(started, &result);
         let d = result.map_err(|e| to_status(&e))?;
         Ok(proto::DecodeUuidResponse {
@@ -349,6 +351,9 @@ impl IdGenService {
             datacenter: d.datacenter as u32,
             worker: d.worker as u32,
             counter: d.counter,
+            hidden: d.hidden.unwrap_or_default().to_owned(),
+            key_version: d.key_version,
+            internal_uuid: d.internal_uuid.unwrap_or_default(),
         })
     }
 }

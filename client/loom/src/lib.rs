@@ -1,8 +1,10 @@
 //! A loom model of `idgen-client`'s ID buffer.
 //!
 //! `buffer.rs` is the client's own source file, compiled here against
-//! loom's atomics, mutex and `Arc` (see `sync` below), so the tests in
-//! `tests/` explore every interleaving of the real code.
+//! loom's atomics, mutex and `Arc` (see `sync` below), so the tests below
+//! explore every interleaving of the real code. The buffer is generic over
+//! its item (`u64` IDs, 16-byte UUIDs); the claim logic never reads an
+//! item, and the models run it with both.
 
 #![allow(dead_code)]
 
@@ -53,7 +55,7 @@ mod tests {
 
     /// Claims until the buffer is empty: the hot path, then the cold path
     /// that replaces a spent block.
-    fn drain(buf: &IdBuffer, limit: usize) -> Vec<u64> {
+    fn drain<T: Copy>(buf: &IdBuffer<T>, limit: usize) -> Vec<T> {
         let mut got = Vec::new();
         while got.len() < limit {
             match buf.try_claim() {
@@ -68,7 +70,7 @@ mod tests {
         got
     }
 
-    fn assert_distinct(all: &[u64]) {
+    fn assert_distinct<T: Copy + Ord + std::fmt::Debug>(all: &[T]) {
         let mut sorted = all.to_vec();
         sorted.sort_unstable();
         let before = sorted.len();
@@ -81,7 +83,7 @@ mod tests {
     #[test]
     fn racing_claims_across_a_block_replacement_hand_out_each_id_once() {
         model(|| {
-            let buf = Arc::new(IdBuffer::new(1));
+            let buf = Arc::new(IdBuffer::<u64>::new(1));
             buf.push(Arc::new(Block::new(vec![1, 2])));
             buf.push(Arc::new(Block::new(vec![3, 4])));
             let b2 = Arc::clone(&buf);
@@ -99,7 +101,7 @@ mod tests {
     #[test]
     fn a_refill_racing_with_claims_loses_and_repeats_nothing() {
         model(|| {
-            let buf = Arc::new(IdBuffer::new(1));
+            let buf = Arc::new(IdBuffer::<u64>::new(1));
             buf.push(Arc::new(Block::new(vec![1, 2])));
             let b2 = Arc::clone(&buf);
             let claimer = thread::spawn(move || drain(&b2, 3));
@@ -121,7 +123,7 @@ mod tests {
     #[test]
     fn expiry_racing_with_claims_never_repeats_an_id() {
         model(|| {
-            let buf = Arc::new(IdBuffer::new(0));
+            let buf = Arc::new(IdBuffer::<u64>::new(0));
             let first = Arc::new(Block::new(vec![1, 2, 3]));
             buf.push(Arc::clone(&first));
             buf.push(Arc::new(Block::new(vec![4])));
@@ -144,7 +146,7 @@ mod tests {
     #[test]
     fn one_refill_request_per_block() {
         model(|| {
-            let buf = Arc::new(IdBuffer::new(2));
+            let buf = Arc::new(IdBuffer::<u64>::new(2));
             buf.push(Arc::new(Block::new(vec![1, 2, 3])));
             assert!(buf.advance().ready);
             let b2 = Arc::clone(&buf);
@@ -172,7 +174,7 @@ mod tests {
     #[test]
     fn two_refills_landing_at_once_lose_and_repeat_nothing() {
         model(|| {
-            let buf = Arc::new(IdBuffer::new(1));
+            let buf = Arc::new(IdBuffer::<u64>::new(1));
             buf.push(Arc::new(Block::new(vec![1])));
             let (b2, b3) = (Arc::clone(&buf), Arc::clone(&buf));
             let first = thread::spawn(move || b2.push(Arc::new(Block::new(vec![2]))));
@@ -184,6 +186,32 @@ mod tests {
             assert_distinct(&all);
             all.sort_unstable();
             assert_eq!(all, vec![1, 2, 3], "an ID was lost");
+        });
+    }
+
+    /// The buffer as the UUID prefetcher uses it (16-byte items): two
+    /// callers race over two blocks and a refill landing meanwhile; every
+    /// UUID goes to exactly one caller, none is lost.
+    #[test]
+    fn uuid_items_are_handed_out_once_across_a_refill_and_a_replacement() {
+        let uuid = |n: u8| {
+            let mut b = [0x70u8; 16];
+            b[15] = n;
+            b
+        };
+        model(move || {
+            let buf = Arc::new(IdBuffer::<[u8; 16]>::new(1));
+            buf.push(Arc::new(Block::new(vec![uuid(1), uuid(2)])));
+            let (b2, b3) = (Arc::clone(&buf), Arc::clone(&buf));
+            let claimer = thread::spawn(move || drain(&b2, 3));
+            let refill = thread::spawn(move || b3.push(Arc::new(Block::new(vec![uuid(3)]))));
+            let mut all = drain(&buf, 3);
+            all.extend(claimer.join().unwrap());
+            refill.join().unwrap();
+            all.extend(drain(&buf, 3));
+            assert_distinct(&all);
+            all.sort_unstable();
+            assert_eq!(all, vec![uuid(1), uuid(2), uuid(3)], "a UUID was lost");
         });
     }
 }

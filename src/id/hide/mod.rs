@@ -20,8 +20,10 @@
 //!
 //! The variants: [`DecimalHider`] (fixed-width decimal fields, FF1 radix
 //! 10 per NIST SP 800-38G rev. 1, with AES-256), [`IntHider`] (integers of
-//! up to 63 bits, a keyed Feistel network), and [`SnowflakeHider`]
-//! (snowflake IDs, sortable or opaque; see [`SnowflakeHiding`]).
+//! up to 63 bits, a keyed Feistel network), [`SnowflakeHider`]
+//! (snowflake IDs, sortable or opaque; see [`SnowflakeHiding`]) and
+//! [`UuidHider`] (UUIDv7, sortable: the same Feistel over the counter and
+//! node bits).
 //!
 //! Hiders are built once from every key a namespace still decodes (live
 //! and retired) and the active version, and then `hide` and `reveal` take
@@ -46,11 +48,13 @@ mod keys;
 mod snowflake;
 #[cfg(test)]
 mod tests;
+mod uuid;
 
 pub use decimal::DecimalHider;
 pub use int::IntHider;
 pub use keys::{HideKey, KeyVersion};
 pub use snowflake::{SnowflakeHider, SnowflakeHiding};
+pub use uuid::{UuidHider, MIN_HIDDEN_COUNTER_BITS};
 
 use super::kind::ErrorKind;
 use thiserror::Error;
@@ -86,6 +90,12 @@ pub enum HideError {
         value: u64,
         /// The largest value the hider takes.
         max: u64,
+    },
+    /// Not a version 7, variant `10` UUID: no UUID hider made or takes it.
+    #[error("{uuid} is not a version 7 UUID of this cluster; check that it was issued here")]
+    NotUuid {
+        /// The UUID's text.
+        uuid: String,
     },
     /// A shown value is not one this hider could have produced (wrong
     /// width or bits where the hider writes none).
@@ -132,7 +142,7 @@ impl HideError {
     /// rest are set-up problems an operator must fix.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::NotHidden { .. } => ErrorKind::BadRequest,
+            Self::NotHidden { .. } | Self::NotUuid { .. } => ErrorKind::BadRequest,
             Self::UnknownVersion { .. } => ErrorKind::NotFound,
             Self::OutOfDomain { .. } => ErrorKind::Exhausted,
             Self::DomainTooSmall { .. }

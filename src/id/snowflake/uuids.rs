@@ -13,7 +13,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{GenError, Snowflake};
-use crate::id::uuid::{COUNTER_BITS, COUNTER_START_LIMIT};
+use crate::id::uuid::COUNTER_BITS;
 
 const COUNTER_MAX: u64 = (1 << COUNTER_BITS) - 1;
 /// The largest `unix_ts_ms` a UUID holds.
@@ -64,7 +64,7 @@ impl Snowflake {
     /// Reserves up to `want` (at least 1) UUID counters of one millisecond
     /// at wall time `now_micros`. `offset` is where a new millisecond's
     /// counter starts: the caller draws it at random; only its value modulo
-    /// [`COUNTER_START_LIMIT`] is used. May return fewer than asked (the end
+    /// [`COUNTER_START_LIMIT`](crate::id::uuid::COUNTER_START_LIMIT) is used. May return fewer than asked (the end
     /// of a millisecond); the caller asks again for the rest.
     ///
     /// The millisecond is the logical one: never behind the last UUID's,
@@ -77,8 +77,28 @@ impl Snowflake {
         want: u64,
         offset: u64,
     ) -> Result<UuidReservation, GenError> {
+        self.reserve_uuid_counters(now_micros, want, offset, COUNTER_BITS)
+    }
+
+    /// [`Snowflake::reserve_uuids`] with counters below `2^counter_bits`
+    /// (at most [`COUNTER_BITS`]): a hidden UUID's key version takes the
+    /// top of the counter field ([`crate::id::hide::UuidHider`]). Each
+    /// millisecond starts below `2^(counter_bits - 1)`; a millisecond
+    /// whose counters ran out moves on to the next, never wraps. A node
+    /// serves one width for its life (the width follows the layout's
+    /// hiding, which is fixed), and a narrower maximum only moves the
+    /// position on sooner, so positions never repeat whatever the width.
+    pub fn reserve_uuid_counters(
+        &self,
+        now_micros: u64,
+        want: u64,
+        offset: u64,
+        counter_bits: u32,
+    ) -> Result<UuidReservation, GenError> {
+        let counter_bits = counter_bits.clamp(2, COUNTER_BITS);
+        let counter_max: u64 = (1 << counter_bits) - 1;
         let want = want.max(1);
-        let offset = offset % COUNTER_START_LIMIT;
+        let offset = offset % (1 << (counter_bits - 1));
         let now = self.units_at_micros(now_micros);
         let wall = self.check_wall(now)?;
         if now > self.layout.max_time() {
@@ -97,7 +117,7 @@ impl Snowflake {
         }
         let (ms, first_counter) = if last.ms < now_ms {
             (now_ms, offset)
-        } else if last.counter < COUNTER_MAX {
+        } else if last.counter < counter_max {
             (last.ms, last.counter + 1)
         } else {
             (last.ms + 1, offset)
@@ -114,7 +134,7 @@ impl Snowflake {
         if ms > ceiling {
             return Err(self.refusal(now, wall.high, now_micros, hwm, self.layout.units_at(ms)));
         }
-        let count = want.min(COUNTER_MAX - first_counter + 1);
+        let count = want.min(counter_max - first_counter + 1);
         last.ms = ms;
         last.counter = first_counter + count - 1;
         Ok(UuidReservation {
@@ -177,7 +197,7 @@ mod tests {
         assert_eq!(all[0].0, T0);
         assert_eq!(all[1000].0, T0 + 1);
         assert!(
-            all[1000].1 < super::COUNTER_START_LIMIT,
+            all[1000].1 < crate::id::uuid::COUNTER_START_LIMIT,
             "offset in the lower half"
         );
     }
@@ -185,7 +205,7 @@ mod tests {
     #[test]
     fn a_full_millisecond_moves_on_to_the_next_one_and_never_wraps() {
         let g = generator(T0, None);
-        let offset = super::COUNTER_START_LIMIT - 1;
+        let offset = crate::id::uuid::COUNTER_START_LIMIT - 1;
         let first = g.reserve_uuids(T0 * 1000, u64::MAX, offset).expect("first");
         assert_eq!(first.first_counter + first.count - 1, super::COUNTER_MAX);
         // The wall clock has not moved: the next millisecond is borrowed

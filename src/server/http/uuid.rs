@@ -100,10 +100,20 @@ struct DecodeUuidQuery {
 }
 
 /// `GET /v1/uuid/decode?uuid=TEXT` (canonical, 32 hex digits or ULID):
-/// its time, datacenter, worker and counter.
-pub(super) async fn decode_uuid(State(s): State<HttpState>, RawQuery(raw): RawQuery) -> Response {
+/// its time, datacenter, worker and counter; of a hidden layout's UUID
+/// the internal ones for an admin caller only, audit-logged.
+pub(super) async fn decode_uuid(
+    State(s): State<HttpState>,
+    RawQuery(raw): RawQuery,
+    request: axum::extract::Request,
+) -> Response {
     let started = Instant::now();
-    let result = parse_query::<DecodeUuidQuery>(raw).and_then(|q| s.issuer.decode_uuid(&q.uuid));
+    let who = match super::admin_caller(&s, request) {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
+    let result = parse_query::<DecodeUuidQuery>(raw)
+        .and_then(|q| s.issuer.decode_uuid_as(&q.uuid, who.as_deref()));
     s.rpc.decode_uuid.observe(started, &result);
     match result {
         Ok(d) => Json(d).into_response(),
