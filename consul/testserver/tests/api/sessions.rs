@@ -109,30 +109,38 @@ async fn ttl_expiry_lands_between_ttl_and_twice_ttl_and_releases_locks() {
     let id = api
         .session(json!({"TTL": "500ms", "LockDelay": "0s", "Name": "ttl"}))
         .await;
-    let created = Instant::now();
     assert_eq!(
         api.put(&format!("kv/t?acquire={id}"), "v").await.text,
         "true"
     );
+    // The server renews somewhere between `sent` and `renewed_at`, so
+    // the session is due at least 2 x TTL after `sent` and at most 2 x TTL
+    // after `renewed_at`. The bounds below follow from that alone, however
+    // late a loaded machine wakes this test.
+    let sent = Instant::now();
     let renewed = api.put(&format!("session/renew/{id}"), "").await;
     assert_eq!(renewed.status, 200);
     assert_eq!(renewed.json()[0]["TTL"], "500ms");
     let renewed_at = Instant::now();
 
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(
-        consul.sessions().iter().any(|s| s.id == id),
-        "still alive past TTL, before 2xTTL"
-    );
+    tokio::time::sleep_until((renewed_at + Duration::from_millis(700)).into()).await;
+    // Past TTL since the renewal (700 ms after `renewed_at`): alive, unless
+    // this check ended 2 x TTL after `sent` or later (a late wake-up).
+    let alive = consul.sessions().iter().any(|s| s.id == id);
+    if sent.elapsed() < Duration::from_millis(1000) {
+        assert!(alive, "expired past TTL, before 2 x TTL");
+    }
     let consul2 = consul.clone();
-    eventually(Duration::from_secs(3), "session expiry", || {
+    eventually(Duration::from_secs(10), "session expiry", || {
         let consul = consul2.clone();
         let id = id.clone();
         async move { !consul.sessions().iter().any(|s| s.id == id) }
     })
     .await;
-    assert!(renewed_at.elapsed() >= Duration::from_millis(950));
-    assert!(created.elapsed() < Duration::from_secs(3));
+    assert!(
+        sent.elapsed() >= Duration::from_millis(1000),
+        "expired before 2 x TTL after the renewal"
+    );
     assert_eq!(consul.kv_get("t").and_then(|e| e.session), None);
     let r = api.put(&format!("session/renew/{id}"), "").await;
     assert_eq!(r.status, 404);
@@ -149,19 +157,19 @@ async fn ttl_factor_one_expires_at_ttl() {
         ..crate::support::fast_config()
     };
     let (consul, api) = start_with(config).await;
+    // Sent before the server creates it: due no sooner than 300 ms after.
+    let sent = Instant::now();
     let id = api.session(json!({"TTL": "300ms"})).await;
-    let created = Instant::now();
     let consul2 = consul.clone();
     eventually(Duration::from_secs(2), "expiry", || {
         let consul = consul2.clone();
         async move { consul.sessions().is_empty() }
     })
     .await;
-    let took = created.elapsed();
-    assert!(
-        took >= Duration::from_millis(280) && took < Duration::from_millis(550),
-        "{took:?}"
-    );
+    // No upper bound: a loaded machine may see it late (the `eventually`
+    // bounds the wait).
+    let took = sent.elapsed();
+    assert!(took >= Duration::from_millis(300), "{took:?}");
     assert_eq!(
         api.put(&format!("session/renew/{id}"), "").await.status,
         404
