@@ -103,7 +103,9 @@ export class Caller {
         const said = `${node.addr} did not answer within ${budget === left ? 'the time left' : `the attempt budget of ${budget} ms`}`;
         this.nodes.setAside(node);
         if (budget >= left) {
-          throw tally.deadline(deadlineMs, tried.length === 0 ? said : `${said}; before that, ${last}`);
+          // `last`, not this round's `tried`: a round that started over has
+          // forgotten its nodes, not what they said (a TLS refusal, say).
+          throw tally.deadline(deadlineMs, last === 'none' ? said : `${said}; before that, ${last}`);
         }
         if (retry === 'onlyIfNotSent' && maybeSent) {
           throw tally.deadline(deadlineMs, `${said}; a strict call is not sent twice (the node may have taken a value)`);
