@@ -339,11 +339,13 @@ impl UuidLayout {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::id::{Preset, DEFAULT_EPOCH_MS};
 
-    fn layout() -> UuidLayout {
+    /// The Twitter layout's UUID fields (10 node bits), for the tests of
+    /// this module and of the UUID hider.
+    pub(crate) fn layout() -> UuidLayout {
         let l = Preset::Twitter
             .spec(DEFAULT_EPOCH_MS)
             .validate(DEFAULT_EPOCH_MS + 1)

@@ -185,17 +185,10 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
-    use crate::id::{Preset, DEFAULT_EPOCH_MS};
 
     const MS: u64 = 1_765_000_000_000;
 
-    fn layout() -> UuidLayout {
-        let l = Preset::Twitter
-            .spec(DEFAULT_EPOCH_MS)
-            .validate(DEFAULT_EPOCH_MS + 1)
-            .expect("twitter layout");
-        UuidLayout::of(&l).expect("10 node bits fit")
-    }
+    use crate::id::uuid::tests::layout;
 
     fn key(version: KeyVersion) -> HideKey {
         HideKey::new(version, [version + 1; 32])
