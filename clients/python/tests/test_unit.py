@@ -7,9 +7,13 @@ import tempfile
 import threading
 import time
 import unittest
+from types import SimpleNamespace
+
+import grpc
 
 import idgen_client
 from idgen_client import _hash
+from idgen_client._call import Caller
 from idgen_client._prefetch import PrefetchConfig, Prefetcher
 
 NODES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
@@ -166,6 +170,61 @@ class Errors(unittest.TestCase):
                 c.reveal("t", 1)
             self.assertEqual(e.exception.code, "PERMISSION_DENIED")
             self.assertFalse(e.exception.sent)
+
+
+class _Refusal(grpc.RpcError):
+    def __init__(self, code, details):
+        super().__init__()
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return ()
+
+
+class _OneNode:
+    """A node set of one node whose stub refuses with a TLS error, then
+    stalls until the call's deadline."""
+
+    tls = idgen_client.TlsConfig(ca="/etc/hostname")
+
+    def __init__(self):
+        self.answers = [
+            _Refusal(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; "
+                     "last error: UNKNOWN: Ssl handshake failed: CERTIFICATE_REQUIRED"),
+        ]
+        self.node = SimpleNamespace(addr="127.0.0.1:1", outstanding=0, aside_until=0.0,
+                                    stub=SimpleNamespace(GenId=self._answer))
+
+    def _answer(self, request, timeout, metadata):
+        if self.answers:
+            raise self.answers.pop(0)
+        time.sleep(timeout)
+        raise _Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def pick(self, tried, key=None, avoid=None):
+        return None if tried else self.node
+
+    def set_aside(self, node):
+        pass
+
+
+class Deadline(unittest.TestCase):
+    def test_a_call_that_runs_out_of_time_keeps_what_the_attempt_before_said(self):
+        # The last attempt's timeout says less than the refusal before it
+        # (the reason): the error keeps both, as the Rust crate's does.
+        caller = Caller(_OneNode(), deadline=0.3, attempt_timeout=5.0,
+                        metrics=idgen_client.Metrics(), backoff_base=0.0001, backoff_max=0.001)
+        with self.assertRaises(idgen_client.DeadlineExceededError) as e:
+            caller.call("GenId", None)
+        text = str(e.exception)
+        self.assertIn("127.0.0.1:1 did not answer in time; before that, 127.0.0.1:1: TLS: the "
+                      "node requires a client certificate", text)
 
 
 class _FakeClient:

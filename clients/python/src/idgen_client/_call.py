@@ -130,7 +130,7 @@ class Caller:
                 answer = getattr(node.stub, method)(request, timeout=budget, metadata=metadata)
             except grpc.RpcError as err:
                 last, sent = self._failed(node, err, strict, budget, left, attempts,
-                                          len(nodes_tried), sent)
+                                          len(nodes_tried), sent, last)
             else:
                 if len(tried) > 0:
                     self.metrics.failover()
@@ -144,9 +144,11 @@ class Caller:
             backoff += 1
 
     def _failed(self, node: Node, err: grpc.RpcError, strict: bool, budget: float, left: float,
-                attempts: int, nodes: int, sent_before: bool) -> Tuple[str, bool]:
+                attempts: int, nodes: int, sent_before: bool,
+                last: str) -> Tuple[str, bool]:
         """What to report if no node succeeds (and whether a request may
-        have reached a node), or raises the call's error."""
+        have reached a node), or raises the call's error. `last` is what the
+        attempts before this one said."""
         code = err.code()
         details = err.details() or ""
         tls = self.nodes.tls
@@ -154,9 +156,14 @@ class Caller:
             what = "%s did not answer within the attempt timeout of %s" % (
                 node.addr, _secs(budget))
             if budget >= left - 1e-3:
-                # The call's own deadline, not the attempt's share.
+                # The call's own deadline, not the attempt's share. A timeout
+                # says less than the failure before it (often the reason, a
+                # TLS refusal say): keep both, as the Rust crate does.
+                timed_out = "%s did not answer in time" % node.addr
+                if last != "none":
+                    timed_out = "%s; before that, %s" % (timed_out, last)
                 raise DeadlineExceededError(
-                    self.deadline, "%s did not answer in time" % node.addr, attempts, nodes,
+                    self.deadline, timed_out, attempts, nodes,
                     sent_before or not never_sent(details)) from None
             self.nodes.set_aside(node)
             self.metrics.set_aside()
