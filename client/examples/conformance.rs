@@ -44,6 +44,8 @@ impl From<Error> for Failure {
             Error::DeadlineExceeded { attempts, .. } => ("DEADLINE_EXCEEDED", *attempts > 0),
             Error::Transport { .. } => ("UNAVAILABLE", true),
             Error::NoNodes => ("UNAVAILABLE", false),
+            // Refused before sending: the nodes in use are a fallback datacenter's.
+            Error::CrossesDatacenters { .. } => ("UNAVAILABLE", false),
             Error::Discovery(_) => ("UNAVAILABLE", false),
             Error::Config(_) | Error::StrictNotPrefetchable => ("CONFIG", false),
             Error::BadAnswer { .. } => ("INTERNAL", true),
