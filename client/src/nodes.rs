@@ -449,6 +449,34 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_fallback_datacenters_node_refuses_counted_calls_unless_opted_in() {
+        let nodes = test_set(&NODES[..1]);
+        nodes.set_local_datacenter("dc1".into());
+        let local = addr_of(&nodes, &[], Route::Spread);
+        assert!(nodes.crossing(&local, "strict key \"a/b\"").is_ok());
+        assert_eq!(nodes.fallback(), None);
+        // The same address listed by a fallback datacenter is another node.
+        nodes
+            .replace_from(&[NODES[0].to_owned()], Some("dc2"))
+            .expect("addresses");
+        let remote = addr_of(&nodes, &[], Route::Spread);
+        assert!(!Arc::ptr_eq(&local, &remote));
+        assert_eq!(nodes.fallback().as_deref(), Some("dc2"));
+        let err = nodes
+            .crossing(&remote, "strict key \"a/b\"")
+            .expect_err("refused");
+        let text = err.to_string();
+        assert!(text.starts_with("strict key \"a/b\" refused: the local Consul datacenter \"dc1\" has no passing idgen node"), "{text}");
+        assert!(text.contains("counters_may_cross_datacenters"), "{text}");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        let opted_in = NodeSet::new(NodeSettings {
+            counters_may_cross: true,
+            ..nodes.settings.clone()
+        });
+        assert!(opted_in.crossing(&remote, "segment tag \"t\"").is_ok());
+    }
+
     #[test]
     fn the_key_hash_is_fnv_1a() {
         // Published FNV-1a 64 test vectors: other clients can match it.
