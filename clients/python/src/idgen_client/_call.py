@@ -127,12 +127,15 @@ class Caller:
                 # Checked on the node about to be sent to, so a switch of
                 # datacenter between two attempts cannot slip past it.
                 self.nodes.crossing(node, counter)
+            if not self.nodes.acquire(node):
+                # It left the set (discovery replaced it) since the pick.
+                tried.append(node)
+                continue
             budget = min(left, self.attempt_timeout)
             attempts += 1
             nodes_tried.add(node.addr)
             if avoid is not None:
                 avoid.add(node.addr)
-            node.outstanding += 1
             try:
                 answer = getattr(node.stub, method)(request, timeout=budget, metadata=metadata)
             except grpc.RpcError as err:
@@ -143,7 +146,7 @@ class Caller:
                     self.metrics.failover()
                 return answer, node.addr
             finally:
-                node.outstanding -= 1
+                self.nodes.release(node)
                 if avoid is not None:
                     avoid.discard(node.addr)
             tried.append(node)

@@ -56,7 +56,8 @@ class TlsConfig:
 class Node:
     """One idgen node."""
 
-    __slots__ = ("addr", "channel", "stub", "outstanding", "aside_until", "fallback")
+    __slots__ = ("addr", "channel", "stub", "outstanding", "aside_until", "fallback", "retired",
+                 "closed")
 
     def __init__(self, addr: str, channel: grpc.Channel, fallback: Optional[str] = None) -> None:
         self.addr = addr
@@ -67,6 +68,10 @@ class Node:
         # The fallback Consul datacenter that listed this node (None: the
         # local one, or a static list).
         self.fallback = fallback
+        # Left the set (its channel is closed once no call is in flight on
+        # it), and closed.
+        self.retired = False
+        self.closed = False
 
 
 class NodeSet:
@@ -125,10 +130,40 @@ class NodeSet:
                 node = old.pop(addr, None) or Node(addr, self._channel(addr), fallback)
                 nodes.append(node)
             kept = set(map(id, nodes))
-            gone = [n for n in self._nodes if id(n) not in kept]
+            gone = []
+            for n in self._nodes:
+                if id(n) in kept:
+                    continue
+                # A node that left may still be answering calls (a live
+                # fallback datacenter's, when the local one is back):
+                # its channel closes after the last of them.
+                n.retired = True
+                if n.outstanding == 0:
+                    n.closed = True
+                    gone.append(n)
             self._nodes = nodes
         for n in gone:
             n.channel.close()
+
+    def acquire(self, node: Node) -> bool:
+        """Counts a call in flight on `node`; False when the node left the
+        set and its channel is closed (pick another)."""
+        with self._lock:
+            if node.closed:
+                return False
+            node.outstanding += 1
+            return True
+
+    def release(self, node: Node) -> None:
+        """The call on `node` ended; the channel of a node that left the
+        set closes with its last call."""
+        with self._lock:
+            node.outstanding -= 1
+            close = node.retired and node.outstanding == 0 and not node.closed
+            if close:
+                node.closed = True
+        if close:
+            node.channel.close()
 
     def _channel(self, addr: str) -> grpc.Channel:
         if self._credentials is None:
@@ -168,5 +203,7 @@ class NodeSet:
     def close(self) -> None:
         with self._lock:
             nodes, self._nodes = self._nodes, []
+            for n in nodes:
+                n.closed = True
         for n in nodes:
             n.channel.close()
