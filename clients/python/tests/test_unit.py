@@ -14,6 +14,7 @@ import grpc
 import idgen_client
 from idgen_client import _hash
 from idgen_client._call import Caller
+from idgen_client._nodes import NodeSet
 from idgen_client._prefetch import PrefetchConfig, Prefetcher
 
 NODES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
@@ -210,6 +211,13 @@ class _OneNode:
     def pick(self, tried, key=None, avoid=None):
         return None if tried else self.node
 
+    def acquire(self, node):
+        node.outstanding += 1
+        return True
+
+    def release(self, node):
+        node.outstanding -= 1
+
     def set_aside(self, node):
         pass
 
@@ -225,6 +233,23 @@ class Deadline(unittest.TestCase):
         text = str(e.exception)
         self.assertIn("127.0.0.1:1 did not answer in time; before that, 127.0.0.1:1: TLS: the "
                       "node requires a client certificate", text)
+
+
+class RetiredNodes(unittest.TestCase):
+    def test_a_node_that_left_keeps_its_channel_until_its_last_call_ends(self):
+        # Back from a fallback datacenter, its nodes leave the set while
+        # they still answer calls: closing their channels then would
+        # cancel those calls (seen as "Cancelled: Channel closed!").
+        nodes = NodeSet(None, 1.0)
+        self.addCleanup(nodes.close)
+        nodes.replace(["127.0.0.1:1"], "dc2")
+        node = nodes.pick([])
+        self.assertTrue(nodes.acquire(node))
+        nodes.replace(["127.0.0.1:2"])
+        self.assertFalse(node.closed, "a call is still in flight on it")
+        nodes.release(node)
+        self.assertTrue(node.closed, "closed with its last call")
+        self.assertFalse(nodes.acquire(node), "a closed node takes no call")
 
 
 class _FakeClient:

@@ -105,6 +105,8 @@ export class Prefetcher {
     readonly mode: ProtoMode,
     readonly tag: string,
     private readonly settings: PrefetchSettings,
+    /** The counter its values come from, in words (undefined for snowflake): refused on a fallback datacenter's node. */
+    private readonly counter?: string,
   ) {
     this.batch = settings.batch;
     this.maxBatch = settings.maxBatch;
@@ -194,7 +196,7 @@ export class Prefetcher {
     this.inFlight++;
     const count = this.batch;
     const request = { mode: this.mode, tag: this.tag, count };
-    this.caller.call(GEN_IDS, request, 'idempotent', SPREAD).then(
+    this.caller.call(GEN_IDS, request, 'idempotent', SPREAD, undefined, this.counter).then(
       ({ value }) => {
         this.inFlight--;
         this.refills++;
