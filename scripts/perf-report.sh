@@ -13,8 +13,9 @@
 #     GenIds x1000 on the same node, against a bare counter answering
 #     16-byte runs; and, release only (not with --smoke), criterion's one
 #     UUID against one snowflake ID in process (`cargo bench --bench
-#     generator -- uuid/issuer_`: Issuer::gen_uuids(1) against
-#     Issuer::gen_id, and per ID in batches of 1000), with the difference;
+#     generator -- uuid/issuer_`: Issuer::gen_uuid, the GenUuid path,
+#     against Issuer::gen_id, and per ID in batches of 1000), with the
+#     difference (target: at most +40 ns);
 #   - modes: segment and lease GenIds x1000 on an embedded node;
 #   - strict: unary, 16 and 64 callers, embedded (fsync'd) against bare tonic,
 #     and on the Consul test server; its peers PostgreSQL `nextval` and

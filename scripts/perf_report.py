@@ -37,7 +37,7 @@ FIGURES = {
         [],
     ),
     "uuid-one-in-process": (
-        "One UUIDv7 in process, `Issuer::gen_uuids(1)`, same generator (criterion median)",
+        "One UUIDv7 in process, `Issuer::gen_uuid` (the `GenUuid` path), same generator (criterion median)",
         ["snowflake-one-in-process"],
     ),
     "uuid-minus-snowflake-one-in-process": (
