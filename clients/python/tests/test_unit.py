@@ -299,6 +299,56 @@ class PrefetchBuffer(unittest.TestCase):
         self.assertGreaterEqual(p.next_id(), 100)
         p.close()
 
+    def test_after_a_caller_waited_more_refills_stay_in_flight_at_the_low_water_mark(self):
+        # A refill costs a round trip plus, in Python, the wait for the GIL
+        # (up to the 5 ms switch interval while the reader runs): one refill
+        # started at the low-water mark lands after a fast reader emptied
+        # the buffer. Each caller that waited adds a refill lane; the buffer
+        # then keeps `low` plus one batch per lane ahead, counting those in
+        # flight.
+        gate = threading.Event()
+        counter = [0]
+
+        def fetch(n, busy):
+            gate.wait(10)
+            counter[0] += n
+            return list(range(counter[0] - n, counter[0]))
+
+        config = PrefetchConfig(size=100, low=50, max_refills=3)
+        p = Prefetcher(_FakeClient(), "lease", "", config, fetch)
+        try:
+            with p._cond:
+                p._lanes = 2  # as after one caller waited
+                p._ids.extend(range(-50, 0))  # at the low-water mark
+                p._start_refills()
+                self.assertEqual(p._inflight, 2)
+        finally:
+            gate.set()
+            p.close()
+
+    def test_refills_run_on_threads_kept_for_the_buffers_life(self):
+        # Starting a thread per refill made the caller that reached the
+        # low-water mark wait for the new thread to start (tens of ms on a
+        # loaded machine): refills reuse at most max_refills threads.
+        counter = [0]
+        threads = []
+
+        def fetch(n, busy):
+            threads.append(threading.current_thread())
+            counter[0] += n
+            return list(range(counter[0] - n, counter[0]))
+
+        config = PrefetchConfig(size=100, low=50, max_refills=2)
+        p = Prefetcher(_FakeClient(), "lease", "", config, fetch)
+        got = [p.next_id() for _ in range(5000)]
+        p.close()
+        self.assertEqual(len(set(got)), 5000)
+        self.assertLessEqual(len(set(threads)), 2)
+        # And only the refills the buffer asked for: the 5,000 taken plus
+        # at most low + max_refills * size (250) ahead, 100 a refill.
+        self.assertGreaterEqual(len(threads), 50)
+        self.assertLessEqual(len(threads), 55)
+
     def test_a_refill_error_reaches_the_waiting_caller(self):
         def fetch(n, busy):
             raise idgen_client.NoNodesError()
