@@ -2,7 +2,10 @@
 against the Rust crate's vectors, Consul's variables, error wordings,
 configuration errors and the prefetch buffer."""
 
+import ast
+import importlib.metadata
 import os
+import re
 import tempfile
 import threading
 import time
@@ -39,6 +42,28 @@ class Installed(unittest.TestCase):
         self.assertEqual(idgen_pb2.DESCRIPTOR.name, "idgen/v1/idgen.proto")
         here = os.path.dirname(idgen_client.__file__)
         self.assertTrue(os.path.exists(os.path.join(here, "py.typed")))
+
+
+class PythonFloor(unittest.TestCase):
+    def test_every_source_parses_as_the_oldest_python_the_package_accepts(self):
+        # The suite runs on a newer Python than the floor users may have:
+        # newer syntax (except*, type aliases, ...) would install there
+        # and fail at import. The floor is the wheel's own Requires-Python.
+        floor = importlib.metadata.metadata("idgen-client")["Requires-Python"]
+        m = re.fullmatch(r">=\s*3\.(\d+)", floor.strip())
+        self.assertIsNotNone(m, "Requires-Python %r is not >=3.N" % floor)
+        minor = int(m.group(1))
+        root = os.path.dirname(idgen_client.__file__)
+        sources = [os.path.join(d, f) for d, _, files in os.walk(root) for f in files
+                   if f.endswith(".py")]
+        self.assertGreater(len(sources), 10)
+        for path in sources:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            try:
+                ast.parse(text, path, feature_version=(3, minor))
+            except SyntaxError as e:
+                self.fail("%s is not Python 3.%d syntax: %s" % (path, minor, e))
 
 
 class StrictKeyHash(unittest.TestCase):
