@@ -18,7 +18,8 @@
 # hands out 2-4 M IDs/s to one thread on the same machine.
 #
 # The client is installed from clients/python (its wheel, built by pip)
-# with redis-py into ${TMPDIR:-/tmp}/idgen-bench-venv.
+# with redis-py into ${TMPDIR:-/tmp}/idgen-bench-venv. With BENCH_RESULTS=FILE
+# the medians are also appended to FILE as scripts/perf-report.sh's rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -120,4 +121,13 @@ print("redis-py INCR, same thread, local redis-server:        median %.0f ops/s 
 print("ratio: %.1fx; nodes that served the last 100,000 IDs: %d" % (mi / mr, len(workers)))
 print("failover (SIGKILL of one of 3 nodes under prefetch): %d errors, %d duplicates, "
       "longest next_id %.1f ms" % (errors, duplicates, longest * 1000))
+if os.environ.get("BENCH_RESULTS"):
+    # Rows for scripts/perf-report.sh: figure, value, unit (tab-separated).
+    with open(os.environ["BENCH_RESULTS"], "a") as out:
+        for row in (("python-client-prefetch-1t", "%.0f" % mi, "IDs/s"),
+                    ("redis-py-incr-1t", "%.0f" % mr, "calls/s"),
+                    ("python-client-sigkill-longest", "%.1f" % (longest * 1000), "ms"),
+                    ("python-client-sigkill-errors", str(errors), "count"),
+                    ("python-client-sigkill-duplicates", str(duplicates), "count")):
+            out.write("\t".join(row) + "\n")
 PY
