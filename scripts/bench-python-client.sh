@@ -14,8 +14,8 @@
 # With debug builds of the nodes on the same machine the nodes are the
 # limit (one GenIds of 10,000 snowflake IDs takes about 10 ms of a debug
 # node on a loaded 2-core machine): pass a release idgen in TEST_IDGEN_BIN
-# to measure the client. The buffer alone (a refill that costs nothing)
-# hands out 2-4 M IDs/s to one thread on the same machine.
+# to measure the client. The buffer alone (refills with a 1 ms round trip)
+# hands out 4-8 M IDs/s to one thread on the same machine.
 #
 # The client is installed from clients/python (its wheel, built by pip)
 # with redis-py into ${TMPDIR:-/tmp}/idgen-bench-venv. With BENCH_RESULTS=FILE
