@@ -478,3 +478,26 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy written before `released` existed reads as not released, and
+    /// a copy a release marked reads as released: the one field that makes
+    /// a copy vouch for nothing survives the round trip.
+    #[test]
+    fn a_confirmed_copy_is_released_only_when_marked() {
+        let old = r#"{"claim":{"consul_datacenter":"dc2","cluster":"test","claimed_ms":1,"claimed_by":"b"},"primary":"dc1","confirmed_ms":2}"#;
+        let copy: ConfirmedClaim = serde_json::from_str(old).expect("parses");
+        assert!(!copy.released);
+        let marked = ConfirmedClaim {
+            released: true,
+            ..copy
+        };
+        let text = serde_json::to_string(&marked).expect("serializes");
+        let back: ConfirmedClaim = serde_json::from_str(&text).expect("parses");
+        assert_eq!(back, marked);
+        assert!(back.released);
+    }
+}
