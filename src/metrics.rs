@@ -47,6 +47,12 @@ pub const FENCINGS: &str = "idgen_fencings_total";
 /// Free worker ids passed over by an auto claim because their stored mark
 /// was too far ahead of this node's clock.
 pub const WORKER_IDS_SKIPPED: &str = "idgen_worker_ids_skipped_total";
+/// 1 while the primary Consul datacenter answers the datacenter-id claim
+/// check, 0 while this node runs on its datacenter's confirmed copy.
+pub const DATACENTER_PRIMARY_REACHABLE: &str = "idgen_datacenter_primary_reachable";
+/// Datacenter-id claim checks the primary did not answer.
+pub const DATACENTER_PRIMARY_UNREACHABLE_CHECKS: &str =
+    "idgen_datacenter_primary_unreachable_checks_total";
 /// The worker id held, labelled by `datacenter`; -1 while fenced.
 pub const WORKER_ID: &str = "idgen_worker_id";
 /// Seconds since the Consul session was last renewed successfully.
@@ -392,6 +398,14 @@ fn describe_serving() {
         "Free worker ids an auto claim passed over because their stored high-water mark was more than clock.max_startup_skew ahead of this node's clock."
     );
     describe_gauge!(
+        DATACENTER_PRIMARY_REACHABLE,
+        "1 while the primary Consul datacenter (consul.primary_datacenter) answers this node's datacenter-id claim check; 0 while it cannot be reached and the node issues on the claim its datacenter's KV holds as last confirmed (rule 42). Set at start on Consul."
+    );
+    describe_counter!(
+        DATACENTER_PRIMARY_UNREACHABLE_CHECKS,
+        "Datacenter-id claim checks (at start and at every mark renewal) that the primary Consul datacenter did not answer."
+    );
+    describe_gauge!(
         WORKER_ID,
         "The worker id this node holds, by datacenter; -1 while fenced."
     );
@@ -646,6 +660,20 @@ pub const CONSOLE_CLUSTER_METHOD: &str = "ConsoleCluster";
 /// (registered at zero by the task that writes them, on Consul only).
 pub const STATUS_WRITES: &str = "idgen_status_record_writes_total";
 
+/// The series of a node on Consul, at zero (see [`register`]).
+fn register_consul() {
+    use metrics::counter;
+    for kind in STORE_REGRESSION_KINDS {
+        counter!(STORE_REGRESSIONS, "kind" => kind).increment(0);
+    }
+    counter!(FENCINGS).increment(0);
+    counter!(WORKER_IDS_SKIPPED).increment(0);
+    counter!(DATACENTER_PRIMARY_UNREACHABLE_CHECKS).increment(0);
+    for endpoint in CONSUL_ENDPOINTS {
+        counter!(CONSUL_ERRORS, "endpoint" => *endpoint).increment(0);
+    }
+}
+
 /// Creates, at zero, every counter, gauge and histogram series whose label
 /// values are known at start-up, so rules such as
 /// `increase(idgen_store_errors_total[5m]) > 0` or `idgen_fenced == 1`
@@ -720,14 +748,7 @@ pub fn register(s: Series) {
         let _ = histogram!(STORE_WRITE_DURATION, "backend" => backend, "op" => op);
     }
     if consul {
-        for kind in STORE_REGRESSION_KINDS {
-            counter!(STORE_REGRESSIONS, "kind" => kind).increment(0);
-        }
-        counter!(FENCINGS).increment(0);
-        counter!(WORKER_IDS_SKIPPED).increment(0);
-        for endpoint in CONSUL_ENDPOINTS {
-            counter!(CONSUL_ERRORS, "endpoint" => *endpoint).increment(0);
-        }
+        register_consul();
     } else {
         counter!(STORE_WRITE_FAULTS).increment(0);
         for result in ["ok", "failed"] {

@@ -162,3 +162,118 @@ async fn a_datacenter_on_another_layout_than_the_primarys_is_refused() {
         assert!(node.terminate().success());
     }
 }
+
+/// The node's `/metrics` exposition.
+async fn metrics_text(node: &ChildServer) -> String {
+    reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("metrics body")
+}
+
+/// Rule 42: the primary down, a datacenter whose claim the primary
+/// confirmed restarts and serves on the copy in its own KV; a first claim
+/// (a new datacenter, or a new id in this one) is refused naming the
+/// primary; the primary back, claims resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_claim_outlives_a_primary_outage_and_a_first_claim_waits_for_the_primary() {
+    let (dc1, dc2) = federation().await;
+    let dc3 = dc1.add_datacenter("dc3").await.expect("dc3 starts");
+    let dir = tempfile::tempdir().unwrap();
+    let a = ChildServer::start(&config(dir.path(), "a", &dc1, 1));
+    let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
+    let copy = dc2
+        .kv_get("idgen/test/datacenter-confirmed/2")
+        .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+        .expect("the confirmed claim is copied into dc2's own KV");
+    assert!(copy.contains("\"consul_datacenter\":\"dc2\""), "{copy}");
+    assert!(copy.contains("\"primary\":\"dc1\""), "{copy}");
+    let mut seen: HashSet<u64> = HashSet::new();
+    for id in common::snowflake_ids(&b, 1000).await.expect("issues") {
+        assert!(seen.insert(id));
+    }
+    assert!(b.terminate().success());
+
+    dc1.faults().datacenter_down(true);
+    // dc2 restarts on its confirmed copy and keeps renewing its marks on
+    // it: five checks the primary did not answer, then still issuing.
+    let b = ChildServer::start(&config(dir.path(), "b2", &dc2, 2));
+    let mut unanswered = 0.0;
+    for _ in 0..400 {
+        let text = metrics_text(&b).await;
+        assert_eq!(
+            common::metric(&text, "idgen_datacenter_primary_reachable"),
+            Some(0.0),
+            "{text}"
+        );
+        unanswered = common::metric(&text, "idgen_datacenter_primary_unreachable_checks_total")
+            .unwrap_or(0.0);
+        if unanswered >= 5.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(unanswered >= 5.0, "{}", b.log_text());
+    for id in common::snowflake_ids(&b, 1000)
+        .await
+        .expect("serves on the copy")
+    {
+        assert!(seen.insert(id), "ID {id} handed out twice");
+    }
+    let log = b.log_text().replace('\\', "");
+    assert!(
+        log.contains("the primary Consul datacenter \"dc1\" has been unreachable for"),
+        "{log}"
+    );
+
+    // A first claim needs the primary: a new datacenter, and a new id in
+    // dc2 (whose copy is of id 2 only).
+    for (name, consul, id) in [("c", &dc3, 3), ("b3", &dc2, 4)] {
+        let log = match ChildServer::try_start(&config(dir.path(), name, consul, id), &[]) {
+            Ok(node) => panic!(
+                "a first claim without the primary must be refused: {}",
+                node.log_text()
+            ),
+            Err(log) => log.replace('\\', ""),
+        };
+        assert!(
+            log.contains(&format!(
+                "cannot reach the primary Consul datacenter \"dc1\" (consul.primary_datacenter) to claim datacenter id {id}"
+            )),
+            "{log}"
+        );
+        assert!(
+            log.contains("a first claim of a datacenter id needs the primary"),
+            "{log}"
+        );
+    }
+    assert!(claim(&dc1, 3).is_none() && claim(&dc1, 4).is_none());
+
+    // The primary back: dc3 claims its id; dc2's node confirms again.
+    dc1.faults().datacenter_down(false);
+    let c = ChildServer::start(&config(dir.path(), "c", &dc3, 3));
+    let record = claim(&dc1, 3).expect("dc3's id is claimed once the primary is back");
+    assert!(record.contains("\"consul_datacenter\":\"dc3\""), "{record}");
+    let mut reachable = None;
+    for _ in 0..400 {
+        reachable = common::metric(
+            &metrics_text(&b).await,
+            "idgen_datacenter_primary_reachable",
+        );
+        if reachable == Some(1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(reachable, Some(1.0), "{}", b.log_text());
+    for node in [&a, &b, &c] {
+        for id in common::snowflake_ids(node, 1000).await.expect("issues") {
+            assert!(seen.insert(id), "ID {id} handed out twice");
+        }
+    }
+    for node in [a, b, c] {
+        assert!(node.terminate().success());
+    }
+}

@@ -370,11 +370,16 @@ async fn before_claim(
 ) -> Result<(DatacenterRegistry, LayoutGuard), JoinError> {
     check_cluster_index(spec, client).await;
     let registry = datacenter_claim(spec, client).await?;
-    if registry.is_remote() {
+    if registry.is_remote() && registry.primary_answered() {
         // One layout for the federation (rule 40): the primary's record,
         // made by the first node of any datacenter, must match, before
         // this datacenter records one of its own.
         layout_guard(spec, registry.primary_client()).await?;
+    } else if registry.is_remote() {
+        // Started on the confirmed copy (rule 42): this datacenter's own
+        // record, checked below, was compared with the primary's when the
+        // claim was first confirmed; a layout change waits for the primary.
+        tracing::warn!(primary = %registry.primary(), "the primary's layout record is not compared while the primary is unreachable; this datacenter's own record is");
     }
     let guard = layout_guard(spec, client).await?;
     Ok((registry, guard))

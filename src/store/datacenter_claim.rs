@@ -13,14 +13,28 @@
 //! running one fences at its next mark renewal (the claim is read again
 //! before every mark write). With one Consul datacenter the primary is the
 //! local one: one more key, one more read per mark renewal.
+//!
+//! Rule 42: each time the primary confirms the claim, a node of the owner
+//! datacenter keeps a copy in its own datacenter's KV
+//! (`<prefix>/<cluster>/datacenter-confirmed/<id>`, a [`ConfirmedClaim`]).
+//! When the primary cannot be reached (not when it answers that another
+//! datacenter owns the id), that copy lets the datacenter's nodes keep
+//! starting and serving; without one (a first claim) the node refuses,
+//! naming the primary.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::kv_paths::ClusterPaths;
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite};
+use crate::metrics as m;
+
+/// How often, at most, a node serving on its cached claim repeats the
+/// WARN that the primary is unreachable (every mark renewal checks).
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// The value of a datacenter claim: who owns the datacenter id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +47,25 @@ pub struct DatacenterClaim {
     pub claimed_ms: u64,
     /// The instance that claimed it.
     pub claimed_by: String,
+}
+
+/// The copy of a confirmed claim a node keeps in its own Consul
+/// datacenter's KV (rule 42). Only nodes of the owner datacenter write it,
+/// and only right after the primary confirmed the claim, read with
+/// `?consistent`, named this datacenter: it repeats what the primary said
+/// and never decides anything the primary has not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmedClaim {
+    /// The claim as the primary held it.
+    pub claim: DatacenterClaim,
+    /// The primary Consul datacenter that confirmed it.
+    pub primary: String,
+    /// When the primary confirmed it, Unix ms.
+    pub confirmed_ms: u64,
+    /// Set by a release (rule 43) before the primary's claim is removed:
+    /// from then on the copy vouches for nothing.
+    #[serde(default)]
+    pub released: bool,
 }
 
 /// Why a datacenter id cannot be used here.
@@ -71,6 +104,24 @@ pub enum DatacenterClaimError {
         #[source]
         source: ConsulError,
     },
+    /// The primary could not be asked and this datacenter holds no
+    /// confirmed claim of the id: a first claim needs the primary.
+    #[error("cannot reach the primary Consul datacenter {primary:?} (consul.primary_datacenter) to claim datacenter id {id}, and this Consul datacenter {local:?} holds no confirmed claim of it ({cache_key} {why}): a first claim of a datacenter id needs the primary; restore the link to {primary:?} and start again")]
+    FirstClaimNeedsPrimary {
+        /// The datacenter id.
+        id: u64,
+        /// The primary datacenter.
+        primary: String,
+        /// This node's Consul datacenter.
+        local: String,
+        /// The local copy's KV path.
+        cache_key: String,
+        /// Why the local copy does not vouch for the claim.
+        why: &'static str,
+        /// What failed (boxed: the largest variant stays small).
+        #[source]
+        source: Box<ConsulError>,
+    },
     /// The record is not a claim.
     #[error("{key} in Consul datacenter {primary:?} holds {text:?}, not a datacenter claim; fix or delete it by hand")]
     Corrupt {
@@ -94,12 +145,31 @@ pub struct DatacenterRegistry {
     id: u64,
     key: String,
     cluster: String,
+    /// This node's own Consul datacenter, where the confirmed copy lives.
+    local_client: ConsulClient,
+    /// The KV path of the confirmed copy in the local datacenter.
+    cache_key: String,
+    /// Whether the primary answers, shared by every clone.
+    reach: Arc<Mutex<Reach>>,
+}
+
+/// What this node knows about reaching the primary.
+#[derive(Debug, Default)]
+struct Reach {
+    /// This process wrote the confirmed copy since the primary last
+    /// confirmed (once is enough: it repeats the same claim).
+    cache_written: bool,
+    /// Since when the primary has not answered (None: it answered last).
+    unreachable_since: Option<Instant>,
+    /// When the last WARN about it was logged.
+    warned: Option<Instant>,
 }
 
 impl DatacenterRegistry {
     /// Finds this node's Consul datacenter and the primary (`configured`,
     /// else its own datacenter: set, it is a decision of the operator,
-    /// since every renewal then needs the primary to answer).
+    /// since every renewal then asks the primary, and a first claim needs
+    /// it to answer).
     pub async fn connect(
         client: &ConsulClient,
         keys: &ClusterPaths,
@@ -130,6 +200,9 @@ impl DatacenterRegistry {
             id,
             key: keys.datacenter_claim(id),
             cluster: keys.cluster_name().to_owned(),
+            local_client: client.clone(),
+            cache_key: keys.datacenter_confirmed(id),
+            reach: Arc::default(),
         })
     }
 
@@ -198,18 +271,21 @@ impl DatacenterRegistry {
 
     /// At start: the id's claim, made by this node if there is none yet
     /// (create-only, so of two datacenters racing exactly one wins), and
-    /// refused when another Consul datacenter owns it.
+    /// refused when another Consul datacenter owns it. With the primary
+    /// unreachable, the confirmed copy in this datacenter stands in for it
+    /// (rule 42); without one the node refuses.
     pub async fn ensure(&self, instance: &str) -> Result<DatacenterClaim, DatacenterClaimError> {
         for _ in 0..3 {
-            if let Some(claim) = self.read().await? {
-                return self.owned(claim);
+            let cache_index = self.cache_index().await;
+            match self.read().await {
+                Ok(Some(claim)) => return self.confirmed(claim, cache_index).await,
+                Ok(None) => {}
+                Err(e) => return self.without_primary(e).await,
             }
             let claim = DatacenterClaim {
                 consul_datacenter: self.local.clone(),
                 cluster: self.cluster.clone(),
-                claimed_ms: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64),
+                claimed_ms: now_ms(),
                 claimed_by: instance.to_owned(),
             };
             let value = serde_json::to_vec(&claim).map_err(|e| DatacenterClaimError::Corrupt {
@@ -229,27 +305,199 @@ impl DatacenterRegistry {
                 }
                 Ok(false) => {}
                 Err(e) if e.outcome_unknown() => {}
-                Err(e) => return Err(self.unreachable(e)),
+                Err(e) => return self.without_primary(self.unreachable(e)).await,
             }
         }
-        match self.read().await? {
-            Some(claim) => self.owned(claim),
-            None => Err(DatacenterClaimError::Released {
-                id: self.id,
-                primary: self.primary_name.clone(),
-            }),
-        }
+        self.check().await
     }
 
     /// At every mark renewal: the claim still exists and is this
-    /// datacenter's.
+    /// datacenter's (or, the primary unreachable, this datacenter's
+    /// confirmed copy says so).
     pub async fn check(&self) -> Result<DatacenterClaim, DatacenterClaimError> {
-        match self.read().await? {
-            Some(claim) => self.owned(claim),
-            None => Err(DatacenterClaimError::Released {
+        let cache_index = self.cache_index().await;
+        match self.read().await {
+            Ok(Some(claim)) => self.confirmed(claim, cache_index).await,
+            Ok(None) => Err(DatacenterClaimError::Released {
                 id: self.id,
                 primary: self.primary_name.clone(),
             }),
+            Err(e) => self.without_primary(e).await,
         }
+    }
+
+    /// Whether the primary answered the last claim check (false while this
+    /// node runs on its datacenter's confirmed copy).
+    pub fn primary_answered(&self) -> bool {
+        self.reach().unreachable_since.is_none()
+    }
+
+    fn reach(&self) -> std::sync::MutexGuard<'_, Reach> {
+        self.reach
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The confirmed copy's ModifyIndex, read BEFORE the primary is asked,
+    /// when this process still has to write the copy (None: nothing to
+    /// write, or the local read failed: the copy is written next time).
+    /// The write is a check-and-set on it, so a release that marked the
+    /// copy released after this read (rule 43) is never overwritten by a
+    /// confirmation the primary gave before the release.
+    async fn cache_index(&self) -> Option<u64> {
+        if !self.is_remote() || self.reach().cache_written {
+            return None;
+        }
+        match self
+            .local_client
+            .kv_get(&self.cache_key, Consistency::Consistent)
+            .await
+        {
+            Ok((entry, _)) => Some(entry.map_or(0, |e| e.modify_index)),
+            Err(_) => None,
+        }
+    }
+
+    /// The primary answered with `claim`: refused if another datacenter's;
+    /// else the primary is reachable again and, once per process, the
+    /// confirmed copy is written in this datacenter's KV.
+    async fn confirmed(
+        &self,
+        claim: DatacenterClaim,
+        cache_index: Option<u64>,
+    ) -> Result<DatacenterClaim, DatacenterClaimError> {
+        let claim = self.owned(claim)?;
+        metrics::gauge!(m::DATACENTER_PRIMARY_REACHABLE).set(1.0);
+        if let Some(since) = self.reach().unreachable_since.take() {
+            tracing::info!(primary = %self.primary_name, datacenter_id = self.id, unreachable_s = since.elapsed().as_secs(), "the primary Consul datacenter answers again and confirmed this datacenter's claim");
+        }
+        if let Some(index) = cache_index {
+            let copy = ConfirmedClaim {
+                claim: claim.clone(),
+                primary: self.primary_name.clone(),
+                confirmed_ms: now_ms(),
+                released: false,
+            };
+            let value = serde_json::to_vec(&copy).unwrap_or_default();
+            match self
+                .local_client
+                .kv_put(&self.cache_key, &value, KvWrite::Cas(index))
+                .await
+            {
+                Ok(true) => self.reach().cache_written = true,
+                // Another node's copy, or a release's mark: read again at
+                // the next check.
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(key = %self.cache_key, error = %e, "the confirmed datacenter claim could not be copied into this datacenter's KV; retried at the next check")
+                }
+            }
+        }
+        Ok(claim)
+    }
+
+    /// The primary did not answer (`error`): a transport failure or a 5xx
+    /// (Consul's `Remote DC has no server currently reachable`) is served
+    /// from this datacenter's confirmed copy when it vouches for the claim
+    /// (rule 42); anything else, or no such copy, is refused.
+    async fn without_primary(
+        &self,
+        error: DatacenterClaimError,
+    ) -> Result<DatacenterClaim, DatacenterClaimError> {
+        let source = match error {
+            DatacenterClaimError::PrimaryUnreachable { source, .. }
+                if self.is_remote() && source.is_retryable() =>
+            {
+                source
+            }
+            other => return Err(other),
+        };
+        metrics::gauge!(m::DATACENTER_PRIMARY_REACHABLE).set(0.0);
+        metrics::counter!(m::DATACENTER_PRIMARY_UNREACHABLE_CHECKS).increment(1);
+        let refuse = |why| DatacenterClaimError::FirstClaimNeedsPrimary {
+            id: self.id,
+            primary: self.primary_name.clone(),
+            local: self.local.clone(),
+            cache_key: self.cache_key.clone(),
+            why,
+            source: Box::new(source),
+        };
+        let copy = match self
+            .local_client
+            .kv_get(&self.cache_key, Consistency::Consistent)
+            .await
+        {
+            Ok((Some(entry), _)) => serde_json::from_slice::<ConfirmedClaim>(&entry.value).ok(),
+            Ok((None, _)) => None,
+            Err(_) => return Err(refuse("could not be read either")),
+        };
+        let Some(copy) = copy else {
+            return Err(refuse("is absent"));
+        };
+        if copy.released {
+            return Err(refuse("was marked released"));
+        }
+        if copy.claim.consul_datacenter != self.local
+            || copy.claim.cluster != self.cluster
+            || copy.primary != self.primary_name
+        {
+            return Err(refuse("names another datacenter, cluster or primary"));
+        }
+        self.warn_unreachable(&copy);
+        Ok(copy.claim)
+    }
+
+    /// The WARN of a node serving on its confirmed copy: at the first
+    /// failed check, then at most every [`WARN_EVERY`].
+    fn warn_unreachable(&self, copy: &ConfirmedClaim) {
+        let now = Instant::now();
+        let mut reach = self.reach();
+        let since = *reach.unreachable_since.get_or_insert(now);
+        if reach.warned.is_some_and(|at| now - at < WARN_EVERY) {
+            return;
+        }
+        reach.warned = Some(now);
+        drop(reach);
+        let confirmed_s = now_ms().saturating_sub(copy.confirmed_ms) / 1000;
+        tracing::warn!(
+            primary = %self.primary_name,
+            datacenter_id = self.id,
+            unreachable_s = since.elapsed().as_secs(),
+            "the primary Consul datacenter {:?} has been unreachable for {} s: this node keeps issuing on datacenter id {} as confirmed by the primary {} s ago and copied at {} (rule 42); a first claim, a release or a layout change waits for the primary",
+            self.primary_name,
+            since.elapsed().as_secs(),
+            self.id,
+            confirmed_s,
+            self.cache_key,
+        );
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy written before `released` existed reads as not released, and
+    /// a copy a release marked reads as released: the one field that makes
+    /// a copy vouch for nothing survives the round trip.
+    #[test]
+    fn a_confirmed_copy_is_released_only_when_marked() {
+        let old = r#"{"claim":{"consul_datacenter":"dc2","cluster":"test","claimed_ms":1,"claimed_by":"b"},"primary":"dc1","confirmed_ms":2}"#;
+        let copy: ConfirmedClaim = serde_json::from_str(old).expect("parses");
+        assert!(!copy.released);
+        let marked = ConfirmedClaim {
+            released: true,
+            ..copy
+        };
+        let text = serde_json::to_string(&marked).expect("serializes");
+        let back: ConfirmedClaim = serde_json::from_str(&text).expect("parses");
+        assert_eq!(back, marked);
+        assert!(back.released);
     }
 }

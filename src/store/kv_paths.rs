@@ -307,6 +307,13 @@ impl ClusterPaths {
         format!("{}/datacenters/{id}", self.root)
     }
 
+    /// The copy of this datacenter's confirmed claim of datacenter id
+    /// `id`, kept in the owner's own Consul datacenter (rule 42); outside
+    /// `datacenters/` so a listing of claims never reads it as one.
+    pub fn datacenter_confirmed(&self, id: u64) -> String {
+        format!("{}/datacenter-confirmed/{id}", self.root)
+    }
+
     /// The folder of every datacenter claim (with trailing `/`).
     pub fn datacenter_claims_dir(&self) -> String {
         format!("{}/datacenters/", self.root)

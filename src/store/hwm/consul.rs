@@ -58,9 +58,12 @@ impl ConsulHwmStore {
         };
         match registry.check().await {
             Ok(_) => Ok(()),
-            Err(e @ DatacenterClaimError::PrimaryUnreachable { .. }) => Err(StoreError::Backend(
-                format!("high-water mark not written: {e}"),
-            )),
+            Err(
+                e @ (DatacenterClaimError::PrimaryUnreachable { .. }
+                | DatacenterClaimError::FirstClaimNeedsPrimary { .. }),
+            ) => Err(StoreError::Backend(format!(
+                "high-water mark not written: {e}"
+            ))),
             Err(e) => Err(StoreError::LockLost(format!(
                 "high-water mark not written: {e}"
             ))),
