@@ -18,9 +18,10 @@
 //!   above a snowflake ID). `generator_*` is the position alone
 //!   (`next_id` against `reserve_uuids` of one plus composing its bits
 //!   with a given random word); `issuer_*` is the whole in-process path a
-//!   call takes (`Issuer::gen_id` against `Issuer::gen_uuids(1)`: gate,
-//!   position, the per-thread AES-CTR random bits, the Vec), and
-//!   `issuer_*_1000` the same per ID in batches of 1000.
+//!   call takes (`Issuer::gen_id` against `Issuer::gen_uuid`, the
+//!   `GenUuid` path: gate, position, two words of the per-thread buffered
+//!   AES-CTR random bits, no Vec), and `issuer_*_1000` the same per ID in
+//!   batches of 1000 (`gen_ids` against `gen_uuids`).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -216,7 +217,7 @@ fn uuid(c: &mut Criterion) {
         b.iter_custom(|iters| timed(&rt, iters, || issuer.gen_id(Mode::Snowflake, "")))
     });
     group.bench_function("issuer_uuid_one", |b| {
-        b.iter_custom(|iters| timed(&rt, iters, || issuer.gen_uuids(1)))
+        b.iter_custom(|iters| timed(&rt, iters, || issuer.gen_uuid()))
     });
     group.throughput(Throughput::Elements(1000));
     group.bench_function("issuer_snowflake_1000", |b| {

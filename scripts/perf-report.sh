@@ -13,8 +13,9 @@
 #     GenIds x1000 on the same node, against a bare counter answering
 #     16-byte runs; and, release only (not with --smoke), criterion's one
 #     UUID against one snowflake ID in process (`cargo bench --bench
-#     generator -- uuid/issuer_`: Issuer::gen_uuids(1) against
-#     Issuer::gen_id, and per ID in batches of 1000), with the difference;
+#     generator -- uuid/issuer_`: Issuer::gen_uuid, the GenUuid path,
+#     against Issuer::gen_id, and per ID in batches of 1000), with the
+#     difference (target: at most +40 ns);
 #   - modes: segment and lease GenIds x1000 on an embedded node;
 #   - strict: unary, 16 and 64 callers, embedded (fsync'd) against bare tonic,
 #     and on the Consul test server; its peers PostgreSQL `nextval` and
@@ -24,6 +25,10 @@
 #     nodes found through Consul; flat out, and paced at 6 M IDs/s for the
 #     waits on a refill) against `redis-benchmark -t incr -c 50`,
 #     plain and with appendfsync always (scripts/lib/redis.sh);
+#   - the Python and npm clients (not with --smoke): scripts/bench-python-client.sh
+#     and scripts/bench-ts-client.sh, app-visible IDs/s from one thread /
+#     event loop against redis-py / ioredis INCR from the same one, and a
+#     node SIGKILLed under prefetch (errors, duplicates, longest call);
 #   - TLS: unary GenId on a TLS 1.3 node (`idgen tls dev-certs`) against a
 #     plaintext node;
 #   - formatted: GenFormatted (the development config's `orders` format) against GenId.
@@ -262,6 +267,16 @@ print(f"client-waits-over-1ms-per-10M{suffix}\t{per_10m(waits)}\tcount\t\t")
 print(f"client-calls-over-1ms-per-10M{suffix}\t{per_10m(stalls)}\tcount\t\t")
 PY
   done
+  if [ "$smoke" = 0 ]; then
+    # The Python and npm clients (issue 37), each against its Redis client
+    # from the same thread / event loop, and a node SIGKILLed under their
+    # prefetch: one round of each bench per round here (each starts its
+    # own 3 nodes; not with --smoke: they install redis-py and ioredis).
+    TEST_IDGEN_BIN="$PWD/$bin" TEST_CONSUL_TESTSERVER_BIN="$PWD/$dir/consul-testserver" \
+      BENCH_RESULTS="$results" bash scripts/bench-python-client.sh 1 > "$work/bench-python.out"
+    IDGEN_BIN="$PWD/$bin" CONSUL_TESTSERVER="$PWD/$dir/consul-testserver" \
+      BENCH_RESULTS="$results" bash scripts/bench-ts-client.sh 1 > "$work/bench-ts.out"
+  fi
   if [ "$smoke" = 0 ] || redis_installed; then
     # redis-benchmark counts requests, not seconds: sized to take about
     # $secs each on a 2-core machine (fsync'd INCR is ~50x slower).

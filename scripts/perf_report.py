@@ -37,7 +37,7 @@ FIGURES = {
         [],
     ),
     "uuid-one-in-process": (
-        "One UUIDv7 in process, `Issuer::gen_uuids(1)`, same generator (criterion median)",
+        "One UUIDv7 in process, `Issuer::gen_uuid` (the `GenUuid` path), same generator (criterion median)",
         ["snowflake-one-in-process"],
     ),
     "uuid-minus-snowflake-one-in-process": (
@@ -91,6 +91,32 @@ FIGURES = {
     "client-prefetch-1t-one-refill": ("Client as fast as it can, one refill at a time (refills_in_flight = 1)", []),
     "client-waits-over-1ms-per-10M-one-refill": ("Same: buffer empty, waited over 1 ms, per 10 M IDs", []),
     "client-calls-over-1ms-per-10M-one-refill": ("Same: every call over 1 ms, per 10 M IDs", []),
+    "python-client-prefetch-1t": (
+        "Python client `next_id()`, 1 thread, prefetch from 3 nodes (target: at least 1 M IDs/s and 20x"
+        " redis-py INCR)",
+        ["redis-py-incr-1t"],
+    ),
+    "redis-py-incr-1t": ("redis-py INCR from the same thread, local redis-server", []),
+    "python-client-sigkill-longest": (
+        "Python client: the longest `next_id()` while one of the 3 nodes is SIGKILLed under prefetch"
+        " (target: under 50 ms)",
+        [],
+    ),
+    "python-client-sigkill-errors": ("Same: calls that failed (target: 0)", []),
+    "python-client-sigkill-duplicates": ("Same: IDs handed out twice (target: 0)", []),
+    "ts-client-prefetch-1loop": (
+        "npm client `await nextId()`, 1 event loop, prefetch from 3 nodes (target: at least 1 M IDs/s"
+        " and 20x ioredis INCR)",
+        ["ioredis-incr-1loop"],
+    ),
+    "ioredis-incr-1loop": ("ioredis `await incr()` from the same event loop, local redis-server", []),
+    "ts-client-sigkill-longest": (
+        "npm client: the longest `nextId()` while one of the 3 nodes is SIGKILLed under prefetch"
+        " (target: under 50 ms)",
+        [],
+    ),
+    "ts-client-sigkill-errors": ("Same: calls that failed (target: 0)", []),
+    "ts-client-sigkill-duplicates": ("Same: IDs handed out twice (target: 0)", []),
     "redis-incr-c50-fsync-no": ("Redis INCR, redis-benchmark -c 50, no persistence", []),
     "redis-incr-c50-fsync-always": ("Redis INCR, -c 50, appendfsync always", []),
     "seq10-x1000-c64": (
@@ -202,6 +228,8 @@ def fmt(v, unit):
         return f"{v:,.0f} {unit}"
     if unit == "ns":
         return f"{v:.1f} ns" if abs(v) >= 10 else f"{v:.2f} ns"
+    if unit == "ms":
+        return f"{v:.1f} ms"
     return f"{v:g}"
 
 
@@ -262,6 +290,9 @@ def check(report):
             "client-prefetch-1t",
             "client-waits-over-1ms-per-10M-paced-6M",
         ]
+    if not report.get("hidden_only") and not report["smoke"]:
+        # The Python and npm clients' benches (scripts/bench-*-client.sh) run in full reports only.
+        needed += ["python-client-prefetch-1t", "ts-client-prefetch-1loop"]
     for need in needed:
         if need not in names:
             raise SystemExit(f"perf_report: the report lacks figure {need}")

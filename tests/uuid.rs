@@ -277,13 +277,17 @@ async fn a_clock_stepped_back_keeps_uuids_increasing() {
     check(issuer.gen_uuids(1000).await.unwrap());
     clock.step_back_millis(500);
     check(issuer.gen_uuids(1000).await.unwrap());
+    check(vec![issuer.gen_uuid().await.unwrap()]);
     clock.step_back_millis(2000);
     let refused = issuer
         .gen_uuids(1)
         .await
         .expect_err("2.5 s back is refused");
     assert!(refused.to_string().contains("stepped back"), "{refused}");
+    let refused = issuer.gen_uuid().await.expect_err("2.5 s back is refused");
+    assert!(refused.to_string().contains("stepped back"), "{refused}");
     clock.advance_millis(2600);
+    check(vec![issuer.gen_uuid().await.unwrap()]);
     check(issuer.gen_uuids(1000).await.unwrap());
     drop(issuer);
     node.stop().await;
@@ -325,6 +329,12 @@ async fn two_nodes_never_share_a_uuid_and_a_fenced_node_issues_none() {
 
     b.issuer.gate().fence();
     let refused = b.issuer.gen_uuids(1).await.expect_err("fenced");
+    assert_eq!(
+        refused.kind(),
+        idgen::id::ErrorKind::Unavailable,
+        "{refused}"
+    );
+    let refused = b.issuer.gen_uuid().await.expect_err("fenced");
     assert_eq!(
         refused.kind(),
         idgen::id::ErrorKind::Unavailable,

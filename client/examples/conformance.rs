@@ -44,6 +44,8 @@ impl From<Error> for Failure {
             Error::DeadlineExceeded { attempts, .. } => ("DEADLINE_EXCEEDED", *attempts > 0),
             Error::Transport { .. } => ("UNAVAILABLE", true),
             Error::NoNodes => ("UNAVAILABLE", false),
+            // Refused before sending: the nodes in use are a fallback datacenter's.
+            Error::CrossesDatacenters { .. } => ("UNAVAILABLE", false),
             Error::Discovery(_) => ("UNAVAILABLE", false),
             Error::Config(_) | Error::StrictNotPrefetchable => ("CONFIG", false),
             Error::BadAnswer { .. } => ("INTERNAL", true),
@@ -240,7 +242,18 @@ async fn open(req: &Value) -> Result<Client, Failure> {
                 sent: false,
                 ids: None,
             })?;
-            builder.consul(consul)
+            // Optional: other Consul datacenters to fall back to, in order.
+            let fallbacks: Vec<String> = req
+                .get("fallback_datacenters")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            builder.consul(consul.fallback_datacenters(fallbacks))
         }
         Some("static") => {
             let nodes: Vec<String> = req

@@ -46,6 +46,39 @@ pub(crate) enum Retry {
     OnlyIfNotSent,
 }
 
+/// Whose counter a call's values come from: calls that count in a
+/// cluster's KV (strict keys, segment tags, lease tokens, formats) do not
+/// go to a fallback datacenter's nodes unless the user opted in
+/// ([`NodeSet::crossing`]); snowflake IDs and UUIDs carry the datacenter
+/// id and go anywhere.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Counted<'a> {
+    /// Values that carry the datacenter id, or reads.
+    No,
+    /// `GenId`/`GenIds` of this mode and tag.
+    Mode(idgen_proto::Mode, &'a str),
+    /// `GenFormatted` of this format.
+    Format(&'a str),
+}
+
+impl Counted<'_> {
+    /// The counter in words (`strict key "a/b"`), or `None` for values
+    /// that may come from any datacenter.
+    fn counter(self) -> Option<String> {
+        use idgen_proto::Mode;
+        match self {
+            Counted::No | Counted::Mode(Mode::Snowflake | Mode::Unspecified, _) => None,
+            Counted::Mode(Mode::Strict, tag) => Some(format!("strict key {tag:?}")),
+            Counted::Mode(Mode::Segment, tag) => Some(format!("segment tag {tag:?}")),
+            Counted::Mode(mode, _) => Some(format!(
+                "{} call",
+                mode.as_str_name().to_ascii_lowercase().replace("mode_", "")
+            )),
+            Counted::Format(format) => Some(format!("format {format:?}")),
+        }
+    }
+}
+
 impl Caller {
     /// Runs `op` against one node after another until it succeeds, fails
     /// with an error another node cannot fix, or the deadline passes.
@@ -60,15 +93,19 @@ impl Caller {
         F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
-        self.call_routed(method, retry, Route::Spread, op).await
+        self.call_routed(method, retry, Route::Spread, Counted::No, op)
+            .await
     }
 
-    /// [`Caller::call`], choosing each node by `route`.
+    /// [`Caller::call`], choosing each node by `route`, and refusing a
+    /// fallback datacenter's node for a call whose values are `counted`
+    /// there.
     pub(crate) async fn call_routed<T, F, Fut>(
         &self,
         method: &'static str,
         retry: Retry,
         route: Route,
+        counted: Counted<'_>,
         mut op: F,
     ) -> Result<T, Error>
     where
@@ -76,7 +113,11 @@ impl Caller {
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let span = tracing::debug_span!("idgen.call", method, attempts = tracing::field::Empty);
-        let result = self.attempts(retry, route, &mut op).instrument(span).await;
+        let counter = counted.counter();
+        let result = self
+            .attempts(retry, route, counter.as_deref(), &mut op)
+            .instrument(span)
+            .await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
         metrics::counter!(m::CALLS, "method" => method, "outcome" => outcome).increment(1);
         result
@@ -84,7 +125,13 @@ impl Caller {
 
     /// The loop of [`Caller::call`]: one attempt after another, inside the
     /// span that records how many it took.
-    async fn attempts<T, F, Fut>(&self, retry: Retry, route: Route, op: &mut F) -> Result<T, Error>
+    async fn attempts<T, F, Fut>(
+        &self,
+        retry: Retry,
+        route: Route,
+        counter: Option<&str>,
+        op: &mut F,
+    ) -> Result<T, Error>
     where
         F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
@@ -112,6 +159,11 @@ impl Caller {
                     continue;
                 }
             };
+            if let Some(counter) = counter {
+                // Checked on the node about to be sent to, so a switch of
+                // datacenter between two attempts cannot slip past it.
+                self.nodes.crossing(&node, counter)?;
+            }
             let client = IdGenClient::new(node.channel.clone());
             let budget = left.min(self.settings.attempt_timeout);
             tally.sent(&node);

@@ -30,6 +30,20 @@ pub struct ConsulDiscovery {
     pub token: Option<String>,
     /// Ask another datacenter's servers (`?dc=`).
     pub datacenter: Option<String>,
+    /// Consul datacenters to take nodes from, in this order, while the
+    /// local one (or [`datacenter`](Self::datacenter)) lists no passing
+    /// node (empty: never leave it). See
+    /// [`ConsulDiscovery::fallback_datacenters`].
+    pub fallback_datacenters: Vec<String>,
+    /// Whether strict, segment, lease and formatted calls may go to a
+    /// fallback datacenter's nodes (default `false`). See
+    /// [`ConsulDiscovery::counters_may_cross_datacenters`].
+    pub counters_may_cross_datacenters: bool,
+    /// While the nodes in use are a fallback datacenter's, how long one
+    /// blocking query on the local datacenter waits before the fallback
+    /// datacenters are read again (default 5 s; the local datacenter's
+    /// return is seen at once either way).
+    pub fallback_recheck: Duration,
     /// Only instances carrying this tag (`?tag=`): nodes register the
     /// modes they serve (`snowflake`, `segment`, `lease`, `strict`,
     /// `formatted`) and `dc-<n>`.
@@ -60,6 +74,12 @@ impl fmt::Debug for ConsulDiscovery {
             .field("service", &self.service)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("datacenter", &self.datacenter)
+            .field("fallback_datacenters", &self.fallback_datacenters)
+            .field(
+                "counters_may_cross_datacenters",
+                &self.counters_may_cross_datacenters,
+            )
+            .field("fallback_recheck", &self.fallback_recheck)
             .field("tag", &self.tag)
             .field("wait", &self.wait)
             .field("min_interval", &self.min_interval)
@@ -99,6 +119,9 @@ impl ConsulDiscovery {
             service: "idgen".into(),
             token: None,
             datacenter: None,
+            fallback_datacenters: Vec::new(),
+            counters_may_cross_datacenters: false,
+            fallback_recheck: Duration::from_secs(5),
             tag: None,
             wait: Duration::from_secs(30),
             min_interval: Duration::from_millis(100),
@@ -137,6 +160,55 @@ impl ConsulDiscovery {
     /// Sets the datacenter.
     pub fn datacenter(mut self, dc: impl Into<String>) -> Self {
         self.datacenter = Some(dc.into());
+        self
+    }
+
+    /// Other Consul datacenters to take nodes from, first one first,
+    /// while the local datacenter (or [`datacenter`](Self::datacenter))
+    /// lists no passing idgen node: the client then uses the first of
+    /// them that lists one (`?dc=`), and goes back to the local
+    /// datacenter as soon as it lists a passing node again. Each switch is
+    /// logged at WARN and shown by the `idgen_client_datacenter_fallback`
+    /// gauge.
+    ///
+    /// Snowflake IDs and UUIDs go to whichever datacenter's nodes are in
+    /// use, with no error: they stay unique because the datacenter id is
+    /// part of each of them and every Consul datacenter's nodes own a
+    /// different `node.datacenter_id`, claimed once in the primary
+    /// datacenter (safety rule 39). Strict, segment, lease and formatted
+    /// values do not cross: see
+    /// [`counters_may_cross_datacenters`](Self::counters_may_cross_datacenters).
+    ///
+    /// Named "fallback", not "failover", because the client's failover is
+    /// already the move from one node to another inside the node set.
+    pub fn fallback_datacenters<S: Into<String>>(
+        mut self,
+        datacenters: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.fallback_datacenters = datacenters.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Lets strict, segment, lease and formatted calls go to a fallback
+    /// datacenter's nodes (default: refused). Their values come from
+    /// counters (a strict key's, a segment tag's, a lease token's, a
+    /// format's) kept in one cluster's Consul KV, and Consul datacenters
+    /// do not share KV: a value from another datacenter's counter carries
+    /// no datacenter id and can equal one the local cluster issued, or
+    /// will issue. Without this opt-in such a call, while a fallback
+    /// datacenter's nodes are in use, fails with
+    /// [`Error::CrossesDatacenters`](crate::Error::CrossesDatacenters)
+    /// and reaches no node. Opt in only when each datacenter's strict
+    /// keys, segment tags, lease zones and formats are its own.
+    pub fn counters_may_cross_datacenters(mut self, allowed: bool) -> Self {
+        self.counters_may_cross_datacenters = allowed;
+        self
+    }
+
+    /// Sets how often the fallback datacenters are read again while one
+    /// of them is in use (see [`fallback_recheck`](Self::fallback_recheck)).
+    pub fn fallback_recheck(mut self, every: Duration) -> Self {
+        self.fallback_recheck = every;
         self
     }
 
@@ -206,6 +278,14 @@ impl ConsulWatch {
         if config.wait > Duration::from_secs(600) {
             return Err("the blocking-query wait is at most 10 minutes (Consul's limit)".into());
         }
+        if config.fallback_recheck.is_zero() {
+            return Err("the fallback recheck period must be above zero".into());
+        }
+        if let Some(dc) = config.fallback_datacenters.iter().find(|d| d.is_empty()) {
+            return Err(format!(
+                "a fallback datacenter name is empty ({dc:?}): name each Consul datacenter"
+            ));
+        }
         let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(2));
         let https = config.address.starts_with("https://");
         // Explicit settings first, then Consul's variables (which, as in
@@ -245,9 +325,22 @@ impl ConsulWatch {
         })
     }
 
-    /// One query: `/v1/health/service/<service>?passing`, blocking on
-    /// `index` when it is not 0.
-    async fn query(&self, index: u64) -> Result<Answer, String> {
+    /// One query of the local datacenter (or the configured one),
+    /// blocking on `index` when it is not 0 for at most `wait`.
+    async fn query(&self, index: u64, wait: Duration) -> Result<Answer, String> {
+        self.query_dc(self.config.datacenter.as_deref(), index, wait)
+            .await
+    }
+
+    /// One query: `/v1/health/service/<service>?passing` of datacenter
+    /// `dc` (the agent's own with `None`), blocking on `index` when it is
+    /// not 0 for at most `wait`.
+    async fn query_dc(
+        &self,
+        dc: Option<&str>,
+        index: u64,
+        wait: Duration,
+    ) -> Result<Answer, String> {
         let c = &self.config;
         let mut url = format!(
             "{}/v1/health/service/{}?passing",
@@ -255,8 +348,8 @@ impl ConsulWatch {
             encode(&c.service)
         );
         let mut query: Vec<(&str, String)> = Vec::new();
-        if let Some(dc) = &c.datacenter {
-            query.push(("dc", dc.clone()));
+        if let Some(dc) = dc {
+            query.push(("dc", dc.to_owned()));
         }
         if let Some(tag) = &c.tag {
             query.push(("tag", tag.clone()));
@@ -265,9 +358,9 @@ impl ConsulWatch {
         let mut timeout = Duration::from_secs(5);
         if index > 0 {
             query.push(("index", index.to_string()));
-            query.push(("wait", format!("{}ms", c.wait.as_millis())));
+            query.push(("wait", format!("{}ms", wait.as_millis())));
             // Consul adds up to wait/16 of jitter.
-            timeout += c.wait + c.wait / 16;
+            timeout += wait + wait / 16;
         }
         for (k, v) in &query {
             url.push('&');
@@ -341,24 +434,139 @@ impl ConsulWatch {
     }
 
     /// The first round, at start-up: the client does not start without
-    /// knowing at least the answer.
+    /// knowing at least the answer. With fallback datacenters, it also
+    /// learns the local datacenter's name (for the words of a refusal) and
+    /// starts on a fallback datacenter's nodes when the local one lists
+    /// none.
     pub(crate) async fn first(&self, nodes: &NodeSet) -> Result<u64, String> {
-        let answer = self.query(0).await?;
-        nodes.replace(&answer.addrs)?;
+        let answer = self.query(0, self.config.wait).await?;
+        if !self.config.fallback_datacenters.is_empty() {
+            nodes.set_local_datacenter(self.local_name().await);
+        }
+        metrics::gauge!(m::DATACENTER_FALLBACK).set(0.0);
+        if answer.addrs.is_empty() && self.fall_back(nodes).await {
+            // Started on a fallback datacenter's nodes.
+        } else {
+            nodes.replace(&answer.addrs)?;
+        }
         metrics::gauge!(m::CONSUL_REACHABLE).set(1.0);
         metrics::gauge!(m::DISCOVERY_AGE).set(0.0);
         Ok(answer.index)
     }
 
+    /// The name of the datacenter the watch asks first: the configured
+    /// one, else the agent's own (`/v1/agent/self`, which needs
+    /// `agent:read`; without it, the words "the agent's own").
+    async fn local_name(&self) -> String {
+        if let Some(dc) = &self.config.datacenter {
+            return dc.clone();
+        }
+        #[derive(Deserialize)]
+        struct AgentSelf {
+            #[serde(rename = "Config")]
+            config: AgentConfig,
+        }
+        #[derive(Deserialize)]
+        struct AgentConfig {
+            #[serde(rename = "Datacenter")]
+            datacenter: String,
+        }
+        let url = format!(
+            "{}/v1/agent/self",
+            self.config.address.trim_end_matches('/')
+        );
+        let mut req = self.http.get(&url).timeout(Duration::from_secs(5));
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        let name = match req.send().await {
+            Ok(resp) if resp.status().is_success() => resp
+                .json::<AgentSelf>()
+                .await
+                .ok()
+                .map(|a| a.config.datacenter),
+            _ => None,
+        };
+        name.filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "the agent's own".into())
+    }
+
+    /// While the local datacenter lists no passing node: puts the first
+    /// fallback datacenter that lists one in use (a WARN line when that
+    /// changes the datacenter in use). False when none lists a node (the
+    /// nodes in use stay as they were).
+    async fn fall_back(&self, set: &NodeSet) -> bool {
+        for dc in &self.config.fallback_datacenters {
+            let addrs = match self.query_dc(Some(dc), 0, self.config.wait).await {
+                Ok(answer) => answer.addrs,
+                Err(e) => {
+                    tracing::debug!(datacenter = %dc, error = %e, "fallback datacenter not readable");
+                    continue;
+                }
+            };
+            if addrs.is_empty() {
+                continue;
+            }
+            let before = set.fallback();
+            if let Err(e) = set.replace_from(&addrs, Some(dc)) {
+                tracing::warn!(datacenter = %dc, error = %e, "Consul listed an unusable address");
+                continue;
+            }
+            if before.as_deref() != Some(dc.as_str()) {
+                tracing::warn!(
+                    local = %set.local_datacenter(),
+                    datacenter = %dc,
+                    nodes = ?addrs,
+                    "the local Consul datacenter lists no passing idgen node: using fallback datacenter {dc:?} (snowflake and UUID calls only, unless counters_may_cross_datacenters)"
+                );
+            }
+            metrics::gauge!(m::DATACENTER_FALLBACK).set(1.0);
+            return true;
+        }
+        false
+    }
+
+    /// Takes the local datacenter's answer: its nodes when it lists any
+    /// (back from a fallback datacenter, with a WARN line, if one was in
+    /// use), else a fallback datacenter's, else the last known nodes.
+    async fn take(&self, set: &NodeSet, addrs: &[String]) {
+        if addrs.is_empty() {
+            if self.fall_back(set).await {
+                return;
+            }
+            if set.len() > 0 {
+                tracing::warn!(service = %self.config.service, "Consul lists no passing idgen instance: keeping the last known nodes");
+                return;
+            }
+        }
+        if let Some(dc) = set.fallback() {
+            tracing::warn!(
+                local = %set.local_datacenter(),
+                fallback = %dc,
+                nodes = ?addrs,
+                "the local Consul datacenter lists passing idgen nodes again: back from fallback datacenter {dc:?}"
+            );
+        }
+        match set.replace(addrs) {
+            Ok(()) => metrics::gauge!(m::DATACENTER_FALLBACK).set(0.0),
+            Err(e) => tracing::warn!(error = %e, "Consul listed an unusable address"),
+        }
+    }
+
     /// Watches until the node set is dropped. When Consul cannot be
     /// reached the last known set stays in use; a log line and the
-    /// `idgen_client_consul_reachable` gauge say so.
+    /// `idgen_client_consul_reachable` gauge say so. While a fallback
+    /// datacenter's nodes are in use, each blocking query on the local
+    /// datacenter waits at most `fallback_recheck`, so the fallback
+    /// datacenters are read again that often, and the local one's return
+    /// ends the query at once.
     pub(crate) async fn run(self, nodes: std::sync::Weak<NodeSet>, mut index: u64) {
         let mut last_ok = Instant::now();
         let mut down = false;
+        let mut wait = self.config.wait;
         loop {
             let started = Instant::now();
-            let result = self.query(index).await;
+            let result = self.query(index, wait).await;
             let Some(set) = nodes.upgrade() else { return };
             match result {
                 Ok(answer) => {
@@ -375,11 +583,7 @@ impl ConsulWatch {
                     } else {
                         answer.index
                     };
-                    if answer.addrs.is_empty() && set.len() > 0 {
-                        tracing::warn!(service = %self.config.service, "Consul lists no passing idgen instance: keeping the last known nodes");
-                    } else if let Err(e) = set.replace(&answer.addrs) {
-                        tracing::warn!(error = %e, "Consul listed an unusable address");
-                    }
+                    self.take(&set, &answer.addrs).await;
                 }
                 Err(e) => {
                     metrics::counter!(m::DISCOVERY_ERRORS).increment(1);
@@ -391,6 +595,11 @@ impl ConsulWatch {
                     index = 0;
                 }
             }
+            wait = if set.fallback().is_some() {
+                self.config.wait.min(self.config.fallback_recheck)
+            } else {
+                self.config.wait
+            };
             metrics::gauge!(m::DISCOVERY_AGE).set(last_ok.elapsed().as_secs_f64());
             drop(set);
             let pause = if down {

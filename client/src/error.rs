@@ -50,6 +50,21 @@ pub enum Error {
         "strict mode cannot be prefetched (each value must come from a node): use Client::gen_id"
     )]
     StrictNotPrefetchable,
+    /// A strict, segment, lease or formatted call while the nodes in use
+    /// are a fallback datacenter's (the local one lists no passing node):
+    /// its value would come from that datacenter's counter, which can
+    /// hand out a value the local cluster also hands out. Never sent;
+    /// retry once a local node passes, or see
+    /// `ConsulDiscovery::counters_may_cross_datacenters`.
+    #[error("{counter} refused: the local Consul datacenter {local:?} has no passing idgen node and the nodes in use are fallback datacenter {fallback:?}'s, whose counters are not the local cluster's (a value from there can repeat one issued here); retry once a local node passes, or opt in with counters_may_cross_datacenters if each datacenter's keys and tags are its own")]
+    CrossesDatacenters {
+        /// What the call counts, e.g. `strict key "flights/lh400"`.
+        counter: String,
+        /// The local (first asked) Consul datacenter.
+        local: String,
+        /// The fallback datacenter whose nodes are in use.
+        fallback: String,
+    },
     /// The client was configured wrongly.
     #[error("invalid client configuration: {0}")]
     Config(String),
@@ -82,9 +97,10 @@ impl Error {
     /// The gRPC code closest to this error.
     pub fn code(&self) -> tonic::Code {
         match self {
-            Error::NoNodes | Error::Discovery(_) | Error::Transport { .. } => {
-                tonic::Code::Unavailable
-            }
+            Error::NoNodes
+            | Error::Discovery(_)
+            | Error::Transport { .. }
+            | Error::CrossesDatacenters { .. } => tonic::Code::Unavailable,
             Error::DeadlineExceeded { .. } => tonic::Code::DeadlineExceeded,
             Error::Status { code, .. } => *code,
             Error::StrictNotPrefetchable | Error::Config(_) => tonic::Code::InvalidArgument,

@@ -89,7 +89,7 @@ use idgen_proto::{
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::Channel;
 
-use crate::call::{CallSettings, Caller, Retry};
+use crate::call::{CallSettings, Caller, Counted, Retry};
 pub use crate::consul_env::{ConsulEnv, DEFAULT_CONSUL_ADDR};
 use crate::discovery::ConsulWatch;
 pub use crate::discovery::{ConsulDiscovery, ConsulTls};
@@ -251,6 +251,10 @@ impl ClientBuilder {
             connect_timeout: self.connect_timeout,
             set_aside: self.set_aside,
             tls,
+            counters_may_cross: self
+                .consul
+                .as_ref()
+                .is_some_and(|c| c.counters_may_cross_datacenters),
         }));
         match (&self.consul, self.endpoints.is_empty()) {
             (Some(_), false) => {
@@ -315,14 +319,20 @@ impl Client {
     pub async fn gen_id(&self, mode: Mode, tag: &str) -> Result<u64, Error> {
         let retry = retry_for(mode);
         self.caller
-            .call_routed("GenId", retry, route_for(mode, tag), |mut c, left| {
-                let mut req = tonic::Request::new(GenIdRequest {
-                    mode: mode as i32,
-                    tag: tag.to_owned(),
-                });
-                req.set_timeout(left);
-                async move { c.gen_id(req).await.map(|r| r.into_inner().id) }
-            })
+            .call_routed(
+                "GenId",
+                retry,
+                route_for(mode, tag),
+                Counted::Mode(mode, tag),
+                |mut c, left| {
+                    let mut req = tonic::Request::new(GenIdRequest {
+                        mode: mode as i32,
+                        tag: tag.to_owned(),
+                    });
+                    req.set_timeout(left);
+                    async move { c.gen_id(req).await.map(|r| r.into_inner().id) }
+                },
+            )
             .await
     }
 
@@ -331,15 +341,21 @@ impl Client {
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u32) -> Result<Vec<u64>, Error> {
         let retry = retry_for(mode);
         self.caller
-            .call_routed("GenIds", retry, route_for(mode, tag), |mut c, left| {
-                let mut req = tonic::Request::new(GenIdsRequest {
-                    mode: mode as i32,
-                    tag: tag.to_owned(),
-                    count,
-                });
-                req.set_timeout(left);
-                async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
-            })
+            .call_routed(
+                "GenIds",
+                retry,
+                route_for(mode, tag),
+                Counted::Mode(mode, tag),
+                |mut c, left| {
+                    let mut req = tonic::Request::new(GenIdsRequest {
+                        mode: mode as i32,
+                        tag: tag.to_owned(),
+                        count,
+                    });
+                    req.set_timeout(left);
+                    async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
+                },
+            )
             .await
     }
 
@@ -418,10 +434,19 @@ impl Client {
             params: params.clone(),
             count,
         };
-        self.unary("GenFormatted", req, |mut c, req| async move {
-            c.gen_formatted(req).await.map(|r| r.into_inner())
-        })
-        .await
+        self.caller
+            .call_routed(
+                "GenFormatted",
+                Retry::Idempotent,
+                Route::Spread,
+                Counted::Format(format),
+                |mut c, left| {
+                    let mut req = tonic::Request::new(req());
+                    req.set_timeout(left);
+                    async move { c.gen_formatted(req).await.map(|r| r.into_inner()) }
+                },
+            )
+            .await
     }
 
     /// The fields of formatted ID `id` of `format` (`ParseFormatted`):

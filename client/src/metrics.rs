@@ -30,3 +30,5 @@ pub const DISCOVERY_AGE: &str = "idgen_client_discovery_age_seconds";
 pub const DISCOVERY_ERRORS: &str = "idgen_client_discovery_errors_total";
 /// 1 when the last Consul query succeeded, 0 while the client runs on the last known nodes.
 pub const CONSUL_REACHABLE: &str = "idgen_client_consul_reachable";
+/// 1 while the nodes in use are a fallback Consul datacenter's (the local one lists no passing idgen node), else 0.
+pub const DATACENTER_FALLBACK: &str = "idgen_client_datacenter_fallback";

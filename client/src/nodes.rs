@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -27,6 +27,11 @@ pub(crate) struct Node {
     aside_until: AtomicU64,
     /// A health probe is running for this node.
     probing: AtomicBool,
+    /// The fallback Consul datacenter that listed this node, or `None`
+    /// for the local datacenter (and static lists): calls whose values
+    /// come from a cluster's counters are refused on such a node
+    /// (see [`NodeSet::crossing`]).
+    pub fallback: Option<Arc<str>>,
 }
 
 /// How a call chooses its node.
@@ -75,6 +80,9 @@ pub(crate) struct NodeSettings {
     pub set_aside: Duration,
     /// TLS to the nodes, or plaintext.
     pub tls: Option<crate::tls::Connector>,
+    /// Strict, segment, lease and formatted calls may go to a fallback
+    /// datacenter's nodes (`ConsulDiscovery::counters_may_cross_datacenters`).
+    pub counters_may_cross: bool,
 }
 
 /// The current set of nodes, replaced as a whole when discovery changes it.
@@ -83,6 +91,9 @@ pub(crate) struct NodeSet {
     nodes: ArcSwap<Vec<Arc<Node>>>,
     epoch: Instant,
     settings: NodeSettings,
+    /// The name of the Consul datacenter discovery asks first, for the
+    /// words of a refusal (empty until discovery learns it).
+    local_datacenter: Mutex<String>,
 }
 
 impl NodeSet {
@@ -91,6 +102,52 @@ impl NodeSet {
             nodes: ArcSwap::from_pointee(Vec::new()),
             epoch: Instant::now(),
             settings,
+            local_datacenter: Mutex::new(String::new()),
+        }
+    }
+
+    /// Records the local datacenter's name (see [`NodeSet::crossing`]).
+    pub(crate) fn set_local_datacenter(&self, name: String) {
+        *self
+            .local_datacenter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = name;
+    }
+
+    /// The local datacenter's name, as discovery learned it.
+    pub(crate) fn local_datacenter(&self) -> String {
+        let name = self
+            .local_datacenter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if name.is_empty() {
+            "local".into()
+        } else {
+            name.clone()
+        }
+    }
+
+    /// The fallback datacenter whose nodes are in use, or `None` when
+    /// they are the local datacenter's.
+    pub(crate) fn fallback(&self) -> Option<Arc<str>> {
+        self.nodes.load().first().and_then(|n| n.fallback.clone())
+    }
+
+    /// Whether a call whose values come from `counter` (e.g. `strict key
+    /// "a/b"`) may go to `node`: refused, without sending, when the node
+    /// is a fallback datacenter's and the user did not opt in, because
+    /// that datacenter's cluster counts the same keys and tags in its own
+    /// KV and can hand out a value the local cluster also hands out.
+    pub(crate) fn crossing(&self, node: &Node, counter: &str) -> Result<(), crate::Error> {
+        match &node.fallback {
+            Some(dc) if !self.settings.counters_may_cross => {
+                Err(crate::Error::CrossesDatacenters {
+                    counter: counter.to_owned(),
+                    local: self.local_datacenter(),
+                    fallback: dc.to_string(),
+                })
+            }
+            _ => Ok(()),
         }
     }
 
@@ -108,12 +165,28 @@ impl NodeSet {
         self.nodes.load().len()
     }
 
-    /// Replaces the set with `addrs`, keeping the channels (and counters)
-    /// of nodes that stay. Returns an error for an address that is not a
-    /// valid `host:port`.
+    /// Replaces the set with `addrs` of the local datacenter (see
+    /// [`NodeSet::replace_from`]).
     pub(crate) fn replace(&self, addrs: &[String]) -> Result<(), String> {
+        self.replace_from(addrs, None)
+    }
+
+    /// Replaces the set with `addrs`, listed by fallback datacenter
+    /// `fallback` (`None`: the local one), keeping the channels (and
+    /// counters) of nodes that stay. Returns an error for an address that
+    /// is not a valid `host:port`.
+    pub(crate) fn replace_from(
+        &self,
+        addrs: &[String],
+        fallback: Option<&str>,
+    ) -> Result<(), String> {
         let old = self.nodes.load();
-        let by_addr: HashMap<&str, &Arc<Node>> = old.iter().map(|n| (n.addr.as_str(), n)).collect();
+        let by_addr: HashMap<&str, &Arc<Node>> = old
+            .iter()
+            .filter(|n| n.fallback.as_deref() == fallback)
+            .map(|n| (n.addr.as_str(), n))
+            .collect();
+        let fallback: Option<Arc<str>> = fallback.map(Arc::from);
         let mut next = Vec::with_capacity(addrs.len());
         for addr in addrs {
             if next.iter().any(|n: &Arc<Node>| &n.addr == addr) {
@@ -127,12 +200,13 @@ impl NodeSet {
                     outstanding: AtomicUsize::new(0),
                     aside_until: AtomicU64::new(0),
                     probing: AtomicBool::new(false),
+                    fallback: fallback.clone(),
                 }),
             };
             next.push(node);
         }
         let changed =
-            next.len() != old.len() || next.iter().zip(old.iter()).any(|(a, b)| a.addr != b.addr);
+            next.len() != old.len() || next.iter().zip(old.iter()).any(|(a, b)| !Arc::ptr_eq(a, b));
         if changed {
             tracing::info!(nodes = ?addrs, "idgen nodes changed");
         }
@@ -288,6 +362,7 @@ pub(crate) fn test_set(addrs: &[&str]) -> NodeSet {
         connect_timeout: Duration::from_millis(200),
         set_aside: Duration::from_secs(60),
         tls: None,
+        counters_may_cross: false,
     });
     let addrs: Vec<String> = addrs.iter().map(|a| (*a).to_owned()).collect();
     set.replace(&addrs).expect("addresses");
@@ -372,6 +447,34 @@ mod tests {
             nodes.key_node("orders/k7").as_deref(),
             Some(VECTOR_ORDERS_K7)
         );
+    }
+
+    #[tokio::test]
+    async fn a_fallback_datacenters_node_refuses_counted_calls_unless_opted_in() {
+        let nodes = test_set(&NODES[..1]);
+        nodes.set_local_datacenter("dc1".into());
+        let local = addr_of(&nodes, &[], Route::Spread);
+        assert!(nodes.crossing(&local, "strict key \"a/b\"").is_ok());
+        assert_eq!(nodes.fallback(), None);
+        // The same address listed by a fallback datacenter is another node.
+        nodes
+            .replace_from(&[NODES[0].to_owned()], Some("dc2"))
+            .expect("addresses");
+        let remote = addr_of(&nodes, &[], Route::Spread);
+        assert!(!Arc::ptr_eq(&local, &remote));
+        assert_eq!(nodes.fallback().as_deref(), Some("dc2"));
+        let err = nodes
+            .crossing(&remote, "strict key \"a/b\"")
+            .expect_err("refused");
+        let text = err.to_string();
+        assert!(text.starts_with("strict key \"a/b\" refused: the local Consul datacenter \"dc1\" has no passing idgen node"), "{text}");
+        assert!(text.contains("counters_may_cross_datacenters"), "{text}");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        let opted_in = NodeSet::new(NodeSettings {
+            counters_may_cross: true,
+            ..nodes.settings.clone()
+        });
+        assert!(opted_in.crossing(&remote, "segment tag \"t\"").is_ok());
     }
 
     #[test]

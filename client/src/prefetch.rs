@@ -26,8 +26,9 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::buffer::{Advanced, Block, IdBuffer};
-use crate::call::{Caller, Retry};
+use crate::call::{Caller, Counted, Retry};
 use crate::metrics as m;
+use crate::nodes::Route;
 use crate::uuid::{uuids_of, Uuid};
 use crate::Error;
 
@@ -140,15 +141,22 @@ impl Item for u64 {
         (mode, tag): &'a (Mode, String),
         count: u32,
     ) -> impl Future<Output = Result<Vec<u64>, Error>> + Send + 'a {
-        caller.call("GenIds", Retry::Idempotent, move |mut c, left| {
-            let mut req = tonic::Request::new(GenIdsRequest {
-                mode: *mode as i32,
-                tag: tag.clone(),
-                count,
-            });
-            req.set_timeout(left);
-            async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
-        })
+        let counted = Counted::Mode(*mode, tag);
+        caller.call_routed(
+            "GenIds",
+            Retry::Idempotent,
+            Route::Spread,
+            counted,
+            move |mut c, left| {
+                let mut req = tonic::Request::new(GenIdsRequest {
+                    mode: *mode as i32,
+                    tag: tag.clone(),
+                    count,
+                });
+                req.set_timeout(left);
+                async move { c.gen_ids(req).await.map(|r| r.into_inner().ids) }
+            },
+        )
     }
 
     fn ages((mode, _): &(Mode, String)) -> bool {

@@ -175,6 +175,12 @@ class Fixture:
             self.vars[f"node{i}"] = addr
         self.vars["nodes"] = [addr for _, _, addr in self.nodes]
         self._wait_passing(len(self.nodes))
+        if self.spec.get("fallback_datacenter"):
+            # One node of Consul datacenter dc2 (datacenter id 2; dc1's
+            # nodes have 1): a client's fallback datacenter.
+            self._node("d0", tls, master_key, dc="dc2")
+            self.vars["dc2_nodes"] = [self.nodes[-1][2]]
+            self._wait_passing(1, dc="dc2")
         self.blackhole = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.blackhole.bind(("127.0.0.1", 0))
         self.blackhole.listen(64)  # accepts (in the kernel), never answers
@@ -207,21 +213,34 @@ class Fixture:
             argv += ["--check-ca", self.vars["ca"],
                      "--check-cert", self.vars["client_cert"],
                      "--check-key", self.vars["client_key"]]
+        if self.spec.get("fallback_datacenter"):
+            argv += ["--add-datacenter", "dc2=127.0.0.1:0"]
         p = Process(argv, "consul-testserver", stream="stdout")
         self.procs.append(p)
         line = p.wait_line(lambda l: l.startswith("listening on "), "listening on")
         self.consul_addr = line[len("listening on "):].strip()
         self.vars["consul_addr"] = self.consul_addr
+        self.agents = {"dc1": self.consul_addr}
+        if self.spec.get("fallback_datacenter"):
+            line = p.wait_line(lambda l: l.startswith("datacenter dc2 listening on "),
+                               "datacenter dc2 listening on")
+            self.agents["dc2"] = line.split()[-1]
 
-    def _node(self, name, tls, master_key):
+    def _node(self, name, tls, master_key, dc=None):
         q = json.dumps
+        node = {"instance_id": q(name)}
+        consul = {}
+        if self.spec.get("fallback_datacenter"):
+            node["datacenter_id"] = "2" if dc == "dc2" else "1"
+            consul["primary_datacenter"] = q("dc1")
         sections = [
-            ("node", {"instance_id": q(name)}),
+            ("node", node),
             ("server", {"grpc_listen": q("127.0.0.1:0"), "http_listen": q("127.0.0.1:0"),
                         "shutdown_grace": q("2s")}),
             ("store", {"backend": q("consul")}),
             ("consul", {
-                "address": q("http://" + self.consul_addr), "token": q(self.consul_token),
+                **consul,
+                "address": q("http://" + self.agents[dc or "dc1"]), "token": q(self.consul_token),
                 "cluster": q("conformance"),
                 "index_file": q(os.path.join(self.dir, name + ".index.json")),
                 "session_ttl": q("2s"), "lock_delay": q("2s"), "lock_margin": q("800ms"),
@@ -259,8 +278,10 @@ class Fixture:
         grpc = json.loads(line)["fields"]["grpc"]
         self.nodes.append((name, p, grpc))
 
-    def _wait_passing(self, n, timeout=30.0):
+    def _wait_passing(self, n, timeout=30.0, dc=None):
         url = f"http://{self.consul_addr}/v1/health/service/idgen?passing"
+        if dc:
+            url += "&dc=" + dc
         end = time.monotonic() + timeout
         listed = []
         while time.monotonic() < end:

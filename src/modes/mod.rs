@@ -532,6 +532,15 @@ impl Issuer {
             .await
     }
 
+    /// Issues one UUIDv7 (`GenUuid`, `/v1/uuid`): what
+    /// [`gen_uuids`](Self::gen_uuids) of one issues, refused where it is,
+    /// without a Vec ([`uuid::UuidEngine::take_one`]).
+    pub async fn gen_uuid(&self) -> Result<crate::id::Uuid, Error> {
+        self.check_state_file()?;
+        self.gate.check()?;
+        self.learning_hide_keys(|| self.uuids.take_one()).await
+    }
+
     /// Shows UUIDs as `hiding` says (the layout's `hide`).
     pub fn with_uuid_hiding(mut self, hiding: self::uuid::UuidHiding) -> Self {
         self.uuids.set_hiding(hiding);

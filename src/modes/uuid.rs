@@ -6,9 +6,19 @@
 //! Each thread keeps an AES-128 key drawn from the operating system
 //! (`ring`'s `SystemRandom`, i.e. `getrandom`) and encrypts a counter
 //! (AES-CTR, the construction of NIST SP 800-90A's CTR_DRBG without its
-//! derivation function): one block gives two UUIDs' random bits and
-//! counter offsets, at the cost of one AES round trip (AES-NI) instead of a
-//! system call per UUID. The key is drawn again every 2^32 blocks.
+//! derivation function). It encrypts 32 consecutive counter blocks at a
+//! time (AES-NI pipelines them) and hands out their 64-bit
+//! halves one by one, each once: a UUID takes one for its random bits and
+//! one for the counter offset, so a single UUID costs two reads from the
+//! buffer, and no system call and no AES round trip of its own. The
+//! counter never goes back under a key, so no block is encrypted twice;
+//! the key is drawn again every 2^32 blocks.
+//!
+//! # One UUID
+//! [`UuidEngine::take_one`] is the `GenUuid` path: the same reservation as
+//! a batch (the generator's clock, mark and close checks), without a Vec,
+//! without taking a reference on the generator, and without a wait timer
+//! unless the millisecond's counters ran out.
 //!
 //! # Hiding
 //! A layout hidden sortable (`layout.hide = "sortable"`) shows UUIDs
@@ -37,55 +47,107 @@ use crate::metrics as m;
 
 /// Blocks drawn from one key before a new one is drawn.
 const REKEY_BLOCKS: u64 = 1 << 32;
+/// AES blocks encrypted per refill of a thread's buffer: 64 words, the
+/// random bits and counter offsets of 32 single UUIDs. Enough to spread a
+/// refill's cost thin, small enough (512 bytes) to stay in cache.
+const BUFFER_BLOCKS: usize = 32;
+const BUFFER_WORDS: usize = 2 * BUFFER_BLOCKS;
 
-/// AES-128 in counter mode, keyed from the operating system.
+/// AES-128 in counter mode, keyed from the operating system, buffered:
+/// `words[next..]` are the unused halves of the last [`BUFFER_BLOCKS`]
+/// blocks; every word is handed out once.
 struct CtrRandom {
     cipher: Aes128,
+    /// The counter of the next block to encrypt under this key.
     counter: u64,
-    /// The second half of the last block, not handed out yet.
-    spare: Option<u64>,
+    /// Blocks one key may encrypt before a new one is drawn.
+    rekey_blocks: u64,
+    words: [u64; BUFFER_WORDS],
+    /// The next word to hand out; `BUFFER_WORDS` when all are used.
+    next: usize,
 }
 
 impl CtrRandom {
     fn seeded() -> Result<Self, Error> {
-        let mut key = [0u8; 16];
-        SystemRandom::new()
-            .fill(&mut key)
-            .map_err(|_| Error::Setup("the operating system gave no random bytes (getrandom failed), so no UUID can be issued".into()))?;
-        let cipher = Aes128::new(GenericArray::from_slice(&key));
-        zeroize::Zeroize::zeroize(&mut key);
-        Ok(Self {
-            cipher,
-            counter: 0,
-            spare: None,
-        })
+        Ok(Self::keyed(os_key()?, REKEY_BLOCKS))
     }
 
-    fn next(&mut self) -> Result<u64, Error> {
-        if let Some(v) = self.spare.take() {
-            return Ok(v);
+    /// A generator on `key` (zeroed here after use) that draws a new key
+    /// from the operating system after `rekey_blocks` blocks. Nothing is
+    /// encrypted until the first word is asked for.
+    fn keyed(mut key: [u8; 16], rekey_blocks: u64) -> Self {
+        let cipher = Aes128::new(GenericArray::from_slice(&key));
+        zeroize::Zeroize::zeroize(&mut key);
+        Self {
+            cipher,
+            counter: 0,
+            rekey_blocks,
+            words: [0; BUFFER_WORDS],
+            next: BUFFER_WORDS,
         }
-        if self.counter == REKEY_BLOCKS {
-            *self = Self::seeded()?;
-        }
-        let mut block = GenericArray::from(u128::from(self.counter).to_le_bytes());
-        self.counter += 1;
-        self.cipher.encrypt_block(&mut block);
-        let v = u128::from_le_bytes(block.into());
-        self.spare = Some((v >> 64) as u64);
-        Ok(v as u64)
     }
+
+    /// The next unused random word.
+    #[inline]
+    fn next(&mut self) -> Result<u64, Error> {
+        if self.next == BUFFER_WORDS {
+            self.refill()?;
+        }
+        let v = self.words[self.next];
+        self.next += 1;
+        Ok(v)
+    }
+
+    /// Encrypts the next [`BUFFER_BLOCKS`] counter blocks into the buffer
+    /// (under a new key when this one's blocks would run out).
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self) -> Result<(), Error> {
+        if self.counter + BUFFER_BLOCKS as u64 > self.rekey_blocks {
+            *self = Self::keyed(os_key()?, self.rekey_blocks);
+        }
+        let mut blocks = [GenericArray::default(); BUFFER_BLOCKS];
+        for (i, block) in blocks.iter_mut().enumerate() {
+            *block = GenericArray::from(u128::from(self.counter + i as u64).to_le_bytes());
+        }
+        self.counter += BUFFER_BLOCKS as u64;
+        self.cipher.encrypt_blocks(&mut blocks);
+        for (pair, block) in self.words.chunks_exact_mut(2).zip(&mut blocks) {
+            let v = u128::from_le_bytes((*block).into());
+            (pair[0], pair[1]) = (v as u64, (v >> 64) as u64);
+            zeroize::Zeroize::zeroize(block.as_mut_slice());
+        }
+        self.next = 0;
+        Ok(())
+    }
+}
+
+impl Drop for CtrRandom {
+    /// The words not handed out yet are the next UUIDs' random bits.
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.words);
+    }
+}
+
+/// A fresh AES-128 key from the operating system.
+fn os_key() -> Result<[u8; 16], Error> {
+    let mut key = [0u8; 16];
+    SystemRandom::new().fill(&mut key).map_err(|_| {
+        Error::Setup(
+            "the operating system gave no random bytes (getrandom failed), so no UUID can be issued"
+                .into(),
+        )
+    })?;
+    Ok(key)
 }
 
 thread_local! {
     static RANDOM: RefCell<Option<CtrRandom>> = const { RefCell::new(None) };
 }
 
-/// This thread's generator, seeded on first use, lent to `use_them` as a
-/// source of random words.
-fn with_random<T>(
-    use_them: impl FnOnce(&mut dyn FnMut() -> Result<u64, Error>) -> Result<T, Error>,
-) -> Result<T, Error> {
+/// This thread's generator, seeded on first use, lent to `use_it`.
+#[inline]
+fn with_random<T>(use_it: impl FnOnce(&mut CtrRandom) -> Result<T, Error>) -> Result<T, Error> {
     RANDOM.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
@@ -94,7 +156,7 @@ fn with_random<T>(
         let rng = slot
             .as_mut()
             .ok_or_else(|| Error::Setup("the random generator is missing".into()))?;
-        use_them(&mut || rng.next())
+        use_it(rng)
     })
 }
 
@@ -185,29 +247,87 @@ impl UuidEngine {
         Ok(out)
     }
 
+    /// One UUID (`GenUuid`, `/v1/uuid`; the caller checked the gate): the
+    /// UUID [`take`](Self::take) of one would give, without its Vec.
+    /// Straight from the generator held now when the millisecond has room;
+    /// when its counters ran out, the batch path's wait for the next one.
+    pub async fn take_one(&self) -> Result<Uuid, Error> {
+        let ready = match &self.hiding {
+            UuidHiding::Plain => None,
+            UuidHiding::Sortable { output, .. } => Some(output.ready()?),
+            UuidHiding::Refused(why) => return Err(Error::Uuid(why.clone())),
+        };
+        let counter_bits = ready
+            .as_ref()
+            .map_or(COUNTER_BITS, |r| r.hider().counter_bits());
+        let internal = match self.reserve_one_now(counter_bits)? {
+            Some(u) => u,
+            None => self
+                .reserve(1, counter_bits)
+                .await?
+                .pop()
+                .ok_or(Error::WaitTimeout { waited_ms: 0 })?,
+        };
+        match (ready, &self.hiding) {
+            (Some(ready), UuidHiding::Sortable { output, .. }) => ready
+                .hider()
+                .hide(internal)
+                .map_err(|e| hidden_refusal(output, &e)),
+            _ => Ok(internal),
+        }
+    }
+
+    /// One internal UUID from the generator held now, or `None` when this
+    /// millisecond's counters are used up (the caller waits). Borrows the
+    /// generator without touching its reference count, and draws both
+    /// random words before reserving (a failed reservation drops them:
+    /// words are never handed out twice).
+    #[inline]
+    fn reserve_one_now(&self, counter_bits: u32) -> Result<Option<Uuid>, Error> {
+        let generator = self.gate.current();
+        let layout = UuidLayout::of(generator.layout()).map_err(Error::Uuid)?;
+        let (offset, random) = with_random(|rng| Ok((rng.next()?, rng.next()?)))?;
+        let now = self.clock.now_micros();
+        match generator.reserve_uuid_counters(now, 1, offset, counter_bits) {
+            Ok(r) => {
+                self.issued.increment(1);
+                Ok(Some(layout.compose(
+                    r.unix_ms,
+                    r.first_counter,
+                    generator.node_number(),
+                    random,
+                )))
+            }
+            Err(GenError::Exhausted { .. }) => Ok(None),
+            Err(e) => Err(self.gate.refusal(e)),
+        }
+    }
+
     /// `count` internal UUIDs with counters below `2^counter_bits`.
     async fn reserve(&self, count: usize, counter_bits: u32) -> Result<Vec<Uuid>, Error> {
         let generator = self.gate.generator();
         let layout = UuidLayout::of(generator.layout()).map_err(Error::Uuid)?;
         let node = generator.node_number();
         let mut out = Vec::with_capacity(count);
-        let started = Instant::now();
+        // Started at the first wait: a call that never waits reads no timer.
+        let mut started: Option<Instant> = None;
         while out.len() < count {
             let want = (count - out.len()) as u64;
             // A failing random source is its own error, never "closed".
-            let offset = with_random(|random| random())?;
+            let offset = with_random(CtrRandom::next)?;
             let now = self.clock.now_micros();
             match generator.reserve_uuid_counters(now, want, offset, counter_bits) {
-                Ok(r) => with_random(|random| {
+                Ok(r) => with_random(|rng| {
                     for c in r.counters() {
-                        out.push(layout.compose(r.unix_ms, c, node, random()?));
+                        out.push(layout.compose(r.unix_ms, c, node, rng.next()?));
                     }
                     Ok(())
                 })?,
                 Err(GenError::Exhausted { retry_after_micros }) => {
-                    if started.elapsed() >= self.max_wait {
+                    let waited = started.get_or_insert_with(Instant::now).elapsed();
+                    if waited >= self.max_wait {
                         return Err(Error::WaitTimeout {
-                            waited_ms: started.elapsed().as_millis() as u64,
+                            waited_ms: waited.as_millis() as u64,
                         });
                     }
                     tokio::time::sleep(Duration::from_micros(retry_after_micros)).await;
@@ -337,6 +457,11 @@ mod tests {
     const T0: u64 = DEFAULT_EPOCH_MS + 10_000_000;
 
     fn engine(clock: Arc<ManualClock>) -> UuidEngine {
+        engine_waiting(clock, Duration::from_secs(1))
+    }
+
+    /// An engine whose calls wait at most `max_wait` for a millisecond.
+    fn engine_waiting(clock: Arc<ManualClock>, max_wait: Duration) -> UuidEngine {
         let layout = Preset::Twitter
             .spec(DEFAULT_EPOCH_MS)
             .validate(T0)
@@ -346,7 +471,7 @@ mod tests {
             Arc::new(Snowflake::new(layout, 3, 9, 1_000, plan, T0 + 60_000).expect("generator"));
         let clock: Arc<dyn Clock> = clock;
         let gate = Arc::new(IssueGate::new(g, Arc::clone(&clock)).expect("gate"));
-        UuidEngine::new(gate, clock, Duration::from_secs(1))
+        UuidEngine::new(gate, clock, max_wait)
     }
 
     #[tokio::test]
@@ -359,6 +484,8 @@ mod tests {
             clock.set_millis(T0 + step);
             all.extend(e.take(1000).await.expect("batch"));
             all.extend(e.take(1).await.expect("one"));
+            all.push(e.take_one().await.expect("single"));
+            all.push(e.take_one().await.expect("single"));
         }
         assert!(all.windows(2).all(|w| w[0] < w[1]), "strictly increasing");
         let mut randoms = HashSet::new();
@@ -367,8 +494,30 @@ mod tests {
             assert_eq!((p.datacenter, p.worker), (3, 9));
             randoms.insert(p.random);
         }
-        // 38 random bits: 20,020 draws practically never repeat.
+        // 38 random bits: 20,060 draws practically never repeat.
         assert!(randoms.len() > all.len() - 5, "random bits repeat");
+    }
+
+    /// A single UUID whose millisecond is full takes the next one: it
+    /// waits (here until `max_wait`, the clock standing still) instead of
+    /// wrapping the counter, and is issued once the clock moves on.
+    #[tokio::test]
+    async fn a_single_uuid_after_a_full_millisecond_waits_for_the_next() {
+        let clock = Arc::new(ManualClock::at_millis(T0));
+        let e = engine_waiting(Arc::clone(&clock), Duration::from_millis(5));
+        let layout = e.layout().expect("fits");
+        let before = e.take_one().await.expect("first");
+        let full = e
+            .gate
+            .current()
+            .reserve_uuids(T0 * 1000, u64::MAX, 0)
+            .expect("the rest of the millisecond");
+        assert_eq!(full.unix_ms, T0);
+        assert!(matches!(e.take_one().await, Err(Error::WaitTimeout { .. })));
+        clock.set_millis(T0 + 1);
+        let after = e.take_one().await.expect("next millisecond");
+        assert!(after > before);
+        assert_eq!(layout.decompose(after).expect("v7").unix_ms, T0 + 1);
     }
 
     /// A sortable hidden engine across a key rotation: every UUID is
@@ -376,6 +525,7 @@ mod tests {
     /// reveals (admin decode) to an internal UUID of this node with a
     /// counter below 2^24 and the key version it was shown with, and the
     /// internal positions of a later call all lie above an earlier one's.
+    /// A single UUID (`take_one`) after each batch is hidden the same way.
     #[tokio::test]
     async fn a_hidden_engine_issues_v7_uuids_that_reveal_to_increasing_positions() {
         use crate::modes::hide_keys::HideKeyRings;
@@ -410,8 +560,9 @@ mod tests {
             clock.set_millis(T0 + step / 2);
             let batch = e.take(300).await.expect("batch");
             assert!(batch.windows(2).all(|w| w[0] < w[1]), "a batch increases");
+            let single = e.take_one().await.expect("single");
             let mut internal = Vec::new();
-            for u in batch {
+            for u in batch.into_iter().chain([single]) {
                 assert_eq!((u.version(), u.variant()), (7, 0b10), "{u}");
                 assert!(seen.insert(u), "{u} twice");
                 let d = e.decode(&layout, u, true).expect("reveal");
@@ -429,6 +580,50 @@ mod tests {
             internal.sort_unstable();
             assert!(internal[0] > last_internal, "positions went back");
             last_internal = internal[internal.len() - 1];
+        }
+    }
+
+    /// AES-CTR words of blocks `from..to` under `key`, one block at a
+    /// time: the unbuffered reference.
+    fn ctr_words(key: [u8; 16], from: u64, to: u64) -> Vec<u64> {
+        let cipher = Aes128::new(GenericArray::from_slice(&key));
+        let mut out = Vec::new();
+        for n in from..to {
+            let mut block = GenericArray::from(u128::from(n).to_le_bytes());
+            cipher.encrypt_block(&mut block);
+            let v = u128::from_le_bytes(block.into());
+            out.extend([v as u64, (v >> 64) as u64]);
+        }
+        out
+    }
+
+    /// Across refills the buffered words are AES-CTR's, block after block:
+    /// no block encrypted twice, no word handed out twice. Past the rekey
+    /// point the words are a new key's (not the old key's continuation)
+    /// and still never repeat.
+    #[test]
+    fn the_random_buffer_hands_out_each_block_once_across_refills_and_rekeys() {
+        let key = [7u8; 16];
+        let blocks = BUFFER_BLOCKS as u64;
+        let mut rng = CtrRandom::keyed(key, 2 * blocks);
+        // Two buffers and a half: a refill boundary inside the draw.
+        let first: Vec<u64> = (0..BUFFER_WORDS * 2 + BUFFER_WORDS / 2)
+            .map(|_| rng.next().expect("word"))
+            .collect();
+        assert!(
+            first[..2 * BUFFER_WORDS] == ctr_words(key, 0, 2 * blocks)[..],
+            "the first two buffers are not AES-CTR blocks 0 to {} in order",
+            2 * blocks - 1
+        );
+        let old_key_next = ctr_words(key, 2 * blocks, 3 * blocks);
+        assert!(
+            first[2 * BUFFER_WORDS..] != old_key_next[..BUFFER_WORDS / 2],
+            "the third buffer must come from a new key"
+        );
+        let mut seen = HashSet::new();
+        let rest = (0..BUFFER_WORDS * 4).map(|_| rng.next().expect("word"));
+        for w in first.into_iter().chain(rest) {
+            assert!(seen.insert(w), "word {w:#x} handed out twice");
         }
     }
 }

@@ -288,12 +288,9 @@ impl IdGen for IdGenService {
 impl IdGenService {
     async fn gen_uuid_inner(&self) -> Result<proto::GenUuidResponse, Status> {
         let started = Instant::now();
-        let result = self.issuer.gen_uuids(1).await;
+        let result = self.issuer.gen_uuid().await;
         self.gen_uuid.observe(started, &result);
-        let uuids = result.map_err(|e| to_status(&e))?;
-        let uuid = uuids
-            .first()
-            .ok_or_else(|| Status::internal("no UUID was issued"))?;
+        let uuid = result.map_err(|e| to_status(&e))?;
         Ok(proto::GenUuidResponse {
             uuid: uuid.to_bytes().to_vec(),
             text: uuid.to_string(),

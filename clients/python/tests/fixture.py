@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 
 def binary(var: str, name: str) -> str:
@@ -66,7 +66,8 @@ class Cluster:
     dev-certs) and serves TLS (mTLS when `mtls`)."""
 
     def __init__(self, count: int = 3, acl: bool = False, formats: str = "",
-                 tls: bool = False, mtls: bool = False, admin_token: str = "") -> None:
+                 tls: bool = False, mtls: bool = False, admin_token: str = "",
+                 datacenters: Sequence[str] = ()) -> None:
         self.dir = tempfile.mkdtemp(prefix="idgen-py-test-")
         self.token = "master" if acl else ""
         self.certs = os.path.join(self.dir, "certs")
@@ -74,6 +75,9 @@ class Cluster:
                 "127.0.0.1:0", "--session-ttl-min", "1s", "--check-reap-interval", "1s"]
         if acl:
             args += ["--acl-token", "master"]
+        for dc in datacenters:
+            # Another Consul datacenter linked with dc1 (the primary).
+            args += ["--add-datacenter", "%s=127.0.0.1:0" % dc]
         if tls or mtls:
             subprocess.run([binary("TEST_IDGEN_BIN", "idgen"), "tls", "dev-certs", self.certs],
                            check=True, stdout=subprocess.DEVNULL)
@@ -87,6 +91,12 @@ class Cluster:
         if not line.startswith("listening on "):
             raise RuntimeError("consul-testserver said %r" % line)
         self.consul_addr = line.split()[-1]
+        # Each datacenter's agent: "datacenter NAME listening on ADDR".
+        self.agents: Dict[str, str] = {"dc1": self.consul_addr}
+        for _ in datacenters:
+            words = self.consul.stdout.readline().split()
+            self.agents[words[1]] = words[-1]
+        self.federated = bool(datacenters)
         self.nodes: List[Node] = []
         try:
             for i in range(count):
@@ -100,10 +110,18 @@ class Cluster:
     def cert(self, name: str) -> str:
         return os.path.join(self.certs, name)
 
-    def _config(self, name: str, formats: str, tls: bool, mtls: bool, admin: str) -> str:
+    def start_node(self, name: str, dc: str, datacenter_id: int) -> Node:
+        """Another node, in Consul datacenter `dc` with `datacenter_id`."""
+        node = Node(self._config(name, "", False, False, "", dc, datacenter_id))
+        self.nodes.append(node)
+        return node
+
+    def _config(self, name: str, formats: str, tls: bool, mtls: bool, admin: str,
+                dc: str = "dc1", datacenter_id: int = 0) -> str:
         d = self.dir
         text = """[node]
 instance_id = "%(name)s"
+datacenter_id = %(dcid)d
 [server]
 grpc_listen = "127.0.0.1:0"
 http_listen = "127.0.0.1:0"
@@ -124,6 +142,7 @@ check_timeout = "200ms"
 deregister_critical_after = "1s"
 reclaim_backoff_max = "500ms"
 token = "%(token)s"
+%(primary)s
 [testing]
 consul_session_ttl_min = "1s"
 [segment]
@@ -136,7 +155,9 @@ enabled = true
 [log]
 format = "json"
 level = "info"
-""" % {"name": name, "consul": self.consul_addr, "dir": d, "token": self.token}
+""" % {"name": name, "consul": self.agents[dc], "dir": d, "token": self.token,
+       "dcid": datacenter_id,
+       "primary": 'primary_datacenter = "dc1"' if self.federated else ""}
         if admin:
             text += '[admin]\ntoken = "%s"\n' % admin
         if tls:
@@ -157,8 +178,8 @@ level = "info"
             env["CONSUL_HTTP_TOKEN"] = self.token
         return env
 
-    def wait_passing(self, count: int) -> None:
-        url = "http://%s/v1/health/service/idgen?passing" % self.consul_addr
+    def wait_passing(self, count: int, dc: str = "dc1") -> None:
+        url = "http://%s/v1/health/service/idgen?passing" % self.agents[dc]
         listed = -1
         for _ in range(300):
             req = urllib.request.Request(url)

@@ -2,7 +2,10 @@
 against the Rust crate's vectors, Consul's variables, error wordings,
 configuration errors and the prefetch buffer."""
 
+import ast
+import importlib.metadata
 import os
+import re
 import tempfile
 import threading
 import time
@@ -14,6 +17,7 @@ import grpc
 import idgen_client
 from idgen_client import _hash
 from idgen_client._call import Caller
+from idgen_client._nodes import NodeSet
 from idgen_client._prefetch import PrefetchConfig, Prefetcher
 
 NODES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
@@ -39,6 +43,28 @@ class Installed(unittest.TestCase):
         self.assertEqual(idgen_pb2.DESCRIPTOR.name, "idgen/v1/idgen.proto")
         here = os.path.dirname(idgen_client.__file__)
         self.assertTrue(os.path.exists(os.path.join(here, "py.typed")))
+
+
+class PythonFloor(unittest.TestCase):
+    def test_every_source_parses_as_the_oldest_python_the_package_accepts(self):
+        # The suite runs on a newer Python than the floor users may have:
+        # newer syntax (except*, type aliases, ...) would install there
+        # and fail at import. The floor is the wheel's own Requires-Python.
+        floor = importlib.metadata.metadata("idgen-client")["Requires-Python"]
+        m = re.fullmatch(r">=\s*3\.(\d+)", floor.strip())
+        self.assertIsNotNone(m, "Requires-Python %r is not >=3.N" % floor)
+        minor = int(m.group(1))
+        root = os.path.dirname(idgen_client.__file__)
+        sources = [os.path.join(d, f) for d, _, files in os.walk(root) for f in files
+                   if f.endswith(".py")]
+        self.assertGreater(len(sources), 10)
+        for path in sources:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            try:
+                ast.parse(text, path, feature_version=(3, minor))
+            except SyntaxError as e:
+                self.fail("%s is not Python 3.%d syntax: %s" % (path, minor, e))
 
 
 class StrictKeyHash(unittest.TestCase):
@@ -210,6 +236,13 @@ class _OneNode:
     def pick(self, tried, key=None, avoid=None):
         return None if tried else self.node
 
+    def acquire(self, node):
+        node.outstanding += 1
+        return True
+
+    def release(self, node):
+        node.outstanding -= 1
+
     def set_aside(self, node):
         pass
 
@@ -225,6 +258,23 @@ class Deadline(unittest.TestCase):
         text = str(e.exception)
         self.assertIn("127.0.0.1:1 did not answer in time; before that, 127.0.0.1:1: TLS: the "
                       "node requires a client certificate", text)
+
+
+class RetiredNodes(unittest.TestCase):
+    def test_a_node_that_left_keeps_its_channel_until_its_last_call_ends(self):
+        # Back from a fallback datacenter, its nodes leave the set while
+        # they still answer calls: closing their channels then would
+        # cancel those calls (seen as "Cancelled: Channel closed!").
+        nodes = NodeSet(None, 1.0)
+        self.addCleanup(nodes.close)
+        nodes.replace(["127.0.0.1:1"], "dc2")
+        node = nodes.pick([])
+        self.assertTrue(nodes.acquire(node))
+        nodes.replace(["127.0.0.1:2"])
+        self.assertFalse(node.closed, "a call is still in flight on it")
+        nodes.release(node)
+        self.assertTrue(node.closed, "closed with its last call")
+        self.assertFalse(nodes.acquire(node), "a closed node takes no call")
 
 
 class _FakeClient:
@@ -298,6 +348,56 @@ class PrefetchBuffer(unittest.TestCase):
         # The rest of the first batch aged out: the next ID is from a later batch.
         self.assertGreaterEqual(p.next_id(), 100)
         p.close()
+
+    def test_after_a_caller_waited_more_refills_stay_in_flight_at_the_low_water_mark(self):
+        # A refill costs a round trip plus, in Python, the wait for the GIL
+        # (up to the 5 ms switch interval while the reader runs): one refill
+        # started at the low-water mark lands after a fast reader emptied
+        # the buffer. Each caller that waited adds a refill lane; the buffer
+        # then keeps `low` plus one batch per lane ahead, counting those in
+        # flight.
+        gate = threading.Event()
+        counter = [0]
+
+        def fetch(n, busy):
+            gate.wait(10)
+            counter[0] += n
+            return list(range(counter[0] - n, counter[0]))
+
+        config = PrefetchConfig(size=100, low=50, max_refills=3)
+        p = Prefetcher(_FakeClient(), "lease", "", config, fetch)
+        try:
+            with p._cond:
+                p._lanes = 2  # as after one caller waited
+                p._ids.extend(range(-50, 0))  # at the low-water mark
+                p._start_refills()
+                self.assertEqual(p._inflight, 2)
+        finally:
+            gate.set()
+            p.close()
+
+    def test_refills_run_on_threads_kept_for_the_buffers_life(self):
+        # Starting a thread per refill made the caller that reached the
+        # low-water mark wait for the new thread to start (tens of ms on a
+        # loaded machine): refills reuse at most max_refills threads.
+        counter = [0]
+        threads = []
+
+        def fetch(n, busy):
+            threads.append(threading.current_thread())
+            counter[0] += n
+            return list(range(counter[0] - n, counter[0]))
+
+        config = PrefetchConfig(size=100, low=50, max_refills=2)
+        p = Prefetcher(_FakeClient(), "lease", "", config, fetch)
+        got = [p.next_id() for _ in range(5000)]
+        p.close()
+        self.assertEqual(len(set(got)), 5000)
+        self.assertLessEqual(len(set(threads)), 2)
+        # And only the refills the buffer asked for: the 5,000 taken plus
+        # at most low + max_refills * size (250) ahead, 100 a refill.
+        self.assertGreaterEqual(len(threads), 50)
+        self.assertLessEqual(len(threads), 55)
 
     def test_a_refill_error_reaches_the_waiting_caller(self):
         def fetch(n, busy):

@@ -8,8 +8,11 @@
 // prefetch load; errors, duplicates and the longest nextId call.
 //
 //   node ts-vs-redis.js NODE1,NODE2,NODE3 REDIS_PORT ROUNDS VICTIM_PID
+// With BENCH_RESULTS=FILE the medians are also appended to FILE as
+// scripts/perf-report.sh's rows.
 const { Client } = require('@idgen/client');
 const Redis = require('ioredis');
+const { appendFileSync } = require('node:fs');
 
 const [nodesArg, redisPort, roundsArg, victimArg] = process.argv.slice(2);
 const rounds = Number(roundsArg ?? 5);
@@ -32,22 +35,38 @@ async function redisRound(redis, n) {
 
 /** 2 M IDs with a node killed -9 after the first 500 k: errors, duplicates, the longest call. */
 async function failover(ids, victim) {
-  const seen = new Set();
+  const total = 2_000_000;
+  // The IDs go into one typed array, checked for duplicates after the run:
+  // a Set of 2 M bigints rehashes (190 ms at a million entries) and makes
+  // the collector stop the loop, which would be timed as the client's.
+  const got = new BigUint64Array(total);
+  let n = 0;
   let errors = 0;
   let longest = 0n;
-  for (let i = 0; i < 2_000_000; i++) {
-    if (i === 500_000) process.kill(victim, 'SIGKILL');
+  for (let i = 0; i < total; i++) {
+    if (i === total / 4) process.kill(victim, 'SIGKILL');
     const t = process.hrtime.bigint();
     try {
-      seen.add(await ids.nextId());
+      got[n] = await ids.nextId();
+      n++;
     } catch {
       errors++;
     }
     const took = process.hrtime.bigint() - t;
     if (took > longest) longest = took;
   }
-  const dups = 2_000_000 - errors - seen.size;
-  console.log(`failover (SIGKILL of one of 3 nodes under prefetch): ${errors} errors, ${dups} duplicates, longest nextId ${(Number(longest) / 1e6).toFixed(1)} ms`);
+  const sorted = got.subarray(0, n).sort();
+  let dups = 0;
+  for (let i = 1; i < n; i++) if (sorted[i] === sorted[i - 1]) dups++;
+  const ms = Number(longest) / 1e6;
+  console.log(`failover (SIGKILL of one of 3 nodes under prefetch): ${errors} errors, ${dups} duplicates, longest nextId ${ms.toFixed(1)} ms`);
+  return { errors, dups, ms };
+}
+
+/** With BENCH_RESULTS=FILE: rows for scripts/perf-report.sh (figure, value, unit; tab-separated). */
+function record(rows) {
+  if (!process.env.BENCH_RESULTS) return;
+  appendFileSync(process.env.BENCH_RESULTS, rows.map((r) => `${r.join('\t')}\n`).join(''));
 }
 
 (async () => {
@@ -70,7 +89,18 @@ async function failover(ids, victim) {
   const mr = median(r);
   console.log(`median: idgen prefetch ${Math.round(ma).toLocaleString('en')} IDs/s; ioredis INCR ${Math.round(mr).toLocaleString('en')} /s; ratio ${(ma / mr).toFixed(1)}x`);
   redis.disconnect();
-  if (victimArg) await failover(ids, Number(victimArg));
+  record([
+    ['ts-client-prefetch-1loop', ma.toFixed(0), 'IDs/s'],
+    ['ioredis-incr-1loop', mr.toFixed(0), 'calls/s'],
+  ]);
+  if (victimArg) {
+    const f = await failover(ids, Number(victimArg));
+    record([
+      ['ts-client-sigkill-longest', f.ms.toFixed(1), 'ms'],
+      ['ts-client-sigkill-errors', String(f.errors), 'count'],
+      ['ts-client-sigkill-duplicates', String(f.dups), 'count'],
+    ]);
+  }
   client.close();
 })().catch((e) => {
   console.error(e);

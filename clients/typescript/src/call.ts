@@ -65,6 +65,7 @@ export class Caller {
     retry: Retry,
     route: Route,
     metadata?: grpc.Metadata,
+    counter?: string,
   ): Promise<{ value: Resp; node: string }> {
     const { deadlineMs, attemptMs } = this.settings;
     const started = Date.now();
@@ -84,6 +85,9 @@ export class Caller {
         await this.backoff(attempt++, left);
         continue;
       }
+      // Checked on the node about to be sent to, so a switch of datacenter
+      // between two attempts cannot slip past it.
+      if (counter !== undefined) this.nodes.crossing(node, counter);
       const budget = Math.min(left, attemptMs);
       tally.attempts++;
       tally.nodes.add(node.addr);

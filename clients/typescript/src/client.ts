@@ -9,7 +9,7 @@
 import * as grpc from '@grpc/grpc-js';
 
 import { Caller, type Retry } from './call';
-import { type ConsulAgent, type ConsulOptions, consulAgent, queryConsul } from './consul';
+import { type ConsulAgent, type ConsulOptions, consulAgent, localDatacenter, queryConsul } from './consul';
 import { BadAnswerError, ClosedError, ConfigError, DiscoveryError, StrictNotPrefetchableError } from './errors';
 import type { DecodeIdResponse__Output } from './gen/idgen/v1/DecodeIdResponse';
 import type { DecodeUuidResponse__Output } from './gen/idgen/v1/DecodeUuidResponse';
@@ -131,6 +131,8 @@ export class Client {
       ...tls?.options,
     };
     const nodes = new NodeSet({
+      countersMayCross:
+        typeof options.consul === 'object' && options.consul.countersMayCrossDatacenters === true,
       credentials: tls?.credentials ?? grpc.credentials.createInsecure(),
       options: channelOptions,
       setAsideMs: options.setAsideMs ?? 1000,
@@ -158,7 +160,8 @@ export class Client {
       let first;
       try {
         first = await queryConsul(agent, 0n);
-        nodes.replace(first.addrs);
+        if (agent.fallbackDatacenters.length > 0) nodes.localDatacenter = await localDatacenter(agent);
+        if (first.addrs.length > 0 || !(await client.fallBack(agent))) nodes.replace(first.addrs);
       } catch (e) {
         agent.agent.destroy();
         throw new DiscoveryError((e as Error).message);
@@ -185,10 +188,14 @@ export class Client {
     const signal = this.abort.signal;
     while (!signal.aborted) {
       try {
-        const answer = await queryConsul(agent, index, signal, true);
+        // While a fallback is in use, the local query waits at most
+        // fallbackRecheckMs, so the fallbacks are read again that often.
+        const wait = this.nodeSet.fallback() === undefined ? agent.waitMs : Math.min(agent.waitMs, agent.fallbackRecheckMs);
+        const answer = await queryConsul(agent, index, signal, true, undefined, wait);
         // An index that went backwards (Consul restored a snapshot) restarts the watch.
         index = answer.index < index ? 0n : answer.index;
-        if (answer.addrs.length > 0 || this.nodeSet.size === 0) this.nodeSet.replace(answer.addrs);
+        if (signal.aborted) break;
+        await this.take(agent, answer.addrs);
       } catch {
         if (signal.aborted) break;
         index = 0n;
@@ -198,9 +205,58 @@ export class Client {
     agent.agent.destroy();
   }
 
+  /**
+   * While the local datacenter lists no passing node: puts the first
+   * fallback datacenter that lists one in use (a warning when that changes
+   * the datacenter in use). False when none lists a node.
+   */
+  private async fallBack(agent: ConsulAgent): Promise<boolean> {
+    for (const dc of agent.fallbackDatacenters) {
+      let addrs: string[];
+      try {
+        addrs = (await queryConsul(agent, 0n, this.abort.signal, true, dc)).addrs;
+      } catch {
+        continue;
+      }
+      if (addrs.length === 0) continue;
+      if (this.nodeSet.fallback() !== dc) {
+        process.emitWarning(
+          `the local Consul datacenter ${JSON.stringify(this.nodeSet.localDatacenter)} lists no passing idgen node: using fallback datacenter ${JSON.stringify(dc)} ${addrs.join(', ')} (snowflake and UUID calls only, unless countersMayCrossDatacenters)`,
+          'IdgenDatacenterFallback',
+        );
+      }
+      this.nodeSet.replace(addrs, dc);
+      return true;
+    }
+    return false;
+  }
+
+  /** The local datacenter's answer: its nodes when it lists any (back from a fallback), else a fallback's, else the last known nodes. */
+  private async take(agent: ConsulAgent, addrs: string[]): Promise<void> {
+    if (addrs.length === 0) {
+      if (await this.fallBack(agent)) return;
+      if (this.nodeSet.size > 0) return;
+    }
+    const dc = this.nodeSet.fallback();
+    if (dc !== undefined) {
+      process.emitWarning(
+        `the local Consul datacenter ${JSON.stringify(this.nodeSet.localDatacenter)} lists passing idgen nodes again: back from fallback datacenter ${JSON.stringify(dc)}`,
+        'IdgenDatacenterFallback',
+      );
+    }
+    this.nodeSet.replace(addrs);
+  }
+
   /** One ID from a node (GenId). `tag`: the segment tag or the strict key (`<namespace>/<key>`); empty for snowflake and lease. */
   async genId(mode: Mode, tag = ''): Promise<bigint> {
-    const { value } = await this.caller.call(M.GenId, { mode: protoMode(mode), tag }, retryFor(mode), routeFor(mode, tag));
+    const { value } = await this.caller.call(
+      M.GenId,
+      { mode: protoMode(mode), tag },
+      retryFor(mode),
+      routeFor(mode, tag),
+      undefined,
+      counterFor(mode, tag),
+    );
     return BigInt(value.id);
   }
 
@@ -216,6 +272,8 @@ export class Client {
       { mode: protoMode(mode), tag, count },
       retryFor(mode),
       routeFor(mode, tag),
+      undefined,
+      counterFor(mode, tag),
     );
     return { ids: Array.from(value), node };
   }
@@ -232,7 +290,7 @@ export class Client {
     const key = `${mode}\u0000${tag}`;
     let p = this.prefetchers.get(key);
     if (!p) {
-      p = new Prefetcher(this.caller, protoMode(mode), tag, this.prefetch);
+      p = new Prefetcher(this.caller, protoMode(mode), tag, this.prefetch, counterFor(mode, tag));
       this.prefetchers.set(key, p);
     }
     return p;
@@ -251,7 +309,14 @@ export class Client {
 
   /** `count` formatted IDs of `format` (GenFormatted), always from a node, never prefetched. */
   async genFormatted(format: string, params: Record<string, string> = {}, count = 1): Promise<FormattedIds> {
-    const { value } = await this.caller.call(M.GenFormatted, { format, params, count }, 'idempotent', SPREAD);
+    const { value } = await this.caller.call(
+      M.GenFormatted,
+      { format, params, count },
+      'idempotent',
+      SPREAD,
+      undefined,
+      `format ${JSON.stringify(format)}`,
+    );
     return { ids: value.ids, numbers: value.numbers.map((n) => BigInt(n)), numeric: value.numeric };
   }
 
@@ -397,6 +462,18 @@ class UuidBuffer {
     this.buffered = [];
     this.pos = 0;
   }
+}
+
+/**
+ * Whose counter a call of `mode` takes its values from, in words (as the
+ * Rust crate says it), or undefined for snowflake IDs, which carry the
+ * datacenter id and may come from any datacenter.
+ */
+function counterFor(mode: Mode, tag: string): string | undefined {
+  if (mode === 'snowflake') return undefined;
+  if (mode === 'strict') return `strict key ${JSON.stringify(tag)}`;
+  if (mode === 'segment') return `segment tag ${JSON.stringify(tag)}`;
+  return `${mode} call`;
 }
 
 function retryFor(mode: Mode): Retry {

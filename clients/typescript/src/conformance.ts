@@ -89,7 +89,8 @@ class Driver {
       attemptMs: Number(r.attempt_ms),
       adminToken: (r.admin_token as string | null) ?? undefined,
     };
-    if (r.discovery === 'consul') options.consul = true;
+    // Optional fallback_datacenters: other Consul datacenters to fall back to, in order.
+    if (r.discovery === 'consul') options.consul = { fallbackDatacenters: (r.fallback_datacenters as string[] | undefined) ?? [] };
     else options.endpoints = r.nodes as string[];
     if (tls) {
       options.tls = {

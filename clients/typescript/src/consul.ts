@@ -31,6 +31,19 @@ export interface ConsulOptions {
   retryAfterMs?: number;
   /** The environment to read Consul's variables from (default process.env). */
   env?: NodeJS.ProcessEnv;
+  /**
+   * Consul datacenters to take nodes from, first one first, while the
+   * local one (or `datacenter`) lists no passing idgen node; back to the
+   * local one as soon as it lists one. Snowflake IDs and UUIDs cross (the
+   * datacenter id is part of each, and every datacenter's nodes own their
+   * own); strict, segment, lease and formatted calls are refused there
+   * (CrossesDatacentersError) unless `countersMayCrossDatacenters`.
+   */
+  fallbackDatacenters?: string[];
+  /** Let strict, segment, lease and formatted calls go to a fallback datacenter (their counters are per datacenter: only when each datacenter's keys and tags are its own). Default false. */
+  countersMayCrossDatacenters?: boolean;
+  /** While a fallback is in use: how long one blocking query on the local datacenter waits before the fallbacks are read again (default 5 s). */
+  fallbackRecheckMs?: number;
 }
 
 const DEFAULT_ADDR = '127.0.0.1:8500';
@@ -53,6 +66,9 @@ export interface ConsulAgent {
   waitMs: number;
   retryAfterMs: number;
   agent: http.Agent;
+  fallbackDatacenters: string[];
+  countersMayCross: boolean;
+  fallbackRecheckMs: number;
 }
 
 /** Resolves `options` against Consul's variables; throws an Error whose message says what to set. */
@@ -128,6 +144,11 @@ export function consulAgent(options: ConsulOptions): ConsulAgent {
   }
   const waitMs = options.waitMs ?? 5 * 60_000;
   if (waitMs > 600_000) throw new Error("the blocking-query wait is at most 10 minutes (Consul's limit)");
+  const fallbacks = options.fallbackDatacenters ?? [];
+  if (!Array.isArray(fallbacks)) throw new Error('fallbackDatacenters is a list of datacenter names');
+  if (fallbacks.some((dc) => !dc)) throw new Error('a fallback datacenter name is empty: name each Consul datacenter');
+  const recheck = options.fallbackRecheckMs ?? 5000;
+  if (!(recheck > 0)) throw new Error('the fallback recheck period must be above zero');
   return {
     url,
     service: options.service ?? 'idgen',
@@ -137,6 +158,9 @@ export function consulAgent(options: ConsulOptions): ConsulAgent {
     waitMs,
     retryAfterMs: options.retryAfterMs ?? 1000,
     agent,
+    fallbackDatacenters: fallbacks,
+    countersMayCross: options.countersMayCrossDatacenters ?? false,
+    fallbackRecheckMs: recheck,
   };
 }
 
@@ -157,16 +181,20 @@ export function queryConsul(
   index: bigint,
   signal?: AbortSignal,
   background = false,
+  dc?: string,
+  waitMs?: number,
 ): Promise<ConsulAnswer> {
   const q = new URLSearchParams();
   q.set('passing', '');
-  if (c.datacenter) q.set('dc', c.datacenter);
+  const datacenter = dc ?? c.datacenter;
+  if (datacenter) q.set('dc', datacenter);
   if (c.tag) q.set('tag', c.tag);
   let timeout = 5000;
+  const wait = waitMs ?? c.waitMs;
   if (index > 0n) {
     q.set('index', index.toString());
-    q.set('wait', `${c.waitMs}ms`);
-    timeout += c.waitMs + c.waitMs / 16;
+    q.set('wait', `${wait}ms`);
+    timeout += wait + wait / 16;
   }
   const url = `${c.url}/v1/health/service/${encodeURIComponent(c.service)}?${q.toString().replace('passing=', 'passing')}`;
   const get = url.startsWith('https://') ? https.get : http.get;
@@ -228,4 +256,34 @@ function sendError(c: ConsulAgent, e: Error & { code?: string }): string {
   if (e.code === 'ECONNREFUSED') return `cannot reach Consul at ${c.url}: connection refused (is the agent running? CONSUL_HTTP_ADDR)`;
   if (c.url.startsWith('https://')) return `cannot reach Consul at ${c.url} over HTTPS: ${e.message} (check CONSUL_CACERT, CONSUL_TLS_SERVER_NAME, CONSUL_CLIENT_CERT/KEY)`;
   return `cannot reach Consul at ${c.url}: ${e.message}`;
+}
+
+/**
+ * The name of the datacenter asked first: `datacenter`, else the agent's
+ * own (/v1/agent/self, which needs agent:read; without it, the words
+ * "the agent's own").
+ */
+export function localDatacenter(c: ConsulAgent): Promise<string> {
+  if (c.datacenter) return Promise.resolve(c.datacenter);
+  const get = c.url.startsWith('https://') ? https.get : http.get;
+  const headers: http.OutgoingHttpHeaders = {};
+  if (c.token !== undefined) headers['X-Consul-Token'] = c.token;
+  const fallback = "the agent's own";
+  return new Promise((resolve) => {
+    const req = get(`${c.url}/v1/agent/self`, { agent: c.agent, headers, timeout: 5000 }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (d: Buffer) => chunks.push(d));
+      res.on('error', () => resolve(fallback));
+      res.on('end', () => {
+        try {
+          const name = JSON.parse(Buffer.concat(chunks).toString('utf8'))?.Config?.Datacenter;
+          resolve(typeof name === 'string' && name !== '' ? name : fallback);
+        } catch {
+          resolve(fallback);
+        }
+      });
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', () => resolve(fallback));
+  });
 }

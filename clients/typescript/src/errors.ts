@@ -101,6 +101,26 @@ export class StrictNotPrefetchableError extends IdgenError {
   }
 }
 
+/**
+ * A strict, segment, lease or formatted call while the nodes in use are a
+ * fallback datacenter's (the local one lists no passing node): its value
+ * would come from that datacenter's counter, which can hand out a value
+ * the local cluster also hands out. Never sent; retry once a local node
+ * passes, or see the consul option `countersMayCrossDatacenters`.
+ */
+export class CrossesDatacentersError extends IdgenError {
+  constructor(
+    readonly counter: string,
+    readonly local: string,
+    readonly fallback: string,
+  ) {
+    super(
+      `${counter} refused: the local Consul datacenter ${JSON.stringify(local)} has no passing idgen node and the nodes in use are fallback datacenter ${JSON.stringify(fallback)}'s, whose counters are not the local cluster's (a value from there can repeat one issued here); retry once a local node passes, or opt in with counters_may_cross_datacenters if each datacenter's keys and tags are its own`,
+      'UNAVAILABLE',
+    );
+  }
+}
+
 /** The client was configured wrongly (options, TLS files, Consul variables). */
 export class ConfigError extends IdgenError {
   constructor(message: string) {

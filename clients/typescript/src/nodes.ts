@@ -5,6 +5,7 @@
  */
 import * as grpc from '@grpc/grpc-js';
 
+import { CrossesDatacentersError } from './errors';
 import { rendezvous } from './hash';
 
 /** One idgen node. */
@@ -18,6 +19,8 @@ export interface Node {
   asideUntil: number;
   /** A health probe is running for it. */
   probing: boolean;
+  /** The fallback Consul datacenter that listed it (undefined: the local one, or a static list). */
+  readonly fallback?: string;
 }
 
 /** How a call chooses its node: any node (spread), or a strict key's own node. */
@@ -35,6 +38,8 @@ export interface NodeSettings {
   tls: boolean;
   /** A client certificate is presented. */
   identity: boolean;
+  /** Strict, segment, lease and formatted calls may go to a fallback datacenter's nodes. */
+  countersMayCross?: boolean;
 }
 
 const HEALTH_CHECK = '/grpc.health.v1.Health/Check';
@@ -45,7 +50,27 @@ export class NodeSet {
   private closed = false;
   private readonly timers = new Set<NodeJS.Timeout>();
 
+  /** The local datacenter's name, for the words of a refusal. */
+  localDatacenter = 'local';
+
   constructor(readonly settings: NodeSettings) {}
+
+  /** The fallback datacenter whose nodes are in use, or undefined. */
+  fallback(): string | undefined {
+    return this.nodes[0]?.fallback;
+  }
+
+  /**
+   * Throws CrossesDatacentersError when a call whose values come from
+   * `counter` (a strict key, a segment tag...) would go to a fallback
+   * datacenter's node without the user's opt-in: that datacenter's
+   * cluster counts the same keys in its own KV.
+   */
+  crossing(node: Node, counter: string): void {
+    if (node.fallback !== undefined && !this.settings.countersMayCross) {
+      throw new CrossesDatacentersError(counter, this.localDatacenter, node.fallback);
+    }
+  }
 
   /** The addresses currently known. */
   addrs(): string[] {
@@ -61,8 +86,8 @@ export class NodeSet {
    * nodes that stay and closing those of nodes that left. Throws for an
    * address that is not `host:port`.
    */
-  replace(addrs: string[]): void {
-    const old = new Map(this.nodes.map((n) => [n.addr, n]));
+  replace(addrs: string[], fallback?: string): void {
+    const old = new Map(this.nodes.filter((n) => n.fallback === fallback).map((n) => [n.addr, n]));
     const next: Node[] = [];
     for (const addr of addrs) {
       if (next.some((n) => n.addr === addr)) continue;
@@ -74,6 +99,7 @@ export class NodeSet {
           outstanding: 0,
           asideUntil: 0,
           probing: false,
+          fallback,
         },
       );
     }

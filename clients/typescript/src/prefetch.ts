@@ -65,8 +65,10 @@ export function prefetchSettings(options: PrefetchOptions = {}): PrefetchSetting
 interface Block {
   ids: BigUint64Array;
   pos: number;
-  /** Date.now() after which a snowflake block's IDs are too old to hand out. */
+  /** Date.now() after which a snowflake block's IDs are too old to hand out (0: never). */
   expires: number;
+  /** Throws the rest of a snowflake block away when it expires. */
+  timer: NodeJS.Timeout | undefined;
 }
 
 interface Waiter {
@@ -85,6 +87,20 @@ export function serverMaxBatch(e: Error): number | undefined {
   const n = m ? Number(m[1]) : NaN;
   return Number.isInteger(n) && n >= 1 ? n : undefined;
 }
+
+/**
+ * While a refill is in flight, one `nextId` in this many (at most; a
+ * quarter of the low-water mark when that is fewer) resolves after a turn
+ * of the event loop, so the refill's I/O runs before the buffer is dry
+ * (about 1 ms apart at 1 M IDs/s; a turn costs a few microseconds).
+ */
+export const YIELD_EVERY = 1024;
+
+/**
+ * A caller that takes IDs without letting the event loop turn (so no
+ * block's expiry timer can fire) has the clock read every this many IDs.
+ */
+export const CLOCK_EVERY = 64;
 
 /** A prefetch buffer for one (mode, tag). IDs come out as bigint. */
 export class Prefetcher {
@@ -105,10 +121,17 @@ export class Prefetcher {
     readonly mode: ProtoMode,
     readonly tag: string,
     private readonly settings: PrefetchSettings,
+    /** The counter its values come from, in words (undefined for snowflake): refused on a fallback datacenter's node. */
+    private readonly counter?: string,
   ) {
     this.batch = settings.batch;
     this.maxBatch = settings.maxBatch;
   }
+
+  /** IDs handed out since the last turn of the event loop given to refills (see nextId). */
+  private sinceYield = 0;
+  /** IDs handed out since the clock was last read (see fresh). */
+  private sinceClock = CLOCK_EVERY;
 
   /** How many calls found the buffer empty and waited for a refill (a buffer that keeps ahead of its reader keeps this near 0). */
   waits = 0;
@@ -127,8 +150,18 @@ export class Prefetcher {
    */
   nextId(): Promise<bigint> {
     const id = this.take();
-    if (id !== undefined) return Promise.resolve(id);
-    return this.wait();
+    if (id === undefined) return this.wait();
+    if (this.inFlight > 0 && ++this.sinceYield >= Math.min(YIELD_EVERY, (this.low() >> 2) + 1)) {
+      // A caller awaiting IDs in a loop runs on microtasks alone, which
+      // starve the event loop: the refill's request would not be written
+      // nor its answer read until the buffer ran dry. So while a refill is
+      // in flight, every YIELD_EVERY-th ID (every quarter of the low-water
+      // mark when that is fewer; taken now, in call order) is handed over
+      // after one turn of the event loop (setImmediate).
+      this.sinceYield = 0;
+      return new Promise((resolve) => setImmediate(resolve, id));
+    }
+    return Promise.resolve(id);
   }
 
   /** The next ID if one is buffered now, else undefined (a refill is started either way when the buffer is low). */
@@ -141,17 +174,40 @@ export class Prefetcher {
   private take(): bigint | undefined {
     let b = this.head;
     while (b !== undefined) {
-      if (b.pos < b.ids.length && (b.expires === 0 || Date.now() <= b.expires)) {
+      if (b.pos < b.ids.length && (b.expires === 0 || this.fresh(b))) {
         const id = b.ids[b.pos++];
         this.available--;
         if (this.available < this.low() && this.inFlight < this.lanes) this.refill();
         return id;
       }
       this.available -= b.ids.length - b.pos;
+      b.pos = b.ids.length;
+      clearTimeout(b.timer);
       this.blocks.shift();
       b = this.head = this.blocks[0];
+      this.sinceClock = CLOCK_EVERY;
     }
     return undefined;
+  }
+
+  /**
+   * Whether snowflake block `b` is still young enough to hand out. Its
+   * timer empties it when it expires, whenever the event loop turns; a
+   * caller that takes IDs without letting the loop turn reads the clock
+   * every CLOCK_EVERY-th ID and on a block's first ID (the clock costs more
+   * than the rest of an ID here).
+   */
+  private fresh(b: Block): boolean {
+    if (++this.sinceClock < CLOCK_EVERY) return true;
+    this.sinceClock = 0;
+    return Date.now() <= b.expires;
+  }
+
+  /** Throws away what is left of snowflake block `b`: it aged (gaps, never repeats). */
+  private expire(b: Block): void {
+    this.available -= b.ids.length - b.pos;
+    b.pos = b.ids.length;
+    this.refillIfLow();
   }
 
   /** The refill threshold: `lowWater`, else half of what the refills in flight bring (so a fast reader does not outrun them). */
@@ -194,14 +250,20 @@ export class Prefetcher {
     this.inFlight++;
     const count = this.batch;
     const request = { mode: this.mode, tag: this.tag, count };
-    this.caller.call(GEN_IDS, request, 'idempotent', SPREAD).then(
+    this.caller.call(GEN_IDS, request, 'idempotent', SPREAD, undefined, this.counter).then(
       ({ value }) => {
         this.inFlight--;
         this.refills++;
         this.lastError = undefined;
         if (value.length > 0) {
-          const expires = this.mode === 'MODE_SNOWFLAKE' ? Date.now() + this.settings.maxSnowflakeAgeMs : 0;
-          this.blocks.push({ ids: value, pos: 0, expires });
+          const block: Block = { ids: value, pos: 0, expires: 0, timer: undefined };
+          if (this.mode === 'MODE_SNOWFLAKE') {
+            const ageMs = this.settings.maxSnowflakeAgeMs;
+            block.expires = Date.now() + ageMs;
+            // Node's timers take at most 2^31 - 1 ms; a longer age is left to the clock reads.
+            if (ageMs <= 0x7fffffff) block.timer = setTimeout(() => this.expire(block), ageMs).unref();
+          }
+          this.blocks.push(block);
           this.available += value.length;
           this.head ??= this.blocks[0];
         }
@@ -248,6 +310,7 @@ export class Prefetcher {
   close(e: Error): void {
     this.closed = true;
     this.failWaiters(e);
+    for (const b of this.blocks) clearTimeout(b.timer);
     this.blocks.length = 0;
     this.head = undefined;
     this.available = 0;

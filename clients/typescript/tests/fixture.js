@@ -63,13 +63,32 @@ class Cluster {
     return proc;
   }
 
-  /** Starts the Consul emulator (`acl`: its master token, or undefined for no ACLs). */
-  async consul(acl) {
+  /**
+   * Starts the Consul emulator (`acl`: its master token, or undefined for
+   * no ACLs); `datacenters`: more Consul datacenters linked with dc1, whose
+   * agents' addresses land in `this.agents` (dc1's too).
+   */
+  async consul(acl, datacenters = []) {
     const args = ['--listen', '127.0.0.1:0', '--session-ttl-min', '1s', '--check-reap-interval', '1s'];
     if (acl) args.push('--acl-token', acl);
+    for (const dc of datacenters) args.push('--add-datacenter', `${dc}=127.0.0.1:0`);
     const proc = this.track(spawn(bin('CONSUL_TESTSERVER', 'consul-testserver'), args, { stdio: ['ignore', 'pipe', 'pipe'] }));
     proc.stderr.resume();
-    this.consulAddr = await firstLine(proc, proc.stdout, (l) => /^listening on (\S+)/.exec(l)?.[1], 20000, 'consul-testserver');
+    const agents = {};
+    this.agents = await firstLine(
+      proc,
+      proc.stdout,
+      (l) => {
+        const first = /^listening on (\S+)/.exec(l);
+        if (first) agents.dc1 = first[1];
+        const more = /^datacenter (\S+) listening on (\S+)/.exec(l);
+        if (more) agents[more[1]] = more[2];
+        return Object.keys(agents).length === datacenters.length + 1 ? agents : undefined;
+      },
+      20000,
+      'consul-testserver',
+    );
+    this.consulAddr = this.agents.dc1;
     this.acl = acl;
     return this.consulAddr;
   }
@@ -144,11 +163,11 @@ class Cluster {
     return this;
   }
 
-  /** Waits (bounded) until Consul lists `n` passing idgen instances. */
-  async passing(n) {
+  /** Waits (bounded) until Consul (the agent at `agent`, default dc1's) lists `n` passing idgen instances. */
+  async passing(n, agent = this.consulAddr) {
     const headers = this.acl ? { 'X-Consul-Token': this.acl } : {};
     for (let i = 0; i < 400; i++) {
-      const res = await fetch(`http://${this.consulAddr}/v1/health/service/idgen?passing`, { headers });
+      const res = await fetch(`http://${agent}/v1/health/service/idgen?passing`, { headers });
       const list = await res.json();
       if (list.length === n) return;
       await new Promise((r) => setTimeout(r, 50));

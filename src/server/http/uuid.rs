@@ -58,13 +58,13 @@ pub(super) async fn gen_uuid(State(s): State<HttpState>, RawQuery(raw): RawQuery
             return Err(RequestError::BadQuery("count is for /v1/uuids".into()).into());
         }
         let form = TextForm::parse(q.format.as_deref())?;
-        let uuids = s.issuer.gen_uuids(1).await?;
-        Ok(uuids.iter().map(|u| form.render(u)).collect::<Vec<_>>())
+        let uuid = s.issuer.gen_uuid().await?;
+        Ok(form.render(&uuid))
     }
     .await;
     s.rpc.uuid.observe(started, &result);
     match result {
-        Ok(mut texts) => Json(json!({ "uuid": texts.pop() })).into_response(),
+        Ok(text) => Json(json!({ "uuid": text })).into_response(),
         Err(e) => ApiError(e).into_response(),
     }
 }

@@ -10,7 +10,8 @@ See the repository's docs/CLIENT-PYTHON.md."""
 from ._aio import AsyncClient
 from ._client import Client
 from ._consul import ConsulDiscovery, ConsulEnv
-from ._errors import (BadAnswerError, ConfigError, DeadlineExceededError, DiscoveryError,
+from ._errors import (BadAnswerError, ConfigError, CrossesDatacentersError,
+                      DeadlineExceededError, DiscoveryError,
                       IdgenError, NoNodesError, RevealRefusedError, StatusError,
                       StrictNotPrefetchableError, TransportError)
 from ._hash import key_hash
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "BadAnswerError", "Client", "ConfigError", "ConsulDiscovery", "ConsulEnv",
+    "CrossesDatacentersError",
     "DeadlineExceededError", "DiscoveryError", "IdgenError", "Metrics", "NoNodesError",
     "PrefetchConfig", "Prefetcher", "RevealRefusedError", "StatusError",
     "StrictNotPrefetchableError", "TlsConfig", "TransportError", "key_hash",

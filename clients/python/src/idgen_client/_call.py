@@ -91,17 +91,20 @@ class Caller:
 
     def call(self, method: str, request: Any, *, strict: bool = False, key: Optional[int] = None,
              metadata: Optional[List[Tuple[str, str]]] = None,
-             avoid: Optional[Set[str]] = None) -> Tuple[Any, str]:
-        """The answer of `method` and the node that gave it."""
+             avoid: Optional[Set[str]] = None, counter: Optional[str] = None) -> Tuple[Any, str]:
+        """The answer of `method` and the node that gave it. `counter`
+        (e.g. 'strict key "a/b"'): the call's values come from a cluster's
+        counter, so a fallback datacenter's node is refused
+        (NodeSet.crossing)."""
         try:
-            result = self._attempts(method, request, strict, key, metadata, avoid)
+            result = self._attempts(method, request, strict, key, metadata, avoid, counter)
         except IdgenError:
             self.metrics.call(method, "error")
             raise
         self.metrics.call(method, "ok")
         return result
 
-    def _attempts(self, method, request, strict, key, metadata, avoid):
+    def _attempts(self, method, request, strict, key, metadata, avoid, counter):
         started = time.monotonic()
         tried: List[Node] = []
         attempts, nodes_tried = 0, set()
@@ -120,12 +123,19 @@ class Caller:
                 self._backoff(backoff, left)
                 backoff += 1
                 continue
+            if counter is not None:
+                # Checked on the node about to be sent to, so a switch of
+                # datacenter between two attempts cannot slip past it.
+                self.nodes.crossing(node, counter)
+            if not self.nodes.acquire(node):
+                # It left the set (discovery replaced it) since the pick.
+                tried.append(node)
+                continue
             budget = min(left, self.attempt_timeout)
             attempts += 1
             nodes_tried.add(node.addr)
             if avoid is not None:
                 avoid.add(node.addr)
-            node.outstanding += 1
             try:
                 answer = getattr(node.stub, method)(request, timeout=budget, metadata=metadata)
             except grpc.RpcError as err:
@@ -136,7 +146,7 @@ class Caller:
                     self.metrics.failover()
                 return answer, node.addr
             finally:
-                node.outstanding -= 1
+                self.nodes.release(node)
                 if avoid is not None:
                     avoid.discard(node.addr)
             tried.append(node)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid as _uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -22,6 +23,19 @@ MODES = {
     "lease": pb.MODE_LEASE,
     "strict": pb.MODE_STRICT,
 }
+
+
+def _counter(mode: str, tag: str) -> Optional[str]:
+    """Whose counter a call of `mode` takes its values from, in words (as
+    the Rust crate's call.rs says it), or None for snowflake IDs, which
+    carry the datacenter id and may come from any datacenter."""
+    if mode == "snowflake":
+        return None
+    if mode == "strict":
+        return "strict key %s" % json.dumps(tag)
+    if mode == "segment":
+        return "segment tag %s" % json.dumps(tag)
+    return "%s call" % mode
 
 
 def _mode(mode: str) -> str:
@@ -89,7 +103,8 @@ class Client:
         self._prefetch_config.validate()
         self._metrics = metrics or Metrics()
         self.deadline = deadline
-        self._nodes = NodeSet(tls, set_aside)
+        self._nodes = NodeSet(tls, set_aside,
+                              consul is not None and consul.counters_may_cross_datacenters)
         self._caller = Caller(self._nodes, deadline, attempt, self._metrics)
         self._prefetchers: Dict[Tuple[str, str], Prefetcher] = {}
         self._lock = threading.Lock()
@@ -97,8 +112,13 @@ class Client:
         if consul is not None:
             watch = ConsulWatch(consul)
             found, index = watch.query(0)
-            self._replace(found)
-            threading.Thread(target=watch.run, args=(index, self._replace, self._stopped),
+            if consul.fallback_datacenters:
+                self._nodes.local_datacenter = watch.local_name()
+            self._metrics.datacenter_fallback(False)
+            if found or not watch.fall_back(self._nodes, self._replace):
+                self._replace(found)
+            threading.Thread(target=watch.run,
+                             args=(index, self._nodes, self._replace, self._stopped),
                              name="idgen-consul-watch", daemon=True).start()
         else:
             self._replace(list(nodes or ()))
@@ -110,9 +130,10 @@ class Client:
         keyword arguments as for Client()."""
         return cls(consul=ConsulDiscovery.from_env(), **kwargs)
 
-    def _replace(self, addrs: List[str]) -> None:
-        self._nodes.replace(addrs)
+    def _replace(self, addrs: List[str], fallback: Optional[str] = None) -> None:
+        self._nodes.replace(addrs, fallback)
         self._metrics.nodes(len(addrs))
+        self._metrics.datacenter_fallback(fallback is not None)
 
     def __enter__(self) -> "Client":
         return self
@@ -145,7 +166,8 @@ class Client:
         m = _mode(mode)
         req = pb.GenIdRequest(mode=MODES[m], tag=tag)
         answer, _ = self._caller.call("GenId", req, strict=m == "strict",
-                                      key=_hash.key_hash(tag) if m == "strict" else None)
+                                      key=_hash.key_hash(tag) if m == "strict" else None,
+                                      counter=_counter(m, tag))
         return int(answer.id)
 
     def gen_ids(self, count: int, mode: str = "snowflake", tag: str = "") -> List[int]:
@@ -158,7 +180,8 @@ class Client:
         m = _mode(mode)
         req = pb.GenIdsRequest(mode=MODES[m], tag=tag, count=count)
         answer, node = self._caller.call("GenIds", req, strict=m == "strict",
-                                         key=_hash.key_hash(tag) if m == "strict" else None)
+                                         key=_hash.key_hash(tag) if m == "strict" else None,
+                                         counter=_counter(m, tag))
         return list(answer.ids), node
 
     def prefetcher(self, mode: str = "snowflake", tag: str = "") -> Prefetcher:
@@ -170,11 +193,12 @@ class Client:
         with self._lock:
             p = self._prefetchers.get((m, tag))
             if p is None:
-                req_mode = MODES[m]
+                req_mode, counter = MODES[m], _counter(m, tag)
 
                 def fetch(count: int, busy: set) -> List[int]:
                     req = pb.GenIdsRequest(mode=req_mode, tag=tag, count=count)
-                    return list(self._caller.call("GenIds", req, avoid=busy)[0].ids)
+                    return list(self._caller.call("GenIds", req, avoid=busy,
+                                                  counter=counter)[0].ids)
 
                 p = Prefetcher(self, m, tag, self._prefetch_config, fetch)
                 self._prefetchers[(m, tag)] = p
@@ -194,7 +218,8 @@ class Client:
         prefetched; retried on another node (an answer lost on the way is
         a gap, never a repeat)."""
         req = pb.GenFormattedRequest(format=format, params=dict(params or {}), count=count)
-        return list(self._caller.call("GenFormatted", req)[0].ids)
+        return list(self._caller.call("GenFormatted", req,
+                                      counter="format %s" % json.dumps(format))[0].ids)
 
     def parse_formatted(self, format: str, formatted_id: str) -> Dict[str, Any]:
         """The fields of a formatted ID (ParseFormatted), as the node sets them."""

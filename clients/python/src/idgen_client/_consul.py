@@ -19,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._errors import ConfigError, DiscoveryError
 
@@ -167,6 +167,20 @@ class ConsulDiscovery:
     tag: Optional[str] = None
     wait: float = 30.0
     env: Optional[ConsulEnv] = None
+    # Consul datacenters to take nodes from, first one first, while the
+    # local one (or `datacenter`) lists no passing idgen node; back to the
+    # local one as soon as it lists one. Snowflake IDs and UUIDs cross (the
+    # datacenter id is part of each, and every datacenter's nodes own
+    # their own: safety rule 39); strict, segment, lease and formatted
+    # calls are refused there (CrossesDatacentersError) unless
+    # counters_may_cross_datacenters: their counters live in each
+    # datacenter's own KV, so a value from another datacenter can repeat
+    # one issued here.
+    fallback_datacenters: Sequence[str] = ()
+    counters_may_cross_datacenters: bool = False
+    # While a fallback datacenter is in use: how long one blocking query
+    # on the local datacenter waits before the fallbacks are read again.
+    fallback_recheck: float = 5.0
 
     @classmethod
     def from_env(cls, **kwargs) -> "ConsulDiscovery":
@@ -184,6 +198,15 @@ class ConsulDiscovery:
                 raise ValueError("the Consul service name is empty")
             if self.wait > 600:
                 raise ValueError("the blocking-query wait is at most 10 minutes (Consul's limit)")
+            if isinstance(self.fallback_datacenters, str):
+                raise ValueError("fallback_datacenters is a list of datacenter names, not one "
+                                 "string: fallback_datacenters=[%s]"
+                                 % json.dumps(self.fallback_datacenters))
+            if any(not dc for dc in self.fallback_datacenters):
+                raise ValueError("a fallback datacenter name is empty: name each Consul "
+                                 "datacenter")
+            if self.fallback_recheck <= 0:
+                raise ValueError("the fallback recheck period must be above zero")
             token = self.token or env.acl_token()
             ctx = None
             if address.startswith("https://"):
@@ -207,17 +230,23 @@ class ConsulWatch:
         self.config = config
         self.address, self.token, self.context = config._settings()
 
-    def query(self, index: int = 0) -> Tuple[List[str], int]:
+    def query(self, index: int = 0, dc: Optional[str] = None,
+              wait: Optional[float] = None) -> Tuple[List[str], int]:
+        """The passing instances of datacenter `dc` (default: the local
+        one, or `datacenter`), blocking on `index` when not 0 for at most
+        `wait` seconds (default: the configured wait)."""
         c = self.config
+        wait = c.wait if wait is None else wait
+        dc = dc or c.datacenter
         query = [("passing", "")]
-        if c.datacenter:
-            query.append(("dc", c.datacenter))
+        if dc:
+            query.append(("dc", dc))
         if c.tag:
             query.append(("tag", c.tag))
         timeout = 5.0
         if index > 0:
-            query += [("index", str(index)), ("wait", "%dms" % int(c.wait * 1000))]
-            timeout += c.wait + c.wait / 16
+            query += [("index", str(index)), ("wait", "%dms" % int(wait * 1000))]
+            timeout += wait + wait / 16
         url = "%s/v1/health/service/%s?%s" % (
             self.address, urllib.parse.quote(c.service, safe=""),
             urllib.parse.urlencode(query).replace("passing=", "passing", 1))
@@ -256,14 +285,73 @@ class ConsulWatch:
                 % (json.dumps(self.config.service), body, whose), code="PERMISSION_DENIED")
         return DiscoveryError("HTTP %d: %s" % (status, body))
 
-    def run(self, index: int, replace: Callable[[List[str]], None],
+    def local_name(self) -> str:
+        """The name of the datacenter asked first: `datacenter`, else the
+        agent's own (/v1/agent/self, which needs agent:read; without it,
+        the words "the agent's own")."""
+        if self.config.datacenter:
+            return self.config.datacenter
+        request = urllib.request.Request(self.address + "/v1/agent/self")
+        if self.token:
+            request.add_header("X-Consul-Token", self.token)
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=self.context) as answer:
+                name = json.load(answer).get("Config", {}).get("Datacenter")
+        except (urllib.error.URLError, OSError, ValueError, AttributeError):
+            name = None
+        return name or "the agent's own"
+
+    def fall_back(self, nodes: Any, replace: Callable[..., None]) -> bool:
+        """While the local datacenter lists no passing node: puts the first
+        fallback datacenter that lists one in use (a WARNING when that
+        changes the datacenter in use). False when none lists a node."""
+        for dc in self.config.fallback_datacenters:
+            try:
+                found, _ = self.query(0, dc=dc)
+            except DiscoveryError as e:
+                log.debug("fallback datacenter %s not readable: %s", dc, e)
+                continue
+            if not found:
+                continue
+            if nodes.fallback() != dc:
+                log.warning("the local Consul datacenter %s lists no passing idgen node: using "
+                            "fallback datacenter %s %s (snowflake and UUID calls only, unless "
+                            "counters_may_cross_datacenters)", json.dumps(nodes.local_datacenter),
+                            json.dumps(dc), found)
+            replace(found, dc)
+            return True
+        return False
+
+    def _take(self, found: List[str], nodes: Any, replace: Callable[..., None]) -> None:
+        """The local datacenter's answer: its nodes when it lists any (back
+        from a fallback datacenter, with a WARNING, if one was in use),
+        else a fallback datacenter's, else the last known nodes."""
+        if not found:
+            if self.fall_back(nodes, replace):
+                return
+            if nodes.addrs():
+                log.warning("Consul lists no passing idgen instance: keeping the last known nodes")
+                return
+        dc = nodes.fallback()
+        if dc is not None:
+            log.warning("the local Consul datacenter %s lists passing idgen nodes again: back "
+                        "from fallback datacenter %s %s", json.dumps(nodes.local_datacenter),
+                        json.dumps(dc), found)
+        replace(found)
+
+    def run(self, index: int, nodes: Any, replace: Callable[..., None],
             stopped: threading.Event) -> None:
-        """The watch loop (a daemon thread); ends when `stopped` is set."""
+        """The watch loop (a daemon thread); ends when `stopped` is set.
+        While a fallback datacenter is in use, each blocking query on the
+        local datacenter waits at most `fallback_recheck`, so the fallbacks
+        are read again that often and the local one's return ends the
+        query at once."""
         down = False
+        wait = self.config.wait
         while not stopped.is_set():
             started = time.monotonic()
             try:
-                nodes, new_index = self.query(index)
+                found, new_index = self.query(index, wait=wait)
             except DiscoveryError as e:
                 if stopped.is_set():
                     return
@@ -277,8 +365,9 @@ class ConsulWatch:
                 log.info("Consul reachable again: node list current")
                 down = False
             index = 0 if new_index < index else new_index
-            if nodes:
-                replace(nodes)
-            else:
-                log.warning("Consul lists no passing idgen instance: keeping the last known nodes")
+            if stopped.is_set():
+                return
+            self._take(found, nodes, replace)
+            wait = (min(self.config.wait, self.config.fallback_recheck)
+                    if nodes.fallback() is not None else self.config.wait)
             stopped.wait(max(0.0, 0.1 - (time.monotonic() - started)))

@@ -6,6 +6,7 @@ node: a strict call with sent=True may have taken a value)."""
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 
@@ -82,6 +83,25 @@ class StrictNotPrefetchableError(IdgenError):
         super().__init__(
             "strict mode cannot be prefetched (each value must come from a node): use Client.gen_id"
         )
+
+
+class CrossesDatacentersError(IdgenError):
+    """A strict, segment, lease or formatted call while the nodes in use
+    are a fallback datacenter's (the local one lists no passing node): its
+    value would come from that datacenter's counter, which can hand out a
+    value the local cluster also hands out. Never sent; retry once a local
+    node passes, or see ConsulDiscovery(counters_may_cross_datacenters=...)."""
+
+    code = "UNAVAILABLE"
+
+    def __init__(self, counter: str, local: str, fallback: str) -> None:
+        super().__init__(
+            "%s refused: the local Consul datacenter %s has no passing idgen node and the nodes "
+            "in use are fallback datacenter %s's, whose counters are not the local cluster's (a "
+            "value from there can repeat one issued here); retry once a local node passes, or "
+            "opt in with counters_may_cross_datacenters if each datacenter's keys and tags are "
+            "its own" % (counter, json.dumps(local), json.dumps(fallback)))
+        self.counter, self.local, self.fallback = counter, local, fallback
 
 
 class ConfigError(IdgenError):

@@ -24,6 +24,10 @@ class Metrics:
     def nodes(self, count: int) -> None:
         """The number of known nodes changed."""
 
+    def datacenter_fallback(self, on: bool) -> None:
+        """The nodes in use are a fallback datacenter's (True) or the local
+        one's again (False)."""
+
     def refill(self, mode: str, outcome: str) -> None:
         """A prefetch refill ended."""
 

@@ -56,22 +56,34 @@ class TlsConfig:
 class Node:
     """One idgen node."""
 
-    __slots__ = ("addr", "channel", "stub", "outstanding", "aside_until")
+    __slots__ = ("addr", "channel", "stub", "outstanding", "aside_until", "fallback", "retired",
+                 "closed")
 
-    def __init__(self, addr: str, channel: grpc.Channel) -> None:
+    def __init__(self, addr: str, channel: grpc.Channel, fallback: Optional[str] = None) -> None:
         self.addr = addr
         self.channel = channel
         self.stub = idgen_pb2_grpc.IdGenStub(channel)
         self.outstanding = 0
         self.aside_until = 0.0
+        # The fallback Consul datacenter that listed this node (None: the
+        # local one, or a static list).
+        self.fallback = fallback
+        # Left the set (its channel is closed once no call is in flight on
+        # it), and closed.
+        self.retired = False
+        self.closed = False
 
 
 class NodeSet:
     """The current nodes, replaced as a whole when discovery changes them
     (channels of nodes that stay are kept)."""
 
-    def __init__(self, tls: Optional[TlsConfig], set_aside: float) -> None:
+    def __init__(self, tls: Optional[TlsConfig], set_aside: float,
+                 counters_may_cross: bool = False) -> None:
         self._lock = threading.Lock()
+        self.counters_may_cross = counters_may_cross
+        # The local datacenter's name, for the words of a refusal.
+        self.local_datacenter = "local"
         self._nodes: List[Node] = []
         self._set_aside = set_aside
         self._tls = tls
@@ -92,18 +104,66 @@ class NodeSet:
     def addrs(self) -> List[str]:
         return [n.addr for n in self._nodes]
 
-    def replace(self, addrs: Sequence[str]) -> None:
+    def fallback(self) -> Optional[str]:
+        """The fallback datacenter whose nodes are in use, or None."""
+        nodes = self._nodes
+        return nodes[0].fallback if nodes else None
+
+    def crossing(self, node: Node, counter: str) -> None:
+        """Raises CrossesDatacentersError when a call whose values come
+        from `counter` (a strict key, a segment tag...) would go to a
+        fallback datacenter's node without the user's opt-in: that
+        datacenter's cluster counts the same keys in its own KV."""
+        if node.fallback is not None and not self.counters_may_cross:
+            from ._errors import CrossesDatacentersError
+            raise CrossesDatacentersError(counter, self.local_datacenter, node.fallback)
+
+    def replace(self, addrs: Sequence[str], fallback: Optional[str] = None) -> None:
+        """The nodes are now `addrs`, listed by fallback datacenter
+        `fallback` (None: the local one)."""
         with self._lock:
-            old: Dict[str, Node] = {n.addr: n for n in self._nodes}
+            old: Dict[str, Node] = {n.addr: n for n in self._nodes if n.fallback == fallback}
             nodes: List[Node] = []
             for addr in addrs:
                 if any(n.addr == addr for n in nodes):
                     continue
-                node = old.pop(addr, None) or Node(addr, self._channel(addr))
+                node = old.pop(addr, None) or Node(addr, self._channel(addr), fallback)
                 nodes.append(node)
+            kept = set(map(id, nodes))
+            gone = []
+            for n in self._nodes:
+                if id(n) in kept:
+                    continue
+                # A node that left may still be answering calls (a live
+                # fallback datacenter's, when the local one is back):
+                # its channel closes after the last of them.
+                n.retired = True
+                if n.outstanding == 0:
+                    n.closed = True
+                    gone.append(n)
             self._nodes = nodes
-        for gone in old.values():
-            gone.channel.close()
+        for n in gone:
+            n.channel.close()
+
+    def acquire(self, node: Node) -> bool:
+        """Counts a call in flight on `node`; False when the node left the
+        set and its channel is closed (pick another)."""
+        with self._lock:
+            if node.closed:
+                return False
+            node.outstanding += 1
+            return True
+
+    def release(self, node: Node) -> None:
+        """The call on `node` ended; the channel of a node that left the
+        set closes with its last call."""
+        with self._lock:
+            node.outstanding -= 1
+            close = node.retired and node.outstanding == 0 and not node.closed
+            if close:
+                node.closed = True
+        if close:
+            node.channel.close()
 
     def _channel(self, addr: str) -> grpc.Channel:
         if self._credentials is None:
@@ -143,5 +203,7 @@ class NodeSet:
     def close(self) -> None:
         with self._lock:
             nodes, self._nodes = self._nodes, []
+            for n in nodes:
+                n.closed = True
         for n in nodes:
             n.channel.close()

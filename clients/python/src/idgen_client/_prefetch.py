@@ -5,8 +5,10 @@ deque.popleft (atomic under the GIL: each ID is handed out once); a
 None placed at each batch's low-water mark starts the next refill, and a
 thread throws away snowflake IDs that aged. Refills in flight
 start at one and grow by one (up to `max_refills`) each time a caller
-found the buffer empty; a buffer keeps at most one refill per node, so
-one node's batches are appended in the order it issued them."""
+found the buffer empty, and the buffer keeps `low` plus a batch per lane
+ahead, counting refills in flight; a buffer keeps at most one refill per
+node, so one node's batches are appended in the order it issued them.
+Refills run on worker threads kept for the buffer's life."""
 
 from __future__ import annotations
 
@@ -61,8 +63,17 @@ class Prefetcher:
         self._ids: Deque = collections.deque()
         # (received at, count with its mark) per batch in the deque, oldest first.
         self._batches: Deque[Tuple[float, int]] = collections.deque()
-        self._cond = threading.Condition()
+        # One lock: callers wait on _cond for IDs, refill workers on _work
+        # for a refill to make.
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._work = threading.Condition(lock)
         self._inflight = 0
+        # Refills asked for that no worker has taken yet, and the worker
+        # threads started (kept: starting a thread per refill made the
+        # caller that hit the low-water mark wait for the thread to start).
+        self._wanted = 0
+        self._workers = 0
         self._lanes = 1
         self._busy: Set[str] = set()
         self._finished = 0
@@ -114,9 +125,24 @@ class Prefetcher:
             return
         size = self._config.size
         while self._inflight < self._lanes and \
-                len(self._ids) + self._inflight * size < self._config.low + size:
+                len(self._ids) + self._inflight * size < self._config.low + self._lanes * size:
             self._inflight += 1
-            threading.Thread(target=self._refill, name="idgen-refill", daemon=True).start()
+            self._wanted += 1
+            if self._workers < self._inflight:
+                self._workers += 1
+                threading.Thread(target=self._worker, name="idgen-refill", daemon=True).start()
+            self._work.notify()
+
+    def _worker(self) -> None:
+        """A refill thread: makes the refills asked for until the buffer closes."""
+        while True:
+            with self._work:
+                while not self._wanted and not self._closed:
+                    self._work.wait()
+                if self._closed:
+                    return
+                self._wanted -= 1
+            self._refill()
 
     def _refill(self) -> None:
         size = self._config.size
@@ -210,5 +236,6 @@ class Prefetcher:
             self._ids.clear()
             self._batches.clear()
             self._cond.notify_all()
+            self._work.notify_all()
         if dropped:
             self._client._metrics.discarded("shutdown", dropped)

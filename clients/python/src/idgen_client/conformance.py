@@ -65,7 +65,10 @@ class Driver:
             kwargs["prefetch"] = PrefetchConfig(size=int(prefetch["size"]),
                                                 low=int(prefetch["low"]))
         if req["discovery"] == "consul":
-            self.client = Client(consul=ConsulDiscovery.from_env(), **kwargs)
+            # Optional: other Consul datacenters to fall back to, in order.
+            fallbacks = list(req.get("fallback_datacenters") or ())
+            self.client = Client(consul=ConsulDiscovery.from_env(fallback_datacenters=fallbacks),
+                                 **kwargs)
         else:
             self.client = Client(list(req["nodes"]), **kwargs)
         return {"nodes": self.client.nodes()}

@@ -31,6 +31,9 @@ class PrometheusMetrics(Metrics):
         self._aside = Counter("idgen_client_nodes_set_aside",
                               "Times a node was set aside after failing.", registry=reg)
         self._nodes = Gauge("idgen_client_nodes", "Nodes currently known.", registry=reg)
+        self._fallback = Gauge("idgen_client_datacenter_fallback",
+                               "1 while the nodes in use are a fallback Consul datacenter's (the "
+                               "local one lists no passing idgen node), else 0.", registry=reg)
         self._refills = Counter("idgen_client_refills", "Prefetch refills, by mode and outcome.",
                                 ["mode", "outcome"], registry=reg)
         self._stalls = Counter("idgen_client_buffer_stalls",
@@ -54,6 +57,9 @@ class PrometheusMetrics(Metrics):
 
     def nodes(self, count: int) -> None:
         self._nodes.set(count)
+
+    def datacenter_fallback(self, on: bool) -> None:
+        self._fallback.set(1 if on else 0)
 
     def refill(self, mode: str, outcome: str) -> None:
         self._refills.labels(mode, outcome).inc()
