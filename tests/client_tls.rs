@@ -441,6 +441,63 @@ async fn a_v1_certificate_is_named_as_such_everywhere() {
     assert!(err.contains(V1), "client crate: {err}");
 }
 
+/// A file that holds no certificate is refused in the same words by the
+/// node (`server.tls.cert`, `server.tls.client_ca`, `consul.ca_file`), the
+/// client crate (a nodes' CA, a Consul CA) and the CLI (`--ca`), each
+/// naming the file: one PEM reader for every TLS file.
+#[test]
+fn a_file_without_a_certificate_is_refused_in_the_same_words_everywhere() {
+    const NO_CERT: &str =
+        "holds no PEM CERTIFICATE block; give the certificate(s) in PEM, a chain leaf first";
+    let dir = tempfile::tempdir().unwrap();
+    let cert = server_cert(dir.path(), "server");
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let node = |cert_file: &std::path::Path, client_ca: Option<&std::path::Path>| {
+        idgen::server::tls::Identity::load(&TlsSettings {
+            cert: cert_file.to_owned(),
+            key: cert.key.clone(),
+            client_ca: client_ca.map(std::path::Path::to_owned),
+            client_required: false,
+        })
+        .unwrap_err()
+        .to_string()
+    };
+    let consul = idgen::consul::ConsulTlsFiles {
+        ca_file: junk.clone(),
+        ..Default::default()
+    };
+    let junk_arg = junk.to_str().unwrap();
+    let said = [
+        ("node server.tls.cert", node(&junk, None)),
+        ("node server.tls.client_ca", node(&cert.cert, Some(&junk))),
+        (
+            "node consul.ca_file",
+            idgen::consul::ConsulTls::load(&consul)
+                .unwrap_err()
+                .to_string(),
+        ),
+        (
+            "client crate CA",
+            TlsConfig::from_ca_file(&junk).unwrap_err().to_string(),
+        ),
+        (
+            "client crate Consul CA",
+            idgen_client::ConsulTls::from_files(&junk, None, None).unwrap_err(),
+        ),
+        (
+            "CLI --ca",
+            common::run_idgen(&["gen", "--addr", "https://localhost:1", "--ca", junk_arg]).1,
+        ),
+    ];
+    for (who, text) in said {
+        assert!(
+            text.contains(NO_CERT) && text.contains(junk_arg),
+            "{who}: {text}"
+        );
+    }
+}
+
 /// A client certificate the node refuses (here: none sent to a node with
 /// `client_required`) is a WARN naming the peer and the cause, and a burst
 /// of them writes far fewer lines than refusals (rate-limited per port).

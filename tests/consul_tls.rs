@@ -366,7 +366,7 @@ async fn a_node_that_does_not_trust_consuls_certificate_or_lacks_a_client_certif
     assert!(
         log.contains("consul.ca_file")
             && log.contains(&junk.display().to_string())
-            && log.contains("no CERTIFICATE"),
+            && log.contains("no PEM CERTIFICATE block"),
         "{log}"
     );
     assert!(consul.sessions().is_empty(), "nothing claimed");

@@ -328,7 +328,7 @@ fn describe(status: &tonic::Status, tls: crate::tls::TlsUse, http1: bool) -> Str
         return format!("{:?} {}", status.code(), status.message());
     };
     let words = if http1 {
-        crate::port_probe::HTTP1_WORDS
+        crate::port_probe::HTTP1_WORDS.to_owned()
     } else {
         crate::tls::failure_words(&cause, tls)
     };

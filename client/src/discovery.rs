@@ -9,15 +9,14 @@ use std::time::{Duration, Instant};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::WebPkiSupportedAlgorithms;
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore};
-use rustls_pki_types::pem::PemObject;
+use rustls::{ClientConfig, DigitallySignedStruct};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use serde::Deserialize;
 
 use crate::consul_env::ConsulEnv;
 use crate::metrics as m;
 use crate::nodes::NodeSet;
-use crate::tls::certs;
+use crate::pem;
 
 /// How to find idgen nodes in Consul. Its `Debug` form shows whether a
 /// token is set, never the token.
@@ -656,12 +655,7 @@ impl ConsulTls {
         client: Option<(&[u8], &[u8])>,
         server_name: Option<&str>,
     ) -> Result<Self, String> {
-        let mut roots = RootCertStore::empty();
-        for cert in certs(ca).map_err(|e| format!("CA: {e}"))? {
-            roots
-                .add(cert)
-                .map_err(|e| format!("CA: not a usable CA certificate: {e}"))?;
-        }
+        let roots = pem::ca_roots(ca).map_err(|e| format!("CA: {e}"))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
             .build()
@@ -675,9 +669,8 @@ impl ConsulTls {
         };
         let identity = match client {
             Some((cert, key)) => Some((
-                certs(cert).map_err(|e| format!("client certificate: {e}"))?,
-                PrivateKeyDer::from_pem_slice(key)
-                    .map_err(|e| format!("client key: no usable PEM private key ({e})"))?,
+                pem::certificates(cert).map_err(|e| format!("client certificate: {e}"))?,
+                pem::private_key(key).map_err(|e| format!("client key: {e}"))?,
             )),
             None => None,
         };
@@ -720,14 +713,10 @@ impl ConsulTls {
     pub fn unverified(client: Option<(&Path, &Path)>) -> Result<Self, String> {
         let identity = match client {
             Some((cert, key)) => Some((
-                certs(&read(cert)?)
+                pem::read_certificates(cert)
                     .map_err(|e| format!("client certificate {}: {e}", cert.display()))?,
-                PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| {
-                    format!(
-                        "client key {}: no usable PEM private key ({e})",
-                        key.display()
-                    )
-                })?,
+                pem::read_private_key(key)
+                    .map_err(|e| format!("client key {}: {e}", key.display()))?,
             )),
             None => None,
         };
@@ -757,9 +746,12 @@ impl ConsulTls {
             .with_custom_certificate_verifier(verifier);
         let presents = identity.is_some();
         let mut config = match identity {
-            Some((chain, key)) => builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| format!("the client key does not fit the certificate: {e}"))?,
+            Some((chain, key)) => builder.with_client_auth_cert(chain, key).map_err(|e| {
+                format!(
+                    "client certificate and key cannot be used: {}",
+                    pem::certificate_problem(&e)
+                )
+            })?,
             None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];

@@ -51,9 +51,12 @@
 //!   Consul's own environment variables ([`ConsulEnv`]).
 //! - `buffer`: the lock-free buffer (of IDs or UUIDs); `prefetch`: its
 //!   refills and adaptive batch size.
-//! - `tls`: dialling nodes over TLS ([`TlsConfig`]).
+//! - `tls`: dialling nodes over TLS ([`TlsConfig`]), and the one set of
+//!   words for a TLS refusal ([`tls_refusal`]).
+//! - [`pem`]: the one reader of TLS files (PEM), for this crate, the
+//!   `idgen` command and the node.
 //! - `port_probe`: what a port that failed a call speaks (an HTTP/1.1
-//!   port is named as such: [`speaks_http1`]).
+//!   port is named as such: [`speaks_http1`]; a TLS one: [`speaks_tls`]).
 //! - [`blocking`]: the same client for code without an async runtime.
 //! - [`metrics`]: metric names.
 
@@ -67,6 +70,7 @@ mod discovery;
 mod error;
 pub mod metrics;
 mod nodes;
+pub mod pem;
 mod port_probe;
 mod prefetch;
 mod sync;
@@ -91,9 +95,9 @@ use crate::discovery::ConsulWatch;
 pub use crate::discovery::{ConsulDiscovery, ConsulTls};
 pub use crate::error::Error;
 use crate::nodes::{NodeSet, NodeSettings, Route};
-pub use crate::port_probe::speaks_http1;
+pub use crate::port_probe::{speaks_http1, speaks_tls};
 pub use crate::prefetch::{PrefetchConfig, Prefetcher, UuidPrefetcher};
-pub use crate::tls::TlsConfig;
+pub use crate::tls::{tls_refusal, TlsConfig, TlsRemedies, TlsUse};
 pub use crate::uuid::Uuid;
 pub use idgen_proto::{
     DecodeIdResponse, DecodeUuidResponse, GenFormattedResponse, GetFormatCounterResponse, Mode,

@@ -6,7 +6,8 @@
 //! "operation was canceled"), the same words a TLS node gives a plaintext
 //! client. One plain HTTP/1.1 request tells them apart: an HTTP/1.1
 //! server answers it with a status line, a gRPC node with an HTTP/2
-//! SETTINGS frame, a TLS node with an alert.
+//! SETTINGS frame, a TLS node with an alert. A TLS ClientHello tells a
+//! TLS node from a plaintext one the same way ([`speaks_tls`]).
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -31,6 +32,49 @@ pub fn speaks_http1(addr: &str, timeout: Duration) -> bool {
         let mut head = [0u8; 7];
         sock.read_exact(&mut head).ok()?;
         Some(&head == b"HTTP/1.")
+    };
+    probe().unwrap_or(false)
+}
+
+/// Whether `addr` (`host:port`, IPv6 hosts in brackets) answers a TLS
+/// ClientHello in TLS (a plaintext gRPC node closes or answers HTTP/2
+/// instead). For explaining a failed plaintext call only: one short
+/// connection, bounded by `timeout` per step; any failure of the probe
+/// itself is "no".
+pub fn speaks_tls(addr: &str, timeout: Duration) -> bool {
+    use std::sync::Arc;
+    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+    let probe = || -> Option<bool> {
+        let sock_addr = addr.to_socket_addrs().ok()?.next()?;
+        let mut sock = TcpStream::connect_timeout(&sock_addr, timeout).ok()?;
+        sock.set_read_timeout(Some(timeout)).ok()?;
+        sock.set_write_timeout(Some(timeout)).ok()?;
+        // No roots: a TLS server's certificate fails verification, which
+        // is the proof it speaks TLS.
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .ok()?
+            .with_root_certificates(RootCertStore::empty())
+            .with_no_client_auth();
+        let name = rustls_pki_types::ServerName::try_from("idgen.invalid").ok()?;
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+        for _ in 0..8 {
+            match conn.complete_io(&mut sock) {
+                Ok(_) if !conn.is_handshaking() => return Some(true),
+                Ok(_) => {}
+                Err(e) => {
+                    let r = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
+                    return Some(matches!(
+                        r,
+                        Some(
+                            rustls::Error::InvalidCertificate(_) | rustls::Error::AlertReceived(_)
+                        )
+                    ));
+                }
+            }
+        }
+        None
     };
     probe().unwrap_or(false)
 }

@@ -8,14 +8,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::rustls::{self, ClientConfig};
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::Error;
+use crate::{pem, Error};
 
 /// How the client speaks TLS to the nodes. Every node is dialled over TLS
 /// once this is set on [`ClientBuilder::tls`](crate::ClientBuilder::tls);
@@ -49,9 +48,13 @@ impl TlsConfig {
         }
     }
 
-    /// [`TlsConfig::new`] with the CA read from a PEM file.
+    /// [`TlsConfig::new`] with the CA read from a PEM file, checked now:
+    /// an error names the file and what is wrong with it.
     pub fn from_ca_file(path: impl AsRef<Path>) -> Result<Self, Error> {
-        Ok(Self::new(read("CA", path.as_ref())?))
+        let path = path.as_ref();
+        Ok(Self::new(read("CA", path, |pem| {
+            pem::ca_roots(pem).map(drop)
+        })?))
     }
 
     /// Present this client certificate chain and private key (PEM) to
@@ -61,14 +64,19 @@ impl TlsConfig {
         self
     }
 
-    /// [`TlsConfig::identity`] with both read from PEM files.
+    /// [`TlsConfig::identity`] with both read from PEM files, each checked
+    /// now: an error names the file and what is wrong with it.
     pub fn identity_files(
         self,
         cert: impl AsRef<Path>,
         key: impl AsRef<Path>,
     ) -> Result<Self, Error> {
-        let cert = read("client certificate", cert.as_ref())?;
-        let key = read("client key", key.as_ref())?;
+        let cert = read("client certificate", cert.as_ref(), |pem| {
+            pem::certificates(pem).map(drop)
+        })?;
+        let key = read("client key", key.as_ref(), |pem| {
+            pem::private_key(pem).map(drop)
+        })?;
         Ok(self.identity(cert, key))
     }
 
@@ -83,13 +91,7 @@ impl TlsConfig {
     /// Parses the PEM and builds the rustls configuration (ALPN h2).
     pub(crate) fn build(&self) -> Result<Connector, Error> {
         let bad = |what: &str, e: &dyn fmt::Display| Error::Config(format!("TLS {what}: {e}"));
-        let mut roots = RootCertStore::empty();
-        let ca = certs(&self.ca_pem).map_err(|e| bad("CA", &e))?;
-        for cert in ca {
-            roots
-                .add(cert)
-                .map_err(|e| bad("CA", &format!("not a usable CA certificate: {e}")))?;
-        }
+        let roots = pem::ca_roots(&self.ca_pem).map_err(|e| bad("CA", &e))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -97,12 +99,11 @@ impl TlsConfig {
             .with_root_certificates(roots);
         let mut config = match &self.identity {
             Some((cert, key)) => {
-                let chain = certs(cert).map_err(|e| bad("client certificate", &e))?;
-                let key = PrivateKeyDer::from_pem_slice(key)
-                    .map_err(|e| bad("client key", &format!("no usable private key: {e}")))?;
+                let chain = pem::certificates(cert).map_err(|e| bad("client certificate", &e))?;
+                let key = pem::private_key(key).map_err(|e| bad("client key", &e))?;
                 builder
                     .with_client_auth_cert(chain, key)
-                    .map_err(|e| bad("client certificate and key", &certificate_problem(&e)))?
+                    .map_err(|e| bad("client certificate and key", &pem::certificate_problem(&e)))?
             }
             None => builder.with_no_client_auth(),
         };
@@ -122,21 +123,16 @@ impl TlsConfig {
     }
 }
 
-fn read(what: &str, path: &Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path)
-        .map_err(|e| Error::Config(format!("TLS {what} {}: cannot read: {e}", path.display())))
-}
-
-/// The certificates of PEM text (nodes' and the Consul agent's CAs, client
-/// chains); an error when it holds none.
-pub(crate) fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not valid PEM: {e}"))?;
-    if certs.is_empty() {
-        return Err("holds no PEM CERTIFICATE block".into());
-    }
-    Ok(certs)
+/// The file at `path`, checked by `check`; errors name `what` and the file.
+fn read(
+    what: &str,
+    path: &Path,
+    check: impl FnOnce(&[u8]) -> Result<(), pem::PemError>,
+) -> Result<Vec<u8>, Error> {
+    let bad = |e: pem::PemError| Error::Config(format!("TLS {what} {}: {e}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| bad(e.into()))?;
+    check(&bytes).map_err(bad)?;
+    Ok(bytes)
 }
 
 /// A parsed [`TlsConfig`]: dials nodes over TLS.
@@ -167,6 +163,25 @@ impl Connector {
     /// A lazy channel to `addr` (`host:port`) over TLS; the handshake runs
     /// at the first call, bounded by the endpoint's connect timeout.
     pub(crate) fn channel(&self, addr: &str, endpoint: Endpoint) -> Result<Channel, String> {
+        Ok(endpoint.connect_with_connector_lazy(self.dialer(addr)?))
+    }
+
+    /// What dials `addr` (`host:port`): TCP, then the TLS handshake
+    /// against the configured server name, else the address's host.
+    fn dialer(
+        &self,
+        addr: &str,
+    ) -> Result<
+        impl tower::Service<
+                tonic::codegen::http::Uri,
+                Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>,
+                Error = std::io::Error,
+                Future = impl Send,
+            > + Clone
+            + Send
+            + 'static,
+        String,
+    > {
         let (host, port) = split(addr)?;
         let name = match &self.server_name {
             Some(name) => name.clone(),
@@ -175,7 +190,7 @@ impl Connector {
             })?,
         };
         let config = Arc::clone(&self.config);
-        let connect = tower::service_fn(move |_: tonic::codegen::http::Uri| {
+        Ok(tower::service_fn(move |_: tonic::codegen::http::Uri| {
             let (config, name, host) = (Arc::clone(&config), name.clone(), host.clone());
             async move {
                 let tcp = TcpStream::connect((host.as_str(), port)).await?;
@@ -183,36 +198,62 @@ impl Connector {
                 let tls = TlsConnector::from(config).connect(name, tcp).await?;
                 Ok::<_, std::io::Error>(TokioIo::new(tls))
             }
-        });
-        Ok(endpoint.connect_with_connector_lazy(connect))
+        }))
     }
 }
 
-/// What to do about an X.509 v1 certificate (`openssl x509 -req` without
-/// `-extfile`): rustls takes v3 only.
-const V1_CERTIFICATE: &str = "the certificate is X.509 v1; re-issue it as v3 (openssl: add -extfile with basicConstraints/subjectAltName, or use idgen tls dev-certs)";
+impl TlsConfig {
+    /// Dials `addr` (`host:port`) over TLS now, not at the first call,
+    /// for a tool that dials one node itself (the `idgen` command): a node
+    /// that does not speak TLS, or whose certificate is not trusted, fails
+    /// here, as an [`Error::Transport`] whose cause is [`tls_refusal`]'s
+    /// words with `remedies` (the tool's own settings), then the error.
+    pub async fn connect(
+        &self,
+        addr: &str,
+        endpoint: Endpoint,
+        remedies: &TlsRemedies,
+    ) -> Result<Channel, Error> {
+        let connector = self.build()?;
+        let dialer = connector.dialer(addr).map_err(Error::Config)?;
+        endpoint.connect_with_connector(dialer).await.map_err(|e| {
+            let (text, cause) = chain_text(&e);
+            let has = |w: &str| text.contains(w);
+            // The handshake did not finish: a node that cut it (end of
+            // file, reset) without a TLS alert speaks something else.
+            let cut = (has("eof") || has("reset") || has("connection closed")) && !has("alert");
+            let words = match tls_refusal(&text, connector.tls_use(), remedies) {
+                Some(words) if !cut || has("certificate") => words,
+                _ if cut => not_tls(remedies),
+                _ => generic_words(&text).to_owned(),
+            };
+            Error::Transport {
+                node: addr.to_owned(),
+                cause: format!("{words} ({cause})"),
+            }
+        })
+    }
+}
 
-/// A client certificate and key rustls refused, naming the cause: v1, a
-/// key that is not the certificate's, or rustls' own words.
-fn certificate_problem(e: &rustls::Error) -> String {
-    // webpki's UnsupportedCertVersion reaches rustls as
-    // CertificateError::Other, seen only in its Debug text.
-    if format!("{e:?}").contains("UnsupportedCertVersion") {
-        return V1_CERTIFICATE.to_owned();
+/// The lowercased Debug and Display text of `e` and its sources, and the
+/// innermost one's Display text (the cause to show).
+fn chain_text(e: &(dyn std::error::Error + 'static)) -> (String, String) {
+    let (mut text, mut cause) = (String::new(), e.to_string());
+    let mut next = Some(e);
+    while let Some(err) = next {
+        text.push_str(&format!(" {err:?} {err}"));
+        cause = err.to_string();
+        next = err.source();
     }
-    match e {
-        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
-            "the private key is not the key of the (first) certificate".to_owned()
-        }
-        other => other.to_string(),
-    }
+    (text.to_ascii_lowercase(), cause)
 }
 
 /// Whether the client speaks TLS to the nodes, and presents a client
 /// certificate: what the words of a failed connection depend on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TlsUse {
-    /// No [`ClientBuilder::tls`](crate::ClientBuilder::tls).
+pub enum TlsUse {
+    /// No [`ClientBuilder::tls`](crate::ClientBuilder::tls) (a plaintext
+    /// address in the `idgen` command).
     Plaintext,
     /// TLS, with or without [`TlsConfig::identity`].
     Tls {
@@ -221,41 +262,89 @@ pub(crate) enum TlsUse {
     },
 }
 
-/// What went wrong with a connection, in words that say what to do, from
-/// its innermost `cause` and how the client speaks TLS. Never tells a
-/// client that has TLS set to set it.
-pub(crate) fn failure_words(cause: &str, tls: TlsUse) -> &'static str {
+/// The settings a TLS refusal tells the user to change, by the names of
+/// one front end: this crate's API ([`TlsRemedies::CLIENT`]) or the
+/// `idgen` command's flags. The words around them are [`tls_refusal`]'s,
+/// the same for every front end.
+#[derive(Debug, Clone, Copy)]
+pub struct TlsRemedies {
+    /// Where the CA that signed the nodes' certificates is given.
+    pub ca: &'static str,
+    /// Where the name to check the nodes' certificates against is given.
+    pub server_name: &'static str,
+    /// Where the client certificate and key are given.
+    pub identity: &'static str,
+    /// How to present a client certificate, when none is.
+    pub add_identity: &'static str,
+    /// How to speak TLS, to a node that does.
+    pub use_tls: &'static str,
+    /// How to speak plaintext, to a node that does.
+    pub use_plaintext: &'static str,
+}
+
+impl TlsRemedies {
+    /// This crate's settings.
+    pub const CLIENT: Self = Self {
+        ca: "the CA of TlsConfig",
+        server_name: "TlsConfig::server_name",
+        identity: "TlsConfig::identity",
+        add_identity: "set TlsConfig::identity (or TlsConfig::identity_files(cert, key))",
+        use_tls: "set ClientBuilder::tls",
+        use_plaintext: "drop ClientBuilder::tls",
+    };
+}
+
+/// A failed connection or call that is about TLS, in words that say what
+/// to do (naming `remedies`), from the text of its cause (any case; the
+/// Debug text of rustls errors included) and how the client speaks TLS;
+/// `None` when it is not about TLS. Never tells a client that speaks TLS
+/// to set it. The one set of these words: this crate's calls and the
+/// `idgen` command both use it.
+pub fn tls_refusal(cause: &str, tls: TlsUse, remedies: &TlsRemedies) -> Option<String> {
     let lower = cause.to_ascii_lowercase();
     let has = |words: &[&str]| words.iter().any(|w| lower.contains(w));
     let identity = matches!(tls, TlsUse::Tls { identity: true });
+    let r = remedies;
     if has(&["unsupportedcertversion"]) {
-        return "TLS: the node's certificate is X.509 v1; re-issue it as v3 (openssl: add -extfile with basicConstraints/subjectAltName, or use idgen tls dev-certs)";
+        return Some(format!(
+            "TLS: the node's certificate is refused: {}",
+            pem::V1_CERTIFICATE
+        ));
     }
     if has(&["certificaterequired"]) {
-        return if identity {
-            "TLS: the node requires a client certificate and did not take this one: check TlsConfig::identity"
+        return Some(if identity {
+            format!(
+                "TLS: the node requires a client certificate and did not take this one: check {}",
+                r.identity
+            )
         } else {
-            "TLS: the node requires a client certificate: set ClientBuilder::tls(TlsConfig::from_ca_file(ca)?.identity_files(cert, key)?)"
-        };
+            format!(
+                "TLS: the node requires a client certificate: {}",
+                r.add_identity
+            )
+        });
     }
-    if identity
-        && has(&[
-            "badcertificate",
-            "unknownca",
-            "certificateunknown",
-            "unsupportedcertificate",
-            "certificateexpired",
-            "certificaterevoked",
-            "accessdenied",
-        ])
-    {
-        return "TLS: the node refused the client certificate: it must be signed by the node's server.tls.client_ca, unexpired, X.509 v3 with clientAuth usage";
+    let refused = [
+        "badcertificate",
+        "unknownca",
+        "certificateunknown",
+        "unsupportedcertificate",
+        "certificateexpired",
+        "certificaterevoked",
+        "accessdenied",
+    ];
+    if identity && has(&refused) {
+        return Some(format!("TLS: the node refused the client certificate ({}): it must be signed by the node's server.tls.client_ca, unexpired, X.509 v3 with clientAuth usage", r.identity));
     }
     if has(&["invalidcertificate", "certificate"]) {
-        return "TLS: the node's certificate is not trusted: check the CA and the server name of TlsConfig";
+        return Some(format!("TLS: the node's certificate is not trusted: check {}, and that the address's host (or {}) is in the certificate", r.ca, r.server_name));
     }
-    if has(&["corrupt message", "invalidcontenttype"]) {
-        return "TLS: the node does not speak TLS; it serves plaintext: drop ClientBuilder::tls";
+    if has(&[
+        "corrupt message",
+        "invalidcontenttype",
+        "invalid content type",
+    ]) {
+        return Some(not_tls(r));
     }
     // A TLS 1.3 node refuses a missing client certificate after the
     // client's side of the handshake is done: the call then sees the
@@ -264,21 +353,46 @@ pub(crate) fn failure_words(cause: &str, tls: TlsUse) -> &'static str {
     // hyper's words for a connection that closed under a call in flight.
     let closed = has(&["connection closed", "operation was canceled"]);
     match tls {
-        TlsUse::Plaintext if broke => {
-            return "the connection broke; the node may speak TLS: set ClientBuilder::tls"
-        }
-        TlsUse::Tls { identity: false } if broke || closed => {
-            return "the connection closed during or right after the TLS handshake: if the node requires a client certificate (server.tls.client_required), set TlsConfig::identity"
-        }
-        TlsUse::Tls { identity: true } if broke || closed => {
-            return "the connection closed during or right after the TLS handshake (the node may have refused the client certificate)"
-        }
-        _ => {}
+        TlsUse::Plaintext if broke => Some(format!(
+            "the connection broke; the node may speak TLS: {}",
+            r.use_tls
+        )),
+        TlsUse::Tls { identity: false } if broke || closed => Some(format!(
+            "the connection closed during or right after the TLS handshake: if the node requires a client certificate (server.tls.client_required), {}",
+            r.add_identity
+        )),
+        TlsUse::Tls { identity: true } if broke || closed => Some(
+            "the connection closed during or right after the TLS handshake (the node may have refused the client certificate)".into()
+        ),
+        _ => None,
     }
-    if has(&["refused"]) {
+}
+
+/// A node that answered a TLS handshake in plaintext.
+fn not_tls(r: &TlsRemedies) -> String {
+    format!(
+        "TLS: the node does not speak TLS; it serves plaintext: {}",
+        r.use_plaintext
+    )
+}
+
+/// What went wrong with a connection, in words that say what to do, from
+/// its innermost `cause` and how this crate's client speaks TLS.
+pub(crate) fn failure_words(cause: &str, tls: TlsUse) -> String {
+    tls_refusal(cause, tls, &TlsRemedies::CLIENT)
+        .unwrap_or_else(|| generic_words(&cause.to_ascii_lowercase()).to_owned())
+}
+
+/// A failed connection that is not about TLS; `lower` is its cause in
+/// lowercase.
+fn generic_words(lower: &str) -> &'static str {
+    if lower.contains("refused") {
         return "connection refused: nothing listens there (is idgen serving at this address? A node that is shutting down or restarting refuses connections too)";
     }
-    if has(&["timed out", "timeout", "elapsed"]) {
+    if ["timed out", "timeout", "elapsed"]
+        .iter()
+        .any(|w| lower.contains(w))
+    {
         return "timed out connecting: the node or its network does not answer";
     }
     "the connection failed"

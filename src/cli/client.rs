@@ -60,9 +60,9 @@ static PLAINTEXT_DIAL: OnceLock<(String, u16)> = OnceLock::new();
 /// fails after that is a node that went away mid-run, not a wrong address.
 static ANSWERED: OnceLock<()> = OnceLock::new();
 
-/// Set when this process dialed a node over TLS without `--cert`, to
-/// explain a connection the node closed after the handshake.
-static TLS_WITHOUT_CERT: OnceLock<()> = OnceLock::new();
+/// How this process dialed a node over TLS (with or without `--cert`),
+/// to explain a failed call in the client crate's words.
+static TLS_DIAL: OnceLock<idgen_client::TlsUse> = OnceLock::new();
 
 /// Connects to `addr`, waiting at most `timeout`; every call made on the
 /// channel is bounded by `timeout` as well. `https://` addresses use
@@ -78,17 +78,22 @@ pub async fn channel(addr: &str, timeout: Duration, tls: &TlsArgs) -> anyhow::Re
     let parsed = url::Url::parse(&url)?;
     let _ = DIALED.set(url.clone());
     if parsed.scheme() == "https" {
-        let config = tls.client_config()?;
-        if tls.cert.is_none() {
-            let _ = TLS_WITHOUT_CERT.set(());
-        }
-        return match tokio::time::timeout(
-            timeout,
-            super::tls::connect(endpoint, &parsed, config, tls.server_name.as_deref()),
-        )
-        .await
-        {
-            Ok(result) => result,
+        let Some(config) = tls.client_tls()? else {
+            bail!("an https:// address needs --ca <file>: the CA certificate (PEM) that signed the node's certificate");
+        };
+        let _ = TLS_DIAL.set(tls.tls_use());
+        let host = parsed.host_str().unwrap_or_default();
+        let node = format!("{host}:{}", parsed.port().unwrap_or(443));
+        let dial = config.connect(&node, endpoint, &super::tls::REMEDIES);
+        return match tokio::time::timeout(timeout, dial).await {
+            Ok(Ok(channel)) => Ok(channel),
+            Ok(Err(idgen_client::Error::Transport { cause, .. })) => {
+                bail!("cannot connect to {url}: {cause}")
+            }
+            Ok(Err(idgen_client::Error::Config(problem))) => {
+                bail!("cannot connect to {url}: {problem}")
+            }
+            Ok(Err(e)) => bail!("cannot connect to {url}: {e}"),
             Err(_) => bail!(
                 "cannot connect to {url}: no answer within {} (--timeout); {hint}",
                 humantime::format_duration(timeout)
@@ -123,7 +128,7 @@ pub async fn channel(addr: &str, timeout: Duration, tls: &TlsArgs) -> anyhow::Re
 fn tls_hint() -> Option<String> {
     let (host, port) = PLAINTEXT_DIAL.get()?;
     let shown = bracketed(host);
-    super::tls::speaks_tls(host, *port, Duration::from_secs(2)).then(|| {
+    idgen_client::speaks_tls(&format!("{shown}:{port}"), Duration::from_secs(2)).then(|| {
         format!("the node speaks TLS and this client spoke plaintext; use https://{shown}:{port} with --ca <file>")
     })
 }
@@ -174,7 +179,10 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
         tonic::Code::Cancelled => !s.message().contains("Timeout expired"),
         _ => false,
     };
-    if let Some(words) = super::tls::refused_identity(&s, TLS_WITHOUT_CERT.get().is_some()) {
+    // Once a node answered, a connection that fails is a node that went
+    // away (gone_hint), not a TLS refusal.
+    let tls = TLS_DIAL.get().copied().filter(|_| ANSWERED.get().is_none());
+    if let Some(words) = tls_refusal(&s, tls) {
         return anyhow::anyhow!("UNAVAILABLE: {words}");
     }
     let connection = std::error::Error::source(&s).is_some();
@@ -201,6 +209,29 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
         );
     }
     anyhow::anyhow!("{}: {}", code_name(s.code()), s.message())
+}
+
+/// A call that failed over TLS (`tls`: how this process dialed; `None`
+/// for plaintext), in the client crate's words naming the flags, when
+/// the failure is about TLS: the node wanted or refused the client
+/// certificate (TLS 1.3 tells the client only after the handshake, so
+/// the call fails, not the connect), or closed the connection right after
+/// the handshake (the alert can lose the race with the request).
+fn tls_refusal(s: &tonic::Status, tls: Option<idgen_client::TlsUse>) -> Option<String> {
+    let tls = tls?;
+    let mut cause = String::new();
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        cause.push_str(&format!(" {e:?} {e}"));
+        source = e.source();
+    }
+    // hyper reports a connection that closed under a call in flight as
+    // CANCELLED "operation was canceled", sometimes with no source at all.
+    let timeout = s.message().contains("Timeout expired");
+    if s.code() == tonic::Code::Cancelled && !timeout {
+        cause.push_str(" operation was canceled");
+    }
+    idgen_client::tls_refusal(&cause, tls, &super::tls::REMEDIES)
 }
 
 /// Runs one call, bounded by `timeout`, with the status printed the same
@@ -259,6 +290,19 @@ pub type Out = (Value, String);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_canceled_by_the_closing_connection_names_the_missing_certificate() {
+        // What hyper reports when the node's CertificateRequired alert
+        // closes the connection under the call: no source to read.
+        let canceled = tonic::Status::cancelled("operation was canceled");
+        let bare = idgen_client::TlsUse::Tls { identity: false };
+        let words = tls_refusal(&canceled, Some(bare)).unwrap_or_default();
+        assert!(words.contains("--cert"), "{words}");
+        assert_eq!(tls_refusal(&canceled, None), None);
+        let expired = tonic::Status::cancelled("Timeout expired");
+        assert_eq!(tls_refusal(&expired, Some(bare)), None);
+    }
 
     #[test]
     fn host_port_and_urls_are_accepted() {

@@ -1,70 +1,44 @@
 //! TLS for the CLI's gRPC connections: `https://` addresses, `--ca`,
-//! `--cert`, `--key`, and telling which side speaks what when a plaintext
-//! client meets a TLS node or the other way round; and `idgen tls
-//! dev-certs`, a development PKI in one step.
+//! `--cert`, `--key` and `--tls-server-name` as the client crate's TLS
+//! settings (its connector dials, its PEM reader reads the files, its
+//! words say what went wrong, naming these flags: [`REMEDIES`]); and
+//! `idgen tls dev-certs`, a development PKI in one step.
 
 use std::io;
-use std::net::{TcpStream as StdTcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use hyper_util::rt::TokioIo;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::TcpStream;
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
-use tokio_rustls::TlsConnector;
-use tonic::transport::{Channel, Endpoint};
+use idgen_client::{TlsConfig, TlsRemedies, TlsUse};
+use rustls_pki_types::ServerName;
 
 use super::args::{DevCertsArgs, TlsArgs};
 
-impl TlsArgs {
-    /// The rustls client configuration these options describe (ALPN h2).
-    pub fn client_config(&self) -> anyhow::Result<Arc<ClientConfig>> {
-        let Some(ca) = &self.ca else {
-            bail!("an https:// address needs --ca <file>: the CA certificate (PEM) that signed the node's certificate");
-        };
-        let mut roots = RootCertStore::empty();
-        for cert in read_certs("--ca", ca)? {
-            roots
-                .add(cert)
-                .map_err(|e| anyhow!("--ca {}: not a usable CA certificate: {e}", ca.display()))?;
-        }
-        let builder = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots);
-        let mut config = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => {
-                let chain = read_certs("--cert", cert)?;
-                let key = PrivateKeyDer::from_pem_file(key)
-                    .map_err(|e| anyhow!("--key {}: no usable private key: {e}", key.display()))?;
-                builder.with_client_auth_cert(chain, key).map_err(|e| {
-                    anyhow!(
-                        "--cert and --key cannot be used: {}",
-                        idgen::server::tls::certificate_problem(&e)
-                    )
-                })?
-            }
-            _ => builder.with_no_client_auth(),
-        };
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(Arc::new(config))
-    }
+/// The flags the client crate's words of a TLS refusal name here.
+pub const REMEDIES: TlsRemedies = TlsRemedies {
+    ca: "--ca",
+    server_name: "--tls-server-name",
+    identity: "--cert and --key",
+    add_identity: "pass --cert and --key, a certificate signed by the node's server.tls.client_ca (idgen tls dev-certs makes one)",
+    use_tls: "use an https:// address with --ca",
+    use_plaintext: "use an http:// address",
+};
 
-    /// The idgen-client TLS settings of these options: `None` without
-    /// `--ca` (plaintext), an error for `--cert` without `--ca`.
-    pub fn client_tls(&self) -> anyhow::Result<Option<idgen_client::TlsConfig>> {
+impl TlsArgs {
+    /// The idgen-client TLS settings of these options, files read and
+    /// checked: `None` without `--ca` (plaintext), an error for `--cert`
+    /// or `--tls-server-name` without `--ca`.
+    pub fn client_tls(&self) -> anyhow::Result<Option<TlsConfig>> {
         let Some(ca) = &self.ca else {
             if self.any() {
-                bail!("--cert and --key need --ca: the CA certificate (PEM) that signed the nodes' certificates");
+                bail!("--cert, --key and --tls-server-name need --ca: the CA certificate (PEM) that signed the nodes' certificates");
             }
             return Ok(None);
         };
-        let mut tls = idgen_client::TlsConfig::from_ca_file(ca)?;
+        let mut tls = TlsConfig::from_ca_file(ca).map_err(|e| flag_error("--ca", e))?;
         if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
-            tls = tls.identity_files(cert, key)?;
+            tls = tls
+                .identity_files(cert, key)
+                .map_err(|e| flag_error("--cert and --key", e))?;
         }
         if let Some(name) = &self.server_name {
             check_server_name(name)?;
@@ -73,185 +47,34 @@ impl TlsArgs {
         Ok(Some(tls))
     }
 
+    /// How a channel dialled with these options speaks TLS, for the words
+    /// of a failed call.
+    pub fn tls_use(&self) -> TlsUse {
+        TlsUse::Tls {
+            identity: self.cert.is_some(),
+        }
+    }
+
     /// Whether any TLS option was given.
     pub fn any(&self) -> bool {
         self.ca.is_some() || self.cert.is_some() || self.key.is_some() || self.server_name.is_some()
     }
 }
 
-/// `--tls-server-name` as rustls takes it, or an error saying what is wrong.
-fn check_server_name(name: &str) -> anyhow::Result<ServerName<'static>> {
+/// The client crate's refusal of a file, naming the flag that gave it.
+fn flag_error(flag: &str, e: idgen_client::Error) -> anyhow::Error {
+    match e {
+        idgen_client::Error::Config(problem) => anyhow!("{flag}: {problem}"),
+        other => anyhow!("{flag}: {other}"),
+    }
+}
+
+/// `--tls-server-name` as rustls takes it, or an error naming the flag.
+fn check_server_name(name: &str) -> anyhow::Result<()> {
     ServerName::try_from(name.trim().to_owned()).map_err(|e| {
         anyhow!("--tls-server-name {name:?} is not a DNS name or IP address ({e}): give the name the nodes' certificates carry, e.g. idgen.internal")
-    })
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn read_certs(flag: &str, path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| anyhow!("{flag} {}: cannot read certificates: {e}", path.display()))?;
-    if certs.is_empty() {
-        bail!("{flag} {}: holds no PEM CERTIFICATE block", path.display());
-    }
-    Ok(certs)
-}
-
-/// Connects over TLS to the node at `url` (https://host:port); every
-/// failure says what to do, and a node that answers in plaintext is named
-/// as such.
-pub async fn connect(
-    endpoint: Endpoint,
-    url: &url::Url,
-    config: Arc<ClientConfig>,
-    server_name: Option<&str>,
-) -> anyhow::Result<Channel> {
-    let host = url
-        .host_str()
-        .unwrap_or_default()
-        .trim_matches(['[', ']'])
-        .to_owned();
-    let port = url.port().unwrap_or(443);
-    let name = match server_name {
-        Some(name) => check_server_name(name)?,
-        None => ServerName::try_from(host.clone())
-            .map_err(|e| anyhow!("{url}: {host:?} is not a usable TLS server name: {e}"))?,
-    };
-    let connector = tower::service_fn(move |_: hyper::Uri| {
-        let (config, name, host) = (Arc::clone(&config), name.clone(), host.clone());
-        async move {
-            let tcp = TcpStream::connect((host.as_str(), port)).await?;
-            let _ = tcp.set_nodelay(true);
-            TlsConnector::from(config)
-                .connect(name, tcp)
-                .await
-                .map(TokioIo::new)
-        }
-    });
-    endpoint.connect_with_connector(connector).await.map_err(|e| {
-        let cause = super::output::root_cause(&e);
-        let source: &(dyn std::error::Error + 'static) = &e;
-        match rustls_error(source) {
-            Some(rustls::Error::InvalidCertificate(c)) => anyhow!(
-                "cannot connect to {url}: the node's certificate is not trusted ({c:?}); check --ca, and that the address's host (or --tls-server-name) is in the certificate"
-            ),
-            Some(rustls::Error::InvalidMessage(_)) | None if looks_plaintext(&cause) => anyhow!(
-                "cannot connect to {url}: the node does not speak TLS ({cause}); it serves plaintext: use http://{}:{port}",
-                url.host_str().unwrap_or_default()
-            ),
-            _ => anyhow!("cannot connect to {url} over TLS ({cause})"),
-        }
-    })
-}
-
-/// A failed call's TLS cause in words that say what to do, when the node
-/// refused this client's certificate or wanted one (TLS 1.3 tells the
-/// client only after the handshake, so the call fails, not the connect).
-/// `without_cert`: the call went over TLS without `--cert`, so a
-/// connection closed right after the handshake is most likely a node that
-/// requires one (the alert can lose the race with the request).
-pub fn refused_identity(status: &tonic::Status, without_cert: bool) -> Option<String> {
-    let mut cause = String::new();
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        cause.push_str(&format!(" {e:?} {e}"));
-        source = e.source();
-    }
-    let has = |w: &str| cause.contains(w);
-    if has("CertificateRequired") {
-        return Some("the node requires a client certificate: pass --cert and --key, a certificate signed by the node's server.tls.client_ca (idgen tls dev-certs makes one)".into());
-    }
-    // hyper reports a connection that closed under a call in flight as
-    // CANCELLED "operation was canceled", sometimes with no source at all.
-    let closed = ["connection closed", "BrokenPipe", "ConnectionReset"];
-    let canceled = status.code() == tonic::Code::Cancelled
-        || status.message().contains("operation was canceled");
-    if without_cert && (canceled || closed.iter().any(|w| has(w))) {
-        return Some(format!("the connection closed right after the TLS handshake ({}): if the node requires a client certificate (server.tls.client_required), pass --cert and --key", super::output::root_cause(status)));
-    }
-    let refused = [
-        "BadCertificate",
-        "UnknownCA",
-        "CertificateUnknown",
-        "UnsupportedCertificate",
-        "CertificateExpired",
-        "CertificateRevoked",
-        "AccessDenied",
-    ];
-    refused.iter().any(|w| has(w)).then(|| {
-        "the node refused the client certificate (--cert): it must be signed by the node's server.tls.client_ca, unexpired, X.509 v3 with clientAuth usage".into()
-    })
-}
-
-/// What a TLS client sees when the server answers in plaintext HTTP/2
-/// (a SETTINGS frame) or closes on the ClientHello.
-fn looks_plaintext(cause: &str) -> bool {
-    let c = cause.to_ascii_lowercase();
-    c.contains("corrupt message")
-        || c.contains("invalid content type")
-        || c.contains("eof")
-        || c.contains("reset")
-        || c.contains("invalidcontenttype")
-}
-
-fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(r) = err.downcast_ref::<rustls::Error>() {
-            return Some(r);
-        }
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            if let Some(r) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                return Some(r);
-            }
-        }
-        cur = err.source();
-    }
-    None
-}
-
-/// Whether the server at `host:port` answers a TLS ClientHello in TLS (a
-/// plaintext node closes or answers HTTP/2 instead). Used only to explain
-/// a failed plaintext call; bounded by `timeout`.
-pub fn speaks_tls(host: &str, port: u16, timeout: Duration) -> bool {
-    let probe = || -> Option<bool> {
-        let addr = (host.trim_matches(['[', ']']), port)
-            .to_socket_addrs()
-            .ok()?
-            .next()?;
-        let mut sock = StdTcpStream::connect_timeout(&addr, timeout).ok()?;
-        sock.set_read_timeout(Some(timeout)).ok()?;
-        sock.set_write_timeout(Some(timeout)).ok()?;
-        // No roots: a TLS server's certificate fails verification, which
-        // is the proof it speaks TLS.
-        let config = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .ok()?
-            .with_root_certificates(RootCertStore::empty())
-            .with_no_client_auth();
-        let name = ServerName::try_from("idgen.invalid").ok()?;
-        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
-        for _ in 0..8 {
-            match conn.complete_io(&mut sock) {
-                Ok(_) if !conn.is_handshaking() => return Some(true),
-                Ok(_) => {}
-                Err(e) => {
-                    let r = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
-                    return Some(matches!(
-                        r,
-                        Some(
-                            rustls::Error::InvalidCertificate(_) | rustls::Error::AlertReceived(_)
-                        )
-                    ));
-                }
-            }
-        }
-        None
-    };
-    probe().unwrap_or(false)
+    })?;
+    Ok(())
 }
 
 /// The files `idgen tls dev-certs` writes for one certificate.
@@ -532,19 +355,4 @@ allow = ["127.0.0.0/8", "::1/128"]
         client = f("client.pem"),
         client_key = f("client-key.pem"),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::refused_identity;
-
-    #[test]
-    fn a_call_canceled_by_the_closing_connection_names_the_missing_certificate() {
-        // What hyper reports when the node's CertificateRequired alert
-        // closes the connection under the call: no source to read.
-        let canceled = tonic::Status::cancelled("operation was canceled");
-        let words = refused_identity(&canceled, true).unwrap_or_default();
-        assert!(words.contains("--cert"), "{words}");
-        assert_eq!(refused_identity(&canceled, false), None);
-    }
 }

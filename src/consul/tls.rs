@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use rustls_pki_types::pem::PemObject;
+use idgen_client::pem;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use thiserror::Error;
 use tokio_rustls::rustls::client::danger::{
@@ -161,7 +161,11 @@ impl Material {
                     error(
                         "consul.key_file",
                         key,
-                        format!("does not fit consul.cert_file {} ({e}): give the private key of its first certificate", cert.display()),
+                        format!(
+                            "does not fit consul.cert_file {}: {}",
+                            cert.display(),
+                            pem::certificate_problem(&e)
+                        ),
                     )
                 })?;
                 Some(Arc::new(certified))
@@ -311,39 +315,15 @@ fn read_chain(
     key: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, ConsulTlsError> {
-    let pem = std::fs::read(path).map_err(|e| error(key, path, e.to_string()))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| error(key, path, format!("not valid PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(error(
-            key,
-            path,
-            "holds no CERTIFICATE block; give PEM certificates",
-        ));
-    }
-    Ok(certs)
+    pem::read_certificates(path).map_err(|e| error(key, path, e.to_string()))
 }
 
 fn read_roots(key: &'static str, path: &Path) -> Result<RootCertStore, ConsulTlsError> {
-    let mut roots = RootCertStore::empty();
-    for cert in read_chain(key, path)? {
-        roots
-            .add(cert)
-            .map_err(|e| error(key, path, format!("not a usable CA certificate: {e}")))?;
-    }
-    Ok(roots)
+    pem::read_ca_roots(path).map_err(|e| error(key, path, e.to_string()))
 }
 
 fn read_key(key: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, ConsulTlsError> {
-    let pem = std::fs::read(path).map_err(|e| error(key, path, e.to_string()))?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
-        error(
-            key,
-            path,
-            format!("holds no usable private key ({e}); give a PEM PRIVATE KEY (PKCS#8), RSA PRIVATE KEY or EC PRIVATE KEY block"),
-        )
-    })
+    pem::read_private_key(path).map_err(|e| error(key, path, e.to_string()))
 }
 
 /// What a failed HTTPS exchange with Consul means, in words an operator
@@ -500,7 +480,7 @@ mod tests {
         .build()
         .unwrap();
         let chain = vec![server.2.clone()];
-        let key = PrivateKeyDer::from_pem_slice(server.1.as_bytes()).unwrap();
+        let key = pem::private_key(server.1.as_bytes()).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .unwrap()

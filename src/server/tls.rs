@@ -6,19 +6,18 @@
 //! `h2` by ALPN; the HTTP port offers `http/1.1` (its server speaks
 //! HTTP/1 only).
 
-use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use rustls_pki_types::pem::PemObject;
+use idgen_client::pem;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::time::Duration;
 use thiserror::Error;
 use tokio_rustls::rustls::server::danger::ClientCertVerifier;
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use tokio_rustls::rustls::sign::CertifiedKey;
-use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::TlsSettings;
@@ -128,34 +127,9 @@ fn certified_key(settings: &TlsSettings) -> Result<Arc<CertifiedKey>, TlsError> 
             };
             TlsError::Config(format!(
                 "cert and key cannot be used: {}{hint}",
-                certificate_problem(&e)
+                pem::certificate_problem(&e)
             ))
         })
-}
-
-/// What to do about a certificate that is X.509 v1 (openssl `x509 -req`
-/// without `-extfile` makes one): rustls accepts only v3.
-pub const V1_CERTIFICATE: &str = "the certificate is X.509 v1; re-issue it as v3 (openssl: add -extfile with basicConstraints/subjectAltName, or use idgen tls dev-certs)";
-
-/// A certificate and key rustls refused, in words that name the cause: an
-/// X.509 v1 certificate ([`V1_CERTIFICATE`]), a key that is not the
-/// certificate's, or rustls' own words.
-pub fn certificate_problem(e: &rustls::Error) -> String {
-    use rustls::InconsistentKeys as K;
-    // webpki's UnsupportedCertVersion reaches rustls as
-    // CertificateError::Other, seen only in its Debug text.
-    if format!("{e:?}").contains("UnsupportedCertVersion") {
-        return V1_CERTIFICATE.to_owned();
-    }
-    match e {
-        rustls::Error::InconsistentKeys(K::KeyMismatch) => {
-            "the private key is not the key of the (first) certificate".to_owned()
-        }
-        rustls::Error::InconsistentKeys(K::Unknown) => {
-            "the private key's public half cannot be derived to check it against the certificate: use a PKCS#8, PKCS#1 or SEC1 key".to_owned()
-        }
-        other => other.to_string(),
-    }
 }
 
 /// Sets `idgen_tls_cert_not_after_seconds{listener}` of both ports to the
@@ -197,17 +171,7 @@ pub async fn watch(identity: Identity, settings: TlsSettings) {
 /// `required`, a client may send none.
 fn client_verifier(path: &Path, required: bool) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     const KEY: &str = "server.tls.client_ca";
-    let pem = read(KEY, path)?;
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| file_error(KEY, path, format!("not valid PEM: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| file_error(KEY, path, format!("not a usable CA certificate: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(file_error(KEY, path, "holds no CERTIFICATE block"));
-    }
+    let roots = pem::read_ca_roots(path).map_err(|e| file_error(KEY, path, e.to_string()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
     let builder = if required {
@@ -269,36 +233,12 @@ fn file_error(key: &'static str, path: &Path, problem: impl Into<String>) -> Tls
     }
 }
 
-fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e: io::Error| file_error(key, path, e.to_string()))
-}
-
 fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    const KEY: &str = "server.tls.cert";
-    let pem = read(KEY, path)?;
-    let chain = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file_error(KEY, path, format!("not valid PEM: {e}")))?;
-    if chain.is_empty() {
-        return Err(file_error(
-            KEY,
-            path,
-            "holds no CERTIFICATE block; give the certificate chain in PEM, leaf first",
-        ));
-    }
-    Ok(chain)
+    pem::read_certificates(path).map_err(|e| file_error("server.tls.cert", path, e.to_string()))
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    const KEY: &str = "server.tls.key";
-    let pem = read(KEY, path)?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
-        file_error(
-            KEY,
-            path,
-            format!("holds no usable private key ({e}); give a PEM PRIVATE KEY (PKCS#8), RSA PRIVATE KEY or EC PRIVATE KEY block"),
-        )
-    })
+    pem::read_private_key(path).map_err(|e| file_error("server.tls.key", path, e.to_string()))
 }
 
 /// The name the Consul agent's gRPC probe checks this node's certificate
