@@ -652,6 +652,28 @@ def run_scenario(args, lang, argv, lang_env, sc):
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def wait_signalled(proc, name, stop, timeout=10.0):
+    """Returns once the kernel reports `proc` stopped (`stop`) or dead.
+    kill() returns before either: one thread of a multi-threaded node takes
+    the signal and stops the others when it next runs, so on a loaded
+    machine the node's other threads went on serving for milliseconds and
+    answered the next request (strict_not_retried_after_sent got an ID from
+    the node it had just stopped). WNOWAIT leaves the report, and Popen's
+    exit status, untouched."""
+    end = time.monotonic() + timeout
+    while True:
+        info = os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        stopped = info is not None and info.si_code == os.CLD_STOPPED
+        if info is not None and stopped == stop:
+            return
+        if info is not None and stop:
+            raise Fail(f"node {name} exited instead of stopping (si_code {info.si_code})")
+        if time.monotonic() > end:
+            raise Fail(f"node {name} did not {'stop' if stop else 'die'} within {timeout:.0f} s "
+                       "of the signal")
+        time.sleep(0.002)
+
+
 def do_action(fixture, driver, step, st):
     """Runs a fixture action; returns a timer thread for actions that fire
     during the next request."""
@@ -668,7 +690,10 @@ def do_action(fixture, driver, step, st):
         return t
     if action in ("kill9", "sigstop", "sigcont"):
         sig = {"kill9": signal.SIGKILL, "sigstop": signal.SIGSTOP, "sigcont": signal.SIGCONT}[action]
-        fixture.node_process(step["node"]).proc.send_signal(sig)
+        proc = fixture.node_process(step["node"]).proc
+        proc.send_signal(sig)
+        if action != "sigcont":
+            wait_signalled(proc, fixture.resolve(step["node"]), stop=action == "sigstop")
         return None
     if action == "key_on_node":
         # A key whose strict node (by the reference hash over `among`) is `node`.
