@@ -243,31 +243,9 @@ async fn open(req: &Value) -> Result<Client, Failure> {
                 ids: None,
             })?;
             // Optional: other Consul datacenters to fall back to, in order.
-            let fallbacks: Vec<String> = req
-                .get("fallback_datacenters")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default();
-            builder.consul(consul.fallback_datacenters(fallbacks))
+            builder.consul(consul.fallback_datacenters(string_list(req, "fallback_datacenters")))
         }
-        Some("static") => {
-            let nodes: Vec<String> = req
-                .get("nodes")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default();
-            builder.endpoints(nodes)
-        }
+        Some("static") => builder.endpoints(string_list(req, "nodes")),
         other => {
             return Err(Failure::bad_request(format!(
                 "discovery must be consul or static, not {other:?}"
@@ -416,4 +394,17 @@ fn mode(req: &Value) -> Result<Mode, Failure> {
         "strict" => Ok(Mode::Strict),
         other => Err(Failure::bad_request(format!("unknown mode {other:?}"))),
     }
+}
+
+/// The strings of the array `key` of `req` (none when it is absent).
+fn string_list(req: &Value, key: &str) -> Vec<String> {
+    req.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
 }

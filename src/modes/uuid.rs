@@ -38,7 +38,7 @@ use aes::Aes128;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use super::gate::IssueGate;
-use super::hidden::{HiddenOutput, RevealError};
+use super::hidden::{HiddenOutput, Ready, RevealError};
 use crate::error::Error;
 use crate::id::hide::{HideError, UuidHider};
 use crate::id::uuid::{Uuid, UuidError, UuidLayout, COUNTER_BITS};
@@ -228,14 +228,7 @@ impl UuidEngine {
     /// batch stays increasing (by time across milliseconds; within one the
     /// order of the shown values is the permutation's).
     pub async fn take(&self, count: usize) -> Result<Vec<Uuid>, Error> {
-        let ready = match &self.hiding {
-            UuidHiding::Plain => None,
-            UuidHiding::Sortable { output, .. } => Some(output.ready()?),
-            UuidHiding::Refused(why) => return Err(Error::Uuid(why.clone())),
-        };
-        let counter_bits = ready
-            .as_ref()
-            .map_or(COUNTER_BITS, |r| r.hider().counter_bits());
+        let (ready, counter_bits) = self.hiding_now()?;
         let mut out = self.reserve(count, counter_bits).await?;
         if let (Some(ready), UuidHiding::Sortable { output, .. }) = (ready, &self.hiding) {
             ready
@@ -247,11 +240,9 @@ impl UuidEngine {
         Ok(out)
     }
 
-    /// One UUID (`GenUuid`, `/v1/uuid`; the caller checked the gate): the
-    /// UUID [`take`](Self::take) of one would give, without its Vec.
-    /// Straight from the generator held now when the millisecond has room;
-    /// when its counters ran out, the batch path's wait for the next one.
-    pub async fn take_one(&self) -> Result<Uuid, Error> {
+    /// The hiding key set in use now (none for plain UUIDs) and the counter
+    /// width it leaves; a refused layout's reason as the error.
+    fn hiding_now(&self) -> Result<(Option<Ready<'_, UuidHider>>, u32), Error> {
         let ready = match &self.hiding {
             UuidHiding::Plain => None,
             UuidHiding::Sortable { output, .. } => Some(output.ready()?),
@@ -260,6 +251,15 @@ impl UuidEngine {
         let counter_bits = ready
             .as_ref()
             .map_or(COUNTER_BITS, |r| r.hider().counter_bits());
+        Ok((ready, counter_bits))
+    }
+
+    /// One UUID (`GenUuid`, `/v1/uuid`; the caller checked the gate): the
+    /// UUID [`take`](Self::take) of one would give, without its Vec.
+    /// Straight from the generator held now when the millisecond has room;
+    /// when its counters ran out, the batch path's wait for the next one.
+    pub async fn take_one(&self) -> Result<Uuid, Error> {
+        let (ready, counter_bits) = self.hiding_now()?;
         let internal = match self.reserve_one_now(counter_bits)? {
             Some(u) => u,
             None => self
