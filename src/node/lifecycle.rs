@@ -283,7 +283,7 @@ impl Node {
             hwm_reserve: config.hwm.reserve,
             datacenters: match (self.membership.consul(), &config.store.backend) {
                 (Some(client), crate::config::Backend::Consul(cc)) => {
-                    Some(crate::store::datacenter_release::Federation {
+                    Some(crate::cluster::datacenter_release::Federation {
                         client: client.clone(),
                         keys: cc.keys.clone(),
                         service: cc.service.clone(),

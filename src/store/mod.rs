@@ -14,7 +14,6 @@ pub mod cluster_index;
 pub mod cluster_layout;
 pub(crate) mod counts;
 pub mod datacenter_claim;
-pub mod datacenter_release;
 pub mod embedded;
 pub mod fault_hook;
 pub mod format;

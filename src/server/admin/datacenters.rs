@@ -5,11 +5,11 @@
 use tonic::Status;
 
 use super::{consul_status, rfc3339, AdminService};
+use crate::cluster::datacenter_release::{Federation, ReleaseError};
 use crate::error::ErrorKind;
 use crate::proto;
 use crate::server::status::refusal;
 use crate::store::datacenter_claim::DatacenterClaim;
-use crate::store::datacenter_release::{Federation, ReleaseError};
 
 /// A claim as a reply carries it.
 fn claim_message(id: u64, c: &DatacenterClaim) -> proto::DatacenterClaim {

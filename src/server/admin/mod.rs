@@ -104,7 +104,7 @@ pub struct AdminDeps {
     pub hide_keys: crate::modes::hide_keys::HideKeyRings,
     /// The Consul datacenters' claims (`ListDatacenters`,
     /// `ReleaseDatacenter`), on the Consul backend.
-    pub datacenters: Option<crate::store::datacenter_release::Federation>,
+    pub datacenters: Option<crate::cluster::datacenter_release::Federation>,
 }
 
 /// What this node holds, reported by `ListHolders` on the embedded

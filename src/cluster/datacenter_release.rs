@@ -32,10 +32,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::datacenter_claim::{parse_claim, ClaimState, ConfirmedClaim, DatacenterClaim};
-use super::kv_paths::ClusterPaths;
-use crate::cluster::holders::{self, LockKey, SessionState};
+use super::holders::{self, LockKey, SessionState};
 use crate::consul::{Consistency, ConsulClient, ConsulError, KvWrite};
+use crate::store::datacenter_claim::{parse_claim, ClaimState, ConfirmedClaim, DatacenterClaim};
+use crate::store::kv_paths::ClusterPaths;
 
 /// Where the claims live and how to reach each Consul datacenter.
 #[derive(Debug, Clone)]
@@ -184,23 +184,8 @@ impl Federation {
             state,
             source,
         };
-        let local = self
-            .client
-            .agent_datacenters()
-            .await
-            .map_err(|e| fail("local", "unchanged", e))?
-            .datacenter;
-        let primary_name = self.primary.clone().unwrap_or_else(|| local.clone());
-        let primary = self.client_of(&primary_name, &local);
+        let (local, primary_name, primary, claim, index) = self.current(id).await?;
         let key = self.keys.datacenter_claim(id);
-        let (claim, index) = self
-            .read_claim(&primary, &primary_name, id)
-            .await?
-            .ok_or_else(|| ReleaseError::NotClaimed {
-                id,
-                primary: primary_name.clone(),
-                key: key.clone(),
-            })?;
         if claim.state == ClaimState::Released {
             return Ok(Released {
                 floor_ms: claim.floor_ms,
@@ -267,6 +252,36 @@ impl Federation {
             destroyed,
             waited,
         })
+    }
+
+    /// The local datacenter's name, the primary's name and client, and the
+    /// claim of `id` with its ModifyIndex.
+    async fn current(
+        &self,
+        id: u64,
+    ) -> Result<(String, String, ConsulClient, DatacenterClaim, u64), ReleaseError> {
+        let local = self
+            .client
+            .agent_datacenters()
+            .await
+            .map_err(|source| ReleaseError::Consul {
+                id,
+                datacenter: "local".to_owned(),
+                state: "unchanged",
+                source,
+            })?
+            .datacenter;
+        let primary_name = self.primary.clone().unwrap_or_else(|| local.clone());
+        let primary = self.client_of(&primary_name, &local);
+        let (claim, index) = self
+            .read_claim(&primary, &primary_name, id)
+            .await?
+            .ok_or_else(|| ReleaseError::NotClaimed {
+                id,
+                primary: primary_name.clone(),
+                key: self.keys.datacenter_claim(id),
+            })?;
+        Ok((local, primary_name, primary, claim, index))
     }
 
     async fn read_claim(
