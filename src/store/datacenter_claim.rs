@@ -588,4 +588,26 @@ mod tests {
         assert_eq!(back, marked);
         assert!(back.released);
     }
+
+    /// A claim written before releases existed reads as owned with no
+    /// floor (and is written back without the new fields), and a released
+    /// claim keeps its state and floor through the round trip (rule 44).
+    #[test]
+    fn a_claim_is_owned_unless_marked_and_keeps_its_floor() {
+        let old = r#"{"consul_datacenter":"dc2","cluster":"test","claimed_ms":1,"claimed_by":"b"}"#;
+        let claim = parse_claim(old.as_bytes()).expect("parses");
+        assert_eq!(claim.state, ClaimState::Owned);
+        assert_eq!(claim.floor_ms, 0);
+        let text = serde_json::to_string(&claim).expect("serializes");
+        assert_eq!(text, old);
+        let released = DatacenterClaim {
+            state: ClaimState::Released,
+            floor_ms: 42,
+            ..claim
+        };
+        let text = serde_json::to_string(&released).expect("serializes");
+        assert!(text.contains(r#""state":"released""#), "{text}");
+        assert_eq!(parse_claim(text.as_bytes()), Some(released));
+        assert_eq!(parse_claim(b"not a claim"), None);
+    }
 }
