@@ -351,6 +351,11 @@ async fn a_datacenter_id_is_released_only_when_its_owner_is_gone_and_its_new_own
     assert!(out.contains("worker id 2/0 held by session"), "{out}");
     let record = claim(&dc1, 2).expect("the claim stays");
     assert!(!record.contains("\"state\""), "still owned: {record}");
+    let copy = dc2
+        .kv_get("idgen/test/datacenter-confirmed/2")
+        .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+        .expect("dc2's confirmed copy stays");
+    assert!(!copy.contains("\"released\":true"), "put back: {copy}");
     before.extend(
         common::snowflake_ids(&b, 1000)
             .await

@@ -18,7 +18,10 @@
 //!    the claim first) and no node claims it;
 //! 3. mark the owner's confirmed copy released (`?dc=<owner>`, rule 42),
 //!    written even where none exists, so a confirmation read before step 2
-//!    cannot write a copy that vouches for the id later;
+//!    cannot write a copy that vouches for the id later, and a node of the
+//!    owner cut off from the primary stops claiming and writing marks on
+//!    it; then step 1 is checked again (refused: the claim and the copy
+//!    are put back);
 //! 4. read the highest mark under the owner's `hwm/<id>/`: no mark can be
 //!    written after step 1 (a mark write needs the worker lock, and reads
 //!    the claim after taking it), and a node issues only below its mark;
@@ -74,6 +77,16 @@ pub struct Released {
     pub destroyed: Vec<String>,
     /// How long the forced release waited for lock-delays.
     pub waited: Duration,
+}
+
+/// The owner's confirmed copy as a release found it, and the index of
+/// the released mark it wrote over it.
+#[derive(Debug)]
+struct CopyMark {
+    /// The copy's value before (None: there was none).
+    previous: Option<Vec<u8>>,
+    /// The ModifyIndex of the mark.
+    index: u64,
 }
 
 /// Why a release was refused or failed.
@@ -218,6 +231,12 @@ impl Federation {
         } else {
             index
         };
+        // Step 3 before step 1 is checked again: a node of the owner that
+        // cannot reach the primary claims and writes marks on the copy, so
+        // the copy must vouch for nothing before no live lock is trusted.
+        let mark = self
+            .mark_copy_released(&owner, &owner_name, id, &claim, &primary_name)
+            .await?;
         // Step 1 again, now that no node can start or write a mark on it.
         let (destroyed, waited) = self
             .silence(
@@ -227,11 +246,9 @@ impl Federation {
                 &primary,
                 &primary_name,
                 &claim,
-                index,
+                (index, &mark),
                 force,
             )
-            .await?;
-        self.mark_copy_released(&owner, &owner_name, id, &claim, &primary_name)
             .await?;
         let floor_ms = self
             .highest_mark(&owner, &owner_name, id)
@@ -422,7 +439,7 @@ impl Federation {
         primary: &ConsulClient,
         primary_name: &str,
         claim: &DatacenterClaim,
-        index: u64,
+        (index, mark): (u64, &CopyMark),
         force: bool,
     ) -> Result<(Vec<String>, Duration), ReleaseError> {
         let fail = |source| ReleaseError::Consul {
@@ -441,6 +458,7 @@ impl Federation {
                 state: ClaimState::Owned,
                 ..claim.clone()
             };
+            self.restore_copy(owner, id, mark).await;
             let reverted = match self.put_claim(primary, primary_name, &key, &owned, index).await {
                 Ok(_) => " (the claim was set back to owned)",
                 Err(_) => " (the claim stays releasing: no node issues on it until the release is run again)",
@@ -467,7 +485,7 @@ impl Federation {
         id: u64,
         claim: &DatacenterClaim,
         primary_name: &str,
-    ) -> Result<(), ReleaseError> {
+    ) -> Result<CopyMark, ReleaseError> {
         let key = self.keys.datacenter_confirmed(id);
         let fail = |source| ReleaseError::Consul {
             id,
@@ -497,7 +515,29 @@ impl Federation {
         {
             return Err(ReleaseError::Changed { id, key });
         }
-        Ok(())
+        let (written, _) = owner
+            .kv_get(&key, Consistency::Consistent)
+            .await
+            .map_err(fail)?;
+        Ok(CopyMark {
+            previous: entry.map(|e| e.value),
+            index: written.map_or(0, |e| e.modify_index),
+        })
+    }
+
+    /// Puts the owner's copy back as it was before `mark` (a refused
+    /// release changes nothing), by check-and-set on the mark; best effort:
+    /// a copy left marked only keeps the owner from starting on it while
+    /// the primary is unreachable.
+    async fn restore_copy(&self, owner: &ConsulClient, id: u64, mark: &CopyMark) {
+        let key = self.keys.datacenter_confirmed(id);
+        let restored = match &mark.previous {
+            Some(value) => owner.kv_put(&key, value, KvWrite::Cas(mark.index)).await,
+            None => owner.kv_delete(&key, Some(mark.index)).await,
+        };
+        if !matches!(restored, Ok(true)) {
+            tracing::warn!(key, datacenter_id = id, "a refused datacenter release could not put the owner's confirmed copy back; it stays marked released until a node of the owner confirms the claim again");
+        }
     }
 
     /// Step 4: the highest mark under the owner's `hwm/<id>/`.
