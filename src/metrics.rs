@@ -641,6 +641,8 @@ pub const ADMIN_METHODS: &[&str] = &[
     "RotateHideKey",
     "RetireHideKey",
     "ListHideKeys",
+    "ListDatacenters",
+    "ReleaseDatacenter",
 ];
 
 /// The `method` label of the admin console's list of formats

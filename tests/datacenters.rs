@@ -3,7 +3,9 @@
 //! (the primary) and `dc2`. A datacenter id is claimed once, in the
 //! primary's KV; a node of another Consul datacenter with the same id
 //! refuses to start, and a running one whose claim turns out to be another
-//! datacenter's fences at its next mark renewal.
+//! datacenter's fences at its next mark renewal. A datacenter id is
+//! released only when its owner is gone, and its new owner starts above the
+//! old marks (rule 44).
 
 mod common;
 
@@ -26,6 +28,43 @@ fn config(dir: &Path, name: &str, consul: &TestConsul, datacenter_id: u64) -> Pa
             ("consul", "primary_datacenter", "\"dc1\""),
         ],
     )
+}
+
+/// [`config`] with more keys (`("section", "key", "toml value")`).
+fn config_with(
+    dir: &Path,
+    name: &str,
+    consul: &TestConsul,
+    datacenter_id: u64,
+    set: &[(&str, &str, &str)],
+) -> PathBuf {
+    let id = datacenter_id.to_string();
+    let mut all = vec![
+        ("node", "datacenter_id", id.as_str()),
+        ("consul", "primary_datacenter", "\"dc1\""),
+    ];
+    all.extend_from_slice(set);
+    write_cluster_config(dir, name, consul.addr(), &all)
+}
+
+/// The admin token of the node the release tests call.
+const TOKEN: &str = "datacenters-admin-secret";
+
+/// `idgen admin --addr <node> --token .. datacenters <args>`, off the
+/// async runtime.
+async fn datacenters_cli(node: &ChildServer, args: &[&str]) -> (bool, String) {
+    let addr = format!("http://{}", node.grpc);
+    let mut all: Vec<String> = ["admin", "--addr", &addr, "--token", TOKEN, "datacenters"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    all.extend(args.iter().map(|s| s.to_string()));
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        common::run_idgen(&refs)
+    })
+    .await
+    .expect("admin command")
 }
 
 /// The claim record of `id` as `consul` (one datacenter) holds it.
@@ -274,6 +313,106 @@ async fn a_confirmed_claim_outlives_a_primary_outage_and_a_first_claim_waits_for
         }
     }
     for node in [a, b, c] {
+        assert!(node.terminate().success());
+    }
+}
+
+/// Rule 44: a release while the owner datacenter is alive is refused and
+/// changes nothing; forced once its node is gone (killed: its session and
+/// registration linger), the id goes to another datacenter, whose node
+/// starts above the old owner's highest mark although its clock is 20 s
+/// behind the old owner's IDs: every ID after the release is above every
+/// ID before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datacenter_id_is_released_only_when_its_owner_is_gone_and_its_new_owner_starts_above_the_old_marks(
+) {
+    let (dc1, dc2) = federation().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let a = ChildServer::start(&config_with(
+        dir.path(),
+        "a",
+        &dc1,
+        1,
+        &[("admin", "token", &token)],
+    ));
+    let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
+    let mut before = common::snowflake_ids(&b, 1000).await.expect("issues");
+
+    let (ok, out) = datacenters_cli(&a, &["release", "2"]).await;
+    assert!(
+        !ok,
+        "a release while the owner is alive must be refused: {out}"
+    );
+    assert!(
+        out.contains("datacenter id 2 is owned by Consul datacenter \"dc2\", which still has"),
+        "{out}"
+    );
+    assert!(out.contains("worker id 2/0 held by session"), "{out}");
+    let record = claim(&dc1, 2).expect("the claim stays");
+    assert!(!record.contains("\"state\""), "still owned: {record}");
+    let copy = dc2
+        .kv_get("idgen/test/datacenter-confirmed/2")
+        .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+        .expect("dc2's confirmed copy stays");
+    assert!(!copy.contains("\"released\":true"), "put back: {copy}");
+    before.extend(
+        common::snowflake_ids(&b, 1000)
+            .await
+            .expect("the owner still issues"),
+    );
+
+    b.kill();
+    let (ok, out) = datacenters_cli(&a, &["release", "2", "--force"]).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("released datacenter id 2 of Consul datacenter \"dc2\""),
+        "{out}"
+    );
+    let record = claim(&dc1, 2).expect("the released claim stays, with its floor");
+    assert!(record.contains("\"state\":\"released\""), "{record}");
+    let copy = dc2
+        .kv_get("idgen/test/datacenter-confirmed/2")
+        .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+        .expect("the owner's copy is marked released");
+    assert!(copy.contains("\"released\":true"), "{copy}");
+    let (ok, out) = datacenters_cli(&a, &["list"]).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("datacenter 2 released by Consul datacenter dc2"),
+        "{out}"
+    );
+
+    // dc1 takes id 2, its clock 20 s behind the IDs dc2 issued.
+    let c = ChildServer::try_start(
+        &config_with(
+            dir.path(),
+            "c",
+            &dc1,
+            2,
+            &[("clock", "max_startup_skew", "\"60s\"")],
+        ),
+        &["--test-clock-offset-ms", "-20000"],
+    )
+    .unwrap_or_else(|log| panic!("the released id is claimed by dc1: {log}"));
+    let record = claim(&dc1, 2).expect("claimed again");
+    assert!(record.contains("\"consul_datacenter\":\"dc1\""), "{record}");
+    assert!(
+        record.contains("\"floor_ms\""),
+        "the floor is kept: {record}"
+    );
+    let after = common::snowflake_ids(&c, 1000).await.expect("issues");
+    let highest_before = before.iter().max().copied().unwrap_or(0);
+    let lowest_after = after.iter().min().copied().unwrap_or(0);
+    assert!(
+        lowest_after > highest_before,
+        "an ID after the release ({lowest_after}) is not above every ID before it ({highest_before})"
+    );
+    let mut seen = HashSet::new();
+    for id in before.iter().chain(&after) {
+        assert!(seen.insert(*id), "ID {id} handed out twice");
+    }
+    for node in [a, c] {
         assert!(node.terminate().success());
     }
 }

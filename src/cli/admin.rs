@@ -288,6 +288,9 @@ pub async fn run(a: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Layout(cmd) => layout(&mut c, cmd).await?,
         AdminCommand::Formats(cmd) => super::admin_formats::run(&mut c, cmd).await?,
         AdminCommand::Keys(cmd) => super::admin_hide_keys::run(&mut c, cmd).await?,
+        AdminCommand::Datacenters(cmd) => {
+            super::admin_datacenters::run(&mut c, cmd, a.json).await?
+        }
         AdminCommand::SkipAhead { margin, .. } => skip_ahead(&mut c, *margin).await?,
     };
     if a.json {

@@ -529,6 +529,9 @@ pub enum AdminCommand {
     /// (versions and states; never key material).
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Datacenter ids claimed across Consul datacenters: list, release.
+    #[command(subcommand)]
+    Datacenters(DatacentersCommand),
     /// After a Consul snapshot restore: move every counter of the cluster
     /// (segment, strict, lease token, formatted) forward by --margin and
     /// every high-water mark to now + hwm.reserve. Running it twice moves
@@ -546,6 +549,27 @@ pub enum AdminCommand {
         /// whose nodes are all stopped.
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+}
+
+/// `idgen admin datacenters ...`.
+#[derive(Subcommand)]
+pub enum DatacentersCommand {
+    /// Every datacenter id claim in the primary Consul datacenter: owner,
+    /// state (owned, releasing, released) and floor.
+    List,
+    /// Release a datacenter id so that another Consul datacenter can claim
+    /// it (rule 44). Refused while the owner datacenter has a passing node
+    /// or a held worker lock of the id; the next owner starts above the
+    /// old owner's highest mark.
+    Release {
+        /// The datacenter id (`node.datacenter_id`).
+        id: u64,
+        /// Destroy the owner's sessions of the id and wait out their
+        /// lock-delay (up to 60 s) instead of refusing: the owner's nodes
+        /// stop issuing.
+        #[arg(long)]
+        force: bool,
     },
 }
 

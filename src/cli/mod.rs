@@ -6,6 +6,7 @@
 //! share: where to connect, how long to wait, how errors and output read.
 
 pub mod admin;
+pub mod admin_datacenters;
 pub mod admin_formats;
 pub mod admin_hide_keys;
 pub mod args;

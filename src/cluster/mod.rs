@@ -9,12 +9,14 @@
 //! health check so clients find only nodes that are issuing IDs.
 //! Before any of it, `store::datacenter_claim` registers the node's
 //! datacenter id in the primary Consul datacenter, so two Consul
-//! datacenters never share one.
+//! datacenters never share one; [`datacenter_release`] frees one for
+//! another datacenter (rule 44).
 //! [`holders`] reads who holds each worker id and token of a Consul
 //! cluster, and force-releases or renews a holder's session for the
 //! admin API. [`status`] publishes each node's status to Consul KV and
 //! reads every node's back, with Consul's health, for the console.
 
+pub mod datacenter_release;
 pub mod holders;
 pub mod membership;
 pub mod registration;

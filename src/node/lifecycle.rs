@@ -281,6 +281,17 @@ impl Node {
             snapshots: self.snapshots.clone(),
             formats: self.formats.clone(),
             hwm_reserve: config.hwm.reserve,
+            datacenters: match (self.membership.consul(), &config.store.backend) {
+                (Some(client), crate::config::Backend::Consul(cc)) => {
+                    Some(crate::cluster::datacenter_release::Federation {
+                        client: client.clone(),
+                        keys: cc.keys.clone(),
+                        service: cc.service.clone(),
+                        primary: cc.primary_datacenter.clone(),
+                    })
+                }
+                _ => None,
+            },
             hide_keys: self.hide_keys.clone(),
         }
     }

@@ -47,6 +47,51 @@ pub struct DatacenterClaim {
     pub claimed_ms: u64,
     /// The instance that claimed it.
     pub claimed_by: String,
+    /// Where a release (rule 44) stands: owned, or on its way to another
+    /// owner. Absent in records written before releases existed: owned.
+    #[serde(default, skip_serializing_if = "ClaimState::is_owned")]
+    pub state: ClaimState,
+    /// Every ID of this datacenter id issued before the last release is
+    /// below this Unix ms (the old owner's highest mark, rule 44): a node
+    /// of the owner starts above it, whatever its clock says.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub floor_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Where a datacenter claim stands (rule 44).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClaimState {
+    /// The owner's nodes issue on it.
+    #[default]
+    Owned,
+    /// A release has begun: no node and no claimer treats the id as owned
+    /// (the owner's nodes fence at their next check) until the release is
+    /// run again to its end.
+    Releasing,
+    /// Released: the next claim replaces the record (check-and-set) and
+    /// keeps its floor.
+    Released,
+}
+
+impl ClaimState {
+    /// Whether the owner's nodes may issue on the claim.
+    pub fn is_owned(&self) -> bool {
+        *self == ClaimState::Owned
+    }
+
+    /// The state as `idgen admin datacenters list` shows it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ClaimState::Owned => "owned",
+            ClaimState::Releasing => "releasing",
+            ClaimState::Released => "released",
+        }
+    }
 }
 
 /// The copy of a confirmed claim a node keeps in its own Consul
@@ -62,7 +107,7 @@ pub struct ConfirmedClaim {
     pub primary: String,
     /// When the primary confirmed it, Unix ms.
     pub confirmed_ms: u64,
-    /// Set by a release (rule 43) before the primary's claim is removed:
+    /// Set by a release (rule 44) before the primary's claim is removed:
     /// from then on the copy vouches for nothing.
     #[serde(default)]
     pub released: bool,
@@ -88,6 +133,14 @@ pub enum DatacenterClaimError {
     /// The claim this node relied on is gone (released by an operator).
     #[error("the claim of datacenter id {id} was removed from the primary Consul datacenter {primary:?}: this node stops issuing; restart it to claim the id again")]
     Released {
+        /// The datacenter id.
+        id: u64,
+        /// The primary datacenter.
+        primary: String,
+    },
+    /// An operator is releasing the id (`idgen admin datacenters release`).
+    #[error("datacenter id {id} is being released (its claim in the primary Consul datacenter {primary:?} is marked releasing, rule 44): no node issues on it until the release ends; run `idgen admin datacenters release {id}` again to finish it, then start this datacenter's nodes to claim it anew")]
+    Releasing {
         /// The datacenter id.
         id: u64,
         /// The primary datacenter.
@@ -163,6 +216,8 @@ struct Reach {
     unreachable_since: Option<Instant>,
     /// When the last WARN about it was logged.
     warned: Option<Instant>,
+    /// The floor of the claim as last confirmed (rule 44).
+    floor_ms: u64,
 }
 
 impl DatacenterRegistry {
@@ -237,6 +292,11 @@ impl DatacenterRegistry {
 
     /// The claim as the primary holds it now (`?consistent`).
     async fn read(&self) -> Result<Option<DatacenterClaim>, DatacenterClaimError> {
+        Ok(self.read_indexed().await?.map(|(claim, _)| claim))
+    }
+
+    /// The claim and its ModifyIndex (for a check-and-set).
+    async fn read_indexed(&self) -> Result<Option<(DatacenterClaim, u64)>, DatacenterClaimError> {
         let (entry, _) = self
             .primary
             .kv_get(&self.key, Consistency::Consistent)
@@ -244,19 +304,33 @@ impl DatacenterRegistry {
             .map_err(|e| self.unreachable(e))?;
         entry
             .map(|e| {
-                serde_json::from_slice(&e.value).map_err(|_| DatacenterClaimError::Corrupt {
-                    key: self.key.clone(),
-                    primary: self.primary_name.clone(),
-                    text: String::from_utf8_lossy(&e.value)
-                        .chars()
-                        .take(200)
-                        .collect(),
-                })
+                parse_claim(&e.value)
+                    .map(|claim| (claim, e.modify_index))
+                    .ok_or_else(|| DatacenterClaimError::Corrupt {
+                        key: self.key.clone(),
+                        primary: self.primary_name.clone(),
+                        text: String::from_utf8_lossy(&e.value)
+                            .chars()
+                            .take(200)
+                            .collect(),
+                    })
             })
             .transpose()
     }
 
+    /// The floor a release left on this id (rule 44): every mark of this
+    /// node is read at or above it. 0 before the claim was read.
+    pub fn floor_ms(&self) -> u64 {
+        self.reach().floor_ms
+    }
+
     fn owned(&self, claim: DatacenterClaim) -> Result<DatacenterClaim, DatacenterClaimError> {
+        if !claim.state.is_owned() {
+            return Err(DatacenterClaimError::Releasing {
+                id: self.id,
+                primary: self.primary_name.clone(),
+            });
+        }
         if claim.consul_datacenter == self.local {
             return Ok(claim);
         }
@@ -277,16 +351,23 @@ impl DatacenterRegistry {
     pub async fn ensure(&self, instance: &str) -> Result<DatacenterClaim, DatacenterClaimError> {
         for _ in 0..3 {
             let cache_index = self.cache_index().await;
-            match self.read().await {
-                Ok(Some(claim)) => return self.confirmed(claim, cache_index).await,
-                Ok(None) => {}
+            let index = match self.read_indexed().await {
+                Ok(Some((claim, _))) if claim.state != ClaimState::Released => {
+                    return self.confirmed(claim, cache_index).await
+                }
+                // Released (rule 44): replaced by check-and-set, floor kept.
+                Ok(Some((old, index))) => Some((old.floor_ms, index)),
+                Ok(None) => None,
                 Err(e) => return self.without_primary(e).await,
-            }
+            };
+            let (floor_ms, cas) = index.unwrap_or((0, 0));
             let claim = DatacenterClaim {
                 consul_datacenter: self.local.clone(),
                 cluster: self.cluster.clone(),
                 claimed_ms: now_ms(),
                 claimed_by: instance.to_owned(),
+                state: ClaimState::Owned,
+                floor_ms,
             };
             let value = serde_json::to_vec(&claim).map_err(|e| DatacenterClaimError::Corrupt {
                 key: self.key.clone(),
@@ -297,11 +378,11 @@ impl DatacenterRegistry {
             // (next round) says who owns the id.
             match self
                 .primary
-                .kv_put(&self.key, &value, KvWrite::Cas(0))
+                .kv_put(&self.key, &value, KvWrite::Cas(cas))
                 .await
             {
                 Ok(true) => {
-                    tracing::info!(datacenter_id = self.id, consul_datacenter = %self.local, primary = %self.primary_name, "datacenter id claimed in the primary Consul datacenter");
+                    tracing::info!(datacenter_id = self.id, consul_datacenter = %self.local, primary = %self.primary_name, floor_ms, "datacenter id claimed in the primary Consul datacenter");
                 }
                 Ok(false) => {}
                 Err(e) if e.outcome_unknown() => {}
@@ -342,7 +423,7 @@ impl DatacenterRegistry {
     /// when this process still has to write the copy (None: nothing to
     /// write, or the local read failed: the copy is written next time).
     /// The write is a check-and-set on it, so a release that marked the
-    /// copy released after this read (rule 43) is never overwritten by a
+    /// copy released after this read (rule 44) is never overwritten by a
     /// confirmation the primary gave before the release.
     async fn cache_index(&self) -> Option<u64> {
         if !self.is_remote() || self.reach().cache_written {
@@ -367,6 +448,7 @@ impl DatacenterRegistry {
         cache_index: Option<u64>,
     ) -> Result<DatacenterClaim, DatacenterClaimError> {
         let claim = self.owned(claim)?;
+        self.reach().floor_ms = claim.floor_ms;
         metrics::gauge!(m::DATACENTER_PRIMARY_REACHABLE).set(1.0);
         if let Some(since) = self.reach().unreachable_since.take() {
             tracing::info!(primary = %self.primary_name, datacenter_id = self.id, unreachable_s = since.elapsed().as_secs(), "the primary Consul datacenter answers again and confirmed this datacenter's claim");
@@ -444,6 +526,7 @@ impl DatacenterRegistry {
             return Err(refuse("names another datacenter, cluster or primary"));
         }
         self.warn_unreachable(&copy);
+        self.reach().floor_ms = copy.claim.floor_ms;
         Ok(copy.claim)
     }
 
@@ -473,6 +556,11 @@ impl DatacenterRegistry {
     }
 }
 
+/// A claim record, or `None` when the bytes are not one.
+pub fn parse_claim(value: &[u8]) -> Option<DatacenterClaim> {
+    serde_json::from_slice(value).ok()
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -499,5 +587,27 @@ mod tests {
         let back: ConfirmedClaim = serde_json::from_str(&text).expect("parses");
         assert_eq!(back, marked);
         assert!(back.released);
+    }
+
+    /// A claim written before releases existed reads as owned with no
+    /// floor (and is written back without the new fields), and a released
+    /// claim keeps its state and floor through the round trip (rule 44).
+    #[test]
+    fn a_claim_is_owned_unless_marked_and_keeps_its_floor() {
+        let old = r#"{"consul_datacenter":"dc2","cluster":"test","claimed_ms":1,"claimed_by":"b"}"#;
+        let claim = parse_claim(old.as_bytes()).expect("parses");
+        assert_eq!(claim.state, ClaimState::Owned);
+        assert_eq!(claim.floor_ms, 0);
+        let text = serde_json::to_string(&claim).expect("serializes");
+        assert_eq!(text, old);
+        let released = DatacenterClaim {
+            state: ClaimState::Released,
+            floor_ms: 42,
+            ..claim
+        };
+        let text = serde_json::to_string(&released).expect("serializes");
+        assert!(text.contains(r#""state":"released""#), "{text}");
+        assert_eq!(parse_claim(text.as_bytes()), Some(released));
+        assert_eq!(parse_claim(b"not a claim"), None);
     }
 }

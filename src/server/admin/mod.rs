@@ -20,8 +20,8 @@
 //!
 //! One file per concern: `auth.rs` (credentials) with `auth_throttle.rs`
 //! (failed logins per peer), `tags.rs`, `strict.rs`, `holders.rs`,
-//! `layout.rs`, `formats.rs`, `keys.rs` (hide keys) and `backup.rs` (with
-//! the skip-ahead). This
+//! `layout.rs`, `formats.rs`, `keys.rs` (hide keys), `datacenters.rs`
+//! (datacenter id claims) and `backup.rs` (with the skip-ahead). This
 //! file holds the service, its dependencies and the routing of each RPC
 //! through [`AdminService::call`].
 
@@ -52,6 +52,7 @@ use crate::store::{SegmentStore, StoreError, WorkerKey};
 mod auth;
 mod auth_throttle;
 mod backup;
+mod datacenters;
 mod formats;
 mod hide_keys;
 mod holders;
@@ -101,6 +102,9 @@ pub struct AdminDeps {
     pub hwm_reserve: Duration,
     /// The hide key rings (`CreateHideKey`, `RotateHideKey`, ...).
     pub hide_keys: crate::modes::hide_keys::HideKeyRings,
+    /// The Consul datacenters' claims (`ListDatacenters`,
+    /// `ReleaseDatacenter`), on the Consul backend.
+    pub datacenters: Option<crate::cluster::datacenter_release::Federation>,
 }
 
 /// What this node holds, reported by `ListHolders` on the embedded
@@ -410,10 +414,12 @@ admin_routes! {
         list_formats(ListFormatsRequest) -> ListFormatsResponse = "ListFormats";
         reload_formats(ReloadFormatsRequest) -> ReloadFormatsResponse = "ReloadFormats";
         list_hide_keys(ListHideKeysRequest) -> ListHideKeysResponse = "ListHideKeys";
+        list_datacenters(ListDatacentersRequest) -> ListDatacentersResponse = "ListDatacenters";
     }
     with_caller {
         create_hide_key(CreateHideKeyRequest) -> HideKeyChangeResponse = "CreateHideKey";
         rotate_hide_key(RotateHideKeyRequest) -> HideKeyChangeResponse = "RotateHideKey";
         retire_hide_key(RetireHideKeyRequest) -> HideKeyChangeResponse = "RetireHideKey";
+        release_datacenter(ReleaseDatacenterRequest) -> ReleaseDatacenterResponse = "ReleaseDatacenter";
     }
 }

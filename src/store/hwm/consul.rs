@@ -161,7 +161,16 @@ impl HwmStore for ConsulHwmStore {
             .as_ref()
             .filter(|g| g.floor_ms > 0)
             .map(|g| g.floor_ms - 1);
-        Ok(stored.max(floor))
+        // Rule 44: a datacenter id released by another Consul datacenter
+        // carries that owner's highest mark; its marks stay in the old
+        // owner's KV, so without this floor only the clock would keep this
+        // node's IDs above the old owner's.
+        let released_floor = self
+            .datacenter
+            .as_ref()
+            .map(DatacenterRegistry::floor_ms)
+            .filter(|f| *f > 0);
+        Ok(stored.max(floor).max(released_floor))
     }
 
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
