@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{write_cluster_config, ChildServer};
+use common::{write_datacenter_config, ChildServer};
 use consul_testserver::TestConsul;
 use idgen_client::{Client, ConsulDiscovery, Error, Mode, PrefetchConfig};
 
@@ -28,14 +28,12 @@ fn datacenter_of(id: u64) -> u64 {
 /// A node of `consul` (one datacenter's agent) with `datacenter_id`,
 /// strict and segment mode on.
 fn config(dir: &Path, name: &str, consul: &TestConsul, datacenter_id: u64) -> PathBuf {
-    let id = datacenter_id.to_string();
-    write_cluster_config(
+    write_datacenter_config(
         dir,
         name,
         consul.addr(),
+        datacenter_id,
         &[
-            ("node", "datacenter_id", &id),
-            ("consul", "primary_datacenter", "\"dc1\""),
             ("strict", "enabled", "true"),
             ("segment", "enabled", "true"),
             ("segment", "auto_create", "true"),

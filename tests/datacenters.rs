@@ -13,21 +13,12 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{write_cluster_config, ChildServer};
+use common::{write_datacenter_config, ChildServer};
 use consul_testserver::TestConsul;
 
 /// A node of `consul` (one datacenter's agent) with `datacenter_id`.
 fn config(dir: &Path, name: &str, consul: &TestConsul, datacenter_id: u64) -> PathBuf {
-    let id = datacenter_id.to_string();
-    write_cluster_config(
-        dir,
-        name,
-        consul.addr(),
-        &[
-            ("node", "datacenter_id", &id),
-            ("consul", "primary_datacenter", "\"dc1\""),
-        ],
-    )
+    write_datacenter_config(dir, name, consul.addr(), datacenter_id, &[])
 }
 
 /// [`config`] with more keys (`("section", "key", "toml value")`).
@@ -38,13 +29,7 @@ fn config_with(
     datacenter_id: u64,
     set: &[(&str, &str, &str)],
 ) -> PathBuf {
-    let id = datacenter_id.to_string();
-    let mut all = vec![
-        ("node", "datacenter_id", id.as_str()),
-        ("consul", "primary_datacenter", "\"dc1\""),
-    ];
-    all.extend_from_slice(set);
-    write_cluster_config(dir, name, consul.addr(), &all)
+    write_datacenter_config(dir, name, consul.addr(), datacenter_id, set)
 }
 
 /// The admin token of the node the release tests call.

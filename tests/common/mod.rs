@@ -321,6 +321,25 @@ pub async fn wait_for_status(url: &str, status: u16) -> bool {
     false
 }
 
+/// [`write_cluster_config`] for a node of one Consul datacenter (the
+/// agent at `consul`) with `node.datacenter_id = datacenter_id` and `dc1`
+/// as the primary datacenter, plus `set`.
+pub fn write_datacenter_config(
+    dir: &Path,
+    name: &str,
+    consul: SocketAddr,
+    datacenter_id: u64,
+    set: &[(&str, &str, &str)],
+) -> PathBuf {
+    let id = datacenter_id.to_string();
+    let mut all = vec![
+        ("node", "datacenter_id", id.as_str()),
+        ("consul", "primary_datacenter", "\"dc1\""),
+    ];
+    all.extend_from_slice(set);
+    write_cluster_config(dir, name, consul, &all)
+}
+
 /// A cluster-mode config file for a child `idgen serve`: Consul backend at
 /// `consul`, instance `name`, short lease timings (TTL 2 s, lock-delay
 /// 2 s, margin 800 ms), JSON logs. `set` overrides or adds keys as
