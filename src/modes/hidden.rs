@@ -224,6 +224,17 @@ fn fitting<'a>(keys: &[&'a HideKey], max: KeyVersion) -> Vec<&'a HideKey> {
         .collect()
 }
 
+/// The largest version a field of `version_bits` holds (1 to 8 bits; the
+/// hiders refuse other widths themselves, so any other width passes every
+/// key through to that refusal).
+fn field_max(version_bits: u32) -> KeyVersion {
+    if (1..=8).contains(&version_bits) {
+        ((1u32 << version_bits) - 1) as KeyVersion
+    } else {
+        KeyVersion::MAX
+    }
+}
+
 /// The output of a hidden segment tag or lease zone: [`IntHider`] over its
 /// widths.
 pub fn int_output(
@@ -238,13 +249,7 @@ pub fn int_output(
         key_id,
         rings,
         Box::new(move |keys, active| {
-            // The field's largest version (1 to 8 bits; IntHider refuses
-            // other widths itself).
-            let max = if (1..=8).contains(&version_bits) {
-                ((1u32 << version_bits) - 1) as KeyVersion
-            } else {
-                KeyVersion::MAX
-            };
+            let max = field_max(version_bits);
             IntHider::new(&fitting(keys, max), active, version_bits, domain_bits)
         }),
     )
@@ -264,7 +269,9 @@ pub fn snowflake_output(
         key_id,
         rings,
         Box::new(move |keys, active| {
-            SnowflakeHider::new(keys, active, &layout, hiding, version_bits)
+            // A ring rotated past this field still reveals the IDs it made.
+            let max = field_max(version_bits);
+            SnowflakeHider::new(&fitting(keys, max), active, &layout, hiding, version_bits)
         }),
     )
 }
@@ -546,5 +553,53 @@ mod tests {
             w.hider().reveal(w.hide(7).expect("hide")).ok(),
             Some((10, 7))
         );
+    }
+
+    /// The same for a hidden snowflake layout: a key id shared with a
+    /// wider field and rotated past the layout's 1-bit version field
+    /// stops the layout issuing, and every snowflake ID it made still
+    /// reveals (DecodeId) to the internal ID it was made from.
+    #[tokio::test]
+    async fn a_snowflake_layout_whose_key_rotated_past_its_field_still_reveals_its_ids() {
+        use crate::id::{LayoutSpec, DEFAULT_EPOCH_MS};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::store::EmbeddedStore::create(&dir.path().join("s.redb"), "test")
+            .expect("state file");
+        let master = Arc::new(MasterKey::from_bytes([4; 32]));
+        let keys = HideKeys::new(Arc::new(store), Some(master));
+        let rings = HideKeyRings::load(Arc::new(keys)).await.expect("rings");
+        rings.create("k", "test").await.expect("create");
+        let layout = LayoutSpec {
+            epoch_ms: DEFAULT_EPOCH_MS,
+            time_unit_ms: 1,
+            time_bits: 41,
+            datacenter_bits: 5,
+            worker_bits: 5,
+            sequence_bits: 12,
+        }
+        .validate(DEFAULT_EPOCH_MS + 1)
+        .expect("layout");
+        let out = snowflake_output("k", Some(rings.clone()), layout, SnowflakeHiding::Opaque, 1);
+        let internal: Vec<u64> = (0..50u64).map(|i| i * 1_000_003 + 17).collect();
+        let shown: Vec<u64> = internal
+            .iter()
+            .map(|i| out.ready().expect("v0 issues").hide(*i).expect("hide"))
+            .collect();
+        rings.rotate("k", "test").await.expect("rotate to 1");
+        let one = out
+            .ready()
+            .expect("version 1 fits 1 bit")
+            .hide(5)
+            .expect("hide");
+        rings.rotate("k", "test").await.expect("rotate to 2");
+        let refused = out.ready().err().expect("version 2 does not fit 1 bit");
+        assert!(refused.to_string().contains("version 2"), "{refused}");
+        for (s, i) in shown.iter().zip(&internal) {
+            match out.reveal(*s) {
+                Ok(v) => assert_eq!(v, (0, *i)),
+                Err(_) => panic!("snowflake {s} of version 0 no longer reveals"),
+            }
+        }
+        assert_eq!(out.reveal(one).ok(), Some((1, 5)));
     }
 }
