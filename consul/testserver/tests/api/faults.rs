@@ -15,10 +15,13 @@ async fn refuse_closes_the_port_and_reopens_it() {
         "pooled connection is open"
     );
     consul.faults().refuse("agent-0", true);
-    let started = Instant::now();
+    // Refused, not left hanging: the error is the connection's, not the
+    // client's 5 s timeout.
     let err = api.try_send(reqwest::Method::GET, "kv/x", vec![]).await;
-    assert!(err.is_err(), "request must fail while refused");
-    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        err.as_ref().is_err_and(|e| !e.is_timeout()),
+        "request must fail at once while refused: {err:?}"
+    );
     let fresh = Api::new(consul.addr());
     let err = fresh.try_send(reqwest::Method::GET, "kv/x", vec![]).await;
     assert!(err.as_ref().is_err_and(|e| e.is_connect()), "{err:?}");
@@ -56,10 +59,14 @@ async fn delay_slows_answers_but_applies_writes() {
         "applied anyway"
     );
 
+    // A delay far past the client's 5 s timeout, then none: the answer
+    // comes (a delay left in place would time the request out).
+    consul
+        .faults()
+        .delay("agent-0", Some(Duration::from_secs(3600)));
     consul.faults().delay("agent-0", None);
-    let started = Instant::now();
-    api.get("kv/slow").await;
-    assert!(started.elapsed() < Duration::from_millis(300));
+    let r = api.try_send(reqwest::Method::GET, "kv/slow", vec![]).await;
+    assert!(r.is_ok_and(|r| r.status == 200), "the delay was not lifted");
 }
 
 #[tokio::test]
