@@ -24,6 +24,15 @@ def binary(var: str, name: str) -> str:
     return path
 
 
+def node_env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+    """The environment of a node: this process's without its IDGEN_*
+    variables (a node reads every IDGEN_* as a setting and refuses one that
+    names no key, e.g. the test runner's IDGEN_CLIENT_PYTHON), plus the
+    settings the test gives."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("IDGEN_")}
+    return dict(inherited, **(extra or {}))
+
+
 class Node:
     """One `idgen serve` process; `grpc` is its host:port once ready."""
 
@@ -31,7 +40,7 @@ class Node:
         self.proc = subprocess.Popen(
             [binary("TEST_IDGEN_BIN", "idgen"), "serve", "--config", config],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=dict(os.environ, **(env or {})), text=True)
+            env=node_env(env), text=True)
         self.log: List[str] = []
         ready = threading.Event()
         self.grpc = ""
