@@ -236,6 +236,8 @@ def fmt(v, unit):
         return f"{v:.1f} ns" if abs(v) >= 10 else f"{v:.2f} ns"
     if unit == "ms":
         return f"{v:.1f} ms"
+    if unit == "us":
+        return f"{v:.1f} us"
     return f"{v:g}"
 
 

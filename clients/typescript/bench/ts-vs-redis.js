@@ -15,7 +15,7 @@
 const { Client } = require('@idgen/client');
 const Redis = require('ioredis');
 const { appendFileSync, closeSync, openSync, readSync } = require('node:fs');
-const { PerformanceObserver, performance } = require('node:perf_hooks');
+const { PerformanceObserver, constants, performance } = require('node:perf_hooks');
 
 const [nodesArg, redisPort, roundsArg, victimArg] = process.argv.slice(2);
 const rounds = Number(roundsArg ?? 5);
@@ -64,6 +64,14 @@ function coreWaitClock() {
   };
 }
 
+/** perf_hooks' names for the collector's pauses (entry.detail.kind). */
+const GC_KINDS = {
+  [constants.NODE_PERFORMANCE_GC_MINOR]: 'scavenge',
+  [constants.NODE_PERFORMANCE_GC_MAJOR]: 'mark-compact',
+  [constants.NODE_PERFORMANCE_GC_INCREMENTAL]: 'incremental marking',
+  [constants.NODE_PERFORMANCE_GC_WEAKCB]: 'weak callbacks',
+};
+
 /** Calls per reading of the core-wait clock (a reading is a system call, ~2 us: 256 calls take ~0.1 ms). */
 const WINDOW = 256;
 
@@ -86,7 +94,7 @@ async function failover(ids, victim) {
   const waitAt = new Float64Array(windows + 1);
   const pauses = [];
   const gc = new PerformanceObserver((list) => {
-    for (const e of list.getEntries()) pauses.push([e.startTime, e.duration]);
+    for (const e of list.getEntries()) pauses.push([e.startTime, e.duration, GC_KINDS[e.detail?.kind] ?? 'other']);
   });
   gc.observe({ entryTypes: ['gc'] });
   const clock = coreWaitClock();
@@ -123,8 +131,11 @@ async function failover(ids, victim) {
   const w = Math.floor(longestI / WINDOW);
   const coreWait = waitAt[w + 1] - waitAt[w];
   let inGc = 0;
-  for (const [start, d] of pauses) {
-    inGc += Math.max(0, Math.min(start + d, longestAt + longest) - Math.max(start, longestAt));
+  const kinds = new Set();
+  for (const [start, d, kind] of pauses) {
+    const overlap = Math.max(0, Math.min(start + d, longestAt + longest) - Math.max(start, longestAt));
+    inGc += overlap;
+    if (overlap > 0) kinds.add(kind);
   }
   took.sort();
   const p999 = took[Math.min(total - 1, Math.floor(total * 0.999))];
@@ -137,7 +148,8 @@ async function failover(ids, victim) {
   const wait = Number.isNaN(coreWait) ? 'core wait unknown' : `the window around it waited ${coreWait.toFixed(1)} ms for a core`;
   console.log(
     `${what}: ${errors} errors, ${dups} duplicates, longest nextId ${longest.toFixed(1)} ms` +
-      ` (${wait}; GC pauses in it ${inGc.toFixed(1)} ms), p99.9 ${p999.toFixed(3)} ms,` +
+      ` (${wait}; GC pauses in it ${inGc.toFixed(1)} ms${kinds.size ? `: ${[...kinds].join(', ')}` : ''}),` +
+      ` p99.9 ${p999.toFixed(3)} ms,` +
       ` calls over 10 ms: ${over10}, calls that waited for a refill: ${waits}`,
   );
   return { errors, dups, ms: longest, p999, coreWait, inGc };
@@ -179,7 +191,7 @@ function record(rows) {
     const waited = Number.isNaN(f.coreWait) ? [] : [['ts-client-sigkill-longest-core-wait', f.coreWait.toFixed(1), 'ms']];
     record([
       ['ts-client-sigkill-longest', f.ms.toFixed(1), 'ms'],
-      ['ts-client-sigkill-p999', f.p999.toFixed(3), 'ms'],
+      ['ts-client-sigkill-p999', (f.p999 * 1000).toFixed(1), 'us'],
       ...waited,
       ['ts-client-nokill-longest', c.ms.toFixed(1), 'ms'],
       ['ts-client-sigkill-errors', String(f.errors), 'count'],
