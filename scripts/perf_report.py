@@ -115,6 +115,12 @@ FIGURES = {
         " (target: under 50 ms)",
         [],
     ),
+    "ts-client-sigkill-p999": ("Same: p99.9 of the `nextId()` calls through the SIGKILL", []),
+    "ts-client-sigkill-longest-core-wait": (
+        "Same: of the longest call, the time the loop waited for a core (Linux run queue)",
+        [],
+    ),
+    "ts-client-nokill-longest": ("Same load, no kill (control): the longest `nextId()`", []),
     "ts-client-sigkill-errors": ("Same: calls that failed (target: 0)", []),
     "ts-client-sigkill-duplicates": ("Same: IDs handed out twice (target: 0)", []),
     "redis-incr-c50-fsync-no": ("Redis INCR, redis-benchmark -c 50, no persistence", []),
@@ -230,6 +236,8 @@ def fmt(v, unit):
         return f"{v:.1f} ns" if abs(v) >= 10 else f"{v:.2f} ns"
     if unit == "ms":
         return f"{v:.1f} ms"
+    if unit == "us":
+        return f"{v:.1f} us"
     return f"{v:g}"
 
 

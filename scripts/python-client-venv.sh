@@ -3,8 +3,10 @@
 # clients/python (pip fetches its build backend and grpcio-tools from
 # PyPI; the stubs are generated from proto/ during the build) and installs
 # it, with prometheus_client, into a fresh virtualenv
-# ${TMPDIR:-/tmp}/idgen-client-venv. Does nothing when that virtualenv was
-# made from the same clients/python and proto (a stamp of their content).
+# ${TMPDIR:-/tmp}/idgen-client-venv, and keeps the wheel in its dist/
+# (scripts/python39.sh installs that same file on Python 3.9). Does
+# nothing when that virtualenv was made from the same clients/python and
+# proto (a stamp of their content).
 # Called by scripts/setup.sh and by the conformance registry
 # (clients/conformance/drivers.json).
 set -euo pipefail
@@ -12,7 +14,8 @@ repo_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 client_venv="${TMPDIR:-/tmp}/idgen-client-venv"
 stamp=$(cd "$repo_dir" && find clients/python proto/idgen -type f \
   -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
-if [ "$(cat "$client_venv/.idgen-stamp" 2>/dev/null)" = "$stamp" ]; then
+if [ "$(cat "$client_venv/.idgen-stamp" 2>/dev/null)" = "$stamp" ] &&
+  ls "$client_venv"/dist/idgen_client-*.whl >/dev/null 2>&1; then
   exit 0
 fi
 echo "python-client-venv: building the wheel and installing it into $client_venv"
@@ -25,4 +28,6 @@ rm -rf "$client_venv"
 python3 -m venv "$client_venv"
 "$client_venv/bin/pip" install --quiet --disable-pip-version-check \
   "$(ls "$wheel_dir"/idgen_client-*.whl)[prometheus]"
+mkdir "$client_venv/dist"
+cp "$wheel_dir"/idgen_client-*.whl "$client_venv/dist/"
 echo "$stamp" > "$client_venv/.idgen-stamp"

@@ -29,6 +29,8 @@
 #     ${TMPDIR:-/tmp}/idgen-client-venv, remade whenever clients/python or
 #     the proto changed (scripts/python-client-venv.sh; for
 #     tests/client_python.rs, tests/newcomer.rs and the conformance suite).
+#   - Python 3.9 (Debian 11's python3.9; scripts/python39.sh install): the
+#     Python client's suite also runs on the oldest Python it accepts.
 #   - clients/typescript/node_modules from its package-lock.json (`npm
 #     ci`): the npm package's build tools (scripts/test.sh packs it).
 # protoc is NOT needed: the proto is compiled by protox, in Rust.
@@ -55,6 +57,9 @@ if [ "${#need[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
+
+# Debian 12 has no Python 3.9: bullseye's, for the Python client's floor.
+bash "$(dirname "$0")/python39.sh" install
 
 command -v cargo >/dev/null 2>&1 || {
   echo "setup: cargo not found; install a Rust toolchain (rustup) first" >&2

@@ -8,8 +8,8 @@
 # and unit tests of the alert rules, systemd-analyze verify, Kubernetes
 # manifests validated offline; scripts/check-deploy.sh), the client crate
 # against real nodes, every client's conformance driver (clients/conformance),
-# the Python client as installed, the npm package (clients/typescript,
-# packed and installed), the admin console in
+# the Python client as installed (on Python 3.11 and 3.9), the npm package
+# (clients/typescript, packed and installed), the admin console in
 # headless Chromium (tests/console.rs), the Prometheus scrape config
 # through Consul, and every shell block of the docs against real processes
 # (tests/doc_commands.rs, docs/CONTRIBUTING.md). Installs what it needs
@@ -41,6 +41,9 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += 
 # listed driver that cannot be built fails here (about 25 s per language).
 # The idgen binary is cargo test's build, consul-testserver consul-interop.sh's.
 bin_dir="${CARGO_TARGET_DIR:-target}/debug"
+# The Python client's wheel on Python 3.9, the oldest it accepts: its suite
+# and its conformance driver there (scripts/python39.sh; about a minute).
+bash scripts/python39.sh test "$bin_dir/idgen" "$bin_dir/consul-testserver" || status=$?
 python3 clients/conformance/run.py --idgen "$bin_dir/idgen" \
   --consul-testserver "$bin_dir/consul-testserver" --registry || status=$?
 exit "$status"

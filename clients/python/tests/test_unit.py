@@ -45,19 +45,77 @@ class Installed(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(here, "py.typed")))
 
 
+# What runs only on a newer Python than the floor without being new
+# syntax (so ast.parse with feature_version lets it through): minor
+# version -> calls given these keywords, attributes, builtins.
+NEWER_KEYWORDS = {10: {"zip": {"strict"}, "dataclass": {"slots", "kw_only"}}}
+NEWER_ATTRIBUTES = {11: {("asyncio", "timeout"), ("asyncio", "timeout_at"),
+                         ("asyncio", "TaskGroup")}}
+NEWER_BUILTINS = {10: {"aiter", "anext"}}
+
+
+def _name(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def newer_than_floor(tree, minor):
+    """Run-time uses of Python 3.(minor+1)+ in a parsed source: `X | Y`
+    on a type outside an annotation (or in one without `from __future__
+    import annotations`), and the calls and names of the tables above."""
+    found = []
+    postponed = any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
+                    and any(a.name == "annotations" for a in n.names) for n in tree.body)
+    annotations = set()
+    for node in ast.walk(tree):
+        for ann in (getattr(node, "annotation", None), getattr(node, "returns", None)):
+            if ann is not None and postponed:
+                annotations.update(id(n) for n in ast.walk(ann))
+    for node in ast.walk(tree):
+        where = "line %d" % getattr(node, "lineno", 0)
+        if (minor < 10 and isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr)
+                and id(node) not in annotations
+                and any((isinstance(s, ast.Constant) and s.value is None)
+                        or _name(s) in ("int", "str", "bytes", "float", "bool", "list",
+                                        "dict", "tuple", "set", "Optional")
+                        or isinstance(s, ast.Subscript) for s in (node.left, node.right))):
+            found.append("%s: `X | Y` of types (3.10)" % where)
+        if isinstance(node, ast.Call):
+            for v, table in NEWER_KEYWORDS.items():
+                banned = table.get(_name(node.func), set())
+                for kw in node.keywords:
+                    if v > minor and kw.arg in banned:
+                        found.append("%s: %s(%s=) (3.%d)" % (where, _name(node.func), kw.arg, v))
+            for v, names in NEWER_BUILTINS.items():
+                if v > minor and isinstance(node.func, ast.Name) and node.func.id in names:
+                    found.append("%s: %s() (3.%d)" % (where, node.func.id, v))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            for v, pairs in NEWER_ATTRIBUTES.items():
+                if v > minor and (node.value.id, node.attr) in pairs:
+                    found.append("%s: %s.%s (3.%d)" % (where, node.value.id, node.attr, v))
+    return found
+
+
 class PythonFloor(unittest.TestCase):
-    def test_every_source_parses_as_the_oldest_python_the_package_accepts(self):
+    def floor_and_sources(self):
         # The suite runs on a newer Python than the floor users may have:
-        # newer syntax (except*, type aliases, ...) would install there
-        # and fail at import. The floor is the wheel's own Requires-Python.
+        # newer syntax (except*, match, ...) or library calls would
+        # install there and fail at import or at run time. The floor is
+        # the wheel's own Requires-Python.
         floor = importlib.metadata.metadata("idgen-client")["Requires-Python"]
         m = re.fullmatch(r">=\s*3\.(\d+)", floor.strip())
         self.assertIsNotNone(m, "Requires-Python %r is not >=3.N" % floor)
-        minor = int(m.group(1))
         root = os.path.dirname(idgen_client.__file__)
         sources = [os.path.join(d, f) for d, _, files in os.walk(root) for f in files
                    if f.endswith(".py")]
         self.assertGreater(len(sources), 10)
+        return int(m.group(1)), sources
+
+    def test_every_source_parses_as_the_oldest_python_the_package_accepts(self):
+        minor, sources = self.floor_and_sources()
         for path in sources:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
@@ -65,6 +123,22 @@ class PythonFloor(unittest.TestCase):
                 ast.parse(text, path, feature_version=(3, minor))
             except SyntaxError as e:
                 self.fail("%s is not Python 3.%d syntax: %s" % (path, minor, e))
+
+    def test_no_source_uses_at_run_time_what_the_oldest_python_lacks(self):
+        minor, sources = self.floor_and_sources()
+        for path in sources:
+            with open(path, encoding="utf-8") as f:
+                found = newer_than_floor(ast.parse(f.read(), path), minor)
+            self.assertEqual(found, [], "%s needs a newer Python than 3.%d" % (path, minor))
+
+    def test_the_run_time_check_sees_what_it_looks_for(self):
+        newer = ("x: int | None = None\nT = int | None\nisinstance(1, (int | str))\n"
+                 "zip(a, b, strict=True)\n@dataclass(slots=True)\nclass C: pass\n"
+                 "async def f():\n    async with asyncio.timeout(1): await anext(g)\n")
+        self.assertEqual(len(newer_than_floor(ast.parse(newer), 9)), 7)
+        self.assertEqual(newer_than_floor(ast.parse(newer), 11), [])
+        fine = "from __future__ import annotations\nx: int | None = None\nflags = 1 | 2\n"
+        self.assertEqual(newer_than_floor(ast.parse(fine), 9), [])
 
 
 class StrictKeyHash(unittest.TestCase):
