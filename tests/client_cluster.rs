@@ -655,17 +655,19 @@ async fn a_stopped_node_costs_one_attempt_and_the_other_node_answers() {
     // it would have failed.
     let mut workers = HashSet::new();
     for _ in 0..20 {
-        let id = client
-            .gen_id(Mode::Snowflake, "")
+        let (ids, node) = client
+            .gen_ids_from(Mode::Snowflake, "", 1)
             .await
             .expect("answered by the other node");
-        workers.insert(worker_of(id));
+        assert_eq!(node, healthy.grpc.to_string(), "the answering node");
+        workers.extend(ids.into_iter().map(worker_of));
     }
     assert_eq!(
         workers,
         HashSet::from([2]),
         "answered by the healthy node only"
     );
+    strict_calls_on_the_stopped_node_end_at_the_attempt_timeout(&stopped, &healthy).await;
     // With the healthy node gone too, the error says which node did what,
     // never a bare "Unknown: transport error".
     let healthy_addr = healthy.grpc.to_string();
@@ -689,6 +691,51 @@ async fn a_stopped_node_costs_one_attempt_and_the_other_node_answers() {
     );
     signal(&stopped, "-CONT");
     drop(stopped);
+}
+
+/// Strict calls on a key of the `stopped` node, each from a fresh client
+/// (a stalled strict call sets its node aside): each ends with the
+/// attempt timeout after one attempt, never sent again, and never as a
+/// transport failure. tonic ends a call at the `grpc-timeout` it sends,
+/// the attempt's budget, often before the attempt timeout fires; that
+/// used to count as a transport error: an HTTP/1.1 probe of the stopped
+/// node on top of the budget, then UNAVAILABLE (in 39 of 50 conformance
+/// runs; five rounds here).
+async fn strict_calls_on_the_stopped_node_end_at_the_attempt_timeout(
+    stopped: &ChildServer,
+    healthy: &ChildServer,
+) {
+    let stopped_addr = stopped.grpc.to_string();
+    for round in 0..5 {
+        let fresh = Client::builder()
+            .endpoints([stopped_addr.clone(), healthy.grpc.to_string()])
+            .deadline(Duration::from_secs(30))
+            .attempt_timeout(Duration::from_millis(300))
+            .build()
+            .await
+            .expect("client starts");
+        let key = (0..1000)
+            .map(|i| format!("ns/k{i}"))
+            .find(|k| fresh.strict_node(k).as_deref() == Some(stopped_addr.as_str()))
+            .expect("a key of the stopped node");
+        match fresh.gen_ids_from(Mode::Strict, &key, 1).await {
+            Err(idgen_client::Error::DeadlineExceeded {
+                last,
+                attempts,
+                nodes,
+                ..
+            }) => {
+                assert_eq!((attempts, nodes), (1, 1), "round {round}: {last}");
+                assert!(
+                    last.contains(&stopped_addr)
+                        && last.contains("attempt timeout")
+                        && last.contains("not sent twice"),
+                    "round {round}: {last}"
+                );
+            }
+            other => panic!("round {round}: a strict call on the stopped node: {other:?}"),
+        }
+    }
 }
 
 /// `idgen gen --discover` with one of two passing nodes stopped (SIGSTOP;

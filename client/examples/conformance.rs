@@ -168,10 +168,10 @@ async fn handle(client: &mut Option<Client>, op: &str, req: &Value) -> Answer {
     };
     match op {
         "gen" => {
-            let ids = c
-                .gen_ids(mode(req)?, &text(req, "tag")?, count(req)?)
+            let (ids, node) = c
+                .gen_ids_from(mode(req)?, &text(req, "tag")?, count(req)?)
                 .await?;
-            Ok(fields([("ids", strings(&ids)), ("node", Value::Null)]))
+            Ok(fields([("ids", strings(&ids)), ("node", json!(node))]))
         }
         "next" => next(c, req).await,
         "formatted" => {

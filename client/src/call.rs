@@ -106,8 +106,29 @@ impl Caller {
         retry: Retry,
         route: Route,
         counted: Counted<'_>,
-        mut op: F,
+        op: F,
     ) -> Result<T, Error>
+    where
+        F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        self.call_routed_from(method, retry, route, counted, op)
+            .await
+            .map(|(value, _)| value)
+    }
+
+    /// [`Caller::call_routed`], with the address of the node that
+    /// answered: which node served a call is otherwise invisible (a
+    /// strict call that went to another node than its key's shows only
+    /// here).
+    pub(crate) async fn call_routed_from<T, F, Fut>(
+        &self,
+        method: &'static str,
+        retry: Retry,
+        route: Route,
+        counted: Counted<'_>,
+        mut op: F,
+    ) -> Result<(T, String), Error>
     where
         F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
@@ -131,7 +152,7 @@ impl Caller {
         route: Route,
         counter: Option<&str>,
         op: &mut F,
-    ) -> Result<T, Error>
+    ) -> Result<(T, String), Error>
     where
         F: FnMut(IdGenClient<Channel>, Duration) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
@@ -175,16 +196,19 @@ impl Caller {
                         metrics::counter!(m::FAILOVERS).increment(1);
                     }
                     tracing::Span::current().record("attempts", attempt + 1);
-                    return Ok(value);
+                    return Ok((value, node.addr.clone()));
                 }
-                Ok(Err(status)) => status,
-                Err(_) if budget < left => {
+                Ok(Err(status)) if !out_of_time(&status) => status,
+                // The attempt's time ran out: this timeout, or tonic's own
+                // for the grpc-timeout sent with the request (the same
+                // budget, so either may fire first). Not a transport error.
+                _ if budget < left => {
                     last = self.stalled(&node, budget, retry, &tally)?;
                     tried.push(node);
                     attempt += 1;
                     continue;
                 }
-                Err(_) => {
+                _ => {
                     // An attempt cut short by the deadline says less
                     // than the failure before it (often the reason, such
                     // as a TLS mismatch): keep both.
@@ -371,6 +395,24 @@ impl Tally {
 /// while a node's answer is decoded from its trailers and has none.
 fn is_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some()
+}
+
+/// Whether the call ended because its own time ran out: tonic ends a call
+/// at the `grpc-timeout` it sends ([`tonic::TimeoutExpired`], as CANCELLED
+/// with that error as its source), which [`Caller::attempts`] sets to the
+/// attempt's budget. It says nothing about the connection (the node
+/// stalled, or is slow), so it is the attempt timeout, not a transport
+/// error: a transport error would cost an HTTP/1.1 probe of the stalled
+/// node on top of the budget and end a strict call with UNAVAILABLE.
+fn out_of_time(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Whether the node said another node may serve what it refused (a node
@@ -560,6 +602,72 @@ mod tests {
                 );
             }
             other => panic!("a strict call was sent again: {other:?}"),
+        }
+    }
+
+    /// What tonic answers when it ends a call at the `grpc-timeout` the
+    /// request carries (the attempt's budget): CANCELLED with its
+    /// TimeoutExpired as the source, like a transport error.
+    fn tonic_timeout() -> tonic::Status {
+        tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())))
+    }
+
+    /// tonic's own timeout of an attempt (it fires with the attempt
+    /// timeout, often first) is the attempt timeout: a strict call ends
+    /// with DEADLINE_EXCEEDED naming the attempt timeout, not as a
+    /// transport failure (UNAVAILABLE, after an HTTP/1.1 probe of the
+    /// stalled node on top of the budget); another call moves on.
+    #[tokio::test]
+    async fn tonics_own_timeout_of_an_attempt_is_the_attempt_timeout() {
+        assert!(out_of_time(&tonic_timeout()));
+        assert!(!out_of_time(&reset_after_send()));
+        assert!(!out_of_time(&tonic::Status::cancelled("Timeout expired")));
+        let mut c = caller(&["127.0.0.1:1", "127.0.0.1:2"]);
+        c.settings.deadline = Duration::from_secs(30);
+        c.settings.attempt_timeout = Duration::from_millis(200);
+        let count = AtomicUsize::new(0);
+        let strict: Result<(), Error> = c
+            .call("GenIds", Retry::OnlyIfNotSent, |_, _| {
+                count.fetch_add(1, Ordering::SeqCst);
+                async { Err(tonic_timeout()) }
+            })
+            .await;
+        match strict {
+            Err(Error::DeadlineExceeded { last, attempts, .. }) => {
+                assert_eq!(attempts, 1, "{last}");
+                assert!(
+                    last.contains("attempt timeout of 200ms") && last.contains("not sent twice"),
+                    "{last}"
+                );
+            }
+            other => panic!("a strict call whose attempt timed out: {other:?}"),
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 1, "sent once");
+        let count = AtomicUsize::new(0);
+        let idempotent: Result<usize, Error> = c
+            .call("GenIds", Retry::Idempotent, |_, _| {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        return Err(tonic_timeout());
+                    }
+                    Ok(n)
+                }
+            })
+            .await;
+        assert_eq!(idempotent.expect("the second node answers"), 1);
+        // The last attempt cut short by the deadline: DEADLINE_EXCEEDED.
+        let c = caller(&["127.0.0.1:1"]);
+        let last: Result<(), Error> = c
+            .call("GenIds", Retry::OnlyIfNotSent, |_, _| async {
+                Err(tonic_timeout())
+            })
+            .await;
+        match last {
+            Err(Error::DeadlineExceeded { last, .. }) => {
+                assert!(last.contains("did not answer in time"), "{last}");
+            }
+            other => panic!("an attempt cut short by the deadline: {other:?}"),
         }
     }
 

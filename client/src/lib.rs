@@ -339,9 +339,25 @@ impl Client {
     /// `count` IDs from a node in one call (`GenIds`); strict: `count`
     /// consecutive values.
     pub async fn gen_ids(&self, mode: Mode, tag: &str, count: u32) -> Result<Vec<u64>, Error> {
+        self.gen_ids_from(mode, tag, count)
+            .await
+            .map(|(ids, _)| ids)
+    }
+
+    /// [`Client::gen_ids`], with the address (`host:port`) of the node
+    /// that answered: after a failover it is not the first one tried, and
+    /// a strict key's answer from another node than
+    /// [`Client::strict_node`] shows that the key's node was set aside or
+    /// could not be reached.
+    pub async fn gen_ids_from(
+        &self,
+        mode: Mode,
+        tag: &str,
+        count: u32,
+    ) -> Result<(Vec<u64>, String), Error> {
         let retry = retry_for(mode);
         self.caller
-            .call_routed(
+            .call_routed_from(
                 "GenIds",
                 retry,
                 route_for(mode, tag),
