@@ -181,6 +181,10 @@ class Fixture:
             self._node("d0", tls, master_key, dc="dc2")
             self.vars["dc2_nodes"] = [self.nodes[-1][2]]
             self._wait_passing(1, dc="dc2")
+            # dc1's nodes again: a check that failed while d0 started (200 ms
+            # check timeout on a loaded machine) would leave the scenario's
+            # first discovery short of a node.
+            self._wait_passing(len(self.nodes) - 1)
         self.blackhole = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.blackhole.bind(("127.0.0.1", 0))
         self.blackhole.listen(64)  # accepts (in the kernel), never answers
