@@ -33,7 +33,12 @@
 #     Python client's suite also runs on the oldest Python it accepts.
 #   - clients/typescript/node_modules from its package-lock.json (`npm
 #     ci`): the npm package's build tools (scripts/test.sh packs it).
-# protoc is NOT needed: the proto is compiled by protox, in Rust.
+#   - protoc with the Go, gRPC-Go and gRPC-Java plugins (Debian packages
+#     protobuf-compiler, protoc-gen-go, protoc-gen-go-grpc,
+#     protobuf-compiler-grpc-java-plugin; about 7 MB to download, no Go or
+#     Java toolchain): tests/doc_commands.rs runs docs/CLIENTS.md's
+#     stubs-only block. The build itself needs no protoc: the proto is
+#     compiled by protox, in Rust.
 set -euo pipefail
 
 SUDO=""
@@ -49,6 +54,12 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# docs/CLIENTS.md's stubs for other languages (tests/doc_commands.rs);
+# Debian names the gRPC-Java plugin grpc_java_plugin.
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v protoc-gen-go >/dev/null 2>&1 || need+=(protoc-gen-go)
+command -v protoc-gen-go-grpc >/dev/null 2>&1 || need+=(protoc-gen-go-grpc)
+command -v grpc_java_plugin >/dev/null 2>&1 || need+=(protobuf-compiler-grpc-java-plugin)
 # The Consul interop check runs py-consul in a virtualenv.
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3 python3-venv)
 

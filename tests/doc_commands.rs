@@ -251,6 +251,41 @@ fn every_shell_block_in_the_docs_runs_as_written() {
     );
 }
 
+/// A checkout that has `gen/` and `data/` of its own (`/gen` is what
+/// docs/CLIENTS.md's stubs block makes when a reader runs it, and is
+/// git-ignored): a block writing there writes into the temporary
+/// directory, never through a link into the checkout.
+#[test]
+fn blocks_write_stubs_and_data_in_the_temp_dir_not_the_checkout() {
+    let checkout = tempfile::tempdir().expect("fake checkout");
+    for dir in ["proto", "gen", "data"] {
+        std::fs::create_dir(checkout.path().join(dir)).expect("dir");
+    }
+    let mut env = DocEnv::new(checkout.path()).expect("environment");
+    let block = Block {
+        line: 1,
+        lang: "sh".into(),
+        text: "ls proto\nmkdir -p gen/go data\ntouch gen/go/idgen.pb.go data/node.db\n".into(),
+        marker: Default::default(),
+    };
+    let outcome = env.run(&block).expect("run");
+    assert!(
+        outcome.status.is_some_and(|s| s.success()),
+        "{}",
+        outcome.stderr
+    );
+    assert!(env.path().join("gen/go/idgen.pb.go").is_file());
+    for dir in ["gen", "data"] {
+        let left: Vec<_> = std::fs::read_dir(checkout.path().join(dir))
+            .expect("checkout dir")
+            .collect();
+        assert!(
+            left.is_empty(),
+            "the block wrote into the checkout's {dir}/"
+        );
+    }
+}
+
 #[test]
 fn every_document_has_only_well_formed_markers() {
     for doc in documents() {
@@ -262,9 +297,11 @@ fn every_document_has_only_well_formed_markers() {
 }
 
 /// Every `idgen_...` token of `text` that is not a Rust path (`idgen_client::`),
-/// a file name (`idgen_client.py`), a bare prefix (`idgen_client_...`) or
-/// the Python client's package name (`idgen_client`, `python -m
-/// idgen_client`): the client's metrics all start `idgen_client_`.
+/// a file name or module path (`idgen_client.py`, `idgen_grpc.pb.go`: a dot
+/// then a letter or digit, which no metric name is followed by), a bare
+/// prefix (`idgen_client_...`) or the Python client's package name
+/// (`idgen_client`, `python -m idgen_client`): the client's metrics all
+/// start `idgen_client_`.
 fn metric_tokens(text: &str) -> BTreeSet<String> {
     let bytes = text.as_bytes();
     let word = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_';
@@ -277,7 +314,9 @@ fn metric_tokens(text: &str) -> BTreeSet<String> {
         let rest = &text[end..];
         let prefix_only = text[start..end].ends_with('_');
         let package = &text[start..end] == "idgen_client";
-        if prefix_only || package || ["::", ".py", ".rs"].iter().any(|s| rest.starts_with(s)) {
+        let dotted =
+            rest.starts_with('.') && rest[1..].starts_with(|c: char| c.is_ascii_alphanumeric());
+        if prefix_only || package || dotted || rest.starts_with("::") {
             continue;
         }
         tokens.insert(text[start..end].to_string());
@@ -361,13 +400,15 @@ fn every_metric_name_in_docs_alerts_and_dashboard_is_declared() {
 fn metric_tokens_skip_paths_and_files_and_keep_suffixes() {
     let text = "`idgen_fenced` idgen_client::Client idgen_client.py my_idgen_x idgen_... \
                 rate(idgen_request_duration_seconds_bucket[5m]) idgen-py-venv \
-                python -m idgen_client idgen_client.metrics idgen_client_calls_total";
+                python -m idgen_client idgen_client.metrics idgen_client_calls_total \
+                gen/go/idgen/v1/idgen_grpc.pb.go counts idgen_ids_issued_total.";
     let tokens: Vec<String> = metric_tokens(text).into_iter().collect();
     assert_eq!(
         tokens,
         [
             "idgen_client_calls_total",
             "idgen_fenced",
+            "idgen_ids_issued_total",
             "idgen_request_duration_seconds_bucket"
         ]
     );

@@ -52,13 +52,16 @@ pub struct DocEnv {
 
 impl DocEnv {
     /// A fresh temporary directory linking every top-level entry of the
-    /// repository (but `target`, `data` and `.git`), with `bin/idgen`.
+    /// repository (but `target`, `.git`, and `data` and `gen`: blocks write
+    /// a node's data and generated stubs there, which must land in the
+    /// temporary directory, not in a checkout that has those folders),
+    /// with `bin/idgen`.
     pub fn new(repo: &Path) -> Result<Self, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
         let entries = std::fs::read_dir(repo).map_err(|e| format!("{}: {e}", repo.display()))?;
         for entry in entries.flatten() {
             let name = entry.file_name();
-            if ["target", "data", ".git"].contains(&name.to_string_lossy().as_ref()) {
+            if ["target", "data", "gen", ".git"].contains(&name.to_string_lossy().as_ref()) {
                 continue;
             }
             std::os::unix::fs::symlink(entry.path(), dir.path().join(&name))
