@@ -305,7 +305,8 @@ async function datacentersPanel(page) {
   check((await page.locator(row).count()) === 1, "one datacenter id claimed");
   const c = await cells(page.locator(row));
   check(c[1] === "owned" && c[2] === "dc1" && c[3] === "test" && /Z$/.test(c[5]), `its claim: owned by dc1 (${c})`);
-  check(/primary Consul datacenter dc1/.test(await page.locator("#datacenters-note").textContent()), "the note names the primary");
+  const note = await page.locator("#datacenters-note").textContent();
+  check(/primary Consul datacenter dc1\./.test(note) && /one Consul datacenter/.test(note), `the note names the primary and says every id is its own (${note})`);
   const id = await page.locator(row).getAttribute("data-id");
   const dialog = page.locator("#dc-confirm");
   await page.locator(`${row} button.release-datacenter`).click();
