@@ -634,6 +634,21 @@ async fn embedded_holders_show_this_node_and_nothing_can_be_released() {
     );
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("worker"), "{e:?}");
+
+    // No datacenter id claims without Consul: listing and releasing are
+    // refused, naming the setting that would allow them.
+    let e = code(
+        c.list_datacenters(ok(proto::ListDatacentersRequest {}))
+            .await,
+    );
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("store.backend = \"consul\""), "{e:?}");
+    let e = code(
+        c.release_datacenter(ok(proto::ReleaseDatacenterRequest { id: 1, force: true }))
+            .await,
+    );
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("store.backend = \"consul\""), "{e:?}");
 }
 
 fn cluster_node(dir: &Path, name: &str, consul: std::net::SocketAddr) -> ChildServer {

@@ -11,7 +11,10 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{all_modes_config, test_config, write_cluster_config, ChildServer, TestServer};
+use common::{
+    all_modes_config, test_config, write_cluster_config, write_datacenter_config, ChildServer,
+    TestServer,
+};
 use idgen::config::{AdminToken, AllowList, TlsSettings};
 use idgen::proto::admin_client::AdminClient;
 use idgen::proto::{self, HolderKind};
@@ -1131,4 +1134,201 @@ async fn every_nodes_status_is_in_each_console_on_consul() {
         "n0-n2 and recent: {view}"
     );
     c.terminate();
+}
+
+/// `GET /admin/api/datacenters` of the node at `http`, with `token`.
+async fn datacenters_view(http: std::net::SocketAddr, token: Option<&str>) -> (u16, Value) {
+    let mut req = reqwest::Client::new().get(format!("http://{http}/admin/api/datacenters"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("HTTP answer");
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// `POST /admin/api/datacenters/release` of `body` to the node at `http`,
+/// with `token` and `origin` when given.
+async fn release_datacenter(
+    http: std::net::SocketAddr,
+    token: Option<&str>,
+    origin: Option<&str>,
+    body: Value,
+) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("http://{http}/admin/api/datacenters/release"))
+        .json(&body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(o) = origin {
+        req = req.header("origin", o);
+    }
+    let r = req.send().await.expect("HTTP answer");
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// The claim of `id` in a datacenters view.
+fn claim_of(view: &Value, id: u64) -> &Value {
+    view["claims"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["id"] == id))
+        .unwrap_or_else(|| panic!("no claim of datacenter id {id}: {view}"))
+}
+
+/// The Datacenters panel's API on two emulated Consul datacenters (`dc1`
+/// the primary, `dc2`): both claims listed; no token, a foreign origin and
+/// a release while `dc2`'s node runs refused (the node's own words,
+/// nothing changed); an id never claimed is NOT_FOUND; once `dc2`'s node
+/// is gone a forced release from the console frees the id with a floor,
+/// audited with the caller like the CLI's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_datacenter_claims_and_releases_one_through_the_admin_service() {
+    let dc1 = common::test_consul().await;
+    let dc2 = dc1.add_datacenter("dc2").await.expect("dc2 starts");
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let with_admin = [("admin", "token", token.as_str())];
+    let a = ChildServer::start(&write_datacenter_config(
+        dir.path(),
+        "a",
+        dc1.addr(),
+        1,
+        &with_admin,
+    ));
+    let b = ChildServer::start(&write_datacenter_config(
+        dir.path(),
+        "b",
+        dc2.addr(),
+        2,
+        &[],
+    ));
+
+    let (status, view) = datacenters_view(a.http, Some(TOKEN)).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["primary"], "dc1", "{view}");
+    assert_eq!(view["unreadable"], json!([]), "{view}");
+    for (id, owner, instance) in [(1, "dc1", "a"), (2, "dc2", "b")] {
+        let c = claim_of(&view, id);
+        assert_eq!(
+            (&c["state"], &c["consul_datacenter"], &c["cluster"]),
+            (&json!("owned"), &json!(owner), &json!("test")),
+            "{view}"
+        );
+        assert!(
+            c["claimed_by"]
+                .as_str()
+                .is_some_and(|s| s.contains(instance)),
+            "{view}"
+        );
+        assert!(
+            c["claimed"].as_str().is_some_and(|s| s.ends_with('Z')),
+            "{view}"
+        );
+        assert_eq!(c["floor_ms"], 0, "{view}");
+    }
+
+    // The console's credentials and cross-site checks, as on every change.
+    let (status, r) = datacenters_view(a.http, None).await;
+    assert_error(
+        (status, &r),
+        401,
+        "UNAUTHENTICATED",
+        "authorization: Bearer",
+    );
+    let (status, r) = release_datacenter(a.http, None, None, json!({"id": 2})).await;
+    assert_error(
+        (status, &r),
+        401,
+        "UNAUTHENTICATED",
+        "authorization: Bearer",
+    );
+    let evil = Some("http://evil.example");
+    let body = json!({"id": 2, "force": true});
+    let (status, r) = release_datacenter(a.http, Some(TOKEN), evil, body).await;
+    assert_error((status, &r), 403, "PERMISSION_DENIED", "origin");
+    let (status, r) = release_datacenter(a.http, Some(TOKEN), None, json!({"id": "2"})).await;
+    assert_error(
+        (status, &r),
+        400,
+        "INVALID_ARGUMENT",
+        "does not fit this endpoint",
+    );
+
+    // dc2's node runs: refused in the node's words, the claim unchanged.
+    let (status, r) = release_datacenter(a.http, Some(TOKEN), None, json!({"id": 2})).await;
+    assert_error(
+        (status, &r),
+        400,
+        "FAILED_PRECONDITION",
+        "datacenter id 2 is owned by Consul datacenter \"dc2\", which still has",
+    );
+    assert!(error_of(&r).1.contains("--force"), "{r}");
+    let (_, view) = datacenters_view(a.http, Some(TOKEN)).await;
+    assert_eq!(claim_of(&view, 2)["state"], "owned", "{view}");
+    let (status, r) = release_datacenter(a.http, Some(TOKEN), None, json!({"id": 9})).await;
+    assert_error(
+        (status, &r),
+        404,
+        "NOT_FOUND",
+        "datacenter id 9 is not claimed in the primary Consul datacenter \"dc1\"",
+    );
+
+    // dc2's node gone (killed: its session lingers): forced, released.
+    b.kill();
+    let body = json!({"id": 2, "force": true});
+    let (status, r) = release_datacenter(a.http, Some(TOKEN), None, body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["released"], true, "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("released datacenter id 2 of Consul datacenter \"dc2\"")),
+        "{r}"
+    );
+    assert_eq!(r["previous"]["consul_datacenter"], "dc2", "{r}");
+    let floor = r["floor_ms"].as_u64().unwrap_or(0);
+    assert!(floor > 0, "the old owner's highest mark: {r}");
+    let (_, view) = datacenters_view(a.http, Some(TOKEN)).await;
+    let c = claim_of(&view, 2);
+    assert_eq!(
+        (&c["state"], &c["floor_ms"]),
+        (&json!("released"), &json!(floor)),
+        "{view}"
+    );
+    let log = a.log_text();
+    for line in [
+        "datacenter id release refused or failed",
+        "datacenter id released",
+    ] {
+        assert!(
+            log.lines().any(|l| l.contains("idgen::audit")
+                && l.contains(line)
+                && l.contains("admin token from 127.0.0.1")),
+            "audited with the caller: {line}: {log}"
+        );
+    }
+    assert!(a.terminate().success());
+}
+
+/// On the embedded store there are no datacenter claims: the panel's read
+/// answers the service's FAILED_PRECONDITION, naming `store.backend`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_console_says_why_it_lists_no_datacenters() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(with_token(dir.path())).await;
+    let (status, _, r) = get(&server, "/admin/api/datacenters", Some(TOKEN)).await;
+    assert_error(
+        (status, &r),
+        400,
+        "FAILED_PRECONDITION",
+        "store.backend = \"consul\"",
+    );
+    let (status, r) = post_json(&server, "/admin/api/datacenters/release", r#"{"id": 1}"#).await;
+    assert_error(
+        (status, &r),
+        400,
+        "FAILED_PRECONDITION",
+        "store.backend = \"consul\"",
+    );
+    server.stop().await;
 }

@@ -401,3 +401,36 @@ async fn a_datacenter_id_is_released_only_when_its_owner_is_gone_and_its_new_own
         assert!(node.terminate().success());
     }
 }
+
+/// A release of an id no Consul datacenter claimed is NOT_FOUND over
+/// gRPC, naming the id, the primary and the KV path, and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_an_unclaimed_datacenter_id_is_not_found_naming_it() {
+    let (dc1, _dc2) = federation().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let a = ChildServer::start(&config_with(
+        dir.path(),
+        "a",
+        &dc1,
+        1,
+        &[("admin", "token", &token)],
+    ));
+    let mut admin = idgen::proto::admin_client::AdminClient::connect(format!("http://{}", a.grpc))
+        .await
+        .expect("connects");
+    let request = idgen::proto::ReleaseDatacenterRequest { id: 7, force: true };
+    let e = admin
+        .release_datacenter(common::tonic_req(TOKEN, request))
+        .await
+        .expect_err("nothing to release");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(
+        e.message().contains(
+            "datacenter id 7 is not claimed in the primary Consul datacenter \"dc1\" (no idgen/test/datacenters/7)"
+        ),
+        "{e:?}"
+    );
+    assert_eq!(claim(&dc1, 7), None, "nothing written");
+    assert!(a.terminate().success());
+}

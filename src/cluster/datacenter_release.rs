@@ -449,6 +449,8 @@ impl Federation {
             source,
         };
         if !force {
+            #[cfg(test)]
+            tests::between_checks(&self.keys.datacenter_claim(id)).await;
             let alive = self.alive(owner, id).await.map_err(fail)?;
             if alive.is_empty() {
                 return Ok((Vec::new(), Duration::ZERO));
@@ -569,5 +571,136 @@ impl Federation {
             highest = highest.max(mark);
         }
         Ok(highest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Mutex, PoisonError};
+
+    use super::*;
+    use crate::consul::ServiceRegistration;
+    use crate::store::test_consul_client;
+
+    type Hook = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+    /// Hooks a release runs between its step 3 and its second liveness
+    /// check, by the claim's KV path (each test has a cluster of its own).
+    static BETWEEN_CHECKS: Mutex<Vec<(String, Hook)>> = Mutex::new(Vec::new());
+
+    /// Runs (once) the hook armed for the claim at `key`, if any.
+    pub(super) async fn between_checks(key: &str) {
+        let hook = {
+            let mut hooks = BETWEEN_CHECKS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let at = hooks.iter().position(|(k, _)| k == key);
+            at.map(|i| hooks.remove(i).1)
+        };
+        if let Some(hook) = hook {
+            hook().await;
+        }
+    }
+
+    /// The owner's node comes back between the two liveness checks (it
+    /// registers, passing, after the claim turned `releasing` and the
+    /// owner's copy was marked released): the release is refused and both
+    /// records are put back as they were, so the owner's nodes keep
+    /// issuing and keep starting on the copy while the primary is away.
+    #[tokio::test]
+    async fn an_owner_back_between_the_two_checks_gets_its_claim_and_copy_back() {
+        let dc1 = consul_testserver::TestConsul::start(consul_testserver::Config::default())
+            .await
+            .expect("dc1 starts");
+        let dc2 = dc1.add_datacenter("dc2").await.expect("dc2 starts");
+        let keys = ClusterPaths::new("idgen", "put-back");
+        let (primary, owner) = (
+            test_consul_client(dc1.addr()),
+            test_consul_client(dc2.addr()),
+        );
+        let claim =
+            br#"{"consul_datacenter":"dc2","cluster":"put-back","claimed_ms":1,"claimed_by":"b1"}"#;
+        let copy = br#"{"claim":{"consul_datacenter":"dc2","cluster":"put-back","claimed_ms":1,"claimed_by":"b1"},"primary":"dc1","confirmed_ms":1}"#;
+        assert!(primary
+            .kv_put(&keys.datacenter_claim(2), claim, KvWrite::Set)
+            .await
+            .unwrap());
+        assert!(owner
+            .kv_put(&keys.datacenter_confirmed(2), copy, KvWrite::Set)
+            .await
+            .unwrap());
+
+        let back = owner.clone();
+        let hook: Hook = Box::new(move || {
+            Box::pin(async move {
+                let node = ServiceRegistration {
+                    id: "idgen-b1".into(),
+                    name: "idgen".into(),
+                    tags: Vec::new(),
+                    address: "127.0.0.1".into(),
+                    port: 50051,
+                    meta: [("datacenter".to_owned(), "2".to_owned())].into(),
+                    checks: Vec::new(),
+                };
+                back.service_register(&node)
+                    .await
+                    .expect("the owner's node registers");
+            })
+        });
+        BETWEEN_CHECKS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((keys.datacenter_claim(2), hook));
+
+        let federation = Federation {
+            client: primary.clone(),
+            keys: keys.clone(),
+            service: "idgen".into(),
+            primary: Some("dc1".into()),
+        };
+        let e = federation
+            .release(2, false)
+            .await
+            .expect_err("the owner is back: refused");
+        let text = e.to_string();
+        assert!(
+            matches!(
+                e,
+                ReleaseError::OwnerAlive {
+                    reverted: " (the claim was set back to owned)",
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("passing node idgen-b1 at 127.0.0.1:50051"),
+            "{text}"
+        );
+        assert!(
+            BETWEEN_CHECKS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty(),
+            "the release reached its second check"
+        );
+        let (record, _) = primary
+            .kv_get(&keys.datacenter_claim(2), Consistency::Consistent)
+            .await
+            .unwrap();
+        let record = parse_claim(&record.expect("the claim stays").value).expect("a claim");
+        assert_eq!(record.state, ClaimState::Owned, "the claim is owned again");
+        assert_eq!(record.consul_datacenter, "dc2");
+        let (back, _) = owner
+            .kv_get(&keys.datacenter_confirmed(2), Consistency::Consistent)
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&back.expect("the copy stays").value),
+            String::from_utf8_lossy(copy),
+            "the owner's copy is put back as it was, not marked released"
+        );
     }
 }

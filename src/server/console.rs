@@ -51,6 +51,7 @@ use crate::proto::{self, HolderKind};
 
 mod changes;
 mod cluster;
+mod datacenters;
 
 pub use super::http_state::ClusterStatus;
 pub use cluster::{node_view, now_ms};
@@ -86,6 +87,7 @@ pub fn routes() -> Router<HttpState> {
         .route("/admin/api/release", post(release))
         .route("/admin/api/renew", post(renew))
         .merge(changes::routes())
+        .merge(datacenters::routes())
         .route("/admin/api/cluster", get(cluster::cluster))
         .route("/admin/api/hide-keys", get(hide_keys).post(change_hide_key))
         .route("/admin/api/{*rest}", get(no_endpoint).post(no_endpoint))
@@ -183,7 +185,7 @@ async fn no_endpoint() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "NOT_FOUND",
-        "no such console endpoint; see GET /admin/api/node, /cluster, /holders, /tags, /strict, /strict/keys?namespace=NS, /layout, /formats, /hide-keys and POST /admin/api/release, /renew, /hide-keys, /tags/create, /tags/update, /tags/delete, /formats/create, /formats/update, /formats/delete, /strict/step, /strict/keys/delete",
+        "no such console endpoint; see GET /admin/api/node, /cluster, /holders, /tags, /strict, /strict/keys?namespace=NS, /layout, /formats, /hide-keys, /datacenters and POST /admin/api/release, /renew, /hide-keys, /datacenters/release, /tags/create, /tags/update, /tags/delete, /formats/create, /formats/update, /formats/delete, /strict/step, /strict/keys/delete",
     )
 }
 

@@ -18,7 +18,8 @@
 // its IDs render it), a scoped format's counters, a namespace with keys
 // and no stored step, the hide keys panel (create, rotate, retire with
 // their confirmations, a refusal shown), a restarted node's row showing
-// only its new worker id, and the nodes table fitting 1280 px.
+// only its new worker id, the nodes table fitting 1280 px, and the
+// datacenters panel (a release confirmed and refused in the node's words).
 // Exit code 0 only if every step was seen in the page.
 "use strict";
 
@@ -294,6 +295,38 @@ async function autoRefresh(page, url) {
   await page.uncheck("#auto-refresh");
 }
 
+// The Datacenters panel on a one-datacenter cluster: the one claim,
+// owned by dc1, with a note saying so; its release asks first, explains
+// force before offering it (off by default), and a release while the
+// owner's nodes run is refused in the node's own words, changing nothing.
+async function datacentersPanel(page) {
+  const row = "#datacenters tr.datacenter";
+  await page.locator(row).first().waitFor({ timeout: STEP_MS });
+  check((await page.locator(row).count()) === 1, "one datacenter id claimed");
+  const c = await cells(page.locator(row));
+  check(c[1] === "owned" && c[2] === "dc1" && c[3] === "test" && /Z$/.test(c[5]), `its claim: owned by dc1 (${c})`);
+  const note = await page.locator("#datacenters-note").textContent();
+  check(/primary Consul datacenter dc1\./.test(note) && /one Consul datacenter/.test(note), `the note names the primary and says every id is its own (${note})`);
+  const id = await page.locator(row).getAttribute("data-id");
+  const dialog = page.locator("#dc-confirm");
+  await page.locator(`${row} button.release-datacenter`).click();
+  await dialog.waitFor({ state: "visible", timeout: STEP_MS });
+  check((await page.locator("#dc-confirm-title").textContent()) === `Release datacenter id ${id} of Consul datacenter dc1?`, "the confirmation names the id and its owner");
+  check(/destroys every session of dc1/.test(await page.locator("#dc-confirm-force-text").textContent()), "force is explained");
+  check(!(await page.locator("#dc-confirm-force").isChecked()), "force is off unless ticked");
+  await page.click("#dc-confirm-cancel");
+  await dialog.waitFor({ state: "hidden", timeout: STEP_MS });
+  check((await page.locator("#status").textContent()).indexOf("Releasing datacenter") < 0, "cancel releases nothing");
+  await page.locator(`${row} button.release-datacenter`).click();
+  await dialog.waitFor({ state: "visible", timeout: STEP_MS });
+  await page.click("#dc-confirm-ok");
+  await page.locator("#action-error").filter({ hasText: "FAILED_PRECONDITION" }).waitFor({ timeout: STEP_MS });
+  const refusal = await page.locator("#action-error").textContent();
+  check(refusal.includes(`datacenter id ${id} is owned by Consul datacenter "dc1", which still has passing node`), `the refusal in the node's words (${refusal})`);
+  check((await page.locator(row).getAttribute("data-state")) === "owned", "the claim stays owned");
+  await page.click("#refresh");
+}
+
 async function run(page) {
   const url = env("IDGEN_CONSOLE_URL");
   const token = env("IDGEN_TOKEN");
@@ -377,6 +410,7 @@ async function run(page) {
   await formatActions(page);
   await strictActions(page);
   await autoRefresh(page, url);
+  await datacentersPanel(page);
 
   // Log out: the token leaves sessionStorage.
   await page.click("#logout");

@@ -66,7 +66,7 @@ pub(super) fn exact_u64(field: &str, v: Option<&Value>) -> Result<Option<u64>, R
 
 /// Runs one change: the body after the cross-site checks, turned into the
 /// admin request by `to_msg`, sent through `call`, rendered by `render`.
-async fn change<B, Req, T, Fut>(
+pub(super) async fn change<B, Req, T, Fut>(
     request: Request,
     to_msg: impl FnOnce(B) -> Result<Req, Refused>,
     call: impl FnOnce(tonic::Request<Req>) -> Fut,

@@ -521,6 +521,70 @@ async function loadLayout() {
   ]);
 }
 
+// The datacenter id claims in the primary Consul datacenter (rule 44):
+// one row per id with its owner, state and floor; a Release button on an
+// owned or releasing id. On a node that cannot list them (the embedded
+// store) the note says why, in the node's words.
+function datacenterRow(c) {
+  const actions = document.createElement("span");
+  if (c.state === "owned" || c.state === "releasing") {
+    actions.appendChild(button("Release", "release-datacenter danger", () => confirmDatacenter(c)));
+  } else {
+    actions.textContent = "free: the next claim starts above its floor";
+  }
+  const floor = c.floor_ms ? String(c.floor_ms) + " (" + new Date(c.floor_ms).toISOString() + ")" : "";
+  const tr = row([String(c.id), stateCell(c.state), c.consul_datacenter, c.cluster, c.claimed_by, c.claimed, floor, actions]);
+  tr.dataset.id = String(c.id);
+  tr.dataset.state = c.state;
+  tr.classList.add("datacenter");
+  return tr;
+}
+
+// Why the table below is what it is, in words.
+function datacentersNote(d) {
+  if (!d.claims.length) return "Primary Consul datacenter " + d.primary + ": no datacenter id claimed yet (the first node of a datacenter claims its id).";
+  let text = "Claims held in the primary Consul datacenter " + d.primary + ".";
+  if (d.claims.every((c) => c.consul_datacenter === d.primary)) text += " Every id is the primary's own (one Consul datacenter): a release matters only when another Consul datacenter is to take an id.";
+  if (d.unreadable.length) text += " " + d.unreadable.length + " record(s) unreadable: " + d.unreadable.map((u) => u.key + ": " + u.error).join("; ");
+  return text;
+}
+
+async function loadDatacenters() {
+  const r = await api("datacenters");
+  if (!r.ok) {
+    $("datacenters-note").textContent = "Nothing to show: " + r.error.message;
+    $("datacenters-note").dataset.code = r.error.code;
+    fill("datacenters", []);
+    return;
+  }
+  delete $("datacenters-note").dataset.code;
+  $("datacenters-note").textContent = datacentersNote(r.data);
+  fill("datacenters", r.data.claims.map(datacenterRow));
+}
+
+// Asks before a datacenter id's release. Force is explained in the
+// dialog before it can be ticked, and is off each time it opens.
+let datacenterPending = null;
+
+function confirmDatacenter(c) {
+  datacenterPending = c;
+  $("dc-confirm-title").textContent = "Release datacenter id " + c.id + " of Consul datacenter " + c.consul_datacenter + "?";
+  $("dc-confirm-text").textContent = "Another Consul datacenter's nodes can then claim id " + c.id + "; they start above the highest mark " + c.consul_datacenter + " wrote, whatever their clocks say. The node refuses, changing nothing, while " + c.consul_datacenter + " still has a passing node of id " + c.id + " or a worker id of it held by a live session." + (c.state === "releasing" ? " A release of it began and did not finish: no node issues on it until it is run again." : "");
+  $("dc-confirm-force-text").textContent = "Force is for an owner that is gone but whose sessions live on (a node killed keeps its session until its TTL runs out): it destroys every session of " + c.consul_datacenter + " holding a worker id of " + c.id + " (any node of it still running stops issuing) and waits out their lock-delay, up to 60 s. Never force while " + c.consul_datacenter + "'s nodes run.";
+  $("dc-confirm-force").checked = false;
+  $("dc-confirm").returnValue = "";
+  $("dc-confirm").showModal();
+}
+
+async function datacenterConfirmed() {
+  const c = datacenterPending;
+  datacenterPending = null;
+  if (!c || $("dc-confirm").returnValue !== "ok") return;
+  const force = $("dc-confirm-force").checked;
+  const what = "Releasing datacenter id " + c.id + (force ? " (forced: waiting out the lock-delay)" : "");
+  await submit(what, "datacenters/release", { id: c.id, force });
+}
+
 // What uses hide key `id`, as far as this console sees: hidden segment
 // tags, and what each node publishes it hides (its lease zone, layout).
 function hideKeyUsers(id) {
@@ -629,7 +693,7 @@ async function load() {
   showConsole();
   await Promise.all([loadNode(), loadCluster()]);
   fill("nodes", nodeRows(lastHolders)); // again, with every node's status
-  await Promise.all([loadTags(), loadFormats(), loadStrict(), loadLayout()]);
+  await Promise.all([loadTags(), loadFormats(), loadStrict(), loadLayout(), loadDatacenters()]);
   await loadHideKeys(); // after the tags: it names the hidden ones
   return true;
 }
@@ -908,6 +972,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   wireForms();
   $("key-confirm").addEventListener("close", keyConfirmed);
+  $("dc-confirm").addEventListener("close", datacenterConfirmed);
   $("key-confirm-typed").addEventListener("input", typedMatches);
   $("key-confirm-force").addEventListener("change", typedMatches);
   $("confirm").addEventListener("close", () => {
