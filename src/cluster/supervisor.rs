@@ -374,7 +374,9 @@ async fn before_claim(
         // One layout for the federation (rule 40): the primary's record,
         // made by the first node of any datacenter, must match, before
         // this datacenter records one of its own.
-        layout_guard(spec, registry.primary_client()).await?;
+        layout_guard(spec, registry.primary_client())
+            .await
+            .map_err(|e| in_primary(e, registry.primary()))?;
     } else if registry.is_remote() {
         // Started on the confirmed copy (rule 42): this datacenter's own
         // record, checked below, was compared with the primary's when the
@@ -383,6 +385,20 @@ async fn before_claim(
     }
     let guard = layout_guard(spec, client).await?;
     Ok((registry, guard))
+}
+
+/// A refusal of the primary's layout record, said to be the primary's
+/// (with the federation's fix); Consul failures stay as they are.
+fn in_primary(e: JoinError, primary: &str) -> JoinError {
+    match e {
+        JoinError::Node(Error::ClusterLayout(e)) if !matches!(e, ClusterLayoutError::Consul(_)) => {
+            JoinError::Node(Error::ClusterLayout(ClusterLayoutError::InPrimary {
+                primary: primary.to_owned(),
+                source: Box::new(e),
+            }))
+        }
+        other => other,
+    }
 }
 
 /// The claim of this node's datacenter id in the primary Consul
@@ -458,7 +474,11 @@ async fn claim(
         let store = Arc::new(
             ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lock.session())
                 .with_layout(guard.clone())
-                .with_datacenter(registry.clone()),
+                .with_datacenter(registry.clone())
+                .with_primary_layout(
+                    RecordedLayout::of(&spec.layout, &spec.layout_preset)
+                        .with_hide(&spec.layout_hide),
+                ),
         );
         let layout = spec.generator_layout;
         let started =
@@ -646,13 +666,21 @@ async fn reclaim(
                     tracing::warn!("claimed a worker id too slowly to use it; trying again");
                 }
                 Err(JoinError::Node(Error::ClusterLayout(
-                    e @ (ClusterLayoutError::Mismatch { .. } | ClusterLayoutError::Changing { .. }),
+                    e @ (ClusterLayoutError::Mismatch { .. }
+                    | ClusterLayoutError::Changing { .. }
+                    | ClusterLayoutError::InPrimary { .. }),
                 ))) => {
-                    if !name_layout_change(spec, coord, seen, gate).await {
+                    // This datacenter's record names the change, else the
+                    // refusal itself does (the primary's record, rule 45).
+                    let reason = e.to_string();
+                    if !name_layout_change(spec, coord, seen, gate).await
+                        && gate.fence_reason().as_deref() != Some(&reason)
+                    {
                         tracing::error!(
                             error = %e,
                             "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
-                        )
+                        );
+                        gate.set_fence_reason(reason);
                     }
                 }
                 Err(JoinError::Datacenter(e)) => {
