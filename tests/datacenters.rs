@@ -538,9 +538,10 @@ async fn a_layout_change_in_a_federation_needs_the_primary_and_writes_it_first()
 
 /// Rule 45: a layout change run in the primary fences a running node of
 /// dc2 at its next mark renewal (its own datacenter's record unchanged),
-/// its refusals naming the field and the fix; dc2 then runs the same
-/// change, which changes its own record only, and both datacenters
-/// restart on the new layout with no ID repeated across the change.
+/// its refusals naming the field and the fix; restarted on the old
+/// layout it is refused, on the new one it brings dc2's own record to the
+/// primary's, and both datacenters serve with no ID repeated across the
+/// change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layout_change_in_the_primary_fences_another_datacenters_node_at_its_next_renewal() {
     let (dc1, dc2) = federation().await;
@@ -576,7 +577,7 @@ async fn a_layout_change_in_the_primary_fences_another_datacenters_node_at_its_n
     );
     assert!(why.contains("primary Consul datacenter \"dc1\""), "{why}");
     assert!(
-        why.contains("run the same `idgen admin layout set` on a node of this Consul datacenter"),
+        why.contains("the first to start brings this datacenter's own record to it"),
         "{why}"
     );
     let log = b.log_text().replace('\\', "");
@@ -585,22 +586,40 @@ async fn a_layout_change_in_the_primary_fences_another_datacenters_node_at_its_n
         "{log}"
     );
 
-    // The same change run in dc2: the primary holds it, dc2's record follows.
-    let (ok, out) = admin_cli(&b, &NEW_LAYOUT).await;
-    assert!(ok, "{out}");
-    assert!(layout_record(&dc2).contains(NEW_EPOCH));
     let old_max = seen.iter().max().copied().unwrap_or(0);
     for node in [a, b] {
         assert!(node.terminate().success());
     }
+    // Restarted on the old layout, dc2's node is refused by the primary's.
+    let log = ChildServer::try_start(&cfg_b, &[])
+        .err()
+        .expect("the old layout must be refused after the change")
+        .replace('\\', "");
+    assert!(
+        log.contains("layout.epoch: cluster has 2023-01-01T00:00:00Z"),
+        "{log}"
+    );
+    assert!(log.contains("primary Consul datacenter \"dc1\""), "{log}");
+    assert_eq!(
+        layout_record(&dc2),
+        before2,
+        "a refused node changes nothing"
+    );
+    // On the new layout, the first node of dc2 brings dc2's own record to
+    // the primary's (checked against dc2's marks), and both serve.
     let new_epoch = [("IDGEN_LAYOUT__EPOCH", "2023-01-01T00:00:00Z")];
-    for cfg in [&cfg_a, &cfg_b] {
-        let node = ChildServer::try_start_env(cfg, &[], &new_epoch)
-            .unwrap_or_else(|log| panic!("the new layout starts: {log}"));
-        for id in common::snowflake_ids(&node, 1000).await.expect("issues") {
+    let b = ChildServer::try_start_env(&cfg_b, &[], &new_epoch)
+        .unwrap_or_else(|log| panic!("dc2 follows the primary's layout: {log}"));
+    assert!(layout_record(&dc2).contains(NEW_EPOCH));
+    let a = ChildServer::try_start_env(&cfg_a, &[], &new_epoch)
+        .unwrap_or_else(|log| panic!("the new layout starts: {log}"));
+    for node in [&a, &b] {
+        for id in common::snowflake_ids(node, 1000).await.expect("issues") {
             assert!(id > old_max, "new ID {id} not above old {old_max}");
             assert!(seen.insert(id), "ID {id} handed out twice");
         }
+    }
+    for node in [a, b] {
         assert!(node.terminate().success());
     }
 }

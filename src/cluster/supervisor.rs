@@ -39,7 +39,8 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{
-    ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
+    change_layout, ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard,
+    RecordedLayout,
 };
 use crate::store::datacenter_claim::DatacenterRegistry;
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
@@ -367,6 +368,7 @@ async fn layout_guard(spec: &ClusterSpec, client: &ConsulClient) -> Result<Layou
 async fn before_claim(
     spec: &ClusterSpec,
     client: &ConsulClient,
+    clock: &dyn Clock,
 ) -> Result<(DatacenterRegistry, LayoutGuard), JoinError> {
     check_cluster_index(spec, client).await;
     let registry = datacenter_claim(spec, client).await?;
@@ -383,8 +385,48 @@ async fn before_claim(
         // claim was first confirmed; a layout change waits for the primary.
         tracing::warn!(primary = %registry.primary(), "the primary's layout record is not compared while the primary is unreachable; this datacenter's own record is");
     }
-    let guard = layout_guard(spec, client).await?;
+    let guard = match layout_guard(spec, client).await {
+        Err(JoinError::Node(Error::ClusterLayout(ClusterLayoutError::Mismatch { .. })))
+            if registry.is_remote() && registry.primary_answered() =>
+        {
+            follow_primary(spec, client, clock, &registry).await?
+        }
+        other => other?,
+    };
     Ok((registry, guard))
+}
+
+/// Rule 45: this node runs the primary's layout (just compared with it)
+/// and its own datacenter's record holds another, so the federation's
+/// layout was changed and this datacenter's record has not followed. The
+/// node makes the change this datacenter's `idgen admin layout set` would
+/// (rule 7: the record marked changing, this datacenter's marks read,
+/// accepted only when no ID can repeat), then compares again; a refused
+/// change leaves the node refused, with the record's mismatch.
+async fn follow_primary(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    clock: &dyn Clock,
+    registry: &DatacenterRegistry,
+) -> Result<LayoutGuard, JoinError> {
+    let by = format!(
+        "node {} of Consul datacenter {:?}, following the primary {:?}",
+        spec.instance,
+        registry.local(),
+        registry.primary()
+    );
+    let layout = (&spec.layout, spec.layout_preset.as_str());
+    match change_layout(client, &spec.config.keys, layout, None, clock, &by).await {
+        Ok(done) => {
+            tracing::warn!(generation = done.record.generation, primary = %registry.primary(), layout = %done.record.layout.describe(), "this Consul datacenter's layout record brought to the primary's")
+        }
+        // Another node of this datacenter changed it meanwhile, or the
+        // change is refused: the comparison below says which.
+        Err(e) => {
+            tracing::warn!(error = %e, primary = %registry.primary(), "this Consul datacenter's layout record was not brought to the primary's")
+        }
+    }
+    layout_guard(spec, client).await
 }
 
 /// A refusal of the primary's layout record, said to be the primary's
@@ -443,7 +485,7 @@ async fn claim(
         address: spec.advertise.to_string(),
         since_ms: clock.now_millis(),
     };
-    let (registry, guard) = before_claim(spec, client).await?;
+    let (registry, guard) = before_claim(spec, client, clock.as_ref()).await?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {

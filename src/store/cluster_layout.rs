@@ -285,7 +285,7 @@ pub enum ClusterLayoutError {
     },
     /// The primary Consul datacenter's record, the federation's layout,
     /// refused this node (rule 40).
-    #[error("{source} (this is the layout recorded in the primary Consul datacenter {primary:?}, the one layout of the federation: when it was changed on purpose, run the same `idgen admin layout set` on a node of this Consul datacenter, which brings this datacenter's record to it, then restart this datacenter's nodes with that [layout])")]
+    #[error("{source} (this is the layout recorded in the primary Consul datacenter {primary:?}, the one layout of the federation: when it was changed on purpose, restart this datacenter's nodes with that [layout] (`idgen admin layout get` on a node of {primary:?} prints it); the first to start brings this datacenter's own record to it, as `idgen admin layout set` would)")]
     InPrimary {
         /// The primary Consul datacenter.
         primary: String,
@@ -771,7 +771,7 @@ pub fn primary_fence_reason(
     primary: &str,
 ) -> Option<String> {
     let record = record?;
-    let fix = format!("run the same `idgen admin layout set` on a node of this Consul datacenter (it brings this datacenter's own record to the primary's), then restart this datacenter's nodes with that [layout] (`idgen admin layout get` on a node of {primary:?} prints it); see docs/CLUSTER.md#several-datacenters");
+    let fix = format!("restart this datacenter's nodes with the primary's [layout] (`idgen admin layout get` on a node of {primary:?} prints it): the first to start brings this datacenter's own record to it, as `idgen admin layout set` would; see docs/CLUSTER.md#several-datacenters");
     if let Some(to) = &record.changing_to {
         return Some(format!(
             "the cluster layout in the primary Consul datacenter {primary:?} is being changed from {} to {} (generation {}); this node runs the old layout and is fenced: once the change is recorded, {fix}",
