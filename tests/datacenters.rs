@@ -590,6 +590,35 @@ async fn a_layout_change_in_the_primary_fences_another_datacenters_node_at_its_n
     for node in [a, b] {
         assert!(node.terminate().success());
     }
+    // dc2 keeps a copy of the primary's record: with dc1 down, a restart
+    // on the old layout is still refused, by the copy.
+    let mut copy = String::new();
+    for _ in 0..200 {
+        copy = dc2
+            .kv_get("idgen/test/layout-confirmed")
+            .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+            .unwrap_or_default();
+        if copy.contains(NEW_EPOCH) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(copy.contains(NEW_EPOCH), "dc2's copy: {copy:?}");
+    assert!(copy.contains("\"primary\":\"dc1\""), "{copy}");
+    dc1.faults().datacenter_down(true);
+    let log = ChildServer::try_start(&cfg_b, &[])
+        .err()
+        .expect("the old layout must be refused by the copy while dc1 is down")
+        .replace('\\', "");
+    assert!(
+        log.contains("recorded at idgen/test/layout-confirmed"),
+        "{log}"
+    );
+    assert!(
+        log.contains("layout.epoch: cluster has 2023-01-01T00:00:00Z"),
+        "{log}"
+    );
+    dc1.faults().datacenter_down(false);
     // Restarted on the old layout, dc2's node is refused by the primary's.
     let log = ChildServer::try_start(&cfg_b, &[])
         .err()

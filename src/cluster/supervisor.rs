@@ -39,8 +39,8 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{
-    change_layout, ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard,
-    RecordedLayout,
+    change_layout, check_confirmed_layout, confirm_primary_layout, ensure_layout, fence_reason,
+    read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
 };
 use crate::store::datacenter_claim::DatacenterRegistry;
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
@@ -376,14 +376,14 @@ async fn before_claim(
         // One layout for the federation (rule 40): the primary's record,
         // made by the first node of any datacenter, must match, before
         // this datacenter records one of its own.
+        copy_primary_layout(spec, client, &registry).await;
         layout_guard(spec, registry.primary_client())
             .await
             .map_err(|e| in_primary(e, registry.primary()))?;
     } else if registry.is_remote() {
-        // Started on the confirmed copy (rule 42): this datacenter's own
-        // record, checked below, was compared with the primary's when the
-        // claim was first confirmed; a layout change waits for the primary.
-        tracing::warn!(primary = %registry.primary(), "the primary's layout record is not compared while the primary is unreachable; this datacenter's own record is");
+        // Started on the confirmed claim (rule 42): compared with the copy
+        // of the primary's record instead (rule 45).
+        without_primary_layout(spec, client, &registry).await?;
     }
     let guard = match layout_guard(spec, client).await {
         Err(JoinError::Node(Error::ClusterLayout(ClusterLayoutError::Mismatch { .. })))
@@ -394,6 +394,38 @@ async fn before_claim(
         other => other?,
     };
     Ok((registry, guard))
+}
+
+/// Before the primary's record is compared (the primary answered): a copy
+/// of it in this datacenter's KV, for starts while the primary is away.
+async fn copy_primary_layout(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    registry: &DatacenterRegistry,
+) {
+    let keys = &spec.config.keys;
+    if let Ok(Some((record, _))) = read_layout(registry.primary_client(), keys).await {
+        confirm_primary_layout(client, keys, registry.primary(), &record).await;
+    }
+}
+
+/// The primary does not answer (rule 42): this node's layout compared with
+/// this datacenter's copy of the primary's record (rule 45), refused on a
+/// difference; without a copy only this datacenter's own record is.
+async fn without_primary_layout(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    registry: &DatacenterRegistry,
+) -> Result<(), JoinError> {
+    let mine = RecordedLayout::of(&spec.layout, &spec.layout_preset).with_hide(&spec.layout_hide);
+    match check_confirmed_layout(client, &spec.config.keys, registry.primary(), &mine).await {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            tracing::warn!(primary = %registry.primary(), "the primary does not answer and this datacenter holds no copy of its layout record; only this datacenter's own record is compared");
+            Ok(())
+        }
+        Err(e) => Err(in_primary(Error::from(e).into(), registry.primary())),
+    }
 }
 
 /// Rule 45: this node runs the primary's layout (just compared with it)

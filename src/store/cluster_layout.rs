@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::kv_paths::ClusterPaths;
-use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, KvWrite, TxnOp, TxnOutcome};
 use crate::id::{epoch_text, Clock, Layout, LayoutDifference, LayoutSpec};
 
 /// A layout as recorded: the preset name it came from plus every value
@@ -798,6 +798,92 @@ pub fn primary_fence_reason(
         record.generation,
         fields.join("; ")
     ))
+}
+
+/// The copy of the primary's layout record that a datacenter other than
+/// the primary keeps in its own KV, `<prefix>/<cluster>/layout-confirmed`
+/// (rule 45): what the primary last said, settled (never a record being
+/// changed), compared at start while the primary does not answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmedLayout {
+    /// The primary Consul datacenter that holds the record.
+    pub primary: String,
+    /// When it was read there, Unix ms.
+    pub confirmed_ms: u64,
+    /// The record as the primary held it.
+    pub record: LayoutRecord,
+}
+
+/// Copies the primary's settled `record` into this datacenter's KV
+/// (`local`) when the copy there is of a lower generation, by
+/// check-and-set on the copy's ModifyIndex, so nodes copying different
+/// generations leave the highest. Whether the copy holds `record`'s
+/// generation now; a failure is logged and the next read copies again.
+pub async fn confirm_primary_layout(
+    local: &ConsulClient,
+    keys: &ClusterPaths,
+    primary: &str,
+    record: &LayoutRecord,
+) -> bool {
+    if record.changing_to.is_some() {
+        return false;
+    }
+    let key = keys.layout_confirmed();
+    for _ in 0..3 {
+        let entry = match local.kv_get(&key, Consistency::Consistent).await {
+            Ok((entry, _)) => entry,
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "the primary's layout record could not be copied into this datacenter's KV; retried at the next read");
+                return false;
+            }
+        };
+        let index = entry.as_ref().map_or(0, |e| e.modify_index);
+        let held = entry
+            .and_then(|e| serde_json::from_slice::<ConfirmedLayout>(&e.value).ok())
+            .filter(|c| c.primary == primary)
+            .map(|c| c.record.generation);
+        if held.is_some_and(|g| g >= record.generation) {
+            return true;
+        }
+        let copy = ConfirmedLayout {
+            primary: primary.to_owned(),
+            confirmed_ms: now_ms(),
+            record: record.clone(),
+        };
+        let Ok(value) = serde_json::to_vec(&copy) else {
+            return false;
+        };
+        match local.kv_put(&key, &value, KvWrite::Cas(index)).await {
+            Ok(true) => return true,
+            // Another node copied meanwhile: compare with its copy.
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "the primary's layout record could not be copied into this datacenter's KV; retried at the next read");
+                return false;
+            }
+        }
+    }
+    false
+}
+
+/// At start while the primary does not answer: `mine` compared with this
+/// datacenter's copy of the primary's record, refused (naming each field)
+/// on a difference. `Ok(false)`: no copy of this primary to compare with.
+pub async fn check_confirmed_layout(
+    local: &ConsulClient,
+    keys: &ClusterPaths,
+    primary: &str,
+    mine: &RecordedLayout,
+) -> Result<bool, ClusterLayoutError> {
+    let key = keys.layout_confirmed();
+    let (entry, _) = local.kv_get(&key, Consistency::Consistent).await?;
+    let copy = entry
+        .and_then(|e| serde_json::from_slice::<ConfirmedLayout>(&e.value).ok())
+        .filter(|c| c.primary == primary);
+    match copy {
+        Some(copy) => check(&key, &copy.record, 0, mine).map(|_| true),
+        None => Ok(false),
+    }
 }
 
 /// In a federation a change may move the time field only (epoch, time

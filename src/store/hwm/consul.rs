@@ -2,6 +2,7 @@
 //! written only while this node holds the worker lock.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -9,7 +10,7 @@ use async_trait::async_trait;
 use super::HwmStore;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
 use crate::store::cluster_layout::{
-    primary_fence_reason, read_layout, LayoutGuard, RecordedLayout,
+    confirm_primary_layout, primary_fence_reason, read_layout, LayoutGuard, RecordedLayout,
 };
 use crate::store::datacenter_claim::{DatacenterClaimError, DatacenterRegistry};
 use crate::store::kv_paths::ClusterPaths;
@@ -33,6 +34,9 @@ pub struct ConsulHwmStore {
     /// This node's layout, compared before every mark write with the
     /// primary's record when the primary is another Consul datacenter.
     primary_layout: Option<RecordedLayout>,
+    /// The generation of the primary's record this store last copied into
+    /// this datacenter's KV (`layout-confirmed`, rule 45).
+    copied_generation: AtomicU64,
 }
 
 impl ConsulHwmStore {
@@ -46,6 +50,7 @@ impl ConsulHwmStore {
             layout: None,
             datacenter: None,
             primary_layout: None,
+            copied_generation: AtomicU64::new(0),
         }
     }
 
@@ -106,6 +111,15 @@ impl ConsulHwmStore {
                 return Ok(());
             }
         };
+        if let Some(r) = record
+            .as_ref()
+            .filter(|r| r.generation > self.copied_generation.load(Ordering::Relaxed))
+        {
+            if confirm_primary_layout(&self.client, &self.keys, registry.primary(), r).await {
+                self.copied_generation
+                    .store(r.generation, Ordering::Relaxed);
+            }
+        }
         match primary_fence_reason(record.as_ref(), mine, registry.primary()) {
             None => Ok(()),
             Some(why) => Err(StoreError::LockLost(format!(
