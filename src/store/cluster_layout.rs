@@ -1160,6 +1160,73 @@ mod tests {
         assert_eq!((ok.index, ok.generation), (7, 1));
     }
 
+    /// Rule 45: in a federation only the time field may move, so the
+    /// datacenter field keeps its bits across the change.
+    #[test]
+    fn a_federation_change_may_move_the_time_field_only() {
+        let old = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
+        let earlier = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS - 365 * 86_400_000)
+            .validate(NOW)
+            .unwrap();
+        let mine = RecordedLayout::of(&old, "twitter");
+        assert!(same_low_widths(&mine, &RecordedLayout::of(&earlier, "twitter")).is_ok());
+        let narrower = LayoutSpec {
+            worker_bits: 4,
+            time_bits: 42,
+            ..old.spec()
+        }
+        .validate(NOW)
+        .unwrap();
+        let err = same_low_widths(&mine, &RecordedLayout::of(&narrower, "twitter"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("layout.worker_bits from 5 to 4"), "{err}");
+        assert!(!err.contains("time_bits"), "{err}");
+    }
+
+    /// Rule 45: a node of another datacenter is fenced by the primary's
+    /// record when it is being changed or holds another layout, and the
+    /// reason names each field and the fix.
+    #[test]
+    fn the_primarys_record_fences_another_datacenters_node_naming_each_field() {
+        let old = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
+        let new = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS - 365 * 86_400_000)
+            .validate(NOW)
+            .unwrap();
+        let mine = RecordedLayout::of(&old, "twitter");
+        assert_eq!(
+            primary_fence_reason(Some(&record(&old)), &mine, "dc1"),
+            None
+        );
+        assert_eq!(primary_fence_reason(None, &mine, "dc1"), None);
+        let text = primary_fence_reason(Some(&record(&new)), &mine, "dc1").expect("a reason");
+        assert!(text.contains("primary Consul datacenter \"dc1\""), "{text}");
+        assert!(
+            text.contains("layout.epoch: primary has 2023-01-01T00:00:00Z"),
+            "{text}"
+        );
+        assert!(
+            text.contains("this node has 2024-01-01T00:00:00Z"),
+            "{text}"
+        );
+        assert!(
+            text.contains("restart this datacenter's nodes with the primary's [layout]"),
+            "{text}"
+        );
+        let mut changing = record(&old);
+        changing.changing_to = Some(RecordedLayout::of(&new, "twitter"));
+        let text = primary_fence_reason(Some(&changing), &mine, "dc1").expect("a reason");
+        assert!(text.contains("is being changed from"), "{text}");
+    }
+
     #[test]
     fn the_fence_reason_names_both_layouts_or_nothing() {
         let old = Preset::Twitter
