@@ -434,3 +434,254 @@ async fn releasing_an_unclaimed_datacenter_id_is_not_found_naming_it() {
     assert_eq!(claim(&dc1, 7), None, "nothing written");
     assert!(a.terminate().success());
 }
+
+/// `idgen admin --addr <node> --token .. <args>`, off the async runtime.
+async fn admin_cli(node: &ChildServer, args: &[&str]) -> (bool, String) {
+    let addr = format!("http://{}", node.grpc);
+    let mut all: Vec<String> = ["admin", "--addr", &addr, "--token", TOKEN]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    all.extend(args.iter().map(|s| s.to_string()));
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        common::run_idgen(&refs)
+    })
+    .await
+    .expect("admin command")
+}
+
+/// The layout record as `consul` (one datacenter) holds it.
+fn layout_record(consul: &TestConsul) -> String {
+    consul
+        .kv_get("idgen/test/layout")
+        .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+        .expect("a layout record")
+}
+
+/// The change both layout tests make: the epoch a year back, so every
+/// new ID lies above every old one.
+const NEW_LAYOUT: [&str; 7] = [
+    "layout",
+    "set",
+    "--preset",
+    "twitter",
+    "--epoch",
+    "2023-01-01T00:00:00Z",
+    "--yes",
+];
+
+/// The record's epoch as `layout_record` shows it.
+const NEW_EPOCH: &str = "\"epoch\":\"2023-01-01T00:00:00Z\"";
+
+/// Polls `node` until it refuses with FAILED_PRECONDITION (a fence with
+/// its reason), collecting every ID it still issues into `seen`; the
+/// refusal's message. Panics, with the node's log, if it never fences.
+async fn until_fenced(node: &ChildServer, seen: &mut HashSet<u64>) -> String {
+    for _ in 0..400 {
+        match common::snowflake_ids(node, 100).await {
+            Ok(ids) => {
+                for id in ids {
+                    assert!(seen.insert(id), "ID {id} handed out twice");
+                }
+            }
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                return s.message().replace('\\', "")
+            }
+            // Between the fence and the record read that names it.
+            Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never fenced with a reason: {}", node.log_text())
+}
+
+/// Rule 45: in a federation a layout change writes the primary's record
+/// first. With the primary down it is refused from dc2, naming the
+/// primary, and changes nothing in either datacenter; a change of the
+/// fields that keep datacenters apart is refused; the primary back, the
+/// change from dc2 writes the primary's record, then dc2's, and dc1's
+/// node fences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_change_in_a_federation_needs_the_primary_and_writes_it_first() {
+    let (dc1, dc2) = federation().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let with_admin = [("admin", "token", token.as_str())];
+    let a = ChildServer::start(&config_with(dir.path(), "a", &dc1, 1, &with_admin));
+    let b = ChildServer::start(&config_with(dir.path(), "b", &dc2, 2, &with_admin));
+    let (before1, before2) = (layout_record(&dc1), layout_record(&dc2));
+
+    dc1.faults().datacenter_down(true);
+    let (ok, out) = admin_cli(&b, &NEW_LAYOUT).await;
+    assert!(
+        !ok,
+        "a layout change without the primary must be refused: {out}"
+    );
+    let out = out.replace('\\', "");
+    assert!(out.contains("UNAVAILABLE"), "{out}");
+    assert!(
+        out.contains("cannot reach the primary Consul datacenter \"dc1\""),
+        "{out}"
+    );
+    assert!(out.contains("nothing was changed"), "{out}");
+    assert_eq!(layout_record(&dc1), before1, "the primary's record stays");
+    assert_eq!(layout_record(&dc2), before2, "dc2's record stays");
+    common::snowflake_ids(&b, 100)
+        .await
+        .expect("dc2 keeps serving on its confirmed claim");
+    dc1.faults().datacenter_down(false);
+
+    // Narrower worker field: datacenters could meet; refused, unchanged.
+    let narrower = [
+        &NEW_LAYOUT[..6],
+        &["--worker-bits", "4", "--time-bits", "42", "--yes"],
+    ]
+    .concat();
+    let (ok, out) = admin_cli(&b, &narrower).await;
+    assert!(!ok, "{out}");
+    assert!(out.contains("FAILED_PRECONDITION"), "{out}");
+    assert!(out.contains("layout.worker_bits from 5 to 4"), "{out}");
+    assert_eq!(layout_record(&dc1), before1);
+    assert_eq!(layout_record(&dc2), before2);
+
+    // The primary back: the change writes dc1's record, then dc2's.
+    let (ok, out) = admin_cli(&b, &NEW_LAYOUT).await;
+    assert!(ok, "{out}");
+    assert!(
+        layout_record(&dc1).contains(NEW_EPOCH),
+        "{}",
+        layout_record(&dc1)
+    );
+    assert!(
+        layout_record(&dc2).contains(NEW_EPOCH),
+        "{}",
+        layout_record(&dc2)
+    );
+    // Both datacenters' nodes ran the old layout: both fence.
+    let mut seen = HashSet::new();
+    for node in [&a, &b] {
+        let why = until_fenced(node, &mut seen).await;
+        assert!(why.contains("layout"), "{why}");
+    }
+    for node in [a, b] {
+        assert!(node.terminate().success());
+    }
+}
+
+/// Rule 45: a layout change run in the primary fences a running node of
+/// dc2 at its next mark renewal (its own datacenter's record unchanged),
+/// its refusals naming the field and the fix; restarted on the old
+/// layout it is refused, on the new one it brings dc2's own record to the
+/// primary's, and both datacenters serve with no ID repeated across the
+/// change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_change_in_the_primary_fences_another_datacenters_node_at_its_next_renewal() {
+    let (dc1, dc2) = federation().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let with_admin = [("admin", "token", token.as_str())];
+    let cfg_a = config_with(dir.path(), "a", &dc1, 1, &with_admin);
+    let cfg_b = config_with(dir.path(), "b", &dc2, 2, &with_admin);
+    let a = ChildServer::start(&cfg_a);
+    let b = ChildServer::start(&cfg_b);
+    let mut seen = HashSet::new();
+    for node in [&a, &b] {
+        for id in common::snowflake_ids(node, 1000).await.expect("issues") {
+            assert!(seen.insert(id), "ID {id} handed out twice");
+        }
+    }
+    let before2 = layout_record(&dc2);
+
+    let (ok, out) = admin_cli(&a, &NEW_LAYOUT).await;
+    assert!(ok, "{out}");
+    assert!(layout_record(&dc1).contains(NEW_EPOCH));
+    assert_eq!(
+        layout_record(&dc2),
+        before2,
+        "run in dc1: dc2's record stays"
+    );
+    until_fenced(&a, &mut seen).await;
+    // dc2's node fences at a mark renewal, by the primary's record.
+    let why = until_fenced(&b, &mut seen).await;
+    assert!(
+        why.contains("layout.epoch: cluster has 2023-01-01T00:00:00Z"),
+        "{why}"
+    );
+    assert!(why.contains("primary Consul datacenter \"dc1\""), "{why}");
+    assert!(
+        why.contains("the first to start brings this datacenter's own record to it"),
+        "{why}"
+    );
+    let log = b.log_text().replace('\\', "");
+    assert!(
+        log.contains("high-water mark not written: the cluster layout recorded in the primary Consul datacenter \"dc1\""),
+        "{log}"
+    );
+
+    let old_max = seen.iter().max().copied().unwrap_or(0);
+    for node in [a, b] {
+        assert!(node.terminate().success());
+    }
+    // dc2 keeps a copy of the primary's record: with dc1 down, a restart
+    // on the old layout is still refused, by the copy.
+    let mut copy = String::new();
+    for _ in 0..200 {
+        copy = dc2
+            .kv_get("idgen/test/layout-confirmed")
+            .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+            .unwrap_or_default();
+        if copy.contains(NEW_EPOCH) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(copy.contains(NEW_EPOCH), "dc2's copy: {copy:?}");
+    assert!(copy.contains("\"primary\":\"dc1\""), "{copy}");
+    dc1.faults().datacenter_down(true);
+    let log = ChildServer::try_start(&cfg_b, &[])
+        .err()
+        .expect("the old layout must be refused by the copy while dc1 is down")
+        .replace('\\', "");
+    assert!(
+        log.contains("recorded at idgen/test/layout-confirmed"),
+        "{log}"
+    );
+    assert!(
+        log.contains("layout.epoch: cluster has 2023-01-01T00:00:00Z"),
+        "{log}"
+    );
+    dc1.faults().datacenter_down(false);
+    // Restarted on the old layout, dc2's node is refused by the primary's.
+    let log = ChildServer::try_start(&cfg_b, &[])
+        .err()
+        .expect("the old layout must be refused after the change")
+        .replace('\\', "");
+    assert!(
+        log.contains("layout.epoch: cluster has 2023-01-01T00:00:00Z"),
+        "{log}"
+    );
+    assert!(log.contains("primary Consul datacenter \"dc1\""), "{log}");
+    assert_eq!(
+        layout_record(&dc2),
+        before2,
+        "a refused node changes nothing"
+    );
+    // On the new layout, the first node of dc2 brings dc2's own record to
+    // the primary's (checked against dc2's marks), and both serve.
+    let new_epoch = [("IDGEN_LAYOUT__EPOCH", "2023-01-01T00:00:00Z")];
+    let b = ChildServer::try_start_env(&cfg_b, &[], &new_epoch)
+        .unwrap_or_else(|log| panic!("dc2 follows the primary's layout: {log}"));
+    assert!(layout_record(&dc2).contains(NEW_EPOCH));
+    let a = ChildServer::try_start_env(&cfg_a, &[], &new_epoch)
+        .unwrap_or_else(|log| panic!("the new layout starts: {log}"));
+    for node in [&a, &b] {
+        for id in common::snowflake_ids(node, 1000).await.expect("issues") {
+            assert!(id > old_max, "new ID {id} not above old {old_max}");
+            assert!(seen.insert(id), "ID {id} handed out twice");
+        }
+    }
+    for node in [a, b] {
+        assert!(node.terminate().success());
+    }
+}

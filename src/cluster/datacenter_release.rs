@@ -53,6 +53,19 @@ pub struct Federation {
     pub primary: Option<String>,
 }
 
+/// Where a layout change runs: see [`Federation::layout_scope`].
+#[derive(Debug, Clone)]
+pub struct LayoutScope {
+    /// This node's Consul datacenter.
+    pub local: String,
+    /// The primary Consul datacenter.
+    pub primary: String,
+    /// A client of the primary (the local client when it is the local one).
+    pub client: ConsulClient,
+    /// Whether the cluster spans several Consul datacenters.
+    pub federated: bool,
+}
+
 /// One claim as the primary holds it.
 #[derive(Debug, Clone)]
 pub struct ListedClaim {
@@ -156,6 +169,30 @@ impl Federation {
         let name = self.primary.clone().unwrap_or_else(|| local.clone());
         let client = self.client_of(&name, &local);
         Ok((name, client))
+    }
+
+    /// Where a layout change runs (rule 45): this node's Consul
+    /// datacenter, the primary's name and a client of it, and whether the
+    /// cluster spans several datacenters (the primary is another one, or,
+    /// run in the primary, a claim names another owner).
+    pub async fn layout_scope(&self) -> Result<LayoutScope, ConsulError> {
+        let local = self.client.agent_datacenters().await?.datacenter;
+        let primary = self.primary.clone().unwrap_or_else(|| local.clone());
+        let client = self.client_of(&primary, &local);
+        let federated = primary != local
+            || self
+                .list()
+                .await?
+                .1
+                .iter()
+                .filter_map(|c| c.claim.as_ref())
+                .any(|c| c.consul_datacenter != local);
+        Ok(LayoutScope {
+            local,
+            primary,
+            client,
+            federated,
+        })
     }
 
     fn client_of(&self, dc: &str, local: &str) -> ConsulClient {

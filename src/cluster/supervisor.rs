@@ -39,7 +39,8 @@ use crate::error::Error;
 use crate::id::{Clock, Layout, StartError};
 use crate::metrics as m;
 use crate::store::cluster_layout::{
-    ensure_layout, fence_reason, read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
+    change_layout, check_confirmed_layout, confirm_primary_layout, ensure_layout, fence_reason,
+    read_layout, ClusterLayoutError, LayoutGuard, RecordedLayout,
 };
 use crate::store::datacenter_claim::DatacenterRegistry;
 use crate::store::hwm::{HwmSettings, KeeperHandle, KeeperStartError};
@@ -367,6 +368,7 @@ async fn layout_guard(spec: &ClusterSpec, client: &ConsulClient) -> Result<Layou
 async fn before_claim(
     spec: &ClusterSpec,
     client: &ConsulClient,
+    clock: &dyn Clock,
 ) -> Result<(DatacenterRegistry, LayoutGuard), JoinError> {
     check_cluster_index(spec, client).await;
     let registry = datacenter_claim(spec, client).await?;
@@ -374,15 +376,103 @@ async fn before_claim(
         // One layout for the federation (rule 40): the primary's record,
         // made by the first node of any datacenter, must match, before
         // this datacenter records one of its own.
-        layout_guard(spec, registry.primary_client()).await?;
+        copy_primary_layout(spec, client, &registry).await;
+        layout_guard(spec, registry.primary_client())
+            .await
+            .map_err(|e| in_primary(e, registry.primary()))?;
     } else if registry.is_remote() {
-        // Started on the confirmed copy (rule 42): this datacenter's own
-        // record, checked below, was compared with the primary's when the
-        // claim was first confirmed; a layout change waits for the primary.
-        tracing::warn!(primary = %registry.primary(), "the primary's layout record is not compared while the primary is unreachable; this datacenter's own record is");
+        // Started on the confirmed claim (rule 42): compared with the copy
+        // of the primary's record instead (rule 45).
+        without_primary_layout(spec, client, &registry).await?;
     }
-    let guard = layout_guard(spec, client).await?;
+    let guard = match layout_guard(spec, client).await {
+        Err(JoinError::Node(Error::ClusterLayout(ClusterLayoutError::Mismatch { .. })))
+            if registry.is_remote() && registry.primary_answered() =>
+        {
+            follow_primary(spec, client, clock, &registry).await?
+        }
+        other => other?,
+    };
     Ok((registry, guard))
+}
+
+/// Before the primary's record is compared (the primary answered): a copy
+/// of it in this datacenter's KV, for starts while the primary is away.
+async fn copy_primary_layout(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    registry: &DatacenterRegistry,
+) {
+    let keys = &spec.config.keys;
+    if let Ok(Some((record, _))) = read_layout(registry.primary_client(), keys).await {
+        confirm_primary_layout(client, keys, registry.primary(), &record).await;
+    }
+}
+
+/// The primary does not answer (rule 42): this node's layout compared with
+/// this datacenter's copy of the primary's record (rule 45), refused on a
+/// difference; without a copy only this datacenter's own record is.
+async fn without_primary_layout(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    registry: &DatacenterRegistry,
+) -> Result<(), JoinError> {
+    let mine = RecordedLayout::of(&spec.layout, &spec.layout_preset).with_hide(&spec.layout_hide);
+    match check_confirmed_layout(client, &spec.config.keys, registry.primary(), &mine).await {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            tracing::warn!(primary = %registry.primary(), "the primary does not answer and this datacenter holds no copy of its layout record; only this datacenter's own record is compared");
+            Ok(())
+        }
+        Err(e) => Err(in_primary(Error::from(e).into(), registry.primary())),
+    }
+}
+
+/// Rule 45: this node runs the primary's layout (just compared with it)
+/// and its own datacenter's record holds another, so the federation's
+/// layout was changed and this datacenter's record has not followed. The
+/// node makes the change this datacenter's `idgen admin layout set` would
+/// (rule 7: the record marked changing, this datacenter's marks read,
+/// accepted only when no ID can repeat), then compares again; a refused
+/// change leaves the node refused, with the record's mismatch.
+async fn follow_primary(
+    spec: &ClusterSpec,
+    client: &ConsulClient,
+    clock: &dyn Clock,
+    registry: &DatacenterRegistry,
+) -> Result<LayoutGuard, JoinError> {
+    let by = format!(
+        "node {} of Consul datacenter {:?}, following the primary {:?}",
+        spec.instance,
+        registry.local(),
+        registry.primary()
+    );
+    let layout = (&spec.layout, spec.layout_preset.as_str());
+    match change_layout(client, &spec.config.keys, layout, None, clock, &by).await {
+        Ok(done) => {
+            tracing::warn!(generation = done.record.generation, primary = %registry.primary(), layout = %done.record.layout.describe(), "this Consul datacenter's layout record brought to the primary's")
+        }
+        // Another node of this datacenter changed it meanwhile, or the
+        // change is refused: the comparison below says which.
+        Err(e) => {
+            tracing::warn!(error = %e, primary = %registry.primary(), "this Consul datacenter's layout record was not brought to the primary's")
+        }
+    }
+    layout_guard(spec, client).await
+}
+
+/// A refusal of the primary's layout record, said to be the primary's
+/// (with the federation's fix); Consul failures stay as they are.
+fn in_primary(e: JoinError, primary: &str) -> JoinError {
+    match e {
+        JoinError::Node(Error::ClusterLayout(e)) if !matches!(e, ClusterLayoutError::Consul(_)) => {
+            JoinError::Node(Error::ClusterLayout(ClusterLayoutError::InPrimary {
+                primary: primary.to_owned(),
+                source: Box::new(e),
+            }))
+        }
+        other => other,
+    }
 }
 
 /// The claim of this node's datacenter id in the primary Consul
@@ -427,7 +517,7 @@ async fn claim(
         address: spec.advertise.to_string(),
         since_ms: clock.now_millis(),
     };
-    let (registry, guard) = before_claim(spec, client).await?;
+    let (registry, guard) = before_claim(spec, client, clock.as_ref()).await?;
     let choice = if spec.config.static_worker {
         WorkerChoice::Static(spec.worker_id)
     } else {
@@ -458,7 +548,11 @@ async fn claim(
         let store = Arc::new(
             ConsulHwmStore::new(client.clone(), spec.config.keys.clone(), lock.session())
                 .with_layout(guard.clone())
-                .with_datacenter(registry.clone()),
+                .with_datacenter(registry.clone())
+                .with_primary_layout(
+                    RecordedLayout::of(&spec.layout, &spec.layout_preset)
+                        .with_hide(&spec.layout_hide),
+                ),
         );
         let layout = spec.generator_layout;
         let started =
@@ -646,13 +740,21 @@ async fn reclaim(
                     tracing::warn!("claimed a worker id too slowly to use it; trying again");
                 }
                 Err(JoinError::Node(Error::ClusterLayout(
-                    e @ (ClusterLayoutError::Mismatch { .. } | ClusterLayoutError::Changing { .. }),
+                    e @ (ClusterLayoutError::Mismatch { .. }
+                    | ClusterLayoutError::Changing { .. }
+                    | ClusterLayoutError::InPrimary { .. }),
                 ))) => {
-                    if !name_layout_change(spec, coord, seen, gate).await {
+                    // This datacenter's record names the change, else the
+                    // refusal itself does (the primary's record, rule 45).
+                    let reason = e.to_string();
+                    if !name_layout_change(spec, coord, seen, gate).await
+                        && gate.fence_reason().as_deref() != Some(&reason)
+                    {
                         tracing::error!(
                             error = %e,
                             "the cluster's layout was changed: this node stays fenced; restart it with the cluster's [layout]"
-                        )
+                        );
+                        gate.set_fence_reason(reason);
                     }
                 }
                 Err(JoinError::Datacenter(e)) => {

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::kv_paths::ClusterPaths;
-use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, TxnOp, TxnOutcome};
+use crate::consul::{Consistency, ConsulClient, ConsulError, KvEntry, KvWrite, TxnOp, TxnOutcome};
 use crate::id::{epoch_text, Clock, Layout, LayoutDifference, LayoutSpec};
 
 /// A layout as recorded: the preset name it came from plus every value
@@ -266,6 +266,42 @@ pub enum ClusterLayoutError {
     /// The new layout is not a valid layout.
     #[error("{0}")]
     BadRequest(String),
+    /// In a federation the primary Consul datacenter did not answer the
+    /// first read of a layout change (rule 45): nothing was written.
+    #[error("cannot reach the primary Consul datacenter {primary:?} (consul.primary_datacenter) to change the cluster layout: {source}. In a federation a layout change writes the primary's layout record first and this datacenter's after it, so nothing was changed, in either; restore the link to {primary:?} (or run the change on a node of {primary:?}) and run `idgen admin layout set` again")]
+    PrimaryUnreachable {
+        /// The primary Consul datacenter.
+        primary: String,
+        /// What failed.
+        #[source]
+        source: ConsulError,
+    },
+    /// In a federation a change may not move the fields that keep
+    /// datacenters apart (rule 45).
+    #[error("layout change refused: in a federation of Consul datacenters a layout change may move the epoch, the time unit and the time field only, and this one changes {fields}: with those fields moved an ID of one datacenter's new layout could equal an ID another datacenter issued on the old one. Keep them, or move to a new cluster (new [consul] cluster name) with the layout you want")]
+    FederationWidths {
+        /// Each changed field, with both values.
+        fields: String,
+    },
+    /// The primary Consul datacenter's record, the federation's layout,
+    /// refused this node (rule 40).
+    #[error("{source} (this is the layout recorded in the primary Consul datacenter {primary:?}, the one layout of the federation: when it was changed on purpose, restart this datacenter's nodes with that [layout] (`idgen admin layout get` on a node of {primary:?} prints it); the first to start brings this datacenter's own record to it, as `idgen admin layout set` would)")]
+    InPrimary {
+        /// The primary Consul datacenter.
+        primary: String,
+        /// The refusal.
+        #[source]
+        source: Box<ClusterLayoutError>,
+    },
+    /// The primary's record was changed, this datacenter's was not.
+    #[error("the layout in the primary Consul datacenter {primary:?} was changed, but this Consul datacenter's own layout record was not: {source}. Run the same `idgen admin layout set` here again: the primary holds the new layout already, so only this datacenter's record changes")]
+    LocalPending {
+        /// The primary Consul datacenter.
+        primary: String,
+        /// Why this datacenter's record was not changed.
+        #[source]
+        source: Box<ClusterLayoutError>,
+    },
     /// Consul failed.
     #[error(transparent)]
     Consul(#[from] ConsulError),
@@ -281,7 +317,11 @@ impl ClusterLayoutError {
             | Self::Corrupt { .. } => ErrorKind::Precondition,
             Self::BadRequest(_) => ErrorKind::BadRequest,
             Self::Conflict { .. } => ErrorKind::Conflict,
-            Self::Changing { .. } | Self::Consul(_) => ErrorKind::Unavailable,
+            Self::FederationWidths { .. } => ErrorKind::Precondition,
+            Self::InPrimary { source, .. } | Self::LocalPending { source, .. } => source.kind(),
+            Self::Changing { .. } | Self::Consul(_) | Self::PrimaryUnreachable { .. } => {
+                ErrorKind::Unavailable
+            }
         }
     }
 }
@@ -720,6 +760,253 @@ pub async fn change_layout(
     })
 }
 
+/// Why a running node of a datacenter that is not the primary is fenced
+/// when the primary's layout `record` (the federation's, rule 45) no
+/// longer holds `mine`: the text its refusals carry, naming each field and
+/// the fix. `None` when it still holds `mine` (or the primary has no
+/// record: nothing to compare with; the next start records one).
+pub fn primary_fence_reason(
+    record: Option<&LayoutRecord>,
+    mine: &RecordedLayout,
+    primary: &str,
+) -> Option<String> {
+    let record = record?;
+    let fix = format!("restart this datacenter's nodes with the primary's [layout] (`idgen admin layout get` on a node of {primary:?} prints it): the first to start brings this datacenter's own record to it, as `idgen admin layout set` would; see docs/CLUSTER.md#several-datacenters");
+    if let Some(to) = &record.changing_to {
+        return Some(format!(
+            "the cluster layout in the primary Consul datacenter {primary:?} is being changed from {} to {} (generation {}); this node runs the old layout and is fenced: once the change is recorded, {fix}",
+            mine.describe(),
+            to.describe(),
+            record.generation
+        ));
+    }
+    let differences = record.layout.differences(mine);
+    if differences.is_empty() {
+        return None;
+    }
+    let fields: Vec<String> = differences
+        .iter()
+        .map(|d| {
+            format!(
+                "{}: primary has {}, this node has {}",
+                d.field, d.left, d.right
+            )
+        })
+        .collect();
+    Some(format!(
+        "the cluster layout recorded in the primary Consul datacenter {primary:?} (generation {}) is no longer this node's: {}. One federation issues on one layout, so this node is fenced: {fix}",
+        record.generation,
+        fields.join("; ")
+    ))
+}
+
+/// The copy of the primary's layout record that a datacenter other than
+/// the primary keeps in its own KV, `<prefix>/<cluster>/layout-confirmed`
+/// (rule 45): what the primary last said, settled (never a record being
+/// changed), compared at start while the primary does not answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmedLayout {
+    /// The primary Consul datacenter that holds the record.
+    pub primary: String,
+    /// When it was read there, Unix ms.
+    pub confirmed_ms: u64,
+    /// The record as the primary held it.
+    pub record: LayoutRecord,
+}
+
+/// Copies the primary's settled `record` into this datacenter's KV
+/// (`local`) when the copy there is of a lower generation, by
+/// check-and-set on the copy's ModifyIndex, so nodes copying different
+/// generations leave the highest. Whether the copy holds `record`'s
+/// generation now; a failure is logged and the next read copies again.
+pub async fn confirm_primary_layout(
+    local: &ConsulClient,
+    keys: &ClusterPaths,
+    primary: &str,
+    record: &LayoutRecord,
+) -> bool {
+    if record.changing_to.is_some() {
+        return false;
+    }
+    let key = keys.layout_confirmed();
+    for _ in 0..3 {
+        let entry = match local.kv_get(&key, Consistency::Consistent).await {
+            Ok((entry, _)) => entry,
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "the primary's layout record could not be copied into this datacenter's KV; retried at the next read");
+                return false;
+            }
+        };
+        let index = entry.as_ref().map_or(0, |e| e.modify_index);
+        let held = entry
+            .and_then(|e| serde_json::from_slice::<ConfirmedLayout>(&e.value).ok())
+            .filter(|c| c.primary == primary)
+            .map(|c| c.record.generation);
+        if held.is_some_and(|g| g >= record.generation) {
+            return true;
+        }
+        let copy = ConfirmedLayout {
+            primary: primary.to_owned(),
+            confirmed_ms: now_ms(),
+            record: record.clone(),
+        };
+        let Ok(value) = serde_json::to_vec(&copy) else {
+            return false;
+        };
+        match local.kv_put(&key, &value, KvWrite::Cas(index)).await {
+            Ok(true) => return true,
+            // Another node copied meanwhile: compare with its copy.
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "the primary's layout record could not be copied into this datacenter's KV; retried at the next read");
+                return false;
+            }
+        }
+    }
+    false
+}
+
+/// At start while the primary does not answer: `mine` compared with this
+/// datacenter's copy of the primary's record, refused (naming each field)
+/// on a difference. `Ok(false)`: no copy of this primary to compare with.
+pub async fn check_confirmed_layout(
+    local: &ConsulClient,
+    keys: &ClusterPaths,
+    primary: &str,
+    mine: &RecordedLayout,
+) -> Result<bool, ClusterLayoutError> {
+    let key = keys.layout_confirmed();
+    let (entry, _) = local.kv_get(&key, Consistency::Consistent).await?;
+    let copy = entry
+        .and_then(|e| serde_json::from_slice::<ConfirmedLayout>(&e.value).ok())
+        .filter(|c| c.primary == primary);
+    match copy {
+        Some(copy) => check(&key, &copy.record, 0, mine).map(|_| true),
+        None => Ok(false),
+    }
+}
+
+/// In a federation a change may move the time field only (epoch, time
+/// unit, time width): the datacenter field then sits at the same bits in
+/// the old and the new layout, so two IDs of different datacenter ids
+/// differ there, whichever layout each was issued on (rule 45).
+fn same_low_widths(old: &RecordedLayout, new: &RecordedLayout) -> Result<(), ClusterLayoutError> {
+    let fields: Vec<String> = old
+        .spec()
+        .differences(&new.spec())
+        .into_iter()
+        .filter(|d| {
+            matches!(
+                d.field,
+                "layout.datacenter_bits" | "layout.worker_bits" | "layout.sequence_bits"
+            )
+        })
+        .map(|d| format!("{} from {} to {}", d.field, d.left, d.right))
+        .collect();
+    if fields.is_empty() {
+        return Ok(());
+    }
+    Err(ClusterLayoutError::FederationWidths {
+        fields: fields.join(", "),
+    })
+}
+
+/// Where a layout change runs in a federation of Consul datacenters.
+#[derive(Debug, Clone, Copy)]
+pub struct LayoutFederation<'a> {
+    /// The primary Consul datacenter's name.
+    pub primary: &'a str,
+    /// A client of the primary (`?dc=`; the local client when the change
+    /// runs there).
+    pub primary_client: &'a ConsulClient,
+    /// The local datacenter's client when it is not the primary (its own
+    /// record changes after the primary's); `None` in the primary.
+    pub local: Option<&'a ConsulClient>,
+}
+
+/// A layout change in a federation (rule 45): the primary's record first,
+/// then this datacenter's, each by [`change_layout`] (marked changing,
+/// marks read, check-and-set), and only a change of the time field. A
+/// primary that does not answer the first read refuses the change with
+/// nothing written; a primary that holds `new` already (the change was run
+/// in another datacenter) is left alone and only this datacenter's record
+/// changes. `expect_generation` is the primary's.
+pub async fn change_federated_layout(
+    fed: LayoutFederation<'_>,
+    keys: &ClusterPaths,
+    (new, preset): (&Layout, &str),
+    expect_generation: Option<u64>,
+    clock: &dyn Clock,
+    by: &str,
+) -> Result<ChangeReport, ClusterLayoutError> {
+    let primary = fed.primary.to_owned();
+    let target = RecordedLayout::of(new, preset);
+    let holds = |r: &LayoutRecord| r.changing_to.is_none() && r.layout.spec() == target.spec();
+    let read = read_layout(fed.primary_client, keys)
+        .await
+        .map_err(|e| match e {
+            ClusterLayoutError::Consul(source) => ClusterLayoutError::PrimaryUnreachable {
+                primary: primary.clone(),
+                source,
+            },
+            other => other,
+        })?;
+    let Some((record, _)) = read else {
+        return Err(ClusterLayoutError::BadRequest(format!(
+            "no layout is recorded at {} in the primary Consul datacenter {primary:?} yet: the first node to start records its configured layout; start the cluster with the layout you want instead",
+            keys.layout()
+        )));
+    };
+    same_low_widths(&record.layout, &target)?;
+    // This datacenter's record, checked against its own marks before the
+    // primary is touched, so a change unsafe here changes nothing.
+    let mut local = None;
+    if let Some(client) = fed.local {
+        if let Some((own, _)) = read_layout(client, keys).await? {
+            if !holds(&own) {
+                refuse_hidden(&own)?;
+                let marks = stored_marks(client, keys).await?;
+                verify(&own, new, &marks, clock.now_millis(), &keys.layout())?;
+                local = Some(client);
+            }
+        }
+    }
+    let mut report = None;
+    if !holds(&record) {
+        report = Some(
+            change_layout(
+                fed.primary_client,
+                keys,
+                (new, preset),
+                expect_generation,
+                clock,
+                by,
+            )
+            .await?,
+        );
+    } else if let Some(seen) = expect_generation.filter(|g| *g != record.generation) {
+        return Err(ClusterLayoutError::Conflict { seen });
+    }
+    if let Some(client) = local {
+        match change_layout(client, keys, (new, preset), None, clock, by).await {
+            Ok(done) => report = Some(done),
+            Err(e) if report.is_some() => {
+                return Err(ClusterLayoutError::LocalPending {
+                    primary,
+                    source: Box::new(e),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    report.ok_or_else(|| {
+        ClusterLayoutError::BadRequest(format!(
+            "the primary Consul datacenter {primary:?} and this datacenter already use this layout ({}); nothing to change",
+            record.layout.describe()
+        ))
+    })
+}
+
 /// Writes `record` if the key's ModifyIndex is still `index`; the new
 /// ModifyIndex, or `None` if it changed.
 async fn cas_record(
@@ -871,6 +1158,73 @@ mod tests {
         assert!(text.contains("idgen admin layout set"), "{text}");
         let ok = check("k", &record(&old), 7, &RecordedLayout::of(&old, "twitter")).unwrap();
         assert_eq!((ok.index, ok.generation), (7, 1));
+    }
+
+    /// Rule 45: in a federation only the time field may move, so the
+    /// datacenter field keeps its bits across the change.
+    #[test]
+    fn a_federation_change_may_move_the_time_field_only() {
+        let old = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
+        let earlier = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS - 365 * 86_400_000)
+            .validate(NOW)
+            .unwrap();
+        let mine = RecordedLayout::of(&old, "twitter");
+        assert!(same_low_widths(&mine, &RecordedLayout::of(&earlier, "twitter")).is_ok());
+        let narrower = LayoutSpec {
+            worker_bits: 4,
+            time_bits: 42,
+            ..old.spec()
+        }
+        .validate(NOW)
+        .unwrap();
+        let err = same_low_widths(&mine, &RecordedLayout::of(&narrower, "twitter"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("layout.worker_bits from 5 to 4"), "{err}");
+        assert!(!err.contains("time_bits"), "{err}");
+    }
+
+    /// Rule 45: a node of another datacenter is fenced by the primary's
+    /// record when it is being changed or holds another layout, and the
+    /// reason names each field and the fix.
+    #[test]
+    fn the_primarys_record_fences_another_datacenters_node_naming_each_field() {
+        let old = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS)
+            .validate(NOW)
+            .unwrap();
+        let new = Preset::Twitter
+            .spec(DEFAULT_EPOCH_MS - 365 * 86_400_000)
+            .validate(NOW)
+            .unwrap();
+        let mine = RecordedLayout::of(&old, "twitter");
+        assert_eq!(
+            primary_fence_reason(Some(&record(&old)), &mine, "dc1"),
+            None
+        );
+        assert_eq!(primary_fence_reason(None, &mine, "dc1"), None);
+        let text = primary_fence_reason(Some(&record(&new)), &mine, "dc1").expect("a reason");
+        assert!(text.contains("primary Consul datacenter \"dc1\""), "{text}");
+        assert!(
+            text.contains("layout.epoch: primary has 2023-01-01T00:00:00Z"),
+            "{text}"
+        );
+        assert!(
+            text.contains("this node has 2024-01-01T00:00:00Z"),
+            "{text}"
+        );
+        assert!(
+            text.contains("restart this datacenter's nodes with the primary's [layout]"),
+            "{text}"
+        );
+        let mut changing = record(&old);
+        changing.changing_to = Some(RecordedLayout::of(&new, "twitter"));
+        let text = primary_fence_reason(Some(&changing), &mine, "dc1").expect("a reason");
+        assert!(text.contains("is being changed from"), "{text}");
     }
 
     #[test]

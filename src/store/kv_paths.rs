@@ -329,6 +329,12 @@ impl ClusterPaths {
         format!("{}/layout", self.root)
     }
 
+    /// The copy of the primary's layout record a datacenter that is not
+    /// the primary keeps in its own KV (rule 45).
+    pub fn layout_confirmed(&self) -> String {
+        format!("{}/layout-confirmed", self.root)
+    }
+
     /// The folder of every high-water mark (with trailing `/`).
     pub fn hwm_dir(&self) -> String {
         format!("{}/hwm/", self.root)

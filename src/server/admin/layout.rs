@@ -5,12 +5,15 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use super::AdminService;
+use super::{consul_status, AdminService};
 use crate::consul::ConsulClient;
 use crate::error::{Error, ErrorKind};
 use crate::proto;
 use crate::server::status::{refusal, to_status};
-use crate::store::cluster_layout::{change_layout, read_layout, LayoutRecord, RecordedLayout};
+use crate::store::cluster_layout::{
+    change_federated_layout, change_layout, read_layout, LayoutFederation, LayoutRecord,
+    RecordedLayout,
+};
 use crate::store::kv_paths::ClusterPaths;
 
 impl AdminService {
@@ -82,16 +85,25 @@ impl AdminService {
             "`idgen admin layout set` on node {} ({})",
             self.deps.node.instance, self.deps.node.address
         );
-        let report = change_layout(
-            client,
-            keys,
-            (&layout, &section.preset_name()),
-            expect,
-            self.deps.clock.as_ref(),
-            &by,
-        )
-        .await
-        .map_err(|e| to_status(&Error::ClusterLayout(e)))?;
+        let preset = section.preset_name();
+        let clock = self.deps.clock.as_ref();
+        let scope = match &self.deps.datacenters {
+            Some(federation) => Some(federation.layout_scope().await.map_err(consul_status)?),
+            None => None,
+        };
+        let changed = match scope.filter(|s| s.federated) {
+            // Rule 45: the primary's record first, then this datacenter's.
+            Some(s) => {
+                let fed = LayoutFederation {
+                    primary: &s.primary,
+                    primary_client: &s.client,
+                    local: (s.primary != s.local).then_some(client),
+                };
+                change_federated_layout(fed, keys, (&layout, &preset), expect, clock, &by).await
+            }
+            None => change_layout(client, keys, (&layout, &preset), expect, clock, &by).await,
+        };
+        let report = changed.map_err(|e| to_status(&Error::ClusterLayout(e)))?;
         Ok(proto::SetLayoutResponse {
             record: Some(layout_response(&report.record)),
             old_max_id: report.old_max_id,

@@ -2,13 +2,16 @@
 //! written only while this node holds the worker lock.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 
 use super::HwmStore;
 use crate::consul::{Consistency, ConsulClient, TxnOp, TxnOutcome};
-use crate::store::cluster_layout::LayoutGuard;
+use crate::store::cluster_layout::{
+    confirm_primary_layout, primary_fence_reason, read_layout, LayoutGuard, RecordedLayout,
+};
 use crate::store::datacenter_claim::{DatacenterClaimError, DatacenterRegistry};
 use crate::store::kv_paths::ClusterPaths;
 use crate::store::regression::Level;
@@ -28,6 +31,12 @@ pub struct ConsulHwmStore {
     layout: Option<LayoutGuard>,
     /// This node's datacenter-id claim, read again before every mark write.
     datacenter: Option<DatacenterRegistry>,
+    /// This node's layout, compared before every mark write with the
+    /// primary's record when the primary is another Consul datacenter.
+    primary_layout: Option<RecordedLayout>,
+    /// The generation of the primary's record this store last copied into
+    /// this datacenter's KV (`layout-confirmed`, rule 45).
+    copied_generation: AtomicU64,
 }
 
 impl ConsulHwmStore {
@@ -40,6 +49,8 @@ impl ConsulHwmStore {
             known: Mutex::new(HashMap::new()),
             layout: None,
             datacenter: None,
+            primary_layout: None,
+            copied_generation: AtomicU64::new(0),
         }
     }
 
@@ -66,6 +77,53 @@ impl ConsulHwmStore {
             ))),
             Err(e) => Err(StoreError::LockLost(format!(
                 "high-water mark not written: {e}"
+            ))),
+        }
+    }
+
+    /// Compares the primary Consul datacenter's layout record with `mine`
+    /// before every mark write, when the primary is another datacenter
+    /// (rule 45): a change made there (or in another datacenter, which
+    /// writes the primary's record first) fences this node at its next
+    /// mark renewal, as this datacenter's own record change does through
+    /// the `check-index` of [`with_layout`](Self::with_layout). Needs
+    /// [`with_datacenter`](Self::with_datacenter).
+    pub fn with_primary_layout(mut self, mine: RecordedLayout) -> Self {
+        self.primary_layout = Some(mine);
+        self
+    }
+
+    /// The comparison of [`with_primary_layout`](Self::with_primary_layout),
+    /// right after the claim check. A primary that did not answer that
+    /// check, or does not answer this read, fences nothing (rule 42): this
+    /// datacenter's own record is still checked by the write itself.
+    async fn check_primary_layout(&self) -> Result<(), StoreError> {
+        let (Some(mine), Some(registry)) = (&self.primary_layout, &self.datacenter) else {
+            return Ok(());
+        };
+        if !registry.is_remote() || !registry.primary_answered() {
+            return Ok(());
+        }
+        let record = match read_layout(registry.primary_client(), &self.keys).await {
+            Ok(read) => read.map(|(record, _)| record),
+            Err(e) => {
+                tracing::warn!(primary = %registry.primary(), error = %e, "the primary's layout record could not be read at this mark renewal; compared again at the next one");
+                return Ok(());
+            }
+        };
+        if let Some(r) = record
+            .as_ref()
+            .filter(|r| r.generation > self.copied_generation.load(Ordering::Relaxed))
+        {
+            if confirm_primary_layout(&self.client, &self.keys, registry.primary(), r).await {
+                self.copied_generation
+                    .store(r.generation, Ordering::Relaxed);
+            }
+        }
+        match primary_fence_reason(record.as_ref(), mine, registry.primary()) {
+            None => Ok(()),
+            Some(why) => Err(StoreError::LockLost(format!(
+                "high-water mark not written: {why}"
             ))),
         }
     }
@@ -176,6 +234,7 @@ impl HwmStore for ConsulHwmStore {
     async fn store_hwm(&self, key: WorkerKey, hwm_ms: u64) -> Result<(), StoreError> {
         self.watch_regression(key).await;
         self.check_datacenter().await?;
+        self.check_primary_layout().await?;
         let known = self.known().get(&key).copied();
         let index = match known {
             Some(i) => i,
