@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{run_idgen, write_cluster_config, ChildServer};
+use common::{write_cluster_config, ChildServer};
 use consul_testserver::TestConsul;
 
 const TOKEN: &str = "layout-admin-secret";
@@ -21,20 +21,9 @@ fn config(dir: &Path, name: &str, consul: std::net::SocketAddr) -> std::path::Pa
     write_cluster_config(dir, name, consul, &[("admin", "token", &token)])
 }
 
-/// `idgen admin --addr <node> --token .. <args>`, off the async runtime.
-async fn admin(node: &ChildServer, args: &[&str]) -> (bool, String) {
-    let addr = format!("http://{}", node.grpc);
-    let mut all: Vec<String> = ["admin", "--addr", &addr, "--token", TOKEN]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    all.extend(args.iter().map(|s| s.to_string()));
-    tokio::task::spawn_blocking(move || {
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        run_idgen(&refs)
-    })
-    .await
-    .expect("admin command")
+/// `idgen admin` against `node` with the admin token.
+async fn admin_cli(node: &ChildServer, args: &[&str]) -> (bool, String) {
+    common::admin_cli(node, TOKEN, args).await
 }
 
 /// Collects IDs from `node` in batches, asserting none repeats in `seen`.
@@ -111,12 +100,12 @@ async fn a_restart_with_a_later_epoch_or_another_preset_is_refused_naming_the_fi
 /// `layout set ARGS` without `--yes`: refused, printing the procedure,
 /// and the record is unchanged.
 async fn refused_without_yes(node: &ChildServer, args: &[&str]) {
-    let (ok, out) = admin(node, args).await;
+    let (ok, out) = admin_cli(node, args).await;
     assert!(!ok, "a layout change needs --yes: {out}");
     assert!(out.contains("maintenance procedure"), "{out}");
     assert!(out.contains("--yes"), "{out}");
     assert!(out.contains("restart each node"), "{out}");
-    let (ok, out) = admin(node, &["layout", "get"]).await;
+    let (ok, out) = admin_cli(node, &["layout", "get"]).await;
     assert!(ok && out.contains("generation 1"), "unchanged: {out}");
 }
 
@@ -162,7 +151,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     let mut old_max = collect(&a, 3, &mut seen).await;
     old_max = old_max.max(collect(&b, 3, &mut seen).await);
 
-    let (ok, out) = admin(&a, &["layout", "get"]).await;
+    let (ok, out) = admin_cli(&a, &["layout", "get"]).await;
     assert!(ok, "{out}");
     assert!(
         out.contains("generation 1") && out.contains("preset twitter"),
@@ -170,7 +159,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     );
 
     // An epoch an hour later: its IDs would lie far below the ones issued.
-    let (ok, out) = admin(
+    let (ok, out) = admin_cli(
         &a,
         &[
             "layout",
@@ -191,7 +180,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     old_max = old_max.max(collect(&b, 1, &mut seen).await);
 
     // A read-then-write against a generation that is not current loses.
-    let (ok, out) = admin(
+    let (ok, out) = admin_cli(
         &a,
         &[
             "layout",
@@ -221,7 +210,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     ];
     refused_without_yes(&a, &safe).await;
     old_max = old_max.max(collect(&a, 1, &mut seen).await);
-    let (ok, out) = admin(&a, &[&safe[..], &["--yes"]].concat()).await;
+    let (ok, out) = admin_cli(&a, &[&safe[..], &["--yes"]].concat()).await;
     assert!(ok, "a safe change must be accepted: {out}");
     assert!(out.contains("layout changed"), "{out}");
     assert!(out.contains("restart every node"), "{out}");
@@ -278,7 +267,7 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
             }
         }
     }
-    let (ok, out) = admin(&a, &["layout", "get"]).await;
+    let (ok, out) = admin_cli(&a, &["layout", "get"]).await;
     assert!(ok, "{out}");
     assert!(out.contains("generation 3"), "{out}");
     assert!(out.contains("earlier: generation 1"), "{out}");
@@ -405,7 +394,7 @@ async fn layout_admin_calls_on_the_embedded_store_say_where_the_layout_lives() {
             "--yes",
         ][..],
     ] {
-        let (ok, out) = admin(&node, args).await;
+        let (ok, out) = admin_cli(&node, args).await;
         assert!(!ok, "{out}");
         assert!(out.contains("FAILED_PRECONDITION"), "{out}");
         assert!(out.contains("embedded store"), "{out}");

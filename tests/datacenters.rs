@@ -435,20 +435,9 @@ async fn releasing_an_unclaimed_datacenter_id_is_not_found_naming_it() {
     assert!(a.terminate().success());
 }
 
-/// `idgen admin --addr <node> --token .. <args>`, off the async runtime.
+/// `idgen admin` against `node` with the admin token.
 async fn admin_cli(node: &ChildServer, args: &[&str]) -> (bool, String) {
-    let addr = format!("http://{}", node.grpc);
-    let mut all: Vec<String> = ["admin", "--addr", &addr, "--token", TOKEN]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    all.extend(args.iter().map(|s| s.to_string()));
-    tokio::task::spawn_blocking(move || {
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        common::run_idgen(&refs)
-    })
-    .await
-    .expect("admin command")
+    common::admin_cli(node, TOKEN, args).await
 }
 
 /// The layout record as `consul` (one datacenter) holds it.

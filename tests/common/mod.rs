@@ -281,6 +281,23 @@ pub fn run_idgen(args: &[&str]) -> (bool, String) {
     run_idgen_with_env(args, &[])
 }
 
+/// `idgen admin --addr <node> --token <token> <args>`, off the async
+/// runtime: (success, stderr + stdout), as [`run_idgen`].
+pub async fn admin_cli(node: &ChildServer, token: &str, args: &[&str]) -> (bool, String) {
+    let addr = format!("http://{}", node.grpc);
+    let mut all: Vec<String> = ["admin", "--addr", &addr, "--token", token]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    all.extend(args.iter().map(|s| s.to_string()));
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        run_idgen(&refs)
+    })
+    .await
+    .expect("admin command")
+}
+
 /// [`run_idgen`] with extra environment variables.
 pub fn run_idgen_with_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let mut child = Command::new(idgen_bin())
