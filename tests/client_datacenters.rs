@@ -5,7 +5,8 @@
 //! Every node of `dc1` killed under load: snowflake calls go on through
 //! `dc2` with no error and no duplicate; strict and segment calls are
 //! refused there (their counters are per datacenter) unless the client
-//! opted in; `dc1`'s node back: calls return to it.
+//! opted in; `dc1`'s node back: calls return to it. The same through
+//! the CLI: `idgen gen --discover consul --fallback-datacenter dc2`.
 
 mod common;
 
@@ -227,4 +228,68 @@ async fn with_the_local_datacenter_gone_snowflake_calls_go_on_through_the_fallba
 /// The client that opted in to counters crossing datacenters.
 async fn client_opted_in(dc1: &TestConsul) -> Client {
     client(dc1, true).await
+}
+
+/// `idgen gen --discover consul --fallback-datacenter dc2` with `dc1`'s
+/// only node killed: the IDs come from `dc2`'s node (datacenter id 2);
+/// a misspelt datacenter is refused naming the known ones; without the
+/// flag the command fails, knowing no node; a strict
+/// call through the fallback is refused before sending, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_falls_back_to_another_datacenter_when_asked() {
+    let dc1 = common::test_consul().await;
+    let dc2 = dc1.add_datacenter("dc2").await.expect("dc2 starts");
+    let dir = tempfile::tempdir().unwrap();
+    let a = ChildServer::start(&config(dir.path(), "a", &dc1, 1));
+    let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
+    wait_passing(dc1.addr(), 1).await;
+    wait_passing(dc2.addr(), 1).await;
+    a.kill();
+    wait_passing(dc1.addr(), 0).await;
+    let consul = dc1.addr().to_string();
+    let gen = |extra: &'static [&'static str]| {
+        let consul = consul.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec!["gen", "--discover", "consul", "--consul", &consul];
+            args.extend_from_slice(extra);
+            common::run_idgen(&args)
+        })
+    };
+    let (ok, out) = gen(&["-n", "5", "--fallback-datacenter", "dc2"])
+        .await
+        .unwrap();
+    assert!(ok, "{out}");
+    let ids: Vec<u64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert_eq!(ids.len(), 5, "{out}");
+    assert!(ids.iter().all(|id| datacenter_of(*id) == 2), "{out}");
+
+    // A misspelt fallback is refused at start-up, naming the ones there are.
+    let (ok, out) = gen(&["-n", "5", "--fallback-datacenter", "DC2"])
+        .await
+        .unwrap();
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(r#"fallback datacenter(s) ["DC2"] unknown to the Consul agent, which knows ["dc1", "dc2"]"#),
+        "{out}"
+    );
+
+    let (ok, out) = gen(&["-n", "5"]).await.unwrap();
+    assert!(!ok, "no passing local node and no fallback: {out}");
+    assert!(out.contains("no idgen node is known"), "{out}");
+
+    let (ok, out) = gen(&[
+        "--mode",
+        "strict",
+        "--tag",
+        "seats/a1",
+        "--fallback-datacenter",
+        "dc2",
+    ])
+    .await
+    .unwrap();
+    assert!(!ok, "strict does not cross: {out}");
+    assert!(out.contains("counters_may_cross_datacenters"), "{out}");
+    drop(b);
+    dc2.shutdown().await;
+    dc1.shutdown().await;
 }

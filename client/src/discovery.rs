@@ -441,6 +441,7 @@ impl ConsulWatch {
     pub(crate) async fn first(&self, nodes: &NodeSet) -> Result<u64, String> {
         let answer = self.query(0, self.config.wait).await?;
         if !self.config.fallback_datacenters.is_empty() {
+            self.check_fallback_names().await?;
             nodes.set_local_datacenter(self.local_name().await);
         }
         metrics::gauge!(m::DATACENTER_FALLBACK).set(0.0);
@@ -452,6 +453,31 @@ impl ConsulWatch {
         metrics::gauge!(m::CONSUL_REACHABLE).set(1.0);
         metrics::gauge!(m::DISCOVERY_AGE).set(0.0);
         Ok(answer.index)
+    }
+
+    /// Refuses, at start-up, a fallback datacenter the agent does not know
+    /// (`/v1/catalog/datacenters`, which needs no ACL), so a misspelt name
+    /// fails here with the names there are instead of leaving the client
+    /// without nodes when the local datacenter has none. An agent that
+    /// does not answer the listing is not a reason to refuse: the watch
+    /// reads each fallback anyway.
+    async fn check_fallback_names(&self) -> Result<(), String> {
+        let url = format!(
+            "{}/v1/catalog/datacenters",
+            self.config.address.trim_end_matches('/')
+        );
+        let mut req = self.http.get(&url).timeout(Duration::from_secs(5));
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
+        let known: Vec<String> = match req.send().await {
+            Ok(resp) if resp.status().is_success() => match resp.json().await {
+                Ok(names) => names,
+                Err(_) => return Ok(()),
+            },
+            _ => return Ok(()),
+        };
+        unknown_fallbacks(&self.config.fallback_datacenters, &known)
     }
 
     /// The name of the datacenter the watch asks first: the configured
@@ -610,6 +636,18 @@ impl ConsulWatch {
             tokio::time::sleep(pause).await;
         }
     }
+}
+
+/// The refusal for fallback datacenters not in `known` (the agent's
+/// `/v1/catalog/datacenters`), if any.
+fn unknown_fallbacks(fallbacks: &[String], known: &[String]) -> Result<(), String> {
+    let unknown: Vec<&String> = fallbacks.iter().filter(|f| !known.contains(f)).collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "fallback datacenter(s) {unknown:?} unknown to the Consul agent, which knows {known:?}: name Consul datacenters (case matters)"
+    ))
 }
 
 /// Percent-encodes a query value.

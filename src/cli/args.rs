@@ -905,6 +905,14 @@ pub struct DiscoveryArgs {
     /// --consul address's host [default: CONSUL_TLS_SERVER_NAME].
     #[arg(long, value_name = "NAME")]
     pub consul_tls_server_name: Option<String>,
+    /// Another Consul datacenter whose nodes are used while the local one
+    /// lists no passing node, for --discover consul (repeat it for more,
+    /// tried in order). Snowflake IDs and UUIDs carry the datacenter id
+    /// and cross; strict, segment, lease and formatted calls are refused
+    /// there, as their counters are per datacenter (docs/CLIENTS.md,
+    /// "Falling back to another datacenter").
+    #[arg(long = "fallback-datacenter", value_name = "DC", requires = "discover")]
+    pub fallback_datacenters: Vec<String>,
 }
 
 /// `name=value` of `--param`.

@@ -251,7 +251,9 @@ fn consul_discovery(
             discovery.address
         );
     }
-    Ok(discovery.service(&d.service))
+    Ok(discovery
+        .service(&d.service)
+        .fallback_datacenters(d.fallback_datacenters.iter().cloned()))
 }
 
 /// One node at `--addr`. A server whose `server.max_batch` is below
@@ -583,6 +585,7 @@ mod tests {
             consul_cert: None,
             consul_key: None,
             consul_tls_server_name: name.map(str::to_owned),
+            fallback_datacenters: Vec::new(),
         }
     }
 
