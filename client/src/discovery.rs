@@ -441,7 +441,6 @@ impl ConsulWatch {
     pub(crate) async fn first(&self, nodes: &NodeSet) -> Result<u64, String> {
         let answer = self.query(0, self.config.wait).await?;
         if !self.config.fallback_datacenters.is_empty() {
-            self.check_fallback_names().await?;
             nodes.set_local_datacenter(self.local_name().await);
         }
         metrics::gauge!(m::DATACENTER_FALLBACK).set(0.0);
@@ -455,13 +454,17 @@ impl ConsulWatch {
         Ok(answer.index)
     }
 
-    /// Refuses, at start-up, a fallback datacenter the agent does not know
+    /// Refuses, at start-up (a configuration error), a fallback datacenter
+    /// the agent does not know
     /// (`/v1/catalog/datacenters`, which needs no ACL), so a misspelt name
     /// fails here with the names there are instead of leaving the client
     /// without nodes when the local datacenter has none. An agent that
     /// does not answer the listing is not a reason to refuse: the watch
     /// reads each fallback anyway.
-    async fn check_fallback_names(&self) -> Result<(), String> {
+    pub(crate) async fn check_fallback_names(&self) -> Result<(), String> {
+        if self.config.fallback_datacenters.is_empty() {
+            return Ok(());
+        }
         let url = format!(
             "{}/v1/catalog/datacenters",
             self.config.address.trim_end_matches('/')

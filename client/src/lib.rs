@@ -270,6 +270,7 @@ impl ClientBuilder {
             (None, false) => nodes.replace(&self.endpoints).map_err(Error::Config)?,
             (Some(consul), true) => {
                 let watch = ConsulWatch::new(consul.clone()).map_err(Error::Config)?;
+                watch.check_fallback_names().await.map_err(Error::Config)?;
                 let index = watch.first(&nodes).await.map_err(Error::Discovery)?;
                 tokio::spawn(watch.run(Arc::downgrade(&nodes), index));
             }
