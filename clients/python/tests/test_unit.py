@@ -272,6 +272,81 @@ class Errors(unittest.TestCase):
             self.assertFalse(e.exception.sent)
 
 
+class _FakeConsul:
+    """An HTTP server on 127.0.0.1:0 that answers Consul's health query
+    with one node and /v1/catalog/datacenters with `datacenters` (None:
+    404, as an agent that does not answer the listing); records the
+    token each listing request carried."""
+
+    def __init__(self, datacenters):
+        import http.server
+        import json
+
+        tokens = self.tokens = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                if self.path.startswith("/v1/catalog/datacenters"):
+                    tokens.append(self.headers.get("X-Consul-Token"))
+                    if datacenters is None:
+                        return self._send(404, b"no such endpoint")
+                    return self._send(200, json.dumps(datacenters).encode())
+                if self.path.startswith("/v1/health/service/"):
+                    entry = {"Node": {"Address": "127.0.0.1"},
+                             "Service": {"Address": "127.0.0.1", "Port": 1}}
+                    return self._send(200, json.dumps([entry]).encode())
+                return self._send(404, b"")
+
+            def _send(self, status, body):
+                self.send_response(status)
+                self.send_header("X-Consul-Index", "7")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FallbackNames(unittest.TestCase):
+    """A fallback datacenter the agent does not list is refused at start-up
+    with the Rust crate's words; an agent that does not answer the
+    listing is not refused."""
+
+    def _client(self, consul, fallbacks):
+        return idgen_client.Client(consul=idgen_client.ConsulDiscovery(
+            address=consul.address, token="t0k", wait=1.0, fallback_datacenters=fallbacks))
+
+    def test_an_unknown_fallback_datacenter_is_refused_naming_the_known_ones(self):
+        consul = _FakeConsul(["dc1", "dc2"])
+        self.addCleanup(consul.close)
+        with self.assertRaises(idgen_client.ConfigError) as e:
+            self._client(consul, ["DC2"])
+        self.assertEqual(str(e.exception),
+                         'invalid client configuration: fallback datacenter(s) ["DC2"] unknown '
+                         'to the Consul agent, which knows ["dc1", "dc2"]: name Consul '
+                         'datacenters (case matters)')
+        self.assertEqual(e.exception.code, "CONFIG")
+        self.assertEqual(consul.tokens, ["t0k"])
+        with self._client(consul, ["dc2"]) as c:
+            self.assertEqual(c.nodes(), ["127.0.0.1:1"])
+
+    def test_an_agent_that_does_not_answer_the_listing_is_not_refused(self):
+        consul = _FakeConsul(None)
+        self.addCleanup(consul.close)
+        with self._client(consul, ["DC2"]) as c:
+            self.assertEqual(c.nodes(), ["127.0.0.1:1"])
+        self.assertEqual(consul.tokens, ["t0k"])
+
+
 class _Refusal(grpc.RpcError):
     def __init__(self, code, details):
         super().__init__()

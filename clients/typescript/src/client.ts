@@ -9,7 +9,7 @@
 import * as grpc from '@grpc/grpc-js';
 
 import { Caller, type Retry } from './call';
-import { type ConsulAgent, type ConsulOptions, consulAgent, localDatacenter, queryConsul } from './consul';
+import { type ConsulAgent, type ConsulOptions, checkFallbackNames, consulAgent, localDatacenter, queryConsul } from './consul';
 import { BadAnswerError, ClosedError, ConfigError, DiscoveryError, StrictNotPrefetchableError } from './errors';
 import type { DecodeIdResponse__Output } from './gen/idgen/v1/DecodeIdResponse';
 import type { DecodeUuidResponse__Output } from './gen/idgen/v1/DecodeUuidResponse';
@@ -160,6 +160,18 @@ export class Client {
       let first;
       try {
         first = await queryConsul(agent, 0n);
+      } catch (e) {
+        agent.agent.destroy();
+        throw new DiscoveryError((e as Error).message);
+      }
+      if (agent.fallbackDatacenters.length > 0) {
+        const refusal = await checkFallbackNames(agent);
+        if (refusal !== undefined) {
+          agent.agent.destroy();
+          throw new ConfigError(refusal);
+        }
+      }
+      try {
         if (agent.fallbackDatacenters.length > 0) nodes.localDatacenter = await localDatacenter(agent);
         if (first.addrs.length > 0 || !(await client.fallBack(agent))) nodes.replace(first.addrs);
       } catch (e) {

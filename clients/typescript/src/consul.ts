@@ -287,3 +287,51 @@ export function localDatacenter(c: ConsulAgent): Promise<string> {
     req.on('error', () => resolve(fallback));
   });
 }
+
+/** A list of names as Rust's Debug prints a Vec<String>: ["a", "b"]. */
+function debugList(names: readonly string[]): string {
+  return `[${names.map((n) => JSON.stringify(n)).join(', ')}]`;
+}
+
+/**
+ * The refusal for fallback datacenters not in `known` (the agent's
+ * /v1/catalog/datacenters), if any, in the Rust crate's words.
+ */
+export function unknownFallbacks(fallbacks: readonly string[], known: readonly string[]): string | undefined {
+  const unknown = fallbacks.filter((f) => !known.includes(f));
+  if (unknown.length === 0) return undefined;
+  return `fallback datacenter(s) ${debugList(unknown)} unknown to the Consul agent, which knows ${debugList(known)}: name Consul datacenters (case matters)`;
+}
+
+/**
+ * Checks the fallback datacenters against the agent's
+ * /v1/catalog/datacenters (which needs no ACL) at start-up, so a misspelt
+ * name fails there with the names there are instead of leaving the client
+ * without nodes when the local datacenter has none. Resolves to the
+ * refusal, or undefined: also when the agent does not answer the listing
+ * (no reason to refuse: the watch reads each fallback anyway).
+ */
+export function checkFallbackNames(c: ConsulAgent): Promise<string | undefined> {
+  const get = c.url.startsWith('https://') ? https.get : http.get;
+  const headers: http.OutgoingHttpHeaders = {};
+  if (c.token !== undefined) headers['X-Consul-Token'] = c.token;
+  return new Promise((resolve) => {
+    const req = get(`${c.url}/v1/catalog/datacenters`, { agent: c.agent, headers, timeout: 5000 }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (d: Buffer) => chunks.push(d));
+      res.on('error', () => resolve(undefined));
+      res.on('end', () => {
+        if (res.statusCode !== 200) return resolve(undefined);
+        try {
+          const known: unknown = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+          if (!Array.isArray(known) || !known.every((k) => typeof k === 'string')) return resolve(undefined);
+          resolve(unknownFallbacks(c.fallbackDatacenters, known as string[]));
+        } catch {
+          resolve(undefined);
+        }
+      });
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', () => resolve(undefined));
+  });
+}

@@ -113,6 +113,7 @@ class Client:
             watch = ConsulWatch(consul)
             found, index = watch.query(0)
             if consul.fallback_datacenters:
+                watch.check_fallback_names()
                 self._nodes.local_datacenter = watch.local_name()
             self._metrics.datacenter_fallback(False)
             if found or not watch.fall_back(self._nodes, self._replace):

@@ -285,6 +285,28 @@ class ConsulWatch:
                 % (json.dumps(self.config.service), body, whose), code="PERMISSION_DENIED")
         return DiscoveryError("HTTP %d: %s" % (status, body))
 
+    def check_fallback_names(self) -> None:
+        """Refuses, at start-up, a fallback datacenter the agent does not
+        know (/v1/catalog/datacenters, which needs no ACL), so a misspelt
+        name fails here with the names there are instead of leaving the
+        client without nodes when the local datacenter has none. An agent
+        that does not answer the listing is no reason to refuse: the watch
+        reads each fallback anyway. Raises ConfigError (the Rust crate's
+        words, client/src/discovery.rs)."""
+        request = urllib.request.Request(self.address + "/v1/catalog/datacenters")
+        if self.token:
+            request.add_header("X-Consul-Token", self.token)
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=self.context) as answer:
+                known = json.load(answer)
+        except (urllib.error.URLError, OSError, ValueError):
+            return
+        if not isinstance(known, list) or not all(isinstance(k, str) for k in known):
+            return
+        refusal = unknown_fallbacks(self.config.fallback_datacenters, known)
+        if refusal is not None:
+            raise ConfigError(refusal)
+
     def local_name(self) -> str:
         """The name of the datacenter asked first: `datacenter`, else the
         agent's own (/v1/agent/self, which needs agent:read; without it,
@@ -371,3 +393,18 @@ class ConsulWatch:
             wait = (min(self.config.wait, self.config.fallback_recheck)
                     if nodes.fallback() is not None else self.config.wait)
             stopped.wait(max(0.0, 0.1 - (time.monotonic() - started)))
+
+
+def _debug_list(names: Sequence[str]) -> str:
+    """A list of names as Rust's Debug prints a Vec<String>: ["a", "b"]."""
+    return "[%s]" % ", ".join(json.dumps(n, ensure_ascii=False) for n in names)
+
+
+def unknown_fallbacks(fallbacks: Sequence[str], known: Sequence[str]) -> Optional[str]:
+    """The refusal for fallback datacenters not in `known` (the agent's
+    /v1/catalog/datacenters), if any, in the Rust crate's words."""
+    unknown = [f for f in fallbacks if f not in known]
+    if not unknown:
+        return None
+    return ("fallback datacenter(s) %s unknown to the Consul agent, which knows %s: name Consul "
+            "datacenters (case matters)" % (_debug_list(unknown), _debug_list(known)))
