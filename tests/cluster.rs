@@ -559,9 +559,10 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
 
     let busy_from = Instant::now();
     let until = busy_from + window;
-    let mut issued = 0usize;
+    let (mut issued, mut calls) = (0usize, 0u64);
     while Instant::now() < until {
-        issued += common::snowflake_ids(&node, 10_000).await.unwrap().len();
+        issued += common::snowflake_ids(&node, 1_000).await.unwrap().len();
+        calls += 1;
     }
     let t2 = traffic(&consul, "agent-t");
     // The last batch ends after `until`: on a loaded machine the busy
@@ -582,13 +583,21 @@ async fn steady_state_consul_traffic_does_not_grow_with_the_request_rate() {
         "Consul traffic of one node, {issued} IDs issued: {}",
         per_s(&busy)
     );
-    assert!(issued > 100_000, "the load ran ({issued} IDs)");
     // Timers, not requests, drive the traffic: the idle rate over the
-    // busy window's length, up to timer phase (a tick more or less per
-    // timer). A request per call would add hundreds (one per GenIds).
+    // busy window's length, up to timer phase: one tick more per timer,
+    // and a node runs seven that reach Consul (the cluster index pulse,
+    // the mark renewal, its claim and layout reads, the status board, the
+    // session renewal, the registration check; CI once saw +4 kv and +1
+    // agent/services). A request per call would add at least one per
+    // GenIds call, and the load makes at least 100.
+    let phase = 7.0;
+    assert!(
+        calls >= 100 && calls as f64 > 10.0 * phase,
+        "the load ran ({calls} calls, {issued} IDs)"
+    );
     let expected = sum(&idle) as f64 * busy_for.as_secs_f64() / idle_for.as_secs_f64();
     assert!(
-        sum(&busy) as f64 <= expected + 3.0,
+        sum(&busy) as f64 <= expected + phase,
         "idle {idle:?} in {idle_for:?}, under load {busy:?} in {busy_for:?}"
     );
     // One HWM txn per hwm.renew_interval (1 s): about 6 per window.
