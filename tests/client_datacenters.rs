@@ -144,8 +144,14 @@ fn assert_refused<T: std::fmt::Debug>(result: Result<T, Error>, counter: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_local_datacenter_gone_snowflake_calls_go_on_through_the_fallback_and_counters_stay_home(
+/// Two emulated Consul datacenters, `dc1` (the primary) and `dc2`, a
+/// passing node in each (datacenter ids 1 and 2), and their directory.
+async fn two_datacenters() -> (
+    TestConsul,
+    TestConsul,
+    tempfile::TempDir,
+    ChildServer,
+    ChildServer,
 ) {
     let dc1 = common::test_consul().await;
     let dc2 = dc1.add_datacenter("dc2").await.expect("dc2 starts");
@@ -154,6 +160,13 @@ async fn with_the_local_datacenter_gone_snowflake_calls_go_on_through_the_fallba
     let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
     wait_passing(dc1.addr(), 1).await;
     wait_passing(dc2.addr(), 1).await;
+    (dc1, dc2, dir, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_local_datacenter_gone_snowflake_calls_go_on_through_the_fallback_and_counters_stay_home(
+) {
+    let (dc1, dc2, dir, a, b) = two_datacenters().await;
 
     let client = client(&dc1, false).await;
     let crossing = client_opted_in(&dc1).await;
@@ -237,13 +250,7 @@ async fn client_opted_in(dc1: &TestConsul) -> Client {
 /// call through the fallback is refused before sending, naming the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_falls_back_to_another_datacenter_when_asked() {
-    let dc1 = common::test_consul().await;
-    let dc2 = dc1.add_datacenter("dc2").await.expect("dc2 starts");
-    let dir = tempfile::tempdir().unwrap();
-    let a = ChildServer::start(&config(dir.path(), "a", &dc1, 1));
-    let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
-    wait_passing(dc1.addr(), 1).await;
-    wait_passing(dc2.addr(), 1).await;
+    let (dc1, dc2, _dir, a, b) = two_datacenters().await;
     a.kill();
     wait_passing(dc1.addr(), 0).await;
     let consul = dc1.addr().to_string();

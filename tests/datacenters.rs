@@ -38,18 +38,8 @@ const TOKEN: &str = "datacenters-admin-secret";
 /// `idgen admin --addr <node> --token .. datacenters <args>`, off the
 /// async runtime.
 async fn datacenters_cli(node: &ChildServer, args: &[&str]) -> (bool, String) {
-    let addr = format!("http://{}", node.grpc);
-    let mut all: Vec<String> = ["admin", "--addr", &addr, "--token", TOKEN, "datacenters"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    all.extend(args.iter().map(|s| s.to_string()));
-    tokio::task::spawn_blocking(move || {
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        common::run_idgen(&refs)
-    })
-    .await
-    .expect("admin command")
+    let all = [&["datacenters"][..], args].concat();
+    common::admin_cli(node, TOKEN, &all).await
 }
 
 /// The claim record of `id` as `consul` (one datacenter) holds it.
