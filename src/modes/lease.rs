@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use super::hidden::{HiddenOutput, Ready, RevealError};
 use super::refill::{self, Refill};
@@ -378,26 +379,23 @@ impl LeaseEngine {
     }
 
     async fn take_plain(self: &Arc<Self>, count: usize) -> Result<Vec<u64>, Error> {
-        let ids = refill::take(
-            self.as_ref(),
-            count,
-            self.settings.max_wait,
-            FETCH_RETRY,
-            || self.fetch_in_background(),
-        )
+        let ids = refill::take(self, count, self.settings.max_wait, FETCH_RETRY, || {
+            self.fetch_in_background()
+        })
         .await?;
         self.issued.increment(count as u64);
         Ok(ids)
     }
 }
 
-impl Refill for LeaseEngine {
+impl Refill for Arc<LeaseEngine> {
     fn take_local(&self, want: usize, out: &mut Vec<u64>) -> Result<bool, Error> {
         LeaseEngine::take_local(self, want, out)
     }
 
-    async fn fetch(&self) -> Result<(), Error> {
-        LeaseEngine::fetch(self).await
+    fn spawn_fetch(&self) -> JoinHandle<Result<(), Error>> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move { this.fetch().await })
     }
 
     fn filled(&self) -> &Notify {
@@ -455,6 +453,10 @@ mod tests {
         token: u64,
         fail: AtomicBool,
         reserves: AtomicU64,
+        /// While set, a reservation waits for `release` (counted in `held`).
+        hold: AtomicBool,
+        held: AtomicU64,
+        release: Notify,
     }
 
     impl MemSource {
@@ -464,6 +466,9 @@ mod tests {
                 token,
                 fail: AtomicBool::new(false),
                 reserves: AtomicU64::new(0),
+                hold: AtomicBool::new(false),
+                held: AtomicU64::new(0),
+                release: Notify::new(),
             })
         }
     }
@@ -480,6 +485,10 @@ mod tests {
             Some(self.token)
         }
         async fn reserve(&self, size: u64) -> Result<Block, StoreError> {
+            if self.hold.load(Ordering::SeqCst) {
+                self.held.fetch_add(1, Ordering::SeqCst);
+                self.release.notified().await;
+            }
             if self.fail.load(Ordering::SeqCst) {
                 return Err(StoreError::Backend("injected outage".into()));
             }
@@ -531,6 +540,42 @@ mod tests {
         )
         .with_hide(9, &hide, Arc::clone(&output));
         (engine, output)
+    }
+
+    #[tokio::test]
+    async fn a_call_dropped_while_it_fetches_leaves_the_next_block_to_land() {
+        let src = MemSource::new(42);
+        let l = leases(Arc::clone(&src), 100);
+        src.hold.store(true, Ordering::SeqCst);
+        // Nothing in memory: this call claims the fetch and waits on the
+        // store; then its client goes (the call is dropped).
+        let call = tokio::spawn({
+            let l = Arc::clone(&l);
+            async move { l.take(5).await }
+        });
+        refill::yield_until("the fetch at the store", || {
+            src.held.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        src.hold.store(false, Ordering::SeqCst);
+        src.release.notify_waiters();
+        // The fetch landed all the same: the next call is served from the
+        // block it reserved (before rule 46: waited max_wait, UNAVAILABLE).
+        let mut seen = HashSet::new();
+        for _ in 0..10 {
+            for id in l.take(5).await.unwrap() {
+                assert!(seen.insert(id), "duplicate {id}");
+                assert_eq!(decompose(id).unwrap().token, 42);
+            }
+        }
+        assert_eq!(seen.len(), 50);
+        assert_eq!(
+            src.reserves.load(Ordering::SeqCst),
+            1,
+            "one block, the dropped call's"
+        );
     }
 
     #[tokio::test]

@@ -3,10 +3,10 @@
 //! fetching (when this call claimed the fetch) or waiting, at most
 //! `server.max_wait`, for the fetch another call started.
 
-use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::task::{JoinError, JoinHandle};
 
 use crate::error::Error;
 
@@ -15,8 +15,14 @@ pub trait Refill: Sync {
     /// Moves IDs from memory into `out` (up to `want` in all); `Ok(true)`:
     /// a fetch is due and this call claimed it.
     fn take_local(&self, want: usize, out: &mut Vec<u64>) -> Result<bool, Error>;
-    /// Runs the claimed fetch; wakes [`filled`](Self::filled) either way.
-    fn fetch(&self) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Starts the claimed fetch on a task of its own and returns its
+    /// handle; the fetch wakes [`filled`](Self::filled) either way. On its
+    /// own task the fetch lands (its span goes into the buffer, or its
+    /// failure clears the claim) even when the call that claimed it is
+    /// dropped: a client that cancels, or runs out of its deadline, while
+    /// its call waits on the store. Run inside the call, a dropped fetch
+    /// left the claim set and no fetch ever started again (rule 46).
+    fn spawn_fetch(&self) -> JoinHandle<Result<(), Error>>;
     /// Notified whenever a fetch lands (or the buffer is dropped).
     fn filled(&self) -> &Notify;
     /// The answer to a call whose own fetch failed with `e`.
@@ -41,6 +47,17 @@ fn at_end(out: Vec<u64>, end: Error) -> Result<Vec<u64>, Error> {
     } else {
         Ok(out)
     }
+}
+
+/// The answer of a fetch run on its own task: its own, or, when the task
+/// ended without one (it panicked, or the runtime is shutting down), a
+/// store error saying so.
+fn landed(joined: Result<Result<(), Error>, JoinError>) -> Result<(), Error> {
+    joined.unwrap_or_else(|e| {
+        Err(Error::Store(crate::store::StoreError::Backend(format!(
+            "the fetch ended without an answer: {e}"
+        ))))
+    })
 }
 
 /// `count` IDs from `refill`. Waits on the store only when both spans are
@@ -80,7 +97,7 @@ pub async fn take<R: Refill>(
         }
         if start_fetch {
             // Both spans are empty and this call is the fetcher.
-            if let Err(e) = refill.fetch().await {
+            if let Err(e) = landed(refill.spawn_fetch().await) {
                 if let Some(end) = refill.ended() {
                     return at_end(out, end);
                 }
@@ -100,4 +117,17 @@ pub async fn take<R: Refill>(
         }
         let _ = tokio::time::timeout_at(deadline.min(now + retry), filled).await;
     }
+}
+
+/// Yields to the runtime until `cond` holds: a bounded number of polls,
+/// no clock (for tests that wait for a spawned task to reach a point).
+#[cfg(test)]
+pub(crate) async fn yield_until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..10_000 {
+        if cond() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{what}: not reached in 10,000 polls");
 }

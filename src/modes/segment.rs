@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use super::hidden::{self, HiddenOutput, RevealError};
 use super::hide_keys::HideKeyRings;
@@ -583,11 +584,13 @@ impl Refill for TagRefill<'_> {
             .take_local(want, out, self.segments.clock.as_ref()))
     }
 
-    async fn fetch(&self) -> Result<(), Error> {
-        let s = self.segments;
-        self.buffer
-            .fetch(s.store.as_ref(), &s.settings, s.clock.as_ref())
-            .await
+    fn spawn_fetch(&self) -> JoinHandle<Result<(), Error>> {
+        let (s, buffer) = (Arc::clone(self.segments), Arc::clone(self.buffer));
+        tokio::spawn(async move {
+            buffer
+                .fetch(s.store.as_ref(), &s.settings, s.clock.as_ref())
+                .await
+        })
     }
 
     fn filled(&self) -> &Notify {
@@ -651,7 +654,7 @@ impl Refill for TagRefill<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     use async_trait::async_trait;
 
@@ -666,6 +669,8 @@ mod tests {
         steps: Mutex<Vec<u64>>,
         fail: AtomicBool,
         hold: AtomicBool,
+        /// Fetches that waited for `release`.
+        held: AtomicU64,
         release: Notify,
     }
 
@@ -691,6 +696,7 @@ mod tests {
         }
         async fn take_range(&self, tag: &Tag, step: u64, now_ms: u64) -> Result<Range, StoreError> {
             if self.hold.load(Ordering::SeqCst) {
+                self.held.fetch_add(1, Ordering::SeqCst);
                 self.release.notified().await;
             }
             if self.fail.load(Ordering::SeqCst) {
@@ -795,6 +801,39 @@ mod tests {
             "contiguous and increasing"
         );
         assert_eq!(all[0], 1);
+    }
+
+    #[tokio::test]
+    async fn a_call_dropped_while_it_fetches_leaves_the_next_range_to_land() {
+        let (store, _clock, seg, tag) = setup(100);
+        store.hold.store(true, Ordering::SeqCst);
+        // Nothing in memory: this call claims the fetch and waits on the
+        // store; then its client goes (the call is dropped).
+        let call = tokio::spawn({
+            let (seg, tag) = (Arc::clone(&seg), tag.clone());
+            async move { seg.take(&tag, 10).await }
+        });
+        refill::yield_until("the fetch at the store", || {
+            store.held.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        store.hold.store(false, Ordering::SeqCst);
+        store.release.notify_waiters();
+        // The fetch landed all the same: the next calls are served from
+        // the range it took, in order, each ID once (before rule 46: they
+        // waited max_wait, UNAVAILABLE).
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            got.extend(seg.take(&tag, 10).await.unwrap());
+        }
+        assert_eq!(got, (1..=50).collect::<Vec<u64>>());
+        assert_eq!(
+            store.steps.lock().unwrap().len(),
+            1,
+            "one range, the dropped call's"
+        );
     }
 
     #[tokio::test]

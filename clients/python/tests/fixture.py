@@ -21,7 +21,36 @@ def binary(var: str, name: str) -> str:
     path = os.environ.get(var) or shutil.which(name)
     if not path:
         raise RuntimeError("set %s to the %s binary (or put it on PATH)" % (var, name))
-    return path
+    return os.path.abspath(path)
+
+
+def _no_inherited_descriptors() -> None:
+    """Descriptors above 2 that this process itself inherited (a test
+    runner's pipes) are made close-on-exec, so the children spawn() starts
+    without close_fds get only their standard streams."""
+    if not os.path.isdir("/proc/self/fd"):
+        return
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
+
+
+_no_inherited_descriptors()
+
+
+def spawn(argv: Sequence[str], **kw) -> "subprocess.Popen[str]":
+    """subprocess.Popen(argv, text=True, **kw) through posix_spawn, never
+    fork: grpcio 1.80 to 1.83 runs a fork handler in the child of a process
+    with live channels that aborts 1 child in 25 before exec (grpc/grpc#43055;
+    docs/CLIENT-PYTHON.md), and these tests start nodes beside live clients.
+    CPython takes posix_spawn when close_fds is off and the program is given
+    by path; Python and grpcio open descriptors non-inheritable, and the
+    ones this process inherited are made so at import."""
+    return subprocess.Popen(list(argv), close_fds=False, text=True, **kw)
 
 
 def node_env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
@@ -37,10 +66,10 @@ class Node:
     """One `idgen serve` process; `grpc` is its host:port once ready."""
 
     def __init__(self, config: str, env: Optional[Dict[str, str]] = None) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [binary("TEST_IDGEN_BIN", "idgen"), "serve", "--config", config],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=node_env(env), text=True)
+            env=node_env(env))
         self.log: List[str] = []
         ready = threading.Event()
         self.grpc = ""
@@ -88,13 +117,15 @@ class Cluster:
             # Another Consul datacenter linked with dc1 (the primary).
             args += ["--add-datacenter", "%s=127.0.0.1:0" % dc]
         if tls or mtls:
-            subprocess.run([binary("TEST_IDGEN_BIN", "idgen"), "tls", "dev-certs", self.certs],
-                           check=True, stdout=subprocess.DEVNULL)
+            certs = spawn([binary("TEST_IDGEN_BIN", "idgen"), "tls", "dev-certs", self.certs],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            if certs.wait() != 0:
+                raise RuntimeError("idgen tls dev-certs exited with %d" % certs.returncode)
             # The emulator's gRPC health checks of TLS nodes.
             args += ["--check-ca", self.cert("ca.pem"), "--check-cert", self.cert("client.pem"),
                      "--check-key", self.cert("client-key.pem")]
-        self.consul = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       stdin=subprocess.DEVNULL, text=True)
+        self.consul = spawn(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL)
         assert self.consul.stdout is not None
         line = self.consul.stdout.readline()
         if not line.startswith("listening on "):

@@ -245,6 +245,18 @@ class Errors(unittest.TestCase):
         self.assertEqual(e.code, "INVALID_ARGUMENT")
         self.assertTrue(str(idgen_client.NoNodesError()).startswith("no idgen node is known"))
 
+    def test_a_tls_refusal_names_the_client_certificate_in_each_grpcio_wording(self):
+        # grpcio 1.80 and later name the alert; 1.78 (what pip picks on
+        # Python 3.9) says only that the secure read failed.
+        from idgen_client._call import describe
+        for details in ("failed to connect to all addresses; last error: UNKNOWN: "
+                        "ipv4:127.0.0.1:1: Ssl handshake failed: CERTIFICATE_REQUIRED",
+                        "failed to connect to all addresses; last error: UNAVAILABLE: "
+                        "ipv4:127.0.0.1:1: Secure read failed"):
+            text = describe(_Refusal(grpc.StatusCode.UNAVAILABLE, details), True, False)
+            self.assertIn("client certificate", text)
+            self.assertIn("TlsConfig(", text)
+
     def test_configuration_is_checked_before_any_call(self):
         cases = [
             dict(nodes=[], consul=idgen_client.ConsulDiscovery()),

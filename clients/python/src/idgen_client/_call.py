@@ -58,7 +58,7 @@ def describe(err: grpc.RpcError, tls: bool, identity: bool) -> str:
                   or "record_layer" in low):
         words = "TLS: the node does not speak TLS; it serves plaintext: drop tls="
     elif tls and any(w in low for w in ("handshake", "socket closed", "reset", "unwrap failed",
-                                        "tsi_data_corrupted")):
+                                        "tsi_data_corrupted", "secure read failed")):
         words = ("the connection closed during or right after the TLS handshake: if the node "
                  "requires a client certificate (server.tls.client_required), set "
                  "TlsConfig(cert=..., key=...)" if not identity else
