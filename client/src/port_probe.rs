@@ -79,12 +79,15 @@ pub fn speaks_tls(addr: &str, timeout: Duration) -> bool {
     probe().unwrap_or(false)
 }
 
-/// [`speaks_http1`] off the async runtime's worker threads.
+/// [`speaks_http1`] off the async runtime's worker threads, bounded by
+/// `timeout` in all: [`speaks_http1`] bounds each of its steps (connect,
+/// write, read) by `timeout`, so three slow steps took up to three times
+/// the call's time left. Past `timeout` the answer is "no" and the blocking
+/// probe ends on its own within its per-step bounds.
 pub(crate) async fn speaks_http1_async(addr: &str, timeout: Duration) -> bool {
     let addr = addr.to_owned();
-    tokio::task::spawn_blocking(move || speaks_http1(&addr, timeout))
-        .await
-        .unwrap_or(false)
+    let probe = tokio::task::spawn_blocking(move || speaks_http1(&addr, timeout));
+    matches!(tokio::time::timeout(timeout, probe).await, Ok(Ok(true)))
 }
 
 #[cfg(test)]
@@ -103,6 +106,23 @@ mod tests {
             }
         });
         addr
+    }
+
+    #[tokio::test]
+    async fn the_async_probe_says_http1_and_a_port_that_never_answers_is_no() {
+        let http1 = server(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n");
+        assert!(speaks_http1_async(&http1, Duration::from_secs(2)).await);
+        // Accepts, reads, never answers: "no" once the budget is spent.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent = listener.local_addr().unwrap().to_string();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Ok((_conn, _)) = listener.accept() {
+                let _ = wait.recv();
+            }
+        });
+        assert!(!speaks_http1_async(&silent, Duration::from_millis(200)).await);
+        drop(done);
     }
 
     #[test]
