@@ -2,7 +2,9 @@
 # The Python client on the oldest Python it accepts (Requires-Python >=3.9,
 # docs/CLIENT-PYTHON.md), so both ends of its range are tested: the
 # 3.11 virtualenv of scripts/python-client-venv.sh gets the newest grpcio
-# and protobuf, this one the newest built for 3.9.
+# and protobuf, this one what pip picks on 3.9: grpcio 1.78.2, the floor
+# (1.80, the only newer grpcio built for 3.9, is excluded there), and the
+# newest protobuf built for 3.9.
 #
 #   python39.sh install   (scripts/setup.sh, as root) installs Debian 11's
 #       python3.9 on this Debian 12 machine: Debian 12 ships no 3.9, and
