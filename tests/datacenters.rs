@@ -392,6 +392,58 @@ async fn a_datacenter_id_is_released_only_when_its_owner_is_gone_and_its_new_own
     }
 }
 
+/// A forced release whose caller gives up while it waits out the old
+/// owner's lock-delay (2 s here; the CLI's default deadline was 5 s against
+/// up to 60 s) still ends released: it runs on its own task. Before, the
+/// node dropped it half-way and the claim stayed `releasing`, its id
+/// claimable by no datacenter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_whose_caller_gives_up_still_ends_released() {
+    let (dc1, dc2) = federation().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("\"{TOKEN}\"");
+    let a = ChildServer::start(&config_with(
+        dir.path(),
+        "a",
+        &dc1,
+        1,
+        &[("admin", "token", &token)],
+    ));
+    let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
+    common::snowflake_ids(&b, 10).await.expect("issues");
+    b.kill();
+    let mut admin = idgen::proto::admin_client::AdminClient::connect(format!("http://{}", a.grpc))
+        .await
+        .expect("connects");
+    let request = idgen::proto::ReleaseDatacenterRequest { id: 2, force: true };
+    let mut request = common::tonic_req(TOKEN, request);
+    request.set_timeout(Duration::from_millis(300));
+    let gave_up = admin
+        .release_datacenter(request)
+        .await
+        .expect_err("the release waits out a 2 s lock-delay: the 300 ms caller gives up first");
+    assert!(
+        matches!(
+            gave_up.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{gave_up:?}"
+    );
+    let mut record = String::new();
+    for _ in 0..120 {
+        record = claim(&dc1, 2).expect("the claim stays");
+        if record.contains("\"state\":\"released\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        record.contains("\"state\":\"released\""),
+        "the release never finished after its caller gave up: {record}"
+    );
+    assert!(a.terminate().success());
+}
+
 /// A release of an id no Consul datacenter claimed is NOT_FOUND over
 /// gRPC, naming the id, the primary and the KV path, and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

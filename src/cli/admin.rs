@@ -8,10 +8,14 @@ use serde_json::{json, Value};
 use tonic::metadata::MetadataValue;
 use tonic::Request;
 
+use std::time::Duration;
+
+use idgen::cluster::holders::MAX_LOCK_DELAY;
 use idgen::proto::{self, admin_client::AdminClient, HolderKind};
 
 use super::args::{
-    AdminArgs, AdminCommand, LayoutCommand, ReleaseArgs, StrictCommand, TagsCommand,
+    AdminArgs, AdminCommand, DatacentersCommand, LayoutCommand, ReleaseArgs, StrictCommand,
+    TagsCommand,
 };
 use super::client::{failed, Bearer, Client, Out};
 use super::output::outln;
@@ -78,7 +82,25 @@ pub fn with_bearer<T>(mut request: Request<T>, token: Option<&str>) -> anyhow::R
 }
 
 async fn connect(a: &AdminArgs) -> anyhow::Result<Client> {
-    connect_to(&a.addr, admin_token(a)?, a.timeout, &a.tls).await
+    connect_to(&a.addr, admin_token(a)?, call_timeout(a), &a.tls).await
+}
+
+/// `--timeout`, raised for the calls that wait out a lock-delay (a forced
+/// release: up to [`MAX_LOCK_DELAY`]) or move every counter (skip-ahead):
+/// cut short by the default 5 s, they went on on the node (each runs to its
+/// end on its own task) while the command reported DEADLINE_EXCEEDED.
+fn call_timeout(a: &AdminArgs) -> Duration {
+    let long = match &a.command {
+        AdminCommand::Release(r) => r.force,
+        AdminCommand::Datacenters(DatacentersCommand::Release { force, .. }) => *force,
+        AdminCommand::SkipAhead { .. } => true,
+        _ => false,
+    };
+    if long {
+        a.timeout.max(MAX_LOCK_DELAY + Duration::from_secs(15))
+    } else {
+        a.timeout
+    }
 }
 
 /// An admin client of `addr`, sending `admin_token` as a bearer token; the

@@ -471,7 +471,9 @@ pub struct AdminArgs {
     pub addr: String,
     #[command(flatten)]
     pub tls: TlsArgs,
-    /// Longest wait for the connection and for each call.
+    /// Longest wait for the connection and for each call (at least 75 s
+    /// for a forced release, which waits out a lock-delay of up to 60 s,
+    /// and for skip-ahead).
     #[arg(long, global = true, default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// The server's admin token (its admin.token). Prefer --token-file or

@@ -3,7 +3,7 @@
 
 use tonic::{Request, Response, Status};
 
-use super::AdminService;
+use super::{to_the_end, AdminService};
 use crate::error::{Error, ErrorKind};
 use crate::proto;
 use crate::server::status::{refusal, to_status};
@@ -74,10 +74,15 @@ impl AdminService {
             ));
         }
         let reserve_ms = u64::try_from(self.deps.hwm_reserve.as_millis()).unwrap_or(u64::MAX);
-        let report =
-            crate::store::skip_ahead::skip_ahead(client, keys, r.margin, self.now_ms(), reserve_ms)
-                .await
-                .map_err(|e| to_status(&Error::from(e)))?;
+        let (client, keys, margin, now_ms) =
+            (client.clone(), keys.clone(), r.margin, self.now_ms());
+        // On its own task: cut short by the caller's deadline, a run left
+        // its record, and so every counter mode halted, on every node.
+        let report = to_the_end(format!("skip-ahead by {margin}"), async move {
+            crate::store::skip_ahead::skip_ahead(&client, &keys, margin, now_ms, reserve_ms).await
+        })
+        .await?
+        .map_err(|e| to_status(&Error::from(e)))?;
         let record = report.record.unwrap_or_default();
         let message = report.summary(r.margin);
         tracing::warn!(margin = r.margin, %message, "skip-ahead");

@@ -4,7 +4,7 @@
 
 use tonic::Status;
 
-use super::{consul_status, rfc3339, AdminService};
+use super::{consul_status, rfc3339, to_the_end, AdminService};
 use crate::cluster::datacenter_release::{Federation, ReleaseError};
 use crate::error::ErrorKind;
 use crate::proto;
@@ -69,8 +69,16 @@ impl AdminService {
         who: String,
         r: proto::ReleaseDatacenterRequest,
     ) -> Result<proto::ReleaseDatacenterResponse, Status> {
-        let federation = self.federation()?;
-        let result = federation.release(r.id, r.force).await;
+        let federation = self.federation()?.clone();
+        let (id, force) = (r.id, r.force);
+        // On its own task: dropped after it marked the claim releasing (a
+        // forced release waits out a lock-delay, longer than the CLI's
+        // default deadline), the claim stayed releasing and its datacenter
+        // fenced.
+        let result = to_the_end(format!("release of datacenter id {id}"), async move {
+            federation.release(id, force).await
+        })
+        .await?;
         let done = match result {
             Ok(done) => done,
             Err(e) => {

@@ -83,7 +83,7 @@ impl AdminService {
         let (written, reload) = to_the_end(format!("create {}", def.name), async move {
             catalog.create(def, fresh).await
         })
-        .await
+        .await?
         .map_err(|e| to_status(&e))?;
         let catalog = self.catalog()?;
         self.warn_one_node_format(catalog, &written.def.name);
@@ -126,7 +126,7 @@ impl AdminService {
         let (written, reload) = to_the_end(format!("update {}", def.name), async move {
             catalog.update(def).await
         })
-        .await
+        .await?
         .map_err(|e| to_status(&e))?;
         Ok(proto::UpdateFormatResponse {
             format: Some(self.format_message(&written)),
@@ -176,7 +176,7 @@ impl AdminService {
         let (tombstone, reload) = to_the_end(format!("delete {name}"), async move {
             catalog.delete(&name).await
         })
-        .await
+        .await?
         .map_err(|e| to_status(&e))?;
         Ok(proto::DeleteFormatResponse {
             format: Some(self.format_message(&tombstone)),

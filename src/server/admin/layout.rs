@@ -1,11 +1,12 @@
 //! The cluster's ID layout: read, and changed only when no ID can repeat
 //! (see `store::cluster_layout`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::Status;
 
-use super::{consul_status, AdminService};
+use super::{consul_status, to_the_end, AdminService};
 use crate::consul::ConsulClient;
 use crate::error::{Error, ErrorKind};
 use crate::proto;
@@ -86,23 +87,31 @@ impl AdminService {
             self.deps.node.instance, self.deps.node.address
         );
         let preset = section.preset_name();
-        let clock = self.deps.clock.as_ref();
+        let clock = Arc::clone(&self.deps.clock);
         let scope = match &self.deps.datacenters {
             Some(federation) => Some(federation.layout_scope().await.map_err(consul_status)?),
             None => None,
         };
-        let changed = match scope.filter(|s| s.federated) {
-            // Rule 45: the primary's record first, then this datacenter's.
-            Some(s) => {
-                let fed = LayoutFederation {
-                    primary: &s.primary,
-                    primary_client: &s.client,
-                    local: (s.primary != s.local).then_some(client),
-                };
-                change_federated_layout(fed, keys, (&layout, &preset), expect, clock, &by).await
+        let (client, keys) = (client.clone(), keys.clone());
+        // On its own task: dropped between its two writes, the change left
+        // the record marked changing and every node fenced.
+        let changed = to_the_end(format!("layout change to {preset}"), async move {
+            let clock = clock.as_ref();
+            match scope.filter(|s| s.federated) {
+                // Rule 45: the primary's record first, then this datacenter's.
+                Some(s) => {
+                    let fed = LayoutFederation {
+                        primary: &s.primary,
+                        primary_client: &s.client,
+                        local: (s.primary != s.local).then_some(&client),
+                    };
+                    change_federated_layout(fed, &keys, (&layout, &preset), expect, clock, &by)
+                        .await
+                }
+                None => change_layout(&client, &keys, (&layout, &preset), expect, clock, &by).await,
             }
-            None => change_layout(client, keys, (&layout, &preset), expect, clock, &by).await,
-        };
+        })
+        .await?;
         let report = changed.map_err(|e| to_status(&Error::ClusterLayout(e)))?;
         Ok(proto::SetLayoutResponse {
             record: Some(layout_response(&report.record)),

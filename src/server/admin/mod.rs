@@ -296,17 +296,22 @@ fn unreadable(records: Vec<(String, String)>) -> Vec<proto::UnreadableRecord> {
         .collect()
 }
 
-/// Runs a format change to its end on its own task. A caller past its
-/// deadline drops the gRPC handler's future; dropped between storing a
-/// definition and installing it, a created format stayed stored but
-/// unserved on the embedded store (nothing else reloads there). A change
-/// whose caller went away logs how it ended (`what` names it), since no
-/// one else will hear of it.
-async fn to_the_end<T: Send + 'static>(
+/// Runs an admin change to its end on its own task. A caller past its
+/// deadline (the CLI's `--timeout`, 5 s by default) or gone drops the
+/// gRPC handler's future, and a change dropped half-way stays half-done:
+/// a created format stored but unserved on the embedded store (nothing
+/// else reloads there); a layout record left marked changing (every node
+/// fenced until the stale change is rolled back); a datacenter claim left
+/// releasing (its datacenter fenced for good); a skip-ahead that never
+/// deletes its record (counter modes halted). A change whose caller went
+/// away logs how it ended (`what` names it), since no one else will hear
+/// of it. `Err` only when the change's task stopped without an answer.
+async fn to_the_end<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
     what: String,
-    change: impl Future<Output = Result<T, Error>> + Send + 'static,
-) -> Result<T, Error> {
+    change: impl Future<Output = Result<T, E>> + Send + 'static,
+) -> Result<Result<T, E>, Status> {
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let name = what.clone();
     tokio::spawn(async move {
         let result = change.await;
         let outcome = match &result {
@@ -316,20 +321,21 @@ async fn to_the_end<T: Send + 'static>(
         if tx.send(result).is_err() {
             match outcome {
                 Ok(()) => {
-                    tracing::info!(change = what, "format change done after its caller gave up")
+                    tracing::info!(change = what, "admin change done after its caller gave up")
                 }
                 Err(error) => tracing::warn!(
                     change = what,
                     error,
-                    "format change failed after its caller gave up"
+                    "admin change failed after its caller gave up"
                 ),
             }
         }
     });
-    rx.await.unwrap_or_else(|_| {
-        Err(Error::Setup(
-            "the format change stopped (it panicked)".to_owned(),
-        ))
+    rx.await.map_err(|_| {
+        refusal(
+            ErrorKind::Internal,
+            format!("the {name} stopped without an answer (it panicked): see the node's log"),
+        )
     })
 }
 
@@ -421,5 +427,53 @@ admin_routes! {
         rotate_hide_key(RotateHideKeyRequest) -> HideKeyChangeResponse = "RotateHideKey";
         retire_hide_key(RetireHideKeyRequest) -> HideKeyChangeResponse = "RetireHideKey";
         release_datacenter(ReleaseDatacenterRequest) -> ReleaseDatacenterResponse = "ReleaseDatacenter";
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use tokio::sync::Notify;
+
+    use super::to_the_end;
+    use crate::modes::refill::yield_until;
+
+    #[tokio::test]
+    async fn a_change_whose_caller_is_dropped_half_way_runs_to_its_end() {
+        // The change's two steps, with the caller dropped between them (a
+        // layout change between its two writes, a release between marking
+        // the claim releasing and released).
+        let steps = Arc::new(AtomicU32::new(0));
+        let go_on = Arc::new(Notify::new());
+        let call = tokio::spawn({
+            let (steps, go_on) = (Arc::clone(&steps), Arc::clone(&go_on));
+            async move {
+                to_the_end("test change".to_owned(), async move {
+                    steps.fetch_add(1, Ordering::SeqCst);
+                    go_on.notified().await;
+                    steps.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, String>(())
+                })
+                .await
+            }
+        });
+        yield_until("the first step", || steps.load(Ordering::SeqCst) == 1).await;
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        go_on.notify_waiters();
+        yield_until("the second step", || steps.load(Ordering::SeqCst) == 2).await;
+    }
+
+    #[tokio::test]
+    async fn a_caller_gets_the_changes_own_answer() {
+        let done = to_the_end("ok".to_owned(), async { Ok::<_, String>(7) }).await;
+        assert_eq!(done.unwrap(), Ok(7));
+        let refused = to_the_end("no".to_owned(), async {
+            Err::<u8, _>("refused".to_owned())
+        })
+        .await;
+        assert_eq!(refused.unwrap(), Err("refused".to_owned()));
     }
 }
