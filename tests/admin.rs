@@ -917,6 +917,78 @@ async fn strict_step_reaches_the_other_node(
     }
 }
 
+/// docs/ADMIN.md's releases on a Consul cluster, as written there. The
+/// console's JSON API (`POST /admin/api/release`, the page's body) for a
+/// stopped node's worker id `stopped`: nothing to do. Then `idgen admin
+/// release --kind worker --datacenter 0 --id N` of n0's own, live, worker
+/// id: refused without `--force`, naming it; with it, n0's session is
+/// destroyed and the command says what that freed. n0 claims again and
+/// issues on, nothing repeated.
+async fn releases_as_the_admin_page_shows_them(
+    c: &mut AdminClient<Channel>,
+    n0: &ChildServer,
+    stopped: u64,
+    seen: &mut HashSet<u64>,
+) {
+    let body = format!(r#"{{"kind": "worker", "datacenter": 0, "id": {stopped}, "force": true}}"#);
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/admin/api/release", n0.http))
+        .bearer_auth(TOKEN)
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("the console API answers");
+    assert_eq!(r.status().as_u16(), 200);
+    let v: serde_json::Value = r.json().await.expect("a JSON reply");
+    assert_eq!(v["released"], false, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("nothing to do")),
+        "{v}"
+    );
+
+    let n0_worker = holders(c)
+        .await
+        .into_iter()
+        .find(|h| h.instance == "n0" && h.kind == HolderKind::Worker as i32)
+        .expect("n0 holds a worker id");
+    let id = n0_worker.id.to_string();
+    let release = [
+        "release",
+        "--kind",
+        "worker",
+        "--datacenter",
+        "0",
+        "--id",
+        &id,
+    ];
+    let (ok_, out) = common::admin_cli(n0, TOKEN, &release).await;
+    assert!(
+        !ok_ && out.contains("FAILED_PRECONDITION") && out.contains("--force"),
+        "{out}"
+    );
+    let (ok_, out) = common::admin_cli(n0, TOKEN, &[&release[..], &["--force"]].concat()).await;
+    assert!(
+        ok_ && out.contains(&format!("destroyed session {}", n0_worker.session))
+            && out.contains("is free now"),
+        "{out}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let issued = issue(n0, seen).await;
+        if issued.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n0 did not come back: {issued:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_holders_force_release_tags_and_steps() {
     let consul = common::test_consul().await;
@@ -966,6 +1038,7 @@ async fn cluster_holders_force_release_tags_and_steps() {
     assert_eq!((h.state.as_str(), h.instance.as_str()), ("released", "n1"));
     assert!(h.session.is_empty());
     issue(&n0, &mut seen).await.unwrap();
+    releases_as_the_admin_page_shows_them(&mut c, &n0, n1_now.id, &mut seen).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -210,7 +210,25 @@ async fn layout_change_is_refused_when_ids_could_repeat_and_once_accepted_fences
     ];
     refused_without_yes(&a, &safe).await;
     old_max = old_max.max(collect(&a, 1, &mut seen).await);
-    let (ok, out) = admin_cli(&a, &[&safe[..], &["--yes"]].concat()).await;
+    // Accepted: docs/OPERATIONS.md's command as written ("Changing the cluster
+    // layout", step 2): the widths restated, the generation `layout get`
+    // showed.
+    let widths = [
+        "--time-unit",
+        "1ms",
+        "--time-bits",
+        "41",
+        "--datacenter-bits",
+        "5",
+        "--worker-bits",
+        "5",
+        "--sequence-bits",
+        "12",
+        "--expect-generation",
+        "1",
+        "--yes",
+    ];
+    let (ok, out) = admin_cli(&a, &[&safe[..], &widths[..]].concat()).await;
     assert!(ok, "a safe change must be accepted: {out}");
     assert!(out.contains("layout changed"), "{out}");
     assert!(out.contains("restart every node"), "{out}");

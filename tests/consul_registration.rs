@@ -1,12 +1,13 @@
 //! A real idgen node registered with the Consul test server: the agent's
 //! gRPC health check sees it serving, sees it go away when it stops, and
-//! the registration comes back when the agent forgets it.
+//! the registration comes back when the agent forgets it; and a Consul
+//! node's first start as docs/OPERATIONS.md gives it.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{test_config, TestServer};
+use common::{metric, run_idgen, test_config, write_cluster_config, ChildServer, TestServer};
 use consul_testserver::{Config, TestConsul};
 use idgen::cluster::registration::{Registration, RegistrationSpec, SERVICE_NAME};
 use idgen::consul::{ConsulClient, ConsulConfig};
@@ -153,4 +154,50 @@ fn an_unspecified_address_is_refused() {
     )
     .unwrap_err();
     assert!(err.contains("advertise"), "{err}");
+}
+
+/// docs/OPERATIONS.md, "First start", a Consul cluster, as written there:
+/// `idgen check-config --config prod.toml` passes, `idgen init` refuses a
+/// Consul config (there is nothing to create), and `idgen serve --config
+/// prod.toml` starts healthy: the log lines the page names, the node
+/// passing in `GET /v1/health/service/idgen?passing`, `idgen_worker_id`
+/// and `idgen_fenced` 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consul_nodes_first_start_is_checked_refuses_init_and_serves_registered() {
+    let consul = common::test_consul().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_cluster_config(dir.path(), "n0", consul.addr(), &[]);
+    let prod = dir.path().join("prod.toml");
+    std::fs::rename(&config, &prod).unwrap();
+    let cfg = prod.to_str().expect("a UTF-8 temp path");
+
+    let (ok, out) = run_idgen(&["check-config", "--config", cfg]);
+    assert!(ok && out.contains("backend = \"consul\""), "{out}");
+    let (ok, out) = run_idgen(&["init", "--config", cfg]);
+    assert!(!ok && out.contains("nothing to create"), "{out}");
+
+    let node = ChildServer::start(&prod);
+    for line in [
+        "worker id claimed in Consul",
+        "ready",
+        "idgen serving",
+        "registered in Consul with a gRPC health check",
+    ] {
+        assert!(
+            node.logs_within_10s(line).await,
+            "no {line:?}: {}",
+            node.log_text()
+        );
+    }
+    let client = common::consul::default_client(&consul);
+    assert!(wait_passing(&client, 1).await, "the node passes its check");
+    let text = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metric(&text, "idgen_worker_id").is_some(), "{text}");
+    assert_eq!(metric(&text, "idgen_fenced"), Some(0.0), "{text}");
+    assert_eq!(node.terminate().code(), Some(0));
 }

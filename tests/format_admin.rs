@@ -199,6 +199,52 @@ fn the_cli_manages_formats(node: &ChildServer, dir: &Path) {
     );
 }
 
+/// docs/FORMATTED.md's Lua rule `o2o` as a reader saves it ("the keys of a
+/// `[[formats]]` entry ... without its `[[formats]]` line"): the page's
+/// own TOML block, so the page and the test cannot drift apart.
+fn the_docs_o2o_rule() -> String {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/FORMATTED.md"))
+        .expect("docs/FORMATTED.md");
+    let start = page
+        .find("```toml\n[[formats]]\nname = \"o2o\"\n")
+        .expect("docs/FORMATTED.md shows the o2o rule as a TOML block");
+    let block = &page[start + "```toml\n".len()..];
+    let block = &block[..block.find("```").expect("the block ends")];
+    block.replacen("[[formats]]\n", "", 1)
+}
+
+/// docs/FORMATTED.md's `idgen admin formats create o2o --file o2o.toml`
+/// then `update o2o --file o2o.toml` with a description added (an allowed
+/// change), as written there; the Lua rule then issues.
+async fn the_cli_creates_and_updates_the_docs_o2o_rule(node: &ChildServer, dir: &Path) {
+    let addr = node.grpc.to_string();
+    let file = dir.join("o2o.toml");
+    let file_arg = file.to_str().expect("a UTF-8 temp path").to_owned();
+    let cli = |verb: &str| {
+        let all = [
+            "admin", "--addr", &addr, "--token", TOKEN, "formats", verb, "o2o", "--file", &file_arg,
+        ];
+        run_idgen(&all)
+    };
+    std::fs::write(&file, the_docs_o2o_rule()).unwrap();
+    let (fine, out) = cli("create");
+    assert!(fine && out.contains("created o2o"), "{out}");
+    let ids = gen(node, "o2o", 3).await.expect("the o2o rule issues");
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let described = the_docs_o2o_rule() + "description = \"order numbers, daily\"\n";
+    std::fs::write(&file, described).unwrap();
+    let (fine, out) = cli("update");
+    assert!(fine && out.contains("updated o2o"), "{out}");
+    let (fine, out) = run_idgen(&[
+        "admin", "--addr", &addr, "--token", TOKEN, "formats", "get", "o2o", "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert!(
+        fine && v["format"]["definition"]["description"] == "order numbers, daily",
+        "{out}"
+    );
+}
+
 /// Create, read, list, update (allowed and refused), delete and the
 /// tombstone, on the embedded store of a real process, across a restart;
 /// and the CLI's `admin formats`.
@@ -262,6 +308,7 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
     assert_eq!(missing.code(), Code::NotFound);
 
     the_cli_manages_formats(&node, dir.path());
+    the_cli_creates_and_updates_the_docs_o2o_rule(&node, dir.path()).await;
 
     // Delete: NOT_FOUND for calls; the name is never created again.
     let deleted = a
@@ -309,7 +356,12 @@ async fn embedded_formats_are_durable_admin_objects_and_a_deleted_name_stays_del
         .collect();
     assert_eq!(
         names,
-        [("cli-made", false), ("invoices", false), ("orders", true)]
+        [
+            ("cli-made", false),
+            ("invoices", false),
+            ("o2o", false),
+            ("orders", true)
+        ]
     );
     assert_eq!(node.terminate().code(), Some(0));
 }

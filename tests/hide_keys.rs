@@ -71,6 +71,36 @@ fn states(key: &proto::HideKey) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// A master key made with docs/HIDING.md's commands ("Hide keys"): `umask
+/// 077`, then 32 random bytes in base64 (with `base64`'s newline) into a
+/// file. Returns the file's text, once the file is checked to be the
+/// owner's alone.
+fn doc_made_master_key(dir: &Path) -> String {
+    let file = dir.join("doc-made-master-key");
+    let made = std::process::Command::new("bash")
+        .args([
+            "-euo",
+            "pipefail",
+            "-c",
+            "umask 077\nhead -c 32 /dev/urandom | base64 > \"$1\"",
+            "doc-made-master-key",
+        ])
+        .arg(&file)
+        .output()
+        .expect("bash runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let mode = std::fs::metadata(&file)
+        .expect("key file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "umask 077 keeps the key the owner's");
+    std::fs::read_to_string(&file).expect("key text")
+}
+
 fn cli(node: &ChildServer, args: &[&str]) -> (bool, String) {
     let addr = format!("http://{}", node.grpc);
     let mut all = vec!["admin", "keys"];
@@ -82,19 +112,17 @@ fn cli(node: &ChildServer, args: &[&str]) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_keys_through_grpc_and_cli_show_no_material() {
     let dir = tempfile::tempdir().unwrap();
-    let node = ChildServer::start(&config(dir.path(), Some(&master_text())));
+    let master = doc_made_master_key(dir.path());
+    let node = ChildServer::start(&config(dir.path(), Some(&master)));
     let mut c = admin(&node).await;
 
-    let made = c
-        .create_hide_key(ok(proto::CreateHideKeyRequest {
-            key_id: "orders".into(),
-        }))
-        .await
-        .expect("create")
-        .into_inner()
-        .key
-        .expect("key");
-    assert_eq!(states(&made), vec![(0, "active".to_owned())]);
+    // docs/HIDING.md's `idgen admin keys` commands, in its order.
+    let (done, out) = cli(&node, &["create", "orders"]);
+    assert!(
+        done && out.contains("created orders: active version 0")
+            && out.contains("version 0 active"),
+        "{out}"
+    );
     let again = c
         .create_hide_key(ok(proto::CreateHideKeyRequest {
             key_id: "orders".into(),
@@ -126,9 +154,20 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
         .expect_err("no token");
     assert_eq!(anonymous.code(), Code::Unauthenticated, "{anonymous:?}");
 
-    // Through the CLI: rotate, retire, rotate again, list.
+    // Through the CLI: rotate (the old version stays, decode-only), list,
+    // retire, rotate again, list as JSON.
     let (done, out) = cli(&node, &["rotate", "orders"]);
-    assert!(done && out.contains("active version 1"), "{out}");
+    assert!(
+        done && out.contains("active version 1") && out.contains("version 0 retired"),
+        "{out}"
+    );
+    let (done, plain_list) = cli(&node, &["list"]);
+    assert!(
+        done && plain_list.contains("orders: active version 1")
+            && plain_list.contains("version 0 retired")
+            && plain_list.contains("version 1 active"),
+        "{plain_list}"
+    );
     let (done, out) = cli(&node, &["retire", "orders"]);
     assert!(done && out.contains("active version none"), "{out}");
     let (done, out) = cli(&node, &["rotate", "orders"]);
@@ -196,9 +235,9 @@ async fn embedded_keys_through_grpc_and_cli_show_no_material() {
     node.terminate();
     let sealed = sealed_records(&dir.path().join("state.redb"));
     assert_eq!(sealed.len(), 4, "four sealed versions");
-    let key = master_text();
-    for text in [&listed, &metrics, &log] {
-        assert!(!text.contains(&key), "the master key leaked");
+    let key = master.trim();
+    for text in [&plain_list, &listed, &metrics, &log] {
+        assert!(!text.contains(key), "the master key leaked");
         for s in &sealed {
             assert!(!text.contains(s.as_str()), "a sealed key leaked");
         }

@@ -190,3 +190,57 @@ async fn a_replaced_state_file_stops_the_node_and_a_second_node_cannot_revive_it
     assert!(!status.success());
     assert!(second.terminate().success());
 }
+
+/// docs/OPERATIONS.md, "First start", one node (embedded), as written
+/// there: `idgen check-config --config prod.toml` prints the effective
+/// settings, `idgen init --config prod.toml` creates the state file once
+/// (warning it is EMPTY) and refuses to overwrite it, and `idgen serve
+/// --config prod.toml` starts healthy: the log lines, `/readyz` and
+/// `idgen_serving` the page names. The config keeps `store.init_if_missing
+/// = false`, as the page says to, so a node started before `init` refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_start_runbook_checks_inits_once_and_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = child_config(dir.path());
+    let prod = dir.path().join("prod.toml");
+    std::fs::rename(&config, &prod).unwrap();
+    let cfg = prod.to_str().expect("a UTF-8 temp path");
+
+    let (ok, out) = run_idgen(&["check-config", "--config", cfg]);
+    assert!(ok && out.contains("init_if_missing = false"), "{out}");
+    let before = ChildServer::try_start(&prod, &[])
+        .err()
+        .expect("no state file yet: the node refuses");
+    assert!(before.contains("idgen init"), "{before}");
+
+    let (ok, out) = run_idgen(&["init", "--config", cfg]);
+    assert!(ok && out.contains("creates an EMPTY state file"), "{out}");
+    assert!(dir.path().join("state.redb").is_file());
+    let (ok, again) = run_idgen(&["init", "--config", cfg]);
+    assert!(
+        !ok && again.contains("state.redb"),
+        "refuses to overwrite: {again}"
+    );
+
+    let node = ChildServer::start(&prod);
+    for line in [
+        "high-water mark reserved; generator starts above every earlier ID",
+        "ready",
+        "idgen serving",
+    ] {
+        assert!(
+            node.logs_within_10s(line).await,
+            "no {line:?}: {}",
+            node.log_text()
+        );
+    }
+    assert_eq!(readyz(node.http).await, 200);
+    let text = reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(metric(&text, "idgen_serving"), Some(1.0), "{text}");
+    assert_eq!(node.terminate().code(), Some(0));
+}

@@ -235,6 +235,19 @@ impl ChildServer {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// Whether the log holds `line` within 10 s (100 looks, 100 ms apart):
+    /// lines a node logs after "ready" ("idgen serving", its Consul
+    /// registration) come a moment later.
+    pub async fn logs_within_10s(&self, line: &str) -> bool {
+        for _ in 0..100 {
+            if self.log_text().contains(line) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
     pub async fn client(&self) -> IdGenClient<Channel> {
         IdGenClient::connect(format!("http://{}", self.grpc))
             .await
