@@ -85,18 +85,22 @@ impl MissReloads {
         self.start(&mut last, reload).await;
     }
 
-    /// Runs `reload` now, its start recorded and the lock held until it
-    /// ends.
+    /// Runs `reload` now, the lock held until it ends, and then records
+    /// when it started. Recorded before it ended, a re-read whose caller
+    /// was dropped half-way (its client gone) still counted as done: a
+    /// call queued behind it returned as if a re-read after it came had
+    /// ended, and said "unknown" of a name stored moments before.
     async fn start<F, Fut>(&self, last: &mut Option<Instant>, reload: F)
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        *last = Some(Instant::now());
+        let started = Instant::now();
         #[cfg(test)]
         self.started
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         reload().await;
+        *last = Some(started);
     }
 
     /// Re-reads started so far.
@@ -109,5 +113,74 @@ impl MissReloads {
     #[cfg(test)]
     pub fn waited(&self) -> u32 {
         self.waited.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::modes::refill::yield_until;
+
+    /// A re-read that waits for `go` and counts its end in `ended`.
+    fn held(
+        go: &Arc<Notify>,
+        entered: &Arc<AtomicU32>,
+        ended: &Arc<AtomicU32>,
+    ) -> impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let (go, entered, ended) = (Arc::clone(go), Arc::clone(entered), Arc::clone(ended));
+        move || {
+            Box::pin(async move {
+                entered.fetch_add(1, Ordering::SeqCst);
+                go.notified().await;
+                ended.fetch_add(1, Ordering::SeqCst);
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_re_read_dropped_half_way_does_not_answer_the_calls_queued_behind_it() {
+        // No gap: every call that finds no re-read after it came starts one.
+        let m = Arc::new(MissReloads::new(Duration::ZERO));
+        let (entered, ended) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let (go_d, go_a) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        // D re-reads (held); A and B come meanwhile and queue on the lock,
+        // A first.
+        let d = tokio::spawn({
+            let (m, r) = (Arc::clone(&m), held(&go_d, &entered, &ended));
+            async move { m.reload_if_due(r).await }
+        });
+        yield_until("D's re-read", || entered.load(Ordering::SeqCst) == 1).await;
+        let a = tokio::spawn({
+            let (m, r) = (Arc::clone(&m), held(&go_a, &entered, &ended));
+            async move { m.reload_if_due(r).await }
+        });
+        tokio::task::yield_now().await;
+        let came = Instant::now();
+        // B's own re-read, if it runs one, ends at once.
+        let b = tokio::spawn({
+            let m = Arc::clone(&m);
+            async move { m.reload_for(|| async {}).await }
+        });
+        tokio::task::yield_now().await;
+        // D ends; A starts its re-read; A's caller goes half-way.
+        go_d.notify_waiters();
+        yield_until("A's re-read", || entered.load(Ordering::SeqCst) == 2).await;
+        a.abort();
+        assert!(a.await.unwrap_err().is_cancelled());
+        d.await.unwrap();
+        b.await.unwrap();
+        // B returned once a re-read that started after it came had ended:
+        // A's never ended, so B ran its own (before: B returned on A's).
+        let last = *m.last.lock().await;
+        assert!(
+            last.is_some_and(|t| t >= came),
+            "B returned on a re-read that never ended"
+        );
+        assert_eq!(m.started(), 3, "D's, A's (dropped) and B's own");
     }
 }

@@ -176,13 +176,20 @@ impl ClusterIndex {
         written: &WrittenValues,
     ) -> Result<(), StoreError> {
         let clears = written.clears();
-        if self.clears.swap(clears, Ordering::AcqRel) != clears {
+        if self.clears.load(Ordering::Acquire) != clears {
             // A skip-ahead deleted the record: every counter is past
             // everything issued, and the index starts a new baseline
             // (after a Consul rebuilt empty it may stay below the old one).
-            self.seen.store(0, Ordering::Release);
-            self.runs
-                .store(self.skip_ahead_runs(client).await, Ordering::Release);
+            // The runs are read first and the three stored with no await
+            // between: a probe dropped at the read (its request gone)
+            // leaves the rebase to the next probe, not half-done (the
+            // clears taken as handled with the old runs, which a restart
+            // reads as a stale index and throws away).
+            let runs = self.skip_ahead_runs(client).await;
+            if self.clears.swap(clears, Ordering::AcqRel) != clears {
+                self.seen.store(0, Ordering::Release);
+                self.runs.store(runs, Ordering::Release);
+            }
         }
         let floor = self.seen();
         let (names, index) = client
