@@ -163,7 +163,24 @@ impl LuaPool {
             let _ = tx.send(result);
         };
         let ticket = self.shared.enqueue(&name, Box::new(work))?;
-        self.wait(&name, rule, ticket, rx).await
+        // The watch runs on a task of its own: run in the caller, a caller
+        // that left (its client gone) took with it the only code that sees
+        // its call stuck, and that call's thread was never set aside nor
+        // replaced, nor counted towards quarantine.
+        let shared = Arc::clone(&self.shared);
+        let watched = name.clone();
+        let watch = tokio::spawn(async move {
+            match format.lua_rule() {
+                Some(rule) => shared.wait(&watched, rule, ticket, rx).await,
+                None => Ok(Vec::new()),
+            }
+        });
+        watch.await.unwrap_or_else(|e| {
+            Err(LuaError::NoWorker {
+                rule: name,
+                why: format!("the call's watch ended without an answer: {e}"),
+            })
+        })
     }
 
     /// Refuses at once what would only tie a thread up: a quarantined
@@ -185,18 +202,20 @@ impl LuaPool {
         }
         Ok(())
     }
+}
 
+impl Shared {
     /// Awaits the job's answer, watching its progress: a job queued too
     /// long is withdrawn, a call running past twice the deadline is stuck
     /// and its thread set aside.
     async fn wait(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         rule: &LuaRule,
         ticket: Arc<Ticket>,
         mut rx: tokio::sync::oneshot::Receiver<Result<Vec<String>, LuaError>>,
     ) -> Result<Vec<String>, LuaError> {
-        let deadline = self.shared.settings.deadline;
+        let deadline = self.settings.deadline;
         let queued_at = Instant::now();
         loop {
             let now = Instant::now();
@@ -206,7 +225,7 @@ impl LuaPool {
                 _ => match ticket.call_started_ns.load(Ordering::Acquire) {
                     // Between two calls of the batch: look again shortly.
                     0 => now + deadline,
-                    ns => self.shared.epoch + Duration::from_nanos(ns) + deadline * 2,
+                    ns => self.epoch + Duration::from_nanos(ns) + deadline * 2,
                 },
             };
             let wait = until.saturating_duration_since(now);
@@ -230,13 +249,13 @@ impl LuaPool {
     /// The answer for a job past its time, if it is (and it is then
     /// abandoned): withdrawn from the queue, or stuck.
     fn overdue(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         rule: &LuaRule,
         ticket: &Ticket,
         queued_at: Instant,
     ) -> Option<Result<Vec<String>, LuaError>> {
-        let deadline = self.shared.settings.deadline;
+        let deadline = self.settings.deadline;
         let abandon = |from: u8| {
             ticket
                 .state
@@ -255,12 +274,12 @@ impl LuaPool {
             }
             RUNNING => {
                 let ns = ticket.call_started_ns.load(Ordering::Acquire);
-                let started = self.shared.epoch + Duration::from_nanos(ns);
+                let started = self.epoch + Duration::from_nanos(ns);
                 if ns == 0 || started.elapsed() < deadline * 2 || !abandon(RUNNING) {
                     return None;
                 }
                 let stuck = rule.record_stuck();
-                self.shared.set_aside(name, stuck);
+                self.set_aside(name, stuck);
                 Some(Err(LuaError::Stuck {
                     rule: name.to_owned(),
                     deadline_ms: deadline.as_millis() as u64,
@@ -476,6 +495,48 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("the stalled call never returned");
+    }
+
+    /// A caller that leaves while its call is stuck (its client gone)
+    /// leaves the watch running: the stuck call is counted and its thread
+    /// set aside and replaced, so another rule is served. Before, the
+    /// watch went with the caller: the only thread stayed stuck, nothing
+    /// was counted, and the other rule waited for a worker and failed.
+    #[tokio::test]
+    async fn a_stuck_call_whose_caller_left_is_still_set_aside() {
+        let pool = LuaPool::new(LuaPoolSettings {
+            workers: 1,
+            deadline: Duration::from_millis(20),
+        });
+        let format = stalling("left", 1500);
+        let call = tokio::spawn({
+            let (shared, format) = (Arc::clone(&pool.shared), Arc::clone(&format));
+            async move {
+                // The same render as LuaPool::render, through a handle that
+                // does not close the pool when dropped.
+                let pool = std::mem::ManuallyDrop::new(LuaPool { shared });
+                pool.render(format, vec![(1, 0)], Some("stall".into()))
+                    .await
+            }
+        });
+        let rule = format.lua_rule().unwrap();
+        for _ in 0..1_000 {
+            if rule.running_for().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            rule.running_for().is_some(),
+            "the stalling call never started"
+        );
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        let other = stalling("served", 0);
+        let ok = pool.render(other, vec![(5, 0)], None).await;
+        assert_eq!(ok.unwrap(), ["0005"]);
+        assert_eq!(rule.stuck_calls(), 1, "the stuck call was counted");
+        until_idle(&format).await;
     }
 
     /// Each stuck call answers Stuck and costs a thread only until it
