@@ -191,12 +191,7 @@ async fn a_consul_nodes_first_start_is_checked_refuses_init_and_serves_registere
     }
     let client = common::consul::default_client(&consul);
     assert!(wait_passing(&client, 1).await, "the node passes its check");
-    let text = reqwest::get(format!("http://{}/metrics", node.http))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::metrics_text(&node).await;
     assert!(metric(&text, "idgen_worker_id").is_some(), "{text}");
     assert_eq!(metric(&text, "idgen_fenced"), Some(0.0), "{text}");
     assert_eq!(node.terminate().code(), Some(0));

@@ -35,6 +35,19 @@ fn config_with(
 /// The admin token of the node the release tests call.
 const TOKEN: &str = "datacenters-admin-secret";
 
+/// Node `a` of dc1 (datacenter id 1), with the admin token the release
+/// tests call it with.
+fn admin_node(dir: &Path, dc1: &TestConsul) -> ChildServer {
+    let token = format!("\"{TOKEN}\"");
+    ChildServer::start(&config_with(
+        dir,
+        "a",
+        dc1,
+        1,
+        &[("admin", "token", &token)],
+    ))
+}
+
 /// `idgen admin --addr <node> --token .. datacenters <args>`, off the
 /// async runtime.
 async fn datacenters_cli(node: &ChildServer, args: &[&str]) -> (bool, String) {
@@ -178,15 +191,6 @@ async fn a_datacenter_on_another_layout_than_the_primarys_is_refused() {
 }
 
 /// The node's `/metrics` exposition.
-async fn metrics_text(node: &ChildServer) -> String {
-    reqwest::get(format!("http://{}/metrics", node.http))
-        .await
-        .expect("metrics answer")
-        .text()
-        .await
-        .expect("metrics body")
-}
-
 /// Rule 42: the primary down, a datacenter whose claim the primary
 /// confirmed restarts and serves on the copy in its own KV; a first claim
 /// (a new datacenter, or a new id in this one) is refused naming the
@@ -216,7 +220,7 @@ async fn a_confirmed_claim_outlives_a_primary_outage_and_a_first_claim_waits_for
     let b = ChildServer::start(&config(dir.path(), "b2", &dc2, 2));
     let mut unanswered = 0.0;
     for _ in 0..400 {
-        let text = metrics_text(&b).await;
+        let text = common::metrics_text(&b).await;
         assert_eq!(
             common::metric(&text, "idgen_datacenter_primary_reachable"),
             Some(0.0),
@@ -273,7 +277,7 @@ async fn a_confirmed_claim_outlives_a_primary_outage_and_a_first_claim_waits_for
     let mut reachable = None;
     for _ in 0..400 {
         reachable = common::metric(
-            &metrics_text(&b).await,
+            &common::metrics_text(&b).await,
             "idgen_datacenter_primary_reachable",
         );
         if reachable == Some(1.0) {
@@ -303,14 +307,7 @@ async fn a_datacenter_id_is_released_only_when_its_owner_is_gone_and_its_new_own
 ) {
     let (dc1, dc2) = federation().await;
     let dir = tempfile::tempdir().unwrap();
-    let token = format!("\"{TOKEN}\"");
-    let a = ChildServer::start(&config_with(
-        dir.path(),
-        "a",
-        &dc1,
-        1,
-        &[("admin", "token", &token)],
-    ));
+    let a = admin_node(dir.path(), &dc1);
     let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
     let mut before = common::snowflake_ids(&b, 1000).await.expect("issues");
 
@@ -401,14 +398,7 @@ async fn a_datacenter_id_is_released_only_when_its_owner_is_gone_and_its_new_own
 async fn a_forced_release_whose_caller_gives_up_still_ends_released() {
     let (dc1, dc2) = federation().await;
     let dir = tempfile::tempdir().unwrap();
-    let token = format!("\"{TOKEN}\"");
-    let a = ChildServer::start(&config_with(
-        dir.path(),
-        "a",
-        &dc1,
-        1,
-        &[("admin", "token", &token)],
-    ));
+    let a = admin_node(dir.path(), &dc1);
     let b = ChildServer::start(&config(dir.path(), "b", &dc2, 2));
     common::snowflake_ids(&b, 10).await.expect("issues");
     b.kill();
@@ -450,14 +440,7 @@ async fn a_forced_release_whose_caller_gives_up_still_ends_released() {
 async fn releasing_an_unclaimed_datacenter_id_is_not_found_naming_it() {
     let (dc1, _dc2) = federation().await;
     let dir = tempfile::tempdir().unwrap();
-    let token = format!("\"{TOKEN}\"");
-    let a = ChildServer::start(&config_with(
-        dir.path(),
-        "a",
-        &dc1,
-        1,
-        &[("admin", "token", &token)],
-    ));
+    let a = admin_node(dir.path(), &dc1);
     let mut admin = idgen::proto::admin_client::AdminClient::connect(format!("http://{}", a.grpc))
         .await
         .expect("connects");

@@ -235,12 +235,7 @@ async fn the_first_start_runbook_checks_inits_once_and_serves() {
         );
     }
     assert_eq!(readyz(node.http).await, 200);
-    let text = reqwest::get(format!("http://{}/metrics", node.http))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::metrics_text(&node).await;
     assert_eq!(metric(&text, "idgen_serving"), Some(1.0), "{text}");
     assert_eq!(node.terminate().code(), Some(0));
 }

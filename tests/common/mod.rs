@@ -728,3 +728,13 @@ pub async fn admin_json(http: SocketAddr, path: &str, token: &str) -> serde_json
         .await
         .unwrap_or_default()
 }
+
+/// The text of `node`'s `/metrics`.
+pub async fn metrics_text(node: &ChildServer) -> String {
+    reqwest::get(format!("http://{}/metrics", node.http))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("metrics body")
+}
