@@ -30,15 +30,6 @@ fn embedded_node(dir: &Path) -> ChildServer {
     ChildServer::start(&config)
 }
 
-async fn scrape(node: &ChildServer) -> String {
-    reqwest::get(format!("http://{}/metrics", node.http))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics body")
-}
-
 /// `/metrics` of an embedded node serving TLS (a child process).
 async fn scrape_tls_node() -> String {
     let dir = tempfile::tempdir().unwrap();
@@ -152,7 +143,7 @@ fn histograms_layout_and_process_series(text: &str) {
 async fn an_embedded_node_exports_every_series_at_zero_before_any_request() {
     let dir = tempfile::tempdir().unwrap();
     let node = embedded_node(dir.path());
-    let text = scrape(&node).await;
+    let text = common::metrics_text(&node).await;
     check_with_promtool(&text);
 
     for mode in ["snowflake", "segment", "lease", "strict"] {
@@ -261,7 +252,7 @@ async fn an_embedded_node_exports_every_series_at_zero_before_any_request() {
     assert!(metric(&text, "idgen_serving").is_some(), "{text}");
     assert!(metric(&text, "idgen_hwm_lead_seconds").is_some(), "{text}");
     assert!(wait_for_status(&format!("http://{}/readyz", node.http), 200).await);
-    assert_sample(&scrape(&node).await, "idgen_serving", "1");
+    assert_sample(&common::metrics_text(&node).await, "idgen_serving", "1");
     assert_sample(&text, "idgen_layout_worker_ids", "32");
 
     histograms_layout_and_process_series(&text);
@@ -289,7 +280,7 @@ async fn consul_node(dir: &Path) -> (consul_testserver::TestConsul, ChildServer)
 async fn a_consul_node_exports_its_cluster_series_at_zero() {
     let dir = tempfile::tempdir().unwrap();
     let (_consul, node) = consul_node(dir.path()).await;
-    let text = scrape(&node).await;
+    let text = common::metrics_text(&node).await;
     check_with_promtool(&text);
     for endpoint in idgen::metrics::CONSUL_ENDPOINTS {
         assert_sample(
@@ -364,8 +355,8 @@ async fn the_dashboard_and_the_alert_rules_name_only_metrics_a_node_exports() {
     let embedded = embedded_node(embedded_dir.path());
     let consul_dir = tempfile::tempdir().unwrap();
     let (_consul, cluster) = consul_node(consul_dir.path()).await;
-    let mut exported = sample_names(&scrape(&embedded).await);
-    exported.extend(sample_names(&scrape(&cluster).await));
+    let mut exported = sample_names(&common::metrics_text(&embedded).await);
+    exported.extend(sample_names(&common::metrics_text(&cluster).await));
     // The TLS series (reloads, certificate expiry) exist on a TLS node.
     exported.extend(sample_names(&scrape_tls_node().await));
 
